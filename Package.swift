@@ -1,0 +1,74 @@
+// swift-tools-version:6.1
+import PackageDescription
+
+let strict: [SwiftSetting] = [
+    .swiftLanguageMode(.v6),
+    .enableUpcomingFeature("ExistentialAny"),
+]
+
+let package = Package(
+    name: "BlazeDB",
+    platforms: [.macOS(.v14)],
+    products: [
+        .executable(name: "blazed", targets: ["blazed"]),
+        .executable(name: "blazectl", targets: ["blazectl"]),
+        .library(name: "BlazeDaemon", targets: ["BlazeDaemon"]),
+        .library(name: "BlazeClient", targets: ["BlazeClient"]),
+    ],
+    dependencies: [
+        .package(url: "https://github.com/groue/GRDB.swift", from: "7.10.0"),
+        .package(url: "https://github.com/apple/swift-nio", from: "2.101.2"),
+        .package(url: "https://github.com/apple/swift-argument-parser", from: "1.8.2"),
+        .package(url: "https://github.com/apple/swift-log", from: "1.16.2"),
+        .package(url: "https://github.com/swift-server/swift-service-lifecycle", from: "2.13.0"),
+    ],
+    targets: [
+        .target(name: "BlazeProtocol", swiftSettings: strict),
+        .target(
+            name: "BlazeStore",
+            dependencies: ["BlazeProtocol", .product(name: "GRDB", package: "GRDB.swift")],
+            swiftSettings: strict),
+        .target(
+            name: "BlazeDaemon",
+            dependencies: [
+                "BlazeProtocol", "BlazeStore",
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+            ],
+            swiftSettings: strict),
+        .target(name: "BlazeClient", dependencies: ["BlazeProtocol"], swiftSettings: strict),
+        .executableTarget(
+            name: "blazed",
+            dependencies: [
+                "BlazeDaemon",
+                .product(name: "ArgumentParser", package: "swift-argument-parser"),
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+            ],
+            swiftSettings: strict),
+        .executableTarget(
+            name: "blazectl",
+            dependencies: [
+                "BlazeProtocol", "BlazeClient",
+                .product(name: "ArgumentParser", package: "swift-argument-parser"),
+            ],
+            swiftSettings: strict),
+        .testTarget(name: "BlazeProtocolTests", dependencies: ["BlazeProtocol"], swiftSettings: strict),
+        .testTarget(
+            name: "BlazeStoreTests",
+            dependencies: ["BlazeStore", "BlazeProtocol", .product(name: "GRDB", package: "GRDB.swift")],
+            swiftSettings: strict),
+        .testTarget(
+            name: "BlazeDaemonTests",
+            dependencies: [
+                "BlazeDaemon", "BlazeClient", "BlazeProtocol", "blazed", "blazectl",
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOEmbedded", package: "swift-nio"),
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "GRDB", package: "GRDB.swift"),
+            ],
+            swiftSettings: strict),
+    ]
+)

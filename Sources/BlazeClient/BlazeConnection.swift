@@ -1,0 +1,130 @@
+import BlazeProtocol
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// A connection or I/O failure on the client side (not an error response from the daemon).
+public struct ClientError: Error, Sendable, CustomStringConvertible {
+    /// What went wrong.
+    public var description: String
+
+    /// Creates an error.
+    public init(_ description: String) { self.description = description }
+}
+
+/// A blocking JSON-RPC connection to `blazed` over its Unix socket, for the CLI and tests.
+///
+/// One request at a time: `call` sends a line and reads lines until the matching response arrives.
+/// Not thread-safe; use one connection per thread.
+public final class BlazeConnection {
+    /// The socket path connected to.
+    public let socketPath: String
+    private var fd: Int32
+    private var buffer: [UInt8] = []
+    private var nextID: Int64 = 1
+
+    /// Connects to the daemon; `timeoutSeconds` bounds every read and write (0: no bound).
+    public init(socketPath: String, timeoutSeconds: Int = 0) throws(ClientError) {
+        self.socketPath = socketPath
+        fd = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
+        guard fd >= 0 else { throw ClientError("socket(): \(String(cString: strerror(errno)))") }
+        var addr = sockaddr_un()
+        addr.sun_family = sa_family_t(AF_UNIX)
+        let bytes = Array(socketPath.utf8)
+        guard bytes.count < MemoryLayout.size(ofValue: addr.sun_path) else {
+            Glibc.close(fd)
+            throw ClientError("socket path too long: \(socketPath)")
+        }
+        withUnsafeMutableBytes(of: &addr.sun_path) { raw in
+            raw.copyBytes(from: bytes)
+            raw[bytes.count] = 0
+        }
+        if timeoutSeconds > 0 {
+            var tv = timeval(tv_sec: timeoutSeconds, tv_usec: 0)
+            setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, socklen_t(MemoryLayout<timeval>.size))
+            setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, socklen_t(MemoryLayout<timeval>.size))
+        }
+        let rc = withUnsafePointer(to: &addr) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
+                connect(fd, $0, socklen_t(MemoryLayout<sockaddr_un>.size))
+            }
+        }
+        guard rc == 0 else {
+            let reason = String(cString: strerror(errno))
+            Glibc.close(fd)
+            throw ClientError("cannot connect to \(socketPath): \(reason) (is blazed running?)")
+        }
+    }
+
+    deinit {
+        if fd >= 0 { Glibc.close(fd) }
+    }
+
+    /// Closes the connection.
+    public func close() {
+        if fd >= 0 { Glibc.close(fd) }
+        fd = -1
+    }
+
+    /// Calls a method and returns its result; an error response is thrown as `RPCError`.
+    public func call(_ method: String, _ params: [String: JSONValue] = [:]) throws -> JSONValue {
+        let id = nextID
+        nextID += 1
+        let request = RPCRequest(id: .int(id), method: method, params: params)
+        try send(request.jsonValue.jsonBytes + [0x0A])
+        while true {
+            let response = try readMessage()
+            guard response["id"] == .int(id) else { continue }
+            if let err = response["error"] {
+                throw RPCError(json: err) ?? ClientError("malformed error response: \(err.jsonText)")
+            }
+            guard let result = response["result"] else {
+                throw ClientError("response without result: \(response.jsonText)")
+            }
+            return result
+        }
+    }
+
+    /// Writes raw bytes (tests use this to send malformed input).
+    public func send(_ bytes: [UInt8]) throws(ClientError) {
+        var offset = 0
+        while offset < bytes.count {
+            let n = bytes[offset...].withUnsafeBytes { write(fd, $0.baseAddress, $0.count) }
+            if n < 0 {
+                if errno == EINTR { continue }
+                throw ClientError("write: \(String(cString: strerror(errno)))")
+            }
+            offset += n
+        }
+    }
+
+    /// Reads one line (without `\n`); nil at end of stream.
+    public func readLine() throws(ClientError) -> [UInt8]? {
+        var searched = 0
+        while true {
+            if let nl = buffer[searched...].firstIndex(of: 0x0A) {
+                let line = Array(buffer[..<nl])
+                buffer.removeSubrange(...nl)
+                return line
+            }
+            searched = buffer.count
+            var chunk = [UInt8](repeating: 0, count: 65536)
+            let n = chunk.withUnsafeMutableBytes { read(fd, $0.baseAddress, $0.count) }
+            if n < 0 {
+                if errno == EINTR { continue }
+                if errno == EAGAIN || errno == EWOULDBLOCK { throw ClientError("timed out waiting for the daemon") }
+                if errno == ECONNRESET { return nil }
+                throw ClientError("read: \(String(cString: strerror(errno)))")
+            }
+            if n == 0 { return nil }
+            buffer.append(contentsOf: chunk[..<n])
+        }
+    }
+
+    /// Reads and parses one JSON line; throws at end of stream.
+    public func readMessage() throws -> JSONValue {
+        guard let line = try readLine() else { throw ClientError("the daemon closed the connection") }
+        return try JSONParser(maxDepth: 10_000).parse(line)
+    }
+}

@@ -1,0 +1,49 @@
+import BlazeProtocol
+import BlazeStore
+
+/// Limits of the RPC server (DESIGN §6); all configurable, all enforced.
+public struct ServerLimits: Sendable, Equatable {
+    /// Maximum bytes in one request line; a longer line gets an error and the connection is closed.
+    public var maxLineBytes: Int = 8 << 20
+    /// Maximum nesting depth of a request's JSON.
+    public var maxDepth: Int = 64
+    /// Maximum number of requests in one batch.
+    public var maxBatch: Int = 256
+    /// Maximum simultaneous client connections; extra ones get an error and are closed.
+    public var maxConnections: Int = 256
+    /// Seconds a connection may stay silent before it is closed; 0 disables the timeout.
+    public var idleTimeoutSeconds: Int = 600
+
+    /// Default limits.
+    public init() {}
+}
+
+/// Everything `blazed` needs to run.
+public struct DaemonConfig: Sendable {
+    /// Unix socket path to listen on.
+    public var socketPath: String
+    /// Data directory holding the databases.
+    public var dataDirectory: String
+    /// RPC server limits.
+    public var limits: ServerLimits
+    /// Store limits.
+    public var storeLimits: StoreLimits
+    /// Name of the database created on first start (nil: none).
+    public var defaultDatabase: String?
+
+    /// Creates a configuration; unspecified paths come from `DefaultPaths`.
+    public init(
+        socketPath: String? = nil, dataDirectory: String? = nil, limits: ServerLimits = ServerLimits(),
+        storeLimits: StoreLimits = StoreLimits(), defaultDatabase: String? = "default",
+        environment: [String: String] = [:]
+    ) {
+        self.socketPath = socketPath ?? DefaultPaths.socketPath(environment: environment)
+        self.dataDirectory = dataDirectory ?? DefaultPaths.dataDirectory(environment: environment)
+        self.limits = limits
+        self.storeLimits = storeLimits
+        self.defaultDatabase = defaultDatabase
+    }
+}
+
+/// The daemon's version string.
+public let blazeVersion = "0.1.0"

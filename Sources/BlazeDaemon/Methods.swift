@@ -1,0 +1,299 @@
+import BlazeProtocol
+import BlazeStore
+import Foundation
+
+/// Builds the table of every method `blazed` serves.
+enum Methods {
+    static func all() -> [MethodSpec] {
+        daemonMethods + databaseMethods + documentMethods + queryMethods + indexMethods
+    }
+
+    // MARK: daemon
+
+    static let daemonMethods: [MethodSpec] = [
+        MethodSpec(name: "rpc.discover", summary: "Returns the OpenRPC description of this daemon's methods.", params: [])
+        { _, ctx in
+            discoverDocument(ctx.registry)
+        },
+        MethodSpec(name: "daemon.info", summary: "Version, process, paths, uptime and limits of the daemon.", params: [])
+        { _, ctx in
+            let uptime = ContinuousClock.now - ctx.startedAt
+            let l = ctx.config.limits
+            let s = ctx.config.storeLimits
+            return [
+                "version": .string(blazeVersion),
+                "pid": .int(Int64(ProcessInfo.processInfo.processIdentifier)),
+                "socket": .string(ctx.config.socketPath),
+                "dataDir": .string(ctx.config.dataDirectory),
+                "uptimeSeconds": .double(Double(uptime.components.seconds) + Double(uptime.components.attoseconds) / 1e18),
+                "databases": .int(Int64(try ctx.store.list().count)),
+                "limits": [
+                    "maxLineBytes": .int(Int64(l.maxLineBytes)), "maxDepth": .int(Int64(l.maxDepth)),
+                    "maxBatch": .int(Int64(l.maxBatch)), "maxConnections": .int(Int64(l.maxConnections)),
+                    "idleTimeoutSeconds": .int(Int64(l.idleTimeoutSeconds)),
+                    "maxDocumentBytes": .int(Int64(s.maxDocumentBytes)),
+                    "maxTransactionOps": .int(Int64(s.maxTransactionOps)),
+                    "maxQueryLimit": .int(Int64(s.maxQueryLimit)),
+                ],
+            ]
+        },
+    ]
+
+    // MARK: databases
+
+    static let databaseMethods: [MethodSpec] = [
+        MethodSpec(name: "db.create", summary: "Creates a database.", params: [.db]) { p, ctx in
+            _ = try ctx.store.create(p.string("db"))
+            return ["db": .string(p.string("db"))]
+        },
+        MethodSpec(name: "db.list", summary: "Lists databases.", params: []) { _, ctx in
+            ["databases": .array(try ctx.store.list().map { ["name": .string($0)] })]
+        },
+        MethodSpec(name: "db.info", summary: "Counts, size and path of a database.", params: [.db]) { p, ctx in
+            let s = try await ctx.database(p).summary()
+            return [
+                "name": .string(s.name), "path": .string(s.path), "collections": .int(Int64(s.collections)),
+                "documents": .int(Int64(s.documents)), "sizeBytes": .int(s.sizeBytes),
+            ]
+        },
+        MethodSpec(name: "db.drop", summary: "Deletes a database and all its data.", params: [.db]) { p, ctx in
+            try ctx.store.drop(p.string("db"))
+            return ["db": .string(p.string("db")), "dropped": true]
+        },
+        MethodSpec(name: "collection.list", summary: "Lists the collections of a database with document counts.",
+            params: [.db])
+        { p, ctx in
+            let cs = try await ctx.database(p).collections()
+            return ["collections": .array(cs.map { ["name": .string($0.name), "count": .int(Int64($0.count))] })]
+        },
+    ]
+
+    // MARK: documents
+
+    static let docParam = ParamSpec.required("doc", .object, "The document (a JSON object).")
+
+    static let documentMethods: [MethodSpec] = [
+        MethodSpec(name: "doc.insert", summary: "Inserts a new document; the id is generated unless doc._id is given.",
+            params: [.db, .collection, docParam])
+        { p, ctx in
+            let r = try await ctx.database(p).apply(try writeOp("insert", p.values))
+            return ["id": .string(r.id)]
+        },
+        MethodSpec(name: "doc.get", summary: "Fetches one document by id.", params: [.db, .collection, .id, .fields]) {
+            p, ctx in
+            ["doc": try await ctx.database(p).get(collection: p.string("collection"), id: p.string("id"), fields: p.projection())]
+        },
+        MethodSpec(name: "doc.getMany", summary: "Fetches documents by id, in order; missing ones are null.",
+            params: [.db, .collection, .required("ids", .array, "Document ids."), .fields])
+        { p, ctx in
+            let ids = try p.strings("ids") ?? []
+            let docs = try await ctx.database(p).getMany(collection: p.string("collection"), ids: ids, fields: p.projection())
+            return ["docs": .array(docs)]
+        },
+        MethodSpec(name: "doc.put", summary: "Creates or replaces the document with the given id (id or doc._id).",
+            params: [.db, .collection, docParam, .optional("id", .string, "Document id (else doc._id).")])
+        { p, ctx in
+            let r = try await ctx.database(p).apply(try writeOp("put", p.values))
+            return ["id": .string(r.id), "created": .bool(r.created ?? false)]
+        },
+        MethodSpec(name: "doc.patch", summary: "Sets and unsets top-level fields of an existing document.",
+            params: [
+                .db, .collection, .id, .optional("set", .object, "Fields to set."),
+                .optional("unset", .array, "Field names to remove."),
+            ])
+        { p, ctx in
+            let r = try await ctx.database(p).apply(try writeOp("patch", p.values))
+            return ["id": .string(r.id)]
+        },
+        MethodSpec(name: "doc.delete", summary: "Deletes a document.", params: [.db, .collection, .id]) { p, ctx in
+            let r = try await ctx.database(p).apply(try writeOp("delete", p.values))
+            return ["id": .string(r.id), "deleted": true]
+        },
+        MethodSpec(name: "tx.commit", summary: "Applies many write operations atomically (all or nothing).",
+            params: [.db, .required("ops", .array, "Operations: {op: insert|put|patch|delete, collection, ...}.")])
+        { p, ctx in
+            let ops = try p.array("ops").enumerated().map { i, v in
+                guard case .object(var o) = v, case .string(let kind)? = o.removeValue(forKey: "op") else {
+                    throw RPCError.invalidParams("ops[\(i)] must be an object with a string \"op\"")
+                }
+                do {
+                    return try writeOp(kind, o, strict: true)
+                } catch let e as RPCError {
+                    throw RPCError(code: e.code, kind: e.kind, message: "ops[\(i)]: \(e.message)", details: ["op": .int(Int64(i))])
+                }
+            }
+            let results = try await ctx.database(p).commit(ops)
+            return [
+                "results": .array(
+                    results.map { r in
+                        var o: [String: JSONValue] = ["id": .string(r.id)]
+                        if let c = r.created { o["created"] = .bool(c) }
+                        return .object(o)
+                    })
+            ]
+        },
+    ]
+
+    /// Builds a write operation from by-name members; used by the doc.* methods and by each op of tx.commit.
+    static func writeOp(_ kind: String, _ o: [String: JSONValue], strict: Bool = false) throws -> WriteOp {
+        let allowed: [String: Set<String>] = [
+            "insert": ["collection", "doc"], "put": ["collection", "doc", "id"],
+            "patch": ["collection", "id", "set", "unset"], "delete": ["collection", "id"],
+        ]
+        guard let names = allowed[kind] else {
+            throw RPCError.invalidParams("unknown op \"\(kind)\"; use insert, put, patch or delete")
+        }
+        if strict {
+            for key in o.keys.sorted() where !names.contains(key) {
+                throw RPCError.invalidParams("unknown member \"\(key)\" for op \(kind)")
+            }
+        }
+        func str(_ key: String) throws -> String {
+            guard case .string(let s)? = o[key] else {
+                throw RPCError.invalidParams("\"\(key)\" must be a string" + (o[key] == nil ? " (missing)" : ""))
+            }
+            return s
+        }
+        func obj(_ key: String) throws -> [String: JSONValue] {
+            guard case .object(let d)? = o[key] else {
+                throw RPCError.invalidParams("\"\(key)\" must be an object" + (o[key] == nil ? " (missing)" : ""))
+            }
+            return d
+        }
+        let collection = try str("collection")
+        switch kind {
+        case "insert":
+            return .insert(collection: collection, doc: try obj("doc"))
+        case "put":
+            let doc = try obj("doc")
+            let id: String
+            if o["id"] != nil && o["id"] != .null {
+                id = try str("id")
+            } else if case .string(let s)? = doc["_id"] {
+                id = s
+            } else {
+                throw RPCError.invalidParams("doc.put needs an id: pass \"id\" or a string doc._id")
+            }
+            return .put(collection: collection, id: id, doc: doc)
+        case "patch":
+            let set = o["set"] == nil || o["set"] == .null ? [:] : try obj("set")
+            var unset: [String] = []
+            if let u = o["unset"], u != .null {
+                guard case .array(let items) = u, let names = Optional(items.compactMap(\.stringValue)),
+                    names.count == items.count
+                else { throw RPCError.invalidParams("\"unset\" must be an array of field names") }
+                unset = names
+            }
+            if set.isEmpty && unset.isEmpty {
+                throw RPCError.invalidParams("patch needs \"set\" and/or \"unset\"")
+            }
+            return .patch(collection: collection, id: try str("id"), set: set, unset: unset)
+        default:
+            return .delete(collection: collection, id: try str("id"))
+        }
+    }
+
+    // MARK: queries
+
+    static let queryParams: [ParamSpec] = [
+        .db, .collection, .where,
+        .optional("sort", .stringOrArray, "Sort keys: \"field\" or \"-field\" (descending), or an array of them."),
+        .optional("limit", .integer, "Page size (default 100, max 10000)."),
+    ]
+
+    static func findQuery(_ p: Params, ctx: RequestContext) throws -> FindQuery {
+        var q = FindQuery(
+            collection: p.string("collection"), filter: try Filter.parse(p["where"]), sort: try SortKey.parse(p["sort"]),
+            limit: Int(p["limit"]?.intValue ?? Int64(ctx.config.storeLimits.defaultQueryLimit)),
+            fields: try p.projection())
+        if let token = p.optionalString("cursor") {
+            q.cursor = try QueryCursor.decode(token, for: q)
+        }
+        return q
+    }
+
+    static let queryMethods: [MethodSpec] = [
+        MethodSpec(name: "query.find", summary: "Finds documents matching a filter, sorted, one page at a time.",
+            params: queryParams + [
+                .optional("cursor", .string, "Resume token from the previous page's result."), .fields,
+            ])
+        { p, ctx in
+            let r = try await ctx.database(p).find(try findQuery(p, ctx: ctx))
+            return ["docs": .array(r.docs), "cursor": r.cursor.map(JSONValue.string) ?? .null]
+        },
+        MethodSpec(name: "query.count", summary: "Counts documents matching a filter.", params: [.db, .collection, .where]) {
+            p, ctx in
+            ["count": .int(Int64(try await ctx.database(p).count(collection: p.string("collection"), filter: try Filter.parse(p["where"]))))]
+        },
+        MethodSpec(name: "query.explain", summary: "Shows the SQL and SQLite's plan for a query, and the indexes used.",
+            params: queryParams)
+        { p, ctx in
+            let r = try await ctx.database(p).explain(try findQuery(p, ctx: ctx))
+            return [
+                "sql": .string(r.sql), "plan": .array(r.plan.map(JSONValue.string)),
+                "indexes": .array(r.indexes.map(JSONValue.string)),
+            ]
+        },
+    ]
+
+    // MARK: indexes
+
+    static let indexMethods: [MethodSpec] = [
+        MethodSpec(name: "index.create", summary: "Creates an index on one or more fields of a collection.",
+            params: [
+                .db, .collection, .required("fields", .array, "Field paths to index, in order."),
+                .optional("name", .string, "Index name (default: collection.field...)."),
+            ])
+        { p, ctx in
+            let fields = try p.strings("fields") ?? []
+            let collection = p.string("collection")
+            let name = p.optionalString("name")
+            let info = try await ctx.database(p).write { tx in
+                try tx.createIndex(collection: collection, fields: fields, name: name)
+            }
+            return indexJSON(info)
+        },
+        MethodSpec(name: "index.drop", summary: "Drops an index by name.",
+            params: [.db, .required("name", .string, "Index name.")])
+        { p, ctx in
+            let name = p.string("name")
+            try await ctx.database(p).write { tx in try tx.dropIndex(name: name) }
+            return ["name": .string(name), "dropped": true]
+        },
+        MethodSpec(name: "index.list", summary: "Lists indexes of a database or of one collection.",
+            params: [.db, .optional("collection", .string, "Only this collection's indexes.")])
+        { p, ctx in
+            ["indexes": .array(try await ctx.database(p).indexes(collection: p.optionalString("collection")).map(indexJSON))]
+        },
+    ]
+
+    static func indexJSON(_ info: IndexInfo) -> JSONValue {
+        [
+            "name": .string(info.name), "collection": .string(info.collection),
+            "fields": .array(info.fields.map(JSONValue.string)),
+        ]
+    }
+
+    // MARK: discovery
+
+    /// A minimal OpenRPC document derived from the registry (method names, summaries, parameter schemas).
+    static func discoverDocument(_ registry: MethodRegistry) -> JSONValue {
+        let methods: [JSONValue] = registry.names.map { name in
+            let m = registry.methods[name]!
+            return [
+                "name": .string(name), "summary": .string(m.summary), "paramStructure": "by-name",
+                "params": .array(
+                    m.params.map {
+                        ["name": .string($0.name), "required": .bool($0.required), "summary": .string($0.summary),
+                         "schema": $0.type.schema]
+                    }),
+                "result": ["name": "result", "schema": ["type": "object"]],
+            ]
+        }
+        return [
+            "openrpc": "1.2.6",
+            "info": ["title": "BlazeDB daemon", "version": .string(blazeVersion)],
+            "methods": .array(methods),
+        ]
+    }
+}

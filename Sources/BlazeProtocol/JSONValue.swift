@@ -1,0 +1,102 @@
+/// A JSON value with exact number semantics: integers stay 64-bit integers, doubles round-trip bit for bit.
+///
+/// Objects are unordered; they serialize with keys sorted by UTF-8 bytes, so one value has one canonical text.
+public enum JSONValue: Sendable, Hashable {
+    case null
+    case bool(Bool)
+    case int(Int64)
+    case double(Double)
+    case string(String)
+    case array([JSONValue])
+    case object([String: JSONValue])
+}
+
+extension JSONValue {
+    /// The string payload, or nil for other kinds.
+    public var stringValue: String? {
+        if case .string(let s) = self { return s }
+        return nil
+    }
+
+    /// The object payload, or nil for other kinds.
+    public var objectValue: [String: JSONValue]? {
+        if case .object(let o) = self { return o }
+        return nil
+    }
+
+    /// The array payload, or nil for other kinds.
+    public var arrayValue: [JSONValue]? {
+        if case .array(let a) = self { return a }
+        return nil
+    }
+
+    /// The integer payload, or nil for other kinds (doubles are not converted).
+    public var intValue: Int64? {
+        if case .int(let i) = self { return i }
+        return nil
+    }
+
+    /// The boolean payload, or nil for other kinds.
+    public var boolValue: Bool? {
+        if case .bool(let b) = self { return b }
+        return nil
+    }
+
+    /// True for `.null`.
+    public var isNull: Bool {
+        if case .null = self { return true }
+        return false
+    }
+
+    /// The JSON type name used in error messages and schemas ("object", "integer", ...).
+    public var typeName: String {
+        switch self {
+        case .null: return "null"
+        case .bool: return "boolean"
+        case .int: return "integer"
+        case .double: return "number"
+        case .string: return "string"
+        case .array: return "array"
+        case .object: return "object"
+        }
+    }
+
+    /// Member access for objects; nil for missing keys and non-objects.
+    public subscript(key: String) -> JSONValue? {
+        if case .object(let o) = self { return o[key] }
+        return nil
+    }
+}
+
+extension JSONValue: ExpressibleByStringLiteral, ExpressibleByIntegerLiteral, ExpressibleByFloatLiteral,
+    ExpressibleByBooleanLiteral, ExpressibleByArrayLiteral, ExpressibleByDictionaryLiteral, ExpressibleByNilLiteral
+{
+    /// Creates a string value.
+    public init(stringLiteral value: String) { self = .string(value) }
+    /// Creates an integer value.
+    public init(integerLiteral value: Int64) { self = .int(value) }
+    /// Creates a double value.
+    public init(floatLiteral value: Double) { self = .double(value) }
+    /// Creates a boolean value.
+    public init(booleanLiteral value: Bool) { self = .bool(value) }
+    /// Creates an array value.
+    public init(arrayLiteral elements: JSONValue...) { self = .array(elements) }
+    /// Creates an object value; a repeated key keeps the last value.
+    public init(dictionaryLiteral elements: (String, JSONValue)...) {
+        self = .object(Dictionary(elements, uniquingKeysWith: { _, last in last }))
+    }
+    /// Creates `.null`.
+    public init(nilLiteral: ()) { self = .null }
+}
+
+/// Compares two strings by their UTF-8 bytes, the order SQLite's BINARY collation uses.
+@inlinable
+public func utf8Less(_ a: String, _ b: String) -> Bool {
+    a.utf8.lexicographicallyPrecedes(b.utf8)
+}
+
+/// Compares two strings by their UTF-8 bytes (no Unicode normalization, unlike `==` on `String`).
+@inlinable
+public func utf8Equal(_ a: String, _ b: String) -> Bool {
+    a.utf8.elementsEqual(b.utf8)
+}

@@ -1,0 +1,88 @@
+import Foundation
+import Synchronization
+
+/// The set of databases under one data directory, each in `<dir>/databases/<name>.db`.
+public final class Store: Sendable {
+    /// The data directory.
+    public let directory: String
+    /// Limits handed to every database.
+    public let limits: StoreLimits
+    private let open = Mutex<[String: BlazeDatabase]>([:])
+
+    /// File suffix of database files.
+    public static let fileSuffix = ".db"
+
+    /// Opens (creating, mode 0700) the data directory.
+    public init(directory: String, limits: StoreLimits = StoreLimits()) throws {
+        self.directory = directory
+        self.limits = limits
+        let fm = FileManager.default
+        for dir in [directory, directory + "/databases"] {
+            if !fm.fileExists(atPath: dir) {
+                try fm.createDirectory(atPath: dir, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o700])
+            }
+        }
+    }
+
+    func path(_ name: String) -> String { directory + "/databases/" + name + Self.fileSuffix }
+
+    /// Creates a new database; fails if it exists.
+    public func create(_ name: String) throws -> BlazeDatabase {
+        try Names.validateDatabase(name)
+        return try open.withLock { open in
+            let path = self.path(name)
+            if open[name] != nil || FileManager.default.fileExists(atPath: path) {
+                throw StoreError(.alreadyExists, kind: "database_exists", "database \(Names.quoted(name)) already exists")
+            }
+            let db = try BlazeDatabase(name: name, path: path, limits: limits)
+            open[name] = db
+            return db
+        }
+    }
+
+    /// Returns an existing database, opening it on first use; throws not-found if it does not exist.
+    public func database(_ name: String) throws -> BlazeDatabase {
+        try Names.validateDatabase(name)
+        return try open.withLock { open in
+            if let db = open[name] { return db }
+            let path = self.path(name)
+            guard FileManager.default.fileExists(atPath: path) else {
+                throw StoreError(.notFound, kind: "database_not_found", "database \(Names.quoted(name)) does not exist")
+            }
+            let db = try BlazeDatabase(name: name, path: path, limits: limits)
+            open[name] = db
+            return db
+        }
+    }
+
+    /// Names of all databases, sorted.
+    public func list() throws -> [String] {
+        let files = try FileManager.default.contentsOfDirectory(atPath: directory + "/databases")
+        return files.filter { $0.hasSuffix(Self.fileSuffix) }.map { String($0.dropLast(Self.fileSuffix.count)) }
+            .filter { (try? Names.validateDatabase($0)) != nil }.sorted()
+    }
+
+    /// Deletes a database and its files. Requests already running against it finish on the unlinked file.
+    public func drop(_ name: String) throws {
+        try Names.validateDatabase(name)
+        try open.withLock { open in
+            let path = self.path(name)
+            guard open[name] != nil || FileManager.default.fileExists(atPath: path) else {
+                throw StoreError(.notFound, kind: "database_not_found", "database \(Names.quoted(name)) does not exist")
+            }
+            open.removeValue(forKey: name)
+            for suffix in ["", "-wal", "-shm"] where FileManager.default.fileExists(atPath: path + suffix) {
+                try FileManager.default.removeItem(atPath: path + suffix)
+            }
+        }
+    }
+
+    /// Closes every open database (used at shutdown).
+    public func closeAll() {
+        let dbs = open.withLock { open in
+            defer { open.removeAll() }
+            return Array(open.values)
+        }
+        for db in dbs { try? db.close() }
+    }
+}

@@ -1,0 +1,18 @@
+/// Limits the store enforces on every write and query; all configurable through the daemon.
+public struct StoreLimits: Sendable, Equatable {
+    /// Maximum size of one document's canonical JSON in bytes.
+    public var maxDocumentBytes: Int = 1 << 20
+    /// Maximum number of operations in one `tx.commit`.
+    public var maxTransactionOps: Int = 10_000
+    /// Maximum `limit` of one `query.find` page.
+    public var maxQueryLimit: Int = 10_000
+    /// `limit` used when a query gives none.
+    public var defaultQueryLimit: Int = 100
+    /// Maximum ids in one `doc.getMany`.
+    public var maxGetMany: Int = 10_000
+    /// Maximum fields in one user index.
+    public var maxIndexFields: Int = 8
+
+    /// Default limits.
+    public init() {}
+}

@@ -1,0 +1,407 @@
+import ArgumentParser
+import BlazeClient
+import BlazeProtocol
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+@main
+struct BlazeCtl: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "blazectl",
+        abstract: "Control blazed, the BlazeDB daemon, from the shell.",
+        discussion: "Values in key=value arguments are read as JSON when they parse (limit=5 is a number), else as strings.",
+        subcommands: [
+            Call.self, Info.self, DB.self, Collection.self, Doc.self, Tx.self, Find.self, Count.self, Explain.self,
+            Index.self,
+        ])
+}
+
+/// Options every subcommand shares.
+struct Global: ParsableArguments {
+    @Option(help: "Daemon socket (default: $BLAZEDB_SOCKET, else $XDG_RUNTIME_DIR/blazedb/blazed.sock).")
+    var socket: String?
+
+    @Flag(help: "Print the exact JSON result instead of human output.")
+    var json = false
+
+    var socketPath: String { socket ?? DefaultPaths.socketPath(environment: environment()) }
+
+    /// Calls a method, printing a one-line error and exiting non-zero on failure.
+    func call(_ method: String, _ params: [String: JSONValue]) throws -> JSONValue {
+        do {
+            let connection = try BlazeConnection(socketPath: socketPath)
+            defer { connection.close() }
+            return try connection.call(method, params)
+        } catch let e as RPCError {
+            fail("\(e.message) [\(e.code) \(e.kind)]")
+        } catch {
+            fail("\(error)")
+        }
+    }
+
+    /// Prints `result` as JSON with --json, else with `human`.
+    func output(_ result: JSONValue, human: (JSONValue) -> Void) {
+        if json { print(result.jsonText) } else { human(result) }
+    }
+}
+
+func fail(_ message: String) -> Never {
+    let line = Array("blazectl: error: \(message)\n".utf8)
+    _ = line.withUnsafeBytes { write(2, $0.baseAddress, $0.count) }
+    exit(1)
+}
+
+func environment() -> [String: String] {
+    var env: [String: String] = [:]
+    var p = environ
+    while let entry = p.pointee {
+        let s = String(cString: entry)
+        if let eq = s.firstIndex(of: "=") { env[String(s[..<eq])] = String(s[s.index(after: eq)...]) }
+        p += 1
+    }
+    return env
+}
+
+/// Parses a JSON argument, failing with a one-line error naming the argument.
+func parseJSON(_ text: String, _ what: String) -> JSONValue {
+    do { return try JSONParser().parse(text) } catch { fail("\(what) is not valid JSON: \(error)") }
+}
+
+/// Prints rows as an aligned table with a header.
+func printTable(_ header: [String], _ rows: [[String]]) {
+    var widths = header.map(\.count)
+    for row in rows { for (i, cell) in row.enumerated() { widths[i] = max(widths[i], cell.count) } }
+    func line(_ cells: [String]) -> String {
+        cells.enumerated().map { i, c in i == cells.count - 1 ? c : pad(c, widths[i]) }
+            .joined(separator: "  ")
+    }
+    print(line(header))
+    for row in rows { print(line(row)) }
+}
+
+/// Pads `s` with spaces to `width` characters.
+func pad(_ s: String, _ width: Int) -> String {
+    s.count >= width ? s : s + String(repeating: " ", count: width - s.count)
+}
+
+func text(_ v: JSONValue?) -> String {
+    switch v {
+    case nil: return ""
+    case .string(let s)?: return s
+    case let other?: return other.jsonText
+    }
+}
+
+struct Call: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Call any method: blazectl call doc.get db=default collection=todos id=1")
+    @OptionGroup var global: Global
+    @Argument(help: "Method name, e.g. query.find.") var method: String
+    @Argument(help: "Parameters as key=value; values are JSON when they parse, else strings.") var params: [String] = []
+
+    func run() throws {
+        var p: [String: JSONValue] = [:]
+        for item in params {
+            guard let eq = item.firstIndex(of: "=") else { fail("parameter \"\(item)\" must be key=value") }
+            let key = String(item[..<eq])
+            let raw = String(item[item.index(after: eq)...])
+            p[key] = (try? JSONParser().parse(raw)) ?? .string(raw)
+        }
+        let result = try global.call(method, p)
+        global.output(result) { print($0.prettyText()) }
+    }
+}
+
+struct Info: ParsableCommand {
+    static let configuration = CommandConfiguration(abstract: "Show daemon version, paths and limits.")
+    @OptionGroup var global: Global
+
+    func run() throws {
+        global.output(try global.call("daemon.info", [:])) { r in
+            for key in ["version", "pid", "socket", "dataDir", "databases", "uptimeSeconds"] {
+                print("\(pad(key, 14))\(text(r[key]))")
+            }
+        }
+    }
+}
+
+struct DB: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "db", abstract: "Create, list, inspect and drop databases.",
+        subcommands: [Create.self, List.self, InfoCmd.self, Drop.self])
+
+    struct Create: ParsableCommand {
+        static let configuration = CommandConfiguration(abstract: "Create a database.")
+        @OptionGroup var global: Global
+        @Argument var name: String
+        func run() throws {
+            global.output(try global.call("db.create", ["db": .string(name)])) { _ in print("created database \(name)") }
+        }
+    }
+
+    struct List: ParsableCommand {
+        static let configuration = CommandConfiguration(abstract: "List databases.")
+        @OptionGroup var global: Global
+        func run() throws {
+            global.output(try global.call("db.list", [:])) { r in
+                printTable(["NAME"], (r["databases"]?.arrayValue ?? []).map { [text($0["name"])] })
+            }
+        }
+    }
+
+    struct InfoCmd: ParsableCommand {
+        static let configuration = CommandConfiguration(commandName: "info", abstract: "Show a database's counts and size.")
+        @OptionGroup var global: Global
+        @Argument var name: String
+        func run() throws {
+            global.output(try global.call("db.info", ["db": .string(name)])) { r in
+                for key in ["name", "collections", "documents", "sizeBytes", "path"] {
+                    print("\(pad(key, 13))\(text(r[key]))")
+                }
+            }
+        }
+    }
+
+    struct Drop: ParsableCommand {
+        static let configuration = CommandConfiguration(abstract: "Delete a database and all its data.")
+        @OptionGroup var global: Global
+        @Argument var name: String
+        func run() throws {
+            global.output(try global.call("db.drop", ["db": .string(name)])) { _ in print("dropped database \(name)") }
+        }
+    }
+}
+
+struct Collection: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "collection", abstract: "List collections.", subcommands: [List.self])
+
+    struct List: ParsableCommand {
+        static let configuration = CommandConfiguration(abstract: "List the collections of a database.")
+        @OptionGroup var global: Global
+        @Argument var db: String
+        func run() throws {
+            global.output(try global.call("collection.list", ["db": .string(db)])) { r in
+                printTable(["NAME", "DOCUMENTS"], (r["collections"]?.arrayValue ?? []).map { [text($0["name"]), text($0["count"])] })
+            }
+        }
+    }
+}
+
+struct Doc: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "doc", abstract: "Insert, read, replace, patch and delete documents.",
+        subcommands: [Insert.self, Get.self, GetMany.self, Put.self, Patch.self, Delete.self])
+
+    struct Insert: ParsableCommand {
+        static let configuration = CommandConfiguration(abstract: "Insert a document; prints its id.")
+        @OptionGroup var global: Global
+        @Argument var db: String
+        @Argument var collection: String
+        @Argument(help: "The document as JSON.") var doc: String
+        func run() throws {
+            let r = try global.call(
+                "doc.insert", ["db": .string(db), "collection": .string(collection), "doc": parseJSON(doc, "document")])
+            global.output(r) { print(text($0["id"])) }
+        }
+    }
+
+    struct Get: ParsableCommand {
+        static let configuration = CommandConfiguration(abstract: "Print one document.")
+        @OptionGroup var global: Global
+        @Argument var db: String
+        @Argument var collection: String
+        @Argument var id: String
+        @Option(help: "Comma-separated fields to return.") var fields: String?
+        func run() throws {
+            var p: [String: JSONValue] = ["db": .string(db), "collection": .string(collection), "id": .string(id)]
+            if let fields { p["fields"] = .array(fields.split(separator: ",").map { .string(String($0)) }) }
+            global.output(try global.call("doc.get", p)) { print(($0["doc"] ?? .null).prettyText()) }
+        }
+    }
+
+    struct GetMany: ParsableCommand {
+        static let configuration = CommandConfiguration(commandName: "get-many", abstract: "Print several documents.")
+        @OptionGroup var global: Global
+        @Argument var db: String
+        @Argument var collection: String
+        @Argument var ids: [String]
+        func run() throws {
+            let r = try global.call(
+                "doc.getMany",
+                ["db": .string(db), "collection": .string(collection), "ids": .array(ids.map(JSONValue.string))])
+            global.output(r) { r in for d in r["docs"]?.arrayValue ?? [] { print(d.jsonText) } }
+        }
+    }
+
+    struct Put: ParsableCommand {
+        static let configuration = CommandConfiguration(abstract: "Create or replace a document (id from --id or _id).")
+        @OptionGroup var global: Global
+        @Argument var db: String
+        @Argument var collection: String
+        @Argument(help: "The document as JSON.") var doc: String
+        @Option(help: "Document id (else the document's _id).") var id: String?
+        func run() throws {
+            var p: [String: JSONValue] = [
+                "db": .string(db), "collection": .string(collection), "doc": parseJSON(doc, "document"),
+            ]
+            if let id { p["id"] = .string(id) }
+            let r = try global.call("doc.put", p)
+            global.output(r) { r in print("\(text(r["id"])) \(r["created"] == true ? "created" : "replaced")") }
+        }
+    }
+
+    struct Patch: ParsableCommand {
+        static let configuration = CommandConfiguration(abstract: "Set and unset top-level fields.")
+        @OptionGroup var global: Global
+        @Argument var db: String
+        @Argument var collection: String
+        @Argument var id: String
+        @Option(help: "Fields to set, as a JSON object.") var set: String?
+        @Option(help: "A field to remove (repeatable).") var unset: [String] = []
+        func run() throws {
+            var p: [String: JSONValue] = ["db": .string(db), "collection": .string(collection), "id": .string(id)]
+            if let set { p["set"] = parseJSON(set, "--set") }
+            if !unset.isEmpty { p["unset"] = .array(unset.map(JSONValue.string)) }
+            global.output(try global.call("doc.patch", p)) { print("patched \(text($0["id"]))") }
+        }
+    }
+
+    struct Delete: ParsableCommand {
+        static let configuration = CommandConfiguration(abstract: "Delete a document.")
+        @OptionGroup var global: Global
+        @Argument var db: String
+        @Argument var collection: String
+        @Argument var id: String
+        func run() throws {
+            let r = try global.call("doc.delete", ["db": .string(db), "collection": .string(collection), "id": .string(id)])
+            global.output(r) { print("deleted \(text($0["id"]))") }
+        }
+    }
+}
+
+struct Tx: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Commit several operations atomically.",
+        discussion: #"Example: blazectl tx default '[{"op":"insert","collection":"t","doc":{"a":1}}]'"#)
+    @OptionGroup var global: Global
+    @Argument var db: String
+    @Argument(help: "A JSON array of operations.") var ops: String
+    func run() throws {
+        let r = try global.call("tx.commit", ["db": .string(db), "ops": parseJSON(ops, "ops")])
+        global.output(r) { r in for item in r["results"]?.arrayValue ?? [] { print(text(item["id"])) } }
+    }
+}
+
+/// Arguments shared by find, count and explain.
+struct QueryArgs: ParsableArguments {
+    @Argument var db: String
+    @Argument var collection: String
+    @Argument(help: #"Filter as JSON, e.g. '{"age":{"$gt":30}}'."#) var filter: String?
+
+    func params() -> [String: JSONValue] {
+        var p: [String: JSONValue] = ["db": .string(db), "collection": .string(collection)]
+        if let filter { p["where"] = parseJSON(filter, "filter") }
+        return p
+    }
+}
+
+struct Find: ParsableCommand {
+    static let configuration = CommandConfiguration(abstract: "Find documents; prints one JSON document per line.")
+    @OptionGroup var global: Global
+    @OptionGroup var query: QueryArgs
+    @Option(help: "Comma-separated sort keys; prefix '-' for descending.") var sort: String?
+    @Option(help: "Page size.") var limit: Int?
+    @Option(help: "Resume token from a previous page.") var cursor: String?
+    @Option(help: "Comma-separated fields to return.") var fields: String?
+
+    func run() throws {
+        var p = query.params()
+        if let sort { p["sort"] = .array(sort.split(separator: ",").map { .string(String($0)) }) }
+        if let limit { p["limit"] = .int(Int64(limit)) }
+        if let cursor { p["cursor"] = .string(cursor) }
+        if let fields { p["fields"] = .array(fields.split(separator: ",").map { .string(String($0)) }) }
+        global.output(try global.call("query.find", p)) { r in
+            for d in r["docs"]?.arrayValue ?? [] { print(d.jsonText) }
+            if case .string(let next)? = r["cursor"] { print("-- more: --cursor \(next)") }
+        }
+    }
+}
+
+struct Count: ParsableCommand {
+    static let configuration = CommandConfiguration(abstract: "Count matching documents.")
+    @OptionGroup var global: Global
+    @OptionGroup var query: QueryArgs
+    func run() throws {
+        global.output(try global.call("query.count", query.params())) { print(text($0["count"])) }
+    }
+}
+
+struct Explain: ParsableCommand {
+    static let configuration = CommandConfiguration(abstract: "Show how a query runs and which indexes it uses.")
+    @OptionGroup var global: Global
+    @OptionGroup var query: QueryArgs
+    @Option(help: "Comma-separated sort keys; prefix '-' for descending.") var sort: String?
+    func run() throws {
+        var p = query.params()
+        if let sort { p["sort"] = .array(sort.split(separator: ",").map { .string(String($0)) }) }
+        global.output(try global.call("query.explain", p)) { r in
+            let used = (r["indexes"]?.arrayValue ?? []).map(text)
+            print("indexes: \(used.isEmpty ? "none (full scan)" : used.joined(separator: ", "))")
+            for line in r["plan"]?.arrayValue ?? [] { print("plan:    \(text(line))") }
+        }
+    }
+}
+
+struct Index: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "index", abstract: "Create, drop and list indexes.", subcommands: [Create.self, Drop.self, List.self])
+
+    struct Create: ParsableCommand {
+        static let configuration = CommandConfiguration(abstract: "Create an index on one or more fields.")
+        @OptionGroup var global: Global
+        @Argument var db: String
+        @Argument var collection: String
+        @Argument(help: "Field paths, in index order.") var fields: [String]
+        @Option(help: "Index name (default: collection.field...).") var name: String?
+        func run() throws {
+            var p: [String: JSONValue] = [
+                "db": .string(db), "collection": .string(collection), "fields": .array(fields.map(JSONValue.string)),
+            ]
+            if let name { p["name"] = .string(name) }
+            global.output(try global.call("index.create", p)) { print("created index \(text($0["name"]))") }
+        }
+    }
+
+    struct Drop: ParsableCommand {
+        static let configuration = CommandConfiguration(abstract: "Drop an index.")
+        @OptionGroup var global: Global
+        @Argument var db: String
+        @Argument var name: String
+        func run() throws {
+            global.output(try global.call("index.drop", ["db": .string(db), "name": .string(name)])) { _ in
+                print("dropped index \(name)")
+            }
+        }
+    }
+
+    struct List: ParsableCommand {
+        static let configuration = CommandConfiguration(abstract: "List indexes.")
+        @OptionGroup var global: Global
+        @Argument var db: String
+        @Argument var collection: String?
+        func run() throws {
+            var p: [String: JSONValue] = ["db": .string(db)]
+            if let collection { p["collection"] = .string(collection) }
+            global.output(try global.call("index.list", p)) { r in
+                printTable(
+                    ["NAME", "COLLECTION", "FIELDS"],
+                    (r["indexes"]?.arrayValue ?? []).map {
+                        [text($0["name"]), text($0["collection"]), ($0["fields"]?.arrayValue ?? []).map(text).joined(separator: ",")]
+                    })
+            }
+        }
+    }
+}
