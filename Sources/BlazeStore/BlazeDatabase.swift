@@ -1,6 +1,7 @@
 import BlazeProtocol
 import Foundation
 import GRDB
+import Synchronization
 
 /// A collection as listed by `collection.list`.
 public struct CollectionInfo: Sendable, Equatable {
@@ -69,19 +70,50 @@ public final class BlazeDatabase: Sendable {
         var config = Configuration()
         config.label = "blazedb.\(name)"
         config.busyMode = .timeout(10)
-        config.prepareDatabase { db in
-            // Acknowledged writes are durable: fsync the WAL on every commit (DESIGN §4).
-            try db.execute(sql: "PRAGMA synchronous = FULL")
-        }
         pool = try DatabasePool(path: path, configuration: config)
+        // Acknowledged writes are durable: fsync the WAL on every commit (DESIGN §4). Set on the single writer
+        // connection after the pool exists, because GRDB switches WAL databases to NORMAL while setting up.
+        try pool.writeWithoutTransaction { db in
+            try db.execute(sql: "PRAGMA synchronous = FULL; PRAGMA analysis_limit = \(Self.analysisLimit)")
+        }
         try Schema.migrator.migrate(pool)
+        try pool.write { db in
+            if try Int.fetchOne(db, sql: "SELECT count(*) FROM indexes") ?? 0 > 0 { try Self.analyze(db) }
+        }
+    }
+
+    /// Rows sampled per index by `ANALYZE`; bounds its cost to milliseconds whatever the table size.
+    static let analysisLimit = 1000
+
+    /// Changes since the last `ANALYZE`, and the threshold at which statistics count as stale.
+    private let statistics = Mutex<(changes: Int, threshold: Int)>((0, 1000))
+
+    /// Refreshes the planner statistics. Without them SQLite takes `collection = ?` for a selective term and
+    /// prefers the (collection, id) key over a matching user index, scanning the whole collection.
+    static func analyze(_ db: Database) throws {
+        try db.execute(sql: "ANALYZE docs")
+    }
+
+    /// Counts `changes` and re-analyzes inside the current write once the data may have doubled since last time.
+    func noteChanges(_ changes: Int, _ db: Database) throws {
+        let due = statistics.withLock { s -> Bool in
+            s.changes += changes
+            return s.changes >= s.threshold
+        }
+        guard due else { return }
+        try Self.analyze(db)
+        let rows = try Int.fetchOne(db, sql: "SELECT count(*) FROM docs") ?? 0
+        statistics.withLock { $0 = (0, max(1000, rows)) }
     }
 
     /// Runs `body` in one write transaction; everything it applies commits together or not at all.
     public func write<T: Sendable>(_ body: @escaping @Sendable (WriteTransaction) throws -> T) async throws -> T {
         let limits = self.limits
         return try await pool.write { db in
-            try body(WriteTransaction(db: db, limits: limits))
+            let tx = WriteTransaction(db: db, limits: limits)
+            let result = try body(tx)
+            try self.noteChanges(tx.changes, db)
+            return result
         }
     }
 

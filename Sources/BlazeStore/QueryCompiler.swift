@@ -2,7 +2,7 @@ import BlazeProtocol
 import Foundation
 import GRDB
 
-/// A sort key: a field path and a direction. Sorting uses the `TypeRank` order; ties break on `_id` ascending.
+/// A sort key: a field path and a direction. Sorting uses the `TypeRank` order; ties break on `_id` (see `orderBy`).
 public struct SortKey: Sendable, Equatable {
     /// The field sorted on.
     public var path: FieldPath
@@ -95,9 +95,19 @@ public enum QueryCompiler {
         case .compare(let p, let op, let v):
             return typed(rank: rankSQL(p), value: valueSQL(p), op, v, &args)
         case .oneOf(let p, let vs):
-            if vs.isEmpty { return "0" }
-            return "(" + vs.map { typed(rank: rankSQL(p), value: valueSQL(p), .eq, $0, &args) }
-                .joined(separator: " OR ") + ")"
+            // Grouped by type rank into `rank = r AND value IN (...)`, which SQLite answers from an index as a
+            // list of equality probes; an OR of equalities is rarely given the multi-index OR plan.
+            var groups: [Int: [JSONValue]] = [:]
+            for v in vs { groups[TypeRank.of(v), default: []].append(v) }
+            if groups.isEmpty { return "0" }
+            let terms = groups.keys.sorted().map { rank -> String in
+                if rank == 0 { return "(\(rankSQL(p)) = 0)" }
+                let values = groups[rank]!
+                args.append(contentsOf: values.map(databaseValue))
+                let marks = Array(repeating: "?", count: values.count).joined(separator: ", ")
+                return "(\(rankSQL(p)) = \(rank) AND \(valueSQL(p)) IN (\(marks)))"
+            }
+            return terms.count == 1 ? terms[0] : "(" + terms.joined(separator: " OR ") + ")"
         case .exists(let p, let b):
             if p.isID { return b ? "1" : "0" }
             return "(json_type(body, \(pathLiteral(p))) IS \(b ? "NOT " : "")NULL)"
@@ -118,7 +128,8 @@ public enum QueryCompiler {
         case .prefix(let p, let s):
             args.append(s.databaseValue)
             args.append(Data(Array(s.utf8) + [0xFF]).databaseValue)
-            return "(\(rankSQL(p)) = 3 AND \(valueSQL(p)) >= ? AND \(valueSQL(p)) < CAST(? AS TEXT))"
+            return "(\(rankSQL(p)) = 3 AND likelihood(\(valueSQL(p)) >= ?, \(rangeLikelihood)) "
+                + "AND \(valueSQL(p)) < CAST(? AS TEXT))"
         }
     }
 
@@ -136,10 +147,19 @@ public enum QueryCompiler {
         case .lte: sqlOp = "<="
         }
         args.append(databaseValue(v))
-        return "(\(rank) = \(r) AND \(value) \(sqlOp) ?)"
+        if op == .eq { return "(\(rank) = \(r) AND \(value) = ?)" }
+        return "(\(rank) = \(r) AND likelihood(\(value) \(sqlOp) ?, \(rangeLikelihood)))"
     }
 
-    /// The ORDER BY column pairs (rank, value) for each sort key, then `id`.
+    /// Selectivity hint for range terms. This SQLite has no STAT4, so it guesses a one-sided range keeps 1/4 of
+    /// the rows and then prefers walking `id` order under a LIMIT; the hint lets a matching index win. The hint
+    /// changes only the plan, never the result.
+    static let rangeLikelihood = "0.05"
+
+    /// The ORDER BY column pairs (rank, value) for each sort key, then `id` in the last key's direction.
+    ///
+    /// Breaking ties in the last key's direction lets a single-field sort walk a user index (which ends in `id`)
+    /// forwards or backwards without a temporary B-tree.
     static func orderBy(_ sort: [SortKey]) -> String {
         var terms: [String] = []
         for key in sort {
@@ -147,9 +167,12 @@ public enum QueryCompiler {
             terms.append("\(rankSQL(key.path)) \(dir)")
             terms.append("\(valueSQL(key.path)) \(dir)")
         }
-        terms.append("id ASC")
+        terms.append("id \(idDescending(sort) ? "DESC" : "ASC")")
         return terms.joined(separator: ", ")
     }
+
+    /// Whether the `_id` tie-break runs descending (it follows the last sort key).
+    public static func idDescending(_ sort: [SortKey]) -> Bool { sort.last?.descending ?? false }
 
     /// The predicate "row sorts strictly after the cursor position".
     static func after(_ sort: [SortKey], _ cursor: QueryCursor, _ args: inout [DatabaseValue]) -> String {
@@ -159,7 +182,7 @@ public enum QueryCompiler {
             comps.append((rankSQL(key.path), key.descending, databaseValue(cursor.keys[2 * i])))
             comps.append((valueSQL(key.path), key.descending, databaseValue(cursor.keys[2 * i + 1])))
         }
-        comps.append(("id", false, cursor.id.databaseValue))
+        comps.append(("id", idDescending(sort), cursor.id.databaseValue))
         var ors: [String] = []
         for k in 0..<comps.count {
             var ands: [String] = []
@@ -197,9 +220,9 @@ public enum QueryCompiler {
         return CompiledSQL(sql: sql, arguments: StatementArguments(args))
     }
 
-    /// The index column list for the given fields: (rank, value) per field.
+    /// The index column list for the given fields: (rank, value) per field, then `id` so sorts need no temp B-tree.
     static func indexColumns(_ fields: [FieldPath]) -> String {
-        fields.map { "\(rankSQL($0)), \(valueSQL($0))" }.joined(separator: ", ")
+        (fields.map { "\(rankSQL($0)), \(valueSQL($0))" } + ["id"]).joined(separator: ", ")
     }
 }
 

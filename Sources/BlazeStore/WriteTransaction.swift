@@ -30,6 +30,8 @@ public final class WriteTransaction {
     let db: Database
     let limits: StoreLimits
     let now: Int64
+    /// Number of document mutations applied (feeds the planner-statistics refresh).
+    private(set) var changes = 0
 
     init(db: Database, limits: StoreLimits) {
         self.db = db
@@ -39,6 +41,7 @@ public final class WriteTransaction {
 
     /// Applies one operation; throws `StoreError` for invalid input or missing/duplicate documents.
     public func apply(_ op: WriteOp) throws -> WriteResult {
+        changes += 1
         switch op {
         case .insert(let collection, var doc):
             try Names.validateCollection(collection)
@@ -135,6 +138,7 @@ public final class WriteTransaction {
         try db.execute(
             sql: "CREATE INDEX \(Self.sqlIndexName(indexName)) ON docs(\(QueryCompiler.indexColumns(paths))) "
                 + "WHERE collection = '\(collection)'")
+        try BlazeDatabase.analyze(db)
         return info
     }
 
@@ -146,6 +150,7 @@ public final class WriteTransaction {
             throw StoreError(.notFound, kind: "index_not_found", "index \(Names.quoted(name)) does not exist")
         }
         try db.execute(sql: "DROP INDEX \(Self.sqlIndexName(name))")
+        try BlazeDatabase.analyze(db)
     }
 
     static func sqlIndexName(_ name: String) -> String { "\"ux_\(name)\"" }

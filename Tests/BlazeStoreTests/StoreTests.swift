@@ -1,0 +1,210 @@
+import BlazeProtocol
+import Foundation
+import GRDB
+import Testing
+
+@testable import BlazeStore
+
+/// A store in a fresh temporary directory, removed when the test ends.
+final class TempStore {
+    let dir: String
+    let store: Store
+
+    init(limits: StoreLimits = StoreLimits()) throws {
+        dir = FileManager.default.temporaryDirectory.appendingPathComponent("blazestore-\(UUID().uuidString)").path
+        store = try Store(directory: dir, limits: limits)
+    }
+
+    deinit {
+        store.closeAll()
+        try? FileManager.default.removeItem(atPath: dir)
+    }
+}
+
+func expectStoreError(_ kind: String, _ body: () async throws -> Void) async {
+    do {
+        try await body()
+        Issue.record("expected \(kind), nothing was thrown")
+    } catch let e as StoreError {
+        #expect(e.kind == kind, "got \(e)")
+    } catch {
+        Issue.record("expected StoreError \(kind), got \(error)")
+    }
+}
+
+@Suite struct DatabaseRegistry {
+    @Test func createListDropAndReopen() async throws {
+        let t = try TempStore()
+        _ = try t.store.create("a")
+        _ = try t.store.create("b-2.x")
+        #expect(try t.store.list() == ["a", "b-2.x"])
+        await expectStoreError("database_exists") { _ = try t.store.create("a") }
+        try t.store.drop("a")
+        #expect(try t.store.list() == ["b-2.x"])
+        await expectStoreError("database_not_found") { _ = try t.store.database("a") }
+        await expectStoreError("database_not_found") { try t.store.drop("a") }
+        for bad in ["", ".hidden", "a/b", "a b", String(repeating: "x", count: 65), "é"] {
+            await expectStoreError("invalid_name") { _ = try t.store.create(bad) }
+        }
+    }
+
+    @Test func dataSurvivesReopen() async throws {
+        let t = try TempStore()
+        _ = try await t.store.create("db").apply(.insert(collection: "c", doc: ["_id": "x", "v": 1.5]))
+        t.store.closeAll()
+        let reopened = try Store(directory: t.dir)
+        #expect(try await reopened.database("db").get(collection: "c", id: "x") == ["_id": "x", "v": 1.5])
+        reopened.closeAll()
+    }
+
+    @Test func databaseUsesWALAndFullSync() async throws {
+        let t = try TempStore()
+        let db = try t.store.create("db")
+        let (mode, sync) = try await db.pool.write { db in
+            (try String.fetchOne(db, sql: "PRAGMA journal_mode"), try Int.fetchOne(db, sql: "PRAGMA synchronous"))
+        }
+        #expect(mode == "wal")
+        #expect(sync == 2)  // FULL
+    }
+}
+
+@Suite struct DocumentWrites {
+    @Test func insertGetPutPatchDelete() async throws {
+        let t = try TempStore()
+        let db = try t.store.create("db")
+        let generated = try await db.apply(.insert(collection: "c", doc: ["a": 1])).id
+        #expect(generated.count == 36)
+        #expect(try await db.get(collection: "c", id: generated) == ["_id": .string(generated), "a": 1])
+        _ = try await db.apply(.insert(collection: "c", doc: ["_id": "k", "a": 1, "b": ["x": true]]))
+        await expectStoreError("document_exists") { _ = try await db.apply(.insert(collection: "c", doc: ["_id": "k"])) }
+        let put = try await db.apply(.put(collection: "c", id: "k", doc: ["z": .null]))
+        #expect(put.created == false)
+        #expect(try await db.get(collection: "c", id: "k") == ["_id": "k", "z": .null])
+        #expect(try await db.apply(.put(collection: "c", id: "new", doc: [:])).created == true)
+        _ = try await db.apply(.patch(collection: "c", id: "k", set: ["a": 2, "s": "x"], unset: ["z"]))
+        #expect(try await db.get(collection: "c", id: "k") == ["_id": "k", "a": 2, "s": "x"])
+        #expect(try await db.get(collection: "c", id: "k", fields: [FieldPath("s")]) == ["_id": "k", "s": "x"])
+        _ = try await db.apply(.delete(collection: "c", id: "k"))
+        await expectStoreError("document_not_found") { _ = try await db.get(collection: "c", id: "k") }
+        await expectStoreError("document_not_found") { _ = try await db.apply(.delete(collection: "c", id: "k")) }
+        await expectStoreError("document_not_found") {
+            _ = try await db.apply(.patch(collection: "c", id: "k", set: ["a": 1], unset: []))
+        }
+        await expectStoreError("collection_not_found") { _ = try await db.get(collection: "nope", id: "k") }
+        #expect(try await db.getMany(collection: "c", ids: ["new", "missing"]) == [["_id": "new"], .null])
+    }
+
+    @Test func rejectsInvalidDocuments() async throws {
+        let t = try TempStore(limits: { var l = StoreLimits(); l.maxDocumentBytes = 100; return l }())
+        let db = try t.store.create("db")
+        await expectStoreError("reserved_field") { _ = try await db.apply(.insert(collection: "c", doc: ["_x": 1])) }
+        await expectStoreError("invalid_id") { _ = try await db.apply(.insert(collection: "c", doc: ["_id": 5])) }
+        await expectStoreError("invalid_id") { _ = try await db.apply(.insert(collection: "c", doc: ["_id": ""])) }
+        await expectStoreError("invalid_name") { _ = try await db.apply(.insert(collection: "a b", doc: [:])) }
+        await expectStoreError("document_too_large") {
+            _ = try await db.apply(.insert(collection: "c", doc: ["s": .string(String(repeating: "x", count: 200))]))
+        }
+        await expectStoreError("invalid_patch") {
+            _ = try await db.apply(.patch(collection: "c", id: "x", set: ["a": 1], unset: ["a"]))
+        }
+        await expectStoreError("id_mismatch") { _ = try await db.apply(.put(collection: "c", id: "a", doc: ["_id": "b"])) }
+    }
+
+    @Test func transactionIsAllOrNothing() async throws {
+        let t = try TempStore()
+        let db = try t.store.create("db")
+        do {
+            _ = try await db.commit([
+                .insert(collection: "c", doc: ["_id": "1"]), .insert(collection: "c", doc: ["_id": "2"]),
+                .delete(collection: "c", id: "missing"),
+            ])
+            Issue.record("transaction with a failing op committed")
+        } catch let e as StoreError {
+            #expect(e.kind == "document_not_found" && e.details["op"] == 2)
+        }
+        await expectStoreError("collection_not_found") { _ = try await db.get(collection: "c", id: "1") }
+        let results = try await db.commit([
+            .insert(collection: "c", doc: ["_id": "1"]), .patch(collection: "c", id: "1", set: ["v": 1], unset: []),
+            .put(collection: "d", id: "2", doc: [:]),
+        ])
+        #expect(results.map(\.id) == ["1", "1", "2"])
+        #expect(try await db.collections() == [CollectionInfo(name: "c", count: 1), CollectionInfo(name: "d", count: 1)])
+    }
+
+    @Test func numbersRoundTripThroughSQLiteExactly() async throws {
+        let t = try TempStore()
+        let db = try t.store.create("db")
+        let doc: [String: JSONValue] = [
+            "_id": "n", "neg0": .double(-0.0), "sub": .double(.leastNonzeroMagnitude), "max": .int(.max),
+            "min": .int(.min), "one": .double(1), "big": .int(9_007_199_254_740_993), "pi": .double(Double.pi),
+            "nfd": "e\u{301}",
+        ]
+        _ = try await db.apply(.insert(collection: "c", doc: doc))
+        let back = try await db.get(collection: "c", id: "n")
+        #expect(back.jsonText == JSONValue.object(doc).jsonText)
+        if case .double(let z)? = back["neg0"] { #expect(z.sign == .minus) } else { Issue.record("-0.0 lost") }
+        // The NFD string is found by its own bytes and not by the NFC spelling.
+        #expect(try await db.count(collection: "c", filter: Filter.parse(["nfd": "e\u{301}"])) == 1)
+        #expect(try await db.count(collection: "c", filter: Filter.parse(["nfd": "\u{e9}"])) == 0)
+        #expect(try await db.count(collection: "c", filter: Filter.parse(["big": .int(9_007_199_254_740_992)])) == 0)
+        #expect(try await db.count(collection: "c", filter: Filter.parse(["big": .int(9_007_199_254_740_993)])) == 1)
+    }
+}
+
+@Suite struct FilterSemantics {
+    static let docs: [[String: JSONValue]] = [
+        ["_id": "1", "a": 1, "s": "apple", "t": ["x", "y"], "n": ["x": 1]],
+        ["_id": "2", "a": 2.5, "s": "banana", "t": [], "n": ["x": "1"]],
+        ["_id": "3", "a": true, "s": "", "t": "x", "n": .null],
+        ["_id": "4", "a": .null, "s": "apricot"],
+        ["_id": "5", "a": "1", "t": [1, ["x"]]],
+        ["_id": "6", "a": [1], "s": "Apple"],
+    ]
+
+    /// Each row pins one rule of Protocol/QUERIES.md with a hand-computed answer.
+    @Test(arguments: [
+        (#"{"a":1}"#, ["1"]),  // numbers match numbers only, not true or "1"
+        (#"{"a":1.0}"#, ["1"]),
+        (#"{"a":true}"#, ["3"]),
+        (#"{"a":null}"#, ["4"]),  // null matches null and missing... (5 and 6 have a)
+        (#"{"s":null}"#, ["5"]),
+        (#"{"a":{"$gt":1}}"#, ["2"]),
+        (#"{"a":{"$gte":1,"$lt":3}}"#, ["1", "2"]),
+        (#"{"a":{"$ne":1}}"#, ["2", "3", "4", "5", "6"]),
+        (#"{"a":{"$in":[1,"1",false]}}"#, ["1", "5"]),
+        (#"{"a":{"$nin":[1,"1"]}}"#, ["2", "3", "4", "6"]),
+        (#"{"a":{"$exists":false}}"#, []),
+        (#"{"s":{"$exists":false}}"#, ["5"]),
+        (#"{"n":{"$exists":true}}"#, ["1", "2", "3"]),
+        (#"{"n.x":1}"#, ["1"]),
+        (#"{"n.x":{"$exists":true}}"#, ["1", "2"]),
+        (#"{"t":{"$contains":"x"}}"#, ["1", "3"]),  // array element or substring
+        (#"{"t":{"$contains":["x"]}}"#, ["5"]),
+        (#"{"s":{"$prefix":"ap"}}"#, ["1", "4"]),  // case-sensitive
+        (#"{"s":{"$prefix":""}}"#, ["1", "2", "3", "4", "6"]),
+        (#"{"a":[1]}"#, ["6"]),
+        (#"{"$or":[{"a":1},{"s":"banana"}]}"#, ["1", "2"]),
+        (#"{"$not":{"s":{"$prefix":"a"}}}"#, ["2", "3", "5", "6"]),
+        (#"{"s":{"$not":{"$gt":"b"}}}"#, ["1", "3", "4", "5", "6"]),
+        (#"{"_id":{"$in":["2","9"]}}"#, ["2"]),
+        (#"{"_id":{"$gte":"5"}}"#, ["5", "6"]),
+    ])
+    func filterMatchesExactly(filter: String, expected: [String]) async throws {
+        let t = try TempStore()
+        let db = try t.store.create("db")
+        _ = try await db.commit(Self.docs.map { .insert(collection: "c", doc: $0) })
+        let f = try Filter.parse(try JSONParser().parse(filter))
+        let sql = try await db.find(FindQuery(collection: "c", filter: f, limit: 100)).docs.compactMap { $0["_id"]?.stringValue }
+        let memory = Self.docs.filter { f.matches($0) }.compactMap { $0["_id"]?.stringValue }
+        #expect(sql == expected, "SQL: \(filter)")
+        #expect(memory == expected, "in-memory: \(filter)")
+    }
+
+    @Test(arguments: [
+        #"{"a":{"$gt":null}}"#, #"{"a":{"$bogus":1}}"#, #"{"$and":[]}"#, #"{"a":{"$in":5}}"#, #"{"a":{"$exists":1}}"#,
+        #"{"a":{"$prefix":1}}"#, #"{"a":{"$gt":1,"b":2}}"#, #"{"a..b":1}"#, #"{"$where":"x"}"#, #"[1]"#,
+    ])
+    func rejectsBadFilters(filter: String) throws {
+        #expect(throws: StoreError.self) { try Filter.parse(try JSONParser().parse(filter)) }
+    }
+}
