@@ -119,9 +119,10 @@ public final class Daemon: Service, Sendable {
                     error: RPCError(
                         code: RPCErrorCode.limitExceeded, kind: "too_many_connections",
                         message: "the daemon already serves \(limits.maxConnections) connections"))
-                var buf = channel.allocator.buffer(capacity: 200)
-                buf.writeBytes(err.jsonBytes + [0x0A])
-                return channel.writeAndFlush(buf).flatMap { channel.close() }.map { .refused }
+                return channel.eventLoop.makeCompletedFuture {
+                    try channel.pipeline.syncOperations.addHandler(RefuseHandler(line: err.jsonBytes + [0x0A]))
+                    return .refused
+                }
             }
             return channel.eventLoop.makeCompletedFuture {
                 if limits.idleTimeoutSeconds > 0 {
@@ -179,6 +180,22 @@ struct PeerCredentials: Sendable {
     var pid: Int32 = 0
     var uid: UInt32 = 0
     var gid: UInt32 = 0
+}
+
+/// Sends one error line as soon as the connection is active, then closes it (the initializer runs too early to write).
+final class RefuseHandler: ChannelInboundHandler, Sendable {
+    typealias InboundIn = ByteBuffer
+    let line: [UInt8]
+
+    init(line: [UInt8]) { self.line = line }
+
+    func channelActive(context: ChannelHandlerContext) {
+        let channel = context.channel
+        let buffer = channel.allocator.buffer(bytes: line)
+        context.writeAndFlush(NIOAny(buffer)).whenComplete { _ in channel.close(promise: nil) }
+    }
+
+    func channelRead(context: ChannelHandlerContext, data: NIOAny) {}
 }
 
 /// Closes a connection when `IdleStateHandler` reports it idle.

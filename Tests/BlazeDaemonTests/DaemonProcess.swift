@@ -1,0 +1,136 @@
+import BlazeClient
+import BlazeProtocol
+import Foundation
+import Synchronization
+import Testing
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// Directory holding the built executables (next to the test bundle).
+let buildDirectory = URL(fileURLWithPath: "/proc/self/exe").resolvingSymlinksInPath().deletingLastPathComponent().path
+
+/// A temporary directory removed on deinit.
+final class TempDir {
+    let path: String
+    init() {
+        var template = Array("/tmp/blazetest-XXXXXX".utf8CString)
+        path = template.withUnsafeMutableBufferPointer { String(cString: mkdtemp($0.baseAddress!)!) }
+    }
+    deinit { try? FileManager.default.removeItem(atPath: path) }
+}
+
+/// A real `blazed` process on a temporary socket and data directory; killed and checked on `stop()`/deinit.
+///
+/// Like Core Lightning's fixture, a test fails if the daemon logged at error level or crashed.
+final class DaemonProcess: @unchecked Sendable {
+    // @unchecked: `process` is only touched from the owning test; the log buffer is behind a Mutex.
+    let dir: TempDir
+    let socket: String
+    let dataDir: String
+    let process = Process()
+    private let log = Mutex<String>("")
+    private let ready = DispatchSemaphore(value: 0)
+    private let readySignalled = Mutex(false)
+
+    init(arguments: [String] = [], dir: TempDir = TempDir(), dataDir: String? = nil) throws {
+        self.dir = dir
+        socket = dir.path + "/run/blazed.sock"
+        self.dataDir = dataDir ?? dir.path + "/data"
+        process.executableURL = URL(fileURLWithPath: buildDirectory + "/blazed")
+        process.arguments = ["--socket", socket, "--data-dir", self.dataDir] + arguments
+        let pipe = Pipe()
+        process.standardError = pipe
+        process.standardOutput = FileHandle.nullDevice
+        pipe.fileHandleForReading.readabilityHandler = { [weak self] handle in
+            let data = handle.availableData
+            guard let self, !data.isEmpty else { return }
+            let text = String(decoding: data, as: UTF8.self)
+            let all = self.log.withLock { $0 += text; return $0 }
+            if all.contains("Listening") || all.contains("blazed: ") {
+                let first = self.readySignalled.withLock { old in defer { old = true }; return !old }
+                if first { self.ready.signal() }
+            }
+        }
+        try process.run()
+        guard ready.wait(timeout: .now() + 60) == .success, logText.contains("Listening") else {
+            process.terminate()
+            throw ClientError("blazed did not start: \(logText)")
+        }
+    }
+
+    var pid: Int32 { process.processIdentifier }
+    var logText: String { log.withLock { $0 } }
+
+    func connect(timeout: Int = 60) throws -> BlazeConnection {
+        try BlazeConnection(socketPath: socket, timeoutSeconds: timeout)
+    }
+
+    /// Resident memory of the daemon in KiB.
+    func rssKiB() -> Int {
+        let status = (try? String(contentsOfFile: "/proc/\(pid)/status", encoding: .utf8)) ?? ""
+        let line = status.split(separator: "\n").first { $0.hasPrefix("VmRSS:") } ?? ""
+        return Int(line.split(separator: " ").dropFirst().first ?? "0") ?? 0
+    }
+
+    func kill9() {
+        kill(pid, SIGKILL)
+        process.waitUntilExit()
+    }
+
+    /// SIGTERM, wait for a clean exit, and check the log for errors.
+    func stop(expectErrors: Bool = false, sourceLocation: SourceLocation = #_sourceLocation) {
+        guard process.isRunning else { return }
+        process.terminate()
+        process.waitUntilExit()
+        #expect(process.terminationReason == .exit && process.terminationStatus == 0,
+            "blazed exited with \(process.terminationStatus)", sourceLocation: sourceLocation)
+        if !expectErrors {
+            let errors = logText.split(separator: "\n").filter { $0.contains(" error ") || $0.contains(" critical ") }
+            #expect(errors.isEmpty, "daemon logged errors: \(errors)", sourceLocation: sourceLocation)
+        }
+    }
+
+    deinit {
+        if process.isRunning {
+            process.terminate()
+            process.waitUntilExit()
+        }
+    }
+}
+
+/// Runs a command, returning exit status, stdout and stderr.
+func run(_ executable: String, _ arguments: [String], environment: [String: String]? = nil) throws
+    -> (status: Int32, out: String, err: String)
+{
+    let p = Process()
+    p.executableURL = URL(fileURLWithPath: executable)
+    p.arguments = arguments
+    if let environment { p.environment = environment }
+    let out = Pipe()
+    let err = Pipe()
+    p.standardOutput = out
+    p.standardError = err
+    try p.run()
+    let o = out.fileHandleForReading.readDataToEndOfFile()
+    let e = err.fileHandleForReading.readDataToEndOfFile()
+    p.waitUntilExit()
+    return (p.terminationStatus, String(decoding: o, as: UTF8.self), String(decoding: e, as: UTF8.self))
+}
+
+/// Calls a method expecting an error, returning it.
+func expectRPCError(
+    _ c: BlazeConnection, _ method: String, _ params: [String: JSONValue], code: Int, kind: String? = nil,
+    sourceLocation: SourceLocation = #_sourceLocation
+) {
+    do {
+        let r = try c.call(method, params)
+        Issue.record("\(method) succeeded with \(r.jsonText); expected error \(code)", sourceLocation: sourceLocation)
+    } catch let e as RPCError {
+        #expect(e.code == code, "\(method): \(e)", sourceLocation: sourceLocation)
+        if let kind { #expect(e.kind == kind, "\(method): \(e)", sourceLocation: sourceLocation) }
+    } catch {
+        Issue.record("\(method): unexpected \(error)", sourceLocation: sourceLocation)
+    }
+}

@@ -1,0 +1,264 @@
+import BlazeClient
+import BlazeProtocol
+import Foundation
+import GRDB
+import Testing
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+@Suite struct RPCSurface {
+    @Test func everyMethodWorksOverTheSocketAndDataSurvivesRestart() throws {
+        let d = try DaemonProcess()
+        let c = try d.connect()
+        let discovered = try c.call("rpc.discover")["methods"]?.arrayValue?.compactMap { $0["name"]?.stringValue } ?? []
+        #expect(Set(discovered) == [
+            "rpc.discover", "daemon.info", "db.create", "db.list", "db.info", "db.drop", "collection.list",
+            "doc.insert", "doc.get", "doc.getMany", "doc.put", "doc.patch", "doc.delete", "tx.commit",
+            "query.find", "query.count", "query.explain", "index.create", "index.drop", "index.list",
+        ])
+        #expect(try c.call("daemon.info")["socket"] == .string(d.socket))
+        #expect(try c.call("db.create", ["db": "app"]) == ["db": "app"])
+        #expect(try c.call("db.list")["databases"] == [["name": "app"], ["name": "default"]])
+        let id = try c.call("doc.insert", ["db": "app", "collection": "todos", "doc": ["title": "milk", "n": 1.0]])["id"]
+        #expect(id?.stringValue?.count == 36)
+        #expect(try c.call("doc.put", ["db": "app", "collection": "todos", "id": "t2", "doc": ["title": "eggs", "n": 2]])
+            == ["id": "t2", "created": true])
+        _ = try c.call("doc.patch", ["db": "app", "collection": "todos", "id": "t2", "set": ["done": true], "unset": ["n"]])
+        #expect(try c.call("doc.get", ["db": "app", "collection": "todos", "id": "t2"])["doc"]
+            == ["_id": "t2", "title": "eggs", "done": true])
+        let tx = try c.call("tx.commit", ["db": "app", "ops": [
+            ["op": "insert", "collection": "todos", "doc": ["_id": "t3", "n": 3]],
+            ["op": "delete", "collection": "todos", "id": "t3"],
+            ["op": "put", "collection": "notes", "doc": ["_id": "n1", "text": "hi"]],
+        ]])
+        #expect(tx["results"]?.arrayValue?.count == 3)
+        _ = try c.call("index.create", ["db": "app", "collection": "todos", "fields": ["title"]])
+        #expect(try c.call("index.list", ["db": "app"])["indexes"]
+            == [["name": "todos.title", "collection": "todos", "fields": ["title"]]])
+        let found = try c.call("query.find", ["db": "app", "collection": "todos", "where": ["title": ["$prefix": "e"]],
+            "fields": ["title"]])
+        #expect(found == ["docs": [["_id": "t2", "title": "eggs"]], "cursor": .null])
+        #expect(try c.call("query.count", ["db": "app", "collection": "todos"]) == ["count": 2])
+        #expect(try c.call("query.explain", ["db": "app", "collection": "todos", "where": ["title": "eggs"]])["indexes"]
+            == ["todos.title"])
+        let page = try c.call("query.find", ["db": "app", "collection": "todos", "sort": "-title", "limit": 1])
+        #expect(page["docs"]?.arrayValue?.first?["_id"] == id)
+        let next = try c.call("query.find", ["db": "app", "collection": "todos", "sort": "-title", "limit": 1,
+            "cursor": page["cursor"]!])
+        #expect(next == ["docs": [["_id": "t2", "title": "eggs", "done": true]], "cursor": .null])
+        #expect(try c.call("doc.getMany", ["db": "app", "collection": "todos", "ids": ["t2", "zz"], "fields": []])
+            == ["docs": [["_id": "t2"], .null]])
+        #expect(try c.call("collection.list", ["db": "app"])["collections"]
+            == [["name": "notes", "count": 1], ["name": "todos", "count": 2]])
+        #expect(try c.call("db.info", ["db": "app"])["documents"] == 3)
+        _ = try c.call("doc.delete", ["db": "app", "collection": "notes", "id": "n1"])
+        _ = try c.call("index.drop", ["db": "app", "name": "todos.title"])
+        c.close()
+        d.stop()
+
+        let again = try DaemonProcess(dir: d.dir)
+        let c2 = try again.connect()
+        #expect(try c2.call("doc.get", ["db": "app", "collection": "todos", "id": "t2"])["doc"]
+            == ["_id": "t2", "title": "eggs", "done": true])
+        #expect(try c2.call("db.drop", ["db": "app"]) == ["db": "app", "dropped": true])
+        expectRPCError(c2, "db.info", ["db": "app"], code: -32010, kind: "database_not_found")
+        again.stop()
+    }
+
+    @Test func badInputIsAnsweredAndTheDaemonKeepsServing() throws {
+        let d = try DaemonProcess(arguments: ["--max-batch", "3", "--max-depth", "8"])
+        let raw = try d.connect()
+        let other = try d.connect()
+        let cases: [(String, [UInt8], Int, String)] = [
+            ("malformed", Array("{\"jsonrpc\":".utf8), -32700, "parse_error"),
+            ("invalid utf8", [0x7B, 0x22, 0xFF, 0x22, 0x3A, 0x31, 0x7D], -32700, "invalid_utf8"),
+            ("scalar", Array("42".utf8), -32600, "invalid_request"),
+            ("empty batch", Array("[]".utf8), -32600, "invalid_request"),
+            ("batch over cap", Array(("[" + Array(repeating: #"{"jsonrpc":"2.0","id":1,"method":"db.list"}"#, count: 4)
+                .joined(separator: ",") + "]").utf8), -32012, "batch_too_large"),
+            ("too deep", Array((#"{"jsonrpc":"2.0","id":1,"method":"db.list","params":{"a":"# + String(repeating: "[", count: 9)
+                + String(repeating: "]", count: 9) + "}}").utf8), -32700, "nesting_too_deep"),
+            ("1e400", Array(#"{"jsonrpc":"2.0","id":1,"method":"db.info","params":{"db":1e400}}"#.utf8), -32700,
+             "number_out_of_range"),
+            ("huge int", Array(#"{"jsonrpc":"2.0","id":1,"method":"db.info","params":{"db":99999999999999999999}}"#.utf8),
+             -32700, "number_out_of_range"),
+        ]
+        for (name, bytes, code, kind) in cases {
+            try raw.send(bytes + [0x0A])
+            let reply = try raw.readMessage()
+            #expect(reply["error"]?["code"] == .int(Int64(code)), "\(name): \(reply.jsonText)")
+            #expect(reply["error"]?["data"]?["kind"] == .string(kind), "\(name): \(reply.jsonText)")
+            #expect(try other.call("db.list")["databases"] != nil, "other client must keep working after \(name)")
+        }
+        // A notification gets no reply; the next request's reply comes next.
+        try raw.send(Array(#"{"jsonrpc":"2.0","method":"db.list"}"#.utf8) + [0x0A])
+        #expect(try raw.call("db.list")["databases"] != nil)
+        // A batch mixing good, bad and notifications answers each non-notification in order.
+        try raw.send(Array(#"[{"jsonrpc":"2.0","id":"a","method":"db.list"},{"jsonrpc":"2.0","method":"db.list"},7]"#.utf8) + [0x0A])
+        let batch = try raw.readMessage().arrayValue ?? []
+        #expect(batch.count == 2 && batch[0]["id"] == "a" && batch[1]["error"]?["code"] == -32600)
+
+        let c = other
+        expectRPCError(c, "no.such", [:], code: -32601, kind: "method_not_found")
+        expectRPCError(c, "doc.get", ["db": "default", "collection": "c"], code: -32602)
+        expectRPCError(c, "doc.get", ["db": "default", "collection": "c", "id": 5], code: -32602)
+        expectRPCError(c, "db.list", ["bogus": 1], code: -32602)
+        expectRPCError(c, "doc.insert", ["db": "default", "collection": "c", "doc": [1]], code: -32602)
+        expectRPCError(c, "doc.get", ["db": "nope", "collection": "c", "id": "x"], code: -32010, kind: "database_not_found")
+        expectRPCError(c, "doc.get", ["db": "default", "collection": "nope", "id": "x"], code: -32010,
+            kind: "collection_not_found")
+        _ = try c.call("doc.insert", ["db": "default", "collection": "c", "doc": ["_id": "x"]])
+        expectRPCError(c, "doc.get", ["db": "default", "collection": "c", "id": "y"], code: -32010, kind: "document_not_found")
+        expectRPCError(c, "doc.insert", ["db": "default", "collection": "c", "doc": ["_id": "x"]], code: -32011,
+            kind: "document_exists")
+        expectRPCError(c, "db.create", ["db": "../etc"], code: -32602, kind: "invalid_name")
+        expectRPCError(c, "db.create", ["db": "default"], code: -32011, kind: "database_exists")
+        expectRPCError(c, "doc.insert", ["db": "default", "collection": "a/b", "doc": [:]], code: -32602, kind: "invalid_name")
+        expectRPCError(c, "doc.insert", ["db": "default", "collection": "c", "doc": ["_secret": 1]], code: -32602,
+            kind: "reserved_field")
+        expectRPCError(c, "query.find", ["db": "default", "collection": "c", "where": ["a": ["$regex": "x"]]], code: -32602,
+            kind: "invalid_filter")
+        expectRPCError(c, "query.find", ["db": "default", "collection": "c", "limit": 0], code: -32012)
+        expectRPCError(c, "query.find", ["db": "default", "collection": "c", "cursor": "nonsense"], code: -32602,
+            kind: "invalid_cursor")
+        expectRPCError(c, "tx.commit", ["db": "default", "ops": [["op": "insert", "collection": "c", "doc": ["_id": "z"]],
+            ["op": "explode", "collection": "c"]]], code: -32602)
+        expectRPCError(c, "tx.commit", ["db": "default", "ops": [["op": "insert", "collection": "c", "doc": ["_id": "z"]],
+            ["op": "delete", "collection": "c", "id": "missing"]]], code: -32010, kind: "document_not_found")
+        expectRPCError(c, "doc.get", ["db": "default", "collection": "c", "id": "z"], code: -32010)
+        expectRPCError(c, "doc.insert", ["db": "default", "collection": "c",
+            "doc": ["big": .string(String(repeating: "x", count: 2 << 20))]], code: -32012, kind: "document_too_large")
+        expectRPCError(c, "index.drop", ["db": "default", "name": "nope"], code: -32010, kind: "index_not_found")
+        d.stop()
+    }
+
+    @Test func oversizedLineClosesTheConnectionAndMemoryStaysBounded() throws {
+        let d = try DaemonProcess(arguments: ["--max-line-bytes", "1048576"])
+        let c = try d.connect()
+        _ = try c.call("db.list")
+        let before = d.rssKiB()
+        let chunk = [UInt8](repeating: UInt8(ascii: "x"), count: 1 << 20)
+        var sent = 0
+        for _ in 0..<64 {
+            do { try c.send(chunk) } catch { break }
+            sent += 1
+        }
+        let reply = try c.readMessage()
+        #expect(reply["error"]?["data"]?["kind"] == "line_too_long")
+        #expect(try c.readLine() == nil, "connection must be closed after an oversized line")
+        let growthMiB = (d.rssKiB() - before) / 1024
+        #expect(growthMiB < 24, "daemon RSS grew by \(growthMiB) MiB after \(sent) MiB of oversized input")
+        #expect(try d.connect().call("db.list")["databases"] != nil)
+        d.stop()
+    }
+
+    @Test func connectionLimitAndIdleTimeoutHold() throws {
+        let d = try DaemonProcess(arguments: ["--max-connections", "2", "--idle-timeout", "1"])
+        let a = try d.connect()
+        let b = try d.connect()
+        _ = try a.call("db.list")
+        _ = try b.call("db.list")
+        let third = try d.connect()
+        let refusal = try third.readMessage()
+        #expect(refusal["error"]?["data"]?["kind"] == "too_many_connections")
+        #expect(try third.readLine() == nil)
+        // Idle connections are closed by the daemon (waits for EOF, bounded by the client's read timeout).
+        #expect(try a.readLine() == nil)
+        #expect(try b.readLine() == nil)
+        #expect(try d.connect().call("db.list")["databases"] != nil)
+        d.stop()
+    }
+}
+
+@Suite struct LocalSecurity {
+    @Test func socketAndDataArePrivate() throws {
+        let d = try DaemonProcess()
+        var st = stat()
+        #expect(lstat(d.socket, &st) == 0 && st.st_mode & 0o777 == 0o600)
+        #expect(lstat((d.socket as NSString).deletingLastPathComponent, &st) == 0 && st.st_mode & 0o777 == 0o700)
+        #expect(lstat(d.dataDir, &st) == 0 && st.st_mode & 0o777 == 0o700)
+        d.stop()
+    }
+
+    @Test func refusesToStartOverALiveSocketOrASymlinkAndReplacesAStaleOne() throws {
+        let d = try DaemonProcess()
+        let second = try run(buildDirectory + "/blazed", ["--socket", d.socket, "--data-dir", d.dir.path + "/d2"])
+        #expect(second.status != 0 && second.err.contains("already listening"), "\(second)")
+        d.kill9()  // leaves a stale socket file behind
+        let restarted = try DaemonProcess(dir: d.dir)
+        #expect(try restarted.connect().call("db.list")["databases"] != nil)
+        restarted.stop()
+
+        let t = TempDir()
+        try FileManager.default.createDirectory(atPath: t.path + "/run", withIntermediateDirectories: true)
+        symlink("/tmp/elsewhere.sock", t.path + "/run/blazed.sock")
+        let r = try run(buildDirectory + "/blazed", ["--socket", t.path + "/run/blazed.sock", "--data-dir", t.path + "/d"])
+        #expect(r.status != 0 && r.err.contains("symlink"), "\(r)")
+    }
+
+    @Test(.enabled(if: getuid() == 0, "switching uid needs root"))
+    func aClientRunningAsAnotherUserIsRefused() throws {
+        let d = try DaemonProcess()
+        // Open the path to everyone so that only the SO_PEERCRED check stands between the other user and the daemon.
+        chmod(d.dir.path, 0o755)
+        chmod((d.socket as NSString).deletingLastPathComponent, 0o755)
+        chmod(d.socket, 0o666)
+        let script = """
+            import socket
+            s = socket.socket(socket.AF_UNIX)
+            s.settimeout(30)
+            s.connect('\(d.socket)')
+            try:
+                s.sendall(b'{"jsonrpc":"2.0","id":1,"method":"db.list"}\\n')
+                print('reply:' + s.recv(65536).decode())
+            except OSError as e:
+                print('reply:' + type(e).__name__)
+            """
+        let r = try run("/usr/bin/setpriv", ["--reuid=65534", "--regid=65534", "--clear-groups", "/usr/bin/python3", "-c", script])
+        #expect(r.status == 0, "\(r)")
+        #expect(r.out.hasPrefix("reply:") && !r.out.contains("result") && !r.out.contains("databases"), "\(r)")
+        #expect(d.logText.contains("Refused connection from another user"))
+        #expect(try d.connect().call("db.list")["databases"] != nil)
+        d.stop()
+    }
+}
+
+@Suite struct Durability {
+    @Test func killNineDuringInsertsLosesNoAcknowledgedWrite() throws {
+        let dir = TempDir()
+        var acknowledged: [String] = []
+        var rng = SystemRandomNumberGenerator()
+        for iteration in 0..<20 {
+            let d = try DaemonProcess(dir: dir)
+            let c = try d.connect()
+            let target = Int.random(in: 20...200, using: &rng)
+            var n = 0
+            while n < target {
+                let id = "i\(iteration)-\(n)"
+                _ = try c.call("doc.insert", ["db": "default", "collection": "k", "doc": ["_id": .string(id), "n": .int(Int64(n))]])
+                acknowledged.append(id)
+                n += 1
+            }
+            // Requests in flight when the daemon dies: written, maybe applied, never acknowledged.
+            for extra in 0..<5 {
+                let req = RPCRequest(id: .int(Int64(1000 + extra)), method: "doc.insert",
+                    params: ["db": "default", "collection": "k", "doc": ["_id": .string("u\(iteration)-\(extra)")]])
+                try c.send(req.jsonValue.jsonBytes + [0x0A])
+            }
+            d.kill9()
+            let check = try DatabaseQueue(path: d.dataDir + "/databases/default.db")
+            let integrity = try check.read { try String.fetchAll($0, sql: "PRAGMA integrity_check") }
+            #expect(integrity == ["ok"], "iteration \(iteration)")
+            let stored = Set(try check.read { try String.fetchAll($0, sql: "SELECT id FROM docs WHERE collection = 'k'") })
+            try check.close()
+            let lost = acknowledged.filter { !stored.contains($0) }
+            #expect(lost.isEmpty, "iteration \(iteration): lost \(lost.count) acknowledged inserts, e.g. \(lost.prefix(3))")
+        }
+        let d = try DaemonProcess(dir: dir)
+        let count = try d.connect().call("query.count", ["db": "default", "collection": "k", "where": ["_id": ["$prefix": "i"]]])
+        #expect(count == ["count": .int(Int64(acknowledged.count))])
+        d.stop()
+    }
+}
