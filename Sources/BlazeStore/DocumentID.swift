@@ -27,9 +27,14 @@ public enum DocumentID {
         var rng = SystemRandomNumberGenerator()
         for i in 8..<16 { bytes[i] = rng.next() }
         bytes[8] = 0x80 | (bytes[8] & 0x3F)
-        let hex = bytes.map { String(format: "%02x", $0) }.joined()
-        let h = Array(hex)
-        return String(h[0..<8]) + "-" + String(h[8..<12]) + "-" + String(h[12..<16]) + "-" + String(h[16..<20]) + "-"
-            + String(h[20..<32])
+        let digits = Array("0123456789abcdef".utf8)
+        var out: [UInt8] = []
+        out.reserveCapacity(36)
+        for (i, b) in bytes.enumerated() {
+            if i == 4 || i == 6 || i == 8 || i == 10 { out.append(UInt8(ascii: "-")) }
+            out.append(digits[Int(b >> 4)])
+            out.append(digits[Int(b & 0xF)])
+        }
+        return String(decoding: out, as: UTF8.self)
     }
 }

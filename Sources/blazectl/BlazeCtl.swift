@@ -1,6 +1,7 @@
 import ArgumentParser
 import BlazeClient
 import BlazeProtocol
+import Foundation
 
 #if canImport(Glibc)
 import Glibc
@@ -26,7 +27,7 @@ struct Global: ParsableArguments {
     @Flag(help: "Print the exact JSON result instead of human output.")
     var json = false
 
-    var socketPath: String { socket ?? DefaultPaths.socketPath(environment: environment()) }
+    var socketPath: String { socket ?? DefaultPaths.socketPath(environment: ProcessInfo.processInfo.environment) }
 
     /// Calls a method, printing a one-line error and exiting non-zero on failure.
     func call(_ method: String, _ params: [String: JSONValue]) throws -> JSONValue {
@@ -51,17 +52,6 @@ func fail(_ message: String) -> Never {
     let line = Array("blazectl: error: \(message)\n".utf8)
     _ = line.withUnsafeBytes { write(2, $0.baseAddress, $0.count) }
     exit(1)
-}
-
-func environment() -> [String: String] {
-    var env: [String: String] = [:]
-    var p = environ
-    while let entry = p.pointee {
-        let s = String(cString: entry)
-        if let eq = s.firstIndex(of: "=") { env[String(s[..<eq])] = String(s[s.index(after: eq)...]) }
-        p += 1
-    }
-    return env
 }
 
 /// Parses a JSON argument, failing with a one-line error naming the argument.

@@ -1,6 +1,7 @@
 import ArgumentParser
 import BlazeDaemon
 import BlazeStore
+import Foundation
 import Logging
 import ServiceLifecycle
 
@@ -61,7 +62,7 @@ struct Blazed: AsyncParsableCommand {
         limits.idleTimeoutSeconds = idleTimeout
         var storeLimits = StoreLimits()
         storeLimits.maxDocumentBytes = maxDocumentBytes
-        let environment = ProcessInfoEnvironment.current
+        let environment = ProcessInfo.processInfo.environment
         let config = DaemonConfig(
             socketPath: socket, dataDirectory: dataDir, limits: limits, storeLimits: storeLimits,
             defaultDatabase: noDefaultDatabase ? nil : "default", environment: environment)
@@ -78,18 +79,5 @@ struct Blazed: AsyncParsableCommand {
             _ = line.withUnsafeBytes { write(2, $0.baseAddress, $0.count) }
             throw ExitCode(1)
         }
-    }
-}
-
-enum ProcessInfoEnvironment {
-    static var current: [String: String] {
-        var env: [String: String] = [:]
-        var p = environ
-        while let entry = p.pointee {
-            let s = String(cString: entry)
-            if let eq = s.firstIndex(of: "=") { env[String(s[..<eq])] = String(s[s.index(after: eq)...]) }
-            p += 1
-        }
-        return env
     }
 }

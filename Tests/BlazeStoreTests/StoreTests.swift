@@ -208,3 +208,17 @@ func expectStoreError(_ kind: String, _ body: () async throws -> Void) async {
         #expect(throws: StoreError.self) { try Filter.parse(try JSONParser().parse(filter)) }
     }
 }
+
+@Suite struct GeneratedIDs {
+    @Test func generatedIDsAreUUIDv7ShapedAndSortInCreationOrder() {
+        let ids = (0..<5000).map { _ in DocumentID.generate() }
+        #expect(Set(ids).count == ids.count)
+        #expect(ids == ids.sorted(by: utf8Less), "ids made in sequence must sort in creation order")
+        for id in ids.prefix(50) {
+            let parts = id.split(separator: "-").map(\.count)
+            #expect(parts == [8, 4, 4, 4, 12], "\(id)")
+            #expect(id.allSatisfy { "0123456789abcdef-".contains($0) }, "\(id)")
+            #expect(Array(id)[14] == "7", "version nibble: \(id)")
+        }
+    }
+}
