@@ -55,10 +55,11 @@ let package = Package(
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
             ],
             swiftSettings: strict),
-        .testTarget(name: "BlazeProtocolTests", dependencies: ["BlazeProtocol"], swiftSettings: strict),
+        .target(name: "BlazeTestSupport", path: "Tests/BlazeTestSupport", swiftSettings: strict),
+        .testTarget(name: "BlazeProtocolTests", dependencies: ["BlazeProtocol", "BlazeTestSupport"], swiftSettings: strict),
         .testTarget(
             name: "BlazeStoreTests",
-            dependencies: ["BlazeStore", "BlazeProtocol", .product(name: "GRDB", package: "GRDB.swift")],
+            dependencies: ["BlazeStore", "BlazeProtocol", "BlazeTestSupport", .product(name: "GRDB", package: "GRDB.swift")],
             swiftSettings: strict),
         .testTarget(
             name: "BlazeDaemonTests",

@@ -1,3 +1,5 @@
+import BlazeTestSupport
+import Foundation
 import Testing
 
 @testable import BlazeProtocol
@@ -48,13 +50,13 @@ func randomValue(_ rng: inout SeededRandom, depth: Int = 0) -> JSONValue {
 
 @Suite struct JSONRoundTrip {
     @Test func randomValuesRoundTripExactly() throws {
-        let seed = UInt64.random(in: 0 ... .max)
+        let seed = UInt64(ProcessInfo.processInfo.environment["BLAZE_SEED"] ?? "") ?? UInt64.random(in: 0 ... .max)
         var rng = SeededRandom(seed: seed)
         for i in 0..<20_000 {
             let value = randomValue(&rng)
             let text = value.jsonText
             let back = try JSONParser(maxDepth: 100).parse(text)
-            #expect(identical(back, value), "seed \(seed) case \(i): \(text)")
+            #expect(identical(back, value), "seed \(seed) (replay: BLAZE_SEED=\(seed)) case \(i): \(text)")
             #expect(back.jsonText == text, "canonical text must be stable; seed \(seed) case \(i)")
         }
     }

@@ -1,5 +1,6 @@
 import BlazeProtocol
 import Foundation
+import BlazeTestSupport
 import Testing
 
 @testable import BlazeStore
