@@ -36,9 +36,6 @@ public final class Daemon: Service, Sendable {
         }
     }
 
-    /// Names of all registered RPC methods.
-    public var methodNames: [String] { registry.names }
-
     /// Returns once the socket accepts connections.
     public func waitUntilListening() async {
         await listening.wait()

@@ -72,8 +72,6 @@ struct Dispatcher: Sendable {
                 return .internalError()
             }
             return RPCError(code: code, kind: e.kind, message: e.message, details: e.details)
-        case let e as JSONParseError:
-            return RPCError(code: RPCErrorCode.invalidParams, kind: "invalid_json", message: e.message)
         case is CancellationError:
             return RPCError(code: RPCErrorCode.unavailable, kind: "shutting_down", message: "the daemon is shutting down")
         default:

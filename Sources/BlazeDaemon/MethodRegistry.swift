@@ -5,14 +5,12 @@ import Logging
 /// The JSON type a parameter must have.
 enum ParamType: String, Sendable {
     case string, integer, boolean, object, array
-    /// Any JSON value.
-    case any
     /// A string or an array of strings (e.g. `sort`).
     case stringOrArray
 
     func accepts(_ v: JSONValue) -> Bool {
         switch (self, v) {
-        case (.any, _), (.string, .string), (.integer, .int), (.boolean, .bool), (.object, .object),
+        case (.string, .string), (.integer, .int), (.boolean, .bool), (.object, .object),
             (.array, .array), (.stringOrArray, .string), (.stringOrArray, .array):
             return true
         default:
@@ -22,7 +20,6 @@ enum ParamType: String, Sendable {
 
     var schema: JSONValue {
         switch self {
-        case .any: return [:]
         case .stringOrArray: return ["oneOf": [["type": "string"], ["type": "array", "items": ["type": "string"]]]]
         default: return ["type": .string(rawValue)]
         }
@@ -59,8 +56,6 @@ struct Params: Sendable {
 
     func string(_ name: String) -> String { values[name]!.stringValue! }
     func optionalString(_ name: String) -> String? { values[name]?.stringValue }
-    func object(_ name: String) -> [String: JSONValue] { values[name]!.objectValue! }
-    func optionalObject(_ name: String) -> [String: JSONValue]? { values[name]?.objectValue }
     func array(_ name: String) -> [JSONValue] { values[name]!.arrayValue! }
 
     /// An array of strings, with a clear error naming the first bad element.

@@ -179,9 +179,10 @@ enum Methods {
             let set = o["set"] == nil || o["set"] == .null ? [:] : try obj("set")
             var unset: [String] = []
             if let u = o["unset"], u != .null {
-                guard case .array(let items) = u, let names = Optional(items.compactMap(\.stringValue)),
-                    names.count == items.count
-                else { throw RPCError.invalidParams("\"unset\" must be an array of field names") }
+                let names = u.arrayValue?.compactMap(\.stringValue)
+                guard let names, names.count == u.arrayValue?.count else {
+                    throw RPCError.invalidParams("\"unset\" must be an array of field names")
+                }
                 unset = names
             }
             if set.isEmpty && unset.isEmpty {

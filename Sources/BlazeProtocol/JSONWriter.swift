@@ -1,11 +1,3 @@
-/// Why a value cannot be written as JSON.
-public struct JSONWriteError: Error, Sendable, CustomStringConvertible {
-    /// Explanation for the client.
-    public var message: String
-    /// The message text.
-    public var description: String { message }
-}
-
 extension JSONValue {
     /// Canonical compact JSON text: no whitespace, object keys sorted by UTF-8 bytes, shortest round-trip doubles.
     ///
@@ -81,6 +73,18 @@ extension JSONValue {
 
     static func writeString(_ s: String, to out: inout [UInt8]) {
         out.append(UInt8(ascii: "\""))
+        // Fast path: most strings need no escaping and are copied in one go.
+        let copied: Bool? = s.utf8.withContiguousStorageIfAvailable { bytes in
+            guard !bytes.contains(where: { $0 < 0x20 || $0 == UInt8(ascii: "\"") || $0 == UInt8(ascii: "\\") }) else {
+                return false
+            }
+            out.append(contentsOf: bytes)
+            return true
+        }
+        if copied == true {
+            out.append(UInt8(ascii: "\""))
+            return
+        }
         for byte in s.utf8 {
             switch byte {
             case UInt8(ascii: "\""): out.append(contentsOf: [0x5C, 0x22])

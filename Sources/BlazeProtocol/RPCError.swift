@@ -54,8 +54,6 @@ public enum RPCErrorCode {
     public static let conflict = -32011
     /// A configured limit was exceeded (line length, batch size, document size, connections...).
     public static let limitExceeded = -32012
-    /// The caller is not allowed to do this.
-    public static let unauthorized = -32013
     /// The daemon is shutting down and accepts no new work.
     public static let unavailable = -32014
 }

@@ -62,6 +62,7 @@ public final class BlazeDatabase: Sendable {
     /// Limits applied to writes and queries.
     public let limits: StoreLimits
     let pool: DatabasePool
+    let knownCollections = KnownCollections()
 
     init(name: String, path: String, limits: StoreLimits) throws {
         self.name = name
@@ -110,7 +111,7 @@ public final class BlazeDatabase: Sendable {
     public func write<T: Sendable>(_ body: @escaping @Sendable (WriteTransaction) throws -> T) async throws -> T {
         let limits = self.limits
         return try await pool.write { db in
-            let tx = WriteTransaction(db: db, limits: limits)
+            let tx = WriteTransaction(db: db, limits: limits, knownCollections: self.knownCollections)
             let result = try body(tx)
             try self.noteChanges(tx.changes, db)
             return result
@@ -314,13 +315,18 @@ public final class BlazeDatabase: Sendable {
         return DatabaseSummary(name: name, path: path, collections: collections, documents: documents, sizeBytes: size)
     }
 
-    /// Runs `PRAGMA integrity_check`; returns "ok" for a healthy file.
-    public func integrityCheck() async throws -> String {
-        try await read { db in try String.fetchAll(db, sql: "PRAGMA integrity_check").joined(separator: "; ") }
-    }
-
     /// Closes the connection pool; further use fails.
     public func close() throws {
         try pool.close()
     }
+}
+
+/// Collection names known to exist in the committed database, so writes skip re-registering them.
+///
+/// Collections are never removed individually (only whole databases are dropped), so the set only grows.
+final class KnownCollections: Sendable {
+    private let names = Mutex<Set<String>>([])
+
+    func contains(_ name: String) -> Bool { names.withLock { $0.contains(name) } }
+    func insert(_ name: String) { _ = names.withLock { $0.insert(name) } }
 }

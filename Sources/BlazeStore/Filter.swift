@@ -65,8 +65,7 @@ public indirect enum Filter: Sendable, Equatable {
             throw .invalid("invalid_filter", "where must be an object, got \(json.typeName)")
         }
         var counter = 0
-        let f = try parseObject(o, counter: &counter)
-        return f
+        return try parseObject(o, counter: &counter)
     }
 
     private static func parseObject(_ o: [String: JSONValue], counter: inout Int) throws(StoreError) -> Filter {

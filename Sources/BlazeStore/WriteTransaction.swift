@@ -30,12 +30,14 @@ public final class WriteTransaction {
     let db: Database
     let limits: StoreLimits
     let now: Int64
+    let knownCollections: KnownCollections
     /// Number of document mutations applied (feeds the planner-statistics refresh).
     private(set) var changes = 0
 
-    init(db: Database, limits: StoreLimits) {
+    init(db: Database, limits: StoreLimits, knownCollections: KnownCollections) {
         self.db = db
         self.limits = limits
+        self.knownCollections = knownCollections
         self.now = Int64(Date().timeIntervalSince1970 * 1000)
     }
 
@@ -77,12 +79,13 @@ public final class WriteTransaction {
             doc["_id"] = .string(id)
             let body = try encode(doc)
             try ensureCollection(collection)
-            let existed = try currentBody(collection, id) != nil
-            let stmt = try db.cachedStatement(
-                sql: "INSERT INTO docs(collection, id, body) VALUES (?, ?, ?) "
-                    + "ON CONFLICT(collection, id) DO UPDATE SET body = excluded.body")
-            try stmt.execute(arguments: [collection, id, body])
-            return WriteResult(id: id, created: !existed)
+            let insert = try db.cachedStatement(
+                sql: "INSERT INTO docs(collection, id, body) VALUES (?, ?, ?) ON CONFLICT(collection, id) DO NOTHING")
+            try insert.execute(arguments: [collection, id, body])
+            if db.changesCount > 0 { return WriteResult(id: id, created: true) }
+            let update = try db.cachedStatement(sql: "UPDATE docs SET body = ? WHERE collection = ? AND id = ?")
+            try update.execute(arguments: [body, collection, id])
+            return WriteResult(id: id, created: false)
 
         case .patch(let collection, let id, let set, let unset):
             try Names.validateCollection(collection)
@@ -167,9 +170,13 @@ public final class WriteTransaction {
         return String(decoding: bytes, as: UTF8.self)
     }
 
+    /// Registers the collection unless it is known to exist; the cache learns new names only after COMMIT.
     func ensureCollection(_ name: String) throws {
+        if knownCollections.contains(name) { return }
         let stmt = try db.cachedStatement(sql: "INSERT OR IGNORE INTO collections(name, created_at) VALUES (?, ?)")
         try stmt.execute(arguments: [name, now])
+        let known = knownCollections
+        db.afterNextTransaction { _ in known.insert(name) }
     }
 
     func currentBody(_ collection: String, _ id: String) throws -> String? {
