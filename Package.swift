@@ -21,17 +21,24 @@ let package = Package(
         .package(url: "https://github.com/apple/swift-argument-parser", from: "1.8.2"),
         .package(url: "https://github.com/apple/swift-log", from: "1.16.2"),
         .package(url: "https://github.com/swift-server/swift-service-lifecycle", from: "2.13.0"),
+        .package(url: "https://github.com/apple/swift-crypto", from: "3.12.3"),
     ],
     targets: [
         .target(name: "BlazeProtocol", swiftSettings: strict),
+        .target(name: "BlazeCRDT", dependencies: ["BlazeProtocol"], swiftSettings: strict),
+        .target(
+            name: "BlazeCrypto", dependencies: [.product(name: "Crypto", package: "swift-crypto")], swiftSettings: strict),
         .target(
             name: "BlazeStore",
-            dependencies: ["BlazeProtocol", .product(name: "GRDB", package: "GRDB.swift")],
+            dependencies: [
+                "BlazeProtocol", "BlazeCRDT", .product(name: "GRDB", package: "GRDB.swift"),
+                .product(name: "Crypto", package: "swift-crypto"),
+            ],
             swiftSettings: strict),
         .target(
             name: "BlazeDaemon",
             dependencies: [
-                "BlazeProtocol", "BlazeStore",
+                "BlazeProtocol", "BlazeStore", "BlazeCRDT", "BlazeCrypto",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "Logging", package: "swift-log"),
@@ -56,10 +63,15 @@ let package = Package(
             ],
             swiftSettings: strict),
         .target(name: "BlazeTestSupport", path: "Tests/BlazeTestSupport", swiftSettings: strict),
+        .testTarget(
+            name: "BlazeCRDTTests", dependencies: ["BlazeCRDT", "BlazeProtocol", "BlazeTestSupport"], swiftSettings: strict),
+        .testTarget(name: "BlazeCryptoTests", dependencies: ["BlazeCrypto"], swiftSettings: strict),
         .testTarget(name: "BlazeProtocolTests", dependencies: ["BlazeProtocol", "BlazeTestSupport"], swiftSettings: strict),
         .testTarget(
             name: "BlazeStoreTests",
-            dependencies: ["BlazeStore", "BlazeProtocol", "BlazeTestSupport", .product(name: "GRDB", package: "GRDB.swift")],
+            dependencies: [
+                "BlazeStore", "BlazeProtocol", "BlazeCRDT", "BlazeTestSupport", .product(name: "GRDB", package: "GRDB.swift"),
+            ],
             swiftSettings: strict),
         .testTarget(
             name: "BlazeDaemonTests",

@@ -1,0 +1,171 @@
+import BlazeProtocol
+
+/// A replica's identity: 16 bytes (the first half of SHA-256 of its Ed25519 public key), written as 32 hex digits.
+///
+/// Ordered by its hex text, which is the byte order; used as the tie-breaker of equal clocks.
+public struct NodeID: Hashable, Comparable, Sendable, CustomStringConvertible {
+    /// Lowercase hex of the 16 bytes.
+    public let hex: String
+
+    /// Wraps a 32-digit lowercase hex string; nil for anything else.
+    public init?(hex: String) {
+        guard hex.utf8.count == 32, hex.utf8.allSatisfy({ (48...57).contains($0) || (97...102).contains($0) }) else {
+            return nil
+        }
+        self.hex = hex
+    }
+
+    /// Builds an id from 16 raw bytes.
+    public init(bytes: some Sequence<UInt8>) {
+        let digits = Array("0123456789abcdef".utf8)
+        var out: [UInt8] = []
+        for b in bytes.prefix(16) {
+            out.append(digits[Int(b >> 4)])
+            out.append(digits[Int(b & 0xF)])
+        }
+        precondition(out.count == 32, "a node id has 16 bytes")
+        hex = String(decoding: out, as: UTF8.self)
+    }
+
+    /// Orders by bytes.
+    public static func < (a: NodeID, b: NodeID) -> Bool { utf8Less(a.hex, b.hex) }
+
+    /// The hex text.
+    public var description: String { hex }
+}
+
+/// A hybrid logical clock value: 48 bits of Unix milliseconds, then a 16-bit counter.
+public struct HLC: Hashable, Comparable, Sendable, CustomStringConvertible {
+    /// The packed value.
+    public let raw: UInt64
+
+    /// Wraps a packed value.
+    public init(raw: UInt64) { self.raw = raw }
+
+    /// The clock for a wall time, counter 0.
+    public init(milliseconds: UInt64) { raw = milliseconds << 16 }
+
+    /// The physical part in Unix milliseconds.
+    public var milliseconds: UInt64 { raw >> 16 }
+
+    /// Orders by the packed value.
+    public static func < (a: HLC, b: HLC) -> Bool { a.raw < b.raw }
+
+    /// "ms.counter".
+    public var description: String { "\(milliseconds).\(raw & 0xFFFF)" }
+}
+
+/// The local hybrid logical clock: strictly increasing, never behind wall time, advanced by every remote clock seen.
+public struct HybridClock: Sendable {
+    /// The last value issued or observed.
+    public private(set) var last: HLC
+    /// How far ahead of wall time a remote clock may be before it is counted as skewed (it is still accepted).
+    public static let maxDriftMilliseconds: UInt64 = 60_000
+
+    /// Starts after `last` (for example the largest clock in the op log).
+    public init(last: HLC = HLC(raw: 0)) { self.last = last }
+
+    /// Issues the next clock value for a local event at wall time `now` (milliseconds).
+    public mutating func tick(now: UInt64) -> HLC {
+        let physical = HLC(milliseconds: now)
+        last = physical > last ? physical : HLC(raw: last.raw + 1)
+        return last
+    }
+
+    /// Advances past a remote clock; returns true when it is further ahead of `now` than `maxDriftMilliseconds`.
+    ///
+    /// A skewed clock is accepted all the same (convergence comes first); callers log and count it.
+    @discardableResult
+    public mutating func observe(_ remote: HLC, now: UInt64) -> Bool {
+        if remote > last { last = remote }
+        return remote.milliseconds > now + Self.maxDriftMilliseconds
+    }
+}
+
+/// The highest sequence number applied from each origin.
+public struct VersionVector: Hashable, Sendable {
+    /// Sequence numbers by origin; absent origins are 0.
+    public private(set) var entries: [NodeID: UInt64]
+
+    /// Creates a vector.
+    public init(_ entries: [NodeID: UInt64] = [:]) { self.entries = entries.filter { $0.value > 0 } }
+
+    /// The sequence for `origin` (0 when none applied).
+    public subscript(origin: NodeID) -> UInt64 {
+        get { entries[origin] ?? 0 }
+        set { entries[origin] = newValue > 0 ? newValue : nil }
+    }
+
+    /// True when every entry of `other` is covered by this vector.
+    public func includes(_ other: VersionVector) -> Bool {
+        other.entries.allSatisfy { self[$0.key] >= $0.value }
+    }
+
+    /// JSON object `{originHex: seq}`.
+    public var jsonValue: JSONValue {
+        .object(Dictionary(uniqueKeysWithValues: entries.map { ($0.key.hex, .int(Int64($0.value))) }))
+    }
+
+    /// Reads the JSON form; nil when malformed.
+    public init?(json: JSONValue) {
+        guard case .object(let o) = json else { return nil }
+        var e: [NodeID: UInt64] = [:]
+        for (k, v) in o {
+            guard let id = NodeID(hex: k), case .int(let s) = v, s >= 0 else { return nil }
+            e[id] = UInt64(s)
+        }
+        self.init(e)
+    }
+}
+
+/// Identifies one operation: the change it belongs to (origin, seq) and its position in that change.
+public struct Dot: Hashable, Sendable {
+    /// Author of the change.
+    public let origin: NodeID
+    /// The change's sequence number for its origin.
+    public let seq: UInt64
+    /// Position of the operation in the change.
+    public let index: Int
+
+    /// Creates a dot.
+    public init(origin: NodeID, seq: UInt64, index: Int) {
+        self.origin = origin
+        self.seq = seq
+        self.index = index
+    }
+}
+
+/// The total order of writes: clock, then origin, then sequence, then position in the change.
+public struct Stamp: Hashable, Comparable, Sendable {
+    /// The change's clock.
+    public let hlc: HLC
+    /// Which operation.
+    public let dot: Dot
+
+    /// Creates a stamp.
+    public init(hlc: HLC, origin: NodeID, seq: UInt64, index: Int) {
+        self.hlc = hlc
+        dot = Dot(origin: origin, seq: seq, index: index)
+    }
+
+    /// Orders by (hlc, origin, seq, index).
+    public static func < (a: Stamp, b: Stamp) -> Bool {
+        if a.hlc != b.hlc { return a.hlc < b.hlc }
+        if a.dot.origin != b.dot.origin { return a.dot.origin < b.dot.origin }
+        if a.dot.seq != b.dot.seq { return a.dot.seq < b.dot.seq }
+        return a.dot.index < b.dot.index
+    }
+
+    /// `[hlc, origin, seq, index]`.
+    public var jsonValue: JSONValue {
+        [.int(Int64(bitPattern: hlc.raw)), .string(dot.origin.hex), .int(Int64(dot.seq)), .int(Int64(dot.index))]
+    }
+
+    /// Reads the JSON form; nil when malformed.
+    public init?(json: JSONValue) {
+        guard case .array(let a) = json, a.count == 4, case .int(let h) = a[0], case .string(let o) = a[1],
+            let origin = NodeID(hex: o), case .int(let s) = a[2], case .int(let i) = a[3], s > 0, i >= 0
+        else { return nil }
+        self.init(hlc: HLC(raw: UInt64(bitPattern: h)), origin: origin, seq: UInt64(s), index: Int(i))
+    }
+}

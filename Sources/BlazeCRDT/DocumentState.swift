@@ -1,0 +1,193 @@
+import BlazeProtocol
+
+/// A write of a field: a value, or nil for "absent" (unset).
+public struct FieldWrite: Hashable, Sendable {
+    /// When and by which operation.
+    public let stamp: Stamp
+    /// The value written; nil for unset.
+    public let value: JSONValue?
+}
+
+/// A counter increment or a set addition kept on top of the field's winning write.
+public struct FieldTag: Hashable, Sendable {
+    /// When and by which operation.
+    public let stamp: Stamp
+    /// The delta (counters) or the element (sets).
+    public let value: JSONValue
+}
+
+/// The replicated state of one top-level field at the document's current causal length.
+public struct FieldState: Hashable, Sendable {
+    /// The winning LWW write (largest stamp); nil when only counter/set operations touched the field.
+    public var winner: FieldWrite?
+    /// Increments with stamps after the winner, in stamp order.
+    public var increments: [FieldTag] = []
+    /// Set additions after the winner that no observing removal has removed, in stamp order.
+    public var additions: [FieldTag] = []
+    /// Canonical texts of elements removed from the winner's array by removals that observed the winner.
+    public var removedFromWinner: Set<String> = []
+    /// The latest set operation's stamp, if after the winner: the field is then shown as a set.
+    public var lastSetOp: Stamp?
+    /// Concurrent writes that lost to the winner and that no later write has observed, in stamp order.
+    public var losers: [FieldWrite] = []
+
+    /// Creates an empty field state.
+    public init() {}
+
+    var isEmpty: Bool { winner == nil && increments.isEmpty && lastSetOp == nil && losers.isEmpty }
+
+    mutating func write(_ w: FieldWrite, in change: Change, at index: Int) {
+        losers.removeAll { change.observes($0.stamp.dot, at: index) }
+        guard let current = winner, w.stamp < current.stamp else {
+            if let old = winner, !change.observes(old.stamp.dot, at: index) { insertLoser(old) }
+            winner = w
+            removedFromWinner = []
+            increments.removeAll { $0.stamp < w.stamp }
+            additions.removeAll { $0.stamp < w.stamp }
+            if let s = lastSetOp, s < w.stamp { lastSetOp = nil }
+            return
+        }
+        // Under causal delivery the winner cannot have observed `w`, so `w` lost to a concurrent write.
+        insertLoser(w)
+    }
+
+    private mutating func insertLoser(_ w: FieldWrite) {
+        let at = losers.firstIndex { w.stamp < $0.stamp } ?? losers.count
+        losers.insert(w, at: at)
+    }
+
+    private func isAfterWinner(_ stamp: Stamp) -> Bool { winner.map { $0.stamp < stamp } ?? true }
+
+    mutating func increment(_ delta: JSONValue, stamp: Stamp) {
+        guard isAfterWinner(stamp) else { return }
+        insertTag(FieldTag(stamp: stamp, value: delta), into: &increments)
+    }
+
+    mutating func add(_ element: JSONValue, stamp: Stamp) {
+        guard isAfterWinner(stamp) else { return }
+        insertTag(FieldTag(stamp: stamp, value: element), into: &additions)
+        if lastSetOp.map({ $0 < stamp }) ?? true { lastSetOp = stamp }
+    }
+
+    mutating func remove(_ element: JSONValue, stamp: Stamp, in change: Change, at index: Int) {
+        let text = element.jsonText
+        additions.removeAll { $0.value.jsonText == text && change.observes($0.stamp.dot, at: index) }
+        if let w = winner, change.observes(w.stamp.dot, at: index), case .array(let items)? = w.value,
+            items.contains(where: { $0.jsonText == text })
+        {
+            removedFromWinner.insert(text)
+        }
+        if isAfterWinner(stamp), lastSetOp.map({ $0 < stamp }) ?? true { lastSetOp = stamp }
+    }
+
+    private func insertTag(_ tag: FieldTag, into tags: inout [FieldTag]) {
+        if tags.contains(where: { $0.stamp == tag.stamp && $0.value == tag.value }) { return }
+        let at = tags.firstIndex { tag.stamp < $0.stamp } ?? tags.count
+        tags.insert(tag, at: at)
+    }
+
+    /// The field's value, or nil when absent (see Protocol/SYNC.md, "Materialization").
+    public var value: JSONValue? {
+        let base = winner?.value
+        if lastSetOp != nil || !additions.isEmpty || !removedFromWinner.isEmpty {
+            var elements: [String: JSONValue] = [:]
+            if case .array(let items)? = base {
+                for item in items where !removedFromWinner.contains(item.jsonText) { elements[item.jsonText] = item }
+            }
+            for tag in additions { elements[tag.value.jsonText] = tag.value }
+            return .array(elements.values.sorted { a, b in
+                let c = TypeRank.compare(a, b)
+                return c != 0 ? c < 0 : utf8Less(a.jsonText, b.jsonText)
+            })
+        }
+        if !increments.isEmpty {
+            var sum = CounterSum(start: base)
+            for tag in increments { sum.add(tag.value) }
+            return sum.value
+        }
+        return base
+    }
+}
+
+/// Sums counter deltas in stamp order: integers stay integers until a double or an overflow appears.
+struct CounterSum {
+    var int: Int64?
+    var double: Double
+
+    init(start: JSONValue?) {
+        switch start {
+        case .int(let i)?: int = i; double = Double(i)
+        case .double(let d)?: int = nil; double = d
+        default: int = 0; double = 0
+        }
+    }
+
+    mutating func add(_ delta: JSONValue) {
+        switch delta {
+        case .int(let d):
+            if let i = int {
+                let (r, overflow) = i.addingReportingOverflow(d)
+                if overflow { int = nil; double = Double(i) + Double(d) } else { int = r; double = Double(r) }
+            } else {
+                double += Double(d)
+            }
+        case .double(let d):
+            if let i = int { double = Double(i) }
+            int = nil
+            double += d
+        default: break
+        }
+    }
+
+    var value: JSONValue { int.map(JSONValue.int) ?? .double(double) }
+}
+
+/// The replicated state of a document: its causal length and its fields at that length.
+public struct DocumentState: Hashable, Sendable {
+    /// Causal length: 0 never existed, odd alive, even deleted.
+    public var cl: Int64
+    /// Field states at `cl`.
+    public var fields: [String: FieldState]
+
+    /// Creates a state.
+    public init(cl: Int64 = 0, fields: [String: FieldState] = [:]) {
+        self.cl = cl
+        self.fields = fields
+    }
+
+    /// True when the document exists.
+    public var isAlive: Bool { cl % 2 == 1 }
+
+    /// Applies operation `index` of `change` (which must be causally ready) to this document.
+    public mutating func apply(_ op: DocOp, change: Change, index: Int) {
+        guard op.cl >= cl else { return }
+        if op.cl > cl {
+            cl = op.cl
+            fields = [:]
+        }
+        let stamp = change.stamp(index)
+        for (name, value) in op.set { fields[name, default: FieldState()].write(FieldWrite(stamp: stamp, value: value), in: change, at: index) }
+        for name in op.unset { fields[name, default: FieldState()].write(FieldWrite(stamp: stamp, value: nil), in: change, at: index) }
+        for (name, delta) in op.incr { fields[name, default: FieldState()].increment(delta, stamp: stamp) }
+        for (name, elements) in op.add { for e in elements { fields[name, default: FieldState()].add(e, stamp: stamp) } }
+        for (name, elements) in op.remove {
+            for e in elements { fields[name, default: FieldState()].remove(e, stamp: stamp, in: change, at: index) }
+        }
+        fields = fields.filter { !$0.value.isEmpty }
+    }
+
+    /// Applies a delete: the causal length rises to `deleteCL` (even) if that is larger.
+    public mutating func delete(cl deleteCL: Int64) {
+        guard deleteCL > cl else { return }
+        cl = deleteCL
+        fields = [:]
+    }
+
+    /// The document as clients see it (with `_id`), or nil when it does not exist.
+    public func materialize(id: String) -> [String: JSONValue]? {
+        guard isAlive else { return nil }
+        var doc: [String: JSONValue] = ["_id": .string(id)]
+        for (name, state) in fields { if let v = state.value { doc[name] = v } }
+        return doc
+    }
+}

@@ -1,0 +1,138 @@
+import BlazeProtocol
+
+/// The last-writer-wins state of one user index definition.
+public struct IndexState: Hashable, Sendable {
+    /// The winning definition's stamp.
+    public let stamp: Stamp
+    /// Collection it covers.
+    public let collection: String
+    /// Indexed fields; nil when the index is dropped.
+    public let fields: [String]?
+
+    /// Creates a state.
+    public init(stamp: Stamp, collection: String, fields: [String]?) {
+        self.stamp = stamp
+        self.collection = collection
+        self.fields = fields
+    }
+}
+
+/// Where a replica keeps its state; the SQLite store and the in-memory test replica implement it.
+///
+/// Every call happens inside one transaction of the caller; the engine never does I/O itself.
+public protocol ReplicaStorage {
+    /// The highest applied sequence per origin.
+    func versionVector() throws -> VersionVector
+    /// Appends an applied change to the op log and advances the version vector to it.
+    func recordApplied(_ change: Change) throws
+    /// A document's state, nil if never seen.
+    func document(_ key: DocKey) throws -> DocumentState?
+    /// Stores a document's state (and its materialized form).
+    func saveDocument(_ key: DocKey, _ state: DocumentState) throws
+    /// An index definition's state, nil if never seen.
+    func index(_ name: String) throws -> IndexState?
+    /// Stores an index definition's state (and creates or drops the index).
+    func saveIndex(_ name: String, _ state: IndexState) throws
+    /// Keeps a change that is not yet causally ready.
+    func park(_ change: Change) throws
+    /// All parked changes.
+    func parked() throws -> [Change]
+    /// Forgets a parked change.
+    func unpark(origin: NodeID, seq: UInt64) throws
+}
+
+/// What `Replica.receive` did with a batch of changes.
+public struct ReceiveReport: Equatable, Sendable {
+    /// Changes applied (including parked ones that became ready).
+    public var applied = 0
+    /// Changes already applied before.
+    public var duplicates = 0
+    /// Changes parked because a change they depend on is missing.
+    public var parked = 0
+    /// Changes whose clock was far ahead of wall time (accepted, counted).
+    public var skewedClocks = 0
+
+    /// Creates an empty report.
+    public init() {}
+}
+
+/// The replication engine: applies local and remote changes to a storage with causal delivery.
+public enum Replica {
+    /// True when every change `change` depends on is applied and it is the next from its origin.
+    public static func isReady(_ change: Change, _ vv: VersionVector) -> Bool {
+        change.seq == vv[change.origin] + 1 && vv.includes(change.deps)
+    }
+
+    /// Applies remote changes in any order and with duplicates; unready ones wait until their dependencies arrive.
+    public static func receive(
+        _ changes: [Change], into storage: some ReplicaStorage, clock: inout HybridClock, now: UInt64
+    ) throws -> ReceiveReport {
+        var report = ReceiveReport()
+        var vv = try storage.versionVector()
+        var progressed = false
+        for c in changes.sorted(by: { $0.origin != $1.origin ? $0.origin < $1.origin : $0.seq < $1.seq }) {
+            if c.seq <= vv[c.origin] {
+                report.duplicates += 1
+            } else if isReady(c, vv) {
+                try apply(c, to: storage)
+                if clock.observe(c.hlc, now: now) { report.skewedClocks += 1 }
+                vv[c.origin] = c.seq
+                report.applied += 1
+                progressed = true
+            } else {
+                try storage.park(c)
+                report.parked += 1
+            }
+        }
+        guard progressed || report.parked > 0 else { return report }
+        // Drain parked changes that became ready, until nothing moves.
+        var pending = try storage.parked()
+        while true {
+            var moved = false
+            var rest: [Change] = []
+            for c in pending.sorted(by: { $0.origin != $1.origin ? $0.origin < $1.origin : $0.seq < $1.seq }) {
+                if c.seq <= vv[c.origin] {
+                    try storage.unpark(origin: c.origin, seq: c.seq)
+                } else if isReady(c, vv) {
+                    try apply(c, to: storage)
+                    if clock.observe(c.hlc, now: now) { report.skewedClocks += 1 }
+                    vv[c.origin] = c.seq
+                    try storage.unpark(origin: c.origin, seq: c.seq)
+                    report.applied += 1
+                    report.parked -= min(report.parked, 1)
+                    moved = true
+                } else {
+                    rest.append(c)
+                }
+            }
+            pending = rest
+            if !moved { break }
+        }
+        report.parked = pending.count
+        return report
+    }
+
+    /// Applies a causally ready change and records it.
+    public static func apply(_ change: Change, to storage: some ReplicaStorage) throws {
+        for (i, op) in change.ops.enumerated() { try applyOp(op, index: i, of: change, to: storage) }
+        try storage.recordApplied(change)
+    }
+
+    /// Applies one operation of `change` (whose `ops` may still be incomplete while a local transaction builds it).
+    public static func applyOp(_ op: CRDTOp, index: Int, of change: Change, to storage: some ReplicaStorage) throws {
+        switch op {
+        case .doc(let d):
+            var state = try storage.document(d.key) ?? DocumentState()
+            state.apply(d, change: change, index: index)
+            try storage.saveDocument(d.key, state)
+        case .delete(let key, let cl):
+            var state = try storage.document(key) ?? DocumentState()
+            state.delete(cl: cl)
+            try storage.saveDocument(key, state)
+        case .index(let name, let collection, let fields):
+            let stamp = change.stamp(index)
+            if let current = try storage.index(name), stamp < current.stamp { return }
+            try storage.saveIndex(name, IndexState(stamp: stamp, collection: collection, fields: fields))
+        }
+    }
+}
