@@ -24,7 +24,7 @@ extension FieldWrite {
         guard case .array(let a) = json, a.count == 1 || a.count == 2, let s = Stamp(json: a[0]) else {
             throw CRDTDecodingError("malformed field write")
         }
-        self.init(stamp: s, value: a.count == 2 ? a[1] : nil)
+        self.init(stamp: s, value: a.count == 2 ? Optional(a[1]) : nil)
     }
 }
 

@@ -1,3 +1,5 @@
+import BlazeCRDT
+import BlazeCrypto
 import BlazeProtocol
 import BlazeStore
 import Foundation
@@ -20,6 +22,8 @@ public final class Daemon: Service, Sendable {
     public let config: DaemonConfig
     /// The databases it serves.
     public let store: Store
+    /// This device's identity (its node id authors every local change).
+    public let identity: DeviceIdentity
     let logger: Logger
     let registry: MethodRegistry
     let listening = Event()
@@ -29,7 +33,10 @@ public final class Daemon: Service, Sendable {
     public init(config: DaemonConfig, logger: Logger) throws {
         self.config = config
         self.logger = logger
-        self.store = try Store(directory: config.dataDirectory, limits: config.storeLimits)
+        try Store.prepareDirectory(config.dataDirectory)
+        self.identity = try DeviceIdentity.loadOrCreate(directory: config.dataDirectory + "/keys")
+        self.store = try Store(
+            directory: config.dataDirectory, limits: config.storeLimits, node: NodeID(bytes: identity.nodeID))
         self.registry = MethodRegistry(Methods.all())
         if let name = config.defaultDatabase, (try? store.database(name)) == nil {
             _ = try store.create(name)

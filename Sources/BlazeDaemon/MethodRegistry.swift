@@ -5,12 +5,14 @@ import Logging
 /// The JSON type a parameter must have.
 enum ParamType: String, Sendable {
     case string, integer, boolean, object, array
+    /// Any JSON value.
+    case any
     /// A string or an array of strings (e.g. `sort`).
     case stringOrArray
 
     func accepts(_ v: JSONValue) -> Bool {
         switch (self, v) {
-        case (.string, .string), (.integer, .int), (.boolean, .bool), (.object, .object),
+        case (.any, _), (.string, .string), (.integer, .int), (.boolean, .bool), (.object, .object),
             (.array, .array), (.stringOrArray, .string), (.stringOrArray, .array):
             return true
         default:
@@ -20,6 +22,7 @@ enum ParamType: String, Sendable {
 
     var schema: JSONValue {
         switch self {
+        case .any: return [:]
         case .stringOrArray: return ["oneOf": [["type": "string"], ["type": "array", "items": ["type": "string"]]]]
         default: return ["type": .string(rawValue)]
         }
@@ -113,7 +116,9 @@ struct MethodSpec: Sendable {
                 throw .invalidParams("parameter \"\(p.name)\" of \(name) must be \(p.type.rawValue), got \(v.typeName)")
             }
         }
-        return Params(values: raw.filter { !$0.value.isNull })
+        // An explicit null means "absent" except for parameters that take any JSON value, where null is a value.
+        let keepsNull = Set(params.filter { $0.type == .any }.map(\.name))
+        return Params(values: raw.filter { !$0.value.isNull || keepsNull.contains($0.key) })
     }
 }
 

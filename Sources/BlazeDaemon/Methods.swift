@@ -1,3 +1,4 @@
+import BlazeCRDT
 import BlazeProtocol
 import BlazeStore
 import Foundation
@@ -5,7 +6,7 @@ import Foundation
 /// Builds the table of every method `blazed` serves.
 enum Methods {
     static func all() -> [MethodSpec] {
-        daemonMethods + databaseMethods + documentMethods + queryMethods + indexMethods
+        daemonMethods + databaseMethods + documentMethods + queryMethods + indexMethods + conflictMethods
     }
 
     // MARK: daemon
@@ -22,6 +23,7 @@ enum Methods {
             let s = ctx.config.storeLimits
             return [
                 "version": .string(blazeVersion),
+                "nodeId": .string(ctx.store.node.hex),
                 "pid": .int(Int64(ProcessInfo.processInfo.processIdentifier)),
                 "socket": .string(ctx.config.socketPath),
                 "dataDir": .string(ctx.config.dataDirectory),
@@ -50,10 +52,13 @@ enum Methods {
             ["databases": .array(try ctx.store.list().map { ["name": .string($0)] })]
         },
         MethodSpec(name: "db.info", summary: "Counts, size and path of a database.", params: [.db]) { p, ctx in
-            let s = try await ctx.database(p).summary()
+            let db = try ctx.database(p)
+            let s = try await db.summary()
             return [
                 "name": .string(s.name), "path": .string(s.path), "collections": .int(Int64(s.collections)),
                 "documents": .int(Int64(s.documents)), "sizeBytes": .int(s.sizeBytes),
+                "nodeId": .string(db.node.hex), "stateHash": .string(try await db.stateHash()),
+                "versionVector": try await db.versionVector().jsonValue,
             ]
         },
         MethodSpec(name: "db.drop", summary: "Deletes a database and all its data.", params: [.db]) { p, ctx in
@@ -96,10 +101,13 @@ enum Methods {
             let r = try await ctx.database(p).apply(try writeOp("put", p.values))
             return ["id": .string(r.id), "created": .bool(r.created ?? false)]
         },
-        MethodSpec(name: "doc.patch", summary: "Sets and unsets top-level fields of an existing document.",
+        MethodSpec(name: "doc.patch", summary: "Edits top-level fields: set, unset, counter incr, set add/remove.",
             params: [
-                .db, .collection, .id, .optional("set", .object, "Fields to set."),
+                .db, .collection, .id, .optional("set", .object, "Fields to set (last writer wins)."),
                 .optional("unset", .array, "Field names to remove."),
+                .optional("incr", .object, "Counter increments: {field: number} (concurrent increments add up)."),
+                .optional("add", .object, "Set additions: {field: [values]} (an observed-remove set)."),
+                .optional("remove", .object, "Set removals: {field: [values]} (removes the additions seen)."),
             ])
         { p, ctx in
             let r = try await ctx.database(p).apply(try writeOp("patch", p.values))
@@ -138,7 +146,7 @@ enum Methods {
     static func writeOp(_ kind: String, _ o: [String: JSONValue], strict: Bool = false) throws -> WriteOp {
         let allowed: [String: Set<String>] = [
             "insert": ["collection", "doc"], "put": ["collection", "doc", "id"],
-            "patch": ["collection", "id", "set", "unset"], "delete": ["collection", "id"],
+            "patch": ["collection", "id", "set", "unset", "incr", "add", "remove"], "delete": ["collection", "id"],
         ]
         guard let names = allowed[kind] else {
             throw RPCError.invalidParams("unknown op \"\(kind)\"; use insert, put, patch or delete")
@@ -185,10 +193,20 @@ enum Methods {
                 }
                 unset = names
             }
-            if set.isEmpty && unset.isEmpty {
-                throw RPCError.invalidParams("patch needs \"set\" and/or \"unset\"")
+            let incr = o["incr"] == nil || o["incr"] == .null ? [:] : try obj("incr")
+            func elements(_ key: String) throws -> [String: [JSONValue]] {
+                guard let v = o[key], v != .null else { return [:] }
+                guard case .object(let m) = v else { throw RPCError.invalidParams("\"\(key)\" must be an object of arrays") }
+                return try m.mapValues { x in
+                    guard case .array(let a) = x else {
+                        throw RPCError.invalidParams("\"\(key)\" values must be arrays of elements")
+                    }
+                    return a
+                }
             }
-            return .patch(collection: collection, id: try str("id"), set: set, unset: unset)
+            return .patch(
+                collection: collection, id: try str("id"), set: set, unset: unset, incr: incr, add: try elements("add"),
+                remove: try elements("remove"))
         default:
             return .delete(collection: collection, id: try str("id"))
         }
@@ -265,6 +283,66 @@ enum Methods {
             params: [.db, .optional("collection", .string, "Only this collection's indexes.")])
         { p, ctx in
             ["indexes": .array(try await ctx.database(p).indexes(collection: p.optionalString("collection")).map(indexJSON))]
+        },
+    ]
+
+    // MARK: conflicts
+
+    static func writeJSON(_ w: FieldWrite) -> JSONValue {
+        var o: [String: JSONValue] = [
+            "origin": .string(w.stamp.dot.origin.hex), "seq": .int(Int64(w.stamp.dot.seq)),
+            "hlc": .int(Int64(bitPattern: w.stamp.hlc.raw)), "time": .int(Int64(w.stamp.hlc.milliseconds)),
+            "unset": .bool(w.value == nil),
+        ]
+        if let v = w.value { o["value"] = v }
+        return .object(o)
+    }
+
+    static let conflictMethods: [MethodSpec] = [
+        MethodSpec(name: "conflict.list", summary: "Lists fields where a concurrent write lost, with both sides.",
+            params: [
+                .db, .optional("collection", .string, "Only this collection."), .optional("id", .string, "Only this document."),
+                .optional("limit", .integer, "At most this many documents (default 1000)."),
+            ])
+        { p, ctx in
+            let limit = Int(p["limit"]?.intValue ?? 1000)
+            guard limit >= 1 && limit <= 10_000 else {
+                throw RPCError(code: RPCErrorCode.limitExceeded, kind: "limit_out_of_range", message: "limit must be 1...10000")
+            }
+            let list = try await ctx.database(p).conflicts(collection: p.optionalString("collection"), id: p.optionalString("id"), limit: limit)
+            return [
+                "conflicts": .array(
+                    list.map { c in
+                        var o: [String: JSONValue] = [
+                            "collection": .string(c.collection), "id": .string(c.id), "field": .string(c.field),
+                            "losers": .array(c.losers.map(writeJSON)), "present": .bool(c.value != nil),
+                        ]
+                        if let v = c.value { o["value"] = v }
+                        if let w = c.winner { o["winner"] = writeJSON(w) }
+                        return .object(o)
+                    })
+            ]
+        },
+        MethodSpec(name: "conflict.resolve",
+            summary: "Resolves a field's conflict by writing value (or keeping the current value); replicates.",
+            params: [
+                .db, .collection, .id, .required("field", .string, "The conflicted field."),
+                .optional("value", .any, "The value to keep; omitted keeps the current value."),
+            ])
+        { p, ctx in
+            let db = try ctx.database(p)
+            let (collection, id, field) = (p.string("collection"), p.string("id"), p.string("field"))
+            let explicit = p.values["value"]
+            let existing = try await db.conflicts(collection: collection, id: id).first { $0.field == field }
+            guard let conflict = existing else {
+                throw RPCError(code: RPCErrorCode.notFound, kind: "conflict_not_found",
+                    message: "field \"\(field)\" of \(collection)/\(id) has no conflict")
+            }
+            let value = explicit ?? conflict.value
+            let op: WriteOp = value.map { .patch(collection: collection, id: id, set: [field: $0]) }
+                ?? .patch(collection: collection, id: id, unset: [field])
+            _ = try await db.apply(op)
+            return ["id": .string(id), "field": .string(field), "value": value ?? .null, "present": .bool(value != nil)]
         },
     ]
 

@@ -1,4 +1,5 @@
-/// A JSON value with exact number semantics: integers stay 64-bit integers, doubles round-trip bit for bit.
+/// A JSON value with exact number semantics (JSON null is `.null`; Swift's `nil` is never a JSON value, so
+/// "absent" and "null" cannot be confused): integers stay 64-bit integers, doubles round-trip bit for bit.
 ///
 /// Objects are unordered; they serialize with keys sorted by UTF-8 bytes, so one value has one canonical text.
 public enum JSONValue: Sendable, Hashable {
@@ -69,7 +70,7 @@ extension JSONValue {
 }
 
 extension JSONValue: ExpressibleByStringLiteral, ExpressibleByIntegerLiteral, ExpressibleByFloatLiteral,
-    ExpressibleByBooleanLiteral, ExpressibleByArrayLiteral, ExpressibleByDictionaryLiteral, ExpressibleByNilLiteral
+    ExpressibleByBooleanLiteral, ExpressibleByArrayLiteral, ExpressibleByDictionaryLiteral
 {
     /// Creates a string value.
     public init(stringLiteral value: String) { self = .string(value) }
@@ -85,8 +86,6 @@ extension JSONValue: ExpressibleByStringLiteral, ExpressibleByIntegerLiteral, Ex
     public init(dictionaryLiteral elements: (String, JSONValue)...) {
         self = .object(Dictionary(elements, uniquingKeysWith: { _, last in last }))
     }
-    /// Creates `.null`.
-    public init(nilLiteral: ()) { self = .null }
 }
 
 /// Compares two strings by their UTF-8 bytes, the order SQLite's BINARY collation uses.

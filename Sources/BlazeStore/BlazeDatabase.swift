@@ -1,4 +1,6 @@
+import BlazeCRDT
 import BlazeProtocol
+import Crypto
 import Foundation
 import GRDB
 import Synchronization
@@ -61,13 +63,17 @@ public final class BlazeDatabase: Sendable {
     public let path: String
     /// Limits applied to writes and queries.
     public let limits: StoreLimits
+    /// This replica's node id (the author of its local changes).
+    public let node: NodeID
     let pool: DatabasePool
+    let clock: Mutex<HybridClock>
     let knownCollections = KnownCollections()
 
-    init(name: String, path: String, limits: StoreLimits) throws {
+    init(name: String, path: String, limits: StoreLimits, node: NodeID) throws {
         self.name = name
         self.path = path
         self.limits = limits
+        self.node = node
         var config = Configuration()
         config.label = "blazedb.\(name)"
         config.busyMode = .timeout(10)
@@ -78,8 +84,27 @@ public final class BlazeDatabase: Sendable {
             try db.execute(sql: "PRAGMA synchronous = FULL; PRAGMA analysis_limit = \(Self.analysisLimit)")
         }
         try Schema.migrator.migrate(pool)
+        let last = try pool.read { db in try Int64.fetchOne(db, sql: "SELECT max(hlc) FROM changes") ?? 0 }
+        clock = Mutex(HybridClock(last: HLC(raw: UInt64(bitPattern: last))))
         try pool.write { db in
             if try Int.fetchOne(db, sql: "SELECT count(*) FROM indexes") ?? 0 > 0 { try Self.analyze(db) }
+        }
+        try adoptUnreplicatedData()
+    }
+
+    /// Wall-clock milliseconds.
+    static func nowMilliseconds() -> UInt64 { UInt64(max(0, Date().timeIntervalSince1970 * 1000)) }
+
+    /// Data written before replication existed (schema v1) becomes one local change, so it replicates too.
+    func adoptUnreplicatedData() throws {
+        try writeSync { tx in
+            let db = tx.db
+            guard try Int.fetchOne(db, sql: "SELECT count(*) FROM crdt_docs") == 0,
+                try Int.fetchOne(db, sql: "SELECT count(*) FROM changes") == 0
+            else { return }
+            let docs = try Row.fetchAll(db, sql: "SELECT collection, id, body FROM docs ORDER BY collection, id")
+            let indexes = try Row.fetchAll(db, sql: "SELECT name, collection, fields FROM indexes ORDER BY name")
+            try tx.adopt(docs: docs, indexes: indexes)
         }
     }
 
@@ -107,14 +132,126 @@ public final class BlazeDatabase: Sendable {
         statistics.withLock { $0 = (0, max(1000, rows)) }
     }
 
-    /// Runs `body` in one write transaction; everything it applies commits together or not at all.
+    /// Runs `body` in one write transaction; everything it applies commits together, as one replicated change.
     public func write<T: Sendable>(_ body: @escaping @Sendable (WriteTransaction) throws -> T) async throws -> T {
-        let limits = self.limits
+        try await pool.write { db in try self.transaction(db, body) }
+    }
+
+    func writeSync<T>(_ body: (WriteTransaction) throws -> T) throws -> T {
+        try pool.write { db in try self.transaction(db, body) }
+    }
+
+    private func transaction<T>(_ db: Database, _ body: (WriteTransaction) throws -> T) throws -> T {
+        let storage = SQLStorage(db: db, limits: limits, knownCollections: knownCollections)
+        storage.enforceLimits = true
+        let vv = try storage.versionVector()
+        let hlc = clock.withLock { $0.tick(now: Self.nowMilliseconds()) }
+        let draft = Change(origin: node, seq: vv[node] + 1, hlc: hlc, deps: vv, ops: [])
+        let tx = WriteTransaction(storage: storage, limits: limits, draft: draft)
+        let result = try body(tx)
+        if let change = tx.change { try storage.recordApplied(change) }
+        try noteChanges(tx.changes, db)
+        return result
+    }
+
+    /// Applies changes from other replicas in any order, with duplicates; returns what happened to them.
+    ///
+    /// Changes whose dependencies are missing are parked until those arrive. A malformed change rejects the batch.
+    public func receive(_ changes: [Change]) async throws -> ReceiveReport {
+        for change in changes { try Self.validate(change) }
         return try await pool.write { db in
-            let tx = WriteTransaction(db: db, limits: limits, knownCollections: self.knownCollections)
-            let result = try body(tx)
-            try self.noteChanges(tx.changes, db)
-            return result
+            let storage = SQLStorage(db: db, limits: self.limits, knownCollections: self.knownCollections)
+            var clock = self.clock.withLock { $0 }
+            let now = Self.nowMilliseconds()
+            let report = try Replica.receive(changes, into: storage, clock: &clock, now: now)
+            self.clock.withLock { _ = $0.observe(clock.last, now: now) }
+            try self.noteChanges(report.applied, db)
+            return report
+        }
+    }
+
+    /// Checks what a remote change may contain before any of it is applied (names end up in SQL and file paths).
+    static func validate(_ change: Change) throws {
+        do {
+            for op in change.ops {
+                switch op {
+                case .doc(let d):
+                    try Names.validateCollection(d.key.collection)
+                    try Names.validateID(d.key.id)
+                    let names = Array(d.set.keys) + d.unset + Array(d.incr.keys) + Array(d.add.keys) + Array(d.remove.keys)
+                    for f in names { try Names.validateFieldName(f) }
+                case .delete(let key, _):
+                    try Names.validateCollection(key.collection)
+                    try Names.validateID(key.id)
+                case .index(let name, let collection, _):
+                    try Names.validateIndex(name)
+                    try Names.validateCollection(collection)
+                }
+            }
+        } catch let e as StoreError {
+            throw StoreError(
+                .invalidArgument, kind: "invalid_change",
+                "change \(change.seq) from \(change.origin) is invalid: \(e.message)")
+        }
+    }
+
+    /// This replica's version vector: the highest sequence applied per origin.
+    public func versionVector() async throws -> VersionVector {
+        try await read { db in try SQLStorage(db: db, limits: self.limits, knownCollections: self.knownCollections).versionVector() }
+    }
+
+    /// Every change this replica has that a replica at `other` lacks, per origin in sequence order.
+    public func changes(since other: VersionVector) async throws -> [Change] {
+        try await read { db in
+            var out: [Change] = []
+            let origins = try String.fetchAll(db, sql: "SELECT origin FROM versions ORDER BY origin")
+            for originHex in origins {
+                guard let origin = NodeID(hex: originHex) else { continue }
+                let bodies = try String.fetchAll(
+                    db, sql: "SELECT body FROM changes WHERE origin = ? AND seq > ? ORDER BY seq",
+                    arguments: [originHex, Int64(other[origin])])
+                for b in bodies { out.append(try Change(json: try JSONParser(maxDepth: 10_000).parse(b))) }
+            }
+            return out
+        }
+    }
+
+    /// SHA-256 (hex) over every live document in (collection, id) order: equal on two replicas exactly when they
+    /// hold the same documents. Reads the whole database.
+    public func stateHash() async throws -> String {
+        try await read { db in
+            var hasher = SHA256()
+            let rows = try Row.fetchCursor(db, sql: "SELECT collection, id, body FROM docs ORDER BY collection, id")
+            while let row = try rows.next() {
+                for (i, column) in [0, 1, 2].enumerated() {
+                    let text: String = row[column]
+                    hasher.update(data: Data(text.utf8))
+                    hasher.update(data: [i == 2 ? 0x0A : 0x00])
+                }
+            }
+            return hasher.finalize().map { String(format: "%02x", $0) }.joined()
+        }
+    }
+
+    /// Fields whose concurrent writes lost, with the current value and the losing writes.
+    public func conflicts(collection: String? = nil, id: String? = nil, limit: Int = 1000) async throws -> [ConflictInfo] {
+        if let collection { try Names.validateCollection(collection) }
+        return try await read { db in
+            let rows = try Row.fetchAll(
+                db,
+                sql: "SELECT collection, id, state FROM crdt_docs WHERE conflicted = 1 "
+                    + "AND (?1 IS NULL OR collection = ?1) AND (?2 IS NULL OR id = ?2) ORDER BY collection, id LIMIT ?3",
+                arguments: [collection, id, limit])
+            var out: [ConflictInfo] = []
+            for row in rows {
+                let state = try DocumentState(json: try JSONParser(maxDepth: 10_000).parse(row[2] as String))
+                for name in state.fields.keys.sorted(by: utf8Less) {
+                    let f = state.fields[name]!
+                    guard !f.losers.isEmpty else { continue }
+                    out.append(ConflictInfo(collection: row[0], id: row[1], field: name, value: f.value, winner: f.winner, losers: f.losers))
+                }
+            }
+            return out
         }
     }
 
@@ -319,6 +456,22 @@ public final class BlazeDatabase: Sendable {
     public func close() throws {
         try pool.close()
     }
+}
+
+/// A field whose concurrent writes lost: what clients see now, the winning write, and the losers.
+public struct ConflictInfo: Sendable {
+    /// Collection of the document.
+    public var collection: String
+    /// Document id.
+    public var id: String
+    /// Top-level field name.
+    public var field: String
+    /// The field's current value (nil: absent).
+    public var value: JSONValue?
+    /// The winning LWW write.
+    public var winner: FieldWrite?
+    /// Concurrent writes that lost, oldest first.
+    public var losers: [FieldWrite]
 }
 
 /// Collection names known to exist in the committed database, so writes skip re-registering them.

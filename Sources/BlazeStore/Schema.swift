@@ -27,6 +27,34 @@ enum Schema {
                     ) WITHOUT ROWID;
                     """)
         }
+        m.registerMigration("v2-replication") { db in
+            try db.execute(
+                sql: """
+                    CREATE TABLE crdt_docs(
+                        collection TEXT NOT NULL,
+                        id TEXT NOT NULL,
+                        state TEXT NOT NULL,
+                        conflicted INTEGER NOT NULL DEFAULT 0,
+                        PRIMARY KEY(collection, id)
+                    ) WITHOUT ROWID;
+                    CREATE INDEX crdt_docs_conflicted ON crdt_docs(collection, id) WHERE conflicted = 1;
+                    CREATE TABLE changes(
+                        origin TEXT NOT NULL,
+                        seq INTEGER NOT NULL,
+                        hlc INTEGER NOT NULL,
+                        body TEXT NOT NULL,
+                        PRIMARY KEY(origin, seq)
+                    ) WITHOUT ROWID;
+                    CREATE TABLE versions(origin TEXT PRIMARY KEY NOT NULL, seq INTEGER NOT NULL) WITHOUT ROWID;
+                    CREATE TABLE parked(
+                        origin TEXT NOT NULL,
+                        seq INTEGER NOT NULL,
+                        body TEXT NOT NULL,
+                        PRIMARY KEY(origin, seq)
+                    ) WITHOUT ROWID;
+                    CREATE TABLE index_states(name TEXT PRIMARY KEY NOT NULL, state TEXT NOT NULL) WITHOUT ROWID;
+                    """)
+        }
         return m
     }
 }

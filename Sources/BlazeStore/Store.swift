@@ -1,3 +1,4 @@
+import BlazeCRDT
 import Foundation
 import Synchronization
 
@@ -7,20 +8,27 @@ public final class Store: Sendable {
     public let directory: String
     /// Limits handed to every database.
     public let limits: StoreLimits
+    /// The node id every local change is authored by.
+    public let node: NodeID
     private let open = Mutex<[String: BlazeDatabase]>([:])
 
     /// File suffix of database files.
     public static let fileSuffix = ".db"
 
-    /// Opens (creating, mode 0700) the data directory.
-    public init(directory: String, limits: StoreLimits = StoreLimits()) throws {
+    /// Opens (creating, mode 0700) the data directory; local changes are authored by `node`.
+    public init(directory: String, limits: StoreLimits = StoreLimits(), node: NodeID) throws {
         self.directory = directory
         self.limits = limits
-        let fm = FileManager.default
-        for dir in [directory, directory + "/databases"] {
-            if !fm.fileExists(atPath: dir) {
-                try fm.createDirectory(atPath: dir, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o700])
-            }
+        self.node = node
+        try Self.prepareDirectory(directory)
+        try Self.prepareDirectory(directory + "/databases")
+    }
+
+    /// Creates a private (0700) directory if it does not exist.
+    public static func prepareDirectory(_ path: String) throws {
+        if !FileManager.default.fileExists(atPath: path) {
+            try FileManager.default.createDirectory(
+                atPath: path, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o700])
         }
     }
 
@@ -34,7 +42,7 @@ public final class Store: Sendable {
             if open[name] != nil || FileManager.default.fileExists(atPath: path) {
                 throw StoreError(.alreadyExists, kind: "database_exists", "database \(Names.quoted(name)) already exists")
             }
-            let db = try BlazeDatabase(name: name, path: path, limits: limits)
+            let db = try BlazeDatabase(name: name, path: path, limits: limits, node: node)
             open[name] = db
             return db
         }
@@ -49,7 +57,7 @@ public final class Store: Sendable {
             guard FileManager.default.fileExists(atPath: path) else {
                 throw StoreError(.notFound, kind: "database_not_found", "database \(Names.quoted(name)) does not exist")
             }
-            let db = try BlazeDatabase(name: name, path: path, limits: limits)
+            let db = try BlazeDatabase(name: name, path: path, limits: limits, node: node)
             open[name] = db
             return db
         }

@@ -1,3 +1,4 @@
+import BlazeCRDT
 import BlazeProtocol
 import Foundation
 import GRDB
@@ -8,8 +9,10 @@ public enum WriteOp: Sendable, Equatable {
     case insert(collection: String, doc: [String: JSONValue])
     /// Create or fully replace the document with this id.
     case put(collection: String, id: String, doc: [String: JSONValue])
-    /// Set and unset top-level fields of an existing document.
-    case patch(collection: String, id: String, set: [String: JSONValue], unset: [String])
+    /// Edit top-level fields of an existing document: LWW set/unset, counter increments, set add/remove.
+    case patch(
+        collection: String, id: String, set: [String: JSONValue] = [:], unset: [String] = [],
+        incr: [String: JSONValue] = [:], add: [String: [JSONValue]] = [:], remove: [String: [JSONValue]] = [:])
     /// Delete an existing document.
     case delete(collection: String, id: String)
 }
@@ -22,33 +25,47 @@ public struct WriteResult: Sendable, Equatable {
     public var created: Bool?
 }
 
-/// The one place local mutations happen, inside one SQLite transaction.
+/// The one place local mutations happen, inside one SQLite transaction that becomes one replicated change.
 ///
-/// Every mutation goes through `apply(_:)`; the replication layer hooks here to record the same change in its op
-/// log within the same transaction. Not Sendable: it lives only inside a GRDB write closure.
+/// Each operation is validated, turned into a CRDT operation (`LocalEdit`) and applied through the same engine
+/// that applies remote changes, so local and remote writes follow the same rules. Not Sendable: it lives only
+/// inside a GRDB write closure.
 public final class WriteTransaction {
-    let db: Database
+    let storage: SQLStorage
     let limits: StoreLimits
-    let now: Int64
-    let knownCollections: KnownCollections
+    /// The change being built: its origin, sequence, clock and dependencies are fixed when the transaction starts.
+    let draft: Change
+    /// Operations emitted so far, in order.
+    private(set) var ops: [CRDTOp] = []
     /// Number of document mutations applied (feeds the planner-statistics refresh).
     private(set) var changes = 0
 
-    init(db: Database, limits: StoreLimits, knownCollections: KnownCollections) {
-        self.db = db
+    var db: Database { storage.db }
+
+    init(storage: SQLStorage, limits: StoreLimits, draft: Change) {
+        self.storage = storage
         self.limits = limits
-        self.knownCollections = knownCollections
-        self.now = Int64(Date().timeIntervalSince1970 * 1000)
+        self.draft = draft
+    }
+
+    /// The change this transaction produced, nil when it wrote nothing.
+    var change: Change? {
+        ops.isEmpty ? nil : Change(origin: draft.origin, seq: draft.seq, hlc: draft.hlc, deps: draft.deps, ops: ops)
+    }
+
+    private func emit(_ op: CRDTOp) throws {
+        try Replica.applyOp(op, index: ops.count, of: draft, to: storage)
+        ops.append(op)
+        changes += 1
     }
 
     /// Applies one operation; throws `StoreError` for invalid input or missing/duplicate documents.
     public func apply(_ op: WriteOp) throws -> WriteResult {
-        changes += 1
         switch op {
         case .insert(let collection, var doc):
             try Names.validateCollection(collection)
             let id: String
-            if let given = doc["_id"] {
+            if let given = doc.removeValue(forKey: "_id") {
                 guard case .string(let s) = given else {
                     throw StoreError.invalid("invalid_id", "_id must be a string, got \(given.typeName)")
                 }
@@ -57,68 +74,85 @@ public final class WriteTransaction {
                 id = DocumentID.generate()
             }
             try Names.validateID(id)
-            doc["_id"] = .string(id)
-            let body = try encode(doc)
-            try ensureCollection(collection)
-            let stmt = try db.cachedStatement(
-                sql: "INSERT INTO docs(collection, id, body) VALUES (?, ?, ?) ON CONFLICT(collection, id) DO NOTHING")
-            try stmt.execute(arguments: [collection, id, body])
-            if db.changesCount == 0 {
+            try validateFields(doc)
+            let key = DocKey(collection: collection, id: id)
+            let current = try storage.document(key)
+            if current?.isAlive == true {
                 throw StoreError(
                     .alreadyExists, kind: "document_exists",
                     "document \(Names.quoted(id)) already exists in \(collection); use doc.put to replace it")
             }
+            try emit(.doc(LocalEdit.replace(key, fields: doc, current: current)))
             return WriteResult(id: id)
 
         case .put(let collection, let id, var doc):
             try Names.validateCollection(collection)
             try Names.validateID(id)
-            if let given = doc["_id"], given != .string(id) {
+            if let given = doc.removeValue(forKey: "_id"), given != .string(id) {
                 throw StoreError.invalid("id_mismatch", "doc._id does not match the id parameter")
             }
-            doc["_id"] = .string(id)
-            let body = try encode(doc)
-            try ensureCollection(collection)
-            let insert = try db.cachedStatement(
-                sql: "INSERT INTO docs(collection, id, body) VALUES (?, ?, ?) ON CONFLICT(collection, id) DO NOTHING")
-            try insert.execute(arguments: [collection, id, body])
-            if db.changesCount > 0 { return WriteResult(id: id, created: true) }
-            let update = try db.cachedStatement(sql: "UPDATE docs SET body = ? WHERE collection = ? AND id = ?")
-            try update.execute(arguments: [body, collection, id])
-            return WriteResult(id: id, created: false)
+            try validateFields(doc)
+            let key = DocKey(collection: collection, id: id)
+            let current = try storage.document(key)
+            try emit(.doc(LocalEdit.replace(key, fields: doc, current: current)))
+            return WriteResult(id: id, created: current?.isAlive != true)
 
-        case .patch(let collection, let id, let set, let unset):
+        case .patch(let collection, let id, let set, let unset, let incr, let add, let remove):
             try Names.validateCollection(collection)
             try Names.validateID(id)
-            for key in set.keys { try Names.validateFieldName(key) }
-            for key in unset {
-                try Names.validateFieldName(key)
-                if set[key] != nil {
-                    throw StoreError.invalid("invalid_patch", "field \(Names.quoted(key)) is both set and unset")
-                }
-            }
-            guard let text = try currentBody(collection, id) else { throw notFound(collection, id) }
-            guard case .object(var doc) = try JSONParser(maxDepth: 10_000).parse(text) else {
-                throw StoreError(.internalFailure, kind: "corrupt_document", "stored document is not an object")
-            }
-            for (k, v) in set { doc[k] = v }
-            for k in unset { doc.removeValue(forKey: k) }
-            let body = try encode(doc)
-            let stmt = try db.cachedStatement(sql: "UPDATE docs SET body = ? WHERE collection = ? AND id = ?")
-            try stmt.execute(arguments: [body, collection, id])
+            try validatePatch(set: set, unset: unset, incr: incr, add: add, remove: remove)
+            let key = DocKey(collection: collection, id: id)
+            guard
+                let edit = LocalEdit.patch(
+                    key, current: try storage.document(key), set: set, unset: unset, incr: incr, add: add, remove: remove)
+            else { throw notFound(collection, id) }
+            try emit(.doc(edit))
             return WriteResult(id: id)
 
         case .delete(let collection, let id):
             try Names.validateCollection(collection)
             try Names.validateID(id)
-            let stmt = try db.cachedStatement(sql: "DELETE FROM docs WHERE collection = ? AND id = ?")
-            try stmt.execute(arguments: [collection, id])
-            if db.changesCount == 0 { throw notFound(collection, id) }
+            let key = DocKey(collection: collection, id: id)
+            guard let op = LocalEdit.delete(key, current: try storage.document(key)) else { throw notFound(collection, id) }
+            try emit(op)
             return WriteResult(id: id)
         }
     }
 
-    /// Creates a user index over `fields` of `collection`; returns its definition.
+    func validateFields(_ doc: [String: JSONValue]) throws {
+        for key in doc.keys { try Names.validateFieldName(key) }
+    }
+
+    func validatePatch(
+        set: [String: JSONValue], unset: [String], incr: [String: JSONValue], add: [String: [JSONValue]],
+        remove: [String: [JSONValue]]
+    ) throws {
+        var seen: [String: String] = [:]
+        let groups: [(String, [String])] = [
+            ("set", Array(set.keys)), ("unset", unset), ("incr", Array(incr.keys)), ("add", Array(add.keys)),
+            ("remove", Array(remove.keys)),
+        ]
+        for (group, names) in groups {
+            for name in names {
+                try Names.validateFieldName(name)
+                if let other = seen[name] {
+                    throw StoreError.invalid(
+                        "invalid_patch", "field \(Names.quoted(name)) appears in both \(other) and \(group)")
+                }
+                seen[name] = group
+            }
+        }
+        if seen.isEmpty { throw StoreError.invalid("invalid_patch", "a patch needs set, unset, incr, add or remove") }
+        for (name, delta) in incr {
+            switch delta {
+            case .int, .double: continue
+            default:
+                throw StoreError.invalid("invalid_patch", "incr of \(Names.quoted(name)) must be a number, got \(delta.typeName)")
+            }
+        }
+    }
+
+    /// Creates a user index over `fields` of `collection`; replicated like data.
     public func createIndex(collection: String, fields: [String], name: String?) throws -> IndexInfo {
         try Names.validateCollection(collection)
         guard !fields.isEmpty, fields.count <= limits.maxIndexFields else {
@@ -133,56 +167,36 @@ public final class WriteTransaction {
         if try String.fetchOne(db, sql: "SELECT name FROM indexes WHERE name = ?", arguments: [indexName]) != nil {
             throw StoreError(.alreadyExists, kind: "index_exists", "index \(Names.quoted(indexName)) already exists")
         }
-        try ensureCollection(collection)
-        let info = IndexInfo(name: indexName, collection: collection, fields: paths.map(\.description))
-        try db.execute(
-            sql: "INSERT INTO indexes(name, collection, fields, created_at) VALUES (?, ?, ?, ?)",
-            arguments: [indexName, collection, JSONValue.array(info.fields.map { .string($0) }).jsonText, now])
-        try db.execute(
-            sql: "CREATE INDEX \(Self.sqlIndexName(indexName)) ON docs(\(QueryCompiler.indexColumns(paths))) "
-                + "WHERE collection = '\(collection)'")
-        try BlazeDatabase.analyze(db)
-        return info
+        let normalized = paths.map(\.description)
+        try emit(.index(name: indexName, collection: collection, fields: normalized))
+        return IndexInfo(name: indexName, collection: collection, fields: normalized)
     }
 
-    /// Drops a user index by name.
+    /// Drops a user index by name; replicated like data.
     public func dropIndex(name: String) throws {
         try Names.validateIndex(name)
-        try db.execute(sql: "DELETE FROM indexes WHERE name = ?", arguments: [name])
-        guard db.changesCount > 0 else {
+        guard let collection = try String.fetchOne(db, sql: "SELECT collection FROM indexes WHERE name = ?", arguments: [name])
+        else {
             throw StoreError(.notFound, kind: "index_not_found", "index \(Names.quoted(name)) does not exist")
         }
-        try db.execute(sql: "DROP INDEX \(Self.sqlIndexName(name))")
-        try BlazeDatabase.analyze(db)
+        try emit(.index(name: name, collection: collection, fields: nil))
+    }
+
+    /// Re-expresses documents and indexes stored before replication existed as operations of this change.
+    func adopt(docs: [Row], indexes: [Row]) throws {
+        for row in docs {
+            guard case .object(var doc) = try JSONParser(maxDepth: 10_000).parse(row[2] as String) else { continue }
+            doc.removeValue(forKey: "_id")
+            let key = DocKey(collection: row[0], id: row[1])
+            try emit(.doc(LocalEdit.replace(key, fields: doc, current: try storage.document(key))))
+        }
+        for row in indexes {
+            let fields = try JSONParser().parse(row[2] as String).arrayValue?.compactMap(\.stringValue) ?? []
+            try emit(.index(name: row[0], collection: row[1], fields: fields))
+        }
     }
 
     static func sqlIndexName(_ name: String) -> String { "\"ux_\(name)\"" }
-
-    func encode(_ doc: [String: JSONValue]) throws -> String {
-        for key in doc.keys where key != "_id" { try Names.validateFieldName(key) }
-        let bytes = JSONValue.object(doc).jsonBytes
-        guard bytes.count <= limits.maxDocumentBytes else {
-            throw StoreError(
-                .limitExceeded, kind: "document_too_large",
-                "document is \(bytes.count) bytes; the limit is \(limits.maxDocumentBytes)",
-                details: ["limit": .int(Int64(limits.maxDocumentBytes))])
-        }
-        return String(decoding: bytes, as: UTF8.self)
-    }
-
-    /// Registers the collection unless it is known to exist; the cache learns new names only after COMMIT.
-    func ensureCollection(_ name: String) throws {
-        if knownCollections.contains(name) { return }
-        let stmt = try db.cachedStatement(sql: "INSERT OR IGNORE INTO collections(name, created_at) VALUES (?, ?)")
-        try stmt.execute(arguments: [name, now])
-        let known = knownCollections
-        db.afterNextTransaction { _ in known.insert(name) }
-    }
-
-    func currentBody(_ collection: String, _ id: String) throws -> String? {
-        let stmt = try db.cachedStatement(sql: "SELECT body FROM docs WHERE collection = ? AND id = ?")
-        return try String.fetchOne(stmt, arguments: [collection, id])
-    }
 
     func notFound(_ collection: String, _ id: String) -> StoreError {
         StoreError(.notFound, kind: "document_not_found", "no document \(Names.quoted(id)) in collection \(collection)")

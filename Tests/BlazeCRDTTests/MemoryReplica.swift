@@ -26,7 +26,12 @@ final class MemoryReplica: ReplicaStorage {
         vv[change.origin] = change.seq
     }
     func document(_ key: DocKey) throws -> DocumentState? { docs[key] }
-    func saveDocument(_ key: DocKey, _ state: DocumentState) throws { docs[key] = state }
+    /// Stores the state after a trip through its JSON form, so the codec is exercised by every test.
+    func saveDocument(_ key: DocKey, _ state: DocumentState) throws {
+        let decoded = try DocumentState(json: try JSONParser().parse(state.jsonValue.jsonText))
+        precondition(decoded == state, "document state does not survive its JSON form: \(state.jsonValue.jsonText)")
+        docs[key] = decoded
+    }
     func index(_ name: String) throws -> IndexState? { indexes[name] }
     func saveIndex(_ name: String, _ state: IndexState) throws { indexes[name] = state }
     func park(_ change: Change) throws { parkedChanges[Dot(origin: change.origin, seq: change.seq, index: 0)] = change }
@@ -34,8 +39,13 @@ final class MemoryReplica: ReplicaStorage {
     func unpark(origin: NodeID, seq: UInt64) throws { parkedChanges[Dot(origin: origin, seq: seq, index: 0)] = nil }
 
     /// Everything this replica has that `other` lacks, per origin in sequence order.
+    /// Changes travel in their JSON form, as they do between real replicas.
     func changes(after other: VersionVector) -> [Change] {
-        log.keys.sorted().flatMap { origin in log[origin]!.filter { $0.seq > other[origin] } }
+        log.keys.sorted().flatMap { origin in log[origin]!.filter { $0.seq > other[origin] } }.map { change in
+            let back = try! Change(json: try! JSONParser().parse(change.jsonValue.jsonText))
+            precondition(back == change, "change does not survive its JSON form")
+            return back
+        }
     }
 
     func now(_ wall: UInt64) -> UInt64 { UInt64(max(0, Int64(wall) + skew)) }

@@ -17,6 +17,7 @@ import Glibc
             "rpc.discover", "daemon.info", "db.create", "db.list", "db.info", "db.drop", "collection.list",
             "doc.insert", "doc.get", "doc.getMany", "doc.put", "doc.patch", "doc.delete", "tx.commit",
             "query.find", "query.count", "query.explain", "index.create", "index.drop", "index.list",
+            "conflict.list", "conflict.resolve",
         ])
         #expect(try c.call("daemon.info")["socket"] == .string(d.socket))
         #expect(try c.call("db.create", ["db": "app"]) == ["db": "app"])

@@ -1,0 +1,82 @@
+import Crypto
+import Foundation
+
+/// Why the keystore could not be read or written.
+public struct KeystoreError: Error, Sendable, CustomStringConvertible {
+    /// What is wrong and where.
+    public var description: String
+}
+
+/// This device's long-lived keys: Ed25519 for signing, X25519 for key agreement (DESIGN §8).
+///
+/// Created on the daemon's first start, before any database, so op logs never need re-keying when sync arrives.
+/// The node id is the first 16 bytes of SHA-256 of the Ed25519 public key.
+public struct DeviceIdentity: Sendable {
+    // Raw key bytes: swift-crypto's key types are not Sendable on Linux, their bytes are.
+    private let signingBytes: Data
+    private let agreementBytes: Data
+
+    /// Signing key.
+    public var signingKey: Curve25519.Signing.PrivateKey {
+        // The bytes came from a valid key (checked when loaded), so this cannot fail.
+        try! Curve25519.Signing.PrivateKey(rawRepresentation: signingBytes)
+    }
+
+    /// Key-agreement key.
+    public var agreementKey: Curve25519.KeyAgreement.PrivateKey {
+        try! Curve25519.KeyAgreement.PrivateKey(rawRepresentation: agreementBytes)
+    }
+
+    /// The 16-byte node id.
+    public var nodeID: [UInt8] { Array(SHA256.hash(data: signingKey.publicKey.rawRepresentation).prefix(16)) }
+
+    /// File name of the keystore inside its directory.
+    public static let fileName = "device.json"
+
+    /// Creates fresh keys.
+    public init() {
+        self.init(signingKey: Curve25519.Signing.PrivateKey(), agreementKey: Curve25519.KeyAgreement.PrivateKey())
+    }
+
+    init(signingKey: Curve25519.Signing.PrivateKey, agreementKey: Curve25519.KeyAgreement.PrivateKey) {
+        signingBytes = signingKey.rawRepresentation
+        agreementBytes = agreementKey.rawRepresentation
+    }
+
+    /// Loads the identity from `directory`, creating it (directory 0700, file 0600) on first use.
+    ///
+    /// Refuses a keystore readable by other users rather than using a leaked key silently.
+    public static func loadOrCreate(directory: String) throws -> DeviceIdentity {
+        let fm = FileManager.default
+        let path = directory + "/" + fileName
+        if !fm.fileExists(atPath: directory) {
+            try fm.createDirectory(atPath: directory, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o700])
+        }
+        if fm.fileExists(atPath: path) {
+            let mode = (try fm.attributesOfItem(atPath: path)[.posixPermissions] as? NSNumber)?.intValue ?? 0
+            guard mode & 0o077 == 0 else {
+                throw KeystoreError(description: "\(path) is accessible by other users (mode \(String(mode, radix: 8))); chmod 600 it")
+            }
+            let data = try Data(contentsOf: URL(fileURLWithPath: path))
+            guard let object = try JSONSerialization.jsonObject(with: data) as? [String: String],
+                let sign = object["ed25519"].flatMap({ Data(base64Encoded: $0) }),
+                let agree = object["x25519"].flatMap({ Data(base64Encoded: $0) })
+            else { throw KeystoreError(description: "\(path) is not a BlazeDB keystore") }
+            return DeviceIdentity(
+                signingKey: try Curve25519.Signing.PrivateKey(rawRepresentation: sign),
+                agreementKey: try Curve25519.KeyAgreement.PrivateKey(rawRepresentation: agree))
+        }
+        let identity = DeviceIdentity()
+        let json = """
+            {"ed25519":"\(identity.signingKey.rawRepresentation.base64EncodedString())",\
+            "x25519":"\(identity.agreementKey.rawRepresentation.base64EncodedString())"}
+            """
+        // Create with 0600 from the start (never briefly world-readable), then rename into place.
+        let temp = path + ".tmp"
+        guard fm.createFile(atPath: temp, contents: Data(json.utf8), attributes: [.posixPermissions: 0o600]) else {
+            throw KeystoreError(description: "cannot write \(temp)")
+        }
+        try fm.moveItem(atPath: temp, toPath: path)
+        return identity
+    }
+}

@@ -1,0 +1,131 @@
+import BlazeCRDT
+import BlazeProtocol
+import Foundation
+import GRDB
+
+/// `ReplicaStorage` over the database's tables, used inside one GRDB write transaction.
+///
+/// Saving a document state also keeps the materialized `docs` row (what queries and indexes read) in step.
+final class SQLStorage: ReplicaStorage {
+    let db: Database
+    let limits: StoreLimits
+    let knownCollections: KnownCollections
+    /// Local writes enforce the document size limit; remote changes are applied as they are.
+    var enforceLimits = false
+
+    init(db: Database, limits: StoreLimits, knownCollections: KnownCollections) {
+        self.db = db
+        self.limits = limits
+        self.knownCollections = knownCollections
+    }
+
+    func versionVector() throws -> VersionVector {
+        var e: [NodeID: UInt64] = [:]
+        for row in try Row.fetchAll(db.cachedStatement(sql: "SELECT origin, seq FROM versions")) {
+            if let id = NodeID(hex: row[0]) { e[id] = UInt64(row[1] as Int64) }
+        }
+        return VersionVector(e)
+    }
+
+    func recordApplied(_ change: Change) throws {
+        try db.cachedStatement(sql: "INSERT INTO changes(origin, seq, hlc, body) VALUES (?, ?, ?, ?)").execute(
+            arguments: [change.origin.hex, Int64(change.seq), Int64(bitPattern: change.hlc.raw), change.jsonValue.jsonText])
+        try db.cachedStatement(
+            sql: "INSERT INTO versions(origin, seq) VALUES (?, ?) ON CONFLICT(origin) DO UPDATE SET seq = excluded.seq"
+        ).execute(arguments: [change.origin.hex, Int64(change.seq)])
+    }
+
+    func document(_ key: DocKey) throws -> DocumentState? {
+        let stmt = try db.cachedStatement(sql: "SELECT state FROM crdt_docs WHERE collection = ? AND id = ?")
+        guard let text = try String.fetchOne(stmt, arguments: [key.collection, key.id]) else { return nil }
+        return try DocumentState(json: try JSONParser(maxDepth: 10_000).parse(text))
+    }
+
+    func saveDocument(_ key: DocKey, _ state: DocumentState) throws {
+        let conflicted = state.fields.values.contains { !$0.losers.isEmpty }
+        try db.cachedStatement(
+            sql: "INSERT INTO crdt_docs(collection, id, state, conflicted) VALUES (?, ?, ?, ?) "
+                + "ON CONFLICT(collection, id) DO UPDATE SET state = excluded.state, conflicted = excluded.conflicted"
+        ).execute(arguments: [key.collection, key.id, state.jsonValue.jsonText, conflicted])
+        guard let doc = state.materialize(id: key.id) else {
+            try db.cachedStatement(sql: "DELETE FROM docs WHERE collection = ? AND id = ?").execute(
+                arguments: [key.collection, key.id])
+            return
+        }
+        let bytes = JSONValue.object(doc).jsonBytes
+        if enforceLimits && bytes.count > limits.maxDocumentBytes {
+            throw StoreError(
+                .limitExceeded, kind: "document_too_large",
+                "document is \(bytes.count) bytes; the limit is \(limits.maxDocumentBytes)",
+                details: ["limit": .int(Int64(limits.maxDocumentBytes))])
+        }
+        try ensureCollection(key.collection)
+        try db.cachedStatement(
+            sql: "INSERT INTO docs(collection, id, body) VALUES (?, ?, ?) "
+                + "ON CONFLICT(collection, id) DO UPDATE SET body = excluded.body"
+        ).execute(arguments: [key.collection, key.id, String(decoding: bytes, as: UTF8.self)])
+    }
+
+    /// Registers the collection unless it is known to exist; the cache learns new names only after COMMIT.
+    func ensureCollection(_ name: String) throws {
+        if knownCollections.contains(name) { return }
+        try db.cachedStatement(sql: "INSERT OR IGNORE INTO collections(name, created_at) VALUES (?, ?)").execute(
+            arguments: [name, Int64(Date().timeIntervalSince1970 * 1000)])
+        let known = knownCollections
+        db.afterNextTransaction { _ in known.insert(name) }
+    }
+
+    func index(_ name: String) throws -> IndexState? {
+        guard let text = try String.fetchOne(db, sql: "SELECT state FROM index_states WHERE name = ?", arguments: [name]),
+            case .object(let o) = try JSONParser().parse(text), let stampJSON = o["s"], let stamp = Stamp(json: stampJSON),
+            case .string(let collection)? = o["c"]
+        else { return nil }
+        let fields = o["f"]?.arrayValue?.compactMap(\.stringValue)
+        return IndexState(stamp: stamp, collection: collection, fields: fields)
+    }
+
+    /// Stores the winning definition and makes the SQLite index match it.
+    func saveIndex(_ name: String, _ state: IndexState) throws {
+        let json: JSONValue = [
+            "s": state.stamp.jsonValue, "c": .string(state.collection),
+            "f": state.fields.map { .array($0.map(JSONValue.string)) } ?? .null,
+        ]
+        try db.execute(
+            sql: "INSERT INTO index_states(name, state) VALUES (?, ?) ON CONFLICT(name) DO UPDATE SET state = excluded.state",
+            arguments: [name, json.jsonText])
+        let sqlName = WriteTransaction.sqlIndexName(name)
+        try db.execute(sql: "DROP INDEX IF EXISTS \(sqlName)")
+        try db.execute(sql: "DELETE FROM indexes WHERE name = ?", arguments: [name])
+        if let fields = state.fields {
+            // Definitions from other replicas are validated like local ones; an invalid one is stored but not built.
+            guard (try? Names.validateCollection(state.collection)) != nil, (try? Names.validateIndex(name)) != nil,
+                let paths = try? fields.map({ (f: String) throws(StoreError) -> FieldPath in try FieldPath(f) })
+            else { return }
+            try ensureCollection(state.collection)
+            try db.execute(
+                sql: "INSERT INTO indexes(name, collection, fields, created_at) VALUES (?, ?, ?, ?)",
+                arguments: [
+                    name, state.collection, JSONValue.array(fields.map(JSONValue.string)).jsonText,
+                    Int64(state.stamp.hlc.milliseconds),
+                ])
+            try db.execute(
+                sql: "CREATE INDEX \(sqlName) ON docs(\(QueryCompiler.indexColumns(paths))) "
+                    + "WHERE collection = '\(state.collection)'")
+        }
+        try BlazeDatabase.analyze(db)
+    }
+
+    func park(_ change: Change) throws {
+        try db.cachedStatement(sql: "INSERT OR REPLACE INTO parked(origin, seq, body) VALUES (?, ?, ?)").execute(
+            arguments: [change.origin.hex, Int64(change.seq), change.jsonValue.jsonText])
+    }
+
+    func parked() throws -> [Change] {
+        try String.fetchAll(db, sql: "SELECT body FROM parked").map { try Change(json: try JSONParser(maxDepth: 10_000).parse($0)) }
+    }
+
+    func unpark(origin: NodeID, seq: UInt64) throws {
+        try db.cachedStatement(sql: "DELETE FROM parked WHERE origin = ? AND seq = ?").execute(
+            arguments: [origin.hex, Int64(seq)])
+    }
+}
