@@ -76,7 +76,7 @@ let package = Package(
         .testTarget(
             name: "BlazeDaemonTests",
             dependencies: [
-                "BlazeDaemon", "BlazeClient", "BlazeProtocol", "blazed", "blazectl",
+                "BlazeDaemon", "BlazeClient", "BlazeProtocol", "BlazeStore", "BlazeCRDT", "blazed", "blazectl",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOEmbedded", package: "swift-nio"),
                 .product(name: "Logging", package: "swift-log"),

@@ -2,33 +2,51 @@ import BlazeProtocol
 
 /// A replica's identity: 16 bytes (the first half of SHA-256 of its Ed25519 public key), written as 32 hex digits.
 ///
-/// Ordered by its hex text, which is the byte order; used as the tie-breaker of equal clocks.
+/// Held as two big-endian 64-bit halves, so comparing and hashing (done for every stamp) is cheap; ordered by
+/// bytes, which is also the order of the hex text. Used as the tie-breaker of equal clocks.
 public struct NodeID: Hashable, Comparable, Sendable, CustomStringConvertible {
-    /// Lowercase hex of the 16 bytes.
-    public let hex: String
+    let high: UInt64
+    let low: UInt64
 
-    /// Wraps a 32-digit lowercase hex string; nil for anything else.
+    /// Parses 32 lowercase hex digits; nil for anything else.
     public init?(hex: String) {
-        guard hex.utf8.count == 32, hex.utf8.allSatisfy({ (48...57).contains($0) || (97...102).contains($0) }) else {
-            return nil
+        let bytes = Array(hex.utf8)
+        guard bytes.count == 32 else { return nil }
+        var halves: [UInt64] = [0, 0]
+        for (i, c) in bytes.enumerated() {
+            let digit: UInt64
+            switch c {
+            case 48...57: digit = UInt64(c - 48)
+            case 97...102: digit = UInt64(c - 87)
+            default: return nil
+            }
+            halves[i / 16] = halves[i / 16] << 4 | digit
         }
-        self.hex = hex
+        high = halves[0]
+        low = halves[1]
     }
 
     /// Builds an id from 16 raw bytes.
     public init(bytes: some Sequence<UInt8>) {
+        let b = Array(bytes.prefix(16))
+        precondition(b.count == 16, "a node id has 16 bytes")
+        high = b[0..<8].reduce(0) { $0 << 8 | UInt64($1) }
+        low = b[8..<16].reduce(0) { $0 << 8 | UInt64($1) }
+    }
+
+    /// Lowercase hex of the 16 bytes.
+    public var hex: String {
         let digits = Array("0123456789abcdef".utf8)
-        var out: [UInt8] = []
-        for b in bytes.prefix(16) {
-            out.append(digits[Int(b >> 4)])
-            out.append(digits[Int(b & 0xF)])
+        var out = [UInt8](repeating: 0, count: 32)
+        for i in 0..<16 {
+            out[i] = digits[Int(high >> (60 - 4 * UInt64(i)) & 0xF)]
+            out[16 + i] = digits[Int(low >> (60 - 4 * UInt64(i)) & 0xF)]
         }
-        precondition(out.count == 32, "a node id has 16 bytes")
-        hex = String(decoding: out, as: UTF8.self)
+        return String(decoding: out, as: UTF8.self)
     }
 
     /// Orders by bytes.
-    public static func < (a: NodeID, b: NodeID) -> Bool { utf8Less(a.hex, b.hex) }
+    public static func < (a: NodeID, b: NodeID) -> Bool { a.high != b.high ? a.high < b.high : a.low < b.low }
 
     /// The hex text.
     public var description: String { hex }

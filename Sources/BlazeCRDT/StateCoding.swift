@@ -1,22 +1,5 @@
 import BlazeProtocol
 
-extension DocumentState {
-    /// Compact JSON form for storage: `{"l": cl, "f": {field: state}}`.
-    public var jsonValue: JSONValue {
-        ["l": .int(cl), "f": .object(fields.mapValues(\.jsonValue))]
-    }
-
-    /// Reads the storage form.
-    public init(json: JSONValue) throws(CRDTDecodingError) {
-        guard case .int(let cl)? = json["l"], case .object(let f)? = json["f"] else {
-            throw CRDTDecodingError("malformed document state")
-        }
-        var fields: [String: FieldState] = [:]
-        for (k, v) in f { fields[k] = try FieldState(json: v) }
-        self.init(cl: cl, fields: fields)
-    }
-}
-
 extension FieldWrite {
     var jsonValue: JSONValue { value.map { [stamp.jsonValue, $0] } ?? [stamp.jsonValue] }
 
@@ -64,5 +47,60 @@ extension FieldState {
             lastSetOp = s
         }
         for l in json["x"]?.arrayValue ?? [] { losers.append(try FieldWrite(json: l)) }
+    }
+}
+
+extension DocumentState {
+    private func isPlain(_ f: FieldState) -> Bool {
+        f.winner != nil && f.increments.isEmpty && f.additions.isEmpty && f.removedFromWinner.isEmpty
+            && f.lastSetOp == nil && f.losers.isEmpty
+    }
+
+    /// Storage form that leans on the materialized document stored next to it.
+    ///
+    /// Fields whose state is just a write with the document's most common stamp are not spelled out: `t` holds that
+    /// stamp, `u` lists such fields that were unset, and the values of the others are read back from the
+    /// materialized body. After a plain insert the state is `{"l": cl, "t": stamp}`.
+    public var compactJSON: JSONValue {
+        var counts: [Stamp: Int] = [:]
+        for f in fields.values where isPlain(f) { counts[f.winner!.stamp, default: 0] += 1 }
+        let common = counts.max { a, b in a.value != b.value ? a.value < b.value : b.key < a.key }?.key
+        var o: [String: JSONValue] = ["l": .int(cl)]
+        var full: [String: JSONValue] = [:]
+        var unset: [String] = []
+        for (name, f) in fields {
+            if let common, isPlain(f), f.winner!.stamp == common {
+                if f.winner!.value == nil { unset.append(name) }
+            } else {
+                full[name] = f.jsonValue
+            }
+        }
+        if let common { o["t"] = common.jsonValue }
+        if !unset.isEmpty { o["u"] = .array(unset.sorted(by: utf8Less).map(JSONValue.string)) }
+        if !full.isEmpty { o["f"] = .object(full) }
+        return .object(o)
+    }
+
+    /// Reads the compact form together with the materialized body (`nil` when the document is deleted).
+    public init(compact json: JSONValue, body: [String: JSONValue]?) throws(CRDTDecodingError) {
+        guard case .int(let cl)? = json["l"] else { throw CRDTDecodingError("malformed document state") }
+        var fields: [String: FieldState] = [:]
+        for (k, v) in json["f"]?.objectValue ?? [:] { fields[k] = try FieldState(json: v) }
+        let common: Stamp?
+        if let t = json["t"] {
+            guard let s = Stamp(json: t) else { throw CRDTDecodingError("malformed stamp") }
+            common = s
+        } else {
+            common = nil
+        }
+        func plain(_ value: JSONValue?) throws(CRDTDecodingError) -> FieldState {
+            guard let common else { throw CRDTDecodingError("field without state and no common stamp") }
+            var f = FieldState()
+            f.winner = FieldWrite(stamp: common, value: value)
+            return f
+        }
+        for name in json["u"]?.arrayValue?.compactMap(\.stringValue) ?? [] { fields[name] = try plain(nil) }
+        for (name, value) in body ?? [:] where name != "_id" && fields[name] == nil { fields[name] = try plain(value) }
+        self.init(cl: cl, fields: fields)
     }
 }

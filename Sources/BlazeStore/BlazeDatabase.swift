@@ -149,6 +149,7 @@ public final class BlazeDatabase: Sendable {
         let draft = Change(origin: node, seq: vv[node] + 1, hlc: hlc, deps: vv, ops: [])
         let tx = WriteTransaction(storage: storage, limits: limits, draft: draft)
         let result = try body(tx)
+        try storage.flush()
         if let change = tx.change { try storage.recordApplied(change) }
         try noteChanges(tx.changes, db)
         return result
@@ -164,6 +165,7 @@ public final class BlazeDatabase: Sendable {
             var clock = self.clock.withLock { $0 }
             let now = Self.nowMilliseconds()
             let report = try Replica.receive(changes, into: storage, clock: &clock, now: now)
+            try storage.flush()
             self.clock.withLock { _ = $0.observe(clock.last, now: now) }
             try self.noteChanges(report.applied, db)
             return report
@@ -239,12 +241,14 @@ public final class BlazeDatabase: Sendable {
         return try await read { db in
             let rows = try Row.fetchAll(
                 db,
-                sql: "SELECT collection, id, state FROM crdt_docs WHERE conflicted = 1 "
-                    + "AND (?1 IS NULL OR collection = ?1) AND (?2 IS NULL OR id = ?2) ORDER BY collection, id LIMIT ?3",
+                sql: "SELECT c.collection, c.id, c.state, d.body FROM crdt_docs c "
+                    + "LEFT JOIN docs d ON d.collection = c.collection AND d.id = c.id WHERE c.conflicted = 1 "
+                    + "AND (?1 IS NULL OR c.collection = ?1) AND (?2 IS NULL OR c.id = ?2) "
+                    + "ORDER BY c.collection, c.id LIMIT ?3",
                 arguments: [collection, id, limit])
             var out: [ConflictInfo] = []
             for row in rows {
-                let state = try DocumentState(json: try JSONParser(maxDepth: 10_000).parse(row[2] as String))
+                let state = try SQLStorage.decode(state: row[2], body: row[3])
                 for name in state.fields.keys.sorted(by: utf8Less) {
                     let f = state.fields[name]!
                     guard !f.losers.isEmpty else { continue }

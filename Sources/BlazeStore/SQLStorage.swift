@@ -5,13 +5,19 @@ import GRDB
 
 /// `ReplicaStorage` over the database's tables, used inside one GRDB write transaction.
 ///
-/// Saving a document state also keeps the materialized `docs` row (what queries and indexes read) in step.
+/// Document states are cached for the transaction and written once by `flush()`, together with the materialized
+/// `docs` row (what queries and indexes read). Callers must flush before the transaction commits.
 final class SQLStorage: ReplicaStorage {
     let db: Database
     let limits: StoreLimits
     let knownCollections: KnownCollections
     /// Local writes enforce the document size limit; remote changes are applied as they are.
     var enforceLimits = false
+    /// States read or written in this transaction; a nil value caches "no such document".
+    private var cache: [DocKey: DocumentState?] = [:]
+    /// Keys to write at `flush()`, in first-write order (`dirtySet` makes membership O(1)).
+    private var dirty: [DocKey] = []
+    private var dirtySet: Set<DocKey> = []
 
     init(db: Database, limits: StoreLimits, knownCollections: KnownCollections) {
         self.db = db
@@ -36,17 +42,52 @@ final class SQLStorage: ReplicaStorage {
     }
 
     func document(_ key: DocKey) throws -> DocumentState? {
-        let stmt = try db.cachedStatement(sql: "SELECT state FROM crdt_docs WHERE collection = ? AND id = ?")
-        guard let text = try String.fetchOne(stmt, arguments: [key.collection, key.id]) else { return nil }
-        return try DocumentState(json: try JSONParser(maxDepth: 10_000).parse(text))
+        if let cached = cache[key] { return cached }
+        let stmt = try db.cachedStatement(
+            sql: "SELECT c.state, d.body FROM crdt_docs c LEFT JOIN docs d ON d.collection = c.collection AND d.id = c.id "
+                + "WHERE c.collection = ? AND c.id = ?")
+        guard let row = try Row.fetchOne(stmt, arguments: [key.collection, key.id]) else {
+            cache[key] = .some(nil)
+            return nil
+        }
+        let state = try Self.decode(state: row[0], body: row[1])
+        cache[key] = state
+        return state
+    }
+
+    /// Decodes a stored state with the stored body it relies on.
+    static func decode(state: String, body: String?) throws -> DocumentState {
+        let parser = JSONParser(maxDepth: 10_000)
+        let doc = try body.map { text throws -> [String: JSONValue] in
+            guard case .object(let o) = try parser.parse(text) else {
+                throw StoreError(.internalFailure, kind: "corrupt_document", "stored document is not an object")
+            }
+            return o
+        }
+        return try DocumentState(compact: try parser.parse(state), body: doc)
     }
 
     func saveDocument(_ key: DocKey, _ state: DocumentState) throws {
+        cache[key] = .some(state)
+        if dirtySet.insert(key).inserted { dirty.append(key) }
+    }
+
+    /// Writes every document state changed in this transaction, and its materialized row.
+    func flush() throws {
+        for key in dirty { try write(key, cache[key]!!) }
+        dirty = []
+        dirtySet = []
+    }
+
+    private func write(_ key: DocKey, _ state: DocumentState) throws {
         let conflicted = state.fields.values.contains { !$0.losers.isEmpty }
         try db.cachedStatement(
             sql: "INSERT INTO crdt_docs(collection, id, state, conflicted) VALUES (?, ?, ?, ?) "
                 + "ON CONFLICT(collection, id) DO UPDATE SET state = excluded.state, conflicted = excluded.conflicted"
-        ).execute(arguments: [key.collection, key.id, state.jsonValue.jsonText, conflicted])
+        ).execute(arguments: [key.collection, key.id, state.compactJSON.jsonText, conflicted])
+        // A collection exists once any document state lives in it (deleted ones too), whatever the batching of the
+        // changes that brought it: collection existence must converge like the documents do.
+        try ensureCollection(key.collection)
         guard let doc = state.materialize(id: key.id) else {
             try db.cachedStatement(sql: "DELETE FROM docs WHERE collection = ? AND id = ?").execute(
                 arguments: [key.collection, key.id])
@@ -59,7 +100,6 @@ final class SQLStorage: ReplicaStorage {
                 "document is \(bytes.count) bytes; the limit is \(limits.maxDocumentBytes)",
                 details: ["limit": .int(Int64(limits.maxDocumentBytes))])
         }
-        try ensureCollection(key.collection)
         try db.cachedStatement(
             sql: "INSERT INTO docs(collection, id, body) VALUES (?, ?, ?) "
                 + "ON CONFLICT(collection, id) DO UPDATE SET body = excluded.body"

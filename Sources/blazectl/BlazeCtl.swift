@@ -15,7 +15,7 @@ struct BlazeCtl: ParsableCommand {
         discussion: "Values in key=value arguments are read as JSON when they parse (limit=5 is a number), else as strings.",
         subcommands: [
             Call.self, Info.self, DB.self, Collection.self, Doc.self, Tx.self, Find.self, Count.self, Explain.self,
-            Index.self,
+            Index.self, Conflict.self,
         ])
 }
 
@@ -110,7 +110,7 @@ struct Info: ParsableCommand {
 
     func run() throws {
         global.output(try global.call("daemon.info", [:])) { r in
-            for key in ["version", "pid", "socket", "dataDir", "databases", "uptimeSeconds"] {
+            for key in ["version", "nodeId", "pid", "socket", "dataDir", "databases", "uptimeSeconds"] {
                 print("\(pad(key, 14))\(text(r[key]))")
             }
         }
@@ -147,7 +147,7 @@ struct DB: ParsableCommand {
         @Argument var name: String
         func run() throws {
             global.output(try global.call("db.info", ["db": .string(name)])) { r in
-                for key in ["name", "collections", "documents", "sizeBytes", "path"] {
+                for key in ["name", "collections", "documents", "sizeBytes", "path", "nodeId", "stateHash"] {
                     print("\(pad(key, 13))\(text(r[key]))")
                 }
             }
@@ -244,17 +244,24 @@ struct Doc: ParsableCommand {
     }
 
     struct Patch: ParsableCommand {
-        static let configuration = CommandConfiguration(abstract: "Set and unset top-level fields.")
+        static let configuration = CommandConfiguration(
+            abstract: "Edit top-level fields: set, unset, counter increments, set additions and removals.")
         @OptionGroup var global: Global
         @Argument var db: String
         @Argument var collection: String
         @Argument var id: String
         @Option(help: "Fields to set, as a JSON object.") var set: String?
         @Option(help: "A field to remove (repeatable).") var unset: [String] = []
+        @Option(help: #"Counter increments, as a JSON object: '{"views":1}'."#) var incr: String?
+        @Option(help: #"Set additions, as a JSON object of arrays: '{"tags":["a"]}'."#) var add: String?
+        @Option(help: #"Set removals, as a JSON object of arrays: '{"tags":["a"]}'."#) var remove: String?
         func run() throws {
             var p: [String: JSONValue] = ["db": .string(db), "collection": .string(collection), "id": .string(id)]
             if let set { p["set"] = parseJSON(set, "--set") }
             if !unset.isEmpty { p["unset"] = .array(unset.map(JSONValue.string)) }
+            if let incr { p["incr"] = parseJSON(incr, "--incr") }
+            if let add { p["add"] = parseJSON(add, "--add") }
+            if let remove { p["remove"] = parseJSON(remove, "--remove") }
             global.output(try global.call("doc.patch", p)) { print("patched \(text($0["id"]))") }
         }
     }
@@ -392,6 +399,52 @@ struct Index: ParsableCommand {
                         [text($0["name"]), text($0["collection"]), ($0["fields"]?.arrayValue ?? []).map(text).joined(separator: ",")]
                     })
             }
+        }
+    }
+}
+
+struct Conflict: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "conflict", abstract: "List and resolve fields where a concurrent write lost.",
+        subcommands: [List.self, Resolve.self])
+
+    struct List: ParsableCommand {
+        static let configuration = CommandConfiguration(abstract: "List conflicted fields with both sides.")
+        @OptionGroup var global: Global
+        @Argument var db: String
+        @Argument var collection: String?
+        func run() throws {
+            var p: [String: JSONValue] = ["db": .string(db)]
+            if let collection { p["collection"] = .string(collection) }
+            global.output(try global.call("conflict.list", p)) { r in
+                printTable(
+                    ["COLLECTION", "ID", "FIELD", "VALUE", "LOST"],
+                    (r["conflicts"]?.arrayValue ?? []).map { c in
+                        let lost = (c["losers"]?.arrayValue ?? []).map { l in
+                            (l["unset"] == true ? "(unset)" : text(l["value"])) + " from " + String(text(l["origin"]).prefix(8))
+                        }
+                        return [text(c["collection"]), text(c["id"]), text(c["field"]),
+                            c["present"] == true ? text(c["value"]) : "(absent)", lost.joined(separator: "; ")]
+                    })
+            }
+        }
+    }
+
+    struct Resolve: ParsableCommand {
+        static let configuration = CommandConfiguration(
+            abstract: "Resolve a field's conflict, keeping --value or the current value.")
+        @OptionGroup var global: Global
+        @Argument var db: String
+        @Argument var collection: String
+        @Argument var id: String
+        @Argument var field: String
+        @Option(help: "The value to keep, as JSON (default: the current value).") var value: String?
+        func run() throws {
+            var p: [String: JSONValue] = [
+                "db": .string(db), "collection": .string(collection), "id": .string(id), "field": .string(field),
+            ]
+            if let value { p["value"] = parseJSON(value, "--value") }
+            global.output(try global.call("conflict.resolve", p)) { _ in print("resolved \(collection)/\(id).\(field)") }
         }
     }
 }

@@ -28,9 +28,10 @@ final class MemoryReplica: ReplicaStorage {
     func document(_ key: DocKey) throws -> DocumentState? { docs[key] }
     /// Stores the state after a trip through its JSON form, so the codec is exercised by every test.
     func saveDocument(_ key: DocKey, _ state: DocumentState) throws {
-        let decoded = try DocumentState(json: try JSONParser().parse(state.jsonValue.jsonText))
-        precondition(decoded == state, "document state does not survive its JSON form: \(state.jsonValue.jsonText)")
-        docs[key] = decoded
+        let body = state.materialize(id: key.id)
+        let compact = try DocumentState(compact: try JSONParser().parse(state.compactJSON.jsonText), body: body)
+        precondition(compact == state, "document state does not survive its compact form: \(state.compactJSON.jsonText)")
+        docs[key] = compact
     }
     func index(_ name: String) throws -> IndexState? { indexes[name] }
     func saveIndex(_ name: String, _ state: IndexState) throws { indexes[name] = state }

@@ -271,3 +271,20 @@ final class Trio {
         #expect(t.a.indexes["by_x"]?.fields == nil && t.b.indexes == t.a.indexes)
     }
 }
+
+@Suite struct Identifiers {
+    @Test func nodeIDsRoundTripAndOrderLikeTheirBytes() throws {
+        var rng = SystemRandomNumberGenerator()
+        var ids: [NodeID] = []
+        for _ in 0..<500 {
+            let bytes = (0..<16).map { _ in UInt8.random(in: 0...255, using: &rng) }
+            let id = NodeID(bytes: bytes)
+            #expect(id.hex == bytes.map { String($0, radix: 16).count == 1 ? "0" + String($0, radix: 16) : String($0, radix: 16) }.joined())
+            #expect(NodeID(hex: id.hex) == id)
+            ids.append(id)
+        }
+        #expect(ids.sorted().map(\.hex) == ids.map(\.hex).sorted())
+        #expect(NodeID(hex: "0A" + String(repeating: "0", count: 30)) == nil)
+        #expect(NodeID(hex: "abc") == nil)
+    }
+}
