@@ -13,8 +13,8 @@ enum Methods {
 
     static let daemonMethods: [MethodSpec] = [
         MethodSpec(name: "rpc.discover", summary: "Returns the OpenRPC description of this daemon's methods.", params: [])
-        { _, ctx in
-            discoverDocument(ctx.registry)
+        { _, _ in
+            discoverDocument
         },
         MethodSpec(name: "daemon.info", summary: "Version, process, paths, uptime and limits of the daemon.", params: [])
         { _, ctx in
@@ -355,24 +355,9 @@ enum Methods {
 
     // MARK: discovery
 
-    /// A minimal OpenRPC document derived from the registry (method names, summaries, parameter schemas).
-    static func discoverDocument(_ registry: MethodRegistry) -> JSONValue {
-        let methods: [JSONValue] = registry.names.map { name in
-            let m = registry.methods[name]!
-            return [
-                "name": .string(name), "summary": .string(m.summary), "paramStructure": "by-name",
-                "params": .array(
-                    m.params.map {
-                        ["name": .string($0.name), "required": .bool($0.required), "summary": .string($0.summary),
-                         "schema": $0.type.schema]
-                    }),
-                "result": ["name": "result", "schema": ["type": "object"]],
-            ]
-        }
-        return [
-            "openrpc": "1.2.6",
-            "info": ["title": "BlazeDB daemon", "version": .string(blazeVersion)],
-            "methods": .array(methods),
-        ]
-    }
+    /// The protocol document (Protocol/blazedb.openrpc.json, embedded by the code generator).
+    static let discoverDocument: JSONValue = {
+        // The generator checks the document parses; a failure here is a build defect, not a runtime condition.
+        try! JSONParser(maxDepth: 256).parse(openRPCDocumentText)
+    }()
 }

@@ -341,14 +341,19 @@ public final class BlazeDatabase: Sendable {
         }
     }
 
-    /// Runs a find query and returns one page.
-    public func find(_ query: FindQuery) async throws -> FindResult {
+    /// Checks the collection name and the page size of a find or explain.
+    func validate(_ query: FindQuery) throws {
         try Names.validateCollection(query.collection)
         guard query.limit >= 1, query.limit <= limits.maxQueryLimit else {
             throw StoreError(
                 .limitExceeded, kind: "limit_out_of_range",
                 "limit must be between 1 and \(limits.maxQueryLimit), got \(query.limit)")
         }
+    }
+
+    /// Runs a find query and returns one page.
+    public func find(_ query: FindQuery) async throws -> FindResult {
+        try validate(query)
         let compiled = QueryCompiler.find(query, limit: query.limit + 1)
         return try await read { db in
             try Self.requireCollection(db, query.collection)
@@ -394,7 +399,7 @@ public final class BlazeDatabase: Sendable {
 
     /// Returns SQLite's plan for a find query and the user indexes it uses.
     public func explain(_ query: FindQuery) async throws -> ExplainResult {
-        try Names.validateCollection(query.collection)
+        try validate(query)
         let compiled = QueryCompiler.find(query, limit: query.limit + 1)
         return try await read { db in
             try Self.requireCollection(db, query.collection)

@@ -4,6 +4,8 @@ import Foundation
 import GRDB
 import Testing
 
+@testable import BlazeDaemon
+
 #if canImport(Glibc)
 import Glibc
 #endif
@@ -260,6 +262,44 @@ import Glibc
         let d = try DaemonProcess(dir: dir)
         let count = try d.connect().call("query.count", ["db": "default", "collection": "k", "where": ["_id": ["$prefix": "i"]]])
         #expect(count == ["count": .int(Int64(acknowledged.count))])
+        d.stop()
+    }
+}
+
+@Suite struct ProtocolDocument {
+    /// The daemon's method table and the protocol document must describe the same methods and parameters.
+    @Test func registryMatchesTheProtocolDocument() throws {
+        let document = Methods.discoverDocument
+        let methods = document["methods"]?.arrayValue ?? []
+        let registry = MethodRegistry(Methods.all())
+        #expect(Set(methods.compactMap { $0["name"]?.stringValue }) == Set(registry.names))
+        for m in methods {
+            let name = m["name"]?.stringValue ?? ""
+            guard let spec = registry.methods[name] else { continue }
+            let docParams = (m["params"]?.arrayValue ?? []).map { ($0["name"]?.stringValue ?? "", $0["required"] == true) }
+            #expect(docParams.map(\.0) == spec.params.map(\.name), "\\(name): parameter names or order differ")
+            #expect(docParams.map(\.1) == spec.params.map(\.required), "\\(name): required flags differ")
+            for (p, docParam) in zip(spec.params, m["params"]?.arrayValue ?? []) {
+                let schema = docParam["schema"] ?? [:]
+                let docType = schema["type"]?.stringValue
+                switch p.type {
+                case .string: #expect(docType == "string" || schema["$ref"] != nil, "\\(name).\\(p.name)")
+                case .integer: #expect(docType == "integer", "\\(name).\\(p.name)")
+                case .object: #expect(docType == "object" || schema["$ref"] != nil, "\\(name).\\(p.name)")
+                case .array: #expect(docType == "array" || schema["$ref"] != nil, "\\(name).\\(p.name)")
+                case .boolean: #expect(docType == "boolean", "\\(name).\\(p.name)")
+                case .stringOrArray: #expect(schema["$ref"] == "#/components/schemas/Sort", "\\(name).\\(p.name)")
+                case .any: #expect(schema == [:], "\\(name).\\(p.name)")
+                }
+            }
+        }
+    }
+
+    @Test func rpcDiscoverServesTheDocument() throws {
+        let d = try DaemonProcess()
+        let served = try d.connect().call("rpc.discover")
+        #expect(served == Methods.discoverDocument)
+        #expect(served["openrpc"] == "1.2.6")
         d.stop()
     }
 }

@@ -1,0 +1,121 @@
+// node --test suite for the generated client, against a real blazed (BLAZED or .build/debug/blazed).
+import { test, before, after } from 'node:test';
+import assert from 'node:assert/strict';
+import { spawn } from 'node:child_process';
+import fs from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { BlazeClient, BlazeError, ErrorCodes, defaultSocketPath } from '../index.js';
+
+const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..', '..', '..');
+let daemon;
+let dir;
+let socketPath;
+let log = '';
+
+function startDaemon() {
+  dir = fs.mkdtempSync(path.join(os.tmpdir(), 'blazejs-'));
+  socketPath = path.join(dir, 'run', 'blazed.sock');
+  const binary = process.env.BLAZED ?? path.join(root, '.build', 'debug', 'blazed');
+  daemon = spawn(binary, ['--socket', socketPath, '--data-dir', path.join(dir, 'data')], { stdio: ['ignore', 'ignore', 'pipe'] });
+  return new Promise((resolve, reject) => {
+    const timer = setTimeout(() => reject(new Error(`blazed did not start: ${log}`)), 60_000);
+    daemon.stderr.setEncoding('utf8');
+    daemon.stderr.on('data', (chunk) => {
+      log += chunk;
+      if (log.includes('Listening')) { clearTimeout(timer); resolve(); }
+    });
+    daemon.once('exit', (code) => { clearTimeout(timer); reject(new Error(`blazed exited with ${code}: ${log}`)); });
+  });
+}
+
+before(startDaemon);
+after(async () => {
+  const exited = new Promise((resolve) => daemon.once('exit', resolve));
+  daemon.kill('SIGTERM');
+  const code = await exited;
+  fs.rmSync(dir, { recursive: true, force: true });
+  assert.equal(code, 0, `blazed exited with ${code}`);
+  assert.ok(!/ (error|critical) /.test(log), `blazed logged errors: ${log}`);
+});
+
+test('finds the socket like blazectl does', () => {
+  assert.equal(defaultSocketPath({ BLAZEDB_SOCKET: '/x.sock' }), '/x.sock');
+  assert.equal(defaultSocketPath({ XDG_RUNTIME_DIR: '/run/user/7' }), '/run/user/7/blazedb/blazed.sock');
+  assert.match(defaultSocketPath({}), /^\/tmp\/blazedb-\d+\/blazed\.sock$/);
+});
+
+test('CRUD through namespaced methods', async () => {
+  const client = await BlazeClient.connect({ socketPath });
+  try {
+    const { id } = await client.doc.insert({ db: 'default', collection: 'todos', doc: { title: 'Buy milk', prio: 2 } });
+    assert.equal(id.length, 36);
+    await client.doc.put({ db: 'default', collection: 'todos', id: 't2', doc: { title: 'Write docs', prio: 1 } });
+    await client.doc.patch({ db: 'default', collection: 'todos', id: 't2', incr: { views: 2 }, add: { tags: ['b', 'a'] } });
+    const { doc } = await client.doc.get({ db: 'default', collection: 'todos', id: 't2' });
+    assert.deepEqual(doc, { _id: 't2', title: 'Write docs', prio: 1, views: 2, tags: ['a', 'b'] });
+    const many = await client.doc.getMany({ db: 'default', collection: 'todos', ids: [id, 'zz'], fields: ['prio'] });
+    assert.deepEqual(many.docs, [{ _id: id, prio: 2 }, null]);
+    await client.doc.delete({ db: 'default', collection: 'todos', id: 't2' });
+    await assert.rejects(client.doc.get({ db: 'default', collection: 'todos', id: 't2' }), (err) => {
+      assert.ok(err instanceof BlazeError);
+      assert.equal(err.code, ErrorCodes.NotFound);
+      assert.equal(err.kind, 'document_not_found');
+      return true;
+    });
+  } finally {
+    client.close();
+  }
+});
+
+test('queries: filters, sort, paging, count, explain, indexes', async () => {
+  const client = await BlazeClient.connect({ socketPath });
+  try {
+    await client.db.create({ db: 'q' });
+    const ops = Array.from({ length: 25 }, (_, i) => ({ op: 'insert', collection: 'n', doc: { _id: `d${String(i).padStart(2, '0')}`, v: i, odd: i % 2 === 1 } }));
+    assert.equal((await client.tx.commit({ db: 'q', ops })).results.length, 25);
+    await client.index.create({ db: 'q', collection: 'n', fields: ['v'] });
+    const seen = [];
+    let cursor;
+    do {
+      const page = await client.query.find({ db: 'q', collection: 'n', where: { odd: true, v: { $gte: 5 } }, sort: '-v', limit: 3, ...(cursor ? { cursor } : {}) });
+      seen.push(...page.docs.map((d) => d.v));
+      cursor = page.cursor;
+    } while (cursor);
+    assert.deepEqual(seen, [23, 21, 19, 17, 15, 13, 11, 9, 7, 5]);
+    assert.equal((await client.query.count({ db: 'q', collection: 'n', where: { v: { $lt: 10 } } })).count, 10);
+    assert.deepEqual((await client.query.explain({ db: 'q', collection: 'n', where: { v: 3 } })).indexes, ['n.v']);
+    assert.deepEqual((await client.index.list({ db: 'q' })).indexes, [{ name: 'n.v', collection: 'n', fields: ['v'] }]);
+    await assert.rejects(client.query.find({ db: 'q', collection: 'n', where: { v: { $regex: 'x' } } }), { code: ErrorCodes.InvalidParams, kind: 'invalid_filter' });
+  } finally {
+    client.close();
+  }
+});
+
+test('concurrent requests on one connection are matched by id', async () => {
+  const client = await BlazeClient.connect({ socketPath });
+  try {
+    const results = await Promise.all(Array.from({ length: 50 }, (_, i) =>
+      client.doc.put({ db: 'default', collection: 'c', id: `k${i}`, doc: { i } })));
+    assert.deepEqual(results.map((r) => r.id), Array.from({ length: 50 }, (_, i) => `k${i}`));
+    const info = await client.db.info({ db: 'default' });
+    assert.match(info.stateHash, /^[0-9a-f]{64}$/);
+    assert.equal((await client.rpc.discover()).openrpc, '1.2.6');
+  } finally {
+    client.close();
+  }
+});
+
+test('a closed connection rejects pending calls', async () => {
+  const client = await BlazeClient.connect({ socketPath });
+  client.close();
+  await assert.rejects(client.daemon.info());
+});
+
+test('the todo example runs', async () => {
+  const { main } = await import('../examples/todo.mjs');
+  const { open, done } = await main(socketPath);
+  assert.deepEqual(open.map((t) => t._id), ['docs']);
+  assert.equal(done, 1);
+});

@@ -1,0 +1,156 @@
+"""Contract tests: every method of Protocol/blazedb.openrpc.json against a real blazed, results checked with jsonschema."""
+import copy
+import json
+import os
+
+import jsonschema
+import openrpc
+import pydantic
+import pytest
+
+import blazedb
+
+from conftest import ROOT
+
+DOC = json.load(open(os.path.join(ROOT, "Protocol", "blazedb.openrpc.json"), encoding="utf-8"))
+METHODS = {m["name"]: m for m in DOC["methods"]}
+ERROR_CODES = {e["code"] for e in DOC["components"]["errors"].values()}
+
+
+def schema_with_components(schema):
+    """A schema whose '#/components/...' references resolve against the document's components."""
+    return dict(schema, components=DOC["components"])
+
+
+def check_result(method, result):
+    jsonschema.validate(result, schema_with_components(METHODS[method]["result"]["schema"]), cls=jsonschema.Draft7Validator)
+
+
+def test_document_is_a_valid_openrpc_document():
+    openrpc.OpenRPC.model_validate(DOC)
+    for broken in ({k: v for k, v in DOC.items() if k != "info"}, dict(DOC, methods=[{"summary": "no name"}])):
+        with pytest.raises(pydantic.ValidationError):
+            openrpc.OpenRPC.model_validate(broken)
+
+
+def test_every_embedded_schema_is_valid_and_every_example_matches_it():
+    for name, schema in DOC["components"]["schemas"].items():
+        jsonschema.Draft7Validator.check_schema(schema)
+    for m in DOC["methods"]:
+        jsonschema.Draft7Validator.check_schema(m["result"]["schema"])
+        assert m["paramStructure"] == "by-name"
+        assert m["examples"], f"{m['name']} has no example"
+        for example in m["examples"]:
+            check_result(m["name"], example["result"]["value"])
+            params = {p["name"]: p for p in m["params"]}
+            given = {p["name"] for p in example["params"]}
+            assert given <= set(params), f"{m['name']} example uses unknown params"
+            assert {n for n, p in params.items() if p["required"]} <= given, f"{m['name']} example lacks required params"
+            for p in example["params"]:
+                jsonschema.validate(p["value"], schema_with_components(params[p["name"]]["schema"]))
+        for e in m["errors"]:
+            assert e["code"] in ERROR_CODES, f"{m['name']} lists an error code the catalogue lacks"
+
+
+COVERED_OK = set()
+COVERED_ERR = set()
+
+
+@pytest.fixture
+def client(daemon):
+    with blazedb.Client(daemon.socket) as c:
+        yield c
+
+
+def ok(c, method, **params):
+    result = c.call(method, params)
+    check_result(method, result)
+    COVERED_OK.add(method)
+    return result
+
+
+def err(c, method, code, kind=None, **params):
+    with pytest.raises(blazedb.BlazeError) as info:
+        c.call(method, params)
+    e = info.value
+    assert e.code == code, f"{method}: {e}"
+    assert e.code in ERROR_CODES and isinstance(e.kind, str) and e.kind
+    if kind:
+        assert e.kind == kind, f"{method}: {e}"
+    listed = {e["code"] for e in METHODS[method]["errors"]}
+    assert e.code in listed, f"{method} returned {e.code}, which its errors list does not document"
+    COVERED_ERR.add(method)
+    return e
+
+
+def test_every_method_succeeds_and_fails_as_documented(client):
+    c = client
+    ok(c, "rpc.discover")
+    ok(c, "daemon.info")
+    ok(c, "db.create", db="app")
+    err(c, "db.create", -32011, "database_exists", db="app")
+    ok(c, "db.list")
+    ok(c, "collection.list", db="app")
+    err(c, "collection.list", -32010, "database_not_found", db="missing")
+    ok(c, "doc.insert", db="app", collection="todos", doc={"_id": "t1", "title": "Buy milk", "n": 1.0, "big": 2**62})
+    err(c, "doc.insert", -32011, "document_exists", db="app", collection="todos", doc={"_id": "t1"})
+    got = ok(c, "doc.get", db="app", collection="todos", id="t1")["doc"]
+    assert got == {"_id": "t1", "title": "Buy milk", "n": 1.0, "big": 2**62}
+    assert isinstance(got["n"], float) and isinstance(got["big"], int), "numbers keep their kind"
+    err(c, "doc.get", -32010, "document_not_found", db="app", collection="todos", id="zz")
+    ok(c, "doc.getMany", db="app", collection="todos", ids=["t1", "zz"], fields=["title"])
+    err(c, "doc.getMany", -32602, db="app", collection="todos", ids=[1])
+    ok(c, "doc.put", db="app", collection="todos", id="t2", doc={"title": "Write docs", "n": 2})
+    err(c, "doc.put", -32602, "id_mismatch", db="app", collection="todos", id="t2", doc={"_id": "other"})
+    ok(c, "doc.patch", db="app", collection="todos", id="t2", set={"done": False}, incr={"views": 1}, add={"tags": ["x"]})
+    err(c, "doc.patch", -32602, "invalid_patch", db="app", collection="todos", id="t2", incr={"views": "one"})
+    ok(c, "tx.commit", db="app", ops=[{"op": "insert", "collection": "todos", "doc": {"_id": "t3"}},
+                                        {"op": "patch", "collection": "todos", "id": "t3", "set": {"n": 3}}])
+    err(c, "tx.commit", -32010, "document_not_found", db="app", ops=[{"op": "delete", "collection": "todos", "id": "nope"}])
+    ok(c, "index.create", db="app", collection="todos", fields=["n"])
+    err(c, "index.create", -32011, "index_exists", db="app", collection="todos", fields=["n"])
+    ok(c, "index.list", db="app", collection="todos")
+    err(c, "index.list", -32010, "collection_not_found", db="app", collection="nope")
+    page = ok(c, "query.find", db="app", collection="todos", where={"n": {"$gte": 1}}, sort="-n", limit=2)
+    assert [d["_id"] for d in page["docs"]] == ["t3", "t2"] and page["cursor"]
+    rest = ok(c, "query.find", db="app", collection="todos", where={"n": {"$gte": 1}}, sort="-n", limit=2, cursor=page["cursor"])
+    assert [d["_id"] for d in rest["docs"]] == ["t1"] and rest["cursor"] is None
+    err(c, "query.find", -32602, "invalid_filter", db="app", collection="todos", where={"n": {"$regex": "x"}})
+    assert ok(c, "query.count", db="app", collection="todos", where={"done": False})["count"] == 1
+    err(c, "query.count", -32010, "collection_not_found", db="app", collection="nope")
+    assert ok(c, "query.explain", db="app", collection="todos", where={"n": 3})["indexes"] == ["todos.n"]
+    err(c, "query.explain", -32012, db="app", collection="todos", limit=0)
+    ok(c, "conflict.list", db="app")
+    err(c, "conflict.list", -32012, db="app", limit=0)
+    err(c, "conflict.resolve", -32010, "conflict_not_found", db="app", collection="todos", id="t1", field="title")
+    ok(c, "index.drop", db="app", name="todos.n")
+    err(c, "index.drop", -32010, "index_not_found", db="app", name="todos.n")
+    ok(c, "doc.delete", db="app", collection="todos", id="t3")
+    err(c, "doc.delete", -32010, "document_not_found", db="app", collection="todos", id="t3")
+    info = ok(c, "db.info", db="app")
+    assert info["documents"] == 2 and len(info["stateHash"]) == 64
+    err(c, "db.info", -32602, "invalid_name", db="../x")
+    ok(c, "db.drop", db="app")
+    err(c, "db.drop", -32010, "database_not_found", db="app")
+    err(c, "daemon.info", -32602, bogus=1)
+    err(c, "db.list", -32602, bogus=1)
+    err(c, "rpc.discover", -32602, bogus=1)
+
+
+def test_every_documented_method_was_exercised():
+    # Runs after the test above (pytest keeps file order); conflict.resolve's success path needs two replicas and is
+    # covered by the Swift suite (ReplicationRPCTests), so it is exempt here.
+    assert set(METHODS) - COVERED_OK == {"conflict.resolve"}, f"no success call for {set(METHODS) - COVERED_OK}"
+    assert set(METHODS) - {"rpc.discover", "db.list", "daemon.info"} <= COVERED_ERR | {"db.list", "daemon.info"}
+
+
+def test_errors_carry_codes_and_kinds_as_exception_classes(client):
+    with pytest.raises(blazedb.NotFoundError) as info:
+        client.doc.get(db="default", collection="none", id="x")
+    assert info.value.code == -32010 and info.value.kind == "collection_not_found"
+    with pytest.raises(blazedb.MethodNotFoundError):
+        client.call("no.such")
+    with pytest.raises(blazedb.InvalidParamsError):
+        client.doc.insert(db="default", collection="c", doc={"_reserved": 1})
+    with pytest.raises(ValueError):
+        client.doc.insert(db="default", collection="c", doc={"x": float("nan")})
