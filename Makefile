@@ -1,5 +1,5 @@
 # The two commands the README gives a new user.
-.PHONY: run test generate
+.PHONY: run test generate bench
 
 # Build and start blazed in the foreground with its default socket and data directory.
 run:
@@ -7,11 +7,18 @@ run:
 	swift build -c release --product blazectl
 	.build/release/blazed
 
-# Build everything (daemon, CLI, tests) and run the whole test suite: Swift, then the Python and Node clients.
+# Build everything (daemon, CLI, tests) and run the whole test suite: Swift, a blazebench smoke
+# run (no timing assertions), then the Python and Node clients.
 test:
 	swift build --build-tests
 	swift test --skip-build --disable-xctest
+	.build/debug/blazebench --quick
 	bash Clients/test.sh
+
+# Measure performance against same-run baselines (release build; see Benchmarks/README.md).
+bench:
+	swift build -c release --product blazebench
+	.build/release/blazebench
 
 # Regenerate the clients and the daemon's copy of Protocol/blazedb.openrpc.json after editing it.
 generate:

@@ -12,6 +12,7 @@ let package = Package(
     products: [
         .executable(name: "blazed", targets: ["blazed"]),
         .executable(name: "blazectl", targets: ["blazectl"]),
+        .executable(name: "blazebench", targets: ["blazebench"]),
         .library(name: "BlazeDaemon", targets: ["BlazeDaemon"]),
         .library(name: "BlazeClient", targets: ["BlazeClient"]),
     ],
@@ -53,6 +54,18 @@ let package = Package(
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+            ],
+            swiftSettings: strict),
+        .executableTarget(
+            name: "blazebench",
+            dependencies: [
+                "BlazeDaemon", "BlazeStore", "BlazeCRDT", "BlazeClient", "BlazeProtocol",
+                .product(name: "ArgumentParser", package: "swift-argument-parser"),
+                .product(name: "GRDB", package: "GRDB.swift"),
+                .product(name: "Crypto", package: "swift-crypto"),
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+                .product(name: "Logging", package: "swift-log"),
             ],
             swiftSettings: strict),
         .executableTarget(

@@ -1,0 +1,87 @@
+import ArgumentParser
+import BlazeProtocol
+import Foundation
+
+@main
+struct BlazeBench: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "blazebench",
+        abstract: "Measures BlazeDB workloads against baselines taken in the same run (see Benchmarks/README.md).")
+
+    @Flag(help: "A small version of every workload, in seconds (a smoke test; its figures mean little).")
+    var quick = false
+
+    @Flag(help: "Print machine-readable results.")
+    var json = false
+
+    @Option(help: "Documents per workload (default 20,000; 1,000 with --quick).")
+    var count: Int?
+
+    @Option(help: "Repeats of the throughput measurements (default 3; 1 with --quick).")
+    var repeats: Int?
+
+    func run() async throws {
+        let n = count ?? (quick ? 1000 : 20_000)
+        let reps = repeats ?? (quick ? 1 : 3)
+        let dir = NSTemporaryDirectory() + "blazebench-\(UUID().uuidString)"
+        try FileManager.default.createDirectory(atPath: dir, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(atPath: dir) }
+        let total = 3 * n + 1000
+        let texts = (0..<total).map(benchJSON)
+        let docs = try texts.map { text -> [String: JSONValue] in try JSONParser().parse(text).objectValue! }
+
+        var results: [Result] = []
+        results.append(try Baselines.inserts(dir: dir, n: n, repeats: reps, texts: texts))
+        results.append(try Baselines.autocommit(dir: dir, n: max(200, n / 10), repeats: reps, texts: texts))
+        results.append(try Baselines.pointReads(dir: dir, n: n, texts: texts))
+        results.append(try await Baselines.echo(dir: dir, n: n))
+        results += try Baselines.crypto(n: max(100, n / 10))
+        results += try await Workloads.store(dir: dir, n: n, repeats: reps, docs: docs)
+        results += try await Workloads.rpc(dir: dir, n: n, docs: docs)
+
+        let byName = Dictionary(uniqueKeysWithValues: results.map { ($0.name, $0) })
+        for i in results.indices {
+            guard let b = results[i].baseline, let base = byName[b] else { continue }
+            results[i].ratio = results[i].unit == base.unit ? results[i].median / base.median : nil
+            if results[i].unit == "µs", base.unit == "µs" {
+                results[i].note = [results[i].note, String(format: "p50 − %@ = %+.1f µs", b, results[i].median - base.median)]
+                    .compactMap { $0 }.joined(separator: "; ")
+                results[i].ratio = nil
+            }
+        }
+        if json { printJSON(results, n: n, reps: reps) } else { printTable(results, n: n, reps: reps) }
+    }
+
+    func printTable(_ results: [Result], n: Int, reps: Int) {
+        print("blazebench: \(n) documents, \(reps) repeat(s)\(quick ? ", quick (smoke test, figures not meaningful)" : "")")
+        let header = ["NAME", "MEDIAN", "P99", "UNIT", "RATIO", "TARGET", "NOTE"]
+        let rows = results.map { r in
+            [
+                r.name, String(format: "%.1f", r.median), r.samples.count > reps ? String(format: "%.1f", r.p99) : "-", r.unit,
+                r.ratio.map { String(format: "%.2f× %@", $0, r.baseline ?? "") } ?? "", r.target ?? "", r.note ?? "",
+            ]
+        }
+        var widths = header.map(\.count)
+        for row in rows { for (i, cell) in row.enumerated() { widths[i] = max(widths[i], cell.count) } }
+        for row in [header] + rows {
+            print(row.enumerated().map { i, c in c.padding(toLength: widths[i], withPad: " ", startingAt: 0) }
+                .joined(separator: "  "))
+        }
+    }
+
+    func printJSON(_ results: [Result], n: Int, reps: Int) {
+        let items: [JSONValue] = results.map { r in
+            var o: [String: JSONValue] = [
+                "name": .string(r.name), "unit": .string(r.unit), "median": .double(r.median), "p99": .double(r.p99),
+                "samples": .int(Int64(r.samples.count)), "better": .string(r.better),
+            ]
+            if let b = r.baseline { o["baseline"] = .string(b) }
+            if let x = r.ratio { o["ratio"] = .double(x) }
+            if let t = r.target { o["target"] = .string(t) }
+            if let note = r.note { o["note"] = .string(note) }
+            return .object(o)
+        }
+        let doc: JSONValue = ["documents": .int(Int64(n)), "repeats": .int(Int64(reps)), "quick": .bool(quick), "results": .array(items)]
+        print(doc.jsonText)
+    }
+}

@@ -1,0 +1,128 @@
+import BlazeClient
+import BlazeCRDT
+import BlazeDaemon
+import BlazeProtocol
+import BlazeStore
+import Foundation
+import Logging
+
+/// The workloads of issue #7 that current capabilities allow (W1–W3); the others arrive with sync and subscriptions.
+enum Workloads {
+    /// W1: store insert and update with CRDT bookkeeping, in process, 1,000-change transactions.
+    static func store(dir: String, n: Int, repeats: Int, docs: [[String: JSONValue]]) async throws -> [Result] {
+        var inserts: [Double] = []
+        var updates: [Double] = []
+        for r in 0..<repeats {
+            let store = try Store(directory: "\(dir)/w1-\(r)", node: NodeID(bytes: [UInt8](repeating: UInt8(r + 1), count: 16)))
+            let db = try store.create("bench")
+            _ = try await db.write { tx in try tx.createIndex(collection: "c", fields: ["email"], name: nil) }
+            _ = try await db.write { tx in try tx.createIndex(collection: "c", fields: ["age"], name: nil) }
+            let ti = try await seconds {
+                for chunk in stride(from: 0, to: n, by: 1000) {
+                    _ = try await db.commit((chunk..<min(chunk + 1000, n)).map { .insert(collection: "c", doc: docs[$0]) })
+                }
+            }
+            let tu = try await seconds {
+                for chunk in stride(from: 0, to: n, by: 1000) {
+                    _ = try await db.commit(
+                        (chunk..<min(chunk + 1000, n)).map {
+                            .patch(collection: "c", id: docs[$0]["_id"]!.stringValue!, set: ["score": .double(Double($0))])
+                        })
+                }
+            }
+            inserts.append(Double(n) / ti)
+            updates.append(Double(n) / tu)
+            store.closeAll()
+        }
+        return [
+            Result(name: "W1.insert", unit: "docs/s", samples: inserts, better: "higher", baseline: "B_ins", target: "≥ 0.5×",
+                note: "2 indexed fields"),
+            Result(name: "W1.update", unit: "docs/s", samples: updates, better: "higher", baseline: "B_ins", target: "≥ 0.5×",
+                note: "patch set one field"),
+        ]
+    }
+
+    /// A daemon served in process, for the RPC workloads.
+    final class LocalDaemon: @unchecked Sendable {
+        // @unchecked: `task` is set once in init and only cancelled afterwards.
+        let socket: String
+        let daemon: Daemon
+        var task: Task<Void, any Error>?
+
+        init(dir: String) async throws {
+            socket = "\(dir)/rpc/blazed.sock"
+            var logger = Logger(label: "blazebench.daemon")
+            logger.logLevel = .critical
+            daemon = try Daemon(config: DaemonConfig(socketPath: socket, dataDirectory: "\(dir)/rpc-data"), logger: logger)
+            let daemon = self.daemon
+            task = Task { try await daemon.run() }
+            await daemon.waitUntilListening()
+        }
+
+        func stop() async {
+            task?.cancel()
+            _ = await task?.result
+        }
+    }
+
+    static func params(_ i: Int, _ docs: [[String: JSONValue]]) -> [String: JSONValue] {
+        ["db": "default", "collection": "c", "doc": .object(docs[i])]
+    }
+
+    /// W2 and W3: inserts and reads over the socket, single client and 8 clients.
+    static func rpc(dir: String, n: Int, docs: [[String: JSONValue]]) async throws -> [Result] {
+        let d = try await LocalDaemon(dir: dir)
+        defer { Task { await d.stop() } }
+        let socket = d.socket
+        let setup: @Sendable (Int) throws -> Any = { _ in try BlazeConnection(socketPath: socket, timeoutSeconds: 60) }
+        let prep = try BlazeConnection(socketPath: socket, timeoutSeconds: 60)
+        _ = try prep.call("index.create", ["db": "default", "collection": "c", "fields": ["email"]])
+        _ = try prep.call("index.create", ["db": "default", "collection": "c", "fields": ["age"]])
+        let shared = docs
+        var out: [Result] = []
+
+        let single = try onThreads(1, count: n, setup: setup) { c, i in
+            _ = try (c as! BlazeConnection).call("doc.insert", params(i, shared))
+        }
+        out.append(Result(name: "W2.insert.1client", unit: "µs", samples: single.latencies, better: "lower", baseline: "B_echo",
+            target: "p50 ≤ B_echo + 30 µs", note: String(format: "%.0f docs/s", Double(n) / single.wall)))
+        let eight = try onThreads(8, count: n, setup: setup) { c, i in
+            _ = try (c as! BlazeConnection).call("doc.insert", params(n + i, shared))
+        }
+        out.append(Result(name: "W2.insert.8clients", unit: "docs/s", samples: [Double(eight.latencies.count) / eight.wall],
+            better: "higher", baseline: "B_auto", target: "≥ 10,000 docs/s"))
+        let batches = max(1, n / 500)
+        let tx = try seconds {
+            for b in 0..<batches {
+                let ops: [JSONValue] = (0..<500).map { k in
+                    ["op": "insert", "collection": "c", "doc": .object(shared[2 * n + b * 500 + k])]
+                }
+                _ = try prep.call("tx.commit", ["db": "default", "ops": .array(ops)])
+            }
+        }
+        out.append(Result(name: "W2.tx500", unit: "docs/s", samples: [Double(batches * 500) / tx], better: "higher",
+            baseline: "B_ins", target: "≥ 0.5×"))
+
+        let gets = try onThreads(1, count: n, setup: setup) { c, i in
+            _ = try (c as! BlazeConnection).call(
+                "doc.get", ["db": "default", "collection": "c", "id": shared[(i * 7919) % n]["_id"]!])
+        }
+        out.append(Result(name: "W3.get.1client", unit: "µs", samples: gets.latencies, better: "lower", baseline: "B_echo",
+            target: "p50 ≤ B_echo + 20 µs"))
+        let finds = try onThreads(1, count: n, setup: setup) { c, i in
+            let email = shared[(i * 7919) % n]["email"]!
+            _ = try (c as! BlazeConnection).call(
+                "query.find", ["db": "default", "collection": "c", "where": ["email": email], "limit": 10])
+        }
+        out.append(Result(name: "W3.find.1client", unit: "µs", samples: finds.latencies, better: "lower", baseline: "B_echo",
+            target: "p50 ≤ B_echo + 20 µs", note: "indexed equality"))
+        let parallel = try onThreads(8, count: n, setup: setup) { c, i in
+            _ = try (c as! BlazeConnection).call(
+                "doc.get", ["db": "default", "collection": "c", "id": shared[(i * 7919) % n]["_id"]!])
+        }
+        out.append(Result(name: "W3.get.8clients", unit: "req/s", samples: [Double(parallel.latencies.count) / parallel.wall],
+            better: "higher", target: "≥ 50,000 req/s"))
+        prep.close()
+        return out
+    }
+}
