@@ -103,6 +103,41 @@ enum Baselines {
         return Result(name: "B_echo", unit: "µs", samples: latencies, better: "lower", note: "NIO Unix socket, 300 B")
     }
 
+    /// B_echo.async: the same echo served the way blazed serves requests (NIOAsyncChannel, one task per connection),
+    /// to show how much of the RPC overhead is the bridge between the event loop and Swift tasks.
+    static func asyncEcho(dir: String, n: Int) async throws -> Result {
+        let path = "\(dir)/echo-async.sock"
+        let server = try await ServerBootstrap(group: MultiThreadedEventLoopGroup.singleton)
+            .bind(unixDomainSocketPath: path) { channel in
+                channel.eventLoop.makeCompletedFuture {
+                    try NIOAsyncChannel<ByteBuffer, ByteBuffer>(wrappingChannelSynchronously: channel)
+                }
+            }
+        let serving = Task {
+            try await withThrowingDiscardingTaskGroup { group in
+                try await server.executeThenClose { inbound in
+                    for try await connection in inbound {
+                        group.addTask {
+                            try? await connection.executeThenClose { input, output in
+                                for try await chunk in input { try await output.write(chunk) }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        defer { serving.cancel() }
+        let line = Array(repeating: UInt8(ascii: "x"), count: 299) + [0x0A]
+        let (latencies, _) = try onThreads(1, count: n, setup: { _ in try BlazeConnection(socketPath: path, timeoutSeconds: 30) }) {
+            context, _ in
+            let c = context as! BlazeConnection
+            try c.send(line)
+            _ = try c.readLine()
+        }
+        return Result(name: "B_echo.async", unit: "µs", samples: latencies, better: "lower", baseline: "B_echo",
+            note: "NIOAsyncChannel + task, as blazed serves")
+    }
+
     /// B_crypto: ChaCha20-Poly1305 sealing of 4 KiB and Ed25519 signatures, per second.
     static func crypto(n: Int) throws -> [Result] {
         let key = SymmetricKey(size: .bits256)

@@ -35,6 +35,7 @@ struct BlazeBench: AsyncParsableCommand {
         results.append(try Baselines.autocommit(dir: dir, n: max(200, n / 10), repeats: reps, texts: texts))
         results.append(try Baselines.pointReads(dir: dir, n: n, texts: texts))
         results.append(try await Baselines.echo(dir: dir, n: n))
+        results.append(try await Baselines.asyncEcho(dir: dir, n: n))
         results += try Baselines.crypto(n: max(100, n / 10))
         results += try await Workloads.store(dir: dir, n: n, repeats: reps, docs: docs)
         results += try await Workloads.rpc(dir: dir, n: n, docs: docs)
