@@ -20,6 +20,14 @@ struct BlazeBench: AsyncParsableCommand {
     @Option(help: "Repeats of the throughput measurements (default 3; 1 with --quick).")
     var repeats: Int?
 
+    @Option(help: "Only these groups, comma-separated: baselines, W1, RPC (W2 and W3).")
+    var only: String?
+
+    func wants(_ group: String) -> Bool {
+        guard let only else { return true }
+        return only.lowercased().split(separator: ",").contains { $0.trimmingCharacters(in: .whitespaces) == group.lowercased() }
+    }
+
     func run() async throws {
         let n = count ?? (quick ? 1000 : 20_000)
         let reps = repeats ?? (quick ? 1 : 3)
@@ -31,14 +39,16 @@ struct BlazeBench: AsyncParsableCommand {
         let docs = try texts.map { text -> [String: JSONValue] in try JSONParser().parse(text).objectValue! }
 
         var results: [Result] = []
-        results.append(try Baselines.inserts(dir: dir, n: n, repeats: reps, texts: texts))
-        results.append(try Baselines.autocommit(dir: dir, n: max(200, n / 10), repeats: reps, texts: texts))
-        results.append(try Baselines.pointReads(dir: dir, n: n, texts: texts))
-        results.append(try await Baselines.echo(dir: dir, n: n))
-        results.append(try await Baselines.asyncEcho(dir: dir, n: n))
-        results += try Baselines.crypto(n: max(100, n / 10))
-        results += try await Workloads.store(dir: dir, n: n, repeats: reps, docs: docs)
-        results += try await Workloads.rpc(dir: dir, n: n, docs: docs)
+        if wants("baselines") {
+            results.append(try Baselines.inserts(dir: dir, n: n, repeats: reps, texts: texts))
+            results.append(try Baselines.autocommit(dir: dir, n: max(200, n / 10), repeats: reps, texts: texts))
+            results.append(try Baselines.pointReads(dir: dir, n: n, texts: texts))
+            results.append(try await Baselines.echo(dir: dir, n: n))
+            results.append(try await Baselines.asyncEcho(dir: dir, n: n))
+            results += try Baselines.crypto(n: max(100, n / 10))
+        }
+        if wants("W1") { results += try await Workloads.store(dir: dir, n: n, repeats: reps, docs: docs) }
+        if wants("RPC") { results += try await Workloads.rpc(dir: dir, n: n, docs: docs) }
 
         let byName = Dictionary(uniqueKeysWithValues: results.map { ($0.name, $0) })
         for i in results.indices {
