@@ -67,6 +67,11 @@ public final class BlazeConnection {
         fd = -1
     }
 
+    /// Half-closes the connection: the daemon sees end of input, answers what it received, then closes.
+    public func shutdownWrite() {
+        if fd >= 0 { Glibc.shutdown(fd, Int32(SHUT_WR)) }
+    }
+
     /// Calls a method and returns its result; an error response is thrown as `RPCError`.
     public func call(_ method: String, _ params: [String: JSONValue] = [:]) throws -> JSONValue {
         let id = nextID

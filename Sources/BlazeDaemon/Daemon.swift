@@ -53,68 +53,55 @@ public final class Daemon: Service, Sendable {
         let fd = try SocketListener.listen(path: config.socketPath)
         let context = RequestContext(
             store: store, config: config, logger: logger, startedAt: .now, registry: registry)
-        let dispatcher = Dispatcher(context: context)
+        let pool = NIOThreadPool(numberOfThreads: max(2, System.coreCount))
+        pool.start()
+        let dispatcher = Dispatcher(context: context, pool: pool)
         let limits = config.limits
         let connections = self.connections
         let logger = self.logger
         let server = try await ServerBootstrap(group: MultiThreadedEventLoopGroup.singleton)
             .childChannelOption(.allowRemoteHalfClosure, value: true)
-            .bind(fd) { channel in
-                Self.initialize(channel, limits: limits, connections: connections, logger: logger)
+            .childChannelInitializer { channel in
+                Self.initialize(channel, limits: limits, connections: connections, dispatcher: dispatcher, logger: logger)
             }
+            .withBoundSocket(fd).get()
         logger.info("Listening", metadata: ["socket.path": "\(config.socketPath)", "data.dir": "\(config.dataDirectory)"])
         listening.fire()
 
-        let shutdown: @Sendable () -> Void = {
-            logger.info("Shutting down: no new connections, finishing in-flight requests")
-            server.channel.close(promise: nil)
-            connections.closeAllInputs()
-        }
+        let stop = Event()
         await withTaskCancellationHandler {
             await withGracefulShutdownHandler {
-                await withDiscardingTaskGroup { group in
-                    do {
-                        try await server.executeThenClose { inbound in
-                            for try await accepted in inbound {
-                                guard case .accepted(let id, let channel) = accepted else { continue }
-                                group.addTask {
-                                    await Self.serve(channel, id: id, dispatcher: dispatcher, limits: limits, logger: logger)
-                                    connections.remove(id)
-                                }
-                            }
-                        }
-                    } catch {
-                        logger.debug("Accept loop ended", metadata: ["error": "\(error)"])
-                    }
-                }
+                await stop.wait()
             } onGracefulShutdown: {
-                shutdown()
+                stop.fire()
             }
         } onCancel: {
-            shutdown()
+            stop.fire()
         }
+        logger.info("Shutting down: no new connections, finishing in-flight requests")
+        try? await server.close()
+        for channel in connections.beginShutdown() {
+            channel.pipeline.fireUserInboundEventTriggered(RPCHandler.Shutdown())
+            try? await channel.closeFuture.get()
+        }
+        try? await pool.shutdownGracefully()
         unlink(config.socketPath)
         store.closeAll()
         logger.info("Stopped")
     }
 
-    enum Accepted: Sendable {
-        case accepted(Int, NIOAsyncChannel<InboundFrame, ByteBuffer>)
-        case refused
-    }
-
-    /// Child channel setup on its event loop: peer uid check, connection limit, then the line codec.
-    static func initialize(_ channel: any Channel, limits: ServerLimits, connections: ConnectionTable, logger: Logger)
-        -> EventLoopFuture<Accepted>
-    {
+    /// Child channel setup on its event loop: peer uid check, connection limit, then the line codec and handler.
+    static func initialize(
+        _ channel: any Channel, limits: ServerLimits, connections: ConnectionTable, dispatcher: Dispatcher, logger: Logger
+    ) -> EventLoopFuture<Void> {
         let provider = channel as! any SocketOptionProvider
         let creds: EventLoopFuture<PeerCredentials> = provider.unsafeGetSocketOption(
             level: .socket, name: NIOBSDSocket.Option(rawValue: SO_PEERCRED))
-        return creds.flatMap { cred -> EventLoopFuture<Accepted> in
+        return creds.flatMap { cred -> EventLoopFuture<Void> in
             guard cred.uid == getuid() else {
                 logger.warning(
                     "Refused connection from another user", metadata: ["peer.uid": "\(cred.uid)", "peer.pid": "\(cred.pid)"])
-                return channel.close().map { .refused }
+                return channel.close()
             }
             guard let id = connections.add(channel, max: limits.maxConnections) else {
                 logger.warning("Refused connection: too many connections", metadata: ["limit": "\(limits.maxConnections)"])
@@ -125,9 +112,9 @@ public final class Daemon: Service, Sendable {
                         message: "the daemon already serves \(limits.maxConnections) connections"))
                 return channel.eventLoop.makeCompletedFuture {
                     try channel.pipeline.syncOperations.addHandler(RefuseHandler(line: err.jsonBytes + [0x0A]))
-                    return .refused
                 }
             }
+            channel.closeFuture.whenComplete { _ in connections.remove(id) }
             return channel.eventLoop.makeCompletedFuture {
                 if limits.idleTimeoutSeconds > 0 {
                     try channel.pipeline.syncOperations.addHandler(
@@ -136,46 +123,131 @@ public final class Daemon: Service, Sendable {
                 }
                 try channel.pipeline.syncOperations.addHandler(
                     ByteToMessageHandler(LineFrameDecoder(maxLength: limits.maxLineBytes)))
-                let async = try NIOAsyncChannel<InboundFrame, ByteBuffer>(
-                    wrappingChannelSynchronously: channel,
-                    configuration: .init(isOutboundHalfClosureEnabled: true))
-                return .accepted(id, async)
+                try channel.pipeline.syncOperations.addHandler(
+                    RPCHandler(id: id, dispatcher: dispatcher, limits: limits, logger: logger))
             }
         }
     }
+}
 
-    /// Serves one connection: requests are answered in order; an oversized line gets an error and a close.
-    static func serve(
-        _ channel: NIOAsyncChannel<InboundFrame, ByteBuffer>, id: Int, dispatcher: Dispatcher, limits: ServerLimits,
-        logger: Logger
-    ) async {
-        do {
-            try await channel.executeThenClose { inbound, outbound in
-                for try await frame in inbound {
-                    switch frame {
-                    case .line(let line):
-                        if line.readableBytesView.allSatisfy({ $0 == 0x20 || $0 == 0x09 }) { continue }
-                        guard var reply = await dispatcher.handle(line: line.readableBytesView, connection: id) else {
-                            continue
-                        }
-                        reply.append(0x0A)
-                        try await outbound.write(ByteBuffer(bytes: reply))
-                    case .tooLong:
-                        logger.notice("Closing connection: line too long", metadata: ["connection.id": "\(id)"])
-                        let err = RPCCodec.response(
-                            id: .null,
-                            error: RPCError(
-                                code: RPCErrorCode.limitExceeded, kind: "line_too_long",
-                                message: "request line exceeds \(limits.maxLineBytes) bytes; closing the connection",
-                                details: ["limit": .int(Int64(limits.maxLineBytes))]))
-                        try await outbound.write(ByteBuffer(bytes: err.jsonBytes + [0x0A]))
-                        return
-                    }
-                }
-            }
-        } catch {
-            logger.debug("Connection ended with an error", metadata: ["connection.id": "\(id)", "error": "\(error)"])
+/// Answers the requests of one connection in order, on the connection's event loop.
+///
+/// Requests whose methods only read a little (`MethodSpec.runsInline`) are answered right here, with no thread hop;
+/// the others run on the daemon's I/O thread pool and are answered back on the loop. While a request runs on the
+/// pool, later lines wait in a queue, and reading from the socket pauses once that queue is full.
+final class RPCHandler: ChannelDuplexHandler {
+    typealias InboundIn = InboundFrame
+    typealias OutboundIn = ByteBuffer
+    typealias OutboundOut = ByteBuffer
+
+    /// Asks the connection to finish what it has received, then close (graceful shutdown).
+    struct Shutdown {}
+
+    /// Lines queued beyond this stop reading from the socket until the queue drains.
+    static let maxQueued = 64
+
+    let id: Int
+    let dispatcher: Dispatcher
+    let limits: ServerLimits
+    let logger: Logger
+    private var queue = CircularBuffer<InboundFrame>()
+    private var busy = false
+    private var closing = false
+    private var heldRead = false
+
+    init(id: Int, dispatcher: Dispatcher, limits: ServerLimits, logger: Logger) {
+        self.id = id
+        self.dispatcher = dispatcher
+        self.limits = limits
+        self.logger = logger
+    }
+
+    func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+        guard !closing else { return }
+        queue.append(unwrapInboundIn(data))
+        drain(context: context)
+    }
+
+    func read(context: ChannelHandlerContext) {
+        if queue.count >= Self.maxQueued {
+            heldRead = true
+        } else {
+            context.read()
         }
+    }
+
+    func userInboundEventTriggered(context: ChannelHandlerContext, event: Any) {
+        if event is Shutdown {
+            closing = true
+            closeIfIdle(context: context)
+        } else if case ChannelEvent.inputClosed = event {
+            // The client sent its last request: answer everything received, then close.
+            closing = true
+            closeIfIdle(context: context)
+        } else {
+            context.fireUserInboundEventTriggered(event)
+        }
+    }
+
+    private func closeIfIdle(context: ChannelHandlerContext) {
+        if !busy && queue.isEmpty { context.close(promise: nil) }
+    }
+
+    private func drain(context: ChannelHandlerContext) {
+        while !busy, let frame = queue.popFirst() {
+            switch frame {
+            case .tooLong:
+                logger.notice("Closing connection: line too long", metadata: ["connection.id": "\(id)"])
+                let err = RPCCodec.response(
+                    id: .null,
+                    error: RPCError(
+                        code: RPCErrorCode.limitExceeded, kind: "line_too_long",
+                        message: "request line exceeds \(limits.maxLineBytes) bytes; closing the connection",
+                        details: ["limit": .int(Int64(limits.maxLineBytes))]))
+                queue.removeAll()
+                closing = true
+                context.writeAndFlush(wrapOutboundOut(ByteBuffer(bytes: err.jsonBytes + [0x0A])), promise: nil)
+                context.close(promise: nil)
+                return
+            case .line(let line):
+                if line.readableBytesView.allSatisfy({ $0 == 0x20 || $0 == 0x09 }) { continue }
+                let prepared = dispatcher.prepare(line: line.readableBytesView)
+                if dispatcher.runsInline(prepared) {
+                    send(dispatcher.execute(prepared, connection: id), context: context)
+                    continue
+                }
+                busy = true
+                let loopBound = NIOLoopBound((self, context), eventLoop: context.eventLoop)
+                let connection = id
+                let dispatcher = self.dispatcher
+                dispatcher.pool.runIfActive(eventLoop: context.eventLoop) {
+                    dispatcher.execute(prepared, connection: connection)
+                }.whenComplete { result in
+                    let (handler, context) = loopBound.value
+                    handler.busy = false
+                    switch result {
+                    case .success(let reply): handler.send(reply, context: context)
+                    case .failure:
+                        let err = RPCCodec.response(id: .null, error: RPCError(
+                            code: RPCErrorCode.unavailable, kind: "shutting_down", message: "the daemon is shutting down"))
+                        handler.send(err.jsonBytes, context: context)
+                    }
+                    handler.drain(context: context)
+                }
+                return
+            }
+        }
+        if heldRead && queue.count < Self.maxQueued {
+            heldRead = false
+            context.read()
+        }
+        if closing { closeIfIdle(context: context) }
+    }
+
+    private func send(_ reply: [UInt8]?, context: ChannelHandlerContext) {
+        guard var reply else { return }
+        reply.append(0x0A)
+        context.writeAndFlush(wrapOutboundOut(ByteBuffer(bytes: reply)), promise: nil)
     }
 }
 
@@ -233,14 +305,11 @@ final class ConnectionTable: Sendable {
         _ = state.withLock { $0.channels.removeValue(forKey: id) }
     }
 
-    /// Stops reading on every connection: each finishes its current request, answers it, and closes.
-    func closeAllInputs() {
-        let channels = state.withLock { s in
+    /// Refuses new connections from now on and returns the live ones.
+    func beginShutdown() -> [any Channel] {
+        state.withLock { s in
             s.closing = true
             return Array(s.channels.values)
-        }
-        for c in channels {
-            c.close(mode: .input).whenFailure { _ in c.close(promise: nil) }
         }
     }
 }

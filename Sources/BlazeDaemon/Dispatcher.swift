@@ -2,34 +2,52 @@ import BlazeProtocol
 import BlazeStore
 import GRDB
 import Logging
+import NIOPosix
 
 /// Turns one request line into one response line: decode, validate, run the method, map errors in one place.
 struct Dispatcher: Sendable {
     let context: RequestContext
+    /// Where requests that may block (writes, queries) run.
+    let pool: NIOThreadPool
 
-    /// Handles a line; returns the response bytes (without newline), or nil when nothing is owed (notifications).
-    func handle(line: some Collection<UInt8>, connection: Int) async -> [UInt8]? {
+    /// Decodes a line (on the event loop; cheap).
+    func prepare(line: some Collection<UInt8>) -> RPCIncoming {
         let limits = context.config.limits
-        switch RPCCodec.decode(line: line, maxDepth: limits.maxDepth, maxBatch: limits.maxBatch) {
+        return RPCCodec.decode(line: line, maxDepth: limits.maxDepth, maxBatch: limits.maxBatch)
+    }
+
+    /// True when every method the line calls only reads a little, so it may run on the event loop.
+    func runsInline(_ incoming: RPCIncoming) -> Bool {
+        func inline(_ r: Result<RPCRequest, RPCFailure>) -> Bool {
+            guard case .success(let req) = r else { return true }
+            return context.registry.methods[req.method]?.runsInline ?? true
+        }
+        switch incoming {
+        case .failure: return true
+        case .single(let r): return inline(r)
+        case .batch(let items): return items.allSatisfy(inline)
+        }
+    }
+
+    /// Runs a decoded line; returns the response bytes (without newline), or nil when nothing is owed.
+    func execute(_ incoming: RPCIncoming, connection: Int) -> [UInt8]? {
+        switch incoming {
         case .failure(let f):
             return RPCCodec.response(id: f.id, error: f.error).jsonBytes
         case .single(let r):
-            return await respond(r, connection: connection)?.jsonBytes
+            return respond(r, connection: connection)?.jsonBytes
         case .batch(let items):
-            var responses: [JSONValue] = []
-            for item in items {
-                if let r = await respond(item, connection: connection) { responses.append(r) }
-            }
+            let responses = items.compactMap { respond($0, connection: connection) }
             return responses.isEmpty ? nil : JSONValue.array(responses).jsonBytes
         }
     }
 
-    func respond(_ item: Result<RPCRequest, RPCFailure>, connection: Int) async -> JSONValue? {
+    func respond(_ item: Result<RPCRequest, RPCFailure>, connection: Int) -> JSONValue? {
         switch item {
         case .failure(let f):
             return RPCCodec.response(id: f.id, error: f.error)
         case .success(let req):
-            let outcome = await call(req, connection: connection)
+            let outcome = call(req, connection: connection)
             guard let id = req.id else { return nil }
             switch outcome {
             case .success(let v): return RPCCodec.response(id: id, result: v)
@@ -38,7 +56,7 @@ struct Dispatcher: Sendable {
         }
     }
 
-    func call(_ req: RPCRequest, connection: Int) async -> Result<JSONValue, RPCError> {
+    func call(_ req: RPCRequest, connection: Int) -> Result<JSONValue, RPCError> {
         guard let method = context.registry.methods[req.method] else {
             return .failure(
                 RPCError(
@@ -47,7 +65,7 @@ struct Dispatcher: Sendable {
         }
         do {
             let params = try method.validate(req.params)
-            return .success(try await method.handler(params, context))
+            return .success(try method.handler(params, context))
         } catch {
             return .failure(map(error, method: req.method, connection: connection))
         }
@@ -72,8 +90,6 @@ struct Dispatcher: Sendable {
                 return .internalError()
             }
             return RPCError(code: code, kind: e.kind, message: e.message, details: e.details)
-        case is CancellationError:
-            return RPCError(code: RPCErrorCode.unavailable, kind: "shutting_down", message: "the daemon is shutting down")
         default:
             context.logger.error(
                 "Request failed",

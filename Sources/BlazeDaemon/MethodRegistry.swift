@@ -93,11 +93,21 @@ struct RequestContext: Sendable {
 
 /// A method: its name, summary, parameters and handler.
 struct MethodSpec: Sendable {
-    typealias Handler = @Sendable (Params, RequestContext) async throws -> JSONValue
+    typealias Handler = @Sendable (Params, RequestContext) throws -> JSONValue
     let name: String
     let summary: String
     let params: [ParamSpec]
+    /// True for methods that only read a little and may run on the event loop; the rest run on the I/O pool.
+    var runsInline = false
     let handler: Handler
+
+    init(inline: Bool = false, name: String, summary: String, params: [ParamSpec], handler: @escaping Handler) {
+        self.name = name
+        self.summary = summary
+        self.params = params
+        self.runsInline = inline
+        self.handler = handler
+    }
 
     /// Checks names, presence and types of parameters.
     func validate(_ raw: [String: JSONValue]) throws(RPCError) -> Params {

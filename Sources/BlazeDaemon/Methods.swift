@@ -12,11 +12,11 @@ enum Methods {
     // MARK: daemon
 
     static let daemonMethods: [MethodSpec] = [
-        MethodSpec(name: "rpc.discover", summary: "Returns the OpenRPC description of this daemon's methods.", params: [])
+        MethodSpec(inline: true, name: "rpc.discover", summary: "Returns the OpenRPC description of this daemon's methods.", params: [])
         { _, _ in
             discoverDocument
         },
-        MethodSpec(name: "daemon.info", summary: "Version, process, paths, uptime and limits of the daemon.", params: [])
+        MethodSpec(inline: true, name: "daemon.info", summary: "Version, process, paths, uptime and limits of the daemon.", params: [])
         { _, ctx in
             let uptime = ContinuousClock.now - ctx.startedAt
             let l = ctx.config.limits
@@ -48,27 +48,27 @@ enum Methods {
             _ = try ctx.store.create(p.string("db"))
             return ["db": .string(p.string("db"))]
         },
-        MethodSpec(name: "db.list", summary: "Lists databases.", params: []) { _, ctx in
+        MethodSpec(inline: true, name: "db.list", summary: "Lists databases.", params: []) { _, ctx in
             ["databases": .array(try ctx.store.list().map { ["name": .string($0)] })]
         },
         MethodSpec(name: "db.info", summary: "Counts, size and path of a database.", params: [.db]) { p, ctx in
             let db = try ctx.database(p)
-            let s = try await db.summary()
+            let s = try db.summary()
             return [
                 "name": .string(s.name), "path": .string(s.path), "collections": .int(Int64(s.collections)),
                 "documents": .int(Int64(s.documents)), "sizeBytes": .int(s.sizeBytes),
-                "nodeId": .string(db.node.hex), "stateHash": .string(try await db.stateHash()),
-                "versionVector": try await db.versionVector().jsonValue,
+                "nodeId": .string(db.node.hex), "stateHash": .string(try db.stateHash()),
+                "versionVector": try db.versionVector().jsonValue,
             ]
         },
         MethodSpec(name: "db.drop", summary: "Deletes a database and all its data.", params: [.db]) { p, ctx in
             try ctx.store.drop(p.string("db"))
             return ["db": .string(p.string("db")), "dropped": true]
         },
-        MethodSpec(name: "collection.list", summary: "Lists the collections of a database with document counts.",
+        MethodSpec(inline: true, name: "collection.list", summary: "Lists the collections of a database with document counts.",
             params: [.db])
         { p, ctx in
-            let cs = try await ctx.database(p).collections()
+            let cs = try ctx.database(p).collections()
             return ["collections": .array(cs.map { ["name": .string($0.name), "count": .int(Int64($0.count))] })]
         },
     ]
@@ -81,24 +81,24 @@ enum Methods {
         MethodSpec(name: "doc.insert", summary: "Inserts a new document; the id is generated unless doc._id is given.",
             params: [.db, .collection, docParam])
         { p, ctx in
-            let r = try await ctx.database(p).apply(try writeOp("insert", p.values))
+            let r = try ctx.database(p).apply(try writeOp("insert", p.values))
             return ["id": .string(r.id)]
         },
-        MethodSpec(name: "doc.get", summary: "Fetches one document by id.", params: [.db, .collection, .id, .fields]) {
+        MethodSpec(inline: true, name: "doc.get", summary: "Fetches one document by id.", params: [.db, .collection, .id, .fields]) {
             p, ctx in
-            ["doc": try await ctx.database(p).get(collection: p.string("collection"), id: p.string("id"), fields: p.projection())]
+            ["doc": try ctx.database(p).get(collection: p.string("collection"), id: p.string("id"), fields: p.projection())]
         },
-        MethodSpec(name: "doc.getMany", summary: "Fetches documents by id, in order; missing ones are null.",
+        MethodSpec(inline: true, name: "doc.getMany", summary: "Fetches documents by id, in order; missing ones are null.",
             params: [.db, .collection, .required("ids", .array, "Document ids."), .fields])
         { p, ctx in
             let ids = try p.strings("ids") ?? []
-            let docs = try await ctx.database(p).getMany(collection: p.string("collection"), ids: ids, fields: p.projection())
+            let docs = try ctx.database(p).getMany(collection: p.string("collection"), ids: ids, fields: p.projection())
             return ["docs": .array(docs)]
         },
         MethodSpec(name: "doc.put", summary: "Creates or replaces the document with the given id (id or doc._id).",
             params: [.db, .collection, docParam, .optional("id", .string, "Document id (else doc._id).")])
         { p, ctx in
-            let r = try await ctx.database(p).apply(try writeOp("put", p.values))
+            let r = try ctx.database(p).apply(try writeOp("put", p.values))
             return ["id": .string(r.id), "created": .bool(r.created ?? false)]
         },
         MethodSpec(name: "doc.patch", summary: "Edits top-level fields: set, unset, counter incr, set add/remove.",
@@ -110,11 +110,11 @@ enum Methods {
                 .optional("remove", .object, "Set removals: {field: [values]} (removes the additions seen)."),
             ])
         { p, ctx in
-            let r = try await ctx.database(p).apply(try writeOp("patch", p.values))
+            let r = try ctx.database(p).apply(try writeOp("patch", p.values))
             return ["id": .string(r.id)]
         },
         MethodSpec(name: "doc.delete", summary: "Deletes a document.", params: [.db, .collection, .id]) { p, ctx in
-            let r = try await ctx.database(p).apply(try writeOp("delete", p.values))
+            let r = try ctx.database(p).apply(try writeOp("delete", p.values))
             return ["id": .string(r.id), "deleted": true]
         },
         MethodSpec(name: "tx.commit", summary: "Applies many write operations atomically (all or nothing).",
@@ -130,7 +130,7 @@ enum Methods {
                     throw RPCError(code: e.code, kind: e.kind, message: "ops[\(i)]: \(e.message)", details: ["op": .int(Int64(i))])
                 }
             }
-            let results = try await ctx.database(p).commit(ops)
+            let results = try ctx.database(p).commit(ops)
             return [
                 "results": .array(
                     results.map { r in
@@ -237,17 +237,17 @@ enum Methods {
                 .optional("cursor", .string, "Resume token from the previous page's result."), .fields,
             ])
         { p, ctx in
-            let r = try await ctx.database(p).find(try findQuery(p, ctx: ctx))
+            let r = try ctx.database(p).find(try findQuery(p, ctx: ctx))
             return ["docs": .array(r.docs), "cursor": r.cursor.map(JSONValue.string) ?? .null]
         },
         MethodSpec(name: "query.count", summary: "Counts documents matching a filter.", params: [.db, .collection, .where]) {
             p, ctx in
-            ["count": .int(Int64(try await ctx.database(p).count(collection: p.string("collection"), filter: try Filter.parse(p["where"]))))]
+            ["count": .int(Int64(try ctx.database(p).count(collection: p.string("collection"), filter: try Filter.parse(p["where"]))))]
         },
         MethodSpec(name: "query.explain", summary: "Shows the SQL and SQLite's plan for a query, and the indexes used.",
             params: queryParams)
         { p, ctx in
-            let r = try await ctx.database(p).explain(try findQuery(p, ctx: ctx))
+            let r = try ctx.database(p).explain(try findQuery(p, ctx: ctx))
             return [
                 "sql": .string(r.sql), "plan": .array(r.plan.map(JSONValue.string)),
                 "indexes": .array(r.indexes.map(JSONValue.string)),
@@ -267,7 +267,7 @@ enum Methods {
             let fields = try p.strings("fields") ?? []
             let collection = p.string("collection")
             let name = p.optionalString("name")
-            let info = try await ctx.database(p).write { tx in
+            let info = try ctx.database(p).write { tx in
                 try tx.createIndex(collection: collection, fields: fields, name: name)
             }
             return indexJSON(info)
@@ -276,13 +276,13 @@ enum Methods {
             params: [.db, .required("name", .string, "Index name.")])
         { p, ctx in
             let name = p.string("name")
-            try await ctx.database(p).write { tx in try tx.dropIndex(name: name) }
+            try ctx.database(p).write { tx in try tx.dropIndex(name: name) }
             return ["name": .string(name), "dropped": true]
         },
-        MethodSpec(name: "index.list", summary: "Lists indexes of a database or of one collection.",
+        MethodSpec(inline: true, name: "index.list", summary: "Lists indexes of a database or of one collection.",
             params: [.db, .optional("collection", .string, "Only this collection's indexes.")])
         { p, ctx in
-            ["indexes": .array(try await ctx.database(p).indexes(collection: p.optionalString("collection")).map(indexJSON))]
+            ["indexes": .array(try ctx.database(p).indexes(collection: p.optionalString("collection")).map(indexJSON))]
         },
     ]
 
@@ -299,7 +299,7 @@ enum Methods {
     }
 
     static let conflictMethods: [MethodSpec] = [
-        MethodSpec(name: "conflict.list", summary: "Lists fields where a concurrent write lost, with both sides.",
+        MethodSpec(inline: true, name: "conflict.list", summary: "Lists fields where a concurrent write lost, with both sides.",
             params: [
                 .db, .optional("collection", .string, "Only this collection."), .optional("id", .string, "Only this document."),
                 .optional("limit", .integer, "At most this many documents (default 1000)."),
@@ -309,7 +309,7 @@ enum Methods {
             guard limit >= 1 && limit <= 10_000 else {
                 throw RPCError(code: RPCErrorCode.limitExceeded, kind: "limit_out_of_range", message: "limit must be 1...10000")
             }
-            let list = try await ctx.database(p).conflicts(collection: p.optionalString("collection"), id: p.optionalString("id"), limit: limit)
+            let list = try ctx.database(p).conflicts(collection: p.optionalString("collection"), id: p.optionalString("id"), limit: limit)
             return [
                 "conflicts": .array(
                     list.map { c in
@@ -333,7 +333,7 @@ enum Methods {
             let db = try ctx.database(p)
             let (collection, id, field) = (p.string("collection"), p.string("id"), p.string("field"))
             let explicit = p.values["value"]
-            let existing = try await db.conflicts(collection: collection, id: id).first { $0.field == field }
+            let existing = try db.conflicts(collection: collection, id: id).first { $0.field == field }
             guard let conflict = existing else {
                 throw RPCError(code: RPCErrorCode.notFound, kind: "conflict_not_found",
                     message: "field \"\(field)\" of \(collection)/\(id) has no conflict")
@@ -341,7 +341,7 @@ enum Methods {
             let value = explicit ?? conflict.value
             let op: WriteOp = value.map { .patch(collection: collection, id: id, set: [field: $0]) }
                 ?? .patch(collection: collection, id: id, unset: [field])
-            _ = try await db.apply(op)
+            _ = try db.apply(op)
             return ["id": .string(id), "field": .string(field), "value": value ?? .null, "present": .bool(value != nil)]
         },
     ]

@@ -97,7 +97,7 @@ public final class BlazeDatabase: Sendable {
 
     /// Data written before replication existed (schema v1) becomes one local change, so it replicates too.
     func adoptUnreplicatedData() throws {
-        try writeSync { tx in
+        try write { tx in
             let db = tx.db
             guard try Int.fetchOne(db, sql: "SELECT count(*) FROM crdt_docs") == 0,
                 try Int.fetchOne(db, sql: "SELECT count(*) FROM changes") == 0
@@ -133,11 +133,10 @@ public final class BlazeDatabase: Sendable {
     }
 
     /// Runs `body` in one write transaction; everything it applies commits together, as one replicated change.
-    public func write<T: Sendable>(_ body: @escaping @Sendable (WriteTransaction) throws -> T) async throws -> T {
-        try await pool.write { db in try self.transaction(db, body) }
-    }
-
-    func writeSync<T>(_ body: (WriteTransaction) throws -> T) throws -> T {
+    ///
+    /// Blocks the calling thread until the commit (the daemon calls it from its I/O thread pool, never from an event
+    /// loop).
+    public func write<T>(_ body: (WriteTransaction) throws -> T) throws -> T {
         try pool.write { db in try self.transaction(db, body) }
     }
 
@@ -158,9 +157,9 @@ public final class BlazeDatabase: Sendable {
     /// Applies changes from other replicas in any order, with duplicates; returns what happened to them.
     ///
     /// Changes whose dependencies are missing are parked until those arrive. A malformed change rejects the batch.
-    public func receive(_ changes: [Change]) async throws -> ReceiveReport {
+    public func receive(_ changes: [Change]) throws -> ReceiveReport {
         for change in changes { try Self.validate(change) }
-        return try await pool.write { db in
+        return try pool.write { db in
             let storage = SQLStorage(db: db, limits: self.limits, knownCollections: self.knownCollections)
             var clock = self.clock.withLock { $0 }
             let now = Self.nowMilliseconds()
@@ -198,13 +197,13 @@ public final class BlazeDatabase: Sendable {
     }
 
     /// This replica's version vector: the highest sequence applied per origin.
-    public func versionVector() async throws -> VersionVector {
-        try await read { db in try SQLStorage(db: db, limits: self.limits, knownCollections: self.knownCollections).versionVector() }
+    public func versionVector() throws -> VersionVector {
+        try read { db in try SQLStorage(db: db, limits: self.limits, knownCollections: self.knownCollections).versionVector() }
     }
 
     /// Every change this replica has that a replica at `other` lacks, per origin in sequence order.
-    public func changes(since other: VersionVector) async throws -> [Change] {
-        try await read { db in
+    public func changes(since other: VersionVector) throws -> [Change] {
+        try read { db in
             var out: [Change] = []
             let origins = try String.fetchAll(db, sql: "SELECT origin FROM versions ORDER BY origin")
             for originHex in origins {
@@ -220,8 +219,8 @@ public final class BlazeDatabase: Sendable {
 
     /// SHA-256 (hex) over every live document in (collection, id) order: equal on two replicas exactly when they
     /// hold the same documents. Reads the whole database.
-    public func stateHash() async throws -> String {
-        try await read { db in
+    public func stateHash() throws -> String {
+        try read { db in
             var hasher = SHA256()
             let rows = try Row.fetchCursor(db, sql: "SELECT collection, id, body FROM docs ORDER BY collection, id")
             while let row = try rows.next() {
@@ -236,9 +235,9 @@ public final class BlazeDatabase: Sendable {
     }
 
     /// Fields whose concurrent writes lost, with the current value and the losing writes.
-    public func conflicts(collection: String? = nil, id: String? = nil, limit: Int = 1000) async throws -> [ConflictInfo] {
+    public func conflicts(collection: String? = nil, id: String? = nil, limit: Int = 1000) throws -> [ConflictInfo] {
         if let collection { try Names.validateCollection(collection) }
-        return try await read { db in
+        return try read { db in
             let rows = try Row.fetchAll(
                 db,
                 sql: "SELECT c.collection, c.id, c.state, d.body FROM crdt_docs c "
@@ -260,18 +259,18 @@ public final class BlazeDatabase: Sendable {
     }
 
     /// Applies one operation in its own transaction.
-    public func apply(_ op: WriteOp) async throws -> WriteResult {
-        try await write { try $0.apply(op) }
+    public func apply(_ op: WriteOp) throws -> WriteResult {
+        try write { try $0.apply(op) }
     }
 
     /// Applies several operations atomically; on failure the error's details carry the failing op's index.
-    public func commit(_ ops: [WriteOp]) async throws -> [WriteResult] {
+    public func commit(_ ops: [WriteOp]) throws -> [WriteResult] {
         guard ops.count <= limits.maxTransactionOps else {
             throw StoreError(
                 .limitExceeded, kind: "transaction_too_large",
                 "transaction has \(ops.count) operations; the limit is \(limits.maxTransactionOps)")
         }
-        return try await write { tx in
+        return try write { tx in
             var results: [WriteResult] = []
             results.reserveCapacity(ops.count)
             for (i, op) in ops.enumerated() {
@@ -287,9 +286,9 @@ public final class BlazeDatabase: Sendable {
         }
     }
 
-    /// Runs `body` on a read-only snapshot.
-    public func read<T: Sendable>(_ body: @escaping @Sendable (Database) throws -> T) async throws -> T {
-        try await pool.read(body)
+    /// Runs `body` on a read-only snapshot (WAL readers never wait for the writer).
+    public func read<T>(_ body: (Database) throws -> T) throws -> T {
+        try pool.read(body)
     }
 
     static func requireCollection(_ db: Database, _ name: String) throws {
@@ -308,9 +307,9 @@ public final class BlazeDatabase: Sendable {
     }
 
     /// Fetches one document; throws not-found for an unknown collection or id.
-    public func get(collection: String, id: String, fields: [FieldPath]? = nil) async throws -> JSONValue {
+    public func get(collection: String, id: String, fields: [FieldPath]? = nil) throws -> JSONValue {
         try Names.validateID(id)
-        return try await read { db in
+        return try read { db in
             try Self.requireCollection(db, collection)
             let stmt = try db.cachedStatement(sql: "SELECT body FROM docs WHERE collection = ? AND id = ?")
             guard let text = try String.fetchOne(stmt, arguments: [collection, id]) else {
@@ -324,13 +323,13 @@ public final class BlazeDatabase: Sendable {
     }
 
     /// Fetches many documents by id, in the order given; missing ones are `null`.
-    public func getMany(collection: String, ids: [String], fields: [FieldPath]? = nil) async throws -> [JSONValue] {
+    public func getMany(collection: String, ids: [String], fields: [FieldPath]? = nil) throws -> [JSONValue] {
         guard ids.count <= limits.maxGetMany else {
             throw StoreError(
                 .limitExceeded, kind: "too_many_ids", "at most \(limits.maxGetMany) ids per call, got \(ids.count)")
         }
         for id in ids { try Names.validateID(id) }
-        return try await read { db in
+        return try read { db in
             try Self.requireCollection(db, collection)
             let stmt = try db.cachedStatement(sql: "SELECT body FROM docs WHERE collection = ? AND id = ?")
             return try ids.map { id in
@@ -352,10 +351,10 @@ public final class BlazeDatabase: Sendable {
     }
 
     /// Runs a find query and returns one page.
-    public func find(_ query: FindQuery) async throws -> FindResult {
+    public func find(_ query: FindQuery) throws -> FindResult {
         try validate(query)
         let compiled = QueryCompiler.find(query, limit: query.limit + 1)
-        return try await read { db in
+        return try read { db in
             try Self.requireCollection(db, query.collection)
             let rows = try Row.fetchAll(db, sql: compiled.sql, arguments: compiled.arguments)
             var docs: [JSONValue] = []
@@ -388,20 +387,20 @@ public final class BlazeDatabase: Sendable {
     }
 
     /// Counts matching documents.
-    public func count(collection: String, filter: Filter) async throws -> Int {
+    public func count(collection: String, filter: Filter) throws -> Int {
         try Names.validateCollection(collection)
         let compiled = QueryCompiler.count(collection: collection, filter: filter)
-        return try await read { db in
+        return try read { db in
             try Self.requireCollection(db, collection)
             return try Int.fetchOne(db, sql: compiled.sql, arguments: compiled.arguments) ?? 0
         }
     }
 
     /// Returns SQLite's plan for a find query and the user indexes it uses.
-    public func explain(_ query: FindQuery) async throws -> ExplainResult {
+    public func explain(_ query: FindQuery) throws -> ExplainResult {
         try validate(query)
         let compiled = QueryCompiler.find(query, limit: query.limit + 1)
-        return try await read { db in
+        return try read { db in
             try Self.requireCollection(db, query.collection)
             let rows = try Row.fetchAll(
                 db, sql: "EXPLAIN QUERY PLAN " + compiled.sql, arguments: compiled.arguments)
@@ -421,8 +420,8 @@ public final class BlazeDatabase: Sendable {
     }
 
     /// Lists collections with their document counts.
-    public func collections() async throws -> [CollectionInfo] {
-        try await read { db in
+    public func collections() throws -> [CollectionInfo] {
+        try read { db in
             try Row.fetchAll(
                 db,
                 sql: "SELECT c.name, (SELECT count(*) FROM docs d WHERE d.collection = c.name) FROM collections c ORDER BY c.name"
@@ -431,9 +430,9 @@ public final class BlazeDatabase: Sendable {
     }
 
     /// Lists user indexes, optionally of one collection.
-    public func indexes(collection: String? = nil) async throws -> [IndexInfo] {
+    public func indexes(collection: String? = nil) throws -> [IndexInfo] {
         if let collection { try Names.validateCollection(collection) }
-        return try await read { db in
+        return try read { db in
             if let collection { try Self.requireCollection(db, collection) }
             let rows = try Row.fetchAll(
                 db, sql: "SELECT name, collection, fields FROM indexes WHERE ?1 IS NULL OR collection = ?1 ORDER BY name",
@@ -446,8 +445,8 @@ public final class BlazeDatabase: Sendable {
     }
 
     /// Summary facts for `db.info`.
-    public func summary() async throws -> DatabaseSummary {
-        let (collections, documents) = try await read { db in
+    public func summary() throws -> DatabaseSummary {
+        let (collections, documents) = try read { db in
             (
                 try Int.fetchOne(db, sql: "SELECT count(*) FROM collections") ?? 0,
                 try Int.fetchOne(db, sql: "SELECT count(*) FROM docs") ?? 0

@@ -103,8 +103,8 @@ enum Baselines {
         return Result(name: "B_echo", unit: "µs", samples: latencies, better: "lower", note: "NIO Unix socket, 300 B")
     }
 
-    /// B_echo.async: the same echo served the way blazed serves requests (NIOAsyncChannel, one task per connection),
-    /// to show how much of the RPC overhead is the bridge between the event loop and Swift tasks.
+    /// B_echo.async: the same echo served through NIOAsyncChannel and one Swift task per connection (how blazed served
+    /// requests until the handler-based path), to show what that bridge costs.
     static func asyncEcho(dir: String, n: Int) async throws -> Result {
         let path = "\(dir)/echo-async.sock"
         let server = try await ServerBootstrap(group: MultiThreadedEventLoopGroup.singleton)
@@ -135,7 +135,7 @@ enum Baselines {
             _ = try c.readLine()
         }
         return Result(name: "B_echo.async", unit: "µs", samples: latencies, better: "lower", baseline: "B_echo",
-            note: "NIOAsyncChannel + task, as blazed serves")
+            note: "NIOAsyncChannel + task (blazed's former request path)")
     }
 
     /// B_crypto: ChaCha20-Poly1305 sealing of 4 KiB and Ed25519 signatures, per second.

@@ -47,7 +47,7 @@ struct BlazeBench: AsyncParsableCommand {
             results.append(try await Baselines.asyncEcho(dir: dir, n: n))
             results += try Baselines.crypto(n: max(100, n / 10))
         }
-        if wants("W1") { results += try await Workloads.store(dir: dir, n: n, repeats: reps, docs: docs) }
+        if wants("W1") { results += try Workloads.store(dir: dir, n: n, repeats: reps, docs: docs) }
         if wants("RPC") { results += try await Workloads.rpc(dir: dir, n: n, docs: docs) }
 
         let byName = Dictionary(uniqueKeysWithValues: results.map { ($0.name, $0) })

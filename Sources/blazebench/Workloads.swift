@@ -9,22 +9,22 @@ import Logging
 /// The workloads of issue #7 that current capabilities allow (W1–W3); the others arrive with sync and subscriptions.
 enum Workloads {
     /// W1: store insert and update with CRDT bookkeeping, in process, 1,000-change transactions.
-    static func store(dir: String, n: Int, repeats: Int, docs: [[String: JSONValue]]) async throws -> [Result] {
+    static func store(dir: String, n: Int, repeats: Int, docs: [[String: JSONValue]]) throws -> [Result] {
         var inserts: [Double] = []
         var updates: [Double] = []
         for r in 0..<repeats {
             let store = try Store(directory: "\(dir)/w1-\(r)", node: NodeID(bytes: [UInt8](repeating: UInt8(r + 1), count: 16)))
             let db = try store.create("bench")
-            _ = try await db.write { tx in try tx.createIndex(collection: "c", fields: ["email"], name: nil) }
-            _ = try await db.write { tx in try tx.createIndex(collection: "c", fields: ["age"], name: nil) }
-            let ti = try await seconds {
+            _ = try db.write { tx in try tx.createIndex(collection: "c", fields: ["email"], name: nil) }
+            _ = try db.write { tx in try tx.createIndex(collection: "c", fields: ["age"], name: nil) }
+            let ti = try seconds {
                 for chunk in stride(from: 0, to: n, by: 1000) {
-                    _ = try await db.commit((chunk..<min(chunk + 1000, n)).map { .insert(collection: "c", doc: docs[$0]) })
+                    _ = try db.commit((chunk..<min(chunk + 1000, n)).map { .insert(collection: "c", doc: docs[$0]) })
                 }
             }
-            let tu = try await seconds {
+            let tu = try seconds {
                 for chunk in stride(from: 0, to: n, by: 1000) {
-                    _ = try await db.commit(
+                    _ = try db.commit(
                         (chunk..<min(chunk + 1000, n)).map {
                             .patch(collection: "c", id: docs[$0]["_id"]!.stringValue!, set: ["score": .double(Double($0))])
                         })

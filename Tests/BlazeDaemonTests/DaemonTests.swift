@@ -303,3 +303,53 @@ import Glibc
         d.stop()
     }
 }
+
+@Suite struct RequestOrdering {
+    /// Requests that run inline (reads) and on the I/O pool (writes) are answered in the order they were sent.
+    @Test func pipelinedRequestsAreAnsweredInOrder() throws {
+        let d = try DaemonProcess()
+        let c = try d.connect()
+        var batch: [UInt8] = []
+        for i in 0..<200 {
+            let method = i % 3 == 0 ? "doc.put" : (i % 3 == 1 ? "doc.get" : "db.list")
+            let params: [String: JSONValue] =
+                method == "doc.put"
+                ? ["db": "default", "collection": "p", "id": .string("k\(i)"), "doc": ["i": .int(Int64(i))]]
+                : method == "doc.get" ? ["db": "default", "collection": "p", "id": .string("k\(i - 1)")] : [:]
+            batch += RPCRequest(id: .int(Int64(i)), method: method, params: params).jsonValue.jsonBytes + [0x0A]
+        }
+        try c.send(batch)
+        for i in 0..<200 {
+            let reply = try c.readMessage()
+            #expect(reply["id"] == .int(Int64(i)), "reply \(i) out of order: \(reply.jsonText)")
+            if i % 3 == 1 {
+                #expect(reply["result"]?["doc"]?["i"] == .int(Int64(i - 1)), "a read sees the write sent before it")
+            }
+        }
+        d.stop()
+    }
+
+    /// A client that half-closes after sending still gets every answer, then end of stream.
+    @Test func halfClosedClientGetsEveryAnswer() throws {
+        let d = try DaemonProcess()
+        let c = try d.connect()
+        var batch: [UInt8] = []
+        for i in 0..<20 {
+            let method = i % 2 == 0 ? "doc.insert" : "query.count"
+            let params: [String: JSONValue] =
+                method == "doc.insert"
+                ? ["db": "default", "collection": "h", "doc": ["_id": .string("h\(i)")]]
+                : ["db": "default", "collection": "h"]
+            batch += RPCRequest(id: .int(Int64(i)), method: method, params: params).jsonValue.jsonBytes + [0x0A]
+        }
+        try c.send(batch)
+        c.shutdownWrite()
+        for i in 0..<20 {
+            let reply = try c.readMessage()
+            #expect(reply["id"] == .int(Int64(i)))
+            if i % 2 == 1 { #expect(reply["result"]?["count"] == .int(Int64((i + 1) / 2))) }
+        }
+        #expect(try c.readLine() == nil)
+        d.stop()
+    }
+}

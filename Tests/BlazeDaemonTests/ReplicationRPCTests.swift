@@ -59,12 +59,12 @@ import Testing
             // Build a database with a real conflict: a local write and a concurrent remote one.
             let store = try Store(directory: dir.path + "/data", node: NodeID(bytes: [UInt8](repeating: 0x11, count: 16)))
             let db = try store.create("shared")
-            _ = try await db.apply(.insert(collection: "c", doc: ["_id": "d", "x": "local", "y": 1]))
-            let base = try await db.changes(since: VersionVector())
+            _ = try db.apply(.insert(collection: "c", doc: ["_id": "d", "x": "local", "y": 1]))
+            let base = try db.changes(since: VersionVector())
             let remote = Change(
                 origin: other, seq: 1, hlc: HLC(milliseconds: 1), deps: VersionVector(),
                 ops: [.doc(DocOp(key: DocKey(collection: "c", id: "d"), cl: 1, set: ["x": "remote"]))])
-            let report = try await db.receive([remote])
+            let report = try db.receive([remote])
             #expect(report.applied == 1 && base.count == 1)
             store.closeAll()
         }

@@ -122,7 +122,7 @@ func referenceSort(_ docs: [[String: JSONValue]], _ keys: [SortKey]) -> [[String
         let db = try t.store.create("q")
         let docs = (0..<10_000).map { gen.document($0) }
         for chunk in stride(from: 0, to: docs.count, by: 1000) {
-            _ = try await db.commit(docs[chunk..<min(chunk + 1000, docs.count)].map { .insert(collection: "c", doc: $0) })
+            _ = try db.commit(docs[chunk..<min(chunk + 1000, docs.count)].map { .insert(collection: "c", doc: $0) })
         }
         struct Case {
             let whereJSON: JSONValue
@@ -144,7 +144,7 @@ func referenceSort(_ docs: [[String: JSONValue]], _ keys: [SortKey]) -> [[String
         let matchedSome = cases.filter { !$0.expected.isEmpty && $0.expected.count < docs.count }.count
         #expect(matchedSome > 150, "generator too weak: only \(matchedSome) selective queries (seed \(seed))")
 
-        func runAll(_ label: String) async throws -> Int {
+        func runAll(_ label: String) throws -> Int {
             var failures = 0
             for (i, c) in cases.enumerated() {
                 var q = FindQuery(
@@ -153,13 +153,13 @@ func referenceSort(_ docs: [[String: JSONValue]], _ keys: [SortKey]) -> [[String
                 var got: [String] = []
                 var pages = 0
                 while true {
-                    let page = try await db.find(q)
+                    let page = try db.find(q)
                     got += page.docs.map { $0["_id"]!.stringValue! }
                     pages += 1
                     guard let next = page.cursor, pages < 20 else { break }
                     q.cursor = try QueryCursor.decode(next, for: q)
                 }
-                let count = try await db.count(collection: "c", filter: q.filter)
+                let count = try db.count(collection: "c", filter: q.filter)
                 if got != c.expected || count != c.expected.count {
                     failures += 1
                     if failures <= 3 {
@@ -174,66 +174,66 @@ func referenceSort(_ docs: [[String: JSONValue]], _ keys: [SortKey]) -> [[String
             }
             return failures
         }
-        #expect(try await runAll("no index") == 0)
+        #expect(try runAll("no index") == 0)
         for fields in [["a"], ["b"], ["c", "a"], ["n.x"], ["t"], ["_id"], ["n.y", "b"]] {
-            _ = try await db.write { tx in try tx.createIndex(collection: "c", fields: fields, name: nil) }
+            _ = try db.write { tx in try tx.createIndex(collection: "c", fields: fields, name: nil) }
         }
-        #expect(try await runAll("indexed") == 0)
+        #expect(try runAll("indexed") == 0)
     }
 
     @Test func explainShowsTheIndexThatMatches() async throws {
         let t = try TempStore()
         let db = try t.store.create("q")
-        _ = try await db.commit(
+        _ = try db.commit(
             (0..<5000).map { i in
                 .insert(
                     collection: "c",
                     doc: ["a": .int(Int64(i)), "b": .string("s\(i % 500)"), "n": ["x": .int(Int64(i % 700))]])
             })
-        func used(_ w: JSONValue, sort: [String] = []) async throws -> [String] {
-            try await db.explain(
+        func used(_ w: JSONValue, sort: [String] = []) throws -> [String] {
+            try db.explain(
                 FindQuery(
                     collection: "c", filter: try Filter.parse(w), sort: try SortKey.parse(.array(sort.map(JSONValue.string))))
             ).indexes
         }
-        #expect(try await used(["a": 1]) == [])
-        _ = try await db.write { tx in try tx.createIndex(collection: "c", fields: ["a"], name: "by_a") }
-        _ = try await db.write { tx in try tx.createIndex(collection: "c", fields: ["n.x", "b"], name: "by_nx_b") }
-        #expect(try await used(["a": 1]) == ["by_a"])
-        #expect(try await used(["a": ["$gt": 4990]]) == ["by_a"])
-        #expect(try await used(["a": ["$gte": 10, "$lt": 20]]) == ["by_a"])
-        #expect(try await used(["a": ["$in": [1, 2, 3]]]) == ["by_a"])
-        #expect(try await used([:], sort: ["-a"]) == ["by_a"])
-        #expect(try await used([:], sort: ["a"]) == ["by_a"])
-        let sortPlan = try await db.explain(FindQuery(collection: "c", sort: try SortKey.parse("-a"))).plan
+        #expect(try used(["a": 1]) == [])
+        _ = try db.write { tx in try tx.createIndex(collection: "c", fields: ["a"], name: "by_a") }
+        _ = try db.write { tx in try tx.createIndex(collection: "c", fields: ["n.x", "b"], name: "by_nx_b") }
+        #expect(try used(["a": 1]) == ["by_a"])
+        #expect(try used(["a": ["$gt": 4990]]) == ["by_a"])
+        #expect(try used(["a": ["$gte": 10, "$lt": 20]]) == ["by_a"])
+        #expect(try used(["a": ["$in": [1, 2, 3]]]) == ["by_a"])
+        #expect(try used([:], sort: ["-a"]) == ["by_a"])
+        #expect(try used([:], sort: ["a"]) == ["by_a"])
+        let sortPlan = try db.explain(FindQuery(collection: "c", sort: try SortKey.parse("-a"))).plan
         #expect(!sortPlan.joined().contains("TEMP B-TREE"), "an indexed sort must not sort in a temp B-tree: \(sortPlan)")
-        _ = try await db.write { tx in try tx.createIndex(collection: "c", fields: ["b"], name: "by_b") }
-        #expect(try await used(["b": ["$prefix": "s49"]]) == ["by_b"])
-        #expect(try await used(["n.x": 2, "b": ["$gte": "a"]]) == ["by_nx_b"])
+        _ = try db.write { tx in try tx.createIndex(collection: "c", fields: ["b"], name: "by_b") }
+        #expect(try used(["b": ["$prefix": "s49"]]) == ["by_b"])
+        #expect(try used(["n.x": 2, "b": ["$gte": "a"]]) == ["by_nx_b"])
         // An index on another collection is never used.
-        _ = try await db.write { tx in try tx.createIndex(collection: "other", fields: ["a"], name: "other_a") }
-        _ = try await db.write { tx in try tx.dropIndex(name: "by_b") }
-        #expect(try await used(["b": "s1"]) == [])
-        _ = try await db.write { tx in try tx.dropIndex(name: "by_a") }
-        #expect(try await used(["a": 1]) == [])
-        #expect(try await used(["a": 1]) == [])
-        #expect(try await db.indexes().map(\.name) == ["by_nx_b", "other_a"])
-        await expectStoreError("index_not_found") { try await db.write { tx in try tx.dropIndex(name: "by_a") } }
-        await expectStoreError("index_exists") {
-            _ = try await db.write { tx in try tx.createIndex(collection: "c", fields: ["b"], name: "other_a") }
+        _ = try db.write { tx in try tx.createIndex(collection: "other", fields: ["a"], name: "other_a") }
+        _ = try db.write { tx in try tx.dropIndex(name: "by_b") }
+        #expect(try used(["b": "s1"]) == [])
+        _ = try db.write { tx in try tx.dropIndex(name: "by_a") }
+        #expect(try used(["a": 1]) == [])
+        #expect(try used(["a": 1]) == [])
+        #expect(try db.indexes().map(\.name) == ["by_nx_b", "other_a"])
+        expectStoreError("index_not_found") { try db.write { tx in try tx.dropIndex(name: "by_a") } }
+        expectStoreError("index_exists") {
+            _ = try db.write { tx in try tx.createIndex(collection: "c", fields: ["b"], name: "other_a") }
         }
     }
 
     @Test func cursorFromAnotherQueryIsRejected() async throws {
         let t = try TempStore()
         let db = try t.store.create("q")
-        _ = try await db.commit((0..<5).map { .insert(collection: "c", doc: ["_id": .string("\($0)"), "v": .int(Int64($0))]) })
-        let first = try await db.find(FindQuery(collection: "c", sort: try SortKey.parse("v"), limit: 2))
+        _ = try db.commit((0..<5).map { .insert(collection: "c", doc: ["_id": .string("\($0)"), "v": .int(Int64($0))]) })
+        let first = try db.find(FindQuery(collection: "c", sort: try SortKey.parse("v"), limit: 2))
         #expect(first.docs.count == 2)
         let token = try #require(first.cursor)
-        await expectStoreError("invalid_cursor") {
+        expectStoreError("invalid_cursor") {
             _ = try QueryCursor.decode(token, for: FindQuery(collection: "c", sort: try SortKey.parse("-v")))
         }
-        await expectStoreError("invalid_cursor") { _ = try QueryCursor.decode("garbage!", for: FindQuery(collection: "c")) }
+        expectStoreError("invalid_cursor") { _ = try QueryCursor.decode("garbage!", for: FindQuery(collection: "c")) }
     }
 }

@@ -19,14 +19,14 @@ final class StoreReplicas {
 
     /// Sends what `to` lacks from `from`; `mangle` may drop, duplicate or reorder.
     @discardableResult
-    func send(_ from: Int, _ to: Int, mangle: ([Change]) -> [Change] = { $0 }) async throws -> ReceiveReport {
-        let missing = try await dbs[from].changes(since: try await dbs[to].versionVector())
-        return try await dbs[to].receive(mangle(missing))
+    func send(_ from: Int, _ to: Int, mangle: ([Change]) -> [Change] = { $0 }) throws -> ReceiveReport {
+        let missing = try dbs[from].changes(since: try dbs[to].versionVector())
+        return try dbs[to].receive(mangle(missing))
     }
 
-    func syncAll() async throws {
+    func syncAll() throws {
         for _ in 0..<dbs.count {
-            for a in dbs.indices { for b in dbs.indices where a != b { try await send(a, b) } }
+            for a in dbs.indices { for b in dbs.indices where a != b { try send(a, b) } }
         }
     }
 }
@@ -55,12 +55,12 @@ final class StoreReplicas {
                     default: op = .patch(collection: "c", id: id, set: ["v": value])
                     }
                     // Patches and deletes of missing documents fail locally and write nothing; that is part of the test.
-                    _ = try? await r.dbs[who].apply(op)
+                    _ = try? r.dbs[who].apply(op)
                 } else {
                     var other = Int.random(in: 0..<r.dbs.count, using: &rng)
                     if other == who { other = (other + 1) % r.dbs.count }
                     var mangler = rng
-                    try await r.send(who, other) { changes in
+                    try r.send(who, other) { changes in
                         var c = changes.filter { _ in Double.random(in: 0..<1, using: &mangler) < 0.7 }
                         c += c.filter { _ in Bool.random(using: &mangler) }
                         return c.shuffled(using: &mangler)
@@ -68,16 +68,16 @@ final class StoreReplicas {
                     rng = mangler
                 }
             }
-            try await r.syncAll()
-            let hashes = try await r.dbs.asyncMap { try await $0.stateHash() }
-            let finds = try await r.dbs.asyncMap { db -> String in
-                guard (try? await db.count(collection: "c", filter: .all)) != nil else { return "no collection" }
-                let docs = try await db.find(FindQuery(collection: "c", filter: try Filter.parse(["n": ["$gte": 1]]), sort: try SortKey.parse("-n"), limit: 100)).docs
+            try r.syncAll()
+            let hashes = try r.dbs.map { try $0.stateHash() }
+            let finds = try r.dbs.map { db -> String in
+                guard (try? db.count(collection: "c", filter: .all)) != nil else { return "no collection" }
+                let docs = try db.find(FindQuery(collection: "c", filter: try Filter.parse(["n": ["$gte": 1]]), sort: try SortKey.parse("-n"), limit: 100)).docs
                 return JSONValue.array(docs).jsonText
             }
             #expect(Set(hashes).count == 1, "stateHash differs; replay with BLAZE_SEED=\(seed): \(hashes)")
             #expect(Set(finds).count == 1, "query results differ; replay with BLAZE_SEED=\(seed)")
-            let parked = try await r.dbs.asyncMap { db in try await db.read { try Int.fetchOne($0, sql: "SELECT count(*) FROM parked") ?? 0 } }
+            let parked = try r.dbs.map { db in try db.read { try Int.fetchOne($0, sql: "SELECT count(*) FROM parked") ?? 0 } }
             #expect(parked.allSatisfy { $0 == 0 }, "changes left parked after a full exchange (seed \(seed))")
         }
     }
@@ -85,42 +85,42 @@ final class StoreReplicas {
     @Test func everyLocalTransactionIsExactlyOneChange() async throws {
         let t = try TempStore()
         let db = try t.store.create("x")
-        _ = try await db.apply(.insert(collection: "c", doc: ["_id": "a", "n": 1]))
-        _ = try await db.commit([
+        _ = try db.apply(.insert(collection: "c", doc: ["_id": "a", "n": 1]))
+        _ = try db.commit([
             .insert(collection: "c", doc: ["_id": "b"]), .patch(collection: "c", id: "a", incr: ["n": 2]),
             .delete(collection: "c", id: "b"),
         ])
-        _ = try await db.write { tx in try tx.createIndex(collection: "c", fields: ["n"], name: "by_n") }
-        _ = try? await db.apply(.delete(collection: "c", id: "missing"))  // fails: no change
-        let changes = try await db.changes(since: VersionVector())
+        _ = try db.write { tx in try tx.createIndex(collection: "c", fields: ["n"], name: "by_n") }
+        _ = try? db.apply(.delete(collection: "c", id: "missing"))  // fails: no change
+        let changes = try db.changes(since: VersionVector())
         #expect(changes.map(\.seq) == [1, 2, 3])
         #expect(changes.map(\.ops.count) == [1, 3, 1])
         #expect(changes.allSatisfy { $0.origin == db.node })
         #expect(changes[1].deps == VersionVector([db.node: 1]))
-        #expect(try await db.versionVector() == VersionVector([db.node: 3]))
-        #expect(try await db.get(collection: "c", id: "a") == ["_id": "a", "n": 3])
+        #expect(try db.versionVector() == VersionVector([db.node: 3]))
+        #expect(try db.get(collection: "c", id: "a") == ["_id": "a", "n": 3])
         // A fresh replica that receives the three changes holds the same state, index included.
         let other = try TempStore()
         let replica = try other.store.create("x")
-        let report = try await replica.receive(changes.reversed())
+        let report = try replica.receive(changes.reversed())
         #expect(report.applied == 3 && report.parked == 0)
-        #expect(try await replica.stateHash() == (try await db.stateHash()))
-        #expect(try await replica.indexes().map(\.name) == ["by_n"])
-        #expect(try await replica.explain(FindQuery(collection: "c", filter: try Filter.parse(["n": 3]))).indexes == ["by_n"])
+        #expect(try replica.stateHash() == (try db.stateHash()))
+        #expect(try replica.indexes().map(\.name) == ["by_n"])
+        #expect(try replica.explain(FindQuery(collection: "c", filter: try Filter.parse(["n": 3]))).indexes == ["by_n"])
     }
 
     @Test func concurrentLoserAppearsInConflictsAndResolutionReplicates() async throws {
         let r = try StoreReplicas(2)
-        _ = try await r.dbs[0].apply(.insert(collection: "c", doc: ["_id": "d", "x": 0]))
-        try await r.syncAll()
-        _ = try await r.dbs[0].apply(.patch(collection: "c", id: "d", set: ["x": 1]))  // sequential overwrite
-        try await r.syncAll()
-        #expect(try await r.dbs[1].conflicts().isEmpty, "a sequential overwrite is not a conflict")
-        _ = try await r.dbs[0].apply(.patch(collection: "c", id: "d", set: ["x": "zero"]))
-        _ = try await r.dbs[1].apply(.patch(collection: "c", id: "d", set: ["x": "one"]))
-        try await r.syncAll()
+        _ = try r.dbs[0].apply(.insert(collection: "c", doc: ["_id": "d", "x": 0]))
+        try r.syncAll()
+        _ = try r.dbs[0].apply(.patch(collection: "c", id: "d", set: ["x": 1]))  // sequential overwrite
+        try r.syncAll()
+        #expect(try r.dbs[1].conflicts().isEmpty, "a sequential overwrite is not a conflict")
+        _ = try r.dbs[0].apply(.patch(collection: "c", id: "d", set: ["x": "zero"]))
+        _ = try r.dbs[1].apply(.patch(collection: "c", id: "d", set: ["x": "one"]))
+        try r.syncAll()
         for db in r.dbs {
-            let list = try await db.conflicts()
+            let list = try db.conflicts()
             #expect(list.count == 1)
             let c = try #require(list.first)
             #expect(c.field == "x" && c.losers.count == 1)
@@ -128,11 +128,11 @@ final class StoreReplicas {
             #expect(sides == ["zero", "one"])
             #expect(Set([c.winner!.stamp.dot.origin, c.losers[0].stamp.dot.origin]) == Set(r.dbs.map(\.node)))
         }
-        _ = try await r.dbs[1].apply(.patch(collection: "c", id: "d", set: ["x": "agreed"]))
-        try await r.syncAll()
+        _ = try r.dbs[1].apply(.patch(collection: "c", id: "d", set: ["x": "agreed"]))
+        try r.syncAll()
         for db in r.dbs {
-            #expect(try await db.conflicts().isEmpty)
-            #expect(try await db.get(collection: "c", id: "d")["x"] == "agreed")
+            #expect(try db.conflicts().isEmpty)
+            #expect(try db.get(collection: "c", id: "d")["x"] == "agreed")
         }
     }
 
@@ -142,19 +142,11 @@ final class StoreReplicas {
         let evil = Change(
             origin: randomNode(), seq: 1, hlc: HLC(milliseconds: 1), deps: VersionVector(),
             ops: [.index(name: "x\"; DROP TABLE docs; --", collection: "c", fields: ["a"])])
-        await expectStoreError("invalid_change") { _ = try await db.receive([evil]) }
+        expectStoreError("invalid_change") { _ = try db.receive([evil]) }
         let badField = Change(
             origin: randomNode(), seq: 1, hlc: HLC(milliseconds: 1), deps: VersionVector(),
             ops: [.doc(DocOp(key: DocKey(collection: "c", id: "d"), cl: 1, set: ["_secret": 1]))])
-        await expectStoreError("invalid_change") { _ = try await db.receive([badField]) }
-        #expect(try await db.versionVector() == VersionVector())
-    }
-}
-
-extension Array {
-    func asyncMap<T>(_ body: (Element) async throws -> T) async rethrows -> [T] {
-        var out: [T] = []
-        for x in self { out.append(try await body(x)) }
-        return out
+        expectStoreError("invalid_change") { _ = try db.receive([badField]) }
+        #expect(try db.versionVector() == VersionVector())
     }
 }
