@@ -292,6 +292,18 @@ struct Tx: ParsableCommand {
     }
 }
 
+/// A database and, optionally, one of its collections (for listings).
+struct Scope: ParsableArguments {
+    @Argument var db: String
+    @Argument(help: "Only this collection.") var collection: String?
+
+    var params: [String: JSONValue] {
+        var p: [String: JSONValue] = ["db": .string(db)]
+        if let collection { p["collection"] = .string(collection) }
+        return p
+    }
+}
+
 /// Arguments shared by find, count and explain.
 struct QueryArgs: ParsableArguments {
     @Argument var db: String
@@ -387,12 +399,9 @@ struct Index: ParsableCommand {
     struct List: ParsableCommand {
         static let configuration = CommandConfiguration(abstract: "List indexes.")
         @OptionGroup var global: Global
-        @Argument var db: String
-        @Argument var collection: String?
+        @OptionGroup var scope: Scope
         func run() throws {
-            var p: [String: JSONValue] = ["db": .string(db)]
-            if let collection { p["collection"] = .string(collection) }
-            global.output(try global.call("index.list", p)) { r in
+            global.output(try global.call("index.list", scope.params)) { r in
                 printTable(
                     ["NAME", "COLLECTION", "FIELDS"],
                     (r["indexes"]?.arrayValue ?? []).map {
@@ -411,12 +420,9 @@ struct Conflict: ParsableCommand {
     struct List: ParsableCommand {
         static let configuration = CommandConfiguration(abstract: "List conflicted fields with both sides.")
         @OptionGroup var global: Global
-        @Argument var db: String
-        @Argument var collection: String?
+        @OptionGroup var scope: Scope
         func run() throws {
-            var p: [String: JSONValue] = ["db": .string(db)]
-            if let collection { p["collection"] = .string(collection) }
-            global.output(try global.call("conflict.list", p)) { r in
+            global.output(try global.call("conflict.list", scope.params)) { r in
                 printTable(
                     ["COLLECTION", "ID", "FIELD", "VALUE", "LOST"],
                     (r["conflicts"]?.arrayValue ?? []).map { c in
