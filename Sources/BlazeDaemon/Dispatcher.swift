@@ -83,6 +83,7 @@ struct Dispatcher: Sendable {
             case .alreadyExists: code = RPCErrorCode.conflict
             case .invalidArgument: code = RPCErrorCode.invalidParams
             case .limitExceeded: code = RPCErrorCode.limitExceeded
+            case .unavailable: code = RPCErrorCode.unavailable
             default:
                 context.logger.error(
                     "Store failure",

@@ -68,6 +68,8 @@ public final class BlazeDatabase: Sendable {
     let pool: DatabasePool
     let clock: Mutex<HybridClock>
     let knownCollections = KnownCollections()
+    /// The live change feed: committed changes, in commit order, for subscribers.
+    public let feed: ChangeFeed
 
     init(name: String, path: String, limits: StoreLimits, node: NodeID) throws {
         self.name = name
@@ -86,6 +88,11 @@ public final class BlazeDatabase: Sendable {
         try Schema.migrator.migrate(pool)
         let last = try pool.read { db in try Int64.fetchOne(db, sql: "SELECT max(hlc) FROM changes") ?? 0 }
         clock = Mutex(HybridClock(last: HLC(raw: UInt64(bitPattern: last))))
+        let (feedLast, feedFloor) = try pool.read { db in
+            let floor = try String.fetchOne(db, sql: "SELECT value FROM meta WHERE key = 'feed_floor'").flatMap { Int64($0) } ?? 0
+            return (max(floor, try Int64.fetchOne(db, sql: "SELECT max(seq) FROM feed") ?? 0), floor)
+        }
+        feed = ChangeFeed(last: feedLast, floor: feedFloor)
         try pool.write { db in
             if try Int.fetchOne(db, sql: "SELECT count(*) FROM indexes") ?? 0 > 0 { try Self.analyze(db) }
         }
@@ -141,18 +148,45 @@ public final class BlazeDatabase: Sendable {
     }
 
     private func transaction<T>(_ db: Database, _ body: (WriteTransaction) throws -> T) throws -> T {
-        let storage = SQLStorage(db: db, limits: limits, knownCollections: knownCollections)
+        let storage = makeStorage(db)
         storage.enforceLimits = true
         let vv = try storage.versionVector()
         let hlc = clock.withLock { $0.tick(now: Self.nowMilliseconds()) }
         let draft = Change(origin: node, seq: vv[node] + 1, hlc: hlc, deps: vv, ops: [])
         let tx = WriteTransaction(storage: storage, limits: limits, draft: draft)
         let result = try body(tx)
-        try storage.flush()
         if let change = tx.change { try storage.recordApplied(change) }
+        try storage.flush()
         try noteChanges(tx.changes, db)
+        try finishFeed(storage, db)
         return result
     }
+
+    func makeStorage(_ db: Database) -> SQLStorage {
+        SQLStorage(db: db, limits: limits, knownCollections: knownCollections, feedSequence: feed.lastSequence)
+    }
+
+    /// Prunes the durable feed to its retention and publishes this transaction's entries once it commits.
+    private func finishFeed(_ storage: SQLStorage, _ db: Database) throws {
+        let entries = storage.entries
+        guard !entries.isEmpty else { return }
+        var floor = feed.floor
+        let keep = Int64(limits.feedRetention)
+        // Prune in steps, not on every commit: one range delete per `pruneStep` changes.
+        if storage.feedSequence - floor > keep + Self.pruneStep {
+            floor = storage.feedSequence - keep
+            try db.cachedStatement(sql: "DELETE FROM feed WHERE seq <= ?").execute(arguments: [floor])
+            try db.cachedStatement(
+                sql: "INSERT INTO meta(key, value) VALUES ('feed_floor', ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value"
+            ).execute(arguments: [String(floor)])
+        }
+        let feed = self.feed
+        let newFloor = floor
+        db.afterNextTransaction(onCommit: { _ in feed.publish(entries, floor: newFloor) })
+    }
+
+    /// Feed rows beyond the retention that may accumulate before a prune.
+    static let pruneStep: Int64 = 256
 
     /// Applies changes from other replicas in any order, with duplicates; returns what happened to them.
     ///
@@ -160,13 +194,14 @@ public final class BlazeDatabase: Sendable {
     public func receive(_ changes: [Change]) throws -> ReceiveReport {
         for change in changes { try Self.validate(change) }
         return try pool.write { db in
-            let storage = SQLStorage(db: db, limits: self.limits, knownCollections: self.knownCollections)
+            let storage = self.makeStorage(db)
             var clock = self.clock.withLock { $0 }
             let now = Self.nowMilliseconds()
             let report = try Replica.receive(changes, into: storage, clock: &clock, now: now)
             try storage.flush()
             self.clock.withLock { _ = $0.observe(clock.last, now: now) }
             try self.noteChanges(report.applied, db)
+            try self.finishFeed(storage, db)
             return report
         }
     }
@@ -189,16 +224,16 @@ public final class BlazeDatabase: Sendable {
                     try Names.validateCollection(collection)
                 }
             }
-        } catch let e as StoreError {
+        } catch {
             throw StoreError(
                 .invalidArgument, kind: "invalid_change",
-                "change \(change.seq) from \(change.origin) is invalid: \(e.message)")
+                "change \(change.seq) from \(change.origin) is invalid: \(error.message)")
         }
     }
 
     /// This replica's version vector: the highest sequence applied per origin.
     public func versionVector() throws -> VersionVector {
-        try read { db in try SQLStorage(db: db, limits: self.limits, knownCollections: self.knownCollections).versionVector() }
+        try read { db in try self.makeStorage(db).versionVector() }
     }
 
     /// Every change this replica has that a replica at `other` lacks, per origin in sequence order.
@@ -462,6 +497,7 @@ public final class BlazeDatabase: Sendable {
 
     /// Closes the connection pool; further use fails.
     public func close() throws {
+        feed.end(StoreError(.unavailable, kind: "shutting_down", "the daemon is shutting down"))
         try pool.close()
     }
 }

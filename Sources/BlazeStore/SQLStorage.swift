@@ -7,7 +7,16 @@ import GRDB
 ///
 /// Document states are cached for the transaction and written once by `flush()`, together with the materialized
 /// `docs` row (what queries and indexes read). Callers must flush before the transaction commits.
+///
+/// Every recorded change also gets the next local feed sequence and a `feed` row listing the documents it visibly
+/// changed (before and after); `entries` collects them for publication after the commit.
 final class SQLStorage: ReplicaStorage {
+    /// A document's materialized body and its canonical text; both nil when it does not exist.
+    struct Visible {
+        var doc: [String: JSONValue]?
+        var text: String?
+    }
+
     let db: Database
     let limits: StoreLimits
     let knownCollections: KnownCollections
@@ -18,11 +27,21 @@ final class SQLStorage: ReplicaStorage {
     /// Keys to write at `flush()`, in first-write order (`dirtySet` makes membership O(1)).
     private var dirty: [DocKey] = []
     private var dirtySet: Set<DocKey> = []
+    /// Each cached document as of the last recorded change (or as loaded): the "before" of the next change.
+    private var visible: [DocKey: Visible] = [:]
+    /// Documents saved since the last recorded change, in first-touch order.
+    private var touched: [DocKey] = []
+    private var touchedSet: Set<DocKey> = []
+    /// Feed entries of the changes recorded in this transaction, in order.
+    private(set) var entries: [FeedEntry] = []
+    /// The feed sequence of the last change recorded (committed ones, then this transaction's).
+    private(set) var feedSequence: Int64
 
-    init(db: Database, limits: StoreLimits, knownCollections: KnownCollections) {
+    init(db: Database, limits: StoreLimits, knownCollections: KnownCollections, feedSequence: Int64) {
         self.db = db
         self.limits = limits
         self.knownCollections = knownCollections
+        self.feedSequence = feedSequence
     }
 
     func versionVector() throws -> VersionVector {
@@ -34,6 +53,32 @@ final class SQLStorage: ReplicaStorage {
     }
 
     func recordApplied(_ change: Change) throws {
+        var events: [FeedEvent] = []
+        for key in touched {
+            let before = visible[key] ?? Visible()
+            let doc = cache[key]??.materialize(id: key.id)
+            let after = Visible(doc: doc, text: doc.map { JSONValue.object($0).jsonText })
+            visible[key] = after
+            let type: FeedEventType
+            switch (before.text, after.text) {
+            case (nil, nil): continue
+            case (nil, _): type = .insert
+            case (_, nil): type = .delete
+            case (let b?, let a?):
+                if a == b { continue }
+                type = .update
+            }
+            events.append(
+                FeedEvent(
+                    collection: key.collection, id: key.id, type: type, after: after.doc, afterText: after.text,
+                    before: before.doc, beforeText: before.text))
+        }
+        touched = []
+        touchedSet = []
+        feedSequence += 1
+        try db.cachedStatement(sql: "INSERT INTO feed(seq, origin, events) VALUES (?, ?, ?)").execute(
+            arguments: [feedSequence, change.origin.hex, FeedLog.encode(events)])
+        entries.append(FeedEntry(seq: feedSequence, origin: change.origin, events: events))
         try db.cachedStatement(sql: "INSERT INTO changes(origin, seq, hlc, body) VALUES (?, ?, ?, ?)").execute(
             arguments: [change.origin.hex, Int64(change.seq), Int64(bitPattern: change.hlc.raw), change.jsonValue.jsonText])
         try db.cachedStatement(
@@ -50,36 +95,44 @@ final class SQLStorage: ReplicaStorage {
             cache[key] = .some(nil)
             return nil
         }
-        let state = try Self.decode(state: row[0], body: row[1])
+        let text: String? = row[1]
+        let doc = try Self.parseBody(text)
+        let state = try DocumentState(compact: try JSONParser(maxDepth: 10_000).parse(row[0] as String), body: doc)
         cache[key] = state
+        if visible[key] == nil { visible[key] = Visible(doc: doc, text: text) }
         return state
     }
 
-    /// Decodes a stored state with the stored body it relies on.
-    static func decode(state: String, body: String?) throws -> DocumentState {
-        let parser = JSONParser(maxDepth: 10_000)
-        let doc = try body.map { text throws -> [String: JSONValue] in
-            guard case .object(let o) = try parser.parse(text) else {
+    static func parseBody(_ body: String?) throws -> [String: JSONValue]? {
+        try body.map { text throws -> [String: JSONValue] in
+            guard case .object(let o) = try JSONParser(maxDepth: 10_000).parse(text) else {
                 throw StoreError(.internalFailure, kind: "corrupt_document", "stored document is not an object")
             }
             return o
         }
-        return try DocumentState(compact: try parser.parse(state), body: doc)
+    }
+
+    /// Decodes a stored state with the stored body it relies on.
+    static func decode(state: String, body: String?) throws -> DocumentState {
+        try DocumentState(compact: try JSONParser(maxDepth: 10_000).parse(state), body: try parseBody(body))
     }
 
     func saveDocument(_ key: DocKey, _ state: DocumentState) throws {
         cache[key] = .some(state)
         if dirtySet.insert(key).inserted { dirty.append(key) }
+        if touchedSet.insert(key).inserted { touched.append(key) }
     }
 
-    /// Writes every document state changed in this transaction, and its materialized row.
+    /// Writes every document state changed in this transaction, and its materialized row (as of the last recorded
+    /// change: callers record every change before flushing).
     func flush() throws {
-        for key in dirty { try write(key, cache[key]!!) }
+        precondition(touched.isEmpty, "flush before the change was recorded")
+        for key in dirty { try write(key, cache[key]!!, visible[key] ?? Visible()) }
         dirty = []
         dirtySet = []
     }
 
-    private func write(_ key: DocKey, _ state: DocumentState) throws {
+    private func write(_ key: DocKey, _ state: DocumentState, _ body: Visible) throws {
         let conflicted = state.fields.values.contains { !$0.losers.isEmpty }
         try db.cachedStatement(
             sql: "INSERT INTO crdt_docs(collection, id, state, conflicted) VALUES (?, ?, ?, ?) "
@@ -88,22 +141,22 @@ final class SQLStorage: ReplicaStorage {
         // A collection exists once any document state lives in it (deleted ones too), whatever the batching of the
         // changes that brought it: collection existence must converge like the documents do.
         try ensureCollection(key.collection)
-        guard let doc = state.materialize(id: key.id) else {
+        guard let text = body.text else {
             try db.cachedStatement(sql: "DELETE FROM docs WHERE collection = ? AND id = ?").execute(
                 arguments: [key.collection, key.id])
             return
         }
-        let bytes = JSONValue.object(doc).jsonBytes
-        if enforceLimits && bytes.count > limits.maxDocumentBytes {
+        let size = text.utf8.count
+        if enforceLimits && size > limits.maxDocumentBytes {
             throw StoreError(
                 .limitExceeded, kind: "document_too_large",
-                "document is \(bytes.count) bytes; the limit is \(limits.maxDocumentBytes)",
+                "document is \(size) bytes; the limit is \(limits.maxDocumentBytes)",
                 details: ["limit": .int(Int64(limits.maxDocumentBytes))])
         }
         try db.cachedStatement(
             sql: "INSERT INTO docs(collection, id, body) VALUES (?, ?, ?) "
                 + "ON CONFLICT(collection, id) DO UPDATE SET body = excluded.body"
-        ).execute(arguments: [key.collection, key.id, String(decoding: bytes, as: UTF8.self)])
+        ).execute(arguments: [key.collection, key.id, text])
     }
 
     /// Registers the collection unless it is known to exist; the cache learns new names only after COMMIT.

@@ -55,6 +55,17 @@ enum Schema {
                     CREATE TABLE index_states(name TEXT PRIMARY KEY NOT NULL, state TEXT NOT NULL) WITHOUT ROWID;
                     """)
         }
+        m.registerMigration("v3-feed") { db in
+            // The local change feed: one row per applied change, `seq` the local sequence subscribers resume from.
+            try db.execute(
+                sql: """
+                    CREATE TABLE feed(
+                        seq INTEGER PRIMARY KEY,
+                        origin TEXT NOT NULL,
+                        events TEXT NOT NULL
+                    );
+                    """)
+        }
         return m
     }
 }

@@ -4,7 +4,7 @@ import BlazeProtocol
 public struct StoreError: Error, Sendable, Equatable, CustomStringConvertible {
     /// Broad class of the error; stable across releases.
     public struct Code: Hashable, Sendable, CustomStringConvertible {
-        private enum Base: String { case notFound, alreadyExists, invalidArgument, limitExceeded, internalFailure }
+        private enum Base: String { case notFound, alreadyExists, invalidArgument, limitExceeded, unavailable, internalFailure }
         private let base: Base
         /// Something named by the caller does not exist.
         public static let notFound = Code(base: .notFound)
@@ -14,6 +14,8 @@ public struct StoreError: Error, Sendable, Equatable, CustomStringConvertible {
         public static let invalidArgument = Code(base: .invalidArgument)
         /// A configured limit was exceeded.
         public static let limitExceeded = Code(base: .limitExceeded)
+        /// The service is going away (shutting down); retry elsewhere or later.
+        public static let unavailable = Code(base: .unavailable)
         /// The store failed internally (I/O, corruption, bug).
         public static let internalFailure = Code(base: .internalFailure)
         /// The code's name.

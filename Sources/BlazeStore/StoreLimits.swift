@@ -13,6 +13,9 @@ public struct StoreLimits: Sendable, Equatable {
     /// Maximum fields in one user index.
     public var maxIndexFields: Int = 8
 
+    /// Changes kept in the durable change feed for `subscribe` with `since`; older ones are pruned.
+    public var feedRetention: Int = 10_000
+
     /// Default limits.
     public init() {}
 }

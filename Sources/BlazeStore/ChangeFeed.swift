@@ -1,0 +1,208 @@
+import BlazeCRDT
+import BlazeProtocol
+import Foundation
+import GRDB
+import Synchronization
+
+/// What a change did to one document, as subscribers see it.
+public enum FeedEventType: String, Sendable {
+    /// The document did not exist (or was deleted) before the change and does now.
+    case insert
+    /// The document existed before and after the change, and its content changed.
+    case update
+    /// The document existed before the change and does not now.
+    case delete
+}
+
+/// One document's visible change within one applied change.
+public struct FeedEvent: Sendable, Equatable {
+    /// The collection.
+    public let collection: String
+    /// The document id.
+    public let id: String
+    /// Insert, update or delete.
+    public let type: FeedEventType
+    /// The document after the change (with `_id`); nil when deleted.
+    public let after: [String: JSONValue]?
+    /// `after` in canonical JSON text, spliced into notifications as is.
+    public let afterText: String?
+    /// The document before the change; nil when it did not exist. Live queries use it to tell entering from staying.
+    public let before: [String: JSONValue]?
+    /// `before` in canonical JSON text.
+    public let beforeText: String?
+}
+
+/// One applied change (local or remote) in the database's local change feed.
+public struct FeedEntry: Sendable {
+    /// Local sequence number: increases by one with every change this database applies, never reused.
+    public let seq: Int64
+    /// The replica that authored the change.
+    public let origin: NodeID
+    /// The documents it visibly changed, in the order the change first touched them.
+    public let events: [FeedEvent]
+}
+
+/// What a feed listener receives, on the writer's thread, in commit order.
+public enum FeedSignal: Sendable {
+    /// Newly committed changes, in sequence order.
+    case entries([FeedEntry])
+    /// The feed ended (its database was dropped or closed); no more signals follow.
+    case ended(StoreError)
+}
+
+/// The result of attaching to the live feed.
+public enum FeedAttachment: Sendable, Equatable {
+    /// Attached: the listener receives every change after the requested sequence.
+    case attached(token: Int)
+    /// Changes after the requested sequence are already committed; read them with `feedEntries(after:)` first.
+    case behind
+    /// The feed has ended.
+    case ended
+}
+
+/// The live side of a database's change feed: hands committed changes to listeners in commit order.
+///
+/// Publication happens on the writer's thread right after each commit, under the same lock that `attach` takes, so
+/// a listener attached "after sequence S" sees exactly the changes after S: no gap, no duplicate.
+public final class ChangeFeed: Sendable {
+    public typealias Listener = @Sendable (FeedSignal) -> Void
+
+    struct State {
+        var last: Int64
+        var floor: Int64
+        var listeners: [Int: Listener] = [:]
+        var next = 1
+        var ended: StoreError?
+    }
+
+    private let state: Mutex<State>
+
+    init(last: Int64, floor: Int64) {
+        state = Mutex(State(last: last, floor: floor))
+    }
+
+    /// The sequence of the last committed change (0 before the first).
+    public var lastSequence: Int64 { state.withLock { $0.last } }
+
+    /// Changes with a sequence at or below this were pruned from the durable feed and cannot be replayed.
+    public var floor: Int64 { state.withLock { $0.floor } }
+
+    /// Number of attached listeners.
+    public var listenerCount: Int { state.withLock { $0.listeners.count } }
+
+    /// Attaches `listener` to receive every change after `seq`, if none is committed yet.
+    public func attach(after seq: Int64, _ listener: @escaping Listener) -> FeedAttachment {
+        state.withLock { s in
+            if s.ended != nil { return .ended }
+            guard s.last <= seq else { return .behind }
+            let token = s.next
+            s.next += 1
+            s.listeners[token] = listener
+            return .attached(token: token)
+        }
+    }
+
+    /// Detaches a listener; it receives nothing more once this returns.
+    public func detach(_ token: Int) {
+        _ = state.withLock { $0.listeners.removeValue(forKey: token) }
+    }
+
+    func publish(_ entries: [FeedEntry], floor: Int64) {
+        guard let last = entries.last?.seq else { return }
+        state.withLock { s in
+            s.last = last
+            s.floor = floor
+            for listener in s.listeners.values { listener(.entries(entries)) }
+        }
+    }
+
+    /// Ends the feed: every listener gets `.ended(reason)` and is detached.
+    func end(_ reason: StoreError) {
+        state.withLock { s in
+            guard s.ended == nil else { return }
+            s.ended = reason
+            for listener in s.listeners.values { listener(.ended(reason)) }
+            s.listeners = [:]
+        }
+    }
+}
+
+/// The durable side of the change feed: one `feed` row per applied change, written in the change's transaction.
+enum FeedLog {
+    /// Stored event field names (short: the feed holds a copy of every changed document).
+    static func encode(_ events: [FeedEvent]) -> String {
+        var out = "["
+        for (i, e) in events.enumerated() {
+            if i > 0 { out += "," }
+            out += "{"
+            if let a = e.afterText { out += "\"a\":" + a + "," }
+            if let b = e.beforeText { out += "\"b\":" + b + "," }
+            out += "\"c\":" + JSONValue.string(e.collection).jsonText + ",\"i\":" + JSONValue.string(e.id).jsonText
+            out += ",\"t\":\"" + e.type.rawValue + "\"}"
+        }
+        return out + "]"
+    }
+
+    static func decode(seq: Int64, origin: String, events text: String) throws -> FeedEntry {
+        guard let origin = NodeID(hex: origin), case .array(let items) = try JSONParser(maxDepth: 10_000).parse(text) else {
+            throw StoreError(.internalFailure, kind: "corrupt_feed", "feed entry \(seq) is corrupt")
+        }
+        var events: [FeedEvent] = []
+        events.reserveCapacity(items.count)
+        for item in items {
+            guard case .object(let o) = item, case .string(let c)? = o["c"], case .string(let i)? = o["i"],
+                case .string(let t)? = o["t"], let type = FeedEventType(rawValue: t)
+            else { throw StoreError(.internalFailure, kind: "corrupt_feed", "feed entry \(seq) is corrupt") }
+            let after = o["a"]?.objectValue
+            let before = o["b"]?.objectValue
+            events.append(
+                FeedEvent(
+                    collection: c, id: i, type: type, after: after, afterText: after.map { JSONValue.object($0).jsonText },
+                    before: before, beforeText: before.map { JSONValue.object($0).jsonText }))
+        }
+        return FeedEntry(seq: seq, origin: origin, events: events)
+    }
+}
+
+extension BlazeDatabase {
+    /// Committed changes after `seq`, oldest first: at most `limit` changes, and fewer once `maxEvents` events are
+    /// collected (at least one change is returned when any exists).
+    ///
+    /// Throws `feed_expired` when `seq` is below the feed's floor (those changes were pruned) and `since_in_future`
+    /// when it is beyond the last change.
+    public func feedEntries(after seq: Int64, limit: Int = 256, maxEvents: Int = 2_000) throws -> [FeedEntry] {
+        try checkFeedPosition(seq)
+        return try read { db in
+            let rows = try Row.fetchCursor(
+                db, sql: "SELECT seq, origin, events FROM feed WHERE seq > ? ORDER BY seq LIMIT ?",
+                arguments: [seq, limit])
+            var out: [FeedEntry] = []
+            var events = 0
+            while let row = try rows.next() {
+                let entry = try FeedLog.decode(seq: row[0], origin: row[1], events: row[2])
+                out.append(entry)
+                events += entry.events.count
+                if events >= maxEvents { break }
+            }
+            return out
+        }
+    }
+
+    /// Checks that the changes after `seq` can be replayed.
+    public func checkFeedPosition(_ seq: Int64) throws {
+        let floor = feed.floor
+        let last = feed.lastSequence
+        guard seq >= floor else {
+            throw StoreError(
+                .limitExceeded, kind: "feed_expired",
+                "changes after \(seq) are no longer kept (the feed starts after \(floor)); read the current state again",
+                details: ["floor": .int(floor), "last": .int(last)])
+        }
+        guard seq <= last else {
+            throw StoreError(
+                .invalidArgument, kind: "since_in_future",
+                "since \(seq) is beyond the last change \(last) of database \(Names.quoted(name))",
+                details: ["last": .int(last)])
+        }
+    }
+}

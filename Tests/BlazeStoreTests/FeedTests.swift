@@ -1,0 +1,183 @@
+import BlazeCRDT
+import BlazeProtocol
+import Foundation
+import Synchronization
+import Testing
+
+@testable import BlazeStore
+
+/// Collects what a feed listener receives.
+final class FeedRecorder: Sendable {
+    let signals = Mutex<[FeedSignal]>([])
+
+    var listener: ChangeFeed.Listener { { [self] s in signals.withLock { $0.append(s) } } }
+
+    var entries: [FeedEntry] {
+        signals.withLock { $0.flatMap { s -> [FeedEntry] in if case .entries(let e) = s { e } else { [] } } }
+    }
+}
+
+/// "type collection/id" for each event of each entry, one string per entry.
+func summary(_ entries: [FeedEntry]) -> [String] {
+    entries.map { $0.events.map { "\($0.type.rawValue) \($0.collection)/\($0.id)" }.joined(separator: ", ") }
+}
+
+@Suite struct ChangeFeedTests {
+    @Test func everyWritePathAppendsOneEntryWithItsVisibleChanges() throws {
+        let t = try TempStore()
+        let db = try t.store.create("f")
+        let rec = FeedRecorder()
+        guard case .attached = db.feed.attach(after: db.feed.lastSequence, rec.listener) else {
+            Issue.record("not attached")
+            return
+        }
+        let start = db.feed.lastSequence
+        _ = try db.apply(.insert(collection: "c", doc: ["_id": "a", "n": 1]))
+        _ = try db.apply(.put(collection: "c", id: "a", doc: ["n": 2]))
+        _ = try db.apply(.put(collection: "c", id: "b", doc: ["n": 1]))
+        _ = try db.apply(.patch(collection: "c", id: "a", set: ["x": "y"]))
+        _ = try db.apply(.patch(collection: "c", id: "a", unset: ["x"]))
+        _ = try db.apply(.patch(collection: "c", id: "a", incr: ["k": 5]))
+        _ = try db.apply(.patch(collection: "c", id: "a", add: ["s": ["p", "q"]]))
+        _ = try db.apply(.patch(collection: "c", id: "a", remove: ["s": ["p"]]))
+        _ = try db.apply(.delete(collection: "c", id: "b"))
+        _ = try db.commit([
+            .insert(collection: "c", doc: ["_id": "t1"]), .patch(collection: "c", id: "t1", set: ["v": true]),
+            .put(collection: "d", id: "t2", doc: [:]), .insert(collection: "c", doc: ["_id": "gone"]),
+            .delete(collection: "c", id: "gone"),
+        ])
+        _ = try db.write { try $0.createIndex(collection: "c", fields: ["n"], name: nil) }
+        _ = try db.apply(.put(collection: "c", id: "a", doc: try db.get(collection: "c", id: "a").objectValue!))
+        _ = try db.apply(.insert(collection: "c", doc: ["_id": "b", "again": true]))
+
+        let expected = [
+            "insert c/a", "update c/a", "insert c/b", "update c/a", "update c/a", "update c/a", "update c/a",
+            "update c/a", "delete c/b", "insert c/t1, insert d/t2", "", "", "insert c/b",
+        ]
+        #expect(summary(rec.entries) == expected)
+        #expect(rec.entries.map(\.seq) == Array((start + 1)...(start + Int64(expected.count))))
+        #expect(rec.entries.allSatisfy { $0.origin == db.node })
+        // Documents after and before each change.
+        let e = rec.entries
+        #expect(e[0].events[0].after == ["_id": "a", "n": 1] && e[0].events[0].before == nil)
+        #expect(e[1].events[0].before == ["_id": "a", "n": 1] && e[1].events[0].after == ["_id": "a", "n": 2])
+        #expect(e[5].events[0].after?["k"] == 5)
+        #expect(e[7].events[0].after?["s"] == ["q"])
+        #expect(e[8].events[0].after == nil && e[8].events[0].before == ["_id": "b", "n": 1])
+        #expect(e[9].events[0].after == ["_id": "t1", "v": true])
+        #expect(e[0].events[0].afterText == #"{"_id":"a","n":1}"#)
+
+        // The durable feed holds exactly what was published, and replays from any point.
+        let replayed = try db.feedEntries(after: start, limit: 1000)
+        #expect(summary(replayed) == expected)
+        #expect(replayed.map(\.seq) == e.map(\.seq))
+        for (r, l) in zip(replayed, e) { #expect(r.events == l.events) }
+        #expect(summary(try db.feedEntries(after: start + 9, limit: 1000)) == Array(expected.dropFirst(9)))
+        #expect(try db.feedEntries(after: db.feed.lastSequence).isEmpty)
+    }
+
+    @Test func failedWritesLeaveNoEntryAndNoGap() throws {
+        let t = try TempStore()
+        let db = try t.store.create("f")
+        _ = try db.apply(.insert(collection: "c", doc: ["_id": "a"]))
+        let before = db.feed.lastSequence
+        expectStoreError("document_exists") { _ = try db.apply(.insert(collection: "c", doc: ["_id": "a"])) }
+        expectStoreError("document_not_found") {
+            _ = try db.commit([.insert(collection: "c", doc: ["_id": "z"]), .delete(collection: "c", id: "nope")])
+        }
+        #expect(db.feed.lastSequence == before)
+        _ = try db.apply(.insert(collection: "c", doc: ["_id": "b"]))
+        #expect(try db.feedEntries(after: before).map(\.seq) == [before + 1])
+    }
+
+    @Test func feedEntriesPageByChangesAndEvents() throws {
+        let t = try TempStore()
+        let db = try t.store.create("f")
+        for i in 0..<10 {
+            _ = try db.commit((0..<5).map { j in .insert(collection: "c", doc: ["_id": .string("\(i)-\(j)")]) })
+        }
+        #expect(try db.feedEntries(after: 0, limit: 3).map(\.seq) == [1, 2, 3])
+        #expect(try db.feedEntries(after: 0, limit: 100, maxEvents: 12).map(\.seq) == [1, 2, 3])
+        #expect(try db.feedEntries(after: 9, limit: 100, maxEvents: 1).map(\.seq) == [10])
+    }
+
+    @Test func remoteChangesGetLocalSequencesAndTheirOrigin() throws {
+        let r = try StoreReplicas(2)
+        let (a, b) = (r.dbs[0], r.dbs[1])
+        _ = try a.apply(.insert(collection: "c", doc: ["_id": "x", "v": 1]))
+        _ = try a.apply(.patch(collection: "c", id: "x", set: ["v": 2]))
+        _ = try a.apply(.delete(collection: "c", id: "x"))
+        _ = try b.apply(.insert(collection: "c", doc: ["_id": "local"]))
+        let rec = FeedRecorder()
+        _ = b.feed.attach(after: b.feed.lastSequence, rec.listener)
+        // One receive transaction applies three changes to the same document: three entries, each with its own
+        // before and after.
+        try r.send(0, 1)
+        #expect(summary(rec.entries) == ["insert c/x", "update c/x", "delete c/x"])
+        #expect(rec.entries.map(\.seq) == [2, 3, 4])
+        #expect(rec.entries.allSatisfy { $0.origin == a.node })
+        #expect(rec.entries[1].events[0].before?["v"] == 1 && rec.entries[1].events[0].after?["v"] == 2)
+        // Duplicates apply nothing and add nothing to the feed.
+        try r.send(0, 1)
+        #expect(b.feed.lastSequence == 4)
+        #expect(summary(try b.feedEntries(after: 1)) == ["insert c/x", "update c/x", "delete c/x"])
+    }
+
+    @Test func sequencesSurviveReopenAndPruningKeepsTheRetention() throws {
+        var limits = StoreLimits()
+        limits.feedRetention = 10
+        let t = try TempStore(limits: limits)
+        let db = try t.store.create("f")
+        for i in 0..<300 { _ = try db.apply(.put(collection: "c", id: "d\(i % 7)", doc: ["i": .int(Int64(i))])) }
+        #expect(db.feed.lastSequence == 300)
+        #expect(db.feed.floor >= 300 - 10 - ChangeFeedTests.pruneStep && db.feed.floor <= 290)
+        expectStoreError("feed_expired") { _ = try db.feedEntries(after: 0) }
+        expectStoreError("since_in_future") { _ = try db.feedEntries(after: 301) }
+        let kept = try db.feedEntries(after: db.feed.floor, limit: 10_000)
+        #expect(kept.map(\.seq) == Array((db.feed.floor + 1)...300))
+
+        let floor = db.feed.floor
+        try db.close()
+        let store2 = try Store(directory: t.dir, limits: limits, node: t.store.node)
+        let reopened = try store2.database("f")
+        #expect(reopened.feed.lastSequence == 300 && reopened.feed.floor == floor)
+        _ = try reopened.apply(.delete(collection: "c", id: "d0"))
+        #expect(summary(try reopened.feedEntries(after: 300)) == ["delete c/d0"])
+        #expect(try reopened.feedEntries(after: 300).first?.seq == 301)
+        store2.closeAll()
+    }
+
+    static let pruneStep = BlazeDatabase.pruneStep
+
+    @Test func droppingTheDatabaseEndsItsFeed() throws {
+        let t = try TempStore()
+        let db = try t.store.create("f")
+        let rec = FeedRecorder()
+        _ = db.feed.attach(after: 0, rec.listener)
+        try t.store.drop("f")
+        let last = rec.signals.withLock { $0.last }
+        guard case .ended(let e)? = last else {
+            Issue.record("expected the feed to end, got \(String(describing: last))")
+            return
+        }
+        #expect(e.kind == "database_dropped")
+        #expect(db.feed.attach(after: 0, rec.listener) == .ended)
+    }
+
+    @Test func attachIsRefusedWhileBehindAndDetachStopsDelivery() throws {
+        let t = try TempStore()
+        let db = try t.store.create("f")
+        _ = try db.apply(.insert(collection: "c", doc: [:]))
+        let rec = FeedRecorder()
+        #expect(db.feed.attach(after: 0, rec.listener) == .behind)
+        guard case .attached(let token) = db.feed.attach(after: 1, rec.listener) else {
+            Issue.record("not attached")
+            return
+        }
+        _ = try db.apply(.insert(collection: "c", doc: [:]))
+        db.feed.detach(token)
+        _ = try db.apply(.insert(collection: "c", doc: [:]))
+        #expect(rec.entries.map(\.seq) == [2])
+        #expect(db.feed.listenerCount == 0)
+    }
+}
