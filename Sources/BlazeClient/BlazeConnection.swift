@@ -80,6 +80,10 @@ public final class BlazeConnection {
         try send(request.jsonValue.jsonBytes + [0x0A])
         while true {
             let response = try readMessage()
+            if response["id"] == nil, response["method"] != nil {
+                notifications.append(response)
+                continue
+            }
             guard response["id"] == .int(id) else { continue }
             if let err = response["error"] {
                 throw RPCError(json: err) ?? ClientError("malformed error response: \(err.jsonText)")
@@ -88,6 +92,19 @@ public final class BlazeConnection {
                 throw ClientError("response without result: \(response.jsonText)")
             }
             return result
+        }
+    }
+
+    /// Notifications that arrived while `call` waited for its response, oldest first.
+    public var notifications: [JSONValue] = []
+
+    /// The next server notification (e.g. a `subscription` event batch): a queued one, else the next message read.
+    /// Responses that arrive meanwhile are skipped.
+    public func nextNotification() throws -> JSONValue {
+        if !notifications.isEmpty { return notifications.removeFirst() }
+        while true {
+            let message = try readMessage()
+            if message["id"] == nil, message["method"] != nil { return message }
         }
     }
 

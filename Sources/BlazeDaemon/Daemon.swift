@@ -124,17 +124,25 @@ public final class Daemon: Service, Sendable {
                 try channel.pipeline.syncOperations.addHandler(
                     ByteToMessageHandler(LineFrameDecoder(maxLength: limits.maxLineBytes)))
                 try channel.pipeline.syncOperations.addHandler(
-                    RPCHandler(id: id, dispatcher: dispatcher, limits: limits, logger: logger))
+                    RPCHandler(
+                        connection: ConnectionHandle(id: id, maxSubscriptions: limits.maxSubscriptionsPerConnection),
+                        dispatcher: dispatcher, limits: limits, logger: logger))
             }
         }
     }
 }
 
-/// Answers the requests of one connection in order, on the connection's event loop.
+/// Answers the requests of one connection in order, on the connection's event loop, and delivers its subscriptions.
 ///
 /// Requests whose methods only read a little (`MethodSpec.runsInline`) are answered right here, with no thread hop;
 /// the others run on the daemon's I/O thread pool and are answered back on the loop. While a request runs on the
-/// pool, later lines wait in a queue, and reading from the socket pauses once that queue is full.
+/// pool, later lines wait in a queue, and reading from the socket pauses once that queue is full or while the
+/// client does not read its responses.
+///
+/// A subscription starts once the response to its `subscribe` is written: it replays the durable feed from its
+/// start sequence in pages (each page waits until the client has read the previous ones), then attaches to the live
+/// feed. Live events are written as they commit; a subscription whose connection already has more than
+/// `maxSubscriberBacklogBytes` unsent is dropped with a final error notification.
 final class RPCHandler: ChannelDuplexHandler {
     typealias InboundIn = InboundFrame
     typealias OutboundIn = ByteBuffer
@@ -146,7 +154,7 @@ final class RPCHandler: ChannelDuplexHandler {
     /// Lines queued beyond this stop reading from the socket until the queue drains.
     static let maxQueued = 64
 
-    let id: Int
+    let connection: ConnectionHandle
     let dispatcher: Dispatcher
     let limits: ServerLimits
     let logger: Logger
@@ -155,11 +163,49 @@ final class RPCHandler: ChannelDuplexHandler {
     private var closing = false
     private var heldRead = false
 
-    init(id: Int, dispatcher: Dispatcher, limits: ServerLimits, logger: Logger) {
-        self.id = id
+    /// Loop-side state of a started subscription.
+    struct Delivery {
+        let sub: Subscription
+        /// Events up to this feed sequence are delivered (or were not for this subscription).
+        var delivered: Int64
+        /// Replaying and paused until the client reads (the channel becomes writable).
+        var waiting = false
+    }
+
+    private var deliveries: [String: Delivery] = [:]
+
+    var id: Int { connection.id }
+
+    init(connection: ConnectionHandle, dispatcher: Dispatcher, limits: ServerLimits, logger: Logger) {
+        self.connection = connection
         self.dispatcher = dispatcher
         self.limits = limits
         self.logger = logger
+    }
+
+    func handlerAdded(context: ChannelHandlerContext) {
+        // Pause reading requests while this much output waits for the client (it reads its responses too slowly).
+        context.channel.setOption(.writeBufferWaterMark, value: .init(low: 256 << 10, high: 1 << 20)).whenFailure { _ in }
+    }
+
+    func channelInactive(context: ChannelHandlerContext) {
+        connection.close()
+        deliveries = [:]
+        context.fireChannelInactive()
+    }
+
+    func channelWritabilityChanged(context: ChannelHandlerContext) {
+        if context.channel.isWritable {
+            for (id, d) in deliveries where d.waiting {
+                deliveries[id]?.waiting = false
+                pump(id, context: context)
+            }
+            if heldRead && queue.count < Self.maxQueued {
+                heldRead = false
+                context.read()
+            }
+        }
+        context.fireChannelWritabilityChanged()
     }
 
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
@@ -169,7 +215,7 @@ final class RPCHandler: ChannelDuplexHandler {
     }
 
     func read(context: ChannelHandlerContext) {
-        if queue.count >= Self.maxQueued {
+        if queue.count >= Self.maxQueued || !context.channel.isWritable {
             heldRead = true
         } else {
             context.read()
@@ -213,12 +259,12 @@ final class RPCHandler: ChannelDuplexHandler {
                 if line.readableBytesView.allSatisfy({ $0 == 0x20 || $0 == 0x09 }) { continue }
                 let prepared = dispatcher.prepare(line: line.readableBytesView)
                 if dispatcher.runsInline(prepared) {
-                    send(dispatcher.execute(prepared, connection: id), context: context)
+                    send(dispatcher.execute(prepared, connection: connection), context: context)
                     continue
                 }
                 busy = true
                 let loopBound = NIOLoopBound((self, context), eventLoop: context.eventLoop)
-                let connection = id
+                let connection = self.connection
                 let dispatcher = self.dispatcher
                 dispatcher.pool.runIfActive(eventLoop: context.eventLoop) {
                     dispatcher.execute(prepared, connection: connection)
@@ -237,7 +283,7 @@ final class RPCHandler: ChannelDuplexHandler {
                 return
             }
         }
-        if heldRead && queue.count < Self.maxQueued {
+        if heldRead && queue.count < Self.maxQueued && context.channel.isWritable {
             heldRead = false
             context.read()
         }
@@ -245,9 +291,107 @@ final class RPCHandler: ChannelDuplexHandler {
     }
 
     private func send(_ reply: [UInt8]?, context: ChannelHandlerContext) {
-        guard var reply else { return }
-        reply.append(0x0A)
-        context.writeAndFlush(wrapOutboundOut(ByteBuffer(bytes: reply)), promise: nil)
+        if var reply {
+            reply.append(0x0A)
+            context.writeAndFlush(wrapOutboundOut(ByteBuffer(bytes: reply)), promise: nil)
+        }
+        // Subscriptions created by this request start now that their `subscribe` response is out.
+        for sub in connection.takePending() where !sub.isCancelled {
+            deliveries[sub.id] = Delivery(sub: sub, delivered: sub.start)
+            pump(sub.id, context: context)
+        }
+    }
+
+    // MARK: subscriptions
+
+    /// Catches a subscription up: attaches it to the live feed when nothing is left to replay, else replays one page
+    /// from the durable feed on the I/O pool and comes back.
+    private func pump(_ id: String, context: ChannelHandlerContext) {
+        guard let d = deliveries[id], connection.contains(d.sub) else {
+            deliveries[id] = nil
+            return
+        }
+        let sub = d.sub
+        let loopBound = NIOLoopBound((self, context), eventLoop: context.eventLoop)
+        let attachment = sub.database.feed.attach(after: d.delivered) { signal in
+            loopBound.eventLoop.execute {
+                let (handler, context) = loopBound.value
+                handler.receive(signal, for: sub, context: context)
+            }
+        }
+        switch attachment {
+        case .attached(let token):
+            sub.attached(token)
+        case .ended(let error):
+            end(sub, Dispatcher.rpcError(error) ?? .internalError(), context: context)
+        case .behind:
+            let after = d.delivered
+            dispatcher.pool.runIfActive(eventLoop: context.eventLoop) {
+                try sub.database.feedEntries(after: after)
+            }.whenComplete { result in
+                let (handler, context) = loopBound.value
+                guard handler.deliveries[sub.id] != nil, !sub.isCancelled else { return }
+                switch result {
+                case .success(let entries):
+                    handler.write(entries, for: sub, context: context)
+                    if context.channel.isWritable {
+                        handler.pump(sub.id, context: context)
+                    } else {
+                        handler.deliveries[sub.id]?.waiting = true
+                    }
+                case .failure(let error as StoreError):
+                    handler.end(sub, Dispatcher.rpcError(error) ?? .internalError(), context: context)
+                case .failure(let error):
+                    handler.logger.error(
+                        "Subscription replay failed",
+                        metadata: ["connection.id": "\(handler.id)", "subscription": "\(sub.id)", "error": "\(error)"])
+                    handler.end(sub, .internalError(), context: context)
+                }
+            }
+        }
+    }
+
+    /// A live signal from the feed (on this loop, in commit order).
+    private func receive(_ signal: FeedSignal, for sub: Subscription, context: ChannelHandlerContext) {
+        guard deliveries[sub.id]?.sub === sub, !sub.isCancelled else { return }
+        switch signal {
+        case .entries(let entries):
+            let backlog = (try? context.channel.syncOptions?.getOption(.bufferedWritableBytes)) ?? 0
+            if backlog > limits.maxSubscriberBacklogBytes {
+                logger.notice(
+                    "Dropping a subscriber that does not keep up",
+                    metadata: ["connection.id": "\(id)", "subscription": "\(sub.id)", "backlog.bytes": "\(backlog)"])
+                end(
+                    sub,
+                    RPCError(
+                        code: RPCErrorCode.limitExceeded, kind: "subscriber_too_slow",
+                        message: "more than \(limits.maxSubscriberBacklogBytes) bytes were waiting for this connection "
+                            + "to read them; the subscription is dropped: subscribe again with since to resume",
+                        details: ["lastSeq": .int(deliveries[sub.id]?.delivered ?? sub.start)]),
+                    context: context)
+                return
+            }
+            write(entries, for: sub, context: context)
+        case .ended(let error):
+            end(sub, Dispatcher.rpcError(error) ?? .internalError(), context: context)
+        }
+    }
+
+    /// Writes the events of `entries` not yet delivered to `sub`.
+    private func write(_ entries: [FeedEntry], for sub: Subscription, context: ChannelHandlerContext) {
+        guard let delivered = deliveries[sub.id]?.delivered else { return }
+        let fresh = entries.lazy.filter { $0.seq > delivered }
+        guard let last = fresh.last?.seq else { return }
+        deliveries[sub.id]?.delivered = last
+        if let line = sub.notification(fresh) {
+            context.writeAndFlush(wrapOutboundOut(ByteBuffer(bytes: line)), promise: nil)
+        }
+    }
+
+    /// Ends a subscription with one final error notification.
+    private func end(_ sub: Subscription, _ error: RPCError, context: ChannelHandlerContext) {
+        guard deliveries.removeValue(forKey: sub.id) != nil, connection.remove(sub.id) != nil else { return }
+        context.writeAndFlush(wrapOutboundOut(ByteBuffer(bytes: sub.finalNotification(error))), promise: nil)
     }
 }
 

@@ -13,6 +13,11 @@ public struct ServerLimits: Sendable, Equatable {
     public var maxConnections: Int = 256
     /// Seconds a connection may stay silent before it is closed; 0 disables the timeout.
     public var idleTimeoutSeconds: Int = 600
+    /// Maximum subscriptions one connection may hold.
+    public var maxSubscriptionsPerConnection: Int = 1000
+    /// Bytes a connection may have waiting to be sent before a live subscription that adds more is dropped
+    /// (with a final `subscriber_too_slow` error notification).
+    public var maxSubscriberBacklogBytes: Int = 8 << 20
 
     /// Default limits.
     public init() {}

@@ -30,7 +30,7 @@ struct Dispatcher: Sendable {
     }
 
     /// Runs a decoded line; returns the response bytes (without newline), or nil when nothing is owed.
-    func execute(_ incoming: RPCIncoming, connection: Int) -> [UInt8]? {
+    func execute(_ incoming: RPCIncoming, connection: ConnectionHandle) -> [UInt8]? {
         switch incoming {
         case .failure(let f):
             return RPCCodec.response(id: f.id, error: f.error).jsonBytes
@@ -42,7 +42,7 @@ struct Dispatcher: Sendable {
         }
     }
 
-    func respond(_ item: Result<RPCRequest, RPCFailure>, connection: Int) -> JSONValue? {
+    func respond(_ item: Result<RPCRequest, RPCFailure>, connection: ConnectionHandle) -> JSONValue? {
         switch item {
         case .failure(let f):
             return RPCCodec.response(id: f.id, error: f.error)
@@ -56,7 +56,7 @@ struct Dispatcher: Sendable {
         }
     }
 
-    func call(_ req: RPCRequest, connection: Int) -> Result<JSONValue, RPCError> {
+    func call(_ req: RPCRequest, connection: ConnectionHandle) -> Result<JSONValue, RPCError> {
         guard let method = context.registry.methods[req.method] else {
             return .failure(
                 RPCError(
@@ -65,10 +65,26 @@ struct Dispatcher: Sendable {
         }
         do {
             let params = try method.validate(req.params)
+            var context = self.context
+            context.connection = connection
             return .success(try method.handler(params, context))
         } catch {
-            return .failure(map(error, method: req.method, connection: connection))
+            return .failure(map(error, method: req.method, connection: connection.id))
         }
+    }
+
+    /// The client-facing form of a store error; nil for internal failures (whose details stay in the log).
+    static func rpcError(_ e: StoreError) -> RPCError? {
+        let code: Int
+        switch e.code {
+        case .notFound: code = RPCErrorCode.notFound
+        case .alreadyExists: code = RPCErrorCode.conflict
+        case .invalidArgument: code = RPCErrorCode.invalidParams
+        case .limitExceeded: code = RPCErrorCode.limitExceeded
+        case .unavailable: code = RPCErrorCode.unavailable
+        default: return nil
+        }
+        return RPCError(code: code, kind: e.kind, message: e.message, details: e.details)
     }
 
     /// The single mapping from any error to the JSON-RPC error a client sees.
@@ -77,20 +93,13 @@ struct Dispatcher: Sendable {
         case let e as RPCError:
             return e
         case let e as StoreError:
-            let code: Int
-            switch e.code {
-            case .notFound: code = RPCErrorCode.notFound
-            case .alreadyExists: code = RPCErrorCode.conflict
-            case .invalidArgument: code = RPCErrorCode.invalidParams
-            case .limitExceeded: code = RPCErrorCode.limitExceeded
-            case .unavailable: code = RPCErrorCode.unavailable
-            default:
+            guard let mapped = Self.rpcError(e) else {
                 context.logger.error(
                     "Store failure",
                     metadata: ["rpc.method": "\(method)", "connection.id": "\(connection)", "error": "\(e)"])
                 return .internalError()
             }
-            return RPCError(code: code, kind: e.kind, message: e.message, details: e.details)
+            return mapped
         default:
             context.logger.error(
                 "Request failed",

@@ -85,6 +85,8 @@ struct RequestContext: Sendable {
     let logger: Logger
     let startedAt: ContinuousClock.Instant
     let registry: MethodRegistry
+    /// The connection the request came on (set per call).
+    var connection: ConnectionHandle?
 
     func database(_ params: Params) throws -> BlazeDatabase {
         try store.database(params.string("db"))

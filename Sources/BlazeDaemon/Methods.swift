@@ -7,6 +7,7 @@ import Foundation
 enum Methods {
     static func all() -> [MethodSpec] {
         daemonMethods + databaseMethods + documentMethods + queryMethods + indexMethods + conflictMethods
+            + subscriptionMethods
     }
 
     // MARK: daemon
@@ -360,4 +361,46 @@ enum Methods {
         // The generator checks the document parses; a failure here is a build defect, not a runtime condition.
         try! JSONParser(maxDepth: 256).parse(openRPCDocumentText)
     }()
+
+    // MARK: subscriptions
+
+    static let subscriptionMethods: [MethodSpec] = [
+        MethodSpec(
+            inline: true, name: "subscribe",
+            summary: "Reports changes as `subscription` notifications; with `where`, a live query (enter/leave).",
+            params: [
+                .db, .optional("collection", .string, "Only this collection's documents (default: all)."), .where,
+                .optional("since", .integer, "Replay the changes after this feed sequence first (default: only new ones)."),
+            ])
+        { p, ctx in
+            guard let connection = ctx.connection else { throw RPCError.internalError() }
+            let db = try ctx.database(p)
+            let collection = p.optionalString("collection")
+            if let collection { try Names.validateCollection(collection) }
+            let filter = try p["where"].map { try Filter.parse($0) }
+            let start: Int64
+            if let since = p["since"]?.intValue {
+                guard since >= 0 else { throw RPCError.invalidParams("since must be 0 or more, got \(since)") }
+                try db.checkFeedPosition(since)
+                start = since
+            } else {
+                start = db.feed.lastSequence
+            }
+            let sub = Subscription(database: db, collection: collection, filter: filter, start: start)
+            try connection.add(sub)
+            return ["subscription": .string(sub.id), "seq": .int(start)]
+        },
+        MethodSpec(
+            inline: true, name: "unsubscribe", summary: "Ends a subscription of this connection.",
+            params: [.required("subscription", .string, "The id `subscribe` returned.")])
+        { p, ctx in
+            let id = p.string("subscription")
+            guard let connection = ctx.connection, connection.remove(id) != nil else {
+                throw RPCError(
+                    code: RPCErrorCode.notFound, kind: "subscription_not_found",
+                    message: "this connection has no subscription \"\(id)\"")
+            }
+            return ["subscription": .string(id), "unsubscribed": true]
+        },
+    ]
 }

@@ -56,8 +56,8 @@ public enum FeedAttachment: Sendable, Equatable {
     case attached(token: Int)
     /// Changes after the requested sequence are already committed; read them with `feedEntries(after:)` first.
     case behind
-    /// The feed has ended.
-    case ended
+    /// The feed has ended, for this reason.
+    case ended(StoreError)
 }
 
 /// The live side of a database's change feed: hands committed changes to listeners in commit order.
@@ -93,7 +93,7 @@ public final class ChangeFeed: Sendable {
     /// Attaches `listener` to receive every change after `seq`, if none is committed yet.
     public func attach(after seq: Int64, _ listener: @escaping Listener) -> FeedAttachment {
         state.withLock { s in
-            if s.ended != nil { return .ended }
+            if let reason = s.ended { return .ended(reason) }
             guard s.last <= seq else { return .behind }
             let token = s.next
             s.next += 1

@@ -15,7 +15,7 @@ struct BlazeCtl: ParsableCommand {
         discussion: "Values in key=value arguments are read as JSON when they parse (limit=5 is a number), else as strings.",
         subcommands: [
             Call.self, Info.self, DB.self, Collection.self, Doc.self, Tx.self, Find.self, Count.self, Explain.self,
-            Index.self, Conflict.self,
+            Index.self, Conflict.self, Watch.self,
         ])
 }
 
@@ -45,6 +45,17 @@ struct Global: ParsableArguments {
     /// Prints `result` as JSON with --json, else with `human`.
     func output(_ result: JSONValue, human: (JSONValue) -> Void) {
         if json { print(result.jsonText) } else { human(result) }
+    }
+}
+
+/// Writes one line to standard output at once (no stdio buffering).
+func emit(_ line: String) {
+    let bytes = Array((line + "\n").utf8)
+    var offset = 0
+    while offset < bytes.count {
+        let n = bytes[offset...].withUnsafeBytes { write(1, $0.baseAddress, $0.count) }
+        if n <= 0 { exit(0) }  // stdout closed (e.g. piped into head): stop quietly
+        offset += n
     }
 }
 
@@ -451,6 +462,61 @@ struct Conflict: ParsableCommand {
             ]
             if let value { p["value"] = parseJSON(value, "--value") }
             global.output(try global.call("conflict.resolve", p)) { _ in print("resolved \(collection)/\(id).\(field)") }
+        }
+    }
+}
+
+struct Watch: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Print changes as they happen: one line per event (seq, type, collection/id, document).",
+        discussion: """
+            With a filter, a live query: documents entering and leaving the result are reported as enter and leave.
+            Runs until interrupted, until --count events were printed, or until the subscription ends (exit 1).
+            """)
+    @OptionGroup var global: Global
+    @Argument var db: String
+    @Argument(help: "Only this collection.") var collection: String?
+    @Argument(help: #"Filter as JSON, e.g. '{"done":false}'."#) var filter: String?
+    @Option(help: "Replay the changes after this feed sequence first.") var since: Int64?
+    @Option(help: "Exit after printing this many events.") var count: Int?
+
+    func run() throws {
+        if let count, count < 1 { fail("--count must be at least 1") }
+        var p: [String: JSONValue] = ["db": .string(db)]
+        if let collection { p["collection"] = .string(collection) }
+        if let filter { p["where"] = parseJSON(filter, "filter") }
+        if let since { p["since"] = .int(since) }
+        do {
+            let connection = try BlazeConnection(socketPath: global.socketPath)
+            defer { connection.close() }
+            let started = try connection.call("subscribe", p)
+            if !global.json {
+                let line = "watching \(db)\(collection.map { "/" + $0 } ?? "") after seq \(text(started["seq"]))\n"
+                _ = Array(line.utf8).withUnsafeBytes { write(2, $0.baseAddress, $0.count) }
+            }
+            var printed = 0
+            while true {
+                let n = try connection.nextNotification()
+                guard n["method"] == "subscription" else { continue }
+                if let err = n["params"]?["error"], let e = RPCError(json: err) {
+                    fail("subscription ended: \(e.message) [\(e.code) \(e.kind)]")
+                }
+                for event in n["params"]?["events"]?.arrayValue ?? [] {
+                    // Unbuffered: a watcher piped into another program sees each event as it happens.
+                    if global.json {
+                        emit(event.jsonText)
+                    } else {
+                        let doc = event["doc"].map { " " + $0.jsonText } ?? ""
+                        emit("\(text(event["seq"]))  \(pad(text(event["type"]), 6))  \(text(event["collection"]))/\(text(event["id"]))\(doc)")
+                    }
+                    printed += 1
+                    if let count, printed >= count { return }
+                }
+            }
+        } catch let e as RPCError {
+            fail("\(e.message) [\(e.code) \(e.kind)]")
+        } catch {
+            fail("\(error)")
         }
     }
 }

@@ -161,7 +161,7 @@ func summary(_ entries: [FeedEntry]) -> [String] {
             return
         }
         #expect(e.kind == "database_dropped")
-        #expect(db.feed.attach(after: 0, rec.listener) == .ended)
+        #expect(db.feed.attach(after: 0, rec.listener) == .ended(e))
     }
 
     @Test func attachIsRefusedWhileBehindAndDetachStopsDelivery() throws {
