@@ -15,8 +15,11 @@ export type IndexInfo = { "name": IndexName; "collection": CollectionName; "fiel
 export type Write = { "value"?: unknown; "unset": boolean; "origin": NodeId; "seq": number; "hlc": number; "time": number };
 export type Conflict = { "collection": CollectionName; "id": DocumentId; "field": string; "value"?: unknown; "present": boolean; "winner"?: Write; "losers": Array<Write> };
 export type TxOp = { "op": "insert" | "put" | "patch" | "delete"; "collection": CollectionName; [key: string]: unknown };
-export type Limits = { "maxLineBytes": number; "maxDepth": number; "maxBatch": number; "maxConnections": number; "idleTimeoutSeconds": number; "maxDocumentBytes": number; "maxTransactionOps": number; "maxQueryLimit": number };
+export type Limits = { "maxLineBytes": number; "maxDepth": number; "maxBatch": number; "maxConnections": number; "idleTimeoutSeconds": number; "maxDocumentBytes": number; "maxTransactionOps": number; "maxQueryLimit": number; "maxSubscriptionsPerConnection": number; "maxSubscriberBacklogBytes": number; "feedRetention": number };
 export type ErrorData = { "kind": string; [key: string]: unknown };
+export type FeedSequence = number;
+export type SubscriptionId = string;
+export type Event = { "seq": FeedSequence; "collection": CollectionName; "id": DocumentId; "type": "insert" | "update" | "delete" | "enter" | "leave"; "doc"?: Document; "origin": NodeId };
 
 /** Parameters of `rpc.discover`: Returns this OpenRPC document. */
 export type RpcDiscoverParams = Record<string, never>;
@@ -26,7 +29,7 @@ export type RpcDiscoverResult = Record<string, unknown>;
 /** Parameters of `daemon.info`: Version, node id, process, paths, uptime and limits of the daemon. */
 export type DaemonInfoParams = Record<string, never>;
 /** Result of `daemon.info`. */
-export type DaemonInfoResult = { "version": string; "nodeId": NodeId; "pid": number; "socket": string; "dataDir": string; "uptimeSeconds": number; "databases": number; "limits": Limits };
+export type DaemonInfoResult = { "version": string; "nodeId": NodeId; "pid": number; "socket": string; "dataDir": string; "uptimeSeconds": number; "databases": number; "connections": number; "subscriptions": number; "limits": Limits };
 
 /** Parameters of `db.create`: Creates a database. */
 export interface DbCreateParams { "db": DatabaseName }
@@ -115,6 +118,15 @@ export interface ConflictResolveParams { "db": DatabaseName; "collection": Colle
 /** Result of `conflict.resolve`. */
 export type ConflictResolveResult = { "id": DocumentId; "field": string; "value": unknown; "present": boolean };
 
+/** Parameters of `subscribe`: Reports changes as `subscription` notifications; with `where`, a live query (enter/leave). */
+export interface SubscribeParams { "db": DatabaseName; "collection"?: CollectionName; "where"?: Filter; "since"?: FeedSequence }
+/** Result of `subscribe`. */
+export type SubscribeResult = { "subscription": SubscriptionId; "seq": FeedSequence };
+/** Parameters of `unsubscribe`: Ends a subscription of this connection. */
+export interface UnsubscribeParams { "subscription": SubscriptionId }
+/** Result of `unsubscribe`. */
+export type UnsubscribeResult = { "subscription": SubscriptionId; "unsubscribed": true };
+
 /** An error response from blazed. */
 export declare class BlazeError extends Error {
   readonly code: number;
@@ -129,6 +141,10 @@ export declare class BlazeClient {
   static connect(options?: { socketPath?: string }): Promise<BlazeClient>;
   call(method: string, params?: Record<string, unknown>): Promise<unknown>;
   close(): void;
+  /** Reports changes as `subscription` notifications; with `where`, a live query (enter/leave). */
+  subscribe(params: SubscribeParams): Promise<Subscription>;
+  /** Ends a subscription of this connection. */
+  unsubscribe(params: UnsubscribeParams): Promise<UnsubscribeResult>;
   readonly rpc: { discover(params?: RpcDiscoverParams): Promise<RpcDiscoverResult> };
   readonly daemon: { info(params?: DaemonInfoParams): Promise<DaemonInfoResult> };
   readonly db: { create(params: DbCreateParams): Promise<DbCreateResult>; list(params?: DbListParams): Promise<DbListResult>; info(params: DbInfoParams): Promise<DbInfoResult>; drop(params: DbDropParams): Promise<DbDropResult> };
@@ -138,4 +154,18 @@ export declare class BlazeClient {
   readonly query: { find(params: QueryFindParams): Promise<QueryFindResult>; count(params: QueryCountParams): Promise<QueryCountResult>; explain(params: QueryExplainParams): Promise<QueryExplainResult> };
   readonly index: { create(params: IndexCreateParams): Promise<IndexCreateResult>; drop(params: IndexDropParams): Promise<IndexDropResult>; list(params: IndexListParams): Promise<IndexListResult> };
   readonly conflict: { list(params: ConflictListParams): Promise<ConflictListResult>; resolve(params: ConflictResolveParams): Promise<ConflictResolveResult> };
+}
+
+/** The params of a `subscription` notification. */
+export type SubscriptionNotification = unknown | unknown;
+
+/** A live subscription: an async iterator of events. */
+export declare class Subscription implements AsyncIterableIterator<Event> {
+  readonly id: string;
+  /** The sequence of the last event read (at first: where the subscription started). */
+  readonly seq: number;
+  close(): Promise<void>;
+  next(): Promise<IteratorResult<Event>>;
+  return(): Promise<IteratorResult<Event>>;
+  [Symbol.asyncIterator](): Subscription;
 }

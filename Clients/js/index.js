@@ -45,6 +45,7 @@ export class BlazeClient {
     socket.on('data', (chunk) => this.#receive(chunk));
     socket.on('close', () => this.#failAll(new Error('blazed closed the connection')));
     socket.on('error', (err) => this.#failAll(err));
+    this.subscriptions = new Map();
     this.rpc = Object.freeze({ discover: (params = {}) => this.call('rpc.discover', params) });
     this.daemon = Object.freeze({ info: (params = {}) => this.call('daemon.info', params) });
     this.db = Object.freeze({ create: (params = {}) => this.call('db.create', params), list: (params = {}) => this.call('db.list', params), info: (params = {}) => this.call('db.info', params), drop: (params = {}) => this.call('db.drop', params) });
@@ -56,12 +57,27 @@ export class BlazeClient {
     this.conflict = Object.freeze({ list: (params = {}) => this.call('conflict.list', params), resolve: (params = {}) => this.call('conflict.resolve', params) });
   }
 
+  /** Reports changes as `subscription` notifications; with `where`, a live query (enter/leave). */
+  subscribe(params = {}) {
+    // The Subscription registers while the response is handled, before any event line after it.
+    return this.#request('subscribe', params, (result) => new Subscription(this, result));
+  }
+
+  /** Ends a subscription of this connection. */
+  unsubscribe(params = {}) {
+    return this.call('unsubscribe', params);
+  }
+
   /** Calls any method by name; rejects with BlazeError on an error response. */
   call(method, params = {}) {
+    return this.#request(method, params, (result) => result);
+  }
+
+  #request(method, params, transform) {
     const id = this.nextId++;
     const line = JSON.stringify({ jsonrpc: '2.0', id, method, params }) + '\n';
     return new Promise((resolve, reject) => {
-      this.pending.set(id, { resolve, reject });
+      this.pending.set(id, { resolve: (result) => resolve(transform(result)), reject });
       this.socket.write(line, (err) => { if (err) { this.pending.delete(id); reject(err); } });
     });
   }
@@ -79,6 +95,10 @@ export class BlazeClient {
       this.buffer = this.buffer.slice(newline + 1);
       if (!line.trim()) continue;
       const message = JSON.parse(line);
+      if (message.id === undefined) {
+        if (message.method === 'subscription') this.subscriptions.get(message.params?.subscription)?._deliver(message.params);
+        continue;
+      }
       const waiter = this.pending.get(message.id);
       if (!waiter) continue;
       this.pending.delete(message.id);
@@ -94,5 +114,75 @@ export class BlazeClient {
   #failAll(err) {
     for (const { reject } of this.pending.values()) reject(err);
     this.pending.clear();
+    for (const sub of [...this.subscriptions.values()]) sub._deliver({ error: { code: null, message: err.message, data: { kind: 'connection_closed' } } });
+  }
+}
+
+/**
+ * A live subscription: an async iterator of events ({seq, collection, id, type, doc, origin}). Iteration ends
+ * after close(); the subscription's final error (subscriber_too_slow, database_dropped...) rejects the
+ * iteration with a BlazeError once the events before it are consumed.
+ */
+export class Subscription {
+  constructor(client, result) {
+    this.client = client;
+    this.id = result.subscription;
+    this.seq = result.seq;
+    this.events = [];
+    this.waiters = [];
+    this.error = null;
+    this.ended = false;
+    client.subscriptions.set(this.id, this);
+  }
+
+  /** Ends the subscription (unsubscribe); events already received stay readable. */
+  async close() {
+    if (this.ended) return;
+    this.#end();
+    await this.client.call('unsubscribe', { subscription: this.id });
+  }
+
+  /** The next event: a Promise of {value, done}. */
+  next() {
+    if (this.events.length > 0) {
+      const value = this.events.shift();
+      this.seq = value.seq;
+      return Promise.resolve({ value, done: false });
+    }
+    if (this.error) { const error = this.error; this.error = null; return Promise.reject(error); }
+    if (this.ended) return Promise.resolve({ value: undefined, done: true });
+    return new Promise((resolve, reject) => this.waiters.push({ resolve, reject }));
+  }
+
+  /** Called when a for-await loop exits early: ends the subscription. */
+  async return() {
+    await this.close();
+    return { value: undefined, done: true };
+  }
+
+  [Symbol.asyncIterator]() {
+    return this;
+  }
+
+  #end() {
+    this.ended = true;
+    this.client.subscriptions.delete(this.id);
+    for (const w of this.waiters.splice(0)) w.resolve({ value: undefined, done: true });
+  }
+
+  _deliver(params) {
+    if (params.error) {
+      const data = params.error.data ?? {};
+      const error = new BlazeError(params.error.message, params.error.code, data.kind, data);
+      this.ended = true;
+      this.client.subscriptions.delete(this.id);
+      const waiters = this.waiters.splice(0);
+      if (waiters.length > 0) { for (const w of waiters) w.reject(error); } else { this.error = error; }
+      return;
+    }
+    for (const event of params.events ?? []) {
+      const waiter = this.waiters.shift();
+      if (waiter) { this.seq = event.seq; waiter.resolve({ value: event, done: false }); } else { this.events.push(event); }
+    }
   }
 }

@@ -36,11 +36,22 @@ def camel_type(method):
 
 
 def namespaces(doc):
+    """Methods named `area.verb`, grouped by area."""
     groups = {}
     for m in doc["methods"]:
-        area, verb = m["name"].split(".", 1)
-        groups.setdefault(area, []).append((verb, m))
+        if "." in m["name"]:
+            area, verb = m["name"].split(".", 1)
+            groups.setdefault(area, []).append((verb, m))
     return groups
+
+
+def toplevel(doc):
+    """Methods without an area (subscribe, unsubscribe): methods of the client itself."""
+    return [m for m in doc["methods"] if "." not in m["name"]]
+
+
+def notification(doc, name):
+    return next(n for n in doc.get("x-notifications", []) if n["name"] == name)
 
 
 # ---------------------------------------------------------------- Python
@@ -57,9 +68,9 @@ def py_type(schema):
 
 def python_client(doc):
     out = [f'"""BlazeDB client for Python ({HEADER})."""', "",
-           "import itertools", "import json", "import os", "import socket",
-           "from typing import Any, Dict, List, Optional, Union", "",
-           '__all__ = ["Client", "BlazeError", "default_socket_path"' +
+           "import collections", "import itertools", "import json", "import os", "import socket",
+           "from typing import Any, Deque, Dict, List, Optional, Union", "",
+           '__all__ = ["Client", "Subscription", "BlazeError", "default_socket_path"' +
            "".join(f', "{n}Error"' for n in doc["components"]["errors"]) + "]", "",
            "_MISSING = object()", "", "",
            "class BlazeError(Exception):",
@@ -80,35 +91,100 @@ def python_client(doc):
             '    if env.get("BLAZEDB_SOCKET"):', '        return env["BLAZEDB_SOCKET"]',
             '    if env.get("XDG_RUNTIME_DIR"):', '        return os.path.join(env["XDG_RUNTIME_DIR"], "blazedb", "blazed.sock")',
             '    return f"/tmp/blazedb-{os.getuid()}/blazed.sock"', "", ""]
+    def method(name, m, client_expr):
+        params = m["params"]
+        sig = ["self"]
+        if params:
+            sig.append("*")
+        for p in sorted(params, key=lambda p: not p["required"]):
+            pname = snake(p["name"])
+            default = "" if p["required"] else " = _MISSING"
+            sig.append(f"{pname}: {py_type(p['schema'])}{default}")
+        subscribes = m["name"] == "subscribe"
+        lines = [f"    def {snake(name)}({', '.join(sig)}) -> {'Subscription' if subscribes else 'Dict[str, Any]'}:"]
+        doclines = [m["summary"], ""] + [f"{p['name']}: {p.get('description', '')}" for p in params]
+        if subscribes:
+            doclines += ["", "Returns a Subscription: iterate it for events (dicts); it raises the subscription's final",
+                         "error as a BlazeError; use it as a context manager (or call unsubscribe()) to end it."]
+        body = "\n".join(("        " + line) if line else "" for line in doclines[1:])
+        lines.append('        """' + doclines[0] + "\n" + body + '\n        """')
+        lines.append("        params: Dict[str, Any] = {}")
+        for p in params:
+            pname = snake(p["name"])
+            if p["required"]:
+                lines.append(f'        params["{p["name"]}"] = {pname}')
+            else:
+                lines.append(f"        if {pname} is not _MISSING:")
+                lines.append(f'            params["{p["name"]}"] = {pname}')
+        if subscribes:
+            lines.append(f'        return Subscription({client_expr}, {client_expr}.call("{m["name"]}", params))')
+        else:
+            lines.append(f'        return {client_expr}.call("{m["name"]}", params)')
+        return lines + [""]
+
     groups = namespaces(doc)
     for area, methods in groups.items():
         cls = "_" + camel_type(area)
         out += [f"class {cls}:", f'    """Methods `{area}.*`."""', "",
                 "    def __init__(self, client: \"Client\"):", "        self._client = client", ""]
         for verb, m in methods:
-            params = m["params"]
-            sig = ["self"]
-            if params:
-                sig.append("*")
-            for p in sorted(params, key=lambda p: not p["required"]):
-                pname = snake(p["name"])
-                default = "" if p["required"] else " = _MISSING"
-                sig.append(f"{pname}: {py_type(p['schema'])}{default}")
-            out.append(f"    def {snake(verb)}({', '.join(sig)}) -> Dict[str, Any]:")
-            doclines = [m["summary"], ""] + [f"{p['name']}: {p.get('description', '')}" for p in params]
-            body = "\n".join(("        " + line) if line else "" for line in doclines[1:])
-            out.append('        """' + doclines[0] + "\n" + body + '\n        """')
-            out.append("        params: Dict[str, Any] = {}")
-            for p in params:
-                pname = snake(p["name"])
-                if p["required"]:
-                    out.append(f'        params["{p["name"]}"] = {pname}')
-                else:
-                    out.append(f"        if {pname} is not _MISSING:")
-                    out.append(f'            params["{p["name"]}"] = {pname}')
-            out.append(f'        return self._client.call("{m["name"]}", params)')
-            out.append("")
+            out += method(verb, m, "self._client")
         out.append("")
+    out += ["class Subscription:",
+            '    """A live subscription: an iterator of events (dicts with seq, collection, id, type, doc, origin).',
+            "",
+            "    Iteration waits for the next event; next_event(timeout) returns None when none comes in time. The",
+            "    subscription's final error (subscriber_too_slow, database_dropped...) is raised as a BlazeError once the",
+            "    events before it are consumed. Other calls may be made on the same client meanwhile.",
+            '    """', "",
+            '    def __init__(self, client: "Client", result: Dict[str, Any]):',
+            '        self.id: str = result["subscription"]',
+            '        self.seq: int = result["seq"]',
+            "        self._client = client",
+            "        self._events: Deque[Dict[str, Any]] = collections.deque()",
+            "        self._error: Optional[BlazeError] = None",
+            "        self._ended = False",
+            "        client._subscriptions[self.id] = self", "",
+            '    def __iter__(self) -> "Subscription":', "        return self", "",
+            "    def __next__(self) -> Dict[str, Any]:",
+            "        event = self.next_event(timeout=None)",
+            "        if event is None:",
+            "            raise StopIteration",
+            "        return event", "",
+            "    def next_event(self, timeout: Optional[float] = None) -> Optional[Dict[str, Any]]:",
+            '        """The next event, waiting up to timeout seconds (None: until one comes); None on timeout or once ended."""',
+            "        while not self._events:",
+            "            if self._error is not None:",
+            "                error, self._error = self._error, None",
+            "                self._ended = True",
+            "                raise error",
+            "            if self._ended or not self._client._pump(timeout):",
+            "                return None",
+            "        event = self._events.popleft()",
+            '        self.seq = event["seq"]',
+            "        return event", "",
+            "    def unsubscribe(self) -> None:",
+            '        """Ends the subscription; events already received stay readable."""',
+            "        if self._ended:",
+            "            return",
+            "        self._ended = True",
+            "        self._client._subscriptions.pop(self.id, None)",
+            '        self._client.call("unsubscribe", {"subscription": self.id})', "",
+            '    def __enter__(self) -> "Subscription":', "        return self", "",
+            "    def __exit__(self, *exc) -> None:",
+            "        try:",
+            "            self.unsubscribe()",
+            "        except (OSError, BlazeError):",
+            "            pass  # the connection or the subscription is already gone", "",
+            "    def _deliver(self, params: Dict[str, Any]) -> None:",
+            '        if "error" in params:',
+            '            error = params["error"]',
+            '            data = error.get("data") or {}',
+            '            cls = _ERRORS.get(error.get("code"), BlazeError)',
+            '            self._error = cls(error.get("message", ""), error.get("code"), data.get("kind"), data)',
+            "            self._client._subscriptions.pop(self.id, None)",
+            "        else:",
+            '            self._events.extend(params.get("events", []))', "", ""]
     out += ["class Client:",
             '    """A connection to blazed. Use as a context manager; one request at a time per client."""', "",
             "    def __init__(self, socket_path: Optional[str] = None, timeout: Optional[float] = 30.0):",
@@ -117,10 +193,14 @@ def python_client(doc):
             "        self._sock.settimeout(timeout)",
             "        self._sock.connect(self.socket_path)",
             '        self._buffer = b""',
-            "        self._ids = itertools.count(1)"]
+            "        self._ids = itertools.count(1)",
+            "        self._subscriptions: Dict[str, Subscription] = {}"]
     for area in groups:
         out.append(f"        self.{snake(area)} = _{camel_type(area)}(self)")
-    out += ["",
+    out.append("")
+    for m in toplevel(doc):
+        out += method(m["name"], m, "self")
+    out += [
             '    def __enter__(self) -> "Client":', "        return self", "",
             "    def __exit__(self, *exc) -> None:", "        self.close()", "",
             "    def close(self) -> None:", '        """Closes the connection."""', "        self._sock.close()", "",
@@ -132,6 +212,9 @@ def python_client(doc):
             '        self._sock.sendall(line.encode("utf-8"))',
             "        while True:",
             "            message = self._read_message()",
+            '            if "id" not in message:',
+            "                self._route(message)",
+            "                continue",
             '            if message.get("id") != request_id:',
             "                continue",
             '            if "error" in message:',
@@ -140,6 +223,25 @@ def python_client(doc):
             '                cls = _ERRORS.get(error.get("code"), BlazeError)',
             '                raise cls(error.get("message", ""), error.get("code"), data.get("kind"), data)',
             '            return message["result"]', "",
+            "    def _route(self, message: Dict[str, Any]) -> None:",
+            '        params = message.get("params") or {}',
+            '        if message.get("method") == "subscription":',
+            '            sub = self._subscriptions.get(params.get("subscription"))',
+            "            if sub is not None:",
+            "                sub._deliver(params)", "",
+            "    def _pump(self, timeout: Optional[float]) -> bool:",
+            '        """Reads and routes one message; False if none arrived within timeout."""',
+            "        previous = self._sock.gettimeout()",
+            "        self._sock.settimeout(timeout)",
+            "        try:",
+            "            message = self._read_message()",
+            "        except socket.timeout:",
+            "            return False",
+            "        finally:",
+            "            self._sock.settimeout(previous)",
+            '        if "id" not in message:',
+            "            self._route(message)",
+            "        return True", "",
             "    def _read_message(self) -> Dict[str, Any]:",
             '        while b"\\n" not in self._buffer:',
             "            chunk = self._sock.recv(65536)",
@@ -223,16 +325,27 @@ def js_client(doc):
            "    socket.on('data', (chunk) => this.#receive(chunk));",
            "    socket.on('close', () => this.#failAll(new Error('blazed closed the connection')));",
            "    socket.on('error', (err) => this.#failAll(err));"]
+    out.append("    this.subscriptions = new Map();")
     for area, methods in groups.items():
         entries = ", ".join(f"{verb}: (params = {{}}) => this.call('{m['name']}', params)" for verb, m in methods)
         out.append(f"    this.{area} = Object.freeze({{ {entries} }});")
-    out += ["  }", "",
-            "  /** Calls any method by name; rejects with BlazeError on an error response. */",
+    out += ["  }", ""]
+    for m in toplevel(doc):
+        out.append(f"  /** {m['summary']} */")
+        if m["name"] == "subscribe":
+            out += [f"  {m['name']}(params = {{}}) {{",
+                    "    // The Subscription registers while the response is handled, before any event line after it.",
+                    f"    return this.#request('{m['name']}', params, (result) => new Subscription(this, result));", "  }", ""]
+        else:
+            out += [f"  {m['name']}(params = {{}}) {{", f"    return this.call('{m['name']}', params);", "  }", ""]
+    out += ["  /** Calls any method by name; rejects with BlazeError on an error response. */",
             "  call(method, params = {}) {",
+            "    return this.#request(method, params, (result) => result);", "  }", "",
+            "  #request(method, params, transform) {",
             "    const id = this.nextId++;",
             "    const line = JSON.stringify({ jsonrpc: '2.0', id, method, params }) + '\\n';",
             "    return new Promise((resolve, reject) => {",
-            "      this.pending.set(id, { resolve, reject });",
+            "      this.pending.set(id, { resolve: (result) => resolve(transform(result)), reject });",
             "      this.socket.write(line, (err) => { if (err) { this.pending.delete(id); reject(err); } });",
             "    });", "  }", "",
             "  /** Closes the connection. */",
@@ -245,6 +358,10 @@ def js_client(doc):
             "      this.buffer = this.buffer.slice(newline + 1);",
             "      if (!line.trim()) continue;",
             "      const message = JSON.parse(line);",
+            "      if (message.id === undefined) {",
+            "        if (message.method === 'subscription') this.subscriptions.get(message.params?.subscription)?._deliver(message.params);",
+            "        continue;",
+            "      }",
             "      const waiter = this.pending.get(message.id);",
             "      if (!waiter) continue;",
             "      this.pending.delete(message.id);",
@@ -254,7 +371,52 @@ def js_client(doc):
             "      } else {", "        waiter.resolve(message.result);", "      }", "    }", "  }", "",
             "  #failAll(err) {",
             "    for (const { reject } of this.pending.values()) reject(err);",
-            "    this.pending.clear();", "  }", "}", ""]
+            "    this.pending.clear();",
+            "    for (const sub of [...this.subscriptions.values()]) sub._deliver({ error: { code: null, message: err.message, data: { kind: 'connection_closed' } } });",
+            "  }", "}", "",
+            "/**",
+            " * A live subscription: an async iterator of events ({seq, collection, id, type, doc, origin}). Iteration ends",
+            " * after close(); the subscription's final error (subscriber_too_slow, database_dropped...) rejects the",
+            " * iteration with a BlazeError once the events before it are consumed.",
+            " */",
+            "export class Subscription {",
+            "  constructor(client, result) {",
+            "    this.client = client;", "    this.id = result.subscription;", "    this.seq = result.seq;",
+            "    this.events = [];", "    this.waiters = [];", "    this.error = null;", "    this.ended = false;",
+            "    client.subscriptions.set(this.id, this);", "  }", "",
+            "  /** Ends the subscription (unsubscribe); events already received stay readable. */",
+            "  async close() {",
+            "    if (this.ended) return;",
+            "    this.#end();",
+            "    await this.client.call('unsubscribe', { subscription: this.id });", "  }", "",
+            "  /** The next event: a Promise of {value, done}. */",
+            "  next() {",
+            "    if (this.events.length > 0) {",
+            "      const value = this.events.shift();", "      this.seq = value.seq;",
+            "      return Promise.resolve({ value, done: false });", "    }",
+            "    if (this.error) { const error = this.error; this.error = null; return Promise.reject(error); }",
+            "    if (this.ended) return Promise.resolve({ value: undefined, done: true });",
+            "    return new Promise((resolve, reject) => this.waiters.push({ resolve, reject }));", "  }", "",
+            "  /** Called when a for-await loop exits early: ends the subscription. */",
+            "  async return() {", "    await this.close();", "    return { value: undefined, done: true };", "  }", "",
+            "  [Symbol.asyncIterator]() {", "    return this;", "  }", "",
+            "  #end() {",
+            "    this.ended = true;",
+            "    this.client.subscriptions.delete(this.id);",
+            "    for (const w of this.waiters.splice(0)) w.resolve({ value: undefined, done: true });", "  }", "",
+            "  _deliver(params) {",
+            "    if (params.error) {",
+            "      const data = params.error.data ?? {};",
+            "      const error = new BlazeError(params.error.message, params.error.code, data.kind, data);",
+            "      this.ended = true;",
+            "      this.client.subscriptions.delete(this.id);",
+            "      const waiters = this.waiters.splice(0);",
+            "      if (waiters.length > 0) { for (const w of waiters) w.reject(error); } else { this.error = error; }",
+            "      return;", "    }",
+            "    for (const event of params.events ?? []) {",
+            "      const waiter = this.waiters.shift();",
+            "      if (waiter) { this.seq = event.seq; waiter.resolve({ value: event, done: false }); } else { this.events.push(event); }",
+            "    }", "  }", "}", ""]
     return "\n".join(out)
 
 
@@ -264,7 +426,7 @@ def ts_declarations(doc):
         out.append(f"export type {name} = {ts_type(schema)};")
     out.append("")
     groups = namespaces(doc)
-    for area, methods in groups.items():
+    for area, methods in list(groups.items()) + [("", [(m["name"], m) for m in toplevel(doc)])]:
         for verb, m in methods:
             t = camel_type(m["name"])
             fields = "; ".join(f"{json.dumps(p['name'])}{'' if p['required'] else '?'}: {ts_type(p['schema'])}" for p in m["params"])
@@ -283,10 +445,23 @@ def ts_declarations(doc):
             "  static connect(options?: { socketPath?: string }): Promise<BlazeClient>;",
             "  call(method: string, params?: Record<string, unknown>): Promise<unknown>;",
             "  close(): void;"]
+    for m in toplevel(doc):
+        result = "Subscription" if m["name"] == "subscribe" else camel_type(m["name"]) + "Result"
+        out.append(f"  /** {m['summary']} */")
+        out.append(f"  {m['name']}(params: {camel_type(m['name'])}Params): Promise<{result}>;")
     for area, methods in groups.items():
         entries = "; ".join(f"{verb}(params{'?' if not any(p['required'] for p in m['params']) else ''}: {camel_type(m['name'])}Params): Promise<{camel_type(m['name'])}Result>" for verb, m in methods)
         out.append(f"  readonly {area}: {{ {entries} }};")
     out += ["}", ""]
+    if toplevel(doc):
+        params = notification(doc, "subscription")["params"]["schema"]
+        out += ["/** The params of a `subscription` notification. */",
+                f"export type SubscriptionNotification = {ts_type(params)};", "",
+                "/** A live subscription: an async iterator of events. */",
+                "export declare class Subscription implements AsyncIterableIterator<Event> {",
+                "  readonly id: string;", "  /** The sequence of the last event read (at first: where the subscription started). */",
+                "  readonly seq: number;", "  close(): Promise<void>;", "  next(): Promise<IteratorResult<Event>>;",
+                "  return(): Promise<IteratorResult<Event>>;", "  [Symbol.asyncIterator](): Subscription;", "}", ""]
     return "\n".join(out)
 
 

@@ -52,7 +52,7 @@ public final class Daemon: Service, Sendable {
     public func run() async throws {
         let fd = try SocketListener.listen(path: config.socketPath)
         let context = RequestContext(
-            store: store, config: config, logger: logger, startedAt: .now, registry: registry)
+            store: store, config: config, logger: logger, startedAt: .now, registry: registry, connections: connections)
         let pool = NIOThreadPool(numberOfThreads: max(2, System.coreCount))
         pool.start()
         let dispatcher = Dispatcher(context: context, pool: pool)
@@ -125,7 +125,8 @@ public final class Daemon: Service, Sendable {
                     ByteToMessageHandler(LineFrameDecoder(maxLength: limits.maxLineBytes)))
                 try channel.pipeline.syncOperations.addHandler(
                     RPCHandler(
-                        connection: ConnectionHandle(id: id, maxSubscriptions: limits.maxSubscriptionsPerConnection),
+                        connection: ConnectionHandle(
+                            id: id, maxSubscriptions: limits.maxSubscriptionsPerConnection, table: connections),
                         dispatcher: dispatcher, limits: limits, logger: logger))
             }
         }
@@ -434,6 +435,11 @@ final class IdleCloser: ChannelInboundHandler, Sendable {
 /// The live connections, for the connection limit and for closing inputs at shutdown.
 final class ConnectionTable: Sendable {
     private let state = Mutex<(next: Int, channels: [Int: any Channel], closing: Bool)>((1, [:], false))
+    /// Live subscriptions over all connections.
+    let subscriptions = Atomic<Int>(0)
+
+    /// Number of open connections.
+    var count: Int { state.withLock { $0.channels.count } }
 
     func add(_ channel: any Channel, max: Int) -> Int? {
         state.withLock { s in

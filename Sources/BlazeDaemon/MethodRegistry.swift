@@ -85,6 +85,8 @@ struct RequestContext: Sendable {
     let logger: Logger
     let startedAt: ContinuousClock.Instant
     let registry: MethodRegistry
+    /// The daemon's open connections.
+    let connections: ConnectionTable
     /// The connection the request came on (set per call).
     var connection: ConnectionHandle?
 

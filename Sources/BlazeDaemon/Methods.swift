@@ -30,6 +30,8 @@ enum Methods {
                 "dataDir": .string(ctx.config.dataDirectory),
                 "uptimeSeconds": .double(Double(uptime.components.seconds) + Double(uptime.components.attoseconds) / 1e18),
                 "databases": .int(Int64(try ctx.store.list().count)),
+                "connections": .int(Int64(ctx.connections.count)),
+                "subscriptions": .int(Int64(ctx.connections.subscriptions.load(ordering: .relaxed))),
                 "limits": [
                     "maxLineBytes": .int(Int64(l.maxLineBytes)), "maxDepth": .int(Int64(l.maxDepth)),
                     "maxBatch": .int(Int64(l.maxBatch)), "maxConnections": .int(Int64(l.maxConnections)),
@@ -37,6 +39,9 @@ enum Methods {
                     "maxDocumentBytes": .int(Int64(s.maxDocumentBytes)),
                     "maxTransactionOps": .int(Int64(s.maxTransactionOps)),
                     "maxQueryLimit": .int(Int64(s.maxQueryLimit)),
+                    "maxSubscriptionsPerConnection": .int(Int64(l.maxSubscriptionsPerConnection)),
+                    "maxSubscriberBacklogBytes": .int(Int64(l.maxSubscriberBacklogBytes)),
+                    "feedRetention": .int(Int64(s.feedRetention)),
                 ],
             ]
         },

@@ -85,6 +85,14 @@ let openRPCDocumentText = ###"""
             "databases": {
               "type": "integer"
             },
+            "connections": {
+              "type": "integer",
+              "description": "Open client connections."
+            },
+            "subscriptions": {
+              "type": "integer",
+              "description": "Live subscriptions over all connections."
+            },
             "limits": {
               "$ref": "#/components/schemas/Limits"
             }
@@ -97,6 +105,8 @@ let openRPCDocumentText = ###"""
             "dataDir",
             "uptimeSeconds",
             "databases",
+            "connections",
+            "subscriptions",
             "limits"
           ],
           "additionalProperties": false
@@ -126,6 +136,8 @@ let openRPCDocumentText = ###"""
               "dataDir": "/home/ada/.local/share/blazedb",
               "uptimeSeconds": 12.5,
               "databases": 1,
+              "connections": 1,
+              "subscriptions": 0,
               "limits": {
                 "maxLineBytes": 8388608,
                 "maxDepth": 64,
@@ -134,7 +146,10 @@ let openRPCDocumentText = ###"""
                 "idleTimeoutSeconds": 600,
                 "maxDocumentBytes": 1048576,
                 "maxTransactionOps": 10000,
-                "maxQueryLimit": 10000
+                "maxQueryLimit": 10000,
+                "maxSubscriptionsPerConnection": 1000,
+                "maxSubscriberBacklogBytes": 8388608,
+                "feedRetention": 10000
               }
             }
           }
@@ -330,7 +345,7 @@ let openRPCDocumentText = ###"""
         },
         {
           "code": -32010,
-          "message": "A database, collection, document, index or conflict does not exist."
+          "message": "A database, collection, document, index, conflict or subscription does not exist."
         }
       ],
       "examples": [
@@ -404,7 +419,7 @@ let openRPCDocumentText = ###"""
         },
         {
           "code": -32010,
-          "message": "A database, collection, document, index or conflict does not exist."
+          "message": "A database, collection, document, index, conflict or subscription does not exist."
         }
       ],
       "examples": [
@@ -482,7 +497,7 @@ let openRPCDocumentText = ###"""
         },
         {
           "code": -32010,
-          "message": "A database, collection, document, index or conflict does not exist."
+          "message": "A database, collection, document, index, conflict or subscription does not exist."
         }
       ],
       "examples": [
@@ -564,7 +579,7 @@ let openRPCDocumentText = ###"""
         },
         {
           "code": -32010,
-          "message": "A database, collection, document, index or conflict does not exist."
+          "message": "A database, collection, document, index, conflict or subscription does not exist."
         },
         {
           "code": -32011,
@@ -669,7 +684,7 @@ let openRPCDocumentText = ###"""
         },
         {
           "code": -32010,
-          "message": "A database, collection, document, index or conflict does not exist."
+          "message": "A database, collection, document, index, conflict or subscription does not exist."
         }
       ],
       "examples": [
@@ -779,7 +794,7 @@ let openRPCDocumentText = ###"""
         },
         {
           "code": -32010,
-          "message": "A database, collection, document, index or conflict does not exist."
+          "message": "A database, collection, document, index, conflict or subscription does not exist."
         },
         {
           "code": -32012,
@@ -890,7 +905,7 @@ let openRPCDocumentText = ###"""
         },
         {
           "code": -32010,
-          "message": "A database, collection, document, index or conflict does not exist."
+          "message": "A database, collection, document, index, conflict or subscription does not exist."
         },
         {
           "code": -32012,
@@ -1036,7 +1051,7 @@ let openRPCDocumentText = ###"""
         },
         {
           "code": -32010,
-          "message": "A database, collection, document, index or conflict does not exist."
+          "message": "A database, collection, document, index, conflict or subscription does not exist."
         },
         {
           "code": -32012,
@@ -1141,7 +1156,7 @@ let openRPCDocumentText = ###"""
         },
         {
           "code": -32010,
-          "message": "A database, collection, document, index or conflict does not exist."
+          "message": "A database, collection, document, index, conflict or subscription does not exist."
         }
       ],
       "examples": [
@@ -1237,7 +1252,7 @@ let openRPCDocumentText = ###"""
         },
         {
           "code": -32010,
-          "message": "A database, collection, document, index or conflict does not exist."
+          "message": "A database, collection, document, index, conflict or subscription does not exist."
         },
         {
           "code": -32011,
@@ -1391,7 +1406,7 @@ let openRPCDocumentText = ###"""
         },
         {
           "code": -32010,
-          "message": "A database, collection, document, index or conflict does not exist."
+          "message": "A database, collection, document, index, conflict or subscription does not exist."
         },
         {
           "code": -32012,
@@ -1498,7 +1513,7 @@ let openRPCDocumentText = ###"""
         },
         {
           "code": -32010,
-          "message": "A database, collection, document, index or conflict does not exist."
+          "message": "A database, collection, document, index, conflict or subscription does not exist."
         },
         {
           "code": -32012,
@@ -1621,7 +1636,7 @@ let openRPCDocumentText = ###"""
         },
         {
           "code": -32010,
-          "message": "A database, collection, document, index or conflict does not exist."
+          "message": "A database, collection, document, index, conflict or subscription does not exist."
         },
         {
           "code": -32012,
@@ -1722,7 +1737,7 @@ let openRPCDocumentText = ###"""
         },
         {
           "code": -32010,
-          "message": "A database, collection, document, index or conflict does not exist."
+          "message": "A database, collection, document, index, conflict or subscription does not exist."
         },
         {
           "code": -32011,
@@ -1813,7 +1828,7 @@ let openRPCDocumentText = ###"""
         },
         {
           "code": -32010,
-          "message": "A database, collection, document, index or conflict does not exist."
+          "message": "A database, collection, document, index, conflict or subscription does not exist."
         }
       ],
       "examples": [
@@ -1890,7 +1905,7 @@ let openRPCDocumentText = ###"""
         },
         {
           "code": -32010,
-          "message": "A database, collection, document, index or conflict does not exist."
+          "message": "A database, collection, document, index, conflict or subscription does not exist."
         }
       ],
       "examples": [
@@ -1988,7 +2003,7 @@ let openRPCDocumentText = ###"""
         },
         {
           "code": -32010,
-          "message": "A database, collection, document, index or conflict does not exist."
+          "message": "A database, collection, document, index, conflict or subscription does not exist."
         },
         {
           "code": -32012,
@@ -2119,7 +2134,7 @@ let openRPCDocumentText = ###"""
         },
         {
           "code": -32010,
-          "message": "A database, collection, document, index or conflict does not exist."
+          "message": "A database, collection, document, index, conflict or subscription does not exist."
         }
       ],
       "examples": [
@@ -2154,6 +2169,179 @@ let openRPCDocumentText = ###"""
               "field": "title",
               "value": "Buy milk",
               "present": true
+            }
+          }
+        }
+      ]
+    },
+    {
+      "name": "subscribe",
+      "summary": "Reports changes as `subscription` notifications; with `where`, a live query (enter/leave).",
+      "description": "Events arrive as notifications {\"jsonrpc\":\"2.0\",\"method\":\"subscription\",\"params\":{\"subscription\":ID,\"events\":[...]}} after this call's response, in commit order. With since, the changes after that feed sequence are replayed first with no gap and no duplicate, then live ones follow. A subscription ends with unsubscribe, with its connection, or with one final notification carrying error instead of events (subscriber_too_slow, database_dropped, feed_expired, shutting_down). See Protocol/RPC.md.",
+      "paramStructure": "by-name",
+      "params": [
+        {
+          "name": "db",
+          "required": true,
+          "description": "Database name.",
+          "schema": {
+            "$ref": "#/components/schemas/DatabaseName"
+          }
+        },
+        {
+          "name": "collection",
+          "required": false,
+          "description": "Only this collection's documents (default: all).",
+          "schema": {
+            "$ref": "#/components/schemas/CollectionName"
+          }
+        },
+        {
+          "name": "where",
+          "required": false,
+          "description": "Filter (see Protocol/QUERIES.md): documents entering the result are reported as enter (insert when new), leaving as leave (delete when deleted), changing inside it as update.",
+          "schema": {
+            "$ref": "#/components/schemas/Filter"
+          }
+        },
+        {
+          "name": "since",
+          "required": false,
+          "description": "Replay the changes after this feed sequence first (default: only new ones).",
+          "schema": {
+            "$ref": "#/components/schemas/FeedSequence"
+          }
+        }
+      ],
+      "result": {
+        "name": "result",
+        "schema": {
+          "type": "object",
+          "properties": {
+            "subscription": {
+              "$ref": "#/components/schemas/SubscriptionId"
+            },
+            "seq": {
+              "$ref": "#/components/schemas/FeedSequence",
+              "description": "Events after this sequence will be delivered."
+            }
+          },
+          "required": [
+            "subscription",
+            "seq"
+          ],
+          "additionalProperties": false
+        }
+      },
+      "errors": [
+        {
+          "code": -32602,
+          "message": "Missing, unknown or wrongly typed parameters, or invalid values."
+        },
+        {
+          "code": -32603,
+          "message": "Internal error; details are in the daemon log."
+        },
+        {
+          "code": -32010,
+          "message": "A database, collection, document, index, conflict or subscription does not exist."
+        },
+        {
+          "code": -32012,
+          "message": "A configured limit was exceeded."
+        }
+      ],
+      "examples": [
+        {
+          "name": "subscribe example",
+          "params": [
+            {
+              "name": "db",
+              "value": "default"
+            },
+            {
+              "name": "collection",
+              "value": "todos"
+            },
+            {
+              "name": "where",
+              "value": {
+                "done": false
+              }
+            }
+          ],
+          "result": {
+            "name": "result",
+            "value": {
+              "subscription": "sub-1",
+              "seq": 42
+            }
+          }
+        }
+      ]
+    },
+    {
+      "name": "unsubscribe",
+      "summary": "Ends a subscription of this connection.",
+      "description": "No notification for it follows the response.",
+      "paramStructure": "by-name",
+      "params": [
+        {
+          "name": "subscription",
+          "required": true,
+          "description": "The id subscribe returned.",
+          "schema": {
+            "$ref": "#/components/schemas/SubscriptionId"
+          }
+        }
+      ],
+      "result": {
+        "name": "result",
+        "schema": {
+          "type": "object",
+          "properties": {
+            "subscription": {
+              "$ref": "#/components/schemas/SubscriptionId"
+            },
+            "unsubscribed": {
+              "const": true
+            }
+          },
+          "required": [
+            "subscription",
+            "unsubscribed"
+          ],
+          "additionalProperties": false
+        }
+      },
+      "errors": [
+        {
+          "code": -32602,
+          "message": "Missing, unknown or wrongly typed parameters, or invalid values."
+        },
+        {
+          "code": -32603,
+          "message": "Internal error; details are in the daemon log."
+        },
+        {
+          "code": -32010,
+          "message": "A database, collection, document, index, conflict or subscription does not exist."
+        }
+      ],
+      "examples": [
+        {
+          "name": "unsubscribe example",
+          "params": [
+            {
+              "name": "subscription",
+              "value": "sub-1"
+            }
+          ],
+          "result": {
+            "name": "result",
+            "value": {
+              "subscription": "sub-1",
+              "unsubscribed": true
             }
           }
         }
@@ -2366,6 +2554,15 @@ let openRPCDocumentText = ###"""
           },
           "maxQueryLimit": {
             "type": "integer"
+          },
+          "maxSubscriptionsPerConnection": {
+            "type": "integer"
+          },
+          "maxSubscriberBacklogBytes": {
+            "type": "integer"
+          },
+          "feedRetention": {
+            "type": "integer"
           }
         },
         "required": [
@@ -2376,7 +2573,10 @@ let openRPCDocumentText = ###"""
           "idleTimeoutSeconds",
           "maxDocumentBytes",
           "maxTransactionOps",
-          "maxQueryLimit"
+          "maxQueryLimit",
+          "maxSubscriptionsPerConnection",
+          "maxSubscriberBacklogBytes",
+          "feedRetention"
         ],
         "additionalProperties": false
       },
@@ -2391,6 +2591,54 @@ let openRPCDocumentText = ###"""
           }
         },
         "additionalProperties": true
+      },
+      "FeedSequence": {
+        "type": "integer",
+        "minimum": 0,
+        "description": "A position in a database's local change feed: every change the database applies (local or remote) gets the next number."
+      },
+      "SubscriptionId": {
+        "type": "string",
+        "description": "Identifies a subscription in notifications; unique within the daemon."
+      },
+      "Event": {
+        "type": "object",
+        "description": "One document's visible change. Changes of one transaction share a seq.",
+        "properties": {
+          "seq": {
+            "$ref": "#/components/schemas/FeedSequence"
+          },
+          "collection": {
+            "$ref": "#/components/schemas/CollectionName"
+          },
+          "id": {
+            "$ref": "#/components/schemas/DocumentId"
+          },
+          "type": {
+            "enum": [
+              "insert",
+              "update",
+              "delete",
+              "enter",
+              "leave"
+            ],
+            "description": "enter and leave only for subscriptions with where."
+          },
+          "doc": {
+            "$ref": "#/components/schemas/Document"
+          },
+          "origin": {
+            "$ref": "#/components/schemas/NodeId"
+          }
+        },
+        "required": [
+          "seq",
+          "collection",
+          "id",
+          "type",
+          "origin"
+        ],
+        "additionalProperties": false
       }
     },
     "errors": {
@@ -2416,7 +2664,7 @@ let openRPCDocumentText = ###"""
       },
       "NotFound": {
         "code": -32010,
-        "message": "A database, collection, document, index or conflict does not exist."
+        "message": "A database, collection, document, index, conflict or subscription does not exist."
       },
       "Conflict": {
         "code": -32011,
@@ -2431,6 +2679,102 @@ let openRPCDocumentText = ###"""
         "message": "The daemon is shutting down."
       }
     }
-  }
+  },
+  "x-notifications": [
+    {
+      "name": "subscription",
+      "summary": "Events of a subscription, or its final error.",
+      "description": "Sent by the daemon (no id, no reply). params carries events, or error once when the subscription ends other than by unsubscribe; nothing follows an error.",
+      "params": {
+        "schema": {
+          "type": "object",
+          "properties": {
+            "subscription": {
+              "$ref": "#/components/schemas/SubscriptionId"
+            },
+            "events": {
+              "type": "array",
+              "items": {
+                "$ref": "#/components/schemas/Event"
+              },
+              "minItems": 1
+            },
+            "error": {
+              "type": "object",
+              "properties": {
+                "code": {
+                  "type": "integer"
+                },
+                "message": {
+                  "type": "string"
+                },
+                "data": {
+                  "$ref": "#/components/schemas/ErrorData"
+                }
+              },
+              "required": [
+                "code",
+                "message",
+                "data"
+              ],
+              "additionalProperties": false
+            }
+          },
+          "required": [
+            "subscription"
+          ],
+          "oneOf": [
+            {
+              "required": [
+                "events"
+              ]
+            },
+            {
+              "required": [
+                "error"
+              ]
+            }
+          ],
+          "additionalProperties": false
+        }
+      },
+      "examples": [
+        {
+          "name": "events",
+          "params": {
+            "subscription": "sub-1",
+            "events": [
+              {
+                "seq": 43,
+                "collection": "todos",
+                "id": "t1",
+                "type": "enter",
+                "doc": {
+                  "_id": "t1",
+                  "title": "milk",
+                  "done": false
+                },
+                "origin": "5f0c6a1e9b2d4c7e8a1f3b5d7c9e0a2b"
+              }
+            ]
+          }
+        },
+        {
+          "name": "final error",
+          "params": {
+            "subscription": "sub-1",
+            "error": {
+              "code": -32012,
+              "message": "more than 8388608 bytes were waiting for this connection to read them; the subscription is dropped: subscribe again with since to resume",
+              "data": {
+                "kind": "subscriber_too_slow",
+                "lastSeq": 43
+              }
+            }
+          }
+        }
+      ]
+    }
+  ]
 }
 """###

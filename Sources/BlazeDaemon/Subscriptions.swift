@@ -108,6 +108,8 @@ final class ConnectionHandle: Sendable {
     /// Connection id (for logs).
     let id: Int
     let maxSubscriptions: Int
+    /// The daemon's connection table, which counts live subscriptions.
+    let table: ConnectionTable
 
     private struct State {
         var subscriptions: [String: Subscription] = [:]
@@ -118,9 +120,10 @@ final class ConnectionHandle: Sendable {
 
     private let state = Mutex(State())
 
-    init(id: Int, maxSubscriptions: Int) {
+    init(id: Int, maxSubscriptions: Int, table: ConnectionTable) {
         self.id = id
         self.maxSubscriptions = maxSubscriptions
+        self.table = table
     }
 
     /// Registers a new subscription; it starts delivering after the current response is written.
@@ -138,12 +141,14 @@ final class ConnectionHandle: Sendable {
             s.subscriptions[sub.id] = sub
             s.pending.append(sub)
         }
+        table.subscriptions.add(1, ordering: .relaxed)
     }
 
     /// Cancels and forgets a subscription; nil if this connection has none by that id.
     func remove(_ id: String) -> Subscription? {
-        let sub = state.withLock { $0.subscriptions.removeValue(forKey: id) }
-        sub?.cancel()
+        guard let sub = state.withLock({ $0.subscriptions.removeValue(forKey: id) }) else { return nil }
+        table.subscriptions.subtract(1, ordering: .relaxed)
+        sub.cancel()
         return sub
     }
 
@@ -170,6 +175,7 @@ final class ConnectionHandle: Sendable {
             defer { s.subscriptions = [:]; s.pending = [] }
             return Array(s.subscriptions.values)
         }
+        table.subscriptions.subtract(subs.count, ordering: .relaxed)
         for sub in subs { sub.cancel() }
     }
 }

@@ -30,6 +30,12 @@ struct Blazed: AsyncParsableCommand {
     @Option(help: "Seconds before a silent connection is closed (0: never).")
     var idleTimeout: Int = ServerLimits().idleTimeoutSeconds
     @Option(help: "Maximum size of one document in bytes.") var maxDocumentBytes: Int = StoreLimits().maxDocumentBytes
+    @Option(help: "Maximum subscriptions per connection.")
+    var maxSubscriptions: Int = ServerLimits().maxSubscriptionsPerConnection
+    @Option(help: "Unsent bytes a connection may accumulate before a live subscription on it is dropped.")
+    var maxSubscriberBacklogBytes: Int = ServerLimits().maxSubscriberBacklogBytes
+    @Option(help: "Changes each database keeps in its change feed for resuming subscriptions (since).")
+    var feedRetention: Int = StoreLimits().feedRetention
 
     @Flag(help: "Do not create the 'default' database on first start.") var noDefaultDatabase = false
 
@@ -40,6 +46,8 @@ struct Blazed: AsyncParsableCommand {
         for (name, value) in [
             ("--max-line-bytes", maxLineBytes), ("--max-depth", maxDepth), ("--max-batch", maxBatch),
             ("--max-connections", maxConnections), ("--max-document-bytes", maxDocumentBytes),
+            ("--max-subscriptions", maxSubscriptions), ("--max-subscriber-backlog-bytes", maxSubscriberBacklogBytes),
+            ("--feed-retention", feedRetention),
         ] where value < 1 {
             throw ValidationError("\(name) must be at least 1")
         }
@@ -60,8 +68,11 @@ struct Blazed: AsyncParsableCommand {
         limits.maxBatch = maxBatch
         limits.maxConnections = maxConnections
         limits.idleTimeoutSeconds = idleTimeout
+        limits.maxSubscriptionsPerConnection = maxSubscriptions
+        limits.maxSubscriberBacklogBytes = maxSubscriberBacklogBytes
         var storeLimits = StoreLimits()
         storeLimits.maxDocumentBytes = maxDocumentBytes
+        storeLimits.feedRetention = feedRetention
         let environment = ProcessInfo.processInfo.environment
         let config = DaemonConfig(
             socketPath: socket, dataDirectory: dataDir, limits: limits, storeLimits: storeLimits,

@@ -19,7 +19,7 @@ import Glibc
             "rpc.discover", "daemon.info", "db.create", "db.list", "db.info", "db.drop", "collection.list",
             "doc.insert", "doc.get", "doc.getMany", "doc.put", "doc.patch", "doc.delete", "tx.commit",
             "query.find", "query.count", "query.explain", "index.create", "index.drop", "index.list",
-            "conflict.list", "conflict.resolve",
+            "conflict.list", "conflict.resolve", "subscribe", "unsubscribe",
         ])
         #expect(try c.call("daemon.info")["socket"] == .string(d.socket))
         #expect(try c.call("db.create", ["db": "app"]) == ["db": "app"])
@@ -281,7 +281,9 @@ import Glibc
             #expect(docParams.map(\.1) == spec.params.map(\.required), "\\(name): required flags differ")
             for (p, docParam) in zip(spec.params, m["params"]?.arrayValue ?? []) {
                 let schema = docParam["schema"] ?? [:]
-                let docType = schema["type"]?.stringValue
+                // A reference to a component schema counts with that schema's type.
+                let ref = schema["$ref"]?.stringValue.map { String($0.split(separator: "/").last ?? "") }
+                let docType = (ref.flatMap { document["components"]?["schemas"]?[$0] } ?? schema)["type"]?.stringValue
                 switch p.type {
                 case .string: #expect(docType == "string" || schema["$ref"] != nil, "\\(name).\\(p.name)")
                 case .integer: #expect(docType == "integer", "\\(name).\\(p.name)")

@@ -113,9 +113,58 @@ test('a closed connection rejects pending calls', async () => {
   await assert.rejects(client.daemon.info());
 });
 
+test('subscriptions are async iterators; live queries report enter and leave', async () => {
+  const client = await BlazeClient.connect({ socketPath });
+  const writer = await BlazeClient.connect({ socketPath });
+  try {
+    await client.db.create({ db: 'subs' });
+    const sub = await client.subscribe({ db: 'subs', collection: 'todos', where: { done: false } });
+    assert.match(sub.id, /^sub-/);
+    assert.equal(sub.seq, 0);
+    await writer.doc.put({ db: 'subs', collection: 'todos', id: 'a', doc: { done: false } });
+    await writer.doc.patch({ db: 'subs', collection: 'todos', id: 'a', set: { done: true } });
+    await writer.tx.commit({ db: 'subs', ops: [
+      { op: 'put', collection: 'todos', doc: { _id: 'b', done: false } },
+      { op: 'put', collection: 'other', doc: { _id: 'c', done: false } },
+    ] });
+    await writer.doc.delete({ db: 'subs', collection: 'todos', id: 'b' });
+    const got = [];
+    for await (const event of sub) {
+      got.push(`${event.seq} ${event.type} ${event.id}`);
+      if (got.length === 4) break; // break calls return(): unsubscribes
+    }
+    assert.deepEqual(got, ['1 insert a', '2 leave a', '3 insert b', '4 delete b']);
+    assert.equal(sub.seq, 4);
+    assert.equal(client.subscriptions.size, 0);
+    await assert.rejects(client.unsubscribe({ subscription: sub.id }), { code: ErrorCodes.NotFound, kind: 'subscription_not_found' });
+
+    // Resume from a sequence: exactly the changes after it, then live ones.
+    const resumed = await client.subscribe({ db: 'subs', since: 2 });
+    const it = resumed[Symbol.asyncIterator]();
+    const replay = [];
+    for (let i = 0; i < 3; i++) replay.push((await it.next()).value);
+    assert.deepEqual(replay.map((e) => `${e.seq} ${e.type} ${e.collection}/${e.id}`), ['3 insert todos/b', '3 insert other/c', '4 delete todos/b']);
+    const live = it.next();
+    await writer.doc.insert({ db: 'subs', collection: 'todos', doc: { _id: 'z' } });
+    assert.deepEqual((await live).value.doc, { _id: 'z' });
+
+    // The database goes away: the iteration rejects with the final error.
+    const ended = assert.rejects(it.next(), (err) => err instanceof BlazeError && err.kind === 'database_dropped');
+    await writer.db.drop({ db: 'subs' });
+    await ended;
+    assert.deepEqual(await it.next(), { value: undefined, done: true });
+    await assert.rejects(client.subscribe({ db: 'subs' }), { code: ErrorCodes.NotFound, kind: 'database_not_found' });
+  } finally {
+    client.close();
+    writer.close();
+  }
+});
+
 test('the todo example runs', async () => {
   const { main } = await import('../examples/todo.mjs');
-  const { open, done } = await main(socketPath);
+  const { open, done, events } = await main(socketPath);
   assert.deepEqual(open.map((t) => t._id), ['docs']);
   assert.equal(done, 1);
+  assert.deepEqual(events, ['insert milk', 'insert docs', 'leave milk']);
+  assert.deepEqual((await main(socketPath)).events, events);
 });

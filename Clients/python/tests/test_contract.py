@@ -123,6 +123,11 @@ def test_every_method_succeeds_and_fails_as_documented(client):
     ok(c, "conflict.list", db="app")
     err(c, "conflict.list", -32012, db="app", limit=0)
     err(c, "conflict.resolve", -32010, "conflict_not_found", db="app", collection="todos", id="t1", field="title")
+    sub = ok(c, "subscribe", db="app", collection="todos", where={"done": False}, since=0)
+    err(c, "subscribe", -32010, "database_not_found", db="missing")
+    err(c, "subscribe", -32602, "since_in_future", db="app", since=10**6)
+    ok(c, "unsubscribe", subscription=sub["subscription"])
+    err(c, "unsubscribe", -32010, "subscription_not_found", subscription=sub["subscription"])
     ok(c, "index.drop", db="app", name="todos.n")
     err(c, "index.drop", -32010, "index_not_found", db="app", name="todos.n")
     ok(c, "doc.delete", db="app", collection="todos", id="t3")
@@ -154,3 +159,29 @@ def test_errors_carry_codes_and_kinds_as_exception_classes(client):
         client.doc.insert(db="default", collection="c", doc={"_reserved": 1})
     with pytest.raises(ValueError):
         client.doc.insert(db="default", collection="c", doc={"x": float("nan")})
+
+
+NOTIFICATION = next(n for n in DOC["x-notifications"] if n["name"] == "subscription")
+
+
+def test_subscription_notifications_match_the_document(client, daemon):
+    jsonschema.Draft7Validator.check_schema(NOTIFICATION["params"]["schema"])
+    for example in NOTIFICATION["examples"]:
+        jsonschema.validate(example["params"], schema_with_components(NOTIFICATION["params"]["schema"]))
+    client.db.create(db="n")
+    sub = client.call("subscribe", {"db": "n", "where": {"v": {"$gt": 1}}})
+    # Writes from another connection, so that this one reads nothing but the raw notifications.
+    with blazedb.Client(daemon.socket) as writer:
+        writer.doc.put(db="n", collection="c", id="a", doc={"v": 2})
+        writer.doc.patch(db="n", collection="c", id="a", set={"v": 0})
+        writer.db.drop(db="n")
+    seen = []
+    while not seen or "error" not in seen[-1]:
+        message = client._read_message()
+        assert "id" not in message and message["method"] == "subscription"
+        jsonschema.validate(message["params"], schema_with_components(NOTIFICATION["params"]["schema"]))
+        assert message["params"]["subscription"] == sub["subscription"]
+        seen.append(message["params"])
+    types = [e["type"] for p in seen[:-1] for e in p["events"]]
+    assert types == ["insert", "leave"]
+    assert seen[-1]["error"]["data"]["kind"] == "database_dropped"

@@ -7,6 +7,10 @@ from conftest import ROOT
 
 def test_todo_example_runs(daemon, capsys):
     module = runpy.run_path(os.path.join(ROOT, "Clients", "python", "examples", "todo.py"))
-    open_items, done = module["main"](daemon.socket)
+    open_items, done, events = module["main"](daemon.socket)
     assert [t["_id"] for t in open_items] == ["docs"] and done == 1
-    assert "open: Write docs" in capsys.readouterr().out
+    assert events == [("insert", "milk"), ("insert", "docs"), ("leave", "milk")]
+    out = capsys.readouterr().out
+    assert "open: Write docs" in out and "live: leave milk" in out
+    # A second run starts afresh and sees the same.
+    assert module["main"](daemon.socket)[2] == events
