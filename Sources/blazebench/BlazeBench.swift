@@ -20,7 +20,7 @@ struct BlazeBench: AsyncParsableCommand {
     @Option(help: "Repeats of the throughput measurements (default 3; 1 with --quick).")
     var repeats: Int?
 
-    @Option(help: "Only these groups, comma-separated: baselines, W1, RPC (W2 and W3).")
+    @Option(help: "Only these groups, comma-separated: baselines, W1, RPC (W2 and W3), W8.")
     var only: String?
 
     func wants(_ group: String) -> Bool {
@@ -49,6 +49,11 @@ struct BlazeBench: AsyncParsableCommand {
         }
         if wants("W1") { results += try Workloads.store(dir: dir, n: n, repeats: reps, docs: docs) }
         if wants("RPC") { results += try await Workloads.rpc(dir: dir, n: n, docs: docs) }
+        if wants("W8") {
+            let writes = quick ? 50 : 1000
+            results.append(try await Workloads.fanOut(dir: dir + "/w8-1", writes: writes, subscribers: 1))
+            results.append(try await Workloads.fanOut(dir: dir + "/w8-100", writes: writes, subscribers: 100))
+        }
 
         let byName = Dictionary(uniqueKeysWithValues: results.map { ($0.name, $0) })
         for i in results.indices {

@@ -5,8 +5,9 @@ import BlazeProtocol
 import BlazeStore
 import Foundation
 import Logging
+import Synchronization
 
-/// The workloads of issue #7 that current capabilities allow (W1–W3); the others arrive with sync and subscriptions.
+/// The workloads of issue #7 that current capabilities allow (W1–W3, W8); the others arrive with sync.
 enum Workloads {
     /// W1: store insert and update with CRDT bookkeeping, in process, 1,000-change transactions.
     static func store(dir: String, n: Int, repeats: Int, docs: [[String: JSONValue]]) throws -> [Result] {
@@ -124,5 +125,58 @@ enum Workloads {
             better: "higher", target: "≥ 50,000 req/s"))
         prep.close()
         return out
+    }
+
+    /// W8: latency from issuing a write to its event arriving at each of `subscribers` subscriptions (one connection
+    /// and one OS thread per subscriber), writes issued one at a time.
+    static func fanOut(dir: String, writes: Int, subscribers: Int) async throws -> Result {
+        let d = try await LocalDaemon(dir: dir)
+        defer { Task { await d.stop() } }
+        let socket = d.socket
+        let ready = DispatchSemaphore(value: 0)
+        let arrivals = Mutex<[[UInt64]]>([])
+        let failures = Mutex<[String]>([])
+        var threads: [Thread] = []
+        for _ in 0..<subscribers {
+            let t = Thread {
+                var times = [UInt64](repeating: 0, count: writes)
+                do {
+                    let c = try BlazeConnection(socketPath: socket, timeoutSeconds: 60)
+                    _ = try c.call("subscribe", ["db": "default", "collection": "fan"])
+                    ready.signal()
+                    var received = 0
+                    while received < writes {
+                        let n = try c.nextNotification()
+                        let now = DispatchTime.now().uptimeNanoseconds
+                        for e in n["params"]?["events"]?.arrayValue ?? [] {
+                            if let i = e["doc"]?["i"]?.intValue { times[Int(i)] = now }
+                            received += 1
+                        }
+                    }
+                } catch {
+                    failures.withLock { $0.append("\(error)") }
+                    ready.signal()
+                }
+                arrivals.withLock { $0.append(times) }
+            }
+            t.stackSize = 1 << 20
+            t.start()
+            threads.append(t)
+        }
+        for _ in 0..<subscribers { ready.wait() }
+        let writer = try BlazeConnection(socketPath: socket, timeoutSeconds: 60)
+        var sent = [UInt64](repeating: 0, count: writes)
+        for i in 0..<writes {
+            sent[i] = DispatchTime.now().uptimeNanoseconds
+            _ = try writer.call("doc.put", ["db": "default", "collection": "fan", "id": .string("d\(i % 100)"), "doc": ["i": .int(Int64(i))]])
+        }
+        while arrivals.withLock({ $0.count }) < subscribers { _ = try writer.call("daemon.info") }
+        if let failure = failures.withLock({ $0.first }) { throw ClientError("fan-out subscriber failed: \(failure)") }
+        let latencies = arrivals.withLock { all in
+            all.flatMap { times in zip(times, sent).map { Double($0 &- $1) / 1000 } }
+        }
+        return Result(
+            name: "W8.fanout.\(subscribers)", unit: "µs", samples: latencies, better: "lower",
+            note: "write issued → event at each of \(subscribers) subscribers (includes the commit)")
     }
 }
