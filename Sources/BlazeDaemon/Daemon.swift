@@ -115,19 +115,18 @@ public final class Daemon: Service, Sendable {
                 }
             }
             channel.closeFuture.whenComplete { _ in connections.remove(id) }
+            let connection = ConnectionHandle(
+                id: id, maxSubscriptions: limits.maxSubscriptionsPerConnection, table: connections)
             return channel.eventLoop.makeCompletedFuture {
                 if limits.idleTimeoutSeconds > 0 {
                     try channel.pipeline.syncOperations.addHandler(
                         IdleStateHandler(readTimeout: .seconds(Int64(limits.idleTimeoutSeconds))))
-                    try channel.pipeline.syncOperations.addHandler(IdleCloser())
+                    try channel.pipeline.syncOperations.addHandler(IdleCloser(connection: connection))
                 }
                 try channel.pipeline.syncOperations.addHandler(
                     ByteToMessageHandler(LineFrameDecoder(maxLength: limits.maxLineBytes)))
                 try channel.pipeline.syncOperations.addHandler(
-                    RPCHandler(
-                        connection: ConnectionHandle(
-                            id: id, maxSubscriptions: limits.maxSubscriptionsPerConnection, table: connections),
-                        dispatcher: dispatcher, limits: limits, logger: logger))
+                    RPCHandler(connection: connection, dispatcher: dispatcher, limits: limits, logger: logger))
             }
         }
     }
@@ -419,13 +418,17 @@ final class RefuseHandler: ChannelInboundHandler, Sendable {
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {}
 }
 
-/// Closes a connection when `IdleStateHandler` reports it idle.
+/// Closes a connection when `IdleStateHandler` reports it idle, unless it holds subscriptions (a watcher is silent
+/// by nature; it stays until it unsubscribes or disconnects).
 final class IdleCloser: ChannelInboundHandler, Sendable {
     typealias InboundIn = NIOAny
+    let connection: ConnectionHandle
+
+    init(connection: ConnectionHandle) { self.connection = connection }
 
     func userInboundEventTriggered(context: ChannelHandlerContext, event: Any) {
         if event is IdleStateHandler.IdleStateEvent {
-            context.close(promise: nil)
+            if connection.count == 0 { context.close(promise: nil) }
         } else {
             context.fireUserInboundEventTriggered(event)
         }
