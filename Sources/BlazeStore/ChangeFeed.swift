@@ -87,6 +87,9 @@ public final class ChangeFeed: Sendable {
     /// Changes with a sequence at or below this were pruned from the durable feed and cannot be replayed.
     public var floor: Int64 { state.withLock { $0.floor } }
 
+    /// Floor and last sequence, read together.
+    var bounds: (floor: Int64, last: Int64) { state.withLock { ($0.floor, $0.last) } }
+
     /// Number of attached listeners.
     public var listenerCount: Int { state.withLock { $0.listeners.count } }
 
@@ -190,8 +193,7 @@ extension BlazeDatabase {
 
     /// Checks that the changes after `seq` can be replayed.
     public func checkFeedPosition(_ seq: Int64) throws {
-        let floor = feed.floor
-        let last = feed.lastSequence
+        let (floor, last) = feed.bounds
         guard seq >= floor else {
             throw StoreError(
                 .limitExceeded, kind: "feed_expired",

@@ -31,12 +31,17 @@ struct Global: ParsableArguments {
 
     /// Calls a method, printing a one-line error and exiting non-zero on failure.
     func call(_ method: String, _ params: [String: JSONValue]) throws -> JSONValue {
+        withConnection { try $0.call(method, params) }
+    }
+
+    /// Runs `body` on a new connection; any error is printed as one line and exits non-zero.
+    func withConnection<T>(_ body: (BlazeConnection) throws -> T) -> T {
         do {
             let connection = try BlazeConnection(socketPath: socketPath)
             defer { connection.close() }
-            return try connection.call(method, params)
+            return try body(connection)
         } catch let e as RPCError {
-            fail("\(e.message) [\(e.code) \(e.kind)]")
+            fail(describe(e))
         } catch {
             fail("\(error)")
         }
@@ -59,9 +64,16 @@ func emit(_ line: String) {
     }
 }
 
+/// "message [code kind]", how blazectl shows a daemon error.
+func describe(_ e: RPCError) -> String { "\(e.message) [\(e.code) \(e.kind)]" }
+
+/// Writes `text` to standard error.
+func printError(_ text: String) {
+    _ = Array(text.utf8).withUnsafeBytes { write(2, $0.baseAddress, $0.count) }
+}
+
 func fail(_ message: String) -> Never {
-    let line = Array("blazectl: error: \(message)\n".utf8)
-    _ = line.withUnsafeBytes { write(2, $0.baseAddress, $0.count) }
+    printError("blazectl: error: \(message)\n")
     exit(1)
 }
 
@@ -486,20 +498,17 @@ struct Watch: ParsableCommand {
         if let collection { p["collection"] = .string(collection) }
         if let filter { p["where"] = parseJSON(filter, "filter") }
         if let since { p["since"] = .int(since) }
-        do {
-            let connection = try BlazeConnection(socketPath: global.socketPath)
-            defer { connection.close() }
+        global.withConnection { connection in
             let started = try connection.call("subscribe", p)
             if !global.json {
-                let line = "watching \(db)\(collection.map { "/" + $0 } ?? "") after seq \(text(started["seq"]))\n"
-                _ = Array(line.utf8).withUnsafeBytes { write(2, $0.baseAddress, $0.count) }
+                printError("watching \(db)\(collection.map { "/" + $0 } ?? "") after seq \(text(started["seq"]))\n")
             }
             var printed = 0
             while true {
                 let n = try connection.nextNotification()
                 guard n["method"] == "subscription" else { continue }
                 if let err = n["params"]?["error"], let e = RPCError(json: err) {
-                    fail("subscription ended: \(e.message) [\(e.code) \(e.kind)]")
+                    fail("subscription ended: " + describe(e))
                 }
                 for event in n["params"]?["events"]?.arrayValue ?? [] {
                     // Unbuffered: a watcher piped into another program sees each event as it happens.
@@ -513,10 +522,6 @@ struct Watch: ParsableCommand {
                     if let count, printed >= count { return }
                 }
             }
-        } catch let e as RPCError {
-            fail("\(e.message) [\(e.code) \(e.kind)]")
-        } catch {
-            fail("\(error)")
         }
     }
 }
