@@ -173,7 +173,8 @@ public struct DocumentState: Hashable, Sendable {
         for (name, elements) in op.remove {
             for e in elements { fields[name, default: FieldState()].remove(e, stamp: stamp, in: change, at: index) }
         }
-        fields = fields.filter { !$0.value.isEmpty }
+        // Rebuild only when some field was left without state (rare); scanning allocates nothing.
+        if fields.values.contains(where: \.isEmpty) { fields = fields.filter { !$0.value.isEmpty } }
     }
 
     /// Applies a delete: the causal length rises to `deleteCL` (even) if that is larger.

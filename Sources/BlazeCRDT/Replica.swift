@@ -29,6 +29,8 @@ public protocol ReplicaStorage {
     func document(_ key: DocKey) throws -> DocumentState?
     /// Stores a document's state (and its materialized form).
     func saveDocument(_ key: DocKey, _ state: DocumentState) throws
+    /// Loads a document's state (empty if never seen), lets `edit` change it in place, and saves it.
+    func updateDocument(_ key: DocKey, _ edit: (inout DocumentState) -> Void) throws
     /// An index definition's state, nil if never seen.
     func index(_ name: String) throws -> IndexState?
     /// Stores an index definition's state (and creates or drops the index).
@@ -39,6 +41,15 @@ public protocol ReplicaStorage {
     func parked() throws -> [Change]
     /// Forgets a parked change.
     func unpark(origin: NodeID, seq: UInt64) throws
+}
+
+extension ReplicaStorage {
+    /// Default: `document`, then `saveDocument`. Storages that cache states override it to edit without a copy.
+    public func updateDocument(_ key: DocKey, _ edit: (inout DocumentState) -> Void) throws {
+        var state = try document(key) ?? DocumentState()
+        edit(&state)
+        try saveDocument(key, state)
+    }
 }
 
 /// What `Replica.receive` did with a batch of changes.
@@ -122,13 +133,9 @@ public enum Replica {
     public static func applyOp(_ op: CRDTOp, index: Int, of change: Change, to storage: some ReplicaStorage) throws {
         switch op {
         case .doc(let d):
-            var state = try storage.document(d.key) ?? DocumentState()
-            state.apply(d, change: change, index: index)
-            try storage.saveDocument(d.key, state)
+            try storage.updateDocument(d.key) { $0.apply(d, change: change, index: index) }
         case .delete(let key, let cl):
-            var state = try storage.document(key) ?? DocumentState()
-            state.delete(cl: cl)
-            try storage.saveDocument(key, state)
+            try storage.updateDocument(key) { $0.delete(cl: cl) }
         case .index(let name, let collection, let fields):
             let stamp = change.stamp(index)
             if let current = try storage.index(name), stamp < current.stamp { return }

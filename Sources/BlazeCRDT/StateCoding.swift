@@ -56,15 +56,31 @@ extension DocumentState {
             && f.lastSetOp == nil && f.losers.isEmpty
     }
 
+    /// The stamp most plain fields carry (ties: the smallest), nil when no field is plain.
+    private var commonStamp: Stamp? {
+        // Fast path, the usual state after an insert or a put: every field is a plain write with one stamp.
+        var only: Stamp?
+        var uniform = true
+        for f in fields.values {
+            guard isPlain(f), only == nil || only == f.winner!.stamp else {
+                uniform = false
+                break
+            }
+            only = f.winner!.stamp
+        }
+        if uniform { return only }
+        var counts: [Stamp: Int] = [:]
+        for f in fields.values where isPlain(f) { counts[f.winner!.stamp, default: 0] += 1 }
+        return counts.max { a, b in a.value != b.value ? a.value < b.value : b.key < a.key }?.key
+    }
+
     /// Storage form that leans on the materialized document stored next to it.
     ///
     /// Fields whose state is just a write with the document's most common stamp are not spelled out: `t` holds that
     /// stamp, `u` lists such fields that were unset, and the values of the others are read back from the
     /// materialized body. After a plain insert the state is `{"l": cl, "t": stamp}`.
     public var compactJSON: JSONValue {
-        var counts: [Stamp: Int] = [:]
-        for f in fields.values where isPlain(f) { counts[f.winner!.stamp, default: 0] += 1 }
-        let common = counts.max { a, b in a.value != b.value ? a.value < b.value : b.key < a.key }?.key
+        let common = commonStamp
         var o: [String: JSONValue] = ["l": .int(cl)]
         var full: [String: JSONValue] = [:]
         var unset: [String] = []

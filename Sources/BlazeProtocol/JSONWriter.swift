@@ -23,7 +23,7 @@ extension JSONValue {
         switch self {
         case .null: out.append(contentsOf: "null".utf8)
         case .bool(let b): out.append(contentsOf: (b ? "true" : "false").utf8)
-        case .int(let i): out.append(contentsOf: String(i).utf8)
+        case .int(let i): Self.writeInt(i, to: &out)
         case .double(let d): Self.writeDouble(d, to: &out)
         case .string(let s): Self.writeString(s, to: &out)
         case .array(let a):
@@ -35,11 +35,14 @@ extension JSONValue {
             out.append(UInt8(ascii: "]"))
         case .object(let o):
             out.append(UInt8(ascii: "{"))
-            for (i, key) in o.keys.sorted(by: utf8Less).enumerated() {
-                if i > 0 { out.append(UInt8(ascii: ",")) }
+            // Sorting the pairs (not the keys, then looking each up) hashes nothing.
+            var first = true
+            for (key, value) in o.sorted(by: { utf8Less($0.key, $1.key) }) {
+                if !first { out.append(UInt8(ascii: ",")) }
+                first = false
                 Self.writeString(key, to: &out)
                 out.append(UInt8(ascii: ":"))
-                o[key]!.write(to: &out)
+                value.write(to: &out)
             }
             out.append(UInt8(ascii: "}"))
         }
@@ -62,6 +65,23 @@ extension JSONValue {
         }
     }
 
+    /// Appends the decimal digits of `i` without allocating a String.
+    public static func writeInt(_ i: Int64, to out: inout [UInt8]) {
+        if i < 0 { out.append(UInt8(ascii: "-")) }
+        // Magnitude as unsigned, so Int64.min works.
+        var m = i.magnitude
+        var digits: (UInt64, UInt64, UInt64, UInt64) = (0, 0, 0, 0)  // 32 bytes: room for 20 digits
+        var n = 0
+        withUnsafeMutableBytes(of: &digits) { buf in
+            repeat {
+                buf[31 - n] = UInt8(ascii: "0") + UInt8(m % 10)
+                m /= 10
+                n += 1
+            } while m > 0
+            out.append(contentsOf: buf[(32 - n)...])
+        }
+    }
+
     static func writeDouble(_ d: Double, to out: inout [UInt8]) {
         guard d.isFinite else {
             out.append(contentsOf: "null".utf8)
@@ -71,7 +91,8 @@ extension JSONValue {
         out.append(contentsOf: d.description.utf8)
     }
 
-    static func writeString(_ s: String, to out: inout [UInt8]) {
+    /// Appends `s` as a JSON string literal (quoted, escaped).
+    public static func writeString(_ s: String, to out: inout [UInt8]) {
         out.append(UInt8(ascii: "\""))
         // Fast path: most strings need no escaping and are copied in one go.
         let copied: Bool? = s.utf8.withContiguousStorageIfAvailable { bytes in

@@ -221,7 +221,7 @@ public enum QueryCompiler {
     }
 
     /// The index column list for the given fields: (rank, value) per field, then `id` so sorts need no temp B-tree.
-    static func indexColumns(_ fields: [FieldPath]) -> String {
+    public static func indexColumns(_ fields: [FieldPath]) -> String {
         (fields.map { "\(rankSQL($0)), \(valueSQL($0))" } + ["id"]).joined(separator: ", ")
     }
 }

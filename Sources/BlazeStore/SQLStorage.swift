@@ -117,6 +117,14 @@ final class SQLStorage: ReplicaStorage {
         try DocumentState(compact: try JSONParser(maxDepth: 10_000).parse(state), body: try parseBody(body))
     }
 
+    func updateDocument(_ key: DocKey, _ edit: (inout DocumentState) -> Void) throws {
+        var state = try document(key) ?? DocumentState()
+        // Drop the cache's reference first, so that `edit` changes the fields in place instead of copying them.
+        cache[key] = .some(nil)
+        edit(&state)
+        try saveDocument(key, state)
+    }
+
     func saveDocument(_ key: DocKey, _ state: DocumentState) throws {
         cache[key] = .some(state)
         if dirtySet.insert(key).inserted { dirty.append(key) }

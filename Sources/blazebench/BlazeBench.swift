@@ -41,6 +41,7 @@ struct BlazeBench: AsyncParsableCommand {
         var results: [Result] = []
         if wants("baselines") {
             results.append(try Baselines.inserts(dir: dir, n: n, repeats: reps, texts: texts))
+            results.append(try Baselines.inserts(dir: dir, n: n, repeats: reps, texts: texts, indexedFields: ["email", "age"]))
             results.append(try Baselines.autocommit(dir: dir, n: max(200, n / 10), repeats: reps, texts: texts))
             results.append(try Baselines.pointReads(dir: dir, n: n, texts: texts))
             results.append(try await Baselines.echo(dir: dir, n: n))
@@ -57,6 +58,11 @@ struct BlazeBench: AsyncParsableCommand {
 
         let byName = Dictionary(uniqueKeysWithValues: results.map { ($0.name, $0) })
         for i in results.indices {
+            if let s = results[i].secondBaseline, let base = byName[s], base.unit == results[i].unit {
+                let ratio = results[i].median / base.median
+                results[i].secondRatio = ratio
+                results[i].note = [results[i].note, String(format: "%.2f× %@", ratio, s)].compactMap { $0 }.joined(separator: "; ")
+            }
             guard let b = results[i].baseline, let base = byName[b] else { continue }
             results[i].ratio = results[i].unit == base.unit ? results[i].median / base.median : nil
             if results[i].unit == "µs", base.unit == "µs" {
@@ -93,6 +99,10 @@ struct BlazeBench: AsyncParsableCommand {
             ]
             if let b = r.baseline { o["baseline"] = .string(b) }
             if let x = r.ratio { o["ratio"] = .double(x) }
+            if let s = r.secondBaseline, let x = r.secondRatio {
+                o["secondBaseline"] = .string(s)
+                o["secondRatio"] = .double(x)
+            }
             if let t = r.target { o["target"] = .string(t) }
             if let note = r.note { o["note"] = .string(note) }
             return .object(o)

@@ -10,6 +10,9 @@ struct Result {
     let better: String
     var baseline: String?
     var ratio: Double?
+    /// A second baseline to compare with (its ratio goes into the note and the JSON output).
+    var secondBaseline: String?
+    var secondRatio: Double?
     var target: String?
     var note: String?
 

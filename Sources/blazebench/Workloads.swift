@@ -36,10 +36,10 @@ enum Workloads {
             store.closeAll()
         }
         return [
-            Result(name: "W1.insert", unit: "docs/s", samples: inserts, better: "higher", baseline: "B_ins", target: "≥ 0.5×",
-                note: "2 indexed fields"),
-            Result(name: "W1.update", unit: "docs/s", samples: updates, better: "higher", baseline: "B_ins", target: "≥ 0.5×",
-                note: "patch set one field"),
+            Result(name: "W1.insert", unit: "docs/s", samples: inserts, better: "higher", baseline: "B_ins",
+                secondBaseline: "B_ins.idx", target: "≥ 0.5×", note: "2 indexed fields"),
+            Result(name: "W1.update", unit: "docs/s", samples: updates, better: "higher", baseline: "B_ins",
+                secondBaseline: "B_ins.idx", target: "≥ 0.5×", note: "patch set one field"),
         ]
     }
 

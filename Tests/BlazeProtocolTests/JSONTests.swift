@@ -75,6 +75,9 @@ func randomValue(_ rng: inout SeededRandom, depth: Int = 0) -> JSONValue {
         #expect(JSONValue.double(1).jsonText == "1.0")
         #expect(JSONValue.double(-0.0).jsonText == "-0.0")
         #expect(JSONValue.int(1).jsonText == "1")
+        for i: Int64 in [0, -1, 9, 10, -10, 1_000_000, .max, .min, .max - 1, .min + 1] {
+            #expect(JSONValue.int(i).jsonText == String(i), "integer \(i)")
+        }
         #expect(try JSONParser().parse(JSONValue.double(1e300).jsonText) == .double(1e300))
     }
 
