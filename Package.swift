@@ -28,7 +28,8 @@ let package = Package(
         .target(name: "BlazeProtocol", swiftSettings: strict),
         .target(name: "BlazeCRDT", dependencies: ["BlazeProtocol"], swiftSettings: strict),
         .target(
-            name: "BlazeCrypto", dependencies: [.product(name: "Crypto", package: "swift-crypto")], swiftSettings: strict),
+            name: "BlazeCrypto", dependencies: ["BlazeProtocol", .product(name: "Crypto", package: "swift-crypto")],
+            swiftSettings: strict),
         .target(
             name: "BlazeStore",
             dependencies: [
@@ -78,7 +79,8 @@ let package = Package(
         .target(name: "BlazeTestSupport", path: "Tests/BlazeTestSupport", swiftSettings: strict),
         .testTarget(
             name: "BlazeCRDTTests", dependencies: ["BlazeCRDT", "BlazeProtocol", "BlazeTestSupport"], swiftSettings: strict),
-        .testTarget(name: "BlazeCryptoTests", dependencies: ["BlazeCrypto"], swiftSettings: strict),
+        .testTarget(
+            name: "BlazeCryptoTests", dependencies: ["BlazeCrypto", "BlazeProtocol", "BlazeTestSupport"], swiftSettings: strict),
         .testTarget(name: "BlazeProtocolTests", dependencies: ["BlazeProtocol", "BlazeTestSupport"], swiftSettings: strict),
         .testTarget(
             name: "BlazeStoreTests",

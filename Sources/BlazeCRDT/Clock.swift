@@ -10,20 +10,8 @@ public struct NodeID: Hashable, Comparable, Sendable, CustomStringConvertible {
 
     /// Parses 32 lowercase hex digits; nil for anything else.
     public init?(hex: String) {
-        let bytes = Array(hex.utf8)
-        guard bytes.count == 32 else { return nil }
-        var halves: [UInt64] = [0, 0]
-        for (i, c) in bytes.enumerated() {
-            let digit: UInt64
-            switch c {
-            case 48...57: digit = UInt64(c - 48)
-            case 97...102: digit = UInt64(c - 87)
-            default: return nil
-            }
-            halves[i / 16] = halves[i / 16] << 4 | digit
-        }
-        high = halves[0]
-        low = halves[1]
+        guard hex.utf8.count == 32, let bytes = hexBytes(hex) else { return nil }
+        self.init(bytes: bytes)
     }
 
     /// Builds an id from 16 raw bytes.
@@ -34,16 +22,16 @@ public struct NodeID: Hashable, Comparable, Sendable, CustomStringConvertible {
         low = b[8..<16].reduce(0) { $0 << 8 | UInt64($1) }
     }
 
-    /// Lowercase hex of the 16 bytes.
-    public var hex: String {
-        let digits = Array("0123456789abcdef".utf8)
-        var out = [UInt8](repeating: 0, count: 32)
-        for i in 0..<16 {
-            out[i] = digits[Int(high >> (60 - 4 * UInt64(i)) & 0xF)]
-            out[16 + i] = digits[Int(low >> (60 - 4 * UInt64(i)) & 0xF)]
-        }
-        return String(decoding: out, as: UTF8.self)
+    /// The 16 bytes, big-endian halves in order.
+    public var bytes: [UInt8] {
+        var out: [UInt8] = []
+        out.reserveCapacity(16)
+        for half in [high, low] { for shift in stride(from: 56, through: 0, by: -8) { out.append(UInt8(truncatingIfNeeded: half >> UInt64(shift))) } }
+        return out
     }
+
+    /// Lowercase hex of the 16 bytes.
+    public var hex: String { hexString(bytes) }
 
     /// Orders by bytes.
     public static func < (a: NodeID, b: NodeID) -> Bool { a.high != b.high ? a.high < b.high : a.low < b.low }

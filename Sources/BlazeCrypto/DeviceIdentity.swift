@@ -47,18 +47,9 @@ public struct DeviceIdentity: Sendable {
     ///
     /// Refuses a keystore readable by other users rather than using a leaked key silently.
     public static func loadOrCreate(directory: String) throws -> DeviceIdentity {
-        let fm = FileManager.default
         let path = directory + "/" + fileName
-        if !fm.fileExists(atPath: directory) {
-            try fm.createDirectory(atPath: directory, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o700])
-        }
-        if fm.fileExists(atPath: path) {
-            let mode = (try fm.attributesOfItem(atPath: path)[.posixPermissions] as? NSNumber)?.intValue ?? 0
-            guard mode & 0o077 == 0 else {
-                throw KeystoreError(description: "\(path) is accessible by other users (mode \(String(mode, radix: 8))); chmod 600 it")
-            }
-            let data = try Data(contentsOf: URL(fileURLWithPath: path))
-            guard let object = try JSONSerialization.jsonObject(with: data) as? [String: String],
+        if let text = try KeyFile.read(path) {
+            guard let object = try JSONSerialization.jsonObject(with: Data(text.utf8)) as? [String: String],
                 let sign = object["ed25519"].flatMap({ Data(base64Encoded: $0) }),
                 let agree = object["x25519"].flatMap({ Data(base64Encoded: $0) })
             else { throw KeystoreError(description: "\(path) is not a BlazeDB keystore") }
@@ -71,12 +62,7 @@ public struct DeviceIdentity: Sendable {
             {"ed25519":"\(identity.signingKey.rawRepresentation.base64EncodedString())",\
             "x25519":"\(identity.agreementKey.rawRepresentation.base64EncodedString())"}
             """
-        // Create with 0600 from the start (never briefly world-readable), then rename into place.
-        let temp = path + ".tmp"
-        guard fm.createFile(atPath: temp, contents: Data(json.utf8), attributes: [.posixPermissions: 0o600]) else {
-            throw KeystoreError(description: "cannot write \(temp)")
-        }
-        try fm.moveItem(atPath: temp, toPath: path)
+        try KeyFile.write(json, to: path)
         return identity
     }
 }

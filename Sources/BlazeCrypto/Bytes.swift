@@ -1,0 +1,50 @@
+/// Big-endian writing helpers for the binary sync formats.
+extension Array where Element == UInt8 {
+    /// Appends `value` as 8 big-endian bytes.
+    public mutating func appendBE(_ value: UInt64) {
+        for shift in stride(from: 56, through: 0, by: -8) { append(UInt8(truncatingIfNeeded: value >> UInt64(shift))) }
+    }
+
+    /// Appends `value` as 4 big-endian bytes.
+    public mutating func appendBE(_ value: UInt32) {
+        for shift in stride(from: 24, through: 0, by: -8) { append(UInt8(truncatingIfNeeded: value >> UInt32(shift))) }
+    }
+}
+
+/// Reads fixed-size fields from a byte slice in order; every read is bounds-checked.
+public struct ByteReader {
+    private let bytes: ArraySlice<UInt8>
+    private var offset: Int
+
+    /// Reads `bytes` from its start.
+    public init(_ bytes: ArraySlice<UInt8>) {
+        self.bytes = bytes
+        self.offset = bytes.startIndex
+    }
+
+    /// Bytes not read yet.
+    public var remaining: Int { bytes.endIndex - offset }
+
+    /// The next `count` bytes, or nil when fewer remain.
+    public mutating func read(_ count: Int) -> ArraySlice<UInt8>? {
+        guard count >= 0, remaining >= count else { return nil }
+        defer { offset += count }
+        return bytes[offset..<offset + count]
+    }
+
+    /// A big-endian UInt64, or nil when fewer than 8 bytes remain.
+    public mutating func readUInt64() -> UInt64? {
+        read(8).map { $0.reduce(0) { $0 << 8 | UInt64($1) } }
+    }
+
+    /// A big-endian UInt32, or nil when fewer than 4 bytes remain.
+    public mutating func readUInt32() -> UInt32? {
+        read(4).map { $0.reduce(0) { $0 << 8 | UInt32($1) } }
+    }
+
+    /// A single byte, or nil at the end.
+    public mutating func readUInt8() -> UInt8? { read(1)?.first }
+
+    /// Everything not read yet.
+    public mutating func rest() -> ArraySlice<UInt8> { read(remaining)! }
+}

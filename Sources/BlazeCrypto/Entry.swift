@@ -1,0 +1,229 @@
+import Crypto
+import Foundation
+
+/// Why a received entry, head or frame was refused. The raw values are the counters' names in `sync.status`.
+public enum SyncRejection: String, Error, Sendable, CaseIterable {
+    /// Not a well-formed entry or head.
+    case malformed
+    /// The entry names another space.
+    case wrongSpace = "wrong_space"
+    /// The entry's epoch has no key here.
+    case unknownEpoch = "unknown_epoch"
+    /// AEAD opening failed: tampered, or sealed with another key.
+    case badSeal = "bad_seal"
+    /// The plaintext is not the change the header announces.
+    case badPayload = "bad_payload"
+    /// `prev` does not match the hash of the origin's previous entry.
+    case brokenChain = "broken_chain"
+    /// The head's signature or key does not verify, or it does not match the last entry.
+    case badHead = "bad_head"
+    /// Two different entries for the same origin and sequence.
+    case fork
+    /// A head from an origin that is lower than one it signed before.
+    case rollback
+    /// A transport frame failed to authenticate or decode.
+    case badFrame = "bad_frame"
+}
+
+/// The plaintext header of an entry, authenticated as the AEAD's associated data (DESIGN §8).
+///
+/// Binary layout, big-endian: version (1) · space id (16) · origin (16) · seq (8) · prev (32) · epoch (4) · nonce (12).
+public struct EntryHeader: Sendable, Equatable {
+    /// Format version of this layout.
+    public static let version: UInt8 = 1
+    /// Encoded size in bytes.
+    public static let size = 1 + 16 + 16 + 8 + 32 + 4 + 12
+
+    /// The space (database) the entry belongs to.
+    public var space: [UInt8]
+    /// The authoring device's node id.
+    public var origin: [UInt8]
+    /// The change's sequence number within its origin (from 1).
+    public var seq: UInt64
+    /// SHA-256 of the origin's previous entry; 32 zero bytes for seq 1.
+    public var prev: [UInt8]
+    /// Key epoch the entry is sealed with.
+    public var epoch: UInt32
+    /// AEAD nonce (random).
+    public var nonce: [UInt8]
+
+    /// The encoded header.
+    public var bytes: [UInt8] {
+        var out: [UInt8] = [Self.version]
+        out.reserveCapacity(Self.size)
+        out += space
+        out += origin
+        out.appendBE(seq)
+        out += prev
+        out.appendBE(epoch)
+        out += nonce
+        return out
+    }
+
+    /// Decodes a header from the start of `bytes`.
+    public init(decoding bytes: ArraySlice<UInt8>) throws(SyncRejection) {
+        var r = ByteReader(bytes)
+        guard r.readUInt8() == Self.version, let space = r.read(16), let origin = r.read(16), let seq = r.readUInt64(),
+            seq > 0, let prev = r.read(32), let epoch = r.readUInt32(), let nonce = r.read(12)
+        else { throw .malformed }
+        self.init(space: Array(space), origin: Array(origin), seq: seq, prev: Array(prev), epoch: epoch, nonce: Array(nonce))
+    }
+
+    /// Creates a header.
+    public init(space: [UInt8], origin: [UInt8], seq: UInt64, prev: [UInt8], epoch: UInt32, nonce: [UInt8]) {
+        self.space = space
+        self.origin = origin
+        self.seq = seq
+        self.prev = prev
+        self.epoch = epoch
+        self.nonce = nonce
+    }
+}
+
+/// A sealed op-log entry as it travels and is stored by peers, relays and folders: header, then ciphertext and tag.
+public struct SealedEntry: Sendable, Equatable {
+    /// The encoded entry.
+    public let bytes: [UInt8]
+    /// Its decoded header.
+    public let header: EntryHeader
+
+    /// The 32 zero bytes that stand for "no previous entry".
+    public static let genesis = [UInt8](repeating: 0, count: 32)
+
+    /// Seals `payload` (the canonical change text) as entry `seq` of `origin`, chained to `prev`.
+    public static func seal(
+        _ payload: some DataProtocol, space key: SpaceKey, origin: [UInt8], seq: UInt64, prev: [UInt8]
+    ) -> SealedEntry {
+        let nonce = ChaChaPoly.Nonce()
+        let header = EntryHeader(
+            space: key.id, origin: origin, seq: seq, prev: prev, epoch: key.epoch, nonce: Array(nonce))
+        let headerBytes = header.bytes
+        // Sealing with a valid key and nonce cannot fail.
+        let box = try! ChaChaPoly.seal(payload, using: key.entryKey(epoch: key.epoch)!, nonce: nonce, authenticating: headerBytes)
+        return SealedEntry(bytes: headerBytes + box.ciphertext + box.tag, header: header)
+    }
+
+    /// Parses an encoded entry (header and length only; `open` authenticates it).
+    public init(bytes: [UInt8]) throws(SyncRejection) {
+        guard bytes.count >= EntryHeader.size + 16 else { throw .malformed }
+        self.header = try EntryHeader(decoding: bytes[...])
+        self.bytes = bytes
+    }
+
+    private init(bytes: [UInt8], header: EntryHeader) {
+        self.bytes = bytes
+        self.header = header
+    }
+
+    /// SHA-256 of the whole entry: what `prev` of the next entry and signed heads refer to.
+    public var hash: [UInt8] { Array(SHA256.hash(data: bytes)) }
+
+    /// Authenticates and decrypts the payload with the space key.
+    public func open(with key: SpaceKey) throws(SyncRejection) -> [UInt8] {
+        guard header.space == key.id else { throw .wrongSpace }
+        guard let entryKey = key.entryKey(epoch: header.epoch) else { throw .unknownEpoch }
+        let n = EntryHeader.size
+        do {
+            let box = try ChaChaPoly.SealedBox(
+                nonce: ChaChaPoly.Nonce(data: header.nonce), ciphertext: bytes[n..<(bytes.count - 16)],
+                tag: bytes[(bytes.count - 16)...])
+            return Array(try ChaChaPoly.open(box, using: entryKey, authenticating: bytes[..<n]))
+        } catch {
+            throw .badSeal
+        }
+    }
+}
+
+/// An origin's signature over the last entry of a batch it published: `(space, origin, seq, entry hash)`.
+///
+/// Carries the origin's Ed25519 public key; the node id is the first 16 bytes of its SHA-256, so the key is checked
+/// against the origin it claims. Binary layout: origin (16) · seq (8) · hash (32) · public key (32) · signature (64).
+public struct SignedHead: Sendable, Equatable {
+    /// Encoded size in bytes.
+    public static let size = 16 + 8 + 32 + 32 + 64
+
+    /// The origin that signed.
+    public let origin: [UInt8]
+    /// The sequence of the entry signed.
+    public let seq: UInt64
+    /// That entry's hash.
+    public let hash: [UInt8]
+    /// The origin's Ed25519 public key.
+    public let publicKey: [UInt8]
+    /// Ed25519 signature of `message(space:)`.
+    public let signature: [UInt8]
+
+    static func message(space: [UInt8], origin: [UInt8], seq: UInt64, hash: [UInt8]) -> [UInt8] {
+        var m = Array("blazedb head v1".utf8) + space + origin
+        m.appendBE(seq)
+        return m + hash
+    }
+
+    /// Signs the head of `entry` with the device's key (the entry's origin must be this device).
+    public init(signing entry: SealedEntry, identity: DeviceIdentity) {
+        origin = entry.header.origin
+        seq = entry.header.seq
+        hash = entry.hash
+        publicKey = Array(identity.signingKey.publicKey.rawRepresentation)
+        let m = Self.message(space: entry.header.space, origin: origin, seq: seq, hash: hash)
+        // Signing with a valid key cannot fail.
+        signature = Array(try! identity.signingKey.signature(for: m))
+    }
+
+    /// Decodes an encoded head (`verify` checks it).
+    public init(bytes: ArraySlice<UInt8>) throws(SyncRejection) {
+        var r = ByteReader(bytes)
+        guard let o = r.read(16), let s = r.readUInt64(), s > 0, let h = r.read(32), let k = r.read(32), let sig = r.read(64),
+            r.remaining == 0
+        else { throw .malformed }
+        origin = Array(o)
+        seq = s
+        hash = Array(h)
+        publicKey = Array(k)
+        signature = Array(sig)
+    }
+
+    /// The encoded head.
+    public var bytes: [UInt8] {
+        var out = origin
+        out.appendBE(seq)
+        return out + hash + publicKey + signature
+    }
+
+    /// Checks that the key belongs to the origin and the signature covers this head in `space`.
+    public func verify(space: [UInt8]) throws(SyncRejection) {
+        guard Array(SHA256.hash(data: publicKey).prefix(16)) == origin,
+            let key = try? Curve25519.Signing.PublicKey(rawRepresentation: publicKey),
+            key.isValidSignature(signature, for: Self.message(space: space, origin: origin, seq: seq, hash: hash))
+        else { throw .badHead }
+    }
+}
+
+/// Verifies a batch of one origin's entries as a receiver must before applying any of it.
+public enum EntryChain {
+    /// Checks that `entries` are consecutive entries of `head.origin` in `key`'s space, each linked to the previous
+    /// one (the first to `previousHash`, the hash of the entry before it, when the receiver has that entry), that the
+    /// last is the one `head` signs, and that every entry opens. Returns the decrypted payloads in order.
+    public static func verify(
+        _ entries: [SealedEntry], head: SignedHead, previousHash: [UInt8]?, key: SpaceKey
+    ) throws(SyncRejection) -> [[UInt8]] {
+        guard let first = entries.first, let last = entries.last else { throw .malformed }
+        try head.verify(space: key.id)
+        guard last.header.seq == head.seq, last.hash == head.hash else { throw .badHead }
+        if first.header.seq == 1 {
+            guard first.header.prev == SealedEntry.genesis else { throw .brokenChain }
+        } else if let previousHash, first.header.prev != previousHash {
+            throw .brokenChain
+        }
+        var payloads: [[UInt8]] = []
+        payloads.reserveCapacity(entries.count)
+        var prev: [UInt8]? = nil
+        for (i, e) in entries.enumerated() {
+            guard e.header.origin == head.origin, e.header.seq == first.header.seq + UInt64(i) else { throw .malformed }
+            if let prev, e.header.prev != prev { throw .brokenChain }
+            payloads.append(try e.open(with: key))
+            prev = e.hash
+        }
+        return payloads
+    }
+}

@@ -1,0 +1,180 @@
+import BlazeProtocol
+import BlazeTestSupport
+import Crypto
+import Foundation
+import Testing
+
+@testable import BlazeCrypto
+
+/// A chain of `count` entries of `device` in `key`'s space, and the head signing the last one.
+func makeChain(_ count: Int, key: SpaceKey, device: DeviceIdentity, from first: UInt64 = 1, prev: [UInt8] = SealedEntry.genesis)
+    -> (entries: [SealedEntry], head: SignedHead)
+{
+    var entries: [SealedEntry] = []
+    var prev = prev
+    for i in 0..<count {
+        let seq = first + UInt64(i)
+        let e = SealedEntry.seal(Array("change \(seq)".utf8), space: key, origin: device.nodeID, seq: seq, prev: prev)
+        prev = e.hash
+        entries.append(e)
+    }
+    return (entries, SignedHead(signing: entries.last!, identity: device))
+}
+
+@Suite struct EntryTests {
+    let key = SpaceKey.generate()
+    let device = DeviceIdentity()
+
+    @Test func sealedEntriesOpenOnlyWithTheirSpaceKey() throws {
+        let e = SealedEntry.seal(Array("hello".utf8), space: key, origin: device.nodeID, seq: 7, prev: SealedEntry.genesis)
+        let parsed = try SealedEntry(bytes: e.bytes)
+        #expect(parsed.header == e.header && parsed.header.seq == 7 && parsed.header.epoch == 1)
+        #expect(try parsed.open(with: key) == Array("hello".utf8))
+        // The payload is not visible in the bytes.
+        #expect(!hexString(e.bytes).contains(hexString(Array("hello".utf8))))
+        #expect(throws: SyncRejection.wrongSpace) { try parsed.open(with: SpaceKey.generate()) }
+        let sameIDOtherSecret = try SpaceKey(id: key.id, epoch: 1, secrets: [1: [UInt8](repeating: 7, count: 32)])
+        #expect(throws: SyncRejection.badSeal) { try parsed.open(with: sameIDOtherSecret) }
+        let epoch2 = try SpaceKey(id: key.id, epoch: 2, secrets: [2: [UInt8](repeating: 7, count: 32)])
+        #expect(throws: SyncRejection.unknownEpoch) { try parsed.open(with: epoch2) }
+        #expect(throws: SyncRejection.malformed) { try SealedEntry(bytes: Array(e.bytes.prefix(EntryHeader.size + 15))) }
+    }
+
+    @Test func everySingleBitFlipIsRejected() throws {
+        let e = SealedEntry.seal(Array("payload of some length".utf8), space: key, origin: device.nodeID, seq: 3, prev: SealedEntry.genesis)
+        for bit in 0..<(e.bytes.count * 8) {
+            var bytes = e.bytes
+            bytes[bit / 8] ^= 1 << UInt8(bit % 8)
+            let opened: [UInt8]? = (try? SealedEntry(bytes: bytes)).flatMap { try? $0.open(with: key) }
+            #expect(opened == nil, "bit \(bit) flipped was accepted")
+        }
+    }
+
+    @Test func chainsVerifyUpToTheSignedHead() throws {
+        let (entries, head) = makeChain(5, key: key, device: device)
+        let payloads = try EntryChain.verify(entries, head: head, previousHash: nil, key: key)
+        #expect(payloads.map { String(decoding: $0, as: UTF8.self) } == (1...5).map { "change \($0)" })
+        let decoded = try SignedHead(bytes: head.bytes[...])
+        #expect(decoded == head)
+        // A continuation links to the previous batch's last hash.
+        let (more, head2) = makeChain(3, key: key, device: device, from: 6, prev: entries.last!.hash)
+        #expect(try EntryChain.verify(more, head: head2, previousHash: entries.last!.hash, key: key).count == 3)
+        #expect(throws: SyncRejection.brokenChain) {
+            try EntryChain.verify(more, head: head2, previousHash: entries[3].hash, key: key)
+        }
+    }
+
+    @Test func tamperedChainsAndHeadsAreRejectedWithTheirReason() throws {
+        let (entries, head) = makeChain(4, key: key, device: device)
+        // An entry left out or swapped.
+        #expect(throws: SyncRejection.malformed) {
+            try EntryChain.verify([entries[0], entries[2], entries[3]], head: head, previousHash: nil, key: key)
+        }
+        // An entry replaced by another one with the same seq, sealed by a key holder but not chained.
+        let forged = SealedEntry.seal(Array("forged".utf8), space: key, origin: device.nodeID, seq: 2, prev: SealedEntry.genesis)
+        #expect(throws: SyncRejection.brokenChain) {
+            try EntryChain.verify([entries[0], forged, entries[2], entries[3]], head: head, previousHash: nil, key: key)
+        }
+        // A head that stops earlier than the batch, or signs another hash.
+        let early = SignedHead(signing: entries[2], identity: device)
+        #expect(throws: SyncRejection.badHead) { try EntryChain.verify(entries, head: early, previousHash: nil, key: key) }
+        // A head signed by another device claiming this origin.
+        let mallory = DeviceIdentity()
+        var forgedHead = SignedHead(signing: entries[3], identity: mallory).bytes
+        forgedHead.replaceSubrange(0..<16, with: device.nodeID)
+        #expect(throws: SyncRejection.badHead) {
+            try EntryChain.verify(entries, head: try SignedHead(bytes: forgedHead[...]), previousHash: nil, key: key)
+        }
+        // A signature bit flipped.
+        var flipped = head.bytes
+        flipped[flipped.count - 1] ^= 1
+        #expect(throws: SyncRejection.badHead) {
+            try EntryChain.verify(entries, head: try SignedHead(bytes: flipped[...]), previousHash: nil, key: key)
+        }
+        // A head of this space replayed into another one.
+        let other = SpaceKey.generate()
+        #expect(throws: SyncRejection.badHead) { try EntryChain.verify(entries, head: head, previousHash: nil, key: other) }
+        // The first entry of a log must start from the genesis hash.
+        let (late, lateHead) = makeChain(2, key: key, device: device, from: 1, prev: entries[0].hash)
+        #expect(throws: SyncRejection.brokenChain) { try EntryChain.verify(late, head: lateHead, previousHash: nil, key: key) }
+    }
+
+    @Test func tokensRoundTripAndDamageIsExplained() throws {
+        let token = key.token
+        #expect(token.hasPrefix("blazedb-secret-1."))
+        #expect(try SpaceKey(token: token) == key)
+        #expect(throws: KeystoreError.self) { try SpaceKey(token: "hello") }
+        #expect(throws: KeystoreError.self) { try SpaceKey(token: String(token.dropLast(3))) }
+        #expect(throws: KeystoreError.self) { try SpaceKey(token: token + "AAAA") }
+    }
+
+    @Test func spaceKeysAreStoredPrivately() throws {
+        let dir = NSTemporaryDirectory() + "blazespaces-\(UUID().uuidString)/spaces"
+        defer { try? FileManager.default.removeItem(atPath: (dir as NSString).deletingLastPathComponent) }
+        try key.save(directory: dir)
+        #expect(try SpaceKey.load(directory: dir, idHex: key.idHex) == key)
+        #expect(try SpaceKey.load(directory: dir, idHex: SpaceKey.generate().idHex) == nil)
+        let mode = try FileManager.default.attributesOfItem(atPath: dir + "/\(key.idHex).json")[.posixPermissions] as? NSNumber
+        #expect(mode?.intValue == 0o600)
+        chmod(dir + "/\(key.idHex).json", 0o640)
+        #expect(throws: KeystoreError.self) { try SpaceKey.load(directory: dir, idHex: key.idHex) }
+        SpaceKey.remove(directory: dir, idHex: key.idHex)
+        #expect(!FileManager.default.fileExists(atPath: dir + "/\(key.idHex).json"))
+    }
+}
+
+@Suite struct HandshakeTests {
+    @Test func peersWithTheKeyAgreeOnSessionKeys() throws {
+        let spaces = [SpaceKey.generate(), SpaceKey.generate(), SpaceKey.generate()]
+        let server = Handshake.Server()
+        var client = Handshake.Client(key: spaces[1])
+        let auth = try client.respond(to: server.hello)
+        let (found, reply, serverSession) = try server.accept(auth, spaces: spaces)
+        #expect(found == spaces[1])
+        var clientSession = try client.finish(reply)
+        var serverSide = serverSession
+        for i in 0..<3 {
+            let message = Array("frame \(i)".utf8)
+            #expect(try serverSide.open(clientSession.seal(message)[...]) == message)
+            #expect(try clientSession.open(serverSide.seal(message)[...]) == message)
+        }
+    }
+
+    @Test func aStrangerIsRefusedAndLearnsNothing() throws {
+        let key = SpaceKey.generate()
+        let server = Handshake.Server()
+        var stranger = Handshake.Client(key: SpaceKey.generate())
+        let auth = try stranger.respond(to: server.hello)
+        #expect(throws: SyncRejection.badFrame) { try server.accept(auth, spaces: [key]) }
+        // The hello carries nothing derived from the key or the space id.
+        let hello = hexString(server.hello)
+        #expect(!hello.contains(key.idHex))
+        // A fake server (no key) cannot produce the proof the client checks.
+        var client = Handshake.Client(key: key)
+        _ = try client.respond(to: Handshake.Server().hello)
+        #expect(throws: SyncRejection.badFrame) { try client.finish([UInt8](repeating: 0, count: 32)) }
+        // Garbage is refused.
+        #expect(throws: SyncRejection.badFrame) { try server.accept([1, 2, 3], spaces: [key]) }
+        var c2 = Handshake.Client(key: key)
+        #expect(throws: SyncRejection.badFrame) { try c2.respond(to: Array("HTTP/1.1 200 OK".utf8)) }
+    }
+
+    @Test func replayedReorderedOrAlteredFramesFailToOpen() throws {
+        let key = SpaceKey.generate()
+        let server = Handshake.Server()
+        var client = Handshake.Client(key: key)
+        let (_, reply, s) = try server.accept(try client.respond(to: server.hello), spaces: [key])
+        var c = try client.finish(reply)
+        var receiver = s
+        let f1 = c.seal(Array("one".utf8))
+        let f2 = c.seal(Array("two".utf8))
+        var replay = receiver
+        #expect(throws: SyncRejection.badFrame) { try replay.open(f2[...]) }  // reordered
+        #expect(try receiver.open(f1[...]) == Array("one".utf8))
+        #expect(throws: SyncRejection.badFrame) { try receiver.open(f1[...]) }  // replayed
+        var altered = f2
+        altered[0] ^= 0x40
+        #expect(throws: SyncRejection.badFrame) { try receiver.open(altered[...]) }
+        #expect(try receiver.open(f2[...]) == Array("two".utf8))
+    }
+}
