@@ -33,7 +33,7 @@ let package = Package(
         .target(
             name: "BlazeStore",
             dependencies: [
-                "BlazeProtocol", "BlazeCRDT", .product(name: "GRDB", package: "GRDB.swift"),
+                "BlazeProtocol", "BlazeCRDT", "BlazeCrypto", .product(name: "GRDB", package: "GRDB.swift"),
                 .product(name: "Crypto", package: "swift-crypto"),
             ],
             swiftSettings: strict),
@@ -85,7 +85,8 @@ let package = Package(
         .testTarget(
             name: "BlazeStoreTests",
             dependencies: [
-                "BlazeStore", "BlazeProtocol", "BlazeCRDT", "BlazeTestSupport", .product(name: "GRDB", package: "GRDB.swift"),
+                "BlazeStore", "BlazeProtocol", "BlazeCRDT", "BlazeCrypto", "BlazeTestSupport",
+                .product(name: "GRDB", package: "GRDB.swift"),
             ],
             swiftSettings: strict),
         .testTarget(

@@ -193,17 +193,20 @@ public final class BlazeDatabase: Sendable {
     /// Changes whose dependencies are missing are parked until those arrive. A malformed change rejects the batch.
     public func receive(_ changes: [Change]) throws -> ReceiveReport {
         for change in changes { try Self.validate(change) }
-        return try pool.write { db in
-            let storage = self.makeStorage(db)
-            var clock = self.clock.withLock { $0 }
-            let now = Self.nowMilliseconds()
-            let report = try Replica.receive(changes, into: storage, clock: &clock, now: now)
-            try storage.flush()
-            self.clock.withLock { _ = $0.observe(clock.last, now: now) }
-            try self.noteChanges(report.applied, db)
-            try self.finishFeed(storage, db)
-            return report
-        }
+        return try pool.write { db in try self.receive(changes, in: db) }
+    }
+
+    /// `receive` inside the caller's write transaction (the changes are validated).
+    func receive(_ changes: [Change], in db: Database) throws -> ReceiveReport {
+        let storage = makeStorage(db)
+        var clock = self.clock.withLock { $0 }
+        let now = Self.nowMilliseconds()
+        let report = try Replica.receive(changes, into: storage, clock: &clock, now: now)
+        try storage.flush()
+        self.clock.withLock { _ = $0.observe(clock.last, now: now) }
+        try noteChanges(report.applied, db)
+        try finishFeed(storage, db)
+        return report
     }
 
     /// Checks what a remote change may contain before any of it is applied (names end up in SQL and file paths).

@@ -66,6 +66,30 @@ enum Schema {
                     );
                     """)
         }
+        m.registerMigration("v4-sync") { db in
+            // Sealed entries (ciphertext, as they travel) per origin, the heads their origins signed, and the peers
+            // this database syncs with. The space id lives in `meta` ('space_id'); its key is in the keystore.
+            try db.execute(
+                sql: """
+                    CREATE TABLE sync_entries(
+                        origin BLOB NOT NULL,
+                        seq INTEGER NOT NULL,
+                        hash BLOB NOT NULL,
+                        bytes BLOB NOT NULL,
+                        PRIMARY KEY(origin, seq)
+                    ) WITHOUT ROWID;
+                    CREATE TABLE sync_heads(
+                        origin BLOB NOT NULL,
+                        seq INTEGER NOT NULL,
+                        head BLOB NOT NULL,
+                        PRIMARY KEY(origin, seq)
+                    ) WITHOUT ROWID;
+                    CREATE TABLE sync_peers(
+                        address TEXT PRIMARY KEY NOT NULL,
+                        added_at INTEGER NOT NULL
+                    ) WITHOUT ROWID;
+                    """)
+        }
         return m
     }
 }

@@ -14,9 +14,9 @@ final class TempStore {
     let dir: String
     let store: Store
 
-    init(limits: StoreLimits = StoreLimits()) throws {
+    init(limits: StoreLimits = StoreLimits(), node: NodeID = randomNode()) throws {
         dir = FileManager.default.temporaryDirectory.appendingPathComponent("blazestore-\(UUID().uuidString)").path
-        store = try Store(directory: dir, limits: limits, node: randomNode())
+        store = try Store(directory: dir, limits: limits, node: node)
     }
 
     deinit {

@@ -1,0 +1,236 @@
+import BlazeCRDT
+import BlazeCrypto
+import BlazeProtocol
+import Foundation
+import GRDB
+
+/// Consecutive sealed entries of one origin, ending at a head that origin signed: the unit peers exchange.
+public struct EntryBatch: Sendable {
+    /// The origin of every entry.
+    public var origin: NodeID
+    /// The entries, in sequence order.
+    public var entries: [SealedEntry]
+    /// The origin's signature over the last entry.
+    public var head: SignedHead
+
+    /// Creates a batch.
+    public init(origin: NodeID, entries: [SealedEntry], head: SignedHead) {
+        self.origin = origin
+        self.entries = entries
+        self.head = head
+    }
+}
+
+/// What receiving a verified batch did.
+public struct BatchOutcome: Sendable, Equatable {
+    /// Entries stored for the first time.
+    public var stored = 0
+    /// Entries already held (same hash).
+    public var duplicates = 0
+    /// What applying their changes did.
+    public var report = ReceiveReport()
+}
+
+/// The database's side of sync (DESIGN §8): its space, its sealed entries and heads, its peers.
+///
+/// Local changes are sealed lazily, when sync first needs them, in order and once: the hash chain of this replica's
+/// origin is fixed the moment an entry is stored. Entries of other origins are stored exactly as received, after
+/// verification, in the same transaction that applies their changes, so forwarding them keeps their origin's
+/// signatures intact and a crash never separates an entry from its change.
+extension BlazeDatabase {
+    /// The space this database syncs in (hex), nil while it is not shared.
+    public func spaceID() throws -> String? {
+        try read { db in try String.fetchOne(db, sql: "SELECT value FROM meta WHERE key = 'space_id'") }
+    }
+
+    /// Binds the database to a space; refuses to change an existing binding.
+    public func setSpaceID(_ idHex: String) throws {
+        try pool.write { db in
+            if let current = try String.fetchOne(db, sql: "SELECT value FROM meta WHERE key = 'space_id'") {
+                guard current == idHex else {
+                    throw StoreError(.alreadyExists, kind: "already_shared", "database \(name) already syncs in space \(current)")
+                }
+                return
+            }
+            try db.execute(sql: "INSERT INTO meta(key, value) VALUES ('space_id', ?)", arguments: [idHex])
+        }
+    }
+
+    /// Per origin, the highest sequence this replica holds, applied or stored as an entry: what peers need not send.
+    public func syncVector() throws -> [NodeID: UInt64] {
+        try read { db in
+            var out = try self.makeStorage(db).versionVector().entries
+            for row in try Row.fetchAll(db, sql: "SELECT origin, max(seq) FROM sync_entries GROUP BY origin") {
+                let origin = NodeID(bytes: (row[0] as Data))
+                out[origin] = max(out[origin] ?? 0, UInt64(row[1] as Int64))
+            }
+            return out
+        }
+    }
+
+    /// Seals this replica's changes that have no entry yet, in order, signing one head per `batch` entries (and one
+    /// for the last). Returns how many were sealed.
+    @discardableResult
+    public func sealLocal(key: SpaceKey, identity: DeviceIdentity, batch: Int = 1000) throws -> Int {
+        let origin = Data(node.bytes)
+        var sealed = 0
+        while true {
+            // One transaction per batch: the writer is never held for a whole backlog.
+            let n = try pool.write { db -> Int in
+                let last = try Row.fetchOne(
+                    db, sql: "SELECT seq, hash FROM sync_entries WHERE origin = ? ORDER BY seq DESC LIMIT 1", arguments: [origin])
+                var seq = UInt64(last.map { $0[0] as Int64 } ?? 0)
+                var prev = last.map { Array($0[1] as Data) } ?? SealedEntry.genesis
+                let bodies = try String.fetchAll(
+                    db, sql: "SELECT body FROM changes WHERE origin = ? AND seq > ? ORDER BY seq LIMIT ?",
+                    arguments: [node.hex, Int64(seq), batch])
+                var lastEntry: SealedEntry?
+                for body in bodies {
+                    seq += 1
+                    let entry = SealedEntry.seal(Array(body.utf8), space: key, origin: node.bytes, seq: seq, prev: prev)
+                    try db.cachedStatement(sql: "INSERT INTO sync_entries(origin, seq, hash, bytes) VALUES (?, ?, ?, ?)")
+                        .execute(arguments: [origin, Int64(seq), Data(entry.hash), Data(entry.bytes)])
+                    prev = entry.hash
+                    lastEntry = entry
+                }
+                if let lastEntry {
+                    let head = SignedHead(signing: lastEntry, identity: identity)
+                    try db.execute(
+                        sql: "INSERT INTO sync_heads(origin, seq, head) VALUES (?, ?, ?)",
+                        arguments: [origin, Int64(seq), Data(head.bytes)])
+                }
+                return bodies.count
+            }
+            sealed += n
+            if n < batch { return sealed }
+        }
+    }
+
+    /// The latest head held for `origin`, nil when none.
+    public func latestHead(origin: NodeID) throws -> SignedHead? {
+        try read { db in
+            try Data.fetchOne(
+                db, sql: "SELECT head FROM sync_heads WHERE origin = ? ORDER BY seq DESC LIMIT 1", arguments: [Data(origin.bytes)]
+            ).map { try SignedHead(bytes: Array($0)[...]) }
+        }
+    }
+
+    /// The next batch of `origin`'s entries after `after`: up to the furthest head within `maxEntries` entries, or to
+    /// the nearest head when that is further. Nil when no head lies beyond `after`.
+    public func entryBatch(origin: NodeID, after: UInt64, maxEntries: Int) throws -> EntryBatch? {
+        try read { db in
+            let o = Data(origin.bytes)
+            let within = try Int64.fetchOne(
+                db, sql: "SELECT max(seq) FROM sync_heads WHERE origin = ? AND seq > ? AND seq <= ?",
+                arguments: [o, Int64(after), Int64(after) + Int64(maxEntries)])
+            let nearest = try Int64.fetchOne(
+                db, sql: "SELECT min(seq) FROM sync_heads WHERE origin = ? AND seq > ?", arguments: [o, Int64(after)])
+            guard let end = within ?? nearest,
+                let headBytes = try Data.fetchOne(
+                    db, sql: "SELECT head FROM sync_heads WHERE origin = ? AND seq = ?", arguments: [o, end])
+            else { return nil }
+            let rows = try Data.fetchAll(
+                db, sql: "SELECT bytes FROM sync_entries WHERE origin = ? AND seq > ? AND seq <= ? ORDER BY seq",
+                arguments: [o, Int64(after), end])
+            // Entries below a head are always stored with it; a gap means the log was damaged on disk.
+            guard rows.count == Int(end - Int64(after)) else {
+                throw StoreError(.internalFailure, kind: "corrupt_sync_log", "entries of \(origin) after \(after) are missing")
+            }
+            return EntryBatch(
+                origin: origin, entries: try rows.map { try SealedEntry(bytes: Array($0)) },
+                head: try SignedHead(bytes: Array(headBytes)[...]))
+        }
+    }
+
+    /// Verifies a batch from a peer and, only if all of it verifies, stores its entries and head and applies its
+    /// changes in one transaction. Throws `SyncRejection` (nothing stored) for anything that does not verify, including
+    /// a fork: an entry that differs from the one held for the same origin and sequence.
+    public func receive(batch: EntryBatch, key: SpaceKey) throws -> BatchOutcome {
+        guard batch.head.origin == batch.origin.bytes, let first = batch.entries.first else { throw SyncRejection.malformed }
+        let o = Data(batch.origin.bytes)
+        let firstSeq = first.header.seq
+        // The expensive part (signature, AEAD, links inside the batch) runs before taking the writer; the link to the
+        // entry before the batch is checked inside the transaction, against what is stored then.
+        let payloads = try EntryChain.verify(batch.entries, head: batch.head, previousHash: nil, key: key)
+        var changes: [Change] = []
+        changes.reserveCapacity(payloads.count)
+        for (entry, payload) in zip(batch.entries, payloads) {
+            guard let json = try? JSONParser(maxDepth: 10_000).parse(String(decoding: payload, as: UTF8.self)),
+                let change = try? Change(json: json), change.origin == batch.origin, change.seq == entry.header.seq,
+                (try? Self.validate(change)) != nil
+            else { throw SyncRejection.badPayload }
+            changes.append(change)
+        }
+        return try pool.write { db in
+            var outcome = BatchOutcome()
+            var fresh: [Change] = []
+            let held = try db.cachedStatement(sql: "SELECT hash FROM sync_entries WHERE origin = ? AND seq = ?")
+            if firstSeq > 1 {
+                // A batch must continue the log held here: no gap, and linked to the entry before it.
+                guard let before = try Data.fetchOne(held, arguments: [o, Int64(firstSeq - 1)]),
+                    Array(before) == first.header.prev
+                else { throw SyncRejection.brokenChain }
+            }
+            for (entry, change) in zip(batch.entries, changes) {
+                let hash = entry.hash
+                if let existing = try Data.fetchOne(held, arguments: [o, Int64(entry.header.seq)]) {
+                    guard Array(existing) == hash else { throw SyncRejection.fork }
+                    outcome.duplicates += 1
+                    continue
+                }
+                try db.cachedStatement(sql: "INSERT INTO sync_entries(origin, seq, hash, bytes) VALUES (?, ?, ?, ?)")
+                    .execute(arguments: [o, Int64(entry.header.seq), Data(hash), Data(entry.bytes)])
+                outcome.stored += 1
+                fresh.append(change)
+            }
+            try db.execute(
+                sql: "INSERT OR IGNORE INTO sync_heads(origin, seq, head) VALUES (?, ?, ?)",
+                arguments: [o, Int64(batch.head.seq), Data(batch.head.bytes)])
+            if !fresh.isEmpty { outcome.report = try self.receive(fresh, in: db) }
+            return outcome
+        }
+    }
+
+    /// Checks an origin's own latest head (as its device announces it) against what is held for that origin:
+    /// `.fork` when the entry held at the head's sequence is another one, `.rollback` when a later head is held.
+    public func checkOwnHead(_ head: SignedHead, key: SpaceKey) throws {
+        try head.verify(space: key.id)
+        let o = Data(head.origin)
+        try read { db in
+            if let held = try Data.fetchOne(
+                db, sql: "SELECT hash FROM sync_entries WHERE origin = ? AND seq = ?", arguments: [o, Int64(head.seq)]),
+                Array(held) != head.hash
+            {
+                throw SyncRejection.fork
+            }
+            if let latest = try Int64.fetchOne(db, sql: "SELECT max(seq) FROM sync_heads WHERE origin = ?", arguments: [o]),
+                latest > Int64(head.seq)
+            {
+                throw SyncRejection.rollback
+            }
+        }
+    }
+
+    /// Addresses of the peers this database syncs with.
+    public func peers() throws -> [String] {
+        try read { db in try String.fetchAll(db, sql: "SELECT address FROM sync_peers ORDER BY address") }
+    }
+
+    /// Adds a peer address; returns false when it was already there.
+    public func addPeer(_ address: String) throws -> Bool {
+        try pool.write { db in
+            try db.execute(
+                sql: "INSERT OR IGNORE INTO sync_peers(address, added_at) VALUES (?, ?)",
+                arguments: [address, Int64(Date().timeIntervalSince1970 * 1000)])
+            return db.changesCount > 0
+        }
+    }
+
+    /// Removes a peer address; returns false when it was not there.
+    public func removePeer(_ address: String) throws -> Bool {
+        try pool.write { db in
+            try db.execute(sql: "DELETE FROM sync_peers WHERE address = ?", arguments: [address])
+            return db.changesCount > 0
+        }
+    }
+}
