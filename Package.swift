@@ -40,11 +40,20 @@ let package = Package(
         .target(
             name: "BlazeDaemon",
             dependencies: [
-                "BlazeProtocol", "BlazeStore", "BlazeCRDT", "BlazeCrypto",
+                "BlazeProtocol", "BlazeStore", "BlazeCRDT", "BlazeCrypto", "BlazeSync",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+            ],
+            swiftSettings: strict),
+        .target(
+            name: "BlazeSync",
+            dependencies: [
+                "BlazeProtocol", "BlazeStore", "BlazeCRDT", "BlazeCrypto",
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+                .product(name: "Logging", package: "swift-log"),
             ],
             swiftSettings: strict),
         .target(name: "BlazeClient", dependencies: ["BlazeProtocol"], swiftSettings: strict),
@@ -87,6 +96,15 @@ let package = Package(
             dependencies: [
                 "BlazeStore", "BlazeProtocol", "BlazeCRDT", "BlazeCrypto", "BlazeTestSupport",
                 .product(name: "GRDB", package: "GRDB.swift"),
+            ],
+            swiftSettings: strict),
+        .testTarget(
+            name: "BlazeSyncTests",
+            dependencies: [
+                "BlazeSync", "BlazeStore", "BlazeCRDT", "BlazeCrypto", "BlazeProtocol",
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+                .product(name: "Logging", package: "swift-log"),
             ],
             swiftSettings: strict),
         .testTarget(

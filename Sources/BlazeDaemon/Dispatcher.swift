@@ -82,6 +82,7 @@ struct Dispatcher: Sendable {
         case .invalidArgument: code = RPCErrorCode.invalidParams
         case .limitExceeded: code = RPCErrorCode.limitExceeded
         case .unavailable: code = RPCErrorCode.unavailable
+        case .syncFailure: code = RPCErrorCode.syncError
         default: return nil
         }
         return RPCError(code: code, kind: e.kind, message: e.message, details: e.details)

@@ -56,6 +56,8 @@ public enum RPCErrorCode {
     public static let limitExceeded = -32012
     /// The daemon is shutting down and accepts no new work.
     public static let unavailable = -32014
+    /// Sync cannot proceed: the database is not shared, its key is missing, sync is not enabled.
+    public static let syncError = -32020
 }
 
 extension RPCError {

@@ -4,7 +4,9 @@ import BlazeProtocol
 public struct StoreError: Error, Sendable, Equatable, CustomStringConvertible {
     /// Broad class of the error; stable across releases.
     public struct Code: Hashable, Sendable, CustomStringConvertible {
-        private enum Base: String { case notFound, alreadyExists, invalidArgument, limitExceeded, unavailable, internalFailure }
+        private enum Base: String {
+            case notFound, alreadyExists, invalidArgument, limitExceeded, unavailable, internalFailure, syncFailure
+        }
         private let base: Base
         /// Something named by the caller does not exist.
         public static let notFound = Code(base: .notFound)
@@ -16,6 +18,8 @@ public struct StoreError: Error, Sendable, Equatable, CustomStringConvertible {
         public static let limitExceeded = Code(base: .limitExceeded)
         /// The service is going away (shutting down); retry elsewhere or later.
         public static let unavailable = Code(base: .unavailable)
+        /// A sync operation cannot proceed (the database is not shared, a key is missing, a peer refused).
+        public static let syncFailure = Code(base: .syncFailure)
         /// The store failed internally (I/O, corruption, bug).
         public static let internalFailure = Code(base: .internalFailure)
         /// The code's name.

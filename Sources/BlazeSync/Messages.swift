@@ -1,0 +1,97 @@
+import BlazeCRDT
+import BlazeCrypto
+import BlazeStore
+import NIOCore
+
+/// Splits the peer byte stream into frames: a 4-byte big-endian length, then that many bytes.
+struct FrameDecoder: ByteToMessageDecoder {
+    typealias InboundOut = ByteBuffer
+
+    /// Largest frame accepted; a longer announced length closes the connection before anything is buffered.
+    static let maxFrame = 64 << 20
+
+    func decode(context: ChannelHandlerContext, buffer: inout ByteBuffer) throws -> DecodingState {
+        guard let length = buffer.getInteger(at: buffer.readerIndex, as: UInt32.self) else { return .needMoreData }
+        guard Int(length) <= Self.maxFrame else { throw SyncRejection.badFrame }
+        guard buffer.readableBytes >= 4 + Int(length) else { return .needMoreData }
+        buffer.moveReaderIndex(forwardBy: 4)
+        context.fireChannelRead(wrapInboundOut(buffer.readSlice(length: Int(length))!))
+        return .continue
+    }
+}
+
+/// A frame with its length prefix.
+func frame(_ body: [UInt8]) -> ByteBuffer {
+    var b = ByteBuffer()
+    b.reserveCapacity(4 + body.count)
+    b.writeInteger(UInt32(body.count))
+    b.writeBytes(body)
+    return b
+}
+
+/// The messages peers exchange after the handshake (SYNC.md, "Peer protocol"), each sealed in one frame.
+enum PeerMessage {
+    /// What the sender holds per origin, and the sender's own latest signed head (if it has any entries).
+    case state(vector: [NodeID: UInt64], ownHead: SignedHead?)
+    /// Consecutive entries of one origin ending at its signed head.
+    case entries(EntryBatch)
+    /// Why the sender is about to close the connection.
+    case error(String)
+
+    static let stateType: UInt8 = 1
+    static let entriesType: UInt8 = 2
+    static let errorType: UInt8 = 3
+
+    var bytes: [UInt8] {
+        switch self {
+        case .state(let vector, let head):
+            var out: [UInt8] = [Self.stateType]
+            out.appendBE(UInt32(vector.count))
+            for (origin, seq) in vector.sorted(by: { $0.key < $1.key }) {
+                out += origin.bytes
+                out.appendBE(seq)
+            }
+            if let head { out += head.bytes }
+            return out
+        case .entries(let batch):
+            var out: [UInt8] = [Self.entriesType]
+            out += batch.head.bytes
+            out.appendBE(UInt32(batch.entries.count))
+            for e in batch.entries {
+                out.appendBE(UInt32(e.bytes.count))
+                out += e.bytes
+            }
+            return out
+        case .error(let reason):
+            return [Self.errorType] + Array(reason.utf8.prefix(1000))
+        }
+    }
+
+    init(decoding bytes: [UInt8]) throws(SyncRejection) {
+        var r = ByteReader(bytes[...])
+        switch r.readUInt8() {
+        case Self.stateType?:
+            guard let n = r.readUInt32(), Int(n) <= r.remaining / 24 else { throw .malformed }
+            var vector: [NodeID: UInt64] = [:]
+            for _ in 0..<n {
+                guard let o = r.read(16), let s = r.readUInt64() else { throw .malformed }
+                vector[NodeID(bytes: o)] = s
+            }
+            self = .state(vector: vector, ownHead: r.remaining == 0 ? nil : try SignedHead(bytes: r.rest()))
+        case Self.entriesType?:
+            guard let h = r.read(SignedHead.size), let n = r.readUInt32(), n > 0 else { throw .malformed }
+            let head = try SignedHead(bytes: h)
+            var entries: [SealedEntry] = []
+            for _ in 0..<n {
+                guard let len = r.readUInt32(), let e = r.read(Int(len)) else { throw .malformed }
+                entries.append(try SealedEntry(bytes: Array(e)))
+            }
+            guard r.remaining == 0 else { throw .malformed }
+            self = .entries(EntryBatch(origin: NodeID(bytes: head.origin), entries: entries, head: head))
+        case Self.errorType?:
+            self = .error(String(decoding: r.rest(), as: UTF8.self))
+        default:
+            throw .malformed
+        }
+    }
+}

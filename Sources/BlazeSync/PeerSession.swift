@@ -1,0 +1,367 @@
+import BlazeCRDT
+import BlazeCrypto
+import BlazeStore
+import Logging
+import NIOCore
+import NIOPosix
+import Synchronization
+
+/// One peer connection, from handshake to close (SYNC.md, "Peer protocol").
+///
+/// After the handshake both sides send `STATE` (what they hold per origin, and their own signed head), then each
+/// sends the other exactly the entries it lacks, per origin in sequence order, in batches that end at signed heads,
+/// and keeps pushing new entries as changes commit. Received batches are verified and applied one at a time, in
+/// order, on the I/O pool; reading pauses while a backlog waits, so a fast sender cannot make memory grow.
+/// Any entry that does not verify closes the connection after counting the reason; the outbound side reconnects.
+final class PeerSession: ChannelInboundHandler {
+    typealias InboundIn = ByteBuffer
+    typealias OutboundOut = ByteBuffer
+
+    enum Phase {
+        case awaitingHello(Handshake.Client)
+        case awaitingAuth(Handshake.Server)
+        case awaitingReply(Handshake.Client)
+        case established
+        case closed
+    }
+
+    let engine: SyncEngine
+    let peer: String
+    let direction: String
+    private var phase: Phase
+    private var cipher: SessionCipher?
+    private var db: BlazeDatabase?
+    private var key: SpaceKey?
+    /// What the peer holds, as far as this side knows (its STATE, plus what was sent or received since).
+    private var peerVector: [NodeID: UInt64]?
+    private var pumping = false
+    private var pumpAgain = false
+    private var inbox: [EntryBatch] = []
+    private var applying = false
+    private var readPaused = false
+    private var feedToken: Int?
+    /// Set by the feed listener (on the writer thread) so that a burst of commits schedules one pump.
+    private let wake = WakeFlag()
+    /// Fired once the handshake succeeds (outbound links reset their backoff).
+    var onEstablished: (() -> Void)?
+
+    /// Batches waiting to be applied before reading pauses.
+    static let maxInbox = 4
+    /// Entries per batch read for sending, and bytes read per pump round.
+    static let batchEntries = 1000
+    static let roundBytes = 4 << 20
+
+    /// An outbound session for `db`, which proves it holds `key`.
+    init(engine: SyncEngine, db: BlazeDatabase, key: SpaceKey, peer: String) {
+        self.engine = engine
+        self.peer = peer
+        self.direction = "outbound"
+        self.db = db
+        self.key = key
+        self.phase = .awaitingHello(Handshake.Client(key: key))
+    }
+
+    /// An inbound session: the handshake decides which database it serves.
+    init(engine: SyncEngine) {
+        self.engine = engine
+        self.peer = "inbound"
+        self.direction = "inbound"
+        self.phase = .awaitingAuth(Handshake.Server())
+    }
+
+    private var dbName: String? { db?.name }
+
+    private func status(_ edit: (inout PeerStatus) -> Void) {
+        guard let dbName else { return }
+        engine.status.update(db: dbName, peer: peer, direction: direction, edit)
+    }
+
+    func channelActive(context: ChannelHandlerContext) {
+        if case .awaitingAuth(let server) = phase {
+            context.writeAndFlush(wrapOutboundOut(frame(server.hello)), promise: nil)
+        }
+        context.fireChannelActive()
+    }
+
+    func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+        let body = Array(unwrapInboundIn(data).readableBytesView)
+        do {
+            switch phase {
+            case .awaitingHello(var client):
+                let auth = try client.respond(to: body)
+                phase = .awaitingReply(client)
+                context.writeAndFlush(wrapOutboundOut(frame(auth)), promise: nil)
+            case .awaitingAuth(let server):
+                guard let (space, reply, session) = try? server.accept(body, spaces: engine.servedSpaces().map(\.key)),
+                    let served = try? engine.servedDatabase(spaceID: space.idHex)
+                else {
+                    // A stranger (or a paused database): close without a word.
+                    engine.strangersRefused.add(1, ordering: .relaxed)
+                    phase = .closed
+                    context.close(promise: nil)
+                    return
+                }
+                db = served
+                key = space
+                cipher = session
+                context.writeAndFlush(wrapOutboundOut(frame(reply)), promise: nil)
+                establish(context: context)
+            case .awaitingReply(let client):
+                cipher = try client.finish(body)
+                establish(context: context)
+            case .established:
+                guard var c = cipher else { return }
+                let plain = try c.open(body[...])
+                cipher = c
+                try handle(try PeerMessage(decoding: plain), context: context)
+            case .closed:
+                return
+            }
+        } catch let reason as SyncRejection {
+            fail(reason, context: context)
+        } catch {
+            fail(.malformed, context: context)
+        }
+    }
+
+    private func send(_ message: PeerMessage, context: ChannelHandlerContext) -> EventLoopFuture<Void> {
+        guard var c = cipher else { return context.eventLoop.makeSucceededVoidFuture() }
+        let sealed = c.seal(message.bytes)
+        cipher = c
+        return context.writeAndFlush(wrapOutboundOut(frame(sealed)))
+    }
+
+    /// Counts a rejection, tells the peer why, and closes.
+    private func fail(_ reason: SyncRejection, context: ChannelHandlerContext) {
+        if dbName != nil {
+            engine.status.reject(db: dbName!, peer: peer, direction: direction, reason)
+        } else {
+            engine.strangersRefused.add(1, ordering: .relaxed)
+        }
+        engine.logger.warning(
+            "Sync rejected", metadata: ["db": "\(dbName ?? "-")", "peer": "\(peer)", "reason": "\(reason.rawValue)"])
+        if case .established = phase {
+            _ = send(.error(reason.rawValue), context: context)
+        }
+        phase = .closed
+        context.close(promise: nil)
+    }
+
+    private func establish(context: ChannelHandlerContext) {
+        phase = .established
+        onEstablished?()
+        status { $0.connections += 1; $0.lastError = nil }
+        guard let db else { return }
+        // Wake the sender whenever a change commits (local writes and entries received from other peers alike).
+        let bound = NIOLoopBound((self, context), eventLoop: context.eventLoop)
+        let wake = self.wake
+        let loop = context.eventLoop
+        while true {
+            switch db.feed.attach(after: db.feed.lastSequence, { signal in
+                switch signal {
+                case .entries:
+                    guard wake.set() else { return }
+                    loop.execute {
+                        let (session, context) = bound.value
+                        session.wake.clear()
+                        session.pump(context: context)
+                    }
+                case .ended:
+                    loop.execute { bound.value.1.close(promise: nil) }
+                }
+            }) {
+            case .attached(let token): feedToken = token
+            case .behind: continue
+            case .ended: context.close(promise: nil)
+            }
+            break
+        }
+        sendState(context: context)
+    }
+
+    private func sendState(context: ChannelHandlerContext) {
+        guard let db, let key else { return }
+        let identity = engine.identity
+        let bound = NIOLoopBound((self, context), eventLoop: context.eventLoop)
+        engine.pool.runIfActive(eventLoop: context.eventLoop) { () -> ([NodeID: UInt64], SignedHead?) in
+            try db.sealLocal(key: key, identity: identity)
+            return (try db.syncVector(), try db.latestHead(origin: db.node))
+        }.whenComplete { result in
+            let (session, context) = bound.value
+            switch result {
+            case .success(let (vector, head)): _ = session.send(.state(vector: vector, ownHead: head), context: context)
+            case .failure(let error): session.broken(error, context: context)
+            }
+        }
+    }
+
+    /// A local failure (storage, shutdown): counted as an error, not as a rejection of the peer's data.
+    private func broken(_ error: any Error, context: ChannelHandlerContext) {
+        status { $0.errors += 1; $0.lastError = "\(error)" }
+        phase = .closed
+        context.close(promise: nil)
+    }
+
+    private func handle(_ message: PeerMessage, context: ChannelHandlerContext) throws {
+        switch message {
+        case .state(let vector, let ownHead):
+            var known = peerVector ?? [:]
+            for (o, s) in vector { known[o] = max(known[o] ?? 0, s) }
+            peerVector = known
+            status { $0.lastSyncMs = nowMs() }
+            if let ownHead, let db, let key {
+                let bound = NIOLoopBound((self, context), eventLoop: context.eventLoop)
+                engine.pool.runIfActive(eventLoop: context.eventLoop) { try db.checkOwnHead(ownHead, key: key) }
+                    .whenFailure { error in
+                        let (session, context) = bound.value
+                        guard let reason = error as? SyncRejection else { return }
+                        if reason == .rollback {
+                            // The peer lost entries it had published: count it and keep going; it gets them back
+                            // from here like any missing entries.
+                            session.status { $0.rejected[reason.rawValue, default: 0] += 1 }
+                        } else {
+                            session.fail(reason, context: context)
+                        }
+                    }
+            }
+            pump(context: context)
+        case .entries(let batch):
+            inbox.append(batch)
+            if inbox.count >= Self.maxInbox && !readPaused {
+                readPaused = true
+                context.channel.setOption(ChannelOptions.autoRead, value: false).whenFailure { _ in }
+            }
+            applyNext(context: context)
+        case .error(let reason):
+            status { $0.lastError = "peer closed: \(reason)" }
+            phase = .closed
+            context.close(promise: nil)
+        }
+    }
+
+    /// Notes that the peer holds `batch` (it sent it, or it was sent to it).
+    private func peerHolds(_ batch: EntryBatch) {
+        guard var v = peerVector else { return }
+        v[batch.origin] = max(v[batch.origin] ?? 0, batch.head.seq)
+        peerVector = v
+    }
+
+    /// Applies received batches one at a time, in arrival order.
+    private func applyNext(context: ChannelHandlerContext) {
+        guard !applying, !inbox.isEmpty, let db, let key else { return }
+        applying = true
+        let batch = inbox.removeFirst()
+        let bound = NIOLoopBound((self, context), eventLoop: context.eventLoop)
+        engine.pool.runIfActive(eventLoop: context.eventLoop) { try db.receive(batch: batch, key: key) }
+            .whenComplete { result in
+                let (session, context) = bound.value
+                session.applying = false
+                switch result {
+                case .success(let outcome):
+                    session.peerHolds(batch)
+                    session.status {
+                        $0.receivedEntries += outcome.stored
+                        $0.lastSyncMs = nowMs()
+                    }
+                    if session.readPaused && session.inbox.count < Self.maxInbox {
+                        session.readPaused = false
+                        context.channel.setOption(ChannelOptions.autoRead, value: true).whenFailure { _ in }
+                    }
+                    session.applyNext(context: context)
+                case .failure(let error as SyncRejection):
+                    session.fail(error, context: context)
+                case .failure(let error):
+                    session.broken(error, context: context)
+                }
+            }
+    }
+
+    /// Sends the peer what it lacks, one round of batches at a time; a round starts after the previous one is
+    /// written, so the socket's buffer, not memory, holds what the peer has not read.
+    func pump(context: ChannelHandlerContext) {
+        guard case .established = phase, let peerVector, let db, let key else { return }
+        if pumping {
+            pumpAgain = true
+            return
+        }
+        pumping = true
+        pumpAgain = false
+        let identity = engine.identity
+        let bound = NIOLoopBound((self, context), eventLoop: context.eventLoop)
+        engine.pool.runIfActive(eventLoop: context.eventLoop) { () -> (batches: [EntryBatch], behind: Int, ahead: Int) in
+            try db.sealLocal(key: key, identity: identity)
+            let mine = try db.syncVector()
+            var batches: [EntryBatch] = []
+            var bytes = 0
+            var behind = 0
+            for (origin, theirs) in peerVector where theirs > mine[origin] ?? 0 { behind += Int(theirs - (mine[origin] ?? 0)) }
+            var ahead = 0
+            for (origin, seq) in mine.sorted(by: { $0.key < $1.key }) {
+                var after = peerVector[origin] ?? 0
+                guard seq > after else { continue }
+                ahead += Int(seq - after)
+                while bytes < Self.roundBytes, let batch = try db.entryBatch(origin: origin, after: after, maxEntries: Self.batchEntries) {
+                    batches.append(batch)
+                    bytes += batch.entries.reduce(0) { $0 + $1.bytes.count }
+                    after = batch.head.seq
+                }
+            }
+            return (batches, behind, ahead)
+        }.whenComplete { result in
+            let (session, context) = bound.value
+            switch result {
+            case .success(let round):
+                var last: EventLoopFuture<Void>?
+                for batch in round.batches {
+                    last = session.send(.entries(batch), context: context)
+                    session.peerHolds(batch)
+                }
+                let sent = round.batches.reduce(0) { $0 + $1.entries.count }
+                session.status {
+                    $0.sentEntries += sent
+                    $0.peerBehind = max(0, round.ahead - sent)
+                    $0.selfBehind = round.behind
+                    if sent > 0 { $0.lastSyncMs = nowMs() }
+                }
+                guard let last else {
+                    session.pumping = false
+                    if session.pumpAgain { session.pump(context: context) }
+                    return
+                }
+                last.whenComplete { _ in
+                    let (session, context) = bound.value
+                    session.pumping = false
+                    session.pump(context: context)
+                }
+            case .failure(let error):
+                session.pumping = false
+                session.broken(error, context: context)
+            }
+        }
+    }
+
+    func channelInactive(context: ChannelHandlerContext) {
+        if let feedToken, let db { db.feed.detach(feedToken) }
+        feedToken = nil
+        if case .closed = phase {} else if cipher != nil { phase = .closed }
+        if cipher != nil { status { $0.connections = max(0, $0.connections - 1) } }
+        cipher = nil
+        context.fireChannelInactive()
+    }
+
+    func errorCaught(context: ChannelHandlerContext, error: any Error) {
+        if let reason = error as? SyncRejection {
+            fail(reason, context: context)
+        } else {
+            status { $0.errors += 1; $0.lastError = "\(error)" }
+            context.close(promise: nil)
+        }
+    }
+}
+
+/// A flag the feed listener sets without locks; true from `set()` means "first since the last clear".
+final class WakeFlag: Sendable {
+    private let flag = Atomic<Bool>(false)
+    func set() -> Bool { !flag.exchange(true, ordering: .acquiringAndReleasing) }
+    func clear() { flag.store(false, ordering: .releasing) }
+}

@@ -1,0 +1,361 @@
+import BlazeCRDT
+import BlazeCrypto
+import BlazeStore
+import Foundation
+import Logging
+import NIOCore
+import NIOPosix
+import Synchronization
+
+/// A `host:port` peer address.
+public struct PeerAddress: Sendable, Hashable, CustomStringConvertible {
+    /// Host name or IP address (IPv6 without brackets).
+    public let host: String
+    /// TCP port.
+    public let port: Int
+
+    /// Parses `host:port` or `[v6]:port`; nil when malformed.
+    public init?(_ text: String) {
+        guard let colon = text.lastIndex(of: ":"), let port = Int(text[text.index(after: colon)...]), (1...65535).contains(port)
+        else { return nil }
+        var host = String(text[..<colon])
+        if host.hasPrefix("[") && host.hasSuffix("]") { host = String(host.dropFirst().dropLast()) }
+        guard !host.isEmpty, !host.contains(where: { $0 == " " || $0 == "/" }) else { return nil }
+        self.host = host
+        self.port = port
+    }
+
+    /// `host:port` (`[host]:port` for IPv6).
+    public var description: String { host.contains(":") ? "[\(host)]:\(port)" : "\(host):\(port)" }
+}
+
+/// Runs sync for every shared database of a store: accepts peers on the sync port, keeps a reconnecting link to every
+/// configured peer, and keeps the counters `sync.status` reports.
+public final class SyncEngine: Sendable {
+    let store: Store
+    let identity: DeviceIdentity
+    /// Where space keys live (one 0600 file per space).
+    public let keysDirectory: String
+    let group: any EventLoopGroup
+    let pool: NIOThreadPool
+    let logger: Logger
+    let status = StatusBook()
+    /// Handshakes refused because the peer proved no key held here.
+    let strangersRefused = Atomic<Int>(0)
+    private let links = Mutex<[LinkKey: OutboundLink]>([:])
+    private let paused = Mutex<Set<String>>([])
+    private let keys = Mutex<[String: SpaceKey]>([:])
+    private let listener = Mutex<(any Channel)?>(nil)
+
+    struct LinkKey: Hashable {
+        let db: String
+        let address: String
+    }
+
+    /// Creates an engine; nothing runs until `listen` or `start`.
+    public init(
+        store: Store, identity: DeviceIdentity, keysDirectory: String, group: any EventLoopGroup, pool: NIOThreadPool,
+        logger: Logger
+    ) {
+        self.store = store
+        self.identity = identity
+        self.keysDirectory = keysDirectory
+        self.group = group
+        self.pool = pool
+        self.logger = logger
+    }
+
+    /// Accepts peers on `host:port`; returns the bound port (useful with port 0).
+    public func listen(host: String, port: Int) async throws -> Int {
+        let engine = self
+        let channel = try await ServerBootstrap(group: group)
+            .serverChannelOption(.socketOption(.so_reuseaddr), value: 1)
+            .childChannelOption(.socketOption(.so_keepalive), value: 1)
+            .childChannelInitializer { channel in
+                channel.eventLoop.makeCompletedFuture {
+                    try channel.pipeline.syncOperations.addHandler(ByteToMessageHandler(FrameDecoder()))
+                    try channel.pipeline.syncOperations.addHandler(PeerSession(engine: engine))
+                }
+            }
+            .bind(host: host, port: port).get()
+        listener.withLock { $0 = channel }
+        logger.info("Sync listening", metadata: ["address": "\(host):\(channel.localAddress?.port ?? port)"])
+        return channel.localAddress?.port ?? port
+    }
+
+    /// Starts links to the configured peers of every shared database.
+    public func start() {
+        for name in (try? store.list()) ?? [] { refreshLinks(db: name) }
+    }
+
+    /// Stops accepting, closes every link and session.
+    public func shutdown() async {
+        let all = links.withLock { l in
+            defer { l = [:] }
+            return Array(l.values)
+        }
+        for link in all { link.stop() }
+        if let channel = listener.withLock({ $0 }) { try? await channel.close() }
+    }
+
+    // MARK: Spaces
+
+    /// The key of `db`'s space, nil when the database is not shared.
+    public func spaceKey(db: BlazeDatabase) throws -> SpaceKey? {
+        if let cached = keys.withLock({ $0[db.name] }) { return cached }
+        guard let id = try db.spaceID() else { return nil }
+        guard let key = try SpaceKey.load(directory: keysDirectory, idHex: id) else {
+            throw StoreError(.syncFailure, kind: "space_key_missing", "the key of space \(id) (database \(db.name)) is missing")
+        }
+        keys.withLock { $0[db.name] = key }
+        return key
+    }
+
+    /// Shares `db`: creates its space on first use and returns the secret token that lets another device join.
+    public func share(db: BlazeDatabase) throws -> String {
+        if let key = try spaceKey(db: db) { return key.token }
+        let key = SpaceKey.generate()
+        try key.save(directory: keysDirectory)
+        try db.setSpaceID(key.idHex)
+        keys.withLock { $0[db.name] = key }
+        return key.token
+    }
+
+    /// Joins the space of `token` as the new database `name`; fails if a database already holds that space.
+    public func join(token: String, name: String) throws -> BlazeDatabase {
+        let key: SpaceKey
+        do { key = try SpaceKey(token: token) } catch {
+            throw StoreError(.invalidArgument, kind: "invalid_token", error.description)
+        }
+        if let existing = try servedSpaces().first(where: { $0.key.id == key.id }) {
+            throw StoreError(
+                .alreadyExists, kind: "already_joined", "database \(existing.db.name) already syncs in this space")
+        }
+        try key.save(directory: keysDirectory)
+        let db = try store.create(name)
+        do { try db.setSpaceID(key.idHex) } catch {
+            try? store.drop(name)
+            throw error
+        }
+        keys.withLock { $0[name] = key }
+        return db
+    }
+
+    /// Every shared, unpaused database with its key.
+    func servedSpaces() throws -> [(key: SpaceKey, db: BlazeDatabase)] {
+        var out: [(SpaceKey, BlazeDatabase)] = []
+        let paused = self.paused.withLock { $0 }
+        for name in (try? store.list()) ?? [] where !paused.contains(name) {
+            guard let db = try? store.database(name), let key = try? spaceKey(db: db) else { continue }
+            out.append((key, db))
+        }
+        return out
+    }
+
+    func servedDatabase(spaceID: String) throws -> BlazeDatabase? {
+        try servedSpaces().first { $0.key.idHex == spaceID }?.db
+    }
+
+    /// Forgets a dropped database: stops its links, its counters and removes its key.
+    public func forget(db name: String, spaceID: String?) {
+        stopLinks(db: name)
+        status.forget(db: name)
+        keys.withLock { $0[name] = nil }
+        if let spaceID { SpaceKey.remove(directory: keysDirectory, idHex: spaceID) }
+    }
+
+    // MARK: Peers
+
+    /// Adds `address` as a peer of `db` (which must be shared) and connects to it.
+    public func addPeer(db: BlazeDatabase, address: PeerAddress) throws -> Bool {
+        guard try spaceKey(db: db) != nil else {
+            throw StoreError(
+                .syncFailure, kind: "not_shared", "database \(db.name) is not shared; run db.share or db.join first")
+        }
+        let added = try db.addPeer(address.description)
+        refreshLinks(db: db.name)
+        return added
+    }
+
+    /// Removes a peer of `db` and closes its link.
+    public func removePeer(db: BlazeDatabase, address: PeerAddress) throws -> Bool {
+        let removed = try db.removePeer(address.description)
+        let link = links.withLock { $0.removeValue(forKey: LinkKey(db: db.name, address: address.description)) }
+        link?.stop()
+        status.forget(db: db.name, peer: address.description)
+        return removed
+    }
+
+    /// Makes the running links of `db` match its configured peers (none while paused).
+    func refreshLinks(db name: String) {
+        guard let db = try? store.database(name), let key = try? spaceKey(db: db), let peers = try? db.peers() else { return }
+        let isPaused = paused.withLock { $0.contains(name) }
+        var toStart: [OutboundLink] = []
+        var toStop: [OutboundLink] = []
+        links.withLock { l in
+            let wanted = isPaused ? Set<String>() : Set(peers)
+            for (k, link) in l where k.db == name && !wanted.contains(k.address) {
+                toStop.append(link)
+                l[k] = nil
+            }
+            for address in wanted where l[LinkKey(db: name, address: address)] == nil {
+                guard let parsed = PeerAddress(address) else { continue }
+                let link = OutboundLink(engine: self, db: db, key: key, address: parsed)
+                l[LinkKey(db: name, address: address)] = link
+                toStart.append(link)
+                status.update(db: name, peer: address, direction: "outbound") { _ in }
+            }
+        }
+        for link in toStop { link.stop() }
+        for link in toStart { link.connect() }
+    }
+
+    private func stopLinks(db name: String) {
+        let stopped = links.withLock { l in
+            let mine = l.filter { $0.key.db == name }
+            for k in mine.keys { l[k] = nil }
+            return Array(mine.values)
+        }
+        for link in stopped { link.stop() }
+    }
+
+    // MARK: Control
+
+    /// Per-peer status of `db`.
+    public func status(db: BlazeDatabase) -> [PeerStatus] {
+        status.peers(db: db.name)
+    }
+
+    /// True when sync of `db` is paused.
+    public func isPaused(db name: String) -> Bool { paused.withLock { $0.contains(name) } }
+
+    /// Pauses sync of `db`: closes its links and refuses its inbound peers until `resume`.
+    public func pause(db name: String) {
+        paused.withLock { _ = $0.insert(name) }
+        refreshLinks(db: name)
+    }
+
+    /// Resumes sync of `db`.
+    public func resume(db name: String) {
+        paused.withLock { _ = $0.remove(name) }
+        refreshLinks(db: name)
+    }
+
+    /// Connects every link of `db` that is waiting to retry, now.
+    public func syncNow(db name: String) {
+        refreshLinks(db: name)
+        for link in links.withLock({ $0.filter { $0.key.db == name }.map(\.value) }) { link.retryNow() }
+    }
+}
+
+/// A reconnecting outbound connection to one peer for one database, with exponential backoff (0.1 s doubling to 30 s,
+/// reset once a handshake succeeds).
+final class OutboundLink: Sendable {
+    let engine: SyncEngine
+    let db: BlazeDatabase
+    let key: SpaceKey
+    let address: PeerAddress
+
+    private struct State {
+        var stopped = false
+        var channel: (any Channel)?
+        var retry: Scheduled<Void>?
+        var failures = 0
+        var connecting = false
+    }
+
+    private let state = Mutex(State())
+    private let loop: any EventLoop
+
+    init(engine: SyncEngine, db: BlazeDatabase, key: SpaceKey, address: PeerAddress) {
+        self.engine = engine
+        self.db = db
+        self.key = key
+        self.address = address
+        self.loop = engine.group.next()
+    }
+
+    func connect() {
+        let go = state.withLock { s -> Bool in
+            guard !s.stopped, !s.connecting, s.channel == nil else { return false }
+            s.connecting = true
+            s.retry?.cancel()
+            s.retry = nil
+            return true
+        }
+        guard go else { return }
+        let peer = address.description
+        let link = self
+        ClientBootstrap(group: loop)
+            .connectTimeout(.seconds(5))
+            .channelOption(.socketOption(.so_keepalive), value: 1)
+            .channelInitializer { channel in
+                channel.eventLoop.makeCompletedFuture {
+                    let session = PeerSession(engine: link.engine, db: link.db, key: link.key, peer: peer)
+                    session.onEstablished = { link.state.withLock { $0.failures = 0 } }
+                    try channel.pipeline.syncOperations.addHandler(ByteToMessageHandler(FrameDecoder()))
+                    try channel.pipeline.syncOperations.addHandler(session)
+                }
+            }
+            .connect(host: address.host, port: address.port)
+            .whenComplete { result in
+                switch result {
+                case .success(let channel):
+                    let keep = link.state.withLock { s -> Bool in
+                        s.connecting = false
+                        guard !s.stopped else { return false }
+                        s.channel = channel
+                        return true
+                    }
+                    guard keep else {
+                        channel.close(promise: nil)
+                        return
+                    }
+                    channel.closeFuture.whenComplete { _ in
+                        link.state.withLock { $0.channel = nil }
+                        link.scheduleRetry()
+                    }
+                case .failure(let error):
+                    link.state.withLock { $0.connecting = false }
+                    link.engine.status.update(db: link.db.name, peer: peer, direction: "outbound") {
+                        $0.errors += 1
+                        $0.lastError = "connect: \(error)"
+                    }
+                    link.scheduleRetry()
+                }
+            }
+    }
+
+    private func scheduleRetry() {
+        let link = self
+        state.withLock { s in
+            guard !s.stopped, s.retry == nil else { return }
+            let delay = min(30_000, 100 << min(s.failures, 9))
+            s.failures += 1
+            s.retry = loop.scheduleTask(in: .milliseconds(Int64(delay))) {
+                link.state.withLock { $0.retry = nil }
+                link.connect()
+            }
+        }
+    }
+
+    /// Connects now if waiting for a retry.
+    func retryNow() {
+        state.withLock { s in
+            s.failures = 0
+            s.retry?.cancel()
+            s.retry = nil
+        }
+        connect()
+    }
+
+    func stop() {
+        let channel = state.withLock { s -> (any Channel)? in
+            s.stopped = true
+            s.retry?.cancel()
+            s.retry = nil
+            return s.channel
+        }
+        channel?.close(promise: nil)
+    }
+}

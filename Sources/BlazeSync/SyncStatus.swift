@@ -1,0 +1,65 @@
+import BlazeCrypto
+import Foundation
+import Synchronization
+
+/// What `sync.status` reports for one peer of one database.
+public struct PeerStatus: Sendable, Equatable {
+    /// `host:port` for peers this daemon connects to; `inbound` for everything peers connected here for.
+    public var peer: String
+    /// "outbound" or "inbound".
+    public var direction: String
+    /// Connections currently established (inbound peers may hold several).
+    public var connections = 0
+    /// Unix milliseconds of the last entries or state exchanged, nil before the first.
+    public var lastSyncMs: Int64?
+    /// Entries sent and stored, since the daemon started.
+    public var sentEntries = 0
+    /// Entries received and stored here (duplicates not counted), since the daemon started.
+    public var receivedEntries = 0
+    /// Entries this side holds that the peer lacked when last compared.
+    public var peerBehind = 0
+    /// Entries the peer holds that this side lacked when last compared.
+    public var selfBehind = 0
+    /// Connection attempts and sessions that failed.
+    public var errors = 0
+    /// The latest failure, for humans.
+    public var lastError: String?
+    /// Refused entries, heads and frames, by reason (`SyncRejection` raw values).
+    public var rejected: [String: Int] = [:]
+
+    /// True while at least one connection is established.
+    public var connected: Bool { connections > 0 }
+}
+
+/// The sync counters of every database and peer, shared by sessions and read by `sync.status`.
+final class StatusBook: Sendable {
+    private let book = Mutex<[String: [String: PeerStatus]]>([:])
+
+    func update(db: String, peer: String, direction: String, _ edit: (inout PeerStatus) -> Void) {
+        book.withLock { b in
+            var s = b[db]?[peer] ?? PeerStatus(peer: peer, direction: direction)
+            edit(&s)
+            b[db, default: [:]][peer] = s
+        }
+    }
+
+    func reject(db: String, peer: String, direction: String, _ reason: SyncRejection) {
+        update(db: db, peer: peer, direction: direction) {
+            $0.rejected[reason.rawValue, default: 0] += 1
+            $0.lastError = "rejected: \(reason.rawValue)"
+        }
+    }
+
+    func peers(db: String) -> [PeerStatus] {
+        book.withLock { ($0[db] ?? [:]).values.sorted { $0.peer < $1.peer } }
+    }
+
+    func forget(db: String, peer: String? = nil) {
+        book.withLock { b in
+            if let peer { b[db]?[peer] = nil } else { b[db] = nil }
+        }
+    }
+}
+
+/// Unix milliseconds now.
+func nowMs() -> Int64 { Int64(Date().timeIntervalSince1970 * 1000) }

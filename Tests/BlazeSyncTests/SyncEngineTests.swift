@@ -1,0 +1,99 @@
+import BlazeCRDT
+import BlazeCrypto
+import BlazeProtocol
+import BlazeStore
+import Foundation
+import Logging
+import NIOCore
+import NIOPosix
+import Testing
+
+@testable import BlazeSync
+
+/// A device in one process: identity, store, sync engine on loopback.
+final class Device: @unchecked Sendable {
+    // @unchecked: set up in init, read-only afterwards.
+    let dir = NSTemporaryDirectory() + "blazesync-\(UUID().uuidString)"
+    let identity = DeviceIdentity()
+    let store: Store
+    let engine: SyncEngine
+    let pool = NIOThreadPool(numberOfThreads: 2)
+    var port = 0
+
+    init() throws {
+        pool.start()
+        store = try Store(directory: dir, node: NodeID(bytes: identity.nodeID))
+        var logger = Logger(label: "test.sync")
+        logger.logLevel = .critical
+        engine = SyncEngine(
+            store: store, identity: identity, keysDirectory: dir + "/keys/spaces", group: MultiThreadedEventLoopGroup.singleton,
+            pool: pool, logger: logger)
+    }
+
+    func listen() async throws { port = try await engine.listen(host: "127.0.0.1", port: 0) }
+
+    func close() async {
+        await engine.shutdown()
+        try? await pool.shutdownGracefully()
+        store.closeAll()
+        try? FileManager.default.removeItem(atPath: dir)
+    }
+}
+
+/// Waits (bounded) until `condition` holds, re-checking every 10 ms; returns whether it did.
+func eventually(seconds: Double = 15, _ condition: () throws -> Bool) async rethrows -> Bool {
+    let deadline = Date().addingTimeInterval(seconds)
+    while Date() < deadline {
+        if try condition() { return true }
+        try? await Task.sleep(for: .milliseconds(10))
+    }
+    return try condition()
+}
+
+@Suite(.serialized) struct SyncEngineTests {
+    @Test func twoDevicesSyncBothWaysOverOneConnection() async throws {
+        let a = try Device(), b = try Device()
+        try await a.listen()
+        let dbA = try a.store.create("notes")
+        for i in 0..<250 { _ = try dbA.apply(.put(collection: "c", id: "a\(i)", doc: ["n": .int(Int64(i))])) }
+        let token = try a.engine.share(db: dbA)
+        let dbB = try b.engine.join(token: token, name: "mine")
+        #expect(try b.engine.addPeer(db: dbB, address: PeerAddress("127.0.0.1:\(a.port)")!))
+        #expect(try await eventually { try dbB.summary().documents == 250 })
+        // Live in both directions.
+        _ = try dbB.apply(.put(collection: "c", id: "fromB", doc: ["x": 1]))
+        _ = try dbA.apply(.patch(collection: "c", id: "a1", set: ["n": 1000]))
+        #expect(try await eventually { try dbA.stateHash() == dbB.stateHash() && dbA.summary().documents == 251 })
+        let statusB = b.engine.status(db: dbB)
+        #expect(statusB.count == 1 && statusB[0].connected && statusB[0].receivedEntries >= 251 && statusB[0].sentEntries >= 1)
+        #expect(statusB[0].rejected.isEmpty)
+        let statusA = a.engine.status(db: dbA)
+        #expect(statusA.first?.direction == "inbound" && statusA.first?.connected == true)
+        await b.close()
+        await a.close()
+    }
+
+    @Test func aStrangerIsRefusedAndGetsNothing() async throws {
+        let a = try Device(), c = try Device()
+        try await a.listen()
+        let dbA = try a.store.create("secret")
+        _ = try dbA.apply(.put(collection: "c", id: "x", doc: ["private": "yes"]))
+        _ = try a.engine.share(db: dbA)
+        let dbC = try c.store.create("guess")
+        _ = try c.engine.share(db: dbC)  // another space: another key
+        _ = try c.engine.addPeer(db: dbC, address: PeerAddress("127.0.0.1:\(a.port)")!)
+        #expect(await eventually { a.engine.strangersRefused.load(ordering: .relaxed) >= 2 })
+        #expect(try dbC.summary().documents == 0)
+        #expect(c.engine.status(db: dbC).first?.connected == false)
+        #expect(a.engine.status(db: dbA).isEmpty)
+        await c.close()
+        await a.close()
+    }
+
+    @Test func peerAddressesParse() {
+        #expect(PeerAddress("127.0.0.1:7000")?.port == 7000)
+        #expect(PeerAddress("[::1]:7000")?.host == "::1")
+        #expect(PeerAddress("[::1]:7000")?.description == "[::1]:7000")
+        for bad in ["", "host", "host:0", "host:70000", ":80", "a b:80", "host:x"] { #expect(PeerAddress(bad) == nil, "\(bad)") }
+    }
+}
