@@ -60,7 +60,7 @@ let package = Package(
         .executableTarget(
             name: "blazed",
             dependencies: [
-                "BlazeDaemon",
+                "BlazeDaemon", "BlazeSync", "BlazeStore",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),

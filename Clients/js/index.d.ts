@@ -20,6 +20,10 @@ export type ErrorData = { "kind": string; [key: string]: unknown };
 export type FeedSequence = number;
 export type SubscriptionId = string;
 export type Event = { "seq": FeedSequence; "collection": CollectionName; "id": DocumentId; "type": "insert" | "update" | "delete" | "enter" | "leave"; "doc"?: Document; "origin": NodeId };
+export type SpaceId = string;
+export type ShareToken = string;
+export type PeerAddress = string;
+export type PeerStatus = { "peer": string; "direction": "outbound" | "inbound"; "connected": boolean; "connections": number; "lastSyncMs": number | null; "sentEntries": number; "receivedEntries": number; "peerBehind": number; "selfBehind": number; "errors": number; "lastError": string | null; "rejected": Record<string, number> };
 
 /** Parameters of `rpc.discover`: Returns this OpenRPC document. */
 export type RpcDiscoverParams = Record<string, never>;
@@ -47,6 +51,14 @@ export type DbInfoResult = { "name": DatabaseName; "path": string; "collections"
 export interface DbDropParams { "db": DatabaseName }
 /** Result of `db.drop`. */
 export type DbDropResult = { "db": DatabaseName; "dropped": true };
+/** Parameters of `db.share`: Shares a database: returns the secret token another device joins with. */
+export interface DbShareParams { "db": DatabaseName }
+/** Result of `db.share`. */
+export type DbShareResult = { "db": DatabaseName; "space": SpaceId; "token": ShareToken };
+/** Parameters of `db.join`: Creates a local replica of a shared database from its secret token. */
+export interface DbJoinParams { "token": ShareToken; "db"?: DatabaseName }
+/** Result of `db.join`. */
+export type DbJoinResult = { "db": DatabaseName; "space": SpaceId };
 
 /** Parameters of `collection.list`: Lists the collections of a database with document counts. */
 export interface CollectionListParams { "db": DatabaseName }
@@ -118,6 +130,36 @@ export interface ConflictResolveParams { "db": DatabaseName; "collection": Colle
 /** Result of `conflict.resolve`. */
 export type ConflictResolveResult = { "id": DocumentId; "field": string; "value": unknown; "present": boolean };
 
+/** Parameters of `peer.add`: Adds a peer to sync a shared database with, and connects to it. */
+export interface PeerAddParams { "db": DatabaseName; "address": PeerAddress }
+/** Result of `peer.add`. */
+export type PeerAddResult = { "db": DatabaseName; "address": PeerAddress; "added": boolean };
+/** Parameters of `peer.remove`: Removes a peer of a database and closes its connection. */
+export interface PeerRemoveParams { "db": DatabaseName; "address": PeerAddress }
+/** Result of `peer.remove`. */
+export type PeerRemoveResult = { "db": DatabaseName; "address": PeerAddress; "removed": boolean };
+/** Parameters of `peer.list`: Lists the peers a database syncs with. */
+export interface PeerListParams { "db": DatabaseName }
+/** Result of `peer.list`. */
+export type PeerListResult = { "db": DatabaseName; "peers": Array<{ "address": PeerAddress; "connected": boolean }> };
+
+/** Parameters of `sync.status`: Sync state per shared database and peer: connections, progress, errors, rejections. */
+export interface SyncStatusParams { "db"?: DatabaseName }
+/** Result of `sync.status`. */
+export type SyncStatusResult = { "listen": string | null; "strangersRefused": number; "databases": Array<{ "db": DatabaseName; "space": SpaceId | null; "paused": boolean; "peers": Array<PeerStatus> }> };
+/** Parameters of `sync.now`: Connects to every peer of a database now, skipping backoff waits. */
+export interface SyncNowParams { "db": DatabaseName }
+/** Result of `sync.now`. */
+export type SyncNowResult = { "db": DatabaseName; "started": true };
+/** Parameters of `sync.pause`: Pauses sync of a database: closes its peer connections until sync.resume. */
+export interface SyncPauseParams { "db": DatabaseName }
+/** Result of `sync.pause`. */
+export type SyncPauseResult = { "db": DatabaseName; "paused": true };
+/** Parameters of `sync.resume`: Resumes sync of a paused database. */
+export interface SyncResumeParams { "db": DatabaseName }
+/** Result of `sync.resume`. */
+export type SyncResumeResult = { "db": DatabaseName; "paused": false };
+
 /** Parameters of `subscribe`: Reports changes as `subscription` notifications; with `where`, a live query (enter/leave). */
 export interface SubscribeParams { "db": DatabaseName; "collection"?: CollectionName; "where"?: Filter; "since"?: FeedSequence }
 /** Result of `subscribe`. */
@@ -133,7 +175,7 @@ export declare class BlazeError extends Error {
   readonly kind: string;
   readonly data: Record<string, unknown>;
 }
-export declare const ErrorCodes: Readonly<{ Parse: -32700; InvalidRequest: -32600; MethodNotFound: -32601; InvalidParams: -32602; Internal: -32603; NotFound: -32010; Conflict: -32011; LimitExceeded: -32012; Unavailable: -32014 }>;
+export declare const ErrorCodes: Readonly<{ Parse: -32700; InvalidRequest: -32600; MethodNotFound: -32601; InvalidParams: -32602; Internal: -32603; NotFound: -32010; Conflict: -32011; LimitExceeded: -32012; Unavailable: -32014; Sync: -32020 }>;
 export declare function defaultSocketPath(env?: Record<string, string | undefined>): string;
 
 /** A connection to blazed. */
@@ -147,13 +189,15 @@ export declare class BlazeClient {
   unsubscribe(params: UnsubscribeParams): Promise<UnsubscribeResult>;
   readonly rpc: { discover(params?: RpcDiscoverParams): Promise<RpcDiscoverResult> };
   readonly daemon: { info(params?: DaemonInfoParams): Promise<DaemonInfoResult> };
-  readonly db: { create(params: DbCreateParams): Promise<DbCreateResult>; list(params?: DbListParams): Promise<DbListResult>; info(params: DbInfoParams): Promise<DbInfoResult>; drop(params: DbDropParams): Promise<DbDropResult> };
+  readonly db: { create(params: DbCreateParams): Promise<DbCreateResult>; list(params?: DbListParams): Promise<DbListResult>; info(params: DbInfoParams): Promise<DbInfoResult>; drop(params: DbDropParams): Promise<DbDropResult>; share(params: DbShareParams): Promise<DbShareResult>; join(params: DbJoinParams): Promise<DbJoinResult> };
   readonly collection: { list(params: CollectionListParams): Promise<CollectionListResult> };
   readonly doc: { insert(params: DocInsertParams): Promise<DocInsertResult>; get(params: DocGetParams): Promise<DocGetResult>; getMany(params: DocGetManyParams): Promise<DocGetManyResult>; put(params: DocPutParams): Promise<DocPutResult>; patch(params: DocPatchParams): Promise<DocPatchResult>; delete(params: DocDeleteParams): Promise<DocDeleteResult> };
   readonly tx: { commit(params: TxCommitParams): Promise<TxCommitResult> };
   readonly query: { find(params: QueryFindParams): Promise<QueryFindResult>; count(params: QueryCountParams): Promise<QueryCountResult>; explain(params: QueryExplainParams): Promise<QueryExplainResult> };
   readonly index: { create(params: IndexCreateParams): Promise<IndexCreateResult>; drop(params: IndexDropParams): Promise<IndexDropResult>; list(params: IndexListParams): Promise<IndexListResult> };
   readonly conflict: { list(params: ConflictListParams): Promise<ConflictListResult>; resolve(params: ConflictResolveParams): Promise<ConflictResolveResult> };
+  readonly peer: { add(params: PeerAddParams): Promise<PeerAddResult>; remove(params: PeerRemoveParams): Promise<PeerRemoveResult>; list(params: PeerListParams): Promise<PeerListResult> };
+  readonly sync: { status(params?: SyncStatusParams): Promise<SyncStatusResult>; now(params: SyncNowParams): Promise<SyncNowResult>; pause(params: SyncPauseParams): Promise<SyncPauseResult>; resume(params: SyncResumeParams): Promise<SyncResumeResult> };
 }
 
 /** The params of a `subscription` notification. */

@@ -15,7 +15,7 @@ export class BlazeError extends Error {
 }
 
 /** Error codes of the protocol, by name. */
-export const ErrorCodes = Object.freeze({Parse: -32700, InvalidRequest: -32600, MethodNotFound: -32601, InvalidParams: -32602, Internal: -32603, NotFound: -32010, Conflict: -32011, LimitExceeded: -32012, Unavailable: -32014});
+export const ErrorCodes = Object.freeze({Parse: -32700, InvalidRequest: -32600, MethodNotFound: -32601, InvalidParams: -32602, Internal: -32603, NotFound: -32010, Conflict: -32011, LimitExceeded: -32012, Unavailable: -32014, Sync: -32020});
 
 /** $BLAZEDB_SOCKET, else $XDG_RUNTIME_DIR/blazedb/blazed.sock, else /tmp/blazedb-$UID/blazed.sock. */
 export function defaultSocketPath(env = process.env) {
@@ -48,13 +48,15 @@ export class BlazeClient {
     this.subscriptions = new Map();
     this.rpc = Object.freeze({ discover: (params = {}) => this.call('rpc.discover', params) });
     this.daemon = Object.freeze({ info: (params = {}) => this.call('daemon.info', params) });
-    this.db = Object.freeze({ create: (params = {}) => this.call('db.create', params), list: (params = {}) => this.call('db.list', params), info: (params = {}) => this.call('db.info', params), drop: (params = {}) => this.call('db.drop', params) });
+    this.db = Object.freeze({ create: (params = {}) => this.call('db.create', params), list: (params = {}) => this.call('db.list', params), info: (params = {}) => this.call('db.info', params), drop: (params = {}) => this.call('db.drop', params), share: (params = {}) => this.call('db.share', params), join: (params = {}) => this.call('db.join', params) });
     this.collection = Object.freeze({ list: (params = {}) => this.call('collection.list', params) });
     this.doc = Object.freeze({ insert: (params = {}) => this.call('doc.insert', params), get: (params = {}) => this.call('doc.get', params), getMany: (params = {}) => this.call('doc.getMany', params), put: (params = {}) => this.call('doc.put', params), patch: (params = {}) => this.call('doc.patch', params), delete: (params = {}) => this.call('doc.delete', params) });
     this.tx = Object.freeze({ commit: (params = {}) => this.call('tx.commit', params) });
     this.query = Object.freeze({ find: (params = {}) => this.call('query.find', params), count: (params = {}) => this.call('query.count', params), explain: (params = {}) => this.call('query.explain', params) });
     this.index = Object.freeze({ create: (params = {}) => this.call('index.create', params), drop: (params = {}) => this.call('index.drop', params), list: (params = {}) => this.call('index.list', params) });
     this.conflict = Object.freeze({ list: (params = {}) => this.call('conflict.list', params), resolve: (params = {}) => this.call('conflict.resolve', params) });
+    this.peer = Object.freeze({ add: (params = {}) => this.call('peer.add', params), remove: (params = {}) => this.call('peer.remove', params), list: (params = {}) => this.call('peer.list', params) });
+    this.sync = Object.freeze({ status: (params = {}) => this.call('sync.status', params), now: (params = {}) => this.call('sync.now', params), pause: (params = {}) => this.call('sync.pause', params), resume: (params = {}) => this.call('sync.resume', params) });
   }
 
   /** Reports changes as `subscription` notifications; with `where`, a live query (enter/leave). */

@@ -2,6 +2,7 @@ import BlazeCRDT
 import BlazeCrypto
 import BlazeProtocol
 import BlazeStore
+import BlazeSync
 import Foundation
 import Logging
 import NIOCore
@@ -28,6 +29,10 @@ public final class Daemon: Service, Sendable {
     let registry: MethodRegistry
     let listening = Event()
     let connections = ConnectionTable()
+    /// Runs writes, queries and sync work off the event loops.
+    let pool = NIOThreadPool(numberOfThreads: max(2, System.coreCount))
+    /// Sync with other devices.
+    public let sync: SyncEngine
 
     /// Opens the data directory (creating the default database on first start).
     public init(config: DaemonConfig, logger: Logger) throws {
@@ -38,6 +43,9 @@ public final class Daemon: Service, Sendable {
         self.store = try Store(
             directory: config.dataDirectory, limits: config.storeLimits, node: NodeID(bytes: identity.nodeID))
         self.registry = MethodRegistry(Methods.all())
+        self.sync = SyncEngine(
+            store: store, identity: identity, keysDirectory: config.dataDirectory + "/keys/spaces",
+            group: MultiThreadedEventLoopGroup.singleton, pool: pool, logger: logger)
         if let name = config.defaultDatabase, (try? store.database(name)) == nil {
             _ = try store.create(name)
         }
@@ -52,8 +60,9 @@ public final class Daemon: Service, Sendable {
     public func run() async throws {
         let fd = try SocketListener.listen(path: config.socketPath)
         let context = RequestContext(
-            store: store, config: config, logger: logger, startedAt: .now, registry: registry, connections: connections)
-        let pool = NIOThreadPool(numberOfThreads: max(2, System.coreCount))
+            store: store, config: config, logger: logger, startedAt: .now, registry: registry, connections: connections,
+            sync: sync)
+        let pool = self.pool
         pool.start()
         let dispatcher = Dispatcher(context: context, pool: pool)
         let limits = config.limits
@@ -66,6 +75,11 @@ public final class Daemon: Service, Sendable {
             }
             .withBoundSocket(fd).get()
         logger.info("Listening", metadata: ["socket.path": "\(config.socketPath)", "data.dir": "\(config.dataDirectory)"])
+        if let listen = config.syncListen {
+            guard let address = PeerAddress(listen, listening: true) else { throw DaemonError.invalidSyncAddress(listen) }
+            _ = try await sync.listen(host: address.host, port: address.port)
+        }
+        sync.start()
         listening.fire()
 
         let stop = Event()
@@ -84,6 +98,7 @@ public final class Daemon: Service, Sendable {
             channel.pipeline.fireUserInboundEventTriggered(RPCHandler.Shutdown())
             try? await channel.closeFuture.get()
         }
+        await sync.shutdown()
         try? await pool.shutdownGracefully()
         unlink(config.socketPath)
         store.closeAll()

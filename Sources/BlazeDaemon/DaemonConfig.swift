@@ -35,6 +35,8 @@ public struct DaemonConfig: Sendable {
     public var storeLimits: StoreLimits
     /// Name of the database created on first start (nil: none).
     public var defaultDatabase: String?
+    /// `host:port` to accept sync peers on; nil (the default) accepts none (outbound peers still work).
+    public var syncListen: String?
 
     /// Creates a configuration; unspecified paths come from `DefaultPaths`.
     public init(
@@ -52,3 +54,14 @@ public struct DaemonConfig: Sendable {
 
 /// The daemon's version string.
 public let blazeVersion = "0.1.0"
+
+/// A configuration the daemon cannot start with.
+public struct DaemonError: Error, Sendable, CustomStringConvertible {
+    /// What is wrong, naming the setting.
+    public var description: String
+
+    /// `--sync-listen` is not `host:port`.
+    static func invalidSyncAddress(_ text: String) -> DaemonError {
+        DaemonError(description: "--sync-listen must be host:port with a port from 1 to 65535 (port 0 picks one), got \(text)")
+    }
+}

@@ -1,5 +1,6 @@
 import BlazeProtocol
 import BlazeStore
+import BlazeSync
 import Logging
 
 /// The JSON type a parameter must have.
@@ -87,6 +88,8 @@ struct RequestContext: Sendable {
     let registry: MethodRegistry
     /// The daemon's open connections.
     let connections: ConnectionTable
+    /// Sync: sharing, peers, status.
+    let sync: SyncEngine
     /// The connection the request came on (set per call).
     var connection: ConnectionHandle?
 

@@ -7,7 +7,7 @@ import Foundation
 enum Methods {
     static func all() -> [MethodSpec] {
         daemonMethods + databaseMethods + documentMethods + queryMethods + indexMethods + conflictMethods
-            + subscriptionMethods
+            + subscriptionMethods + syncMethods
     }
 
     // MARK: daemon
@@ -68,7 +68,9 @@ enum Methods {
             ]
         },
         MethodSpec(name: "db.drop", summary: "Deletes a database and all its data.", params: [.db]) { p, ctx in
+            let space = try? ctx.store.database(p.string("db")).spaceID()
             try ctx.store.drop(p.string("db"))
+            ctx.sync.forget(db: p.string("db"), spaceID: space ?? nil)
             return ["db": .string(p.string("db")), "dropped": true]
         },
         MethodSpec(inline: true, name: "collection.list", summary: "Lists the collections of a database with document counts.",

@@ -2346,6 +2346,761 @@ let openRPCDocumentText = ###"""
           }
         }
       ]
+    },
+    {
+      "name": "db.share",
+      "summary": "Shares a database: returns the secret token another device joins with.",
+      "paramStructure": "by-name",
+      "params": [
+        {
+          "name": "db",
+          "required": true,
+          "description": "Database name.",
+          "schema": {
+            "$ref": "#/components/schemas/DatabaseName"
+          }
+        }
+      ],
+      "result": {
+        "name": "result",
+        "schema": {
+          "type": "object",
+          "properties": {
+            "db": {
+              "$ref": "#/components/schemas/DatabaseName"
+            },
+            "space": {
+              "$ref": "#/components/schemas/SpaceId"
+            },
+            "token": {
+              "$ref": "#/components/schemas/ShareToken"
+            }
+          },
+          "required": [
+            "db",
+            "space",
+            "token"
+          ],
+          "additionalProperties": false
+        }
+      },
+      "errors": [
+        {
+          "code": -32602,
+          "message": "Missing, unknown or wrongly typed parameters, or invalid values."
+        },
+        {
+          "code": -32603,
+          "message": "Internal error; details are in the daemon log."
+        },
+        {
+          "code": -32010,
+          "message": "A database, collection, document, index, conflict or subscription does not exist."
+        }
+      ],
+      "examples": [
+        {
+          "name": "db.share example",
+          "params": [
+            {
+              "name": "db",
+              "value": "notes"
+            }
+          ],
+          "result": {
+            "name": "result",
+            "value": {
+              "db": "notes",
+              "space": "9f2c4e1a7b3d5f60812a4c6e8b0d2f41",
+              "token": "blazedb-secret-1.nyxOGns9X2CBKkxuiw0vQQAAAAGq1ZlQx3v0hq7S3bm9F4W2c1YtZkOaZr3Jg9d3d4zkMw"
+            }
+          }
+        }
+      ],
+      "description": "The first call creates the database's space (a random id and 256-bit key, epoch 1, key stored 0600 under the data directory); later calls return the same token. The token is a secret."
+    },
+    {
+      "name": "db.join",
+      "summary": "Creates a local replica of a shared database from its secret token.",
+      "paramStructure": "by-name",
+      "params": [
+        {
+          "name": "token",
+          "required": true,
+          "description": "The secret token printed by db.share on another device.",
+          "schema": {
+            "$ref": "#/components/schemas/ShareToken"
+          }
+        },
+        {
+          "name": "db",
+          "required": false,
+          "description": "Name of the new local database (default: shared-<first 8 hex digits of the space id>).",
+          "schema": {
+            "$ref": "#/components/schemas/DatabaseName"
+          }
+        }
+      ],
+      "result": {
+        "name": "result",
+        "schema": {
+          "type": "object",
+          "properties": {
+            "db": {
+              "$ref": "#/components/schemas/DatabaseName"
+            },
+            "space": {
+              "$ref": "#/components/schemas/SpaceId"
+            }
+          },
+          "required": [
+            "db",
+            "space"
+          ],
+          "additionalProperties": false
+        }
+      },
+      "errors": [
+        {
+          "code": -32602,
+          "message": "Missing, unknown or wrongly typed parameters, or invalid values."
+        },
+        {
+          "code": -32603,
+          "message": "Internal error; details are in the daemon log."
+        },
+        {
+          "code": -32011,
+          "message": "The target already exists."
+        }
+      ],
+      "examples": [
+        {
+          "name": "db.join example",
+          "params": [
+            {
+              "name": "token",
+              "value": "blazedb-secret-1.nyxOGns9X2CBKkxuiw0vQQAAAAGq1ZlQx3v0hq7S3bm9F4W2c1YtZkOaZr3Jg9d3d4zkMw"
+            },
+            {
+              "name": "db",
+              "value": "notes"
+            }
+          ],
+          "result": {
+            "name": "result",
+            "value": {
+              "db": "notes",
+              "space": "9f2c4e1a7b3d5f60812a4c6e8b0d2f41"
+            }
+          }
+        }
+      ],
+      "description": "The new database is empty until it syncs: add a peer with peer.add. Fails with already_joined when a database here already syncs in that space, invalid_token for a damaged token."
+    },
+    {
+      "name": "peer.add",
+      "summary": "Adds a peer to sync a shared database with, and connects to it.",
+      "paramStructure": "by-name",
+      "params": [
+        {
+          "name": "db",
+          "required": true,
+          "description": "Database name.",
+          "schema": {
+            "$ref": "#/components/schemas/DatabaseName"
+          }
+        },
+        {
+          "name": "address",
+          "required": true,
+          "description": "Peer address, host:port (IPv6 as [host]:port).",
+          "schema": {
+            "$ref": "#/components/schemas/PeerAddress"
+          }
+        }
+      ],
+      "result": {
+        "name": "result",
+        "schema": {
+          "type": "object",
+          "properties": {
+            "db": {
+              "$ref": "#/components/schemas/DatabaseName"
+            },
+            "address": {
+              "$ref": "#/components/schemas/PeerAddress"
+            },
+            "added": {
+              "type": "boolean",
+              "description": "False when the peer was already configured."
+            }
+          },
+          "required": [
+            "db",
+            "address",
+            "added"
+          ],
+          "additionalProperties": false
+        }
+      },
+      "errors": [
+        {
+          "code": -32602,
+          "message": "Missing, unknown or wrongly typed parameters, or invalid values."
+        },
+        {
+          "code": -32603,
+          "message": "Internal error; details are in the daemon log."
+        },
+        {
+          "code": -32010,
+          "message": "A database, collection, document, index, conflict or subscription does not exist."
+        },
+        {
+          "code": -32020,
+          "message": "Sync cannot proceed: the database is not shared, or its space key is missing."
+        }
+      ],
+      "examples": [
+        {
+          "name": "peer.add example",
+          "params": [
+            {
+              "name": "db",
+              "value": "notes"
+            },
+            {
+              "name": "address",
+              "value": "192.168.1.20:7070"
+            }
+          ],
+          "result": {
+            "name": "result",
+            "value": {
+              "db": "notes",
+              "address": "192.168.1.20:7070",
+              "added": true
+            }
+          }
+        }
+      ],
+      "description": "Peers are stored with the database and reconnected after restarts, with exponential backoff (0.1 s doubling to 30 s). Only one side of a pair needs to add the other."
+    },
+    {
+      "name": "peer.remove",
+      "summary": "Removes a peer of a database and closes its connection.",
+      "paramStructure": "by-name",
+      "params": [
+        {
+          "name": "db",
+          "required": true,
+          "description": "Database name.",
+          "schema": {
+            "$ref": "#/components/schemas/DatabaseName"
+          }
+        },
+        {
+          "name": "address",
+          "required": true,
+          "description": "Peer address, host:port (IPv6 as [host]:port).",
+          "schema": {
+            "$ref": "#/components/schemas/PeerAddress"
+          }
+        }
+      ],
+      "result": {
+        "name": "result",
+        "schema": {
+          "type": "object",
+          "properties": {
+            "db": {
+              "$ref": "#/components/schemas/DatabaseName"
+            },
+            "address": {
+              "$ref": "#/components/schemas/PeerAddress"
+            },
+            "removed": {
+              "type": "boolean",
+              "description": "False when the peer was not configured."
+            }
+          },
+          "required": [
+            "db",
+            "address",
+            "removed"
+          ],
+          "additionalProperties": false
+        }
+      },
+      "errors": [
+        {
+          "code": -32602,
+          "message": "Missing, unknown or wrongly typed parameters, or invalid values."
+        },
+        {
+          "code": -32603,
+          "message": "Internal error; details are in the daemon log."
+        },
+        {
+          "code": -32010,
+          "message": "A database, collection, document, index, conflict or subscription does not exist."
+        }
+      ],
+      "examples": [
+        {
+          "name": "peer.remove example",
+          "params": [
+            {
+              "name": "db",
+              "value": "notes"
+            },
+            {
+              "name": "address",
+              "value": "192.168.1.20:7070"
+            }
+          ],
+          "result": {
+            "name": "result",
+            "value": {
+              "db": "notes",
+              "address": "192.168.1.20:7070",
+              "removed": true
+            }
+          }
+        }
+      ]
+    },
+    {
+      "name": "peer.list",
+      "summary": "Lists the peers a database syncs with.",
+      "paramStructure": "by-name",
+      "params": [
+        {
+          "name": "db",
+          "required": true,
+          "description": "Database name.",
+          "schema": {
+            "$ref": "#/components/schemas/DatabaseName"
+          }
+        }
+      ],
+      "result": {
+        "name": "result",
+        "schema": {
+          "type": "object",
+          "properties": {
+            "db": {
+              "$ref": "#/components/schemas/DatabaseName"
+            },
+            "peers": {
+              "type": "array",
+              "items": {
+                "type": "object",
+                "properties": {
+                  "address": {
+                    "$ref": "#/components/schemas/PeerAddress"
+                  },
+                  "connected": {
+                    "type": "boolean"
+                  }
+                },
+                "required": [
+                  "address",
+                  "connected"
+                ],
+                "additionalProperties": false
+              }
+            }
+          },
+          "required": [
+            "db",
+            "peers"
+          ],
+          "additionalProperties": false
+        }
+      },
+      "errors": [
+        {
+          "code": -32602,
+          "message": "Missing, unknown or wrongly typed parameters, or invalid values."
+        },
+        {
+          "code": -32603,
+          "message": "Internal error; details are in the daemon log."
+        },
+        {
+          "code": -32010,
+          "message": "A database, collection, document, index, conflict or subscription does not exist."
+        }
+      ],
+      "examples": [
+        {
+          "name": "peer.list example",
+          "params": [
+            {
+              "name": "db",
+              "value": "notes"
+            }
+          ],
+          "result": {
+            "name": "result",
+            "value": {
+              "db": "notes",
+              "peers": [
+                {
+                  "address": "192.168.1.20:7070",
+                  "connected": true
+                }
+              ]
+            }
+          }
+        }
+      ]
+    },
+    {
+      "name": "sync.status",
+      "summary": "Sync state per shared database and peer: connections, progress, errors, rejections.",
+      "paramStructure": "by-name",
+      "params": [
+        {
+          "name": "db",
+          "required": false,
+          "description": "Only this database (default: every shared database).",
+          "schema": {
+            "$ref": "#/components/schemas/DatabaseName"
+          }
+        }
+      ],
+      "result": {
+        "name": "result",
+        "schema": {
+          "type": "object",
+          "properties": {
+            "listen": {
+              "type": [
+                "string",
+                "null"
+              ],
+              "description": "The address this daemon accepts peers on (--sync-listen), null when it accepts none."
+            },
+            "strangersRefused": {
+              "type": "integer",
+              "minimum": 0,
+              "description": "Handshakes refused because the peer proved no key held here."
+            },
+            "databases": {
+              "type": "array",
+              "items": {
+                "type": "object",
+                "properties": {
+                  "db": {
+                    "$ref": "#/components/schemas/DatabaseName"
+                  },
+                  "space": {
+                    "oneOf": [
+                      {
+                        "$ref": "#/components/schemas/SpaceId"
+                      },
+                      {
+                        "type": "null"
+                      }
+                    ]
+                  },
+                  "paused": {
+                    "type": "boolean"
+                  },
+                  "peers": {
+                    "type": "array",
+                    "items": {
+                      "$ref": "#/components/schemas/PeerStatus"
+                    }
+                  }
+                },
+                "required": [
+                  "db",
+                  "space",
+                  "paused",
+                  "peers"
+                ],
+                "additionalProperties": false
+              }
+            }
+          },
+          "required": [
+            "listen",
+            "strangersRefused",
+            "databases"
+          ],
+          "additionalProperties": false
+        }
+      },
+      "errors": [
+        {
+          "code": -32602,
+          "message": "Missing, unknown or wrongly typed parameters, or invalid values."
+        },
+        {
+          "code": -32603,
+          "message": "Internal error; details are in the daemon log."
+        },
+        {
+          "code": -32010,
+          "message": "A database, collection, document, index, conflict or subscription does not exist."
+        }
+      ],
+      "examples": [
+        {
+          "name": "sync.status example",
+          "params": [
+            {
+              "name": "db",
+              "value": "notes"
+            }
+          ],
+          "result": {
+            "name": "result",
+            "value": {
+              "listen": "0.0.0.0:7070",
+              "strangersRefused": 0,
+              "databases": [
+                {
+                  "db": "notes",
+                  "space": "9f2c4e1a7b3d5f60812a4c6e8b0d2f41",
+                  "paused": false,
+                  "peers": [
+                    {
+                      "peer": "192.168.1.20:7070",
+                      "direction": "outbound",
+                      "connected": true,
+                      "connections": 1,
+                      "lastSyncMs": 1795400000000,
+                      "sentEntries": 12,
+                      "receivedEntries": 40,
+                      "peerBehind": 0,
+                      "selfBehind": 0,
+                      "errors": 0,
+                      "lastError": null,
+                      "rejected": {}
+                    }
+                  ]
+                }
+              ]
+            }
+          }
+        }
+      ]
+    },
+    {
+      "name": "sync.now",
+      "summary": "Connects to every peer of a database now, skipping backoff waits.",
+      "paramStructure": "by-name",
+      "params": [
+        {
+          "name": "db",
+          "required": true,
+          "description": "Database name.",
+          "schema": {
+            "$ref": "#/components/schemas/DatabaseName"
+          }
+        }
+      ],
+      "result": {
+        "name": "result",
+        "schema": {
+          "type": "object",
+          "properties": {
+            "db": {
+              "$ref": "#/components/schemas/DatabaseName"
+            },
+            "started": {
+              "const": true
+            }
+          },
+          "required": [
+            "db",
+            "started"
+          ],
+          "additionalProperties": false
+        }
+      },
+      "errors": [
+        {
+          "code": -32602,
+          "message": "Missing, unknown or wrongly typed parameters, or invalid values."
+        },
+        {
+          "code": -32603,
+          "message": "Internal error; details are in the daemon log."
+        },
+        {
+          "code": -32010,
+          "message": "A database, collection, document, index, conflict or subscription does not exist."
+        },
+        {
+          "code": -32020,
+          "message": "Sync cannot proceed: the database is not shared, or its space key is missing."
+        }
+      ],
+      "examples": [
+        {
+          "name": "sync.now example",
+          "params": [
+            {
+              "name": "db",
+              "value": "notes"
+            }
+          ],
+          "result": {
+            "name": "result",
+            "value": {
+              "db": "notes",
+              "started": true
+            }
+          }
+        }
+      ]
+    },
+    {
+      "name": "sync.pause",
+      "summary": "Pauses sync of a database: closes its peer connections until sync.resume.",
+      "paramStructure": "by-name",
+      "params": [
+        {
+          "name": "db",
+          "required": true,
+          "description": "Database name.",
+          "schema": {
+            "$ref": "#/components/schemas/DatabaseName"
+          }
+        }
+      ],
+      "result": {
+        "name": "result",
+        "schema": {
+          "type": "object",
+          "properties": {
+            "db": {
+              "$ref": "#/components/schemas/DatabaseName"
+            },
+            "paused": {
+              "const": true
+            }
+          },
+          "required": [
+            "db",
+            "paused"
+          ],
+          "additionalProperties": false
+        }
+      },
+      "errors": [
+        {
+          "code": -32602,
+          "message": "Missing, unknown or wrongly typed parameters, or invalid values."
+        },
+        {
+          "code": -32603,
+          "message": "Internal error; details are in the daemon log."
+        },
+        {
+          "code": -32010,
+          "message": "A database, collection, document, index, conflict or subscription does not exist."
+        },
+        {
+          "code": -32020,
+          "message": "Sync cannot proceed: the database is not shared, or its space key is missing."
+        }
+      ],
+      "examples": [
+        {
+          "name": "sync.pause example",
+          "params": [
+            {
+              "name": "db",
+              "value": "notes"
+            }
+          ],
+          "result": {
+            "name": "result",
+            "value": {
+              "db": "notes",
+              "paused": true
+            }
+          }
+        }
+      ],
+      "description": "Local reads and writes go on; changes made while paused are sent when sync resumes. Pausing lasts until sync.resume or a daemon restart."
+    },
+    {
+      "name": "sync.resume",
+      "summary": "Resumes sync of a paused database.",
+      "paramStructure": "by-name",
+      "params": [
+        {
+          "name": "db",
+          "required": true,
+          "description": "Database name.",
+          "schema": {
+            "$ref": "#/components/schemas/DatabaseName"
+          }
+        }
+      ],
+      "result": {
+        "name": "result",
+        "schema": {
+          "type": "object",
+          "properties": {
+            "db": {
+              "$ref": "#/components/schemas/DatabaseName"
+            },
+            "paused": {
+              "const": false
+            }
+          },
+          "required": [
+            "db",
+            "paused"
+          ],
+          "additionalProperties": false
+        }
+      },
+      "errors": [
+        {
+          "code": -32602,
+          "message": "Missing, unknown or wrongly typed parameters, or invalid values."
+        },
+        {
+          "code": -32603,
+          "message": "Internal error; details are in the daemon log."
+        },
+        {
+          "code": -32010,
+          "message": "A database, collection, document, index, conflict or subscription does not exist."
+        },
+        {
+          "code": -32020,
+          "message": "Sync cannot proceed: the database is not shared, or its space key is missing."
+        }
+      ],
+      "examples": [
+        {
+          "name": "sync.resume example",
+          "params": [
+            {
+              "name": "db",
+              "value": "notes"
+            }
+          ],
+          "result": {
+            "name": "result",
+            "value": {
+              "db": "notes",
+              "paused": false
+            }
+          }
+        }
+      ]
     }
   ],
   "components": {
@@ -2639,6 +3394,105 @@ let openRPCDocumentText = ###"""
           "origin"
         ],
         "additionalProperties": false
+      },
+      "SpaceId": {
+        "type": "string",
+        "pattern": "^[0-9a-f]{32}$",
+        "description": "A shared database's space id (safe to show; relays see it)."
+      },
+      "ShareToken": {
+        "type": "string",
+        "pattern": "^blazedb-secret-1\\.[A-Za-z0-9_-]+$",
+        "description": "Secret: whoever holds it can read and write the shared database. Send it only over a channel you trust."
+      },
+      "PeerAddress": {
+        "type": "string",
+        "description": "host:port of a peer's sync listener ([host]:port for IPv6).",
+        "examples": [
+          "192.168.1.20:7070"
+        ]
+      },
+      "PeerStatus": {
+        "type": "object",
+        "description": "Sync counters of one peer of one database, since the daemon started.",
+        "properties": {
+          "peer": {
+            "type": "string",
+            "description": "The peer's address for outbound peers; 'inbound' for peers that connected here."
+          },
+          "direction": {
+            "enum": [
+              "outbound",
+              "inbound"
+            ]
+          },
+          "connected": {
+            "type": "boolean"
+          },
+          "connections": {
+            "type": "integer",
+            "minimum": 0
+          },
+          "lastSyncMs": {
+            "type": [
+              "integer",
+              "null"
+            ],
+            "description": "Unix ms of the last state or entries exchanged."
+          },
+          "sentEntries": {
+            "type": "integer",
+            "minimum": 0
+          },
+          "receivedEntries": {
+            "type": "integer",
+            "minimum": 0,
+            "description": "Entries received and stored (duplicates not counted)."
+          },
+          "peerBehind": {
+            "type": "integer",
+            "minimum": 0,
+            "description": "Entries held here that the peer lacked when last compared."
+          },
+          "selfBehind": {
+            "type": "integer",
+            "minimum": 0,
+            "description": "Entries the peer held that were missing here when last compared."
+          },
+          "errors": {
+            "type": "integer",
+            "minimum": 0,
+            "description": "Failed connection attempts and sessions."
+          },
+          "lastError": {
+            "type": [
+              "string",
+              "null"
+            ]
+          },
+          "rejected": {
+            "type": "object",
+            "additionalProperties": {
+              "type": "integer"
+            },
+            "description": "Refused entries, heads and frames by reason: malformed, wrong_space, unknown_epoch, bad_seal, bad_payload, broken_chain, bad_head, fork, rollback, bad_frame."
+          }
+        },
+        "required": [
+          "peer",
+          "direction",
+          "connected",
+          "connections",
+          "lastSyncMs",
+          "sentEntries",
+          "receivedEntries",
+          "peerBehind",
+          "selfBehind",
+          "errors",
+          "lastError",
+          "rejected"
+        ],
+        "additionalProperties": false
       }
     },
     "errors": {
@@ -2677,6 +3531,10 @@ let openRPCDocumentText = ###"""
       "Unavailable": {
         "code": -32014,
         "message": "The daemon is shutting down."
+      },
+      "Sync": {
+        "code": -32020,
+        "message": "Sync cannot proceed: the database is not shared, or its space key is missing."
       }
     }
   },

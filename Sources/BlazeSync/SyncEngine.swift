@@ -14,9 +14,10 @@ public struct PeerAddress: Sendable, Hashable, CustomStringConvertible {
     /// TCP port.
     public let port: Int
 
-    /// Parses `host:port` or `[v6]:port`; nil when malformed.
-    public init?(_ text: String) {
-        guard let colon = text.lastIndex(of: ":"), let port = Int(text[text.index(after: colon)...]), (1...65535).contains(port)
+    /// Parses `host:port` or `[v6]:port`; nil when malformed. Port 0 ("any free port") only for a listening address.
+    public init?(_ text: String, listening: Bool = false) {
+        guard let colon = text.lastIndex(of: ":"), let port = Int(text[text.index(after: colon)...]),
+            ((listening ? 0 : 1)...65535).contains(port)
         else { return nil }
         var host = String(text[..<colon])
         if host.hasPrefix("[") && host.hasSuffix("]") { host = String(host.dropFirst().dropLast()) }
@@ -64,6 +65,14 @@ public final class SyncEngine: Sendable {
         self.pool = pool
         self.logger = logger
     }
+
+    /// The address peers connect to (`host:port`), nil when not listening.
+    public var listeningAddress: String? {
+        listener.withLock { $0 }.flatMap { ch in ch.localAddress.map { "\($0.ipAddress ?? "?"):\($0.port ?? 0)" } }
+    }
+
+    /// Handshakes refused since start because the peer held no key served here.
+    public var strangersRefusedCount: Int { strangersRefused.load(ordering: .relaxed) }
 
     /// Accepts peers on `host:port`; returns the bound port (useful with port 0).
     public func listen(host: String, port: Int) async throws -> Int {
@@ -121,20 +130,25 @@ public final class SyncEngine: Sendable {
         return key.token
     }
 
-    /// Joins the space of `token` as the new database `name`; fails if a database already holds that space.
-    public func join(token: String, name: String) throws -> BlazeDatabase {
+    /// Joins the space of `token` as the new database `name` (default: `shared-` and the space id's first 8 hex
+    /// digits); fails if a database here already syncs in that space.
+    public func join(token: String, name: String?) throws -> BlazeDatabase {
         let key: SpaceKey
         do { key = try SpaceKey(token: token) } catch {
             throw StoreError(.invalidArgument, kind: "invalid_token", error.description)
         }
+        let name = name ?? "shared-" + key.idHex.prefix(8)
         if let existing = try servedSpaces().first(where: { $0.key.id == key.id }) {
             throw StoreError(
                 .alreadyExists, kind: "already_joined", "database \(existing.db.name) already syncs in this space")
         }
-        try key.save(directory: keysDirectory)
         let db = try store.create(name)
-        do { try db.setSpaceID(key.idHex) } catch {
+        do {
+            try key.save(directory: keysDirectory)
+            try db.setSpaceID(key.idHex)
+        } catch {
             try? store.drop(name)
+            SpaceKey.remove(directory: keysDirectory, idHex: key.idHex)
             throw error
         }
         keys.withLock { $0[name] = key }

@@ -1,5 +1,6 @@
 import ArgumentParser
 import BlazeDaemon
+import BlazeSync
 import BlazeStore
 import Foundation
 import Logging
@@ -38,6 +39,8 @@ struct Blazed: AsyncParsableCommand {
     var feedRetention: Int = StoreLimits().feedRetention
 
     @Flag(help: "Do not create the 'default' database on first start.") var noDefaultDatabase = false
+    @Option(help: "Accept sync peers on host:port (port 0 picks a free port; see daemon.info / sync.status). Off by default.")
+    var syncListen: String?
 
     func validate() throws {
         guard Logger.Level(rawValue: logLevel) != nil else {
@@ -52,6 +55,9 @@ struct Blazed: AsyncParsableCommand {
             throw ValidationError("\(name) must be at least 1")
         }
         guard idleTimeout >= 0 else { throw ValidationError("--idle-timeout must be 0 or more") }
+        if let syncListen, PeerAddress(syncListen, listening: true) == nil {
+            throw ValidationError("--sync-listen must be host:port, got \(syncListen)")
+        }
     }
 
     func run() async throws {
@@ -74,9 +80,10 @@ struct Blazed: AsyncParsableCommand {
         storeLimits.maxDocumentBytes = maxDocumentBytes
         storeLimits.feedRetention = feedRetention
         let environment = ProcessInfo.processInfo.environment
-        let config = DaemonConfig(
+        var config = DaemonConfig(
             socketPath: socket, dataDirectory: dataDir, limits: limits, storeLimits: storeLimits,
             defaultDatabase: noDefaultDatabase ? nil : "default", environment: environment)
+        config.syncListen = syncListen
         do {
             let daemon = try Daemon(config: config, logger: logger)
             let group = ServiceGroup(

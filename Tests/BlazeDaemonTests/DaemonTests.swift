@@ -19,7 +19,8 @@ import Glibc
             "rpc.discover", "daemon.info", "db.create", "db.list", "db.info", "db.drop", "collection.list",
             "doc.insert", "doc.get", "doc.getMany", "doc.put", "doc.patch", "doc.delete", "tx.commit",
             "query.find", "query.count", "query.explain", "index.create", "index.drop", "index.list",
-            "conflict.list", "conflict.resolve", "subscribe", "unsubscribe",
+            "conflict.list", "conflict.resolve", "subscribe", "unsubscribe", "db.share", "db.join", "peer.add",
+            "peer.remove", "peer.list", "sync.status", "sync.now", "sync.pause", "sync.resume",
         ])
         #expect(try c.call("daemon.info")["socket"] == .string(d.socket))
         #expect(try c.call("db.create", ["db": "app"]) == ["db": "app"])

@@ -7,7 +7,7 @@ import os
 import socket
 from typing import Any, Deque, Dict, List, Optional, Union
 
-__all__ = ["Client", "Subscription", "BlazeError", "default_socket_path", "ParseError", "InvalidRequestError", "MethodNotFoundError", "InvalidParamsError", "InternalError", "NotFoundError", "ConflictError", "LimitExceededError", "UnavailableError"]
+__all__ = ["Client", "Subscription", "BlazeError", "default_socket_path", "ParseError", "InvalidRequestError", "MethodNotFoundError", "InvalidParamsError", "InternalError", "NotFoundError", "ConflictError", "LimitExceededError", "UnavailableError", "SyncError"]
 
 _MISSING = object()
 
@@ -79,7 +79,13 @@ class UnavailableError(BlazeError):
     code = -32014
 
 
-_ERRORS = {-32700: ParseError, -32600: InvalidRequestError, -32601: MethodNotFoundError, -32602: InvalidParamsError, -32603: InternalError, -32010: NotFoundError, -32011: ConflictError, -32012: LimitExceededError, -32014: UnavailableError}
+class SyncError(BlazeError):
+    """Sync cannot proceed: the database is not shared, or its space key is missing."""
+
+    code = -32020
+
+
+_ERRORS = {-32700: ParseError, -32600: InvalidRequestError, -32601: MethodNotFoundError, -32602: InvalidParamsError, -32603: InternalError, -32010: NotFoundError, -32011: ConflictError, -32012: LimitExceededError, -32014: UnavailableError, -32020: SyncError}
 
 
 def default_socket_path(env=None) -> str:
@@ -159,6 +165,27 @@ class _Db:
         params: Dict[str, Any] = {}
         params["db"] = db
         return self._client.call("db.drop", params)
+
+    def share(self, *, db: str) -> Dict[str, Any]:
+        """Shares a database: returns the secret token another device joins with.
+
+        db: Database name.
+        """
+        params: Dict[str, Any] = {}
+        params["db"] = db
+        return self._client.call("db.share", params)
+
+    def join(self, *, token: Any, db: str = _MISSING) -> Dict[str, Any]:
+        """Creates a local replica of a shared database from its secret token.
+
+        token: The secret token printed by db.share on another device.
+        db: Name of the new local database (default: shared-<first 8 hex digits of the space id>).
+        """
+        params: Dict[str, Any] = {}
+        params["token"] = token
+        if db is not _MISSING:
+            params["db"] = db
+        return self._client.call("db.join", params)
 
 
 class _Collection:
@@ -460,6 +487,88 @@ class _Conflict:
         return self._client.call("conflict.resolve", params)
 
 
+class _Peer:
+    """Methods `peer.*`."""
+
+    def __init__(self, client: "Client"):
+        self._client = client
+
+    def add(self, *, db: str, address: Any) -> Dict[str, Any]:
+        """Adds a peer to sync a shared database with, and connects to it.
+
+        db: Database name.
+        address: Peer address, host:port (IPv6 as [host]:port).
+        """
+        params: Dict[str, Any] = {}
+        params["db"] = db
+        params["address"] = address
+        return self._client.call("peer.add", params)
+
+    def remove(self, *, db: str, address: Any) -> Dict[str, Any]:
+        """Removes a peer of a database and closes its connection.
+
+        db: Database name.
+        address: Peer address, host:port (IPv6 as [host]:port).
+        """
+        params: Dict[str, Any] = {}
+        params["db"] = db
+        params["address"] = address
+        return self._client.call("peer.remove", params)
+
+    def list(self, *, db: str) -> Dict[str, Any]:
+        """Lists the peers a database syncs with.
+
+        db: Database name.
+        """
+        params: Dict[str, Any] = {}
+        params["db"] = db
+        return self._client.call("peer.list", params)
+
+
+class _Sync:
+    """Methods `sync.*`."""
+
+    def __init__(self, client: "Client"):
+        self._client = client
+
+    def status(self, *, db: str = _MISSING) -> Dict[str, Any]:
+        """Sync state per shared database and peer: connections, progress, errors, rejections.
+
+        db: Only this database (default: every shared database).
+        """
+        params: Dict[str, Any] = {}
+        if db is not _MISSING:
+            params["db"] = db
+        return self._client.call("sync.status", params)
+
+    def now(self, *, db: str) -> Dict[str, Any]:
+        """Connects to every peer of a database now, skipping backoff waits.
+
+        db: Database name.
+        """
+        params: Dict[str, Any] = {}
+        params["db"] = db
+        return self._client.call("sync.now", params)
+
+    def pause(self, *, db: str) -> Dict[str, Any]:
+        """Pauses sync of a database: closes its peer connections until sync.resume.
+
+        db: Database name.
+        """
+        params: Dict[str, Any] = {}
+        params["db"] = db
+        return self._client.call("sync.pause", params)
+
+    def resume(self, *, db: str) -> Dict[str, Any]:
+        """Resumes sync of a paused database.
+
+        db: Database name.
+        """
+        params: Dict[str, Any] = {}
+        params["db"] = db
+        return self._client.call("sync.resume", params)
+
+
 class Subscription:
     """A live subscription: an iterator of events (dicts with seq, collection, id, type, doc, origin).
 
@@ -547,6 +656,8 @@ class Client:
         self.query = _Query(self)
         self.index = _Index(self)
         self.conflict = _Conflict(self)
+        self.peer = _Peer(self)
+        self.sync = _Sync(self)
 
     def subscribe(self, *, db: str, collection: str = _MISSING, where: Dict[str, Any] = _MISSING, since: Any = _MISSING) -> Subscription:
         """Reports changes as `subscription` notifications; with `where`, a live query (enter/leave).

@@ -1,0 +1,218 @@
+import BlazeClient
+import BlazeProtocol
+import Foundation
+import GRDB
+import Testing
+
+/// A daemon that accepts sync peers on a free loopback port.
+func syncDaemon(dir: TempDir = TempDir()) throws -> DaemonProcess {
+    try DaemonProcess(arguments: ["--sync-listen", "127.0.0.1:0"], dir: dir)
+}
+
+extension DaemonProcess {
+    /// The `host:port` its sync listener is bound to.
+    func syncAddress() throws -> String {
+        try #require(try connect().call("sync.status")["listen"]?.stringValue)
+    }
+}
+
+/// Waits (bounded, re-checking every 20 ms) until `condition` holds; returns whether it did.
+func waitFor(seconds: Double = 30, _ condition: () throws -> Bool) rethrows -> Bool {
+    let deadline = Date().addingTimeInterval(seconds)
+    while Date() < deadline {
+        if try condition() { return true }
+        usleep(20_000)
+    }
+    return try condition()
+}
+
+/// `db.info` facts used to compare replicas.
+func replicaState(_ c: BlazeConnection, _ db: String) throws -> (hash: String, docs: Int64) {
+    let info = try c.call("db.info", ["db": .string(db)])
+    return (info["stateHash"]?.stringValue ?? "", info["documents"]?.intValue ?? -1)
+}
+
+@Suite(.serialized) struct SyncDaemonTests {
+    @Test func threeDaemonsWritingConcurrentlyConverge() throws {
+        let a = try syncDaemon(), b = try syncDaemon(), c = try syncDaemon()
+        let ca = try a.connect(), cb = try b.connect(), cc = try c.connect()
+        _ = try ca.call("db.create", ["db": "team"])
+        let token = try #require(try ca.call("db.share", ["db": "team"])["token"]?.stringValue)
+        #expect(try ca.call("db.share", ["db": "team"])["token"]?.stringValue == token, "sharing again gives the same token")
+        _ = try cb.call("db.join", ["token": .string(token), "db": "team"])
+        let joined = try cc.call("db.join", ["token": .string(token)])
+        let cName = try #require(joined["db"]?.stringValue)
+        let spaceA = try ca.call("sync.status", ["db": "team"])["databases"]?.arrayValue?.first?["space"]
+        #expect(cName.hasPrefix("shared-") && joined["space"] == spaceA && spaceA?.stringValue?.hasPrefix(String(cName.dropFirst(7))) == true)
+        // A chain: C talks only to B, B only to A. A's writes reach C through B.
+        _ = try cb.call("peer.add", ["db": "team", "address": .string(try a.syncAddress())])
+        _ = try cc.call("peer.add", ["db": .string(cName), "address": .string(try b.syncAddress())])
+        let clients: [(BlazeConnection, String)] = [(ca, "team"), (cb, "team"), (cc, cName)]
+        // Concurrent writers on all three daemons.
+        let done = DispatchGroup()
+        for (socket, db, tag) in [(a.socket, "team", "a"), (b.socket, "team", "b"), (c.socket, cName, "c")] {
+            done.enter()
+            Thread {
+                defer { done.leave() }
+                guard let w = try? BlazeConnection(socketPath: socket, timeoutSeconds: 60) else { return }
+                for i in 0..<150 {
+                    _ = try? w.call("doc.put", ["db": .string(db), "collection": "notes", "id": .string("\(tag)\(i)"), "doc": ["i": .int(Int64(i))]])
+                }
+            }.start()
+        }
+        #expect(done.wait(timeout: .now() + 120) == .success)
+        let converged = try waitFor {
+            let states = try clients.map { try replicaState($0.0, $0.1) }
+            return Set(states.map(\.hash)).count == 1 && states[0].docs == 3 * 150
+        }
+        let finalStates = try clients.map { try replicaState($0.0, $0.1) }
+        #expect(converged, "states: \(finalStates)")
+        // Every peer connection is up and nothing was rejected.
+        let status = try cb.call("sync.status", ["db": "team"])
+        let peers = try #require(status["databases"]?.arrayValue?.first?["peers"]?.arrayValue)
+        #expect(peers.count == 2 && peers.allSatisfy { $0["rejected"] == [:] })
+        #expect(peers.contains { $0["direction"] == "outbound" && $0["connected"] == true })
+        let list = try cb.call("peer.list", ["db": "team"])
+        #expect(list["peers"] == [["address": .string(try a.syncAddress()), "connected": true]])
+        for d in [a, b, c] { d.stop() }
+    }
+
+    @Test func aStoppedAndAPausedDaemonCatchUpWithNothingLostOrAppliedTwice() throws {
+        let a = try syncDaemon()
+        let dirB = TempDir()
+        var b = try syncDaemon(dir: dirB)
+        let c = try syncDaemon()
+        let ca = try a.connect()
+        _ = try ca.call("db.create", ["db": "team"])
+        let token = try #require(try ca.call("db.share", ["db": "team"])["token"]?.stringValue)
+        for d in [b, c] {
+            let conn = try d.connect()
+            _ = try conn.call("db.join", ["token": .string(token), "db": "team"])
+            _ = try conn.call("peer.add", ["db": "team", "address": .string(try a.syncAddress())])
+        }
+        _ = try ca.call("doc.put", ["db": "team", "collection": "k", "id": "counter", "doc": ["n": 0]])
+        #expect(try waitFor { try replicaState(try c.connect(), "team").docs == 1 && replicaState(try b.connect(), "team").docs == 1 })
+        // B stops, C pauses; A and C keep writing (C offline), including counter increments that would show any
+        // change applied twice.
+        b.stop()
+        let cc = try c.connect()
+        _ = try cc.call("sync.pause", ["db": "team"])
+        #expect(try cc.call("sync.status", ["db": "team"])["databases"]?.arrayValue?.first?["paused"] == true)
+        for i in 0..<100 {
+            _ = try ca.call("doc.patch", ["db": "team", "collection": "k", "id": "counter", "incr": ["n": 1]])
+            _ = try cc.call("doc.patch", ["db": "team", "collection": "k", "id": "counter", "incr": ["n": 10]])
+            _ = try ca.call("doc.put", ["db": "team", "collection": "a", "id": .string("a\(i)"), "doc": ["i": .int(Int64(i))]])
+            _ = try cc.call("doc.put", ["db": "team", "collection": "c", "id": .string("c\(i)"), "doc": ["i": .int(Int64(i))]])
+        }
+        #expect(try replicaState(ca, "team").docs == 101, "C's offline writes stayed on C")
+        _ = try cc.call("sync.resume", ["db": "team"])
+        b = try syncDaemon(dir: dirB)
+        let all = [a, b, c]
+        let converged = try waitFor {
+            let states = try all.map { try replicaState(try $0.connect(), "team") }
+            return Set(states.map(\.hash)).count == 1 && states[0].docs == 201
+        }
+        #expect(converged)
+        for d in all {
+            let doc = try d.connect().call("doc.get", ["db": "team", "collection": "k", "id": "counter"])
+            #expect(doc["doc"]?["n"] == 1100, "every increment applied exactly once")
+        }
+        for d in all { d.stop() }
+    }
+
+    @Test func killedMidSyncConvergesAndItsDatabaseIsIntact() throws {
+        let a = try syncDaemon()
+        let dirB = TempDir()
+        let ca = try a.connect()
+        _ = try ca.call("db.create", ["db": "big"])
+        var ops: [JSONValue] = []
+        for i in 0..<3000 {
+            ops.append(["op": "put", "collection": "c", "id": .string("d\(i)"), "doc": ["i": .int(Int64(i)), "pad": .string(String(repeating: "x", count: 200))]])
+            if ops.count == 10 {
+                _ = try ca.call("tx.commit", ["db": "big", "ops": .array(ops)])
+                ops = []
+            }
+        }
+        let token = try #require(try ca.call("db.share", ["db": "big"])["token"]?.stringValue)
+        var b = try syncDaemon(dir: dirB)
+        let cb = try b.connect()
+        _ = try cb.call("db.join", ["token": .string(token), "db": "big"])
+        _ = try cb.call("peer.add", ["db": "big", "address": .string(try a.syncAddress())])
+        // Kill B as soon as it has received part of the log.
+        #expect(try waitFor { try replicaState(cb, "big").docs > 0 })
+        b.kill9()
+        let check = try DatabaseQueue(path: dirB.path + "/data/databases/big.db")
+        #expect(try check.read { try String.fetchAll($0, sql: "PRAGMA integrity_check") } == ["ok"])
+        try check.close()
+        b = try syncDaemon(dir: dirB)
+        let target = try replicaState(ca, "big")
+        #expect(try waitFor { try replicaState(try b.connect(), "big") == target })
+        a.stop()
+        b.stop()
+    }
+
+    @Test func aPeerWithoutTheKeyIsRefusedAndLearnsNothing() throws {
+        let a = try syncDaemon(), d = try syncDaemon()
+        let ca = try a.connect(), cd = try d.connect()
+        _ = try ca.call("db.create", ["db": "private"])
+        _ = try ca.call("doc.put", ["db": "private", "collection": "c", "id": "x", "doc": ["secret": "yes"]])
+        _ = try ca.call("db.share", ["db": "private"])
+        _ = try cd.call("db.create", ["db": "guess"])
+        _ = try cd.call("db.share", ["db": "guess"])  // another space, another key
+        _ = try cd.call("peer.add", ["db": "guess", "address": .string(try a.syncAddress())])
+        #expect(try waitFor { (try ca.call("sync.status")["strangersRefused"]?.intValue ?? 0) >= 2 })
+        let peer = try cd.call("sync.status", ["db": "guess"])["databases"]?.arrayValue?.first?["peers"]?.arrayValue?.first
+        #expect(peer?["connected"] == false && peer?["receivedEntries"] == 0)
+        #expect(try replicaState(cd, "guess").docs == 0)
+        // A shows nothing about the stranger under its database.
+        #expect(try ca.call("sync.status", ["db": "private"])["databases"]?.arrayValue?.first?["peers"] == [])
+        a.stop()
+        d.stop(expectErrors: false)
+    }
+
+    @Test func syncMethodsRejectBadInput() throws {
+        let a = try syncDaemon()
+        let c = try a.connect()
+        _ = try c.call("db.create", ["db": "solo"])
+        let token = try #require(try c.call("db.share", ["db": "solo"])["token"]?.stringValue)
+        let invalid = RPCErrorCode.invalidParams
+        for method in ["db.share", "peer.add", "peer.remove", "peer.list", "sync.now", "sync.pause", "sync.resume"] {
+            let address: [String: JSONValue] = method.hasPrefix("peer.") && method != "peer.list" ? ["address": "127.0.0.1:1"] : [:]
+            expectRPCError(c, method, [:], code: invalid)
+            expectRPCError(c, method, address.merging(["db": 5]) { $1 }, code: invalid)
+            expectRPCError(c, method, address.merging(["db": "nope"]) { $1 }, code: RPCErrorCode.notFound)
+            expectRPCError(c, method, address.merging(["db": "solo", "extra": 1]) { $1 }, code: invalid)
+        }
+        expectRPCError(c, "peer.add", ["db": "solo", "address": 80], code: invalid)
+        expectRPCError(c, "db.join", [:], code: invalid)
+        expectRPCError(c, "db.join", ["token": 7], code: invalid)
+        expectRPCError(c, "db.join", ["token": "blazedb-secret-1.AAAA"], code: invalid, kind: "invalid_token")
+        expectRPCError(c, "db.join", ["token": "hello"], code: invalid, kind: "invalid_token")
+        expectRPCError(c, "db.join", ["token": .string(token)], code: RPCErrorCode.conflict, kind: "already_joined")
+        _ = try c.call("db.create", ["db": "gone"])
+        let orphan = try #require(try c.call("db.share", ["db": "gone"])["token"])
+        _ = try c.call("db.drop", ["db": "gone"])
+        expectRPCError(c, "db.join", ["token": orphan, "db": "bad/name"], code: invalid, kind: "invalid_name")
+        expectRPCError(c, "db.join", ["token": orphan, "db": "solo"], code: RPCErrorCode.conflict)
+        expectRPCError(c, "sync.status", ["db": "nope"], code: RPCErrorCode.notFound)
+        for bad in ["nohost", "host:0", "host:99999", ":80", "a b:1"] {
+            expectRPCError(c, "peer.add", ["db": "solo", "address": .string(bad)], code: invalid, kind: "invalid_address")
+        }
+        _ = try c.call("db.create", ["db": "local"])
+        for method in ["peer.add", "sync.now", "sync.pause", "sync.resume"] {
+            let params: [String: JSONValue] = method == "peer.add" ? ["db": "local", "address": "127.0.0.1:1"] : ["db": "local"]
+            expectRPCError(c, method, params, code: -32020, kind: "not_shared")
+        }
+        #expect(try c.call("peer.add", ["db": "solo", "address": "127.0.0.1:1"])["added"] == true)
+        #expect(try c.call("peer.add", ["db": "solo", "address": "127.0.0.1:1"])["added"] == false)
+        #expect(try c.call("peer.remove", ["db": "solo", "address": "127.0.0.1:1"])["removed"] == true)
+        #expect(try c.call("peer.remove", ["db": "solo", "address": "127.0.0.1:1"])["removed"] == false)
+        // Dropping a shared database removes its key file.
+        let space = try #require(try c.call("sync.status", ["db": "solo"])["databases"]?.arrayValue?.first?["space"]?.stringValue)
+        let keyFile = a.dataDir + "/keys/spaces/\(space).json"
+        #expect(FileManager.default.fileExists(atPath: keyFile))
+        _ = try c.call("db.drop", ["db": "solo"])
+        #expect(!FileManager.default.fileExists(atPath: keyFile))
+        a.stop()
+    }
+}
