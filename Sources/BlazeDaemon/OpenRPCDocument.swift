@@ -2412,7 +2412,7 @@ let openRPCDocumentText = ###"""
             "value": {
               "db": "notes",
               "space": "9f2c4e1a7b3d5f60812a4c6e8b0d2f41",
-              "token": "blazedb-secret-1.nyxOGns9X2CBKkxuiw0vQQAAAAGq1ZlQx3v0hq7S3bm9F4W2c1YtZkOaZr3Jg9d3d4zkMw"
+              "token": "blazedb-secret-1.nyxOGns9X2CBKkxuiw0vQQAAAAFkZWZnaGlqa2xtbm9wcXJzdHV2d3h5ent8fX5_gIGCgw"
             }
           }
         }
@@ -2480,7 +2480,7 @@ let openRPCDocumentText = ###"""
           "params": [
             {
               "name": "token",
-              "value": "blazedb-secret-1.nyxOGns9X2CBKkxuiw0vQQAAAAGq1ZlQx3v0hq7S3bm9F4W2c1YtZkOaZr3Jg9d3d4zkMw"
+              "value": "blazedb-secret-1.nyxOGns9X2CBKkxuiw0vQQAAAAFkZWZnaGlqa2xtbm9wcXJzdHV2d3h5ent8fX5_gIGCgw"
             },
             {
               "name": "db",

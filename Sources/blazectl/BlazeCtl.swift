@@ -15,7 +15,7 @@ struct BlazeCtl: ParsableCommand {
         discussion: "Values in key=value arguments are read as JSON when they parse (limit=5 is a number), else as strings.",
         subcommands: [
             Call.self, Info.self, DB.self, Collection.self, Doc.self, Tx.self, Find.self, Count.self, Explain.self,
-            Index.self, Conflict.self, Watch.self,
+            Index.self, Conflict.self, Watch.self, Peer.self, Sync.self,
         ])
 }
 
@@ -143,7 +143,36 @@ struct Info: ParsableCommand {
 struct DB: ParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "db", abstract: "Create, list, inspect and drop databases.",
-        subcommands: [Create.self, List.self, InfoCmd.self, Drop.self])
+        subcommands: [Create.self, List.self, InfoCmd.self, Drop.self, Share.self, Join.self])
+
+    struct Share: ParsableCommand {
+        static let configuration = CommandConfiguration(
+            abstract: "Share a database: print the secret token another device joins with.",
+            discussion: "Anyone holding the token can read and write the database. Send it only over a channel you trust.")
+        @OptionGroup var global: Global
+        @Argument var name: String
+        func run() throws {
+            global.output(try global.call("db.share", ["db": .string(name)])) { r in
+                print(text(r["token"]))
+                printError("blazectl: this token is a secret: whoever holds it can read and write \(name)\n")
+            }
+        }
+    }
+
+    struct Join: ParsableCommand {
+        static let configuration = CommandConfiguration(
+            abstract: "Create a local replica of a shared database from its token, then add a peer to sync it.")
+        @OptionGroup var global: Global
+        @Argument(help: "The token printed by 'blazectl db share' on the other device.") var token: String
+        @Argument(help: "Name of the new local database (default: shared-<space id prefix>).") var name: String?
+        func run() throws {
+            var params: [String: JSONValue] = ["token": .string(token)]
+            if let name { params["db"] = .string(name) }
+            global.output(try global.call("db.join", params)) { r in
+                print("joined space \(text(r["space"])) as database \(text(r["db"]))")
+            }
+        }
+    }
 
     struct Create: ParsableCommand {
         static let configuration = CommandConfiguration(abstract: "Create a database.")
@@ -183,6 +212,107 @@ struct DB: ParsableCommand {
         @Argument var name: String
         func run() throws {
             global.output(try global.call("db.drop", ["db": .string(name)])) { _ in print("dropped database \(name)") }
+        }
+    }
+}
+
+struct Peer: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "peer", abstract: "Add, remove and list the peers a shared database syncs with.",
+        subcommands: [Add.self, Remove.self, List.self])
+
+    struct Add: ParsableCommand {
+        static let configuration = CommandConfiguration(abstract: "Sync a shared database with the daemon at host:port.")
+        @OptionGroup var global: Global
+        @Argument var db: String
+        @Argument(help: "host:port of the peer's --sync-listen.") var address: String
+        func run() throws {
+            global.output(try global.call("peer.add", ["db": .string(db), "address": .string(address)])) { r in
+                print(r["added"] == true ? "added peer \(text(r["address"])) to \(db)" : "\(text(r["address"])) was already a peer of \(db)")
+            }
+        }
+    }
+
+    struct Remove: ParsableCommand {
+        static let configuration = CommandConfiguration(abstract: "Stop syncing a database with a peer.")
+        @OptionGroup var global: Global
+        @Argument var db: String
+        @Argument var address: String
+        func run() throws {
+            global.output(try global.call("peer.remove", ["db": .string(db), "address": .string(address)])) { r in
+                print(r["removed"] == true ? "removed peer \(text(r["address"]))" : "\(text(r["address"])) was not a peer of \(db)")
+            }
+        }
+    }
+
+    struct List: ParsableCommand {
+        static let configuration = CommandConfiguration(abstract: "List a database's peers.")
+        @OptionGroup var global: Global
+        @Argument var db: String
+        func run() throws {
+            global.output(try global.call("peer.list", ["db": .string(db)])) { r in
+                printTable(
+                    ["ADDRESS", "CONNECTED"],
+                    (r["peers"]?.arrayValue ?? []).map { [text($0["address"]), $0["connected"] == true ? "yes" : "no"] })
+            }
+        }
+    }
+}
+
+struct Sync: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "sync", abstract: "Show and control sync of shared databases.",
+        subcommands: [Status.self, Now.self, Pause.self, Resume.self])
+
+    struct Status: ParsableCommand {
+        static let configuration = CommandConfiguration(abstract: "Per database and peer: connection, progress, errors.")
+        @OptionGroup var global: Global
+        @Argument var db: String?
+        func run() throws {
+            global.output(try global.call("sync.status", db.map { ["db": .string($0)] } ?? [:])) { r in
+                print("listening on \(r["listen"]?.stringValue ?? "(not listening)")")
+                var rows: [[String]] = []
+                for d in r["databases"]?.arrayValue ?? [] {
+                    let peers = d["peers"]?.arrayValue ?? []
+                    if peers.isEmpty { rows.append([text(d["db"]), "-", d["paused"] == true ? "paused" : "-", "", "", "", ""]) }
+                    for p in peers {
+                        let rejected = (p["rejected"]?.objectValue ?? [:]).sorted { $0.key < $1.key }.map { "\($0.key)=\(text($0.value))" }
+                        rows.append([
+                            text(d["db"]), text(p["peer"]),
+                            d["paused"] == true ? "paused" : p["connected"] == true ? "connected" : "disconnected",
+                            text(p["sentEntries"]), text(p["receivedEntries"]), text(p["errors"]), rejected.joined(separator: " "),
+                        ])
+                    }
+                }
+                printTable(["DB", "PEER", "STATE", "SENT", "RECEIVED", "ERRORS", "REJECTED"], rows)
+            }
+        }
+    }
+
+    struct Now: ParsableCommand {
+        static let configuration = CommandConfiguration(abstract: "Connect to every peer of a database now.")
+        @OptionGroup var global: Global
+        @Argument var db: String
+        func run() throws {
+            global.output(try global.call("sync.now", ["db": .string(db)])) { _ in print("syncing \(db)") }
+        }
+    }
+
+    struct Pause: ParsableCommand {
+        static let configuration = CommandConfiguration(abstract: "Pause sync of a database until resumed.")
+        @OptionGroup var global: Global
+        @Argument var db: String
+        func run() throws {
+            global.output(try global.call("sync.pause", ["db": .string(db)])) { _ in print("paused sync of \(db)") }
+        }
+    }
+
+    struct Resume: ParsableCommand {
+        static let configuration = CommandConfiguration(abstract: "Resume sync of a paused database.")
+        @OptionGroup var global: Global
+        @Argument var db: String
+        func run() throws {
+            global.output(try global.call("sync.resume", ["db": .string(db)])) { _ in print("resumed sync of \(db)") }
         }
     }
 }

@@ -215,4 +215,35 @@ func replicaState(_ c: BlazeConnection, _ db: String) throws -> (hash: String, d
         #expect(!FileManager.default.fileExists(atPath: keyFile))
         a.stop()
     }
+
+    @Test func blazectlSharesJoinsAddsPeersAndShowsStatus() throws {
+        let a = try syncDaemon(), b = try syncDaemon()
+        let ctl = buildDirectory + "/blazectl"
+        let ca = try a.connect()
+        _ = try ca.call("db.create", ["db": "notes"])
+        _ = try ca.call("doc.put", ["db": "notes", "collection": "n", "id": "hello", "doc": ["text": "hi"]])
+        let share = try run(ctl, ["db", "share", "notes", "--socket", a.socket])
+        #expect(share.status == 0 && share.err == "blazectl: this token is a secret: whoever holds it can read and write notes\n")
+        let token = share.out.trimmingCharacters(in: .newlines)
+        let space = try #require(try ca.call("sync.status", ["db": "notes"])["databases"]?.arrayValue?.first?["space"]?.stringValue)
+        let join = try run(ctl, ["db", "join", token, "notes", "--socket", b.socket])
+        #expect(join.out == "joined space \(space) as database notes\n" && join.status == 0)
+        let address = try a.syncAddress()
+        let add = try run(ctl, ["peer", "add", "notes", address, "--socket", b.socket])
+        #expect(add.out == "added peer \(address) to notes\n")
+        #expect(waitFor { (try? b.connect().call("doc.get", ["db": "notes", "collection": "n", "id": "hello"])) != nil })
+        let list = try run(ctl, ["peer", "list", "notes", "--socket", b.socket])
+        #expect(list.out.split(separator: "\n").map { $0.split(separator: " ").map(String.init) } == [["ADDRESS", "CONNECTED"], [address, "yes"]])
+        let status = try run(ctl, ["sync", "status", "notes", "--socket", b.socket])
+        let lines = status.out.split(separator: "\n")
+        #expect(lines.first?.hasPrefix("listening on 127.0.0.1:") == true)
+        #expect(lines.count == 3 && lines[2].split(separator: " ").prefix(3) == ["notes", Substring(address), "connected"])
+        #expect(try run(ctl, ["sync", "pause", "notes", "--socket", b.socket]).out == "paused sync of notes\n")
+        #expect(try run(ctl, ["sync", "resume", "notes", "--socket", b.socket]).out == "resumed sync of notes\n")
+        #expect(try run(ctl, ["sync", "now", "notes", "--socket", b.socket]).out == "syncing notes\n")
+        let missing = try run(ctl, ["db", "share", "nope", "--socket", b.socket])
+        #expect(missing.status == 1 && missing.err.hasPrefix("blazectl: error: ") && missing.out.isEmpty)
+        a.stop()
+        b.stop()
+    }
 }

@@ -132,6 +132,32 @@ def test_every_method_succeeds_and_fails_as_documented(client):
     err(c, "index.drop", -32010, "index_not_found", db="app", name="todos.n")
     ok(c, "doc.delete", db="app", collection="todos", id="t3")
     err(c, "doc.delete", -32010, "document_not_found", db="app", collection="todos", id="t3")
+    share = ok(c, "db.share", db="app")
+    assert share["token"].startswith("blazedb-secret-1.") and len(share["space"]) == 32
+    err(c, "db.share", -32010, "database_not_found", db="missing")
+    err(c, "db.join", -32011, "already_joined", token=share["token"])
+    err(c, "db.join", -32602, "invalid_token", token="nope")
+    ok(c, "db.create", db="gone")
+    orphan = ok(c, "db.share", db="gone")["token"]
+    ok(c, "db.drop", db="gone")
+    joined = ok(c, "db.join", token=orphan, db="joined")
+    assert joined["db"] == "joined" and joined["space"] == ok(c, "sync.status", db="joined")["databases"][0]["space"]
+    ok(c, "peer.add", db="app", address="127.0.0.1:9")
+    err(c, "peer.add", -32602, "invalid_address", db="app", address="nohost")
+    assert [p["address"] for p in ok(c, "peer.list", db="app")["peers"]] == ["127.0.0.1:9"]
+    err(c, "peer.list", -32010, "database_not_found", db="missing")
+    status = ok(c, "sync.status", db="app")
+    assert status["databases"][0]["space"] == share["space"] and status["databases"][0]["peers"][0]["peer"] == "127.0.0.1:9"
+    err(c, "sync.status", -32010, "database_not_found", db="missing")
+    ok(c, "db.create", db="plain")
+    assert ok(c, "sync.pause", db="app") == {"db": "app", "paused": True}
+    err(c, "sync.pause", -32020, "not_shared", db="plain")
+    assert ok(c, "sync.resume", db="app") == {"db": "app", "paused": False}
+    err(c, "sync.resume", -32010, "database_not_found", db="missing")
+    ok(c, "sync.now", db="app")
+    err(c, "sync.now", -32020, "not_shared", db="plain")
+    assert ok(c, "peer.remove", db="app", address="127.0.0.1:9")["removed"] is True
+    err(c, "peer.remove", -32602, "invalid_address", db="app", address="host:0")
     info = ok(c, "db.info", db="app")
     assert info["documents"] == 2 and len(info["stateHash"]) == 64
     err(c, "db.info", -32602, "invalid_name", db="../x")
