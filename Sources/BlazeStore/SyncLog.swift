@@ -60,9 +60,14 @@ extension BlazeDatabase {
     public func syncVector() throws -> [NodeID: UInt64] {
         try read { db in
             var out = try self.makeStorage(db).versionVector().entries
-            for row in try Row.fetchAll(db, sql: "SELECT origin, max(seq) FROM sync_entries GROUP BY origin") {
-                let origin = NodeID(bytes: (row[0] as Data))
-                out[origin] = max(out[origin] ?? 0, UInt64(row[1] as Int64))
+            // Entries exist only for origins that were applied or parked; one index probe each (a GROUP BY over
+            // sync_entries would scan every entry, on every sync round).
+            let parked = try String.fetchAll(db, sql: "SELECT DISTINCT origin FROM parked").compactMap { NodeID(hex: $0) }
+            let probe = try db.cachedStatement(sql: "SELECT max(seq) FROM sync_entries WHERE origin = ?")
+            for origin in Set(Array(out.keys) + parked) {
+                if let seq = try Int64.fetchOne(probe, arguments: [Data(origin.bytes)]) {
+                    out[origin] = max(out[origin] ?? 0, UInt64(seq))
+                }
             }
             return out
         }

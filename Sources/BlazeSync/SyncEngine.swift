@@ -80,6 +80,8 @@ public final class SyncEngine: Sendable {
         let channel = try await ServerBootstrap(group: group)
             .serverChannelOption(.socketOption(.so_reuseaddr), value: 1)
             .childChannelOption(.socketOption(.so_keepalive), value: 1)
+            // Small frames (one live change) must leave at once: Nagle plus delayed ACKs would add 40 ms.
+            .childChannelOption(.tcpOption(.tcp_nodelay), value: 1)
             .childChannelInitializer { channel in
                 channel.eventLoop.makeCompletedFuture {
                     try channel.pipeline.syncOperations.addHandler(ByteToMessageHandler(FrameDecoder()))
@@ -303,6 +305,7 @@ final class OutboundLink: Sendable {
         ClientBootstrap(group: loop)
             .connectTimeout(.seconds(5))
             .channelOption(.socketOption(.so_keepalive), value: 1)
+            .channelOption(.tcpOption(.tcp_nodelay), value: 1)
             .channelInitializer { channel in
                 channel.eventLoop.makeCompletedFuture {
                     let session = PeerSession(engine: link.engine, db: link.db, key: link.key, peer: peer)

@@ -50,6 +50,9 @@ struct BlazeBench: AsyncParsableCommand {
         }
         if wants("W1") { results += try Workloads.store(dir: dir, n: n, repeats: reps, docs: docs) }
         if wants("RPC") { results += try await Workloads.rpc(dir: dir, n: n, docs: docs) }
+        if wants("W4") || wants("W5") {
+            results += try await SyncWorkloads.run(dir: dir, n: quick ? 1000 : 5 * n, docs: docs, latencyWrites: quick ? 20 : 500)
+        }
         if wants("W8") {
             let writes = quick ? 50 : 1000
             results.append(try await Workloads.fanOut(dir: dir + "/w8-1", writes: writes, subscribers: 1))

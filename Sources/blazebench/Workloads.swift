@@ -50,11 +50,13 @@ enum Workloads {
         let daemon: Daemon
         var task: Task<Void, any Error>?
 
-        init(dir: String) async throws {
+        init(dir: String, syncListen: String? = nil) async throws {
             socket = "\(dir)/rpc/blazed.sock"
             var logger = Logger(label: "blazebench.daemon")
             logger.logLevel = .critical
-            daemon = try Daemon(config: DaemonConfig(socketPath: socket, dataDirectory: "\(dir)/rpc-data"), logger: logger)
+            var config = DaemonConfig(socketPath: socket, dataDirectory: "\(dir)/rpc-data")
+            config.syncListen = syncListen
+            daemon = try Daemon(config: config, logger: logger)
             let daemon = self.daemon
             task = Task { try await daemon.run() }
             await daemon.waitUntilListening()

@@ -1,0 +1,93 @@
+import BlazeClient
+import BlazeDaemon
+import BlazeProtocol
+import BlazeStore
+import BlazeSync
+import Foundation
+import GRDB
+import Synchronization
+
+/// W4 and W5: initial sync between two daemons over loopback TCP, and write-to-remote-event latency.
+enum SyncWorkloads {
+    static func run(dir: String, n: Int, docs: [[String: JSONValue]], latencyWrites: Int) async throws -> [Result] {
+        let a = try await Workloads.LocalDaemon(dir: dir + "/w4-a", syncListen: "127.0.0.1:0")
+        let b = try await Workloads.LocalDaemon(dir: dir + "/w4-b")
+        defer {
+            Task {
+                await b.stop()
+                await a.stop()
+            }
+        }
+        let source = try a.daemon.store.create("w4")
+        // One change per document, as single writes produce them.
+        for i in 0..<n { _ = try source.apply(.insert(collection: "c", doc: docs[i % docs.count].merging(["_id": .string("d\(i)")]) { $1 })) }
+        let token = try a.daemon.sync.share(db: source)
+        let key = try require(try a.daemon.sync.spaceKey(db: source), "space key")
+        let sealTime = try seconds { try source.sealLocal(key: key, identity: a.daemon.identity) }
+        let address = try require(a.daemon.sync.listeningAddress.flatMap { PeerAddress($0) }, "sync address")
+        let target = try b.daemon.sync.join(token: token, name: "w4")
+        let origin = source.node
+        let syncTime = try seconds {
+            _ = try b.daemon.sync.addPeer(db: target, address: address)
+            let deadline = Date().addingTimeInterval(600)
+            while try target.versionVector()[origin] < UInt64(n) {
+                guard Date() < deadline else { throw ClientError("W4: initial sync did not finish in 600 s") }
+                usleep(2000)
+            }
+        }
+        // Bytes of the sealed entries (what travels, before 4-byte framing and one 152-byte head per batch) against
+        // the change bodies they carry.
+        let (sealed, plain) = try target.read { db in
+            (
+                try Int.fetchOne(db, sql: "SELECT sum(length(bytes)) FROM sync_entries") ?? 0,
+                try Int.fetchOne(db, sql: "SELECT sum(length(CAST(body AS BLOB))) FROM changes") ?? 1
+            )
+        }
+        var out = [
+            Result(
+                name: "W4.initialSync", unit: "s", samples: [syncTime], better: "lower", target: "≤ 5 s (ambitious 2 s)",
+                note: String(format: "%d changes, %.0f changes/s; entries %.2f× the change bytes", n, Double(n) / syncTime,
+                    Double(sealed) / Double(plain))),
+            Result(
+                name: "W4.seal", unit: "s", samples: [sealTime], better: "lower",
+                note: String(format: "sealing and signing %d local changes once (before the first sync)", n)),
+        ]
+
+        // W5: one write at a time on A, timed until B's change feed publishes it.
+        let arrived = DispatchSemaphore(value: 0)
+        let stamps = Mutex<[UInt64]>([])
+        var attached: Int?
+        while attached == nil {
+            switch target.feed.attach(after: target.feed.lastSequence, { signal in
+                guard case .entries(let entries) = signal else { return }
+                for e in entries where e.origin == origin {
+                    stamps.withLock { $0.append(DispatchTime.now().uptimeNanoseconds) }
+                    arrived.signal()
+                }
+            }) {
+            case .attached(let token): attached = token
+            case .behind: continue
+            case .ended(let e): throw e
+            }
+        }
+        var latencies: [Double] = []
+        for i in 0..<latencyWrites {
+            let start = DispatchTime.now().uptimeNanoseconds
+            _ = try source.apply(.put(collection: "live", id: "l\(i)", doc: ["i": .int(Int64(i))]))
+            guard arrived.wait(timeout: .now() + 30) == .success else { throw ClientError("W5: write \(i) never arrived") }
+            latencies.append(Double(stamps.withLock { $0.last! } - start) / 1000)
+        }
+        target.feed.detach(attached!)
+        out.append(
+            Result(
+                name: "W5.propagation", unit: "µs", samples: latencies, better: "lower", target: "p99 ≤ 50 ms (ambitious 10 ms)",
+                note: "write committed on A → change published on B (loopback TCP, includes both commits)"))
+        return out
+    }
+}
+
+/// Unwraps or throws (blazebench has no test framework).
+func require<T>(_ value: T?, _ what: String = "value") throws -> T {
+    guard let value else { throw ClientError("blazebench: missing \(what)") }
+    return value
+}
