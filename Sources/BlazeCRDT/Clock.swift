@@ -26,7 +26,9 @@ public struct NodeID: Hashable, Comparable, Sendable, CustomStringConvertible {
     public var bytes: [UInt8] {
         var out: [UInt8] = []
         out.reserveCapacity(16)
-        for half in [high, low] { for shift in stride(from: 56, through: 0, by: -8) { out.append(UInt8(truncatingIfNeeded: half >> UInt64(shift))) } }
+        for half in [high, low] {
+            for shift in stride(from: 56, through: 0, by: -8) { out.append(UInt8(truncatingIfNeeded: half >> UInt64(shift))) }
+        }
         return out
     }
 

@@ -133,8 +133,8 @@ final class PeerSession: ChannelInboundHandler {
 
     /// Counts a rejection, tells the peer why, and closes.
     private func fail(_ reason: SyncRejection, context: ChannelHandlerContext) {
-        if dbName != nil {
-            engine.status.reject(db: dbName!, peer: peer, direction: direction, reason)
+        if let dbName {
+            engine.status.reject(db: dbName, peer: peer, direction: direction, reason)
         } else {
             engine.strangersRefused.add(1, ordering: .relaxed)
         }
@@ -343,7 +343,7 @@ final class PeerSession: ChannelInboundHandler {
     func channelInactive(context: ChannelHandlerContext) {
         if let feedToken, let db { db.feed.detach(feedToken) }
         feedToken = nil
-        if case .closed = phase {} else if cipher != nil { phase = .closed }
+        phase = .closed
         if cipher != nil { status { $0.connections = max(0, $0.connections - 1) } }
         cipher = nil
         context.fireChannelInactive()
