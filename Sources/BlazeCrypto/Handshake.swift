@@ -14,7 +14,7 @@ import Foundation
 public enum Handshake {
     static let magic = Array("BLZS".utf8)
     /// Protocol version spoken after the handshake.
-    public static let version: UInt8 = 1
+    public static let version: UInt8 = 2
     /// Size of the server's hello.
     public static let helloSize = 4 + 1 + 32 + 32
     /// Size of the client's auth message.
@@ -118,6 +118,9 @@ public enum Handshake {
 
 /// Seals and opens the frames of one connection after the handshake: ChaCha20-Poly1305 with a per-direction key and
 /// a frame counter as nonce, so a dropped, replayed, reordered or altered frame fails to open.
+///
+/// A frame is a sealed 4-byte length (20 bytes) followed by the sealed body. The length is authenticated before it is
+/// trusted, so a damaged length is refused at once instead of making the receiver wait for bytes that never come.
 public struct SessionCipher: @unchecked Sendable {
     // @unchecked: SymmetricKey is immutable key material but not marked Sendable on Linux; the counters are plain
     // values, and a cipher is owned by one connection handler.
@@ -126,32 +129,71 @@ public struct SessionCipher: @unchecked Sendable {
     private var sent: UInt64 = 0
     private var received: UInt64 = 0
 
+    /// Bytes of a frame's sealed length.
+    public static let headerSize = 4 + 16
+    /// Bytes a sealed body adds to its plaintext.
+    public static let tagSize = 16
+    /// Largest sealed body accepted.
+    public static let maxBody = (64 << 20) + tagSize
+
     init(send: SymmetricKey, receive: SymmetricKey) {
         sendKey = send
         receiveKey = receive
     }
 
-    static func nonce(_ counter: UInt64) -> ChaChaPoly.Nonce {
-        var bytes: [UInt8] = [0, 0, 0, 0]
+    /// The nonce of frame `counter`'s length (`part` 1) or body (`part` 0).
+    static func nonce(_ counter: UInt64, part: UInt8) -> ChaChaPoly.Nonce {
+        var bytes: [UInt8] = [part, 0, 0, 0]
         bytes.appendBE(counter)
         return try! ChaChaPoly.Nonce(data: bytes)
     }
 
-    /// Seals the next outgoing frame body.
+    /// Seals the next outgoing frame: sealed length, then sealed body.
     public mutating func seal(_ plaintext: [UInt8]) -> [UInt8] {
-        let box = try! ChaChaPoly.seal(plaintext, using: sendKey, nonce: Self.nonce(sent))
+        var length: [UInt8] = []
+        length.appendBE(UInt32(plaintext.count + Self.tagSize))
+        let header = try! ChaChaPoly.seal(length, using: sendKey, nonce: Self.nonce(sent, part: 1))
+        let body = try! ChaChaPoly.seal(plaintext, using: sendKey, nonce: Self.nonce(sent, part: 0))
         sent += 1
-        return Array(box.ciphertext) + Array(box.tag)
+        var out: [UInt8] = []
+        out.reserveCapacity(Self.headerSize + plaintext.count + Self.tagSize)
+        out += header.ciphertext
+        out += header.tag
+        out += body.ciphertext
+        out += body.tag
+        return out
     }
 
-    /// Opens the next incoming frame body.
-    public mutating func open(_ sealed: ArraySlice<UInt8>) throws(SyncRejection) -> [UInt8] {
-        guard sealed.count >= 16,
+    /// Opens the next incoming frame's sealed length: the number of sealed body bytes that follow.
+    public func openLength(_ header: ArraySlice<UInt8>) throws(SyncRejection) -> Int {
+        guard header.count == Self.headerSize,
             let box = try? ChaChaPoly.SealedBox(
-                nonce: Self.nonce(received), ciphertext: sealed.dropLast(16), tag: sealed.suffix(16)),
+                nonce: Self.nonce(received, part: 1), ciphertext: header.prefix(4), tag: header.suffix(16)),
+            let plain = try? ChaChaPoly.open(box, using: receiveKey)
+        else { throw .badFrame }
+        var r = ByteReader(Array(plain)[...])
+        guard let length = r.readUInt32(), Int(length) >= Self.tagSize, Int(length) <= Self.maxBody else {
+            throw .badFrame
+        }
+        return Int(length)
+    }
+
+    /// Opens the next incoming frame's sealed body (after its length) and moves to the next frame.
+    public mutating func open(_ sealed: ArraySlice<UInt8>) throws(SyncRejection) -> [UInt8] {
+        guard sealed.count >= Self.tagSize,
+            let box = try? ChaChaPoly.SealedBox(
+                nonce: Self.nonce(received, part: 0), ciphertext: sealed.dropLast(16), tag: sealed.suffix(16)),
             let plain = try? ChaChaPoly.open(box, using: receiveKey)
         else { throw .badFrame }
         received += 1
         return Array(plain)
+    }
+
+    /// Opens one whole frame (sealed length and body), as read from the stream.
+    public mutating func openFrame(_ frame: ArraySlice<UInt8>) throws(SyncRejection) -> [UInt8] {
+        guard frame.count >= Self.headerSize else { throw .badFrame }
+        let length = try openLength(frame.prefix(Self.headerSize))
+        guard frame.count == Self.headerSize + length else { throw .badFrame }
+        return try open(frame.dropFirst(Self.headerSize))
     }
 }

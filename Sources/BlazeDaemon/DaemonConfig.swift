@@ -37,6 +37,8 @@ public struct DaemonConfig: Sendable {
     public var defaultDatabase: String?
     /// `host:port` to accept sync peers on; nil (the default) accepts none (outbound peers still work).
     public var syncListen: String?
+    /// Milliseconds a sync handshake may take and a sync peer may stay silent before its connection is closed.
+    public var syncTimeoutMs: Int = 30_000
 
     /// Creates a configuration; unspecified paths come from `DefaultPaths`.
     public init(

@@ -2787,7 +2787,7 @@ let openRPCDocumentText = ###"""
             "strangersRefused": {
               "type": "integer",
               "minimum": 0,
-              "description": "Handshakes refused because the peer proved no key held here."
+              "description": "Inbound connections refused because the peer proved no key served here, or none within the sync timeout."
             },
             "databases": {
               "type": "array",

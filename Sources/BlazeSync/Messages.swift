@@ -3,24 +3,7 @@ import BlazeCrypto
 import BlazeStore
 import NIOCore
 
-/// Splits the peer byte stream into frames: a 4-byte big-endian length, then that many bytes.
-struct FrameDecoder: ByteToMessageDecoder {
-    typealias InboundOut = ByteBuffer
-
-    /// Largest frame accepted; a longer announced length closes the connection before anything is buffered.
-    static let maxFrame = 64 << 20
-
-    func decode(context: ChannelHandlerContext, buffer: inout ByteBuffer) throws -> DecodingState {
-        guard let length = buffer.getInteger(at: buffer.readerIndex, as: UInt32.self) else { return .needMoreData }
-        guard Int(length) <= Self.maxFrame else { throw SyncRejection.badFrame }
-        guard buffer.readableBytes >= 4 + Int(length) else { return .needMoreData }
-        buffer.moveReaderIndex(forwardBy: 4)
-        context.fireChannelRead(wrapInboundOut(buffer.readSlice(length: Int(length))!))
-        return .continue
-    }
-}
-
-/// A frame with its length prefix.
+/// A handshake frame: its 4-byte big-endian length, then the message.
 func frame(_ body: [UInt8]) -> ByteBuffer {
     var b = ByteBuffer()
     b.reserveCapacity(4 + body.count)
@@ -37,10 +20,13 @@ enum PeerMessage {
     case entries(EntryBatch)
     /// Why the sender is about to close the connection.
     case error(String)
+    /// Nothing: keeps a quiet connection's silence timer from expiring.
+    case ping
 
     static let stateType: UInt8 = 1
     static let entriesType: UInt8 = 2
     static let errorType: UInt8 = 3
+    static let pingType: UInt8 = 4
 
     var bytes: [UInt8] {
         switch self {
@@ -64,6 +50,8 @@ enum PeerMessage {
             return out
         case .error(let reason):
             return [Self.errorType] + Array(reason.utf8.prefix(1000))
+        case .ping:
+            return [Self.pingType]
         }
     }
 
@@ -90,6 +78,9 @@ enum PeerMessage {
             self = .entries(EntryBatch(origin: NodeID(bytes: head.origin), entries: entries, head: head))
         case Self.errorType?:
             self = .error(String(decoding: r.rest(), as: UTF8.self))
+        case Self.pingType?:
+            guard r.remaining == 0 else { throw .malformed }
+            self = .ping
         default:
             throw .malformed
         }

@@ -12,7 +12,9 @@ import Synchronization
 /// sends the other exactly the entries it lacks, per origin in sequence order, in batches that end at signed heads,
 /// and keeps pushing new entries as changes commit. Received batches are verified and applied one at a time, in
 /// order, on the I/O pool; reading pauses while a backlog waits, so a fast sender cannot make memory grow.
-/// Any entry that does not verify closes the connection after counting the reason; the outbound side reconnects.
+/// Any frame or entry that does not verify closes the connection after counting the reason; the outbound side
+/// reconnects. A handshake that does not finish within the engine's timeout, or a peer silent for that long, closes
+/// it too; a quiet connection sends `PING` so that it is never silent.
 final class PeerSession: ChannelInboundHandler {
     typealias InboundIn = ByteBuffer
     typealias OutboundOut = ByteBuffer
@@ -40,6 +42,14 @@ final class PeerSession: ChannelInboundHandler {
     private var applying = false
     private var readPaused = false
     private var feedToken: Int?
+    /// Bytes read but not yet decoded into frames.
+    private var pending = ByteBuffer()
+    /// The sealed body length of the frame being read, once its sealed length has opened.
+    private var bodyLength: Int?
+    private var lastRead = NIODeadline.now()
+    private var lastWrite = NIODeadline.now()
+    private var opened = NIODeadline.now()
+    private var timer: RepeatedTask?
     /// Set by the feed listener (on the writer thread) so that a burst of commits schedules one pump.
     private let wake = WakeFlag()
     /// Fired once the handshake succeeds (outbound links reset their backoff).
@@ -80,55 +90,151 @@ final class PeerSession: ChannelInboundHandler {
         if case .awaitingAuth(let server) = phase {
             context.writeAndFlush(wrapOutboundOut(frame(server.hello)), promise: nil)
         }
+        opened = .now()
+        lastRead = opened
+        lastWrite = opened
+        let tick = TimeAmount.nanoseconds(engine.timeout.nanoseconds / 3)
+        let bound = NIOLoopBound((self, context), eventLoop: context.eventLoop)
+        timer = context.eventLoop.scheduleRepeatedTask(initialDelay: tick, delay: tick) { _ in
+            let (session, context) = bound.value
+            session.tick(context: context)
+        }
         context.fireChannelActive()
     }
 
-    func channelRead(context: ChannelHandlerContext, data: NIOAny) {
-        let body = Array(unwrapInboundIn(data).readableBytesView)
-        do {
-            switch phase {
-            case .awaitingHello(var client):
-                let auth = try client.respond(to: body)
-                phase = .awaitingReply(client)
-                context.writeAndFlush(wrapOutboundOut(frame(auth)), promise: nil)
-            case .awaitingAuth(let server):
-                guard let (space, reply, session) = try? server.accept(body, spaces: engine.servedSpaces().map(\.key)),
-                    let served = try? engine.servedDatabase(spaceID: space.idHex)
-                else {
-                    // A stranger (or a paused database): close without a word.
-                    engine.strangersRefused.add(1, ordering: .relaxed)
-                    phase = .closed
-                    context.close(promise: nil)
-                    return
-                }
-                db = served
-                key = space
-                cipher = session
-                context.writeAndFlush(wrapOutboundOut(frame(reply)), promise: nil)
-                establish(context: context)
-            case .awaitingReply(let client):
-                cipher = try client.finish(body)
-                establish(context: context)
-            case .established:
-                guard var c = cipher else { return }
-                let plain = try c.open(body[...])
-                cipher = c
-                try handle(try PeerMessage(decoding: plain), context: context)
-            case .closed:
-                return
+    /// Enforces the handshake deadline and the silence limit, and pings when this side has been quiet.
+    private func tick(context: ChannelHandlerContext) {
+        let now = NIODeadline.now()
+        switch phase {
+        case .closed:
+            return
+        case .established:
+            // A peer is not silent while this side is not reading (a backlog being applied).
+            let listening = !readPaused && !applying && inbox.isEmpty
+            if listening && now - lastRead > engine.timeout {
+                timedOut("peer silent for \(engine.timeout.nanoseconds / 1_000_000) ms", context: context)
+            } else if (now - lastWrite).nanoseconds >= engine.timeout.nanoseconds / 3 {
+                _ = send(.ping, context: context)
             }
+        default:
+            if now - opened > engine.timeout {
+                timedOut("handshake not finished within \(engine.timeout.nanoseconds / 1_000_000) ms", context: context)
+            }
+        }
+    }
+
+    private func timedOut(_ what: String, context: ChannelHandlerContext) {
+        if case .awaitingAuth = phase {
+            // An inbound connection that never proved a key: refused like any stranger.
+            engine.strangersRefused.add(1, ordering: .relaxed)
+        } else {
+            status { $0.errors += 1; $0.lastError = "timed out: \(what)" }
+        }
+        engine.logger.info("Sync connection timed out", metadata: ["db": "\(dbName ?? "-")", "peer": "\(peer)"])
+        phase = .closed
+        context.close(promise: nil)
+    }
+
+    func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+        var bytes = unwrapInboundIn(data)
+        lastRead = .now()
+        pending.writeBuffer(&bytes)
+        do {
+            try drain(context: context)
         } catch let reason as SyncRejection {
             fail(reason, context: context)
         } catch {
             fail(.malformed, context: context)
         }
+        if pending.readableBytes == 0 {
+            pending.clear()
+        } else if pending.readerIndex > 1 << 20 {
+            pending.discardReadBytes()
+        }
+    }
+
+    /// Decodes and handles every complete frame read so far.
+    ///
+    /// Handshake frames must have exactly their message's length; after the handshake a frame's length is sealed and
+    /// opened before the receiver waits for its body, so damage anywhere in the stream is refused as soon as it arrives.
+    private func drain(context: ChannelHandlerContext) throws {
+        while true {
+            switch phase {
+            case .closed:
+                return
+            case .established:
+                guard var c = cipher else { return }
+                if bodyLength == nil {
+                    guard pending.readableBytes >= SessionCipher.headerSize,
+                        let header = pending.readBytes(length: SessionCipher.headerSize)
+                    else { return }
+                    bodyLength = try c.openLength(header[...])
+                }
+                guard let length = bodyLength, pending.readableBytes >= length,
+                    let body = pending.readBytes(length: length)
+                else { return }
+                bodyLength = nil
+                let plain = try c.open(body[...])
+                cipher = c
+                try handle(try PeerMessage(decoding: plain), context: context)
+            case .awaitingHello(var client):
+                guard let body = try handshakeFrame(size: Handshake.helloSize) else { return }
+                let auth = try client.respond(to: body)
+                phase = .awaitingReply(client)
+                write(frame(auth), context: context)
+            case .awaitingAuth(let server):
+                let next: [UInt8]?
+                do { next = try handshakeFrame(size: Handshake.authSize) } catch {
+                    refuseStranger(context: context)
+                    return
+                }
+                guard let body = next else { return }
+                guard let (space, reply, session) = try? server.accept(body, spaces: engine.servedSpaces().map(\.key)),
+                    let served = try? engine.servedDatabase(spaceID: space.idHex)
+                else {
+                    refuseStranger(context: context)
+                    return
+                }
+                db = served
+                key = space
+                cipher = session
+                write(frame(reply), context: context)
+                establish(context: context)
+            case .awaitingReply(let client):
+                guard let body = try handshakeFrame(size: Handshake.replySize) else { return }
+                cipher = try client.finish(body)
+                establish(context: context)
+            }
+        }
+    }
+
+    /// The next handshake message if it has fully arrived; a frame of any other length is refused at once.
+    private func handshakeFrame(size: Int) throws(SyncRejection) -> [UInt8]? {
+        guard let length = pending.getInteger(at: pending.readerIndex, as: UInt32.self) else { return nil }
+        guard Int(length) == size else { throw .badFrame }
+        guard pending.readableBytes >= 4 + size else { return nil }
+        pending.moveReaderIndex(forwardBy: 4)
+        return pending.readBytes(length: size)
+    }
+
+    /// A stranger (or a peer of a paused database): close without a word.
+    private func refuseStranger(context: ChannelHandlerContext) {
+        engine.strangersRefused.add(1, ordering: .relaxed)
+        phase = .closed
+        context.close(promise: nil)
+    }
+
+    private func write(_ buffer: ByteBuffer, context: ChannelHandlerContext) {
+        lastWrite = .now()
+        context.writeAndFlush(wrapOutboundOut(buffer), promise: nil)
     }
 
     private func send(_ message: PeerMessage, context: ChannelHandlerContext) -> EventLoopFuture<Void> {
         guard var c = cipher else { return context.eventLoop.makeSucceededVoidFuture() }
         let sealed = c.seal(message.bytes)
         cipher = c
-        return context.writeAndFlush(wrapOutboundOut(frame(sealed)))
+        lastWrite = .now()
+        return context.writeAndFlush(wrapOutboundOut(ByteBuffer(bytes: sealed)))
     }
 
     /// Counts a rejection, tells the peer why, and closes.
@@ -236,6 +342,8 @@ final class PeerSession: ChannelInboundHandler {
             status { $0.lastError = "peer closed: \(reason)" }
             phase = .closed
             context.close(promise: nil)
+        case .ping:
+            break
         }
     }
 
@@ -343,6 +451,11 @@ final class PeerSession: ChannelInboundHandler {
     func channelInactive(context: ChannelHandlerContext) {
         if let feedToken, let db { db.feed.detach(feedToken) }
         feedToken = nil
+        timer?.cancel()
+        timer = nil
+        if case .established = phase, pending.readableBytes > 0 {
+            status { $0.errors += 1; $0.lastError = "connection lost mid-frame" }
+        }
         phase = .closed
         if cipher != nil { status { $0.connections = max(0, $0.connections - 1) } }
         cipher = nil

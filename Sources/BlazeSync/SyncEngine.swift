@@ -40,8 +40,10 @@ public final class SyncEngine: Sendable {
     let group: any EventLoopGroup
     let pool: NIOThreadPool
     let logger: Logger
+    /// How long a handshake may take and a peer may stay silent before its connection is closed.
+    public let timeout: TimeAmount
     let status = StatusBook()
-    /// Handshakes refused because the peer proved no key held here.
+    /// Inbound connections refused because the peer proved no key served here (or none in time).
     let strangersRefused = Atomic<Int>(0)
     private let links = Mutex<[LinkKey: OutboundLink]>([:])
     private let paused = Mutex<Set<String>>([])
@@ -56,8 +58,9 @@ public final class SyncEngine: Sendable {
     /// Creates an engine; nothing runs until `listen` or `start`.
     public init(
         store: Store, identity: DeviceIdentity, keysDirectory: String, group: any EventLoopGroup, pool: NIOThreadPool,
-        logger: Logger
+        logger: Logger, timeout: TimeAmount = .seconds(30)
     ) {
+        self.timeout = timeout
         self.store = store
         self.identity = identity
         self.keysDirectory = keysDirectory
@@ -71,7 +74,7 @@ public final class SyncEngine: Sendable {
         listener.withLock { $0 }.flatMap { ch in ch.localAddress.map { "\($0.ipAddress ?? "?"):\($0.port ?? 0)" } }
     }
 
-    /// Handshakes refused since start because the peer held no key served here.
+    /// Inbound connections refused since start because the peer proved no key served here (or none in time).
     public var strangersRefusedCount: Int { strangersRefused.load(ordering: .relaxed) }
 
     /// Accepts peers on `host:port`; returns the bound port (useful with port 0).
@@ -84,7 +87,6 @@ public final class SyncEngine: Sendable {
             .childChannelOption(.tcpOption(.tcp_nodelay), value: 1)
             .childChannelInitializer { channel in
                 channel.eventLoop.makeCompletedFuture {
-                    try channel.pipeline.syncOperations.addHandler(ByteToMessageHandler(FrameDecoder()))
                     try channel.pipeline.syncOperations.addHandler(PeerSession(engine: engine))
                 }
             }
@@ -310,7 +312,6 @@ final class OutboundLink: Sendable {
                 channel.eventLoop.makeCompletedFuture {
                     let session = PeerSession(engine: link.engine, db: link.db, key: link.key, peer: peer)
                     session.onEstablished = { link.state.withLock { $0.failures = 0 } }
-                    try channel.pipeline.syncOperations.addHandler(ByteToMessageHandler(FrameDecoder()))
                     try channel.pipeline.syncOperations.addHandler(session)
                 }
             }

@@ -41,6 +41,8 @@ struct Blazed: AsyncParsableCommand {
     @Flag(help: "Do not create the 'default' database on first start.") var noDefaultDatabase = false
     @Option(help: "Accept sync peers on host:port (port 0 picks a free port; see daemon.info / sync.status). Off by default.")
     var syncListen: String?
+    @Option(help: "Seconds a sync handshake may take and a sync peer may stay silent before it is disconnected (quiet peers ping at a third of it).")
+    var syncTimeout: Double = 30
 
     func validate() throws {
         guard Logger.Level(rawValue: logLevel) != nil else {
@@ -55,6 +57,9 @@ struct Blazed: AsyncParsableCommand {
             throw ValidationError("\(name) must be at least 1")
         }
         guard idleTimeout >= 0 else { throw ValidationError("--idle-timeout must be 0 or more") }
+        guard syncTimeout >= 0.1 && syncTimeout <= 3600 else {
+            throw ValidationError("--sync-timeout must be from 0.1 to 3600 seconds, got \(syncTimeout)")
+        }
         if let syncListen, PeerAddress(syncListen, listening: true) == nil {
             throw ValidationError("--sync-listen must be host:port, got \(syncListen)")
         }
@@ -84,6 +89,7 @@ struct Blazed: AsyncParsableCommand {
             socketPath: socket, dataDirectory: dataDir, limits: limits, storeLimits: storeLimits,
             defaultDatabase: noDefaultDatabase ? nil : "default", environment: environment)
         config.syncListen = syncListen
+        config.syncTimeoutMs = Int(syncTimeout * 1000)
         do {
             let daemon = try Daemon(config: config, logger: logger)
             let group = ServiceGroup(

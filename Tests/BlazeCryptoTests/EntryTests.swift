@@ -135,8 +135,8 @@ func makeChain(_ count: Int, key: SpaceKey, device: DeviceIdentity, from first: 
         var serverSide = serverSession
         for i in 0..<3 {
             let message = Array("frame \(i)".utf8)
-            #expect(try serverSide.open(clientSession.seal(message)[...]) == message)
-            #expect(try clientSession.open(serverSide.seal(message)[...]) == message)
+            #expect(try serverSide.openFrame(clientSession.seal(message)[...]) == message)
+            #expect(try clientSession.openFrame(serverSide.seal(message)[...]) == message)
         }
     }
 
@@ -168,13 +168,23 @@ func makeChain(_ count: Int, key: SpaceKey, device: DeviceIdentity, from first: 
         var receiver = s
         let f1 = c.seal(Array("one".utf8))
         let f2 = c.seal(Array("two".utf8))
+        #expect(f1.count == SessionCipher.headerSize + 3 + SessionCipher.tagSize)
         var replay = receiver
-        #expect(throws: SyncRejection.badFrame) { try replay.open(f2[...]) }  // reordered
-        #expect(try receiver.open(f1[...]) == Array("one".utf8))
-        #expect(throws: SyncRejection.badFrame) { try receiver.open(f1[...]) }  // replayed
-        var altered = f2
-        altered[0] ^= 0x40
-        #expect(throws: SyncRejection.badFrame) { try receiver.open(altered[...]) }
-        #expect(try receiver.open(f2[...]) == Array("two".utf8))
+        #expect(throws: SyncRejection.badFrame) { try replay.openFrame(f2[...]) }  // reordered
+        #expect(try receiver.openFrame(f1[...]) == Array("one".utf8))
+        #expect(throws: SyncRejection.badFrame) { try receiver.openFrame(f1[...]) }  // replayed
+        // Every single bit flip, in the length or the body, is refused; the length before any body byte is read.
+        for bit in 0..<(f2.count * 8) {
+            var altered = f2
+            altered[bit / 8] ^= 1 << (bit % 8)
+            var r = receiver
+            #expect(throws: SyncRejection.badFrame) { try r.openFrame(altered[...]) }
+            if bit < SessionCipher.headerSize * 8 {
+                #expect(throws: SyncRejection.badFrame) { try r.openLength(altered.prefix(SessionCipher.headerSize)) }
+            }
+        }
+        #expect(throws: SyncRejection.badFrame) { try receiver.openFrame(f2.dropLast()) }  // truncated
+        #expect(try receiver.openLength(f2.prefix(SessionCipher.headerSize)) == 3 + SessionCipher.tagSize)
+        #expect(try receiver.openFrame(f2[...]) == Array("two".utf8))
     }
 }

@@ -2,6 +2,7 @@ import BlazeClient
 import BlazeProtocol
 import Foundation
 import GRDB
+import Synchronization
 import Testing
 
 /// A daemon that accepts sync peers on a free loopback port.
@@ -151,6 +152,101 @@ func replicaState(_ c: BlazeConnection, _ db: String) throws -> (hash: String, d
         b.stop()
     }
 
+    @Test func aFaultInjectingProxyGetsNothingCorruptAcceptedAndSyncRecovers() throws {
+        let seed = UInt64(ProcessInfo.processInfo.environment["BLAZE_SEED"] ?? "") ?? UInt64.random(in: 0 ... .max)
+        print("fault proxy seed \(seed) (replay with BLAZE_SEED=\(seed))")
+        // Short timeouts so that a stalled stream (bytes dropped at the end of a burst) is noticed within seconds.
+        let a = try DaemonProcess(arguments: ["--sync-listen", "127.0.0.1:0", "--sync-timeout", "2"])
+        let b = try DaemonProcess(arguments: ["--sync-timeout", "2"])
+        let clean = try DaemonProcess()
+        let ca = try a.connect(), cb = try b.connect(), cc = try clean.connect()
+        _ = try ca.call("db.create", ["db": "team"])
+        _ = try ca.call("doc.put", ["db": "team", "collection": "k", "id": "counter", "doc": ["n": 0]])
+        let token = try #require(try ca.call("db.share", ["db": "team"])["token"]?.stringValue)
+        for conn in [cb, cc] { _ = try conn.call("db.join", ["token": .string(token), "db": "team"]) }
+        let aAddress = try a.syncAddress()
+        let proxy = try FaultProxy(targetPort: try #require(Int(aAddress.split(separator: ":").last ?? "")), seed: seed)
+        defer { proxy.shutdown() }
+        // B reaches A only through the proxy; the clean replica talks to A directly.
+        _ = try cb.call("peer.add", ["db": "team", "address": .string("127.0.0.1:\(proxy.port)")])
+        _ = try cc.call("peer.add", ["db": "team", "address": .string(aAddress)])
+
+        // A and B write (new documents and counter increments) until the proxy has corrupted enough connections.
+        let stop = Atomic<Bool>(false)
+        let written = Mutex<(docs: Int, increments: Int64)>((0, 0))
+        let done = DispatchGroup()
+        for (socket, tag) in [(a.socket, "a"), (b.socket, "b")] {
+            done.enter()
+            Thread {
+                defer { done.leave() }
+                guard let w = try? BlazeConnection(socketPath: socket, timeoutSeconds: 60) else { return }
+                var i = 0
+                while !stop.load(ordering: .relaxed) && i < 20_000 {
+                    let pad = String(repeating: tag, count: i % 300)
+                    guard (try? w.call("doc.put", ["db": "team", "collection": .string(tag), "id": .string("\(tag)\(i)"),
+                        "doc": ["i": .int(Int64(i)), "pad": .string(pad)]])) != nil else { return }
+                    written.withLock { $0.docs += 1 }
+                    if i % 5 == 0 {
+                        guard (try? w.call("doc.patch", ["db": "team", "collection": "k", "id": "counter", "incr": ["n": 1]])) != nil
+                        else { return }
+                        written.withLock { $0.increments += 1 }
+                    }
+                    i += 1
+                    usleep(1000)  // pacing for the writers, not synchronisation: a steady trickle of live changes
+                }
+            }.start()
+        }
+        let corrupting: () -> Int = { proxy.applied.filter(\.key.corrupts).values.reduce(0, +) }
+        let enoughFaults = waitFor(seconds: 120) { corrupting() >= 16 && proxy.applied.count >= 5 }
+        proxy.setFaulty(false)
+        stop.store(true, ordering: .relaxed)
+        #expect(done.wait(timeout: .now() + 60) == .success)
+        let applied = proxy.applied
+        #expect(enoughFaults, "faults applied: \(applied)")
+        print("faults applied: \(applied.map { "\($0.key.rawValue)=\($0.value)" }.sorted())")
+
+        // With the proxy clean, B catches up on its own and every replica holds exactly what was written.
+        let (docs, increments) = written.withLock { $0 }
+        let replicas = [ca, cb, cc]
+        let converged = try waitFor(seconds: 90) {
+            let states = try replicas.map { try replicaState($0, "team") }
+            return Set(states.map(\.hash)).count == 1 && states[0].docs == Int64(docs + 1)
+        }
+        let finalStates = try replicas.map { try replicaState($0, "team") }
+        #expect(converged, "states: \(finalStates), written \(docs + 1)")
+        for conn in replicas {
+            let counter = try conn.call("doc.get", ["db": "team", "collection": "k", "id": "counter"])
+            #expect(counter["doc"]?["n"] == .int(increments), "every increment exactly once")
+        }
+        let check = try DatabaseQueue(path: b.dataDir + "/databases/team.db")
+        #expect(try check.read { try String.fetchAll($0, sql: "PRAGMA integrity_check") } == ["ok"])
+        try check.close()
+
+        // Every refusal is counted, and nothing was refused that the proxy did not damage.
+        func peer(_ c: BlazeConnection) throws -> JSONValue {
+            let status = try c.call("sync.status", ["db": "team"])
+            return try #require(status["databases"]?.arrayValue?.first?["peers"]?.arrayValue?.first {
+                $0["peer"] == (c === ca ? "inbound" : .string("127.0.0.1:\(proxy.port)"))
+            })
+        }
+        let pa = try peer(ca), pb = try peer(cb)
+        let reasons = (pa["rejected"]?.objectValue ?? [:]).merging(pb["rejected"]?.objectValue ?? [:]) {
+            .int(($0.intValue ?? 0) + ($1.intValue ?? 0))
+        }
+        #expect(Set(reasons.keys).isSubset(of: ["bad_frame"]), "the session cipher refuses damage first: \(reasons)")
+        let strangers = Int(try ca.call("sync.status")["strangersRefused"]?.intValue ?? 0)
+        let rejections = strangers + reasons.values.reduce(0) { $0 + Int($1.intValue ?? 0) }
+        let errors = Int((pa["errors"]?.intValue ?? 0) + (pb["errors"]?.intValue ?? 0))
+        print("rejections \(rejections) (\(reasons), strangers \(strangers)), errors \(errors)")
+        #expect(rejections <= corrupting(), "no refusal without damage")
+        #expect(rejections >= applied[.flip, default: 0], "every flipped bit refused")
+        #expect(rejections + errors >= corrupting(), "every damaged connection refused or timed out")
+        #expect(pb["connected"] == true && pb["lastError"] != nil)
+        a.stop()
+        b.stop()
+        clean.stop()
+    }
+
     @Test func aPeerWithoutTheKeyIsRefusedAndLearnsNothing() throws {
         let a = try syncDaemon(), d = try syncDaemon()
         let ca = try a.connect(), cd = try d.connect()
@@ -214,6 +310,20 @@ func replicaState(_ c: BlazeConnection, _ db: String) throws -> (hash: String, d
         _ = try c.call("db.drop", ["db": "solo"])
         #expect(!FileManager.default.fileExists(atPath: keyFile))
         a.stop()
+    }
+
+    @Test func blazedRefusesBadSyncFlags() throws {
+        let dir = TempDir()
+        let base = ["--socket", dir.path + "/s.sock", "--data-dir", dir.path + "/data"]
+        for (flags, message) in [
+            (["--sync-timeout", "0"], "--sync-timeout must be from 0.1 to 3600 seconds, got 0.0"),
+            (["--sync-timeout", "soon"], "--sync-timeout"),
+            (["--sync-listen", "nohost"], "--sync-listen must be host:port, got nohost"),
+        ] {
+            let r = try run(buildDirectory + "/blazed", base + flags)
+            #expect(r.status != 0 && r.err.contains(message), "\(flags): \(r.err)")
+        }
+        #expect(!FileManager.default.fileExists(atPath: dir.path + "/data"), "nothing created before the flags are checked")
     }
 
     @Test func blazectlSharesJoinsAddsPeersAndShowsStatus() throws {
