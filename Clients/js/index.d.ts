@@ -23,7 +23,7 @@ export type Event = { "seq": FeedSequence; "collection": CollectionName; "id": D
 export type SpaceId = string;
 export type ShareToken = string;
 export type PeerAddress = string;
-export type PeerStatus = { "peer": string; "direction": "outbound" | "inbound"; "connected": boolean; "connections": number; "lastSyncMs": number | null; "sentEntries": number; "receivedEntries": number; "peerBehind": number; "selfBehind": number; "errors": number; "lastError": string | null; "rejected": Record<string, number> };
+export type PeerStatus = { "peer": string; "direction": "outbound" | "inbound"; "connected": boolean; "connections": number; "lastSyncMs": number | null; "sentEntries": number; "receivedEntries": number; "sentBytes": number; "receivedBytes": number; "peerBehind": number; "selfBehind": number; "errors": number; "lastError": string | null; "rejected": Record<string, number> };
 
 /** Parameters of `rpc.discover`: Returns this OpenRPC document. */
 export type RpcDiscoverParams = Record<string, never>;

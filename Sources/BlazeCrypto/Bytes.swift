@@ -5,6 +5,16 @@ extension Array where Element == UInt8 {
         for shift in stride(from: 56, through: 0, by: -8) { append(UInt8(truncatingIfNeeded: value >> UInt64(shift))) }
     }
 
+    /// Appends `value` as an unsigned LEB128 varint (7 bits per byte, low bits first).
+    public mutating func appendVarint(_ value: UInt64) {
+        var v = value
+        while v >= 0x80 {
+            append(UInt8(truncatingIfNeeded: v) | 0x80)
+            v >>= 7
+        }
+        append(UInt8(v))
+    }
+
     /// Appends `value` as 4 big-endian bytes.
     public mutating func appendBE(_ value: UInt32) {
         for shift in stride(from: 24, through: 0, by: -8) { append(UInt8(truncatingIfNeeded: value >> UInt32(shift))) }
@@ -40,6 +50,18 @@ public struct ByteReader {
     /// A big-endian UInt32, or nil when fewer than 4 bytes remain.
     public mutating func readUInt32() -> UInt32? {
         read(4).map { $0.reduce(0) { $0 << 8 | UInt32($1) } }
+    }
+
+    /// An unsigned LEB128 varint of at most 10 bytes in its shortest form, or nil when truncated or not canonical.
+    public mutating func readVarint() -> UInt64? {
+        var value: UInt64 = 0
+        for i in 0..<10 {
+            guard let byte = readUInt8() else { return nil }
+            if i == 9 && byte > 1 { return nil }
+            value |= UInt64(byte & 0x7F) << (7 * UInt64(i))
+            if byte & 0x80 == 0 { return i > 0 && byte == 0 ? nil : value }
+        }
+        return nil
     }
 
     /// A single byte, or nil at the end.

@@ -86,6 +86,8 @@ public struct SealedEntry: Sendable, Equatable {
     public let bytes: [UInt8]
     /// Its decoded header.
     public let header: EntryHeader
+    /// SHA-256 of the whole entry: what `prev` of the next entry and signed heads refer to.
+    public let hash: [UInt8]
 
     /// The 32 zero bytes that stand for "no previous entry".
     public static let genesis = [UInt8](repeating: 0, count: 32)
@@ -100,7 +102,8 @@ public struct SealedEntry: Sendable, Equatable {
         let headerBytes = header.bytes
         // Sealing with a valid key and nonce cannot fail.
         let box = try! ChaChaPoly.seal(payload, using: key.entryKey(epoch: key.epoch)!, nonce: nonce, authenticating: headerBytes)
-        return SealedEntry(bytes: headerBytes + box.ciphertext + box.tag, header: header)
+        let bytes = headerBytes + box.ciphertext + box.tag
+        return SealedEntry(bytes: bytes, header: header, hash: Array(SHA256.hash(data: bytes)))
     }
 
     /// Parses an encoded entry (header and length only; `open` authenticates it).
@@ -108,15 +111,25 @@ public struct SealedEntry: Sendable, Equatable {
         guard bytes.count >= EntryHeader.size + 16 else { throw .malformed }
         self.header = try EntryHeader(decoding: bytes[...])
         self.bytes = bytes
+        self.hash = Array(SHA256.hash(data: bytes))
     }
 
-    private init(bytes: [UInt8], header: EntryHeader) {
+    /// An entry read back from local storage, where its hash was computed when it was stored.
+    public init(stored bytes: [UInt8], hash: [UInt8]) throws(SyncRejection) {
+        guard bytes.count >= EntryHeader.size + 16 else { throw .malformed }
+        self.header = try EntryHeader(decoding: bytes[...])
+        self.bytes = bytes
+        self.hash = hash
+    }
+
+    init(bytes: [UInt8], header: EntryHeader, hash: [UInt8]) {
         self.bytes = bytes
         self.header = header
+        self.hash = hash
     }
 
-    /// SHA-256 of the whole entry: what `prev` of the next entry and signed heads refer to.
-    public var hash: [UInt8] { Array(SHA256.hash(data: bytes)) }
+    /// The bytes after the header: ciphertext and tag.
+    var sealedPart: ArraySlice<UInt8> { bytes[EntryHeader.size...] }
 
     /// Authenticates and decrypts the payload with the space key.
     public func open(with key: SpaceKey) throws(SyncRejection) -> [UInt8] {
@@ -131,6 +144,60 @@ public struct SealedEntry: Sendable, Equatable {
         } catch {
             throw .badSeal
         }
+    }
+}
+
+/// Consecutive entries of one origin packed for the wire (SYNC.md, "Entries on the wire").
+///
+/// Space, origin, sequence numbers and `prev` links are the same for every entry of a run or follow from the previous
+/// entry, so they are sent once: `space (16) · origin (16) · first seq (8) · first prev (32)`, then per entry only
+/// `nonce (12) · epoch (varint) · length (varint) · ciphertext and tag`. The receiver rebuilds each full entry, and
+/// with it each hash, exactly as sealed; a changed byte anywhere still fails the AEAD or the signed head.
+public enum EntryRun {
+    /// Bytes of the run's prefix.
+    public static let prefixSize = 16 + 16 + 8 + 32
+
+    /// Appends the packed form of `entries`, which must be one origin's consecutive, linked entries.
+    public static func pack(_ entries: [SealedEntry], into out: inout [UInt8]) throws(SyncRejection) {
+        guard let first = entries.first else { throw .malformed }
+        out += first.header.space
+        out += first.header.origin
+        out.appendBE(first.header.seq)
+        out += first.header.prev
+        var prev = first.header.prev
+        for (i, e) in entries.enumerated() {
+            guard e.header.space == first.header.space, e.header.origin == first.header.origin,
+                e.header.seq == first.header.seq + UInt64(i), e.header.prev == prev
+            else { throw .malformed }
+            out += e.header.nonce
+            out.appendVarint(UInt64(e.header.epoch))
+            out.appendVarint(UInt64(e.bytes.count - EntryHeader.size))
+            out += e.sealedPart
+            prev = e.hash
+        }
+    }
+
+    /// Reads `count` packed entries, rebuilding each full entry and its hash.
+    public static func unpack(_ r: inout ByteReader, count: Int) throws(SyncRejection) -> [SealedEntry] {
+        guard count > 0, let space = r.read(16), let origin = r.read(16), let firstSeq = r.readUInt64(), firstSeq > 0,
+            let firstPrev = r.read(32), count <= r.remaining / (12 + 1 + 1 + 16)
+        else { throw .malformed }
+        var entries: [SealedEntry] = []
+        entries.reserveCapacity(count)
+        var prev = Array(firstPrev)
+        for i in 0..<count {
+            guard let nonce = r.read(12), let epoch = r.readVarint(), epoch <= UInt64(UInt32.max),
+                let length = r.readVarint(), length >= 16, let sealed = r.read(Int(length))
+            else { throw .malformed }
+            let header = EntryHeader(
+                space: Array(space), origin: Array(origin), seq: firstSeq + UInt64(i), prev: prev, epoch: UInt32(epoch),
+                nonce: Array(nonce))
+            let bytes = header.bytes + sealed
+            let entry = SealedEntry(bytes: bytes, header: header, hash: Array(SHA256.hash(data: bytes)))
+            prev = entry.hash
+            entries.append(entry)
+        }
+        return entries
     }
 }
 

@@ -2877,6 +2877,8 @@ let openRPCDocumentText = ###"""
                       "lastSyncMs": 1795400000000,
                       "sentEntries": 12,
                       "receivedEntries": 40,
+                      "sentBytes": 5120,
+                      "receivedBytes": 16384,
                       "peerBehind": 0,
                       "selfBehind": 0,
                       "errors": 0,
@@ -3449,6 +3451,16 @@ let openRPCDocumentText = ###"""
             "minimum": 0,
             "description": "Entries received and stored (duplicates not counted)."
           },
+          "sentBytes": {
+            "type": "integer",
+            "minimum": 0,
+            "description": "Bytes sent on the wire after the handshake (framing and every message included), since the daemon started."
+          },
+          "receivedBytes": {
+            "type": "integer",
+            "minimum": 0,
+            "description": "Bytes received on the wire after the handshake, since the daemon started."
+          },
           "peerBehind": {
             "type": "integer",
             "minimum": 0,
@@ -3486,6 +3498,8 @@ let openRPCDocumentText = ###"""
           "lastSyncMs",
           "sentEntries",
           "receivedEntries",
+          "sentBytes",
+          "receivedBytes",
           "peerBehind",
           "selfBehind",
           "errors",

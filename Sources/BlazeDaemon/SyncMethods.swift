@@ -20,6 +20,7 @@ extension Methods {
             "peer": .string(s.peer), "direction": .string(s.direction), "connected": .bool(s.connected),
             "connections": .int(Int64(s.connections)), "lastSyncMs": s.lastSyncMs.map(JSONValue.int) ?? .null,
             "sentEntries": .int(Int64(s.sentEntries)), "receivedEntries": .int(Int64(s.receivedEntries)),
+            "sentBytes": .int(Int64(s.sentBytes)), "receivedBytes": .int(Int64(s.receivedBytes)),
             "peerBehind": .int(Int64(s.peerBehind)), "selfBehind": .int(Int64(s.selfBehind)),
             "errors": .int(Int64(s.errors)), "lastError": s.lastError.map(JSONValue.string) ?? .null,
             "rejected": .object(s.rejected.mapValues { .int(Int64($0)) }),

@@ -134,15 +134,15 @@ extension BlazeDatabase {
                 let headBytes = try Data.fetchOne(
                     db, sql: "SELECT head FROM sync_heads WHERE origin = ? AND seq = ?", arguments: [o, end])
             else { return nil }
-            let rows = try Data.fetchAll(
-                db, sql: "SELECT bytes FROM sync_entries WHERE origin = ? AND seq > ? AND seq <= ? ORDER BY seq",
+            let rows = try Row.fetchAll(
+                db, sql: "SELECT bytes, hash FROM sync_entries WHERE origin = ? AND seq > ? AND seq <= ? ORDER BY seq",
                 arguments: [o, Int64(after), end])
             // Entries below a head are always stored with it; a gap means the log was damaged on disk.
             guard rows.count == Int(end - Int64(after)) else {
                 throw StoreError(.internalFailure, kind: "corrupt_sync_log", "entries of \(origin) after \(after) are missing")
             }
             return EntryBatch(
-                origin: origin, entries: try rows.map { try SealedEntry(bytes: Array($0)) },
+                origin: origin, entries: try rows.map { try SealedEntry(stored: Array($0[0] as Data), hash: Array($0[1] as Data)) },
                 head: try SignedHead(bytes: Array(headBytes)[...]))
         }
     }

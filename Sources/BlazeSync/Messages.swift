@@ -43,10 +43,8 @@ enum PeerMessage {
             var out: [UInt8] = [Self.entriesType]
             out += batch.head.bytes
             out.appendBE(UInt32(batch.entries.count))
-            for e in batch.entries {
-                out.appendBE(UInt32(e.bytes.count))
-                out += e.bytes
-            }
+            // Entries read from the local log are one origin's linked run; anything else is a local bug.
+            try! EntryRun.pack(batch.entries, into: &out)
             return out
         case .error(let reason):
             return [Self.errorType] + Array(reason.utf8.prefix(1000))
@@ -69,11 +67,7 @@ enum PeerMessage {
         case Self.entriesType?:
             guard let h = r.read(SignedHead.size), let n = r.readUInt32(), n > 0 else { throw .malformed }
             let head = try SignedHead(bytes: h)
-            var entries: [SealedEntry] = []
-            for _ in 0..<n {
-                guard let len = r.readUInt32(), let e = r.read(Int(len)) else { throw .malformed }
-                entries.append(try SealedEntry(bytes: Array(e)))
-            }
+            let entries = try EntryRun.unpack(&r, count: Int(n))
             guard r.remaining == 0 else { throw .malformed }
             self = .entries(EntryBatch(origin: NodeID(bytes: head.origin), entries: entries, head: head))
         case Self.errorType?:

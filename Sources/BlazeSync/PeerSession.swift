@@ -50,6 +50,8 @@ final class PeerSession: ChannelInboundHandler {
     private var lastWrite = NIODeadline.now()
     private var opened = NIODeadline.now()
     private var timer: RepeatedTask?
+    /// Wire bytes sent and received since they were last added to the status book.
+    private var unreported = (sent: 0, received: 0)
     /// Set by the feed listener (on the writer thread) so that a burst of commits schedules one pump.
     private let wake = WakeFlag()
     /// Fired once the handshake succeeds (outbound links reset their backoff).
@@ -83,7 +85,13 @@ final class PeerSession: ChannelInboundHandler {
 
     private func status(_ edit: (inout PeerStatus) -> Void) {
         guard let dbName else { return }
-        engine.status.update(db: dbName, peer: peer, direction: direction, edit)
+        let bytes = unreported
+        unreported = (0, 0)
+        engine.status.update(db: dbName, peer: peer, direction: direction) {
+            $0.sentBytes += bytes.sent
+            $0.receivedBytes += bytes.received
+            edit(&$0)
+        }
     }
 
     func channelActive(context: ChannelHandlerContext) {
@@ -116,6 +124,7 @@ final class PeerSession: ChannelInboundHandler {
             } else if (now - lastWrite).nanoseconds >= engine.timeout.nanoseconds / 3 {
                 _ = send(.ping, context: context)
             }
+            if unreported != (0, 0) { status { _ in } }
         default:
             if now - opened > engine.timeout {
                 timedOut("handshake not finished within \(engine.timeout.nanoseconds / 1_000_000) ms", context: context)
@@ -174,6 +183,7 @@ final class PeerSession: ChannelInboundHandler {
                     let body = pending.readBytes(length: length)
                 else { return }
                 bodyLength = nil
+                unreported.received += SessionCipher.headerSize + length
                 let plain = try c.open(body[...])
                 cipher = c
                 try handle(try PeerMessage(decoding: plain), context: context)
@@ -234,6 +244,7 @@ final class PeerSession: ChannelInboundHandler {
         let sealed = c.seal(message.bytes)
         cipher = c
         lastWrite = .now()
+        unreported.sent += sealed.count
         return context.writeAndFlush(wrapOutboundOut(ByteBuffer(bytes: sealed)))
     }
 
@@ -455,6 +466,8 @@ final class PeerSession: ChannelInboundHandler {
         timer = nil
         if case .established = phase, pending.readableBytes > 0 {
             status { $0.errors += 1; $0.lastError = "connection lost mid-frame" }
+        } else if unreported != (0, 0) {
+            status { _ in }
         }
         phase = .closed
         if cipher != nil { status { $0.connections = max(0, $0.connections - 1) } }

@@ -16,6 +16,10 @@ public struct PeerStatus: Sendable, Equatable {
     public var sentEntries = 0
     /// Entries received and stored here (duplicates not counted), since the daemon started.
     public var receivedEntries = 0
+    /// Bytes sent on the wire after the handshake (framing and every message included), since the daemon started.
+    public var sentBytes = 0
+    /// Bytes received on the wire after the handshake, since the daemon started.
+    public var receivedBytes = 0
     /// Entries this side holds that the peer lacked when last compared.
     public var peerBehind = 0
     /// Entries the peer holds that this side lacked when last compared.

@@ -50,6 +50,49 @@ func makeChain(_ count: Int, key: SpaceKey, device: DeviceIdentity, from first: 
         }
     }
 
+    @Test func packedRunsRebuildTheExactEntriesAndRefuseAnyAlteration() throws {
+        let (entries, head) = makeChain(6, key: key, device: device, from: 4, prev: [UInt8](repeating: 9, count: 32))
+        var packed: [UInt8] = []
+        try EntryRun.pack(entries, into: &packed)
+        let full = entries.reduce(0) { $0 + $1.bytes.count }
+        // 72 bytes once, then 12 + 1 + 1 bytes per entry instead of its 89-byte header.
+        #expect(packed.count == full - 6 * EntryHeader.size + EntryRun.prefixSize + 6 * 14)
+        var r = ByteReader(packed[...])
+        let rebuilt = try EntryRun.unpack(&r, count: 6)
+        #expect(r.remaining == 0 && rebuilt == entries && rebuilt.map(\.hash) == entries.map(\.hash))
+        // Every single bit flip is refused: unpacking fails, or the rebuilt chain does not verify.
+        for bit in 0..<(packed.count * 8) {
+            var altered = packed
+            altered[bit / 8] ^= 1 << UInt8(bit % 8)
+            var reader = ByteReader(altered[...])
+            let verified: [[UInt8]]? = (try? EntryRun.unpack(&reader, count: 6)).flatMap {
+                reader.remaining == 0 ? try? EntryChain.verify($0, head: head, previousHash: entries[0].header.prev, key: key) : nil
+            }
+            #expect(verified == nil, "bit \(bit) flipped was accepted")
+        }
+        // Only one origin's consecutive, linked entries pack.
+        var out: [UInt8] = []
+        #expect(throws: SyncRejection.malformed) { try EntryRun.pack([entries[0], entries[2]], into: &out) }
+        #expect(throws: SyncRejection.malformed) { try EntryRun.pack([], into: &out) }
+        var short = ByteReader(packed.dropLast()[...])
+        #expect(throws: SyncRejection.malformed) { try EntryRun.unpack(&short, count: 6) }
+        var tooMany = ByteReader(packed[...])
+        #expect(throws: SyncRejection.malformed) { try EntryRun.unpack(&tooMany, count: 1_000_000) }
+    }
+
+    @Test func varintsRoundTripAndRefuseNonCanonicalForms() throws {
+        for v: UInt64 in [0, 1, 127, 128, 300, 16_383, 16_384, UInt64(UInt32.max), .max] {
+            var out: [UInt8] = []
+            out.appendVarint(v)
+            var r = ByteReader(out[...])
+            #expect(r.readVarint() == v && r.remaining == 0)
+        }
+        for bad: [UInt8] in [[0x80], [0x80, 0x00], [0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0x02], []] {
+            var r = ByteReader(bad[...])
+            #expect(r.readVarint() == nil, "\(bad)")
+        }
+    }
+
     @Test func chainsVerifyUpToTheSignedHead() throws {
         let (entries, head) = makeChain(5, key: key, device: device)
         let payloads = try EntryChain.verify(entries, head: head, previousHash: nil, key: key)
