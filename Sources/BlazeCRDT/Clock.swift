@@ -33,7 +33,16 @@ public struct NodeID: Hashable, Comparable, Sendable, CustomStringConvertible {
     }
 
     /// Lowercase hex of the 16 bytes.
-    public var hex: String { hexString(bytes) }
+    public var hex: String {
+        String(unsafeUninitializedCapacity: 32) { out in
+            for i in 0..<16 {
+                let shift = UInt64(60 - 4 * i)
+                out[i] = hexDigit(UInt8(truncatingIfNeeded: high >> shift) & 0xF)
+                out[16 + i] = hexDigit(UInt8(truncatingIfNeeded: low >> shift) & 0xF)
+            }
+            return 32
+        }
+    }
 
     /// Orders by bytes.
     public static func < (a: NodeID, b: NodeID) -> Bool { a.high != b.high ? a.high < b.high : a.low < b.low }

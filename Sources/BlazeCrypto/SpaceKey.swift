@@ -14,6 +14,10 @@ public struct SpaceKey: Sendable, Equatable {
     public let epoch: UInt32
     /// The 32-byte secret of each known epoch.
     public let secrets: [UInt32: [UInt8]]
+    /// The derived entry key of each epoch and the current auth key, computed once (HKDF costs more than an AEAD
+    /// opening of a small entry).
+    private let entryKeys: [UInt32: [UInt8]]
+    private let authKeyBytes: [UInt8]
 
     /// Creates a space key from parts (a token or the keystore); the current epoch's secret must be present.
     public init(id: [UInt8], epoch: UInt32, secrets: [UInt32: [UInt8]]) throws(KeystoreError) {
@@ -22,6 +26,14 @@ public struct SpaceKey: Sendable, Equatable {
         self.id = id
         self.epoch = epoch
         self.secrets = secrets
+        func derive(_ label: String, _ epoch: UInt32, _ secret: [UInt8]) -> [UInt8] {
+            var info = Array(label.utf8)
+            info.appendBE(epoch)
+            return HKDF<SHA256>.deriveKey(inputKeyMaterial: SymmetricKey(data: secret), salt: id, info: info, outputByteCount: 32)
+                .withUnsafeBytes { Array($0) }
+        }
+        self.entryKeys = Dictionary(uniqueKeysWithValues: secrets.map { ($0.key, derive("blazedb entry key v1", $0.key, $0.value)) })
+        self.authKeyBytes = derive("blazedb peer auth v1", epoch, current)
     }
 
     /// A fresh space: random id and secret, epoch 1.
@@ -37,19 +49,11 @@ public struct SpaceKey: Sendable, Equatable {
 
     /// The AEAD key for entries of `epoch`, nil for an unknown epoch.
     public func entryKey(epoch: UInt32) -> SymmetricKey? {
-        guard let secret = secrets[epoch] else { return nil }
-        var info = Array("blazedb entry key v1".utf8)
-        info.appendBE(epoch)
-        return HKDF<SHA256>.deriveKey(inputKeyMaterial: SymmetricKey(data: secret), salt: id, info: info, outputByteCount: 32)
+        entryKeys[epoch].map { SymmetricKey(data: $0) }
     }
 
     /// The key peers prove they hold during the handshake (current epoch).
-    public var authKey: SymmetricKey {
-        var info = Array("blazedb peer auth v1".utf8)
-        info.appendBE(epoch)
-        return HKDF<SHA256>.deriveKey(
-            inputKeyMaterial: SymmetricKey(data: secrets[epoch]!), salt: id, info: info, outputByteCount: 32)
-    }
+    public var authKey: SymmetricKey { SymmetricKey(data: authKeyBytes) }
 
     // MARK: Share tokens
 

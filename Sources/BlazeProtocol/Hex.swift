@@ -1,12 +1,19 @@
 /// Lowercase hex of `bytes`.
-public func hexString(_ bytes: some Sequence<UInt8>) -> String {
-    let digits = Array("0123456789abcdef".utf8)
-    var out: [UInt8] = []
-    for b in bytes {
-        out.append(digits[Int(b >> 4)])
-        out.append(digits[Int(b & 0xF)])
+public func hexString(_ bytes: some Collection<UInt8>) -> String {
+    String(unsafeUninitializedCapacity: bytes.count * 2) { out in
+        var i = 0
+        for b in bytes {
+            out[i] = hexDigit(b >> 4)
+            out[i + 1] = hexDigit(b & 0xF)
+            i += 2
+        }
+        return i
     }
-    return String(decoding: out, as: UTF8.self)
+}
+
+/// The lowercase hex digit of a nibble (0...15).
+@inline(__always) public func hexDigit(_ nibble: UInt8) -> UInt8 {
+    nibble < 10 ? nibble &+ 48 : nibble &+ 87
 }
 
 /// The bytes of a hex string, or nil when it is not an even-length string of lowercase hex digits.

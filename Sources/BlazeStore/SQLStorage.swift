@@ -32,6 +32,8 @@ final class SQLStorage: ReplicaStorage {
     /// Documents saved since the last recorded change, in first-touch order.
     private var touched: [DocKey] = []
     private var touchedSet: Set<DocKey> = []
+    /// The highest sequence recorded per origin in this transaction, written to `versions` by `flush()`.
+    private var recordedVersions: [NodeID: UInt64] = [:]
     /// Feed entries of the changes recorded in this transaction, in order.
     private(set) var entries: [FeedEntry] = []
     /// The feed sequence of the last change recorded (committed ones, then this transaction's).
@@ -49,6 +51,7 @@ final class SQLStorage: ReplicaStorage {
         for row in try Row.fetchAll(db.cachedStatement(sql: "SELECT origin, seq FROM versions")) {
             if let id = NodeID(hex: row[0]) { e[id] = UInt64(row[1] as Int64) }
         }
+        for (origin, seq) in recordedVersions { e[origin] = max(e[origin] ?? 0, seq) }
         return VersionVector(e)
     }
 
@@ -76,14 +79,13 @@ final class SQLStorage: ReplicaStorage {
         touched = []
         touchedSet = []
         feedSequence += 1
+        let origin = change.origin.hex
         try db.cachedStatement(sql: "INSERT INTO feed(seq, origin, events) VALUES (?, ?, ?)").execute(
-            arguments: [feedSequence, change.origin.hex, FeedLog.encode(events)])
+            arguments: [feedSequence, origin, FeedLog.encode(events)])
         entries.append(FeedEntry(seq: feedSequence, origin: change.origin, events: events))
         try db.cachedStatement(sql: "INSERT INTO changes(origin, seq, hlc, body) VALUES (?, ?, ?, ?)").execute(
-            arguments: [change.origin.hex, Int64(change.seq), Int64(bitPattern: change.hlc.raw), change.jsonValue.jsonText])
-        try db.cachedStatement(
-            sql: "INSERT INTO versions(origin, seq) VALUES (?, ?) ON CONFLICT(origin) DO UPDATE SET seq = excluded.seq"
-        ).execute(arguments: [change.origin.hex, Int64(change.seq)])
+            arguments: [origin, Int64(change.seq), Int64(bitPattern: change.hlc.raw), change.jsonValue.jsonText])
+        recordedVersions[change.origin] = max(recordedVersions[change.origin] ?? 0, change.seq)
     }
 
     func document(_ key: DocKey) throws -> DocumentState? {
@@ -138,6 +140,13 @@ final class SQLStorage: ReplicaStorage {
         for key in dirty { try write(key, cache[key]!!, visible[key] ?? Visible()) }
         dirty = []
         dirtySet = []
+        // One version row per origin per transaction, however many of its changes were recorded.
+        for (origin, seq) in recordedVersions {
+            try db.cachedStatement(
+                sql: "INSERT INTO versions(origin, seq) VALUES (?, ?) ON CONFLICT(origin) DO UPDATE SET seq = max(seq, excluded.seq)"
+            ).execute(arguments: [origin.hex, Int64(seq)])
+        }
+        recordedVersions = [:]
     }
 
     private func write(_ key: DocKey, _ state: DocumentState, _ body: Visible) throws {
