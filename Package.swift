@@ -69,7 +69,7 @@ let package = Package(
         .executableTarget(
             name: "blazebench",
             dependencies: [
-                "BlazeDaemon", "BlazeStore", "BlazeSync", "BlazeCRDT", "BlazeClient", "BlazeProtocol",
+                "BlazeDaemon", "BlazeStore", "BlazeSync", "BlazeCRDT", "BlazeCrypto", "BlazeClient", "BlazeProtocol",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "GRDB", package: "GRDB.swift"),
                 .product(name: "Crypto", package: "swift-crypto"),

@@ -21,6 +21,14 @@ public struct EntryBatch: Sendable {
     }
 }
 
+/// A batch whose entries verified, with their decoded changes, ready to be stored.
+public struct VerifiedBatch: Sendable {
+    /// The batch as received.
+    public let batch: EntryBatch
+    /// Its changes, in entry order.
+    public let changes: [Change]
+}
+
 /// What receiving a verified batch did.
 public struct BatchOutcome: Sendable, Equatable {
     /// Entries stored for the first time.
@@ -151,11 +159,13 @@ extension BlazeDatabase {
     /// changes in one transaction. Throws `SyncRejection` (nothing stored) for anything that does not verify, including
     /// a fork: an entry that differs from the one held for the same origin and sequence.
     public func receive(batch: EntryBatch, key: SpaceKey) throws -> BatchOutcome {
-        guard batch.head.origin == batch.origin.bytes, let first = batch.entries.first else { throw SyncRejection.malformed }
-        let o = Data(batch.origin.bytes)
-        let firstSeq = first.header.seq
-        // The expensive part (signature, AEAD, links inside the batch) runs before taking the writer; the link to the
-        // entry before the batch is checked inside the transaction, against what is stored then.
+        try store(try verify(batch: batch, key: key))
+    }
+
+    /// The first half of `receive`: checks a batch's signature, AEAD and links and decodes its changes, without touching
+    /// the database (so it can run while the previous batch is being stored).
+    public func verify(batch: EntryBatch, key: SpaceKey) throws(SyncRejection) -> VerifiedBatch {
+        guard batch.head.origin == batch.origin.bytes, !batch.entries.isEmpty else { throw .malformed }
         let payloads = try EntryChain.verify(batch.entries, head: batch.head, previousHash: nil, key: key)
         var changes: [Change] = []
         changes.reserveCapacity(payloads.count)
@@ -163,9 +173,20 @@ extension BlazeDatabase {
             guard let json = try? JSONParser(maxDepth: 10_000).parse(String(decoding: payload, as: UTF8.self)),
                 let change = try? Change(json: json), change.origin == batch.origin, change.seq == entry.header.seq,
                 (try? Self.validate(change)) != nil
-            else { throw SyncRejection.badPayload }
+            else { throw .badPayload }
             changes.append(change)
         }
+        return VerifiedBatch(batch: batch, changes: changes)
+    }
+
+    /// The second half of `receive`: in one transaction, checks the batch continues the log held here, refuses forks,
+    /// skips duplicates, stores entries and head, and applies the new changes.
+    public func store(_ verified: VerifiedBatch) throws -> BatchOutcome {
+        let batch = verified.batch
+        let changes = verified.changes
+        let first = batch.entries[0]
+        let o = Data(batch.origin.bytes)
+        let firstSeq = first.header.seq
         return try pool.write { db in
             var outcome = BatchOutcome()
             var fresh: [Change] = []

@@ -38,7 +38,8 @@ final class PeerSession: ChannelInboundHandler {
     private var peerVector: [NodeID: UInt64]?
     private var pumping = false
     private var pumpAgain = false
-    private var inbox: [EntryBatch] = []
+    /// Received batches in arrival order, each already being verified on the I/O pool.
+    private var inbox: [(batch: EntryBatch, verified: EventLoopFuture<VerifiedBatch>)] = []
     private var applying = false
     private var readPaused = false
     private var feedToken: Int?
@@ -248,8 +249,9 @@ final class PeerSession: ChannelInboundHandler {
         return context.writeAndFlush(wrapOutboundOut(ByteBuffer(bytes: sealed)))
     }
 
-    /// Counts a rejection, tells the peer why, and closes.
+    /// Counts a rejection, tells the peer why, and closes; batches received after the refused one are dropped.
     private func fail(_ reason: SyncRejection, context: ChannelHandlerContext) {
+        inbox = []
         if let dbName {
             engine.status.reject(db: dbName, peer: peer, direction: direction, reason)
         } else {
@@ -343,7 +345,11 @@ final class PeerSession: ChannelInboundHandler {
             }
             pump(context: context)
         case .entries(let batch):
-            inbox.append(batch)
+            guard let db, let key else { return }
+            // Verification (signature, AEAD, decoding) needs no database: it starts at once and overlaps with
+            // storing the batches before it, which happens strictly in order.
+            let verified = engine.pool.runIfActive(eventLoop: context.eventLoop) { try db.verify(batch: batch, key: key) }
+            inbox.append((batch, verified))
             if inbox.count >= Self.maxInbox && !readPaused {
                 readPaused = true
                 context.channel.setOption(ChannelOptions.autoRead, value: false).whenFailure { _ in }
@@ -365,13 +371,15 @@ final class PeerSession: ChannelInboundHandler {
         peerVector = v
     }
 
-    /// Applies received batches one at a time, in arrival order.
+    /// Stores received batches one at a time, in arrival order, each once it has verified.
     private func applyNext(context: ChannelHandlerContext) {
-        guard !applying, !inbox.isEmpty, let db, let key else { return }
+        guard !applying, !inbox.isEmpty, let db else { return }
         applying = true
-        let batch = inbox.removeFirst()
+        let (batch, verified) = inbox.removeFirst()
         let bound = NIOLoopBound((self, context), eventLoop: context.eventLoop)
-        engine.pool.runIfActive(eventLoop: context.eventLoop) { try db.receive(batch: batch, key: key) }
+        let pool = engine.pool
+        let loop = context.eventLoop
+        verified.flatMap { v in pool.runIfActive(eventLoop: loop) { try db.store(v) } }
             .whenComplete { result in
                 let (session, context) = bound.value
                 session.applying = false

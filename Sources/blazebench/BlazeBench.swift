@@ -82,7 +82,7 @@ struct BlazeBench: AsyncParsableCommand {
         let header = ["NAME", "MEDIAN", "P99", "UNIT", "RATIO", "TARGET", "NOTE"]
         let rows = results.map { r in
             [
-                r.name, String(format: "%.1f", r.median), r.samples.count > reps ? String(format: "%.1f", r.p99) : "-", r.unit,
+                r.name, figure(r.median), r.samples.count > reps ? figure(r.p99) : "-", r.unit,
                 r.ratio.map { String(format: "%.2f× %@", $0, r.baseline ?? "") } ?? "", r.target ?? "", r.note ?? "",
             ]
         }
@@ -113,4 +113,9 @@ struct BlazeBench: AsyncParsableCommand {
         let doc: JSONValue = ["documents": .int(Int64(n)), "repeats": .int(Int64(reps)), "quick": .bool(quick), "results": .array(items)]
         print(doc.jsonText)
     }
+}
+
+/// A figure for the table: three significant digits below 10, one decimal above.
+func figure(_ value: Double) -> String {
+    String(format: abs(value) < 10 ? "%.3g" : "%.1f", value)
 }

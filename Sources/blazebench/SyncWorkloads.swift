@@ -1,4 +1,6 @@
+import BlazeCRDT
 import BlazeClient
+import BlazeCrypto
 import BlazeDaemon
 import BlazeProtocol
 import BlazeStore
@@ -27,6 +29,7 @@ enum SyncWorkloads {
         let address = try require(a.daemon.sync.listeningAddress.flatMap { PeerAddress($0) }, "sync address")
         let target = try b.daemon.sync.join(token: token, name: "w4")
         let origin = source.node
+        let cpuBefore = processCPUSeconds()
         let syncTime = try seconds {
             _ = try b.daemon.sync.addPeer(db: target, address: address)
             let deadline = Date().addingTimeInterval(600)
@@ -35,6 +38,8 @@ enum SyncWorkloads {
                 usleep(2000)
             }
         }
+        let syncCPU = processCPUSeconds() - cpuBefore
+        let crypto = try cryptoReplaySeconds(target, origin: origin, key: key)
         // Bytes on the wire (every frame B received after the handshake, framing, heads and control messages
         // included) against the change bodies they carry, and against the documents' JSON.
         let wire = b.daemon.sync.status(db: target).reduce(0) { $0 + $1.receivedBytes }
@@ -50,6 +55,9 @@ enum SyncWorkloads {
             Result(
                 name: "W4.wire", unit: "×", samples: [Double(wire) / Double(plain)], better: "lower", target: "≤ 1.25×",
                 note: "bytes on the wire per byte of change carried"),
+            Result(
+                name: "W7.cryptoShare", unit: "%", samples: [100 * crypto / syncCPU], better: "lower", target: "< 10%",
+                note: String(format: "crypto of the sync replayed alone: %.2f s of %.2f s CPU (both daemons) during W4", crypto, syncCPU)),
             Result(
                 name: "W4.seal", unit: "s", samples: [sealTime], better: "lower",
                 note: String(format: "sealing and signing %d local changes once (before the first sync)", n)),
@@ -86,6 +94,46 @@ enum SyncWorkloads {
                 note: "write committed on A → change published on B (loopback TCP, includes both commits)"))
         return out
     }
+}
+
+/// CPU seconds (user and system) this process has used.
+func processCPUSeconds() -> Double {
+    var usage = rusage()
+    getrusage(RUSAGE_SELF.rawValue, &usage)
+    func secs(_ t: timeval) -> Double { Double(t.tv_sec) + Double(t.tv_usec) / 1e6 }
+    return secs(usage.ru_utime) + secs(usage.ru_stime)
+}
+
+/// W7: every cryptographic operation the initial sync of `origin`'s log performed, replayed alone on the entries the
+/// target received: per batch, the head's signature check and the transport sealing and opening of its message; per
+/// entry, its SHA-256 and its AEAD opening. Returns the CPU seconds they take (the batches are read beforehand).
+func cryptoReplaySeconds(_ db: BlazeDatabase, origin: NodeID, key: SpaceKey) throws -> Double {
+    var batches: [EntryBatch] = []
+    var after: UInt64 = 0
+    while let batch = try db.entryBatch(origin: origin, after: after, maxEntries: 1000) {
+        batches.append(batch)
+        after = batch.head.seq
+    }
+    let server = Handshake.Server()
+    var client = Handshake.Client(key: key)
+    let (_, reply, serverCipher) = try server.accept(try client.respond(to: server.hello), spaces: [key])
+    var sender = serverCipher
+    var receiver = try client.finish(reply)
+    let messages = try batches.map { batch -> [UInt8] in
+        var m: [UInt8] = []
+        try EntryRun.pack(batch.entries, into: &m)
+        return m
+    }
+    let start = processCPUSeconds()
+    for (batch, message) in zip(batches, messages) {
+        try batch.head.verify(space: key.id)
+        _ = try receiver.openFrame(sender.seal(message)[...])
+        for entry in batch.entries {
+            _ = try SealedEntry(bytes: entry.bytes)  // hashes it
+            _ = try entry.open(with: key)
+        }
+    }
+    return processCPUSeconds() - start
 }
 
 /// Unwraps or throws (blazebench has no test framework).
