@@ -91,7 +91,13 @@ func replicaState(_ c: BlazeConnection, _ db: String) throws -> (hash: String, d
             _ = try conn.call("db.join", ["token": .string(token), "db": "team"])
             _ = try conn.call("peer.add", ["db": "team", "address": .string(try a.syncAddress())])
         }
+        // A subscriber on C sees A's writes as they arrive, with A as their origin.
+        let watcher = try c.connect()
+        let (sub, _) = try subscribe(watcher, ["db": "team", "collection": "k"])
         _ = try ca.call("doc.put", ["db": "team", "collection": "k", "id": "counter", "doc": ["n": 0]])
+        let arrived = try readEvents(watcher, sub, count: 1)
+        #expect(arrived.first?["origin"] == (try ca.call("daemon.info")["nodeId"]) && arrived.first?["type"] == "insert")
+        #expect(arrived.first?["doc"]?["n"] == 0 && arrived.first?["id"] == "counter")
         #expect(try waitFor { try replicaState(try c.connect(), "team").docs == 1 && replicaState(try b.connect(), "team").docs == 1 })
         // B stops, C pauses; A and C keep writing (C offline), including counter increments that would show any
         // change applied twice.
