@@ -32,6 +32,8 @@ final class SQLStorage: ReplicaStorage {
     /// Documents saved since the last recorded change, in first-touch order.
     private var touched: [DocKey] = []
     private var touchedSet: Set<DocKey> = []
+    /// Collections registered in this transaction (once each: every registration adds a commit hook).
+    private var ensuredCollections: Set<String> = []
     /// The highest sequence recorded per origin in this transaction, written to `versions` by `flush()`.
     private var recordedVersions: [NodeID: UInt64] = [:]
     /// Feed entries of the changes recorded in this transaction, in order.
@@ -178,7 +180,8 @@ final class SQLStorage: ReplicaStorage {
 
     /// Registers the collection unless it is known to exist; the cache learns new names only after COMMIT.
     func ensureCollection(_ name: String) throws {
-        if knownCollections.contains(name) { return }
+        if knownCollections.contains(name) || ensuredCollections.contains(name) { return }
+        ensuredCollections.insert(name)
         try db.cachedStatement(sql: "INSERT OR IGNORE INTO collections(name, created_at) VALUES (?, ?)").execute(
             arguments: [name, Int64(Date().timeIntervalSince1970 * 1000)])
         let known = knownCollections

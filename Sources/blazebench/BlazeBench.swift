@@ -20,8 +20,10 @@ struct BlazeBench: AsyncParsableCommand {
     @Option(help: "Repeats of the throughput measurements (default 3; 1 with --quick).")
     var repeats: Int?
 
-    @Option(help: "Only these groups, comma-separated: baselines, W1, RPC (W2 and W3), W8.")
+    @Option(help: "Only these groups, comma-separated: baselines, W1, RPC (W2 and W3), W4 (with W5 and W7), W6, W8, RSS.")
     var only: String?
+
+    @Option(help: .hidden) var serveDaemon: String?
 
     func wants(_ group: String) -> Bool {
         guard let only else { return true }
@@ -29,6 +31,12 @@ struct BlazeBench: AsyncParsableCommand {
     }
 
     func run() async throws {
+        if let serveDaemon {
+            // The child process of the RSS workload: a daemon alone in its process, until it is terminated.
+            let daemon = try await Workloads.LocalDaemon(dir: serveDaemon)
+            _ = await daemon.task?.result
+            return
+        }
         let n = count ?? (quick ? 1000 : 20_000)
         let reps = repeats ?? (quick ? 1 : 3)
         let dir = NSTemporaryDirectory() + "blazebench-\(UUID().uuidString)"
@@ -52,6 +60,13 @@ struct BlazeBench: AsyncParsableCommand {
         if wants("RPC") { results += try await Workloads.rpc(dir: dir, n: n, docs: docs) }
         if wants("W4") || wants("W5") {
             results += try await SyncWorkloads.run(dir: dir, n: quick ? 1000 : 5 * n, docs: docs, latencyWrites: quick ? 20 : 500)
+        }
+        if wants("W6") {
+            results += try await SyncWorkloads.offlineMerge(
+                dir: dir, docCount: quick ? 200 : 10_000, updates: quick ? 1000 : 50_000, docs: docs)
+        }
+        if wants("RSS") {
+            results.append(try Workloads.residentMemory(dir: dir + "/rss", documents: quick ? 10_000 : 1_000_000))
         }
         if wants("W8") {
             let writes = quick ? 50 : 1000

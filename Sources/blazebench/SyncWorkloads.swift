@@ -96,6 +96,72 @@ enum SyncWorkloads {
     }
 }
 
+extension SyncWorkloads {
+    /// W6: two daemons share `docCount` documents, go offline, each makes `updates` single-document updates over all
+    /// of them, then sync both ways; times the merge until both hold every change with an identical stateHash.
+    static func offlineMerge(dir: String, docCount: Int, updates: Int, docs: [[String: JSONValue]]) async throws -> [Result] {
+        let a = try await Workloads.LocalDaemon(dir: dir + "/w6-a", syncListen: "127.0.0.1:0")
+        let b = try await Workloads.LocalDaemon(dir: dir + "/w6-b")
+        defer {
+            Task {
+                await b.stop()
+                await a.stop()
+            }
+        }
+        let dbA = try a.daemon.store.create("w6")
+        for start in stride(from: 0, to: docCount, by: 1000) {
+            _ = try dbA.commit((start..<min(docCount, start + 1000)).map { i in
+                .insert(collection: "c", doc: docs[i % docs.count].merging(["_id": .string("d\(i)")]) { $1 })
+            })
+        }
+        let token = try a.daemon.sync.share(db: dbA)
+        let dbB = try b.daemon.sync.join(token: token, name: "w6")
+        let address = try require(a.daemon.sync.listeningAddress.flatMap { PeerAddress($0) }, "sync address")
+        _ = try b.daemon.sync.addPeer(db: dbB, address: address)
+        try waitUntil("W6: initial copy") { try dbB.versionVector()[dbA.node] == dbA.versionVector()[dbA.node] }
+        // Offline: both pause and update the same documents, one change per update.
+        a.daemon.sync.pause(db: "w6")
+        b.daemon.sync.pause(db: "w6")
+        for (db, salt) in [(dbA, 1), (dbB, 2)] {
+            for i in 0..<updates {
+                let id = "d\((i &* 7919 &+ salt &* 104_729) % docCount)"
+                _ = try db.apply(.patch(collection: "c", id: id, set: ["score": .double(Double(i * salt)), "name": .string("n\(salt)-\(i)")]))
+            }
+        }
+        let want = VersionVector(try dbA.versionVector().entries.merging(try dbB.versionVector().entries, uniquingKeysWith: max))
+        let mergeTime = try seconds {
+            a.daemon.sync.resume(db: "w6")
+            b.daemon.sync.resume(db: "w6")
+            try waitUntil("W6: merge") { try dbA.versionVector().includes(want) && dbB.versionVector().includes(want) }
+        }
+        let (hashA, hashB) = (try dbA.stateHash(), try dbB.stateHash())
+        guard hashA == hashB else { throw ClientError("W6: stateHash differs after the merge: \(hashA) vs \(hashB)") }
+        // The database's size once its write-ahead log is checkpointed: pages in use times page size.
+        func megabytes(_ db: BlazeDatabase) throws -> Double {
+            try db.read { d in
+                let pages = try Int.fetchOne(d, sql: "PRAGMA page_count") ?? 0
+                let size = try Int.fetchOne(d, sql: "PRAGMA page_size") ?? 0
+                return Double(pages * size) / 1e6
+            }
+        }
+        return [
+            Result(
+                name: "W6.offlineMerge", unit: "s", samples: [mergeTime], better: "lower",
+                note: String(format: "2 × %d offline updates over %d docs merged both ways, stateHash identical; on disk %.1f MB and %.1f MB",
+                    updates, docCount, try megabytes(dbA), try megabytes(dbB)))
+        ]
+    }
+
+    /// Polls `condition` every 2 ms for at most 600 s.
+    static func waitUntil(_ what: String, _ condition: () throws -> Bool) throws {
+        let deadline = Date().addingTimeInterval(600)
+        while try !condition() {
+            guard Date() < deadline else { throw ClientError("\(what) did not finish in 600 s") }
+            usleep(2000)
+        }
+    }
+}
+
 /// CPU seconds (user and system) this process has used.
 func processCPUSeconds() -> Double {
     var usage = rusage()

@@ -43,6 +43,58 @@ enum Workloads {
         ]
     }
 
+    /// RSS: a daemon alone in a child process is loaded with `documents` documents through `tx.commit` (1,000 per
+    /// request), then serves 1,000 random reads; reports its resident memory then and at its peak.
+    static func residentMemory(dir: String, documents: Int) throws -> Result {
+        let child = Process()
+        child.executableURL = URL(fileURLWithPath: "/proc/self/exe").resolvingSymlinksInPath()
+        child.arguments = ["--serve-daemon", dir]
+        try child.run()
+        defer {
+            child.terminate()
+            child.waitUntilExit()
+        }
+        let socket = "\(dir)/rpc/blazed.sock"
+        let deadline = Date().addingTimeInterval(60)
+        var connection: BlazeConnection?
+        while connection == nil {
+            connection = try? BlazeConnection(socketPath: socket, timeoutSeconds: 600)
+            if connection == nil {
+                guard Date() < deadline, child.isRunning else { throw ClientError("RSS: the daemon did not start") }
+                usleep(10_000)
+            }
+        }
+        let c = connection!
+        for start in stride(from: 0, to: documents, by: 1000) {
+            let ops: [JSONValue] = (start..<min(documents, start + 1000)).map { i in
+                ["op": "insert", "collection": "c", "doc": .object(documentValue(i))]
+            }
+            _ = try c.call("tx.commit", ["db": "default", "ops": .array(ops)])
+        }
+        let held = try c.call("db.info", ["db": "default"])["documents"]?.intValue
+        guard held == Int64(documents) else { throw ClientError("RSS: the daemon holds \(held ?? -1) documents") }
+        var rng = SystemRandomNumberGenerator()
+        for _ in 0..<1000 {
+            let id = String(format: "doc-%08d", Int.random(in: 0..<documents, using: &rng))
+            _ = try c.call("doc.get", ["db": "default", "collection": "c", "id": .string(id)])
+        }
+        let status = (try? String(contentsOfFile: "/proc/\(child.processIdentifier)/status", encoding: .utf8)) ?? ""
+        func kib(_ field: String) -> Double {
+            let line = status.split(separator: "\n").first { $0.hasPrefix(field + ":") } ?? ""
+            return Double(line.split(separator: " ").dropFirst().first ?? "0") ?? 0
+        }
+        let rss = kib("VmRSS") / 1024
+        return Result(
+            name: "RSS.\(documents)", unit: "MiB", samples: [rss], better: "lower",
+            note: String(format: "daemon resident memory with %d documents loaded and 1,000 reads served; peak %.0f MiB",
+                documents, kib("VmHWM") / 1024))
+    }
+
+    /// Benchmark document `i` as a JSON object.
+    static func documentValue(_ i: Int) -> [String: JSONValue] {
+        try! JSONParser().parse(benchJSON(i)).objectValue!
+    }
+
     /// A daemon served in process, for the RPC workloads.
     final class LocalDaemon: @unchecked Sendable {
         // @unchecked: `task` is set once in init and only cancelled afterwards.
