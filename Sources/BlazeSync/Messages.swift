@@ -28,7 +28,8 @@ enum PeerMessage {
     static let errorType: UInt8 = 3
     static let pingType: UInt8 = 4
 
-    var bytes: [UInt8] {
+    /// The message's bytes; throws for a batch that is not one origin's linked run (a damaged local log).
+    func encoded() throws(SyncRejection) -> [UInt8] {
         switch self {
         case .state(let vector, let head):
             var out: [UInt8] = [Self.stateType]
@@ -43,8 +44,7 @@ enum PeerMessage {
             var out: [UInt8] = [Self.entriesType]
             out += batch.head.bytes
             out.appendBE(UInt32(batch.entries.count))
-            // Entries read from the local log are one origin's linked run; anything else is a local bug.
-            try! EntryRun.pack(batch.entries, into: &out)
+            try EntryRun.pack(batch.entries, into: &out)
             return out
         case .error(let reason):
             return [Self.errorType] + Array(reason.utf8.prefix(1000))

@@ -241,8 +241,17 @@ final class PeerSession: ChannelInboundHandler {
     }
 
     private func send(_ message: PeerMessage, context: ChannelHandlerContext) -> EventLoopFuture<Void> {
+        // Entries are encoded on the I/O pool by `pump` and sent with `send(bytes:)`; control messages always encode.
+        guard let bytes = try? message.encoded() else {
+            return context.eventLoop.makeFailedFuture(SyncRejection.malformed)
+        }
+        return send(bytes: bytes, context: context)
+    }
+
+    /// Seals one encoded message into the next frame and writes it.
+    private func send(bytes: [UInt8], context: ChannelHandlerContext) -> EventLoopFuture<Void> {
         guard var c = cipher else { return context.eventLoop.makeSucceededVoidFuture() }
-        let sealed = c.seal(message.bytes)
+        let sealed = c.seal(bytes)
         cipher = c
         lastWrite = .now()
         unreported.sent += sealed.count
@@ -415,10 +424,13 @@ final class PeerSession: ChannelInboundHandler {
         pumpAgain = false
         let identity = engine.identity
         let bound = NIOLoopBound((self, context), eventLoop: context.eventLoop)
-        engine.pool.runIfActive(eventLoop: context.eventLoop) { () -> (batches: [EntryBatch], behind: Int, ahead: Int) in
+        // Reading, packing and encoding happen on the I/O pool; only sealing the frames (the cipher's counter) stays
+        // on the event loop.
+        engine.pool.runIfActive(eventLoop: context.eventLoop) {
+            () -> (batches: [(batch: EntryBatch, message: [UInt8])], behind: Int, ahead: Int) in
             try db.sealLocal(key: key, identity: identity)
             let mine = try db.syncVector()
-            var batches: [EntryBatch] = []
+            var batches: [(batch: EntryBatch, message: [UInt8])] = []
             var bytes = 0
             var behind = 0
             for (origin, theirs) in peerVector where theirs > mine[origin] ?? 0 { behind += Int(theirs - (mine[origin] ?? 0)) }
@@ -428,8 +440,9 @@ final class PeerSession: ChannelInboundHandler {
                 guard seq > after else { continue }
                 ahead += Int(seq - after)
                 while bytes < Self.roundBytes, let batch = try db.entryBatch(origin: origin, after: after, maxEntries: Self.batchEntries) {
-                    batches.append(batch)
-                    bytes += batch.entries.reduce(0) { $0 + $1.bytes.count }
+                    let message = try PeerMessage.entries(batch).encoded()
+                    batches.append((batch, message))
+                    bytes += message.count
                     after = batch.head.seq
                 }
             }
@@ -439,11 +452,11 @@ final class PeerSession: ChannelInboundHandler {
             switch result {
             case .success(let round):
                 var last: EventLoopFuture<Void>?
-                for batch in round.batches {
-                    last = session.send(.entries(batch), context: context)
+                for (batch, message) in round.batches {
+                    last = session.send(bytes: message, context: context)
                     session.peerHolds(batch)
                 }
-                let sent = round.batches.reduce(0) { $0 + $1.entries.count }
+                let sent = round.batches.reduce(0) { $0 + $1.batch.entries.count }
                 session.status {
                     $0.sentEntries += sent
                     $0.peerBehind = max(0, round.ahead - sent)
