@@ -23,6 +23,7 @@ let package = Package(
         .package(url: "https://github.com/apple/swift-log", from: "1.16.2"),
         .package(url: "https://github.com/swift-server/swift-service-lifecycle", from: "2.13.0"),
         .package(url: "https://github.com/apple/swift-crypto", from: "3.12.3"),
+        .package(url: "https://github.com/jpsim/Yams", from: "6.2.2"),
     ],
     targets: [
         .target(name: "BlazeProtocol", swiftSettings: strict),
@@ -57,10 +58,13 @@ let package = Package(
             ],
             swiftSettings: strict),
         .target(name: "BlazeClient", dependencies: ["BlazeProtocol"], swiftSettings: strict),
+        .target(
+            name: "BlazeConfig", dependencies: ["BlazeProtocol", .product(name: "Yams", package: "Yams")],
+            swiftSettings: strict),
         .executableTarget(
             name: "blazed",
             dependencies: [
-                "BlazeDaemon", "BlazeSync", "BlazeStore",
+                "BlazeDaemon", "BlazeStore", "BlazeConfig", "BlazeProtocol",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
@@ -81,7 +85,7 @@ let package = Package(
         .executableTarget(
             name: "blazectl",
             dependencies: [
-                "BlazeProtocol", "BlazeClient",
+                "BlazeProtocol", "BlazeClient", "BlazeConfig",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
             ],
             swiftSettings: strict),
@@ -110,8 +114,8 @@ let package = Package(
         .testTarget(
             name: "BlazeDaemonTests",
             dependencies: [
-                "BlazeDaemon", "BlazeClient", "BlazeProtocol", "BlazeStore", "BlazeCRDT", "BlazeTestSupport", "blazed",
-                "blazectl",
+                "BlazeDaemon", "BlazeClient", "BlazeProtocol", "BlazeStore", "BlazeCRDT", "BlazeTestSupport", "BlazeConfig",
+                "blazed", "blazectl",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "NIOEmbedded", package: "swift-nio"),

@@ -34,6 +34,10 @@ export type RpcDiscoverResult = Record<string, unknown>;
 export type DaemonInfoParams = Record<string, never>;
 /** Result of `daemon.info`. */
 export type DaemonInfoResult = { "version": string; "nodeId": NodeId; "pid": number; "socket": string; "dataDir": string; "uptimeSeconds": number; "databases": number; "connections": number; "subscriptions": number; "limits": Limits };
+/** Parameters of `daemon.config`: The daemon's effective settings and where each came from (flag, environment variable, configuration file or default). */
+export type DaemonConfigParams = Record<string, never>;
+/** Result of `daemon.config`. */
+export type DaemonConfigResult = { "file": string | null; "settings": Array<{ "key": string; "value": unknown; "source": string; "env": string }> };
 
 /** Parameters of `db.create`: Creates a database. */
 export interface DbCreateParams { "db": DatabaseName }
@@ -51,6 +55,14 @@ export type DbInfoResult = { "name": DatabaseName; "path": string; "collections"
 export interface DbDropParams { "db": DatabaseName }
 /** Result of `db.drop`. */
 export type DbDropResult = { "db": DatabaseName; "dropped": true };
+/** Parameters of `db.backup`: Writes a consistent snapshot of a database to a new file through SQLite's online backup while writes go on. */
+export interface DbBackupParams { "db": DatabaseName; "path": string }
+/** Result of `db.backup`. */
+export type DbBackupResult = { "db": DatabaseName; "path": string; "bytes": number; "documents": number; "stateHash": string };
+/** Parameters of `db.restore`: Creates a new database from a file written by db.backup; the copy is local (detached from sync) until shared anew. */
+export interface DbRestoreParams { "path": string; "db": DatabaseName }
+/** Result of `db.restore`. */
+export type DbRestoreResult = { "db": DatabaseName; "documents": number; "stateHash": string };
 /** Parameters of `db.share`: Shares a database: returns the secret token another device joins with. */
 export interface DbShareParams { "db": DatabaseName }
 /** Result of `db.share`. */
@@ -188,8 +200,8 @@ export declare class BlazeClient {
   /** Ends a subscription of this connection. */
   unsubscribe(params: UnsubscribeParams): Promise<UnsubscribeResult>;
   readonly rpc: { discover(params?: RpcDiscoverParams): Promise<RpcDiscoverResult> };
-  readonly daemon: { info(params?: DaemonInfoParams): Promise<DaemonInfoResult> };
-  readonly db: { create(params: DbCreateParams): Promise<DbCreateResult>; list(params?: DbListParams): Promise<DbListResult>; info(params: DbInfoParams): Promise<DbInfoResult>; drop(params: DbDropParams): Promise<DbDropResult>; share(params: DbShareParams): Promise<DbShareResult>; join(params: DbJoinParams): Promise<DbJoinResult> };
+  readonly daemon: { info(params?: DaemonInfoParams): Promise<DaemonInfoResult>; config(params?: DaemonConfigParams): Promise<DaemonConfigResult> };
+  readonly db: { create(params: DbCreateParams): Promise<DbCreateResult>; list(params?: DbListParams): Promise<DbListResult>; info(params: DbInfoParams): Promise<DbInfoResult>; drop(params: DbDropParams): Promise<DbDropResult>; backup(params: DbBackupParams): Promise<DbBackupResult>; restore(params: DbRestoreParams): Promise<DbRestoreResult>; share(params: DbShareParams): Promise<DbShareResult>; join(params: DbJoinParams): Promise<DbJoinResult> };
   readonly collection: { list(params: CollectionListParams): Promise<CollectionListResult> };
   readonly doc: { insert(params: DocInsertParams): Promise<DocInsertResult>; get(params: DocGetParams): Promise<DocGetResult>; getMany(params: DocGetManyParams): Promise<DocGetManyResult>; put(params: DocPutParams): Promise<DocPutResult>; patch(params: DocPatchParams): Promise<DocPatchResult>; delete(params: DocDeleteParams): Promise<DocDeleteResult> };
   readonly tx: { commit(params: TxCommitParams): Promise<TxCommitResult> };

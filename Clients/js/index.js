@@ -47,8 +47,8 @@ export class BlazeClient {
     socket.on('error', (err) => this.#failAll(err));
     this.subscriptions = new Map();
     this.rpc = Object.freeze({ discover: (params = {}) => this.call('rpc.discover', params) });
-    this.daemon = Object.freeze({ info: (params = {}) => this.call('daemon.info', params) });
-    this.db = Object.freeze({ create: (params = {}) => this.call('db.create', params), list: (params = {}) => this.call('db.list', params), info: (params = {}) => this.call('db.info', params), drop: (params = {}) => this.call('db.drop', params), share: (params = {}) => this.call('db.share', params), join: (params = {}) => this.call('db.join', params) });
+    this.daemon = Object.freeze({ info: (params = {}) => this.call('daemon.info', params), config: (params = {}) => this.call('daemon.config', params) });
+    this.db = Object.freeze({ create: (params = {}) => this.call('db.create', params), list: (params = {}) => this.call('db.list', params), info: (params = {}) => this.call('db.info', params), drop: (params = {}) => this.call('db.drop', params), backup: (params = {}) => this.call('db.backup', params), restore: (params = {}) => this.call('db.restore', params), share: (params = {}) => this.call('db.share', params), join: (params = {}) => this.call('db.join', params) });
     this.collection = Object.freeze({ list: (params = {}) => this.call('collection.list', params) });
     this.doc = Object.freeze({ insert: (params = {}) => this.call('doc.insert', params), get: (params = {}) => this.call('doc.get', params), getMany: (params = {}) => this.call('doc.getMany', params), put: (params = {}) => this.call('doc.put', params), patch: (params = {}) => this.call('doc.patch', params), delete: (params = {}) => this.call('doc.delete', params) });
     this.tx = Object.freeze({ commit: (params = {}) => this.call('tx.commit', params) });

@@ -59,7 +59,7 @@ public final class Daemon: Service, Sendable {
 
     /// Serves until graceful shutdown or cancellation.
     public func run() async throws {
-        let fd = try SocketListener.listen(path: config.socketPath)
+        let fd = try config.inheritedSocket?.descriptor ?? SocketListener.listen(path: config.socketPath)
         let context = RequestContext(
             store: store, config: config, logger: logger, startedAt: .now, registry: registry, connections: connections,
             sync: sync)
@@ -75,13 +75,19 @@ public final class Daemon: Service, Sendable {
                 Self.initialize(channel, limits: limits, connections: connections, dispatcher: dispatcher, logger: logger)
             }
             .withBoundSocket(fd).get()
-        logger.info("Listening", metadata: ["socket.path": "\(config.socketPath)", "data.dir": "\(config.dataDirectory)"])
+        logger.info(
+            "Listening",
+            metadata: [
+                "socket.path": "\(config.socketPath)", "socket.inherited": "\(config.inheritedSocket != nil)",
+                "data.dir": "\(config.dataDirectory)",
+            ])
         if let listen = config.syncListen {
             guard let address = PeerAddress(listen, listening: true) else { throw DaemonError.invalidSyncAddress(listen) }
             _ = try await sync.listen(host: address.host, port: address.port)
         }
         sync.start()
         listening.fire()
+        Systemd.notify("READY=1\nSTATUS=serving \(config.socketPath)\nMAINPID=\(getpid())", socket: config.notifySocket)
 
         let stop = Event()
         await withTaskCancellationHandler {
@@ -93,6 +99,7 @@ public final class Daemon: Service, Sendable {
         } onCancel: {
             stop.fire()
         }
+        Systemd.notify("STOPPING=1\nSTATUS=finishing in-flight requests", socket: config.notifySocket)
         logger.info("Shutting down: no new connections, finishing in-flight requests")
         try? await server.close()
         for channel in connections.beginShutdown() {
@@ -101,7 +108,7 @@ public final class Daemon: Service, Sendable {
         }
         await sync.shutdown()
         try? await pool.shutdownGracefully()
-        unlink(config.socketPath)
+        if config.inheritedSocket == nil { unlink(config.socketPath) }  // systemd owns an inherited socket's path
         store.closeAll()
         logger.info("Stopped")
     }
@@ -130,7 +137,11 @@ public final class Daemon: Service, Sendable {
                     try channel.pipeline.syncOperations.addHandler(RefuseHandler(line: err.jsonBytes + [0x0A]))
                 }
             }
-            channel.closeFuture.whenComplete { _ in connections.remove(id) }
+            logger.debug("Connection opened", metadata: ["connection.id": "\(id)", "peer.pid": "\(cred.pid)"])
+            channel.closeFuture.whenComplete { _ in
+                connections.remove(id)
+                logger.debug("Connection closed", metadata: ["connection.id": "\(id)"])
+            }
             let connection = ConnectionHandle(
                 id: id, maxSubscriptions: limits.maxSubscriptionsPerConnection, table: connections)
             return channel.eventLoop.makeCompletedFuture {

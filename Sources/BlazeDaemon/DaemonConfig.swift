@@ -39,6 +39,15 @@ public struct DaemonConfig: Sendable {
     public var syncListen: String?
     /// Milliseconds a sync handshake may take and a sync peer may stay silent before its connection is closed.
     public var syncTimeoutMs: Int = 30_000
+    /// A listening socket passed by systemd socket activation; when set, it is served instead of binding
+    /// `socketPath` (which then names where it is bound), and it is left in place at shutdown.
+    public var inheritedSocket: Systemd.InheritedSocket?
+    /// The service manager's notification socket (`NOTIFY_SOCKET`): told `READY=1` once requests are served and
+    /// `STOPPING=1` when shutdown begins.
+    public var notifySocket: String?
+    /// The effective settings and their sources as `daemon.config` reports them (`{file, settings}`); nil when the
+    /// daemon was configured in code.
+    public var settings: JSONValue?
 
     /// Creates a configuration; unspecified paths come from `DefaultPaths`.
     public init(

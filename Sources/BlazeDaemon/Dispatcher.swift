@@ -56,7 +56,25 @@ struct Dispatcher: Sendable {
         }
     }
 
+    /// Runs one request; at debug level logs its method, connection, duration and outcome (never its params).
     func call(_ req: RPCRequest, connection: ConnectionHandle) -> Result<JSONValue, RPCError> {
+        guard context.logger.logLevel <= .debug else { return run(req, connection: connection) }
+        let started = ContinuousClock.now
+        let result = run(req, connection: connection)
+        let elapsed = ContinuousClock.now - started
+        let micros = elapsed.components.seconds * 1_000_000 + elapsed.components.attoseconds / 1_000_000_000_000
+        var metadata: Logger.Metadata = [
+            "connection.id": "\(connection.id)", "rpc.method": "\(req.method)", "duration.us": "\(micros)",
+        ]
+        if case .failure(let e) = result {
+            metadata["error.code"] = "\(e.code)"
+            metadata["error.kind"] = "\(e.kind)"
+        }
+        context.logger.debug("Request", metadata: metadata)
+        return result
+    }
+
+    func run(_ req: RPCRequest, connection: ConnectionHandle) -> Result<JSONValue, RPCError> {
         guard let method = context.registry.methods[req.method] else {
             return .failure(
                 RPCError(

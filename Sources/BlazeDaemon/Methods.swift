@@ -7,7 +7,7 @@ import Foundation
 enum Methods {
     static func all() -> [MethodSpec] {
         daemonMethods + databaseMethods + documentMethods + queryMethods + indexMethods + conflictMethods
-            + subscriptionMethods + syncMethods
+            + subscriptionMethods + syncMethods + adminMethods
     }
 
     // MARK: daemon

@@ -157,6 +157,104 @@ let openRPCDocumentText = ###"""
       ]
     },
     {
+      "name": "daemon.config",
+      "summary": "The daemon's effective settings and where each came from (flag, environment variable, configuration file or default).",
+      "paramStructure": "by-name",
+      "params": [],
+      "result": {
+        "name": "result",
+        "schema": {
+          "type": "object",
+          "properties": {
+            "file": {
+              "type": [
+                "string",
+                "null"
+              ],
+              "description": "The configuration file that was read, null when none exists."
+            },
+            "settings": {
+              "type": "array",
+              "items": {
+                "type": "object",
+                "properties": {
+                  "key": {
+                    "type": "string",
+                    "description": "Setting name: the file key and the flag (--key)."
+                  },
+                  "value": {
+                    "description": "Effective value; null for an optional setting that is unset."
+                  },
+                  "source": {
+                    "type": "string",
+                    "description": "default, file PATH, env NAME or flag --NAME."
+                  },
+                  "env": {
+                    "type": "string",
+                    "description": "The environment variable that sets it."
+                  }
+                },
+                "required": [
+                  "key",
+                  "value",
+                  "source",
+                  "env"
+                ],
+                "additionalProperties": false
+              }
+            }
+          },
+          "required": [
+            "file",
+            "settings"
+          ],
+          "additionalProperties": false
+        }
+      },
+      "errors": [
+        {
+          "code": -32602,
+          "message": "Missing, unknown or wrongly typed parameters, or invalid values."
+        },
+        {
+          "code": -32603,
+          "message": "Internal error; details are in the daemon log."
+        }
+      ],
+      "examples": [
+        {
+          "name": "daemon.config example",
+          "params": [],
+          "result": {
+            "name": "result",
+            "value": {
+              "file": "/home/ada/.config/blazedb/blazed.yaml",
+              "settings": [
+                {
+                  "key": "log-level",
+                  "value": "debug",
+                  "source": "file /home/ada/.config/blazedb/blazed.yaml",
+                  "env": "BLAZEDB_LOG_LEVEL"
+                },
+                {
+                  "key": "max-batch",
+                  "value": 256,
+                  "source": "default",
+                  "env": "BLAZEDB_MAX_BATCH"
+                },
+                {
+                  "key": "sync-listen",
+                  "value": null,
+                  "source": "default",
+                  "env": "BLAZEDB_SYNC_LISTEN"
+                }
+              ]
+            }
+          }
+        }
+      ]
+    },
+    {
       "name": "db.create",
       "summary": "Creates a database.",
       "paramStructure": "by-name",
@@ -436,6 +534,196 @@ let openRPCDocumentText = ###"""
             "value": {
               "db": "notes",
               "dropped": true
+            }
+          }
+        }
+      ]
+    },
+    {
+      "name": "db.backup",
+      "summary": "Writes a consistent snapshot of a database to a new file through SQLite's online backup while writes go on.",
+      "description": "The snapshot is the database as of one commit. The file appears at path only when complete (it is written to path.partial first) and is never overwritten. stateHash is the snapshot's state hash: db.restore of the file yields exactly it.",
+      "paramStructure": "by-name",
+      "params": [
+        {
+          "name": "db",
+          "required": true,
+          "description": "Database name.",
+          "schema": {
+            "$ref": "#/components/schemas/DatabaseName"
+          }
+        },
+        {
+          "name": "path",
+          "required": true,
+          "description": "Absolute path of the backup file to create, in an existing directory; it must not exist.",
+          "schema": {
+            "type": "string",
+            "minLength": 1
+          }
+        }
+      ],
+      "result": {
+        "name": "result",
+        "schema": {
+          "type": "object",
+          "properties": {
+            "db": {
+              "$ref": "#/components/schemas/DatabaseName"
+            },
+            "path": {
+              "type": "string"
+            },
+            "bytes": {
+              "type": "integer"
+            },
+            "documents": {
+              "type": "integer"
+            },
+            "stateHash": {
+              "type": "string",
+              "pattern": "^[0-9a-f]{64}$"
+            }
+          },
+          "required": [
+            "db",
+            "path",
+            "bytes",
+            "documents",
+            "stateHash"
+          ],
+          "additionalProperties": false
+        }
+      },
+      "errors": [
+        {
+          "code": -32602,
+          "message": "Missing, unknown or wrongly typed parameters, or invalid values."
+        },
+        {
+          "code": -32603,
+          "message": "Internal error; details are in the daemon log."
+        },
+        {
+          "code": -32010,
+          "message": "A database, collection, document, index, conflict or subscription does not exist."
+        },
+        {
+          "code": -32011,
+          "message": "The target already exists."
+        }
+      ],
+      "examples": [
+        {
+          "name": "db.backup example",
+          "params": [
+            {
+              "name": "db",
+              "value": "default"
+            },
+            {
+              "name": "path",
+              "value": "/home/ada/backups/default-2026-11-22.blazedb"
+            }
+          ],
+          "result": {
+            "name": "result",
+            "value": {
+              "db": "default",
+              "path": "/home/ada/backups/default-2026-11-22.blazedb",
+              "bytes": 61440,
+              "documents": 2,
+              "stateHash": "0000000000000000000000000000000000000000000000000000000000000000"
+            }
+          }
+        }
+      ]
+    },
+    {
+      "name": "db.restore",
+      "summary": "Creates a new database from a file written by db.backup; the copy is local (detached from sync) until shared anew.",
+      "description": "The file is checked (SQLite integrity check, BlazeDB tables, a schema this daemon knows) and copied; it is never modified. The new database keeps every document, change and index but no space, peers or sealed entries. A copy that holds changes of other devices cannot be shared anew (db.share fails with restored_copy): join the original space instead.",
+      "paramStructure": "by-name",
+      "params": [
+        {
+          "name": "path",
+          "required": true,
+          "description": "Absolute path of a file written by db.backup.",
+          "schema": {
+            "type": "string",
+            "minLength": 1
+          }
+        },
+        {
+          "name": "db",
+          "required": true,
+          "description": "Name of the new database; it must not exist.",
+          "schema": {
+            "$ref": "#/components/schemas/DatabaseName"
+          }
+        }
+      ],
+      "result": {
+        "name": "result",
+        "schema": {
+          "type": "object",
+          "properties": {
+            "db": {
+              "$ref": "#/components/schemas/DatabaseName"
+            },
+            "documents": {
+              "type": "integer"
+            },
+            "stateHash": {
+              "type": "string",
+              "pattern": "^[0-9a-f]{64}$"
+            }
+          },
+          "required": [
+            "db",
+            "documents",
+            "stateHash"
+          ],
+          "additionalProperties": false
+        }
+      },
+      "errors": [
+        {
+          "code": -32602,
+          "message": "Missing, unknown or wrongly typed parameters, or invalid values."
+        },
+        {
+          "code": -32603,
+          "message": "Internal error; details are in the daemon log."
+        },
+        {
+          "code": -32010,
+          "message": "A database, collection, document, index, conflict or subscription does not exist."
+        },
+        {
+          "code": -32011,
+          "message": "The target already exists."
+        }
+      ],
+      "examples": [
+        {
+          "name": "db.restore example",
+          "params": [
+            {
+              "name": "path",
+              "value": "/home/ada/backups/default-2026-11-22.blazedb"
+            },
+            {
+              "name": "db",
+              "value": "restored"
+            }
+          ],
+          "result": {
+            "name": "result",
+            "value": {
+              "db": "restored",
+              "documents": 2,
+              "stateHash": "0000000000000000000000000000000000000000000000000000000000000000"
             }
           }
         }
@@ -2396,6 +2684,10 @@ let openRPCDocumentText = ###"""
         {
           "code": -32010,
           "message": "A database, collection, document, index, conflict or subscription does not exist."
+        },
+        {
+          "code": -32020,
+          "message": "Sync cannot proceed: the database is not shared, or its space key is missing."
         }
       ],
       "examples": [

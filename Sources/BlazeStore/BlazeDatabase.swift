@@ -258,18 +258,21 @@ public final class BlazeDatabase: Sendable {
     /// SHA-256 (hex) over every live document in (collection, id) order: equal on two replicas exactly when they
     /// hold the same documents. Reads the whole database.
     public func stateHash() throws -> String {
-        try read { db in
-            var hasher = SHA256()
-            let rows = try Row.fetchCursor(db, sql: "SELECT collection, id, body FROM docs ORDER BY collection, id")
-            while let row = try rows.next() {
-                for (i, column) in [0, 1, 2].enumerated() {
-                    let text: String = row[column]
-                    hasher.update(data: Data(text.utf8))
-                    hasher.update(data: [i == 2 ? 0x0A : 0x00])
-                }
+        try read { db in try Self.stateHash(db) }
+    }
+
+    /// `stateHash()` as seen by the transaction of `db`.
+    static func stateHash(_ db: Database) throws -> String {
+        var hasher = SHA256()
+        let rows = try Row.fetchCursor(db, sql: "SELECT collection, id, body FROM docs ORDER BY collection, id")
+        while let row = try rows.next() {
+            for (i, column) in [0, 1, 2].enumerated() {
+                let text: String = row[column]
+                hasher.update(data: Data(text.utf8))
+                hasher.update(data: [i == 2 ? 0x0A : 0x00])
             }
-            return hasher.finalize().map { String(format: "%02x", $0) }.joined()
         }
+        return hasher.finalize().map { String(format: "%02x", $0) }.joined()
     }
 
     /// Fields whose concurrent writes lost, with the current value and the losing writes.

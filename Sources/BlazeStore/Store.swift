@@ -11,6 +11,8 @@ public final class Store: Sendable {
     /// The node id every local change is authored by.
     public let node: NodeID
     private let open = Mutex<[String: BlazeDatabase]>([:])
+    /// Names being restored: taken, though no file exists yet.
+    private let reserved = Mutex<Set<String>>([])
 
     /// File suffix of database files.
     public static let fileSuffix = ".db"
@@ -39,13 +41,28 @@ public final class Store: Sendable {
         try Names.validateDatabase(name)
         return try open.withLock { open in
             let path = self.path(name)
-            if open[name] != nil || FileManager.default.fileExists(atPath: path) {
+            if open[name] != nil || FileManager.default.fileExists(atPath: path) || reserved.withLock({ $0.contains(name) }) {
                 throw StoreError(.alreadyExists, kind: "database_exists", "database \(Names.quoted(name)) already exists")
             }
             let db = try BlazeDatabase(name: name, path: path, limits: limits, node: node)
             open[name] = db
             return db
         }
+    }
+
+    /// Takes `name` for a database about to be written in place (a restore); fails if it exists or is taken.
+    func reserve(_ name: String) throws {
+        try open.withLock { open in
+            let taken = open[name] != nil || FileManager.default.fileExists(atPath: path(name))
+            guard !taken, reserved.withLock({ $0.insert(name).inserted }) else {
+                throw StoreError(.alreadyExists, kind: "database_exists", "database \(Names.quoted(name)) already exists")
+            }
+        }
+    }
+
+    /// Gives back a name taken by `reserve`.
+    func release(_ name: String) {
+        _ = reserved.withLock { $0.remove(name) }
     }
 
     /// Returns an existing database, opening it on first use; throws not-found if it does not exist.

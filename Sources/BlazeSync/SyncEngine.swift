@@ -1,34 +1,12 @@
 import BlazeCRDT
 import BlazeCrypto
+import BlazeProtocol
 import BlazeStore
 import Foundation
 import Logging
 import NIOCore
 import NIOPosix
 import Synchronization
-
-/// A `host:port` peer address.
-public struct PeerAddress: Sendable, Hashable, CustomStringConvertible {
-    /// Host name or IP address (IPv6 without brackets).
-    public let host: String
-    /// TCP port.
-    public let port: Int
-
-    /// Parses `host:port` or `[v6]:port`; nil when malformed. Port 0 ("any free port") only for a listening address.
-    public init?(_ text: String, listening: Bool = false) {
-        guard let colon = text.lastIndex(of: ":"), let port = Int(text[text.index(after: colon)...]),
-            ((listening ? 0 : 1)...65535).contains(port)
-        else { return nil }
-        var host = String(text[..<colon])
-        if host.hasPrefix("[") && host.hasSuffix("]") { host = String(host.dropFirst().dropLast()) }
-        guard !host.isEmpty, !host.contains(where: { $0 == " " || $0 == "/" }) else { return nil }
-        self.host = host
-        self.port = port
-    }
-
-    /// `host:port` (`[host]:port` for IPv6).
-    public var description: String { host.contains(":") ? "[\(host)]:\(port)" : "\(host):\(port)" }
-}
 
 /// Runs sync for every shared database of a store: accepts peers on the sync port, keeps a reconnecting link to every
 /// configured peer, and keeps the counters `sync.status` reports.
@@ -127,6 +105,13 @@ public final class SyncEngine: Sendable {
     /// Shares `db`: creates its space on first use and returns the secret token that lets another device join.
     public func share(db: BlazeDatabase) throws -> String {
         if let key = try spaceKey(db: db) { return key.token }
+        guard try !db.holdsChangesOfOtherDevices() else {
+            throw StoreError(
+                .syncFailure, kind: "restored_copy",
+                "database \(db.name) holds changes made on other devices (it was restored from a backup of a shared "
+                    + "database); only those devices can sign them, so it cannot start a new space: join the original "
+                    + "space with db.join instead")
+        }
         let key = SpaceKey.generate()
         try key.save(directory: keysDirectory)
         try db.setSpaceID(key.idHex)

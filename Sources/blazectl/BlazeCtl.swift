@@ -1,5 +1,6 @@
 import ArgumentParser
 import BlazeClient
+import BlazeConfig
 import BlazeProtocol
 import Foundation
 
@@ -15,7 +16,7 @@ struct BlazeCtl: ParsableCommand {
         discussion: "Values in key=value arguments are read as JSON when they parse (limit=5 is a number), else as strings.",
         subcommands: [
             Call.self, Info.self, DB.self, Collection.self, Doc.self, Tx.self, Find.self, Count.self, Explain.self,
-            Index.self, Conflict.self, Watch.self, Peer.self, Sync.self,
+            Index.self, Conflict.self, Watch.self, Peer.self, Sync.self, Status.self, Config.self, Service.self,
         ])
 }
 
@@ -27,7 +28,17 @@ struct Global: ParsableArguments {
     @Flag(help: "Print the exact JSON result instead of human output.")
     var json = false
 
-    var socketPath: String { socket ?? DefaultPaths.socketPath(environment: ProcessInfo.processInfo.environment) }
+    /// `--socket`, else the daemon's `socket` setting (`BLAZEDB_SOCKET`, the configuration file, the default).
+    var socketPath: String {
+        if let socket { return socket }
+        do {
+            let settings = try BlazedSettings.resolver.resolve(
+                flags: [:], environment: ProcessInfo.processInfo.environment, configFile: nil)
+            return settings.string("socket")!
+        } catch {
+            fail("\(error)")
+        }
+    }
 
     /// Calls a method, printing a one-line error and exiting non-zero on failure.
     func call(_ method: String, _ params: [String: JSONValue]) throws -> JSONValue {
@@ -84,14 +95,7 @@ func parseJSON(_ text: String, _ what: String) -> JSONValue {
 
 /// Prints rows as an aligned table with a header.
 func printTable(_ header: [String], _ rows: [[String]]) {
-    var widths = header.map(\.count)
-    for row in rows { for (i, cell) in row.enumerated() { widths[i] = max(widths[i], cell.count) } }
-    func line(_ cells: [String]) -> String {
-        cells.enumerated().map { i, c in i == cells.count - 1 ? c : pad(c, widths[i]) }
-            .joined(separator: "  ")
-    }
-    print(line(header))
-    for row in rows { print(line(row)) }
+    print(TextTable.render(header, rows))
 }
 
 /// Pads `s` with spaces to `width` characters.
@@ -143,7 +147,7 @@ struct Info: ParsableCommand {
 struct DB: ParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "db", abstract: "Create, list, inspect and drop databases.",
-        subcommands: [Create.self, List.self, InfoCmd.self, Drop.self, Share.self, Join.self])
+        subcommands: [Create.self, List.self, InfoCmd.self, Drop.self, Share.self, Join.self, Backup.self, Restore.self])
 
     struct Share: ParsableCommand {
         static let configuration = CommandConfiguration(

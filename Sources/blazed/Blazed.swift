@@ -1,6 +1,7 @@
 import ArgumentParser
+import BlazeConfig
 import BlazeDaemon
-import BlazeSync
+import BlazeProtocol
 import BlazeStore
 import Foundation
 import Logging
@@ -13,85 +14,106 @@ import Glibc
 @main
 struct Blazed: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
-        commandName: "blazed", abstract: "The BlazeDB daemon: serves local document databases over a Unix socket.")
+        commandName: "blazed", abstract: "The BlazeDB daemon: serves local document databases over a Unix socket.",
+        discussion: """
+            Every setting can come from a flag, an environment variable (BLAZEDB_ and the setting's name in capitals, \
+            '_' for '-': BLAZEDB_LOG_LEVEL) or the configuration file ($XDG_CONFIG_HOME/blazedb/blazed.yaml, a YAML \
+            mapping of setting names to values), in that order of precedence, over the built-in defaults. \
+            --print-config shows the effective value of each setting and where it came from.
 
-    @Option(help: "Unix socket path (default: $BLAZEDB_SOCKET, else $XDG_RUNTIME_DIR/blazedb/blazed.sock).")
+            Under systemd, blazed serves the socket passed by socket activation (LISTEN_FDS) and reports readiness \
+            and shutdown to $NOTIFY_SOCKET.
+            """)
+
+    @Option(help: "Configuration file (default: $BLAZEDB_CONFIG, else $XDG_CONFIG_HOME/blazedb/blazed.yaml).")
+    var config: String?
+
+    @Flag(help: "Print the effective configuration and where each value came from, then exit.")
+    var printConfig = false
+
+    @Flag(help: "Print the configuration as JSON (with --print-config).") var json = false
+
+    @Option(help: "Unix socket path (default: $XDG_RUNTIME_DIR/blazedb/blazed.sock; env BLAZEDB_SOCKET).")
     var socket: String?
-
     @Option(name: .customLong("data-dir"), help: "Data directory (default: $XDG_DATA_HOME/blazedb).")
     var dataDir: String?
-
-    @Option(help: "Log level: trace, debug, info, notice, warning, error, critical.")
-    var logLevel: String = "info"
-
-    @Option(help: "Maximum bytes in one request line.") var maxLineBytes: Int = ServerLimits().maxLineBytes
-    @Option(help: "Maximum JSON nesting depth of a request.") var maxDepth: Int = ServerLimits().maxDepth
-    @Option(help: "Maximum requests in one batch.") var maxBatch: Int = ServerLimits().maxBatch
-    @Option(help: "Maximum simultaneous connections.") var maxConnections: Int = ServerLimits().maxConnections
-    @Option(help: "Seconds before a silent connection is closed (0: never).")
-    var idleTimeout: Int = ServerLimits().idleTimeoutSeconds
-    @Option(help: "Maximum size of one document in bytes.") var maxDocumentBytes: Int = StoreLimits().maxDocumentBytes
-    @Option(help: "Maximum subscriptions per connection.")
-    var maxSubscriptions: Int = ServerLimits().maxSubscriptionsPerConnection
-    @Option(help: "Unsent bytes a connection may accumulate before a live subscription on it is dropped.")
-    var maxSubscriberBacklogBytes: Int = ServerLimits().maxSubscriberBacklogBytes
-    @Option(help: "Changes each database keeps in its change feed for resuming subscriptions (since).")
-    var feedRetention: Int = StoreLimits().feedRetention
-
-    @Flag(help: "Do not create the 'default' database on first start.") var noDefaultDatabase = false
+    @Option(help: "Log level: trace, debug, info, notice, warning, error, critical (default: info).")
+    var logLevel: String?
+    @Option(help: "Log line format: text or json (default: text).") var logFormat: String?
+    @Option(help: "Maximum bytes in one request line (default: 8388608).") var maxLineBytes: String?
+    @Option(help: "Maximum JSON nesting depth of a request (default: 64).") var maxDepth: String?
+    @Option(help: "Maximum requests in one batch (default: 256).") var maxBatch: String?
+    @Option(help: "Maximum simultaneous connections (default: 256).") var maxConnections: String?
+    @Option(help: "Seconds before a silent connection is closed, 0: never (default: 600).") var idleTimeout: String?
+    @Option(help: "Maximum size of one document in bytes (default: 1048576).") var maxDocumentBytes: String?
+    @Option(help: "Maximum subscriptions per connection (default: 1000).") var maxSubscriptions: String?
+    @Option(help: "Unsent bytes a connection may accumulate before a live subscription on it is dropped (default: 8388608).")
+    var maxSubscriberBacklogBytes: String?
+    @Option(help: "Changes each database keeps in its change feed for resuming subscriptions (default: 10000).")
+    var feedRetention: String?
+    @Flag(help: "Do not create the 'default' database on first start (setting default-database: false).")
+    var noDefaultDatabase = false
     @Option(help: "Accept sync peers on host:port (port 0 picks a free port; see daemon.info / sync.status). Off by default.")
     var syncListen: String?
-    @Option(help: "Seconds a sync handshake may take and a sync peer may stay silent before it is disconnected (quiet peers ping at a third of it).")
-    var syncTimeout: Double = 30
+    @Option(help: "Seconds a sync handshake may take and a sync peer may stay silent (default: 30).")
+    var syncTimeout: String?
 
-    func validate() throws {
-        guard Logger.Level(rawValue: logLevel) != nil else {
-            throw ValidationError("--log-level must be one of trace, debug, info, notice, warning, error, critical")
-        }
-        for (name, value) in [
-            ("--max-line-bytes", maxLineBytes), ("--max-depth", maxDepth), ("--max-batch", maxBatch),
-            ("--max-connections", maxConnections), ("--max-document-bytes", maxDocumentBytes),
-            ("--max-subscriptions", maxSubscriptions), ("--max-subscriber-backlog-bytes", maxSubscriberBacklogBytes),
-            ("--feed-retention", feedRetention),
-        ] where value < 1 {
-            throw ValidationError("\(name) must be at least 1")
-        }
-        guard idleTimeout >= 0 else { throw ValidationError("--idle-timeout must be 0 or more") }
-        guard syncTimeout >= 0.1 && syncTimeout <= 3600 else {
-            throw ValidationError("--sync-timeout must be from 0.1 to 3600 seconds, got \(syncTimeout)")
-        }
-        if let syncListen, PeerAddress(syncListen, listening: true) == nil {
-            throw ValidationError("--sync-listen must be host:port, got \(syncListen)")
-        }
+    /// The settings given as flags, by setting name.
+    var flags: [String: String] {
+        var out: [String: String] = [:]
+        let given: [(String, String?)] = [
+            ("socket", socket), ("data-dir", dataDir), ("log-level", logLevel), ("log-format", logFormat),
+            ("max-line-bytes", maxLineBytes), ("max-depth", maxDepth), ("max-batch", maxBatch),
+            ("max-connections", maxConnections), ("idle-timeout", idleTimeout), ("max-document-bytes", maxDocumentBytes),
+            ("max-subscriptions", maxSubscriptions), ("max-subscriber-backlog-bytes", maxSubscriberBacklogBytes),
+            ("feed-retention", feedRetention), ("sync-listen", syncListen), ("sync-timeout", syncTimeout),
+            ("default-database", noDefaultDatabase ? "false" : nil),
+        ]
+        for case (let name, let value?) in given { out[name] = value }
+        return out
     }
 
     func run() async throws {
-        let level = Logger.Level(rawValue: logLevel)!
-        LoggingSystem.bootstrap { label in
-            var handler = StreamLogHandler.standardError(label: label)
-            handler.logLevel = level
-            return handler
+        let environment = ProcessInfo.processInfo.environment
+        let settings: ResolvedConfig
+        do {
+            settings = try BlazedSettings.resolver.resolve(flags: flags, environment: environment, configFile: config)
+        } catch {
+            Self.fail("blazed: \(error)")
         }
+        if printConfig {
+            print(json ? settings.json.jsonText : ConfigTable.render(settings))
+            return
+        }
+        let level = Logger.Level(rawValue: settings.string("log-level")!)!
+        let format = LineLogHandler.Format(rawValue: settings.string("log-format")!)!
+        LoggingSystem.bootstrap { label in LineLogHandler(label: label, level: level, format: format) }
         let logger = Logger(label: "blazed")
         var limits = ServerLimits()
-        limits.maxLineBytes = maxLineBytes
-        limits.maxDepth = maxDepth
-        limits.maxBatch = maxBatch
-        limits.maxConnections = maxConnections
-        limits.idleTimeoutSeconds = idleTimeout
-        limits.maxSubscriptionsPerConnection = maxSubscriptions
-        limits.maxSubscriberBacklogBytes = maxSubscriberBacklogBytes
+        limits.maxLineBytes = settings.int("max-line-bytes")
+        limits.maxDepth = settings.int("max-depth")
+        limits.maxBatch = settings.int("max-batch")
+        limits.maxConnections = settings.int("max-connections")
+        limits.idleTimeoutSeconds = settings.int("idle-timeout")
+        limits.maxSubscriptionsPerConnection = settings.int("max-subscriptions")
+        limits.maxSubscriberBacklogBytes = settings.int("max-subscriber-backlog-bytes")
         var storeLimits = StoreLimits()
-        storeLimits.maxDocumentBytes = maxDocumentBytes
-        storeLimits.feedRetention = feedRetention
-        let environment = ProcessInfo.processInfo.environment
-        var config = DaemonConfig(
-            socketPath: socket, dataDirectory: dataDir, limits: limits, storeLimits: storeLimits,
-            defaultDatabase: noDefaultDatabase ? nil : "default", environment: environment)
-        config.syncListen = syncListen
-        config.syncTimeoutMs = Int(syncTimeout * 1000)
+        storeLimits.maxDocumentBytes = settings.int("max-document-bytes")
+        storeLimits.feedRetention = settings.int("feed-retention")
+        var daemonConfig = DaemonConfig(
+            socketPath: settings.string("socket"), dataDirectory: settings.string("data-dir"), limits: limits,
+            storeLimits: storeLimits, defaultDatabase: settings.bool("default-database") ? "default" : nil,
+            environment: environment)
+        daemonConfig.syncListen = settings.string("sync-listen")
+        daemonConfig.syncTimeoutMs = Int(settings.double("sync-timeout") * 1000)
+        daemonConfig.settings = settings.json
+        daemonConfig.notifySocket = environment["NOTIFY_SOCKET"]
         do {
-            let daemon = try Daemon(config: config, logger: logger)
+            if let inherited = try Systemd.inheritedSocket(environment: environment) {
+                daemonConfig.inheritedSocket = inherited
+                daemonConfig.socketPath = inherited.path
+            }
+            let daemon = try Daemon(config: daemonConfig, logger: logger)
             let group = ServiceGroup(
                 configuration: .init(
                     services: [.init(service: daemon, successTerminationBehavior: .gracefullyShutdownGroup)],
@@ -99,9 +121,14 @@ struct Blazed: AsyncParsableCommand {
                     logger: logger))
             try await group.run()
         } catch {
-            let line = Array("blazed: \(error)\n".utf8)
-            _ = line.withUnsafeBytes { write(2, $0.baseAddress, $0.count) }
-            throw ExitCode(1)
+            Self.fail("blazed: \(error)")
         }
+    }
+
+    /// Writes one line to stderr and exits 1.
+    static func fail(_ message: String) -> Never {
+        let line = Array("\(message)\n".utf8)
+        _ = line.withUnsafeBytes { write(2, $0.baseAddress, $0.count) }
+        Glibc.exit(1)
     }
 }

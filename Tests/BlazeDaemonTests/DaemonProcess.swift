@@ -34,12 +34,17 @@ final class DaemonProcess: @unchecked Sendable {
     private let ready = DispatchSemaphore(value: 0)
     private let readySignalled = Mutex(false)
 
-    init(arguments: [String] = [], dir: TempDir = TempDir(), dataDir: String? = nil) throws {
+    /// Starts blazed with `arguments` after the socket and data flags, in an environment without `BLAZEDB_*`
+    /// settings or systemd variables and with its own empty `XDG_CONFIG_HOME`, plus `environment`.
+    init(arguments: [String] = [], dir: TempDir = TempDir(), dataDir: String? = nil, environment: [String: String] = [:])
+        throws
+    {
         self.dir = dir
         socket = dir.path + "/run/blazed.sock"
         self.dataDir = dataDir ?? dir.path + "/data"
         process.executableURL = URL(fileURLWithPath: buildDirectory + "/blazed")
         process.arguments = ["--socket", socket, "--data-dir", self.dataDir] + arguments
+        process.environment = isolatedEnvironment(config: dir.path + "/config").merging(environment) { $1 }
         let pipe = Pipe()
         process.standardError = pipe
         process.standardOutput = FileHandle.nullDevice
@@ -87,7 +92,7 @@ final class DaemonProcess: @unchecked Sendable {
         #expect(process.terminationReason == .exit && process.terminationStatus == 0,
             "blazed exited with \(process.terminationStatus)", sourceLocation: sourceLocation)
         if !expectErrors {
-            let errors = logText.split(separator: "\n").filter { $0.contains(" error ") || $0.contains(" critical ") }
+            let errors = logText.split(separator: "\n").filter { $0.contains("level=error") || $0.contains("level=critical") }
             #expect(errors.isEmpty, "daemon logged errors: \(errors)", sourceLocation: sourceLocation)
         }
     }
@@ -98,6 +103,15 @@ final class DaemonProcess: @unchecked Sendable {
             process.waitUntilExit()
         }
     }
+}
+
+/// This process's environment without BlazeDB settings or systemd's variables, with `XDG_CONFIG_HOME` at `config`.
+func isolatedEnvironment(config: String) -> [String: String] {
+    var env = ProcessInfo.processInfo.environment.filter {
+        !$0.key.hasPrefix("BLAZEDB_") && !["NOTIFY_SOCKET", "LISTEN_PID", "LISTEN_FDS", "LISTEN_FDNAMES"].contains($0.key)
+    }
+    env["XDG_CONFIG_HOME"] = config
+    return env
 }
 
 /// Runs a command, returning exit status, stdout and stderr.

@@ -20,7 +20,8 @@ import Glibc
             "doc.insert", "doc.get", "doc.getMany", "doc.put", "doc.patch", "doc.delete", "tx.commit",
             "query.find", "query.count", "query.explain", "index.create", "index.drop", "index.list",
             "conflict.list", "conflict.resolve", "subscribe", "unsubscribe", "db.share", "db.join", "peer.add",
-            "peer.remove", "peer.list", "sync.status", "sync.now", "sync.pause", "sync.resume",
+            "peer.remove", "peer.list", "sync.status", "sync.now", "sync.pause", "sync.resume", "daemon.config",
+            "db.backup", "db.restore",
         ])
         #expect(try c.call("daemon.info")["socket"] == .string(d.socket))
         #expect(try c.call("db.create", ["db": "app"]) == ["db": "app"])

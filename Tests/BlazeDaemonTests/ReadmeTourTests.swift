@@ -37,7 +37,8 @@ import Testing
         #expect(steps.count >= 10, "the README tour is missing")
         let d = try DaemonProcess()
         for (command, expected) in steps {
-            let shell = command.replacingOccurrences(of: "blazectl ", with: "\(buildDirectory)/blazectl ") + " 2>&1"
+            // In the daemon's temporary directory, so that files the tour writes (a backup) go away with it.
+            let shell = "cd \(d.dir.path) && " + command.replacingOccurrences(of: "blazectl ", with: "\(buildDirectory)/blazectl ") + " 2>&1"
             var env = ProcessInfo.processInfo.environment
             env["BLAZEDB_SOCKET"] = d.socket
             let r = try run("/bin/sh", ["-c", shell], environment: env)

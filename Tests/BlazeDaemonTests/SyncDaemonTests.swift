@@ -325,9 +325,9 @@ func replicaState(_ c: BlazeConnection, _ db: String) throws -> (hash: String, d
         let dir = TempDir()
         let base = ["--socket", dir.path + "/s.sock", "--data-dir", dir.path + "/data"]
         for (flags, message) in [
-            (["--sync-timeout", "0"], "--sync-timeout must be from 0.1 to 3600 seconds, got 0.0"),
-            (["--sync-timeout", "soon"], "--sync-timeout"),
-            (["--sync-listen", "nohost"], "--sync-listen must be host:port, got nohost"),
+            (["--sync-timeout", "0"], "sync-timeout (from flag --sync-timeout) must be from 0.1 to 3600, got 0"),
+            (["--sync-timeout", "soon"], "sync-timeout (from flag --sync-timeout) must be a number, got \"soon\""),
+            (["--sync-listen", "nohost"], "sync-listen (from flag --sync-listen) must be host:port with a port from 0 to 65535, got \"nohost\""),
         ] {
             let r = try run(buildDirectory + "/blazed", base + flags)
             #expect(r.status != 0 && r.err.contains(message), "\(flags): \(r.err)")

@@ -125,6 +125,13 @@ class _Daemon:
         params: Dict[str, Any] = {}
         return self._client.call("daemon.info", params)
 
+    def config(self) -> Dict[str, Any]:
+        """The daemon's effective settings and where each came from (flag, environment variable, configuration file or default).
+
+        """
+        params: Dict[str, Any] = {}
+        return self._client.call("daemon.config", params)
+
 
 class _Db:
     """Methods `db.*`."""
@@ -165,6 +172,28 @@ class _Db:
         params: Dict[str, Any] = {}
         params["db"] = db
         return self._client.call("db.drop", params)
+
+    def backup(self, *, db: str, path: str) -> Dict[str, Any]:
+        """Writes a consistent snapshot of a database to a new file through SQLite's online backup while writes go on.
+
+        db: Database name.
+        path: Absolute path of the backup file to create, in an existing directory; it must not exist.
+        """
+        params: Dict[str, Any] = {}
+        params["db"] = db
+        params["path"] = path
+        return self._client.call("db.backup", params)
+
+    def restore(self, *, path: str, db: str) -> Dict[str, Any]:
+        """Creates a new database from a file written by db.backup; the copy is local (detached from sync) until shared anew.
+
+        path: Absolute path of a file written by db.backup.
+        db: Name of the new database; it must not exist.
+        """
+        params: Dict[str, Any] = {}
+        params["path"] = path
+        params["db"] = db
+        return self._client.call("db.restore", params)
 
     def share(self, *, db: str) -> Dict[str, Any]:
         """Shares a database: returns the secret token another device joins with.

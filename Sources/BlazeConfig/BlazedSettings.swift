@@ -1,0 +1,65 @@
+import BlazeProtocol
+
+/// Every setting of `blazed` (DESIGN §9): one name for the file key and the flag, one environment variable each.
+///
+/// Precedence, highest first: command-line flag, environment variable (`BLAZEDB_<NAME>`), configuration file
+/// (`$XDG_CONFIG_HOME/blazedb/blazed.yaml`), built-in default. The numeric defaults equal `ServerLimits()` and
+/// `StoreLimits()` (a test pins that).
+public enum BlazedSettings {
+    /// The settings, in the order `config show` lists them.
+    public static let keys: [ConfigKey] = [
+        ConfigKey(
+            "socket", .text(check: checkPath), "Unix socket to serve on (default $XDG_RUNTIME_DIR/blazedb/blazed.sock)"
+        ) { env in
+            var env = env
+            env[DefaultPaths.socketEnvironmentVariable] = nil
+            return .string(DefaultPaths.socketPath(environment: env))
+        },
+        ConfigKey("data-dir", .text(check: checkPath), "Data directory (default $XDG_DATA_HOME/blazedb)") {
+            .string(DefaultPaths.dataDirectory(environment: $0))
+        },
+        ConfigKey("default-database", .bool, "Create the database 'default' on first start") { _ in .bool(true) },
+        ConfigKey("log-level", .choice(logLevels), "Least severe log level written to stderr") { _ in .string("info") },
+        ConfigKey("log-format", .choice(["text", "json"]), "Log line format: text (key=value) or json") { _ in
+            .string("text")
+        },
+        ConfigKey("max-line-bytes", .int(min: 1), "Maximum bytes in one request line") { _ in .int(8 << 20) },
+        ConfigKey("max-depth", .int(min: 1), "Maximum JSON nesting depth of a request") { _ in .int(64) },
+        ConfigKey("max-batch", .int(min: 1), "Maximum requests in one batch") { _ in .int(256) },
+        ConfigKey("max-connections", .int(min: 1), "Maximum simultaneous connections") { _ in .int(256) },
+        ConfigKey("idle-timeout", .int(min: 0), "Seconds before a silent connection is closed (0: never)") { _ in
+            .int(600)
+        },
+        ConfigKey("max-document-bytes", .int(min: 1), "Maximum size of one document in bytes") { _ in .int(1 << 20) },
+        ConfigKey("max-subscriptions", .int(min: 1), "Maximum subscriptions per connection") { _ in .int(1000) },
+        ConfigKey(
+            "max-subscriber-backlog-bytes", .int(min: 1),
+            "Unsent bytes a connection may accumulate before a live subscription on it is dropped"
+        ) { _ in .int(8 << 20) },
+        ConfigKey(
+            "feed-retention", .int(min: 1), "Changes each database keeps in its change feed for resuming subscriptions"
+        ) { _ in .int(10_000) },
+        ConfigKey(
+            "sync-listen", .text(check: checkListenAddress), optional: true,
+            "Accept sync peers on host:port (port 0 picks a free port); off when unset"
+        ) { _ in .none },
+        ConfigKey(
+            "sync-timeout", .double(0.1...3600),
+            "Seconds a sync handshake may take and a sync peer may stay silent (quiet peers ping at a third of it)"
+        ) { _ in .double(30) },
+    ]
+
+    /// The log levels of swift-log, least severe first.
+    public static let logLevels = ["trace", "debug", "info", "notice", "warning", "error", "critical"]
+
+    /// The resolver over `keys`.
+    public static let resolver = ConfigResolver(keys: keys)
+
+    static func checkPath(_ text: String) -> String? {
+        text.hasPrefix("/") ? nil : "must be an absolute path, got \"\(text)\""
+    }
+
+    static func checkListenAddress(_ text: String) -> String? {
+        PeerAddress(text, listening: true) == nil ? "must be host:port with a port from 0 to 65535, got \"\(text)\"" : nil
+    }
+}

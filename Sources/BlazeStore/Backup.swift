@@ -1,0 +1,171 @@
+import Foundation
+import GRDB
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// What `backup(to:)` wrote.
+public struct BackupReport: Sendable {
+    /// The backup file.
+    public var path: String
+    /// Its size in bytes.
+    public var bytes: Int64
+    /// Live documents in the snapshot.
+    public var documents: Int
+    /// `stateHash()` of the snapshot: a restore of this file has exactly this hash.
+    public var stateHash: String
+}
+
+extension BlazeDatabase {
+    /// Writes a consistent snapshot of the database to `path` through SQLite's online backup while writers go on.
+    ///
+    /// The copy runs inside one read transaction, so it is the database as of one commit (WAL readers never block
+    /// the writer). It is written to `path.partial`, made a self-contained rollback-journal file, synced, and then
+    /// linked to `path`, which must not exist: a reader of `path` never sees half a backup. `progress` gets
+    /// (pages copied, total pages) after each step.
+    public func backup(to path: String, progress: ((Int, Int) -> Void)? = nil) throws -> BackupReport {
+        try Self.checkTarget(path)
+        let partial = path + ".partial"
+        guard !FileManager.default.fileExists(atPath: partial) else {
+            throw StoreError(
+                .alreadyExists, kind: "file_exists",
+                "\(partial) exists: another backup to \(path) is running, or an interrupted one left it (remove it)")
+        }
+        var report = BackupReport(path: path, bytes: 0, documents: 0, stateHash: "")
+        do {
+            try pool.read { db in
+                let target = try DatabaseQueue(path: partial)
+                try target.writeWithoutTransaction { targetDB in
+                    try db.backup(to: targetDB, pagesPerStep: 512) { p in
+                        progress?(p.completedPageCount, p.totalPageCount)
+                    }
+                    try targetDB.execute(sql: "PRAGMA journal_mode = DELETE")
+                }
+                try target.close()
+                report.stateHash = try Self.stateHash(db)
+                report.documents = try Int.fetchOne(db, sql: "SELECT count(*) FROM docs") ?? 0
+            }
+            try Self.syncFile(partial)
+            guard link(partial, path) == 0 else {
+                let reason = errno == EEXIST ? "it exists" : String(cString: strerror(errno))
+                throw StoreError(.alreadyExists, kind: "file_exists", "cannot create \(path): \(reason)")
+            }
+            unlink(partial)
+            try Self.syncFile((path as NSString).deletingLastPathComponent)
+        } catch {
+            for suffix in ["", "-journal", "-wal", "-shm"] { unlink(partial + suffix) }
+            throw error
+        }
+        report.bytes = Int64((try? FileManager.default.attributesOfItem(atPath: path)[.size] as? NSNumber)??.int64Value ?? 0)
+        return report
+    }
+
+    /// `path` must be absolute, not exist, and be in an existing directory.
+    static func checkTarget(_ path: String) throws {
+        guard path.hasPrefix("/") else {
+            throw StoreError.invalid("invalid_path", "the backup path must be absolute, got \(path)")
+        }
+        guard !FileManager.default.fileExists(atPath: path) else {
+            throw StoreError(.alreadyExists, kind: "file_exists", "\(path) exists; a backup never overwrites a file")
+        }
+        var isDirectory: ObjCBool = false
+        let dir = (path as NSString).deletingLastPathComponent
+        guard FileManager.default.fileExists(atPath: dir, isDirectory: &isDirectory), isDirectory.boolValue else {
+            throw StoreError(.notFound, kind: "directory_not_found", "directory \(dir) does not exist")
+        }
+        guard access(dir, W_OK) == 0 else {
+            throw StoreError.invalid("not_writable", "the daemon cannot write to \(dir): \(String(cString: strerror(errno)))")
+        }
+    }
+
+    /// fsync of a file or directory.
+    static func syncFile(_ path: String) throws {
+        let fd = open(path, O_RDONLY | O_CLOEXEC)
+        guard fd >= 0 else {
+            throw StoreError(.internalFailure, kind: "io_error", "cannot open \(path): \(String(cString: strerror(errno)))")
+        }
+        defer { Glibc.close(fd) }
+        guard fsync(fd) == 0 else {
+            throw StoreError(.internalFailure, kind: "io_error", "fsync \(path): \(String(cString: strerror(errno)))")
+        }
+    }
+
+    /// True when the database holds changes authored elsewhere. An unshared database holds such changes only when it
+    /// was restored from a backup of a shared one: they cannot be sealed again (only their author signs its log).
+    public func holdsChangesOfOtherDevices() throws -> Bool {
+        try read { db in
+            try Bool.fetchOne(db, sql: "SELECT EXISTS(SELECT 1 FROM versions WHERE origin != ?)", arguments: [node.hex]) ?? false
+        }
+    }
+}
+
+extension Store {
+    /// Creates the database `name` from a backup file made by `BlazeDatabase.backup(to:)`.
+    ///
+    /// The file is checked first (SQLite integrity, BlazeDB tables, a schema this version knows) and copied, never
+    /// moved or modified. The copy is detached from sync: its space binding, peers, sealed entries and heads are
+    /// removed, so it is a local database that can be shared anew (`db.share`) and never forks the log of the
+    /// space it came from.
+    public func restore(from backupPath: String, as name: String) throws -> BlazeDatabase {
+        try Names.validateDatabase(name)
+        guard backupPath.hasPrefix("/") else {
+            throw StoreError.invalid("invalid_path", "the backup path must be absolute, got \(backupPath)")
+        }
+        guard FileManager.default.fileExists(atPath: backupPath) else {
+            throw StoreError(.notFound, kind: "file_not_found", "backup file \(backupPath) does not exist")
+        }
+        var config = Configuration()
+        config.readonly = true
+        let source: DatabaseQueue
+        do {
+            source = try DatabaseQueue(path: backupPath, configuration: config)
+        } catch {
+            throw StoreError.invalid("not_a_backup", "\(backupPath) is not a SQLite database: \(error)")
+        }
+        defer { try? source.close() }
+        try source.read { db in
+            let problems: [String]
+            do {
+                problems = try String.fetchAll(db, sql: "PRAGMA integrity_check")
+            } catch {
+                throw StoreError.invalid("not_a_backup", "\(backupPath) is not a SQLite database: \(error)")
+            }
+            guard problems == ["ok"] else {
+                throw StoreError.invalid(
+                    "backup_corrupt", "\(backupPath) fails SQLite's integrity check: \(problems.prefix(3).joined(separator: "; "))")
+            }
+            for table in ["meta", "docs", "changes", "crdt_docs"] where try !db.tableExists(table) {
+                throw StoreError.invalid("not_a_backup", "\(backupPath) is not a BlazeDB database (it has no \(table) table)")
+            }
+            guard try !Schema.migrator.hasBeenSuperseded(db) else {
+                throw StoreError.invalid("backup_too_new", "\(backupPath) was written by a newer BlazeDB; upgrade blazed to restore it")
+            }
+        }
+        let path = self.path(name)
+        let partial = path + ".partial"
+        try reserve(name)
+        defer { release(name) }
+        do {
+            unlink(partial)
+            let target = try DatabaseQueue(path: partial)
+            try source.backup(to: target)
+            try target.write { db in
+                try db.execute(sql: "DELETE FROM meta WHERE key = 'space_id'")
+                for table in ["sync_entries", "sync_heads", "sync_peers"] where try db.tableExists(table) {
+                    try db.execute(sql: "DELETE FROM \(table)")
+                }
+            }
+            try target.close()
+            try BlazeDatabase.syncFile(partial)
+            guard link(partial, path) == 0 else {
+                throw StoreError(.alreadyExists, kind: "database_exists", "database \(Names.quoted(name)) already exists")
+            }
+            unlink(partial)
+        } catch {
+            for suffix in ["", "-journal", "-wal", "-shm"] { unlink(partial + suffix) }
+            throw error
+        }
+        return try database(name)
+    }
+}
