@@ -25,7 +25,9 @@ class Daemon:
         self.socket = os.path.join(self.dir, "run", "blazed.sock")
         self.proc = subprocess.Popen(
             [blazed_path(), "--socket", self.socket, "--data-dir", os.path.join(self.dir, "data")],
-            stderr=subprocess.PIPE, stdout=subprocess.DEVNULL)
+            stderr=subprocess.PIPE, stdout=subprocess.DEVNULL,
+            env={**{k: v for k, v in os.environ.items() if not k.startswith("BLAZEDB_")},
+                 "XDG_CONFIG_HOME": os.path.join(self.dir, "config")})
         self.log = b""
         deadline = time.monotonic() + 60
         while b"Listening" not in self.log:
@@ -56,5 +58,5 @@ def daemon():
     yield d
     code = d.stop()
     assert code == 0, f"blazed exited with {code}"
-    errors = [line for line in d.log.decode(errors="replace").splitlines() if " error " in line or " critical " in line]
+    errors = [line for line in d.log.decode(errors="replace").splitlines() if "level=error" in line or "level=critical" in line]
     assert not errors, f"blazed logged errors: {errors}"

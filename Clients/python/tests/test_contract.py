@@ -83,10 +83,14 @@ def err(c, method, code, kind=None, **params):
     return e
 
 
-def test_every_method_succeeds_and_fails_as_documented(client):
+def test_every_method_succeeds_and_fails_as_documented(client, daemon):
     c = client
     ok(c, "rpc.discover")
     ok(c, "daemon.info")
+    settings = {s["key"]: s for s in ok(c, "daemon.config")["settings"]}
+    assert settings["socket"]["value"] == daemon.socket and settings["socket"]["source"] == "flag --socket"
+    assert settings["max-batch"] == {"key": "max-batch", "value": 256, "source": "default", "env": "BLAZEDB_MAX_BATCH"}
+    err(c, "daemon.config", -32602, bogus=1)
     ok(c, "db.create", db="app")
     err(c, "db.create", -32011, "database_exists", db="app")
     ok(c, "db.list")
@@ -160,6 +164,17 @@ def test_every_method_succeeds_and_fails_as_documented(client):
     err(c, "peer.remove", -32602, "invalid_address", db="app", address="host:0")
     info = ok(c, "db.info", db="app")
     assert info["documents"] == 2 and len(info["stateHash"]) == 64
+    backup_path = os.path.join(daemon.dir, "app.backup")
+    backup = ok(c, "db.backup", db="app", path=backup_path)
+    assert backup["stateHash"] == info["stateHash"] and backup["documents"] == 2 and backup["bytes"] == os.path.getsize(backup_path)
+    err(c, "db.backup", -32011, "file_exists", db="app", path=backup_path)
+    err(c, "db.backup", -32602, "invalid_path", db="app", path="relative.backup")
+    err(c, "db.backup", -32010, "database_not_found", db="missing", path=backup_path + "2")
+    restored = ok(c, "db.restore", path=backup_path, db="app_copy")
+    assert restored == {"db": "app_copy", "documents": 2, "stateHash": info["stateHash"]}
+    err(c, "db.restore", -32011, "database_exists", path=backup_path, db="app_copy")
+    err(c, "db.restore", -32010, "file_not_found", path=backup_path + ".none", db="other")
+    err(c, "db.restore", -32602, path=backup_path)
     err(c, "db.info", -32602, "invalid_name", db="../x")
     ok(c, "db.drop", db="app")
     err(c, "db.drop", -32010, "database_not_found", db="app")
