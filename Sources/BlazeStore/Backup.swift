@@ -22,9 +22,8 @@ extension BlazeDatabase {
     ///
     /// The copy runs inside one read transaction, so it is the database as of one commit (WAL readers never block
     /// the writer). It is written to `path.partial`, made a self-contained rollback-journal file, synced, and then
-    /// linked to `path`, which must not exist: a reader of `path` never sees half a backup. `progress` gets
-    /// (pages copied, total pages) after each step.
-    public func backup(to path: String, progress: ((Int, Int) -> Void)? = nil) throws -> BackupReport {
+    /// linked to `path`, which must not exist: a reader of `path` never sees half a backup.
+    public func backup(to path: String) throws -> BackupReport {
         try Self.checkTarget(path)
         let partial = path + ".partial"
         guard !FileManager.default.fileExists(atPath: partial) else {
@@ -37,9 +36,7 @@ extension BlazeDatabase {
             try pool.read { db in
                 let target = try DatabaseQueue(path: partial)
                 try target.writeWithoutTransaction { targetDB in
-                    try db.backup(to: targetDB, pagesPerStep: 512) { p in
-                        progress?(p.completedPageCount, p.totalPageCount)
-                    }
+                    try db.backup(to: targetDB)
                     try targetDB.execute(sql: "PRAGMA journal_mode = DELETE")
                 }
                 try target.close()
