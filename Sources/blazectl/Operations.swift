@@ -21,7 +21,6 @@ enum Colour {
     static func green(_ s: String) -> String { paint(s, "32") }
     static func yellow(_ s: String) -> String { paint(s, "33") }
     static func red(_ s: String) -> String { paint(s, "31") }
-    static func bold(_ s: String) -> String { paint(s, "1") }
 
     static func paint(_ s: String, _ code: String) -> String { enabled ? "\u{1B}[\(code)m\(s)\u{1B}[0m" : s }
 }
