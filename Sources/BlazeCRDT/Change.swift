@@ -109,6 +109,46 @@ public struct Change: Hashable, Sendable {
         ]
     }
 
+    /// Appends the canonical JSON of one operation (as it appears in `jsonValue`) to `out`.
+    public static func writeOp(_ op: CRDTOp, to out: inout [UInt8]) {
+        encode(op).write(to: &out)
+    }
+
+    /// Appends the canonical JSON of a document op that only sets fields, given the canonical JSON object of those
+    /// fields (`{}` when there are none): the same bytes `writeOp` writes for `.doc(DocOp(key:cl:set:))`.
+    public static func writeSetOp(_ key: DocKey, cl: Int64, setJSON: [UInt8], to out: inout [UInt8]) {
+        out.append(contentsOf: #"{"c":"#.utf8)
+        JSONValue.writeString(key.collection, to: &out)
+        out.append(contentsOf: #","i":"#.utf8)
+        JSONValue.writeString(key.id, to: &out)
+        out.append(contentsOf: #","k":"doc","l":"#.utf8)
+        JSONValue.writeInt(cl, to: &out)
+        if setJSON.count > 2 {
+            out.append(contentsOf: #","set":"#.utf8)
+            out.append(contentsOf: setJSON)
+        }
+        out.append(UInt8(ascii: "}"))
+    }
+
+    /// The canonical text of this change (equal to `jsonValue.jsonText`) when `opsJSON` holds its operations'
+    /// canonical JSON, comma-separated, as `writeOp` and `writeSetOp` write them.
+    public func text(opsJSON: [UInt8]) -> String {
+        var out: [UInt8] = []
+        out.reserveCapacity(opsJSON.count + 128)
+        out.append(contentsOf: #"{"d":"#.utf8)
+        deps.jsonValue.write(to: &out)
+        out.append(contentsOf: #","h":"#.utf8)
+        JSONValue.writeInt(Int64(bitPattern: hlc.raw), to: &out)
+        out.append(contentsOf: #","o":""#.utf8)
+        out.append(contentsOf: origin.hex.utf8)
+        out.append(contentsOf: #"","s":"#.utf8)
+        JSONValue.writeInt(Int64(seq), to: &out)
+        out.append(contentsOf: #","x":["#.utf8)
+        out.append(contentsOf: opsJSON)
+        out.append(contentsOf: "]}".utf8)
+        return String(decoding: out, as: UTF8.self)
+    }
+
     static func encode(_ op: CRDTOp) -> JSONValue {
         switch op {
         case .doc(let d):

@@ -155,6 +155,21 @@ public struct DocumentState: Hashable, Sendable {
         self.fields = fields
     }
 
+    /// The state of a document that one operation created: every field of `fields` written at `stamp`, at causal
+    /// length 1 (what `apply` makes of `DocOp(cl: 1, set: fields)` on a document never seen before).
+    public static func created(fields: [String: JSONValue], stamp: Stamp) -> DocumentState {
+        DocumentState(cl: 1, fields: fields.mapValues { v in
+            var f = FieldState()
+            f.winner = FieldWrite(stamp: stamp, value: v)
+            return f
+        })
+    }
+
+    /// Compact storage text (`compactJSON.jsonText`) of `created(fields:stamp:)`, without building that state.
+    public static func createdCompactText(fieldCount: Int, stamp: Stamp) -> String {
+        fieldCount == 0 ? #"{"l":1}"# : (["l": 1, "t": stamp.jsonValue] as JSONValue).jsonText
+    }
+
     /// True when the document exists.
     public var isAlive: Bool { cl % 2 == 1 }
 

@@ -36,6 +36,9 @@ final class SQLStorage: ReplicaStorage {
     private var ensuredCollections: Set<String> = []
     /// The highest sequence recorded per origin in this transaction, written to `versions` by `flush()`.
     private var recordedVersions: [NodeID: UInt64] = [:]
+    /// Documents created by `insertNew` whose state was not needed since: their rows are written, and their state is
+    /// built (into `cache`) only if a later operation of the transaction reads it.
+    private var created: [DocKey: Created] = [:]
     /// Feed entries of the changes recorded in this transaction, in order.
     private(set) var entries: [FeedEntry] = []
     /// The feed sequence of the last change recorded (committed ones, then this transaction's).
@@ -57,12 +60,32 @@ final class SQLStorage: ReplicaStorage {
         return VersionVector(e)
     }
 
+    /// A document `insertNew` created: its fields (without `_id`), its stored text (with `_id`) and their stamp.
+    struct Created {
+        var fields: [String: JSONValue]
+        var text: String
+        var stamp: Stamp
+    }
+
     func recordApplied(_ change: Change) throws {
+        try recordApplied(change, text: change.jsonValue.jsonText)
+    }
+
+    /// Records `change`, whose canonical text is `text`, with its feed row and version.
+    func recordApplied(_ change: Change, text: String) throws {
         var events: [FeedEvent] = []
+        events.reserveCapacity(touched.count)
         for key in touched {
             let before = visible[key] ?? Visible()
-            let doc = cache[key]??.materialize(id: key.id)
-            let after = Visible(doc: doc, text: doc.map { JSONValue.object($0).jsonText })
+            let after: Visible
+            if let c = created[key] {
+                var doc = c.fields
+                doc["_id"] = .string(key.id)
+                after = Visible(doc: doc, text: c.text)
+            } else {
+                let doc = cache[key]??.materialize(id: key.id)
+                after = Visible(doc: doc, text: doc.map { JSONValue.object($0).jsonText })
+            }
             visible[key] = after
             let type: FeedEventType
             switch (before.text, after.text) {
@@ -86,12 +109,17 @@ final class SQLStorage: ReplicaStorage {
             arguments: [feedSequence, origin, FeedLog.encode(events)])
         entries.append(FeedEntry(seq: feedSequence, origin: change.origin, events: events))
         try db.cachedStatement(sql: "INSERT INTO changes(origin, seq, hlc, body) VALUES (?, ?, ?, ?)").execute(
-            arguments: [origin, Int64(change.seq), Int64(bitPattern: change.hlc.raw), change.jsonValue.jsonText])
+            arguments: [origin, Int64(change.seq), Int64(bitPattern: change.hlc.raw), text])
         recordedVersions[change.origin] = max(recordedVersions[change.origin] ?? 0, change.seq)
     }
 
     func document(_ key: DocKey) throws -> DocumentState? {
         if let cached = cache[key] { return cached }
+        if let c = created.removeValue(forKey: key) {
+            let state = DocumentState.created(fields: c.fields, stamp: c.stamp)
+            cache[key] = state
+            return state
+        }
         let stmt = try db.cachedStatement(
             sql: "SELECT c.state, d.body FROM crdt_docs c LEFT JOIN docs d ON d.collection = c.collection AND d.id = c.id "
                 + "WHERE c.collection = ? AND c.id = ?")
@@ -105,6 +133,72 @@ final class SQLStorage: ReplicaStorage {
         cache[key] = state
         if visible[key] == nil { visible[key] = Visible(doc: doc, text: text) }
         return state
+    }
+
+    /// Creates a document that no state exists for, writing its rows at once; returns the canonical JSON object of
+    /// `fields` (for the change's op), or nil when the key has a state (live or deleted), which `insertNew` leaves
+    /// untouched for the general path (`document`, then `LocalEdit.replace`).
+    ///
+    /// The state is what `Replica.applyOp` makes of `DocOp(cl: 1, set: fields)` at `stamp` on a document never seen;
+    /// the one upsert that probes for an existing state also writes it, so a new document costs no lookup.
+    func insertNew(_ key: DocKey, fields: [String: JSONValue], stamp: Stamp) throws -> [UInt8]? {
+        guard cache[key] == nil, created[key] == nil else { return nil }
+        let (setJSON, body) = Self.writeDocument(fields, id: key.id)
+        if enforceLimits && body.count > limits.maxDocumentBytes {
+            throw StoreError(
+                .limitExceeded, kind: "document_too_large",
+                "document is \(body.count) bytes; the limit is \(limits.maxDocumentBytes)",
+                details: ["limit": .int(Int64(limits.maxDocumentBytes))])
+        }
+        try db.cachedStatement(
+            sql: "INSERT INTO crdt_docs(collection, id, state, conflicted) VALUES (?, ?, ?, 0) ON CONFLICT DO NOTHING"
+        ).execute(arguments: [key.collection, key.id, DocumentState.createdCompactText(fieldCount: fields.count, stamp: stamp)])
+        guard db.changesCount == 1 else { return nil }
+        let text = String(decoding: body, as: UTF8.self)
+        try db.cachedStatement(sql: "INSERT INTO docs(collection, id, body) VALUES (?, ?, ?)").execute(
+            arguments: [key.collection, key.id, text])
+        try ensureCollection(key.collection)
+        created[key] = Created(fields: fields, text: text, stamp: stamp)
+        visible[key] = Visible()
+        if touchedSet.insert(key).inserted { touched.append(key) }
+        return setJSON
+    }
+
+    /// Canonical JSON of `fields` as an object, and of the same object with `_id: id` (the stored document).
+    static func writeDocument(_ fields: [String: JSONValue], id: String) -> (set: [UInt8], body: [UInt8]) {
+        var set: [UInt8] = []
+        set.reserveCapacity(256)
+        set.append(UInt8(ascii: "{"))
+        // Where `_id` goes in key order: before the first key that sorts after it.
+        var idAt: Int?
+        var first = true
+        for (name, value) in fields.sorted(by: { utf8Less($0.key, $1.key) }) {
+            if idAt == nil && utf8Less("_id", name) { idAt = set.count }
+            if !first { set.append(UInt8(ascii: ",")) }
+            first = false
+            JSONValue.writeString(name, to: &set)
+            set.append(UInt8(ascii: ":"))
+            value.write(to: &set)
+        }
+        set.append(UInt8(ascii: "}"))
+        var member: [UInt8] = Array(#""_id":"#.utf8)
+        JSONValue.writeString(id, to: &member)
+        var body: [UInt8] = []
+        body.reserveCapacity(set.count + member.count + 1)
+        if let at = idAt {
+            // `at` is the offset of the comma (or of the first key) before which `_id` belongs.
+            let lead = set[at] == UInt8(ascii: ",") ? at + 1 : at
+            body.append(contentsOf: set[..<lead])
+            body.append(contentsOf: member)
+            body.append(UInt8(ascii: ","))
+            body.append(contentsOf: set[lead...])
+        } else {
+            body.append(contentsOf: set[..<(set.count - 1)])
+            if !fields.isEmpty { body.append(UInt8(ascii: ",")) }
+            body.append(contentsOf: member)
+            body.append(UInt8(ascii: "}"))
+        }
+        return (set, body)
     }
 
     static func parseBody(_ body: String?) throws -> [String: JSONValue]? {

@@ -39,6 +39,9 @@ public final class WriteTransaction {
     private(set) var ops: [CRDTOp] = []
     /// Number of document mutations applied (feeds the planner-statistics refresh).
     private(set) var changes = 0
+    /// The canonical JSON of `ops`, comma-separated, written as they are emitted (the change's text is built from it
+    /// without encoding any document again).
+    private var opsJSON: [UInt8] = []
 
     var db: Database { storage.db }
 
@@ -53,10 +56,26 @@ public final class WriteTransaction {
         ops.isEmpty ? nil : Change(origin: draft.origin, seq: draft.seq, hlc: draft.hlc, deps: draft.deps, ops: ops)
     }
 
+    /// The canonical text of `change`.
+    var changeText: String { change?.text(opsJSON: opsJSON) ?? "" }
+
     private func emit(_ op: CRDTOp) throws {
         try Replica.applyOp(op, index: ops.count, of: draft, to: storage)
+        if !ops.isEmpty { opsJSON.append(UInt8(ascii: ",")) }
+        Change.writeOp(op, to: &opsJSON)
         ops.append(op)
         changes += 1
+    }
+
+    /// Inserts a document no state exists for without looking it up (see `SQLStorage.insertNew`); false when the
+    /// key has a state, for the general path to handle.
+    private func emitNew(_ key: DocKey, fields: [String: JSONValue]) throws -> Bool {
+        guard let setJSON = try storage.insertNew(key, fields: fields, stamp: draft.stamp(ops.count)) else { return false }
+        if !ops.isEmpty { opsJSON.append(UInt8(ascii: ",")) }
+        Change.writeSetOp(key, cl: 1, setJSON: setJSON, to: &opsJSON)
+        ops.append(.doc(DocOp(key: key, cl: 1, set: fields)))
+        changes += 1
+        return true
     }
 
     /// Applies one operation; throws `StoreError` for invalid input or missing/duplicate documents.
@@ -76,6 +95,7 @@ public final class WriteTransaction {
             try Names.validateID(id)
             try validateFields(doc)
             let key = DocKey(collection: collection, id: id)
+            if try emitNew(key, fields: doc) { return WriteResult(id: id) }
             let current = try storage.document(key)
             if current?.isAlive == true {
                 throw StoreError(
@@ -93,6 +113,7 @@ public final class WriteTransaction {
             }
             try validateFields(doc)
             let key = DocKey(collection: collection, id: id)
+            if try emitNew(key, fields: doc) { return WriteResult(id: id, created: true) }
             let current = try storage.document(key)
             try emit(.doc(LocalEdit.replace(key, fields: doc, current: current)))
             return WriteResult(id: id, created: current?.isAlive != true)

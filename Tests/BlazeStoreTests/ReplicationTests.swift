@@ -41,21 +41,11 @@ final class StoreReplicas {
             for _ in 0..<Int.random(in: 10...40, using: &rng) {
                 let who = Int.random(in: 0..<r.dbs.count, using: &rng)
                 if Double.random(in: 0..<1, using: &rng) < 0.65 {
-                    let id = "d\(Int.random(in: 0...3, using: &rng))"
-                    let value: JSONValue = [.int(Int64.random(in: -3...3, using: &rng)), "s", .double(-0.0), .bool(true), ["x": 1]]
-                        .randomElement(using: &rng)!
-                    let op: WriteOp
-                    switch Int.random(in: 0..<7, using: &rng) {
-                    case 0: op = .put(collection: "c", id: id, doc: ["v": value, "w": .int(Int64(who))])
-                    case 1: op = .delete(collection: "c", id: id)
-                    case 2: op = .patch(collection: "c", id: id, incr: ["n": .int(Int64.random(in: 1...5, using: &rng))])
-                    case 3: op = .patch(collection: "c", id: id, add: ["tags": [value]])
-                    case 4: op = .patch(collection: "c", id: id, remove: ["tags": [value]])
-                    case 5: op = .patch(collection: "c", id: id, unset: ["v"])
-                    default: op = .patch(collection: "c", id: id, set: ["v": value])
-                    }
-                    // Patches and deletes of missing documents fail locally and write nothing; that is part of the test.
-                    _ = try? r.dbs[who].apply(op)
+                    // Transactions of one to three operations, often on one document: a document inserted and then
+                    // edited or deleted in the same change. Patches and deletes of missing documents (and inserts of
+                    // existing ones) fail locally and write nothing; that is part of the test.
+                    let ops = (0..<Int.random(in: 1...3, using: &rng)).map { _ in Self.randomOp(writer: who, &rng) }
+                    _ = try? r.dbs[who].commit(ops)
                 } else {
                     var other = Int.random(in: 0..<r.dbs.count, using: &rng)
                     if other == who { other = (other + 1) % r.dbs.count }
@@ -77,8 +67,53 @@ final class StoreReplicas {
             }
             #expect(Set(hashes).count == 1, "stateHash differs; replay with BLAZE_SEED=\(seed): \(hashes)")
             #expect(Set(finds).count == 1, "query results differ; replay with BLAZE_SEED=\(seed)")
+            // Not only what clients see converges: every replica holds the same CRDT state for every document, so a
+            // wrong stamp or causal length written by a local fast path cannot hide until a later conflict.
+            let states = try r.dbs.map { db in
+                try db.read { d in
+                    var out: [String: DocumentState] = [:]
+                    for row in try Row.fetchAll(
+                        d, sql: "SELECT c.id, c.state, d.body FROM crdt_docs c LEFT JOIN docs d USING (collection, id)")
+                    {
+                        out[row[0]] = try SQLStorage.decode(state: row[1], body: row[2])
+                    }
+                    return out
+                }
+            }
+            #expect(states.allSatisfy { $0 == states[0] }, "CRDT states differ; replay with BLAZE_SEED=\(seed)")
+            // Stored texts are canonical: what local writes assemble from pieces equals a fresh encoding.
+            for db in r.dbs {
+                try db.read { d in
+                    for body in try String.fetchAll(d, sql: "SELECT body FROM changes") {
+                        let text = try Change(json: try JSONParser().parse(body)).jsonValue.jsonText
+                        #expect(text == body, "change text is not canonical (seed \(seed))")
+                    }
+                    for body in try String.fetchAll(d, sql: "SELECT body FROM docs") {
+                        #expect(try JSONParser().parse(body).jsonText == body, "document text is not canonical (seed \(seed))")
+                    }
+                }
+            }
             let parked = try r.dbs.map { db in try db.read { try Int.fetchOne($0, sql: "SELECT count(*) FROM parked") ?? 0 } }
             #expect(parked.allSatisfy { $0 == 0 }, "changes left parked after a full exchange (seed \(seed))")
+        }
+    }
+
+    /// A random write on one of four documents of collection "c".
+    static func randomOp(writer: Int, _ rng: inout SeededRandom) -> WriteOp {
+        let id = "d\(Int.random(in: 0...3, using: &rng))"
+        let value: JSONValue = [.int(Int64.random(in: -3...3, using: &rng)), "s", .double(-0.0), .bool(true), ["x": 1]]
+            .randomElement(using: &rng)!
+        switch Int.random(in: 0..<9, using: &rng) {
+        case 0: return .put(collection: "c", id: id, doc: ["v": value, "w": .int(Int64(writer))])
+        case 1: return .delete(collection: "c", id: id)
+        case 2: return .patch(collection: "c", id: id, incr: ["n": .int(Int64.random(in: 1...5, using: &rng))])
+        case 3: return .patch(collection: "c", id: id, add: ["tags": [value]])
+        case 4: return .patch(collection: "c", id: id, remove: ["tags": [value]])
+        case 5: return .patch(collection: "c", id: id, unset: ["v"])
+        // Keys that sort before and after `_id`, and an empty document: the stored text is built around `_id`.
+        case 6: return .insert(collection: "c", doc: ["_id": .string(id), "A": value, "_a": 1, "z": .int(Int64(writer))])
+        case 7: return .insert(collection: "c", doc: Bool.random(using: &rng) ? ["_id": .string(id)] : ["v": value])
+        default: return .patch(collection: "c", id: id, set: ["v": value])
         }
     }
 
