@@ -132,7 +132,7 @@ extension Store {
                 throw StoreError.invalid(
                     "backup_corrupt", "\(backupPath) fails SQLite's integrity check: \(problems.prefix(3).joined(separator: "; "))")
             }
-            for table in ["meta", "docs", "changes", "crdt_docs"] where try !db.tableExists(table) {
+            for table in ["meta", "docs", "changes"] where try !db.tableExists(table) {
                 throw StoreError.invalid("not_a_backup", "\(backupPath) is not a BlazeDB database (it has no \(table) table)")
             }
             guard try !Schema.migrator.hasBeenSuperseded(db) else {

@@ -106,10 +106,10 @@ public final class BlazeDatabase: Sendable {
     func adoptUnreplicatedData() throws {
         try write { tx in
             let db = tx.db
-            guard try Int.fetchOne(db, sql: "SELECT count(*) FROM crdt_docs") == 0,
-                try Int.fetchOne(db, sql: "SELECT count(*) FROM changes") == 0
-            else { return }
-            let docs = try Row.fetchAll(db, sql: "SELECT collection, id, body FROM docs ORDER BY collection, id")
+            // Only data from before replication has no state; it exists only while no change was ever recorded.
+            guard try Int.fetchOne(db, sql: "SELECT count(*) FROM changes") == 0 else { return }
+            let docs = try Row.fetchAll(
+                db, sql: "SELECT collection, id, body FROM docs WHERE state IS NULL ORDER BY collection, id")
             let indexes = try Row.fetchAll(db, sql: "SELECT name, collection, fields FROM indexes ORDER BY name")
             try tx.adopt(docs: docs, indexes: indexes)
         }
@@ -211,15 +211,22 @@ public final class BlazeDatabase: Sendable {
 
     /// Checks what a remote change may contain before any of it is applied (names end up in SQL and file paths).
     static func validate(_ change: Change) throws {
-        do {
+        do throws(StoreError) {
             for op in change.ops {
                 switch op {
                 case .doc(let d):
+                    // Field edits apply to a live incarnation (odd causal length), deletes make an even one.
+                    guard d.cl > 0, d.cl % 2 == 1 else {
+                        throw StoreError.invalid("invalid_change", "a doc op needs an odd causal length, got \(d.cl)")
+                    }
                     try Names.validateCollection(d.key.collection)
                     try Names.validateID(d.key.id)
                     let names = Array(d.set.keys) + d.unset + Array(d.incr.keys) + Array(d.add.keys) + Array(d.remove.keys)
                     for f in names { try Names.validateFieldName(f) }
-                case .delete(let key, _):
+                case .delete(let key, let cl):
+                    guard cl > 0, cl % 2 == 0 else {
+                        throw StoreError.invalid("invalid_change", "a delete needs an even causal length, got \(cl)")
+                    }
                     try Names.validateCollection(key.collection)
                     try Names.validateID(key.id)
                 case .index(let name, let collection, _):
@@ -281,10 +288,8 @@ public final class BlazeDatabase: Sendable {
         return try read { db in
             let rows = try Row.fetchAll(
                 db,
-                sql: "SELECT c.collection, c.id, c.state, d.body FROM crdt_docs c "
-                    + "LEFT JOIN docs d ON d.collection = c.collection AND d.id = c.id WHERE c.conflicted = 1 "
-                    + "AND (?1 IS NULL OR c.collection = ?1) AND (?2 IS NULL OR c.id = ?2) "
-                    + "ORDER BY c.collection, c.id LIMIT ?3",
+                sql: "SELECT collection, id, state, body FROM docs WHERE conflicted = 1 "
+                    + "AND (?1 IS NULL OR collection = ?1) AND (?2 IS NULL OR id = ?2) ORDER BY collection, id LIMIT ?3",
                 arguments: [collection, id, limit])
             var out: [ConflictInfo] = []
             for row in rows {

@@ -5,8 +5,9 @@ import GRDB
 
 /// `ReplicaStorage` over the database's tables, used inside one GRDB write transaction.
 ///
-/// Document states are cached for the transaction and written once by `flush()`, together with the materialized
-/// `docs` row (what queries and indexes read). Callers must flush before the transaction commits.
+/// Document states are cached for the transaction and written once by `flush()`. A live document's state is stored
+/// in its `docs` row next to its materialized body (what queries and indexes read); a deleted document's state is a
+/// `tombstones` row. Callers must flush before the transaction commits.
 ///
 /// Every recorded change also gets the next local feed sequence and a `feed` row listing the documents it visibly
 /// changed (before and after); `entries` collects them for publication after the commit.
@@ -36,6 +37,20 @@ final class SQLStorage: ReplicaStorage {
     private var ensuredCollections: Set<String> = []
     /// The highest sequence recorded per origin in this transaction, written to `versions` by `flush()`.
     private var recordedVersions: [NodeID: UInt64] = [:]
+    /// Where a document's state is stored.
+    enum Location {
+        /// Nowhere: the document was never seen.
+        case absent
+        /// Its `docs` row.
+        case row(Int64)
+        /// Its `tombstones` row.
+        case tombstone
+    }
+
+    /// Where each document read or written in this transaction is stored.
+    private var locations: [DocKey: Location] = [:]
+    /// Whether `tombstones` has any row, probed once per transaction; while it has none, no lookup there is needed.
+    private var tombstonesExist: Bool?
     /// Documents created by `insertNew` whose state was not needed since: their rows are written, and their state is
     /// built (into `cache`) only if a later operation of the transaction reads it.
     private var created: [DocKey: Created] = [:]
@@ -120,19 +135,48 @@ final class SQLStorage: ReplicaStorage {
             cache[key] = state
             return state
         }
-        let stmt = try db.cachedStatement(
-            sql: "SELECT c.state, d.body FROM crdt_docs c LEFT JOIN docs d ON d.collection = c.collection AND d.id = c.id "
-                + "WHERE c.collection = ? AND c.id = ?")
-        guard let row = try Row.fetchOne(stmt, arguments: [key.collection, key.id]) else {
-            cache[key] = .some(nil)
-            return nil
+        let stmt = try db.cachedStatement(sql: "SELECT rowid, state, body FROM docs WHERE collection = ? AND id = ?")
+        if let row = try Row.fetchOne(stmt, arguments: [key.collection, key.id]) {
+            locations[key] = .row(row[0])
+            // A row without state holds data from before replication, about to be adopted as a new document.
+            guard let stateText: String = row[1] else {
+                cache[key] = .some(nil)
+                return nil
+            }
+            let text: String = row[2]
+            let doc = try Self.parseBody(text)
+            let state = try DocumentState(compact: try JSONParser(maxDepth: 10_000).parse(stateText), body: doc)
+            cache[key] = state
+            if visible[key] == nil { visible[key] = Visible(doc: doc, text: text) }
+            return state
         }
-        let text: String? = row[1]
-        let doc = try Self.parseBody(text)
-        let state = try DocumentState(compact: try JSONParser(maxDepth: 10_000).parse(row[0] as String), body: doc)
-        cache[key] = state
-        if visible[key] == nil { visible[key] = Visible(doc: doc, text: text) }
-        return state
+        if let stateText = try tombstone(key) {
+            locations[key] = .tombstone
+            let state = try Self.decode(state: stateText, body: nil)
+            cache[key] = state
+            return state
+        }
+        locations[key] = .absent
+        cache[key] = .some(nil)
+        return nil
+    }
+
+    /// Where `key` is stored, for a state saved without being read first.
+    private func locate(_ key: DocKey) throws -> Location {
+        let stmt = try db.cachedStatement(sql: "SELECT rowid FROM docs WHERE collection = ? AND id = ?")
+        if let rowid = try Int64.fetchOne(stmt, arguments: [key.collection, key.id]) { return .row(rowid) }
+        return try tombstone(key) == nil ? .absent : .tombstone
+    }
+
+    /// The state text of a deleted document, if `key` is one.
+    private func tombstone(_ key: DocKey) throws -> String? {
+        if tombstonesExist == nil {
+            tombstonesExist = try Bool.fetchOne(db, sql: "SELECT EXISTS (SELECT 1 FROM tombstones)") ?? true
+        }
+        guard tombstonesExist == true else { return nil }
+        return try String.fetchOne(
+            db.cachedStatement(sql: "SELECT state FROM tombstones WHERE collection = ? AND id = ?"),
+            arguments: [key.collection, key.id])
     }
 
     /// Creates a document that no state exists for, writing its rows at once; returns the canonical JSON object of
@@ -140,9 +184,10 @@ final class SQLStorage: ReplicaStorage {
     /// untouched for the general path (`document`, then `LocalEdit.replace`).
     ///
     /// The state is what `Replica.applyOp` makes of `DocOp(cl: 1, set: fields)` at `stamp` on a document never seen;
-    /// the one upsert that probes for an existing state also writes it, so a new document costs no lookup.
+    /// the one insert that probes for a live document also writes it, so a new document costs no lookup (and none in
+    /// `tombstones` while no document was ever deleted).
     func insertNew(_ key: DocKey, fields: [String: JSONValue], stamp: Stamp) throws -> [UInt8]? {
-        guard cache[key] == nil, created[key] == nil else { return nil }
+        guard cache[key] == nil, created[key] == nil, try tombstone(key) == nil else { return nil }
         let (setJSON, body) = Self.writeDocument(fields, id: key.id)
         if enforceLimits && body.count > limits.maxDocumentBytes {
             throw StoreError(
@@ -150,13 +195,14 @@ final class SQLStorage: ReplicaStorage {
                 "document is \(body.count) bytes; the limit is \(limits.maxDocumentBytes)",
                 details: ["limit": .int(Int64(limits.maxDocumentBytes))])
         }
-        try db.cachedStatement(
-            sql: "INSERT INTO crdt_docs(collection, id, state, conflicted) VALUES (?, ?, ?, 0) ON CONFLICT DO NOTHING"
-        ).execute(arguments: [key.collection, key.id, DocumentState.createdCompactText(fieldCount: fields.count, stamp: stamp)])
-        guard db.changesCount == 1 else { return nil }
         let text = String(decoding: body, as: UTF8.self)
-        try db.cachedStatement(sql: "INSERT INTO docs(collection, id, body) VALUES (?, ?, ?)").execute(
-            arguments: [key.collection, key.id, text])
+        try db.cachedStatement(
+            sql: "INSERT INTO docs(collection, id, body, state) VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING"
+        ).execute(arguments: [
+            key.collection, key.id, text, DocumentState.createdCompactText(fieldCount: fields.count, stamp: stamp),
+        ])
+        guard db.changesCount == 1 else { return nil }
+        locations[key] = .row(db.lastInsertedRowID)
         try ensureCollection(key.collection)
         created[key] = Created(fields: fields, text: text, stamp: stamp)
         visible[key] = Visible()
@@ -246,17 +292,25 @@ final class SQLStorage: ReplicaStorage {
     }
 
     private func write(_ key: DocKey, _ state: DocumentState, _ body: Visible) throws {
-        let conflicted = state.fields.values.contains { !$0.losers.isEmpty }
-        try db.cachedStatement(
-            sql: "INSERT INTO crdt_docs(collection, id, state, conflicted) VALUES (?, ?, ?, ?) "
-                + "ON CONFLICT(collection, id) DO UPDATE SET state = excluded.state, conflicted = excluded.conflicted"
-        ).execute(arguments: [key.collection, key.id, state.compactJSON.jsonText, conflicted])
         // A collection exists once any document state lives in it (deleted ones too), whatever the batching of the
         // changes that brought it: collection existence must converge like the documents do.
         try ensureCollection(key.collection)
+        let stateText = state.compactJSON.jsonText
+        let location = try locations[key] ?? locate(key)
         guard let text = body.text else {
-            try db.cachedStatement(sql: "DELETE FROM docs WHERE collection = ? AND id = ?").execute(
-                arguments: [key.collection, key.id])
+            switch location {
+            case .row(let rowid):
+                try db.cachedStatement(sql: "DELETE FROM docs WHERE rowid = ?").execute(arguments: [rowid])
+                fallthrough
+            case .absent:
+                try db.cachedStatement(sql: "INSERT INTO tombstones(collection, id, state) VALUES (?, ?, ?)").execute(
+                    arguments: [key.collection, key.id, stateText])
+                tombstonesExist = true
+            case .tombstone:
+                try db.cachedStatement(sql: "UPDATE tombstones SET state = ? WHERE collection = ? AND id = ?").execute(
+                    arguments: [stateText, key.collection, key.id])
+            }
+            locations[key] = .tombstone
             return
         }
         let size = text.utf8.count
@@ -266,10 +320,21 @@ final class SQLStorage: ReplicaStorage {
                 "document is \(size) bytes; the limit is \(limits.maxDocumentBytes)",
                 details: ["limit": .int(Int64(limits.maxDocumentBytes))])
         }
-        try db.cachedStatement(
-            sql: "INSERT INTO docs(collection, id, body) VALUES (?, ?, ?) "
-                + "ON CONFLICT(collection, id) DO UPDATE SET body = excluded.body"
-        ).execute(arguments: [key.collection, key.id, text])
+        let conflicted = state.fields.values.contains { !$0.losers.isEmpty }
+        switch location {
+        case .row(let rowid):
+            try db.cachedStatement(sql: "UPDATE docs SET body = ?, state = ?, conflicted = ? WHERE rowid = ?").execute(
+                arguments: [text, stateText, conflicted, rowid])
+            return
+        case .tombstone:
+            try db.cachedStatement(sql: "DELETE FROM tombstones WHERE collection = ? AND id = ?").execute(
+                arguments: [key.collection, key.id])
+        case .absent:
+            break
+        }
+        try db.cachedStatement(sql: "INSERT INTO docs(collection, id, body, state, conflicted) VALUES (?, ?, ?, ?, ?)")
+            .execute(arguments: [key.collection, key.id, text, stateText, conflicted])
+        locations[key] = .row(db.lastInsertedRowID)
     }
 
     /// Registers the collection unless it is known to exist; the cache learns new names only after COMMIT.

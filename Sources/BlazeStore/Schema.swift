@@ -90,6 +90,31 @@ enum Schema {
                     ) WITHOUT ROWID;
                     """)
         }
+        m.registerMigration("v5-state-in-docs") { db in
+            // Each live document's CRDT state moves into its `docs` row, so a write touches one row and a new document
+            // is one insert. Deleted documents keep their state in `tombstones`: they never enter `docs`, its user
+            // indexes or its counts. `state` is NULL only for data from before replication, until it is adopted.
+            try db.execute(
+                sql: """
+                    ALTER TABLE docs ADD COLUMN state TEXT;
+                    ALTER TABLE docs ADD COLUMN conflicted INTEGER NOT NULL DEFAULT 0;
+                    UPDATE docs SET
+                        state = (SELECT c.state FROM crdt_docs c WHERE c.collection = docs.collection AND c.id = docs.id),
+                        conflicted = coalesce(
+                            (SELECT c.conflicted FROM crdt_docs c WHERE c.collection = docs.collection AND c.id = docs.id), 0);
+                    CREATE TABLE tombstones(
+                        collection TEXT NOT NULL,
+                        id TEXT NOT NULL,
+                        state TEXT NOT NULL,
+                        PRIMARY KEY(collection, id)
+                    ) WITHOUT ROWID;
+                    INSERT INTO tombstones(collection, id, state)
+                        SELECT c.collection, c.id, c.state FROM crdt_docs c
+                        WHERE NOT EXISTS (SELECT 1 FROM docs d WHERE d.collection = c.collection AND d.id = c.id);
+                    DROP TABLE crdt_docs;
+                    CREATE INDEX docs_conflicted ON docs(collection, id) WHERE conflicted = 1;
+                    """)
+        }
         return m
     }
 }

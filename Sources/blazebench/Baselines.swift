@@ -51,6 +51,40 @@ enum Baselines {
         return Result(name: "B_ins", unit: "docs/s", samples: rates, better: "higher", note: "raw SQLite, 1,000 per tx")
     }
 
+    /// B_upd.idx: plain UPDATEs of whole documents by key in the indexed table of B_ins.idx, 1,000 rows per
+    /// transaction: each row's text replaced by `updated` (the same JSON with one field changed, prepared beforehand).
+    /// What a store without CRDT bookkeeping pays at least for W1.update's patches (which must also read the row).
+    static func updates(
+        dir: String, n: Int, repeats: Int, texts: [String], updated: [String], indexedFields: [String]
+    ) throws -> Result {
+        var rates: [Double] = []
+        for r in 0..<repeats {
+            let queue = try rawDatabase(dir, "bupd-\(r)")
+            for (k, field) in indexedFields.enumerated() {
+                let columns = QueryCompiler.indexColumns([try FieldPath(field)])
+                try queue.write { db in try db.execute(sql: "CREATE INDEX t_\(k) ON t(\(columns)) WHERE collection = 'c'") }
+            }
+            try queue.write { db in
+                let st = try db.cachedStatement(sql: "INSERT INTO t(collection, id, body) VALUES (?, ?, ?)")
+                for i in 0..<n { try st.execute(arguments: ["c", String(format: "doc-%08d", i), texts[i]]) }
+            }
+            let t = try seconds {
+                for chunk in stride(from: 0, to: n, by: 1000) {
+                    try queue.write { db in
+                        let st = try db.cachedStatement(sql: "UPDATE t SET body = ? WHERE collection = ? AND id = ?")
+                        for i in chunk..<min(chunk + 1000, n) {
+                            try st.execute(arguments: [updated[i], "c", String(format: "doc-%08d", i)])
+                        }
+                    }
+                }
+            }
+            rates.append(Double(n) / t)
+        }
+        return Result(
+            name: "B_upd.idx", unit: "docs/s", samples: rates, better: "higher",
+            note: "plain UPDATE of the same JSON with one field changed, indexed as B_ins.idx")
+    }
+
     /// B_auto: the same INSERT, one transaction (and one WAL fsync) per row.
     static func autocommit(dir: String, n: Int, repeats: Int, texts: [String]) throws -> Result {
         var rates: [Double] = []

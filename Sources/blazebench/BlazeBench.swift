@@ -50,6 +50,15 @@ struct BlazeBench: AsyncParsableCommand {
         if wants("baselines") {
             results.append(try Baselines.inserts(dir: dir, n: n, repeats: reps, texts: texts))
             results.append(try Baselines.inserts(dir: dir, n: n, repeats: reps, texts: texts, indexedFields: ["email", "age"]))
+            // The documents W1.update writes: `score` set to the document's number.
+            let updated = docs.prefix(n).enumerated().map { i, doc in
+                var d = doc
+                d["score"] = .double(Double(i))
+                return JSONValue.object(d).jsonText
+            }
+            results.append(
+                try Baselines.updates(
+                    dir: dir, n: n, repeats: reps, texts: texts, updated: updated, indexedFields: ["email", "age"]))
             results.append(try Baselines.autocommit(dir: dir, n: max(200, n / 10), repeats: reps, texts: texts))
             results.append(try Baselines.pointReads(dir: dir, n: n, texts: texts))
             results.append(try await Baselines.echo(dir: dir, n: n))

@@ -73,7 +73,7 @@ final class StoreReplicas {
                 try db.read { d in
                     var out: [String: DocumentState] = [:]
                     for row in try Row.fetchAll(
-                        d, sql: "SELECT c.id, c.state, d.body FROM crdt_docs c LEFT JOIN docs d USING (collection, id)")
+                        d, sql: "SELECT id, state, body FROM docs UNION ALL SELECT id, state, NULL FROM tombstones")
                     {
                         out[row[0]] = try SQLStorage.decode(state: row[1], body: row[2])
                     }
