@@ -178,6 +178,19 @@ public struct Stamp: Hashable, Comparable, Sendable {
         [.int(Int64(bitPattern: hlc.raw)), .string(dot.origin.hex), .int(Int64(dot.seq)), .int(Int64(dot.index))]
     }
 
+    /// Appends `jsonValue`'s canonical text to `out` without building it.
+    public func write(to out: inout [UInt8]) {
+        out.append(UInt8(ascii: "["))
+        JSONValue.writeInt(Int64(bitPattern: hlc.raw), to: &out)
+        out.append(contentsOf: #",""#.utf8)
+        out.append(contentsOf: dot.origin.hex.utf8)
+        out.append(contentsOf: #"","#.utf8)
+        JSONValue.writeInt(Int64(dot.seq), to: &out)
+        out.append(UInt8(ascii: ","))
+        JSONValue.writeInt(Int64(dot.index), to: &out)
+        out.append(UInt8(ascii: "]"))
+    }
+
     /// Reads the JSON form; nil when malformed.
     public init?(json: JSONValue) {
         guard case .array(let a) = json, a.count == 4, case .int(let h) = a[0], case .string(let o) = a[1],

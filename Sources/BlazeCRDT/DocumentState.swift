@@ -20,31 +20,91 @@ public struct FieldTag: Hashable, Sendable {
 public struct FieldState: Hashable, Sendable {
     /// The winning LWW write (largest stamp); nil when only counter/set operations touched the field.
     public var winner: FieldWrite?
+    /// Everything besides the winner, out of line (one heap box) and nil when all of it is empty. Most fields are a
+    /// plain write, and field states are copied whenever a document's fields are iterated: the box keeps that copy
+    /// to two references.
+    private var boxed: Boxed?
+
+    /// The heap box of `rest`.
+    indirect enum Boxed: Hashable, Sendable {
+        case rest(Rest)
+
+        var value: Rest {
+            switch self {
+            case .rest(let r): return r
+            }
+        }
+    }
+
+    /// The parts other than the winner; nil when all are empty.
+    var rest: Rest? { boxed?.value }
+
+    /// The parts of a field state other than its winner.
+    struct Rest: Hashable, Sendable {
+        var increments: [FieldTag] = []
+        var additions: [FieldTag] = []
+        var removedFromWinner: Set<String> = []
+        var lastSetOp: Stamp?
+        var losers: [FieldWrite] = []
+
+        var isEmpty: Bool {
+            increments.isEmpty && additions.isEmpty && removedFromWinner.isEmpty && lastSetOp == nil && losers.isEmpty
+        }
+    }
+
     /// Increments with stamps after the winner, in stamp order.
-    public var increments: [FieldTag] = []
+    public var increments: [FieldTag] {
+        get { rest?.increments ?? [] }
+        set { update { $0.increments = newValue } }
+    }
     /// Set additions after the winner that no observing removal has removed, in stamp order.
-    public var additions: [FieldTag] = []
+    public var additions: [FieldTag] {
+        get { rest?.additions ?? [] }
+        set { update { $0.additions = newValue } }
+    }
     /// Canonical texts of elements removed from the winner's array by removals that observed the winner.
-    public var removedFromWinner: Set<String> = []
+    public var removedFromWinner: Set<String> {
+        get { rest?.removedFromWinner ?? [] }
+        set { update { $0.removedFromWinner = newValue } }
+    }
     /// The latest set operation's stamp, if after the winner: the field is then shown as a set.
-    public var lastSetOp: Stamp?
+    public var lastSetOp: Stamp? {
+        get { rest?.lastSetOp }
+        set { update { $0.lastSetOp = newValue } }
+    }
     /// Concurrent writes that lost to the winner and that no later write has observed, in stamp order.
-    public var losers: [FieldWrite] = []
+    public var losers: [FieldWrite] {
+        get { rest?.losers ?? [] }
+        set { update { $0.losers = newValue } }
+    }
+
+    /// Edits `rest` in place (its storage is released first, so `edit` mutates uniquely referenced arrays).
+    private mutating func update(_ edit: (inout Rest) -> Void) {
+        var r = boxed?.value ?? Rest()
+        boxed = nil
+        edit(&r)
+        boxed = r.isEmpty ? nil : .rest(r)
+    }
 
     /// Creates an empty field state.
     public init() {}
 
-    var isEmpty: Bool { winner == nil && increments.isEmpty && lastSetOp == nil && losers.isEmpty }
+    /// True when the field is a plain LWW write with nothing else.
+    var isPlainWrite: Bool { winner != nil && boxed == nil }
+
+    var isEmpty: Bool { winner == nil && boxed == nil }
 
     mutating func write(_ w: FieldWrite, in change: Change, at index: Int) {
-        losers.removeAll { change.observes($0.stamp.dot, at: index) }
+        if boxed != nil { losers.removeAll { change.observes($0.stamp.dot, at: index) } }
         guard let current = winner, w.stamp < current.stamp else {
             if let old = winner, !change.observes(old.stamp.dot, at: index) { insertLoser(old) }
             winner = w
-            removedFromWinner = []
-            increments.removeAll { $0.stamp < w.stamp }
-            additions.removeAll { $0.stamp < w.stamp }
-            if let s = lastSetOp, s < w.stamp { lastSetOp = nil }
+            if boxed != nil {
+                removedFromWinner = []
+                increments.removeAll { $0.stamp < w.stamp }
+                additions.removeAll { $0.stamp < w.stamp }
+                if let s = lastSetOp, s < w.stamp { lastSetOp = nil }
+            }
             return
         }
         // Under causal delivery the winner cannot have observed `w`, so `w` lost to a concurrent write.
@@ -89,6 +149,7 @@ public struct FieldState: Hashable, Sendable {
     /// The field's value, or nil when absent (see Protocol/SYNC.md, "Materialization").
     public var value: JSONValue? {
         let base = winner?.value
+        guard boxed != nil else { return base }
         if lastSetOp != nil || !additions.isEmpty || !removedFromWinner.isEmpty {
             var elements: [String: JSONValue] = [:]
             if case .array(let items)? = base {
@@ -170,6 +231,9 @@ public struct DocumentState: Hashable, Sendable {
         fieldCount == 0 ? #"{"l":1}"# : (["l": 1, "t": stamp.jsonValue] as JSONValue).jsonText
     }
 
+    /// True when some field has concurrent writes that lost (see `FieldState.losers`).
+    public var hasConflicts: Bool { fields.values.contains { !$0.isPlainWrite && !$0.losers.isEmpty } }
+
     /// True when the document exists.
     public var isAlive: Bool { cl % 2 == 1 }
 
@@ -202,7 +266,8 @@ public struct DocumentState: Hashable, Sendable {
     /// The document as clients see it (with `_id`), or nil when it does not exist.
     public func materialize(id: String) -> [String: JSONValue]? {
         guard isAlive else { return nil }
-        var doc: [String: JSONValue] = ["_id": .string(id)]
+        var doc = [String: JSONValue](minimumCapacity: fields.count + 1)
+        doc["_id"] = .string(id)
         for (name, state) in fields { if let v = state.value { doc[name] = v } }
         return doc
     }

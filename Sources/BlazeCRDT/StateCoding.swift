@@ -51,10 +51,7 @@ extension FieldState {
 }
 
 extension DocumentState {
-    private func isPlain(_ f: FieldState) -> Bool {
-        f.winner != nil && f.increments.isEmpty && f.additions.isEmpty && f.removedFromWinner.isEmpty
-            && f.lastSetOp == nil && f.losers.isEmpty
-    }
+    private func isPlain(_ f: FieldState) -> Bool { f.isPlainWrite }
 
     /// The stamp most plain fields carry (ties: the smallest), nil when no field is plain.
     private var commonStamp: Stamp? {
@@ -69,9 +66,56 @@ extension DocumentState {
             only = f.winner!.stamp
         }
         if uniform { return only }
-        var counts: [Stamp: Int] = [:]
-        for f in fields.values where isPlain(f) { counts[f.winner!.stamp, default: 0] += 1 }
-        return counts.max { a, b in a.value != b.value ? a.value < b.value : b.key < a.key }?.key
+        // Few distinct stamps in practice (one per change that wrote the document): count them in a small array.
+        var counts: [(stamp: Stamp, count: Int)] = []
+        for f in fields.values where isPlain(f) {
+            let s = f.winner!.stamp
+            if let i = counts.firstIndex(where: { $0.stamp == s }) { counts[i].count += 1 } else { counts.append((s, 1)) }
+        }
+        return counts.max { a, b in a.count != b.count ? a.count < b.count : b.stamp < a.stamp }?.stamp
+    }
+
+    /// `compactJSON.jsonText`, written directly.
+    public var compactText: String {
+        let common = commonStamp
+        var full: [(name: String, state: FieldState)] = []
+        var unset: [String] = []
+        for (name, f) in fields {
+            if let common, isPlain(f), f.winner!.stamp == common {
+                if f.winner!.value == nil { unset.append(name) }
+            } else {
+                full.append((name, f))
+            }
+        }
+        var out: [UInt8] = []
+        out.reserveCapacity(64 + 96 * full.count)
+        out.append(UInt8(ascii: "{"))
+        if !full.isEmpty {
+            out.append(contentsOf: #""f":{"#.utf8)
+            for (i, m) in full.sorted(by: { utf8Less($0.name, $1.name) }).enumerated() {
+                if i > 0 { out.append(UInt8(ascii: ",")) }
+                JSONValue.writeString(m.name, to: &out)
+                out.append(UInt8(ascii: ":"))
+                m.state.jsonValue.write(to: &out)
+            }
+            out.append(contentsOf: "},".utf8)
+        }
+        out.append(contentsOf: #""l":"#.utf8)
+        JSONValue.writeInt(cl, to: &out)
+        if let common {
+            out.append(contentsOf: #","t":"#.utf8)
+            common.write(to: &out)
+        }
+        if !unset.isEmpty {
+            out.append(contentsOf: #","u":["#.utf8)
+            for (i, name) in unset.sorted(by: utf8Less).enumerated() {
+                if i > 0 { out.append(UInt8(ascii: ",")) }
+                JSONValue.writeString(name, to: &out)
+            }
+            out.append(UInt8(ascii: "]"))
+        }
+        out.append(UInt8(ascii: "}"))
+        return String(decoding: out, as: UTF8.self)
     }
 
     /// Storage form that leans on the materialized document stored next to it.
@@ -100,7 +144,7 @@ extension DocumentState {
     /// Reads the compact form together with the materialized body (`nil` when the document is deleted).
     public init(compact json: JSONValue, body: [String: JSONValue]?) throws(CRDTDecodingError) {
         guard case .int(let cl)? = json["l"] else { throw CRDTDecodingError("malformed document state") }
-        var fields: [String: FieldState] = [:]
+        var fields = [String: FieldState](minimumCapacity: body?.count ?? 0)
         for (k, v) in json["f"]?.objectValue ?? [:] { fields[k] = try FieldState(json: v) }
         let common: Stamp?
         if let t = json["t"] {

@@ -117,10 +117,23 @@ private struct Cursor {
     mutating func parseObject(depth: Int) throws(JSONParseError) -> JSONValue {
         if depth > maxDepth { throw error("depth", "nesting deeper than the limit of \(maxDepth)") }
         pos += 1
-        var object: [String: JSONValue] = [:]
         skipWhitespace()
         if pos < buf.count, buf[pos] == UInt8(ascii: "}") {
             pos += 1
+            return .object([:])
+        }
+        // Members are collected first and the dictionary is sized once (growing it member by member rehashes it at
+        // 1, 2, 4 and 8 members).
+        var members: [(key: String, value: JSONValue, at: Int)] = []
+        members.reserveCapacity(8)
+        func build() throws(JSONParseError) -> JSONValue {
+            var object = [String: JSONValue](minimumCapacity: members.count)
+            for m in members {
+                if object.updateValue(m.value, forKey: m.key) != nil {
+                    pos = m.at
+                    throw error("duplicate_key", "duplicate object key \"\(m.key)\"")
+                }
+            }
             return .object(object)
         }
         while true {
@@ -134,18 +147,14 @@ private struct Cursor {
             guard pos < buf.count, buf[pos] == UInt8(ascii: ":") else { throw error("syntax", "expected ':'") }
             pos += 1
             skipWhitespace()
-            let value = try parseValue(depth: depth)
-            if object.updateValue(value, forKey: key) != nil {
-                pos = keyStart
-                throw error("duplicate_key", "duplicate object key \"\(key)\"")
-            }
+            members.append((key, try parseValue(depth: depth), keyStart))
             skipWhitespace()
             guard pos < buf.count else { throw error("syntax", "unexpected end of input in object") }
             if buf[pos] == UInt8(ascii: ",") {
                 pos += 1
             } else if buf[pos] == UInt8(ascii: "}") {
                 pos += 1
-                return .object(object)
+                return try build()
             } else {
                 throw error("syntax", "expected ',' or '}'")
             }

@@ -136,14 +136,20 @@ final class SQLStorage: ReplicaStorage {
             return state
         }
         let stmt = try db.cachedStatement(sql: "SELECT rowid, state, body FROM docs WHERE collection = ? AND id = ?")
-        if let row = try Row.fetchOne(stmt, arguments: [key.collection, key.id]) {
-            locations[key] = .row(row[0])
+        // A cursor's row reads the statement's columns in place (fetchOne would copy the row first); it is valid
+        // only while the cursor lives.
+        let rows = try Row.fetchCursor(stmt, arguments: [key.collection, key.id])
+        let found = try withExtendedLifetime(rows) { () throws -> (rowid: Int64, state: String?, body: String)? in
+            guard let row = try rows.next() else { return nil }
+            return (row[0], row[1], row[2])
+        }
+        if let (rowid, stateText, text) = found {
+            locations[key] = .row(rowid)
             // A row without state holds data from before replication, about to be adopted as a new document.
-            guard let stateText: String = row[1] else {
+            guard let stateText else {
                 cache[key] = .some(nil)
                 return nil
             }
-            let text: String = row[2]
             let doc = try Self.parseBody(text)
             let state = try DocumentState(compact: try JSONParser(maxDepth: 10_000).parse(stateText), body: doc)
             cache[key] = state
@@ -295,7 +301,7 @@ final class SQLStorage: ReplicaStorage {
         // A collection exists once any document state lives in it (deleted ones too), whatever the batching of the
         // changes that brought it: collection existence must converge like the documents do.
         try ensureCollection(key.collection)
-        let stateText = state.compactJSON.jsonText
+        let stateText = state.compactText
         let location = try locations[key] ?? locate(key)
         guard let text = body.text else {
             switch location {
@@ -320,7 +326,7 @@ final class SQLStorage: ReplicaStorage {
                 "document is \(size) bytes; the limit is \(limits.maxDocumentBytes)",
                 details: ["limit": .int(Int64(limits.maxDocumentBytes))])
         }
-        let conflicted = state.fields.values.contains { !$0.losers.isEmpty }
+        let conflicted = state.hasConflicts
         switch location {
         case .row(let rowid):
             try db.cachedStatement(sql: "UPDATE docs SET body = ?, state = ?, conflicted = ? WHERE rowid = ?").execute(

@@ -148,6 +148,11 @@ public final class WriteTransaction {
         set: [String: JSONValue], unset: [String], incr: [String: JSONValue], add: [String: [JSONValue]],
         remove: [String: [JSONValue]]
     ) throws {
+        // The common patch only sets fields: names need checking, and cannot repeat.
+        if unset.isEmpty && incr.isEmpty && add.isEmpty && remove.isEmpty && !set.isEmpty {
+            for name in set.keys { try Names.validateFieldName(name) }
+            return
+        }
         var seen: [String: String] = [:]
         let groups: [(String, [String])] = [
             ("set", Array(set.keys)), ("unset", unset), ("incr", Array(incr.keys)), ("add", Array(add.keys)),

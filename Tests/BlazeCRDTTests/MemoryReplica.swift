@@ -29,7 +29,8 @@ final class MemoryReplica: ReplicaStorage {
     /// Stores the state after a trip through its JSON form, so the codec is exercised by every test.
     func saveDocument(_ key: DocKey, _ state: DocumentState) throws {
         let body = state.materialize(id: key.id)
-        let compact = try DocumentState(compact: try JSONParser().parse(state.compactJSON.jsonText), body: body)
+        precondition(state.compactText == state.compactJSON.jsonText, "compactText differs: \(state.compactText)")
+        let compact = try DocumentState(compact: try JSONParser().parse(state.compactText), body: body)
         precondition(compact == state, "document state does not survive its compact form: \(state.compactJSON.jsonText)")
         docs[key] = compact
     }
