@@ -66,13 +66,17 @@ extension DocumentState {
             only = f.winner!.stamp
         }
         if uniform { return only }
-        // Few distinct stamps in practice (one per change that wrote the document): count them in a small array.
-        var counts: [(stamp: Stamp, count: Int)] = []
-        for f in fields.values where isPlain(f) {
-            let s = f.winner!.stamp
-            if let i = counts.firstIndex(where: { $0.stamp == s }) { counts[i].count += 1 } else { counts.append((s, 1)) }
+        // Few distinct stamps in practice (one per change that wrote the document): count them on the stack.
+        return withUnsafeTemporaryAllocation(of: (stamp: Stamp, count: Int).self, capacity: fields.count) { counts in
+            var n = 0
+            for f in fields.values {
+                guard f.isPlainWrite, let s = f.winner?.stamp else { continue }
+                var i = 0
+                while i < n && counts[i].stamp != s { i += 1 }
+                if i < n { counts[i].count += 1 } else { (counts.baseAddress! + n).initialize(to: (s, 1)); n += 1 }
+            }
+            return counts[..<n].max { a, b in a.count != b.count ? a.count < b.count : b.stamp < a.stamp }?.stamp
         }
-        return counts.max { a, b in a.count != b.count ? a.count < b.count : b.stamp < a.stamp }?.stamp
     }
 
     /// `compactJSON.jsonText`, written directly.
@@ -96,7 +100,18 @@ extension DocumentState {
                 if i > 0 { out.append(UInt8(ascii: ",")) }
                 JSONValue.writeString(m.name, to: &out)
                 out.append(UInt8(ascii: ":"))
-                m.state.jsonValue.write(to: &out)
+                if m.state.isPlainWrite, let w = m.state.winner {
+                    // `{"w":[stamp]}` or `{"w":[stamp,value]}`, as `jsonValue` writes it.
+                    out.append(contentsOf: #"{"w":["#.utf8)
+                    w.stamp.write(to: &out)
+                    if let v = w.value {
+                        out.append(UInt8(ascii: ","))
+                        v.write(to: &out)
+                    }
+                    out.append(contentsOf: "]}".utf8)
+                } else {
+                    m.state.jsonValue.write(to: &out)
+                }
             }
             out.append(contentsOf: "},".utf8)
         }

@@ -75,11 +75,26 @@ final class SQLStorage: ReplicaStorage {
         return VersionVector(e)
     }
 
-    /// A document `insertNew` created: its fields (without `_id`), its stored text (with `_id`) and their stamp.
+    /// A document `insertNew` created: as given (with or without `_id`), its stored text (with `_id`), its stamp.
     struct Created {
-        var fields: [String: JSONValue]
+        var doc: [String: JSONValue]
         var text: String
         var stamp: Stamp
+
+        /// The fields, without `_id`.
+        var fields: [String: JSONValue] {
+            var f = doc
+            f.removeValue(forKey: "_id")
+            return f
+        }
+
+        /// The document as clients see it: with `_id` (`doc` as is when it carries exactly that id).
+        func visible(id: String) -> [String: JSONValue] {
+            if case .string(let given)? = doc["_id"], utf8Equal(given, id) { return doc }
+            var d = doc
+            d["_id"] = .string(id)
+            return d
+        }
     }
 
     func recordApplied(_ change: Change) throws {
@@ -94,9 +109,7 @@ final class SQLStorage: ReplicaStorage {
             let before = visible[key] ?? Visible()
             let after: Visible
             if let c = created[key] {
-                var doc = c.fields
-                doc["_id"] = .string(key.id)
-                after = Visible(doc: doc, text: c.text)
+                after = Visible(doc: c.visible(id: key.id), text: c.text)
             } else {
                 let doc = cache[key]??.materialize(id: key.id)
                 after = Visible(doc: doc, text: doc.map { JSONValue.object($0).jsonText })
@@ -192,9 +205,9 @@ final class SQLStorage: ReplicaStorage {
     /// The state is what `Replica.applyOp` makes of `DocOp(cl: 1, set: fields)` at `stamp` on a document never seen;
     /// the one insert that probes for a live document also writes it, so a new document costs no lookup (and none in
     /// `tombstones` while no document was ever deleted).
-    func insertNew(_ key: DocKey, fields: [String: JSONValue], stamp: Stamp) throws -> [UInt8]? {
+    func insertNew(_ key: DocKey, doc: [String: JSONValue], stamp: Stamp) throws -> [UInt8]? {
         guard cache[key] == nil, created[key] == nil, try tombstone(key) == nil else { return nil }
-        let (setJSON, body) = Self.writeDocument(fields, id: key.id)
+        let (setJSON, body) = Self.writeDocument(doc, id: key.id)
         if enforceLimits && body.count > limits.maxDocumentBytes {
             throw StoreError(
                 .limitExceeded, kind: "document_too_large",
@@ -205,18 +218,20 @@ final class SQLStorage: ReplicaStorage {
         try db.cachedStatement(
             sql: "INSERT INTO docs(collection, id, body, state) VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING"
         ).execute(arguments: [
-            key.collection, key.id, text, DocumentState.createdCompactText(fieldCount: fields.count, stamp: stamp),
+            key.collection, key.id, text,
+            DocumentState.createdCompactText(fieldCount: doc.count - (doc["_id"] == nil ? 0 : 1), stamp: stamp),
         ])
         guard db.changesCount == 1 else { return nil }
         locations[key] = .row(db.lastInsertedRowID)
         try ensureCollection(key.collection)
-        created[key] = Created(fields: fields, text: text, stamp: stamp)
+        created[key] = Created(doc: doc, text: text, stamp: stamp)
         visible[key] = Visible()
         if touchedSet.insert(key).inserted { touched.append(key) }
         return setJSON
     }
 
-    /// Canonical JSON of `fields` as an object, and of the same object with `_id: id` (the stored document).
+    /// Canonical JSON of `fields` as an object, and of the same object with `_id: id` (the stored document); an
+    /// `_id` member of `fields` is left out of both (the id given is the one written).
     static func writeDocument(_ fields: [String: JSONValue], id: String) -> (set: [UInt8], body: [UInt8]) {
         var set: [UInt8] = []
         set.reserveCapacity(256)
@@ -224,7 +239,7 @@ final class SQLStorage: ReplicaStorage {
         // Where `_id` goes in key order: before the first key that sorts after it.
         var idAt: Int?
         var first = true
-        for (name, value) in fields.sorted(by: { utf8Less($0.key, $1.key) }) {
+        for (name, value) in fields.sorted(by: { utf8Less($0.key, $1.key) }) where name != "_id" {
             if idAt == nil && utf8Less("_id", name) { idAt = set.count }
             if !first { set.append(UInt8(ascii: ",")) }
             first = false
@@ -246,7 +261,7 @@ final class SQLStorage: ReplicaStorage {
             body.append(contentsOf: set[lead...])
         } else {
             body.append(contentsOf: set[..<(set.count - 1)])
-            if !fields.isEmpty { body.append(UInt8(ascii: ",")) }
+            if set.count > 2 { body.append(UInt8(ascii: ",")) }
             body.append(contentsOf: member)
             body.append(UInt8(ascii: "}"))
         }

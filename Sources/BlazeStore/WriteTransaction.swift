@@ -35,8 +35,8 @@ public final class WriteTransaction {
     let limits: StoreLimits
     /// The change being built: its origin, sequence, clock and dependencies are fixed when the transaction starts.
     let draft: Change
-    /// Operations emitted so far, in order.
-    private(set) var ops: [CRDTOp] = []
+    /// Number of operations emitted so far (their JSON is in `opsJSON`).
+    private(set) var opCount = 0
     /// Number of document mutations applied (feeds the planner-statistics refresh).
     private(set) var changes = 0
     /// The canonical JSON of `ops`, comma-separated, written as they are emitted (the change's text is built from it
@@ -51,29 +51,30 @@ public final class WriteTransaction {
         self.draft = draft
     }
 
-    /// The change this transaction produced, nil when it wrote nothing.
-    var change: Change? {
-        ops.isEmpty ? nil : Change(origin: draft.origin, seq: draft.seq, hlc: draft.hlc, deps: draft.deps, ops: ops)
+    /// The change this transaction produced, with its text; nil when it wrote nothing.
+    ///
+    /// The change's operations are recorded as text only (`opsJSON`): applying them already happened, and recording
+    /// needs nothing else.
+    var recorded: (header: Change, text: String)? {
+        guard opCount > 0 else { return nil }
+        return (draft, draft.text(opsJSON: opsJSON))
     }
 
-    /// The canonical text of `change`.
-    var changeText: String { change?.text(opsJSON: opsJSON) ?? "" }
-
     private func emit(_ op: CRDTOp) throws {
-        try Replica.applyOp(op, index: ops.count, of: draft, to: storage)
-        if !ops.isEmpty { opsJSON.append(UInt8(ascii: ",")) }
+        try Replica.applyOp(op, index: opCount, of: draft, to: storage)
+        if opCount > 0 { opsJSON.append(UInt8(ascii: ",")) }
         Change.writeOp(op, to: &opsJSON)
-        ops.append(op)
+        opCount += 1
         changes += 1
     }
 
     /// Inserts a document no state exists for without looking it up (see `SQLStorage.insertNew`); false when the
-    /// key has a state, for the general path to handle.
-    private func emitNew(_ key: DocKey, fields: [String: JSONValue]) throws -> Bool {
-        guard let setJSON = try storage.insertNew(key, fields: fields, stamp: draft.stamp(ops.count)) else { return false }
-        if !ops.isEmpty { opsJSON.append(UInt8(ascii: ",")) }
+    /// key has a state, for the general path to handle. `doc` may hold `_id` (equal to `key.id`), which is not a field.
+    private func emitNew(_ key: DocKey, doc: [String: JSONValue]) throws -> Bool {
+        guard let setJSON = try storage.insertNew(key, doc: doc, stamp: draft.stamp(opCount)) else { return false }
+        if opCount > 0 { opsJSON.append(UInt8(ascii: ",")) }
         Change.writeSetOp(key, cl: 1, setJSON: setJSON, to: &opsJSON)
-        ops.append(.doc(DocOp(key: key, cl: 1, set: fields)))
+        opCount += 1
         changes += 1
         return true
     }
@@ -84,7 +85,8 @@ public final class WriteTransaction {
         case .insert(let collection, var doc):
             try Names.validateCollection(collection)
             let id: String
-            if let given = doc.removeValue(forKey: "_id") {
+            // `_id` stays in `doc` for the fast path (removing it would copy the caller's dictionary).
+            if let given = doc["_id"] {
                 guard case .string(let s) = given else {
                     throw StoreError.invalid("invalid_id", "_id must be a string, got \(given.typeName)")
                 }
@@ -95,7 +97,8 @@ public final class WriteTransaction {
             try Names.validateID(id)
             try validateFields(doc)
             let key = DocKey(collection: collection, id: id)
-            if try emitNew(key, fields: doc) { return WriteResult(id: id) }
+            if try emitNew(key, doc: doc) { return WriteResult(id: id) }
+            doc.removeValue(forKey: "_id")
             let current = try storage.document(key)
             if current?.isAlive == true {
                 throw StoreError(
@@ -108,12 +111,15 @@ public final class WriteTransaction {
         case .put(let collection, let id, var doc):
             try Names.validateCollection(collection)
             try Names.validateID(id)
-            if let given = doc.removeValue(forKey: "_id"), given != .string(id) {
-                throw StoreError.invalid("id_mismatch", "doc._id does not match the id parameter")
+            if let given = doc["_id"] {
+                guard case .string(let s) = given, utf8Equal(s, id) else {
+                    throw StoreError.invalid("id_mismatch", "doc._id does not match the id parameter")
+                }
             }
             try validateFields(doc)
             let key = DocKey(collection: collection, id: id)
-            if try emitNew(key, fields: doc) { return WriteResult(id: id, created: true) }
+            if try emitNew(key, doc: doc) { return WriteResult(id: id, created: true) }
+            doc.removeValue(forKey: "_id")
             let current = try storage.document(key)
             try emit(.doc(LocalEdit.replace(key, fields: doc, current: current)))
             return WriteResult(id: id, created: current?.isAlive != true)
@@ -140,8 +146,9 @@ public final class WriteTransaction {
         }
     }
 
+    /// Checks the field names of a document (`_id` excepted: it is the id, checked by the caller).
     func validateFields(_ doc: [String: JSONValue]) throws {
-        for key in doc.keys { try Names.validateFieldName(key) }
+        for key in doc.keys where key != "_id" { try Names.validateFieldName(key) }
     }
 
     func validatePatch(

@@ -13,7 +13,19 @@ enum Workloads {
     static func store(dir: String, n: Int, repeats: Int, docs: [[String: JSONValue]]) throws -> [Result] {
         var inserts: [Double] = []
         var updates: [Double] = []
+        var plain: [Double] = []
         for r in 0..<repeats {
+            // The same inserts into a collection without user indexes: the counterpart of B_ins.
+            let bare = try Store(directory: "\(dir)/w1-bare-\(r)", node: NodeID(bytes: [UInt8](repeating: UInt8(r + 1), count: 16)))
+            let bareDB = try bare.create("bench")
+            plain.append(
+                Double(n)
+                    / (try seconds {
+                        for chunk in stride(from: 0, to: n, by: 1000) {
+                            _ = try bareDB.commit((chunk..<min(chunk + 1000, n)).map { .insert(collection: "c", doc: docs[$0]) })
+                        }
+                    }))
+            bare.closeAll()
             let store = try Store(directory: "\(dir)/w1-\(r)", node: NodeID(bytes: [UInt8](repeating: UInt8(r + 1), count: 16)))
             let db = try store.create("bench")
             _ = try db.write { tx in try tx.createIndex(collection: "c", fields: ["email"], name: nil) }
@@ -36,6 +48,8 @@ enum Workloads {
             store.closeAll()
         }
         return [
+            Result(name: "W1.insert.noidx", unit: "docs/s", samples: plain, better: "higher", baseline: "B_ins",
+                target: "≥ 0.5×", note: "no user index"),
             Result(name: "W1.insert", unit: "docs/s", samples: inserts, better: "higher", baseline: "B_ins",
                 secondBaseline: "B_ins.idx", target: "≥ 0.5×", note: "2 indexed fields"),
             Result(name: "W1.update", unit: "docs/s", samples: updates, better: "higher", baseline: "B_ins",

@@ -111,7 +111,7 @@ final class StoreReplicas {
         case 4: return .patch(collection: "c", id: id, remove: ["tags": [value]])
         case 5: return .patch(collection: "c", id: id, unset: ["v"])
         // Keys that sort before and after `_id`, and an empty document: the stored text is built around `_id`.
-        case 6: return .insert(collection: "c", doc: ["_id": .string(id), "A": value, "_a": 1, "z": .int(Int64(writer))])
+        case 6: return .insert(collection: "c", doc: ["_id": .string(id), "A": value, "Z9": 1, "z": .int(Int64(writer))])
         case 7: return .insert(collection: "c", doc: Bool.random(using: &rng) ? ["_id": .string(id)] : ["v": value])
         default: return .patch(collection: "c", id: id, set: ["v": value])
         }
