@@ -228,7 +228,12 @@ public struct DocumentState: Hashable, Sendable {
 
     /// Compact storage text (`compactJSON.jsonText`) of `created(fields:stamp:)`, without building that state.
     public static func createdCompactText(fieldCount: Int, stamp: Stamp) -> String {
-        fieldCount == 0 ? #"{"l":1}"# : (["l": 1, "t": stamp.jsonValue] as JSONValue).jsonText
+        guard fieldCount > 0 else { return #"{"l":1}"# }
+        var out: [UInt8] = Array(#"{"l":1,"t":"#.utf8)
+        out.reserveCapacity(96)
+        stamp.write(to: &out)
+        out.append(UInt8(ascii: "}"))
+        return String(decoding: out, as: UTF8.self)
     }
 
     /// True when some field has concurrent writes that lost (see `FieldState.losers`).

@@ -134,16 +134,32 @@ public final class ChangeFeed: Sendable {
 enum FeedLog {
     /// Stored event field names (short: the feed holds a copy of every changed document).
     static func encode(_ events: [FeedEvent]) -> String {
-        var out = "["
+        var out: [UInt8] = []
+        out.reserveCapacity(events.reduce(2) { $0 + ($1.afterText?.utf8.count ?? 0) + ($1.beforeText?.utf8.count ?? 0) + 64 })
+        out.append(UInt8(ascii: "["))
         for (i, e) in events.enumerated() {
-            if i > 0 { out += "," }
-            out += "{"
-            if let a = e.afterText { out += "\"a\":" + a + "," }
-            if let b = e.beforeText { out += "\"b\":" + b + "," }
-            out += "\"c\":" + JSONValue.string(e.collection).jsonText + ",\"i\":" + JSONValue.string(e.id).jsonText
-            out += ",\"t\":\"" + e.type.rawValue + "\"}"
+            if i > 0 { out.append(UInt8(ascii: ",")) }
+            out.append(UInt8(ascii: "{"))
+            if let a = e.afterText {
+                out.append(contentsOf: #""a":"#.utf8)
+                out.append(contentsOf: a.utf8)
+                out.append(UInt8(ascii: ","))
+            }
+            if let b = e.beforeText {
+                out.append(contentsOf: #""b":"#.utf8)
+                out.append(contentsOf: b.utf8)
+                out.append(UInt8(ascii: ","))
+            }
+            out.append(contentsOf: #""c":"#.utf8)
+            JSONValue.writeString(e.collection, to: &out)
+            out.append(contentsOf: #","i":"#.utf8)
+            JSONValue.writeString(e.id, to: &out)
+            out.append(contentsOf: #","t":""#.utf8)
+            out.append(contentsOf: e.type.rawValue.utf8)
+            out.append(contentsOf: #""}"#.utf8)
         }
-        return out + "]"
+        out.append(UInt8(ascii: "]"))
+        return String(decoding: out, as: UTF8.self)
     }
 
     static func decode(seq: Int64, origin: String, events text: String) throws -> FeedEntry {

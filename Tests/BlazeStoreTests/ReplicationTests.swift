@@ -117,6 +117,16 @@ final class StoreReplicas {
         }
     }
 
+    /// The state text a new document is stored with is the one its state would encode to.
+    @Test func createdStateTextMatchesTheGeneralEncoding() throws {
+        let stamp = Stamp(hlc: HLC(raw: 1 << 40 | 7), origin: randomNode(), seq: 12, index: 3)
+        for fields: [String: JSONValue] in [[:], ["a": 1], ["a": 1, "B": "x", "c": [1, 2], "d": ["e": .null]]] {
+            let state = DocumentState.created(fields: fields, stamp: stamp)
+            #expect(DocumentState.createdCompactText(fieldCount: fields.count, stamp: stamp) == state.compactText)
+            #expect(state.compactText == state.compactJSON.jsonText)
+        }
+    }
+
     @Test func everyLocalTransactionIsExactlyOneChange() async throws {
         let t = try TempStore()
         let db = try t.store.create("x")
