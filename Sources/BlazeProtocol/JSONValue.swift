@@ -1,3 +1,9 @@
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Darwin)
+import Darwin
+#endif
+
 /// A JSON value with exact number semantics (JSON null is `.null`; Swift's `nil` is never a JSON value, so
 /// "absent" and "null" cannot be confused): integers stay 64-bit integers, doubles round-trip bit for bit.
 ///
@@ -91,7 +97,20 @@ extension JSONValue: ExpressibleByStringLiteral, ExpressibleByIntegerLiteral, Ex
 /// Compares two strings by their UTF-8 bytes, the order SQLite's BINARY collation uses.
 @inlinable
 public func utf8Less(_ a: String, _ b: String) -> Bool {
-    a.utf8.lexicographicallyPrecedes(b.utf8)
+    // Native strings are contiguous UTF-8: compare the bytes in one go (object keys are sorted with this on every
+    // serialization). The element-wise comparison is the fallback for other strings.
+    let fast: Bool?? = a.utf8.withContiguousStorageIfAvailable { x in
+        b.utf8.withContiguousStorageIfAvailable { y -> Bool in
+            let n = min(x.count, y.count)
+            if n > 0 {
+                let c = memcmp(x.baseAddress!, y.baseAddress!, n)
+                if c != 0 { return c < 0 }
+            }
+            return x.count < y.count
+        }
+    }
+    if let known = fast ?? nil { return known }
+    return a.utf8.lexicographicallyPrecedes(b.utf8)
 }
 
 /// Compares two strings by their UTF-8 bytes (no Unicode normalization, unlike `==` on `String`).

@@ -224,8 +224,8 @@ final class SQLStorage: ReplicaStorage {
         guard db.changesCount == 1 else { return nil }
         locations[key] = .row(db.lastInsertedRowID)
         try ensureCollection(key.collection)
+        // Its "before" is absent: `visible` has no entry for it, which reads as absent.
         created[key] = Created(doc: doc, text: text, stamp: stamp)
-        visible[key] = Visible()
         if touchedSet.insert(key).inserted { touched.append(key) }
         return setJSON
     }

@@ -81,6 +81,17 @@ func randomValue(_ rng: inout SeededRandom, depth: Int = 0) -> JSONValue {
         #expect(try JSONParser().parse(JSONValue.double(1e300).jsonText) == .double(1e300))
     }
 
+    /// The byte-wise comparison agrees with comparing UTF-8 code units one by one, prefixes and non-ASCII included.
+    @Test func utf8OrderMatchesCodeUnitOrder() {
+        var rng = SeededRandom(seed: 7)
+        let alphabet: [String] = ["", "a", "b", "_", "A", "é", "e\u{301}", "\u{10FFFF}", "~", "0"]
+        for _ in 0..<5_000 {
+            let a = (0..<Int.random(in: 0...3, using: &rng)).map { _ in alphabet.randomElement(using: &rng)! }.joined()
+            let b = (0..<Int.random(in: 0...3, using: &rng)).map { _ in alphabet.randomElement(using: &rng)! }.joined()
+            #expect(utf8Less(a, b) == a.utf8.lexicographicallyPrecedes(b.utf8), "\(a.debugDescription) < \(b.debugDescription)")
+        }
+    }
+
     @Test func objectKeysSerializeSortedByUTF8() {
         let v: JSONValue = ["b": 1, "a": 2, "é": 3, "Z": 4]
         #expect(v.jsonText == #"{"Z":4,"a":2,"b":1,"é":3}"#)
