@@ -179,3 +179,97 @@ extension DocumentState {
         self.init(cl: cl, fields: fields)
     }
 }
+
+extension DocumentState {
+    /// The compact text (`compactText`) of a live document's state after one local operation at `stamp` writes the
+    /// top-level fields in `writes` (a value, or nil for unset), computed from the stored compact form and body
+    /// without decoding field states.
+    ///
+    /// Nil when this shortcut does not apply and the caller must take the general path (`DocumentState.apply`): the
+    /// document is not alive, a field holds more than one plain write (counter, set, conflict), or some stamp in the
+    /// state is not before `stamp`. Valid only for an operation that observes every write in the state, as every
+    /// local operation does: its writes then replace each written field's state with a plain write at `stamp`.
+    public static func compactTextAfterLocalWrite(
+        compact: JSONValue, body: [String: JSONValue], writes: [String: JSONValue?], stamp: Stamp
+    ) -> String? {
+        guard case .object(let o) = compact, case .int(let cl)? = o["l"], cl % 2 == 1 else { return nil }
+        var common: Stamp?
+        if let t = o["t"] {
+            guard let s = Stamp(json: t), s < stamp else { return nil }
+            common = s
+        }
+        // Every field as (stamp, value), read the way `init(compact:body:)` reads them: spelled out, unset at the
+        // common stamp, then the body's other members at the common stamp.
+        var fields = [String: (stamp: Stamp, value: JSONValue?)](minimumCapacity: body.count + writes.count)
+        if let f = o["f"] {
+            guard case .object(let spelled) = f else { return nil }
+            for (name, state) in spelled {
+                guard case .object(let parts) = state, parts.count == 1, case .array(let w)? = parts["w"],
+                    w.count == 1 || w.count == 2, let s = Stamp(json: w[0]), s < stamp
+                else { return nil }
+                fields[name] = (s, w.count == 2 ? w[1] : nil)
+            }
+        }
+        if case .array(let names)? = o["u"] {
+            for case .string(let name) in names {
+                guard let common else { return nil }
+                fields[name] = (common, nil)
+            }
+        }
+        for (name, value) in body where name != "_id" && fields[name] == nil {
+            guard let common else { return nil }
+            fields[name] = (common, value)
+        }
+        for (name, value) in writes { fields[name] = (stamp, value) }
+
+        // The new common stamp: the one most fields carry, ties to the smallest (as `commonStamp`).
+        var counts: [(stamp: Stamp, count: Int)] = []
+        for f in fields.values {
+            if let i = counts.firstIndex(where: { $0.stamp == f.stamp }) { counts[i].count += 1 } else { counts.append((f.stamp, 1)) }
+        }
+        let newCommon = counts.max { a, b in a.count != b.count ? a.count < b.count : b.stamp < a.stamp }?.stamp
+        var spelled: [(name: String, stamp: Stamp, value: JSONValue?)] = []
+        var unset: [String] = []
+        for (name, f) in fields {
+            if f.stamp == newCommon {
+                if f.value == nil { unset.append(name) }
+            } else {
+                spelled.append((name, f.stamp, f.value))
+            }
+        }
+        var out: [UInt8] = []
+        out.reserveCapacity(64 + 96 * spelled.count)
+        out.append(UInt8(ascii: "{"))
+        if !spelled.isEmpty {
+            out.append(contentsOf: #""f":{"#.utf8)
+            for (i, m) in spelled.sorted(by: { utf8Less($0.name, $1.name) }).enumerated() {
+                if i > 0 { out.append(UInt8(ascii: ",")) }
+                JSONValue.writeString(m.name, to: &out)
+                out.append(contentsOf: #":{"w":["#.utf8)
+                m.stamp.write(to: &out)
+                if let v = m.value {
+                    out.append(UInt8(ascii: ","))
+                    v.write(to: &out)
+                }
+                out.append(contentsOf: "]}".utf8)
+            }
+            out.append(contentsOf: "},".utf8)
+        }
+        out.append(contentsOf: #""l":"#.utf8)
+        JSONValue.writeInt(cl, to: &out)
+        if let newCommon {
+            out.append(contentsOf: #","t":"#.utf8)
+            newCommon.write(to: &out)
+        }
+        if !unset.isEmpty {
+            out.append(contentsOf: #","u":["#.utf8)
+            for (i, name) in unset.sorted(by: utf8Less).enumerated() {
+                if i > 0 { out.append(UInt8(ascii: ",")) }
+                JSONValue.writeString(name, to: &out)
+            }
+            out.append(UInt8(ascii: "]"))
+        }
+        out.append(UInt8(ascii: "}"))
+        return String(decoding: out, as: UTF8.self)
+    }
+}

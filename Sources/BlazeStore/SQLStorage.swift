@@ -54,6 +54,8 @@ final class SQLStorage: ReplicaStorage {
     /// Documents created by `insertNew` whose state was not needed since: their rows are written, and their state is
     /// built (into `cache`) only if a later operation of the transaction reads it.
     private var created: [DocKey: Created] = [:]
+    /// Documents `patchInPlace` rewrote whose state was not needed since, as written (state text, body).
+    private var patched: [DocKey: Patched] = [:]
     /// Feed entries of the changes recorded in this transaction, in order.
     private(set) var entries: [FeedEntry] = []
     /// The feed sequence of the last change recorded (committed ones, then this transaction's).
@@ -97,6 +99,14 @@ final class SQLStorage: ReplicaStorage {
         }
     }
 
+    /// A document `patchInPlace` rewrote: its new compact state text and its new body (with `_id`), as dictionary
+    /// and text.
+    struct Patched {
+        var stateText: String
+        var doc: [String: JSONValue]
+        var text: String
+    }
+
     func recordApplied(_ change: Change) throws {
         try recordApplied(change, text: change.jsonValue.jsonText)
     }
@@ -110,6 +120,8 @@ final class SQLStorage: ReplicaStorage {
             let after: Visible
             if let c = created[key] {
                 after = Visible(doc: c.visible(id: key.id), text: c.text)
+            } else if let p = patched[key] {
+                after = Visible(doc: p.doc, text: p.text)
             } else {
                 let doc = cache[key]??.materialize(id: key.id)
                 after = Visible(doc: doc, text: doc.map { JSONValue.object($0).jsonText })
@@ -148,26 +160,20 @@ final class SQLStorage: ReplicaStorage {
             cache[key] = state
             return state
         }
-        let stmt = try db.cachedStatement(sql: "SELECT rowid, state, body FROM docs WHERE collection = ? AND id = ?")
-        // A cursor's row reads the statement's columns in place (fetchOne would copy the row first); it is valid
-        // only while the cursor lives.
-        let rows = try Row.fetchCursor(stmt, arguments: [key.collection, key.id])
-        let found = try withExtendedLifetime(rows) { () throws -> (rowid: Int64, state: String?, body: String)? in
-            guard let row = try rows.next() else { return nil }
-            return (row[0], row[1], row[2])
+        if let p = patched.removeValue(forKey: key) {
+            let state = try DocumentState(compact: try JSONParser(maxDepth: 10_000).parse(p.stateText), body: p.doc)
+            cache[key] = state
+            return state
         }
-        if let (rowid, stateText, text) = found {
-            locations[key] = .row(rowid)
+        if let row = try fetchRow(key) {
+            locations[key] = .row(row.rowid)
             // A row without state holds data from before replication, about to be adopted as a new document.
-            guard let stateText else {
+            guard let stateText = row.state else {
                 cache[key] = .some(nil)
                 return nil
             }
-            let doc = try Self.parseBody(text)
-            let state = try DocumentState(compact: try JSONParser(maxDepth: 10_000).parse(stateText), body: doc)
-            cache[key] = state
-            if visible[key] == nil { visible[key] = Visible(doc: doc, text: text) }
-            return state
+            let doc = try Self.parseBody(row.body)
+            return try load(key, state: try JSONParser(maxDepth: 10_000).parse(stateText), doc: doc, text: row.body)
         }
         if let stateText = try tombstone(key) {
             locations[key] = .tombstone
@@ -178,6 +184,74 @@ final class SQLStorage: ReplicaStorage {
         locations[key] = .absent
         cache[key] = .some(nil)
         return nil
+    }
+
+    /// The `docs` row of `key`, if any.
+    private func fetchRow(_ key: DocKey) throws -> (rowid: Int64, state: String?, body: String)? {
+        let stmt = try db.cachedStatement(sql: "SELECT rowid, state, body FROM docs WHERE collection = ? AND id = ?")
+        // A cursor's row reads the statement's columns in place (fetchOne would copy the row first); it is valid
+        // only while the cursor lives.
+        let rows = try Row.fetchCursor(stmt, arguments: [key.collection, key.id])
+        return try withExtendedLifetime(rows) { () throws -> (rowid: Int64, state: String?, body: String)? in
+            guard let row = try rows.next() else { return nil }
+            return (row[0], row[1], row[2])
+        }
+    }
+
+    /// Decodes and caches the state of a live document read from its row.
+    private func load(_ key: DocKey, state: JSONValue, doc: [String: JSONValue]?, text: String) throws -> DocumentState {
+        let decoded = try DocumentState(compact: state, body: doc)
+        cache[key] = decoded
+        if visible[key] == nil { visible[key] = Visible(doc: doc, text: text) }
+        return decoded
+    }
+
+    /// Applies a local patch that only sets and unsets fields by rewriting the document's row at once, without
+    /// decoding its field states (see `DocumentState.compactTextAfterLocalWrite`); returns the document's causal
+    /// length, or nil when the general path must apply it (the document is missing, already read in this
+    /// transaction, or has counter, set or conflict state). Operation `index` of `change` is the patch.
+    func patchInPlace(
+        _ key: DocKey, set: [String: JSONValue], unset: [String], change: Change, index: Int
+    ) throws -> Int64? {
+        guard cache[key] == nil, created[key] == nil, patched[key] == nil, let row = try fetchRow(key) else { return nil }
+        locations[key] = .row(row.rowid)
+        guard let stateText = row.state else { return nil }
+        let state = try JSONParser(maxDepth: 10_000).parse(stateText)
+        guard let before = try Self.parseBody(row.body) else { return nil }
+        var writes = [String: JSONValue?](minimumCapacity: set.count + unset.count)
+        for (name, value) in set { writes[name] = .some(value) }
+        for name in unset { writes[name] = .some(nil) }
+        guard case .int(let cl)? = state["l"],
+            let newState = DocumentState.compactTextAfterLocalWrite(
+                compact: state, body: before, writes: writes, stamp: change.stamp(index))
+        else {
+            // The general path takes it from here, with the row already read.
+            _ = try load(key, state: state, doc: before, text: row.body)
+            return nil
+        }
+        var doc = before
+        for (name, value) in set { doc[name] = value }
+        for name in unset { doc.removeValue(forKey: name) }
+        let text = JSONValue.object(doc).jsonText
+        #if DEBUG
+            // Every debug run (the whole test suite) checks the shortcut against the general engine.
+            var general = try DocumentState(compact: state, body: before)
+            general.apply(DocOp(key: key, cl: cl, set: set, unset: unset), change: change, index: index)
+            precondition(general.compactText == newState, "patchInPlace state \(newState) != \(general.compactText)")
+            precondition(general.materialize(id: key.id) == doc, "patchInPlace body differs for \(key)")
+        #endif
+        if enforceLimits && text.utf8.count > limits.maxDocumentBytes {
+            throw StoreError(
+                .limitExceeded, kind: "document_too_large",
+                "document is \(text.utf8.count) bytes; the limit is \(limits.maxDocumentBytes)",
+                details: ["limit": .int(Int64(limits.maxDocumentBytes))])
+        }
+        try db.cachedStatement(sql: "UPDATE docs SET body = ?, state = ?, conflicted = 0 WHERE rowid = ?").execute(
+            arguments: [text, newState, row.rowid])
+        visible[key] = Visible(doc: before, text: row.body)
+        patched[key] = Patched(stateText: newState, doc: doc, text: text)
+        if touchedSet.insert(key).inserted { touched.append(key) }
+        return cl
     }
 
     /// Where `key` is stored, for a state saved without being read first.

@@ -129,6 +129,15 @@ public final class WriteTransaction {
             try Names.validateID(id)
             try validatePatch(set: set, unset: unset, incr: incr, add: add, remove: remove)
             let key = DocKey(collection: collection, id: id)
+            if incr.isEmpty && add.isEmpty && remove.isEmpty,
+                let cl = try storage.patchInPlace(key, set: set, unset: unset, change: draft, index: opCount)
+            {
+                if opCount > 0 { opsJSON.append(UInt8(ascii: ",")) }
+                Change.writeOp(.doc(DocOp(key: key, cl: cl, set: set, unset: unset)), to: &opsJSON)
+                opCount += 1
+                changes += 1
+                return WriteResult(id: id)
+            }
             guard
                 let edit = LocalEdit.patch(
                     key, current: try storage.document(key), set: set, unset: unset, incr: incr, add: add, remove: remove)

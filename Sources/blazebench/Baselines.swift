@@ -24,24 +24,8 @@ enum Baselines {
     /// With `indexedFields`, B_ins.idx: the same table with the expression indexes a user index on those fields
     /// creates in a BlazeDB store, so that what remains between it and W1 is the CRDT bookkeeping alone.
     static func inserts(dir: String, n: Int, repeats: Int, texts: [String], indexedFields: [String] = []) throws -> Result {
-        var rates: [Double] = []
-        for r in 0..<repeats {
-            let queue = try rawDatabase(dir, "bins\(indexedFields.count)-\(r)")
-            for (k, field) in indexedFields.enumerated() {
-                let columns = QueryCompiler.indexColumns([try FieldPath(field)])
-                try queue.write { db in try db.execute(sql: "CREATE INDEX t_\(k) ON t(\(columns)) WHERE collection = 'c'") }
-            }
-            let t = try seconds {
-                for chunk in stride(from: 0, to: n, by: 1000) {
-                    try queue.write { db in
-                        let st = try db.cachedStatement(sql: "INSERT INTO t(collection, id, body) VALUES (?, ?, ?)")
-                        for i in chunk..<min(chunk + 1000, n) {
-                            try st.execute(arguments: ["c", String(format: "doc-%08d", i), texts[i]])
-                        }
-                    }
-                }
-            }
-            rates.append(Double(n) / t)
+        let rates = try (0..<repeats).map { r in
+            try insertRate(dir: dir, name: "bins\(indexedFields.count)-\(r)", n: n, texts: texts, indexedFields: indexedFields)
         }
         if !indexedFields.isEmpty {
             return Result(
@@ -51,38 +35,68 @@ enum Baselines {
         return Result(name: "B_ins", unit: "docs/s", samples: rates, better: "higher", note: "raw SQLite, 1,000 per tx")
     }
 
+    /// A raw table with the expression indexes BlazeDB builds for user indexes on `indexedFields`.
+    static func indexedTable(_ dir: String, _ name: String, indexedFields: [String]) throws -> DatabaseQueue {
+        let queue = try rawDatabase(dir, name)
+        for (k, field) in indexedFields.enumerated() {
+            let columns = QueryCompiler.indexColumns([try FieldPath(field)])
+            try queue.write { db in try db.execute(sql: "CREATE INDEX t_\(k) ON t(\(columns)) WHERE collection = 'c'") }
+        }
+        return queue
+    }
+
+    /// One B_ins (or B_ins.idx) sample: documents per second.
+    static func insertRate(dir: String, name: String, n: Int, texts: [String], indexedFields: [String]) throws -> Double {
+        let queue = try indexedTable(dir, name, indexedFields: indexedFields)
+        defer { try? queue.close() }
+        let t = try seconds {
+            for chunk in stride(from: 0, to: n, by: 1000) {
+                try queue.write { db in
+                    let st = try db.cachedStatement(sql: "INSERT INTO t(collection, id, body) VALUES (?, ?, ?)")
+                    for i in chunk..<min(chunk + 1000, n) {
+                        try st.execute(arguments: ["c", String(format: "doc-%08d", i), texts[i]])
+                    }
+                }
+            }
+        }
+        return Double(n) / t
+    }
+
     /// B_upd.idx: plain UPDATEs of whole documents by key in the indexed table of B_ins.idx, 1,000 rows per
     /// transaction: each row's text replaced by `updated` (the same JSON with one field changed, prepared beforehand).
     /// What a store without CRDT bookkeeping pays at least for W1.update's patches (which must also read the row).
     static func updates(
         dir: String, n: Int, repeats: Int, texts: [String], updated: [String], indexedFields: [String]
     ) throws -> Result {
-        var rates: [Double] = []
-        for r in 0..<repeats {
-            let queue = try rawDatabase(dir, "bupd-\(r)")
-            for (k, field) in indexedFields.enumerated() {
-                let columns = QueryCompiler.indexColumns([try FieldPath(field)])
-                try queue.write { db in try db.execute(sql: "CREATE INDEX t_\(k) ON t(\(columns)) WHERE collection = 'c'") }
-            }
-            try queue.write { db in
-                let st = try db.cachedStatement(sql: "INSERT INTO t(collection, id, body) VALUES (?, ?, ?)")
-                for i in 0..<n { try st.execute(arguments: ["c", String(format: "doc-%08d", i), texts[i]]) }
-            }
-            let t = try seconds {
-                for chunk in stride(from: 0, to: n, by: 1000) {
-                    try queue.write { db in
-                        let st = try db.cachedStatement(sql: "UPDATE t SET body = ? WHERE collection = ? AND id = ?")
-                        for i in chunk..<min(chunk + 1000, n) {
-                            try st.execute(arguments: [updated[i], "c", String(format: "doc-%08d", i)])
-                        }
-                    }
-                }
-            }
-            rates.append(Double(n) / t)
+        let rates = try (0..<repeats).map { r in
+            try updateRate(dir: dir, name: "bupd-\(r)", n: n, texts: texts, updated: updated, indexedFields: indexedFields)
         }
         return Result(
             name: "B_upd.idx", unit: "docs/s", samples: rates, better: "higher",
             note: "plain UPDATE of the same JSON with one field changed, indexed as B_ins.idx")
+    }
+
+    /// One B_upd.idx sample: documents per second (the table is filled first, untimed).
+    static func updateRate(
+        dir: String, name: String, n: Int, texts: [String], updated: [String], indexedFields: [String]
+    ) throws -> Double {
+        let queue = try indexedTable(dir, name, indexedFields: indexedFields)
+        defer { try? queue.close() }
+        try queue.write { db in
+            let st = try db.cachedStatement(sql: "INSERT INTO t(collection, id, body) VALUES (?, ?, ?)")
+            for i in 0..<n { try st.execute(arguments: ["c", String(format: "doc-%08d", i), texts[i]]) }
+        }
+        let t = try seconds {
+            for chunk in stride(from: 0, to: n, by: 1000) {
+                try queue.write { db in
+                    let st = try db.cachedStatement(sql: "UPDATE t SET body = ? WHERE collection = ? AND id = ?")
+                    for i in chunk..<min(chunk + 1000, n) {
+                        try st.execute(arguments: [updated[i], "c", String(format: "doc-%08d", i)])
+                    }
+                }
+            }
+        }
+        return Double(n) / t
     }
 
     /// B_auto: the same INSERT, one transaction (and one WAL fsync) per row.

@@ -46,16 +46,16 @@ struct BlazeBench: AsyncParsableCommand {
         let texts = (0..<total).map(benchJSON)
         let docs = try texts.map { text -> [String: JSONValue] in try JSONParser().parse(text).objectValue! }
 
+        // The documents W1.update writes: `score` set to the document's number.
+        let updated = docs.prefix(n).enumerated().map { i, doc in
+            var d = doc
+            d["score"] = .double(Double(i))
+            return JSONValue.object(d).jsonText
+        }
         var results: [Result] = []
         if wants("baselines") {
             results.append(try Baselines.inserts(dir: dir, n: n, repeats: reps, texts: texts))
             results.append(try Baselines.inserts(dir: dir, n: n, repeats: reps, texts: texts, indexedFields: ["email", "age"]))
-            // The documents W1.update writes: `score` set to the document's number.
-            let updated = docs.prefix(n).enumerated().map { i, doc in
-                var d = doc
-                d["score"] = .double(Double(i))
-                return JSONValue.object(d).jsonText
-            }
             results.append(
                 try Baselines.updates(
                     dir: dir, n: n, repeats: reps, texts: texts, updated: updated, indexedFields: ["email", "age"]))
@@ -65,7 +65,7 @@ struct BlazeBench: AsyncParsableCommand {
             results.append(try await Baselines.asyncEcho(dir: dir, n: n))
             results += try Baselines.crypto(n: max(100, n / 10))
         }
-        if wants("W1") { results += try Workloads.store(dir: dir, n: n, repeats: reps, docs: docs) }
+        if wants("W1") { results += try Workloads.store(dir: dir, n: n, repeats: reps, docs: docs, texts: texts, updated: updated) }
         if wants("RPC") { results += try await Workloads.rpc(dir: dir, n: n, docs: docs) }
         if wants("W4") || wants("W5") {
             results += try await SyncWorkloads.run(dir: dir, n: quick ? 1000 : 5 * n, docs: docs, latencyWrites: quick ? 20 : 500)
@@ -85,14 +85,19 @@ struct BlazeBench: AsyncParsableCommand {
 
         let byName = Dictionary(uniqueKeysWithValues: results.map { ($0.name, $0) })
         for i in results.indices {
-            if let s = results[i].secondBaseline, let base = byName[s], base.unit == results[i].unit {
-                let ratio = results[i].median / base.median
-                results[i].secondRatio = ratio
-                results[i].note = [results[i].note, String(format: "%.2f× %@", ratio, s)].compactMap { $0 }.joined(separator: "; ")
+            // A paired ratio needs no baseline result; otherwise median over the baseline's median, same unit.
+            func ratio(_ to: String) -> Double? {
+                if let pairs = results[i].paired[to], !pairs.isEmpty { return pairs.sorted()[pairs.count / 2] }
+                guard let base = byName[to], base.unit == results[i].unit else { return nil }
+                return results[i].median / base.median
             }
-            guard let b = results[i].baseline, let base = byName[b] else { continue }
-            results[i].ratio = results[i].unit == base.unit ? results[i].median / base.median : nil
-            if results[i].unit == "µs", base.unit == "µs" {
+            if let s = results[i].secondBaseline, let r = ratio(s) {
+                results[i].secondRatio = r
+                results[i].note = [results[i].note, String(format: "%.2f× %@", r, s)].compactMap { $0 }.joined(separator: "; ")
+            }
+            guard let b = results[i].baseline else { continue }
+            results[i].ratio = ratio(b)
+            if let base = byName[b], results[i].unit == "µs", base.unit == "µs" {
                 results[i].note = [results[i].note, String(format: "p50 − %@ = %+.1f µs", b, results[i].median - base.median)]
                     .compactMap { $0 }.joined(separator: "; ")
                 results[i].ratio = nil

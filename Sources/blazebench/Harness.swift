@@ -15,6 +15,9 @@ struct Result {
     var secondRatio: Double?
     var target: String?
     var note: String?
+    /// Per-repeat ratios to a baseline sampled just before each repeat, by baseline name: on a shared machine these
+    /// pairs see the same conditions, and their median is the ratio reported instead of median over median.
+    var paired: [String: [Double]] = [:]
 
     var median: Double { percentile(0.5) }
     var p99: Double { percentile(0.99) }
