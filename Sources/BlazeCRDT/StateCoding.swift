@@ -198,23 +198,50 @@ extension DocumentState {
             guard let s = Stamp(json: t), s < stamp else { return nil }
             common = s
         }
-        // Every field as (stamp, value), read the way `init(compact:body:)` reads them: spelled out, unset at the
-        // common stamp, then the body's other members at the common stamp.
-        var fields = [String: (stamp: Stamp, value: JSONValue?)](minimumCapacity: body.count + writes.count)
+        // The spelled-out fields (few): every other field is implicit, at the common stamp (the body's other
+        // members, and the unset names).
+        var spelled = [String: (stamp: Stamp, value: JSONValue?)]()
         if let f = o["f"] {
-            guard case .object(let spelled) = f else { return nil }
-            for (name, state) in spelled {
+            guard case .object(let entries) = f else { return nil }
+            for (name, state) in entries {
                 guard case .object(let parts) = state, parts.count == 1, case .array(let w)? = parts["w"],
                     w.count == 1 || w.count == 2, let s = Stamp(json: w[0]), s < stamp
                 else { return nil }
-                fields[name] = (s, w.count == 2 ? w[1] : nil)
+                spelled[name] = (s, w.count == 2 ? w[1] : nil)
             }
         }
+        var unsetNames: [String] = []
         if case .array(let names)? = o["u"] {
-            for case .string(let name) in names {
-                guard let common else { return nil }
-                fields[name] = (common, nil)
+            for case .string(let name) in names { unsetNames.append(name) }
+        }
+        // The usual case, decided by counting alone: the common stamp stays the most common one, so only the written
+        // fields change form (they become spelled out at `stamp`), and the body's values are not needed.
+        if let common {
+            var implicit = body.count - (body["_id"] == nil ? 0 : 1) + unsetNames.count
+            for name in spelled.keys where body[name] != nil { implicit -= 1 }
+            var others: [(stamp: Stamp, count: Int)] = []
+            for (name, f) in spelled where writes[name] == nil {
+                if let i = others.firstIndex(where: { $0.stamp == f.stamp }) { others[i].count += 1 } else { others.append((f.stamp, 1)) }
             }
+            for name in writes.keys where spelled[name] == nil && (body[name] != nil || unsetNames.contains(name)) {
+                implicit -= 1
+            }
+            // Whether `count` fields at stamp `s` would outrank the common stamp's (ties go to the smaller stamp).
+            let beats = { (count: Int, s: Stamp) in count > implicit || (count == implicit && s < common) }
+            if implicit > 0, !beats(writes.count, stamp), !others.contains(where: { beats($0.count, $0.stamp) }) {
+                var out = spelled.filter { writes[$0.key] == nil }
+                for (name, value) in writes { out[name] = (stamp, value) }
+                return writeCompact(
+                    cl: cl, spelled: out.map { ($0.key, $0.value.stamp, $0.value.value) }, common: common,
+                    unset: unsetNames.filter { writes[$0] == nil })
+            }
+        }
+        // Otherwise every field as (stamp, value), read the way `init(compact:body:)` reads them.
+        var fields = [String: (stamp: Stamp, value: JSONValue?)](minimumCapacity: body.count + writes.count)
+        for (name, f) in spelled { fields[name] = f }
+        for name in unsetNames {
+            guard let common else { return nil }
+            fields[name] = (common, nil)
         }
         for (name, value) in body where name != "_id" && fields[name] == nil {
             guard let common else { return nil }
@@ -228,15 +255,23 @@ extension DocumentState {
             if let i = counts.firstIndex(where: { $0.stamp == f.stamp }) { counts[i].count += 1 } else { counts.append((f.stamp, 1)) }
         }
         let newCommon = counts.max { a, b in a.count != b.count ? a.count < b.count : b.stamp < a.stamp }?.stamp
-        var spelled: [(name: String, stamp: Stamp, value: JSONValue?)] = []
+        var out: [(name: String, stamp: Stamp, value: JSONValue?)] = []
         var unset: [String] = []
         for (name, f) in fields {
             if f.stamp == newCommon {
                 if f.value == nil { unset.append(name) }
             } else {
-                spelled.append((name, f.stamp, f.value))
+                out.append((name, f.stamp, f.value))
             }
         }
+        return writeCompact(cl: cl, spelled: out, common: newCommon, unset: unset)
+    }
+
+    /// The compact text of a state whose fields are all plain writes: `spelled` those not at `common`, `unset` the
+    /// names written absent at `common` (as `compactText` writes it).
+    private static func writeCompact(
+        cl: Int64, spelled: [(name: String, stamp: Stamp, value: JSONValue?)], common: Stamp?, unset: [String]
+    ) -> String {
         var out: [UInt8] = []
         out.reserveCapacity(64 + 96 * spelled.count)
         out.append(UInt8(ascii: "{"))
@@ -257,9 +292,9 @@ extension DocumentState {
         }
         out.append(contentsOf: #""l":"#.utf8)
         JSONValue.writeInt(cl, to: &out)
-        if let newCommon {
+        if let common {
             out.append(contentsOf: #","t":"#.utf8)
-            newCommon.write(to: &out)
+            common.write(to: &out)
         }
         if !unset.isEmpty {
             out.append(contentsOf: #","u":["#.utf8)
