@@ -189,8 +189,12 @@ extension DocumentState {
     /// document is not alive, a field holds more than one plain write (counter, set, conflict), or some stamp in the
     /// state is not before `stamp`. Valid only for an operation that observes every write in the state, as every
     /// local operation does: its writes then replace each written field's state with a plain write at `stamp`.
+    ///
+    /// `fieldNames` are the stored body's member names other than `_id`; `body` gives its members (with or without
+    /// `_id`) and is called only when the common stamp changes.
     public static func compactTextAfterLocalWrite(
-        compact: JSONValue, body: [String: JSONValue], writes: [String: JSONValue?], stamp: Stamp
+        compact: JSONValue, fieldNames: Set<String>, body: () -> [String: JSONValue]?, writes: [String: JSONValue?],
+        stamp: Stamp
     ) -> String? {
         guard case .object(let o) = compact, case .int(let cl)? = o["l"], cl % 2 == 1 else { return nil }
         var common: Stamp?
@@ -217,13 +221,13 @@ extension DocumentState {
         // The usual case, decided by counting alone: the common stamp stays the most common one, so only the written
         // fields change form (they become spelled out at `stamp`), and the body's values are not needed.
         if let common {
-            var implicit = body.count - (body["_id"] == nil ? 0 : 1) + unsetNames.count
-            for name in spelled.keys where body[name] != nil { implicit -= 1 }
+            var implicit = fieldNames.count + unsetNames.count
+            for name in spelled.keys where fieldNames.contains(name) { implicit -= 1 }
             var others: [(stamp: Stamp, count: Int)] = []
             for (name, f) in spelled where writes[name] == nil {
                 if let i = others.firstIndex(where: { $0.stamp == f.stamp }) { others[i].count += 1 } else { others.append((f.stamp, 1)) }
             }
-            for name in writes.keys where spelled[name] == nil && (body[name] != nil || unsetNames.contains(name)) {
+            for name in writes.keys where spelled[name] == nil && (fieldNames.contains(name) || unsetNames.contains(name)) {
                 implicit -= 1
             }
             // Whether `count` fields at stamp `s` would outrank the common stamp's (ties go to the smaller stamp).
@@ -237,6 +241,7 @@ extension DocumentState {
             }
         }
         // Otherwise every field as (stamp, value), read the way `init(compact:body:)` reads them.
+        guard let body = body() else { return nil }
         var fields = [String: (stamp: Stamp, value: JSONValue?)](minimumCapacity: body.count + writes.count)
         for (name, f) in spelled { fields[name] = f }
         for name in unsetNames {

@@ -64,12 +64,15 @@ final class Subscription: Sendable {
             if let collection, e.collection != collection { continue }
             let type: String
             if let filter {
-                let was = e.before.map(filter.matches) ?? false
-                let isNow = e.after.map(filter.matches) ?? false
+                // Parsed once here: events keep their documents as text.
+                let before = e.before
+                let after = e.after
+                let was = before.map(filter.matches) ?? false
+                let isNow = after.map(filter.matches) ?? false
                 switch (was, isNow) {
-                case (false, true): type = e.before == nil ? "insert" : "enter"
+                case (false, true): type = before == nil ? "insert" : "enter"
                 case (true, true): type = "update"
-                case (true, false): type = e.after == nil ? "delete" : "leave"
+                case (true, false): type = after == nil ? "delete" : "leave"
                 case (false, false): continue
                 }
             } else {

@@ -15,6 +15,9 @@ public enum FeedEventType: String, Sendable {
 }
 
 /// One document's visible change within one applied change.
+///
+/// The documents are kept as their canonical text (what notifications carry); the parsed forms are built on demand,
+/// only for subscriptions that filter, unless the writer already had them.
 public struct FeedEvent: Sendable, Equatable {
     /// The collection.
     public let collection: String
@@ -22,14 +25,60 @@ public struct FeedEvent: Sendable, Equatable {
     public let id: String
     /// Insert, update or delete.
     public let type: FeedEventType
-    /// The document after the change (with `_id`); nil when deleted.
-    public let after: [String: JSONValue]?
-    /// `after` in canonical JSON text, spliced into notifications as is.
+    /// The document after the change (with `_id`) in canonical JSON text; nil when deleted. Spliced into
+    /// notifications as is.
     public let afterText: String?
-    /// The document before the change; nil when it did not exist. Live queries use it to tell entering from staying.
-    public let before: [String: JSONValue]?
-    /// `before` in canonical JSON text.
+    /// The document before the change in canonical JSON text; nil when it did not exist.
     public let beforeText: String?
+    /// The parsed documents, shared by every copy of the event: parsed at most once however many subscriptions
+    /// look at them.
+    private let parsed: Parsed
+
+    /// Memo of the parsed documents.
+    final class Parsed: Sendable {
+        let after: Mutex<[String: JSONValue]??>
+        let before: Mutex<[String: JSONValue]??>
+
+        init(after: [String: JSONValue]?, before: [String: JSONValue]?) {
+            self.after = Mutex(after.map { .some($0) })
+            self.before = Mutex(before.map { .some($0) })
+        }
+
+        /// The memoized value of `slot`, computed from `text` on first use.
+        static func value(_ slot: borrowing Mutex<[String: JSONValue]??>, _ text: String?) -> [String: JSONValue]? {
+            slot.withLock { memo in
+                if let known = memo { return known }
+                let value = text.flatMap { try? JSONParser(maxDepth: 10_000).parse($0).objectValue }
+                memo = .some(value)
+                return value
+            }
+        }
+    }
+
+    /// Creates an event; `after` and `before` are the parsed texts when the caller has them (else parsed on use).
+    init(
+        collection: String, id: String, type: FeedEventType, after: [String: JSONValue]? = nil, afterText: String?,
+        before: [String: JSONValue]? = nil, beforeText: String?
+    ) {
+        self.collection = collection
+        self.id = id
+        self.type = type
+        self.afterText = afterText
+        self.beforeText = beforeText
+        parsed = Parsed(after: afterText == nil ? nil : after, before: beforeText == nil ? nil : before)
+    }
+
+    /// The document after the change (with `_id`); nil when deleted.
+    public var after: [String: JSONValue]? { Parsed.value(parsed.after, afterText) }
+
+    /// The document before the change; nil when it did not exist. Live queries use it to tell entering from staying.
+    public var before: [String: JSONValue]? { Parsed.value(parsed.before, beforeText) }
+
+    /// Events are equal when they say the same: same document, type and texts.
+    public static func == (a: FeedEvent, b: FeedEvent) -> Bool {
+        a.collection == b.collection && a.id == b.id && a.type == b.type && a.afterText == b.afterText
+            && a.beforeText == b.beforeText
+    }
 }
 
 /// One applied change (local or remote) in the database's local change feed.

@@ -99,11 +99,9 @@ final class SQLStorage: ReplicaStorage {
         }
     }
 
-    /// A document `patchInPlace` rewrote: its new compact state text and its new body (with `_id`), as dictionary
-    /// and text.
+    /// A document `patchInPlace` rewrote: its new compact state text and its new body text (with `_id`).
     struct Patched {
         var stateText: String
-        var doc: [String: JSONValue]
         var text: String
     }
 
@@ -121,7 +119,7 @@ final class SQLStorage: ReplicaStorage {
             if let c = created[key] {
                 after = Visible(doc: c.visible(id: key.id), text: c.text)
             } else if let p = patched[key] {
-                after = Visible(doc: p.doc, text: p.text)
+                after = Visible(doc: nil, text: p.text)
             } else {
                 let doc = cache[key]??.materialize(id: key.id)
                 after = Visible(doc: doc, text: doc.map { JSONValue.object($0).jsonText })
@@ -161,7 +159,7 @@ final class SQLStorage: ReplicaStorage {
             return state
         }
         if let p = patched.removeValue(forKey: key) {
-            let state = try DocumentState(compact: try JSONParser(maxDepth: 10_000).parse(p.stateText), body: p.doc)
+            let state = try Self.decode(state: p.stateText, body: p.text)
             cache[key] = state
             return state
         }
@@ -217,41 +215,101 @@ final class SQLStorage: ReplicaStorage {
         locations[key] = .row(row.rowid)
         guard let stateText = row.state else { return nil }
         let state = try JSONParser(maxDepth: 10_000).parse(stateText)
-        guard let before = try Self.parseBody(row.body) else { return nil }
+        // The stored body's members as byte ranges: values that are not written are copied, never parsed.
+        let bytes = Array(row.body.utf8)
+        guard case .int(let cl)? = state["l"],
+            let members = bytes.withUnsafeBufferPointer({ JSONScan.members($0) }),
+            Self.namesAreASCII(set: set, unset: unset, members: members, state: state),
+            let newState = DocumentState.compactTextAfterLocalWrite(
+                compact: state, fieldNames: Set(members.lazy.map(\.key).filter { $0 != "_id" }),
+                body: { try? Self.parseBody(row.body) }, writes: Self.writes(set: set, unset: unset),
+                stamp: change.stamp(index))
+        else {
+            // The general path takes it from here, with the row already read.
+            _ = try load(key, state: state, doc: try Self.parseBody(row.body), text: row.body)
+            return nil
+        }
+        let body = Self.splice(bytes, members, set: set, unset: unset)
+        let text = String(decoding: body, as: UTF8.self)
+        #if DEBUG
+            // Every debug run (the whole test suite) checks the shortcut against the general engine.
+            var general = try DocumentState(compact: state, body: try Self.parseBody(row.body))
+            general.apply(DocOp(key: key, cl: cl, set: set, unset: unset), change: change, index: index)
+            precondition(general.compactText == newState, "patchInPlace state \(newState) != \(general.compactText)")
+            precondition(
+                general.materialize(id: key.id).map { JSONValue.object($0).jsonText } == text,
+                "patchInPlace body \(text) differs for \(key)")
+        #endif
+        if enforceLimits && body.count > limits.maxDocumentBytes {
+            throw StoreError(
+                .limitExceeded, kind: "document_too_large",
+                "document is \(body.count) bytes; the limit is \(limits.maxDocumentBytes)",
+                details: ["limit": .int(Int64(limits.maxDocumentBytes))])
+        }
+        // The shortcut applies only to states without conflicts, before and after: `conflicted` stays 0.
+        try db.cachedStatement(sql: "UPDATE docs SET body = ?, state = ? WHERE rowid = ?").execute(
+            arguments: [text, newState, row.rowid])
+        visible[key] = Visible(doc: nil, text: row.body)
+        patched[key] = Patched(stateText: newState, text: text)
+        if touchedSet.insert(key).inserted { touched.append(key) }
+        return cl
+    }
+
+    /// True when every field name involved is ASCII. The engine keys fields by `String`, whose equality is Unicode
+    /// canonical equivalence (even "K" and the Kelvin sign are equal); byte-wise splicing matches it only when no
+    /// name can be equivalent to a different one, which ASCII names guarantee.
+    static func namesAreASCII(set: [String: JSONValue], unset: [String], members: [JSONScan.Member], state: JSONValue) -> Bool {
+        func ascii(_ s: String) -> Bool { s.utf8.allSatisfy { $0 < 0x80 } }
+        guard set.keys.allSatisfy(ascii), unset.allSatisfy(ascii), members.allSatisfy({ ascii($0.key) }) else { return false }
+        if let f = state["f"]?.objectValue, !f.keys.allSatisfy(ascii) { return false }
+        if let u = state["u"]?.arrayValue, !u.allSatisfy({ $0.stringValue.map(ascii) ?? false }) { return false }
+        return true
+    }
+
+    /// A patch's writes by field: a value, or nil for unset.
+    static func writes(set: [String: JSONValue], unset: [String]) -> [String: JSONValue?] {
         var writes = [String: JSONValue?](minimumCapacity: set.count + unset.count)
         for (name, value) in set { writes[name] = .some(value) }
         for name in unset { writes[name] = .some(nil) }
-        guard case .int(let cl)? = state["l"],
-            let newState = DocumentState.compactTextAfterLocalWrite(
-                compact: state, body: before, writes: writes, stamp: change.stamp(index))
-        else {
-            // The general path takes it from here, with the row already read.
-            _ = try load(key, state: state, doc: before, text: row.body)
-            return nil
+        return writes
+    }
+
+    /// The canonical text of a stored document after `set` and `unset`: its other members copied as they are (they
+    /// are canonical and in key order), the set ones written in their place in key order.
+    static func splice(
+        _ bytes: [UInt8], _ members: [JSONScan.Member], set: [String: JSONValue], unset: [String]
+    ) -> [UInt8] {
+        let added = set.sorted { utf8Less($0.key, $1.key) }
+        let removed = Set(unset)
+        var out: [UInt8] = []
+        out.reserveCapacity(bytes.count + 64)
+        out.append(UInt8(ascii: "{"))
+        func member(_ key: String, _ write: (inout [UInt8]) -> Void) {
+            if out.count > 1 { out.append(UInt8(ascii: ",")) }
+            JSONValue.writeString(key, to: &out)
+            out.append(UInt8(ascii: ":"))
+            write(&out)
         }
-        var doc = before
-        for (name, value) in set { doc[name] = value }
-        for name in unset { doc.removeValue(forKey: name) }
-        let text = JSONValue.object(doc).jsonText
-        #if DEBUG
-            // Every debug run (the whole test suite) checks the shortcut against the general engine.
-            var general = try DocumentState(compact: state, body: before)
-            general.apply(DocOp(key: key, cl: cl, set: set, unset: unset), change: change, index: index)
-            precondition(general.compactText == newState, "patchInPlace state \(newState) != \(general.compactText)")
-            precondition(general.materialize(id: key.id) == doc, "patchInPlace body differs for \(key)")
-        #endif
-        if enforceLimits && text.utf8.count > limits.maxDocumentBytes {
-            throw StoreError(
-                .limitExceeded, kind: "document_too_large",
-                "document is \(text.utf8.count) bytes; the limit is \(limits.maxDocumentBytes)",
-                details: ["limit": .int(Int64(limits.maxDocumentBytes))])
+        var next = 0
+        for m in members {
+            while next < added.count, utf8Less(added[next].key, m.key) {
+                member(added[next].key) { added[next].value.write(to: &$0) }
+                next += 1
+            }
+            if next < added.count, utf8Equal(added[next].key, m.key) {
+                member(added[next].key) { added[next].value.write(to: &$0) }
+                next += 1
+                continue
+            }
+            if removed.contains(m.key) { continue }
+            member(m.key) { $0.append(contentsOf: bytes[m.value]) }
         }
-        try db.cachedStatement(sql: "UPDATE docs SET body = ?, state = ?, conflicted = 0 WHERE rowid = ?").execute(
-            arguments: [text, newState, row.rowid])
-        visible[key] = Visible(doc: before, text: row.body)
-        patched[key] = Patched(stateText: newState, doc: doc, text: text)
-        if touchedSet.insert(key).inserted { touched.append(key) }
-        return cl
+        while next < added.count {
+            member(added[next].key) { added[next].value.write(to: &$0) }
+            next += 1
+        }
+        out.append(UInt8(ascii: "}"))
+        return out
     }
 
     /// Where `key` is stored, for a state saved without being read first.

@@ -81,6 +81,33 @@ func randomValue(_ rng: inout SeededRandom, depth: Int = 0) -> JSONValue {
         #expect(try JSONParser().parse(JSONValue.double(1e300).jsonText) == .double(1e300))
     }
 
+    /// The member scan finds exactly the object's members, each value's text parsing back to that value; it refuses
+    /// escaped keys and anything that is not one object.
+    @Test func memberScanFindsEveryValue() throws {
+        var rng = SeededRandom(seed: 11)
+        var scanned = 0
+        for _ in 0..<3_000 {
+            var o: [String: JSONValue] = [:]
+            for _ in 0..<Int.random(in: 0..<6, using: &rng) { o["k\(Int.random(in: 0..<9, using: &rng))é"] = randomValue(&rng) }
+            let text = JSONValue.object(o).jsonText
+            let bytes = Array(text.utf8)
+            guard let members = bytes.withUnsafeBufferPointer({ JSONScan.members($0) }) else {
+                #expect(o.keys.contains { $0.contains("\"") }, "scan refused \(text)")
+                continue
+            }
+            scanned += 1
+            #expect(members.map(\.key) == o.keys.sorted(by: utf8Less))
+            for m in members {
+                let value = try JSONParser().parse(String(decoding: bytes[m.value], as: UTF8.self))
+                #expect(identical(value, o[m.key]!), "\(m.key) in \(text)")
+            }
+        }
+        #expect(scanned > 2_000)
+        for bad in [#"[1]"#, #"{"a":1"#, #"{"a\"b":1}"#, #"{"a":1} x"#, #"{"a":}"#, #"{"a":"x}"#, "", #"{"a":[1,{"b":2}}"#] {
+            #expect(Array(bad.utf8).withUnsafeBufferPointer { JSONScan.members($0) } == nil, "\(bad)")
+        }
+    }
+
     /// The byte-wise comparison agrees with comparing UTF-8 code units one by one, prefixes and non-ASCII included.
     @Test func utf8OrderMatchesCodeUnitOrder() {
         var rng = SeededRandom(seed: 7)

@@ -134,7 +134,9 @@ final class StoreReplicas {
         let base = UInt64(ProcessInfo.processInfo.environment["BLAZE_SEED"] ?? "") ?? UInt64.random(in: 0 ... (.max / 2))
         var rng = SeededRandom(seed: base)
         let r = try StoreReplicas(2)
-        let names = (0..<6).map { "f\($0)" }
+        // Non-ASCII names too, canonically equivalent to others ("K" and the Kelvin sign, "é" composed and not):
+        // those patches must take the general path.
+        let names = (0..<6).map { "f\($0)" } + ["K", "\u{212A}", "\u{E9}", "e\u{301}"]
         _ = try r.dbs[0].commit((0..<4).map { .insert(collection: "c", doc: ["_id": .string("d\($0)"), "f0": 0, "f1": 1]) })
         for _ in 0..<400 {
             let id = "d\(Int.random(in: 0..<4, using: &rng))"
