@@ -240,12 +240,7 @@ final class SQLStorage: ReplicaStorage {
                 general.materialize(id: key.id).map { JSONValue.object($0).jsonText } == text,
                 "patchInPlace body \(text) differs for \(key)")
         #endif
-        if enforceLimits && body.count > limits.maxDocumentBytes {
-            throw StoreError(
-                .limitExceeded, kind: "document_too_large",
-                "document is \(body.count) bytes; the limit is \(limits.maxDocumentBytes)",
-                details: ["limit": .int(Int64(limits.maxDocumentBytes))])
-        }
+        try checkSize(body.count)
         // The shortcut applies only to states without conflicts, before and after: `conflicted` stays 0.
         try db.cachedStatement(sql: "UPDATE docs SET body = ?, state = ? WHERE rowid = ?").execute(
             arguments: [text, newState, row.rowid])
@@ -340,12 +335,7 @@ final class SQLStorage: ReplicaStorage {
     func insertNew(_ key: DocKey, doc: [String: JSONValue], stamp: Stamp) throws -> [UInt8]? {
         guard cache[key] == nil, created[key] == nil, try tombstone(key) == nil else { return nil }
         let (setJSON, body) = Self.writeDocument(doc, id: key.id)
-        if enforceLimits && body.count > limits.maxDocumentBytes {
-            throw StoreError(
-                .limitExceeded, kind: "document_too_large",
-                "document is \(body.count) bytes; the limit is \(limits.maxDocumentBytes)",
-                details: ["limit": .int(Int64(limits.maxDocumentBytes))])
-        }
+        try checkSize(body.count)
         let text = String(decoding: body, as: UTF8.self)
         try db.cachedStatement(
             sql: "INSERT INTO docs(collection, id, body, state) VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING"
@@ -466,13 +456,7 @@ final class SQLStorage: ReplicaStorage {
             locations[key] = .tombstone
             return
         }
-        let size = text.utf8.count
-        if enforceLimits && size > limits.maxDocumentBytes {
-            throw StoreError(
-                .limitExceeded, kind: "document_too_large",
-                "document is \(size) bytes; the limit is \(limits.maxDocumentBytes)",
-                details: ["limit": .int(Int64(limits.maxDocumentBytes))])
-        }
+        try checkSize(text.utf8.count)
         let conflicted = state.hasConflicts
         switch location {
         case .row(let rowid):
@@ -488,6 +472,14 @@ final class SQLStorage: ReplicaStorage {
         try db.cachedStatement(sql: "INSERT INTO docs(collection, id, body, state, conflicted) VALUES (?, ?, ?, ?, ?)")
             .execute(arguments: [key.collection, key.id, text, stateText, conflicted])
         locations[key] = .row(db.lastInsertedRowID)
+    }
+
+    /// Refuses a document of `size` bytes over the limit (local writes only: remote changes apply as they are).
+    private func checkSize(_ size: Int) throws {
+        guard enforceLimits && size > limits.maxDocumentBytes else { return }
+        throw StoreError(
+            .limitExceeded, kind: "document_too_large", "document is \(size) bytes; the limit is \(limits.maxDocumentBytes)",
+            details: ["limit": .int(Int64(limits.maxDocumentBytes))])
     }
 
     /// Registers the collection unless it is known to exist; the cache learns new names only after COMMIT.

@@ -114,6 +114,16 @@ func expectStoreError(_ kind: String, _ body: () throws -> Void) {
             _ = try db.apply(.patch(collection: "c", id: "x", set: ["a": 1], unset: ["a"]))
         }
         expectStoreError("id_mismatch") { _ = try db.apply(.put(collection: "c", id: "a", doc: ["_id": "b"])) }
+        // The limit holds on every write path: a patch that rewrites the stored text, a replacing put, and an insert
+        // over a deleted document; the document stays as it was.
+        let big: JSONValue = .string(String(repeating: "y", count: 120))
+        _ = try db.apply(.insert(collection: "c", doc: ["_id": "p", "n": 1]))
+        expectStoreError("document_too_large") { _ = try db.apply(.patch(collection: "c", id: "p", set: ["s": big])) }
+        expectStoreError("document_too_large") { _ = try db.apply(.put(collection: "c", id: "p", doc: ["s": big])) }
+        #expect(try db.get(collection: "c", id: "p") == ["_id": "p", "n": 1])
+        _ = try db.apply(.delete(collection: "c", id: "p"))
+        expectStoreError("document_too_large") { _ = try db.apply(.insert(collection: "c", doc: ["_id": "p", "s": big])) }
+        #expect(try db.count(collection: "c", filter: .all) == 0)
     }
 
     @Test func transactionIsAllOrNothing() async throws {
