@@ -89,6 +89,13 @@ public struct FieldState: Hashable, Sendable {
     /// Creates an empty field state.
     public init() {}
 
+    /// A field that is one LWW write of `value` (nil: unset) at `stamp`.
+    static func plain(_ stamp: Stamp, _ value: JSONValue?) -> FieldState {
+        var f = FieldState()
+        f.winner = FieldWrite(stamp: stamp, value: value)
+        return f
+    }
+
     /// True when the field is a plain LWW write with nothing else.
     var isPlainWrite: Bool { winner != nil && boxed == nil }
 
@@ -219,11 +226,7 @@ public struct DocumentState: Hashable, Sendable {
     /// The state of a document that one operation created: every field of `fields` written at `stamp`, at causal
     /// length 1 (what `apply` makes of `DocOp(cl: 1, set: fields)` on a document never seen before).
     public static func created(fields: [String: JSONValue], stamp: Stamp) -> DocumentState {
-        DocumentState(cl: 1, fields: fields.mapValues { v in
-            var f = FieldState()
-            f.winner = FieldWrite(stamp: stamp, value: v)
-            return f
-        })
+        DocumentState(cl: 1, fields: fields.mapValues { .plain(stamp, $0) })
     }
 
     /// Compact storage text (`compactJSON.jsonText`) of `created(fields:stamp:)`, without building that state.

@@ -91,46 +91,7 @@ extension DocumentState {
                 full.append((name, f))
             }
         }
-        var out: [UInt8] = []
-        out.reserveCapacity(64 + 96 * full.count)
-        out.append(UInt8(ascii: "{"))
-        if !full.isEmpty {
-            out.append(contentsOf: #""f":{"#.utf8)
-            for (i, m) in full.sorted(by: { utf8Less($0.name, $1.name) }).enumerated() {
-                if i > 0 { out.append(UInt8(ascii: ",")) }
-                JSONValue.writeString(m.name, to: &out)
-                out.append(UInt8(ascii: ":"))
-                if m.state.isPlainWrite, let w = m.state.winner {
-                    // `{"w":[stamp]}` or `{"w":[stamp,value]}`, as `jsonValue` writes it.
-                    out.append(contentsOf: #"{"w":["#.utf8)
-                    w.stamp.write(to: &out)
-                    if let v = w.value {
-                        out.append(UInt8(ascii: ","))
-                        v.write(to: &out)
-                    }
-                    out.append(contentsOf: "]}".utf8)
-                } else {
-                    m.state.jsonValue.write(to: &out)
-                }
-            }
-            out.append(contentsOf: "},".utf8)
-        }
-        out.append(contentsOf: #""l":"#.utf8)
-        JSONValue.writeInt(cl, to: &out)
-        if let common {
-            out.append(contentsOf: #","t":"#.utf8)
-            common.write(to: &out)
-        }
-        if !unset.isEmpty {
-            out.append(contentsOf: #","u":["#.utf8)
-            for (i, name) in unset.sorted(by: utf8Less).enumerated() {
-                if i > 0 { out.append(UInt8(ascii: ",")) }
-                JSONValue.writeString(name, to: &out)
-            }
-            out.append(UInt8(ascii: "]"))
-        }
-        out.append(UInt8(ascii: "}"))
-        return String(decoding: out, as: UTF8.self)
+        return Self.writeCompact(cl: cl, spelled: full, common: common, unset: unset)
     }
 
     /// Storage form that leans on the materialized document stored next to it.
@@ -170,9 +131,7 @@ extension DocumentState {
         }
         func plain(_ value: JSONValue?) throws(CRDTDecodingError) -> FieldState {
             guard let common else { throw CRDTDecodingError("field without state and no common stamp") }
-            var f = FieldState()
-            f.winner = FieldWrite(stamp: common, value: value)
-            return f
+            return .plain(common, value)
         }
         for name in json["u"]?.arrayValue?.compactMap(\.stringValue) ?? [] { fields[name] = try plain(nil) }
         for (name, value) in body ?? [:] where name != "_id" && fields[name] == nil { fields[name] = try plain(value) }
@@ -236,7 +195,7 @@ extension DocumentState {
                 var out = spelled.filter { writes[$0.key] == nil }
                 for (name, value) in writes { out[name] = (stamp, value) }
                 return writeCompact(
-                    cl: cl, spelled: out.map { ($0.key, $0.value.stamp, $0.value.value) }, common: common,
+                    cl: cl, spelled: out.map { ($0.key, .plain($0.value.stamp, $0.value.value)) }, common: common,
                     unset: unsetNames.filter { writes[$0] == nil })
             }
         }
@@ -260,22 +219,22 @@ extension DocumentState {
             if let i = counts.firstIndex(where: { $0.stamp == f.stamp }) { counts[i].count += 1 } else { counts.append((f.stamp, 1)) }
         }
         let newCommon = counts.max { a, b in a.count != b.count ? a.count < b.count : b.stamp < a.stamp }?.stamp
-        var out: [(name: String, stamp: Stamp, value: JSONValue?)] = []
+        var out: [(name: String, state: FieldState)] = []
         var unset: [String] = []
         for (name, f) in fields {
             if f.stamp == newCommon {
                 if f.value == nil { unset.append(name) }
             } else {
-                out.append((name, f.stamp, f.value))
+                out.append((name, .plain(f.stamp, f.value)))
             }
         }
         return writeCompact(cl: cl, spelled: out, common: newCommon, unset: unset)
     }
 
-    /// The compact text of a state whose fields are all plain writes: `spelled` those not at `common`, `unset` the
-    /// names written absent at `common` (as `compactText` writes it).
+    /// The compact text of a state: `spelled` the fields not written at `common` alone, `unset` the names written
+    /// absent at `common` (see `compactJSON`).
     private static func writeCompact(
-        cl: Int64, spelled: [(name: String, stamp: Stamp, value: JSONValue?)], common: Stamp?, unset: [String]
+        cl: Int64, spelled: [(name: String, state: FieldState)], common: Stamp?, unset: [String]
     ) -> String {
         var out: [UInt8] = []
         out.reserveCapacity(64 + 96 * spelled.count)
@@ -285,13 +244,19 @@ extension DocumentState {
             for (i, m) in spelled.sorted(by: { utf8Less($0.name, $1.name) }).enumerated() {
                 if i > 0 { out.append(UInt8(ascii: ",")) }
                 JSONValue.writeString(m.name, to: &out)
-                out.append(contentsOf: #":{"w":["#.utf8)
-                m.stamp.write(to: &out)
-                if let v = m.value {
-                    out.append(UInt8(ascii: ","))
-                    v.write(to: &out)
+                out.append(UInt8(ascii: ":"))
+                if m.state.isPlainWrite, let w = m.state.winner {
+                    // `{"w":[stamp]}` or `{"w":[stamp,value]}`, as `jsonValue` writes it.
+                    out.append(contentsOf: #"{"w":["#.utf8)
+                    w.stamp.write(to: &out)
+                    if let v = w.value {
+                        out.append(UInt8(ascii: ","))
+                        v.write(to: &out)
+                    }
+                    out.append(contentsOf: "]}".utf8)
+                } else {
+                    m.state.jsonValue.write(to: &out)
                 }
-                out.append(contentsOf: "]}".utf8)
             }
             out.append(contentsOf: "},".utf8)
         }

@@ -12,7 +12,7 @@ import GRDB
 /// Every recorded change also gets the next local feed sequence and a `feed` row listing the documents it visibly
 /// changed (before and after); `entries` collects them for publication after the commit.
 final class SQLStorage: ReplicaStorage {
-    /// A document's materialized body and its canonical text; both nil when it does not exist.
+    /// A document's canonical text (nil when it does not exist) and, when at hand, its parsed form.
     struct Visible {
         var doc: [String: JSONValue]?
         var text: String?
@@ -89,14 +89,6 @@ final class SQLStorage: ReplicaStorage {
             f.removeValue(forKey: "_id")
             return f
         }
-
-        /// The document as clients see it: with `_id` (`doc` as is when it carries exactly that id).
-        func visible(id: String) -> [String: JSONValue] {
-            if case .string(let given)? = doc["_id"], utf8Equal(given, id) { return doc }
-            var d = doc
-            d["_id"] = .string(id)
-            return d
-        }
     }
 
     /// A document `patchInPlace` rewrote: its new compact state text and its new body text (with `_id`).
@@ -116,8 +108,9 @@ final class SQLStorage: ReplicaStorage {
         for key in touched {
             let before = visible[key] ?? Visible()
             let after: Visible
+            // Documents written as text are parsed again only if a filtering subscription needs them.
             if let c = created[key] {
-                after = Visible(doc: c.visible(id: key.id), text: c.text)
+                after = Visible(doc: nil, text: c.text)
             } else if let p = patched[key] {
                 after = Visible(doc: nil, text: p.text)
             } else {

@@ -62,8 +62,13 @@ public final class WriteTransaction {
 
     private func emit(_ op: CRDTOp) throws {
         try Replica.applyOp(op, index: opCount, of: draft, to: storage)
+        record { Change.writeOp(op, to: &$0) }
+    }
+
+    /// Counts an applied operation and appends its JSON (written by `write`) to the change's.
+    private func record(_ write: (inout [UInt8]) -> Void) {
         if opCount > 0 { opsJSON.append(UInt8(ascii: ",")) }
-        Change.writeOp(op, to: &opsJSON)
+        write(&opsJSON)
         opCount += 1
         changes += 1
     }
@@ -72,10 +77,7 @@ public final class WriteTransaction {
     /// key has a state, for the general path to handle. `doc` may hold `_id` (equal to `key.id`), which is not a field.
     private func emitNew(_ key: DocKey, doc: [String: JSONValue]) throws -> Bool {
         guard let setJSON = try storage.insertNew(key, doc: doc, stamp: draft.stamp(opCount)) else { return false }
-        if opCount > 0 { opsJSON.append(UInt8(ascii: ",")) }
-        Change.writeSetOp(key, cl: 1, setJSON: setJSON, to: &opsJSON)
-        opCount += 1
-        changes += 1
+        record { Change.writeSetOp(key, cl: 1, setJSON: setJSON, to: &$0) }
         return true
     }
 
@@ -132,10 +134,7 @@ public final class WriteTransaction {
             if incr.isEmpty && add.isEmpty && remove.isEmpty,
                 let cl = try storage.patchInPlace(key, set: set, unset: unset, change: draft, index: opCount)
             {
-                if opCount > 0 { opsJSON.append(UInt8(ascii: ",")) }
-                Change.writeOp(.doc(DocOp(key: key, cl: cl, set: set, unset: unset)), to: &opsJSON)
-                opCount += 1
-                changes += 1
+                record { Change.writeOp(.doc(DocOp(key: key, cl: cl, set: set, unset: unset)), to: &$0) }
                 return WriteResult(id: id)
             }
             guard
