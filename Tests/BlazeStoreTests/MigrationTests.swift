@@ -34,6 +34,37 @@ import Testing
         try queue.close()
     }
 
+    /// Data written before replication (schema v1: documents without state) becomes one local change when the
+    /// database is opened, through every later migration.
+    @Test func dataFromBeforeReplicationIsAdoptedAsOneChange() throws {
+        let t = try TempStore()
+        let path = t.dir + "/databases/old.db"
+        try FileManager.default.createDirectory(atPath: t.dir + "/databases", withIntermediateDirectories: true)
+        let queue = try DatabaseQueue(path: path)
+        try Schema.migrator.migrate(queue, upTo: "v1")
+        try queue.write { db in
+            try db.execute(sql: "INSERT INTO collections(name, created_at) VALUES ('c', 0)")
+            for i in 0..<3 {
+                try db.execute(
+                    sql: "INSERT INTO docs(collection, id, body) VALUES ('c', ?, ?)",
+                    arguments: ["d\(i)", #"{"_id":"d\#(i)","n":\#(i)}"#])
+            }
+        }
+        try queue.close()
+        let db = try t.store.database("old")
+        #expect(try db.get(collection: "c", id: "d2") == ["_id": "d2", "n": 2])
+        let changes = try db.changes(since: VersionVector())
+        #expect(changes.count == 1 && changes[0].ops.count == 3)
+        // The adopted documents are ordinary ones: patched in place, deleted, replicated.
+        _ = try db.apply(.patch(collection: "c", id: "d1", set: ["n": 10]))
+        _ = try db.apply(.delete(collection: "c", id: "d0"))
+        let other = try TempStore()
+        let replica = try other.store.create("old")
+        _ = try replica.receive(try db.changes(since: VersionVector()))
+        #expect(try replica.stateHash() == (try db.stateHash()))
+        #expect(try replica.count(collection: "c", filter: .all) == 2)
+    }
+
     @Test func statesMoveIntoDocsAndTombstonesKeepingEverything() async throws {
         let a = try TempStore()
         let b = try TempStore()
