@@ -113,6 +113,48 @@ public func utf8Less(_ a: String, _ b: String) -> Bool {
     return a.utf8.lexicographicallyPrecedes(b.utf8)
 }
 
+extension Dictionary where Key == String {
+    /// The positions of the members in UTF-8 key order (canonical member order), found without copying a member.
+    ///
+    /// Keys are compared by their first eight bytes as one integer first; only keys that share those fall back to
+    /// `utf8Less`. Reading a member at a position hashes nothing.
+    @inlinable
+    public var utf8OrderedIndices: [Index] {
+        var order: [(prefix: UInt64, index: Index)] = []
+        order.reserveCapacity(count)
+        var i = startIndex
+        while i != endIndex {
+            var prefix: UInt64 = 0
+            var n = 0
+            for byte in self[i].key.utf8 {
+                if n == 8 { break }
+                prefix = prefix << 8 | UInt64(byte)
+                n += 1
+            }
+            order.append((prefix << UInt64(8 * (8 - n)), i))
+            formIndex(after: &i)
+        }
+        func less(_ a: (prefix: UInt64, index: Index), _ b: (prefix: UInt64, index: Index)) -> Bool {
+            a.prefix != b.prefix ? a.prefix < b.prefix : utf8Less(self[a.index].key, self[b.index].key)
+        }
+        if order.count <= 16 {
+            // Insertion sort: documents have few members, and it moves nothing that needs retaining.
+            for j in order.indices.dropFirst() {
+                let item = order[j]
+                var k = j
+                while k > 0, less(item, order[k - 1]) {
+                    order[k] = order[k - 1]
+                    k -= 1
+                }
+                order[k] = item
+            }
+        } else {
+            order.sort(by: less)
+        }
+        return order.map(\.index)
+    }
+}
+
 /// Compares two strings by their UTF-8 bytes (no Unicode normalization, unlike `==` on `String`).
 @inlinable
 public func utf8Equal(_ a: String, _ b: String) -> Bool {

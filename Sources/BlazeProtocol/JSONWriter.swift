@@ -35,9 +35,9 @@ extension JSONValue {
             out.append(UInt8(ascii: "]"))
         case .object(let o):
             out.append(UInt8(ascii: "{"))
-            // Sorting the pairs (not the keys, then looking each up) hashes nothing.
             var first = true
-            for (key, value) in o.sorted(by: { utf8Less($0.key, $1.key) }) {
+            for i in o.utf8OrderedIndices {
+                let (key, value) = o[i]
                 if !first { out.append(UInt8(ascii: ",")) }
                 first = false
                 Self.writeString(key, to: &out)

@@ -180,49 +180,126 @@ public final class ChangeFeed: Sendable {
 }
 
 /// The durable side of the change feed: one `feed` row per applied change, written in the change's transaction.
+///
+/// A row's `events` is either an array of self-contained events (`a` after, `b` before, `c` collection, `i` id, `t`
+/// type), or `{"e": events, "s": seq}` when some events point into the change (origin, `s`) in the op log instead
+/// of repeating a document it already holds: `{"t":"insert","x":k}` is the document operation `k` of the change
+/// created (its `set` with `_id`), and `{"b":before,"t":"update","x":k}` the document before operation `k`, a patch
+/// of `set`/`unset` only, changed it. The op log is never pruned, so the change is there whenever the row is.
 enum FeedLog {
-    /// Stored event field names (short: the feed holds a copy of every changed document).
-    static func encode(_ events: [FeedEvent]) -> String {
+    /// Where a recorded event's "after" document can be found again.
+    enum Source {
+        /// Only in the event itself.
+        case none
+        /// Operation `op` of the change created the document: its `set` with `_id`.
+        case inserted(op: Int)
+        /// Operation `op` of the change, a `set`/`unset` patch, made it from the event's "before".
+        case patched(op: Int)
+    }
+
+    /// The stored form of `events`, the changes of change `changeSeq` (of the row's origin); `sources` gives, per
+    /// event, what it may point to instead of holding its "after".
+    static func encode(_ events: [FeedEvent], sources: [Source] = [], changeSeq: UInt64 = 0) -> String {
         var out: [UInt8] = []
-        out.reserveCapacity(events.reduce(2) { $0 + ($1.afterText?.utf8.count ?? 0) + ($1.beforeText?.utf8.count ?? 0) + 64 })
+        out.reserveCapacity(events.reduce(16) { $0 + ($1.afterText?.utf8.count ?? 0) + ($1.beforeText?.utf8.count ?? 0) + 64 })
+        let pointing = sources.contains { if case .none = $0 { false } else { true } }
+        if pointing { out.append(contentsOf: #"{"e":"#.utf8) }
         out.append(UInt8(ascii: "["))
         for (i, e) in events.enumerated() {
             if i > 0 { out.append(UInt8(ascii: ",")) }
             out.append(UInt8(ascii: "{"))
-            if let a = e.afterText {
-                out.append(contentsOf: #""a":"#.utf8)
-                out.append(contentsOf: a.utf8)
-                out.append(UInt8(ascii: ","))
-            }
-            if let b = e.beforeText {
+            switch (i < sources.count ? sources[i] : .none, e.type) {
+            case (.inserted(let op), .insert):
+                out.append(contentsOf: #""t":"insert","x":"#.utf8)
+                out.append(contentsOf: String(op).utf8)
+            case (.patched(let op), .update) where e.beforeText != nil:
                 out.append(contentsOf: #""b":"#.utf8)
-                out.append(contentsOf: b.utf8)
-                out.append(UInt8(ascii: ","))
+                out.append(contentsOf: e.beforeText!.utf8)
+                out.append(contentsOf: #","t":"update","x":"#.utf8)
+                out.append(contentsOf: String(op).utf8)
+            default:
+                if let a = e.afterText {
+                    out.append(contentsOf: #""a":"#.utf8)
+                    out.append(contentsOf: a.utf8)
+                    out.append(UInt8(ascii: ","))
+                }
+                if let b = e.beforeText {
+                    out.append(contentsOf: #""b":"#.utf8)
+                    out.append(contentsOf: b.utf8)
+                    out.append(UInt8(ascii: ","))
+                }
+                out.append(contentsOf: #""c":"#.utf8)
+                JSONValue.writeString(e.collection, to: &out)
+                out.append(contentsOf: #","i":"#.utf8)
+                JSONValue.writeString(e.id, to: &out)
+                out.append(contentsOf: #","t":""#.utf8)
+                out.append(contentsOf: e.type.rawValue.utf8)
+                out.append(UInt8(ascii: "\""))
             }
-            out.append(contentsOf: #""c":"#.utf8)
-            JSONValue.writeString(e.collection, to: &out)
-            out.append(contentsOf: #","i":"#.utf8)
-            JSONValue.writeString(e.id, to: &out)
-            out.append(contentsOf: #","t":""#.utf8)
-            out.append(contentsOf: e.type.rawValue.utf8)
-            out.append(contentsOf: #""}"#.utf8)
+            out.append(UInt8(ascii: "}"))
         }
         out.append(UInt8(ascii: "]"))
+        if pointing {
+            out.append(contentsOf: #","s":"#.utf8)
+            out.append(contentsOf: String(changeSeq).utf8)
+            out.append(UInt8(ascii: "}"))
+        }
         return String(decoding: out, as: UTF8.self)
     }
 
-    static func decode(seq: Int64, origin: String, events text: String) throws -> FeedEntry {
-        guard let origin = NodeID(hex: origin), case .array(let items) = try JSONParser(maxDepth: 10_000).parse(text) else {
-            throw StoreError(.internalFailure, kind: "corrupt_feed", "feed entry \(seq) is corrupt")
+    /// Decodes a stored row; `change` reads change `seq` of the row's origin from the op log (for pointing events).
+    static func decode(
+        seq: Int64, origin: String, events text: String, change: (NodeID, UInt64) throws -> Change?
+    ) throws -> FeedEntry {
+        func corrupt() -> StoreError {
+            StoreError(.internalFailure, kind: "corrupt_feed", "feed entry \(seq) is corrupt")
         }
+        guard let origin = NodeID(hex: origin) else { throw corrupt() }
+        let items: [JSONValue]
+        var changeSeq: UInt64?
+        switch try JSONParser(maxDepth: 10_000).parse(text) {
+        case .array(let a): items = a
+        case .object(let o):
+            guard case .array(let a)? = o["e"], case .int(let s)? = o["s"], s > 0 else { throw corrupt() }
+            items = a
+            changeSeq = UInt64(s)
+        default: throw corrupt()
+        }
+        var ops: [CRDTOp]?
         var events: [FeedEvent] = []
         events.reserveCapacity(items.count)
         for item in items {
-            guard case .object(let o) = item, case .string(let c)? = o["c"], case .string(let i)? = o["i"],
-                case .string(let t)? = o["t"], let type = FeedEventType(rawValue: t)
-            else { throw StoreError(.internalFailure, kind: "corrupt_feed", "feed entry \(seq) is corrupt") }
-            let after = o["a"]?.objectValue
+            guard case .object(let o) = item, case .string(let t)? = o["t"], let type = FeedEventType(rawValue: t) else {
+                throw corrupt()
+            }
             let before = o["b"]?.objectValue
+            if case .int(let k)? = o["x"] {
+                if ops == nil {
+                    guard let changeSeq, let c = try change(origin, changeSeq) else { throw corrupt() }
+                    ops = c.ops
+                }
+                guard k >= 0, k < ops!.count, case .doc(let op) = ops![Int(k)] else { throw corrupt() }
+                var after: [String: JSONValue]
+                switch type {
+                case .insert:
+                    after = op.set
+                case .update:
+                    guard let before else { throw corrupt() }
+                    after = before
+                    for (name, value) in op.set { after[name] = value }
+                    for name in op.unset { after.removeValue(forKey: name) }
+                case .delete: throw corrupt()
+                }
+                after["_id"] = .string(op.key.id)
+                events.append(
+                    FeedEvent(
+                        collection: op.key.collection, id: op.key.id, type: type, after: after,
+                        afterText: JSONValue.object(after).jsonText, before: before,
+                        beforeText: before.map { JSONValue.object($0).jsonText }))
+                continue
+            }
+            guard case .string(let c)? = o["c"], case .string(let i)? = o["i"] else { throw corrupt() }
+            let after = o["a"]?.objectValue
             events.append(
                 FeedEvent(
                     collection: c, id: i, type: type, after: after, afterText: after.map { JSONValue.object($0).jsonText },
@@ -247,7 +324,11 @@ extension BlazeDatabase {
             var out: [FeedEntry] = []
             var events = 0
             while let row = try rows.next() {
-                let entry = try FeedLog.decode(seq: row[0], origin: row[1], events: row[2])
+                let entry = try FeedLog.decode(seq: row[0], origin: row[1], events: row[2]) { origin, seq in
+                    try String.fetchOne(
+                        db, sql: "SELECT body FROM changes WHERE origin = ? AND seq = ?", arguments: [origin.hex, Int64(seq)]
+                    ).map { try Change(json: try JSONParser(maxDepth: 10_000).parse($0)) }
+                }
                 out.append(entry)
                 events += entry.events.count
                 if events >= maxEvents { break }

@@ -91,10 +91,12 @@ final class SQLStorage: ReplicaStorage {
         }
     }
 
-    /// A document `patchInPlace` rewrote: its new compact state text and its new body text (with `_id`).
+    /// A document `patchInPlace` rewrote: its new compact state text, its new body text (with `_id`), and the stamp
+    /// of the patch that did it.
     struct Patched {
         var stateText: String
         var text: String
+        var stamp: Stamp
     }
 
     func recordApplied(_ change: Change) throws {
@@ -105,14 +107,21 @@ final class SQLStorage: ReplicaStorage {
     func recordApplied(_ change: Change, text: String) throws {
         var events: [FeedEvent] = []
         events.reserveCapacity(touched.count)
+        // Per event, the operation of `change` its "after" follows from, when one does (see `FeedLog.Source`).
+        var sources: [FeedLog.Source] = []
+        sources.reserveCapacity(touched.count)
+        func ours(_ stamp: Stamp) -> Bool { stamp.dot.seq == change.seq && stamp.dot.origin == change.origin }
         for key in touched {
             let before = visible[key] ?? Visible()
             let after: Visible
+            var source = FeedLog.Source.none
             // Documents written as text are parsed again only if a filtering subscription needs them.
             if let c = created[key] {
                 after = Visible(doc: nil, text: c.text)
+                if ours(c.stamp) { source = .inserted(op: c.stamp.dot.index) }
             } else if let p = patched[key] {
                 after = Visible(doc: nil, text: p.text)
+                if ours(p.stamp) { source = .patched(op: p.stamp.dot.index) }
             } else {
                 let doc = cache[key]??.materialize(id: key.id)
                 after = Visible(doc: doc, text: doc.map { JSONValue.object($0).jsonText })
@@ -131,13 +140,14 @@ final class SQLStorage: ReplicaStorage {
                 FeedEvent(
                     collection: key.collection, id: key.id, type: type, after: after.doc, afterText: after.text,
                     before: before.doc, beforeText: before.text))
+            sources.append(source)
         }
         touched = []
         touchedSet = []
         feedSequence += 1
         let origin = change.origin.hex
         try db.cachedStatement(sql: "INSERT INTO feed(seq, origin, events) VALUES (?, ?, ?)").execute(
-            arguments: [feedSequence, origin, FeedLog.encode(events)])
+            arguments: [feedSequence, origin, FeedLog.encode(events, sources: sources, changeSeq: change.seq)])
         entries.append(FeedEntry(seq: feedSequence, origin: change.origin, events: events))
         try db.cachedStatement(sql: "INSERT INTO changes(origin, seq, hlc, body) VALUES (?, ?, ?, ?)").execute(
             arguments: [origin, Int64(change.seq), Int64(bitPattern: change.hlc.raw), text])
@@ -238,7 +248,7 @@ final class SQLStorage: ReplicaStorage {
         try db.cachedStatement(sql: "UPDATE docs SET body = ?, state = ? WHERE rowid = ?").execute(
             arguments: [text, newState, row.rowid])
         visible[key] = Visible(doc: nil, text: row.body)
-        patched[key] = Patched(stateText: newState, text: text)
+        patched[key] = Patched(stateText: newState, text: text, stamp: change.stamp(index))
         if touchedSet.insert(key).inserted { touched.append(key) }
         return cl
     }
@@ -354,7 +364,9 @@ final class SQLStorage: ReplicaStorage {
         // Where `_id` goes in key order: before the first key that sorts after it.
         var idAt: Int?
         var first = true
-        for (name, value) in fields.sorted(by: { utf8Less($0.key, $1.key) }) where name != "_id" {
+        for i in fields.utf8OrderedIndices {
+            let (name, value) = fields[i]
+            if name == "_id" { continue }
             if idAt == nil && utf8Less("_id", name) { idAt = set.count }
             if !first { set.append(UInt8(ascii: ",")) }
             first = false

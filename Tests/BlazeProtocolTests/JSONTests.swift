@@ -119,6 +119,21 @@ func randomValue(_ rng: inout SeededRandom, depth: Int = 0) -> JSONValue {
         }
     }
 
+    @Test func orderedIndicesFollowUTF8Order() {
+        var rng = SeededRandom(seed: 11)
+        // Long shared prefixes (the first eight bytes tie), NUL (ties with the zero padding), multi-byte characters.
+        let alphabet: [String] = ["", "a", "b", "\u{0}", "é", "\u{10FFFF}", "longprefix", "longprefi", "_id", "~"]
+        for _ in 0..<2_000 {
+            var d: [String: JSONValue] = [:]
+            for _ in 0..<Int.random(in: 0...40, using: &rng) {
+                let key = (0..<Int.random(in: 0...3, using: &rng)).map { _ in alphabet.randomElement(using: &rng)! }.joined()
+                d[key] = .int(Int64(d.count))
+            }
+            let expected = d.keys.sorted { $0.utf8.lexicographicallyPrecedes($1.utf8) }
+            #expect(d.utf8OrderedIndices.map { d[$0].key } == expected, "\(expected)")
+        }
+    }
+
     @Test func objectKeysSerializeSortedByUTF8() {
         let v: JSONValue = ["b": 1, "a": 2, "é": 3, "Z": 4]
         #expect(v.jsonText == #"{"Z":4,"a":2,"b":1,"é":3}"#)

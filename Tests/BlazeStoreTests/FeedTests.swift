@@ -1,5 +1,6 @@
 import BlazeCRDT
 import BlazeProtocol
+import BlazeTestSupport
 import Foundation
 import Synchronization
 import Testing
@@ -121,6 +122,83 @@ func summary(_ entries: [FeedEntry]) -> [String] {
         try r.send(0, 1)
         #expect(b.feed.lastSequence == 4)
         #expect(summary(try b.feedEntries(after: 1)) == ["insert c/x", "update c/x", "delete c/x"])
+    }
+
+    /// Feed rows that point into the op log instead of holding the documents replay exactly what was published.
+    @Test func replayEqualsWhatWasPublishedForRandomTransactions() throws {
+        let seed = UInt64.random(in: 0...UInt64.max)
+        var rng = SeededRandom(seed: seed)
+        let t = try TempStore()
+        let db = try t.store.create("f")
+        let rec = FeedRecorder()
+        _ = db.feed.attach(after: 0, rec.listener)
+        let names = ["a", "b", "z", "_x", "é", "K", "\u{212A}"].filter { !$0.hasPrefix("_") }
+        func value() -> JSONValue {
+            switch Int.random(in: 0..<5, using: &rng) {
+            case 0: .int(Int64.random(in: -5...5, using: &rng))
+            case 1: .double([-0.0, 0.5, 1e300, Double.leastNonzeroMagnitude].randomElement(using: &rng)!)
+            case 2: .string(["", "e\u{301}", "é", "x"].randomElement(using: &rng)!)
+            case 3: .array([.null, .bool(true)])
+            default: .object(["k": .int(1), "_id": "inner"])
+            }
+        }
+        func fields() -> [String: JSONValue] {
+            var d: [String: JSONValue] = [:]
+            for _ in 0..<Int.random(in: 0...3, using: &rng) { d[names.randomElement(using: &rng)!] = value() }
+            return d
+        }
+        for _ in 0..<400 {
+            var ops: [WriteOp] = []
+            for _ in 0..<Int.random(in: 1...3, using: &rng) {
+                let id = "d\(Int.random(in: 0..<4, using: &rng))"
+                switch Int.random(in: 0..<7, using: &rng) {
+                case 0: ops.append(.insert(collection: "c", doc: fields().merging(["_id": .string(id)]) { $1 }))
+                case 1: ops.append(.put(collection: "c", id: id, doc: fields()))
+                case 2: ops.append(.patch(collection: "c", id: id, set: fields().isEmpty ? ["a": 1] : fields()))
+                case 3: ops.append(.patch(collection: "c", id: id, unset: [names.randomElement(using: &rng)!]))
+                case 4: ops.append(.patch(collection: "c", id: id, incr: ["n": 1]))
+                case 5: ops.append(.delete(collection: "c", id: id))
+                default: ops.append(.insert(collection: "c", doc: fields()))
+                }
+            }
+            _ = try? db.commit(ops)
+        }
+        let live = rec.entries
+        #expect(live.count > 50, "seed \(seed)")
+        let replayed = try db.feedEntries(after: 0, limit: 10_000, maxEvents: 100_000)
+        #expect(replayed.map(\.seq) == live.map(\.seq), "seed \(seed)")
+        for (r, l) in zip(replayed, live) {
+            #expect(r.origin == l.origin)
+            #expect(r.events == l.events, "seed \(seed), entry \(l.seq)")
+            for (re, le) in zip(r.events, l.events) {
+                #expect(re.after == le.after && re.before == le.before, "seed \(seed), entry \(l.seq)")
+            }
+        }
+        // Some rows did point into the op log (a fresh insert, or a plain patch, in every few transactions).
+        let pointing = try db.read { try Int.fetchOne($0, sql: "SELECT count(*) FROM feed WHERE events LIKE '{%'") }
+        #expect((pointing ?? 0) > 10, "seed \(seed)")
+    }
+
+    @Test func pointingRowsHoldNoDocumentCopyAndRefuseBadPointers() throws {
+        let t = try TempStore()
+        let db = try t.store.create("f")
+        let doc: [String: JSONValue] = ["_id": "a", "text": .string(String(repeating: "x", count: 1000))]
+        _ = try db.apply(.insert(collection: "c", doc: doc))
+        _ = try db.apply(.patch(collection: "c", id: "a", set: ["n": 1]))
+        let rows = try db.read { try String.fetchAll($0, sql: "SELECT events FROM feed ORDER BY seq") }
+        #expect(rows[0] == #"{"e":[{"t":"insert","x":0}],"s":1}"#)
+        // The update keeps the document before (1,000 bytes and more) and points at the patch for the after.
+        #expect(rows[1].utf8.count < 1100 && rows[1].hasPrefix(#"{"e":[{"b":{"#) && rows[1].hasSuffix(#","t":"update","x":0}],"s":2}"#))
+        let replayed = try db.feedEntries(after: 0)
+        #expect(replayed[0].events[0].afterText == JSONValue.object(doc).jsonText)
+        #expect(replayed[1].events[0].after?["n"] == 1 && replayed[1].events[0].before?["n"] == nil)
+        // A pointer to an operation or change that is not there is corruption, not a silently empty event.
+        for bad in [#"{"e":[{"t":"insert","x":7}],"s":1}"#, #"{"e":[{"t":"insert","x":0}],"s":99}"#,
+            #"{"e":[{"t":"update","x":0}],"s":1}"#, #"{"e":[{"t":"delete","x":0}],"s":1}"#]
+        {
+            try db.pool.write { try $0.execute(sql: "UPDATE feed SET events = ? WHERE seq = 1", arguments: [bad]) }
+            expectStoreError("corrupt_feed") { _ = try db.feedEntries(after: 0) }
+        }
     }
 
     @Test func sequencesSurviveReopenAndPruningKeepsTheRetention() throws {
