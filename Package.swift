@@ -35,7 +35,7 @@ let package = Package(
             name: "BlazeStore",
             dependencies: [
                 "BlazeProtocol", "BlazeCRDT", "BlazeCrypto", .product(name: "GRDB", package: "GRDB.swift"),
-                .product(name: "Crypto", package: "swift-crypto"),
+                .product(name: "GRDBSQLite", package: "GRDB.swift"), .product(name: "Crypto", package: "swift-crypto"),
             ],
             swiftSettings: strict),
         .target(

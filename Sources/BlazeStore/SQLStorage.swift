@@ -189,14 +189,10 @@ final class SQLStorage: ReplicaStorage {
 
     /// The `docs` row of `key`, if any.
     private func fetchRow(_ key: DocKey) throws -> (rowid: Int64, state: String?, body: String)? {
-        let stmt = try db.cachedStatement(sql: "SELECT rowid, state, body FROM docs WHERE collection = ? AND id = ?")
-        // A cursor's row reads the statement's columns in place (fetchOne would copy the row first); it is valid
-        // only while the cursor lives.
-        let rows = try Row.fetchCursor(stmt, arguments: [key.collection, key.id])
-        return try withExtendedLifetime(rows) { () throws -> (rowid: Int64, state: String?, body: String)? in
-            guard let row = try rows.next() else { return nil }
-            return (row[0], row[1], row[2])
-        }
+        let select = try RawStatement(db, "SELECT rowid, state, body FROM docs WHERE collection = ? AND id = ?")
+        select.bind(1, key.collection)
+        select.bind(2, key.id)
+        return try select.firstRow { row in (row.int64(0), row.text(1), row.text(2) ?? "") }
     }
 
     /// Decodes and caches the state of a live document read from its row.
@@ -245,8 +241,11 @@ final class SQLStorage: ReplicaStorage {
         #endif
         try checkSize(body.count)
         // The shortcut applies only to states without conflicts, before and after: `conflicted` stays 0.
-        try db.cachedStatement(sql: "UPDATE docs SET body = ?, state = ? WHERE rowid = ?").execute(
-            arguments: [text, newState, row.rowid])
+        let update = try RawStatement(db, "UPDATE docs SET body = ?, state = ? WHERE rowid = ?")
+        update.bind(1, body)
+        update.bind(2, newState)
+        update.bind(3, row.rowid)
+        try update.run()
         visible[key] = Visible(doc: nil, text: row.body)
         patched[key] = Patched(stateText: newState, text: text, stamp: change.stamp(index))
         if touchedSet.insert(key).inserted { touched.append(key) }
@@ -339,14 +338,15 @@ final class SQLStorage: ReplicaStorage {
         guard cache[key] == nil, created[key] == nil, try tombstone(key) == nil else { return nil }
         let (setJSON, body) = Self.writeDocument(doc, id: key.id)
         try checkSize(body.count)
-        let text = String(decoding: body, as: UTF8.self)
-        try db.cachedStatement(
-            sql: "INSERT INTO docs(collection, id, body, state) VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING"
-        ).execute(arguments: [
-            key.collection, key.id, text,
-            DocumentState.createdCompactText(fieldCount: doc.count - (doc["_id"] == nil ? 0 : 1), stamp: stamp),
-        ])
+        let insert = try RawStatement(
+            db, "INSERT INTO docs(collection, id, body, state) VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING")
+        insert.bind(1, key.collection)
+        insert.bind(2, key.id)
+        insert.bind(3, body)
+        insert.bind(4, DocumentState.createdCompactText(fieldCount: doc.count - (doc["_id"] == nil ? 0 : 1), stamp: stamp))
+        try insert.run()
         guard db.changesCount == 1 else { return nil }
+        let text = String(decoding: body, as: UTF8.self)
         locations[key] = .row(db.lastInsertedRowID)
         try ensureCollection(key.collection)
         // Its "before" is absent: `visible` has no entry for it, which reads as absent.
