@@ -231,12 +231,43 @@ public struct DocumentState: Hashable, Sendable {
 
     /// Compact storage text (`compactJSON.jsonText`) of `created(fields:stamp:)`, without building that state.
     public static func createdCompactText(fieldCount: Int, stamp: Stamp) -> String {
-        guard fieldCount > 0 else { return #"{"l":1}"# }
-        var out: [UInt8] = Array(#"{"l":1,"t":"#.utf8)
-        out.reserveCapacity(96)
-        stamp.write(to: &out)
-        out.append(UInt8(ascii: "}"))
-        return String(decoding: out, as: UTF8.self)
+        String(decoding: CreatedStateText(stamp).bytes(fieldCount: fieldCount, index: stamp.dot.index), as: UTF8.self)
+    }
+
+    /// `createdCompactText` for the documents that the operations of one change create, whose stamps differ only
+    /// in the operation index: the rest is written once.
+    public struct CreatedStateText: Sendable {
+        /// The text up to the stamp's operation index.
+        private let prefix: [UInt8]
+        /// The change: its origin, sequence and clock.
+        public let origin: NodeID
+        public let seq: UInt64
+        public let hlc: HLC
+
+        /// The texts for stamps of `stamp`'s change.
+        public init(_ stamp: Stamp) {
+            origin = stamp.dot.origin
+            seq = stamp.dot.seq
+            hlc = stamp.hlc
+            var out: [UInt8] = Array(#"{"l":1,"t":"#.utf8)
+            out.reserveCapacity(96)
+            Stamp(hlc: hlc, origin: origin, seq: seq, index: 0).write(to: &out)
+            // Drop the index and the closing bracket ("0]").
+            out.removeLast(2)
+            prefix = out
+        }
+
+        /// True when `stamp` belongs to this change.
+        public func covers(_ stamp: Stamp) -> Bool { stamp.dot.seq == seq && stamp.hlc == hlc && stamp.dot.origin == origin }
+
+        /// The text for a document of `fieldCount` fields created by operation `index` of the change.
+        public func bytes(fieldCount: Int, index: Int) -> [UInt8] {
+            guard fieldCount > 0 else { return Array(#"{"l":1}"#.utf8) }
+            var out = prefix
+            JSONValue.writeInt(Int64(index), to: &out)
+            out.append(contentsOf: "]}".utf8)
+            return out
+        }
     }
 
     /// True when some field has concurrent writes that lost (see `FieldState.losers`).

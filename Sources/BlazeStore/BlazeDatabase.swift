@@ -70,6 +70,8 @@ public final class BlazeDatabase: Sendable {
     let knownCollections = KnownCollections()
     /// The live change feed: committed changes, in commit order, for subscribers.
     public let feed: ChangeFeed
+    /// Runs WAL checkpoints off the writer's commit path.
+    let checkpointer: Checkpointer
 
     init(name: String, path: String, limits: StoreLimits, node: NodeID) throws {
         self.name = name
@@ -86,6 +88,10 @@ public final class BlazeDatabase: Sendable {
             try db.execute(sql: "PRAGMA synchronous = FULL; PRAGMA analysis_limit = \(Self.analysisLimit)")
         }
         try Schema.migrator.migrate(pool)
+        let checkpointer = try Checkpointer(
+            path: path, threshold: limits.walCheckpointPages, hardLimit: limits.walMaxPages)
+        self.checkpointer = checkpointer
+        pool.writeWithoutTransaction { checkpointer.install(on: $0) }
         let last = try pool.read { db in try Int64.fetchOne(db, sql: "SELECT max(hlc) FROM changes") ?? 0 }
         clock = Mutex(HybridClock(last: HLC(raw: UInt64(bitPattern: last))))
         let (feedLast, feedFloor) = try pool.read { db in
@@ -317,6 +323,7 @@ public final class BlazeDatabase: Sendable {
                 "transaction has \(ops.count) operations; the limit is \(limits.maxTransactionOps)")
         }
         return try write { tx in
+            tx.storage.reserve(documents: ops.count)
             var results: [WriteResult] = []
             results.reserveCapacity(ops.count)
             for (i, op) in ops.enumerated() {
@@ -510,6 +517,7 @@ public final class BlazeDatabase: Sendable {
     public func close() throws {
         feed.end(StoreError(.unavailable, kind: "shutting_down", "the daemon is shutting down"))
         try pool.close()
+        try checkpointer.close()
     }
 }
 

@@ -54,6 +54,8 @@ final class SQLStorage: ReplicaStorage {
     /// Documents created by `insertNew` whose state was not needed since: their rows are written, and their state is
     /// built (into `cache`) only if a later operation of the transaction reads it.
     private var created: [DocKey: Created] = [:]
+    /// The state texts of documents created by the current change.
+    private var createdStates: DocumentState.CreatedStateText?
     /// Documents `patchInPlace` rewrote whose state was not needed since, as written (state text, body).
     private var patched: [DocKey: Patched] = [:]
     /// Feed entries of the changes recorded in this transaction, in order.
@@ -66,6 +68,16 @@ final class SQLStorage: ReplicaStorage {
         self.limits = limits
         self.knownCollections = knownCollections
         self.feedSequence = feedSequence
+    }
+
+    /// Sizes the per-document bookkeeping for a transaction that writes about `documents` documents, so that it
+    /// is not rehashed as it grows.
+    func reserve(documents: Int) {
+        guard documents > 16 else { return }
+        locations.reserveCapacity(documents)
+        touched.reserveCapacity(documents)
+        touchedSet.reserveCapacity(documents)
+        created.reserveCapacity(documents)
     }
 
     func versionVector() throws -> VersionVector {
@@ -343,7 +355,8 @@ final class SQLStorage: ReplicaStorage {
         insert.bind(1, key.collection)
         insert.bind(2, key.id)
         insert.bind(3, body)
-        insert.bind(4, DocumentState.createdCompactText(fieldCount: doc.count - (doc["_id"] == nil ? 0 : 1), stamp: stamp))
+        if createdStates?.covers(stamp) != true { createdStates = DocumentState.CreatedStateText(stamp) }
+        insert.bind(4, createdStates!.bytes(fieldCount: doc.count - (doc["_id"] == nil ? 0 : 1), index: stamp.dot.index))
         try insert.run()
         guard db.changesCount == 1 else { return nil }
         let text = String(decoding: body, as: UTF8.self)

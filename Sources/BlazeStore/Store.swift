@@ -95,8 +95,12 @@ public final class Store: Sendable {
             guard open[name] != nil || FileManager.default.fileExists(atPath: path) else {
                 throw StoreError(.notFound, kind: "database_not_found", "database \(Names.quoted(name)) does not exist")
             }
-            open.removeValue(forKey: name)?.feed.end(
-                StoreError(.notFound, kind: "database_dropped", "database \(Names.quoted(name)) was dropped"))
+            if let dropped = open.removeValue(forKey: name) {
+                dropped.feed.end(
+                    StoreError(.notFound, kind: "database_dropped", "database \(Names.quoted(name)) was dropped"))
+                // No checkpoint may write into the files once they are gone.
+                try? dropped.checkpointer.close()
+            }
             for suffix in ["", "-wal", "-shm"] where FileManager.default.fileExists(atPath: path + suffix) {
                 try FileManager.default.removeItem(atPath: path + suffix)
             }

@@ -16,6 +16,11 @@ public struct StoreLimits: Sendable, Equatable {
     /// Changes kept in the durable change feed for `subscribe` with `since`; older ones are pruned.
     public var feedRetention: Int = 10_000
 
+    /// WAL size in pages after which a commit asks for a background checkpoint (see `Checkpointer`).
+    var walCheckpointPages: Int32 = 1000
+    /// WAL size in pages after which the writer checkpoints itself, should background checkpoints fall behind.
+    var walMaxPages: Int32 = 8000
+
     /// Default limits.
     public init() {}
 }

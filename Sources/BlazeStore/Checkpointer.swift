@@ -1,0 +1,82 @@
+import GRDB
+import GRDBSQLite
+import Synchronization
+
+/// Copies a database's write-ahead log back into the database file on its own connection and thread, so that
+/// commits do not wait for it.
+///
+/// SQLite's automatic checkpoint runs inside the commit that crosses its threshold, on the writer. Here the writer's
+/// WAL hook (which replaces that automatic checkpoint) only asks this checkpointer to run a passive checkpoint, which
+/// copies frames while the writer goes on appending. Durability is unchanged: every commit still syncs the WAL. If
+/// checkpoints fall behind and the WAL reaches `hardLimit` frames, the writer checkpoints itself after its commit,
+/// as SQLite would, so the log stays bounded.
+final class Checkpointer: Sendable {
+    /// WAL frames (pages) after which a checkpoint is requested (SQLite's automatic-checkpoint threshold is 1,000).
+    let threshold: Int32
+    /// WAL frames after which the writer checkpoints itself.
+    let hardLimit: Int32
+
+    private let connection: DatabaseQueue
+    /// Whether a checkpoint is queued and not started yet, and whether the checkpointer is closed.
+    private let state = Mutex<(queued: Bool, closed: Bool)>((false, false))
+
+    /// Opens the checkpointing connection to the database at `path` (its schema must already exist).
+    init(path: String, threshold: Int32, hardLimit: Int32) throws {
+        self.threshold = threshold
+        self.hardLimit = hardLimit
+        var config = Configuration()
+        config.label = "blazedb.checkpoint"
+        connection = try DatabaseQueue(path: path, configuration: config)
+        try connection.writeWithoutTransaction { try $0.execute(sql: "PRAGMA synchronous = FULL") }
+    }
+
+    /// Makes `writer`'s commits request checkpoints from this checkpointer instead of running them; call on the
+    /// writer's queue. The checkpointer must stay alive as long as the writer connection is open.
+    func install(on writer: Database) {
+        sqlite3_wal_hook(writer.sqliteConnection, walHook, Unmanaged.passUnretained(self).toOpaque())
+    }
+
+    /// Called after each commit of the writer with the WAL's size in frames.
+    fileprivate func committed(frames: Int32, writer: OpaquePointer?) {
+        if frames >= hardLimit {
+            sqlite3_wal_checkpoint_v2(writer, nil, SQLITE_CHECKPOINT_PASSIVE, nil, nil)
+        } else if frames >= threshold {
+            schedule()
+        }
+    }
+
+    private func schedule() {
+        let queue = state.withLock { s -> Bool in
+            guard !s.queued, !s.closed else { return false }
+            s.queued = true
+            return true
+        }
+        guard queue else { return }
+        connection.asyncWriteWithoutTransaction { [self] db in
+            // Cleared before running: a commit during this checkpoint queues the next one.
+            state.withLock { $0.queued = false }
+            // PASSIVE waits for no one; a busy or partial checkpoint is simply retried after a later commit.
+            _ = try? db.checkpoint(.passive)
+        }
+    }
+
+    /// Waits for a running checkpoint and closes the connection; no checkpoint starts afterwards. Idempotent.
+    func close() throws {
+        let wasClosed = state.withLock { s in
+            defer { s.closed = true }
+            return s.closed
+        }
+        guard !wasClosed else { return }
+        connection.inDatabase { _ in }
+        try connection.close()
+    }
+}
+
+/// The writer's WAL hook: `context` is the unretained `Checkpointer`.
+private func walHook(
+    _ context: UnsafeMutableRawPointer?, _ db: OpaquePointer?, _ name: UnsafePointer<CChar>?, _ frames: Int32
+) -> Int32 {
+    guard let context else { return SQLITE_OK }
+    Unmanaged<Checkpointer>.fromOpaque(context).takeUnretainedValue().committed(frames: frames, writer: db)
+    return SQLITE_OK
+}

@@ -1,0 +1,62 @@
+import BlazeCRDT
+import BlazeProtocol
+import Foundation
+import Testing
+
+@testable import BlazeStore
+
+/// WAL checkpoints run off the writer's commit path, and the log stays bounded when they fall behind.
+@Suite struct CheckpointTests {
+    /// Sizes in bytes of the database file and of its WAL file.
+    func sizes(_ db: BlazeDatabase) -> (main: Int, wal: Int) {
+        func size(_ path: String) -> Int {
+            ((try? FileManager.default.attributesOfItem(atPath: path))?[.size] as? NSNumber)?.intValue ?? 0
+        }
+        return (size(db.path), size(db.path + "-wal"))
+    }
+
+    /// Writes `transactions` transactions of four 2 KB documents each.
+    func fill(_ db: BlazeDatabase, transactions: Int) throws {
+        let text = JSONValue.string(String(repeating: "x", count: 2000))
+        for t in 0..<transactions {
+            _ = try db.commit((0..<4).map { i in .insert(collection: "c", doc: ["_id": .string("\(t)-\(i)"), "t": text]) })
+        }
+    }
+
+    @Test func theWriterBoundsTheLogWhenNoBackgroundCheckpointRuns() throws {
+        var limits = StoreLimits()
+        limits.walCheckpointPages = .max
+        limits.walMaxPages = 64
+        let t = try TempStore(limits: limits)
+        let db = try t.store.create("w")
+        try fill(db, transactions: 150)
+        let pageSize = try db.read { try Int.fetchOne($0, sql: "PRAGMA page_size") } ?? 4096
+        // The WAL file is reused from its start after a complete checkpoint and never shrinks: its size is the
+        // largest the log ever was. One transaction here writes under 16 pages.
+        let frames = (sizes(db).wal - 32) / (pageSize + 24)
+        #expect(frames > 0 && frames <= 64 + 16, "the WAL grew to \(frames) pages")
+        #expect(try db.summary().documents == 600)
+        t.store.closeAll()
+        let reopened = try Store(directory: t.dir, limits: limits, node: randomNode())
+        defer { reopened.closeAll() }
+        #expect(try reopened.database("w").summary().documents == 600)
+    }
+
+    @Test func commitsLeaveCheckpointsToTheBackground() throws {
+        var limits = StoreLimits()
+        limits.walCheckpointPages = 32
+        limits.walMaxPages = .max
+        let t = try TempStore(limits: limits)
+        let db = try t.store.create("w")
+        try fill(db, transactions: 30)
+        let pages = try db.read { try Int.fetchOne($0, sql: "PRAGMA page_count") } ?? 0
+        let pageSize = try db.read { try Int.fetchOne($0, sql: "PRAGMA page_size") } ?? 4096
+        // Far fewer pages than SQLite's own automatic checkpoint waits for, and the writer never checkpoints with
+        // this hard limit: only the background connection copies pages into the database file. Wait (bounded)
+        // until it has copied most of them.
+        let deadline = Date().addingTimeInterval(30)
+        while sizes(db).main < pages * pageSize / 2 && Date() < deadline { usleep(10_000) }
+        #expect(sizes(db).main >= pages * pageSize / 2, "database file \(sizes(db).main) bytes of \(pages * pageSize)")
+        #expect(try db.summary().documents == 120)
+    }
+}
