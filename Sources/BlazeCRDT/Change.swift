@@ -114,18 +114,28 @@ public struct Change: Hashable, Sendable {
         encode(op).write(to: &out)
     }
 
-    /// Appends the canonical JSON of a document op that only sets fields, given the canonical JSON object of those
-    /// fields (`{}` when there are none): the same bytes `writeOp` writes for `.doc(DocOp(key:cl:set:))`.
-    public static func writeSetOp(_ key: DocKey, cl: Int64, setJSON: [UInt8], to out: inout [UInt8]) {
+    /// Appends the canonical JSON of `DocOp(key:, cl:, set:)` whose `set` is the canonical object `document` without
+    /// its member at `without` (a member's bytes, commas excluded), as `writeOp` would write it.
+    public static func writeSetOp(
+        _ key: DocKey, cl: Int64, document: [UInt8], without member: Range<Int>, to out: inout [UInt8]
+    ) {
         out.append(contentsOf: #"{"c":"#.utf8)
         JSONValue.writeString(key.collection, to: &out)
         out.append(contentsOf: #","i":"#.utf8)
         JSONValue.writeString(key.id, to: &out)
         out.append(contentsOf: #","k":"doc","l":"#.utf8)
         JSONValue.writeInt(cl, to: &out)
-        if setJSON.count > 2 {
+        // The member goes with the comma after it, or before it when it is the last one.
+        var cut = member
+        if document[cut.upperBound] == UInt8(ascii: ",") {
+            cut = cut.lowerBound..<(cut.upperBound + 1)
+        } else if document[cut.lowerBound - 1] == UInt8(ascii: ",") {
+            cut = (cut.lowerBound - 1)..<cut.upperBound
+        }
+        if document.count - cut.count > 2 {
             out.append(contentsOf: #","set":"#.utf8)
-            out.append(contentsOf: setJSON)
+            out.append(contentsOf: document[..<cut.lowerBound])
+            out.append(contentsOf: document[cut.upperBound...])
         }
         out.append(UInt8(ascii: "}"))
     }

@@ -346,9 +346,11 @@ final class SQLStorage: ReplicaStorage {
     /// The state is what `Replica.applyOp` makes of `DocOp(cl: 1, set: fields)` at `stamp` on a document never seen;
     /// the one insert that probes for a live document also writes it, so a new document costs no lookup (and none in
     /// `tombstones` while no document was ever deleted).
-    func insertNew(_ key: DocKey, doc: [String: JSONValue], stamp: Stamp) throws -> [UInt8]? {
+    func insertNew(
+        _ key: DocKey, doc: [String: JSONValue], stamp: Stamp
+    ) throws -> (body: [UInt8], idMember: Range<Int>)? {
         guard cache[key] == nil, created[key] == nil, try tombstone(key) == nil else { return nil }
-        let (setJSON, body) = Self.writeDocument(doc, id: key.id)
+        let (body, idMember) = Self.writeDocument(doc, id: key.id)
         try checkSize(body.count)
         let insert = try RawStatement(
             db, "INSERT INTO docs(collection, id, body, state) VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING")
@@ -365,47 +367,36 @@ final class SQLStorage: ReplicaStorage {
         // Its "before" is absent: `visible` has no entry for it, which reads as absent.
         created[key] = Created(doc: doc, text: text, stamp: stamp)
         if touchedSet.insert(key).inserted { touched.append(key) }
-        return setJSON
+        return (body, idMember)
     }
 
-    /// Canonical JSON of `fields` as an object, and of the same object with `_id: id` (the stored document); an
-    /// `_id` member of `fields` is left out of both (the id given is the one written).
-    static func writeDocument(_ fields: [String: JSONValue], id: String) -> (set: [UInt8], body: [UInt8]) {
-        var set: [UInt8] = []
-        set.reserveCapacity(256)
-        set.append(UInt8(ascii: "{"))
-        // Where `_id` goes in key order: before the first key that sorts after it.
-        var idAt: Int?
-        var first = true
+    /// The stored document: canonical JSON of `fields` with `_id: id` (an `_id` member of `fields` is left out: the
+    /// id given is the one written), and the byte range of its `_id` member, which the op's `set` leaves out.
+    static func writeDocument(_ fields: [String: JSONValue], id: String) -> (body: [UInt8], idMember: Range<Int>) {
+        var body: [UInt8] = []
+        body.reserveCapacity(256)
+        body.append(UInt8(ascii: "{"))
+        var idMember: Range<Int>?
+        func writeID() {
+            if body.count > 1 { body.append(UInt8(ascii: ",")) }
+            let start = body.count
+            body.append(contentsOf: #""_id":"#.utf8)
+            JSONValue.writeString(id, to: &body)
+            idMember = start..<body.count
+        }
         for i in fields.utf8OrderedIndices {
             let (name, value) = fields[i]
             if name == "_id" { continue }
-            if idAt == nil && utf8Less("_id", name) { idAt = set.count }
-            if !first { set.append(UInt8(ascii: ",")) }
-            first = false
-            JSONValue.writeString(name, to: &set)
-            set.append(UInt8(ascii: ":"))
-            value.write(to: &set)
+            // `_id` goes before the first key that sorts after it.
+            if idMember == nil && utf8Less("_id", name) { writeID() }
+            if body.count > 1 { body.append(UInt8(ascii: ",")) }
+            JSONValue.writeString(name, to: &body)
+            body.append(UInt8(ascii: ":"))
+            value.write(to: &body)
         }
-        set.append(UInt8(ascii: "}"))
-        var member: [UInt8] = Array(#""_id":"#.utf8)
-        JSONValue.writeString(id, to: &member)
-        var body: [UInt8] = []
-        body.reserveCapacity(set.count + member.count + 1)
-        if let at = idAt {
-            // `at` is the offset of the comma (or of the first key) before which `_id` belongs.
-            let lead = set[at] == UInt8(ascii: ",") ? at + 1 : at
-            body.append(contentsOf: set[..<lead])
-            body.append(contentsOf: member)
-            body.append(UInt8(ascii: ","))
-            body.append(contentsOf: set[lead...])
-        } else {
-            body.append(contentsOf: set[..<(set.count - 1)])
-            if set.count > 2 { body.append(UInt8(ascii: ",")) }
-            body.append(contentsOf: member)
-            body.append(UInt8(ascii: "}"))
-        }
-        return (set, body)
+        if idMember == nil { writeID() }
+        body.append(UInt8(ascii: "}"))
+        return (body, idMember!)
     }
 
     static func parseBody(_ body: String?) throws -> [String: JSONValue]? {

@@ -76,8 +76,8 @@ public final class WriteTransaction {
     /// Inserts a document no state exists for without looking it up (see `SQLStorage.insertNew`); false when the
     /// key has a state, for the general path to handle. `doc` may hold `_id` (equal to `key.id`), which is not a field.
     private func emitNew(_ key: DocKey, doc: [String: JSONValue]) throws -> Bool {
-        guard let setJSON = try storage.insertNew(key, doc: doc, stamp: draft.stamp(opCount)) else { return false }
-        record { Change.writeSetOp(key, cl: 1, setJSON: setJSON, to: &$0) }
+        guard let (body, idMember) = try storage.insertNew(key, doc: doc, stamp: draft.stamp(opCount)) else { return false }
+        record { Change.writeSetOp(key, cl: 1, document: body, without: idMember, to: &$0) }
         return true
     }
 

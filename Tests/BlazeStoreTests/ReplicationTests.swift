@@ -112,7 +112,8 @@ final class StoreReplicas {
         case 5: return .patch(collection: "c", id: id, unset: ["v"])
         // Keys that sort before and after `_id`, and an empty document: the stored text is built around `_id`.
         case 6: return .insert(collection: "c", doc: ["_id": .string(id), "A": value, "Z9": 1, "z": .int(Int64(writer))])
-        case 7: return .insert(collection: "c", doc: Bool.random(using: &rng) ? ["_id": .string(id)] : ["v": value])
+        // New documents with no field, a field after `_id` in key order, or one before it (`_id` is then last).
+        case 7: return .insert(collection: "c", doc: [["_id": .string(id)], ["v": value], ["V": value]].randomElement(using: &rng)!)
         default: return .patch(collection: "c", id: id, set: ["v": value])
         }
     }
@@ -124,6 +125,29 @@ final class StoreReplicas {
             let state = DocumentState.created(fields: fields, stamp: stamp)
             #expect(DocumentState.createdCompactText(fieldCount: fields.count, stamp: stamp) == state.compactText)
             #expect(state.compactText == state.compactJSON.jsonText)
+        }
+    }
+
+    /// An inserted document's op records its fields without `_id`, wherever `_id` falls among them, in canonical text.
+    @Test func insertedDocumentsRecordTheirFieldsWithoutTheID() throws {
+        let t = try TempStore()
+        let db = try t.store.create("s")
+        let docs: [[String: JSONValue]] = [
+            [:], ["A": 1], ["A": 1, "B": 2], ["a": 1], ["A": 1, "z": 2], ["0": 1, "Z": [1], "~": "x"], ["a": ["_id": 1]],
+        ]
+        for (i, d) in docs.enumerated() {
+            _ = try db.apply(.insert(collection: "c", doc: d.merging(["_id": .string("d\(i)")]) { $1 }))
+        }
+        let changes = try db.changes(since: VersionVector())
+        let texts = try db.read { try String.fetchAll($0, sql: "SELECT body FROM changes ORDER BY seq") }
+        #expect(changes.count == docs.count)
+        for (i, d) in docs.enumerated() where i < changes.count {
+            guard case .doc(let op) = changes[i].ops.first else {
+                Issue.record("change \(i) is not a document op")
+                continue
+            }
+            #expect(op.set == d && op.key.id == "d\(i)")
+            #expect(texts[i] == changes[i].jsonValue.jsonText)
         }
     }
 
