@@ -111,7 +111,44 @@ public struct Change: Hashable, Sendable {
 
     /// Appends the canonical JSON of one operation (as it appears in `jsonValue`) to `out`.
     public static func writeOp(_ op: CRDTOp, to out: inout [UInt8]) {
-        encode(op).write(to: &out)
+        guard case .doc(let d) = op else {
+            encode(op).write(to: &out)
+            return
+        }
+        // The members of `encode`'s object, written in their key order without building it.
+        out.append(UInt8(ascii: "{"))
+        if !d.add.isEmpty {
+            out.append(contentsOf: #""add":"#.utf8)
+            JSONValue.object(d.add.mapValues(JSONValue.array)).write(to: &out)
+            out.append(UInt8(ascii: ","))
+        }
+        out.append(contentsOf: #""c":"#.utf8)
+        JSONValue.writeString(d.key.collection, to: &out)
+        out.append(contentsOf: #","i":"#.utf8)
+        JSONValue.writeString(d.key.id, to: &out)
+        if !d.incr.isEmpty {
+            out.append(contentsOf: #","incr":"#.utf8)
+            JSONValue.object(d.incr).write(to: &out)
+        }
+        out.append(contentsOf: #","k":"doc","l":"#.utf8)
+        JSONValue.writeInt(d.cl, to: &out)
+        if !d.remove.isEmpty {
+            out.append(contentsOf: #","remove":"#.utf8)
+            JSONValue.object(d.remove.mapValues(JSONValue.array)).write(to: &out)
+        }
+        if !d.set.isEmpty {
+            out.append(contentsOf: #","set":"#.utf8)
+            JSONValue.object(d.set).write(to: &out)
+        }
+        if !d.unset.isEmpty {
+            out.append(contentsOf: #","unset":["#.utf8)
+            for (i, name) in d.unset.enumerated() {
+                if i > 0 { out.append(UInt8(ascii: ",")) }
+                JSONValue.writeString(name, to: &out)
+            }
+            out.append(UInt8(ascii: "]"))
+        }
+        out.append(UInt8(ascii: "}"))
     }
 
     /// Appends the canonical JSON of `DocOp(key:, cl:, set:)` whose `set` is the canonical object `document` without

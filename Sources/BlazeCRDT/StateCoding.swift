@@ -149,11 +149,12 @@ extension DocumentState {
     /// state is not before `stamp`. Valid only for an operation that observes every write in the state, as every
     /// local operation does: its writes then replace each written field's state with a plain write at `stamp`.
     ///
-    /// `fieldNames` are the stored body's member names other than `_id`; `body` gives its members (with or without
+    /// `fieldCount` is the number of the stored body's members other than `_id`, `hasField` tells whether one of them
+    /// has a name (queried for the few written and spelled-out names only); `body` gives its members (with or without
     /// `_id`) and is called only when the common stamp changes.
     public static func compactTextAfterLocalWrite(
-        compact: JSONValue, fieldNames: Set<String>, body: () -> [String: JSONValue]?, writes: [String: JSONValue?],
-        stamp: Stamp
+        compact: JSONValue, fieldCount: Int, hasField: (String) -> Bool, body: () -> [String: JSONValue]?,
+        writes: [String: JSONValue?], stamp: Stamp
     ) -> String? {
         guard case .object(let o) = compact, case .int(let cl)? = o["l"], cl % 2 == 1 else { return nil }
         var common: Stamp?
@@ -180,13 +181,13 @@ extension DocumentState {
         // The usual case, decided by counting alone: the common stamp stays the most common one, so only the written
         // fields change form (they become spelled out at `stamp`), and the body's values are not needed.
         if let common {
-            var implicit = fieldNames.count + unsetNames.count
-            for name in spelled.keys where fieldNames.contains(name) { implicit -= 1 }
+            var implicit = fieldCount + unsetNames.count
+            for name in spelled.keys where hasField(name) { implicit -= 1 }
             var others: [(stamp: Stamp, count: Int)] = []
             for (name, f) in spelled where writes[name] == nil {
                 if let i = others.firstIndex(where: { $0.stamp == f.stamp }) { others[i].count += 1 } else { others.append((f.stamp, 1)) }
             }
-            for name in writes.keys where spelled[name] == nil && (fieldNames.contains(name) || unsetNames.contains(name)) {
+            for name in writes.keys where spelled[name] == nil && (hasField(name) || unsetNames.contains(name)) {
                 implicit -= 1
             }
             // Whether `count` fields at stamp `s` would outrank the common stamp's (ties go to the smaller stamp).

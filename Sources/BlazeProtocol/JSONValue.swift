@@ -122,11 +122,13 @@ extension Dictionary where Key == String {
     public var utf8OrderedIndices: [Index] {
         var order: [(prefix: UInt64, index: Index)] = []
         order.reserveCapacity(count)
+        // Keys only: reading `self[i]` would copy (retain and release) each value too.
+        let keys = self.keys
         var i = startIndex
         while i != endIndex {
             var prefix: UInt64 = 0
             var n = 0
-            for byte in self[i].key.utf8 {
+            for byte in keys[i].utf8 {
                 if n == 8 { break }
                 prefix = prefix << 8 | UInt64(byte)
                 n += 1
@@ -135,7 +137,7 @@ extension Dictionary where Key == String {
             formIndex(after: &i)
         }
         func less(_ a: (prefix: UInt64, index: Index), _ b: (prefix: UInt64, index: Index)) -> Bool {
-            a.prefix != b.prefix ? a.prefix < b.prefix : utf8Less(self[a.index].key, self[b.index].key)
+            a.prefix != b.prefix ? a.prefix < b.prefix : utf8Less(keys[a.index], keys[b.index])
         }
         if order.count <= 16 {
             // Insertion sort: documents have few members, and it moves nothing that needs retaining.

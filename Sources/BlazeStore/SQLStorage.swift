@@ -74,7 +74,6 @@ final class SQLStorage: ReplicaStorage {
     /// is not rehashed as it grows.
     func reserve(documents: Int) {
         guard documents > 16 else { return }
-        locations.reserveCapacity(documents)
         touched.reserveCapacity(documents)
         touchedSet.reserveCapacity(documents)
         created.reserveCapacity(documents)
@@ -89,11 +88,13 @@ final class SQLStorage: ReplicaStorage {
         return VersionVector(e)
     }
 
-    /// A document `insertNew` created: as given (with or without `_id`), its stored text (with `_id`), its stamp.
+    /// A document `insertNew` created: as given (with or without `_id`), its stored text (with `_id`), its stamp,
+    /// its row.
     struct Created {
         var doc: [String: JSONValue]
         var text: String
         var stamp: Stamp
+        var rowid: Int64
 
         /// The fields, without `_id`.
         var fields: [String: JSONValue] {
@@ -103,20 +104,22 @@ final class SQLStorage: ReplicaStorage {
         }
     }
 
-    /// A document `patchInPlace` rewrote: its new compact state text, its new body text (with `_id`), and the stamp
-    /// of the patch that did it.
+    /// A document `patchInPlace` rewrote: its new compact state text, its new body text (with `_id`), the stamp of
+    /// the patch that did it, its row.
     struct Patched {
         var stateText: String
         var text: String
         var stamp: Stamp
+        var rowid: Int64
     }
 
     func recordApplied(_ change: Change) throws {
         try recordApplied(change, text: change.jsonValue.jsonText)
     }
 
-    /// Records `change`, whose canonical text is `text`, with its feed row and version.
-    func recordApplied(_ change: Change, text: String) throws {
+    /// Records `change`, whose canonical text is `text`, with its feed row and version. `last` says no change is
+    /// recorded after it in this transaction (so documents already written need not be kept as the next "before").
+    func recordApplied(_ change: Change, text: String, last: Bool = false) throws {
         var events: [FeedEvent] = []
         events.reserveCapacity(touched.count)
         // Per event, the operation of `change` its "after" follows from, when one does (see `FeedLog.Source`).
@@ -138,7 +141,8 @@ final class SQLStorage: ReplicaStorage {
                 let doc = cache[key]??.materialize(id: key.id)
                 after = Visible(doc: doc, text: doc.map { JSONValue.object($0).jsonText })
             }
-            visible[key] = after
+            // `flush()` writes dirty documents as they are here.
+            if !last || dirtySet.contains(key) { visible[key] = after }
             let type: FeedEventType
             switch (before.text, after.text) {
             case (nil, nil): continue
@@ -168,12 +172,15 @@ final class SQLStorage: ReplicaStorage {
 
     func document(_ key: DocKey) throws -> DocumentState? {
         if let cached = cache[key] { return cached }
+        // Documents written without their state: their location is known from then on.
         if let c = created.removeValue(forKey: key) {
+            locations[key] = .row(c.rowid)
             let state = DocumentState.created(fields: c.fields, stamp: c.stamp)
             cache[key] = state
             return state
         }
         if let p = patched.removeValue(forKey: key) {
+            locations[key] = .row(p.rowid)
             let state = try Self.decode(state: p.stateText, body: p.text)
             cache[key] = state
             return state
@@ -223,7 +230,6 @@ final class SQLStorage: ReplicaStorage {
         _ key: DocKey, set: [String: JSONValue], unset: [String], change: Change, index: Int
     ) throws -> Int64? {
         guard cache[key] == nil, created[key] == nil, patched[key] == nil, let row = try fetchRow(key) else { return nil }
-        locations[key] = .row(row.rowid)
         guard let stateText = row.state else { return nil }
         let state = try JSONParser(maxDepth: 10_000).parse(stateText)
         // The stored body's members as byte ranges: values that are not written are copied, never parsed.
@@ -232,11 +238,13 @@ final class SQLStorage: ReplicaStorage {
             let members = bytes.withUnsafeBufferPointer({ JSONScan.members($0) }),
             Self.namesAreASCII(set: set, unset: unset, members: members, state: state),
             let newState = DocumentState.compactTextAfterLocalWrite(
-                compact: state, fieldNames: Set(members.lazy.map(\.key).filter { $0 != "_id" }),
+                compact: state, fieldCount: members.count - (members.contains { $0.key == "_id" } ? 1 : 0),
+                hasField: { name in name != "_id" && members.contains { $0.key == name } },
                 body: { try? Self.parseBody(row.body) }, writes: Self.writes(set: set, unset: unset),
                 stamp: change.stamp(index))
         else {
             // The general path takes it from here, with the row already read.
+            locations[key] = .row(row.rowid)
             _ = try load(key, state: state, doc: try Self.parseBody(row.body), text: row.body)
             return nil
         }
@@ -259,7 +267,7 @@ final class SQLStorage: ReplicaStorage {
         update.bind(3, row.rowid)
         try update.run()
         visible[key] = Visible(doc: nil, text: row.body)
-        patched[key] = Patched(stateText: newState, text: text, stamp: change.stamp(index))
+        patched[key] = Patched(stateText: newState, text: text, stamp: change.stamp(index), rowid: row.rowid)
         if touchedSet.insert(key).inserted { touched.append(key) }
         return cl
     }
@@ -361,11 +369,11 @@ final class SQLStorage: ReplicaStorage {
         insert.bind(4, createdStates!.bytes(fieldCount: doc.count - (doc["_id"] == nil ? 0 : 1), index: stamp.dot.index))
         try insert.run()
         guard db.changesCount == 1 else { return nil }
+        let rowid = db.lastInsertedRowID
         let text = String(decoding: body, as: UTF8.self)
-        locations[key] = .row(db.lastInsertedRowID)
         try ensureCollection(key.collection)
         // Its "before" is absent: `visible` has no entry for it, which reads as absent.
-        created[key] = Created(doc: doc, text: text, stamp: stamp)
+        created[key] = Created(doc: doc, text: text, stamp: stamp, rowid: rowid)
         if touchedSet.insert(key).inserted { touched.append(key) }
         return (body, idMember)
     }

@@ -1,5 +1,6 @@
 import BlazeCRDT
 import BlazeProtocol
+import BlazeTestSupport
 import Testing
 
 /// Replicas with fixed ids A < B < C and controlled wall clocks, for pinning single rules of Protocol/SYNC.md.
@@ -286,5 +287,38 @@ final class Trio {
         #expect(ids.sorted().map(\.hex) == ids.map(\.hex).sorted())
         #expect(NodeID(hex: "0A" + String(repeating: "0", count: 30)) == nil)
         #expect(NodeID(hex: "abc") == nil)
+    }
+}
+
+@Suite struct ChangeText {
+    /// The op writer that skips building a `JSONValue` writes exactly the canonical JSON of the op's JSON form.
+    @Test func writtenDocOpsAreTheirCanonicalJSON() throws {
+        var rng = SeededRandom(seed: 5)
+        let names = ["a", "Z", "set", "é", "k", "unset"]
+        func pick() -> String { names.randomElement(using: &rng)! }
+        func values() -> [JSONValue] {
+            (0..<Int.random(in: 1...2, using: &rng)).map { _ in .int(Int64.random(in: -3...3, using: &rng)) }
+        }
+        for _ in 0..<2_000 {
+            let id = ["i", "é", "x\\y"].randomElement(using: &rng)!
+            var op = DocOp(key: DocKey(collection: "c\"", id: id), cl: Int64.random(in: 1...5, using: &rng))
+            if Bool.random(using: &rng) {
+                op.set[pick()] = .string(pick())
+                op.set[pick()] = ["n": .double(-0.0)]
+            }
+            if Bool.random(using: &rng) { op.unset = [pick(), pick()] }
+            if Bool.random(using: &rng) { op.incr = [pick(): .int(2)] }
+            if Bool.random(using: &rng) { op.add = [pick(): values()] }
+            if Bool.random(using: &rng) { op.remove = [pick(): values()] }
+            for crdt in [CRDTOp.doc(op), .delete(op.key, cl: op.cl + 1)] {
+                var out: [UInt8] = []
+                Change.writeOp(crdt, to: &out)
+                let change = Change(
+                    origin: NodeID(bytes: Array(repeating: 1, count: 16)), seq: 1, hlc: HLC(raw: 1), deps: VersionVector([:]),
+                    ops: [crdt])
+                #expect(change.text(opsJSON: out) == change.jsonValue.jsonText)
+                #expect(try Change(json: JSONParser().parse(change.text(opsJSON: out))).ops == [crdt])
+            }
+        }
     }
 }
