@@ -57,8 +57,10 @@ public enum Names {
 
     /// Top-level field names written by clients: non-empty and not starting with `_` (reserved).
     public static func validateFieldName(_ name: String) throws(StoreError) {
-        guard !name.isEmpty else { throw .invalid("invalid_field", "field names must not be empty") }
-        guard !name.hasPrefix("_") else {
+        // The first byte: a name that starts with "_" and a combining mark is reserved too (its first Character is not
+        // "_", but its text starts with it).
+        guard let first = name.utf8.first else { throw .invalid("invalid_field", "field names must not be empty") }
+        guard first != UInt8(ascii: "_") else {
             throw .invalid("reserved_field", "field names starting with '_' are reserved (got \(quoted(name)))")
         }
     }

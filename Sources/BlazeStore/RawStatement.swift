@@ -12,6 +12,8 @@ private let transient = unsafeBitCast(OpaquePointer(bitPattern: -1), to: sqlite3
 /// that GRDB tracks is bypassed. Each run leaves the statement reset with no bindings.
 struct RawStatement {
     private let db: Database
+    /// Held so that SQLite's statement stays alive even if GRDB drops it from its cache (after a schema change).
+    private let statement: Statement
     private let handle: SQLiteStatement
     private let sql: String
 
@@ -19,7 +21,8 @@ struct RawStatement {
     init(_ db: Database, _ sql: String) throws {
         self.db = db
         self.sql = sql
-        handle = try db.cachedStatement(sql: sql).sqliteStatement
+        statement = try db.cachedStatement(sql: sql)
+        handle = statement.sqliteStatement
     }
 
     /// Binds text to the 1-based parameter `index` (copied by SQLite).

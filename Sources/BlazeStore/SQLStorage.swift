@@ -54,6 +54,19 @@ final class SQLStorage: ReplicaStorage {
     /// Documents created by `insertNew` whose state was not needed since: their rows are written, and their state is
     /// built (into `cache`) only if a later operation of the transaction reads it.
     private var created: [DocKey: Created] = [:]
+    /// The statements run once per document, prepared on first use in the transaction.
+    private var selectRow: RawStatement?
+    private var updateRow: RawStatement?
+    private var insertRow: RawStatement?
+
+    /// The statement in `slot`, prepared from `sql` if not yet.
+    private func prepared(_ slot: inout RawStatement?, _ sql: String) throws -> RawStatement {
+        if let statement = slot { return statement }
+        let statement = try RawStatement(db, sql)
+        slot = statement
+        return statement
+    }
+
     /// The state texts of documents created by the current change.
     private var createdStates: DocumentState.CreatedStateText?
     /// Documents `patchInPlace` rewrote whose state was not needed since, as written (state text, body).
@@ -208,7 +221,7 @@ final class SQLStorage: ReplicaStorage {
 
     /// The `docs` row of `key`, if any.
     private func fetchRow(_ key: DocKey) throws -> (rowid: Int64, state: String?, body: String)? {
-        let select = try RawStatement(db, "SELECT rowid, state, body FROM docs WHERE collection = ? AND id = ?")
+        let select = try prepared(&selectRow, "SELECT rowid, state, body FROM docs WHERE collection = ? AND id = ?")
         select.bind(1, key.collection)
         select.bind(2, key.id)
         return try select.firstRow { row in (row.int64(0), row.text(1), row.text(2) ?? "") }
@@ -261,7 +274,7 @@ final class SQLStorage: ReplicaStorage {
         #endif
         try checkSize(body.count)
         // The shortcut applies only to states without conflicts, before and after: `conflicted` stays 0.
-        let update = try RawStatement(db, "UPDATE docs SET body = ?, state = ? WHERE rowid = ?")
+        let update = try prepared(&updateRow, "UPDATE docs SET body = ?, state = ? WHERE rowid = ?")
         update.bind(1, body)
         update.bind(2, newState)
         update.bind(3, row.rowid)
@@ -360,8 +373,8 @@ final class SQLStorage: ReplicaStorage {
         guard cache[key] == nil, created[key] == nil, try tombstone(key) == nil else { return nil }
         let (body, idMember) = Self.writeDocument(doc, id: key.id)
         try checkSize(body.count)
-        let insert = try RawStatement(
-            db, "INSERT INTO docs(collection, id, body, state) VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING")
+        let insert = try prepared(
+            &insertRow, "INSERT INTO docs(collection, id, body, state) VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING")
         insert.bind(1, key.collection)
         insert.bind(2, key.id)
         insert.bind(3, body)

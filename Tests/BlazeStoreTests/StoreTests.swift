@@ -104,6 +104,7 @@ func expectStoreError(_ kind: String, _ body: () throws -> Void) {
         let t = try TempStore(limits: { var l = StoreLimits(); l.maxDocumentBytes = 100; return l }())
         let db = try t.store.create("db")
         expectStoreError("reserved_field") { _ = try db.apply(.insert(collection: "c", doc: ["_x": 1])) }
+        expectStoreError("reserved_field") { _ = try db.apply(.insert(collection: "c", doc: ["_\u{301}x": 1])) }
         expectStoreError("invalid_id") { _ = try db.apply(.insert(collection: "c", doc: ["_id": 5])) }
         expectStoreError("invalid_id") { _ = try db.apply(.insert(collection: "c", doc: ["_id": ""])) }
         expectStoreError("invalid_name") { _ = try db.apply(.insert(collection: "a b", doc: [:])) }
