@@ -187,7 +187,7 @@ public struct Change: Hashable, Sendable {
         out.append(contentsOf: #","h":"#.utf8)
         JSONValue.writeInt(Int64(bitPattern: hlc.raw), to: &out)
         out.append(contentsOf: #","o":""#.utf8)
-        out.append(contentsOf: origin.hex.utf8)
+        origin.writeHex(to: &out)
         out.append(contentsOf: #"","s":"#.utf8)
         JSONValue.writeInt(Int64(seq), to: &out)
         out.append(contentsOf: #","x":["#.utf8)

@@ -10,8 +10,22 @@ public struct NodeID: Hashable, Comparable, Sendable, CustomStringConvertible {
 
     /// Parses 32 lowercase hex digits; nil for anything else.
     public init?(hex: String) {
-        guard hex.utf8.count == 32, let bytes = hexBytes(hex) else { return nil }
-        self.init(bytes: bytes)
+        // Read in place (every stored stamp is parsed with this): no intermediate byte arrays.
+        guard hex.utf8.count == 32 else { return nil }
+        var halves: (UInt64, UInt64) = (0, 0)
+        var i = 0
+        for c in hex.utf8 {
+            let nibble: UInt8
+            switch c {
+            case UInt8(ascii: "0")...UInt8(ascii: "9"): nibble = c &- UInt8(ascii: "0")
+            case UInt8(ascii: "a")...UInt8(ascii: "f"): nibble = c &- UInt8(ascii: "a") &+ 10
+            default: return nil
+            }
+            if i < 16 { halves.0 = halves.0 << 4 | UInt64(nibble) } else { halves.1 = halves.1 << 4 | UInt64(nibble) }
+            i += 1
+        }
+        high = halves.0
+        low = halves.1
     }
 
     /// Builds an id from 16 raw bytes.
@@ -35,12 +49,23 @@ public struct NodeID: Hashable, Comparable, Sendable, CustomStringConvertible {
     /// Lowercase hex of the 16 bytes.
     public var hex: String {
         String(unsafeUninitializedCapacity: 32) { out in
-            for i in 0..<16 {
-                let shift = UInt64(60 - 4 * i)
-                out[i] = hexDigit(UInt8(truncatingIfNeeded: high >> shift) & 0xF)
-                out[16 + i] = hexDigit(UInt8(truncatingIfNeeded: low >> shift) & 0xF)
-            }
+            writeHex(into: UnsafeMutableRawBufferPointer(out))
             return 32
+        }
+    }
+
+    /// Appends the 32 hex digits to `out` (as `hex`, without making a string).
+    public func writeHex(to out: inout [UInt8]) {
+        let start = out.count
+        out.append(contentsOf: repeatElement(0, count: 32))
+        out.withUnsafeMutableBytes { writeHex(into: UnsafeMutableRawBufferPointer(rebasing: $0[start...])) }
+    }
+
+    private func writeHex(into out: UnsafeMutableRawBufferPointer) {
+        for i in 0..<16 {
+            let shift = UInt64(60 - 4 * i)
+            out[i] = hexDigit(UInt8(truncatingIfNeeded: high >> shift) & 0xF)
+            out[16 + i] = hexDigit(UInt8(truncatingIfNeeded: low >> shift) & 0xF)
         }
     }
 
@@ -183,7 +208,7 @@ public struct Stamp: Hashable, Comparable, Sendable {
         out.append(UInt8(ascii: "["))
         JSONValue.writeInt(Int64(bitPattern: hlc.raw), to: &out)
         out.append(contentsOf: #",""#.utf8)
-        out.append(contentsOf: dot.origin.hex.utf8)
+        dot.origin.writeHex(to: &out)
         out.append(contentsOf: #"","#.utf8)
         JSONValue.writeInt(Int64(dot.seq), to: &out)
         out.append(UInt8(ascii: ","))

@@ -287,6 +287,12 @@ final class Trio {
         #expect(ids.sorted().map(\.hex) == ids.map(\.hex).sorted())
         #expect(NodeID(hex: "0A" + String(repeating: "0", count: 30)) == nil)
         #expect(NodeID(hex: "abc") == nil)
+        #expect(NodeID(hex: String(repeating: "g", count: 32)) == nil && NodeID(hex: "0" + String(repeating: "/", count: 31)) == nil)
+        for id in ids.prefix(20) {
+            var out: [UInt8] = [1]
+            id.writeHex(to: &out)
+            #expect(out == [1] + Array(id.hex.utf8))
+        }
     }
 }
 
