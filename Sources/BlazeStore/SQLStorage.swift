@@ -35,6 +35,8 @@ final class SQLStorage: ReplicaStorage {
     private var touchedSet: Set<DocKey> = []
     /// Collections registered in this transaction (once each: every registration adds a commit hook).
     private var ensuredCollections: Set<String> = []
+    /// The collection `ensureCollection` last found or registered.
+    private var lastEnsured: String?
     /// The highest sequence recorded per origin in this transaction, written to `versions` by `flush()`.
     private var recordedVersions: [NodeID: UInt64] = [:]
     /// Where a document's state is stored.
@@ -360,9 +362,9 @@ final class SQLStorage: ReplicaStorage {
             arguments: [key.collection, key.id])
     }
 
-    /// Creates a document that no state exists for, writing its rows at once; returns the canonical JSON object of
-    /// `fields` (for the change's op), or nil when the key has a state (live or deleted), which `insertNew` leaves
-    /// untouched for the general path (`document`, then `LocalEdit.replace`).
+    /// Creates a document that no state exists for, writing its rows at once; returns the stored text and where its
+    /// `_id` member is (the change's op records the rest), or nil when the key has a state (live or deleted), which
+    /// `insertNew` leaves untouched for the general path (`document`, then `LocalEdit.replace`).
     ///
     /// The state is what `Replica.applyOp` makes of `DocOp(cl: 1, set: fields)` at `stamp` on a document never seen;
     /// the one insert that probes for a live document also writes it, so a new document costs no lookup (and none in
@@ -514,6 +516,9 @@ final class SQLStorage: ReplicaStorage {
 
     /// Registers the collection unless it is known to exist; the cache learns new names only after COMMIT.
     func ensureCollection(_ name: String) throws {
+        // Writes come in runs on one collection: the last name checked needs no lookup (nor the shared set's lock).
+        if let last = lastEnsured, utf8Equal(last, name) { return }
+        defer { lastEnsured = name }
         if knownCollections.contains(name) || ensuredCollections.contains(name) { return }
         ensuredCollections.insert(name)
         try db.cachedStatement(sql: "INSERT OR IGNORE INTO collections(name, created_at) VALUES (?, ?)").execute(

@@ -85,7 +85,7 @@ public final class WriteTransaction {
     public func apply(_ op: WriteOp) throws -> WriteResult {
         switch op {
         case .insert(let collection, var doc):
-            try Names.validateCollection(collection)
+            try validateCollection(collection)
             let id: String
             // `_id` stays in `doc` for the fast path (removing it would copy the caller's dictionary).
             if let given = doc["_id"] {
@@ -111,7 +111,7 @@ public final class WriteTransaction {
             return WriteResult(id: id)
 
         case .put(let collection, let id, var doc):
-            try Names.validateCollection(collection)
+            try validateCollection(collection)
             try Names.validateID(id)
             if let given = doc["_id"] {
                 guard case .string(let s) = given, utf8Equal(s, id) else {
@@ -127,7 +127,7 @@ public final class WriteTransaction {
             return WriteResult(id: id, created: current?.isAlive != true)
 
         case .patch(let collection, let id, let set, let unset, let incr, let add, let remove):
-            try Names.validateCollection(collection)
+            try validateCollection(collection)
             try Names.validateID(id)
             try validatePatch(set: set, unset: unset, incr: incr, add: add, remove: remove)
             let key = DocKey(collection: collection, id: id)
@@ -145,13 +145,23 @@ public final class WriteTransaction {
             return WriteResult(id: id)
 
         case .delete(let collection, let id):
-            try Names.validateCollection(collection)
+            try validateCollection(collection)
             try Names.validateID(id)
             let key = DocKey(collection: collection, id: id)
             guard let op = LocalEdit.delete(key, current: try storage.document(key)) else { throw notFound(collection, id) }
             try emit(op)
             return WriteResult(id: id)
         }
+    }
+
+    /// The collection name last found valid: operations come in runs on one collection.
+    private var validCollection: String?
+
+    /// Checks a collection name (once per run of operations on it).
+    private func validateCollection(_ name: String) throws {
+        if let valid = validCollection, utf8Equal(valid, name) { return }
+        try Names.validateCollection(name)
+        validCollection = name
     }
 
     /// Checks the field names of a document (`_id` excepted: it is the id, checked by the caller).
