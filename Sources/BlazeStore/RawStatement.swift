@@ -11,7 +11,7 @@ private let transient = unsafeBitCast(OpaquePointer(bitPattern: -1), to: sqlite3
 /// the database has no GRDB observers of row changes (only commit hooks, which SQLite calls itself), so nothing
 /// that GRDB tracks is bypassed. Each run leaves the statement reset with no bindings.
 struct RawStatement {
-    private let db: Database
+    private let connection: SQLiteConnection?
     /// Held so that SQLite's statement stays alive even if GRDB drops it from its cache (after a schema change).
     private let statement: Statement
     private let handle: SQLiteStatement
@@ -19,7 +19,7 @@ struct RawStatement {
 
     /// The cached statement for `sql` on `db`.
     init(_ db: Database, _ sql: String) throws {
-        self.db = db
+        connection = db.sqliteConnection
         self.sql = sql
         statement = try db.cachedStatement(sql: sql)
         handle = statement.sqliteStatement
@@ -48,12 +48,17 @@ struct RawStatement {
         sqlite3_bind_int64(handle, index, value)
     }
 
-    /// Runs a statement that returns no row.
-    func run() throws {
+    /// Runs a statement that returns no row; returns the number of rows it inserted, updated or deleted.
+    @discardableResult
+    func run() throws -> Int {
         defer { clear() }
         let code = sqlite3_step(handle)
         guard code == SQLITE_DONE else { throw failure(code) }
+        return Int(sqlite3_changes(connection))
     }
+
+    /// The rowid of the connection's last inserted row.
+    var lastInsertedRowID: Int64 { sqlite3_last_insert_rowid(connection) }
 
     /// Runs a query and reads its first row with `read`; nil when it returns none.
     func firstRow<T>(_ read: (Row) -> T) throws -> T? {
@@ -89,6 +94,6 @@ struct RawStatement {
 
     private func failure(_ code: Int32) -> DatabaseError {
         DatabaseError(
-            resultCode: ResultCode(rawValue: code), message: String(cString: sqlite3_errmsg(db.sqliteConnection)), sql: sql)
+            resultCode: ResultCode(rawValue: code), message: String(cString: sqlite3_errmsg(connection)), sql: sql)
     }
 }

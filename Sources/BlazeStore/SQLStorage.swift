@@ -373,7 +373,7 @@ final class SQLStorage: ReplicaStorage {
         _ key: DocKey, doc: [String: JSONValue], stamp: Stamp
     ) throws -> (body: [UInt8], idMember: Range<Int>)? {
         guard cache[key] == nil, created[key] == nil, try tombstone(key) == nil else { return nil }
-        let (body, idMember) = Self.writeDocument(doc, id: key.id)
+        let (body, idMember, fieldCount) = Self.writeDocument(doc, id: key.id)
         try checkSize(body.count)
         let insert = try prepared(
             &insertRow, "INSERT INTO docs(collection, id, body, state) VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING")
@@ -381,10 +381,9 @@ final class SQLStorage: ReplicaStorage {
         insert.bind(2, key.id)
         insert.bind(3, body)
         if createdStates?.covers(stamp) != true { createdStates = DocumentState.CreatedStateText(stamp) }
-        insert.bind(4, createdStates!.bytes(fieldCount: doc.count - (doc["_id"] == nil ? 0 : 1), index: stamp.dot.index))
-        try insert.run()
-        guard db.changesCount == 1 else { return nil }
-        let rowid = db.lastInsertedRowID
+        insert.bind(4, createdStates!.bytes(fieldCount: fieldCount, index: stamp.dot.index))
+        guard try insert.run() == 1 else { return nil }
+        let rowid = insert.lastInsertedRowID
         let text = String(decoding: body, as: UTF8.self)
         try ensureCollection(key.collection)
         // Its "before" is absent: `visible` has no entry for it, which reads as absent.
@@ -394,12 +393,16 @@ final class SQLStorage: ReplicaStorage {
     }
 
     /// The stored document: canonical JSON of `fields` with `_id: id` (an `_id` member of `fields` is left out: the
-    /// id given is the one written), and the byte range of its `_id` member, which the op's `set` leaves out.
-    static func writeDocument(_ fields: [String: JSONValue], id: String) -> (body: [UInt8], idMember: Range<Int>) {
+    /// id given is the one written), the byte range of its `_id` member, which the op's `set` leaves out, and the
+    /// number of other members.
+    static func writeDocument(
+        _ fields: [String: JSONValue], id: String
+    ) -> (body: [UInt8], idMember: Range<Int>, fieldCount: Int) {
         var body: [UInt8] = []
         body.reserveCapacity(256)
         body.append(UInt8(ascii: "{"))
         var idMember: Range<Int>?
+        var fieldCount = 0
         func writeID() {
             if body.count > 1 { body.append(UInt8(ascii: ",")) }
             let start = body.count
@@ -416,10 +419,11 @@ final class SQLStorage: ReplicaStorage {
             JSONValue.writeString(name, to: &body)
             body.append(UInt8(ascii: ":"))
             value.write(to: &body)
+            fieldCount += 1
         }
         if idMember == nil { writeID() }
         body.append(UInt8(ascii: "}"))
-        return (body, idMember!)
+        return (body, idMember!, fieldCount)
     }
 
     static func parseBody(_ body: String?) throws -> [String: JSONValue]? {
