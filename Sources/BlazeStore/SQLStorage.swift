@@ -60,15 +60,6 @@ final class SQLStorage: ReplicaStorage {
     private var selectRow: RawStatement?
     private var updateRow: RawStatement?
     private var insertRow: RawStatement?
-
-    /// The statement in `slot`, prepared from `sql` if not yet.
-    private func prepared(_ slot: inout RawStatement?, _ sql: String) throws -> RawStatement {
-        if let statement = slot { return statement }
-        let statement = try RawStatement(db, sql)
-        slot = statement
-        return statement
-    }
-
     /// The state texts of documents created by the current change.
     private var createdStates: DocumentState.CreatedStateText?
     /// Documents `patchInPlace` rewrote whose state was not needed since, as written (state text, body).
@@ -83,6 +74,14 @@ final class SQLStorage: ReplicaStorage {
         self.limits = limits
         self.knownCollections = knownCollections
         self.feedSequence = feedSequence
+    }
+
+    /// The statement in `slot`, prepared from `sql` if not yet.
+    private func prepared(_ slot: inout RawStatement?, _ sql: String) throws -> RawStatement {
+        if let statement = slot { return statement }
+        let statement = try RawStatement(db, sql)
+        slot = statement
+        return statement
     }
 
     /// Sizes the per-document bookkeeping for a transaction that writes about `documents` documents, so that it
