@@ -198,29 +198,65 @@ public struct Stamp: Hashable, Comparable, Sendable {
         return a.dot.index < b.dot.index
     }
 
-    /// `[hlc, origin, seq, index]`.
-    public var jsonValue: JSONValue {
-        [.int(Int64(bitPattern: hlc.raw)), .string(dot.origin.hex), .int(Int64(dot.seq)), .int(Int64(dot.index))]
+    /// `[hlc, origin, seq, index]`, the origin as hex.
+    public var jsonValue: JSONValue { jsonValue(.hex) }
+
+    /// `[hlc, origin, seq, index]`, the origin as `coding` writes it.
+    public func jsonValue(_ coding: StampCoding) -> JSONValue {
+        let origin: JSONValue = coding.home == dot.origin ? .int(0) : .string(dot.origin.hex)
+        return [.int(Int64(bitPattern: hlc.raw)), origin, .int(Int64(dot.seq)), .int(Int64(dot.index))]
     }
 
-    /// Appends `jsonValue`'s canonical text to `out` without building it.
-    public func write(to out: inout [UInt8]) {
+    /// Appends `jsonValue(coding)`'s canonical text to `out` without building it.
+    public func write(to out: inout [UInt8], _ coding: StampCoding = .hex) {
         out.append(UInt8(ascii: "["))
         JSONValue.writeInt(Int64(bitPattern: hlc.raw), to: &out)
-        out.append(contentsOf: #",""#.utf8)
-        dot.origin.writeHex(to: &out)
-        out.append(contentsOf: #"","#.utf8)
+        if coding.home == dot.origin {
+            out.append(contentsOf: ",0,".utf8)
+        } else {
+            out.append(contentsOf: #",""#.utf8)
+            dot.origin.writeHex(to: &out)
+            out.append(contentsOf: #"","#.utf8)
+        }
         JSONValue.writeInt(Int64(dot.seq), to: &out)
         out.append(UInt8(ascii: ","))
         JSONValue.writeInt(Int64(dot.index), to: &out)
         out.append(UInt8(ascii: "]"))
     }
 
-    /// Reads the JSON form; nil when malformed.
-    public init?(json: JSONValue) {
-        guard case .array(let a) = json, a.count == 4, case .int(let h) = a[0], case .string(let o) = a[1],
-            let origin = NodeID(hex: o), case .int(let s) = a[2], case .int(let i) = a[3], s > 0, i >= 0
+    /// Reads the JSON form (either origin form); nil when malformed, or when it names the home origin and `coding`
+    /// has none.
+    public init?(json: JSONValue, _ coding: StampCoding = .hex) {
+        guard case .array(let a) = json, a.count == 4, case .int(let h) = a[0], case .int(let s) = a[2],
+            case .int(let i) = a[3], s > 0, i >= 0
         else { return nil }
+        let origin: NodeID
+        switch a[1] {
+        case .string(let o):
+            guard let id = NodeID(hex: o) else { return nil }
+            origin = id
+        case .int(0):
+            guard let home = coding.home else { return nil }
+            origin = home
+        default: return nil
+        }
         self.init(hlc: HLC(raw: UInt64(bitPattern: h)), origin: origin, seq: UInt64(s), index: Int(i))
     }
+}
+
+/// How stored document states write the origins of their stamps.
+///
+/// A database's states mostly carry stamps of one origin: the node that created the database. That origin, its
+/// home, is written as `0` instead of 32 hex digits (about half of a new document's state); other origins are
+/// written as hex. The home is fixed when the database is created and kept in its file, so a copy of the file reads
+/// the same anywhere. Both forms are always read.
+public struct StampCoding: Sendable, Equatable {
+    /// The origin written as `0`; nil writes every origin as hex (and reads no `0`).
+    public let home: NodeID?
+
+    /// A coding with `home` written as `0`.
+    public init(home: NodeID?) { self.home = home }
+
+    /// Every origin as hex.
+    public static let hex = StampCoding(home: nil)
 }

@@ -230,8 +230,8 @@ public struct DocumentState: Hashable, Sendable {
     }
 
     /// Compact storage text (`compactJSON.jsonText`) of `created(fields:stamp:)`, without building that state.
-    public static func createdCompactText(fieldCount: Int, stamp: Stamp) -> String {
-        String(decoding: CreatedStateText(stamp).bytes(fieldCount: fieldCount, index: stamp.dot.index), as: UTF8.self)
+    public static func createdCompactText(fieldCount: Int, stamp: Stamp, _ coding: StampCoding = .hex) -> String {
+        String(decoding: CreatedStateText(stamp, coding).bytes(fieldCount: fieldCount, index: stamp.dot.index), as: UTF8.self)
     }
 
     /// `createdCompactText` for the documents that the operations of one change create, whose stamps differ only
@@ -244,14 +244,14 @@ public struct DocumentState: Hashable, Sendable {
         public let seq: UInt64
         public let hlc: HLC
 
-        /// The texts for stamps of `stamp`'s change.
-        public init(_ stamp: Stamp) {
+        /// The texts for stamps of `stamp`'s change, origins as `coding` writes them.
+        public init(_ stamp: Stamp, _ coding: StampCoding = .hex) {
             origin = stamp.dot.origin
             seq = stamp.dot.seq
             hlc = stamp.hlc
             var out: [UInt8] = Array(#"{"l":1,"t":"#.utf8)
             out.reserveCapacity(96)
-            Stamp(hlc: hlc, origin: origin, seq: seq, index: 0).write(to: &out)
+            Stamp(hlc: hlc, origin: origin, seq: seq, index: 0).write(to: &out, coding)
             // Drop the index and the closing bracket ("0]").
             out.removeLast(2)
             prefix = out

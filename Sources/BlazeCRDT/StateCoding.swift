@@ -1,10 +1,12 @@
 import BlazeProtocol
 
 extension FieldWrite {
-    var jsonValue: JSONValue { value.map { [stamp.jsonValue, $0] } ?? [stamp.jsonValue] }
+    func jsonValue(_ coding: StampCoding) -> JSONValue {
+        value.map { [stamp.jsonValue(coding), $0] } ?? [stamp.jsonValue(coding)]
+    }
 
-    init(json: JSONValue) throws(CRDTDecodingError) {
-        guard case .array(let a) = json, a.count == 1 || a.count == 2, let s = Stamp(json: a[0]) else {
+    init(json: JSONValue, _ coding: StampCoding) throws(CRDTDecodingError) {
+        guard case .array(let a) = json, a.count == 1 || a.count == 2, let s = Stamp(json: a[0], coding) else {
             throw CRDTDecodingError("malformed field write")
         }
         self.init(stamp: s, value: a.count == 2 ? Optional(a[1]) : nil)
@@ -12,10 +14,10 @@ extension FieldWrite {
 }
 
 extension FieldTag {
-    var jsonValue: JSONValue { [stamp.jsonValue, value] }
+    func jsonValue(_ coding: StampCoding) -> JSONValue { [stamp.jsonValue(coding), value] }
 
-    init(json: JSONValue) throws(CRDTDecodingError) {
-        guard case .array(let a) = json, a.count == 2, let s = Stamp(json: a[0]) else {
+    init(json: JSONValue, _ coding: StampCoding) throws(CRDTDecodingError) {
+        guard case .array(let a) = json, a.count == 2, let s = Stamp(json: a[0], coding) else {
             throw CRDTDecodingError("malformed field tag")
         }
         self.init(stamp: s, value: a[1])
@@ -23,30 +25,33 @@ extension FieldTag {
 }
 
 extension FieldState {
-    /// Compact JSON form; empty parts are left out.
-    public var jsonValue: JSONValue {
+    /// Compact JSON form with hex origins; empty parts are left out.
+    public var jsonValue: JSONValue { jsonValue(.hex) }
+
+    /// Compact JSON form, origins as `coding` writes them; empty parts are left out.
+    public func jsonValue(_ coding: StampCoding) -> JSONValue {
         var o: [String: JSONValue] = [:]
-        if let w = winner { o["w"] = w.jsonValue }
-        if !increments.isEmpty { o["c"] = .array(increments.map(\.jsonValue)) }
-        if !additions.isEmpty { o["a"] = .array(additions.map(\.jsonValue)) }
+        if let w = winner { o["w"] = w.jsonValue(coding) }
+        if !increments.isEmpty { o["c"] = .array(increments.map { $0.jsonValue(coding) }) }
+        if !additions.isEmpty { o["a"] = .array(additions.map { $0.jsonValue(coding) }) }
         if !removedFromWinner.isEmpty { o["r"] = .array(removedFromWinner.sorted(by: utf8Less).map(JSONValue.string)) }
-        if let m = lastSetOp { o["m"] = m.jsonValue }
-        if !losers.isEmpty { o["x"] = .array(losers.map(\.jsonValue)) }
+        if let m = lastSetOp { o["m"] = m.jsonValue(coding) }
+        if !losers.isEmpty { o["x"] = .array(losers.map { $0.jsonValue(coding) }) }
         return .object(o)
     }
 
-    /// Reads the storage form.
-    public init(json: JSONValue) throws(CRDTDecodingError) {
+    /// Reads the storage form (home origins as `coding` reads them).
+    public init(json: JSONValue, _ coding: StampCoding = .hex) throws(CRDTDecodingError) {
         self.init()
-        if let w = json["w"] { winner = try FieldWrite(json: w) }
-        for t in json["c"]?.arrayValue ?? [] { increments.append(try FieldTag(json: t)) }
-        for t in json["a"]?.arrayValue ?? [] { additions.append(try FieldTag(json: t)) }
+        if let w = json["w"] { winner = try FieldWrite(json: w, coding) }
+        for t in json["c"]?.arrayValue ?? [] { increments.append(try FieldTag(json: t, coding)) }
+        for t in json["a"]?.arrayValue ?? [] { additions.append(try FieldTag(json: t, coding)) }
         removedFromWinner = Set((json["r"]?.arrayValue ?? []).compactMap(\.stringValue))
         if let m = json["m"] {
-            guard let s = Stamp(json: m) else { throw CRDTDecodingError("malformed stamp") }
+            guard let s = Stamp(json: m, coding) else { throw CRDTDecodingError("malformed stamp") }
             lastSetOp = s
         }
-        for l in json["x"]?.arrayValue ?? [] { losers.append(try FieldWrite(json: l)) }
+        for l in json["x"]?.arrayValue ?? [] { losers.append(try FieldWrite(json: l, coding)) }
     }
 }
 
@@ -80,7 +85,10 @@ extension DocumentState {
     }
 
     /// `compactJSON.jsonText`, written directly.
-    public var compactText: String {
+    public var compactText: String { compactText(.hex) }
+
+    /// `compactJSON(coding).jsonText`, written directly.
+    public func compactText(_ coding: StampCoding) -> String {
         let common = commonStamp
         var full: [(name: String, state: FieldState)] = []
         var unset: [String] = []
@@ -91,7 +99,7 @@ extension DocumentState {
                 full.append((name, f))
             }
         }
-        return Self.writeCompact(cl: cl, spelled: full, common: common, unset: unset)
+        return Self.writeCompact(cl: cl, spelled: full, common: common, unset: unset, coding)
     }
 
     /// Storage form that leans on the materialized document stored next to it.
@@ -99,7 +107,10 @@ extension DocumentState {
     /// Fields whose state is just a write with the document's most common stamp are not spelled out: `t` holds that
     /// stamp, `u` lists such fields that were unset, and the values of the others are read back from the
     /// materialized body. After a plain insert the state is `{"l": cl, "t": stamp}`.
-    public var compactJSON: JSONValue {
+    public var compactJSON: JSONValue { compactJSON(.hex) }
+
+    /// `compactJSON`, origins as `coding` writes them.
+    public func compactJSON(_ coding: StampCoding) -> JSONValue {
         let common = commonStamp
         var o: [String: JSONValue] = ["l": .int(cl)]
         var full: [String: JSONValue] = [:]
@@ -108,23 +119,25 @@ extension DocumentState {
             if let common, isPlain(f), f.winner!.stamp == common {
                 if f.winner!.value == nil { unset.append(name) }
             } else {
-                full[name] = f.jsonValue
+                full[name] = f.jsonValue(coding)
             }
         }
-        if let common { o["t"] = common.jsonValue }
+        if let common { o["t"] = common.jsonValue(coding) }
         if !unset.isEmpty { o["u"] = .array(unset.sorted(by: utf8Less).map(JSONValue.string)) }
         if !full.isEmpty { o["f"] = .object(full) }
         return .object(o)
     }
 
     /// Reads the compact form together with the materialized body (`nil` when the document is deleted).
-    public init(compact json: JSONValue, body: [String: JSONValue]?) throws(CRDTDecodingError) {
+    public init(
+        compact json: JSONValue, body: [String: JSONValue]?, _ coding: StampCoding = .hex
+    ) throws(CRDTDecodingError) {
         guard case .int(let cl)? = json["l"] else { throw CRDTDecodingError("malformed document state") }
         var fields = [String: FieldState](minimumCapacity: body?.count ?? 0)
-        for (k, v) in json["f"]?.objectValue ?? [:] { fields[k] = try FieldState(json: v) }
+        for (k, v) in json["f"]?.objectValue ?? [:] { fields[k] = try FieldState(json: v, coding) }
         let common: Stamp?
         if let t = json["t"] {
-            guard let s = Stamp(json: t) else { throw CRDTDecodingError("malformed stamp") }
+            guard let s = Stamp(json: t, coding) else { throw CRDTDecodingError("malformed stamp") }
             common = s
         } else {
             common = nil
@@ -154,12 +167,12 @@ extension DocumentState {
     /// `_id`) and is called only when the common stamp changes.
     public static func compactTextAfterLocalWrite(
         compact: JSONValue, fieldCount: Int, hasField: (String) -> Bool, body: () -> [String: JSONValue]?,
-        writes: [String: JSONValue?], stamp: Stamp
+        writes: [String: JSONValue?], stamp: Stamp, _ coding: StampCoding = .hex
     ) -> String? {
         guard case .object(let o) = compact, case .int(let cl)? = o["l"], cl % 2 == 1 else { return nil }
         var common: Stamp?
         if let t = o["t"] {
-            guard let s = Stamp(json: t), s < stamp else { return nil }
+            guard let s = Stamp(json: t, coding), s < stamp else { return nil }
             common = s
         }
         // The spelled-out fields (few): every other field is implicit, at the common stamp (the body's other
@@ -169,7 +182,7 @@ extension DocumentState {
             guard case .object(let entries) = f else { return nil }
             for (name, state) in entries {
                 guard case .object(let parts) = state, parts.count == 1, case .array(let w)? = parts["w"],
-                    w.count == 1 || w.count == 2, let s = Stamp(json: w[0]), s < stamp
+                    w.count == 1 || w.count == 2, let s = Stamp(json: w[0], coding), s < stamp
                 else { return nil }
                 spelled[name] = (s, w.count == 2 ? w[1] : nil)
             }
@@ -197,7 +210,7 @@ extension DocumentState {
                 for (name, value) in writes { out[name] = (stamp, value) }
                 return writeCompact(
                     cl: cl, spelled: out.map { ($0.key, .plain($0.value.stamp, $0.value.value)) }, common: common,
-                    unset: unsetNames.filter { writes[$0] == nil })
+                    unset: unsetNames.filter { writes[$0] == nil }, coding)
             }
         }
         // Otherwise every field as (stamp, value), read the way `init(compact:body:)` reads them.
@@ -229,13 +242,13 @@ extension DocumentState {
                 out.append((name, .plain(f.stamp, f.value)))
             }
         }
-        return writeCompact(cl: cl, spelled: out, common: newCommon, unset: unset)
+        return writeCompact(cl: cl, spelled: out, common: newCommon, unset: unset, coding)
     }
 
     /// The compact text of a state: `spelled` the fields not written at `common` alone, `unset` the names written
     /// absent at `common` (see `compactJSON`).
     private static func writeCompact(
-        cl: Int64, spelled: [(name: String, state: FieldState)], common: Stamp?, unset: [String]
+        cl: Int64, spelled: [(name: String, state: FieldState)], common: Stamp?, unset: [String], _ coding: StampCoding
     ) -> String {
         var out: [UInt8] = []
         out.reserveCapacity(64 + 96 * spelled.count)
@@ -249,14 +262,14 @@ extension DocumentState {
                 if m.state.isPlainWrite, let w = m.state.winner {
                     // `{"w":[stamp]}` or `{"w":[stamp,value]}`, as `jsonValue` writes it.
                     out.append(contentsOf: #"{"w":["#.utf8)
-                    w.stamp.write(to: &out)
+                    w.stamp.write(to: &out, coding)
                     if let v = w.value {
                         out.append(UInt8(ascii: ","))
                         v.write(to: &out)
                     }
                     out.append(contentsOf: "]}".utf8)
                 } else {
-                    m.state.jsonValue.write(to: &out)
+                    m.state.jsonValue(coding).write(to: &out)
                 }
             }
             out.append(contentsOf: "},".utf8)
@@ -265,7 +278,7 @@ extension DocumentState {
         JSONValue.writeInt(cl, to: &out)
         if let common {
             out.append(contentsOf: #","t":"#.utf8)
-            common.write(to: &out)
+            common.write(to: &out, coding)
         }
         if !unset.isEmpty {
             out.append(contentsOf: #","u":["#.utf8)

@@ -72,6 +72,8 @@ public final class BlazeDatabase: Sendable {
     public let feed: ChangeFeed
     /// Runs WAL checkpoints off the writer's commit path.
     let checkpointer: Checkpointer
+    /// How stored states write stamp origins: the database's home node (kept in `meta`) as `0`.
+    let coding: StampCoding
 
     init(name: String, path: String, limits: StoreLimits, node: NodeID) throws {
         self.name = name
@@ -88,6 +90,16 @@ public final class BlazeDatabase: Sendable {
             try db.execute(sql: "PRAGMA synchronous = FULL; PRAGMA analysis_limit = \(Self.analysisLimit)")
         }
         try Schema.migrator.migrate(pool)
+        // The home origin is the node that first opened the database, kept with it: a copy of the file elsewhere
+        // reads its states the same.
+        let home = try pool.write { db -> String? in
+            try db.execute(sql: "INSERT OR IGNORE INTO meta(key, value) VALUES ('stamp_home', ?)", arguments: [node.hex])
+            return try String.fetchOne(db, sql: "SELECT value FROM meta WHERE key = 'stamp_home'")
+        }
+        guard let home = home.flatMap(NodeID.init(hex:)) else {
+            throw StoreError(.internalFailure, kind: "corrupt_database", "database \(Names.quoted(name)) has no valid stamp_home")
+        }
+        coding = StampCoding(home: home)
         let checkpointer = try Checkpointer(
             path: path, threshold: limits.walCheckpointPages, hardLimit: limits.walMaxPages)
         self.checkpointer = checkpointer
@@ -169,7 +181,8 @@ public final class BlazeDatabase: Sendable {
     }
 
     func makeStorage(_ db: Database) -> SQLStorage {
-        SQLStorage(db: db, limits: limits, knownCollections: knownCollections, feedSequence: feed.lastSequence)
+        SQLStorage(
+            db: db, limits: limits, knownCollections: knownCollections, feedSequence: feed.lastSequence, coding: coding)
     }
 
     /// Prunes the durable feed to its retention and publishes this transaction's entries once it commits.
@@ -299,7 +312,7 @@ public final class BlazeDatabase: Sendable {
                 arguments: [collection, id, limit])
             var out: [ConflictInfo] = []
             for row in rows {
-                let state = try SQLStorage.decode(state: row[2], body: row[3])
+                let state = try SQLStorage.decode(state: row[2], body: row[3], coding)
                 for name in state.fields.keys.sorted(by: utf8Less) {
                     let f = state.fields[name]!
                     guard !f.losers.isEmpty else { continue }

@@ -20,6 +20,8 @@ final class SQLStorage: ReplicaStorage {
 
     let db: Database
     let limits: StoreLimits
+    /// How this database's stored states write stamp origins.
+    let coding: StampCoding
     let knownCollections: KnownCollections
     /// Local writes enforce the document size limit; remote changes are applied as they are.
     var enforceLimits = false
@@ -69,8 +71,12 @@ final class SQLStorage: ReplicaStorage {
     /// The feed sequence of the last change recorded (committed ones, then this transaction's).
     private(set) var feedSequence: Int64
 
-    init(db: Database, limits: StoreLimits, knownCollections: KnownCollections, feedSequence: Int64) {
+    init(
+        db: Database, limits: StoreLimits, knownCollections: KnownCollections, feedSequence: Int64,
+        coding: StampCoding
+    ) {
         self.db = db
+        self.coding = coding
         self.limits = limits
         self.knownCollections = knownCollections
         self.feedSequence = feedSequence
@@ -195,7 +201,7 @@ final class SQLStorage: ReplicaStorage {
         }
         if let p = patched.removeValue(forKey: key) {
             locations[key] = .row(p.rowid)
-            let state = try Self.decode(state: p.stateText, body: p.text)
+            let state = try Self.decode(state: p.stateText, body: p.text, coding)
             cache[key] = state
             return state
         }
@@ -211,7 +217,7 @@ final class SQLStorage: ReplicaStorage {
         }
         if let stateText = try tombstone(key) {
             locations[key] = .tombstone
-            let state = try Self.decode(state: stateText, body: nil)
+            let state = try Self.decode(state: stateText, body: nil, coding)
             cache[key] = state
             return state
         }
@@ -230,7 +236,7 @@ final class SQLStorage: ReplicaStorage {
 
     /// Decodes and caches the state of a live document read from its row.
     private func load(_ key: DocKey, state: JSONValue, doc: [String: JSONValue]?, text: String) throws -> DocumentState {
-        let decoded = try DocumentState(compact: state, body: doc)
+        let decoded = try DocumentState(compact: state, body: doc, coding)
         cache[key] = decoded
         if visible[key] == nil { visible[key] = Visible(doc: doc, text: text) }
         return decoded
@@ -255,7 +261,7 @@ final class SQLStorage: ReplicaStorage {
                 compact: state, fieldCount: members.count - (members.contains { $0.key == "_id" } ? 1 : 0),
                 hasField: { name in name != "_id" && members.contains { $0.key == name } },
                 body: { try? Self.parseBody(row.body) }, writes: Self.writes(set: set, unset: unset),
-                stamp: change.stamp(index))
+                stamp: change.stamp(index), coding)
         else {
             // The general path takes it from here, with the row already read.
             locations[key] = .row(row.rowid)
@@ -266,9 +272,10 @@ final class SQLStorage: ReplicaStorage {
         let text = String(decoding: body, as: UTF8.self)
         #if DEBUG
             // Every debug run (the whole test suite) checks the shortcut against the general engine.
-            var general = try DocumentState(compact: state, body: try Self.parseBody(row.body))
+            var general = try DocumentState(compact: state, body: try Self.parseBody(row.body), coding)
             general.apply(DocOp(key: key, cl: cl, set: set, unset: unset), change: change, index: index)
-            precondition(general.compactText == newState, "patchInPlace state \(newState) != \(general.compactText)")
+            precondition(
+                general.compactText(coding) == newState, "patchInPlace state \(newState) != \(general.compactText(coding))")
             precondition(
                 general.materialize(id: key.id).map { JSONValue.object($0).jsonText } == text,
                 "patchInPlace body \(text) differs for \(key)")
@@ -379,7 +386,7 @@ final class SQLStorage: ReplicaStorage {
         insert.bind(1, key.collection)
         insert.bind(2, key.id)
         insert.bind(3, body)
-        if createdStates?.covers(stamp) != true { createdStates = DocumentState.CreatedStateText(stamp) }
+        if createdStates?.covers(stamp) != true { createdStates = DocumentState.CreatedStateText(stamp, coding) }
         insert.bind(4, createdStates!.bytes(fieldCount: fieldCount, index: stamp.dot.index))
         guard try insert.run() == 1 else { return nil }
         let rowid = insert.lastInsertedRowID
@@ -435,8 +442,8 @@ final class SQLStorage: ReplicaStorage {
     }
 
     /// Decodes a stored state with the stored body it relies on.
-    static func decode(state: String, body: String?) throws -> DocumentState {
-        try DocumentState(compact: try JSONParser(maxDepth: 10_000).parse(state), body: try parseBody(body))
+    static func decode(state: String, body: String?, _ coding: StampCoding) throws -> DocumentState {
+        try DocumentState(compact: try JSONParser(maxDepth: 10_000).parse(state), body: try parseBody(body), coding)
     }
 
     func updateDocument(_ key: DocKey, _ edit: (inout DocumentState) -> Void) throws {
@@ -473,7 +480,7 @@ final class SQLStorage: ReplicaStorage {
         // A collection exists once any document state lives in it (deleted ones too), whatever the batching of the
         // changes that brought it: collection existence must converge like the documents do.
         try ensureCollection(key.collection)
-        let stateText = state.compactText
+        let stateText = state.compactText(coding)
         let location = try locations[key] ?? locate(key)
         guard let text = body.text else {
             switch location {

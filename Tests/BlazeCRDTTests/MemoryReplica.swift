@@ -26,13 +26,19 @@ final class MemoryReplica: ReplicaStorage {
         vv[change.origin] = change.seq
     }
     func document(_ key: DocKey) throws -> DocumentState? { docs[key] }
-    /// Stores the state after a trip through its JSON form, so the codec is exercised by every test.
+    /// Stores the state after a trip through its JSON form, so the codec is exercised by every test: with hex
+    /// origins, and with this replica's own origin as home (written `0`, as databases store it).
     func saveDocument(_ key: DocKey, _ state: DocumentState) throws {
         let body = state.materialize(id: key.id)
         precondition(state.compactText == state.compactJSON.jsonText, "compactText differs: \(state.compactText)")
         let compact = try DocumentState(compact: try JSONParser().parse(state.compactText), body: body)
         precondition(compact == state, "document state does not survive its compact form: \(state.compactJSON.jsonText)")
-        docs[key] = compact
+        let home = StampCoding(home: node)
+        let homeText = state.compactText(home)
+        precondition(homeText == state.compactJSON(home).jsonText, "compactText(home) differs: \(homeText)")
+        let fromHome = try DocumentState(compact: try JSONParser().parse(homeText), body: body, home)
+        precondition(fromHome == state, "document state does not survive its home-coded form: \(homeText)")
+        docs[key] = fromHome
     }
     func index(_ name: String) throws -> IndexState? { indexes[name] }
     func saveIndex(_ name: String, _ state: IndexState) throws { indexes[name] = state }

@@ -75,7 +75,7 @@ final class StoreReplicas {
                     for row in try Row.fetchAll(
                         d, sql: "SELECT id, state, body FROM docs UNION ALL SELECT id, state, NULL FROM tombstones")
                     {
-                        out[row[0]] = try SQLStorage.decode(state: row[1], body: row[2])
+                        out[row[0]] = try SQLStorage.decode(state: row[1], body: row[2], db.coding)
                     }
                     return out
                 }
@@ -121,11 +121,45 @@ final class StoreReplicas {
     /// The state text a new document is stored with is the one its state would encode to.
     @Test func createdStateTextMatchesTheGeneralEncoding() throws {
         let stamp = Stamp(hlc: HLC(raw: 1 << 40 | 7), origin: randomNode(), seq: 12, index: 3)
-        for fields: [String: JSONValue] in [[:], ["a": 1], ["a": 1, "B": "x", "c": [1, 2], "d": ["e": .null]]] {
-            let state = DocumentState.created(fields: fields, stamp: stamp)
-            #expect(DocumentState.createdCompactText(fieldCount: fields.count, stamp: stamp) == state.compactText)
-            #expect(state.compactText == state.compactJSON.jsonText)
+        for coding in [StampCoding.hex, StampCoding(home: stamp.dot.origin), StampCoding(home: randomNode())] {
+            for fields: [String: JSONValue] in [[:], ["a": 1], ["a": 1, "B": "x", "c": [1, 2], "d": ["e": .null]]] {
+                let state = DocumentState.created(fields: fields, stamp: stamp)
+                #expect(DocumentState.createdCompactText(fieldCount: fields.count, stamp: stamp, coding) == state.compactText(coding))
+                #expect(state.compactText(coding) == state.compactJSON(coding).jsonText)
+            }
         }
+    }
+
+    /// Stored states write the database's home origin as `0`; both forms read back, and `0` means nothing without
+    /// a home.
+    @Test func homeOriginsAreWrittenShortAndReadBothWays() throws {
+        let home = randomNode()
+        let coding = StampCoding(home: home)
+        let ours = Stamp(hlc: HLC(raw: 5 << 16), origin: home, seq: 3, index: 1)
+        let theirs = Stamp(hlc: HLC(raw: 6 << 16), origin: randomNode(), seq: 9, index: 0)
+        #expect(ours.jsonValue(coding) == [.int(5 << 16), .int(0), .int(3), .int(1)])
+        #expect(theirs.jsonValue(coding) == theirs.jsonValue)
+        for stamp in [ours, theirs] {
+            #expect(Stamp(json: stamp.jsonValue(coding), coding) == stamp)
+            #expect(Stamp(json: stamp.jsonValue, coding) == stamp)
+        }
+        #expect(Stamp(json: ours.jsonValue(coding)) == nil)
+        #expect(Stamp(json: [.int(1), .int(1), .int(1), .int(0)], coding) == nil)
+        // A database keeps its home in its file: a store with another node reads it unchanged.
+        let t = try TempStore(node: home)
+        let db = try t.store.create("h")
+        _ = try db.apply(.insert(collection: "c", doc: ["_id": "a", "v": 1]))
+        _ = try db.apply(.patch(collection: "c", id: "a", set: ["w": 2]))
+        let states = try db.read { try String.fetchAll($0, sql: "SELECT state FROM docs") }
+        #expect(states.count == 1 && states[0].contains(",0,") && !states[0].contains(home.hex))
+        t.store.closeAll()
+        let other = try Store(directory: t.dir, node: randomNode())
+        defer { other.closeAll() }
+        let reopened = try other.database("h")
+        _ = try reopened.apply(.patch(collection: "c", id: "a", set: ["v": 3]))
+        #expect(try reopened.get(collection: "c", id: "a") == ["_id": "a", "v": 3, "w": 2])
+        let text = try reopened.read { try String.fetchOne($0, sql: "SELECT state FROM docs") } ?? ""
+        #expect(text.contains(",0,") && !text.contains(home.hex) && text.contains(other.node.hex))
     }
 
     /// An inserted document's op records its fields without `_id`, wherever `_id` falls among them, in canonical text.
@@ -179,7 +213,7 @@ final class StoreReplicas {
         let states = try r.dbs.map { db in
             try db.read { d in
                 try Row.fetchAll(d, sql: "SELECT id, state, body FROM docs").reduce(into: [String: DocumentState]()) {
-                    $0[$1[0]] = try SQLStorage.decode(state: $1[1], body: $1[2])
+                    $0[$1[0]] = try SQLStorage.decode(state: $1[1], body: $1[2], db.coding)
                 }
             }
         }
