@@ -92,7 +92,8 @@ public final class BlazeDatabase: Sendable {
         try Schema.migrator.migrate(pool)
         // The home origin is the node that first opened the database, kept with it: a copy of the file elsewhere
         // reads its states the same.
-        let home = try pool.write { db -> String? in
+        let stored = try pool.read { db in try String.fetchOne(db, sql: "SELECT value FROM meta WHERE key = 'stamp_home'") }
+        let home = try stored ?? pool.write { db -> String? in
             try db.execute(sql: "INSERT OR IGNORE INTO meta(key, value) VALUES ('stamp_home', ?)", arguments: [node.hex])
             return try String.fetchOne(db, sql: "SELECT value FROM meta WHERE key = 'stamp_home'")
         }
