@@ -229,13 +229,9 @@ public struct DocumentState: Hashable, Sendable {
         DocumentState(cl: 1, fields: fields.mapValues { .plain(stamp, $0) })
     }
 
-    /// Compact storage text (`compactJSON.jsonText`) of `created(fields:stamp:)`, without building that state.
-    public static func createdCompactText(fieldCount: Int, stamp: Stamp, _ coding: StampCoding = .hex) -> String {
-        String(decoding: CreatedStateText(stamp, coding).bytes(fieldCount: fieldCount, index: stamp.dot.index), as: UTF8.self)
-    }
-
-    /// `createdCompactText` for the documents that the operations of one change create, whose stamps differ only
-    /// in the operation index: the rest is written once.
+    /// Compact storage text (`compactText(coding)`) of `created(fields:stamp:)` for the documents that the
+    /// operations of one change create, without building those states: their stamps differ only in the operation
+    /// index, so the rest is written once.
     public struct CreatedStateText: Sendable {
         /// The text up to the stamp's operation index.
         private let prefix: [UInt8]

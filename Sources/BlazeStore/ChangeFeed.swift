@@ -199,7 +199,7 @@ enum FeedLog {
 
     /// The stored form of `events`, the changes of change `changeSeq` (of the row's origin); `sources` gives, per
     /// event, what it may point to instead of holding its "after".
-    static func encode(_ events: [FeedEvent], sources: [Source] = [], changeSeq: UInt64 = 0) -> String {
+    static func encode(_ events: [FeedEvent], sources: [Source], changeSeq: UInt64) -> String {
         var out: [UInt8] = []
         out.reserveCapacity(events.reduce(16) { $0 + ($1.afterText?.utf8.count ?? 0) + ($1.beforeText?.utf8.count ?? 0) + 64 })
         let pointing = sources.contains { if case .none = $0 { false } else { true } }
