@@ -102,7 +102,8 @@ public final class BlazeDatabase: Sendable {
         }
         coding = StampCoding(home: home)
         let checkpointer = try Checkpointer(
-            path: path, threshold: limits.walCheckpointPages, hardLimit: limits.walMaxPages)
+            path: path, threshold: limits.walCheckpointPages, hardLimit: limits.walMaxPages,
+            finishLimit: limits.walFinishPages)
         self.checkpointer = checkpointer
         pool.writeWithoutTransaction { checkpointer.install(on: $0) }
         let last = try pool.read { db in try Int64.fetchOne(db, sql: "SELECT max(hlc) FROM changes") ?? 0 }

@@ -7,23 +7,33 @@ import Synchronization
 ///
 /// SQLite's automatic checkpoint runs inside the commit that crosses its threshold, on the writer. Here the writer's
 /// WAL hook (which replaces that automatic checkpoint) only asks this checkpointer to run a passive checkpoint, which
-/// copies frames while the writer goes on appending. Durability is unchanged: every commit still syncs the WAL. If
-/// checkpoints fall behind and the WAL reaches `hardLimit` frames, the writer checkpoints itself after its commit,
-/// as SQLite would, so the log stays bounded.
+/// copies frames while the writer goes on appending. Durability is unchanged: every commit still syncs the WAL.
+///
+/// SQLite starts the log over from its first frame only once every frame is copied, which a checkpoint running
+/// beside a busy writer never sees: the writer appends while it copies. So once a background checkpoint has copied
+/// all but `finishLimit` frames, the writer copies that rest itself after its next commit (a few hundred frames
+/// instead of thousands) and the log restarts, reusing the file's pages instead of growing it. If checkpoints fall
+/// behind and the WAL reaches `hardLimit` frames, the writer checkpoints itself after its commit, as SQLite would, so
+/// the log stays bounded.
 final class Checkpointer: Sendable {
     /// WAL frames (pages) after which a checkpoint is requested (SQLite's automatic-checkpoint threshold is 1,000).
     let threshold: Int32
     /// WAL frames after which the writer checkpoints itself.
     let hardLimit: Int32
+    /// Frames past a completed background checkpoint that the writer copies itself so that the log can restart.
+    let finishLimit: Int32
 
     private let connection: DatabaseQueue
-    /// Whether a checkpoint is queued and not started yet, and whether the checkpointer is closed.
-    private let state = Mutex<(queued: Bool, closed: Bool)>((false, false))
+    /// Whether a checkpoint is queued and not started yet, whether the checkpointer is closed, and the log's size
+    /// in frames when the last background checkpoint started if it copied all of them (0 when none did since the
+    /// writer last checkpointed).
+    private let state = Mutex<(queued: Bool, closed: Bool, copied: Int32)>((false, false, 0))
 
     /// Opens the checkpointing connection to the database at `path` (its schema must already exist).
-    init(path: String, threshold: Int32, hardLimit: Int32) throws {
+    init(path: String, threshold: Int32, hardLimit: Int32, finishLimit: Int32) throws {
         self.threshold = threshold
         self.hardLimit = hardLimit
+        self.finishLimit = finishLimit
         var config = Configuration()
         config.label = "blazedb.checkpoint"
         connection = try DatabaseQueue(path: path, configuration: config)
@@ -38,11 +48,35 @@ final class Checkpointer: Sendable {
 
     /// Called after each commit of the writer with the WAL's size in frames.
     fileprivate func committed(frames: Int32, writer: OpaquePointer?) {
-        if frames >= hardLimit {
-            sqlite3_wal_checkpoint_v2(writer, nil, SQLITE_CHECKPOINT_PASSIVE, nil, nil)
-        } else if frames >= threshold {
-            schedule()
+        let copied = state.withLock { s -> Int32 in
+            if frames < s.copied { s.copied = 0 }  // the log restarted since
+            return s.copied
         }
+        switch step(frames: frames, copied: copied) {
+        case .none: break
+        case .schedule: schedule()
+        case .checkpoint:
+            state.withLock { $0.copied = 0 }
+            sqlite3_wal_checkpoint_v2(writer, nil, SQLITE_CHECKPOINT_PASSIVE, nil, nil)
+        }
+    }
+
+    /// What the writer does after a commit.
+    enum Step: Equatable {
+        /// Nothing: the log is small.
+        case none
+        /// Ask the background connection for a checkpoint.
+        case schedule
+        /// Checkpoint on the writer: the log reached the hard limit, or a background checkpoint left little to copy.
+        case checkpoint
+    }
+
+    /// The writer's step after a commit that left `frames` frames in the log, when the last background checkpoint
+    /// copied the first `copied` of them (0 when none did since the writer last checkpointed).
+    func step(frames: Int32, copied: Int32) -> Step {
+        if frames >= hardLimit { return .checkpoint }
+        guard frames >= threshold else { return .none }
+        return copied > 0 && frames >= copied && frames - copied <= finishLimit ? .checkpoint : .schedule
     }
 
     private func schedule() {
@@ -56,7 +90,10 @@ final class Checkpointer: Sendable {
             // Cleared before running: a commit during this checkpoint queues the next one.
             state.withLock { $0.queued = false }
             // PASSIVE waits for no one; a busy or partial checkpoint is simply retried after a later commit.
-            _ = try? db.checkpoint(.passive)
+            var log: Int32 = 0
+            var copied: Int32 = 0
+            let rc = sqlite3_wal_checkpoint_v2(db.sqliteConnection, nil, SQLITE_CHECKPOINT_PASSIVE, &log, &copied)
+            state.withLock { $0.copied = rc == SQLITE_OK && log > 0 && copied == log ? log : 0 }
         }
     }
 

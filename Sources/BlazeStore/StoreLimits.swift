@@ -20,6 +20,8 @@ public struct StoreLimits: Sendable, Equatable {
     var walCheckpointPages: Int32 = 1000
     /// WAL size in pages after which the writer checkpoints itself, should background checkpoints fall behind.
     var walMaxPages: Int32 = 8000
+    /// Pages written since a completed background checkpoint that the writer copies itself so the WAL can restart.
+    var walFinishPages: Int32 = 1000
 
     /// Default limits.
     public init() {}

@@ -46,17 +46,55 @@ import Testing
         var limits = StoreLimits()
         limits.walCheckpointPages = 32
         limits.walMaxPages = .max
+        limits.walFinishPages = 0
         let t = try TempStore(limits: limits)
         let db = try t.store.create("w")
         try fill(db, transactions: 30)
         let pages = try db.read { try Int.fetchOne($0, sql: "PRAGMA page_count") } ?? 0
         let pageSize = try db.read { try Int.fetchOne($0, sql: "PRAGMA page_size") } ?? 4096
-        // Far fewer pages than SQLite's own automatic checkpoint waits for, and the writer never checkpoints with
-        // this hard limit: only the background connection copies pages into the database file. Wait (bounded)
+        // Far fewer pages than SQLite's own automatic checkpoint waits for, and the writer copies no page itself with
+        // these limits: only the background connection copies pages into the database file. Wait (bounded)
         // until it has copied most of them.
         let deadline = Date().addingTimeInterval(30)
         while sizes(db).main < pages * pageSize / 2 && Date() < deadline { usleep(10_000) }
         #expect(sizes(db).main >= pages * pageSize / 2, "database file \(sizes(db).main) bytes of \(pages * pageSize)")
         #expect(try db.summary().documents == 120)
+    }
+
+    @Test func theWriterFinishesWhatABackgroundCheckpointLeft() throws {
+        let c = try Checkpointer(path: ":memory:", threshold: 100, hardLimit: 1000, finishLimit: 50)
+        defer { try? c.close() }
+        #expect(c.step(frames: 99, copied: 0) == .none)
+        #expect(c.step(frames: 99, copied: 80) == .none)
+        #expect(c.step(frames: 100, copied: 0) == .schedule)
+        #expect(c.step(frames: 400, copied: 300) == .schedule)
+        #expect(c.step(frames: 350, copied: 300) == .checkpoint)
+        #expect(c.step(frames: 300, copied: 300) == .checkpoint)
+        // A count from before the log restarted says nothing about the new log.
+        #expect(c.step(frames: 200, copied: 300) == .schedule)
+        #expect(c.step(frames: 1000, copied: 0) == .checkpoint)
+        #expect(c.step(frames: 5000, copied: 100) == .checkpoint)
+        let writerOnly = try Checkpointer(path: ":memory:", threshold: .max, hardLimit: 64, finishLimit: 50)
+        defer { try? writerOnly.close() }
+        #expect(writerOnly.step(frames: 63, copied: 0) == .none)
+        #expect(writerOnly.step(frames: 64, copied: 0) == .checkpoint)
+    }
+
+    @Test func theLogStartsOverWhileTheWriterKeepsWriting() throws {
+        var limits = StoreLimits()
+        limits.walCheckpointPages = 32
+        limits.walMaxPages = .max
+        limits.walFinishPages = 64
+        let t = try TempStore(limits: limits)
+        let db = try t.store.create("w")
+        try fill(db, transactions: 400)
+        let pageSize = try db.read { try Int.fetchOne($0, sql: "PRAGMA page_size") } ?? 4096
+        let written = try db.read { try Int.fetchOne($0, sql: "PRAGMA page_count") } ?? 0
+        // No hard limit: only the writer finishing what background checkpoints left lets the log restart while
+        // transactions follow each other without a pause. Without it, the WAL file would hold every page written
+        // (more than all the database's pages); with it, the file is reused from its start.
+        let frames = (sizes(db).wal - 32) / (pageSize + 24)
+        #expect(frames > 0 && frames < written / 2, "the WAL grew to \(frames) pages for \(written) database pages")
+        #expect(try db.summary().documents == 1600)
     }
 }
