@@ -115,6 +115,46 @@ enum Schema {
                     CREATE INDEX docs_conflicted ON docs(collection, id) WHERE conflicted = 1;
                     """)
         }
+        m.registerMigration("v6-logs-keep-rowids") { db in
+            // The logs hold large rows (one change, or one sealed change, per row: a transaction of a thousand
+            // documents is hundreds of kilobytes). In a WITHOUT ROWID table the row is the key, and SQLite reads a
+            // key that overflows its page whole to compare it, so each insert read the bodies it passed while
+            // searching. As rowid tables, the rows stay where they are and only (origin, seq) lives in the index.
+            try db.execute(
+                sql: """
+                    ALTER TABLE changes RENAME TO changes_v5;
+                    CREATE TABLE changes(
+                        origin TEXT NOT NULL,
+                        seq INTEGER NOT NULL,
+                        hlc INTEGER NOT NULL,
+                        body TEXT NOT NULL,
+                        PRIMARY KEY(origin, seq)
+                    );
+                    INSERT INTO changes(origin, seq, hlc, body)
+                        SELECT origin, seq, hlc, body FROM changes_v5 ORDER BY origin, seq;
+                    DROP TABLE changes_v5;
+                    ALTER TABLE parked RENAME TO parked_v5;
+                    CREATE TABLE parked(
+                        origin TEXT NOT NULL,
+                        seq INTEGER NOT NULL,
+                        body TEXT NOT NULL,
+                        PRIMARY KEY(origin, seq)
+                    );
+                    INSERT INTO parked(origin, seq, body) SELECT origin, seq, body FROM parked_v5 ORDER BY origin, seq;
+                    DROP TABLE parked_v5;
+                    ALTER TABLE sync_entries RENAME TO sync_entries_v5;
+                    CREATE TABLE sync_entries(
+                        origin BLOB NOT NULL,
+                        seq INTEGER NOT NULL,
+                        hash BLOB NOT NULL,
+                        bytes BLOB NOT NULL,
+                        PRIMARY KEY(origin, seq)
+                    );
+                    INSERT INTO sync_entries(origin, seq, hash, bytes)
+                        SELECT origin, seq, hash, bytes FROM sync_entries_v5 ORDER BY origin, seq;
+                    DROP TABLE sync_entries_v5;
+                    """)
+        }
         return m
     }
 }

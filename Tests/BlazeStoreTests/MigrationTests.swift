@@ -106,4 +106,84 @@ import Testing
         #expect(try m.stateHash() == (try db.stateHash()))
         #expect(try m.get(collection: "c", id: "d7") == ["_id": "d7", "n": 8])
     }
+
+    /// Rewrites the logs of a current database file into the v5 layout (WITHOUT ROWID tables).
+    static func downgradeToV5(_ path: String) throws {
+        let queue = try DatabaseQueue(path: path)
+        try queue.writeWithoutTransaction { db in
+            try db.execute(
+                sql: """
+                    ALTER TABLE changes RENAME TO changes_v6;
+                    CREATE TABLE changes(
+                        origin TEXT NOT NULL, seq INTEGER NOT NULL, hlc INTEGER NOT NULL, body TEXT NOT NULL,
+                        PRIMARY KEY(origin, seq)
+                    ) WITHOUT ROWID;
+                    INSERT INTO changes SELECT origin, seq, hlc, body FROM changes_v6;
+                    DROP TABLE changes_v6;
+                    ALTER TABLE parked RENAME TO parked_v6;
+                    CREATE TABLE parked(
+                        origin TEXT NOT NULL, seq INTEGER NOT NULL, body TEXT NOT NULL, PRIMARY KEY(origin, seq)
+                    ) WITHOUT ROWID;
+                    INSERT INTO parked SELECT origin, seq, body FROM parked_v6;
+                    DROP TABLE parked_v6;
+                    ALTER TABLE sync_entries RENAME TO sync_entries_v6;
+                    CREATE TABLE sync_entries(
+                        origin BLOB NOT NULL, seq INTEGER NOT NULL, hash BLOB NOT NULL, bytes BLOB NOT NULL,
+                        PRIMARY KEY(origin, seq)
+                    ) WITHOUT ROWID;
+                    INSERT INTO sync_entries SELECT origin, seq, hash, bytes FROM sync_entries_v6;
+                    DROP TABLE sync_entries_v6;
+                    DELETE FROM grdb_migrations WHERE identifier = 'v6-logs-keep-rowids';
+                    """)
+        }
+        try queue.close()
+    }
+
+    @Test func logsBecomeRowidTablesKeepingEveryRow() throws {
+        let a = try TempStore()
+        let b = try TempStore()
+        let da = try a.store.create("m")
+        let db = try b.store.create("m")
+        let big = JSONValue.string(String(repeating: "x", count: 3000))
+        for t in 0..<3 {
+            _ = try da.commit((0..<20).map { .insert(collection: "c", doc: ["_id": .string("a\(t)-\($0)"), "b": big]) })
+        }
+        _ = try db.commit((0..<20).map { .insert(collection: "c", doc: ["_id": .string("b\($0)"), "b": big]) })
+        // The third change of `da` alone waits for the first two: it is parked.
+        let fromA = try da.changes(since: VersionVector())
+        #expect(try db.receive([fromA[2]]).parked == 1)
+        try db.pool.write { c in
+            try c.execute(
+                sql: "INSERT INTO sync_entries(origin, seq, hash, bytes) VALUES (?, 1, ?, ?)",
+                arguments: [Data(repeating: 1, count: 16), Data(repeating: 2, count: 32), Data(repeating: 3, count: 9000)])
+        }
+        func rows(_ d: BlazeDatabase) throws -> [String] {
+            try d.read { c in
+                try String.fetchAll(c, sql: "SELECT origin || ':' || seq || ':' || hlc || ':' || body FROM changes ORDER BY origin, seq")
+                    + String.fetchAll(c, sql: "SELECT origin || ':' || seq || ':' || body FROM parked ORDER BY origin, seq")
+                    + String.fetchAll(c, sql: "SELECT hex(origin) || seq || hex(hash) || hex(bytes) FROM sync_entries")
+            }
+        }
+        let before = try rows(db)
+        #expect(before.count == 3)
+        let path = db.path
+        b.store.closeAll()
+        try Self.downgradeToV5(path)
+
+        let reopened = try Store(directory: b.dir, node: db.node)
+        defer { reopened.closeAll() }
+        let m = try reopened.database("m")
+        #expect(try rows(m) == before)
+        let layouts = try m.read { c in
+            try String.fetchAll(
+                c, sql: "SELECT sql FROM sqlite_schema WHERE type = 'table' AND name IN ('changes', 'parked', 'sync_entries')")
+        }
+        #expect(layouts.count == 3 && layouts.allSatisfy { !$0.uppercased().contains("WITHOUT ROWID") }, "\(layouts)")
+        // The parked change applies once its dependencies arrive, and both replicas converge.
+        #expect(try m.receive(Array(fromA[0..<2])).applied == 3)
+        _ = try da.receive(try m.changes(since: try da.versionVector()))
+        #expect(try m.stateHash() == (try da.stateHash()))
+        #expect(try m.count(collection: "c", filter: .all) == 80)
+        #expect(try m.read { try Int.fetchOne($0, sql: "SELECT count(*) FROM parked") } == 0)
+    }
 }
