@@ -1,15 +1,49 @@
 import GRDB
 import GRDBSQLite
 
-/// SQLite's "copy the value now" destructor marker (`SQLITE_TRANSIENT`, a macro Swift does not import).
-private let transient = unsafeBitCast(OpaquePointer(bitPattern: -1), to: sqlite3_destructor_type.self)
+/// SQLite's "the value stays valid until it is unbound" destructor marker (`SQLITE_STATIC`, a macro Swift does not
+/// import): the buffers bound are used in place, without a copy.
+private let unmanaged = unsafeBitCast(OpaquePointer(bitPattern: 0), to: sqlite3_destructor_type.self)
+
+/// A value a `RawStatement` binds in place for the duration of one run.
+protocol RawArgument {
+    /// Binds this value to parameter `index` of `statement` and calls `body` while the binding is valid.
+    func withBinding<R>(_ statement: SQLiteStatement, _ index: Int32, _ body: () throws -> R) rethrows -> R
+}
+
+extension String: RawArgument {
+    func withBinding<R>(_ statement: SQLiteStatement, _ index: Int32, _ body: () throws -> R) rethrows -> R {
+        var text = self
+        return try text.withUTF8 { utf8 in
+            RawStatement.bind(statement, index, utf8)
+            return try body()
+        }
+    }
+}
+
+extension [UInt8]: RawArgument {
+    func withBinding<R>(_ statement: SQLiteStatement, _ index: Int32, _ body: () throws -> R) rethrows -> R {
+        try withUnsafeBufferPointer { utf8 in
+            RawStatement.bind(statement, index, utf8)
+            return try body()
+        }
+    }
+}
+
+extension Int64: RawArgument {
+    func withBinding<R>(_ statement: SQLiteStatement, _ index: Int32, _ body: () throws -> R) rethrows -> R {
+        sqlite3_bind_int64(statement, index, self)
+        return try body()
+    }
+}
 
 /// A cached statement of the write path run through SQLite's C API, for the statements executed once per document.
 ///
 /// GRDB's argument boxing and per-statement bookkeeping cost about as much as SQLite's own work on a small row.
 /// These statements only insert, update or read rows inside a write transaction that GRDB opened and will end;
 /// the database has no GRDB observers of row changes (only commit hooks, which SQLite calls itself), so nothing
-/// that GRDB tracks is bypassed. Each run leaves the statement reset with no bindings.
+/// that GRDB tracks is bypassed. Arguments are bound in place (SQLite copies none of them) for one run, which leaves
+/// the statement reset with no bindings, so no binding outlives the buffer it points into.
 struct RawStatement {
     private let connection: SQLiteConnection?
     /// Held so that SQLite's statement stays alive even if GRDB drops it from its cache (after a schema change).
@@ -25,32 +59,30 @@ struct RawStatement {
         handle = statement.sqliteStatement
     }
 
-    /// Binds text to the 1-based parameter `index` (copied by SQLite).
-    func bind(_ index: Int32, _ text: String) {
-        var text = text
-        text.withUTF8 { bind(index, $0) }
-    }
-
-    /// Binds UTF-8 bytes as text to the 1-based parameter `index` (copied by SQLite).
-    func bind(_ index: Int32, _ utf8: [UInt8]) {
-        utf8.withUnsafeBufferPointer { bind(index, $0) }
-    }
-
-    private func bind(_ index: Int32, _ utf8: UnsafeBufferPointer<UInt8>) {
+    /// Binds UTF-8 bytes as text to the 1-based parameter `index`, in place (the bytes must outlive the binding).
+    fileprivate static func bind(_ handle: SQLiteStatement, _ index: Int32, _ utf8: UnsafeBufferPointer<UInt8>) {
         // An empty buffer may have no address; SQLite reads a null pointer as NULL, so give it a valid one.
         let empty: StaticString = ""
         let base = UnsafeRawPointer(utf8.baseAddress) ?? UnsafeRawPointer(empty.utf8Start)
-        sqlite3_bind_text(handle, index, base.assumingMemoryBound(to: CChar.self), Int32(utf8.count), transient)
+        sqlite3_bind_text(handle, index, base.assumingMemoryBound(to: CChar.self), Int32(utf8.count), unmanaged)
     }
 
-    /// Binds an integer to the 1-based parameter `index`.
-    func bind(_ index: Int32, _ value: Int64) {
-        sqlite3_bind_int64(handle, index, value)
-    }
-
-    /// Runs a statement that returns no row; returns the number of rows it inserted, updated or deleted.
+    /// Runs a statement that returns no row with parameters `a`, `b`, `c` (bound in place and unbound before it
+    /// returns); returns the number of rows it inserted, updated or deleted.
     @discardableResult
-    func run() throws -> Int {
+    func run(_ a: some RawArgument, _ b: some RawArgument, _ c: some RawArgument) throws -> Int {
+        try a.withBinding(handle, 1) { try b.withBinding(handle, 2) { try c.withBinding(handle, 3) { try step() } } }
+    }
+
+    /// Runs a statement that returns no row with parameters `a` to `d`; see `run(_:_:_:)`.
+    @discardableResult
+    func run(_ a: some RawArgument, _ b: some RawArgument, _ c: some RawArgument, _ d: some RawArgument) throws -> Int {
+        try a.withBinding(handle, 1) {
+            try b.withBinding(handle, 2) { try c.withBinding(handle, 3) { try d.withBinding(handle, 4) { try step() } } }
+        }
+    }
+
+    private func step() throws -> Int {
         defer { clear() }
         let code = sqlite3_step(handle)
         guard code == SQLITE_DONE else { throw failure(code) }
@@ -60,13 +92,18 @@ struct RawStatement {
     /// The rowid of the connection's last inserted row.
     var lastInsertedRowID: Int64 { sqlite3_last_insert_rowid(connection) }
 
-    /// Runs a query and reads its first row with `read`; nil when it returns none.
-    func firstRow<T>(_ read: (Row) -> T) throws -> T? {
-        defer { clear() }
-        switch sqlite3_step(handle) {
-        case SQLITE_ROW: return read(Row(handle: handle))
-        case SQLITE_DONE: return nil
-        case let code: throw failure(code)
+    /// Runs a query with parameters `a` and `b` (bound in place and unbound before it returns) and reads its first
+    /// row with `read`; nil when it returns none.
+    func firstRow<T>(_ a: some RawArgument, _ b: some RawArgument, _ read: (Row) -> T) throws -> T? {
+        try a.withBinding(handle, 1) {
+            try b.withBinding(handle, 2) {
+                defer { clear() }
+                switch sqlite3_step(handle) {
+                case SQLITE_ROW: return read(Row(handle: handle))
+                case SQLITE_DONE: return nil
+                case let code: throw failure(code)
+                }
+            }
         }
     }
 

@@ -229,9 +229,7 @@ final class SQLStorage: ReplicaStorage {
     /// The `docs` row of `key`, if any.
     private func fetchRow(_ key: DocKey) throws -> (rowid: Int64, state: String?, body: String)? {
         let select = try prepared(&selectRow, "SELECT rowid, state, body FROM docs WHERE collection = ? AND id = ?")
-        select.bind(1, key.collection)
-        select.bind(2, key.id)
-        return try select.firstRow { row in (row.int64(0), row.text(1), row.text(2) ?? "") }
+        return try select.firstRow(key.collection, key.id) { row in (row.int64(0), row.text(1), row.text(2) ?? "") }
     }
 
     /// Decodes and caches the state of a live document read from its row.
@@ -283,10 +281,7 @@ final class SQLStorage: ReplicaStorage {
         try checkSize(body.count)
         // The shortcut applies only to states without conflicts, before and after: `conflicted` stays 0.
         let update = try prepared(&updateRow, "UPDATE docs SET body = ?, state = ? WHERE rowid = ?")
-        update.bind(1, body)
-        update.bind(2, newState)
-        update.bind(3, row.rowid)
-        try update.run()
+        try update.run(body, newState, row.rowid)
         visible[key] = Visible(doc: nil, text: row.body)
         patched[key] = Patched(stateText: newState, text: text, stamp: change.stamp(index), rowid: row.rowid)
         if touchedSet.insert(key).inserted { touched.append(key) }
@@ -383,12 +378,9 @@ final class SQLStorage: ReplicaStorage {
         try checkSize(body.count)
         let insert = try prepared(
             &insertRow, "INSERT INTO docs(collection, id, body, state) VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING")
-        insert.bind(1, key.collection)
-        insert.bind(2, key.id)
-        insert.bind(3, body)
         if createdStates?.covers(stamp) != true { createdStates = DocumentState.CreatedStateText(stamp, coding) }
-        insert.bind(4, createdStates!.bytes(fieldCount: fieldCount, index: stamp.dot.index))
-        guard try insert.run() == 1 else { return nil }
+        let state = createdStates!.bytes(fieldCount: fieldCount, index: stamp.dot.index)
+        guard try insert.run(key.collection, key.id, body, state) == 1 else { return nil }
         let rowid = insert.lastInsertedRowID
         let text = String(decoding: body, as: UTF8.self)
         try ensureCollection(key.collection)
