@@ -9,16 +9,43 @@ public struct CRDTDecodingError: Error, Sendable, CustomStringConvertible {
 }
 
 /// A document addressed by collection and id.
+///
+/// Keys are equal when their UTF-8 bytes are, as the rows SQLite stores them under are (`String`'s `==` would make
+/// canonically equivalent ids, such as "é" composed and decomposed, one key). The hash is computed once, at
+/// creation: a write hashes the same key several times.
 public struct DocKey: Hashable, Sendable, Comparable {
     /// Collection name.
     public let collection: String
     /// Document id.
     public let id: String
+    /// The hash of both names' bytes.
+    private let hash: Int
 
     /// Creates a key.
     public init(collection: String, id: String) {
         self.collection = collection
         self.id = id
+        var hasher = Hasher()
+        Self.combine(collection, into: &hasher)
+        // 0xFF never occurs in UTF-8: the two names cannot run into each other.
+        hasher.combine(UInt8(0xFF))
+        Self.combine(id, into: &hasher)
+        hash = hasher.finalize()
+    }
+
+    private static func combine(_ name: String, into hasher: inout Hasher) {
+        var name = name
+        name.withUTF8 { hasher.combine(bytes: UnsafeRawBufferPointer($0)) }
+    }
+
+    /// Equal when both names have the same bytes.
+    public static func == (a: DocKey, b: DocKey) -> Bool {
+        a.hash == b.hash && utf8Equal(a.id, b.id) && utf8Equal(a.collection, b.collection)
+    }
+
+    /// Feeds the precomputed hash.
+    public func hash(into hasher: inout Hasher) {
+        hasher.combine(hash)
     }
 
     /// Orders by collection then id, both by UTF-8 bytes.

@@ -160,5 +160,10 @@ extension Dictionary where Key == String {
 /// Compares two strings by their UTF-8 bytes (no Unicode normalization, unlike `==` on `String`).
 @inlinable
 public func utf8Equal(_ a: String, _ b: String) -> Bool {
-    a.utf8.elementsEqual(b.utf8)
+    guard a.utf8.count == b.utf8.count else { return false }
+    let fast: Bool?? = a.utf8.withContiguousStorageIfAvailable { x in
+        b.utf8.withContiguousStorageIfAvailable { y in x.isEmpty || memcmp(x.baseAddress!, y.baseAddress!, x.count) == 0 }
+    }
+    if let known = fast ?? nil { return known }
+    return a.utf8.elementsEqual(b.utf8)
 }

@@ -100,6 +100,35 @@ func expectStoreError(_ kind: String, _ body: () throws -> Void) {
         #expect(try db.getMany(collection: "c", ids: ["new", "missing"]) == [["_id": "new"], .null])
     }
 
+    /// Ids are bytes: "é" composed and decomposed are canonically equivalent strings but two documents, in one
+    /// transaction as in separate ones, and both replicate.
+    @Test func canonicallyEquivalentIDsAreDistinctDocuments() async throws {
+        let composed = "caf\u{E9}"
+        let decomposed = "cafe\u{301}"
+        #expect(composed == decomposed)  // as Swift strings
+        #expect(DocKey(collection: "c", id: composed) != DocKey(collection: "c", id: decomposed))
+        #expect(DocKey(collection: "c", id: composed) == DocKey(collection: "c", id: "caf\u{E9}"))
+        #expect(DocKey(collection: "c", id: composed).hashValue == DocKey(collection: "c", id: "caf\u{E9}").hashValue)
+        #expect(DocKey(collection: "ab", id: "c") != DocKey(collection: "a", id: "bc"))
+        let t = try TempStore()
+        let db = try t.store.create("db")
+        _ = try db.commit([
+            .insert(collection: "c", doc: ["_id": .string(composed), "n": 1]),
+            .insert(collection: "c", doc: ["_id": .string(decomposed), "n": 2]),
+            .patch(collection: "c", id: composed, set: ["m": 1]),
+        ])
+        _ = try db.apply(.patch(collection: "c", id: decomposed, set: ["m": 2]))
+        #expect(try db.get(collection: "c", id: composed) == ["_id": .string(composed), "m": 1, "n": 1])
+        #expect(try db.get(collection: "c", id: decomposed) == ["_id": .string(decomposed), "m": 2, "n": 2])
+        _ = try db.apply(.delete(collection: "c", id: composed))
+        #expect(try db.count(collection: "c", filter: .all) == 1)
+        let other = try TempStore()
+        let replica = try other.store.create("db")
+        _ = try replica.receive(try db.changes(since: VersionVector()))
+        #expect(try replica.stateHash() == (try db.stateHash()))
+        #expect(try replica.get(collection: "c", id: decomposed) == ["_id": .string(decomposed), "m": 2, "n": 2])
+    }
+
     @Test func rejectsInvalidDocuments() async throws {
         let t = try TempStore(limits: { var l = StoreLimits(); l.maxDocumentBytes = 100; return l }())
         let db = try t.store.create("db")
