@@ -87,8 +87,9 @@ public final class WriteTransaction {
         case .insert(let collection, var doc):
             try validateCollection(collection)
             let id: String
+            let names = Self.scanNames(doc)
             // `_id` stays in `doc` for the fast path (removing it would copy the caller's dictionary).
-            if let given = doc["_id"] {
+            if let given = names.id {
                 guard case .string(let s) = given else {
                     throw StoreError.invalid("invalid_id", "_id must be a string, got \(given.typeName)")
                 }
@@ -97,7 +98,7 @@ public final class WriteTransaction {
                 id = DocumentID.generate()
             }
             try Names.validateID(id)
-            try validateFields(doc)
+            if let invalid = names.invalid { try Names.validateFieldName(invalid) }
             let key = DocKey(collection: collection, id: id)
             if try emitNew(key, doc: doc) { return WriteResult(id: id) }
             doc.removeValue(forKey: "_id")
@@ -113,12 +114,13 @@ public final class WriteTransaction {
         case .put(let collection, let id, var doc):
             try validateCollection(collection)
             try Names.validateID(id)
-            if let given = doc["_id"] {
+            let names = Self.scanNames(doc)
+            if let given = names.id {
                 guard case .string(let s) = given, utf8Equal(s, id) else {
                     throw StoreError.invalid("id_mismatch", "doc._id does not match the id parameter")
                 }
             }
-            try validateFields(doc)
+            if let invalid = names.invalid { try Names.validateFieldName(invalid) }
             let key = DocKey(collection: collection, id: id)
             if try emitNew(key, doc: doc) { return WriteResult(id: id, created: true) }
             doc.removeValue(forKey: "_id")
@@ -164,9 +166,24 @@ public final class WriteTransaction {
         validCollection = name
     }
 
-    /// Checks the field names of a document (`_id` excepted: it is the id, checked by the caller).
-    func validateFields(_ doc: [String: JSONValue]) throws {
-        for key in doc.keys where key != "_id" { try Names.validateFieldName(key) }
+    /// One pass over a document's member names: the value of its `_id` member, if any, and a name other than `_id`
+    /// that `Names.validateFieldName` rejects (empty, or starting with `_`), if any.
+    static func scanNames(_ doc: [String: JSONValue]) -> (id: JSONValue?, invalid: String?) {
+        var id: JSONValue?
+        var invalid: String?
+        var i = doc.startIndex
+        while i != doc.endIndex {
+            let name = doc.keys[i]
+            if let first = name.utf8.first, first != UInt8(ascii: "_") {
+                // The common case: an ordinary field name.
+            } else if utf8Equal(name, "_id") {
+                id = doc.values[i]
+            } else {
+                invalid = name
+            }
+            doc.formIndex(after: &i)
+        }
+        return (id, invalid)
     }
 
     func validatePatch(

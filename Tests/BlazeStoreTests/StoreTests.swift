@@ -134,6 +134,10 @@ func expectStoreError(_ kind: String, _ body: () throws -> Void) {
         let db = try t.store.create("db")
         expectStoreError("reserved_field") { _ = try db.apply(.insert(collection: "c", doc: ["_x": 1])) }
         expectStoreError("reserved_field") { _ = try db.apply(.insert(collection: "c", doc: ["_\u{301}x": 1])) }
+        expectStoreError("reserved_field") { _ = try db.apply(.insert(collection: "c", doc: ["_id": "ok", "a": 1, "_y": 1])) }
+        expectStoreError("reserved_field") { _ = try db.apply(.put(collection: "c", id: "ok", doc: ["_id": "ok", "_y": 1])) }
+        expectStoreError("invalid_field") { _ = try db.apply(.insert(collection: "c", doc: ["": 1])) }
+        expectStoreError("invalid_field") { _ = try db.apply(.put(collection: "c", id: "ok", doc: ["": 1, "a": 2])) }
         expectStoreError("invalid_id") { _ = try db.apply(.insert(collection: "c", doc: ["_id": 5])) }
         expectStoreError("invalid_id") { _ = try db.apply(.insert(collection: "c", doc: ["_id": ""])) }
         expectStoreError("invalid_name") { _ = try db.apply(.insert(collection: "a b", doc: [:])) }
