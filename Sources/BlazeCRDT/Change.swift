@@ -207,8 +207,17 @@ public struct Change: Hashable, Sendable {
     /// The canonical text of this change (equal to `jsonValue.jsonText`) when `opsJSON` holds its operations'
     /// canonical JSON, comma-separated, as `writeOp` and `writeSetOp` write them.
     public func text(opsJSON: [UInt8]) -> String {
+        var out = textPrefix(capacity: opsJSON.count)
+        out.append(contentsOf: opsJSON)
+        Self.finishText(&out)
+        return String(decoding: out, as: UTF8.self)
+    }
+
+    /// This change's canonical text up to its first operation (operations come last in it), in a buffer with room for
+    /// `capacity` more bytes: append the operations' JSON, comma-separated, then close it with `finishText`.
+    public func textPrefix(capacity: Int = 0) -> [UInt8] {
         var out: [UInt8] = []
-        out.reserveCapacity(opsJSON.count + 128)
+        out.reserveCapacity(capacity + 128)
         out.append(contentsOf: #"{"d":"#.utf8)
         deps.jsonValue.write(to: &out)
         out.append(contentsOf: #","h":"#.utf8)
@@ -218,9 +227,12 @@ public struct Change: Hashable, Sendable {
         out.append(contentsOf: #"","s":"#.utf8)
         JSONValue.writeInt(Int64(seq), to: &out)
         out.append(contentsOf: #","x":["#.utf8)
-        out.append(contentsOf: opsJSON)
+        return out
+    }
+
+    /// Closes a change's text begun with `textPrefix`.
+    public static func finishText(_ out: inout [UInt8]) {
         out.append(contentsOf: "]}".utf8)
-        return String(decoding: out, as: UTF8.self)
     }
 
     static func encode(_ op: CRDTOp) -> JSONValue {

@@ -175,7 +175,7 @@ public final class BlazeDatabase: Sendable {
         let draft = Change(origin: node, seq: vv[node] + 1, hlc: hlc, deps: vv, ops: [])
         let tx = WriteTransaction(storage: storage, limits: limits, draft: draft)
         let result = try body(tx)
-        if let (change, text) = tx.recorded { try storage.recordApplied(change, text: text, last: true) }
+        if let (change, text) = tx.finish() { try storage.recordApplied(change, text: text, last: true) }
         try storage.flush()
         try noteChanges(tx.changes, db)
         try finishFeed(storage, db)

@@ -37,7 +37,8 @@ extension Int64: RawArgument {
     }
 }
 
-/// A cached statement of the write path run through SQLite's C API, for the statements executed once per document.
+/// A cached statement of the write path run through SQLite's C API, for the statements executed once per document
+/// (and the op log's insert, once per change).
 ///
 /// GRDB's argument boxing and per-statement bookkeeping cost about as much as SQLite's own work on a small row.
 /// These statements only insert, update or read rows inside a write transaction that GRDB opened and will end;

@@ -58,10 +58,11 @@ final class SQLStorage: ReplicaStorage {
     /// Documents created by `insertNew` whose state was not needed since: their rows are written, and their state is
     /// built (into `cache`) only if a later operation of the transaction reads it.
     private var created: [DocKey: Created] = [:]
-    /// The statements run once per document, prepared on first use in the transaction.
+    /// The statements run once per document (and once per change), prepared on first use in the transaction.
     private var selectRow: RawStatement?
     private var updateRow: RawStatement?
     private var insertRow: RawStatement?
+    private var insertChange: RawStatement?
     /// The state texts of documents created by the current change.
     private var createdStates: DocumentState.CreatedStateText?
     /// Documents `patchInPlace` rewrote whose state was not needed since, as written (state text, body).
@@ -134,12 +135,12 @@ final class SQLStorage: ReplicaStorage {
     }
 
     func recordApplied(_ change: Change) throws {
-        try recordApplied(change, text: change.jsonValue.jsonText)
+        try recordApplied(change, text: change.jsonValue.jsonBytes)
     }
 
-    /// Records `change`, whose canonical text is `text`, with its feed row and version. `last` says no change is
-    /// recorded after it in this transaction (so documents already written need not be kept as the next "before").
-    func recordApplied(_ change: Change, text: String, last: Bool = false) throws {
+    /// Records `change`, whose canonical text is `text` (UTF-8), with its feed row and version. `last` says no change
+    /// is recorded after it in this transaction (so documents already written need not be kept as the next "before").
+    func recordApplied(_ change: Change, text: [UInt8], last: Bool = false) throws {
         var events: [FeedEvent] = []
         events.reserveCapacity(touched.count)
         // Per event, the operation of `change` its "after" follows from, when one does (see `FeedLog.Source`).
@@ -185,8 +186,9 @@ final class SQLStorage: ReplicaStorage {
         try db.cachedStatement(sql: "INSERT INTO feed(seq, origin, events) VALUES (?, ?, ?)").execute(
             arguments: [feedSequence, origin, FeedLog.encode(events, sources: sources, changeSeq: change.seq)])
         entries.append(FeedEntry(seq: feedSequence, origin: change.origin, events: events))
-        try db.cachedStatement(sql: "INSERT INTO changes(origin, seq, hlc, body) VALUES (?, ?, ?, ?)").execute(
-            arguments: [origin, Int64(change.seq), Int64(bitPattern: change.hlc.raw), text])
+        // Bound in place: a change of a large transaction is hundreds of kilobytes.
+        try prepared(&insertChange, "INSERT INTO changes(origin, seq, hlc, body) VALUES (?, ?, ?, ?)").run(
+            origin, Int64(change.seq), Int64(bitPattern: change.hlc.raw), text)
         recordedVersions[change.origin] = max(recordedVersions[change.origin] ?? 0, change.seq)
     }
 

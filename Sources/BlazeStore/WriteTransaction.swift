@@ -35,13 +35,13 @@ public final class WriteTransaction {
     let limits: StoreLimits
     /// The change being built: its origin, sequence, clock and dependencies are fixed when the transaction starts.
     let draft: Change
-    /// Number of operations emitted so far (their JSON is in `opsJSON`).
+    /// Number of operations emitted so far (their JSON is in `text`).
     private(set) var opCount = 0
     /// Number of document mutations applied (feeds the planner-statistics refresh).
     private(set) var changes = 0
-    /// The canonical JSON of `ops`, comma-separated, written as they are emitted (the change's text is built from it
-    /// without encoding any document again).
-    private var opsJSON: [UInt8] = []
+    /// The change's canonical text so far: its header (`Change.textPrefix`), then its operations' JSON, comma-separated,
+    /// written as they are emitted (no document is encoded again for it). Empty until the first operation.
+    private var text: [UInt8] = []
 
     var db: Database { storage.db }
 
@@ -51,13 +51,17 @@ public final class WriteTransaction {
         self.draft = draft
     }
 
-    /// The change this transaction produced, with its text; nil when it wrote nothing.
+    /// The change this transaction produced, with its canonical text (UTF-8); nil when it wrote nothing. Call once,
+    /// after the last operation: the text is handed over, not copied.
     ///
-    /// The change's operations are recorded as text only (`opsJSON`): applying them already happened, and recording
-    /// needs nothing else.
-    var recorded: (header: Change, text: String)? {
+    /// The change's operations are recorded as text only: applying them already happened, and recording needs
+    /// nothing else.
+    func finish() -> (header: Change, text: [UInt8])? {
         guard opCount > 0 else { return nil }
-        return (draft, draft.text(opsJSON: opsJSON))
+        var out = text
+        text = []
+        Change.finishText(&out)
+        return (draft, out)
     }
 
     private func emit(_ op: CRDTOp) throws {
@@ -67,8 +71,8 @@ public final class WriteTransaction {
 
     /// Counts an applied operation and appends its JSON (written by `write`) to the change's.
     private func record(_ write: (inout [UInt8]) -> Void) {
-        if opCount > 0 { opsJSON.append(UInt8(ascii: ",")) }
-        write(&opsJSON)
+        if opCount > 0 { text.append(UInt8(ascii: ",")) } else { text = draft.textPrefix(capacity: 4096) }
+        write(&text)
         opCount += 1
         changes += 1
     }
