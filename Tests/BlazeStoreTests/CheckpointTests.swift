@@ -15,6 +15,17 @@ import Testing
         return (size(db.path), size(db.path + "-wal"))
     }
 
+    /// The database's page size in bytes.
+    func pageSize(_ db: BlazeDatabase) throws -> Int {
+        try db.read { try Int.fetchOne($0, sql: "PRAGMA page_size") } ?? 4096
+    }
+
+    /// The most pages the WAL file ever held: it is reused from its start after a complete checkpoint and never
+    /// shrinks, so its size is the largest the log ever was (a 32-byte header, then frames of a page and 24 bytes).
+    func walFrames(_ db: BlazeDatabase) throws -> Int {
+        (sizes(db).wal - 32) / (try pageSize(db) + 24)
+    }
+
     /// Writes `transactions` transactions of four 2 KB documents each.
     func fill(_ db: BlazeDatabase, transactions: Int) throws {
         let text = JSONValue.string(String(repeating: "x", count: 2000))
@@ -30,10 +41,8 @@ import Testing
         let t = try TempStore(limits: limits)
         let db = try t.store.create("w")
         try fill(db, transactions: 150)
-        let pageSize = try db.read { try Int.fetchOne($0, sql: "PRAGMA page_size") } ?? 4096
-        // The WAL file is reused from its start after a complete checkpoint and never shrinks: its size is the
-        // largest the log ever was. One transaction here writes under 16 pages.
-        let frames = (sizes(db).wal - 32) / (pageSize + 24)
+        // One transaction here writes under 16 pages.
+        let frames = try walFrames(db)
         #expect(frames > 0 && frames <= 64 + 16, "the WAL grew to \(frames) pages")
         #expect(try db.summary().documents == 600)
         t.store.closeAll()
@@ -51,13 +60,13 @@ import Testing
         let db = try t.store.create("w")
         try fill(db, transactions: 30)
         let pages = try db.read { try Int.fetchOne($0, sql: "PRAGMA page_count") } ?? 0
-        let pageSize = try db.read { try Int.fetchOne($0, sql: "PRAGMA page_size") } ?? 4096
+        let page = try pageSize(db)
         // Far fewer pages than SQLite's own automatic checkpoint waits for, and the writer copies no page itself with
         // these limits: only the background connection copies pages into the database file. Wait (bounded)
         // until it has copied most of them.
         let deadline = Date().addingTimeInterval(30)
-        while sizes(db).main < pages * pageSize / 2 && Date() < deadline { usleep(10_000) }
-        #expect(sizes(db).main >= pages * pageSize / 2, "database file \(sizes(db).main) bytes of \(pages * pageSize)")
+        while sizes(db).main < pages * page / 2 && Date() < deadline { usleep(10_000) }
+        #expect(sizes(db).main >= pages * page / 2, "database file \(sizes(db).main) bytes of \(pages * page)")
         #expect(try db.summary().documents == 120)
     }
 
@@ -88,12 +97,11 @@ import Testing
         let t = try TempStore(limits: limits)
         let db = try t.store.create("w")
         try fill(db, transactions: 400)
-        let pageSize = try db.read { try Int.fetchOne($0, sql: "PRAGMA page_size") } ?? 4096
         let written = try db.read { try Int.fetchOne($0, sql: "PRAGMA page_count") } ?? 0
         // No hard limit: only the writer finishing what background checkpoints left lets the log restart while
         // transactions follow each other without a pause. Without it, the WAL file would hold every page written
         // (more than all the database's pages); with it, the file is reused from its start.
-        let frames = (sizes(db).wal - 32) / (pageSize + 24)
+        let frames = try walFrames(db)
         #expect(frames > 0 && frames < written / 2, "the WAL grew to \(frames) pages for \(written) database pages")
         #expect(try db.summary().documents == 1600)
     }
