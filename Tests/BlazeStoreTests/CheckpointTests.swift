@@ -34,32 +34,45 @@ import Testing
         }
     }
 
-    @Test func theWriterBoundsTheLogWhenNoBackgroundCheckpointRuns() throws {
+    /// Limits with these WAL thresholds (`finish` left at its default when nil).
+    func limits(checkpoint: Int32, max: Int32, finish: Int32? = nil) -> StoreLimits {
         var limits = StoreLimits()
-        limits.walCheckpointPages = .max
-        limits.walMaxPages = 64
+        limits.walCheckpointPages = checkpoint
+        limits.walMaxPages = max
+        if let finish { limits.walFinishPages = finish }
+        return limits
+    }
+
+    /// A new store with `limits` and its database "w" after `transactions` transactions of `fill`.
+    func filled(_ limits: StoreLimits, transactions: Int) throws -> (TempStore, BlazeDatabase) {
         let t = try TempStore(limits: limits)
         let db = try t.store.create("w")
-        try fill(db, transactions: 150)
+        try fill(db, transactions: transactions)
+        return (t, db)
+    }
+
+    /// The database's size in pages.
+    func pageCount(_ db: BlazeDatabase) throws -> Int {
+        try db.read { try Int.fetchOne($0, sql: "PRAGMA page_count") } ?? 0
+    }
+
+    @Test func theWriterBoundsTheLogWhenNoBackgroundCheckpointRuns() throws {
+        let writerOnly = limits(checkpoint: .max, max: 64)
+        let (t, db) = try filled(writerOnly, transactions: 150)
         // One transaction here writes under 16 pages.
         let frames = try walFrames(db)
         #expect(frames > 0 && frames <= 64 + 16, "the WAL grew to \(frames) pages")
         #expect(try db.summary().documents == 600)
         t.store.closeAll()
-        let reopened = try Store(directory: t.dir, limits: limits, node: randomNode())
+        let reopened = try Store(directory: t.dir, limits: writerOnly, node: randomNode())
         defer { reopened.closeAll() }
         #expect(try reopened.database("w").summary().documents == 600)
     }
 
     @Test func commitsLeaveCheckpointsToTheBackground() throws {
-        var limits = StoreLimits()
-        limits.walCheckpointPages = 32
-        limits.walMaxPages = .max
-        limits.walFinishPages = 0
-        let t = try TempStore(limits: limits)
-        let db = try t.store.create("w")
-        try fill(db, transactions: 30)
-        let pages = try db.read { try Int.fetchOne($0, sql: "PRAGMA page_count") } ?? 0
+        let (t, db) = try filled(limits(checkpoint: 32, max: .max, finish: 0), transactions: 30)
+        defer { t.store.closeAll() }
+        let pages = try pageCount(db)
         let page = try pageSize(db)
         // Far fewer pages than SQLite's own automatic checkpoint waits for, and the writer copies no page itself with
         // these limits: only the background connection copies pages into the database file. Wait (bounded)
@@ -90,14 +103,9 @@ import Testing
     }
 
     @Test func theLogStartsOverWhileTheWriterKeepsWriting() throws {
-        var limits = StoreLimits()
-        limits.walCheckpointPages = 32
-        limits.walMaxPages = .max
-        limits.walFinishPages = 64
-        let t = try TempStore(limits: limits)
-        let db = try t.store.create("w")
-        try fill(db, transactions: 400)
-        let written = try db.read { try Int.fetchOne($0, sql: "PRAGMA page_count") } ?? 0
+        let (t, db) = try filled(limits(checkpoint: 32, max: .max, finish: 64), transactions: 400)
+        defer { t.store.closeAll() }
+        let written = try pageCount(db)
         // No hard limit: only the writer finishing what background checkpoints left lets the log restart while
         // transactions follow each other without a pause. Without it, the WAL file would hold every page written
         // (more than all the database's pages); with it, the file is reused from its start.
