@@ -56,6 +56,9 @@ public enum Names {
     }
 
     /// Top-level field names written by clients: non-empty and not starting with `_` (reserved).
+    ///
+    /// `WriteTransaction.scanNames` finds the names this rejects in its one pass over a document without calling it
+    /// for each name: a new rule here must be added there too (`rejectsInvalidDocuments` covers both).
     public static func validateFieldName(_ name: String) throws(StoreError) {
         // The first byte: a name that starts with "_" and a combining mark is reserved too (its first Character is not
         // "_", but its text starts with it).
