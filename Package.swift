@@ -114,8 +114,8 @@ let package = Package(
         .testTarget(
             name: "BlazeDaemonTests",
             dependencies: [
-                "BlazeDaemon", "BlazeClient", "BlazeProtocol", "BlazeStore", "BlazeCRDT", "BlazeTestSupport", "BlazeConfig",
-                "blazed", "blazectl",
+                "BlazeDaemon", "BlazeClient", "BlazeProtocol", "BlazeStore", "BlazeCRDT", "BlazeCrypto", "BlazeTestSupport",
+                "BlazeConfig", "blazed", "blazectl",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "NIOEmbedded", package: "swift-nio"),

@@ -24,6 +24,7 @@ export type SpaceId = string;
 export type ShareToken = string;
 export type PeerAddress = string;
 export type PeerStatus = { "peer": string; "direction": "outbound" | "inbound"; "connected": boolean; "connections": number; "lastSyncMs": number | null; "sentEntries": number; "receivedEntries": number; "sentBytes": number; "receivedBytes": number; "peerBehind": number; "selfBehind": number; "errors": number; "lastError": string | null; "rejected": Record<string, number> };
+export type ForkEvidence = { "origin": NodeId; "seq": number; "heldHash": string; "otherHash": string; "detectedAtMs": number };
 
 /** Parameters of `rpc.discover`: Returns this OpenRPC document. */
 export type RpcDiscoverParams = Record<string, never>;
@@ -158,7 +159,7 @@ export type PeerListResult = { "db": DatabaseName; "peers": Array<{ "address": P
 /** Parameters of `sync.status`: Sync state per shared database and peer: connections, progress, errors, rejections. */
 export interface SyncStatusParams { "db"?: DatabaseName }
 /** Result of `sync.status`. */
-export type SyncStatusResult = { "listen": string | null; "strangersRefused": number; "databases": Array<{ "db": DatabaseName; "space": SpaceId | null; "paused": boolean; "peers": Array<PeerStatus> }> };
+export type SyncStatusResult = { "listen": string | null; "strangersRefused": number; "refusedOverLimit": number; "databases": Array<{ "db": DatabaseName; "space": SpaceId | null; "paused": boolean; "peers": Array<PeerStatus>; "forks": Array<ForkEvidence> }> };
 /** Parameters of `sync.now`: Connects to every peer of a database now, skipping backoff waits. */
 export interface SyncNowParams { "db": DatabaseName }
 /** Result of `sync.now`. */

@@ -228,7 +228,7 @@ public struct Stamp: Hashable, Comparable, Sendable {
     /// has none.
     public init?(json: JSONValue, _ coding: StampCoding = .hex) {
         guard case .array(let a) = json, a.count == 4, case .int(let h) = a[0], case .int(let s) = a[2],
-            case .int(let i) = a[3], s > 0, i >= 0
+            case .int(let i) = a[3], h >= 0, s > 0, UInt64(s) < SyncBounds.maxSeq, i >= 0
         else { return nil }
         let origin: NodeID
         switch a[1] {

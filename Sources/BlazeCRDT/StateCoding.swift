@@ -132,7 +132,9 @@ extension DocumentState {
     public init(
         compact json: JSONValue, body: [String: JSONValue]?, _ coding: StampCoding = .hex
     ) throws(CRDTDecodingError) {
-        guard case .int(let cl)? = json["l"] else { throw CRDTDecodingError("malformed document state") }
+        guard case .int(let cl)? = json["l"], cl >= 0, cl <= ChangeBounds.maxCausalLength else {
+            throw CRDTDecodingError("malformed document state")
+        }
         var fields = [String: FieldState](minimumCapacity: body?.count ?? 0)
         for (k, v) in json["f"]?.objectValue ?? [:] { fields[k] = try FieldState(json: v, coding) }
         let common: Stamp?

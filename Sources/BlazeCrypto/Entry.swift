@@ -1,8 +1,18 @@
+import BlazeProtocol
 import Crypto
 import Foundation
 
 /// Why a received entry, head or frame was refused. The raw values are the counters' names in `sync.status`.
 public enum SyncRejection: String, Error, Sendable, CaseIterable {
+    /// True when the rejection condemns what the batch's origin signed, not the connection that carried it: the
+    /// batch is refused and the origin skipped for the rest of the session, while other origins keep syncing.
+    public var blamesOrigin: Bool {
+        switch self {
+        case .fork, .quarantined, .unknownEpoch, .badSeal, .badPayload, .invalidChange, .clockAhead: return true
+        default: return false
+        }
+    }
+
     /// Not a well-formed entry or head.
     case malformed
     /// The entry names another space.
@@ -23,6 +33,12 @@ public enum SyncRejection: String, Error, Sendable, CaseIterable {
     case rollback
     /// A transport frame failed to authenticate or decode.
     case badFrame = "bad_frame"
+    /// A signed change breaks the bounds of a real history (sequence, clock, causal length, names, types, sizes).
+    case invalidChange = "invalid_change"
+    /// The batch's origin forked earlier and is quarantined: nothing more of it is accepted.
+    case quarantined
+    /// A signed change's clock is further ahead of local time than the allowed window; refused until time catches up.
+    case clockAhead = "clock_ahead"
 }
 
 /// The plaintext header of an entry, authenticated as the AEAD's associated data (DESIGN §8).
@@ -64,7 +80,7 @@ public struct EntryHeader: Sendable, Equatable {
     public init(decoding bytes: ArraySlice<UInt8>) throws(SyncRejection) {
         var r = ByteReader(bytes)
         guard r.readUInt8() == Self.version, let space = r.read(16), let origin = r.read(16), let seq = r.readUInt64(),
-            seq > 0, let prev = r.read(32), let epoch = r.readUInt32(), let nonce = r.read(12)
+            SyncBounds.isValidSeq(seq), let prev = r.read(32), let epoch = r.readUInt32(), let nonce = r.read(12)
         else { throw .malformed }
         self.init(space: Array(space), origin: Array(origin), seq: seq, prev: Array(prev), epoch: epoch, nonce: Array(nonce))
     }
@@ -179,7 +195,9 @@ public enum EntryRun {
 
     /// Reads `count` packed entries, rebuilding each full entry and its hash.
     public static func unpack(_ r: inout ByteReader, count: Int) throws(SyncRejection) -> [SealedEntry] {
-        guard count > 0, let space = r.read(16), let origin = r.read(16), let firstSeq = r.readUInt64(), firstSeq > 0,
+        // Bounds before arithmetic: the run's last seq (`firstSeq + count - 1`) stays below `SyncBounds.maxSeq`.
+        guard count > 0, let space = r.read(16), let origin = r.read(16), let firstSeq = r.readUInt64(),
+            SyncBounds.isValidSeq(firstSeq), UInt64(count) <= SyncBounds.maxSeq - firstSeq,
             let firstPrev = r.read(32), count <= r.remaining / (12 + 1 + 1 + 16)
         else { throw .malformed }
         var entries: [SealedEntry] = []
@@ -187,7 +205,7 @@ public enum EntryRun {
         var prev = Array(firstPrev)
         for i in 0..<count {
             guard let nonce = r.read(12), let epoch = r.readVarint(), epoch <= UInt64(UInt32.max),
-                let length = r.readVarint(), length >= 16, let sealed = r.read(Int(length))
+                let length = r.readVarint(), length >= 16, length <= UInt64(r.remaining), let sealed = r.read(Int(length))
             else { throw .malformed }
             let header = EntryHeader(
                 space: Array(space), origin: Array(origin), seq: firstSeq + UInt64(i), prev: prev, epoch: UInt32(epoch),
@@ -240,7 +258,7 @@ public struct SignedHead: Sendable, Equatable {
     /// Decodes an encoded head (`verify` checks it).
     public init(bytes: ArraySlice<UInt8>) throws(SyncRejection) {
         var r = ByteReader(bytes)
-        guard let o = r.read(16), let s = r.readUInt64(), s > 0, let h = r.read(32), let k = r.read(32), let sig = r.read(64),
+        guard let o = r.read(16), let s = r.readUInt64(), SyncBounds.isValidSeq(s), let h = r.read(32), let k = r.read(32), let sig = r.read(64),
             r.remaining == 0
         else { throw .malformed }
         origin = Array(o)

@@ -1,5 +1,6 @@
 import BlazeProtocol
 import BlazeStore
+import BlazeSync
 
 /// Limits of the RPC server (DESIGN §6); all configurable, all enforced.
 public struct ServerLimits: Sendable, Equatable {
@@ -39,6 +40,8 @@ public struct DaemonConfig: Sendable {
     public var syncListen: String?
     /// Milliseconds a sync handshake may take and a sync peer may stay silent before its connection is closed.
     public var syncTimeoutMs: Int = 30_000
+    /// Limits on inbound sync connections: handshakes, totals, per source address, handshake deadline.
+    public var syncListenerLimits = SyncListenerLimits()
     /// A listening socket passed by systemd socket activation; when set, it is served instead of binding
     /// `socketPath` (which then names where it is bound), and it is left in place at shutdown.
     public var inheritedSocket: Systemd.InheritedSocket?

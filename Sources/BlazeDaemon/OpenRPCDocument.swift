@@ -3081,6 +3081,11 @@ let openRPCDocumentText = ###"""
               "minimum": 0,
               "description": "Inbound connections refused because the peer proved no key served here, or none within the sync timeout."
             },
+            "refusedOverLimit": {
+              "type": "integer",
+              "minimum": 0,
+              "description": "Inbound connections closed at once because a listener limit was reached (pending handshakes, total peer connections, or connections from one source address)."
+            },
             "databases": {
               "type": "array",
               "items": {
@@ -3107,13 +3112,21 @@ let openRPCDocumentText = ###"""
                     "items": {
                       "$ref": "#/components/schemas/PeerStatus"
                     }
+                  },
+                  "forks": {
+                    "type": "array",
+                    "description": "Fork evidence: per forked origin, two entries it signed for one sequence number. A forked origin is quarantined (nothing more of it is accepted); the others keep syncing.",
+                    "items": {
+                      "$ref": "#/components/schemas/ForkEvidence"
+                    }
                   }
                 },
                 "required": [
                   "db",
                   "space",
                   "paused",
-                  "peers"
+                  "peers",
+                  "forks"
                 ],
                 "additionalProperties": false
               }
@@ -3122,6 +3135,7 @@ let openRPCDocumentText = ###"""
           "required": [
             "listen",
             "strangersRefused",
+            "refusedOverLimit",
             "databases"
           ],
           "additionalProperties": false
@@ -3155,6 +3169,7 @@ let openRPCDocumentText = ###"""
             "value": {
               "listen": "0.0.0.0:7070",
               "strangersRefused": 0,
+              "refusedOverLimit": 0,
               "databases": [
                 {
                   "db": "notes",
@@ -3177,7 +3192,8 @@ let openRPCDocumentText = ###"""
                       "lastError": null,
                       "rejected": {}
                     }
-                  ]
+                  ],
+                  "forks": []
                 }
               ]
             }
@@ -3779,7 +3795,7 @@ let openRPCDocumentText = ###"""
             "additionalProperties": {
               "type": "integer"
             },
-            "description": "Refused entries, heads and frames by reason: malformed, wrong_space, unknown_epoch, bad_seal, bad_payload, broken_chain, bad_head, fork, rollback, bad_frame."
+            "description": "Refused entries, heads and frames by reason: malformed, wrong_space, unknown_epoch, bad_seal, bad_payload, broken_chain, bad_head, fork, rollback, bad_frame, invalid_change, clock_ahead, quarantined (SYNC.md §7)."
           }
         },
         "required": [
@@ -3797,6 +3813,42 @@ let openRPCDocumentText = ###"""
           "errors",
           "lastError",
           "rejected"
+        ],
+        "additionalProperties": false
+      },
+      "ForkEvidence": {
+        "type": "object",
+        "description": "Two different entries one origin signed for the same sequence number (SYNC.md §7).",
+        "properties": {
+          "origin": {
+            "$ref": "#/components/schemas/NodeId"
+          },
+          "seq": {
+            "type": "integer",
+            "minimum": 1,
+            "description": "The sequence number with two entries."
+          },
+          "heldHash": {
+            "type": "string",
+            "pattern": "^[0-9a-f]{64}$",
+            "description": "SHA-256 of the entry held here."
+          },
+          "otherHash": {
+            "type": "string",
+            "pattern": "^[0-9a-f]{64}$",
+            "description": "SHA-256 of the other entry, covered by a head the origin signed."
+          },
+          "detectedAtMs": {
+            "type": "integer",
+            "description": "When the fork was found (Unix milliseconds)."
+          }
+        },
+        "required": [
+          "origin",
+          "seq",
+          "heldHash",
+          "otherHash",
+          "detectedAtMs"
         ],
         "additionalProperties": false
       }

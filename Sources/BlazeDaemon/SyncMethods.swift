@@ -32,6 +32,14 @@ extension Methods {
             "db": .string(db.name), "space": try db.spaceID().map(JSONValue.string) ?? .null,
             "paused": .bool(ctx.sync.isPaused(db: db.name)),
             "peers": .array(ctx.sync.status(db: db).map(peerJSON)),
+            "forks": .array(try db.forks().map(forkJSON)),
+        ]
+    }
+
+    static func forkJSON(_ f: ForkEvidence) -> JSONValue {
+        [
+            "origin": .string(f.origin.hex), "seq": .int(Int64(f.seq)), "heldHash": .string(hexString(f.heldHash)),
+            "otherHash": .string(hexString(f.otherHash)), "detectedAtMs": .int(f.detectedAtMs),
         ]
     }
 
@@ -90,6 +98,7 @@ extension Methods {
             return [
                 "listen": ctx.sync.listeningAddress.map(JSONValue.string) ?? .null,
                 "strangersRefused": .int(Int64(ctx.sync.strangersRefusedCount)),
+                "refusedOverLimit": .int(Int64(ctx.sync.refusedOverLimitCount)),
                 "databases": .array(try dbs.map { try syncJSON($0, ctx) }),
             ]
         },

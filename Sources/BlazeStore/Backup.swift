@@ -149,7 +149,7 @@ extension Store {
             try source.backup(to: target)
             try target.write { db in
                 try db.execute(sql: "DELETE FROM meta WHERE key = 'space_id'")
-                for table in ["sync_entries", "sync_heads", "sync_peers"] where try db.tableExists(table) {
+                for table in ["sync_entries", "sync_heads", "sync_peers", "sync_forks"] where try db.tableExists(table) {
                     try db.execute(sql: "DELETE FROM \(table)")
                 }
             }

@@ -106,7 +106,7 @@ public final class BlazeDatabase: Sendable {
             finishLimit: limits.walFinishPages)
         self.checkpointer = checkpointer
         pool.writeWithoutTransaction { checkpointer.install(on: $0) }
-        let last = try pool.read { db in try Int64.fetchOne(db, sql: "SELECT max(hlc) FROM changes") ?? 0 }
+        let last = try pool.read { db in try Int64.fetchOne(db, sql: "SELECT max(hlc) FROM changes WHERE hlc >= 0") ?? 0 }
         clock = Mutex(HybridClock(last: HLC(raw: UInt64(bitPattern: last))))
         let (feedLast, feedFloor) = try pool.read { db in
             let floor = try String.fetchOne(db, sql: "SELECT value FROM meta WHERE key = 'feed_floor'").flatMap { Int64($0) } ?? 0
@@ -213,7 +213,7 @@ public final class BlazeDatabase: Sendable {
     ///
     /// Changes whose dependencies are missing are parked until those arrive. A malformed change rejects the batch.
     public func receive(_ changes: [Change]) throws -> ReceiveReport {
-        for change in changes { try Self.validate(change) }
+        for change in changes { try validate(change) }
         return try pool.write { db in try self.receive(changes, in: db) }
     }
 
@@ -230,10 +230,26 @@ public final class BlazeDatabase: Sendable {
         return report
     }
 
-    /// Checks what a remote change may contain before any of it is applied (names end up in SQL and file paths).
-    static func validate(_ change: Change) throws {
+    /// Checks what a remote change may contain before any of it is applied: the bounds of a real history
+    /// (`ChangeBounds`), names (they end up in SQL and file paths) and, when its text is larger than a document may
+    /// be (`size` bytes, if known), each operation's size.
+    func validate(_ change: Change, size: Int? = nil) throws {
         do throws(StoreError) {
+            do {
+                try ChangeBounds.check(change)
+            } catch {
+                throw StoreError.invalid("invalid_change", error.description)
+            }
+            let checkSizes = size.map { $0 > limits.maxDocumentBytes } ?? true
             for op in change.ops {
+                if checkSizes {
+                    var text: [UInt8] = []
+                    Change.writeOp(op, to: &text)
+                    guard text.count <= limits.maxDocumentBytes + 4096 else {
+                        throw StoreError.invalid(
+                            "invalid_change", "an operation of \(text.count) bytes is larger than a document may be")
+                    }
+                }
                 switch op {
                 case .doc(let d):
                     // Field edits apply to a live incarnation (odd causal length), deletes make an even one.

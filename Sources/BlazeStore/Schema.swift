@@ -155,6 +155,21 @@ enum Schema {
                     DROP TABLE sync_entries_v5;
                     """)
         }
+        m.registerMigration("v7-fork-evidence") { db in
+            // One row per forked origin: the entry held here and the other one its device also signed (the head
+            // over it). A forked origin is quarantined: nothing more of it is accepted until the user acts.
+            try db.execute(
+                sql: """
+                    CREATE TABLE sync_forks(
+                        origin BLOB PRIMARY KEY NOT NULL,
+                        seq INTEGER NOT NULL,
+                        held_hash BLOB NOT NULL,
+                        other_hash BLOB NOT NULL,
+                        other_head BLOB NOT NULL,
+                        detected_at INTEGER NOT NULL
+                    ) WITHOUT ROWID;
+                    """)
+        }
         return m
     }
 }

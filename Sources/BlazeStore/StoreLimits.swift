@@ -1,3 +1,5 @@
+import BlazeCRDT
+
 /// Limits the store enforces on every write and query; all configurable through the daemon.
 public struct StoreLimits: Sendable, Equatable {
     /// Maximum size of one document's canonical JSON in bytes.
@@ -12,6 +14,12 @@ public struct StoreLimits: Sendable, Equatable {
     public var maxGetMany: Int = 10_000
     /// Maximum fields in one user index.
     public var maxIndexFields: Int = 8
+
+    /// How far ahead of local wall time (milliseconds) the clock of a change from another device may be; a change
+    /// further ahead is refused (`clock_ahead` in `sync.status`) until local time catches up.
+    public var maxClockAheadMilliseconds: UInt64 = ChangeBounds.defaultMaxClockAheadMilliseconds
+    /// Maximum nesting depth of a document's values, for remote changes as for local writes (the RPC request limit).
+    public var maxDepth: Int = 64
 
     /// Changes kept in the durable change feed for `subscribe` with `since`; older ones are pruned.
     public var feedRetention: Int = 10_000

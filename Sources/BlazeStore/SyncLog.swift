@@ -29,6 +29,20 @@ public struct VerifiedBatch: Sendable {
     public let changes: [Change]
 }
 
+/// Two entries one origin signed for the same sequence number: proof that its log forked.
+public struct ForkEvidence: Sendable, Equatable {
+    /// The forked origin (quarantined).
+    public var origin: NodeID
+    /// The sequence number with two entries.
+    public var seq: UInt64
+    /// Hash of the entry held here.
+    public var heldHash: [UInt8]
+    /// Hash of the other entry, which a head signed by the origin covers.
+    public var otherHash: [UInt8]
+    /// When it was found (Unix milliseconds).
+    public var detectedAtMs: Int64
+}
+
 /// What receiving a verified batch did.
 public struct BatchOutcome: Sendable, Equatable {
     /// Entries stored for the first time.
@@ -169,11 +183,18 @@ extension BlazeDatabase {
         let payloads = try EntryChain.verify(batch.entries, head: batch.head, previousHash: nil, key: key)
         var changes: [Change] = []
         changes.reserveCapacity(payloads.count)
+        let now = Self.nowMilliseconds()
         for (entry, payload) in zip(batch.entries, payloads) {
-            guard let json = try? JSONParser(maxDepth: 10_000).parse(String(decoding: payload, as: UTF8.self)),
-                let change = try? Change(json: json), change.origin == batch.origin, change.seq == entry.header.seq,
-                (try? Self.validate(change)) != nil
+            // A document's values sit four levels into its change ({x: [{set: {field: value}}]}).
+            guard let json = try? JSONParser(maxDepth: limits.maxDepth + 4).parse(String(decoding: payload, as: UTF8.self)),
+                let change = try? Change(json: json), change.origin == batch.origin, change.seq == entry.header.seq
             else { throw .badPayload }
+            guard (try? validate(change, size: payload.count)) != nil else { throw .invalidChange }
+            do {
+                try ChangeBounds.checkClock(change, now: now, maxAhead: limits.maxClockAheadMilliseconds)
+            } catch {
+                throw .clockAhead
+            }
             changes.append(change)
         }
         return VerifiedBatch(batch: batch, changes: changes)
@@ -190,6 +211,7 @@ extension BlazeDatabase {
         return try pool.write { db in
             var outcome = BatchOutcome()
             var fresh: [Change] = []
+            guard try !Self.isQuarantined(o, db) else { throw SyncRejection.quarantined }
             let held = try db.cachedStatement(sql: "SELECT hash FROM sync_entries WHERE origin = ? AND seq = ?")
             if firstSeq > 1 {
                 // A batch must continue the log held here: no gap, and linked to the entry before it.
@@ -214,6 +236,56 @@ extension BlazeDatabase {
                 arguments: [o, Int64(batch.head.seq), Data(batch.head.bytes)])
             if !fresh.isEmpty { outcome.report = try self.receive(fresh, in: db) }
             return outcome
+        }
+    }
+
+    private static func isQuarantined(_ origin: Data, _ db: Database) throws -> Bool {
+        try Bool.fetchOne(
+            db, sql: "SELECT EXISTS(SELECT 1 FROM sync_forks WHERE origin = ?)", arguments: [origin]) ?? false
+    }
+
+    /// Stores the evidence of a fork of `head.origin`: `head` (verified) signs `hash` at `seq`, while the entry held
+    /// here at that seq is another one. Returns false when there is no such evidence (nothing held at that seq, or
+    /// the same entry). From then on the origin is quarantined (`SyncRejection.quarantined`); the first evidence
+    /// per origin is kept.
+    @discardableResult
+    public func recordFork(head: SignedHead, seq: UInt64, hash: [UInt8], key: SpaceKey) throws -> Bool {
+        try head.verify(space: key.id)
+        let o = Data(head.origin)
+        return try pool.write { db in
+            guard SyncBounds.isValidSeq(seq),
+                let held = try Data.fetchOne(
+                    db, sql: "SELECT hash FROM sync_entries WHERE origin = ? AND seq = ?", arguments: [o, Int64(seq)]),
+                Array(held) != hash
+            else { return false }
+            try db.execute(
+                sql: "INSERT OR IGNORE INTO sync_forks(origin, seq, held_hash, other_hash, other_head, detected_at) "
+                    + "VALUES (?, ?, ?, ?, ?, ?)",
+                arguments: [o, Int64(seq), held, Data(hash), Data(head.bytes), Int64(Date().timeIntervalSince1970 * 1000)])
+            return true
+        }
+    }
+
+    /// Stores the fork evidence a verified batch carries: its first entry that differs from the one held for the same
+    /// origin and seq (`recordFork(head:seq:hash:key:)`). Returns false when the batch differs from nothing held.
+    @discardableResult
+    public func recordFork(batch: EntryBatch, key: SpaceKey) throws -> Bool {
+        for entry in batch.entries {
+            if try recordFork(head: batch.head, seq: entry.header.seq, hash: entry.hash, key: key) { return true }
+        }
+        return false
+    }
+
+    /// Evidence of the forks found in this database's space, one per quarantined origin.
+    public func forks() throws -> [ForkEvidence] {
+        try read { db in
+            try Row.fetchAll(
+                db, sql: "SELECT origin, seq, held_hash, other_hash, detected_at FROM sync_forks ORDER BY origin"
+            ).map { row in
+                ForkEvidence(
+                    origin: NodeID(bytes: Array(row[0] as Data)), seq: UInt64(row[1] as Int64),
+                    heldHash: Array(row[2] as Data), otherHash: Array(row[3] as Data), detectedAtMs: row[4])
+            }
         }
     }
 

@@ -1,5 +1,6 @@
 import BlazeCRDT
 import BlazeCrypto
+import BlazeProtocol
 import BlazeStore
 import NIOCore
 
@@ -60,8 +61,10 @@ enum PeerMessage {
             guard let n = r.readUInt32(), Int(n) <= r.remaining / 24 else { throw .malformed }
             var vector: [NodeID: UInt64] = [:]
             for _ in 0..<n {
-                guard let o = r.read(16), let s = r.readUInt64() else { throw .malformed }
-                vector[NodeID(bytes: o)] = s
+                // A seq of 0 says nothing; one at or past the bound no real log reaches (SYNC.md §8).
+                guard let o = r.read(16), let s = r.readUInt64(), s < SyncBounds.maxSeq else { throw .malformed }
+                let origin = NodeID(bytes: o)
+                guard vector.updateValue(s, forKey: origin) == nil else { throw .malformed }
             }
             self = .state(vector: vector, ownHead: r.remaining == 0 ? nil : try SignedHead(bytes: r.rest()))
         case Self.entriesType?:

@@ -41,6 +41,9 @@ final class PeerSession: ChannelInboundHandler {
     /// Received batches in arrival order, each already being verified on the I/O pool.
     private var inbox: [(batch: EntryBatch, verified: EventLoopFuture<VerifiedBatch>)] = []
     private var applying = false
+    /// Origins whose batches this session refuses: one of their batches was refused for what the origin signed
+    /// (`SyncRejection.blamesOrigin`); later batches of theirs could not link to anything stored here.
+    private var refusedOrigins: Set<NodeID> = []
     private var readPaused = false
     private var feedToken: Int?
     /// Bytes read but not yet decoded into frames.
@@ -74,13 +77,21 @@ final class PeerSession: ChannelInboundHandler {
         self.phase = .awaitingHello(Handshake.Client(key: key))
     }
 
-    /// An inbound session: the handshake decides which database it serves.
-    init(engine: SyncEngine) {
+    /// An inbound session admitted by the engine's gate for `admitted` (its source address): the handshake decides
+    /// which database it serves.
+    init(engine: SyncEngine, admitted: String) {
         self.engine = engine
         self.peer = "inbound"
         self.direction = "inbound"
+        self.admitted = admitted
         self.phase = .awaitingAuth(Handshake.Server())
     }
+
+    /// The source address the gate admitted this inbound connection for; nil for outbound sessions.
+    private var admitted: String?
+    /// Whether the gate still counts this connection as handshaking.
+    private var handshaking = true
+    private var handshakeDeadline: Scheduled<Void>?
 
     private var dbName: String? { db?.name }
 
@@ -108,6 +119,15 @@ final class PeerSession: ChannelInboundHandler {
             let (session, context) = bound.value
             session.tick(context: context)
         }
+        // The handshake has its own, short deadline (a stranger holding a connection open gains nothing).
+        let limit = engine.handshakeTimeout
+        handshakeDeadline = context.eventLoop.scheduleTask(in: limit) {
+            let (session, context) = bound.value
+            switch session.phase {
+            case .established, .closed: break
+            default: session.timedOut("handshake not finished within \(limit.nanoseconds / 1_000_000) ms", context: context)
+            }
+        }
         context.fireChannelActive()
     }
 
@@ -127,9 +147,7 @@ final class PeerSession: ChannelInboundHandler {
             }
             if unreported != (0, 0) { status { _ in } }
         default:
-            if now - opened > engine.timeout {
-                timedOut("handshake not finished within \(engine.timeout.nanoseconds / 1_000_000) ms", context: context)
-            }
+            break  // the handshake deadline has its own timer
         }
     }
 
@@ -200,8 +218,9 @@ final class PeerSession: ChannelInboundHandler {
                     return
                 }
                 guard let body = next else { return }
-                guard let (space, reply, session) = try? server.accept(body, spaces: engine.servedSpaces().map(\.key)),
-                    let served = try? engine.servedDatabase(spaceID: space.idHex)
+                let spaces = engine.servedSpaces()
+                guard let (space, reply, session) = try? server.accept(body, spaces: spaces.map(\.key)),
+                    let served = spaces.first(where: { $0.key.id == space.id })?.db
                 else {
                     refuseStranger(context: context)
                     return
@@ -277,6 +296,11 @@ final class PeerSession: ChannelInboundHandler {
 
     private func establish(context: ChannelHandlerContext) {
         phase = .established
+        handshakeDeadline?.cancel()
+        if admitted != nil && handshaking {
+            handshaking = false
+            engine.gate.established()
+        }
         onEstablished?()
         status { $0.connections += 1; $0.lastError = nil }
         guard let db else { return }
@@ -339,18 +363,34 @@ final class PeerSession: ChannelInboundHandler {
             status { $0.lastSyncMs = nowMs() }
             if let ownHead, let db, let key {
                 let bound = NIOLoopBound((self, context), eventLoop: context.eventLoop)
-                engine.pool.runIfActive(eventLoop: context.eventLoop) { try db.checkOwnHead(ownHead, key: key) }
-                    .whenFailure { error in
-                        let (session, context) = bound.value
-                        guard let reason = error as? SyncRejection else { return }
-                        if reason == .rollback {
-                            // The peer lost entries it had published: count it and keep going; it gets them back
-                            // from here like any missing entries.
-                            session.status { $0.rejected[reason.rawValue, default: 0] += 1 }
-                        } else {
-                            session.fail(reason, context: context)
-                        }
+                engine.pool.runIfActive(eventLoop: context.eventLoop) { () throws -> SyncRejection? in
+                    do {
+                        try db.checkOwnHead(ownHead, key: key)
+                        return nil
+                    } catch SyncRejection.fork {
+                        // The peer's own log forked: keep the evidence (which quarantines its origin) and go on
+                        // syncing every other origin with it.
+                        try db.recordFork(head: ownHead, seq: ownHead.seq, hash: ownHead.hash, key: key)
+                        return .fork
+                    } catch let reason as SyncRejection where reason == .rollback {
+                        return reason
                     }
+                }
+                .whenComplete { result in
+                    let (session, context) = bound.value
+                    switch result {
+                    case .success(nil):
+                        break
+                    case .success(let reason?):
+                        // A fork is kept as evidence; a rollback means the peer lost entries it had published, and it
+                        // gets them back from here like any missing entries. Both are counted and sync goes on.
+                        session.status { $0.rejected[reason.rawValue, default: 0] += 1 }
+                    case .failure(let reason as SyncRejection):
+                        session.fail(reason, context: context)
+                    case .failure(let error):
+                        session.broken(error, context: context)
+                    }
+                }
             }
             pump(context: context)
         case .entries(let batch):
@@ -382,9 +422,14 @@ final class PeerSession: ChannelInboundHandler {
 
     /// Stores received batches one at a time, in arrival order, each once it has verified.
     private func applyNext(context: ChannelHandlerContext) {
-        guard !applying, !inbox.isEmpty, let db else { return }
-        applying = true
+        guard !applying, !inbox.isEmpty, let db, let key else { return }
         let (batch, verified) = inbox.removeFirst()
+        guard !refusedOrigins.contains(batch.origin) else {
+            resumeReading(context: context)
+            applyNext(context: context)
+            return
+        }
+        applying = true
         let bound = NIOLoopBound((self, context), eventLoop: context.eventLoop)
         let pool = engine.pool
         let loop = context.eventLoop
@@ -399,17 +444,38 @@ final class PeerSession: ChannelInboundHandler {
                         $0.receivedEntries += outcome.stored
                         $0.lastSyncMs = nowMs()
                     }
-                    if session.readPaused && session.inbox.count < Self.maxInbox {
-                        session.readPaused = false
-                        context.channel.setOption(ChannelOptions.autoRead, value: true).whenFailure { _ in }
-                    }
+                    session.resumeReading(context: context)
                     session.applyNext(context: context)
+                case .failure(let error as SyncRejection) where error.blamesOrigin:
+                    session.refuse(batch, error, key: key, context: context)
                 case .failure(let error as SyncRejection):
                     session.fail(error, context: context)
                 case .failure(let error):
                     session.broken(error, context: context)
                 }
             }
+    }
+
+    /// Turns reading back on once the backlog is below its limit.
+    private func resumeReading(context: ChannelHandlerContext) {
+        guard readPaused && inbox.count < Self.maxInbox else { return }
+        readPaused = false
+        context.channel.setOption(ChannelOptions.autoRead, value: true).whenFailure { _ in }
+    }
+
+    /// Refuses a batch for what its origin signed: counts the reason, skips the origin for the rest of the session
+    /// (a fork is also stored as evidence, which quarantines the origin for good), and goes on with other origins.
+    private func refuse(_ batch: EntryBatch, _ reason: SyncRejection, key: SpaceKey, context: ChannelHandlerContext) {
+        refusedOrigins.insert(batch.origin)
+        status { $0.rejected[reason.rawValue, default: 0] += 1; $0.lastError = "rejected: \(reason.rawValue)" }
+        engine.logger.warning(
+            "Sync refused an origin's batch",
+            metadata: ["db": "\(dbName ?? "-")", "peer": "\(peer)", "origin": "\(batch.origin)", "reason": "\(reason.rawValue)"])
+        if reason == .fork, let db {
+            _ = engine.pool.runIfActive(eventLoop: context.eventLoop) { try db.recordFork(batch: batch, key: key) }
+        }
+        resumeReading(context: context)
+        applyNext(context: context)
     }
 
     /// Sends the peer what it lacks, one round of batches at a time; a round starts after the previous one is
@@ -433,12 +499,15 @@ final class PeerSession: ChannelInboundHandler {
             var batches: [(batch: EntryBatch, message: [UInt8])] = []
             var bytes = 0
             var behind = 0
-            for (origin, theirs) in peerVector where theirs > mine[origin] ?? 0 { behind += Int(theirs - (mine[origin] ?? 0)) }
+            // Counts saturate: a STATE may name many origins near the seq bound.
+            for (origin, theirs) in peerVector where theirs > mine[origin] ?? 0 {
+                behind = behind.saturatingAdd(theirs - (mine[origin] ?? 0))
+            }
             var ahead = 0
             for (origin, seq) in mine.sorted(by: { $0.key < $1.key }) {
                 var after = peerVector[origin] ?? 0
                 guard seq > after else { continue }
-                ahead += Int(seq - after)
+                ahead = ahead.saturatingAdd(seq - after)
                 while bytes < Self.roundBytes, let batch = try db.entryBatch(origin: origin, after: after, maxEntries: Self.batchEntries) {
                     let message = try PeerMessage.entries(batch).encoded()
                     batches.append((batch, message))
@@ -485,6 +554,11 @@ final class PeerSession: ChannelInboundHandler {
         feedToken = nil
         timer?.cancel()
         timer = nil
+        handshakeDeadline?.cancel()
+        if let admitted {
+            engine.gate.release(address: admitted, handshaking: handshaking)
+            self.admitted = nil
+        }
         if case .established = phase, pending.readableBytes > 0 {
             status { $0.errors += 1; $0.lastError = "connection lost mid-frame" }
         } else if unreported != (0, 0) {
@@ -511,4 +585,13 @@ final class WakeFlag: Sendable {
     private let flag = Atomic<Bool>(false)
     func set() -> Bool { !flag.exchange(true, ordering: .acquiringAndReleasing) }
     func clear() { flag.store(false, ordering: .releasing) }
+}
+
+extension Int {
+    /// `self + n`, or `Int.max` when that does not fit.
+    func saturatingAdd(_ n: UInt64) -> Int {
+        guard n <= UInt64(Int.max) else { return .max }
+        let (sum, overflow) = addingReportingOverflow(Int(n))
+        return overflow ? .max : sum
+    }
 }

@@ -26,7 +26,12 @@ public final class SyncEngine: Sendable {
     private let links = Mutex<[LinkKey: OutboundLink]>([:])
     private let paused = Mutex<Set<String>>([])
     private let keys = Mutex<[String: SpaceKey]>([:])
+    /// Every shared database by name, with its key: what inbound handshakes are checked against, kept in memory so
+    /// that accepting a peer lists no directory and opens no database on the event loop.
+    private let served = Mutex<[String: (key: SpaceKey, db: BlazeDatabase)]>([:])
     private let listener = Mutex<(any Channel)?>(nil)
+    /// Admits inbound connections within the listener limits.
+    let gate: ConnectionGate
 
     struct LinkKey: Hashable {
         let db: String
@@ -36,9 +41,10 @@ public final class SyncEngine: Sendable {
     /// Creates an engine; nothing runs until `listen` or `start`.
     public init(
         store: Store, identity: DeviceIdentity, keysDirectory: String, group: any EventLoopGroup, pool: NIOThreadPool,
-        logger: Logger, timeout: TimeAmount = .seconds(30)
+        logger: Logger, timeout: TimeAmount = .seconds(30), listenerLimits: SyncListenerLimits = SyncListenerLimits()
     ) {
         self.timeout = timeout
+        self.gate = ConnectionGate(limits: listenerLimits)
         self.store = store
         self.identity = identity
         self.keysDirectory = keysDirectory
@@ -55,6 +61,15 @@ public final class SyncEngine: Sendable {
     /// Inbound connections refused since start because the peer proved no key served here (or none in time).
     public var strangersRefusedCount: Int { strangersRefused.load(ordering: .relaxed) }
 
+    /// Inbound connections closed at once since start because a listener limit was reached.
+    public var refusedOverLimitCount: Int { gate.refused.load(ordering: .relaxed) }
+
+    /// Inbound connections now open, and how many of them have not finished their handshake.
+    public var inboundConnections: (total: Int, handshaking: Int) { gate.current }
+
+    /// How long a handshake may take.
+    var handshakeTimeout: TimeAmount { .milliseconds(Int64(gate.limits.handshakeTimeoutMs)) }
+
     /// Accepts peers on `host:port`; returns the bound port (useful with port 0).
     public func listen(host: String, port: Int) async throws -> Int {
         let engine = self
@@ -64,8 +79,14 @@ public final class SyncEngine: Sendable {
             // Small frames (one live change) must leave at once: Nagle plus delayed ACKs would add 40 ms.
             .childChannelOption(.tcpOption(.tcp_nodelay), value: 1)
             .childChannelInitializer { channel in
-                channel.eventLoop.makeCompletedFuture {
-                    try channel.pipeline.syncOperations.addHandler(PeerSession(engine: engine))
+                // Limits hold before anything else: a connection over them is closed before a byte is read.
+                let address = channel.remoteAddress?.ipAddress ?? "?"
+                guard engine.gate.admit(address: address) else {
+                    channel.close(promise: nil)
+                    return channel.eventLoop.makeSucceededVoidFuture()
+                }
+                return channel.eventLoop.makeCompletedFuture {
+                    try channel.pipeline.syncOperations.addHandler(PeerSession(engine: engine, admitted: address))
                 }
             }
             .bind(host: host, port: port).get()
@@ -74,9 +95,15 @@ public final class SyncEngine: Sendable {
         return channel.localAddress?.port ?? port
     }
 
-    /// Starts links to the configured peers of every shared database.
+    /// Loads every shared database and its key, and starts links to their configured peers. Runs before peers are
+    /// served (it lists the data directory and opens databases).
     public func start() {
-        for name in (try? store.list()) ?? [] { refreshLinks(db: name) }
+        for name in (try? store.list()) ?? [] {
+            if let db = try? store.database(name), let key = try? spaceKey(db: db) {
+                served.withLock { $0[name] = (key, db) }
+            }
+            refreshLinks(db: name)
+        }
     }
 
     /// Stops accepting, closes every link and session.
@@ -116,6 +143,7 @@ public final class SyncEngine: Sendable {
         try key.save(directory: keysDirectory)
         try db.setSpaceID(key.idHex)
         keys.withLock { $0[db.name] = key }
+        served.withLock { $0[db.name] = (key, db) }
         return key.token
     }
 
@@ -127,7 +155,7 @@ public final class SyncEngine: Sendable {
             throw StoreError(.invalidArgument, kind: "invalid_token", error.description)
         }
         let name = name ?? "shared-" + key.idHex.prefix(8)
-        if let existing = try servedSpaces().first(where: { $0.key.id == key.id }) {
+        if let existing = served.withLock({ $0.values.first { $0.key.id == key.id } }) {
             throw StoreError(
                 .alreadyExists, kind: "already_joined", "database \(existing.db.name) already syncs in this space")
         }
@@ -141,22 +169,14 @@ public final class SyncEngine: Sendable {
             throw error
         }
         keys.withLock { $0[name] = key }
+        served.withLock { $0[name] = (key, db) }
         return db
     }
 
-    /// Every shared, unpaused database with its key.
-    func servedSpaces() throws -> [(key: SpaceKey, db: BlazeDatabase)] {
-        var out: [(SpaceKey, BlazeDatabase)] = []
+    /// Every shared, unpaused database with its key (from memory: no I/O).
+    func servedSpaces() -> [(key: SpaceKey, db: BlazeDatabase)] {
         let paused = self.paused.withLock { $0 }
-        for name in (try? store.list()) ?? [] where !paused.contains(name) {
-            guard let db = try? store.database(name), let key = try? spaceKey(db: db) else { continue }
-            out.append((key, db))
-        }
-        return out
-    }
-
-    func servedDatabase(spaceID: String) throws -> BlazeDatabase? {
-        try servedSpaces().first { $0.key.idHex == spaceID }?.db
+        return served.withLock { $0.filter { !paused.contains($0.key) }.sorted { $0.key < $1.key }.map(\.value) }
     }
 
     /// Forgets a dropped database: stops its links, its counters and removes its key.
@@ -164,6 +184,7 @@ public final class SyncEngine: Sendable {
         stopLinks(db: name)
         status.forget(db: name)
         keys.withLock { $0[name] = nil }
+        served.withLock { $0[name] = nil }
         if let spaceID { SpaceKey.remove(directory: keysDirectory, idHex: spaceID) }
     }
 

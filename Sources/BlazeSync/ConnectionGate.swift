@@ -1,0 +1,68 @@
+import Synchronization
+
+/// Limits on inbound sync connections (SYNC.md §8, "Listener limits"): they hold before a byte is parsed, so a
+/// stranger with no key cannot use up the daemon's file descriptors or starve its local clients.
+public struct SyncListenerLimits: Sendable, Equatable {
+    /// Inbound connections that have not finished their handshake.
+    public var maxHandshakes = 64
+    /// Inbound connections in all (handshaking or established).
+    public var maxConnections = 256
+    /// Inbound connections from one source address.
+    public var maxConnectionsPerAddress = 16
+    /// Milliseconds an inbound or outbound handshake may take, much shorter than the silence limit.
+    public var handshakeTimeoutMs = 5_000
+
+    /// Default limits.
+    public init() {}
+}
+
+/// Counts inbound sync connections and admits a new one only while every limit of `SyncListenerLimits` holds.
+final class ConnectionGate: Sendable {
+    private struct Counts {
+        var total = 0
+        var handshaking = 0
+        var byAddress: [String: Int] = [:]
+    }
+
+    let limits: SyncListenerLimits
+    private let counts = Mutex(Counts())
+    /// Connections closed at once because a limit was reached.
+    let refused = Atomic<Int>(0)
+
+    init(limits: SyncListenerLimits) { self.limits = limits }
+
+    /// Takes a place for a new connection from `address` (handshaking); false, and counted, when a limit is reached.
+    func admit(address: String) -> Bool {
+        let ok = counts.withLock { c -> Bool in
+            guard c.total < limits.maxConnections, c.handshaking < limits.maxHandshakes,
+                c.byAddress[address, default: 0] < limits.maxConnectionsPerAddress
+            else { return false }
+            c.total += 1
+            c.handshaking += 1
+            c.byAddress[address, default: 0] += 1
+            return true
+        }
+        if !ok { refused.add(1, ordering: .relaxed) }
+        return ok
+    }
+
+    /// The connection from `address` finished its handshake: it no longer counts as handshaking.
+    func established() {
+        counts.withLock { $0.handshaking -= 1 }
+    }
+
+    /// The connection from `address` closed; `handshaking` tells whether it had not finished its handshake.
+    func release(address: String, handshaking: Bool) {
+        counts.withLock { c in
+            c.total -= 1
+            if handshaking { c.handshaking -= 1 }
+            let left = c.byAddress[address, default: 1] - 1
+            c.byAddress[address] = left > 0 ? left : nil
+        }
+    }
+
+    /// Current counts: all inbound connections and those still handshaking.
+    var current: (total: Int, handshaking: Int) {
+        counts.withLock { ($0.total, $0.handshaking) }
+    }
+}

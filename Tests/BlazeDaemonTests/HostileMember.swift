@@ -1,0 +1,234 @@
+import BlazeCrypto
+import BlazeProtocol
+import Foundation
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// A sync client that holds a space's key and speaks the peer protocol of `Protocol/SYNC.md` (§6–8) from its own
+/// reading of that document, but sends whatever a test tells it to: a leaked token or a compromised device.
+///
+/// It connects over loopback with a blocking socket (every read bounded by a timeout), runs the handshake with
+/// `Handshake.Client`, and then seals any bytes as the next frame. It is also an origin of its own (a fresh device
+/// identity), so it can author, seal and sign changes that verify, with whatever clocks, sequence numbers and
+/// causal lengths a test picks.
+final class HostileMember {
+    let key: SpaceKey
+    let identity: DeviceIdentity
+    private var fd: Int32 = -1
+    private var cipher: SessionCipher?
+
+    /// Message type bytes (SYNC.md §8).
+    static let stateType: UInt8 = 1, entriesType: UInt8 = 2, errorType: UInt8 = 3, pingType: UInt8 = 4
+
+    /// The member's origin id (16 bytes).
+    var origin: [UInt8] { identity.nodeID }
+    /// The origin as 32 hex digits.
+    var originHex: String { origin.map { String(format: "%02x", $0) }.joined() }
+
+    init(key: SpaceKey, identity: DeviceIdentity = DeviceIdentity()) {
+        self.key = key
+        self.identity = identity
+    }
+
+    deinit { close() }
+
+    // MARK: Connection
+
+    /// Connects to `127.0.0.1:port` and completes the handshake; throws when the server refuses it.
+    func connect(port: Int, timeoutSeconds: Int = 10) throws {
+        fd = try Self.openSocket(port: port, timeoutSeconds: timeoutSeconds)
+        var client = Handshake.Client(key: key)
+        let hello = try readHandshakeFrame(size: Handshake.helloSize)
+        try writeAll(Self.lengthPrefixed(try client.respond(to: hello)))
+        let reply = try readHandshakeFrame(size: Handshake.replySize)
+        cipher = try client.finish(reply)
+    }
+
+    /// A TCP connection to `127.0.0.1:port` with send and receive timeouts; nothing is sent.
+    static func openSocket(port: Int, timeoutSeconds: Int = 10, sourceAddress: String? = nil) throws -> Int32 {
+        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        guard fd >= 0 else { throw HostileError("socket: \(String(cString: strerror(errno)))") }
+        var tv = timeval(tv_sec: timeoutSeconds, tv_usec: 0)
+        setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, socklen_t(MemoryLayout<timeval>.size))
+        setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, socklen_t(MemoryLayout<timeval>.size))
+        if let sourceAddress {
+            var local = sockaddr_in()
+            local.sin_family = sa_family_t(AF_INET)
+            inet_pton(AF_INET, sourceAddress, &local.sin_addr)
+            let bound = withUnsafePointer(to: &local) {
+                $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
+            }
+            guard bound == 0 else {
+                Glibc.close(fd)
+                throw HostileError("bind \(sourceAddress): \(String(cString: strerror(errno)))")
+            }
+        }
+        var addr = sockaddr_in()
+        addr.sin_family = sa_family_t(AF_INET)
+        addr.sin_port = in_port_t(UInt16(port).bigEndian)
+        inet_pton(AF_INET, "127.0.0.1", &addr.sin_addr)
+        let rc = withUnsafePointer(to: &addr) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { Glibc.connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
+        }
+        guard rc == 0 else {
+            Glibc.close(fd)
+            throw HostileError("connect: \(String(cString: strerror(errno)))")
+        }
+        return fd
+    }
+
+    func close() {
+        if fd >= 0 { Glibc.close(fd) }
+        fd = -1
+        cipher = nil
+    }
+
+    /// Seals `message` as the next frame and sends it.
+    func send(_ message: [UInt8]) throws {
+        guard var c = cipher else { throw HostileError("not connected") }
+        let sealed = c.seal(message)
+        cipher = c
+        try writeAll(sealed)
+    }
+
+    /// The next message from the server, nil when the connection closed (or nothing came within the timeout).
+    func receive() throws -> [UInt8]? {
+        guard var c = cipher else { throw HostileError("not connected") }
+        guard let header = try? readExactly(SessionCipher.headerSize) else { return nil }
+        let length = try c.openLength(header[...])
+        guard let body = try? readExactly(length) else { return nil }
+        let plain = try c.open(body[...])
+        cipher = c
+        return plain
+    }
+
+    /// Reads messages until the server closes the connection (true) or `seconds` pass (false); returns the
+    /// `ERROR` reason if one came.
+    func awaitClose(seconds: Double = 10) -> (closed: Bool, error: String?) {
+        let deadline = Date().addingTimeInterval(seconds)
+        var reason: String?
+        while Date() < deadline {
+            guard let message = try? receive() else { return (true, reason) }
+            if message.first == Self.errorType { reason = String(decoding: message.dropFirst(), as: UTF8.self) }
+        }
+        return (false, reason)
+    }
+
+    private func readHandshakeFrame(size: Int) throws -> [UInt8] {
+        let length = try readExactly(4)
+        let n = Int(length[0]) << 24 | Int(length[1]) << 16 | Int(length[2]) << 8 | Int(length[3])
+        guard n == size else { throw HostileError("handshake frame of \(n) bytes, expected \(size)") }
+        return try readExactly(size)
+    }
+
+    private func readExactly(_ n: Int) throws -> [UInt8] {
+        var out = [UInt8](repeating: 0, count: n)
+        var got = 0
+        while got < n {
+            let r = out.withUnsafeMutableBytes { recv(fd, $0.baseAddress! + got, n - got, 0) }
+            guard r > 0 else { throw HostileError(r == 0 ? "closed" : "recv: \(String(cString: strerror(errno)))") }
+            got += r
+        }
+        return out
+    }
+
+    func writeAll(_ bytes: [UInt8]) throws {
+        var sent = 0
+        while sent < bytes.count {
+            let r = bytes.withUnsafeBytes { Glibc.send(fd, $0.baseAddress! + sent, bytes.count - sent, Int32(MSG_NOSIGNAL)) }
+            guard r > 0 else { throw HostileError("send: \(String(cString: strerror(errno)))") }
+            sent += r
+        }
+    }
+
+    static func lengthPrefixed(_ body: [UInt8]) -> [UInt8] {
+        var out: [UInt8] = []
+        out.appendBE(UInt32(body.count))
+        return out + body
+    }
+
+    // MARK: Messages (SYNC.md §8)
+
+    /// `STATE`: `count (4) · count × (origin (16) · seq (8))`, then optionally a head (152).
+    static func state(_ vector: [(origin: [UInt8], seq: UInt64)], ownHead: [UInt8]? = nil) -> [UInt8] {
+        var out: [UInt8] = [stateType]
+        out.appendBE(UInt32(vector.count))
+        for (origin, seq) in vector {
+            out += origin
+            out.appendBE(seq)
+        }
+        return out + (ownHead ?? [])
+    }
+
+    /// `ENTRIES`: `head (152) · count (4) · packed run`.
+    static func entries(head: [UInt8], count: UInt32, run: [UInt8]) -> [UInt8] {
+        var out: [UInt8] = [entriesType]
+        out += head
+        out.appendBE(count)
+        return out + run
+    }
+
+    /// A head of this member's origin at `seq` over `hash`, signed for the space (valid or not for any entry).
+    func head(seq: UInt64, hash: [UInt8]) -> [UInt8] {
+        var message = Array("blazedb head v1".utf8) + key.id + origin
+        message.appendBE(seq)
+        message += hash
+        var out = origin
+        out.appendBE(seq)
+        out += hash
+        out += Array(identity.signingKey.publicKey.rawRepresentation)
+        out += Array(try! identity.signingKey.signature(for: message))
+        return out
+    }
+
+    // MARK: Authoring
+
+    /// The JSON text of a change of this member's origin.
+    func changeText(seq: Int64, hlc: Int64, deps: [String: Int64] = [:], ops: [JSONValue]) -> [UInt8] {
+        let change: JSONValue = [
+            "o": .string(originHex), "s": .int(seq), "h": .int(hlc),
+            "d": .object(deps.mapValues { .int($0) }), "x": .array(ops),
+        ]
+        return Array(change.jsonText.utf8)
+    }
+
+    /// A doc op (`k: doc`) setting `set` at causal length `cl`.
+    static func docOp(_ collection: String, _ id: String, cl: Int64 = 1, set: [String: JSONValue] = [:],
+        incr: [String: JSONValue]? = nil) -> JSONValue
+    {
+        var o: [String: JSONValue] = ["k": "doc", "c": .string(collection), "i": .string(id), "l": .int(cl)]
+        if !set.isEmpty { o["set"] = .object(set) }
+        if let incr { o["incr"] = .object(incr) }
+        return .object(o)
+    }
+
+    /// Seals `payloads` as this origin's entries from `firstSeq` (linked to `prev`), and the `ENTRIES` message that
+    /// carries them with a head signed over the last one.
+    func signedRun(_ payloads: [[UInt8]], firstSeq: UInt64 = 1, prev: [UInt8] = SealedEntry.genesis)
+        -> (entries: [SealedEntry], message: [UInt8])
+    {
+        var entries: [SealedEntry] = []
+        var link = prev
+        for (i, payload) in payloads.enumerated() {
+            let e = SealedEntry.seal(payload, space: key, origin: origin, seq: firstSeq + UInt64(i), prev: link)
+            entries.append(e)
+            link = e.hash
+        }
+        var run: [UInt8] = []
+        try! EntryRun.pack(entries, into: &run)
+        let last = entries.last!
+        return (entries, Self.entries(head: head(seq: last.header.seq, hash: last.hash), count: UInt32(entries.count), run: run))
+    }
+
+    /// Wall-clock time as a hybrid clock value (milliseconds << 16).
+    static func clockNow(plusMilliseconds: Int64 = 0) -> Int64 {
+        (Int64(Date().timeIntervalSince1970 * 1000) + plusMilliseconds) << 16
+    }
+}
+
+struct HostileError: Error, CustomStringConvertible {
+    let description: String
+    init(_ description: String) { self.description = description }
+}

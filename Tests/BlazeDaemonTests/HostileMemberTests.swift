@@ -1,0 +1,245 @@
+import BlazeClient
+import BlazeCrypto
+import BlazeProtocol
+import Foundation
+import Testing
+
+/// A listening daemon with one shared database, and the space key a hostile member holds.
+final class SyncTarget {
+    let daemon: DaemonProcess
+    let client: BlazeConnection
+    let key: SpaceKey
+    let port: Int
+
+    init(dir: TempDir = TempDir()) throws {
+        daemon = try syncDaemon(dir: dir)
+        client = try daemon.connect()
+        _ = try client.call("db.create", ["db": "team"])
+        _ = try client.call("doc.put", ["db": "team", "collection": "notes", "id": "seed", "doc": ["n": 1]])
+        let token = try #require(try client.call("db.share", ["db": "team"])["token"]?.stringValue)
+        key = try SpaceKey(token: token)
+        port = try #require(Int(try daemon.syncAddress().split(separator: ":").last ?? ""))
+    }
+
+    /// A member holding the space key, connected and past the handshake.
+    func member(_ identity: DeviceIdentity = DeviceIdentity()) throws -> HostileMember {
+        let m = HostileMember(key: key, identity: identity)
+        try m.connect(port: port)
+        return m
+    }
+
+    /// Rejections counted for the database, by reason, over every peer.
+    func rejected() throws -> [String: Int64] {
+        let peers = try client.call("sync.status", ["db": "team"])["databases"]?.arrayValue?.first?["peers"]?.arrayValue ?? []
+        var out: [String: Int64] = [:]
+        for p in peers {
+            for (reason, n) in p["rejected"]?.objectValue ?? [:] { out[reason, default: 0] += n.intValue ?? 0 }
+        }
+        return out
+    }
+
+    /// Waits (bounded) until `reason` has been counted at least `count` times.
+    func awaitRejection(_ reason: String, count: Int64 = 1) throws -> Bool {
+        try waitFor(seconds: 20) { try rejected()[reason, default: 0] >= count }
+    }
+
+    /// The daemon runs and serves local clients: a write, a read and a delete succeed on the shared database.
+    func expectServing(sourceLocation: SourceLocation = #_sourceLocation) throws {
+        #expect(daemon.process.isRunning, "blazed stopped", sourceLocation: sourceLocation)
+        let c = try daemon.connect(timeout: 20)
+        let id = "probe-\(UUID().uuidString.prefix(8))"
+        _ = try c.call("doc.insert", ["db": "team", "collection": "notes", "doc": ["_id": .string(id), "v": 1]])
+        #expect(try c.call("doc.get", ["db": "team", "collection": "notes", "id": .string(id)])["doc"]?["v"] == 1,
+            sourceLocation: sourceLocation)
+        _ = try c.call("doc.delete", ["db": "team", "collection": "notes", "id": .string(id)])
+        _ = try c.call("doc.patch", ["db": "team", "collection": "notes", "id": "seed", "incr": ["n": 1]])
+    }
+
+    /// Whether the document exists on the target.
+    func has(_ id: String, collection: String = "notes") throws -> Bool {
+        do {
+            _ = try client.call("doc.get", ["db": "team", "collection": .string(collection), "id": .string(id)])
+            return true
+        } catch let e as RPCError where e.kind == "document_not_found" || e.kind == "collection_not_found" {
+            return false
+        }
+    }
+}
+
+/// Each regression of issue #18 from the outside, with a member that holds the space key: the daemon stays up,
+/// counts the rejection by reason, stores nothing of it, and keeps serving local clients.
+@Suite(.serialized) struct HostileMemberTests {
+    static let zero16 = [UInt8](repeating: 0, count: 16)
+
+    @Test func stateNamingASequenceAtTwoToThe63IsRefused() throws {
+        let t = try SyncTarget()
+        let m = try t.member()
+        try m.send(HostileMember.state([(Self.zero16, 1 << 63), (m.origin, 5)]))
+        #expect(m.awaitClose().closed)
+        #expect(try t.awaitRejection("malformed"))
+        try t.expectServing()
+        t.daemon.stop()
+    }
+
+    @Test func ownHeadSignedAtTwoToThe63IsRefused() throws {
+        let t = try SyncTarget()
+        let m = try t.member()
+        let head = m.head(seq: 1 << 63, hash: [UInt8](repeating: 7, count: 32))
+        try m.send(HostileMember.state([(m.origin, 1 << 61)], ownHead: head))
+        #expect(m.awaitClose().closed)
+        #expect(try t.awaitRejection("malformed"))
+        try t.expectServing()
+        t.daemon.stop()
+    }
+
+    @Test func entriesRunStartingAtTheLastSequenceIsRefusedBeforeArithmetic() throws {
+        let t = try SyncTarget()
+        let m = try t.member()
+        var run = t.key.id + m.origin
+        run.appendBE(UInt64.max)
+        run += SealedEntry.genesis
+        for _ in 0..<2 { run += [UInt8](repeating: 1, count: 12) + [1, 16] + [UInt8](repeating: 0, count: 16) }
+        try m.send(HostileMember.entries(head: m.head(seq: 1, hash: SealedEntry.genesis), count: 2, run: run))
+        #expect(m.awaitClose().closed)
+        #expect(try t.awaitRejection("malformed"))
+        try t.expectServing()
+        t.daemon.stop()
+    }
+
+    @Test func entryLengthVarintOfTwoToThe63IsRefused() throws {
+        let t = try SyncTarget()
+        let m = try t.member()
+        var run = t.key.id + m.origin
+        run.appendBE(UInt64(1))
+        run += SealedEntry.genesis
+        run += [UInt8](repeating: 1, count: 12) + [1]
+        run.appendVarint(1 << 63)
+        run += [UInt8](repeating: 0, count: 32)
+        try m.send(HostileMember.entries(head: m.head(seq: 1, hash: SealedEntry.genesis), count: 1, run: run))
+        #expect(m.awaitClose().closed)
+        #expect(try t.awaitRejection("malformed"))
+        try t.expectServing()
+        t.daemon.stop()
+    }
+
+    @Test func aWellFormedChangeOfTheMemberIsApplied() throws {
+        let t = try SyncTarget()
+        let m = try t.member()
+        let change = m.changeText(
+            seq: 1, hlc: HostileMember.clockNow(), ops: [HostileMember.docOp("notes", "fromMember", set: ["a": 1])])
+        try m.send(m.signedRun([change]).message)
+        #expect(try waitFor { try t.has("fromMember") })
+        #expect(try t.rejected().isEmpty)
+        try t.expectServing()
+        t.daemon.stop()
+    }
+
+    /// A clock of -1 (2^64 − 1 unsigned) used to be adopted and trap the next local write on every replica.
+    @Test func signedChangeWithANegativeClockIsRefusedAndSurvivesARestart() throws {
+        let dir = TempDir()
+        let t = try SyncTarget(dir: dir)
+        let m = try t.member()
+        let change = m.changeText(seq: 1, hlc: -1, ops: [HostileMember.docOp("notes", "poison", set: ["a": 1])])
+        try m.send(m.signedRun([change]).message)
+        #expect(try t.awaitRejection("invalid_change"))
+        #expect(try !t.has("poison"))
+        try t.expectServing()
+        t.daemon.stop()
+        let again = try DaemonProcess(arguments: ["--sync-listen", "127.0.0.1:0"], dir: dir)
+        let c = try again.connect()
+        _ = try c.call("doc.put", ["db": "team", "collection": "notes", "id": "after", "doc": ["ok": true]])
+        #expect(try c.call("doc.get", ["db": "team", "collection": "notes", "id": "after"])["doc"]?["ok"] == true)
+        again.stop()
+    }
+
+    @Test func signedChangeWithAClockFarAheadIsRefusedAndTheOriginCanContinueLater() throws {
+        let t = try SyncTarget()
+        let m = try t.member()
+        let ahead = m.changeText(
+            seq: 1, hlc: HostileMember.clockNow(plusMilliseconds: 86_400_000),
+            ops: [HostileMember.docOp("notes", "future", set: ["a": 1])])
+        try m.send(m.signedRun([ahead]).message)
+        #expect(try t.awaitRejection("clock_ahead"))
+        #expect(try !t.has("future"))
+        // Nothing of the refused entry was kept: the origin's seq 1 is still free, so a change with an honest clock
+        // (as a device with a corrected clock would send) is accepted.
+        m.close()
+        let m2 = try t.member(m.identity)
+        let honest = m2.changeText(
+            seq: 1, hlc: HostileMember.clockNow(), ops: [HostileMember.docOp("notes", "present", set: ["a": 1])])
+        try m2.send(m2.signedRun([honest]).message)
+        #expect(try waitFor { try t.has("present") })
+        try t.expectServing()
+        t.daemon.stop()
+    }
+
+    /// A causal length of 2^63 − 1 used to be applied; any later local delete of the document trapped at every start.
+    @Test(arguments: [Int64.max, Int64(1 << 48) + 1, Int64(1 << 20) + 1])
+    func causalLengthBeyondWhatItsHistoryCanProduceIsRefused(cl: Int64) throws {
+        let t = try SyncTarget()
+        let m = try t.member()
+        let change = m.changeText(
+            seq: 1, hlc: HostileMember.clockNow(), ops: [HostileMember.docOp("notes", "seed", cl: cl, set: ["n": 9])])
+        try m.send(m.signedRun([change]).message)
+        #expect(try t.awaitRejection("invalid_change"))
+        #expect(try t.client.call("doc.get", ["db": "team", "collection": "notes", "id": "seed"])["doc"]?["n"] == 1)
+        _ = try t.client.call("doc.delete", ["db": "team", "collection": "notes", "id": "seed"])
+        _ = try t.client.call("doc.put", ["db": "team", "collection": "notes", "id": "seed", "doc": ["n": 2]])
+        try t.expectServing()
+        t.daemon.stop()
+    }
+
+    @Test func incrementByAStringIsRefused() throws {
+        let t = try SyncTarget()
+        let m = try t.member()
+        let change = m.changeText(
+            seq: 1, hlc: HostileMember.clockNow(),
+            ops: [HostileMember.docOp("notes", "seed", incr: ["n": "lots"])])
+        try m.send(m.signedRun([change]).message)
+        #expect(try t.awaitRejection("invalid_change"))
+        #expect(try t.client.call("doc.get", ["db": "team", "collection": "notes", "id": "seed"])["doc"]?["n"] == 1)
+        try t.expectServing()
+        t.daemon.stop()
+    }
+
+    /// Two entries signed by one origin for one seq: the evidence is kept and reported, the origin is quarantined,
+    /// and every other origin keeps syncing over the very same connection.
+    @Test func forkedOriginIsQuarantinedWhileOtherOriginsKeepSyncing() throws {
+        let t = try SyncTarget()
+        let forker = DeviceIdentity()
+        let m = try t.member(forker)
+        let first = m.changeText(
+            seq: 1, hlc: HostileMember.clockNow(), ops: [HostileMember.docOp("notes", "branchA", set: ["a": 1])])
+        let (held, message) = m.signedRun([first])
+        try m.send(message)
+        #expect(try waitFor { try t.has("branchA") })
+        // The same origin signs another entry for seq 1.
+        let other = m.changeText(
+            seq: 1, hlc: HostileMember.clockNow(), ops: [HostileMember.docOp("notes", "branchB", set: ["b": 1])])
+        try m.send(m.signedRun([other]).message)
+        #expect(try t.awaitRejection("fork"))
+        // An honest origin's entries, forwarded over the same connection, are still accepted.
+        let honest = HostileMember(key: t.key)
+        let hc = honest.changeText(
+            seq: 1, hlc: HostileMember.clockNow(), ops: [HostileMember.docOp("notes", "honest", set: ["h": 1])])
+        try m.send(honest.signedRun([hc]).message)
+        #expect(try waitFor { try t.has("honest") })
+        #expect(try !t.has("branchB"))
+        let forks = try t.client.call("sync.status", ["db": "team"])["databases"]?.arrayValue?.first?["forks"]?.arrayValue
+        #expect(forks?.count == 1)
+        #expect(forks?.first?["origin"]?.stringValue == m.originHex)
+        #expect(forks?.first?["seq"] == 1)
+        #expect(forks?.first?["heldHash"]?.stringValue == hexString(held[0].hash))
+        // Quarantined: a later entry of the forked origin, even one that continues the held branch, is refused.
+        m.close()
+        let again = try t.member(forker)
+        let next = again.changeText(
+            seq: 2, hlc: HostileMember.clockNow(), deps: [m.originHex: 1],
+            ops: [HostileMember.docOp("notes", "afterFork", set: ["c": 1])])
+        try again.send(again.signedRun([next], firstSeq: 2, prev: held[0].hash).message)
+        #expect(try t.awaitRejection("quarantined"))
+        #expect(try !t.has("afterFork"))
+        try t.expectServing()
+        t.daemon.stop()
+    }
+}
