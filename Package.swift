@@ -114,7 +114,7 @@ let package = Package(
         .testTarget(
             name: "BlazeDaemonTests",
             dependencies: [
-                "BlazeDaemon", "BlazeClient", "BlazeProtocol", "BlazeStore", "BlazeCRDT", "BlazeCrypto", "BlazeTestSupport",
+                "BlazeDaemon", "BlazeClient", "BlazeProtocol", "BlazeStore", "BlazeCRDT", "BlazeCrypto", "BlazeSync", "BlazeTestSupport",
                 "BlazeConfig", "blazed", "blazectl",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),

@@ -80,3 +80,16 @@ public enum ChangeBounds {
         guard overflow || ms <= limit else { throw .clockAhead(ms - now) }
     }
 }
+
+extension DocumentState {
+    /// The largest clock of any stamp in the state (winners, increments, additions, set operations, losers).
+    public var maxClock: HLC {
+        var out = HLC(raw: 0)
+        for f in fields.values {
+            var stamps: [Stamp] = [f.winner?.stamp, f.lastSetOp].compactMap { $0 }
+            stamps += f.increments.map(\.stamp) + f.additions.map(\.stamp) + f.losers.map(\.stamp)
+            for s in stamps where s.hlc > out { out = s.hlc }
+        }
+        return out
+    }
+}

@@ -45,8 +45,16 @@ public enum BlazedSettings {
         ) { _ in .none },
         ConfigKey(
             "sync-timeout", .double(0.1...3600),
-            "Seconds a sync handshake may take and a sync peer may stay silent (quiet peers ping at a third of it)"
+            "Seconds a sync peer may stay silent (quiet peers ping at a third of it)"
         ) { _ in .double(30) },
+        ConfigKey("sync-handshake-timeout", .double(0.1...3600), "Seconds a sync handshake may take") { _ in .double(5) },
+        ConfigKey("sync-max-peers", .int(min: 1), "Maximum inbound sync connections") { _ in .int(256) },
+        ConfigKey("sync-max-peers-per-address", .int(min: 1), "Maximum inbound sync connections from one address") { _ in
+            .int(16)
+        },
+        ConfigKey("sync-max-handshakes", .int(min: 1), "Maximum inbound sync connections still in their handshake") {
+            _ in .int(64)
+        },
     ]
 
     /// The log levels of swift-log, least severe first.

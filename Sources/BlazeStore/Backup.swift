@@ -1,3 +1,5 @@
+import BlazeCRDT
+import BlazeProtocol
 import Foundation
 import GRDB
 
@@ -100,8 +102,11 @@ extension BlazeDatabase {
 extension Store {
     /// Creates the database `name` from a backup file made by `BlazeDatabase.backup(to:)`.
     ///
-    /// The file is checked first (SQLite integrity, BlazeDB tables, a schema this version knows) and copied, never
-    /// moved or modified. The copy is detached from sync: its space binding, peers, sealed entries and heads are
+    /// The file is checked first (SQLite integrity, BlazeDB tables, a schema this version knows, and every schema
+    /// object against the one BlazeDB's migrations create: a trigger, a view, an unknown or altered table is refused)
+    /// and copied, never moved or modified. In the copy, unknown indexes are dropped, user indexes rebuilt from their
+    /// definitions, and every stored document state, change and index definition validated like data from another
+    /// device (`RestoreCheck`); anything out of bounds refuses the restore (`backup_invalid`). The copy is detached from sync: its space binding, peers, sealed entries and heads are
     /// removed, so it is a local database that can be shared anew (`db.share`) and never forks the log of the
     /// space it came from.
     public func restore(from backupPath: String, as name: String) throws -> BlazeDatabase {
@@ -139,6 +144,7 @@ extension Store {
                 throw StoreError.invalid("backup_too_new", "\(backupPath) was written by a newer BlazeDB; upgrade blazed to restore it")
             }
         }
+        let extraIndexes = try source.read { db in try RestoreCheck.schemaObjects(db, path: backupPath) }
         let path = self.path(name)
         let partial = path + ".partial"
         try reserve(name)
@@ -148,10 +154,20 @@ extension Store {
             let target = try DatabaseQueue(path: partial)
             try source.backup(to: target)
             try target.write { db in
+                // Indexes are derived data: any the schema check did not recognize is dropped and the user
+                // indexes are rebuilt from their definitions below.
+                for name in extraIndexes { try db.execute(sql: "DROP INDEX \(name.quotedDatabaseIdentifier)") }
                 try db.execute(sql: "DELETE FROM meta WHERE key = 'space_id'")
                 for table in ["sync_entries", "sync_heads", "sync_peers", "sync_forks"] where try db.tableExists(table) {
                     try db.execute(sql: "DELETE FROM \(table)")
                 }
+            }
+            // Our own migrations bring an older backup up to date (the schema check has refused triggers, so
+            // nothing runs but them), then every row is validated like data from another device.
+            try Schema.migrator.migrate(target)
+            try target.write { db in
+                try RestoreCheck.rows(db, path: backupPath, limits: limits)
+                try RestoreCheck.rebuildUserIndexes(db)
             }
             try target.close()
             try BlazeDatabase.syncFile(partial)
@@ -164,5 +180,133 @@ extension Store {
             throw error
         }
         return try database(name)
+    }
+}
+
+/// The checks a backup file passes before its copy becomes a database: the file is as hostile as a peer.
+enum RestoreCheck {
+    /// Tables SQLite itself creates (ANALYZE statistics, AUTOINCREMENT counters): data, never code.
+    static let sqliteTables: Set<String> = ["sqlite_stat1", "sqlite_stat4", "sqlite_sequence"]
+
+    /// Compares every schema object of `db` with those BlazeDB's migrations create at the same migration level.
+    /// Returns the names of indexes that are not BlazeDB's own (dropped from the copy; user indexes are rebuilt);
+    /// throws `backup_tampered` for anything else that differs.
+    static func schemaObjects(_ db: Database, path: String) throws -> [String] {
+        let applied = try Schema.migrator.appliedIdentifiers(db)
+        let reference = try DatabaseQueue()
+        var migrator = Schema.migrator
+        migrator.eraseDatabaseOnSchemaChange = false
+        if let last = Schema.migrator.migrations.last(where: { applied.contains($0) }) {
+            try migrator.migrate(reference, upTo: last)
+        } else {
+            try migrator.migrate(reference, upTo: Schema.migrator.migrations[0])
+        }
+        struct Object: Hashable {
+            let type: String, name: String, table: String, sql: String?
+        }
+        let query = "SELECT type, name, tbl_name, sql FROM sqlite_master"
+        let expected = try reference.read { db in
+            try Row.fetchAll(db, sql: query).map { Object(type: $0[0], name: $0[1], table: $0[2], sql: $0[3]) }
+        }
+        let known = Set(expected)
+        let knownTables = Set(expected.filter { $0.type == "table" }.map(\.name))
+        var extraIndexes: [String] = []
+        for row in try Row.fetchAll(db, sql: query) {
+            let object = Object(type: row[0], name: row[1], table: row[2], sql: row[3])
+            if known.contains(object) || (object.type == "table" && sqliteTables.contains(object.name)) { continue }
+            if object.type == "index", knownTables.contains(object.table), object.sql != nil {
+                extraIndexes.append(object.name)
+                continue
+            }
+            let what = object.type == "table" && knownTables.contains(object.name) ? "an altered table" : "a \(object.type)"
+            throw StoreError.invalid(
+                "backup_tampered",
+                "\(path) holds \(what) \(Names.quoted(object.name)) that BlazeDB never creates; it was not written by "
+                    + "BlazeDB (or was altered since): refusing to restore it")
+        }
+        return extraIndexes
+    }
+
+    /// Validates every stored row a database acts on: document states, changes (op log and parked), version
+    /// vector, index definitions, metadata. Throws `backup_invalid` naming the first bad row.
+    static func rows(_ db: Database, path: String, limits: StoreLimits) throws {
+        func invalid(_ what: String) -> StoreError {
+            StoreError.invalid("backup_invalid", "\(path) holds \(what); refusing to restore it")
+        }
+        let homeText = try String.fetchOne(db, sql: "SELECT value FROM meta WHERE key = 'stamp_home'")
+        var coding = StampCoding.hex
+        if let homeText {
+            guard let home = NodeID(hex: homeText) else { throw invalid("an invalid stamp_home") }
+            coding = StampCoding(home: home)
+        }
+        let now = BlazeDatabase.nowMilliseconds()
+        let latestClock = HLC(milliseconds: now + limits.maxClockAheadMilliseconds)
+        let hasChanges = try Bool.fetchOne(db, sql: "SELECT EXISTS(SELECT 1 FROM changes)") ?? false
+        for (table, hasBody) in [("docs", true), ("tombstones", false)] {
+            let rows = try Row.fetchCursor(
+                db, sql: "SELECT collection, id, state, \(hasBody ? "body" : "NULL") FROM \(table)")
+            while let row = try rows.next() {
+                let collection: String = row[0], id: String = row[1]
+                let where_ = "document \(Names.quoted(id)) of collection \(Names.quoted(collection))"
+                guard (try? Names.validateCollection(collection)) != nil, (try? Names.validateID(id)) != nil else {
+                    throw invalid("an invalid name in \(where_)")
+                }
+                guard let stateText: String = row[2] else {
+                    // Only data from before replication has no state, and only while no change exists.
+                    guard table == "docs", !hasChanges else { throw invalid("no state for \(where_)") }
+                    continue
+                }
+                let body: String? = row[3]
+                guard let state = try? SQLStorage.decode(state: stateText, body: body, coding),
+                    table == "docs" ? state.isAlive : !state.isAlive, state.maxClock <= latestClock
+                else { throw invalid("an invalid state for \(where_)") }
+            }
+        }
+        let validator = ChangeValidator(limits: limits, now: now)
+        for table in ["changes", "parked"] {
+            let rows = try Row.fetchCursor(db, sql: "SELECT origin, seq, body FROM \(table)")
+            while let row = try rows.next() {
+                let origin: String = row[0], seq: Int64 = row[1], body: String = row[2]
+                guard let change = try? Change(json: try JSONParser(maxDepth: limits.maxDepth + 4).parse(body)),
+                    change.origin.hex == origin, Int64(exactly: change.seq) == seq, validator.accepts(change)
+                else { throw invalid("an invalid change \(seq) of \(origin) in \(table)") }
+            }
+        }
+        for row in try Row.fetchAll(db, sql: "SELECT origin, seq FROM versions") {
+            let origin: String = row[0], seq: Int64 = row[1]
+            guard NodeID(hex: origin) != nil, seq > 0, UInt64(seq) < SyncBounds.maxSeq else {
+                throw invalid("an invalid version vector entry for \(origin)")
+            }
+        }
+        for row in try Row.fetchAll(db, sql: "SELECT name, collection, fields FROM indexes") {
+            let name: String = row[0], collection: String = row[1], fields: String = row[2]
+            guard (try? Names.validateIndex(name)) != nil, (try? Names.validateCollection(collection)) != nil,
+                case .array(let list)? = try? JSONParser(maxDepth: 4).parse(fields), !list.isEmpty,
+                list.allSatisfy({ $0.stringValue.flatMap { try? FieldPath($0) } != nil })
+            else { throw invalid("an invalid definition of index \(Names.quoted(name))") }
+        }
+    }
+
+    /// Builds every user index from its definition in `indexes` (after unknown indexes were dropped).
+    static func rebuildUserIndexes(_ db: Database) throws {
+        for row in try Row.fetchAll(db, sql: "SELECT name, collection, fields FROM indexes") {
+            let name: String = row[0], collection: String = row[1], fields: String = row[2]
+            guard case .array(let list) = try JSONParser(maxDepth: 4).parse(fields) else { continue }
+            let paths = try list.compactMap(\.stringValue).map { try FieldPath($0) }
+            try db.execute(sql: "DROP INDEX IF EXISTS \(WriteTransaction.sqlIndexName(name))")
+            try db.execute(sql: SQLStorage.createIndexSQL(name: name, collection: collection, paths: paths))
+        }
+    }
+}
+
+/// The checks of `BlazeDatabase.validate` (bounds, names, sizes) and the clock window, as a predicate over stored changes.
+struct ChangeValidator {
+    let limits: StoreLimits
+    let now: UInt64
+
+    func accepts(_ change: Change) -> Bool {
+        (try? ChangeBounds.check(change)) != nil
+            && (try? ChangeBounds.checkClock(change, now: now, maxAhead: limits.maxClockAheadMilliseconds)) != nil
+            && (try? BlazeDatabase.validate(change, size: nil, limits: limits)) != nil
     }
 }

@@ -234,6 +234,11 @@ public final class BlazeDatabase: Sendable {
     /// (`ChangeBounds`), names (they end up in SQL and file paths) and, when its text is larger than a document may
     /// be (`size` bytes, if known), each operation's size.
     func validate(_ change: Change, size: Int? = nil) throws {
+        try Self.validate(change, size: size, limits: limits)
+    }
+
+    /// `validate(_:size:)` under `limits`.
+    static func validate(_ change: Change, size: Int?, limits: StoreLimits) throws {
         do throws(StoreError) {
             do {
                 try ChangeBounds.check(change)

@@ -564,11 +564,15 @@ final class SQLStorage: ReplicaStorage {
                     name, state.collection, JSONValue.array(fields.map(JSONValue.string)).jsonText,
                     Int64(state.stamp.hlc.milliseconds),
                 ])
-            try db.execute(
-                sql: "CREATE INDEX \(sqlName) ON docs(\(QueryCompiler.indexColumns(paths))) "
-                    + "WHERE collection = '\(state.collection)'")
+            try db.execute(sql: Self.createIndexSQL(name: name, collection: state.collection, paths: paths))
         }
         try BlazeDatabase.analyze(db)
+    }
+
+    /// The SQL that builds user index `name` (names validated by the caller).
+    static func createIndexSQL(name: String, collection: String, paths: [FieldPath]) -> String {
+        "CREATE INDEX \(WriteTransaction.sqlIndexName(name)) ON docs(\(QueryCompiler.indexColumns(paths))) "
+            + "WHERE collection = '\(collection)'"
     }
 
     func park(_ change: Change) throws {

@@ -48,6 +48,8 @@ enum ServiceUnits {
         RestartSec=2
         TimeoutStopSec=60
         UMask=0077
+        # blazed raises its soft open-file limit to this hard limit itself (sync peers, clients and databases share it).
+        LimitNOFILE=65536
         NoNewPrivileges=yes
         LockPersonality=yes
         RestrictRealtime=yes

@@ -55,8 +55,12 @@ struct Blazed: AsyncParsableCommand {
     var noDefaultDatabase = false
     @Option(help: "Accept sync peers on host:port (port 0 picks a free port; see daemon.info / sync.status). Off by default.")
     var syncListen: String?
-    @Option(help: "Seconds a sync handshake may take and a sync peer may stay silent (default: 30).")
+    @Option(help: "Seconds a sync peer may stay silent (default: 30).")
     var syncTimeout: String?
+    @Option(help: "Seconds a sync handshake may take (default: 5).") var syncHandshakeTimeout: String?
+    @Option(help: "Maximum inbound sync connections (default: 256).") var syncMaxPeers: String?
+    @Option(help: "Maximum inbound sync connections from one address (default: 16).") var syncMaxPeersPerAddress: String?
+    @Option(help: "Maximum inbound sync connections still in their handshake (default: 64).") var syncMaxHandshakes: String?
 
     /// The settings given as flags, by setting name.
     var flags: [String: String] {
@@ -67,6 +71,8 @@ struct Blazed: AsyncParsableCommand {
             ("max-connections", maxConnections), ("idle-timeout", idleTimeout), ("max-document-bytes", maxDocumentBytes),
             ("max-subscriptions", maxSubscriptions), ("max-subscriber-backlog-bytes", maxSubscriberBacklogBytes),
             ("feed-retention", feedRetention), ("sync-listen", syncListen), ("sync-timeout", syncTimeout),
+            ("sync-handshake-timeout", syncHandshakeTimeout), ("sync-max-peers", syncMaxPeers),
+            ("sync-max-peers-per-address", syncMaxPeersPerAddress), ("sync-max-handshakes", syncMaxHandshakes),
             ("default-database", noDefaultDatabase ? "false" : nil),
         ]
         for case (let name, let value?) in given { out[name] = value }
@@ -89,6 +95,10 @@ struct Blazed: AsyncParsableCommand {
         let format = LineLogHandler.Format(rawValue: settings.string("log-format")!)!
         LoggingSystem.bootstrap { label in LineLogHandler(label: label, level: level, format: format) }
         let logger = Logger(label: "blazed")
+        // Sockets and database files share one descriptor table: take all the kernel allows (systemd's default soft
+        // limit is 1,024), so connection limits, not descriptors, decide what is refused.
+        let files = ProcessLimits.raiseOpenFiles()
+        logger.debug("Open file limit", metadata: ["limit.soft": "\(files.soft)", "limit.hard": "\(files.hard)"])
         var limits = ServerLimits()
         limits.maxLineBytes = settings.int("max-line-bytes")
         limits.maxDepth = settings.int("max-depth")
@@ -106,6 +116,10 @@ struct Blazed: AsyncParsableCommand {
             environment: environment)
         daemonConfig.syncListen = settings.string("sync-listen")
         daemonConfig.syncTimeoutMs = Int(settings.double("sync-timeout") * 1000)
+        daemonConfig.syncListenerLimits.handshakeTimeoutMs = Int(settings.double("sync-handshake-timeout") * 1000)
+        daemonConfig.syncListenerLimits.maxConnections = settings.int("sync-max-peers")
+        daemonConfig.syncListenerLimits.maxConnectionsPerAddress = settings.int("sync-max-peers-per-address")
+        daemonConfig.syncListenerLimits.maxHandshakes = settings.int("sync-max-handshakes")
         daemonConfig.settings = settings.json
         daemonConfig.notifySocket = environment["NOTIFY_SOCKET"]
         do {

@@ -38,6 +38,7 @@ final class HostileMember {
 
     /// Connects to `127.0.0.1:port` and completes the handshake; throws when the server refuses it.
     func connect(port: Int, timeoutSeconds: Int = 10) throws {
+        close()
         fd = try Self.openSocket(port: port, timeoutSeconds: timeoutSeconds)
         var client = Handshake.Client(key: key)
         let hello = try readHandshakeFrame(size: Handshake.helloSize)

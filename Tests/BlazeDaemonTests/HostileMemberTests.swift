@@ -1,7 +1,9 @@
 import BlazeClient
 import BlazeCrypto
+import BlazeDaemon
 import BlazeProtocol
 import Foundation
+import Synchronization
 import Testing
 
 /// A listening daemon with one shared database, and the space key a hostile member holds.
@@ -198,6 +200,60 @@ final class SyncTarget {
         try m.send(m.signedRun([change]).message)
         #expect(try t.awaitRejection("invalid_change"))
         #expect(try t.client.call("doc.get", ["db": "team", "collection": "notes", "id": "seed"])["doc"]?["n"] == 1)
+        try t.expectServing()
+        t.daemon.stop()
+    }
+
+    /// 2,000 connections held open on the sync port (from 100 loopback addresses) plus a stream of new ones, none
+    /// with a key: local clients keep being served and connections over the limits are closed at once. The latency
+    /// of local reads is printed for the issue note, not asserted.
+    @Test func floodOfStrangersOnTheSyncPortLeavesLocalClientsServed() throws {
+        ProcessLimits.raiseOpenFiles()
+        let t = try SyncTarget()
+        var held: [Int32] = []
+        defer { for fd in held { close(fd) } }
+        for i in 0..<2_000 {
+            guard let fd = try? HostileMember.openSocket(port: t.port, timeoutSeconds: 5, sourceAddress: "127.0.0.\(2 + i % 100)")
+            else { continue }
+            held.append(fd)
+        }
+        #expect(held.count >= 1_900, "opened \(held.count) connections")
+        // A churn of new connections while local reads run (bounded: 3,000 connects).
+        let stop = Atomic<Bool>(false)
+        let port = t.port
+        let churn = Thread {
+            var n = 0
+            while !stop.load(ordering: .relaxed) && n < 3_000 {
+                if let fd = try? HostileMember.openSocket(port: port, timeoutSeconds: 1, sourceAddress: "127.0.1.\(1 + n % 200)") {
+                    close(fd)
+                }
+                n += 1
+            }
+        }
+        churn.start()
+        let c = try t.daemon.connect(timeout: 30)
+        var latencies: [Double] = []
+        for i in 0..<2_000 {
+            let start = DispatchTime.now().uptimeNanoseconds
+            let doc = try c.call("doc.get", ["db": "team", "collection": "notes", "id": "seed"])
+            latencies.append(Double(DispatchTime.now().uptimeNanoseconds - start) / 1e6)
+            if i == 0 { #expect(doc["doc"]?["n"] == 1) }
+        }
+        stop.store(true, ordering: .relaxed)
+        latencies.sort()
+        let p50 = latencies[latencies.count / 2], p99 = latencies[latencies.count * 99 / 100]
+        print("sync-port flood: 2,000 doc.get while \(held.count) connections are held and new ones churn: p50 \(p50) ms, p99 \(p99) ms, max \(latencies.last!) ms")
+        let status = try t.client.call("sync.status")
+        #expect((status["refusedOverLimit"]?.intValue ?? 0) > 0, "\(status)")
+        for fd in held { close(fd) }
+        held = []
+        // Once the strangers are gone, the gate has given every place back: a member connects and syncs.
+        let m = HostileMember(key: t.key)
+        #expect(waitFor { (try? m.connect(port: t.port)) != nil })
+        let change = m.changeText(
+            seq: 1, hlc: HostileMember.clockNow(), ops: [HostileMember.docOp("notes", "afterFlood", set: ["a": 1])])
+        try m.send(m.signedRun([change]).message)
+        #expect(try waitFor { try t.has("afterFlood") })
         try t.expectServing()
         t.daemon.stop()
     }

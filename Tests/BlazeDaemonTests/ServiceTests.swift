@@ -3,6 +3,7 @@ import BlazeConfig
 import BlazeDaemon
 import BlazeProtocol
 import BlazeStore
+import BlazeSync
 import Foundation
 import GRDB
 import Synchronization
@@ -162,6 +163,10 @@ final class NotifyListener {
         #expect(settings.int("max-subscriber-backlog-bytes") == l.maxSubscriberBacklogBytes)
         #expect(settings.int("max-document-bytes") == s.maxDocumentBytes && settings.int("feed-retention") == s.feedRetention)
         #expect(settings.double("sync-timeout") == Double(DaemonConfig().syncTimeoutMs) / 1000)
+        let sync = SyncListenerLimits()
+        #expect(settings.double("sync-handshake-timeout") == Double(sync.handshakeTimeoutMs) / 1000)
+        #expect(settings.int("sync-max-peers") == sync.maxConnections && settings.int("sync-max-handshakes") == sync.maxHandshakes)
+        #expect(settings.int("sync-max-peers-per-address") == sync.maxConnectionsPerAddress)
         #expect(settings.string("data-dir") == "/h/.local/share/blazedb")
     }
 
@@ -315,6 +320,62 @@ final class NotifyListener {
         // The restored database is an ordinary local one: it takes writes and is not shared.
         _ = try c.call("doc.put", ["db": "restored", "collection": "k", "id": "after", "doc": ["ok": true]])
         expectRPCError(c, "sync.now", ["db": "restored"], code: -32020, kind: "not_shared")
+        d.stop()
+    }
+
+    /// A backup is as hostile as a peer: a crafted file is refused (or its derived parts rebuilt), never copied in.
+    @Test(arguments: [
+        ("trigger", "CREATE TRIGGER wipe AFTER INSERT ON docs BEGIN DELETE FROM docs; END", "backup_tampered"),
+        ("view", "CREATE VIEW peek AS SELECT body FROM docs", "backup_tampered"),
+        ("table", "CREATE TABLE extra(x)", "backup_tampered"),
+        ("altered", "ALTER TABLE docs ADD COLUMN planted TEXT DEFAULT 'x'", "backup_tampered"),
+        ("negative clock", "UPDATE changes SET body = replace(body, '\"h\":', '\"h\":-1') WHERE seq = 2", "backup_invalid"),
+        ("huge causal length", "UPDATE docs SET state = replace(state, '\"l\":1', '\"l\":9223372036854775807') WHERE id = 'x'",
+            "backup_invalid"),
+        ("string increment", "UPDATE changes SET body = replace(body, '\"incr\":{\"n\":1}', '\"incr\":{\"n\":\"x\"}')",
+            "backup_invalid"),
+    ])
+    func aCraftedBackupIsRefused(what: String, sql: String, kind: String) throws {
+        let d = try DaemonProcess()
+        let c = try d.connect()
+        _ = try c.call("doc.put", ["db": "default", "collection": "c", "id": "x", "doc": ["n": 1]])
+        _ = try c.call("doc.patch", ["db": "default", "collection": "c", "id": "x", "incr": ["n": 1]])
+        let path = d.dir.path + "/crafted.backup"
+        _ = try c.call("db.backup", ["db": "default", "path": .string(path)])
+        let file = try DatabaseQueue(path: path)
+        let changed = try file.write { db -> Int in
+            try db.execute(sql: sql)
+            return db.changesCount
+        }
+        try file.close()
+        #expect(!sql.hasPrefix("UPDATE") || changed > 0, "the crafted edit (\(what)) changed nothing")
+        expectRPCError(c, "db.restore", ["path": .string(path), "db": "crafted"], code: -32602, kind: kind)
+        expectRPCError(c, "db.info", ["db": "crafted"], code: -32010, kind: "database_not_found")
+        #expect(!FileManager.default.fileExists(atPath: d.dataDir + "/databases/crafted.db.partial"))
+        d.stop()
+    }
+
+    @Test func aBackupsForeignIndexIsDroppedAndUserIndexesAreRebuilt() throws {
+        let d = try DaemonProcess()
+        let c = try d.connect()
+        for i in 0..<20 { _ = try c.call("doc.put", ["db": "default", "collection": "c", "id": .string("d\(i)"), "doc": ["n": .int(Int64(i))]]) }
+        _ = try c.call("index.create", ["db": "default", "collection": "c", "fields": ["n"]])
+        let path = d.dir.path + "/indexed.backup"
+        _ = try c.call("db.backup", ["db": "default", "path": .string(path)])
+        let file = try DatabaseQueue(path: path)
+        try file.write { db in
+            // A unique index that would make every later insert fail, and a user index whose SQL was altered.
+            try db.execute(sql: "CREATE UNIQUE INDEX trap ON docs(collection) WHERE id > 'd9'")
+            try db.execute(sql: "DROP INDEX \"ux_c.n\"")
+            try db.execute(sql: "CREATE INDEX \"ux_c.n\" ON docs(rowid)")
+        }
+        try file.close()
+        _ = try c.call("db.restore", ["path": .string(path), "db": "indexed"])
+        for id in ["d98", "d99"] {
+            _ = try c.call("doc.put", ["db": "indexed", "collection": "c", "id": .string(id), "doc": ["n": 99]])
+        }
+        #expect(try c.call("query.explain", ["db": "indexed", "collection": "c", "where": ["n": 3]])["indexes"] == ["c.n"])
+        #expect(try c.call("query.count", ["db": "indexed", "collection": "c", "where": ["n": ["$gte": 10]]])["count"] == 12)
         d.stop()
     }
 
