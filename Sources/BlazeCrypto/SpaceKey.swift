@@ -2,6 +2,10 @@ import BlazeProtocol
 import Crypto
 import Foundation
 
+#if canImport(Glibc)
+import Glibc
+#endif
+
 /// The shared secret of one synced database (a "space"): its id, the current key epoch and the key of each epoch.
 ///
 /// Whoever holds it can read and write the database's entries; relays and folders only ever see the id. Sub-keys are
@@ -121,17 +125,39 @@ public struct SpaceKey: Sendable, Equatable {
 
 /// Reading and writing secret files: created 0600 (never briefly readable by others), refused when others can read.
 enum KeyFile {
+    /// Writes `text` to `path` durably and atomically: a new temporary file created exclusively with mode 0600
+    /// (whatever the umask), synced, renamed over `path`, and the directory synced.
     static func write(_ text: String, to path: String) throws {
         let directory = (path as NSString).deletingLastPathComponent
         if !FileManager.default.fileExists(atPath: directory) {
             try FileManager.default.createDirectory(
                 atPath: directory, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o700])
         }
+        func failure(_ what: String) -> KeystoreError {
+            KeystoreError(description: "\(what): \(String(cString: strerror(errno)))")
+        }
         let temp = path + ".tmp"
-        try? FileManager.default.removeItem(atPath: temp)
-        guard FileManager.default.createFile(atPath: temp, contents: Data(text.utf8), attributes: [.posixPermissions: 0o600])
-        else { throw KeystoreError(description: "cannot write \(temp)") }
-        guard rename(temp, path) == 0 else { throw KeystoreError(description: "cannot move \(temp) to \(path)") }
+        unlink(temp)
+        let fd = open(temp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0o600)
+        guard fd >= 0 else { throw failure("cannot create \(temp)") }
+        var closed = false
+        defer { if !closed { close(fd) } }
+        guard fchmod(fd, 0o600) == 0 else { throw failure("cannot chmod \(temp)") }
+        let bytes = Array(text.utf8)
+        var written = 0
+        while written < bytes.count {
+            let n = bytes.withUnsafeBytes { Glibc.write(fd, $0.baseAddress! + written, bytes.count - written) }
+            guard n > 0 else { throw failure("cannot write \(temp)") }
+            written += n
+        }
+        guard fsync(fd) == 0 else { throw failure("cannot sync \(temp)") }
+        closed = true
+        guard close(fd) == 0 else { throw failure("cannot close \(temp)") }
+        guard rename(temp, path) == 0 else { throw failure("cannot move \(temp) to \(path)") }
+        let dirFD = open(directory, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
+        guard dirFD >= 0 else { throw failure("cannot open \(directory)") }
+        defer { close(dirFD) }
+        guard fsync(dirFD) == 0 else { throw failure("cannot sync \(directory)") }
     }
 
     /// The file's text, nil when it does not exist.

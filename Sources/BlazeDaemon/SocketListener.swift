@@ -12,7 +12,7 @@ public struct ListenError: Error, CustomStringConvertible, Sendable {
 
 /// Creates the daemon's listening Unix socket safely (DESIGN §7).
 ///
-/// The parent directory is created 0700 and must be owned by us. A live socket at the path means another daemon
+/// The parent directory is created 0700 and must be owned by us and writable by nobody else. A live socket at the path means another daemon
 /// runs, so we refuse; a stale socket is replaced; a symlink or anything owned by another user is refused. The
 /// socket is made 0600 after `bind` and before `listen`, so no other user can ever connect.
 enum SocketListener {
@@ -59,6 +59,13 @@ enum SocketListener {
         }
         guard st.st_uid == getuid() else {
             throw ListenError(description: "\(dir) is owned by uid \(st.st_uid), not by us (\(getuid())); refusing")
+        }
+        // Another user who can write the directory could replace the socket between our checks and a client's
+        // connect.
+        guard st.st_mode & 0o022 == 0 else {
+            throw ListenError(
+                description: "\(dir) is writable by other users (mode \(String(st.st_mode & 0o7777, radix: 8))); "
+                    + "run chmod go-w on it or choose another socket directory")
         }
     }
 

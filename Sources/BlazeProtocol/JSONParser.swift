@@ -316,6 +316,21 @@ private struct Cursor {
             pos = start
             throw error("number_range", "number \(text) is out of the range of a 64-bit float")
         }
+        // A non-zero number that rounds to zero (below the smallest subnormal, e.g. 1e-400) is rejected, not stored
+        // as 0: numbers round-trip or are refused.
+        if d == 0, Self.hasNonZeroMantissa(buf[start..<pos]) {
+            pos = start
+            throw error("number_range", "number \(text) is too small for a 64-bit float (it would round to 0)")
+        }
         return .double(d)
+    }
+
+    /// True when a number's digits before its exponent include one that is not 0.
+    static func hasNonZeroMantissa(_ number: Slice<UnsafeBufferPointer<UInt8>>) -> Bool {
+        for c in number {
+            if c == UInt8(ascii: "e") || c == UInt8(ascii: "E") { return false }
+            if c >= UInt8(ascii: "1") && c <= UInt8(ascii: "9") { return true }
+        }
+        return false
     }
 }

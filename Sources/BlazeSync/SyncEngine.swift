@@ -122,7 +122,14 @@ public final class SyncEngine: Sendable {
     public func spaceKey(db: BlazeDatabase) throws -> SpaceKey? {
         if let cached = keys.withLock({ $0[db.name] }) { return cached }
         guard let id = try db.spaceID() else { return nil }
-        guard let key = try SpaceKey.load(directory: keysDirectory, idHex: id) else {
+        let loaded: SpaceKey?
+        do {
+            loaded = try SpaceKey.load(directory: keysDirectory, idHex: id)
+        } catch {
+            throw StoreError(
+                .syncFailure, kind: "space_key_unusable", "the key of space \(id) (database \(db.name)): \(error)")
+        }
+        guard let key = loaded else {
             throw StoreError(.syncFailure, kind: "space_key_missing", "the key of space \(id) (database \(db.name)) is missing")
         }
         keys.withLock { $0[db.name] = key }

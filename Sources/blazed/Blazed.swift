@@ -95,6 +95,9 @@ struct Blazed: AsyncParsableCommand {
         let format = LineLogHandler.Format(rawValue: settings.string("log-format")!)!
         LoggingSystem.bootstrap { label in LineLogHandler(label: label, level: level, format: format) }
         let logger = Logger(label: "blazed")
+        // Everything blazed creates (databases and their WAL, backups, keys, directories) is for this user alone,
+        // whatever umask it was started with.
+        umask(0o077)
         // Sockets and database files share one descriptor table: take all the kernel allows (systemd's default soft
         // limit is 1,024), so connection limits, not descriptors, decide what is refused.
         let files = ProcessLimits.raiseOpenFiles()

@@ -187,6 +187,48 @@ import Glibc
         d.stop()
     }
 
+    /// Started under umask 022, every file blazed creates is still 0600 (the systemd unit's UMask must not be the
+    /// only thing that keeps databases, backups and keys private).
+    @Test func filesAreCreated0600WhateverTheUmask() throws {
+        let old = umask(0o022)
+        defer { umask(old) }
+        let d = try DaemonProcess()
+        let c = try d.connect()
+        _ = try c.call("doc.put", ["db": "default", "collection": "c", "id": "x", "doc": ["v": 1]])
+        let space = try #require(try c.call("db.share", ["db": "default"])["space"]?.stringValue)
+        _ = try c.call("db.backup", ["db": "default", "path": .string(d.dir.path + "/b.backup")])
+        let files = [
+            d.dataDir + "/databases/default.db", d.dataDir + "/databases/default.db-wal", d.dir.path + "/b.backup",
+            d.dataDir + "/keys/device.json", d.dataDir + "/keys/spaces/\(space).json",
+        ]
+        for file in files {
+            var st = stat()
+            #expect(lstat(file, &st) == 0 && st.st_mode & 0o777 == 0o600, "\(file): \(String(st.st_mode & 0o777, radix: 8))")
+        }
+        d.stop()
+    }
+
+    @Test func refusesASocketDirectoryOthersCanWrite() throws {
+        let t = TempDir()
+        let run_ = t.path + "/run"
+        try FileManager.default.createDirectory(atPath: run_, withIntermediateDirectories: true)
+        chmod(run_, 0o777)
+        let r = try run(buildDirectory + "/blazed", ["--socket", run_ + "/blazed.sock", "--data-dir", t.path + "/d"])
+        #expect(r.status != 0 && r.err.contains("writable by other users"), "\(r)")
+    }
+
+    /// A space key file others can read is not used, and the client is told why (not just `internal`).
+    @Test func aSpaceKeyReadableByOthersIsReportedClearly() throws {
+        let d = try DaemonProcess()
+        let c = try d.connect()
+        let space = try #require(try c.call("db.share", ["db": "default"])["space"]?.stringValue)
+        d.stop()
+        chmod(d.dataDir + "/keys/spaces/\(space).json", 0o644)
+        let again = try DaemonProcess(dir: d.dir)
+        expectRPCError(try again.connect(), "db.share", ["db": "default"], code: -32020, kind: "space_key_unusable")
+        again.stop(expectErrors: true)
+    }
+
     @Test func refusesToStartOverALiveSocketOrASymlinkAndReplacesAStaleOne() throws {
         let d = try DaemonProcess()
         let second = try run(buildDirectory + "/blazed", ["--socket", d.socket, "--data-dir", d.dir.path + "/d2"])

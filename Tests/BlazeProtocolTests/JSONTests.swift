@@ -65,7 +65,7 @@ func randomValue(_ rng: inout SeededRandom, depth: Int = 0) -> JSONValue {
         ("-0.0", JSONValue.double(-0.0)), ("0", .int(0)), ("-0", .int(0)), ("1.0", .double(1.0)),
         ("9223372036854775807", .int(.max)), ("-9223372036854775808", .int(.min)),
         ("9007199254740993", .int(9_007_199_254_740_993)), ("5e-324", .double(.leastNonzeroMagnitude)), ("1E2", .double(100)),
-        ("1e-400", .double(0)), ("\"\\ud83d\\ude00\"", .string("😀")), ("\"e\u{301}\"", .string("e\u{301}")),
+        ("0e-400", .double(0)), ("\"\\ud83d\\ude00\"", .string("😀")), ("\"e\u{301}\"", .string("e\u{301}")),
     ])
     func parsesNumbersAndStringsExactly(text: String, expected: JSONValue) throws {
         #expect(identical(try JSONParser().parse(text), expected))
@@ -139,8 +139,15 @@ func randomValue(_ rng: inout SeededRandom, depth: Int = 0) -> JSONValue {
         #expect(v.jsonText == #"{"Z":4,"a":2,"b":1,"é":3}"#)
     }
 
+    @Test(arguments: ["0e-400", "-0.000e5", "4.9e-324", "2.2250738585072014e-308"])
+    func zerosAndSubnormalsAreNumbersNotUnderflows(text: String) throws {
+        guard case .double(let d) = try JSONParser().parse(text) else { Issue.record("not a double"); return }
+        #expect(d == Double(text))
+    }
+
     @Test(arguments: [
         ("1e400", "number_range"), ("-1e400", "number_range"), ("18446744073709551616", "number_range"),
+        ("1e-400", "number_range"), ("-0.0001e-320", "number_range"),
         ("[1,]", "syntax"), ("{\"a\" 1}", "syntax"), ("01", "syntax"), ("1.", "syntax"), ("NaN", "syntax"),
         ("Infinity", "syntax"), ("\"\\ud800\"", "invalid_utf8"), ("\"\\udc00x\"", "invalid_utf8"),
         ("{\"a\":1,\"a\":2}", "duplicate_key"), ("\"a\u{1}\"", "syntax"), ("[1] x", "syntax"), ("", "syntax"),
