@@ -41,9 +41,22 @@ public protocol ReplicaStorage {
     func parked() throws -> [Change]
     /// Forgets a parked change.
     func unpark(origin: NodeID, seq: UInt64) throws
+    /// The parked changes that are next from their origin under `vv` (`seq == vv[origin] + 1`): the only ones that
+    /// can have become ready.
+    func parkedNext(_ vv: VersionVector) throws -> [Change]
+    /// How many changes are parked.
+    func parkedCount() throws -> Int
 }
 
 extension ReplicaStorage {
+    /// Default: filters `parked()`.
+    public func parkedNext(_ vv: VersionVector) throws -> [Change] {
+        try parked().filter { $0.seq == vv[$0.origin] + 1 }
+    }
+
+    /// Default: counts `parked()`.
+    public func parkedCount() throws -> Int { try parked().count }
+
     /// Default: `document`, then `saveDocument`. Storages that cache states override it to edit without a copy.
     public func updateDocument(_ key: DocKey, _ edit: (inout DocumentState) -> Void) throws {
         var state = try document(key) ?? DocumentState()
@@ -88,6 +101,8 @@ public enum Replica {
                 try apply(c, to: storage)
                 if clock.observe(c.hlc, now: now) { report.skewedClocks += 1 }
                 vv[c.origin] = c.seq
+                // A copy parked when it arrived too early is now a duplicate.
+                try storage.unpark(origin: c.origin, seq: c.seq)
                 report.applied += 1
                 progressed = true
             } else {
@@ -96,30 +111,21 @@ public enum Replica {
             }
         }
         guard progressed || report.parked > 0 else { return report }
-        // Drain parked changes that became ready, until nothing moves.
-        var pending = try storage.parked()
+        // Drain parked changes that became ready, until nothing moves. Only a change that is next from its origin can
+        // be ready, so each round reads at most one parked change per origin (not every parked change).
         while true {
             var moved = false
-            var rest: [Change] = []
-            for c in pending.sorted(by: { $0.origin != $1.origin ? $0.origin < $1.origin : $0.seq < $1.seq }) {
-                if c.seq <= vv[c.origin] {
-                    try storage.unpark(origin: c.origin, seq: c.seq)
-                } else if isReady(c, vv) {
-                    try apply(c, to: storage)
-                    if clock.observe(c.hlc, now: now) { report.skewedClocks += 1 }
-                    vv[c.origin] = c.seq
-                    try storage.unpark(origin: c.origin, seq: c.seq)
-                    report.applied += 1
-                    report.parked -= min(report.parked, 1)
-                    moved = true
-                } else {
-                    rest.append(c)
-                }
+            for c in try storage.parkedNext(vv).sorted(by: { $0.origin < $1.origin }) where isReady(c, vv) {
+                try apply(c, to: storage)
+                if clock.observe(c.hlc, now: now) { report.skewedClocks += 1 }
+                vv[c.origin] = c.seq
+                try storage.unpark(origin: c.origin, seq: c.seq)
+                report.applied += 1
+                moved = true
             }
-            pending = rest
             if !moved { break }
         }
-        report.parked = pending.count
+        report.parked = try storage.parkedCount()
         return report
     }
 

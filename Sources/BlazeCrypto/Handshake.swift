@@ -133,8 +133,11 @@ public struct SessionCipher: @unchecked Sendable {
     public static let headerSize = 4 + 16
     /// Bytes a sealed body adds to its plaintext.
     public static let tagSize = 16
-    /// Largest sealed body accepted.
-    public static let maxBody = (64 << 20) + tagSize
+    /// Largest message a frame carries: 16 MiB (one batch is at most about 4 MiB of entries, or one entry; a change
+    /// larger than this cannot be synced).
+    public static let maxMessage = 16 << 20
+    /// Largest sealed body accepted: a peer can make the receiver buffer at most this much for one frame.
+    public static let maxBody = maxMessage + tagSize
 
     init(send: SymmetricKey, receive: SymmetricKey) {
         sendKey = send

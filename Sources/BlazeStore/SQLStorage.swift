@@ -584,6 +584,22 @@ final class SQLStorage: ReplicaStorage {
         try String.fetchAll(db, sql: "SELECT body FROM parked").map { try Change(json: try JSONParser(maxDepth: 10_000).parse($0)) }
     }
 
+    func parkedNext(_ vv: VersionVector) throws -> [Change] {
+        var out: [Change] = []
+        let probe = try db.cachedStatement(sql: "SELECT body FROM parked WHERE origin = ? AND seq = ?")
+        for originHex in try String.fetchAll(db, sql: "SELECT DISTINCT origin FROM parked") {
+            guard let origin = NodeID(hex: originHex),
+                let body = try String.fetchOne(probe, arguments: [originHex, Int64(vv[origin] + 1)])
+            else { continue }
+            out.append(try Change(json: try JSONParser(maxDepth: 10_000).parse(body)))
+        }
+        return out
+    }
+
+    func parkedCount() throws -> Int {
+        try Int.fetchOne(db, sql: "SELECT count(*) FROM parked") ?? 0
+    }
+
     func unpark(origin: NodeID, seq: UInt64) throws {
         try db.cachedStatement(sql: "DELETE FROM parked WHERE origin = ? AND seq = ?").execute(
             arguments: [origin.hex, Int64(seq)])

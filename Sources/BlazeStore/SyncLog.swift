@@ -19,6 +19,9 @@ public struct EntryBatch: Sendable {
         self.entries = entries
         self.head = head
     }
+
+    /// Bytes of its entries.
+    public var byteCount: Int { entries.reduce(0) { $0 + $1.bytes.count } }
 }
 
 /// A batch whose entries verified, with their decoded changes, ready to be stored.
@@ -95,10 +98,13 @@ extension BlazeDatabase {
         }
     }
 
-    /// Seals this replica's changes that have no entry yet, in order, signing one head per `batch` entries (and one
-    /// for the last). Returns how many were sealed.
+    /// Seals this replica's changes that have no entry yet, in order, signing one head per `batch` entries or
+    /// `headBytes` bytes of entries, whichever comes first (and one for the last), so that a batch between two heads
+    /// always fits a frame. Returns how many were sealed.
     @discardableResult
-    public func sealLocal(key: SpaceKey, identity: DeviceIdentity, batch: Int = 1000) throws -> Int {
+    public func sealLocal(key: SpaceKey, identity: DeviceIdentity, batch: Int = 1000, headBytes: Int = 1 << 20) throws
+        -> Int
+    {
         let origin = Data(node.bytes)
         var sealed = 0
         while true {
@@ -111,21 +117,28 @@ extension BlazeDatabase {
                 let bodies = try String.fetchAll(
                     db, sql: "SELECT body FROM changes WHERE origin = ? AND seq > ? ORDER BY seq LIMIT ?",
                     arguments: [node.hex, Int64(seq), batch])
-                var lastEntry: SealedEntry?
+                var unsigned: SealedEntry?
+                var unsignedBytes = 0
+                func signHead() throws {
+                    guard let entry = unsigned else { return }
+                    let head = SignedHead(signing: entry, identity: identity)
+                    try db.execute(
+                        sql: "INSERT INTO sync_heads(origin, seq, head) VALUES (?, ?, ?)",
+                        arguments: [origin, Int64(entry.header.seq), Data(head.bytes)])
+                    unsigned = nil
+                    unsignedBytes = 0
+                }
                 for body in bodies {
                     seq += 1
                     let entry = SealedEntry.seal(Array(body.utf8), space: key, origin: node.bytes, seq: seq, prev: prev)
                     try db.cachedStatement(sql: "INSERT INTO sync_entries(origin, seq, hash, bytes) VALUES (?, ?, ?, ?)")
                         .execute(arguments: [origin, Int64(seq), Data(entry.hash), Data(entry.bytes)])
                     prev = entry.hash
-                    lastEntry = entry
+                    unsigned = entry
+                    unsignedBytes += entry.bytes.count
+                    if unsignedBytes >= headBytes { try signHead() }
                 }
-                if let lastEntry {
-                    let head = SignedHead(signing: lastEntry, identity: identity)
-                    try db.execute(
-                        sql: "INSERT INTO sync_heads(origin, seq, head) VALUES (?, ?, ?)",
-                        arguments: [origin, Int64(seq), Data(head.bytes)])
-                }
+                try signHead()
                 return bodies.count
             }
             sealed += n
@@ -142,14 +155,32 @@ extension BlazeDatabase {
         }
     }
 
-    /// The next batch of `origin`'s entries after `after`: up to the furthest head within `maxEntries` entries, or to
-    /// the nearest head when that is further. Nil when no head lies beyond `after`.
-    public func entryBatch(origin: NodeID, after: UInt64, maxEntries: Int) throws -> EntryBatch? {
+    /// The next batch of `origin`'s entries after `after`: up to the furthest head within `maxEntries` entries and
+    /// `maxBytes` bytes, or to the nearest head when that is further. Nil when no head lies beyond `after`.
+    public func entryBatch(origin: NodeID, after: UInt64, maxEntries: Int, maxBytes: Int = 4 << 20) throws -> EntryBatch? {
         try read { db in
             let o = Data(origin.bytes)
-            let within = try Int64.fetchOne(
-                db, sql: "SELECT max(seq) FROM sync_heads WHERE origin = ? AND seq > ? AND seq <= ?",
+            let heads = try Int64.fetchAll(
+                db, sql: "SELECT seq FROM sync_heads WHERE origin = ? AND seq > ? AND seq <= ? ORDER BY seq",
                 arguments: [o, Int64(after), Int64(after) + Int64(maxEntries)])
+            var within: Int64?
+            if let furthest = heads.last {
+                // length() of a blob is read from the record header: no entry is read here.
+                let sizes = try Row.fetchAll(
+                    db, sql: "SELECT seq, length(bytes) FROM sync_entries WHERE origin = ? AND seq > ? AND seq <= ? ORDER BY seq",
+                    arguments: [o, Int64(after), furthest])
+                var bytes = 0
+                var remaining = heads[...]
+                for row in sizes {
+                    bytes += row[1] as Int
+                    guard bytes <= maxBytes else { break }
+                    let seq: Int64 = row[0]
+                    if seq == remaining.first {
+                        within = seq
+                        remaining = remaining.dropFirst()
+                    }
+                }
+            }
             let nearest = try Int64.fetchOne(
                 db, sql: "SELECT min(seq) FROM sync_heads WHERE origin = ? AND seq > ?", arguments: [o, Int64(after)])
             guard let end = within ?? nearest,

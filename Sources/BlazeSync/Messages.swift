@@ -28,6 +28,8 @@ enum PeerMessage {
     static let entriesType: UInt8 = 2
     static let errorType: UInt8 = 3
     static let pingType: UInt8 = 4
+    /// Bytes of a peer's `ERROR` reason kept.
+    static let maxErrorBytes = 200
 
     /// The message's bytes; throws for a batch that is not one origin's linked run (a damaged local log).
     func encoded() throws(SyncRejection) -> [UInt8] {
@@ -48,7 +50,7 @@ enum PeerMessage {
             try EntryRun.pack(batch.entries, into: &out)
             return out
         case .error(let reason):
-            return [Self.errorType] + Array(reason.utf8.prefix(1000))
+            return [Self.errorType] + Array(reason.utf8.prefix(Self.maxErrorBytes))
         case .ping:
             return [Self.pingType]
         }
@@ -74,7 +76,9 @@ enum PeerMessage {
             guard r.remaining == 0 else { throw .malformed }
             self = .entries(EntryBatch(origin: NodeID(bytes: head.origin), entries: entries, head: head))
         case Self.errorType?:
-            self = .error(String(decoding: r.rest(), as: UTF8.self))
+            // A peer's words end up in logs and `sync.status`: at most 200 bytes, control characters replaced.
+            let text = String(decoding: r.rest().prefix(Self.maxErrorBytes), as: UTF8.self)
+            self = .error(String(text.unicodeScalars.map { $0.value < 0x20 || $0.value == 0x7F ? "?" : Character($0) }))
         case Self.pingType?:
             guard r.remaining == 0 else { throw .malformed }
             self = .ping

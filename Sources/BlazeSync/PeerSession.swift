@@ -40,6 +40,8 @@ final class PeerSession: ChannelInboundHandler {
     private var pumpAgain = false
     /// Received batches in arrival order, each already being verified on the I/O pool.
     private var inbox: [(batch: EntryBatch, verified: EventLoopFuture<VerifiedBatch>)] = []
+    /// Entry bytes of the batches in `inbox`.
+    private var inboxBytes = 0
     private var applying = false
     /// Origins whose batches this session refuses: one of their batches was refused for what the origin signed
     /// (`SyncRejection.blamesOrigin`); later batches of theirs could not link to anything stored here.
@@ -63,6 +65,9 @@ final class PeerSession: ChannelInboundHandler {
 
     /// Batches waiting to be applied before reading pauses.
     static let maxInbox = 4
+    /// Bytes of received batches waiting to be applied before reading pauses: with one frame being read, a peer
+    /// holds at most this plus `SessionCipher.maxBody` of the receiver's memory.
+    static let maxInboxBytes = 8 << 20
     /// Entries per batch read for sending, and bytes read per pump round.
     static let batchEntries = 1000
     static let roundBytes = 4 << 20
@@ -280,6 +285,7 @@ final class PeerSession: ChannelInboundHandler {
     /// Counts a rejection, tells the peer why, and closes; batches received after the refused one are dropped.
     private func fail(_ reason: SyncRejection, context: ChannelHandlerContext) {
         inbox = []
+        inboxBytes = 0
         if let dbName {
             engine.status.reject(db: dbName, peer: peer, direction: direction, reason)
         } else {
@@ -399,7 +405,8 @@ final class PeerSession: ChannelInboundHandler {
             // storing the batches before it, which happens strictly in order.
             let verified = engine.pool.runIfActive(eventLoop: context.eventLoop) { try db.verify(batch: batch, key: key) }
             inbox.append((batch, verified))
-            if inbox.count >= Self.maxInbox && !readPaused {
+            inboxBytes += batch.byteCount
+            if (inbox.count >= Self.maxInbox || inboxBytes >= Self.maxInboxBytes) && !readPaused {
                 readPaused = true
                 context.channel.setOption(ChannelOptions.autoRead, value: false).whenFailure { _ in }
             }
@@ -424,6 +431,7 @@ final class PeerSession: ChannelInboundHandler {
     private func applyNext(context: ChannelHandlerContext) {
         guard !applying, !inbox.isEmpty, let db, let key else { return }
         let (batch, verified) = inbox.removeFirst()
+        inboxBytes -= batch.byteCount
         guard !refusedOrigins.contains(batch.origin) else {
             resumeReading(context: context)
             applyNext(context: context)
@@ -458,7 +466,7 @@ final class PeerSession: ChannelInboundHandler {
 
     /// Turns reading back on once the backlog is below its limit.
     private func resumeReading(context: ChannelHandlerContext) {
-        guard readPaused && inbox.count < Self.maxInbox else { return }
+        guard readPaused && inbox.count < Self.maxInbox && inboxBytes < Self.maxInboxBytes else { return }
         readPaused = false
         context.channel.setOption(ChannelOptions.autoRead, value: true).whenFailure { _ in }
     }
@@ -510,6 +518,9 @@ final class PeerSession: ChannelInboundHandler {
                 ahead = ahead.saturatingAdd(seq - after)
                 while bytes < Self.roundBytes, let batch = try db.entryBatch(origin: origin, after: after, maxEntries: Self.batchEntries) {
                     let message = try PeerMessage.entries(batch).encoded()
+                    // A span between two heads larger than a frame (signed before heads were cut by size) cannot
+                    // travel; the receiver would refuse the frame and the link would only reconnect.
+                    guard message.count <= SessionCipher.maxMessage else { break }
                     batches.append((batch, message))
                     bytes += message.count
                     after = batch.head.seq

@@ -81,9 +81,37 @@ final class HostileMember {
     }
 
     func close() {
+        if let drained {
+            // Wake the draining thread and let it finish before the descriptor can be reused.
+            shutdown(fd, Int32(SHUT_RDWR))
+            _ = drained.wait(timeout: .now() + 30)
+        }
         if fd >= 0 { Glibc.close(fd) }
         fd = -1
         cipher = nil
+        drained = nil
+    }
+
+    /// Signalled when the draining thread has stopped reading.
+    private var drained: DispatchSemaphore?
+
+    /// Reads and discards everything the server sends from now on, on a thread of its own, so the server never
+    /// blocks writing to this member; the thread stops at EOF or at `close()`. `receive` is not used afterwards.
+    func startDraining() {
+        guard fd >= 0, drained == nil else { return }
+        let done = DispatchSemaphore(value: 0)
+        drained = done
+        let fd = self.fd
+        Thread {
+            defer { done.signal() }
+            var buffer = [UInt8](repeating: 0, count: 65_536)
+            while true {
+                let n = buffer.withUnsafeMutableBytes { recv(fd, $0.baseAddress!, $0.count, 0) }
+                // A receive timeout is not the end: only EOF or an error (after `close()`'s shutdown) is.
+                if n > 0 || (n < 0 && (errno == EAGAIN || errno == EINTR)) { continue }
+                break
+            }
+        }.start()
     }
 
     /// Seals `message` as the next frame and sends it.
@@ -152,6 +180,18 @@ final class HostileMember {
 
     // MARK: Messages (SYNC.md §8)
 
+    /// Decodes a `STATE` message's vector (nil for any other message).
+    static func vector(ofState message: [UInt8]) -> [(origin: [UInt8], seq: UInt64)]? {
+        guard message.first == stateType, message.count >= 5 else { return nil }
+        let n = Int(message[1]) << 24 | Int(message[2]) << 16 | Int(message[3]) << 8 | Int(message[4])
+        guard message.count >= 5 + n * 24 else { return nil }
+        return (0..<n).map { i in
+            let at = 5 + i * 24
+            let seq = message[(at + 16)..<(at + 24)].reduce(UInt64(0)) { $0 << 8 | UInt64($1) }
+            return (Array(message[at..<(at + 16)]), seq)
+        }
+    }
+
     /// `STATE`: `count (4) · count × (origin (16) · seq (8))`, then optionally a head (152).
     static func state(_ vector: [(origin: [UInt8], seq: UInt64)], ownHead: [UInt8]? = nil) -> [UInt8] {
         var out: [UInt8] = [stateType]
@@ -205,6 +245,15 @@ final class HostileMember {
         return .object(o)
     }
 
+    /// The `ENTRIES` message carrying `entries` (this origin's, consecutive and linked) with a head signed over the
+    /// last one.
+    func message(for entries: [SealedEntry]) -> [UInt8] {
+        var run: [UInt8] = []
+        try! EntryRun.pack(entries, into: &run)
+        let last = entries.last!
+        return Self.entries(head: head(seq: last.header.seq, hash: last.hash), count: UInt32(entries.count), run: run)
+    }
+
     /// Seals `payloads` as this origin's entries from `firstSeq` (linked to `prev`), and the `ENTRIES` message that
     /// carries them with a head signed over the last one.
     func signedRun(_ payloads: [[UInt8]], firstSeq: UInt64 = 1, prev: [UInt8] = SealedEntry.genesis)
@@ -217,10 +266,7 @@ final class HostileMember {
             entries.append(e)
             link = e.hash
         }
-        var run: [UInt8] = []
-        try! EntryRun.pack(entries, into: &run)
-        let last = entries.last!
-        return (entries, Self.entries(head: head(seq: last.header.seq, hash: last.hash), count: UInt32(entries.count), run: run))
+        return (entries, message(for: entries))
     }
 
     /// Wall-clock time as a hybrid clock value (milliseconds << 16).
