@@ -116,6 +116,7 @@ let package = Package(
             dependencies: [
                 "BlazeDaemon", "BlazeClient", "BlazeProtocol", "BlazeStore", "BlazeCRDT", "BlazeCrypto", "BlazeSync", "BlazeTestSupport",
                 "BlazeConfig", "blazed", "blazectl",
+                .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "NIOEmbedded", package: "swift-nio"),

@@ -1,5 +1,6 @@
 import BlazeCrypto
 import BlazeProtocol
+import Crypto
 import Foundation
 
 #if canImport(Glibc)
@@ -16,20 +17,26 @@ import Glibc
 final class HostileMember {
     let key: SpaceKey
     let identity: DeviceIdentity
+    /// The member's origin id (16 bytes).
+    let origin: [UInt8]
+    /// The origin as 32 hex digits.
+    let originHex: String
+    /// Derived once: `DeviceIdentity.signingKey` rebuilds the key (and its public half) on every use.
+    private let signingKey: Curve25519.Signing.PrivateKey
+    private let publicKey: [UInt8]
     private var fd: Int32 = -1
     private var cipher: SessionCipher?
 
     /// Message type bytes (SYNC.md §8).
     static let stateType: UInt8 = 1, entriesType: UInt8 = 2, errorType: UInt8 = 3, pingType: UInt8 = 4
 
-    /// The member's origin id (16 bytes).
-    var origin: [UInt8] { identity.nodeID }
-    /// The origin as 32 hex digits.
-    var originHex: String { origin.map { String(format: "%02x", $0) }.joined() }
-
     init(key: SpaceKey, identity: DeviceIdentity = DeviceIdentity()) {
         self.key = key
         self.identity = identity
+        signingKey = identity.signingKey
+        publicKey = Array(signingKey.publicKey.rawRepresentation)
+        origin = Array(SHA256.hash(data: publicKey).prefix(16))
+        originHex = hexString(origin)
     }
 
     deinit { close() }
@@ -219,8 +226,8 @@ final class HostileMember {
         var out = origin
         out.appendBE(seq)
         out += hash
-        out += Array(identity.signingKey.publicKey.rawRepresentation)
-        out += Array(try! identity.signingKey.signature(for: message))
+        out += publicKey
+        out += Array(try! signingKey.signature(for: message))
         return out
     }
 

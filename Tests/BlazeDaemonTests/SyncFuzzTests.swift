@@ -16,9 +16,14 @@ struct SyncFuzzer {
     private(set) var honest: [(member: HostileMember, entries: [SealedEntry])] = []
     private(set) var counts: [String: Int] = [:]
 
+    /// Throwaway origins for hostile changes and `STATE` heads (every change they sign is refused, so reusing them
+    /// costs nothing and saves generating keys for every message).
+    private let throwaway: [HostileMember]
+
     init(seed: UInt64, key: SpaceKey) {
         rng = SeededRandom(seed: seed)
         self.key = key
+        throwaway = (0..<32).map { _ in HostileMember(key: key) }
     }
 
     /// Ids of every document the honest chains wrote.
@@ -78,7 +83,8 @@ struct SyncFuzzer {
         }
         let head: [UInt8]? =
             Int.random(in: 0..<5, using: &rng) == 0
-            ? HostileMember(key: key).head(seq: max(1, bigSeq()), hash: (0..<32).map { _ in UInt8.random(in: 0...255, using: &rng) })
+            ? throwaway.randomElement(using: &rng)!.head(
+                seq: max(1, bigSeq()), hash: (0..<32).map { _ in UInt8.random(in: 0...255, using: &rng) })
             : nil
         return HostileMember.state(vector, ownHead: head)
     }
@@ -108,7 +114,7 @@ struct SyncFuzzer {
     /// One signed, well-formed entry of a throwaway origin whose change breaks a bound; every such change writes a
     /// document whose id starts with `h-`, and none may ever be stored.
     private mutating func hostileChange() -> [UInt8] {
-        let m = HostileMember(key: key)
+        let m = throwaway.randomElement(using: &rng)!
         let id = "h-\(m.originHex.prefix(12))"
         let now = HostileMember.clockNow()
         func doc(_ collection: String = "fuzz", _ docID: String? = nil, cl: Int64 = 1, set: [String: JSONValue] = ["x": 1],
@@ -228,6 +234,7 @@ struct SyncFuzzer {
         var sent = 0, connections = 0
         var members: [HostileMember?] = [nil, nil]
         let started = Date()
+        var generation = 0.0
         while sent < total {
             let target = sent % 2
             if members[target] == nil {
@@ -241,8 +248,11 @@ struct SyncFuzzer {
                 members[target] = m
                 connections += 1
             }
+            let generating = Date()
+            let messages = fuzzer.next(over: members[target]!)
+            generation += Date().timeIntervalSince(generating)
             do {
-                for message in fuzzer.next(over: members[target]!) {
+                for message in messages {
                     try members[target]!.send(message)
                     sent += 1
                 }
@@ -255,7 +265,8 @@ struct SyncFuzzer {
         for m in members { m?.close() }
         let seconds = Date().timeIntervalSince(started)
         print(
-            "sync fuzzer: \(sent) messages over \(connections) connections in \(Int(seconds)) s; "
+            "sync fuzzer: \(sent) messages over \(connections) connections in \(Int(seconds)) s "
+                + "(\(Int(generation)) s generating them); "
                 + "\(fuzzer.counts.sorted { $0.key < $1.key })")
 
         // Both daemons are up and serve local clients.
