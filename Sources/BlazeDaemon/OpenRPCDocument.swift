@@ -642,7 +642,7 @@ let openRPCDocumentText = ###"""
     {
       "name": "db.restore",
       "summary": "Creates a new database from a file written by db.backup; the copy is local (detached from sync) until shared anew.",
-      "description": "The file is checked (SQLite integrity check, BlazeDB tables, a schema this daemon knows) and copied; it is never modified. The new database keeps every document, change and index but no space, peers or sealed entries. A copy that holds changes of other devices cannot be shared anew (db.share fails with restored_copy): join the original space instead.",
+      "description": "The file is treated as untrusted. It is checked (SQLite integrity check, BlazeDB tables, a schema this daemon knows, and every schema object against those BlazeDB's own migrations create: a trigger, a view, an unknown or altered table is refused with backup_tampered) and copied; the file itself is never modified. In the copy, indexes BlazeDB does not know are dropped and user indexes rebuilt from their definitions, and every stored document state, change and index definition is validated like data from another device (backup_invalid). The new database keeps every document, change and index but no space, peers or sealed entries. A copy that holds changes of other devices cannot be shared anew (db.share fails with restored_copy): join the original space instead.",
       "paramStructure": "by-name",
       "params": [
         {

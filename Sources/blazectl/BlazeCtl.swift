@@ -289,6 +289,17 @@ struct Sync: ParsableCommand {
                     }
                 }
                 printTable(["DB", "PEER", "STATE", "SENT", "RECEIVED", "ERRORS", "REJECTED"], rows)
+                let refused = [("strangers refused", r["strangersRefused"]), ("over connection limits", r["refusedOverLimit"])]
+                    .filter { ($0.1?.intValue ?? 0) > 0 }.map { "\($0.0): \(text($0.1))" }
+                if !refused.isEmpty { print("inbound: " + refused.joined(separator: ", ")) }
+                for d in r["databases"]?.arrayValue ?? [] {
+                    for f in d["forks"]?.arrayValue ?? [] {
+                        print(
+                            "FORK in \(text(d["db"])): origin \(text(f["origin"])) signed two entries for seq \(text(f["seq"])) "
+                                + "(held \(text(f["heldHash"]).prefix(16))…, other \(text(f["otherHash"]).prefix(16))…); "
+                                + "the origin is quarantined")
+                    }
+                }
             }
         }
     }

@@ -286,6 +286,8 @@ final class SyncTarget {
         #expect(forks?.first?["origin"]?.stringValue == m.originHex)
         #expect(forks?.first?["seq"] == 1)
         #expect(forks?.first?["heldHash"]?.stringValue == hexString(held[0].hash))
+        let shown = try run(buildDirectory + "/blazectl", ["sync", "status", "team", "--socket", t.daemon.socket])
+        #expect(shown.out.contains("FORK in team: origin \(m.originHex) signed two entries for seq 1"), "\(shown.out)")
         // Quarantined: a later entry of the forked origin, even one that continues the held branch, is refused.
         m.close()
         let again = try t.member(forker)
