@@ -94,16 +94,20 @@ public enum Replica {
         var report = ReceiveReport()
         var vv = try storage.versionVector()
         var progressed = false
+        /// Applies a ready change, advances the vector and forgets any parked copy of it.
+        func applyReady(_ c: Change) throws {
+            try apply(c, to: storage)
+            if clock.observe(c.hlc, now: now) { report.skewedClocks += 1 }
+            vv[c.origin] = c.seq
+            try storage.unpark(origin: c.origin, seq: c.seq)
+            report.applied += 1
+        }
         for c in changes.sorted(by: { $0.origin != $1.origin ? $0.origin < $1.origin : $0.seq < $1.seq }) {
             if c.seq <= vv[c.origin] {
                 report.duplicates += 1
             } else if isReady(c, vv) {
-                try apply(c, to: storage)
-                if clock.observe(c.hlc, now: now) { report.skewedClocks += 1 }
-                vv[c.origin] = c.seq
-                // A copy parked when it arrived too early is now a duplicate.
-                try storage.unpark(origin: c.origin, seq: c.seq)
-                report.applied += 1
+                // (A copy parked when it arrived too early is a duplicate from now on.)
+                try applyReady(c)
                 progressed = true
             } else {
                 try storage.park(c)
@@ -116,11 +120,7 @@ public enum Replica {
         while true {
             var moved = false
             for c in try storage.parkedNext(vv).sorted(by: { $0.origin < $1.origin }) where isReady(c, vv) {
-                try apply(c, to: storage)
-                if clock.observe(c.hlc, now: now) { report.skewedClocks += 1 }
-                vv[c.origin] = c.seq
-                try storage.unpark(origin: c.origin, seq: c.seq)
-                report.applied += 1
+                try applyReady(c)
                 moved = true
             }
             if !moved { break }

@@ -51,10 +51,26 @@ final class SyncTarget {
         let c = try daemon.connect(timeout: 20)
         let id = "probe-\(UUID().uuidString.prefix(8))"
         _ = try c.call("doc.insert", ["db": "team", "collection": "notes", "doc": ["_id": .string(id), "v": 1]])
-        #expect(try c.call("doc.get", ["db": "team", "collection": "notes", "id": .string(id)])["doc"]?["v"] == 1,
+        _ = try c.call("doc.patch", ["db": "team", "collection": "notes", "id": .string(id), "incr": ["v": 1]])
+        #expect(try c.call("doc.get", ["db": "team", "collection": "notes", "id": .string(id)])["doc"]?["v"] == 2,
             sourceLocation: sourceLocation)
         _ = try c.call("doc.delete", ["db": "team", "collection": "notes", "id": .string(id)])
-        _ = try c.call("doc.patch", ["db": "team", "collection": "notes", "id": "seed", "incr": ["n": 1]])
+    }
+
+    /// Sends `message` over `member`, then checks the daemon refused it for `reason` (closing the connection when
+    /// `closes`) and still serves local clients.
+    func expectRefusal(_ message: [UInt8], over member: HostileMember, _ reason: String, closes: Bool,
+        sourceLocation: SourceLocation = #_sourceLocation) throws
+    {
+        try member.send(message)
+        if closes { #expect(member.awaitClose().closed, sourceLocation: sourceLocation) }
+        #expect(try awaitRejection(reason), sourceLocation: sourceLocation)
+        try expectServing(sourceLocation: sourceLocation)
+    }
+
+    /// A signed run of one change of `member`'s origin at seq 1, with the clock `hlc` (default: now).
+    static func change(_ member: HostileMember, hlc: Int64 = HostileMember.clockNow(), _ ops: [JSONValue]) -> [UInt8] {
+        member.signedRun([member.changeText(seq: 1, hlc: hlc, ops: ops)]).message
     }
 
     /// Whether the document exists on the target.
@@ -76,10 +92,7 @@ final class SyncTarget {
     @Test func stateNamingASequenceAtTwoToThe63IsRefused() throws {
         let t = try SyncTarget()
         let m = try t.member()
-        try m.send(HostileMember.state([(Self.zero16, 1 << 63), (m.origin, 5)]))
-        #expect(m.awaitClose().closed)
-        #expect(try t.awaitRejection("malformed"))
-        try t.expectServing()
+        try t.expectRefusal(HostileMember.state([(Self.zero16, 1 << 63), (m.origin, 5)]), over: m, "malformed", closes: true)
         t.daemon.stop()
     }
 
@@ -87,10 +100,7 @@ final class SyncTarget {
         let t = try SyncTarget()
         let m = try t.member()
         let head = m.head(seq: 1 << 63, hash: [UInt8](repeating: 7, count: 32))
-        try m.send(HostileMember.state([(m.origin, 1 << 61)], ownHead: head))
-        #expect(m.awaitClose().closed)
-        #expect(try t.awaitRejection("malformed"))
-        try t.expectServing()
+        try t.expectRefusal(HostileMember.state([(m.origin, 1 << 61)], ownHead: head), over: m, "malformed", closes: true)
         t.daemon.stop()
     }
 
@@ -101,10 +111,8 @@ final class SyncTarget {
         run.appendBE(UInt64.max)
         run += SealedEntry.genesis
         for _ in 0..<2 { run += [UInt8](repeating: 1, count: 12) + [1, 16] + [UInt8](repeating: 0, count: 16) }
-        try m.send(HostileMember.entries(head: m.head(seq: 1, hash: SealedEntry.genesis), count: 2, run: run))
-        #expect(m.awaitClose().closed)
-        #expect(try t.awaitRejection("malformed"))
-        try t.expectServing()
+        let message = HostileMember.entries(head: m.head(seq: 1, hash: SealedEntry.genesis), count: 2, run: run)
+        try t.expectRefusal(message, over: m, "malformed", closes: true)
         t.daemon.stop()
     }
 
@@ -117,10 +125,8 @@ final class SyncTarget {
         run += [UInt8](repeating: 1, count: 12) + [1]
         run.appendVarint(1 << 63)
         run += [UInt8](repeating: 0, count: 32)
-        try m.send(HostileMember.entries(head: m.head(seq: 1, hash: SealedEntry.genesis), count: 1, run: run))
-        #expect(m.awaitClose().closed)
-        #expect(try t.awaitRejection("malformed"))
-        try t.expectServing()
+        let message = HostileMember.entries(head: m.head(seq: 1, hash: SealedEntry.genesis), count: 1, run: run)
+        try t.expectRefusal(message, over: m, "malformed", closes: true)
         t.daemon.stop()
     }
 
@@ -141,11 +147,9 @@ final class SyncTarget {
         let dir = TempDir()
         let t = try SyncTarget(dir: dir)
         let m = try t.member()
-        let change = m.changeText(seq: 1, hlc: -1, ops: [HostileMember.docOp("notes", "poison", set: ["a": 1])])
-        try m.send(m.signedRun([change]).message)
-        #expect(try t.awaitRejection("invalid_change"))
+        let change = SyncTarget.change(m, hlc: -1, [HostileMember.docOp("notes", "poison", set: ["a": 1])])
+        try t.expectRefusal(change, over: m, "invalid_change", closes: false)
         #expect(try !t.has("poison"))
-        try t.expectServing()
         t.daemon.stop()
         let again = try DaemonProcess(arguments: ["--sync-listen", "127.0.0.1:0"], dir: dir)
         let c = try again.connect()
@@ -157,11 +161,9 @@ final class SyncTarget {
     @Test func signedChangeWithAClockFarAheadIsRefusedAndTheOriginCanContinueLater() throws {
         let t = try SyncTarget()
         let m = try t.member()
-        let ahead = m.changeText(
-            seq: 1, hlc: HostileMember.clockNow(plusMilliseconds: 86_400_000),
-            ops: [HostileMember.docOp("notes", "future", set: ["a": 1])])
-        try m.send(m.signedRun([ahead]).message)
-        #expect(try t.awaitRejection("clock_ahead"))
+        let ahead = SyncTarget.change(
+            m, hlc: HostileMember.clockNow(plusMilliseconds: 86_400_000), [HostileMember.docOp("notes", "future", set: ["a": 1])])
+        try t.expectRefusal(ahead, over: m, "clock_ahead", closes: false)
         #expect(try !t.has("future"))
         // Nothing of the refused entry was kept: the origin's seq 1 is still free, so a change with an honest clock
         // (as a device with a corrected clock would send) is accepted.
@@ -180,10 +182,8 @@ final class SyncTarget {
     func causalLengthBeyondWhatItsHistoryCanProduceIsRefused(cl: Int64) throws {
         let t = try SyncTarget()
         let m = try t.member()
-        let change = m.changeText(
-            seq: 1, hlc: HostileMember.clockNow(), ops: [HostileMember.docOp("notes", "seed", cl: cl, set: ["n": 9])])
-        try m.send(m.signedRun([change]).message)
-        #expect(try t.awaitRejection("invalid_change"))
+        let change = SyncTarget.change(m, [HostileMember.docOp("notes", "seed", cl: cl, set: ["n": 9])])
+        try t.expectRefusal(change, over: m, "invalid_change", closes: false)
         #expect(try t.client.call("doc.get", ["db": "team", "collection": "notes", "id": "seed"])["doc"]?["n"] == 1)
         _ = try t.client.call("doc.delete", ["db": "team", "collection": "notes", "id": "seed"])
         _ = try t.client.call("doc.put", ["db": "team", "collection": "notes", "id": "seed", "doc": ["n": 2]])
@@ -194,13 +194,9 @@ final class SyncTarget {
     @Test func incrementByAStringIsRefused() throws {
         let t = try SyncTarget()
         let m = try t.member()
-        let change = m.changeText(
-            seq: 1, hlc: HostileMember.clockNow(),
-            ops: [HostileMember.docOp("notes", "seed", incr: ["n": "lots"])])
-        try m.send(m.signedRun([change]).message)
-        #expect(try t.awaitRejection("invalid_change"))
+        let change = SyncTarget.change(m, [HostileMember.docOp("notes", "seed", incr: ["n": "lots"])])
+        try t.expectRefusal(change, over: m, "invalid_change", closes: false)
         #expect(try t.client.call("doc.get", ["db": "team", "collection": "notes", "id": "seed"])["doc"]?["n"] == 1)
-        try t.expectServing()
         t.daemon.stop()
     }
 
