@@ -107,9 +107,7 @@ final class SyncTarget {
     @Test func entriesRunStartingAtTheLastSequenceIsRefusedBeforeArithmetic() throws {
         let t = try SyncTarget()
         let m = try t.member()
-        var run = t.key.id + m.origin
-        run.appendBE(UInt64.max)
-        run += SealedEntry.genesis
+        var run = m.runPrefix(firstSeq: .max)
         for _ in 0..<2 { run += [UInt8](repeating: 1, count: 12) + [1, 16] + [UInt8](repeating: 0, count: 16) }
         let message = HostileMember.entries(head: m.head(seq: 1, hash: SealedEntry.genesis), count: 2, run: run)
         try t.expectRefusal(message, over: m, "malformed", closes: true)
@@ -119,9 +117,7 @@ final class SyncTarget {
     @Test func entryLengthVarintOfTwoToThe63IsRefused() throws {
         let t = try SyncTarget()
         let m = try t.member()
-        var run = t.key.id + m.origin
-        run.appendBE(UInt64(1))
-        run += SealedEntry.genesis
+        var run = m.runPrefix(firstSeq: 1)
         run += [UInt8](repeating: 1, count: 12) + [1]
         run.appendVarint(1 << 63)
         run += [UInt8](repeating: 0, count: 32)
