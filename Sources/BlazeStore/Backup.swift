@@ -168,6 +168,14 @@ extension Store {
             try target.write { db in
                 try RestoreCheck.rows(db, path: backupPath, limits: limits)
                 try RestoreCheck.rebuildUserIndexes(db)
+                // The feed's events are the original database's history for its subscribers, and nothing validates
+                // them: the new database starts its feed empty, after the last sequence the original used.
+                let last = try Int64.fetchOne(db, sql: "SELECT max(seq) FROM feed") ?? 0
+                let floor = try String.fetchOne(db, sql: "SELECT value FROM meta WHERE key = 'feed_floor'").flatMap { Int64($0) }
+                try db.execute(sql: "DELETE FROM feed")
+                try db.execute(
+                    sql: "INSERT INTO meta(key, value) VALUES ('feed_floor', ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+                    arguments: [String(max(last, max(0, floor ?? 0)))])
             }
             try target.close()
             try BlazeDatabase.syncFile(partial)

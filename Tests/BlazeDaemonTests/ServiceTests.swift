@@ -320,6 +320,8 @@ final class NotifyListener {
         // The restored database is an ordinary local one: it takes writes and is not shared.
         _ = try c.call("doc.put", ["db": "restored", "collection": "k", "id": "after", "doc": ["ok": true]])
         expectRPCError(c, "sync.now", ["db": "restored"], code: -32020, kind: "not_shared")
+        // The feed of the original is not carried over (nothing would validate its events): it starts empty.
+        expectRPCError(c, "subscribe", ["db": "restored", "since": 1], code: -32012, kind: "feed_expired")
         d.stop()
     }
 
