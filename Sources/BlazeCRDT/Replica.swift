@@ -46,6 +46,8 @@ public protocol ReplicaStorage {
     func parkedNext(_ vv: VersionVector) throws -> [Change]
     /// How many changes are parked.
     func parkedCount() throws -> Int
+    /// Whether any change is parked.
+    func hasParked() throws -> Bool
 }
 
 extension ReplicaStorage {
@@ -56,6 +58,9 @@ extension ReplicaStorage {
 
     /// Default: counts `parked()`.
     public func parkedCount() throws -> Int { try parked().count }
+
+    /// Default: `parkedCount() > 0`.
+    public func hasParked() throws -> Bool { try parkedCount() > 0 }
 
     /// Default: `document`, then `saveDocument`. Storages that cache states override it to edit without a copy.
     public func updateDocument(_ key: DocKey, _ edit: (inout DocumentState) -> Void) throws {
@@ -94,12 +99,14 @@ public enum Replica {
         var report = ReceiveReport()
         var vv = try storage.versionVector()
         var progressed = false
+        // Parked changes are rare: when there are none, nothing below looks for them.
+        var anyParked = try storage.hasParked()
         /// Applies a ready change, advances the vector and forgets any parked copy of it.
         func applyReady(_ c: Change) throws {
             try apply(c, to: storage)
             if clock.observe(c.hlc, now: now) { report.skewedClocks += 1 }
             vv[c.origin] = c.seq
-            try storage.unpark(origin: c.origin, seq: c.seq)
+            if anyParked { try storage.unpark(origin: c.origin, seq: c.seq) }
             report.applied += 1
         }
         for c in changes.sorted(by: { $0.origin != $1.origin ? $0.origin < $1.origin : $0.seq < $1.seq }) {
@@ -111,10 +118,11 @@ public enum Replica {
                 progressed = true
             } else {
                 try storage.park(c)
+                anyParked = true
                 report.parked += 1
             }
         }
-        guard progressed || report.parked > 0 else { return report }
+        guard anyParked, progressed || report.parked > 0 else { return report }
         // Drain parked changes that became ready, until nothing moves. Only a change that is next from its origin can
         // be ready, so each round reads at most one parked change per origin (not every parked change).
         while true {

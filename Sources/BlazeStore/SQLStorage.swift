@@ -600,6 +600,10 @@ final class SQLStorage: ReplicaStorage {
         try Int.fetchOne(db, sql: "SELECT count(*) FROM parked") ?? 0
     }
 
+    func hasParked() throws -> Bool {
+        try Bool.fetchOne(db.cachedStatement(sql: "SELECT EXISTS(SELECT 1 FROM parked)")) ?? false
+    }
+
     func unpark(origin: NodeID, seq: UInt64) throws {
         try db.cachedStatement(sql: "DELETE FROM parked WHERE origin = ? AND seq = ?").execute(
             arguments: [origin.hex, Int64(seq)])
