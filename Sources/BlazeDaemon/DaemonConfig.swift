@@ -38,7 +38,7 @@ public struct DaemonConfig: Sendable {
     public var defaultDatabase: String?
     /// `host:port` to accept sync peers on; nil (the default) accepts none (outbound peers still work).
     public var syncListen: String?
-    /// Milliseconds a sync handshake may take and a sync peer may stay silent before its connection is closed.
+    /// Milliseconds a sync peer may stay silent before its connection is closed (handshakes: `syncListenerLimits`).
     public var syncTimeoutMs: Int = 30_000
     /// Limits on inbound sync connections: handshakes, totals, per source address, handshake deadline.
     public var syncListenerLimits = SyncListenerLimits()

@@ -11,10 +11,11 @@ import Synchronization
 /// After the handshake both sides send `STATE` (what they hold per origin, and their own signed head), then each
 /// sends the other exactly the entries it lacks, per origin in sequence order, in batches that end at signed heads,
 /// and keeps pushing new entries as changes commit. Received batches are verified and applied one at a time, in
-/// order, on the I/O pool; reading pauses while a backlog waits, so a fast sender cannot make memory grow.
-/// Any frame or entry that does not verify closes the connection after counting the reason; the outbound side
-/// reconnects. A handshake that does not finish within the engine's timeout, or a peer silent for that long, closes
-/// it too; a quiet connection sends `PING` so that it is never silent.
+/// order, on the I/O pool; reading pauses while a backlog of batches or bytes waits, so a fast sender cannot make
+/// memory grow. A batch refused for what its origin signed is counted and that origin skipped for the session; any
+/// other frame or entry that does not verify closes the connection after counting the reason, and the outbound side
+/// reconnects. A handshake that does not finish within the handshake timeout, or a peer silent for the engine's
+/// timeout, closes it too; a quiet connection sends `PING` so that it is never silent.
 final class PeerSession: ChannelInboundHandler {
     typealias InboundIn = ByteBuffer
     typealias OutboundOut = ByteBuffer
@@ -54,7 +55,6 @@ final class PeerSession: ChannelInboundHandler {
     private var bodyLength: Int?
     private var lastRead = NIODeadline.now()
     private var lastWrite = NIODeadline.now()
-    private var opened = NIODeadline.now()
     private var timer: RepeatedTask?
     /// Wire bytes sent and received since they were last added to the status book.
     private var unreported = (sent: 0, received: 0)
@@ -115,9 +115,8 @@ final class PeerSession: ChannelInboundHandler {
         if case .awaitingAuth(let server) = phase {
             context.writeAndFlush(wrapOutboundOut(frame(server.hello)), promise: nil)
         }
-        opened = .now()
-        lastRead = opened
-        lastWrite = opened
+        lastRead = .now()
+        lastWrite = lastRead
         let tick = TimeAmount.nanoseconds(engine.timeout.nanoseconds / 3)
         let bound = NIOLoopBound((self, context), eventLoop: context.eventLoop)
         timer = context.eventLoop.scheduleRepeatedTask(initialDelay: tick, delay: tick) { _ in

@@ -18,7 +18,7 @@ public final class SyncEngine: Sendable {
     let group: any EventLoopGroup
     let pool: NIOThreadPool
     let logger: Logger
-    /// How long a handshake may take and a peer may stay silent before its connection is closed.
+    /// How long an established peer may stay silent before its connection is closed.
     public let timeout: TimeAmount
     let status = StatusBook()
     /// Inbound connections refused because the peer proved no key served here (or none in time).
