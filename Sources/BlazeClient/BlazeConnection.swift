@@ -91,9 +91,14 @@ public final class BlazeConnection {
             guard let result = response["result"] else {
                 throw ClientError("response without result: \(response.jsonText)")
             }
+            resultObserver?(method, result)
             return result
         }
     }
+
+    /// Called with the method and result of every successful `call` (test suites check each result against the
+    /// method's result schema in `Protocol/blazedb.openrpc.json`).
+    public var resultObserver: ((String, JSONValue) -> Void)?
 
     /// Notifications that arrived while `call` waited for its response, oldest first.
     public var notifications: [JSONValue] = []

@@ -68,8 +68,11 @@ final class DaemonProcess: @unchecked Sendable {
     var pid: Int32 { process.processIdentifier }
     var logText: String { log.withLock { $0 } }
 
+    /// A client whose every result is checked against its schema in the protocol document (`ResultSchemas`).
     func connect(timeout: Int = 60) throws -> BlazeConnection {
-        try BlazeConnection(socketPath: socket, timeoutSeconds: timeout)
+        let c = try BlazeConnection(socketPath: socket, timeoutSeconds: timeout)
+        ResultSchemas.observe(c)
+        return c
     }
 
     /// Resident memory of the daemon in KiB.

@@ -7,6 +7,10 @@ import os from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { BlazeClient, BlazeError, ErrorCodes, defaultSocketPath } from '../index.js';
+import { checkEveryResult, resultProblems } from '../test-support/schema.mjs';
+
+// Every result any test receives is checked against its schema in the protocol document.
+checkEveryResult(BlazeClient);
 
 const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..', '..', '..');
 let daemon;
@@ -169,4 +173,11 @@ test('the todo example runs', async () => {
   assert.equal(done, 1);
   assert.deepEqual(events, ['insert milk', 'insert docs', 'leave milk']);
   assert.deepEqual((await main(socketPath)).events, events);
+});
+
+test('a result that breaks its schema is reported', () => {
+  assert.deepEqual(resultProblems('db.list', { databases: [{ name: 'a' }] }), []);
+  assert.ok(resultProblems('db.list', {}).some((p) => p.includes('missing databases')));
+  assert.ok(resultProblems('db.list', { databases: [1] }).length > 0);
+  assert.ok(resultProblems('db.list', { databases: [], extra: true }).some((p) => p.includes('unexpected member')));
 });

@@ -5,9 +5,13 @@ import shutil
 import signal
 import subprocess
 import tempfile
+import json
 import time
 
+import jsonschema
 import pytest
+
+import blazedb
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
@@ -60,3 +64,20 @@ def daemon():
     assert code == 0, f"blazed exited with {code}"
     errors = [line for line in d.log.decode(errors="replace").splitlines() if "level=error" in line or "level=critical" in line]
     assert not errors, f"blazed logged errors: {errors}"
+
+
+_DOC = json.load(open(os.path.join(ROOT, "Protocol", "blazedb.openrpc.json"), encoding="utf-8"))
+_RESULTS = {m["name"]: dict(m["result"]["schema"], components=_DOC["components"]) for m in _DOC["methods"]}
+
+
+@pytest.fixture(autouse=True)
+def every_result_matches_its_schema(monkeypatch):
+    """Checks the result of every call any test makes against its schema in the protocol document."""
+    original = blazedb.Client.call
+
+    def checked(self, method, params=None):
+        result = original(self, method, params)
+        jsonschema.validate(result, _RESULTS[method], cls=jsonschema.Draft7Validator)
+        return result
+
+    monkeypatch.setattr(blazedb.Client, "call", checked)

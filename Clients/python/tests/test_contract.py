@@ -226,3 +226,12 @@ def test_subscription_notifications_match_the_document(client, daemon):
     types = [e["type"] for p in seen[:-1] for e in p["events"]]
     assert types == ["insert", "leave"]
     assert seen[-1]["error"]["data"]["kind"] == "database_dropped"
+
+
+def test_every_call_of_every_test_is_checked_against_its_result_schema(daemon):
+    from conftest import _RESULTS
+    assert blazedb.Client.call.__name__ == "checked"
+    with blazedb.Client(daemon.socket) as c:
+        assert c.call("db.list")["databases"]
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({"databases": [{"name": "a", "extra": 1}]}, _RESULTS["db.list"], cls=jsonschema.Draft7Validator)
