@@ -200,16 +200,17 @@ final class SyncTarget {
     /// with a key: local clients keep being served and connections over the limits are closed at once. The latency
     /// of local reads is printed for the issue note, not asserted.
     @Test func floodOfStrangersOnTheSyncPortLeavesLocalClientsServed() throws {
-        ProcessLimits.raiseOpenFiles()
+        // 2,000 connections, or as many as this process may open (the hard limit here is 20,000).
+        let connections = min(2_000, Int(ProcessLimits.raiseOpenFiles().soft) - 300)
         let t = try SyncTarget()
         var held: [Int32] = []
         defer { for fd in held { close(fd) } }
-        for i in 0..<2_000 {
+        for i in 0..<connections {
             guard let fd = try? HostileMember.openSocket(port: t.port, timeoutSeconds: 5, sourceAddress: "127.0.0.\(2 + i % 100)")
             else { continue }
             held.append(fd)
         }
-        #expect(held.count >= 1_900, "opened \(held.count) connections")
+        #expect(held.count >= connections * 95 / 100, "opened \(held.count) of \(connections) connections")
         // A churn of new connections while local reads run (bounded: 3,000 connects).
         let stop = Atomic<Bool>(false)
         let port = t.port
