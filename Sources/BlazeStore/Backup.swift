@@ -241,6 +241,15 @@ enum RestoreCheck {
         func invalid(_ what: String) -> StoreError {
             StoreError.invalid("backup_invalid", "\(path) holds \(what); refusing to restore it")
         }
+        // SQLite's column affinity does not enforce types, and decoding a value of the wrong type traps: every column
+        // the daemon reads must hold its type before any row is decoded.
+        for (table, columns) in columnTypes {
+            let wrong = columns.map { "typeof(\($0.column)) NOT IN (\($0.types.map { "'\($0)'" }.joined(separator: ", ")))" }
+            let found = try String.fetchOne(
+                db, sql: "SELECT \(columns.map(\.column).joined(separator: " || ','|| ")) FROM \(table) WHERE "
+                    + wrong.joined(separator: " OR ") + " LIMIT 1")
+            guard found == nil else { throw invalid("a value of the wrong type in table \(table)") }
+        }
         let homeText = try String.fetchOne(db, sql: "SELECT value FROM meta WHERE key = 'stamp_home'")
         var coding = StampCoding.hex
         if let homeText {
@@ -272,13 +281,21 @@ enum RestoreCheck {
         }
         let validator = ChangeValidator(limits: limits, now: now)
         for table in ["changes", "parked"] {
-            let rows = try Row.fetchCursor(db, sql: "SELECT origin, seq, body FROM \(table)")
+            let clock = table == "changes" ? "hlc" : "NULL"
+            let rows = try Row.fetchCursor(db, sql: "SELECT origin, seq, body, \(clock) FROM \(table)")
             while let row = try rows.next() {
-                let origin: String = row[0], seq: Int64 = row[1], body: String = row[2]
+                let origin: String = row[0], seq: Int64 = row[1], body: String = row[2], hlc: Int64? = row[3]
                 guard let change = try? Change(json: try JSONParser(maxDepth: limits.maxDepth + 4).parse(body)),
-                    change.origin.hex == origin, Int64(exactly: change.seq) == seq, validator.accepts(change)
+                    change.origin.hex == origin, Int64(exactly: change.seq) == seq, validator.accepts(change),
+                    hlc == nil || hlc == Int64(bitPattern: change.hlc.raw)
                 else { throw invalid("an invalid change \(seq) of \(origin) in \(table)") }
             }
+        }
+        for row in try Row.fetchAll(db, sql: "SELECT name, state FROM index_states") {
+            let name: String = row[0], state: String = row[1]
+            guard case .object(let o)? = try? JSONParser(maxDepth: 8).parse(state), let stamp = o["s"].flatMap({ Stamp(json: $0) }),
+                stamp.hlc.raw < ChangeBounds.maxClock, case .string? = o["c"]
+            else { throw invalid("an invalid state of index \(Names.quoted(name))") }
         }
         for row in try Row.fetchAll(db, sql: "SELECT origin, seq FROM versions") {
             let origin: String = row[0], seq: Int64 = row[1]
@@ -294,6 +311,20 @@ enum RestoreCheck {
             else { throw invalid("an invalid definition of index \(Names.quoted(name))") }
         }
     }
+
+    /// The SQLite types each column the daemon reads may hold (`sync_*` and `feed` are emptied by the restore).
+    static let columnTypes: [(table: String, columns: [(column: String, types: [String])])] = [
+        ("meta", [("key", ["text"]), ("value", ["text"])]),
+        ("collections", [("name", ["text"]), ("created_at", ["integer"])]),
+        ("docs", [("collection", ["text"]), ("id", ["text"]), ("body", ["text"]), ("state", ["text", "null"]),
+            ("conflicted", ["integer"])]),
+        ("tombstones", [("collection", ["text"]), ("id", ["text"]), ("state", ["text"])]),
+        ("changes", [("origin", ["text"]), ("seq", ["integer"]), ("hlc", ["integer"]), ("body", ["text"])]),
+        ("parked", [("origin", ["text"]), ("seq", ["integer"]), ("body", ["text"])]),
+        ("versions", [("origin", ["text"]), ("seq", ["integer"])]),
+        ("indexes", [("name", ["text"]), ("collection", ["text"]), ("fields", ["text"]), ("created_at", ["integer"])]),
+        ("index_states", [("name", ["text"]), ("state", ["text"])]),
+    ]
 
     /// Builds every user index from its definition in `indexes` (after unknown indexes were dropped).
     static func rebuildUserIndexes(_ db: Database) throws {

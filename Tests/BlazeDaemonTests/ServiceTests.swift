@@ -336,6 +336,11 @@ final class NotifyListener {
             "backup_invalid"),
         ("string increment", "UPDATE changes SET body = replace(body, '\"incr\":{\"n\":1}', '\"incr\":{\"n\":\"x\"}')",
             "backup_invalid"),
+        // Values of the wrong SQLite type used to trap the daemon when decoded (affinity does not enforce types).
+        ("text clock", "UPDATE changes SET hlc = 'soon' WHERE seq = 1", "backup_invalid"),
+        ("text version", "UPDATE versions SET seq = 'many'", "backup_invalid"),
+        ("blob id", "UPDATE docs SET id = x'00ff' WHERE id = 'x'", "backup_invalid"),
+        ("clock column apart from its change", "UPDATE changes SET hlc = hlc + 1 WHERE seq = 1", "backup_invalid"),
     ])
     func aCraftedBackupIsRefused(what: String, sql: String, kind: String) throws {
         let d = try DaemonProcess()
