@@ -20,6 +20,7 @@ bench:
 	swift build -c release --product blazebench
 	.build/release/blazebench
 
-# Regenerate the clients and the daemon's copy of Protocol/blazedb.openrpc.json after editing it.
+# Regenerate the Swift method table and the Python and Node clients after editing Protocol/blazedb.openrpc.json
+# (CI fails when they are stale: Clients/test.sh runs the generator with --check).
 generate:
 	python3 Protocol/codegen/generate.py

@@ -6,9 +6,9 @@ let strict: [SwiftSetting] = [
     .enableUpcomingFeature("ExistentialAny"),
 ]
 
+// Linux only: blazed uses Linux APIs (SO_PEERCRED, sd_notify's socket, RLIMIT_NOFILE) without guards.
 let package = Package(
     name: "BlazeDB",
-    platforms: [.macOS(.v14)],
     products: [
         .executable(name: "blazed", targets: ["blazed"]),
         .executable(name: "blazectl", targets: ["blazectl"]),
@@ -47,7 +47,9 @@ let package = Package(
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
             ],
-            swiftSettings: strict),
+            swiftSettings: strict, plugins: ["EmbedProtocolDocument"]),
+        .executableTarget(name: "EmbedDocument", path: "Sources/EmbedDocument", swiftSettings: strict),
+        .plugin(name: "EmbedProtocolDocument", capability: .buildTool(), dependencies: ["EmbedDocument"]),
         .target(
             name: "BlazeSync",
             dependencies: [
@@ -93,7 +95,9 @@ let package = Package(
         .testTarget(
             name: "BlazeCRDTTests", dependencies: ["BlazeCRDT", "BlazeProtocol", "BlazeTestSupport"], swiftSettings: strict),
         .testTarget(
-            name: "BlazeCryptoTests", dependencies: ["BlazeCrypto", "BlazeProtocol", "BlazeTestSupport"], swiftSettings: strict),
+            name: "BlazeCryptoTests",
+            dependencies: ["BlazeCrypto", "BlazeProtocol", "BlazeTestSupport", .product(name: "Crypto", package: "swift-crypto")],
+            swiftSettings: strict),
         .testTarget(name: "BlazeProtocolTests", dependencies: ["BlazeProtocol", "BlazeTestSupport"], swiftSettings: strict),
         .testTarget(
             name: "BlazeStoreTests",
@@ -115,12 +119,12 @@ let package = Package(
             name: "BlazeDaemonTests",
             dependencies: [
                 "BlazeDaemon", "BlazeClient", "BlazeProtocol", "BlazeStore", "BlazeCRDT", "BlazeCrypto", "BlazeSync", "BlazeTestSupport",
-                "BlazeConfig", "blazed", "blazectl",
+                "BlazeConfig",
+                // Not imported: the tests run these executables, so they must be built first.
+                "blazed", "blazectl",
                 .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
-                .product(name: "NIOEmbedded", package: "swift-nio"),
-                .product(name: "Logging", package: "swift-log"),
                 .product(name: "GRDB", package: "GRDB.swift"),
             ],
             swiftSettings: strict),

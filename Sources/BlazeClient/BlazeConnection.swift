@@ -72,6 +72,17 @@ public final class BlazeConnection {
         if fd >= 0 { Glibc.shutdown(fd, Int32(SHUT_WR)) }
     }
 
+    /// Calls a method with its typed parameters and returns its typed result (types generated from the protocol
+    /// document); an error response is thrown as `RPCError`, a result of the wrong shape as `ClientError`.
+    public func call<P: RPCParameters>(_ params: P) throws -> P.Result {
+        let result = try call(P.method.rawValue, params.jsonObject)
+        do {
+            return try P.decode(result)
+        } catch {
+            throw ClientError("the result of \(P.method.rawValue) does not match the protocol document: \(error)")
+        }
+    }
+
     /// Calls a method and returns its result; an error response is thrown as `RPCError`.
     public func call(_ method: String, _ params: [String: JSONValue] = [:]) throws -> JSONValue {
         let id = nextID

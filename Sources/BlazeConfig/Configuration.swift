@@ -198,17 +198,15 @@ public struct ResolvedConfig: Sendable {
     }
 
     /// `{"config": file, "settings": [{key, value, source, env}]}` for `daemon.config` and `--json` output.
-    public var json: JSONValue {
-        .object([
-            "file": file.map { .string($0) } ?? .null,
-            "settings": .array(
-                entries.map { e in
-                    .object([
-                        "key": .string(e.key.name), "value": e.value.json, "source": .string(e.source.description),
-                        "env": .string(e.key.environmentVariable),
-                    ])
-                }),
-        ])
+    public var json: JSONValue { report.json }
+
+    /// The settings as `daemon.config` reports them.
+    public var report: RPC.DaemonConfig.Result {
+        .init(
+            file: file,
+            settings: entries.map { e in
+                .init(key: e.key.name, value: e.value.json, source: e.source.description, env: e.key.environmentVariable)
+            })
     }
 }
 

@@ -26,7 +26,6 @@ public final class Daemon: Service, Sendable {
     /// This device's identity (its node id authors every local change).
     public let identity: DeviceIdentity
     let logger: Logger
-    let registry: MethodRegistry
     let listening = Event()
     let connections = ConnectionTable()
     /// Runs writes, queries and sync work off the event loops.
@@ -42,7 +41,6 @@ public final class Daemon: Service, Sendable {
         self.identity = try DeviceIdentity.loadOrCreate(directory: config.dataDirectory + "/keys")
         self.store = try Store(
             directory: config.dataDirectory, limits: config.storeLimits, node: NodeID(bytes: identity.nodeID))
-        self.registry = MethodRegistry(Methods.all())
         self.sync = SyncEngine(
             store: store, identity: identity, keysDirectory: config.dataDirectory + "/keys/spaces",
             group: MultiThreadedEventLoopGroup.singleton, pool: pool, logger: logger,
@@ -61,7 +59,7 @@ public final class Daemon: Service, Sendable {
     public func run() async throws {
         let fd = try config.inheritedSocket?.descriptor ?? SocketListener.listen(path: config.socketPath)
         let context = RequestContext(
-            store: store, config: config, logger: logger, startedAt: .now, registry: registry, connections: connections,
+            store: store, config: config, logger: logger, startedAt: .now, connections: connections,
             sync: sync)
         let pool = self.pool
         pool.start()
@@ -161,7 +159,7 @@ public final class Daemon: Service, Sendable {
 
 /// Answers the requests of one connection in order, on the connection's event loop, and delivers its subscriptions.
 ///
-/// Requests whose methods only read a little (`MethodSpec.runsInline`) are answered right here, with no thread hop;
+/// Requests whose methods only read a little (`MethodHandler.runsInline`) are answered right here, with no thread hop;
 /// the others run on the daemon's I/O thread pool and are answered back on the loop. While a request runs on the
 /// pool, later lines wait in a queue, and reading from the socket pauses once that queue is full or while the
 /// client does not read its responses.

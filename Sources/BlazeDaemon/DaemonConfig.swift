@@ -50,7 +50,7 @@ public struct DaemonConfig: Sendable {
     public var notifySocket: String?
     /// The effective settings and their sources as `daemon.config` reports them (`{file, settings}`); nil when the
     /// daemon was configured in code.
-    public var settings: JSONValue?
+    public var settings: RPC.DaemonConfig.Result?
 
     /// Creates a configuration; unspecified paths come from `DefaultPaths`.
     public init(

@@ -1,6 +1,5 @@
 import BlazeProtocol
 import BlazeStore
-import GRDB
 import Logging
 import NIOPosix
 
@@ -9,6 +8,8 @@ struct Dispatcher: Sendable {
     let context: RequestContext
     /// Where requests that may block (writes, queries) run.
     let pool: NIOThreadPool
+    /// The handler of every method.
+    let methods = MethodTable()
 
     /// Decodes a line (on the event loop; cheap).
     func prepare(line: some Collection<UInt8>) -> RPCIncoming {
@@ -20,7 +21,7 @@ struct Dispatcher: Sendable {
     func runsInline(_ incoming: RPCIncoming) -> Bool {
         func inline(_ r: Result<RPCRequest, RPCFailure>) -> Bool {
             guard case .success(let req) = r else { return true }
-            return context.registry.methods[req.method]?.runsInline ?? true
+            return methods[req.method]?.runsInline ?? true
         }
         switch incoming {
         case .failure: return true
@@ -75,17 +76,16 @@ struct Dispatcher: Sendable {
     }
 
     func run(_ req: RPCRequest, connection: ConnectionHandle) -> Result<JSONValue, RPCError> {
-        guard let method = context.registry.methods[req.method] else {
+        guard let method = methods[req.method] else {
             return .failure(
                 RPCError(
                     code: RPCErrorCode.methodNotFound, kind: "method_not_found",
                     message: "unknown method \"\(req.method)\"; rpc.discover lists the methods"))
         }
         do {
-            let params = try method.validate(req.params)
             var context = self.context
             context.connection = connection
-            return .success(try method.handler(params, context))
+            return .success(try method.run(req.params, context))
         } catch {
             return .failure(map(error, method: req.method, connection: connection.id))
         }

@@ -30,7 +30,7 @@ final class PeerSession: ChannelInboundHandler {
 
     let engine: SyncEngine
     let peer: String
-    let direction: String
+    let direction: PeerDirection
     private var phase: Phase
     private var cipher: SessionCipher?
     private var db: BlazeDatabase?
@@ -76,7 +76,7 @@ final class PeerSession: ChannelInboundHandler {
     init(engine: SyncEngine, db: BlazeDatabase, key: SpaceKey, peer: String) {
         self.engine = engine
         self.peer = peer
-        self.direction = "outbound"
+        self.direction = .outbound
         self.db = db
         self.key = key
         self.phase = .awaitingHello(Handshake.Client(key: key))
@@ -87,7 +87,7 @@ final class PeerSession: ChannelInboundHandler {
     init(engine: SyncEngine, admitted: String) {
         self.engine = engine
         self.peer = "inbound"
-        self.direction = "inbound"
+        self.direction = .inbound
         self.admitted = admitted
         self.phase = .awaitingAuth(Handshake.Server())
     }

@@ -234,7 +234,7 @@ public final class SyncEngine: Sendable {
                 let link = OutboundLink(engine: self, db: db, key: key, address: parsed)
                 l[LinkKey(db: name, address: address)] = link
                 toStart.append(link)
-                status.update(db: name, peer: address, direction: "outbound") { _ in }
+                status.update(db: name, peer: address, direction: .outbound) { _ in }
             }
         }
         for link in toStop { link.stop() }
@@ -348,7 +348,7 @@ final class OutboundLink: Sendable {
                     }
                 case .failure(let error):
                     link.state.withLock { $0.connecting = false }
-                    link.engine.status.update(db: link.db.name, peer: peer, direction: "outbound") {
+                    link.engine.status.update(db: link.db.name, peer: peer, direction: .outbound) {
                         $0.errors += 1
                         $0.lastError = "connect: \(error)"
                     }

@@ -2,12 +2,20 @@ import BlazeCrypto
 import Foundation
 import Synchronization
 
+/// Who opened a sync connection.
+public enum PeerDirection: String, Sendable {
+    /// This daemon connected to a peer it was told about (`peer.add`).
+    case outbound
+    /// A peer connected to this daemon's listener.
+    case inbound
+}
+
 /// What `sync.status` reports for one peer of one database.
 public struct PeerStatus: Sendable, Equatable {
     /// `host:port` for peers this daemon connects to; `inbound` for everything peers connected here for.
     public var peer: String
-    /// "outbound" or "inbound".
-    public var direction: String
+    /// Who opened the connections.
+    public var direction: PeerDirection
     /// Connections currently established (inbound peers may hold several).
     public var connections = 0
     /// Unix milliseconds of the last entries or state exchanged, nil before the first.
@@ -39,7 +47,7 @@ public struct PeerStatus: Sendable, Equatable {
 final class StatusBook: Sendable {
     private let book = Mutex<[String: [String: PeerStatus]]>([:])
 
-    func update(db: String, peer: String, direction: String, _ edit: (inout PeerStatus) -> Void) {
+    func update(db: String, peer: String, direction: PeerDirection, _ edit: (inout PeerStatus) -> Void) {
         book.withLock { b in
             var s = b[db]?[peer] ?? PeerStatus(peer: peer, direction: direction)
             edit(&s)
@@ -47,7 +55,7 @@ final class StatusBook: Sendable {
         }
     }
 
-    func reject(db: String, peer: String, direction: String, _ reason: SyncRejection) {
+    func reject(db: String, peer: String, direction: PeerDirection, _ reason: SyncRejection) {
         update(db: db, peer: peer, direction: direction) {
             $0.rejected[reason.rawValue, default: 0] += 1
             $0.lastError = "rejected: \(reason.rawValue)"

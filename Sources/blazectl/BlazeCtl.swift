@@ -62,6 +62,29 @@ struct Global: ParsableArguments {
     func output(_ result: JSONValue, human: (JSONValue) -> Void) {
         if json { print(result.jsonText) } else { human(result) }
     }
+
+    /// Calls `P`'s method; prints the exact JSON result with --json, else hands the typed result to `human`.
+    func run<P: RPCParameters>(_ params: P, human: (P.Result) -> Void) {
+        let result = withConnection { try $0.call(P.method.rawValue, params.jsonObject) }
+        if json {
+            print(result.jsonText)
+            return
+        }
+        do {
+            human(try P.decode(result))
+        } catch {
+            fail("the result of \(P.method.rawValue) does not match the protocol document: \(error)")
+        }
+    }
+
+    /// Like `run`, for params that carry JSON the user typed: checked here first, with the daemon's own messages.
+    func run<P: RPCParameters>(_ type: P.Type, _ raw: [String: JSONValue], human: (P.Result) -> Void) {
+        do {
+            run(try P(validating: raw), human: human)
+        } catch {
+            fail(describe(error))
+        }
+    }
 }
 
 /// Writes one line to standard output at once (no stdio buffering).
@@ -136,10 +159,12 @@ struct Info: ParsableCommand {
     @OptionGroup var global: Global
 
     func run() throws {
-        global.output(try global.call("daemon.info", [:])) { r in
-            for key in ["version", "nodeId", "pid", "socket", "dataDir", "databases", "uptimeSeconds"] {
-                print("\(pad(key, 14))\(text(r[key]))")
-            }
+        global.run(RPC.DaemonInfo()) { r in
+            let rows: [(String, String)] = [
+                ("version", r.version), ("nodeId", r.nodeId), ("pid", "\(r.pid)"), ("socket", r.socket), ("dataDir", r.dataDir),
+                ("databases", "\(r.databases)"), ("uptimeSeconds", JSONValue.double(r.uptimeSeconds).jsonText),
+            ]
+            for (key, value) in rows { print("\(pad(key, 14))\(value)") }
         }
     }
 }
@@ -156,8 +181,8 @@ struct DB: ParsableCommand {
         @OptionGroup var global: Global
         @Argument var name: String
         func run() throws {
-            global.output(try global.call("db.share", ["db": .string(name)])) { r in
-                print(text(r["token"]))
+            global.run(RPC.DbShare(db: name)) { r in
+                print(r.token)
                 printError("blazectl: this token is a secret: whoever holds it can read and write \(name)\n")
             }
         }
@@ -170,11 +195,7 @@ struct DB: ParsableCommand {
         @Argument(help: "The token printed by 'blazectl db share' on the other device.") var token: String
         @Argument(help: "Name of the new local database (default: shared-<space id prefix>).") var name: String?
         func run() throws {
-            var params: [String: JSONValue] = ["token": .string(token)]
-            if let name { params["db"] = .string(name) }
-            global.output(try global.call("db.join", params)) { r in
-                print("joined space \(text(r["space"])) as database \(text(r["db"]))")
-            }
+            global.run(RPC.DbJoin(token: token, db: name)) { r in print("joined space \(r.space) as database \(r.db)") }
         }
     }
 
@@ -183,7 +204,7 @@ struct DB: ParsableCommand {
         @OptionGroup var global: Global
         @Argument var name: String
         func run() throws {
-            global.output(try global.call("db.create", ["db": .string(name)])) { _ in print("created database \(name)") }
+            global.run(RPC.DbCreate(db: name)) { _ in print("created database \(name)") }
         }
     }
 
@@ -191,9 +212,7 @@ struct DB: ParsableCommand {
         static let configuration = CommandConfiguration(abstract: "List databases.")
         @OptionGroup var global: Global
         func run() throws {
-            global.output(try global.call("db.list", [:])) { r in
-                printTable(["NAME"], (r["databases"]?.arrayValue ?? []).map { [text($0["name"])] })
-            }
+            global.run(RPC.DbList()) { r in printTable(["NAME"], r.databases.map { [$0.name] }) }
         }
     }
 
@@ -202,10 +221,12 @@ struct DB: ParsableCommand {
         @OptionGroup var global: Global
         @Argument var name: String
         func run() throws {
-            global.output(try global.call("db.info", ["db": .string(name)])) { r in
-                for key in ["name", "collections", "documents", "sizeBytes", "path", "nodeId", "stateHash"] {
-                    print("\(pad(key, 13))\(text(r[key]))")
-                }
+            global.run(RPC.DbInfo(db: name)) { r in
+                let rows: [(String, String)] = [
+                    ("name", r.name), ("collections", "\(r.collections)"), ("documents", "\(r.documents)"),
+                    ("sizeBytes", "\(r.sizeBytes)"), ("path", r.path), ("nodeId", r.nodeId), ("stateHash", r.stateHash),
+                ]
+                for (key, value) in rows { print("\(pad(key, 13))\(value)") }
             }
         }
     }
@@ -215,7 +236,7 @@ struct DB: ParsableCommand {
         @OptionGroup var global: Global
         @Argument var name: String
         func run() throws {
-            global.output(try global.call("db.drop", ["db": .string(name)])) { _ in print("dropped database \(name)") }
+            global.run(RPC.DbDrop(db: name)) { _ in print("dropped database \(name)") }
         }
     }
 }
@@ -231,8 +252,8 @@ struct Peer: ParsableCommand {
         @Argument var db: String
         @Argument(help: "host:port of the peer's --sync-listen.") var address: String
         func run() throws {
-            global.output(try global.call("peer.add", ["db": .string(db), "address": .string(address)])) { r in
-                print(r["added"] == true ? "added peer \(text(r["address"])) to \(db)" : "\(text(r["address"])) was already a peer of \(db)")
+            global.run(RPC.PeerAdd(db: db, address: address)) { r in
+                print(r.added ? "added peer \(r.address) to \(db)" : "\(r.address) was already a peer of \(db)")
             }
         }
     }
@@ -243,8 +264,8 @@ struct Peer: ParsableCommand {
         @Argument var db: String
         @Argument var address: String
         func run() throws {
-            global.output(try global.call("peer.remove", ["db": .string(db), "address": .string(address)])) { r in
-                print(r["removed"] == true ? "removed peer \(text(r["address"]))" : "\(text(r["address"])) was not a peer of \(db)")
+            global.run(RPC.PeerRemove(db: db, address: address)) { r in
+                print(r.removed ? "removed peer \(r.address)" : "\(r.address) was not a peer of \(db)")
             }
         }
     }
@@ -254,10 +275,8 @@ struct Peer: ParsableCommand {
         @OptionGroup var global: Global
         @Argument var db: String
         func run() throws {
-            global.output(try global.call("peer.list", ["db": .string(db)])) { r in
-                printTable(
-                    ["ADDRESS", "CONNECTED"],
-                    (r["peers"]?.arrayValue ?? []).map { [text($0["address"]), $0["connected"] == true ? "yes" : "no"] })
+            global.run(RPC.PeerList(db: db)) { r in
+                printTable(["ADDRESS", "CONNECTED"], r.peers.map { [$0.address, $0.connected ? "yes" : "no"] })
             }
         }
     }
@@ -273,31 +292,28 @@ struct Sync: ParsableCommand {
         @OptionGroup var global: Global
         @Argument var db: String?
         func run() throws {
-            global.output(try global.call("sync.status", db.map { ["db": .string($0)] } ?? [:])) { r in
-                print("listening on \(r["listen"]?.stringValue ?? "(not listening)")")
+            global.run(RPC.SyncStatus(db: db)) { r in
+                print("listening on \(r.listen ?? "(not listening)")")
                 var rows: [[String]] = []
-                for d in r["databases"]?.arrayValue ?? [] {
-                    let peers = d["peers"]?.arrayValue ?? []
-                    if peers.isEmpty { rows.append([text(d["db"]), "-", d["paused"] == true ? "paused" : "-", "", "", "", ""]) }
-                    for p in peers {
-                        let rejected = (p["rejected"]?.objectValue ?? [:]).sorted { $0.key < $1.key }.map { "\($0.key)=\(text($0.value))" }
+                for d in r.databases {
+                    if d.peers.isEmpty { rows.append([d.db, "-", d.paused ? "paused" : "-", "", "", "", ""]) }
+                    for p in d.peers {
+                        let rejected = p.rejected.sorted { $0.key < $1.key }.map { "\($0.key)=\($0.value)" }
                         rows.append([
-                            text(d["db"]), text(p["peer"]),
-                            d["paused"] == true ? "paused" : p["connected"] == true ? "connected" : "disconnected",
-                            text(p["sentEntries"]), text(p["receivedEntries"]), text(p["errors"]), rejected.joined(separator: " "),
+                            d.db, p.peer, d.paused ? "paused" : p.connected ? "connected" : "disconnected",
+                            "\(p.sentEntries)", "\(p.receivedEntries)", "\(p.errors)", rejected.joined(separator: " "),
                         ])
                     }
                 }
                 printTable(["DB", "PEER", "STATE", "SENT", "RECEIVED", "ERRORS", "REJECTED"], rows)
-                let refused = [("strangers refused", r["strangersRefused"]), ("over connection limits", r["refusedOverLimit"])]
-                    .filter { ($0.1?.intValue ?? 0) > 0 }.map { "\($0.0): \(text($0.1))" }
+                let refused = [("strangers refused", r.strangersRefused), ("over connection limits", r.refusedOverLimit)]
+                    .filter { $0.1 > 0 }.map { "\($0.0): \($0.1)" }
                 if !refused.isEmpty { print("inbound: " + refused.joined(separator: ", ")) }
-                for d in r["databases"]?.arrayValue ?? [] {
-                    for f in d["forks"]?.arrayValue ?? [] {
+                for d in r.databases {
+                    for f in d.forks {
                         print(
-                            "FORK in \(text(d["db"])): origin \(text(f["origin"])) signed two entries for seq \(text(f["seq"])) "
-                                + "(held \(text(f["heldHash"]).prefix(16))…, other \(text(f["otherHash"]).prefix(16))…); "
-                                + "the origin is quarantined")
+                            "FORK in \(d.db): origin \(f.origin) signed two entries for seq \(f.seq) "
+                                + "(held \(f.heldHash.prefix(16))…, other \(f.otherHash.prefix(16))…); the origin is quarantined")
                     }
                 }
             }
@@ -309,7 +325,7 @@ struct Sync: ParsableCommand {
         @OptionGroup var global: Global
         @Argument var db: String
         func run() throws {
-            global.output(try global.call("sync.now", ["db": .string(db)])) { _ in print("syncing \(db)") }
+            global.run(RPC.SyncNow(db: db)) { _ in print("syncing \(db)") }
         }
     }
 
@@ -318,7 +334,7 @@ struct Sync: ParsableCommand {
         @OptionGroup var global: Global
         @Argument var db: String
         func run() throws {
-            global.output(try global.call("sync.pause", ["db": .string(db)])) { _ in print("paused sync of \(db)") }
+            global.run(RPC.SyncPause(db: db)) { _ in print("paused sync of \(db)") }
         }
     }
 
@@ -327,7 +343,7 @@ struct Sync: ParsableCommand {
         @OptionGroup var global: Global
         @Argument var db: String
         func run() throws {
-            global.output(try global.call("sync.resume", ["db": .string(db)])) { _ in print("resumed sync of \(db)") }
+            global.run(RPC.SyncResume(db: db)) { _ in print("resumed sync of \(db)") }
         }
     }
 }
@@ -341,8 +357,8 @@ struct Collection: ParsableCommand {
         @OptionGroup var global: Global
         @Argument var db: String
         func run() throws {
-            global.output(try global.call("collection.list", ["db": .string(db)])) { r in
-                printTable(["NAME", "DOCUMENTS"], (r["collections"]?.arrayValue ?? []).map { [text($0["name"]), text($0["count"])] })
+            global.run(RPC.CollectionList(db: db)) { r in
+                printTable(["NAME", "DOCUMENTS"], r.collections.map { [$0.name, "\($0.count)"] })
             }
         }
     }
@@ -360,9 +376,8 @@ struct Doc: ParsableCommand {
         @Argument var collection: String
         @Argument(help: "The document as JSON.") var doc: String
         func run() throws {
-            let r = try global.call(
-                "doc.insert", ["db": .string(db), "collection": .string(collection), "doc": parseJSON(doc, "document")])
-            global.output(r) { print(text($0["id"])) }
+            let p: [String: JSONValue] = ["db": .string(db), "collection": .string(collection), "doc": parseJSON(doc, "document")]
+            global.run(RPC.DocInsert.self, p) { print($0.id) }
         }
     }
 
@@ -374,9 +389,8 @@ struct Doc: ParsableCommand {
         @Argument var id: String
         @Option(help: "Comma-separated fields to return.") var fields: String?
         func run() throws {
-            var p: [String: JSONValue] = ["db": .string(db), "collection": .string(collection), "id": .string(id)]
-            if let fields { p["fields"] = .array(fields.split(separator: ",").map { .string(String($0)) }) }
-            global.output(try global.call("doc.get", p)) { print(($0["doc"] ?? .null).prettyText()) }
+            let list = fields.map { $0.split(separator: ",").map(String.init) }
+            global.run(RPC.DocGet(db: db, collection: collection, id: id, fields: list)) { print($0.doc.prettyText()) }
         }
     }
 
@@ -387,10 +401,7 @@ struct Doc: ParsableCommand {
         @Argument var collection: String
         @Argument var ids: [String]
         func run() throws {
-            let r = try global.call(
-                "doc.getMany",
-                ["db": .string(db), "collection": .string(collection), "ids": .array(ids.map(JSONValue.string))])
-            global.output(r) { r in for d in r["docs"]?.arrayValue ?? [] { print(d.jsonText) } }
+            global.run(RPC.DocGetMany(db: db, collection: collection, ids: ids)) { r in for d in r.docs { print(d.jsonText) } }
         }
     }
 
@@ -406,8 +417,7 @@ struct Doc: ParsableCommand {
                 "db": .string(db), "collection": .string(collection), "doc": parseJSON(doc, "document"),
             ]
             if let id { p["id"] = .string(id) }
-            let r = try global.call("doc.put", p)
-            global.output(r) { r in print("\(text(r["id"])) \(r["created"] == true ? "created" : "replaced")") }
+            global.run(RPC.DocPut.self, p) { r in print("\(r.id) \(r.created ? "created" : "replaced")") }
         }
     }
 
@@ -430,7 +440,7 @@ struct Doc: ParsableCommand {
             if let incr { p["incr"] = parseJSON(incr, "--incr") }
             if let add { p["add"] = parseJSON(add, "--add") }
             if let remove { p["remove"] = parseJSON(remove, "--remove") }
-            global.output(try global.call("doc.patch", p)) { print("patched \(text($0["id"]))") }
+            global.run(RPC.DocPatch.self, p) { print("patched \($0.id)") }
         }
     }
 
@@ -441,8 +451,7 @@ struct Doc: ParsableCommand {
         @Argument var collection: String
         @Argument var id: String
         func run() throws {
-            let r = try global.call("doc.delete", ["db": .string(db), "collection": .string(collection), "id": .string(id)])
-            global.output(r) { print("deleted \(text($0["id"]))") }
+            global.run(RPC.DocDelete(db: db, collection: collection, id: id)) { print("deleted \($0.id)") }
         }
     }
 }
@@ -455,8 +464,9 @@ struct Tx: ParsableCommand {
     @Argument var db: String
     @Argument(help: "A JSON array of operations.") var ops: String
     func run() throws {
-        let r = try global.call("tx.commit", ["db": .string(db), "ops": parseJSON(ops, "ops")])
-        global.output(r) { r in for item in r["results"]?.arrayValue ?? [] { print(text(item["id"])) } }
+        global.run(RPC.TxCommit.self, ["db": .string(db), "ops": parseJSON(ops, "ops")]) { r in
+            for item in r.results { print(item.id) }
+        }
     }
 }
 
@@ -464,12 +474,6 @@ struct Tx: ParsableCommand {
 struct Scope: ParsableArguments {
     @Argument var db: String
     @Argument(help: "Only this collection.") var collection: String?
-
-    var params: [String: JSONValue] {
-        var p: [String: JSONValue] = ["db": .string(db)]
-        if let collection { p["collection"] = .string(collection) }
-        return p
-    }
 }
 
 /// Arguments shared by find, count and explain.
@@ -500,9 +504,9 @@ struct Find: ParsableCommand {
         if let limit { p["limit"] = .int(Int64(limit)) }
         if let cursor { p["cursor"] = .string(cursor) }
         if let fields { p["fields"] = .array(fields.split(separator: ",").map { .string(String($0)) }) }
-        global.output(try global.call("query.find", p)) { r in
-            for d in r["docs"]?.arrayValue ?? [] { print(d.jsonText) }
-            if case .string(let next)? = r["cursor"] { print("-- more: --cursor \(next)") }
+        global.run(RPC.QueryFind.self, p) { r in
+            for d in r.docs { print(d.jsonText) }
+            if let next = r.cursor { print("-- more: --cursor \(next)") }
         }
     }
 }
@@ -512,7 +516,7 @@ struct Count: ParsableCommand {
     @OptionGroup var global: Global
     @OptionGroup var query: QueryArgs
     func run() throws {
-        global.output(try global.call("query.count", query.params())) { print(text($0["count"])) }
+        global.run(RPC.QueryCount.self, query.params()) { print($0.count) }
     }
 }
 
@@ -524,10 +528,9 @@ struct Explain: ParsableCommand {
     func run() throws {
         var p = query.params()
         if let sort { p["sort"] = .array(sort.split(separator: ",").map { .string(String($0)) }) }
-        global.output(try global.call("query.explain", p)) { r in
-            let used = (r["indexes"]?.arrayValue ?? []).map(text)
-            print("indexes: \(used.isEmpty ? "none (full scan)" : used.joined(separator: ", "))")
-            for line in r["plan"]?.arrayValue ?? [] { print("plan:    \(text(line))") }
+        global.run(RPC.QueryExplain.self, p) { r in
+            print("indexes: \(r.indexes.isEmpty ? "none (full scan)" : r.indexes.joined(separator: ", "))")
+            for line in r.plan { print("plan:    \(line)") }
         }
     }
 }
@@ -544,11 +547,9 @@ struct Index: ParsableCommand {
         @Argument(help: "Field paths, in index order.") var fields: [String]
         @Option(help: "Index name (default: collection.field...).") var name: String?
         func run() throws {
-            var p: [String: JSONValue] = [
-                "db": .string(db), "collection": .string(collection), "fields": .array(fields.map(JSONValue.string)),
-            ]
-            if let name { p["name"] = .string(name) }
-            global.output(try global.call("index.create", p)) { print("created index \(text($0["name"]))") }
+            global.run(RPC.IndexCreate(db: db, collection: collection, fields: fields, name: name)) {
+                print("created index \($0.name)")
+            }
         }
     }
 
@@ -558,9 +559,7 @@ struct Index: ParsableCommand {
         @Argument var db: String
         @Argument var name: String
         func run() throws {
-            global.output(try global.call("index.drop", ["db": .string(db), "name": .string(name)])) { _ in
-                print("dropped index \(name)")
-            }
+            global.run(RPC.IndexDrop(db: db, name: name)) { _ in print("dropped index \(name)") }
         }
     }
 
@@ -569,12 +568,9 @@ struct Index: ParsableCommand {
         @OptionGroup var global: Global
         @OptionGroup var scope: Scope
         func run() throws {
-            global.output(try global.call("index.list", scope.params)) { r in
+            global.run(RPC.IndexList(db: scope.db, collection: scope.collection)) { r in
                 printTable(
-                    ["NAME", "COLLECTION", "FIELDS"],
-                    (r["indexes"]?.arrayValue ?? []).map {
-                        [text($0["name"]), text($0["collection"]), ($0["fields"]?.arrayValue ?? []).map(text).joined(separator: ",")]
-                    })
+                    ["NAME", "COLLECTION", "FIELDS"], r.indexes.map { [$0.name, $0.collection, $0.fields.joined(separator: ",")] })
             }
         }
     }
@@ -590,15 +586,12 @@ struct Conflict: ParsableCommand {
         @OptionGroup var global: Global
         @OptionGroup var scope: Scope
         func run() throws {
-            global.output(try global.call("conflict.list", scope.params)) { r in
+            global.run(RPC.ConflictList(db: scope.db, collection: scope.collection)) { r in
                 printTable(
                     ["COLLECTION", "ID", "FIELD", "VALUE", "LOST"],
-                    (r["conflicts"]?.arrayValue ?? []).map { c in
-                        let lost = (c["losers"]?.arrayValue ?? []).map { l in
-                            (l["unset"] == true ? "(unset)" : text(l["value"])) + " from " + String(text(l["origin"]).prefix(8))
-                        }
-                        return [text(c["collection"]), text(c["id"]), text(c["field"]),
-                            c["present"] == true ? text(c["value"]) : "(absent)", lost.joined(separator: "; ")]
+                    r.conflicts.map { c in
+                        let lost = c.losers.map { l in (l.unset ? "(unset)" : text(l.value)) + " from " + String(l.origin.prefix(8)) }
+                        return [c.collection, c.id, c.field, c.present ? text(c.value) : "(absent)", lost.joined(separator: "; ")]
                     })
             }
         }
@@ -618,7 +611,7 @@ struct Conflict: ParsableCommand {
                 "db": .string(db), "collection": .string(collection), "id": .string(id), "field": .string(field),
             ]
             if let value { p["value"] = parseJSON(value, "--value") }
-            global.output(try global.call("conflict.resolve", p)) { _ in print("resolved \(collection)/\(id).\(field)") }
+            global.run(RPC.ConflictResolve.self, p) { _ in print("resolved \(collection)/\(id).\(field)") }
         }
     }
 }

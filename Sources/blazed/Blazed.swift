@@ -123,7 +123,7 @@ struct Blazed: AsyncParsableCommand {
         daemonConfig.syncListenerLimits.maxConnections = settings.int("sync-max-peers")
         daemonConfig.syncListenerLimits.maxConnectionsPerAddress = settings.int("sync-max-peers-per-address")
         daemonConfig.syncListenerLimits.maxHandshakes = settings.int("sync-max-handshakes")
-        daemonConfig.settings = settings.json
+        daemonConfig.settings = settings.report
         daemonConfig.notifySocket = environment["NOTIFY_SOCKET"]
         do {
             if let inherited = try Systemd.inheritedSocket(environment: environment) {

@@ -311,34 +311,59 @@ import Glibc
 }
 
 @Suite struct ProtocolDocument {
-    /// The daemon's method table and the protocol document must describe the same methods and parameters.
-    @Test func registryMatchesTheProtocolDocument() throws {
-        let document = Methods.discoverDocument
-        let methods = document["methods"]?.arrayValue ?? []
-        let registry = MethodRegistry(Methods.all())
-        #expect(Set(methods.compactMap { $0["name"]?.stringValue }) == Set(registry.names))
-        for m in methods {
-            let name = m["name"]?.stringValue ?? ""
-            guard let spec = registry.methods[name] else { continue }
-            let docParams = (m["params"]?.arrayValue ?? []).map { ($0["name"]?.stringValue ?? "", $0["required"] == true) }
-            #expect(docParams.map(\.0) == spec.params.map(\.name), "\\(name): parameter names or order differ")
-            #expect(docParams.map(\.1) == spec.params.map(\.required), "\\(name): required flags differ")
-            for (p, docParam) in zip(spec.params, m["params"]?.arrayValue ?? []) {
-                let schema = docParam["schema"] ?? [:]
-                // A reference to a component schema counts with that schema's type.
-                let ref = schema["$ref"]?.stringValue.map { String($0.split(separator: "/").last ?? "") }
-                let docType = (ref.flatMap { document["components"]?["schemas"]?[$0] } ?? schema)["type"]?.stringValue
-                switch p.type {
-                case .string: #expect(docType == "string" || schema["$ref"] != nil, "\\(name).\\(p.name)")
-                case .integer: #expect(docType == "integer", "\\(name).\\(p.name)")
-                case .object: #expect(docType == "object" || schema["$ref"] != nil, "\\(name).\\(p.name)")
-                case .array: #expect(docType == "array" || schema["$ref"] != nil, "\\(name).\\(p.name)")
-                case .boolean: #expect(docType == "boolean", "\\(name).\\(p.name)")
-                case .stringOrArray: #expect(schema["$ref"] == "#/components/schemas/Sort", "\\(name).\\(p.name)")
-                case .any: #expect(schema == [:], "\\(name).\\(p.name)")
-                }
-            }
+    /// The generated method table (`RPCMethod`) and the document the daemon serves describe the same methods, in the
+    /// same order, with the same summaries and parameter names; every method has a handler.
+    @Test func generatedTableMatchesTheProtocolDocument() throws {
+        let methods = Methods.discoverDocument["methods"]?.arrayValue ?? []
+        #expect(methods.compactMap { $0["name"]?.stringValue } == RPCMethod.allCases.map(\.rawValue))
+        for (m, method) in zip(methods, RPCMethod.allCases) {
+            #expect(m["summary"]?.stringValue == method.summary, "\(method.rawValue)")
+            let names = (m["params"]?.arrayValue ?? []).compactMap { $0["name"]?.stringValue }
+            #expect(names == method.parameterNames, "\(method.rawValue)")
         }
+        let table = MethodTable()
+        #expect(RPCMethod.allCases.allSatisfy { table[$0.rawValue] != nil })
+    }
+
+    /// Parameters are checked by the generated types with the daemon's messages.
+    @Test func generatedValidationMessages() throws {
+        func message(_ body: () throws -> Void) -> String {
+            do { try body() } catch let e as RPCError { return e.message } catch { return "\(error)" }
+            return "accepted"
+        }
+        #expect(
+            message { _ = try RPC.DocGet(validating: ["db": "d", "collection": "c"]) }
+                == "missing required parameter \"id\" for doc.get")
+        #expect(
+            message { _ = try RPC.DocGet(validating: ["db": "d", "collection": "c", "id": 1]) }
+                == "parameter \"id\" of doc.get must be string, got integer")
+        #expect(
+            message { _ = try RPC.DocGet(validating: ["db": "d", "collection": "c", "id": "x", "zz": 1, "aa": 2]) }
+                == "unknown parameter \"aa\" for doc.get; accepted: db, collection, id, fields")
+        #expect(
+            message { _ = try RPC.DocGetMany(validating: ["db": "d", "collection": "c", "ids": ["a", 2]]) }
+                == "ids[1] must be a string, got integer")
+        #expect(
+            message { _ = try RPC.QueryFind(validating: ["db": "d", "collection": "c", "sort": 3]) }
+                == "parameter \"sort\" of query.find must be string or array, got integer")
+        // Null stands for absent, except where any JSON value is accepted.
+        let find = try RPC.QueryFind(validating: ["db": "d", "collection": "c", "limit": .null])
+        #expect(find.limit == nil)
+        let resolve = try RPC.ConflictResolve(validating: ["db": "d", "collection": "c", "id": "i", "field": "f", "value": .null])
+        #expect(resolve.value == .null)
+        let keep = try RPC.ConflictResolve(validating: ["db": "d", "collection": "c", "id": "i", "field": "f"])
+        #expect(keep.value == nil)
+        // Integers stay exact in number-typed maps (counter increments); the store judges the values (invalid_patch).
+        let patch = try RPC.DocPatch(validating: ["db": "d", "collection": "c", "id": "i", "incr": ["n": .int(Int64.max)]])
+        #expect(patch.incr?["n"] == .int(Int64.max))
+        #expect(message { _ = try RPC.DocPatch(validating: ["db": "d", "collection": "c", "id": "i", "add": ["n": 1]]) }
+            == "add.n must be an array, got integer")
+        // The client side: params round-trip, results are read back from their JSON form.
+        #expect(try RPC.DocGetMany(validating: RPC.DocGetMany(db: "d", collection: "c", ids: ["a"]).jsonObject).ids == ["a"])
+        let result = RPC.DbInfo.Result(
+            name: "d", path: "/p", collections: 1, documents: 2, sizeBytes: 3, nodeId: "n", stateHash: "h", versionVector: ["o": 4])
+        #expect(try RPC.DbInfo.decode(RPC.DbInfo.encode(result)).versionVector == ["o": 4])
+        #expect(throws: RPCShapeError.self) { try RPC.DbInfo.decode(["name": "d"]) }
     }
 
     @Test func rpcDiscoverServesTheDocument() throws {

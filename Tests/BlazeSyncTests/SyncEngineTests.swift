@@ -68,7 +68,7 @@ func eventually(seconds: Double = 15, _ condition: () throws -> Bool) async reth
         #expect(statusB.count == 1 && statusB[0].connected && statusB[0].receivedEntries >= 251 && statusB[0].sentEntries >= 1)
         #expect(statusB[0].rejected.isEmpty)
         let statusA = a.engine.status(db: dbA)
-        #expect(statusA.first?.direction == "inbound" && statusA.first?.connected == true)
+        #expect(statusA.first?.direction == .inbound && statusA.first?.connected == true)
         await b.close()
         await a.close()
     }

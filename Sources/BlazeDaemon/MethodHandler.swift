@@ -1,0 +1,36 @@
+import BlazeProtocol
+
+/// How the daemon runs one method: its typed parameters in, its typed result out (types generated from the
+/// protocol document, `RPC.*`), and whether it may run on the event loop.
+struct MethodHandler: Sendable {
+    /// True for methods that only read a little and may run on the event loop; the rest run on the I/O pool.
+    let runsInline: Bool
+    /// Validates the params against the method's declaration, runs it and encodes its result.
+    let run: @Sendable ([String: JSONValue], RequestContext) throws -> JSONValue
+
+    /// A method that runs on the I/O pool (writes, queries, anything that may block).
+    init<P: RPCParameters>(_ params: P.Type, _ body: @escaping @Sendable (P, RequestContext) throws -> P.Result) {
+        self.init(params, inline: false, body)
+    }
+
+    /// A method that runs inline when `inline` (cheap reads), else on the I/O pool.
+    init<P: RPCParameters>(
+        _ params: P.Type, inline: Bool, _ body: @escaping @Sendable (P, RequestContext) throws -> P.Result
+    ) {
+        self.runsInline = inline
+        self.run = { raw, context in P.encode(try body(try P(validating: raw), context)) }
+    }
+}
+
+/// The handlers of every method, by wire name.
+struct MethodTable: Sendable {
+    private let handlers: [String: MethodHandler]
+
+    /// One handler per `RPCMethod` (`Methods.handler(for:)` is an exhaustive switch, so none can be missing).
+    init() {
+        handlers = Dictionary(uniqueKeysWithValues: RPCMethod.allCases.map { ($0.rawValue, Methods.handler(for: $0)) })
+    }
+
+    /// The handler of a method named on the wire, or nil for an unknown name.
+    subscript(name: String) -> MethodHandler? { handlers[name] }
+}

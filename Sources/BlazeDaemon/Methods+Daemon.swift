@@ -1,0 +1,35 @@
+import BlazeProtocol
+import Foundation
+
+/// The daemon itself: discovery, facts and effective configuration.
+extension Methods {
+    /// The protocol document (Protocol/blazedb.openrpc.json, embedded at build time by the EmbedProtocolDocument plugin).
+    static let discoverDocument: JSONValue = {
+        // The document is checked by the generator and the tests; a failure here is a build defect.
+        try! JSONParser(maxDepth: 256).parse(openRPCDocumentText)
+    }()
+
+    static let rpcDiscover = MethodHandler(RPC.RpcDiscover.self, inline: true) { _, _ in discoverDocument }
+
+    static let daemonInfo = MethodHandler(RPC.DaemonInfo.self, inline: true) { _, ctx in
+        let uptime = ContinuousClock.now - ctx.startedAt
+        let l = ctx.config.limits
+        let s = ctx.config.storeLimits
+        return .init(
+            version: blazeVersion, nodeId: ctx.store.node.hex, pid: Int(ProcessInfo.processInfo.processIdentifier),
+            socket: ctx.config.socketPath, dataDir: ctx.config.dataDirectory,
+            uptimeSeconds: Double(uptime.components.seconds) + Double(uptime.components.attoseconds) / 1e18,
+            databases: try ctx.store.list().count, connections: ctx.connections.count,
+            subscriptions: ctx.connections.subscriptions.load(ordering: .relaxed),
+            limits: .init(
+                maxLineBytes: l.maxLineBytes, maxDepth: l.maxDepth, maxBatch: l.maxBatch, maxConnections: l.maxConnections,
+                idleTimeoutSeconds: l.idleTimeoutSeconds, maxDocumentBytes: s.maxDocumentBytes,
+                maxTransactionOps: s.maxTransactionOps, maxQueryLimit: s.maxQueryLimit,
+                maxSubscriptionsPerConnection: l.maxSubscriptionsPerConnection,
+                maxSubscriberBacklogBytes: l.maxSubscriberBacklogBytes, feedRetention: s.feedRetention))
+    }
+
+    static let daemonConfig = MethodHandler(RPC.DaemonConfig.self, inline: true) { _, ctx in
+        ctx.config.settings ?? .init(file: nil, settings: [])
+    }
+}

@@ -1,0 +1,34 @@
+import BlazeProtocol
+import BlazeStore
+
+/// Databases and collections.
+extension Methods {
+    static let dbCreate = MethodHandler(RPC.DbCreate.self) { p, ctx in
+        _ = try ctx.store.create(p.db)
+        return .init(db: p.db)
+    }
+
+    static let dbList = MethodHandler(RPC.DbList.self, inline: true) { _, ctx in
+        .init(databases: try ctx.store.list().map { .init(name: $0) })
+    }
+
+    static let dbInfo = MethodHandler(RPC.DbInfo.self) { p, ctx in
+        let db = try ctx.database(p.db)
+        let s = try db.summary()
+        return .init(
+            name: s.name, path: s.path, collections: s.collections, documents: s.documents, sizeBytes: Int(s.sizeBytes),
+            nodeId: db.node.hex, stateHash: try db.stateHash(),
+            versionVector: Dictionary(uniqueKeysWithValues: try db.versionVector().entries.map { ($0.key.hex, Int($0.value)) }))
+    }
+
+    static let dbDrop = MethodHandler(RPC.DbDrop.self) { p, ctx in
+        let space = try? ctx.store.database(p.db).spaceID()
+        try ctx.store.drop(p.db)
+        ctx.sync.forget(db: p.db, spaceID: space ?? nil)
+        return .init(db: p.db)
+    }
+
+    static let collectionList = MethodHandler(RPC.CollectionList.self, inline: true) { p, ctx in
+        .init(collections: try ctx.database(p.db).collections().map { .init(name: $0.name, count: $0.count) })
+    }
+}

@@ -1,0 +1,97 @@
+import BlazeCRDT
+import BlazeProtocol
+import BlazeStore
+
+/// Queries, indexes and conflicts.
+extension Methods {
+    /// A query from the members `query.find` and `query.explain` share.
+    static func findQuery(
+        collection: String, where filter: [String: JSONValue]?, sort: JSONValue?, limit: Int?, cursor: String? = nil,
+        fields: [String]? = nil, ctx: RequestContext
+    ) throws -> FindQuery {
+        var q = FindQuery(
+            collection: collection, filter: try Filter.parse(filter.map(JSONValue.object)), sort: try SortKey.parse(sort),
+            limit: limit ?? ctx.config.storeLimits.defaultQueryLimit, fields: try projection(fields))
+        if let cursor {
+            q.cursor = try QueryCursor.decode(cursor, for: q)
+        }
+        return q
+    }
+
+    static let queryFind = MethodHandler(RPC.QueryFind.self) { p, ctx in
+        let q = try findQuery(
+            collection: p.collection, where: p.where, sort: p.sort, limit: p.limit, cursor: p.cursor, fields: p.fields, ctx: ctx)
+        let r = try ctx.database(p.db).find(q)
+        return .init(docs: r.docs, cursor: r.cursor)
+    }
+
+    static let queryCount = MethodHandler(RPC.QueryCount.self) { p, ctx in
+        .init(count: try ctx.database(p.db).count(collection: p.collection, filter: try Filter.parse(p.where.map(JSONValue.object))))
+    }
+
+    static let queryExplain = MethodHandler(RPC.QueryExplain.self) { p, ctx in
+        let q = try findQuery(collection: p.collection, where: p.where, sort: p.sort, limit: p.limit, ctx: ctx)
+        let r = try ctx.database(p.db).explain(q)
+        return .init(sql: r.sql, plan: r.plan, indexes: r.indexes)
+    }
+
+    // MARK: indexes
+
+    static func indexInfo(_ info: IndexInfo) -> RPCSchema.IndexInfo {
+        .init(name: info.name, collection: info.collection, fields: info.fields)
+    }
+
+    static let indexCreate = MethodHandler(RPC.IndexCreate.self) { p, ctx in
+        let info = try ctx.database(p.db).write { tx in
+            try tx.createIndex(collection: p.collection, fields: p.fields, name: p.name)
+        }
+        return indexInfo(info)
+    }
+
+    static let indexDrop = MethodHandler(RPC.IndexDrop.self) { p, ctx in
+        try ctx.database(p.db).write { tx in try tx.dropIndex(name: p.name) }
+        return .init(name: p.name)
+    }
+
+    static let indexList = MethodHandler(RPC.IndexList.self, inline: true) { p, ctx in
+        .init(indexes: try ctx.database(p.db).indexes(collection: p.collection).map(indexInfo))
+    }
+
+    // MARK: conflicts
+
+    static func write(_ w: FieldWrite) -> RPCSchema.Write {
+        .init(
+            value: w.value, unset: w.value == nil, origin: w.stamp.dot.origin.hex, seq: Int(w.stamp.dot.seq),
+            hlc: Int(Int64(bitPattern: w.stamp.hlc.raw)), time: Int(w.stamp.hlc.milliseconds))
+    }
+
+    static let conflictList = MethodHandler(RPC.ConflictList.self, inline: true) { p, ctx in
+        let limit = p.limit ?? 1000
+        guard limit >= 1 && limit <= 10_000 else {
+            throw RPCError(code: RPCErrorCode.limitExceeded, kind: "limit_out_of_range", message: "limit must be 1...10000")
+        }
+        let list = try ctx.database(p.db).conflicts(collection: p.collection, id: p.id, limit: limit)
+        return .init(
+            conflicts: list.map { c in
+                .init(
+                    collection: c.collection, id: c.id, field: c.field, value: c.value, present: c.value != nil,
+                    winner: c.winner.map(write), losers: c.losers.map(write))
+            })
+    }
+
+    static let conflictResolve = MethodHandler(RPC.ConflictResolve.self) { p, ctx in
+        let db = try ctx.database(p.db)
+        let existing = try db.conflicts(collection: p.collection, id: p.id).first { $0.field == p.field }
+        guard let conflict = existing else {
+            throw RPCError(
+                code: RPCErrorCode.notFound, kind: "conflict_not_found",
+                message: "field \"\(p.field)\" of \(p.collection)/\(p.id) has no conflict")
+        }
+        let value = p.value ?? conflict.value
+        let op: WriteOp =
+            value.map { .patch(collection: p.collection, id: p.id, set: [p.field: $0]) }
+            ?? .patch(collection: p.collection, id: p.id, unset: [p.field])
+        _ = try db.apply(op)
+        return .init(id: p.id, field: p.field, value: value ?? .null, present: value != nil)
+    }
+}

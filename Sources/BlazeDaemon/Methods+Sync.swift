@@ -1,0 +1,103 @@
+import BlazeProtocol
+import BlazeStore
+import BlazeSync
+
+/// The sync surface: sharing, peers and sync control (Protocol/SYNC.md, "Sharing and peers").
+extension Methods {
+    static func peerAddress(_ text: String) throws -> PeerAddress {
+        guard let a = PeerAddress(text) else {
+            throw RPCError.invalidParams(
+                "address must be host:port with a port from 1 to 65535, got \(JSONValue.string(text).jsonText)",
+                kind: "invalid_address")
+        }
+        return a
+    }
+
+    static func peerStatus(_ s: PeerStatus) -> RPCSchema.PeerStatus {
+        .init(
+            peer: s.peer, direction: s.direction == .outbound ? .outbound : .inbound, connected: s.connected,
+            connections: s.connections, lastSyncMs: s.lastSyncMs.map { Int($0) }, sentEntries: s.sentEntries,
+            receivedEntries: s.receivedEntries, sentBytes: s.sentBytes, receivedBytes: s.receivedBytes,
+            peerBehind: s.peerBehind, selfBehind: s.selfBehind, errors: s.errors, lastError: s.lastError,
+            rejected: s.rejected.mapValues { Int($0) })
+    }
+
+    static func forkEvidence(_ f: ForkEvidence) -> RPCSchema.ForkEvidence {
+        .init(
+            origin: f.origin.hex, seq: Int(f.seq), heldHash: hexString(f.heldHash), otherHash: hexString(f.otherHash),
+            detectedAtMs: Int(f.detectedAtMs))
+    }
+
+    static func syncState(_ db: BlazeDatabase, _ ctx: RequestContext) throws -> RPC.SyncStatus.Result.Database {
+        .init(
+            db: db.name, space: try db.spaceID(), paused: ctx.sync.isPaused(db: db.name),
+            peers: ctx.sync.status(db: db).map(peerStatus), forks: try db.forks().map(forkEvidence))
+    }
+
+    /// The database named `name`, or `not_shared` unless it is shared.
+    static func sharedDatabase(_ name: String, _ ctx: RequestContext) throws -> BlazeDatabase {
+        let db = try ctx.database(name)
+        guard try ctx.sync.spaceKey(db: db) != nil else {
+            throw RPCError(
+                code: RPCErrorCode.syncError, kind: "not_shared",
+                message: "database \(db.name) is not shared; run db.share or db.join first")
+        }
+        return db
+    }
+
+    static let dbShare = MethodHandler(RPC.DbShare.self) { p, ctx in
+        let db = try ctx.database(p.db)
+        let token = try ctx.sync.share(db: db)
+        return .init(db: db.name, space: try db.spaceID() ?? "", token: token)
+    }
+
+    static let dbJoin = MethodHandler(RPC.DbJoin.self) { p, ctx in
+        let db = try ctx.sync.join(token: p.token, name: p.db)
+        return .init(db: db.name, space: try db.spaceID() ?? "")
+    }
+
+    static let peerAdd = MethodHandler(RPC.PeerAdd.self) { p, ctx in
+        let db = try ctx.database(p.db)
+        let a = try peerAddress(p.address)
+        return .init(db: db.name, address: a.description, added: try ctx.sync.addPeer(db: db, address: a))
+    }
+
+    static let peerRemove = MethodHandler(RPC.PeerRemove.self) { p, ctx in
+        let db = try ctx.database(p.db)
+        let a = try peerAddress(p.address)
+        return .init(db: db.name, address: a.description, removed: try ctx.sync.removePeer(db: db, address: a))
+    }
+
+    static let peerList = MethodHandler(RPC.PeerList.self, inline: true) { p, ctx in
+        let db = try ctx.database(p.db)
+        let live = Dictionary(ctx.sync.status(db: db).map { ($0.peer, $0.connected) }, uniquingKeysWith: { a, _ in a })
+        return .init(db: db.name, peers: try db.peers().map { .init(address: $0, connected: live[$0] ?? false) })
+    }
+
+    static let syncStatus = MethodHandler(RPC.SyncStatus.self, inline: true) { p, ctx in
+        let dbs: [BlazeDatabase] =
+            try p.db.map { [try ctx.store.database($0)] }
+            ?? ctx.store.list().compactMap { try? ctx.store.database($0) }.filter { (try? $0.spaceID()) != nil }
+        return .init(
+            listen: ctx.sync.listeningAddress, strangersRefused: ctx.sync.strangersRefusedCount,
+            refusedOverLimit: ctx.sync.refusedOverLimitCount, databases: try dbs.map { try syncState($0, ctx) })
+    }
+
+    static let syncNow = MethodHandler(RPC.SyncNow.self, inline: true) { p, ctx in
+        let db = try sharedDatabase(p.db, ctx)
+        ctx.sync.syncNow(db: db.name)
+        return .init(db: db.name)
+    }
+
+    static let syncPause = MethodHandler(RPC.SyncPause.self, inline: true) { p, ctx in
+        let db = try sharedDatabase(p.db, ctx)
+        ctx.sync.pause(db: db.name)
+        return .init(db: db.name)
+    }
+
+    static let syncResume = MethodHandler(RPC.SyncResume.self, inline: true) { p, ctx in
+        let db = try sharedDatabase(p.db, ctx)
+        ctx.sync.resume(db: db.name)
+        return .init(db: db.name)
+    }
+}
