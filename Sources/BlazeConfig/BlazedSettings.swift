@@ -3,8 +3,10 @@ import BlazeProtocol
 /// Every setting of `blazed` (DESIGN §9): one name for the file key and the flag, one environment variable each.
 ///
 /// Precedence, highest first: command-line flag, environment variable (`BLAZEDB_<NAME>`), configuration file
-/// (`$XDG_CONFIG_HOME/blazedb/blazed.yaml`), built-in default. The numeric defaults equal `ServerLimits()` and
-/// `StoreLimits()` (a test pins that).
+/// (`$XDG_CONFIG_HOME/blazedb/blazed.yaml`), built-in default. A setting is defined here once: its flag
+/// (`blazed --NAME`, parsed by `ConfigResolver.flags`), help line, environment variable and default all come from its
+/// key. Where it lands in the daemon is one line of `DaemonConfig.landings`; a test checks that every key lands and
+/// that the defaults here give `DaemonConfig()`'s (`ServerLimits()`, `StoreLimits()`, `SyncListenerLimits()`).
 public enum BlazedSettings {
     /// The settings, in the order `config show` lists them.
     public static let keys: [ConfigKey] = [

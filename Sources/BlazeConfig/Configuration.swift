@@ -229,6 +229,63 @@ public struct ConfigResolver: Sendable {
         return (base + "/blazedb/blazed.yaml", false)
     }
 
+    /// The settings given on a command line as `--name value`, `--name=value`, `--name` (a switch: true) or
+    /// `--no-name` (a switch: false), by setting name; anything else is an error naming the argument.
+    public func flags(_ arguments: [String]) throws(ConfigError) -> [String: String] {
+        var out: [String: String] = [:]
+        var i = 0
+        while i < arguments.count {
+            let argument = arguments[i]
+            i += 1
+            guard argument.hasPrefix("--"), argument.count > 2 else {
+                throw ConfigError("unexpected argument \"\(argument)\" (settings are --name value)")
+            }
+            var name = String(argument.dropFirst(2))
+            var value: String?
+            if let eq = name.firstIndex(of: "=") {
+                value = String(name[name.index(after: eq)...])
+                name = String(name[..<eq])
+            }
+            if keys.first(where: { $0.name == name }) == nil, name.hasPrefix("no-"),
+                let key = keys.first(where: { $0.name == name.dropFirst(3) }), case .bool = key.kind, value == nil
+            {
+                name = key.name
+                value = "false"
+            }
+            guard let key = keys.first(where: { $0.name == name }) else {
+                throw ConfigError("unknown option --\(name) (settings: \(keys.map(\.name).joined(separator: ", ")))")
+            }
+            if value == nil {
+                if case .bool = key.kind, i >= arguments.count || arguments[i].hasPrefix("--") {
+                    value = "true"
+                } else if i < arguments.count {
+                    value = arguments[i]
+                    i += 1
+                } else {
+                    throw ConfigError("--\(name) needs a value")
+                }
+            }
+            guard out[name] == nil else { throw ConfigError("--\(name) is given twice") }
+            out[name] = value
+        }
+        return out
+    }
+
+    /// One line per setting for `--help`: the flag, what it sets, its environment variable.
+    public var helpText: String {
+        keys.map { key in
+            let value: String
+            switch key.kind {
+            case .bool: value = "--\(key.name) | --no-\(key.name)"
+            case .int: value = "--\(key.name) N"
+            case .double: value = "--\(key.name) SECONDS"
+            case .choice(let words): value = "--\(key.name) \(words.joined(separator: "|"))"
+            case .text: value = "--\(key.name) TEXT"
+            }
+            return "\(value)  [env \(key.environmentVariable)]\n    \(key.summary)"
+        }.joined(separator: "\n")
+    }
+
     /// Resolves every setting. `flags` maps setting names to the text given on the command line.
     public func resolve(flags: [String: String], environment: [String: String], configFile: String?) throws(ConfigError)
         -> ResolvedConfig
@@ -310,50 +367,5 @@ public struct ConfigResolver: Sendable {
             }
         }
         return out
-    }
-}
-
-/// Aligned plain-text tables, as `blazed --print-config` and `blazectl` print them.
-public enum TextTable {
-    /// The header and rows as lines, each column padded to its widest cell, columns two spaces apart.
-    /// ANSI colour sequences (`ESC [ … m`) in cells take no width.
-    public static func render(_ header: [String], _ rows: [[String]]) -> String {
-        var widths = header.map(visibleWidth)
-        for row in rows {
-            for (i, cell) in row.enumerated() where i < widths.count { widths[i] = max(widths[i], visibleWidth(cell)) }
-        }
-        func line(_ cells: [String]) -> String {
-            cells.enumerated().map { i, c in
-                let w = visibleWidth(c)
-                return i == cells.count - 1 || w >= widths[i] ? c : c + String(repeating: " ", count: widths[i] - w)
-            }.joined(separator: "  ")
-        }
-        return ([line(header)] + rows.map(line)).joined(separator: "\n")
-    }
-
-    /// Characters of `text` outside ANSI colour sequences.
-    public static func visibleWidth(_ text: String) -> Int {
-        var width = 0
-        var inEscape = false
-        for c in text.unicodeScalars {
-            if inEscape {
-                if c == "m" { inEscape = false }
-            } else if c == "\u{1B}" {
-                inEscape = true
-            } else {
-                width += 1
-            }
-        }
-        return width
-    }
-}
-
-/// `blazed --print-config` and `blazectl config show` as text.
-public enum ConfigTable {
-    /// One row per setting: name, effective value, source; then the file read.
-    public static func render(_ config: ResolvedConfig) -> String {
-        let rows = config.entries.map { [$0.key.name, $0.value.description, $0.source.description] }
-        return TextTable.render(["SETTING", "VALUE", "SOURCE"], rows) + "\nconfiguration file: "
-            + (config.file ?? "(none)")
     }
 }

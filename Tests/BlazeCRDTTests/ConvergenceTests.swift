@@ -116,7 +116,7 @@ struct Scenario {
 
 @Suite struct Convergence {
     @Test func replicasConvergeUnderAnyDeliveryOrder() throws {
-        let base = UInt64(ProcessInfo.processInfo.environment["BLAZE_SEED"] ?? "") ?? UInt64.random(in: 0 ... (.max / 2))
+        let base = testSeed("convergence")
         let cases = Int(ProcessInfo.processInfo.environment["BLAZE_CASES"] ?? "") ?? 10_000
         var failures = 0
         var stats = (changes: 0, parked: 0, losers: 0, deleted: 0, counters: 0, sets: 0, alive: 0)

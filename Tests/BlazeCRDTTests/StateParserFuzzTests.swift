@@ -28,8 +28,7 @@ import Testing
     }
 
     @Test func mutatedStoredStatesNeverTrapAndWhatDecodesIsBoundedAndStable() throws {
-        let seed = UInt64(ProcessInfo.processInfo.environment["BLAZE_SEED"] ?? "") ?? UInt64.random(in: 0 ... .max)
-        print("state parser fuzz seed \(seed) (replay with BLAZE_SEED=\(seed))")
+        let seed = testSeed("state parser fuzz")
         var rng = SeededRandom(seed: seed)
         var decoded = 0
         for _ in 0..<20_000 {

@@ -33,6 +33,10 @@ final class DaemonProcess: @unchecked Sendable {
     private let log = Mutex<String>("")
     private let ready = DispatchSemaphore(value: 0)
     private let readySignalled = Mutex(false)
+    /// Set once the test stopped or killed the process itself; otherwise deinit stops it and checks it.
+    private var settled = false
+    /// Set by tests that provoke error-level log lines without calling `stop(expectErrors: true)`.
+    var expectsErrors = false
 
     /// Starts blazed with `arguments` after the socket and data flags, in an environment without `BLAZEDB_*`
     /// settings or systemd variables and with its own empty `XDG_CONFIG_HOME`, plus `environment`.
@@ -60,6 +64,7 @@ final class DaemonProcess: @unchecked Sendable {
         }
         try process.run()
         guard ready.wait(timeout: .now() + 60) == .success, logText.contains("Listening") else {
+            settled = true
             process.terminate()
             throw ClientError("blazed did not start: \(logText)")
         }
@@ -83,27 +88,40 @@ final class DaemonProcess: @unchecked Sendable {
     }
 
     func kill9() {
+        settled = true
         kill(pid, SIGKILL)
         process.waitUntilExit()
     }
 
     /// SIGTERM, wait for a clean exit, and check the log for errors.
     func stop(expectErrors: Bool = false, sourceLocation: SourceLocation = #_sourceLocation) {
+        settled = true
         guard process.isRunning else { return }
         process.terminate()
         process.waitUntilExit()
         #expect(process.terminationReason == .exit && process.terminationStatus == 0,
             "blazed exited with \(process.terminationStatus)", sourceLocation: sourceLocation)
         if !expectErrors {
-            let errors = logText.split(separator: "\n").filter { $0.contains("level=error") || $0.contains("level=critical") }
-            #expect(errors.isEmpty, "daemon logged errors: \(errors)", sourceLocation: sourceLocation)
+            #expect(loggedErrors.isEmpty, "daemon logged errors: \(loggedErrors)", sourceLocation: sourceLocation)
         }
     }
 
+    /// The error-level lines of the log.
+    var loggedErrors: [Substring] {
+        logText.split(separator: "\n").filter { $0.contains("level=error") || $0.contains("level=critical") }
+    }
+
+    /// A test that ends without `stop()` (it threw, or forgot) still fails if the daemon crashed or logged errors.
     deinit {
+        guard !settled else { return }
         if process.isRunning {
             process.terminate()
             process.waitUntilExit()
+        } else if process.terminationReason == .uncaughtSignal {
+            Issue.record("blazed died of signal \(process.terminationStatus); log:\n\(logText.suffix(2000))")
+        }
+        if !expectsErrors && !loggedErrors.isEmpty {
+            Issue.record("daemon logged errors: \(loggedErrors)")
         }
     }
 }

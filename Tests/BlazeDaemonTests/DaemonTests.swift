@@ -1,5 +1,6 @@
 import BlazeClient
 import BlazeProtocol
+import BlazeTestSupport
 import Foundation
 import GRDB
 import Testing
@@ -276,7 +277,7 @@ import Glibc
     @Test func killNineDuringInsertsLosesNoAcknowledgedWrite() throws {
         let dir = TempDir()
         var acknowledged: [String] = []
-        var rng = SystemRandomNumberGenerator()
+        var rng = SeededRandom(seed: testSeed("kill -9 timing"))
         for iteration in 0..<20 {
             let d = try DaemonProcess(dir: dir)
             let c = try d.connect()

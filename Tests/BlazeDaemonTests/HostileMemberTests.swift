@@ -2,6 +2,7 @@ import BlazeClient
 import BlazeCrypto
 import BlazeDaemon
 import BlazeProtocol
+import BlazeTestSupport
 import Foundation
 import Synchronization
 import Testing
@@ -42,7 +43,7 @@ final class SyncTarget {
 
     /// Waits (bounded) until `reason` has been counted at least `count` times.
     func awaitRejection(_ reason: String, count: Int64 = 1) throws -> Bool {
-        try waitFor(seconds: 20) { try rejected()[reason, default: 0] >= count }
+        try eventually(timeout: .seconds(20)) { try rejected()[reason, default: 0] >= count }
     }
 
     /// The daemon runs and serves local clients: a write, a read and a delete succeed on the shared database.
@@ -132,7 +133,7 @@ final class SyncTarget {
         let change = m.changeText(
             seq: 1, hlc: HostileMember.clockNow(), ops: [HostileMember.docOp("notes", "fromMember", set: ["a": 1])])
         try m.send(m.signedRun([change]).message)
-        #expect(try waitFor { try t.has("fromMember") })
+        #expect(try eventually { try t.has("fromMember") })
         #expect(try t.rejected().isEmpty)
         try t.expectServing()
         t.daemon.stop()
@@ -168,7 +169,7 @@ final class SyncTarget {
         let honest = m2.changeText(
             seq: 1, hlc: HostileMember.clockNow(), ops: [HostileMember.docOp("notes", "present", set: ["a": 1])])
         try m2.send(m2.signedRun([honest]).message)
-        #expect(try waitFor { try t.has("present") })
+        #expect(try eventually { try t.has("present") })
         try t.expectServing()
         t.daemon.stop()
     }
@@ -242,11 +243,11 @@ final class SyncTarget {
         held = []
         // Once the strangers are gone, the gate has given every place back: a member connects and syncs.
         let m = HostileMember(key: t.key)
-        #expect(waitFor { (try? m.connect(port: t.port)) != nil })
+        #expect(eventually { (try? m.connect(port: t.port)) != nil })
         let change = m.changeText(
             seq: 1, hlc: HostileMember.clockNow(), ops: [HostileMember.docOp("notes", "afterFlood", set: ["a": 1])])
         try m.send(m.signedRun([change]).message)
-        #expect(try waitFor { try t.has("afterFlood") })
+        #expect(try eventually { try t.has("afterFlood") })
         try t.expectServing()
         t.daemon.stop()
     }
@@ -261,7 +262,7 @@ final class SyncTarget {
             seq: 1, hlc: HostileMember.clockNow(), ops: [HostileMember.docOp("notes", "branchA", set: ["a": 1])])
         let (held, message) = m.signedRun([first])
         try m.send(message)
-        #expect(try waitFor { try t.has("branchA") })
+        #expect(try eventually { try t.has("branchA") })
         // The same origin signs another entry for seq 1.
         let other = m.changeText(
             seq: 1, hlc: HostileMember.clockNow(), ops: [HostileMember.docOp("notes", "branchB", set: ["b": 1])])
@@ -272,7 +273,7 @@ final class SyncTarget {
         let hc = honest.changeText(
             seq: 1, hlc: HostileMember.clockNow(), ops: [HostileMember.docOp("notes", "honest", set: ["h": 1])])
         try m.send(honest.signedRun([hc]).message)
-        #expect(try waitFor { try t.has("honest") })
+        #expect(try eventually { try t.has("honest") })
         #expect(try !t.has("branchB"))
         let forks = try t.client.call("sync.status", ["db": "team"])["databases"]?.arrayValue?.first?["forks"]?.arrayValue
         #expect(forks?.count == 1)

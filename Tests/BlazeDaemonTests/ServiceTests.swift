@@ -1,9 +1,10 @@
 import BlazeClient
 import BlazeConfig
-import BlazeDaemon
+@testable import BlazeDaemon
 import BlazeProtocol
 import BlazeStore
 import BlazeSync
+import BlazeTestSupport
 import Foundation
 import GRDB
 import Synchronization
@@ -67,7 +68,7 @@ final class NotifyListener {
         p.standardOutput = FileHandle.nullDevice
         try p.run()
         defer { if p.isRunning { kill(p.processIdentifier, SIGKILL); p.waitUntilExit() } }
-        #expect(waitFor(seconds: 30) { FileManager.default.fileExists(atPath: socketPath) }, "systemd-socket-activate listens")
+        #expect(eventually(timeout: .seconds(30)) { FileManager.default.fileExists(atPath: socketPath) }, "systemd-socket-activate listens")
         // The first connection makes systemd-socket-activate exec blazed (same pid) with the socket as fd 3.
         let c = try BlazeConnection(socketPath: socketPath, timeoutSeconds: 30)
         let info = try c.call("daemon.info")
@@ -155,19 +156,29 @@ final class NotifyListener {
         try "# nothing set\n".write(toFile: dir.path + "/empty.yaml", atomically: true, encoding: .utf8)
         let settings = try BlazedSettings.resolver.resolve(flags: [:], environment: ["HOME": "/h"], configFile: dir.path + "/empty.yaml")
         #expect(settings.entries.allSatisfy { $0.source == .builtIn })
-        let l = ServerLimits(), s = StoreLimits()
-        #expect(settings.int("max-line-bytes") == l.maxLineBytes && settings.int("max-depth") == l.maxDepth)
-        #expect(settings.int("max-batch") == l.maxBatch && settings.int("max-connections") == l.maxConnections)
-        #expect(settings.int("idle-timeout") == l.idleTimeoutSeconds)
-        #expect(settings.int("max-subscriptions") == l.maxSubscriptionsPerConnection)
-        #expect(settings.int("max-subscriber-backlog-bytes") == l.maxSubscriberBacklogBytes)
-        #expect(settings.int("max-document-bytes") == s.maxDocumentBytes && settings.int("feed-retention") == s.feedRetention)
-        #expect(settings.double("sync-timeout") == Double(DaemonConfig().syncTimeoutMs) / 1000)
-        let sync = SyncListenerLimits()
-        #expect(settings.double("sync-handshake-timeout") == Double(sync.handshakeTimeoutMs) / 1000)
-        #expect(settings.int("sync-max-peers") == sync.maxConnections && settings.int("sync-max-handshakes") == sync.maxHandshakes)
-        #expect(settings.int("sync-max-peers-per-address") == sync.maxConnectionsPerAddress)
+        // Every setting lands somewhere, and the built-in defaults give exactly the library's default configuration.
+        #expect(Set(BlazedSettings.keys.map(\.name)) == Set(DaemonConfig.landings.keys))
+        let env = ["HOME": "/h"]
+        let fromSettings = DaemonConfig(settings: settings, environment: env), library = DaemonConfig(environment: env)
+        #expect(fromSettings.limits == library.limits && fromSettings.storeLimits == library.storeLimits)
+        #expect(fromSettings.syncListenerLimits == library.syncListenerLimits && fromSettings.syncTimeoutMs == library.syncTimeoutMs)
+        #expect(fromSettings.socketPath == library.socketPath && fromSettings.dataDirectory == library.dataDirectory)
+        #expect(fromSettings.defaultDatabase == library.defaultDatabase && fromSettings.syncListen == nil)
         #expect(settings.string("data-dir") == "/h/.local/share/blazedb")
+    }
+
+    /// Setting flags are read from the setting list itself: every key is a flag, switches also as --no-NAME.
+    @Test func settingFlagsAreParsedFromTheKeys() throws {
+        let r = BlazedSettings.resolver
+        #expect(
+            try r.flags(["--max-batch", "7", "--log-level=debug", "--no-default-database", "--sync-listen", "127.0.0.1:0"])
+                == ["max-batch": "7", "log-level": "debug", "default-database": "false", "sync-listen": "127.0.0.1:0"])
+        #expect(try r.flags(["--default-database"]) == ["default-database": "true"])
+        #expect(throws: ConfigError.self) { try r.flags(["--max-bach", "7"]) }
+        #expect(throws: ConfigError.self) { try r.flags(["--max-batch"]) }
+        #expect(throws: ConfigError.self) { try r.flags(["--max-batch", "1", "--max-batch", "2"]) }
+        #expect(throws: ConfigError.self) { try r.flags(["stray"]) }
+        #expect(BlazedSettings.keys.allSatisfy { r.helpText.contains("--\($0.name)") && r.helpText.contains($0.environmentVariable) })
     }
 
     @Test func flagsBeatEnvironmentBeatFileBeatDefaults() throws {
@@ -290,11 +301,11 @@ final class NotifyListener {
                 written.store(i, ordering: .relaxed)
             }
         }.start()
-        #expect(waitFor(seconds: 60) { written.load(ordering: .relaxed) >= 500 })
+        #expect(eventually(timeout: .seconds(60)) { written.load(ordering: .relaxed) >= 500 })
         let path = d.dir.path + "/default.backup"
         let backup = try c.call("db.backup", ["db": "default", "path": .string(path)])
         let atBackup = written.load(ordering: .relaxed)
-        #expect(waitFor(seconds: 60) { written.load(ordering: .relaxed) >= atBackup + 200 }, "writes go on after the backup")
+        #expect(eventually(timeout: .seconds(60)) { written.load(ordering: .relaxed) >= atBackup + 200 }, "writes go on after the backup")
         stop.store(true, ordering: .relaxed)
         #expect(done.wait(timeout: .now() + 60) == .success)
 
@@ -443,7 +454,7 @@ final class NotifyListener {
         let token = try #require(try ca.call("db.share", ["db": "team"])["token"]?.stringValue)
         _ = try cb.call("db.join", ["token": .string(token), "db": "team"])
         _ = try cb.call("peer.add", ["db": "team", "address": .string(try a.syncAddress())])
-        #expect(try waitFor { try replicaState(cb, "team").docs == 1 })
+        #expect(try eventually { try replicaState(cb, "team").docs == 1 })
         _ = try cb.call("doc.put", ["db": "team", "collection": "c", "id": "y", "doc": ["from": "b"]])
         let path = b.dir.path + "/team.backup"
         let backup = try cb.call("db.backup", ["db": "team", "path": .string(path)])

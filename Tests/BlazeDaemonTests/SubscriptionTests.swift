@@ -44,10 +44,7 @@ func subscribe(_ c: BlazeConnection, _ params: [String: JSONValue]) throws -> (i
 
 /// Polls `daemon.info` until `subscriptions` reaches `n` (bounded by a deadline).
 func waitForSubscriptionCount(_ c: BlazeConnection, _ n: Int64, sourceLocation: SourceLocation = #_sourceLocation) throws {
-    let deadline = ContinuousClock.now + .seconds(20)
-    while ContinuousClock.now < deadline {
-        if try c.call("daemon.info")["subscriptions"] == .int(n) { return }
-    }
+    if try eventually(timeout: .seconds(20), { try c.call("daemon.info")["subscriptions"] == .int(n) }) { return }
     Issue.record("daemon.info never reported \(n) subscriptions", sourceLocation: sourceLocation)
 }
 
@@ -161,7 +158,7 @@ func waitForSubscriptionCount(_ c: BlazeConnection, _ n: Int64, sourceLocation: 
     /// Live queries against a model: 1,200 random writes, several filters at once; every event must be exactly the
     /// transition the model predicts, and the members it implies must equal `query.find` at the end.
     @Test func liveQueriesReportEnterAndLeaveLikeTheReference() throws {
-        let seed = UInt64(ProcessInfo.processInfo.environment["BLAZE_SEED"] ?? "") ?? UInt64.random(in: 0 ... .max)
+        let seed = testSeed("live query")
         var rng = SeededRandom(seed: seed)
         let d = try DaemonProcess()
         let c = try d.connect()

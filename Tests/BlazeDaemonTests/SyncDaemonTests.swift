@@ -1,5 +1,6 @@
 import BlazeClient
 import BlazeProtocol
+import BlazeTestSupport
 import Foundation
 import GRDB
 import Synchronization
@@ -15,16 +16,6 @@ extension DaemonProcess {
     func syncAddress() throws -> String {
         try #require(try connect().call("sync.status")["listen"]?.stringValue)
     }
-}
-
-/// Waits (bounded, re-checking every 20 ms) until `condition` holds; returns whether it did.
-func waitFor(seconds: Double = 30, _ condition: () throws -> Bool) rethrows -> Bool {
-    let deadline = Date().addingTimeInterval(seconds)
-    while Date() < deadline {
-        if try condition() { return true }
-        usleep(20_000)
-    }
-    return try condition()
 }
 
 /// `db.info` facts used to compare replicas.
@@ -51,18 +42,24 @@ func replicaState(_ c: BlazeConnection, _ db: String) throws -> (hash: String, d
         let clients: [(BlazeConnection, String)] = [(ca, "team"), (cb, "team"), (cc, cName)]
         // Concurrent writers on all three daemons.
         let done = DispatchGroup()
+        let writeErrors = Mutex<[String]>([])
         for (socket, db, tag) in [(a.socket, "team", "a"), (b.socket, "team", "b"), (c.socket, cName, "c")] {
             done.enter()
             Thread {
                 defer { done.leave() }
-                guard let w = try? BlazeConnection(socketPath: socket, timeoutSeconds: 60) else { return }
-                for i in 0..<150 {
-                    _ = try? w.call("doc.put", ["db": .string(db), "collection": "notes", "id": .string("\(tag)\(i)"), "doc": ["i": .int(Int64(i))]])
+                do {
+                    let w = try BlazeConnection(socketPath: socket, timeoutSeconds: 60)
+                    for i in 0..<150 {
+                        _ = try w.call("doc.put", ["db": .string(db), "collection": "notes", "id": .string("\(tag)\(i)"), "doc": ["i": .int(Int64(i))]])
+                    }
+                } catch {
+                    writeErrors.withLock { $0.append("writer \(tag): \(error)") }
                 }
             }.start()
         }
         #expect(done.wait(timeout: .now() + 120) == .success)
-        let converged = try waitFor {
+        #expect(writeErrors.withLock { $0 }.isEmpty)
+        let converged = try eventually {
             let states = try clients.map { try replicaState($0.0, $0.1) }
             return Set(states.map(\.hash)).count == 1 && states[0].docs == 3 * 150
         }
@@ -98,7 +95,7 @@ func replicaState(_ c: BlazeConnection, _ db: String) throws -> (hash: String, d
         let arrived = try readEvents(watcher, sub, count: 1)
         #expect(arrived.first?["origin"] == (try ca.call("daemon.info")["nodeId"]) && arrived.first?["type"] == "insert")
         #expect(arrived.first?["doc"]?["n"] == 0 && arrived.first?["id"] == "counter")
-        #expect(try waitFor { try replicaState(try c.connect(), "team").docs == 1 && replicaState(try b.connect(), "team").docs == 1 })
+        #expect(try eventually { try replicaState(try c.connect(), "team").docs == 1 && replicaState(try b.connect(), "team").docs == 1 })
         // B stops, C pauses; A and C keep writing (C offline), including counter increments that would show any
         // change applied twice.
         b.stop()
@@ -115,7 +112,7 @@ func replicaState(_ c: BlazeConnection, _ db: String) throws -> (hash: String, d
         _ = try cc.call("sync.resume", ["db": "team"])
         b = try syncDaemon(dir: dirB)
         let all = [a, b, c]
-        let converged = try waitFor {
+        let converged = try eventually {
             let states = try all.map { try replicaState(try $0.connect(), "team") }
             return Set(states.map(\.hash)).count == 1 && states[0].docs == 201
         }
@@ -146,21 +143,20 @@ func replicaState(_ c: BlazeConnection, _ db: String) throws -> (hash: String, d
         _ = try cb.call("db.join", ["token": .string(token), "db": "big"])
         _ = try cb.call("peer.add", ["db": "big", "address": .string(try a.syncAddress())])
         // Kill B as soon as it has received part of the log.
-        #expect(try waitFor { try replicaState(cb, "big").docs > 0 })
+        #expect(try eventually { try replicaState(cb, "big").docs > 0 })
         b.kill9()
         let check = try DatabaseQueue(path: dirB.path + "/data/databases/big.db")
         #expect(try check.read { try String.fetchAll($0, sql: "PRAGMA integrity_check") } == ["ok"])
         try check.close()
         b = try syncDaemon(dir: dirB)
         let target = try replicaState(ca, "big")
-        #expect(try waitFor { try replicaState(try b.connect(), "big") == target })
+        #expect(try eventually { try replicaState(try b.connect(), "big") == target })
         a.stop()
         b.stop()
     }
 
     @Test func aFaultInjectingProxyGetsNothingCorruptAcceptedAndSyncRecovers() throws {
-        let seed = UInt64(ProcessInfo.processInfo.environment["BLAZE_SEED"] ?? "") ?? UInt64.random(in: 0 ... .max)
-        print("fault proxy seed \(seed) (replay with BLAZE_SEED=\(seed))")
+        let seed = testSeed("fault proxy")
         // Short timeouts so that a stalled stream (bytes dropped at the end of a burst) is noticed within seconds.
         let a = try DaemonProcess(arguments: ["--sync-listen", "127.0.0.1:0", "--sync-timeout", "2"])
         let b = try DaemonProcess(arguments: ["--sync-timeout", "2"])
@@ -203,7 +199,7 @@ func replicaState(_ c: BlazeConnection, _ db: String) throws -> (hash: String, d
             }.start()
         }
         let corrupting: () -> Int = { proxy.applied.filter(\.key.corrupts).values.reduce(0, +) }
-        let enoughFaults = waitFor(seconds: 120) { corrupting() >= 16 && proxy.applied.count >= 5 }
+        let enoughFaults = eventually(timeout: .seconds(120)) { corrupting() >= 16 && proxy.applied.count >= 5 }
         proxy.setFaulty(false)
         stop.store(true, ordering: .relaxed)
         #expect(done.wait(timeout: .now() + 60) == .success)
@@ -214,7 +210,7 @@ func replicaState(_ c: BlazeConnection, _ db: String) throws -> (hash: String, d
         // With the proxy clean, B catches up on its own and every replica holds exactly what was written.
         let (docs, increments) = written.withLock { $0 }
         let replicas = [ca, cb, cc]
-        let converged = try waitFor(seconds: 90) {
+        let converged = try eventually(timeout: .seconds(90)) {
             let states = try replicas.map { try replicaState($0, "team") }
             return Set(states.map(\.hash)).count == 1 && states[0].docs == Int64(docs + 1)
         }
@@ -236,7 +232,7 @@ func replicaState(_ c: BlazeConnection, _ db: String) throws -> (hash: String, d
             })
         }
         // A connection damaged just before the proxy turned clean may still be timing out; B then reconnects on its own.
-        let reconnected = try waitFor(seconds: 30) { try peer(cb)["connected"] == true }
+        let reconnected = try eventually(timeout: .seconds(30)) { try peer(cb)["connected"] == true }
         #expect(reconnected, "B's link comes back once the proxy is clean")
         var pa = try peer(ca), pb = try peer(cb)
         var reasons: [String: JSONValue] = [:]
@@ -252,7 +248,7 @@ func replicaState(_ c: BlazeConnection, _ db: String) throws -> (hash: String, d
             errors = Int((pa["errors"]?.intValue ?? 0) + (pb["errors"]?.intValue ?? 0))
         }
         // The last damaged connection's refusal or timeout can be counted just after B reconnects: wait for it.
-        _ = try waitFor(seconds: 30) {
+        _ = try eventually(timeout: .seconds(30)) {
             try count()
             return rejections + errors >= corrupting()
         }
@@ -276,7 +272,7 @@ func replicaState(_ c: BlazeConnection, _ db: String) throws -> (hash: String, d
         _ = try cd.call("db.create", ["db": "guess"])
         _ = try cd.call("db.share", ["db": "guess"])  // another space, another key
         _ = try cd.call("peer.add", ["db": "guess", "address": .string(try a.syncAddress())])
-        #expect(try waitFor { (try ca.call("sync.status")["strangersRefused"]?.intValue ?? 0) >= 2 })
+        #expect(try eventually { (try ca.call("sync.status")["strangersRefused"]?.intValue ?? 0) >= 2 })
         let peer = try cd.call("sync.status", ["db": "guess"])["databases"]?.arrayValue?.first?["peers"]?.arrayValue?.first
         #expect(peer?["connected"] == false && peer?["receivedEntries"] == 0)
         #expect(try replicaState(cd, "guess").docs == 0)
@@ -361,7 +357,7 @@ func replicaState(_ c: BlazeConnection, _ db: String) throws -> (hash: String, d
         let address = try a.syncAddress()
         let add = try run(ctl, ["peer", "add", "notes", address, "--socket", b.socket])
         #expect(add.out == "added peer \(address) to notes\n")
-        #expect(waitFor { (try? b.connect().call("doc.get", ["db": "notes", "collection": "n", "id": "hello"])) != nil })
+        #expect(eventually { (try? b.connect().call("doc.get", ["db": "notes", "collection": "n", "id": "hello"])) != nil })
         let list = try run(ctl, ["peer", "list", "notes", "--socket", b.socket])
         #expect(list.out.split(separator: "\n").map { $0.split(separator: " ").map(String.init) } == [["ADDRESS", "CONNECTED"], [address, "yes"]])
         let status = try run(ctl, ["sync", "status", "notes", "--socket", b.socket])

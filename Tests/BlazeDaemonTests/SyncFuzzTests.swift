@@ -199,7 +199,7 @@ struct SyncFuzzer {
     /// live daemons that sync with each other while local clients write. Afterwards both are up, serve local clients,
     /// hold every honest change and none of the refused ones, and a clean replica that joins converges with them.
     @Test func seededSyncFuzzerLeavesDaemonsUpAndConverged() throws {
-        let seed = UInt64(ProcessInfo.processInfo.environment["BLAZE_SEED"] ?? "") ?? UInt64.random(in: 0 ... .max)
+        let seed = testSeed("sync fuzzer")
         let total = Int(ProcessInfo.processInfo.environment["BLAZE_FUZZ_MESSAGES"] ?? "") ?? 100_000
         print("sync fuzzer seed \(seed), \(total) messages (replay with BLAZE_SEED=\(seed))")
         let a = try SyncTarget()
@@ -294,7 +294,7 @@ struct SyncFuzzer {
         _ = try clean.call("db.join", ["token": .string(token), "db": "team"])
         _ = try clean.call("peer.add", ["db": "team", "address": .string(try a.daemon.syncAddress())])
         let replicas = [a.client, cb, clean]
-        let converged = try waitFor(seconds: 120) {
+        let converged = try eventually(timeout: .seconds(120)) {
             let states = try replicas.map { try replicaState($0, "team") }
             let fuzzCount = try a.client.call("query.count", ["db": "team", "collection": "fuzz"])["count"]?.intValue
             return Set(states.map(\.hash)).count == 1 && fuzzCount == Int64(honestIDs.count)

@@ -50,7 +50,7 @@ func randomValue(_ rng: inout SeededRandom, depth: Int = 0) -> JSONValue {
 
 @Suite struct JSONRoundTrip {
     @Test func randomValuesRoundTripExactly() throws {
-        let seed = UInt64(ProcessInfo.processInfo.environment["BLAZE_SEED"] ?? "") ?? UInt64.random(in: 0 ... .max)
+        let seed = testSeed("JSON round trip")
         var rng = SeededRandom(seed: seed)
         for i in 0..<20_000 {
             let value = randomValue(&rng)

@@ -19,8 +19,7 @@ import Testing
     ]
 
     @Test func mutatedRequestLinesNeverTrapAndWhatParsesRoundTrips() throws {
-        let seed = UInt64(ProcessInfo.processInfo.environment["BLAZE_SEED"] ?? "") ?? UInt64.random(in: 0 ... .max)
-        print("RPC parser fuzz seed \(seed) (replay with BLAZE_SEED=\(seed))")
+        let seed = testSeed("RPC parser fuzz")
         var rng = SeededRandom(seed: seed)
         var parsed = 0
         for line in Self.corpus {

@@ -116,7 +116,7 @@ func referenceSort(_ docs: [[String: JSONValue]], _ keys: [SortKey]) -> [[String
 
 @Suite struct QueryReference {
     @Test func randomQueriesMatchReferenceWithAndWithoutIndexes() async throws {
-        let seed = UInt64(ProcessInfo.processInfo.environment["BLAZE_SEED"] ?? "") ?? UInt64.random(in: 0 ... .max)
+        let seed = testSeed("query reference")
         var gen = QueryGen(rng: SeededRandom(seed: seed))
         let t = try TempStore()
         let db = try t.store.create("q")

@@ -33,7 +33,7 @@ final class StoreReplicas {
 
 @Suite struct StoreReplication {
     @Test func randomHistoriesConvergeInSQLite() async throws {
-        let base = UInt64(ProcessInfo.processInfo.environment["BLAZE_SEED"] ?? "") ?? UInt64.random(in: 0 ... (.max / 2))
+        let base = testSeed("replication")
         for i in 0..<UInt64(150) {
             let seed = base &+ i
             var rng = SeededRandom(seed: seed)
@@ -190,7 +190,7 @@ final class StoreReplicas {
     /// builds on every patch); whatever mix of fields they write, a replica applying the changes through the engine
     /// ends with the same states.
     @Test func setAndUnsetPatchesMatchTheEngine() throws {
-        let base = UInt64(ProcessInfo.processInfo.environment["BLAZE_SEED"] ?? "") ?? UInt64.random(in: 0 ... (.max / 2))
+        let base = testSeed("replication")
         var rng = SeededRandom(seed: base)
         let r = try StoreReplicas(2)
         // Non-ASCII names too, canonically equivalent to others ("K" and the Kelvin sign, "é" composed and not):

@@ -2,6 +2,7 @@ import BlazeCRDT
 import BlazeCrypto
 import BlazeProtocol
 import BlazeStore
+import BlazeTestSupport
 import Foundation
 import Logging
 import NIOCore
@@ -40,16 +41,6 @@ final class Device: @unchecked Sendable {
     }
 }
 
-/// Waits (bounded) until `condition` holds, re-checking every 10 ms; returns whether it did.
-func eventually(seconds: Double = 15, _ condition: () throws -> Bool) async rethrows -> Bool {
-    let deadline = Date().addingTimeInterval(seconds)
-    while Date() < deadline {
-        if try condition() { return true }
-        try? await Task.sleep(for: .milliseconds(10))
-    }
-    return try condition()
-}
-
 @Suite(.serialized) struct SyncEngineTests {
     @Test func twoDevicesSyncBothWaysOverOneConnection() async throws {
         let a = try Device(), b = try Device()
@@ -59,11 +50,11 @@ func eventually(seconds: Double = 15, _ condition: () throws -> Bool) async reth
         let token = try a.engine.share(db: dbA)
         let dbB = try b.engine.join(token: token, name: "mine")
         #expect(try b.engine.addPeer(db: dbB, address: PeerAddress("127.0.0.1:\(a.port)")!))
-        #expect(try await eventually { try dbB.summary().documents == 250 })
+        #expect(try eventually { try dbB.summary().documents == 250 })
         // Live in both directions.
         _ = try dbB.apply(.put(collection: "c", id: "fromB", doc: ["x": 1]))
         _ = try dbA.apply(.patch(collection: "c", id: "a1", set: ["n": 1000]))
-        #expect(try await eventually { try dbA.stateHash() == dbB.stateHash() && dbA.summary().documents == 251 })
+        #expect(try eventually { try dbA.stateHash() == dbB.stateHash() && dbA.summary().documents == 251 })
         let statusB = b.engine.status(db: dbB)
         #expect(statusB.count == 1 && statusB[0].connected && statusB[0].receivedEntries >= 251 && statusB[0].sentEntries >= 1)
         #expect(statusB[0].rejected.isEmpty)
@@ -82,7 +73,7 @@ func eventually(seconds: Double = 15, _ condition: () throws -> Bool) async reth
         let dbC = try c.store.create("guess")
         _ = try c.engine.share(db: dbC)  // another space: another key
         _ = try c.engine.addPeer(db: dbC, address: PeerAddress("127.0.0.1:\(a.port)")!)
-        #expect(await eventually { a.engine.strangersRefused.load(ordering: .relaxed) >= 2 })
+        #expect(eventually { a.engine.strangersRefused.load(ordering: .relaxed) >= 2 })
         #expect(try dbC.summary().documents == 0)
         #expect(c.engine.status(db: dbC).first?.connected == false)
         #expect(a.engine.status(db: dbA).isEmpty)

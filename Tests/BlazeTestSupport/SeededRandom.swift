@@ -1,3 +1,7 @@
+#if canImport(Glibc)
+import Glibc
+#endif
+
 /// SplitMix64: a tiny deterministic generator so every property test can print and replay its seed.
 public struct SeededRandom: RandomNumberGenerator {
     /// The generator's state; equal states give equal sequences.
@@ -14,4 +18,13 @@ public struct SeededRandom: RandomNumberGenerator {
         z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
         return z ^ (z >> 31)
     }
+}
+
+/// The seed of a randomized test: `BLAZE_SEED` when set (to replay a failure), else a fresh one; printed with
+/// `label` so every run can be replayed.
+public func testSeed(_ label: String) -> UInt64 {
+    let given = getenv("BLAZE_SEED").flatMap { UInt64(String(cString: $0)) }
+    let seed = given ?? UInt64.random(in: 0 ... (.max / 2))
+    print("\(label) seed \(seed) (replay with BLAZE_SEED=\(seed))")
+    return seed
 }

@@ -1,0 +1,177 @@
+import BlazeProtocol
+import BlazeStore
+import Logging
+import NIOCore
+
+/// Answers the requests of one connection in order, on the connection's event loop, and delivers its subscriptions.
+///
+/// Requests whose methods only read a little (`MethodHandler.runsInline`) are answered right here, with no thread hop;
+/// the others run on the daemon's I/O thread pool and are answered back on the loop. While a request runs on the
+/// pool, later lines wait in a queue, and reading from the socket pauses once that queue is full or while the
+/// client does not read its responses.
+///
+/// A subscription starts once the response to its `subscribe` is written: it replays the durable feed from its
+/// start sequence in pages (each page waits until the client has read the previous ones), then attaches to the live
+/// feed. Live events are written as they commit; a subscription whose connection already has more than
+/// `maxSubscriberBacklogBytes` unsent is dropped with a final error notification.
+final class RPCHandler: ChannelDuplexHandler {
+    typealias InboundIn = InboundFrame
+    typealias OutboundIn = ByteBuffer
+    typealias OutboundOut = ByteBuffer
+
+    /// Asks the connection to finish what it has received, then close (graceful shutdown).
+    struct Shutdown {}
+
+    /// Lines queued beyond this stop reading from the socket until the queue drains.
+    static let maxQueued = 64
+
+    let connection: ConnectionHandle
+    let dispatcher: Dispatcher
+    let limits: ServerLimits
+    let logger: Logger
+    private var queue = CircularBuffer<InboundFrame>()
+    private var busy = false
+    private var closing = false
+    private var heldRead = false
+
+    /// Loop-side state of a started subscription.
+    struct Delivery {
+        let sub: Subscription
+        /// Events up to this feed sequence are delivered (or were not for this subscription).
+        var delivered: Int64
+        /// Replaying and paused until the client reads (the channel becomes writable).
+        var waiting = false
+    }
+
+    var deliveries: [String: Delivery] = [:]
+
+    var id: Int { connection.id }
+
+    init(connection: ConnectionHandle, dispatcher: Dispatcher, limits: ServerLimits, logger: Logger) {
+        self.connection = connection
+        self.dispatcher = dispatcher
+        self.limits = limits
+        self.logger = logger
+    }
+
+    func handlerAdded(context: ChannelHandlerContext) {
+        // Pause reading requests while this much output waits for the client (it reads its responses too slowly).
+        context.channel.setOption(.writeBufferWaterMark, value: .init(low: 256 << 10, high: 1 << 20)).whenFailure { _ in }
+    }
+
+    func channelInactive(context: ChannelHandlerContext) {
+        connection.close()
+        deliveries = [:]
+        context.fireChannelInactive()
+    }
+
+    func channelWritabilityChanged(context: ChannelHandlerContext) {
+        if context.channel.isWritable {
+            for (id, d) in deliveries where d.waiting {
+                deliveries[id]?.waiting = false
+                pump(id, context: context)
+            }
+            if heldRead && queue.count < Self.maxQueued {
+                heldRead = false
+                context.read()
+            }
+        }
+        context.fireChannelWritabilityChanged()
+    }
+
+    func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+        guard !closing else { return }
+        queue.append(unwrapInboundIn(data))
+        drain(context: context)
+    }
+
+    func read(context: ChannelHandlerContext) {
+        if queue.count >= Self.maxQueued || !context.channel.isWritable {
+            heldRead = true
+        } else {
+            context.read()
+        }
+    }
+
+    func userInboundEventTriggered(context: ChannelHandlerContext, event: Any) {
+        if event is Shutdown {
+            closing = true
+            closeIfIdle(context: context)
+        } else if case ChannelEvent.inputClosed = event {
+            // The client sent its last request: answer everything received, then close.
+            closing = true
+            closeIfIdle(context: context)
+        } else {
+            context.fireUserInboundEventTriggered(event)
+        }
+    }
+
+    private func closeIfIdle(context: ChannelHandlerContext) {
+        if !busy && queue.isEmpty { context.close(promise: nil) }
+    }
+
+    private func drain(context: ChannelHandlerContext) {
+        while !busy, let frame = queue.popFirst() {
+            switch frame {
+            case .tooLong:
+                logger.notice("Closing connection: line too long", metadata: ["connection.id": "\(id)"])
+                let err = RPCCodec.response(
+                    id: .null,
+                    error: RPCError(
+                        code: RPCErrorCode.limitExceeded, kind: "line_too_long",
+                        message: "request line exceeds \(limits.maxLineBytes) bytes; closing the connection",
+                        details: ["limit": .int(Int64(limits.maxLineBytes))]))
+                queue.removeAll()
+                closing = true
+                context.writeAndFlush(wrapOutboundOut(ByteBuffer(bytes: err.jsonBytes + [0x0A])), promise: nil)
+                context.close(promise: nil)
+                return
+            case .line(let line):
+                if line.readableBytesView.allSatisfy({ $0 == 0x20 || $0 == 0x09 }) { continue }
+                let prepared = dispatcher.prepare(line: line.readableBytesView)
+                if dispatcher.runsInline(prepared) {
+                    send(dispatcher.execute(prepared, connection: connection), context: context)
+                    continue
+                }
+                busy = true
+                let loopBound = NIOLoopBound((self, context), eventLoop: context.eventLoop)
+                let connection = self.connection
+                let dispatcher = self.dispatcher
+                dispatcher.pool.runIfActive(eventLoop: context.eventLoop) {
+                    dispatcher.execute(prepared, connection: connection)
+                }.whenComplete { result in
+                    let (handler, context) = loopBound.value
+                    handler.busy = false
+                    switch result {
+                    case .success(let reply): handler.send(reply, context: context)
+                    case .failure:
+                        let err = RPCCodec.response(id: .null, error: RPCError(
+                            code: RPCErrorCode.unavailable, kind: "shutting_down", message: "the daemon is shutting down"))
+                        handler.send(err.jsonBytes, context: context)
+                    }
+                    handler.drain(context: context)
+                }
+                return
+            }
+        }
+        if heldRead && queue.count < Self.maxQueued && context.channel.isWritable {
+            heldRead = false
+            context.read()
+        }
+        if closing { closeIfIdle(context: context) }
+    }
+
+    private func send(_ reply: [UInt8]?, context: ChannelHandlerContext) {
+        if var reply {
+            reply.append(0x0A)
+            context.writeAndFlush(wrapOutboundOut(ByteBuffer(bytes: reply)), promise: nil)
+        }
+        // Subscriptions created by this request start now that their `subscribe` response is out.
+        for sub in connection.takePending() where !sub.isCancelled {
+            deliveries[sub.id] = Delivery(sub: sub, delivered: sub.start)
+            pump(sub.id, context: context)
+        }
+    }
+
+    // MARK: subscriptions
+}
