@@ -34,7 +34,7 @@ let package = Package(
         .target(
             name: "BlazeStore",
             dependencies: [
-                "BlazeProtocol", "BlazeCRDT", "BlazeCrypto", .product(name: "GRDB", package: "GRDB.swift"),
+                "BlazeProtocol", "BlazeCRDT", .product(name: "GRDB", package: "GRDB.swift"),
                 .product(name: "GRDBSQLite", package: "GRDB.swift"), .product(name: "Crypto", package: "swift-crypto"),
             ],
             swiftSettings: strict),
@@ -66,7 +66,7 @@ let package = Package(
         .executableTarget(
             name: "blazed",
             dependencies: [
-                "BlazeDaemon", "BlazeStore", "BlazeConfig", "BlazeProtocol",
+                "BlazeDaemon", "BlazeConfig", "BlazeProtocol",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
@@ -103,6 +103,8 @@ let package = Package(
             name: "BlazeStoreTests",
             dependencies: [
                 "BlazeStore", "BlazeProtocol", "BlazeCRDT", "BlazeCrypto", "BlazeTestSupport",
+                // The sync log's tests: its storage is the store's, its sealing and verification BlazeSync's.
+                "BlazeSync",
                 .product(name: "GRDB", package: "GRDB.swift"),
             ],
             swiftSettings: strict),

@@ -97,4 +97,42 @@ public enum JSONScan {
             return nil
         }
     }
+
+    /// The canonical text of an object after `set` and `unset`, from its canonical text `bytes` and its `members`: the
+    /// other members copied as they are (canonical and in key order), the set ones written in their place in key order.
+    public static func splice(
+        _ bytes: [UInt8], _ members: [JSONScan.Member], set: [String: JSONValue], unset: [String]
+    ) -> [UInt8] {
+        let added = set.sorted { utf8Less($0.key, $1.key) }
+        let removed = Set(unset)
+        var out: [UInt8] = []
+        out.reserveCapacity(bytes.count + 64)
+        out.append(UInt8(ascii: "{"))
+        func member(_ key: String, _ write: (inout [UInt8]) -> Void) {
+            if out.count > 1 { out.append(UInt8(ascii: ",")) }
+            JSONValue.writeString(key, to: &out)
+            out.append(UInt8(ascii: ":"))
+            write(&out)
+        }
+        var next = 0
+        for m in members {
+            while next < added.count, utf8Less(added[next].key, m.key) {
+                member(added[next].key) { added[next].value.write(to: &$0) }
+                next += 1
+            }
+            if next < added.count, utf8Equal(added[next].key, m.key) {
+                member(added[next].key) { added[next].value.write(to: &$0) }
+                next += 1
+                continue
+            }
+            if removed.contains(m.key) { continue }
+            member(m.key) { $0.append(contentsOf: bytes[m.value]) }
+        }
+        while next < added.count {
+            member(added[next].key) { added[next].value.write(to: &$0) }
+            next += 1
+        }
+        out.append(UInt8(ascii: "}"))
+        return out
+    }
 }

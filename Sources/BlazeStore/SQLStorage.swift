@@ -268,7 +268,7 @@ final class SQLStorage: ReplicaStorage {
             _ = try load(key, state: state, doc: try Self.parseBody(row.body), text: row.body)
             return nil
         }
-        let body = Self.splice(bytes, members, set: set, unset: unset)
+        let body = JSONScan.splice(bytes, members, set: set, unset: unset)
         let text = String(decoding: body, as: UTF8.self)
         #if DEBUG
             // Every debug run (the whole test suite) checks the shortcut against the general engine.
@@ -307,44 +307,6 @@ final class SQLStorage: ReplicaStorage {
         for (name, value) in set { writes[name] = .some(value) }
         for name in unset { writes[name] = .some(nil) }
         return writes
-    }
-
-    /// The canonical text of a stored document after `set` and `unset`: its other members copied as they are (they
-    /// are canonical and in key order), the set ones written in their place in key order.
-    static func splice(
-        _ bytes: [UInt8], _ members: [JSONScan.Member], set: [String: JSONValue], unset: [String]
-    ) -> [UInt8] {
-        let added = set.sorted { utf8Less($0.key, $1.key) }
-        let removed = Set(unset)
-        var out: [UInt8] = []
-        out.reserveCapacity(bytes.count + 64)
-        out.append(UInt8(ascii: "{"))
-        func member(_ key: String, _ write: (inout [UInt8]) -> Void) {
-            if out.count > 1 { out.append(UInt8(ascii: ",")) }
-            JSONValue.writeString(key, to: &out)
-            out.append(UInt8(ascii: ":"))
-            write(&out)
-        }
-        var next = 0
-        for m in members {
-            while next < added.count, utf8Less(added[next].key, m.key) {
-                member(added[next].key) { added[next].value.write(to: &$0) }
-                next += 1
-            }
-            if next < added.count, utf8Equal(added[next].key, m.key) {
-                member(added[next].key) { added[next].value.write(to: &$0) }
-                next += 1
-                continue
-            }
-            if removed.contains(m.key) { continue }
-            member(m.key) { $0.append(contentsOf: bytes[m.value]) }
-        }
-        while next < added.count {
-            member(added[next].key) { added[next].value.write(to: &$0) }
-            next += 1
-        }
-        out.append(UInt8(ascii: "}"))
-        return out
     }
 
     /// Where `key` is stored, for a state saved without being read first.

@@ -1,6 +1,7 @@
 import BlazeCRDT
 import BlazeCrypto
 import BlazeProtocol
+import BlazeSync
 import Foundation
 import GRDB
 import Testing

@@ -1,0 +1,228 @@
+import BlazeCRDT
+import BlazeProtocol
+import Crypto
+import Foundation
+import GRDB
+import Synchronization
+
+/// A collection as listed by `collection.list`.
+public struct CollectionInfo: Sendable, Equatable {
+    /// The collection name.
+    public var name: String
+    /// Number of documents it holds.
+    public var count: Int
+}
+
+/// A user index definition.
+public struct IndexInfo: Sendable, Equatable {
+    /// Index name, unique in its database.
+    public var name: String
+    /// The collection it covers.
+    public var collection: String
+    /// Indexed field paths, in order.
+    public var fields: [String]
+}
+
+/// A page of query results.
+public struct FindResult: Sendable {
+    /// Matching documents, projected if requested.
+    public var docs: [JSONValue]
+    /// Token for the next page, nil when this page is the last.
+    public var cursor: String?
+}
+
+/// The plan SQLite chose for a query.
+public struct ExplainResult: Sendable {
+    /// The compiled SQL (values are bound, not shown).
+    public var sql: String
+    /// SQLite's `EXPLAIN QUERY PLAN` detail lines.
+    public var plan: [String]
+    /// Names of user indexes the plan uses.
+    public var indexes: [String]
+}
+
+/// Summary facts about a database.
+public struct DatabaseSummary: Sendable {
+    /// Database name.
+    public var name: String
+    /// Path of its SQLite file.
+    public var path: String
+    /// Number of collections.
+    public var collections: Int
+    /// Number of documents in all collections.
+    public var documents: Int
+    /// Size on disk of the database file and its WAL, in bytes.
+    public var sizeBytes: Int64
+}
+
+/// Reads: documents by id, queries, listings, the summary.
+extension BlazeDatabase {
+    static func requireCollection(_ db: Database, _ name: String) throws {
+        try Names.validateCollection(name)
+        let stmt = try db.cachedStatement(sql: "SELECT 1 FROM collections WHERE name = ?")
+        guard try Int.fetchOne(stmt, arguments: [name]) != nil else {
+            throw StoreError(.notFound, kind: "collection_not_found", "collection \(Names.quoted(name)) does not exist")
+        }
+    }
+
+    static func decodeBody(_ text: String) throws -> [String: JSONValue] {
+        guard case .object(let o) = try JSONParser(maxDepth: 10_000).parse(text) else {
+            throw StoreError(.internalFailure, kind: "corrupt_document", "stored document is not an object")
+        }
+        return o
+    }
+
+    /// Fetches one document; throws not-found for an unknown collection or id.
+    public func get(collection: String, id: String, fields: [FieldPath]? = nil) throws -> JSONValue {
+        try Names.validateID(id)
+        return try read { db in
+            try Self.requireCollection(db, collection)
+            let stmt = try db.cachedStatement(sql: "SELECT body FROM docs WHERE collection = ? AND id = ?")
+            guard let text = try String.fetchOne(stmt, arguments: [collection, id]) else {
+                throw StoreError(
+                    .notFound, kind: "document_not_found",
+                    "no document \(Names.quoted(id)) in collection \(collection)")
+            }
+            let doc = try Self.decodeBody(text)
+            return .object(fields.map { Projection.apply($0, to: doc) } ?? doc)
+        }
+    }
+
+    /// Fetches many documents by id, in the order given; missing ones are `null`.
+    public func getMany(collection: String, ids: [String], fields: [FieldPath]? = nil) throws -> [JSONValue] {
+        guard ids.count <= limits.maxGetMany else {
+            throw StoreError(
+                .limitExceeded, kind: "too_many_ids", "at most \(limits.maxGetMany) ids per call, got \(ids.count)")
+        }
+        for id in ids { try Names.validateID(id) }
+        return try read { db in
+            try Self.requireCollection(db, collection)
+            let stmt = try db.cachedStatement(sql: "SELECT body FROM docs WHERE collection = ? AND id = ?")
+            return try ids.map { id in
+                guard let text = try String.fetchOne(stmt, arguments: [collection, id]) else { return .null }
+                let doc = try Self.decodeBody(text)
+                return .object(fields.map { Projection.apply($0, to: doc) } ?? doc)
+            }
+        }
+    }
+
+    /// Checks the collection name and the page size of a find or explain.
+    func validate(_ query: FindQuery) throws {
+        try Names.validateCollection(query.collection)
+        guard query.limit >= 1, query.limit <= limits.maxQueryLimit else {
+            throw StoreError(
+                .limitExceeded, kind: "limit_out_of_range",
+                "limit must be between 1 and \(limits.maxQueryLimit), got \(query.limit)")
+        }
+    }
+
+    /// Runs a find query and returns one page.
+    public func find(_ query: FindQuery) throws -> FindResult {
+        try validate(query)
+        let compiled = QueryCompiler.find(query, limit: query.limit + 1)
+        return try read { db in
+            try Self.requireCollection(db, query.collection)
+            let rows = try Row.fetchAll(db, sql: compiled.sql, arguments: compiled.arguments)
+            var docs: [JSONValue] = []
+            docs.reserveCapacity(min(rows.count, query.limit))
+            for row in rows.prefix(query.limit) {
+                let doc = try Self.decodeBody(row[1])
+                docs.append(.object(query.fields.map { Projection.apply($0, to: doc) } ?? doc))
+            }
+            var next: String?
+            if rows.count > query.limit {
+                let last = rows[query.limit - 1]
+                var keys: [JSONValue] = []
+                for i in 0..<(2 * query.sort.count) {
+                    keys.append(Self.jsonValue(last[2 + i] as DatabaseValue))
+                }
+                next = QueryCursor(keys: keys, id: last[0], shape: query.shape).token
+            }
+            return FindResult(docs: docs, cursor: next)
+        }
+    }
+
+    static func jsonValue(_ v: DatabaseValue) -> JSONValue {
+        switch v.storage {
+        case .null: return .null
+        case .int64(let i): return .int(i)
+        case .double(let d): return .double(d)
+        case .string(let s): return .string(s)
+        case .blob(let b): return .string(String(decoding: b, as: UTF8.self))
+        }
+    }
+
+    /// Counts matching documents.
+    public func count(collection: String, filter: Filter) throws -> Int {
+        try Names.validateCollection(collection)
+        let compiled = QueryCompiler.count(collection: collection, filter: filter)
+        return try read { db in
+            try Self.requireCollection(db, collection)
+            return try Int.fetchOne(db, sql: compiled.sql, arguments: compiled.arguments) ?? 0
+        }
+    }
+
+    /// Returns SQLite's plan for a find query and the user indexes it uses.
+    public func explain(_ query: FindQuery) throws -> ExplainResult {
+        try validate(query)
+        let compiled = QueryCompiler.find(query, limit: query.limit + 1)
+        return try read { db in
+            try Self.requireCollection(db, query.collection)
+            let rows = try Row.fetchAll(
+                db, sql: "EXPLAIN QUERY PLAN " + compiled.sql, arguments: compiled.arguments)
+            let plan: [String] = rows.map { $0["detail"] }
+            var used: [String] = []
+            for line in plan {
+                var rest = Substring(line)
+                while let r = rest.range(of: "INDEX ux_") {
+                    let tail = rest[r.upperBound...]
+                    let name = tail.prefix { $0 != " " && $0 != "(" }
+                    if !used.contains(String(name)) { used.append(String(name)) }
+                    rest = tail
+                }
+            }
+            return ExplainResult(sql: compiled.sql, plan: plan, indexes: used)
+        }
+    }
+
+    /// Lists collections with their document counts.
+    public func collections() throws -> [CollectionInfo] {
+        try read { db in
+            try Row.fetchAll(
+                db,
+                sql: "SELECT c.name, (SELECT count(*) FROM docs d WHERE d.collection = c.name) FROM collections c ORDER BY c.name"
+            ).map { CollectionInfo(name: $0[0], count: $0[1]) }
+        }
+    }
+
+    /// Lists user indexes, optionally of one collection.
+    public func indexes(collection: String? = nil) throws -> [IndexInfo] {
+        if let collection { try Names.validateCollection(collection) }
+        return try read { db in
+            if let collection { try Self.requireCollection(db, collection) }
+            let rows = try Row.fetchAll(
+                db, sql: "SELECT name, collection, fields FROM indexes WHERE ?1 IS NULL OR collection = ?1 ORDER BY name",
+                arguments: [collection])
+            return try rows.map { row in
+                let fields = try JSONParser().parse(row[2] as String).arrayValue?.compactMap(\.stringValue) ?? []
+                return IndexInfo(name: row[0], collection: row[1], fields: fields)
+            }
+        }
+    }
+
+    /// Summary facts for `db.info`.
+    public func summary() throws -> DatabaseSummary {
+        let (collections, documents) = try read { db in
+            (
+                try Int.fetchOne(db, sql: "SELECT count(*) FROM collections") ?? 0,
+                try Int.fetchOne(db, sql: "SELECT count(*) FROM docs") ?? 0
+            )
+        }
+        var size: Int64 = 0
+        for suffix in ["", "-wal"] {
+            let attrs = try? FileManager.default.attributesOfItem(atPath: path + suffix)
+            size += (attrs?[.size] as? NSNumber)?.int64Value ?? 0
+        }
+        return DatabaseSummary(name: name, path: path, collections: collections, documents: documents, sizeBytes: size)
+    }
+}

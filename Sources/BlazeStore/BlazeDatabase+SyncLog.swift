@@ -1,0 +1,315 @@
+import BlazeCRDT
+import BlazeProtocol
+import Foundation
+import GRDB
+
+/// Two entries one origin signed for the same sequence number: proof that its log forked.
+public struct ForkEvidence: Sendable, Equatable {
+    /// The forked origin (quarantined).
+    public var origin: NodeID
+    /// The sequence number with two entries.
+    public var seq: UInt64
+    /// Hash of the entry held here.
+    public var heldHash: [UInt8]
+    /// Hash of the other entry, which a head signed by the origin covers.
+    public var otherHash: [UInt8]
+    /// When it was found (Unix milliseconds).
+    public var detectedAtMs: Int64
+}
+
+/// What storing a batch of entries did.
+public struct BatchOutcome: Sendable, Equatable {
+    /// Entries stored for the first time.
+    public var stored = 0
+    /// Entries already held (same hash).
+    public var duplicates = 0
+    /// What applying their changes did.
+    public var report = ReceiveReport()
+
+    /// An outcome (all counts zero by default).
+    public init(stored: Int = 0, duplicates: Int = 0, report: ReceiveReport = ReceiveReport()) {
+        self.stored = stored
+        self.duplicates = duplicates
+        self.report = report
+    }
+}
+
+/// One entry of a sync log as the store keeps it: opaque sealed bytes and their hash (BlazeSync seals and verifies).
+public struct SyncLogEntry: Sendable, Equatable {
+    /// The origin's sequence number.
+    public var seq: UInt64
+    /// The entry's hash (what the next entry links to).
+    public var hash: [UInt8]
+    /// The sealed bytes.
+    public var bytes: [UInt8]
+
+    /// An entry.
+    public init(seq: UInt64, hash: [UInt8], bytes: [UInt8]) {
+        self.seq = seq
+        self.hash = hash
+        self.bytes = bytes
+    }
+}
+
+/// Why `recordEntries` stored nothing: the batch contradicts the log held here.
+public enum SyncLogConflict: Error, Sendable, Equatable {
+    /// The origin has forked before; nothing more of it is accepted.
+    case quarantined
+    /// The first entry does not continue the log held here (a gap, or another previous entry).
+    case brokenChain
+    /// An entry differs from the one held for the same sequence number.
+    case fork
+}
+
+/// The database's sync log (DESIGN §8) as storage: its space, sealed entries and signed heads as opaque bytes, fork
+/// evidence and peers. Sealing, signing and verifying are BlazeSync's (`BlazeDatabase+SyncLog` there); the store only
+/// keeps the bytes, and stores received entries in the same transaction that applies their changes, so a crash
+/// never separates an entry from its change.
+extension BlazeDatabase {
+    /// The space this database syncs in (hex), nil while it is not shared.
+    public func spaceID() throws -> String? {
+        try read { db in try String.fetchOne(db, sql: "SELECT value FROM meta WHERE key = 'space_id'") }
+    }
+
+    /// Binds the database to a space; refuses to change an existing binding.
+    public func setSpaceID(_ idHex: String) throws {
+        try pool.write { db in
+            if let current = try String.fetchOne(db, sql: "SELECT value FROM meta WHERE key = 'space_id'") {
+                guard current == idHex else {
+                    throw StoreError(.alreadyExists, kind: "already_shared", "database \(name) already syncs in space \(current)")
+                }
+                return
+            }
+            try db.execute(sql: "INSERT INTO meta(key, value) VALUES ('space_id', ?)", arguments: [idHex])
+        }
+    }
+
+    /// Per origin, the highest sequence this replica holds, applied or stored as an entry: what peers need not send.
+    public func syncVector() throws -> [NodeID: UInt64] {
+        try read { db in
+            var out = try self.makeStorage(db).versionVector().entries
+            // Entries exist only for origins that were applied or parked; one index probe each (a GROUP BY over
+            // sync_entries would scan every entry, on every sync round).
+            let parked = try String.fetchAll(db, sql: "SELECT DISTINCT origin FROM parked").compactMap { NodeID(hex: $0) }
+            let probe = try db.cachedStatement(sql: "SELECT max(seq) FROM sync_entries WHERE origin = ?")
+            for origin in Set(Array(out.keys) + parked) {
+                if let seq = try Int64.fetchOne(probe, arguments: [Data(origin.bytes)]) {
+                    out[origin] = max(out[origin] ?? 0, UInt64(seq))
+                }
+            }
+            return out
+        }
+    }
+
+    /// Seals this replica's own changes that have no entry yet, in order, one transaction per `batch` changes:
+    /// `seal` gets the last entry's sequence and hash (nil before the first) and the next change bodies, and returns
+    /// their entries and the heads to store with them. Returns how many were sealed.
+    @discardableResult
+    public func sealPending(
+        batch: Int, _ seal: (_ lastSeq: UInt64, _ lastHash: [UInt8]?, _ bodies: [String]) throws -> (
+            entries: [SyncLogEntry], heads: [(seq: UInt64, bytes: [UInt8])]
+        )
+    ) throws -> Int {
+        let origin = Data(node.bytes)
+        var sealed = 0
+        while true {
+            // One transaction per batch: the writer is never held for a whole backlog.
+            let n = try pool.write { db -> Int in
+                let last = try Row.fetchOne(
+                    db, sql: "SELECT seq, hash FROM sync_entries WHERE origin = ? ORDER BY seq DESC LIMIT 1", arguments: [origin])
+                let seq = UInt64(last.map { $0[0] as Int64 } ?? 0)
+                let bodies = try String.fetchAll(
+                    db, sql: "SELECT body FROM changes WHERE origin = ? AND seq > ? ORDER BY seq LIMIT ?",
+                    arguments: [node.hex, Int64(seq), batch])
+                guard !bodies.isEmpty else { return 0 }
+                let (entries, heads) = try seal(seq, last.map { Array($0[1] as Data) }, bodies)
+                let insert = try db.cachedStatement(sql: "INSERT INTO sync_entries(origin, seq, hash, bytes) VALUES (?, ?, ?, ?)")
+                for e in entries {
+                    try insert.execute(arguments: [origin, Int64(e.seq), Data(e.hash), Data(e.bytes)])
+                }
+                for h in heads {
+                    try db.execute(
+                        sql: "INSERT INTO sync_heads(origin, seq, head) VALUES (?, ?, ?)", arguments: [origin, Int64(h.seq), Data(h.bytes)])
+                }
+                return bodies.count
+            }
+            sealed += n
+            if n < batch { return sealed }
+        }
+    }
+
+    /// The latest head held for `origin` (its bytes), nil when none.
+    public func latestHeadBytes(origin: NodeID) throws -> [UInt8]? {
+        try read { db in
+            try Data.fetchOne(
+                db, sql: "SELECT head FROM sync_heads WHERE origin = ? ORDER BY seq DESC LIMIT 1", arguments: [Data(origin.bytes)]
+            ).map { Array($0) }
+        }
+    }
+
+    /// The next run of `origin`'s entries after `after`: up to the furthest head within `maxEntries` entries and
+    /// `maxBytes` bytes, or to the nearest head when that is further, with that head's bytes. Nil when no head lies
+    /// beyond `after`.
+    public func entryRange(origin: NodeID, after: UInt64, maxEntries: Int, maxBytes: Int) throws
+        -> (entries: [(bytes: [UInt8], hash: [UInt8])], head: [UInt8])?
+    {
+        try read { db in
+            let o = Data(origin.bytes)
+            let heads = try Int64.fetchAll(
+                db, sql: "SELECT seq FROM sync_heads WHERE origin = ? AND seq > ? AND seq <= ? ORDER BY seq",
+                arguments: [o, Int64(after), Int64(after) + Int64(maxEntries)])
+            var within: Int64?
+            if let furthest = heads.last {
+                // length() of a blob is read from the record header: no entry is read here.
+                let sizes = try Row.fetchAll(
+                    db, sql: "SELECT seq, length(bytes) FROM sync_entries WHERE origin = ? AND seq > ? AND seq <= ? ORDER BY seq",
+                    arguments: [o, Int64(after), furthest])
+                var bytes = 0
+                var remaining = heads[...]
+                for row in sizes {
+                    bytes += row[1] as Int
+                    guard bytes <= maxBytes else { break }
+                    let seq: Int64 = row[0]
+                    if seq == remaining.first {
+                        within = seq
+                        remaining = remaining.dropFirst()
+                    }
+                }
+            }
+            let nearest = try Int64.fetchOne(
+                db, sql: "SELECT min(seq) FROM sync_heads WHERE origin = ? AND seq > ?", arguments: [o, Int64(after)])
+            guard let end = within ?? nearest,
+                let headBytes = try Data.fetchOne(
+                    db, sql: "SELECT head FROM sync_heads WHERE origin = ? AND seq = ?", arguments: [o, end])
+            else { return nil }
+            let rows = try Row.fetchAll(
+                db, sql: "SELECT bytes, hash FROM sync_entries WHERE origin = ? AND seq > ? AND seq <= ? ORDER BY seq",
+                arguments: [o, Int64(after), end])
+            // Entries below a head are always stored with it; a gap means the log was damaged on disk.
+            guard rows.count == Int(end - Int64(after)) else {
+                throw StoreError(.internalFailure, kind: "corrupt_sync_log", "entries of \(origin) after \(after) are missing")
+            }
+            return (rows.map { (Array($0[0] as Data), Array($0[1] as Data)) }, Array(headBytes))
+        }
+    }
+
+    /// Stores verified entries of `origin` with the head that covers them and applies the changes that are new, in
+    /// one transaction: the first entry must continue the log held here (`firstPrev` is the hash it links to), an
+    /// entry held already must be the same (else `SyncLogConflict.fork`), and a quarantined origin stores nothing.
+    public func recordEntries(
+        origin: NodeID, _ entries: [SyncLogEntry], firstPrev: [UInt8], changes: [Change], head: (seq: UInt64, bytes: [UInt8])
+    ) throws -> BatchOutcome {
+        precondition(entries.count == changes.count && !entries.isEmpty, "one change per entry")
+        let o = Data(origin.bytes)
+        let firstSeq = entries[0].seq
+        return try pool.write { db in
+            var outcome = BatchOutcome()
+            var fresh: [Change] = []
+            guard try !Self.isQuarantined(o, db) else { throw SyncLogConflict.quarantined }
+            let held = try db.cachedStatement(sql: "SELECT hash FROM sync_entries WHERE origin = ? AND seq = ?")
+            if firstSeq > 1 {
+                // A batch must continue the log held here: no gap, and linked to the entry before it.
+                guard let before = try Data.fetchOne(held, arguments: [o, Int64(firstSeq - 1)]), Array(before) == firstPrev
+                else { throw SyncLogConflict.brokenChain }
+            }
+            for (entry, change) in zip(entries, changes) {
+                if let existing = try Data.fetchOne(held, arguments: [o, Int64(entry.seq)]) {
+                    guard Array(existing) == entry.hash else { throw SyncLogConflict.fork }
+                    outcome.duplicates += 1
+                    continue
+                }
+                try db.cachedStatement(sql: "INSERT INTO sync_entries(origin, seq, hash, bytes) VALUES (?, ?, ?, ?)")
+                    .execute(arguments: [o, Int64(entry.seq), Data(entry.hash), Data(entry.bytes)])
+                outcome.stored += 1
+                fresh.append(change)
+            }
+            try db.execute(
+                sql: "INSERT OR IGNORE INTO sync_heads(origin, seq, head) VALUES (?, ?, ?)",
+                arguments: [o, Int64(head.seq), Data(head.bytes)])
+            if !fresh.isEmpty { outcome.report = try self.receive(fresh, in: db) }
+            return outcome
+        }
+    }
+
+    private static func isQuarantined(_ origin: Data, _ db: Database) throws -> Bool {
+        try Bool.fetchOne(
+            db, sql: "SELECT EXISTS(SELECT 1 FROM sync_forks WHERE origin = ?)", arguments: [origin]) ?? false
+    }
+
+    /// Stores evidence that `origin` forked at `seq`: a head it signed (`otherHead`, verified by the caller) covers
+    /// `hash`, while the entry held here is another one. False when there is no such evidence (nothing held at that
+    /// seq, or the same entry). The first evidence per origin is kept; from then on the origin is quarantined.
+    public func recordForkEvidence(origin: NodeID, seq: UInt64, hash: [UInt8], otherHead: [UInt8]) throws -> Bool {
+        let o = Data(origin.bytes)
+        return try pool.write { db in
+            guard SyncBounds.isValidSeq(seq),
+                let held = try Data.fetchOne(
+                    db, sql: "SELECT hash FROM sync_entries WHERE origin = ? AND seq = ?", arguments: [o, Int64(seq)]),
+                Array(held) != hash
+            else { return false }
+            try db.execute(
+                sql: "INSERT OR IGNORE INTO sync_forks(origin, seq, held_hash, other_hash, other_head, detected_at) "
+                    + "VALUES (?, ?, ?, ?, ?, ?)",
+                arguments: [o, Int64(seq), held, Data(hash), Data(otherHead), Int64(Date().timeIntervalSince1970 * 1000)])
+            return true
+        }
+    }
+
+    /// Evidence of the forks found in this database's space, one per quarantined origin.
+    public func forks() throws -> [ForkEvidence] {
+        try read { db in
+            try Row.fetchAll(
+                db, sql: "SELECT origin, seq, held_hash, other_hash, detected_at FROM sync_forks ORDER BY origin"
+            ).map { row in
+                ForkEvidence(
+                    origin: NodeID(bytes: Array(row[0] as Data)), seq: UInt64(row[1] as Int64),
+                    heldHash: Array(row[2] as Data), otherHash: Array(row[3] as Data), detectedAtMs: row[4])
+            }
+        }
+    }
+
+    /// The hash of the entry held for `origin` at `seq`, nil when none.
+    public func heldHash(origin: NodeID, seq: UInt64) throws -> [UInt8]? {
+        try read { db in
+            try Data.fetchOne(
+                db, sql: "SELECT hash FROM sync_entries WHERE origin = ? AND seq = ?", arguments: [Data(origin.bytes), Int64(seq)]
+            ).map { Array($0) }
+        }
+    }
+
+    /// The sequence of the latest head held for `origin`, nil when none.
+    public func latestHeadSeq(origin: NodeID) throws -> UInt64? {
+        try read { db in
+            try Int64.fetchOne(db, sql: "SELECT max(seq) FROM sync_heads WHERE origin = ?", arguments: [Data(origin.bytes)])
+                .map { UInt64($0) }
+        }
+    }
+
+    /// Checks a received change against this database's limits (document size, depth, names), as a local write is.
+    public func checkReceived(_ change: Change, size: Int) throws {
+        try validate(change, size: size)
+    }
+
+    /// Addresses of the peers this database syncs with.
+    public func peers() throws -> [String] {
+        try read { db in try String.fetchAll(db, sql: "SELECT address FROM sync_peers ORDER BY address") }
+    }
+
+    /// Adds a peer address; returns false when it was already there.
+    public func addPeer(_ address: String) throws -> Bool {
+        try pool.write { db in
+            try db.execute(
+                sql: "INSERT OR IGNORE INTO sync_peers(address, added_at) VALUES (?, ?)",
+                arguments: [address, Int64(Date().timeIntervalSince1970 * 1000)])
+            return db.changesCount > 0
+        }
+    }
+
+    /// Removes a peer address; returns false when it was not there.
+    public func removePeer(_ address: String) throws -> Bool {
+        try pool.write { db in
+            try db.execute(sql: "DELETE FROM sync_peers WHERE address = ?", arguments: [address])
+            return db.changesCount > 0
+        }
+    }
+}

@@ -1,0 +1,169 @@
+import BlazeCRDT
+import BlazeCrypto
+import BlazeProtocol
+import BlazeStore
+import Foundation
+
+/// Consecutive sealed entries of one origin, ending at a head that origin signed: the unit peers exchange.
+public struct EntryBatch: Sendable {
+    /// The origin of every entry.
+    public var origin: NodeID
+    /// The entries, in sequence order.
+    public var entries: [SealedEntry]
+    /// The origin's signature over the last entry.
+    public var head: SignedHead
+
+    /// Creates a batch.
+    public init(origin: NodeID, entries: [SealedEntry], head: SignedHead) {
+        self.origin = origin
+        self.entries = entries
+        self.head = head
+    }
+
+    /// Bytes of its entries.
+    public var byteCount: Int { entries.reduce(0) { $0 + $1.bytes.count } }
+}
+
+/// A batch whose entries verified, with their decoded changes, ready to be stored.
+public struct VerifiedBatch: Sendable {
+    /// The batch as received.
+    public let batch: EntryBatch
+    /// Its changes, in entry order.
+    public let changes: [Change]
+}
+
+/// The cryptographic side of a database's sync log: sealing local changes into entries and signing heads, reading
+/// batches back as sealed entries, verifying received batches before the store records them (DESIGN §8).
+///
+/// Local changes are sealed lazily, when sync first needs them, in order and once: the hash chain of this replica's
+/// origin is fixed the moment an entry is stored. Entries of other origins are stored exactly as received, after
+/// verification, so forwarding them keeps their origin's signatures intact.
+extension BlazeDatabase {
+    /// Seals this replica's changes that have no entry yet, in order, signing one head per `batch` entries or
+    /// `headBytes` bytes of entries, whichever comes first (and one for the last), so that a batch between two heads
+    /// always fits a frame. Returns how many were sealed.
+    @discardableResult
+    public func sealLocal(key: SpaceKey, identity: DeviceIdentity, batch: Int = 1000, headBytes: Int = 1 << 20) throws
+        -> Int
+    {
+        let node = self.node
+        return try sealPending(batch: batch) { lastSeq, lastHash, bodies in
+            var seq = lastSeq
+            var prev = lastHash ?? SealedEntry.genesis
+            var entries: [SyncLogEntry] = []
+            var heads: [(seq: UInt64, bytes: [UInt8])] = []
+            var unsigned: SealedEntry?
+            var unsignedBytes = 0
+            func signHead() {
+                guard let entry = unsigned else { return }
+                heads.append((entry.header.seq, SignedHead(signing: entry, identity: identity).bytes))
+                unsigned = nil
+                unsignedBytes = 0
+            }
+            for body in bodies {
+                seq += 1
+                let entry = SealedEntry.seal(Array(body.utf8), space: key, origin: node.bytes, seq: seq, prev: prev)
+                entries.append(SyncLogEntry(seq: seq, hash: entry.hash, bytes: entry.bytes))
+                prev = entry.hash
+                unsigned = entry
+                unsignedBytes += entry.bytes.count
+                if unsignedBytes >= headBytes { signHead() }
+            }
+            signHead()
+            return (entries, heads)
+        }
+    }
+
+    /// The latest head held for `origin`, nil when none.
+    public func latestHead(origin: NodeID) throws -> SignedHead? {
+        try latestHeadBytes(origin: origin).map { try SignedHead(bytes: $0[...]) }
+    }
+
+    /// The next batch of `origin`'s entries after `after`: up to the furthest head within `maxEntries` entries and
+    /// `maxBytes` bytes, or to the nearest head when that is further. Nil when no head lies beyond `after`.
+    public func entryBatch(origin: NodeID, after: UInt64, maxEntries: Int, maxBytes: Int = 4 << 20) throws -> EntryBatch? {
+        guard let range = try entryRange(origin: origin, after: after, maxEntries: maxEntries, maxBytes: maxBytes) else {
+            return nil
+        }
+        return EntryBatch(
+            origin: origin, entries: try range.entries.map { try SealedEntry(stored: $0.bytes, hash: $0.hash) },
+            head: try SignedHead(bytes: range.head[...]))
+    }
+
+    /// Verifies a batch from a peer and, only if all of it verifies, stores its entries and head and applies its
+    /// changes in one transaction. Throws `SyncRejection` (nothing stored) for anything that does not verify, including
+    /// a fork: an entry that differs from the one held for the same origin and sequence.
+    public func receive(batch: EntryBatch, key: SpaceKey) throws -> BatchOutcome {
+        try store(try verify(batch: batch, key: key))
+    }
+
+    /// The first half of `receive`: checks a batch's signature, AEAD and links and decodes its changes, without touching
+    /// the database (so it can run while the previous batch is being stored).
+    public func verify(batch: EntryBatch, key: SpaceKey) throws(SyncRejection) -> VerifiedBatch {
+        guard batch.head.origin == batch.origin.bytes, !batch.entries.isEmpty else { throw .malformed }
+        let payloads = try EntryChain.verify(batch.entries, head: batch.head, previousHash: nil, key: key)
+        var changes: [Change] = []
+        changes.reserveCapacity(payloads.count)
+        let now = UInt64(max(0, Date().timeIntervalSince1970 * 1000))
+        for (entry, payload) in zip(batch.entries, payloads) {
+            // A document's values sit four levels into its change ({x: [{set: {field: value}}]}).
+            guard let json = try? JSONParser(maxDepth: limits.maxDepth + 4).parse(String(decoding: payload, as: UTF8.self)),
+                let change = try? Change(json: json), change.origin == batch.origin, change.seq == entry.header.seq
+            else { throw .badPayload }
+            guard (try? checkReceived(change, size: payload.count)) != nil else { throw .invalidChange }
+            do {
+                try ChangeBounds.checkClock(change, now: now, maxAhead: limits.maxClockAheadMilliseconds)
+            } catch {
+                throw .clockAhead
+            }
+            changes.append(change)
+        }
+        return VerifiedBatch(batch: batch, changes: changes)
+    }
+
+    /// The second half of `receive`: in one transaction, checks the batch continues the log held here, refuses forks,
+    /// skips duplicates, stores entries and head, and applies the new changes.
+    public func store(_ verified: VerifiedBatch) throws -> BatchOutcome {
+        let batch = verified.batch
+        let entries = batch.entries.map { SyncLogEntry(seq: $0.header.seq, hash: $0.hash, bytes: $0.bytes) }
+        do {
+            return try recordEntries(
+                origin: batch.origin, entries, firstPrev: batch.entries[0].header.prev, changes: verified.changes,
+                head: (batch.head.seq, batch.head.bytes))
+        } catch let conflict as SyncLogConflict {
+            switch conflict {
+            case .quarantined: throw SyncRejection.quarantined
+            case .brokenChain: throw SyncRejection.brokenChain
+            case .fork: throw SyncRejection.fork
+            }
+        }
+    }
+
+    /// Stores the evidence of a fork of `head.origin`: `head` (verified here) signs `hash` at `seq`, while the entry
+    /// held here at that seq is another one. Returns false when there is no such evidence. From then on the origin is
+    /// quarantined (`SyncRejection.quarantined`); the first evidence per origin is kept.
+    @discardableResult
+    public func recordFork(head: SignedHead, seq: UInt64, hash: [UInt8], key: SpaceKey) throws -> Bool {
+        try head.verify(space: key.id)
+        return try recordForkEvidence(origin: NodeID(bytes: head.origin), seq: seq, hash: hash, otherHead: head.bytes)
+    }
+
+    /// Stores the fork evidence a verified batch carries: its first entry that differs from the one held for the same
+    /// origin and seq (`recordFork(head:seq:hash:key:)`). Returns false when the batch differs from nothing held.
+    @discardableResult
+    public func recordFork(batch: EntryBatch, key: SpaceKey) throws -> Bool {
+        for entry in batch.entries {
+            if try recordFork(head: batch.head, seq: entry.header.seq, hash: entry.hash, key: key) { return true }
+        }
+        return false
+    }
+
+    /// Checks an origin's own latest head (as its device announces it) against what is held for that origin:
+    /// `.fork` when the entry held at the head's sequence is another one, `.rollback` when a later head is held.
+    public func checkOwnHead(_ head: SignedHead, key: SpaceKey) throws {
+        try head.verify(space: key.id)
+        let origin = NodeID(bytes: head.origin)
+        if let held = try heldHash(origin: origin, seq: head.seq), held != head.hash { throw SyncRejection.fork }
+        if let latest = try latestHeadSeq(origin: origin), latest > head.seq { throw SyncRejection.rollback }
+    }
+}
