@@ -114,6 +114,7 @@ let package = Package(
                 "BlazeSync", "BlazeStore", "BlazeCRDT", "BlazeCrypto", "BlazeProtocol", "BlazeTestSupport",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
+                .product(name: "NIOEmbedded", package: "swift-nio"),
                 .product(name: "Logging", package: "swift-log"),
             ],
             swiftSettings: strict),

@@ -2,16 +2,6 @@ import BlazeCRDT
 import BlazeCrypto
 import BlazeProtocol
 import BlazeStore
-import NIOCore
-
-/// A handshake frame: its 4-byte big-endian length, then the message.
-func frame(_ body: [UInt8]) -> ByteBuffer {
-    var b = ByteBuffer()
-    b.reserveCapacity(4 + body.count)
-    b.writeInteger(UInt32(body.count))
-    b.writeBytes(body)
-    return b
-}
 
 /// The messages peers exchange after the handshake (SYNC.md, "Peer protocol"), each sealed in one frame.
 enum PeerMessage {

@@ -86,7 +86,7 @@ public final class SyncEngine: Sendable {
                     return channel.eventLoop.makeSucceededVoidFuture()
                 }
                 return channel.eventLoop.makeCompletedFuture {
-                    try channel.pipeline.syncOperations.addHandler(PeerSession(engine: engine, admitted: address))
+                    try channel.pipeline.syncOperations.addHandlers(SyncPipeline.inbound(engine: engine, address: address))
                 }
             }
             .bind(host: host, port: port).get()
@@ -323,9 +323,10 @@ final class OutboundLink: Sendable {
             .channelOption(.tcpOption(.tcp_nodelay), value: 1)
             .channelInitializer { channel in
                 channel.eventLoop.makeCompletedFuture {
-                    let session = PeerSession(engine: link.engine, db: link.db, key: link.key, peer: peer)
-                    session.onEstablished = { link.state.withLock { $0.failures = 0 } }
-                    try channel.pipeline.syncOperations.addHandler(session)
+                    try channel.pipeline.syncOperations.addHandlers(
+                        SyncPipeline.outbound(engine: link.engine, db: link.db, key: link.key, peer: peer) {
+                            link.state.withLock { $0.failures = 0 }
+                        })
                 }
             }
             .connect(host: address.host, port: address.port)

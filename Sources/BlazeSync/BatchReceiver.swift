@@ -1,0 +1,149 @@
+import BlazeCRDT
+import BlazeCrypto
+import BlazeStore
+import NIOCore
+
+/// Stores the batches a peer sends, strictly in arrival order, and keeps memory bounded while it does.
+///
+/// Verifying a batch (signatures, AEAD, decoding) needs no database, so it starts on the I/O pool as soon as the batch
+/// arrives and overlaps with storing the batches before it. Reading pauses while `maxInbox` batches or
+/// `maxInboxBytes` of them wait, so a fast sender cannot make memory grow; while it is paused or storing, a read-idle
+/// event is not the peer's silence and is not passed on. A batch refused for what its origin signed
+/// (`SyncRejection.blamesOrigin`) is counted and that origin skipped for the rest of the session (a fork is also kept
+/// as evidence); any other refusal fails the connection. Every other message passes through.
+final class BatchReceiver: ChannelInboundHandler {
+    typealias InboundIn = PeerMessage
+    typealias InboundOut = PeerMessage
+
+    let engine: SyncEngine
+    let report: LinkReport
+    private var link: SyncLinkEstablished?
+    /// Received batches in arrival order, each already being verified on the I/O pool.
+    private var inbox: [(batch: EntryBatch, verified: EventLoopFuture<VerifiedBatch>)] = []
+    /// Entry bytes of the batches in `inbox`.
+    private var inboxBytes = 0
+    private var applying = false
+    private var readPaused = false
+    /// Set once the connection failed or closed: nothing more is stored.
+    private var stopped = false
+    /// Origins whose batches this session refuses: later batches of theirs could not link to anything stored here.
+    private var refusedOrigins: Set<NodeID> = []
+
+    /// Batches waiting to be applied before reading pauses.
+    static let maxInbox = 4
+    /// Bytes of received batches waiting to be applied before reading pauses: with one frame being read, a peer
+    /// holds at most this plus `SessionCipher.maxBody` of the receiver's memory.
+    static let maxInboxBytes = 8 << 20
+
+    /// A receiver storing through `engine`'s I/O pool and counting on `report`.
+    init(engine: SyncEngine, report: LinkReport) {
+        self.engine = engine
+        self.report = report
+    }
+
+    /// True while nothing received waits: reading is on and no batch is queued or being stored.
+    private var idle: Bool { !readPaused && !applying && inbox.isEmpty }
+
+    func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+        guard case .entries(let batch) = unwrapInboundIn(data) else {
+            context.fireChannelRead(data)
+            return
+        }
+        guard let link, !stopped else { return }
+        let (db, key) = (link.db, link.key)
+        let verified = engine.pool.runIfActive(eventLoop: context.eventLoop) { try db.verify(batch: batch, key: key) }
+        inbox.append((batch, verified))
+        inboxBytes += batch.byteCount
+        if (inbox.count >= Self.maxInbox || inboxBytes >= Self.maxInboxBytes) && !readPaused {
+            readPaused = true
+            context.channel.setOption(ChannelOptions.autoRead, value: false).whenFailure { _ in }
+        }
+        applyNext(context: context)
+    }
+
+    func userInboundEventTriggered(context: ChannelHandlerContext, event: Any) {
+        if let established = event as? SyncLinkEstablished { link = established }
+        // A peer is not silent while this side is not reading (a backlog being stored).
+        if case .read? = event as? IdleStateHandler.IdleStateEvent, !idle { return }
+        context.fireUserInboundEventTriggered(event)
+    }
+
+    func errorCaught(context: ChannelHandlerContext, error: any Error) {
+        stop()
+        context.fireErrorCaught(error)
+    }
+
+    func channelInactive(context: ChannelHandlerContext) {
+        stop()
+        context.fireChannelInactive()
+    }
+
+    /// Drops what waits: batches received after a refused one are not stored.
+    private func stop() {
+        stopped = true
+        inbox = []
+        inboxBytes = 0
+    }
+
+    /// Stores the next waiting batch once it has verified, then the one after it.
+    private func applyNext(context: ChannelHandlerContext) {
+        guard !applying, !stopped, !inbox.isEmpty, let link else { return }
+        let (batch, verified) = inbox.removeFirst()
+        inboxBytes -= batch.byteCount
+        guard !refusedOrigins.contains(batch.origin) else {
+            resumeReading(context: context)
+            applyNext(context: context)
+            return
+        }
+        applying = true
+        let bound = NIOLoopBound((self, context), eventLoop: context.eventLoop)
+        let (pool, loop, db) = (engine.pool, context.eventLoop, link.db)
+        verified.flatMap { v in pool.runIfActive(eventLoop: loop) { try db.store(v) } }
+            .whenComplete { result in
+                let (receiver, context) = bound.value
+                receiver.applying = false
+                guard !receiver.stopped else { return }
+                switch result {
+                case .success(let outcome):
+                    receiver.report.update {
+                        $0.receivedEntries += outcome.stored
+                        $0.lastSyncMs = nowMs()
+                    }
+                    context.fireUserInboundEventTriggered(PeerHoldsBatch(origin: batch.origin, seq: batch.head.seq))
+                    receiver.resumeReading(context: context)
+                    receiver.applyNext(context: context)
+                case .failure(let error as SyncRejection) where error.blamesOrigin:
+                    receiver.refuse(batch, error, link: link, context: context)
+                case .failure(let error):
+                    // A refusal of the peer's frame, or a local failure: the session decides.
+                    receiver.stop()
+                    context.fireErrorCaught(error)
+                }
+            }
+    }
+
+    /// Turns reading back on once the backlog is below its limits.
+    private func resumeReading(context: ChannelHandlerContext) {
+        guard readPaused && inbox.count < Self.maxInbox && inboxBytes < Self.maxInboxBytes else { return }
+        readPaused = false
+        context.channel.setOption(ChannelOptions.autoRead, value: true).whenFailure { _ in }
+    }
+
+    /// Refuses a batch for what its origin signed: counts the reason, skips the origin for the rest of the session
+    /// (a fork is also stored as evidence, which quarantines the origin for good), and goes on with other origins.
+    private func refuse(_ batch: EntryBatch, _ reason: SyncRejection, link: SyncLinkEstablished, context: ChannelHandlerContext) {
+        refusedOrigins.insert(batch.origin)
+        report.update { $0.rejected[reason.rawValue, default: 0] += 1; $0.lastError = "rejected: \(reason.rawValue)" }
+        engine.logger.warning(
+            "Sync refused an origin's batch",
+            metadata: [
+                "db": "\(report.db ?? "-")", "peer": "\(report.peer)", "origin": "\(batch.origin)", "reason": "\(reason.rawValue)",
+            ])
+        if reason == .fork {
+            let (db, key) = (link.db, link.key)
+            _ = engine.pool.runIfActive(eventLoop: context.eventLoop) { try db.recordFork(batch: batch, key: key) }
+        }
+        resumeReading(context: context)
+        applyNext(context: context)
+    }
+}

@@ -1,0 +1,45 @@
+import BlazeCrypto
+import BlazeStore
+import NIOCore
+
+/// The handlers of a peer sync connection, in pipeline order.
+///
+/// Before the handshake: `HandshakeHandler`, then (inbound) the `GateTicket`, the `BatchReceiver` and the
+/// `SyncSession`. When the handshake succeeds it puts the session's wire handlers in its own place: keepalive and
+/// silence (`IdleStateHandler`), the sealed frame decoder and encoder, and the message decoder. A transport that
+/// carries `PeerMessage`s some other way reuses `BatchReceiver` and `SyncSession` unchanged.
+enum SyncPipeline {
+    /// The handlers of an inbound connection the gate admitted from `address`.
+    static func inbound(engine: SyncEngine, address: String) -> [any ChannelHandler] {
+        let report = LinkReport(book: engine.status, peer: "inbound", direction: .inbound, db: nil)
+        return [
+            HandshakeHandler(engine: engine, report: report),
+            GateTicket(gate: engine.gate, address: address),
+            BatchReceiver(engine: engine, report: report),
+            SyncSession(engine: engine, report: report),
+        ]
+    }
+
+    /// The handlers of an outbound link to `peer` serving `db` with `key`.
+    static func outbound(
+        engine: SyncEngine, db: BlazeDatabase, key: SpaceKey, peer: String, onEstablished: (() -> Void)? = nil
+    ) -> [any ChannelHandler] {
+        let report = LinkReport(book: engine.status, peer: peer, direction: .outbound, db: db.name)
+        return [
+            HandshakeHandler(engine: engine, report: report, db: db, key: key, onEstablished: onEstablished),
+            BatchReceiver(engine: engine, report: report),
+            SyncSession(engine: engine, report: report),
+        ]
+    }
+
+    /// The wire handlers of an established connection, sealing and opening with `cipher`.
+    static func session(engine: SyncEngine, cipher: SessionCipher, report: LinkReport) -> [any ChannelHandler] {
+        [
+            IdleStateHandler(
+                readTimeout: engine.timeout, writeTimeout: .nanoseconds(engine.timeout.nanoseconds / 3)),
+            ByteToMessageHandler(SealedFrameDecoder(opener: cipher.opener, report: report)),
+            MessageToByteHandler(SealedFrameEncoder(sealer: cipher.sealer, report: report)),
+            PeerMessageDecoder(),
+        ]
+    }
+}

@@ -1,0 +1,138 @@
+import BlazeCRDT
+import BlazeCrypto
+import BlazeStore
+import NIOCore
+
+/// Sending: this side's `STATE`, then what the peer lacks.
+extension SyncSession {
+    /// Entries per batch read for sending.
+    static let batchEntries = 1000
+    /// Bytes of encoded batches read per pump round.
+    static let roundBytes = 4 << 20
+
+    /// Seals pending local changes and sends this side's vector and own signed head.
+    func sendState(context: ChannelHandlerContext) {
+        guard let link else { return }
+        let (db, key, identity) = (link.db, link.key, engine.identity)
+        let bound = NIOLoopBound((self, context), eventLoop: context.eventLoop)
+        engine.pool.runIfActive(eventLoop: context.eventLoop) { () -> ([NodeID: UInt64], SignedHead?) in
+            try db.sealLocal(key: key, identity: identity)
+            return (try db.syncVector(), try db.latestHead(origin: db.node))
+        }.whenComplete { result in
+            let (session, context) = bound.value
+            switch result {
+            case .success(let (vector, head)): session.send(.state(vector: vector, ownHead: head), context: context)
+            case .failure(let error): session.errorCaught(context: context, error: LocalFailure(error))
+            }
+        }
+    }
+
+    /// Sends the peer what it lacks, one round of batches at a time; a round starts after the previous one is
+    /// written, so the socket's buffer, not memory, holds what the peer has not read.
+    func pump(context: ChannelHandlerContext) {
+        guard !closed, let peerVector, let link else { return }
+        if pumping {
+            pumpAgain = true
+            return
+        }
+        pumping = true
+        pumpAgain = false
+        let (db, key, identity) = (link.db, link.key, engine.identity)
+        let bound = NIOLoopBound((self, context), eventLoop: context.eventLoop)
+        // Reading, packing and encoding happen on the I/O pool; only sealing the frames (the cipher's counter) stays
+        // on the event loop.
+        engine.pool.runIfActive(eventLoop: context.eventLoop) { () -> Round in
+            try db.sealLocal(key: key, identity: identity)
+            return try Round.read(db: db, mine: db.syncVector(), theirs: peerVector)
+        }.whenComplete { result in
+            let (session, context) = bound.value
+            switch result {
+            case .success(let round): session.send(round, context: context)
+            case .failure(let error):
+                session.pumping = false
+                session.errorCaught(context: context, error: LocalFailure(error))
+            }
+        }
+    }
+
+    /// Writes a round's batches and pumps again once the last is written (or at once when there was nothing to send
+    /// and a commit arrived meanwhile).
+    private func send(_ round: Round, context: ChannelHandlerContext) {
+        var last: EventLoopFuture<Void>?
+        for (batch, message) in round.batches {
+            last = send(bytes: message, context: context)
+            peerHolds(origin: batch.origin, seq: batch.head.seq)
+        }
+        let sent = round.batches.reduce(0) { $0 + $1.batch.entries.count }
+        report.update {
+            $0.sentEntries += sent
+            $0.peerBehind = max(0, round.ahead - sent)
+            $0.selfBehind = round.behind
+            if sent > 0 { $0.lastSyncMs = nowMs() }
+        }
+        guard let last else {
+            pumping = false
+            if pumpAgain { pump(context: context) }
+            return
+        }
+        let bound = NIOLoopBound((self, context), eventLoop: context.eventLoop)
+        last.whenComplete { _ in
+            let (session, context) = bound.value
+            session.pumping = false
+            session.pump(context: context)
+        }
+    }
+
+    /// One round of sending: encoded batches of what the peer lacks, and how far apart the two sides are.
+    struct Round {
+        var batches: [(batch: EntryBatch, message: [UInt8])] = []
+        /// Entries the peer holds that this side lacks.
+        var behind = 0
+        /// Entries this side holds that the peer lacked before this round.
+        var ahead = 0
+
+        /// Reads up to `roundBytes` of batches the peer lacks, per origin in order, from `db` (on the I/O pool).
+        static func read(db: BlazeDatabase, mine: [NodeID: UInt64], theirs: [NodeID: UInt64]) throws -> Round {
+            var round = Round()
+            var bytes = 0
+            // Counts saturate: a STATE may name many origins near the seq bound.
+            for (origin, seq) in theirs where seq > mine[origin] ?? 0 {
+                round.behind = round.behind.saturatingAdd(seq - (mine[origin] ?? 0))
+            }
+            for (origin, seq) in mine.sorted(by: { $0.key < $1.key }) {
+                var after = theirs[origin] ?? 0
+                guard seq > after else { continue }
+                round.ahead = round.ahead.saturatingAdd(seq - after)
+                while bytes < SyncSession.roundBytes,
+                    let batch = try db.entryBatch(origin: origin, after: after, maxEntries: SyncSession.batchEntries)
+                {
+                    let message = try PeerMessage.entries(batch).encoded()
+                    // A span between two heads larger than a frame (signed before heads were cut by size) cannot
+                    // travel; the receiver would refuse the frame and the link would only reconnect.
+                    guard message.count <= SessionCipher.maxMessage else { break }
+                    round.batches.append((batch, message))
+                    bytes += message.count
+                    after = batch.head.seq
+                }
+            }
+            return round
+        }
+    }
+}
+
+/// A failure on this side (storage, shutdown) while serving a session: never counted as the peer's fault, even when
+/// the underlying error is a `SyncRejection` (a damaged local log).
+struct LocalFailure: Error, CustomStringConvertible {
+    let underlying: any Error
+    init(_ underlying: any Error) { self.underlying = underlying }
+    var description: String { "\(underlying)" }
+}
+
+extension Int {
+    /// `self + n`, or `Int.max` when that does not fit.
+    func saturatingAdd(_ n: UInt64) -> Int {
+        guard n <= UInt64(Int.max) else { return .max }
+        let (sum, overflow) = addingReportingOverflow(Int(n))
+        return overflow ? .max : sum
+    }
+}

@@ -1,0 +1,207 @@
+import BlazeCRDT
+import BlazeCrypto
+import BlazeStore
+import NIOCore
+import Synchronization
+
+/// The anti-entropy protocol of one established sync connection (SYNC.md, "Peer protocol"), whatever carries it.
+///
+/// Once the link is established both sides send `STATE` (what they hold per origin, and their own signed head), then
+/// each sends the other exactly the entries it lacks, per origin in sequence order, in batches that end at signed
+/// heads (`SyncSession+Sending`), and keeps pushing new entries as changes commit. Received batches are stored by the
+/// `BatchReceiver` before this handler; it only learns that the peer holds them. A refusal of the peer's data is
+/// counted, told to the peer (`ERROR`) and closes the connection; a local failure is counted as an error and closes
+/// it; a peer silent for the engine's timeout is closed, and a quiet connection sends `PING` so that it is never silent.
+final class SyncSession: ChannelInboundHandler {
+    typealias InboundIn = PeerMessage
+    typealias OutboundOut = [UInt8]
+
+    let engine: SyncEngine
+    let report: LinkReport
+    /// The database and key, once the handshake succeeded.
+    var link: SyncLinkEstablished?
+    var closed = false
+    /// What the peer holds, as far as this side knows (its STATE, plus what was sent or received since).
+    var peerVector: [NodeID: UInt64]?
+    var pumping = false
+    var pumpAgain = false
+    private var feedToken: Int?
+    /// Set by the feed listener (on the writer thread) so that a burst of commits schedules one pump.
+    private let wake = WakeFlag()
+
+    /// A session for one connection, reporting on `report`.
+    init(engine: SyncEngine, report: LinkReport) {
+        self.engine = engine
+        self.report = report
+    }
+
+    func userInboundEventTriggered(context: ChannelHandlerContext, event: Any) {
+        switch event {
+        case let established as SyncLinkEstablished:
+            establish(established, context: context)
+        case let holds as PeerHoldsBatch:
+            peerHolds(origin: holds.origin, seq: holds.seq)
+        case IdleStateHandler.IdleStateEvent.read:
+            if link != nil { timedOut(context: context) }
+        case IdleStateHandler.IdleStateEvent.write:
+            if link != nil {
+                send(.ping, context: context)
+                report.flush()
+            }
+        default:
+            break
+        }
+        context.fireUserInboundEventTriggered(event)
+    }
+
+    private func timedOut(context: ChannelHandlerContext) {
+        guard !closed else { return }
+        report.update { $0.errors += 1; $0.lastError = "timed out: peer silent for \(self.engine.timeout.nanoseconds / 1_000_000) ms" }
+        engine.logger.info("Sync connection timed out", metadata: ["db": "\(report.db ?? "-")", "peer": "\(report.peer)"])
+        close(context: context)
+    }
+
+    private func establish(_ established: SyncLinkEstablished, context: ChannelHandlerContext) {
+        link = established
+        report.update { $0.connections += 1; $0.lastError = nil }
+        // Wake the sender whenever a change commits (local writes and entries received from other peers alike).
+        let db = established.db
+        let bound = NIOLoopBound((self, context), eventLoop: context.eventLoop)
+        let wake = self.wake
+        let loop = context.eventLoop
+        while true {
+            switch db.feed.attach(after: db.feed.lastSequence, { signal in
+                switch signal {
+                case .entries:
+                    guard wake.set() else { return }
+                    loop.execute {
+                        let (session, context) = bound.value
+                        session.wake.clear()
+                        session.pump(context: context)
+                    }
+                case .ended:
+                    loop.execute { bound.value.1.close(promise: nil) }
+                }
+            }) {
+            case .attached(let token): feedToken = token
+            case .behind: continue
+            case .ended: context.close(promise: nil)
+            }
+            break
+        }
+        sendState(context: context)
+    }
+
+    func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+        guard !closed else { return }
+        switch unwrapInboundIn(data) {
+        case .state(let vector, let ownHead):
+            var known = peerVector ?? [:]
+            for (o, s) in vector { known[o] = max(known[o] ?? 0, s) }
+            peerVector = known
+            report.update { $0.lastSyncMs = nowMs() }
+            if let ownHead { check(ownHead: ownHead, context: context) }
+            pump(context: context)
+        case .entries:
+            break  // stored by the BatchReceiver before this handler
+        case .error(let reason):
+            report.update { $0.lastError = "peer closed: \(reason)" }
+            close(context: context)
+        case .ping:
+            break
+        }
+    }
+
+    /// Checks the peer's own signed head against what this side holds of its log.
+    private func check(ownHead: SignedHead, context: ChannelHandlerContext) {
+        guard let link else { return }
+        let (db, key) = (link.db, link.key)
+        let bound = NIOLoopBound((self, context), eventLoop: context.eventLoop)
+        engine.pool.runIfActive(eventLoop: context.eventLoop) { () throws -> SyncRejection? in
+            do {
+                try db.checkOwnHead(ownHead, key: key)
+                return nil
+            } catch SyncRejection.fork {
+                // The peer's own log forked: keep the evidence (which quarantines its origin) and go on syncing every
+                // other origin with it.
+                try db.recordFork(head: ownHead, seq: ownHead.seq, hash: ownHead.hash, key: key)
+                return .fork
+            } catch let reason as SyncRejection where reason == .rollback {
+                return reason
+            }
+        }
+        .whenComplete { result in
+            let (session, context) = bound.value
+            switch result {
+            case .success(nil):
+                break
+            case .success(let reason?):
+                // A fork is kept as evidence; a rollback means the peer lost entries it had published, and it gets
+                // them back from here like any missing entries. Both are counted and sync goes on.
+                session.report.update { $0.rejected[reason.rawValue, default: 0] += 1 }
+            case .failure(let error):
+                session.errorCaught(context: context, error: error)
+            }
+        }
+    }
+
+    /// Notes that the peer holds `origin`'s entries up to `seq` (it sent them, or they were sent to it).
+    func peerHolds(origin: NodeID, seq: UInt64) {
+        guard var v = peerVector else { return }
+        v[origin] = max(v[origin] ?? 0, seq)
+        peerVector = v
+    }
+
+    /// Sends a control message.
+    @discardableResult
+    func send(_ message: PeerMessage, context: ChannelHandlerContext) -> EventLoopFuture<Void> {
+        // Entries are encoded on the I/O pool by `pump` and sent with `send(bytes:)`; control messages always encode.
+        guard let bytes = try? message.encoded() else {
+            return context.eventLoop.makeFailedFuture(SyncRejection.malformed)
+        }
+        return send(bytes: bytes, context: context)
+    }
+
+    /// Writes one encoded message (the frame encoder seals it).
+    func send(bytes: [UInt8], context: ChannelHandlerContext) -> EventLoopFuture<Void> {
+        context.writeAndFlush(wrapOutboundOut(bytes))
+    }
+
+    /// A refusal of the peer's data counts its reason, tells the peer why and closes; any other error is a local
+    /// failure (storage, shutdown), counted as an error.
+    func errorCaught(context: ChannelHandlerContext, error: any Error) {
+        guard !closed else { return }
+        if let reason = error as? SyncRejection {
+            report.reject(reason)
+            engine.logger.warning(
+                "Sync rejected", metadata: ["db": "\(report.db ?? "-")", "peer": "\(report.peer)", "reason": "\(reason.rawValue)"])
+            if link != nil { send(.error(reason.rawValue), context: context) }
+        } else {
+            report.update { $0.errors += 1; $0.lastError = "\(error)" }
+        }
+        close(context: context)
+    }
+
+    private func close(context: ChannelHandlerContext) {
+        closed = true
+        context.close(promise: nil)
+    }
+
+    func channelInactive(context: ChannelHandlerContext) {
+        closed = true
+        if let feedToken, let link { link.db.feed.detach(feedToken) }
+        feedToken = nil
+        if link != nil {
+            report.update { $0.connections = max(0, $0.connections - 1) }
+        }
+        link = nil
+        context.fireChannelInactive()
+    }
+}
+
+/// A flag the feed listener sets without locks; true from `set()` means "first since the last clear".
+final class WakeFlag: Sendable {
+    private let flag = Atomic<Bool>(false)
+    func set() -> Bool { !flag.exchange(true, ordering: .acquiringAndReleasing) }
+    func clear() { flag.store(false, ordering: .releasing) }
+}

@@ -1,0 +1,355 @@
+import BlazeCRDT
+import BlazeCrypto
+import BlazeStore
+import BlazeTestSupport
+import NIOCore
+import NIOEmbedded
+import Testing
+
+@testable import BlazeSync
+
+/// Records what reaches the end of a pipeline: messages, events and errors.
+final class Recorder<Message>: ChannelInboundHandler {
+    typealias InboundIn = Message
+    var messages: [Message] = []
+    var events: [Any] = []
+    var errors: [any Error] = []
+
+    func channelRead(context: ChannelHandlerContext, data: NIOAny) { messages.append(unwrapInboundIn(data)) }
+    func userInboundEventTriggered(context: ChannelHandlerContext, event: Any) { events.append(event) }
+    func errorCaught(context: ChannelHandlerContext, error: any Error) { errors.append(error) }
+
+    /// The established events seen, as database names.
+    var established: [String] { events.compactMap { ($0 as? SyncLinkEstablished)?.db.name } }
+}
+
+/// Two devices of one space: `a` serves "notes", `b` joined it as "mine".
+struct SharedSpace {
+    let a: Device, b: Device
+    let dbA: BlazeDatabase, dbB: BlazeDatabase
+    let key: SpaceKey
+
+    init(documents: Int = 0) throws {
+        a = try Device()
+        b = try Device()
+        dbA = try a.store.create("notes")
+        for i in 0..<documents { _ = try dbA.apply(.put(collection: "c", id: "d\(i)", doc: ["n": .int(Int64(i))])) }
+        dbB = try b.engine.join(token: try a.engine.share(db: dbA), name: "mine")
+        key = try #require(try b.engine.spaceKey(db: dbB))
+    }
+
+    func close() async {
+        await a.close()
+        await b.close()
+    }
+}
+
+func active(_ handlers: [any ChannelHandler]) throws -> EmbeddedChannel {
+    let channel = EmbeddedChannel()
+    try channel.pipeline.syncOperations.addHandlers(handlers)
+    try channel.connect(to: SocketAddress(ipAddress: "127.0.0.1", port: 1)).wait()
+    return channel
+}
+
+/// Moves every written byte between two embedded channels until both are quiet; `chunk` splits each write.
+func shuttle(_ x: EmbeddedChannel, _ y: EmbeddedChannel, chunk: Int = .max) throws {
+    var moved = true
+    while moved {
+        moved = false
+        for (from, to) in [(x, y), (y, x)] {
+            while var out = try from.readOutbound(as: ByteBuffer.self) {
+                moved = true
+                while out.readableBytes > 0, to.isActive {
+                    try to.writeInbound(out.readSlice(length: min(chunk, out.readableBytes))!)
+                }
+            }
+        }
+    }
+}
+
+/// The sync path's handlers, each in an `EmbeddedChannel` (or, where they run work on the I/O pool, an
+/// `NIOAsyncTestingChannel`).
+@Suite(.serialized) struct SyncHandlers {
+    func handshakePair(_ s: SharedSpace, key: SpaceKey? = nil) throws
+        -> (server: EmbeddedChannel, client: EmbeddedChannel, serverSeen: Recorder<PeerMessage>, clientSeen: Recorder<PeerMessage>, clientReport: LinkReport)
+    {
+        let serverSeen = Recorder<PeerMessage>(), clientSeen = Recorder<PeerMessage>()
+        let serverReport = LinkReport(book: s.a.engine.status, peer: "inbound", direction: .inbound, db: nil)
+        let clientReport = LinkReport(book: s.b.engine.status, peer: "a", direction: .outbound, db: s.dbB.name)
+        let server = try active([HandshakeHandler(engine: s.a.engine, report: serverReport), serverSeen])
+        let client = try active([
+            HandshakeHandler(engine: s.b.engine, report: clientReport, db: s.dbB, key: key ?? s.key), clientSeen,
+        ])
+        return (server, client, serverSeen, clientSeen, clientReport)
+    }
+
+    @Test(arguments: [Int.max, 1, 7])
+    func handshakeEstablishesBothSidesAndHandsOverToTheSessionHandlers(chunk: Int) async throws {
+        let s = try SharedSpace()
+        let (server, client, serverSeen, clientSeen, _) = try handshakePair(s)
+        try shuttle(server, client, chunk: chunk)
+        #expect(serverSeen.established == ["notes"] && clientSeen.established == ["mine"])
+        for channel in [server, client] {
+            #expect(throws: (any Error).self) { try channel.pipeline.syncOperations.handler(type: HandshakeHandler.self) }
+            #expect((try? channel.pipeline.syncOperations.handler(type: PeerMessageDecoder.self)) != nil)
+        }
+        // The session handlers seal and open: a message written on one side arrives decoded on the other.
+        try client.writeOutbound(try PeerMessage.error("hello").encoded())
+        try shuttle(server, client, chunk: chunk)
+        guard case .error("hello")? = serverSeen.messages.last else {
+            Issue.record("server read \(serverSeen.messages)")
+            return
+        }
+        #expect(s.a.engine.strangersRefusedCount == 0)
+        _ = try server.finish(acceptAlreadyClosed: true)
+        _ = try client.finish(acceptAlreadyClosed: true)
+        await s.close()
+    }
+
+    @Test func bytesSentRightAfterTheHandshakeReachTheSession() async throws {
+        let s = try SharedSpace()
+        let (server, client, _, clientSeen, _) = try handshakePair(s)
+        // Hello to the client, its proof back; the server's reply and its first sealed frame then travel together.
+        try client.writeInbound(try #require(try server.readOutbound(as: ByteBuffer.self)))
+        try server.writeInbound(try #require(try client.readOutbound(as: ByteBuffer.self)))
+        var both = try #require(try server.readOutbound(as: ByteBuffer.self))
+        try server.writeOutbound(try PeerMessage.ping.encoded())
+        var sealed = try #require(try server.readOutbound(as: ByteBuffer.self))
+        both.writeBuffer(&sealed)
+        try client.writeInbound(both)
+        #expect(clientSeen.established == ["mine"])
+        guard case .ping? = clientSeen.messages.first else {
+            Issue.record("client read \(clientSeen.messages)")
+            return
+        }
+        _ = try server.finish(acceptAlreadyClosed: true)
+        _ = try client.finish(acceptAlreadyClosed: true)
+        await s.close()
+    }
+
+    @Test func aStrangerOrAWrongLengthFrameIsClosedSilentlyAndCounted() async throws {
+        let s = try SharedSpace()
+        let (server, client, serverSeen, _, _) = try handshakePair(s, key: SpaceKey.generate())
+        try shuttle(server, client)
+        #expect(!server.isActive && serverSeen.established.isEmpty && s.a.engine.strangersRefusedCount == 1)
+        #expect(try server.readOutbound(as: ByteBuffer.self) == nil)  // no proof sent back
+
+        let report = LinkReport(book: s.a.engine.status, peer: "inbound", direction: .inbound, db: nil)
+        let other = try active([HandshakeHandler(engine: s.a.engine, report: report)])
+        _ = try other.readOutbound(as: ByteBuffer.self)
+        var wrong = ByteBuffer()
+        wrong.writeInteger(UInt32(Handshake.authSize - 1))
+        try other.writeInbound(wrong)  // refused on the length alone, before any body
+        #expect(!other.isActive && s.a.engine.strangersRefusedCount == 2)
+        _ = try client.finish(acceptAlreadyClosed: true)
+        await s.close()
+    }
+
+    @Test func aBadHelloIsCountedOnTheOutboundLink() async throws {
+        let s = try SharedSpace()
+        let report = LinkReport(book: s.b.engine.status, peer: "a", direction: .outbound, db: s.dbB.name)
+        let client = try active([HandshakeHandler(engine: s.b.engine, report: report, db: s.dbB, key: s.key)])
+        try client.writeInbound(HandshakeHandler.frame([UInt8](repeating: 0, count: Handshake.helloSize)))
+        #expect(!client.isActive)
+        #expect(s.b.engine.status(db: s.dbB).first?.rejected == ["bad_frame": 1])
+        await s.close()
+    }
+
+    @Test func handshakeDeadlineClosesBothKinds() async throws {
+        let s = try SharedSpace()
+        let (server, client, _, _, _) = try handshakePair(s)
+        let limit = s.a.engine.handshakeTimeout
+        server.embeddedEventLoop.advanceTime(by: limit)
+        client.embeddedEventLoop.advanceTime(by: limit)
+        #expect(!server.isActive && !client.isActive)
+        #expect(s.a.engine.strangersRefusedCount == 1)
+        #expect(s.b.engine.status(db: s.dbB).first?.lastError?.hasPrefix("timed out: handshake") == true)
+        await s.close()
+    }
+
+    func cipherPair() throws -> (SessionCipher, SessionCipher) {
+        let key = SpaceKey.generate()
+        let server = Handshake.Server()
+        var client = Handshake.Client(key: key)
+        let auth = try client.respond(to: server.hello)
+        let (_, reply, serverSide) = try server.accept(auth, spaces: [key])
+        return (try client.finish(reply), serverSide)
+    }
+
+    @Test func sealedFramesOpenAcrossAnySplitAndCountTheirBytes() throws {
+        var (sender, receiver) = try cipherPair()
+        let report = LinkReport(book: StatusBook(), peer: "p", direction: .outbound, db: "d")
+        let seen = Recorder<[UInt8]>()
+        let channel = try active([ByteToMessageHandler(SealedFrameDecoder(opener: receiver.opener, report: report)), seen])
+        let messages: [[UInt8]] = [Array("one".utf8), [], Array(repeating: 7, count: 5000)]
+        var wire = ByteBuffer(bytes: messages.flatMap { sender.seal($0) })
+        let total = wire.readableBytes
+        while wire.readableBytes > 0 { try channel.writeInbound(wire.readSlice(length: min(13, wire.readableBytes))!) }
+        #expect(seen.messages == messages)
+        #expect(report.unreported.received == total)
+
+        let encoder = try active([MessageToByteHandler(SealedFrameEncoder(sealer: receiver.sealer, report: report))])
+        try encoder.writeOutbound(Array("back".utf8))
+        let frame = try #require(try encoder.readOutbound(as: ByteBuffer.self))
+        #expect(try sender.openFrame(Array(buffer: frame)[...]) == Array("back".utf8))
+        #expect(report.unreported.sent == frame.readableBytes)
+        _ = try channel.finish()
+    }
+
+    @Test func aDamagedLengthIsRefusedBeforeItsBodyArrives() throws {
+        var (sender, receiver) = try cipherPair()
+        let report = LinkReport(book: StatusBook(), peer: "p", direction: .outbound, db: "d")
+        let channel = try active([ByteToMessageHandler(SealedFrameDecoder(opener: receiver.opener, report: report))])
+        var frame = sender.seal(Array("x".utf8))
+        frame[0] ^= 1
+        #expect(throws: SyncRejection.badFrame) { try channel.writeInbound(ByteBuffer(bytes: frame.prefix(SessionCipher.headerSize))) }
+    }
+
+    @Test func aConnectionLostMidFrameIsCounted() throws {
+        var (sender, receiver) = try cipherPair()
+        let book = StatusBook()
+        let report = LinkReport(book: book, peer: "p", direction: .outbound, db: "d")
+        let channel = try active([ByteToMessageHandler(SealedFrameDecoder(opener: receiver.opener, report: report))])
+        try channel.writeInbound(ByteBuffer(bytes: sender.seal(Array("whole".utf8)) + sender.seal(Array("cut".utf8)).prefix(25)))
+        #expect(try channel.readInbound(as: [UInt8].self) == Array("whole".utf8))
+        _ = try channel.finish(acceptAlreadyClosed: false)
+        #expect(book.peers(db: "d").first?.lastError == "connection lost mid-frame")
+    }
+
+    @Test func aMessageThatDoesNotDecodeFailsTheConnection() throws {
+        let channel = try active([PeerMessageDecoder()])
+        #expect(throws: SyncRejection.malformed) { try channel.writeInbound([UInt8]([0xEE, 1, 2])) }
+        try channel.writeInbound(try PeerMessage.ping.encoded())
+        guard case .ping? = try channel.readInbound(as: PeerMessage.self) else {
+            Issue.record("ping did not decode")
+            return
+        }
+    }
+
+    @Test func gateTicketStopsCountingTheHandshakeThenReleasesOnce() async throws {
+        let s = try SharedSpace()
+        let gate = ConnectionGate(limits: SyncListenerLimits())
+        #expect(gate.admit(address: "10.0.0.1") && gate.admit(address: "10.0.0.1"))
+        let established = try active([GateTicket(gate: gate, address: "10.0.0.1")])
+        let abandoned = try active([GateTicket(gate: gate, address: "10.0.0.1")])
+        #expect(gate.current == (2, 2))
+        established.pipeline.fireUserInboundEventTriggered(SyncLinkEstablished(db: s.dbA, key: s.key))
+        #expect(gate.current == (2, 1))
+        _ = try abandoned.finish(acceptAlreadyClosed: false)
+        #expect(gate.current == (1, 0))
+        _ = try established.finish(acceptAlreadyClosed: false)
+        #expect(gate.current == (0, 0))
+        await s.close()
+    }
+
+    /// A pipeline of `BatchReceiver`, `SyncSession` and a recorder on an `NIOAsyncTestingChannel` (they run storage on
+    /// the device's I/O pool), established for `db`.
+    func session(_ device: Device, db: BlazeDatabase, key: SpaceKey) async throws -> NIOAsyncTestingChannel {
+        let channel = NIOAsyncTestingChannel()
+        let engine = device.engine
+        try await channel.testingEventLoop.executeInContext {
+            let report = LinkReport(book: engine.status, peer: "p", direction: .inbound, db: db.name)
+            try channel.pipeline.syncOperations.addHandlers([
+                BatchReceiver(engine: engine, report: report), SyncSession(engine: engine, report: report),
+                Recorder<Never>(),
+            ])
+        }
+        try await channel.connect(to: SocketAddress(ipAddress: "127.0.0.1", port: 1))
+        channel.pipeline.fireUserInboundEventTriggered(SyncLinkEstablished(db: db, key: key))
+        return channel
+    }
+
+    /// The next message the session wrote.
+    func written(_ channel: NIOAsyncTestingChannel) async throws -> PeerMessage {
+        try PeerMessage(decoding: try await channel.waitForOutboundWrite(as: [UInt8].self))
+    }
+
+    /// How many events of type `T` reached the end of `channel`'s pipeline.
+    func seen<T>(_ type: T.Type, on channel: NIOAsyncTestingChannel) async throws -> Int {
+        try await channel.testingEventLoop.executeInContext {
+            try channel.pipeline.syncOperations.handler(type: Recorder<Never>.self).events.count { $0 is T }
+        }
+    }
+
+    @Test func sessionSendsItsStateThenExactlyWhatThePeerLacks() async throws {
+        let s = try SharedSpace(documents: 5)
+        let channel = try await session(s.a, db: s.dbA, key: s.key)
+        guard case .state(let vector, let head?) = try await written(channel) else {
+            Issue.record("the first message is not a STATE with a head")
+            return
+        }
+        let mine = try s.dbA.syncVector()
+        #expect(vector == mine && head.seq == mine[s.dbA.node])
+        // The peer holds the first two entries: the rest come, ending at the latest head.
+        try await channel.writeInbound(PeerMessage.state(vector: [s.dbA.node: 2], ownHead: nil))
+        var received: [UInt64] = []
+        while received.last != head.seq {
+            guard case .entries(let batch) = try await written(channel) else { continue }
+            received += batch.entries.map(\.header.seq)
+        }
+        #expect(received == Array(3...head.seq))
+        try await channel.close()
+        await s.close()
+    }
+
+    @Test func receiverStoresInOrderAndAReadIdleWhileBusyIsNotSilence() async throws {
+        let s = try SharedSpace()
+        for i in 0..<6 {
+            _ = try s.dbA.apply(.put(collection: "c", id: "d\(i)", doc: ["n": .int(Int64(i))]))
+            try s.dbA.sealLocal(key: s.key, identity: s.a.identity, batch: 1)
+        }
+        let batches = try (0..<6).map { try #require(try s.dbA.entryBatch(origin: s.dbA.node, after: UInt64($0), maxEntries: 1)) }
+        let channel = try await session(s.b, db: s.dbB, key: s.key)
+        _ = try await written(channel)  // B's STATE
+        // All six arrive in one go; a read-idle event meanwhile is swallowed (the receiver is busy, reading paused).
+        try await channel.testingEventLoop.executeInContext {
+            for batch in batches { channel.pipeline.fireChannelRead(PeerMessage.entries(batch)) }
+            channel.pipeline.fireUserInboundEventTriggered(IdleStateHandler.IdleStateEvent.read)
+        }
+        #expect(try eventually { try s.dbB.summary().documents == 6 })
+        #expect(try await seen(PeerHoldsBatch.self, on: channel) == 6)
+        #expect(try await seen(IdleStateHandler.IdleStateEvent.self, on: channel) == 0)
+        #expect(s.b.engine.status(db: s.dbB).first?.receivedEntries == 6)
+        #expect(channel.isActive)
+        // Idle now: the same event is the peer's silence, which closes the connection and says why.
+        channel.pipeline.fireUserInboundEventTriggered(IdleStateHandler.IdleStateEvent.read)
+        try await channel.closeFuture.get()
+        #expect(s.b.engine.status(db: s.dbB).first?.lastError?.hasPrefix("timed out: peer silent") == true)
+        await s.close()
+    }
+
+    @Test func aBatchThatDoesNotVerifyIsCountedToldToThePeerAndCloses() async throws {
+        let s = try SharedSpace(documents: 2)
+        try s.dbA.sealLocal(key: s.key, identity: s.a.identity)
+        var batch = try #require(try s.dbA.entryBatch(origin: s.dbA.node, after: 0, maxEntries: 10))
+        batch.entries.removeFirst()  // no longer links to anything held
+        let channel = try await session(s.b, db: s.dbB, key: s.key)
+        _ = try await written(channel)
+        try await channel.writeInbound(PeerMessage.entries(batch))
+        guard case .error(let reason) = try await written(channel) else {
+            Issue.record("no ERROR sent")
+            return
+        }
+        try await channel.closeFuture.get()
+        #expect(s.b.engine.status(db: s.dbB).first?.rejected[reason] == 1)
+        #expect(try s.dbB.summary().documents == 0)
+        await s.close()
+    }
+
+    @Test func aQuietSessionPingsAndAPeerErrorCloses() async throws {
+        let s = try SharedSpace()
+        let channel = try await session(s.a, db: s.dbA, key: s.key)
+        _ = try await written(channel)
+        channel.pipeline.fireUserInboundEventTriggered(IdleStateHandler.IdleStateEvent.write)
+        guard case .ping = try await written(channel) else {
+            Issue.record("no PING on write-idle")
+            return
+        }
+        try await channel.writeInbound(PeerMessage.error("going away"))
+        try await channel.closeFuture.get()
+        let status = try #require(s.a.engine.status(db: s.dbA).first)
+        #expect(status.lastError == "peer closed: going away" && status.connections == 0)
+        await s.close()
+    }
+}
+
