@@ -1,0 +1,74 @@
+import BlazeCRDT
+import BlazeProtocol
+import GRDB
+
+/// Recording applied changes: the `changes` row, the feed row with its events and the per-origin version.
+extension SQLStorage {
+    /// The versions this database holds, including the changes recorded in this transaction.
+    func versionVector() throws -> VersionVector {
+        var e: [NodeID: UInt64] = [:]
+        for row in try Row.fetchAll(db.cachedStatement(sql: "SELECT origin, seq FROM versions")) {
+            if let id = NodeID(hex: row[0]) { e[id] = UInt64(row[1] as Int64) }
+        }
+        for (origin, seq) in recordedVersions { e[origin] = max(e[origin] ?? 0, seq) }
+        return VersionVector(e)
+    }
+
+    /// Records `change` with its feed row and version.
+    func recordApplied(_ change: Change) throws {
+        try recordApplied(change, text: change.jsonValue.jsonBytes)
+    }
+
+    /// Records `change`, whose canonical text is `text` (UTF-8), with its feed row and version. `last` says no change
+    /// is recorded after it in this transaction (so documents already written need not be kept as the next "before").
+    func recordApplied(_ change: Change, text: [UInt8], last: Bool = false) throws {
+        let touched = docs.takeTouched()
+        var events: [FeedEvent] = []
+        events.reserveCapacity(touched.count)
+        // Per event, the operation of `change` its "after" follows from, when one does (see `FeedLog.Source`).
+        var sources: [FeedLog.Source] = []
+        sources.reserveCapacity(touched.count)
+        func ours(_ stamp: Stamp) -> Bool { stamp.dot.seq == change.seq && stamp.dot.origin == change.origin }
+        for key in touched {
+            let before = docs.visible[key] ?? Visible()
+            let after: Visible
+            var source = FeedLog.Source.none
+            // Documents written as text are parsed again only if a filtering subscription needs them.
+            if let c = docs.created[key] {
+                after = Visible(doc: nil, text: c.text)
+                if ours(c.stamp) { source = .inserted(op: c.stamp.dot.index) }
+            } else if let p = docs.patched[key] {
+                after = Visible(doc: nil, text: p.text)
+                if ours(p.stamp) { source = .patched(op: p.stamp.dot.index) }
+            } else {
+                let doc = docs.states[key]??.materialize(id: key.id)
+                after = Visible(doc: doc, text: doc.map { JSONValue.object($0).jsonText })
+            }
+            // `flush()` writes dirty documents as they are here.
+            if !last || docs.isDirty(key) { docs.visible[key] = after }
+            let type: FeedEventType
+            switch (before.text, after.text) {
+            case (nil, nil): continue
+            case (nil, _): type = .insert
+            case (_, nil): type = .delete
+            case (let b?, let a?):
+                if a == b { continue }
+                type = .update
+            }
+            events.append(
+                FeedEvent(
+                    collection: key.collection, id: key.id, type: type, after: after.doc, afterText: after.text,
+                    before: before.doc, beforeText: before.text))
+            sources.append(source)
+        }
+        feedSequence += 1
+        let origin = change.origin.hex
+        try db.cachedStatement(sql: "INSERT INTO feed(seq, origin, events) VALUES (?, ?, ?)").execute(
+            arguments: [feedSequence, origin, FeedLog.encode(events, sources: sources, changeSeq: change.seq)])
+        entries.append(FeedEntry(seq: feedSequence, origin: change.origin, events: events))
+        // Bound in place: a change of a large transaction is hundreds of kilobytes.
+        try prepared(&insertChange, "INSERT INTO changes(origin, seq, hlc, body) VALUES (?, ?, ?, ?)").run(
+            origin, Int64(change.seq), Int64(bitPattern: change.hlc.raw), text)
+        recordedVersions[change.origin] = max(recordedVersions[change.origin] ?? 0, change.seq)
+    }
+}
