@@ -1,34 +1,43 @@
-import NIOCore
 import Synchronization
 
-/// The live connections, for the connection limit and for closing inputs at shutdown.
+/// Counts the live connections for the connection limit, and stops admitting them once the daemon shuts down.
 final class ConnectionTable: Sendable {
-    private let state = Mutex<(next: Int, channels: [Int: any Channel], closing: Bool)>((1, [:], false))
+    /// What `admit` decided.
+    enum Admission: Equatable {
+        /// Admitted, with this connection id.
+        case admitted(Int)
+        /// Refused: `max` connections are already open.
+        case full
+        /// Refused: the daemon is shutting down.
+        case closing
+    }
+
+    private let state = Mutex<(next: Int, open: Set<Int>, closing: Bool)>((1, [], false))
     /// Live subscriptions over all connections.
     let subscriptions = Atomic<Int>(0)
 
     /// Number of open connections.
-    var count: Int { state.withLock { $0.channels.count } }
+    var count: Int { state.withLock { $0.open.count } }
 
-    func add(_ channel: any Channel, max: Int) -> Int? {
+    /// Admits one more connection unless `max` are open or the daemon is shutting down.
+    func admit(max: Int) -> Admission {
         state.withLock { s in
-            guard !s.closing, s.channels.count < max else { return nil }
+            if s.closing { return .closing }
+            guard s.open.count < max else { return .full }
             let id = s.next
             s.next += 1
-            s.channels[id] = channel
-            return id
+            s.open.insert(id)
+            return .admitted(id)
         }
     }
 
+    /// Forgets a closed connection.
     func remove(_ id: Int) {
-        _ = state.withLock { $0.channels.removeValue(forKey: id) }
+        _ = state.withLock { $0.open.remove(id) }
     }
 
-    /// Refuses new connections from now on and returns the live ones.
-    func beginShutdown() -> [any Channel] {
-        state.withLock { s in
-            s.closing = true
-            return Array(s.channels.values)
-        }
+    /// Refuses new connections from now on (those already open are quiesced by `ServerQuiescingHelper`).
+    func beginShutdown() {
+        state.withLock { $0.closing = true }
     }
 }

@@ -6,6 +6,7 @@ import BlazeSync
 import Foundation
 import Logging
 import NIOCore
+import NIOExtras
 import NIOPosix
 import ServiceLifecycle
 import Synchronization
@@ -67,7 +68,13 @@ public final class Daemon: Service, Sendable {
         let limits = config.limits
         let connections = self.connections
         let logger = self.logger
+        let quiesce = ServerQuiescingHelper(group: MultiThreadedEventLoopGroup.singleton)
         let server = try await ServerBootstrap(group: MultiThreadedEventLoopGroup.singleton)
+            .serverChannelInitializer { channel in
+                channel.eventLoop.makeCompletedFuture {
+                    try channel.pipeline.syncOperations.addHandler(quiesce.makeServerChannelHandler(channel: channel))
+                }
+            }
             .childChannelOption(.allowRemoteHalfClosure, value: true)
             .childChannelInitializer { channel in
                 Self.initialize(channel, limits: limits, connections: connections, dispatcher: dispatcher, logger: logger)
@@ -99,11 +106,13 @@ public final class Daemon: Service, Sendable {
         }
         Systemd.notify("STOPPING=1\nSTATUS=finishing in-flight requests", socket: config.notifySocket)
         logger.info("Shutting down: no new connections, finishing in-flight requests")
-        try? await server.close()
-        for channel in connections.beginShutdown() {
-            channel.pipeline.fireUserInboundEventTriggered(RPCHandler.Shutdown())
-            try? await channel.closeFuture.get()
-        }
+        // Closes the listening socket, tells every open connection to finish (`ChannelShouldQuiesceEvent`: each
+        // answers what it has received, then closes) and completes once all have closed. A connection still in
+        // its peer-credential check is refused by the table instead, as it may not have a handler for the event yet.
+        connections.beginShutdown()
+        let quiesced = server.eventLoop.makePromise(of: Void.self)
+        quiesce.initiateShutdown(promise: quiesced)
+        try? await quiesced.futureResult.get()
         await sync.shutdown()
         try? await pool.shutdownGracefully()
         if config.inheritedSocket == nil { unlink(config.socketPath) }  // systemd owns an inherited socket's path
@@ -124,7 +133,13 @@ public final class Daemon: Service, Sendable {
                     "Refused connection from another user", metadata: ["peer.uid": "\(cred.uid)", "peer.pid": "\(cred.pid)"])
                 return channel.close()
             }
-            guard let id = connections.add(channel, max: limits.maxConnections) else {
+            let id: Int
+            switch connections.admit(max: limits.maxConnections) {
+            case .admitted(let admitted):
+                id = admitted
+            case .closing:
+                return channel.close()
+            case .full:
                 logger.warning("Refused connection: too many connections", metadata: ["limit": "\(limits.maxConnections)"])
                 let err = RPCCodec.response(
                     id: .null,

@@ -14,13 +14,13 @@ import NIOCore
 /// start sequence in pages (each page waits until the client has read the previous ones), then attaches to the live
 /// feed. Live events are written as they commit; a subscription whose connection already has more than
 /// `maxSubscriberBacklogBytes` unsent is dropped with a final error notification.
+///
+/// On `ChannelShouldQuiesceEvent` (the daemon shutting down) or when the client half-closes, it answers every line
+/// already received and then closes.
 final class RPCHandler: ChannelDuplexHandler {
     typealias InboundIn = InboundFrame
     typealias OutboundIn = ByteBuffer
     typealias OutboundOut = ByteBuffer
-
-    /// Asks the connection to finish what it has received, then close (graceful shutdown).
-    struct Shutdown {}
 
     /// Lines queued beyond this stop reading from the socket until the queue drains.
     static let maxQueued = 64
@@ -94,7 +94,8 @@ final class RPCHandler: ChannelDuplexHandler {
     }
 
     func userInboundEventTriggered(context: ChannelHandlerContext, event: Any) {
-        if event is Shutdown {
+        if event is ChannelShouldQuiesceEvent {
+            // Graceful shutdown (`ServerQuiescingHelper`): answer everything received, then close.
             closing = true
             closeIfIdle(context: context)
         } else if case ChannelEvent.inputClosed = event {

@@ -1,4 +1,5 @@
 import BlazeProtocol
+import Logging
 import NIOCore
 import NIOEmbedded
 import Testing
@@ -54,20 +55,71 @@ import Testing
         // Other events pass through untouched.
         let other = EmbeddedChannel(handler: IdleCloser(connection: ConnectionHandle(id: 2, maxSubscriptions: 4, table: table)))
         try other.connect(to: SocketAddress(ipAddress: "127.0.0.1", port: 1)).wait()
-        other.pipeline.fireUserInboundEventTriggered(RPCHandler.Shutdown())
+        other.pipeline.fireUserInboundEventTriggered(ChannelShouldQuiesceEvent())
         #expect(other.isActive)
         _ = try other.finish()
     }
 
+    /// An `RPCHandler` over a daemon opened in a temporary directory (not listening), on an `EmbeddedChannel`.
+    /// Only inline methods are sent: the embedded loop runs on the test's thread.
+    func rpcChannel(_ dir: TempDir) throws -> (EmbeddedChannel, Daemon) {
+        var config = DaemonConfig(socketPath: dir.path + "/unused.sock", dataDirectory: dir.path + "/data")
+        config.defaultDatabase = "main"
+        let daemon = try Daemon(config: config, logger: Logger(label: "test"))
+        let context = RequestContext(
+            store: daemon.store, config: config, logger: daemon.logger, startedAt: .now, connections: daemon.connections,
+            sync: daemon.sync)
+        let connection = ConnectionHandle(id: 1, maxSubscriptions: 4, table: daemon.connections)
+        let handler = RPCHandler(
+            connection: connection, dispatcher: Dispatcher(context: context, pool: daemon.pool), limits: config.limits,
+            logger: daemon.logger)
+        let channel = EmbeddedChannel(handler: handler)
+        try channel.connect(to: SocketAddress(ipAddress: "127.0.0.1", port: 1)).wait()
+        return (channel, daemon)
+    }
+
+    func responses(_ channel: EmbeddedChannel) throws -> [JSONValue] {
+        var out: [JSONValue] = []
+        while let buffer = try channel.readOutbound(as: ByteBuffer.self) {
+            for line in String(buffer: buffer).split(separator: "\n") { out.append(try JSONParser().parse(String(line))) }
+        }
+        return out
+    }
+
+    @Test func rpcHandlerAnswersWhatItReceivedThenClosesWhenTheDaemonQuiesces() throws {
+        let dir = TempDir()
+        let (channel, daemon) = try rpcChannel(dir)
+        defer { daemon.store.closeAll() }
+        try channel.writeInbound(
+            InboundFrame.line(ByteBuffer(string: #"{"jsonrpc":"2.0","id":7,"method":"doc.get","params":{"db":"main","collection":"c","id":"x"}}"#)))
+        channel.pipeline.fireUserInboundEventTriggered(ChannelShouldQuiesceEvent())
+        let answers = try responses(channel)
+        #expect(answers.count == 1)
+        #expect(answers.first?["id"] == .int(7))
+        #expect(!channel.isActive)
+    }
+
+    @Test func rpcHandlerStaysOpenOnOtherEventsAndClosesAtOnceWhenIdleAndQuiesced() throws {
+        let dir = TempDir()
+        let (channel, daemon) = try rpcChannel(dir)
+        defer { daemon.store.closeAll() }
+        channel.pipeline.fireUserInboundEventTriggered(IdleStateHandler.IdleStateEvent.write)
+        #expect(channel.isActive)
+        channel.pipeline.fireUserInboundEventTriggered(ChannelShouldQuiesceEvent())
+        #expect(try responses(channel).isEmpty)
+        #expect(!channel.isActive)
+    }
+
     @Test func connectionTableEnforcesItsLimitAndRefusesAllOnceShuttingDown() throws {
         let table = ConnectionTable()
-        let a = EmbeddedChannel(), b = EmbeddedChannel(), c = EmbeddedChannel()
-        let first = try #require(table.add(a, max: 2))
-        #expect(table.add(b, max: 2) != nil)
-        #expect(table.add(c, max: 2) == nil)
+        guard case .admitted(let first) = table.admit(max: 2) else { Issue.record("first refused"); return }
+        guard case .admitted(let second) = table.admit(max: 2) else { Issue.record("second refused"); return }
+        #expect(first != second)
+        #expect(table.admit(max: 2) == .full)
         table.remove(first)
         #expect(table.count == 1)
-        #expect(table.beginShutdown().count == 1)
-        #expect(table.add(c, max: 2) == nil)
+        table.beginShutdown()
+        #expect(table.admit(max: 2) == .closing)
+        #expect(table.count == 1)
     }
 }

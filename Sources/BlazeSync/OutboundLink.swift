@@ -1,0 +1,122 @@
+import BlazeCrypto
+import BlazeProtocol
+import BlazeStore
+import NIOCore
+import NIOPosix
+import Synchronization
+
+/// A reconnecting outbound connection to one peer for one database, with exponential backoff (0.1 s doubling to 30 s,
+/// reset once a handshake succeeds).
+final class OutboundLink: Sendable {
+    let engine: SyncEngine
+    let db: BlazeDatabase
+    let key: SpaceKey
+    let address: PeerAddress
+
+    private struct State {
+        var stopped = false
+        var channel: (any Channel)?
+        var retry: Scheduled<Void>?
+        var failures = 0
+        var connecting = false
+    }
+
+    private let state = Mutex(State())
+    private let loop: any EventLoop
+
+    init(engine: SyncEngine, db: BlazeDatabase, key: SpaceKey, address: PeerAddress) {
+        self.engine = engine
+        self.db = db
+        self.key = key
+        self.address = address
+        self.loop = engine.group.next()
+    }
+
+    /// Dials the peer unless stopped, already connected or connecting.
+    func connect() {
+        let go = state.withLock { s -> Bool in
+            guard !s.stopped, !s.connecting, s.channel == nil else { return false }
+            s.connecting = true
+            s.retry?.cancel()
+            s.retry = nil
+            return true
+        }
+        guard go else { return }
+        let peer = address.description
+        let link = self
+        ClientBootstrap(group: loop)
+            .connectTimeout(.seconds(5))
+            .channelOption(.socketOption(.so_keepalive), value: 1)
+            .channelOption(.tcpOption(.tcp_nodelay), value: 1)
+            .channelInitializer { channel in
+                channel.eventLoop.makeCompletedFuture {
+                    try channel.pipeline.syncOperations.addHandlers(
+                        SyncPipeline.outbound(engine: link.engine, db: link.db, key: link.key, peer: peer) {
+                            link.state.withLock { $0.failures = 0 }
+                        })
+                }
+            }
+            .connect(host: address.host, port: address.port)
+            .whenComplete { result in
+                switch result {
+                case .success(let channel):
+                    let keep = link.state.withLock { s -> Bool in
+                        s.connecting = false
+                        guard !s.stopped else { return false }
+                        s.channel = channel
+                        return true
+                    }
+                    guard keep else {
+                        channel.close(promise: nil)
+                        return
+                    }
+                    channel.closeFuture.whenComplete { _ in
+                        link.state.withLock { $0.channel = nil }
+                        link.scheduleRetry()
+                    }
+                case .failure(let error):
+                    link.state.withLock { $0.connecting = false }
+                    link.engine.status.update(db: link.db.name, peer: peer, direction: .outbound) {
+                        $0.errors += 1
+                        $0.lastError = "connect: \(error)"
+                    }
+                    link.scheduleRetry()
+                }
+            }
+    }
+
+    /// Schedules the next attempt after the backoff delay.
+    private func scheduleRetry() {
+        let link = self
+        state.withLock { s in
+            guard !s.stopped, s.retry == nil else { return }
+            let delay = min(30_000, 100 << min(s.failures, 9))
+            s.failures += 1
+            s.retry = loop.scheduleTask(in: .milliseconds(Int64(delay))) {
+                link.state.withLock { $0.retry = nil }
+                link.connect()
+            }
+        }
+    }
+
+    /// Connects now if waiting for a retry.
+    func retryNow() {
+        state.withLock { s in
+            s.failures = 0
+            s.retry?.cancel()
+            s.retry = nil
+        }
+        connect()
+    }
+
+    /// Stops retrying and closes the connection, if any.
+    func stop() {
+        let channel = state.withLock { s -> (any Channel)? in
+            s.stopped = true
+            s.retry?.cancel()
+            s.retry = nil
+            return s.channel
+        }
+        channel?.close(promise: nil)
+    }
+}
