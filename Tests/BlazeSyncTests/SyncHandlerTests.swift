@@ -44,6 +44,19 @@ struct SharedSpace {
     }
 }
 
+/// Runs `body` over a new shared space, then closes the space. The body is synchronous so that the embedded channels
+/// it makes live and die on the thread that made them (an `EmbeddedEventLoop` must not be touched from another).
+func withSharedSpace(documents: Int = 0, _ body: (SharedSpace) throws -> Void) async throws {
+    let s = try SharedSpace(documents: documents)
+    do {
+        try body(s)
+    } catch {
+        await s.close()
+        throw error
+    }
+    await s.close()
+}
+
 func active(_ handlers: [any ChannelHandler]) throws -> EmbeddedChannel {
     let channel = EmbeddedChannel()
     try channel.pipeline.syncOperations.addHandlers(handlers)
@@ -85,86 +98,86 @@ func shuttle(_ x: EmbeddedChannel, _ y: EmbeddedChannel, chunk: Int = .max) thro
 
     @Test(arguments: [Int.max, 1, 7])
     func handshakeEstablishesBothSidesAndHandsOverToTheSessionHandlers(chunk: Int) async throws {
-        let s = try SharedSpace()
-        let (server, client, serverSeen, clientSeen, _) = try handshakePair(s)
-        try shuttle(server, client, chunk: chunk)
-        #expect(serverSeen.established == ["notes"] && clientSeen.established == ["mine"])
-        for channel in [server, client] {
-            #expect(throws: (any Error).self) { try channel.pipeline.syncOperations.handler(type: HandshakeHandler.self) }
-            #expect((try? channel.pipeline.syncOperations.handler(type: PeerMessageDecoder.self)) != nil)
+        try await withSharedSpace { s in
+            let (server, client, serverSeen, clientSeen, _) = try handshakePair(s)
+            try shuttle(server, client, chunk: chunk)
+            #expect(serverSeen.established == ["notes"] && clientSeen.established == ["mine"])
+            for channel in [server, client] {
+                #expect(throws: (any Error).self) { try channel.pipeline.syncOperations.handler(type: HandshakeHandler.self) }
+                #expect((try? channel.pipeline.syncOperations.handler(type: PeerMessageDecoder.self)) != nil)
+            }
+            // The session handlers seal and open: a message written on one side arrives decoded on the other.
+            try client.writeOutbound(try PeerMessage.error("hello").encoded())
+            try shuttle(server, client, chunk: chunk)
+            guard case .error("hello")? = serverSeen.messages.last else {
+                Issue.record("server read \(serverSeen.messages)")
+                return
+            }
+            #expect(s.a.engine.strangersRefusedCount == 0)
+            _ = try server.finish(acceptAlreadyClosed: true)
+            _ = try client.finish(acceptAlreadyClosed: true)
         }
-        // The session handlers seal and open: a message written on one side arrives decoded on the other.
-        try client.writeOutbound(try PeerMessage.error("hello").encoded())
-        try shuttle(server, client, chunk: chunk)
-        guard case .error("hello")? = serverSeen.messages.last else {
-            Issue.record("server read \(serverSeen.messages)")
-            return
-        }
-        #expect(s.a.engine.strangersRefusedCount == 0)
-        _ = try server.finish(acceptAlreadyClosed: true)
-        _ = try client.finish(acceptAlreadyClosed: true)
-        await s.close()
     }
 
     @Test func bytesSentRightAfterTheHandshakeReachTheSession() async throws {
-        let s = try SharedSpace()
-        let (server, client, _, clientSeen, _) = try handshakePair(s)
-        // Hello to the client, its proof back; the server's reply and its first sealed frame then travel together.
-        try client.writeInbound(try #require(try server.readOutbound(as: ByteBuffer.self)))
-        try server.writeInbound(try #require(try client.readOutbound(as: ByteBuffer.self)))
-        var both = try #require(try server.readOutbound(as: ByteBuffer.self))
-        try server.writeOutbound(try PeerMessage.ping.encoded())
-        var sealed = try #require(try server.readOutbound(as: ByteBuffer.self))
-        both.writeBuffer(&sealed)
-        try client.writeInbound(both)
-        #expect(clientSeen.established == ["mine"])
-        guard case .ping? = clientSeen.messages.first else {
-            Issue.record("client read \(clientSeen.messages)")
-            return
+        try await withSharedSpace { s in
+            let (server, client, _, clientSeen, _) = try handshakePair(s)
+            // Hello to the client, its proof back; the server's reply and its first sealed frame then travel together.
+            try client.writeInbound(try #require(try server.readOutbound(as: ByteBuffer.self)))
+            try server.writeInbound(try #require(try client.readOutbound(as: ByteBuffer.self)))
+            var both = try #require(try server.readOutbound(as: ByteBuffer.self))
+            try server.writeOutbound(try PeerMessage.ping.encoded())
+            var sealed = try #require(try server.readOutbound(as: ByteBuffer.self))
+            both.writeBuffer(&sealed)
+            try client.writeInbound(both)
+            #expect(clientSeen.established == ["mine"])
+            guard case .ping? = clientSeen.messages.first else {
+                Issue.record("client read \(clientSeen.messages)")
+                return
+            }
+            _ = try server.finish(acceptAlreadyClosed: true)
+            _ = try client.finish(acceptAlreadyClosed: true)
         }
-        _ = try server.finish(acceptAlreadyClosed: true)
-        _ = try client.finish(acceptAlreadyClosed: true)
-        await s.close()
     }
 
     @Test func aStrangerOrAWrongLengthFrameIsClosedSilentlyAndCounted() async throws {
-        let s = try SharedSpace()
-        let (server, client, serverSeen, _, _) = try handshakePair(s, key: SpaceKey.generate())
-        try shuttle(server, client)
-        #expect(!server.isActive && serverSeen.established.isEmpty && s.a.engine.strangersRefusedCount == 1)
-        #expect(try server.readOutbound(as: ByteBuffer.self) == nil)  // no proof sent back
+        try await withSharedSpace { s in
+            let (server, client, serverSeen, _, _) = try handshakePair(s, key: SpaceKey.generate())
+            try shuttle(server, client)
+            #expect(!server.isActive && serverSeen.established.isEmpty && s.a.engine.strangersRefusedCount == 1)
+            #expect(try server.readOutbound(as: ByteBuffer.self) == nil)  // no proof sent back
 
-        let report = LinkReport(book: s.a.engine.status, peer: "inbound", direction: .inbound, db: nil)
-        let other = try active([HandshakeHandler(engine: s.a.engine, report: report)])
-        _ = try other.readOutbound(as: ByteBuffer.self)
-        var wrong = ByteBuffer()
-        wrong.writeInteger(UInt32(Handshake.authSize - 1))
-        try other.writeInbound(wrong)  // refused on the length alone, before any body
-        #expect(!other.isActive && s.a.engine.strangersRefusedCount == 2)
-        _ = try client.finish(acceptAlreadyClosed: true)
-        await s.close()
+            let report = LinkReport(book: s.a.engine.status, peer: "inbound", direction: .inbound, db: nil)
+            let other = try active([HandshakeHandler(engine: s.a.engine, report: report)])
+            _ = try other.readOutbound(as: ByteBuffer.self)
+            var wrong = ByteBuffer()
+            wrong.writeInteger(UInt32(Handshake.authSize - 1))
+            try other.writeInbound(wrong)  // refused on the length alone, before any body
+            #expect(!other.isActive && s.a.engine.strangersRefusedCount == 2)
+            _ = try client.finish(acceptAlreadyClosed: true)
+        }
     }
 
     @Test func aBadHelloIsCountedOnTheOutboundLink() async throws {
-        let s = try SharedSpace()
-        let report = LinkReport(book: s.b.engine.status, peer: "a", direction: .outbound, db: s.dbB.name)
-        let client = try active([HandshakeHandler(engine: s.b.engine, report: report, db: s.dbB, key: s.key)])
-        try client.writeInbound(HandshakeHandler.frame([UInt8](repeating: 0, count: Handshake.helloSize)))
-        #expect(!client.isActive)
-        #expect(s.b.engine.status(db: s.dbB).first?.rejected == ["bad_frame": 1])
-        await s.close()
+        try await withSharedSpace { s in
+            let report = LinkReport(book: s.b.engine.status, peer: "a", direction: .outbound, db: s.dbB.name)
+            let client = try active([HandshakeHandler(engine: s.b.engine, report: report, db: s.dbB, key: s.key)])
+            try client.writeInbound(HandshakeHandler.frame([UInt8](repeating: 0, count: Handshake.helloSize)))
+            #expect(!client.isActive)
+            #expect(s.b.engine.status(db: s.dbB).first?.rejected == ["bad_frame": 1])
+        }
     }
 
     @Test func handshakeDeadlineClosesBothKinds() async throws {
-        let s = try SharedSpace()
-        let (server, client, _, _, _) = try handshakePair(s)
-        let limit = s.a.engine.handshakeTimeout
-        server.embeddedEventLoop.advanceTime(by: limit)
-        client.embeddedEventLoop.advanceTime(by: limit)
-        #expect(!server.isActive && !client.isActive)
-        #expect(s.a.engine.strangersRefusedCount == 1)
-        #expect(s.b.engine.status(db: s.dbB).first?.lastError?.hasPrefix("timed out: handshake") == true)
-        await s.close()
+        try await withSharedSpace { s in
+            let (server, client, _, _, _) = try handshakePair(s)
+            let limit = s.a.engine.handshakeTimeout
+            server.embeddedEventLoop.advanceTime(by: limit)
+            client.embeddedEventLoop.advanceTime(by: limit)
+            #expect(!server.isActive && !client.isActive)
+            #expect(s.a.engine.strangersRefusedCount == 1)
+            #expect(s.b.engine.status(db: s.dbB).first?.lastError?.hasPrefix("timed out: handshake") == true)
+        }
     }
 
     func cipherPair() throws -> (SessionCipher, SessionCipher) {
@@ -227,19 +240,19 @@ func shuttle(_ x: EmbeddedChannel, _ y: EmbeddedChannel, chunk: Int = .max) thro
     }
 
     @Test func gateTicketStopsCountingTheHandshakeThenReleasesOnce() async throws {
-        let s = try SharedSpace()
-        let gate = ConnectionGate(limits: SyncListenerLimits())
-        #expect(gate.admit(address: "10.0.0.1") && gate.admit(address: "10.0.0.1"))
-        let established = try active([GateTicket(gate: gate, address: "10.0.0.1")])
-        let abandoned = try active([GateTicket(gate: gate, address: "10.0.0.1")])
-        #expect(gate.current == (2, 2))
-        established.pipeline.fireUserInboundEventTriggered(SyncLinkEstablished(db: s.dbA, key: s.key))
-        #expect(gate.current == (2, 1))
-        _ = try abandoned.finish(acceptAlreadyClosed: false)
-        #expect(gate.current == (1, 0))
-        _ = try established.finish(acceptAlreadyClosed: false)
-        #expect(gate.current == (0, 0))
-        await s.close()
+        try await withSharedSpace { s in
+            let gate = ConnectionGate(limits: SyncListenerLimits())
+            #expect(gate.admit(address: "10.0.0.1") && gate.admit(address: "10.0.0.1"))
+            let established = try active([GateTicket(gate: gate, address: "10.0.0.1")])
+            let abandoned = try active([GateTicket(gate: gate, address: "10.0.0.1")])
+            #expect(gate.current == (2, 2))
+            established.pipeline.fireUserInboundEventTriggered(SyncLinkEstablished(db: s.dbA, key: s.key))
+            #expect(gate.current == (2, 1))
+            _ = try abandoned.finish(acceptAlreadyClosed: false)
+            #expect(gate.current == (1, 0))
+            _ = try established.finish(acceptAlreadyClosed: false)
+            #expect(gate.current == (0, 0))
+        }
     }
 
     /// A pipeline of `BatchReceiver`, `SyncSession` and a recorder on an `NIOAsyncTestingChannel` (they run storage on
