@@ -23,7 +23,7 @@ export type Event = { "seq": FeedSequence; "collection": CollectionName; "id": D
 export type SpaceId = string;
 export type ShareToken = string;
 export type PeerAddress = string;
-export type PeerStatus = { "peer": string; "direction": "outbound" | "inbound"; "connected": boolean; "connections": number; "lastSyncMs": number | null; "sentEntries": number; "receivedEntries": number; "sentBytes": number; "receivedBytes": number; "peerBehind": number; "selfBehind": number; "errors": number; "lastError": string | null; "rejected": Record<string, number> };
+export type PeerStatus = { "peer": string; "direction": "outbound" | "inbound"; "connected": boolean; "connections": number; "devices": Array<NodeId>; "lastDevice": string | null; "lastSyncMs": number | null; "sentEntries": number; "receivedEntries": number; "sentBytes": number; "receivedBytes": number; "peerBehind": number; "selfBehind": number; "errors": number; "lastError": string | null; "rejected": Record<string, number> };
 export type ForkEvidence = { "origin": NodeId; "seq": number; "heldHash": string; "otherHash": string; "detectedAtMs": number };
 
 /** Parameters of `rpc.discover`: Returns this OpenRPC document. */
@@ -154,7 +154,7 @@ export type PeerRemoveResult = { "db": DatabaseName; "address": PeerAddress; "re
 /** Parameters of `peer.list`: Lists the peers a database syncs with. */
 export interface PeerListParams { "db": DatabaseName }
 /** Result of `peer.list`. */
-export type PeerListResult = { "db": DatabaseName; "peers": Array<{ "address": PeerAddress; "connected": boolean }> };
+export type PeerListResult = { "db": DatabaseName; "peers": Array<{ "address": PeerAddress; "connected": boolean; "device": string | null }> };
 
 /** Parameters of `sync.status`: Sync state per shared database and peer: connections, progress, errors, rejections. */
 export interface SyncStatusParams { "db"?: DatabaseName }

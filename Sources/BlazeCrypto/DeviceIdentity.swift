@@ -1,3 +1,4 @@
+import BlazeProtocol
 import Crypto
 import Foundation
 
@@ -29,6 +30,12 @@ public struct DeviceIdentity: Sendable {
 
     /// The 16-byte node id.
     public var nodeID: [UInt8] { Array(SHA256.hash(data: signingKey.publicKey.rawRepresentation).prefix(16)) }
+
+    /// The public halves, as a peer sees them in the handshake.
+    public var publicKeys: DevicePublicKeys {
+        DevicePublicKeys(
+            signing: Array(signingKey.publicKey.rawRepresentation), agreement: Array(agreementKey.publicKey.rawRepresentation))!
+    }
 
     /// File name of the keystore inside its directory.
     public static let fileName = "device.json"
@@ -64,5 +71,33 @@ public struct DeviceIdentity: Sendable {
             """
         try KeyFile.write(json, to: path)
         return identity
+    }
+}
+
+/// A device's public keys: Ed25519 (signatures: heads, membership entries, the handshake) and X25519 (keys sealed to
+/// it). Its node id is derived from the signing key, so the pair names one device.
+public struct DevicePublicKeys: Sendable, Hashable {
+    /// 32-byte Ed25519 public key.
+    public let signing: [UInt8]
+    /// 32-byte X25519 public key.
+    public let agreement: [UInt8]
+
+    /// Both keys from their 32-byte raw forms; nil when either has another length.
+    public init?(signing: [UInt8], agreement: [UInt8]) {
+        guard signing.count == 32, agreement.count == 32 else { return nil }
+        self.signing = signing
+        self.agreement = agreement
+    }
+
+    /// The device's 16-byte node id: the first 16 bytes of SHA-256 of the signing key.
+    public var nodeID: [UInt8] { Array(SHA256.hash(data: signing).prefix(16)) }
+
+    /// The node id as 32 hex digits.
+    public var nodeIDHex: String { hexString(nodeID) }
+
+    /// True when `signature` is this device's Ed25519 signature of `message`.
+    public func isValidSignature(_ signature: some DataProtocol, for message: some DataProtocol) -> Bool {
+        guard let key = try? Curve25519.Signing.PublicKey(rawRepresentation: signing) else { return false }
+        return key.isValidSignature(signature, for: message)
     }
 }

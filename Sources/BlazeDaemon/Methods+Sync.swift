@@ -16,7 +16,7 @@ extension Methods {
     static func peerStatus(_ s: PeerStatus) -> RPCSchema.PeerStatus {
         .init(
             peer: s.peer, direction: s.direction == .outbound ? .outbound : .inbound, connected: s.connected,
-            connections: s.connections, lastSyncMs: s.lastSyncMs.map { Int($0) }, sentEntries: s.sentEntries,
+            connections: s.connections, devices: s.devices, lastDevice: s.lastDevice, lastSyncMs: s.lastSyncMs.map { Int($0) }, sentEntries: s.sentEntries,
             receivedEntries: s.receivedEntries, sentBytes: s.sentBytes, receivedBytes: s.receivedBytes,
             peerBehind: s.peerBehind, selfBehind: s.selfBehind, errors: s.errors, lastError: s.lastError,
             rejected: s.rejected.mapValues { Int($0) })
@@ -70,8 +70,12 @@ extension Methods {
 
     static let peerList = MethodHandler(RPC.PeerList.self, inline: true) { p, ctx in
         let db = try ctx.database(p.db)
-        let live = Dictionary(ctx.sync.status(db: db).map { ($0.peer, $0.connected) }, uniquingKeysWith: { a, _ in a })
-        return .init(db: db.name, peers: try db.peers().map { .init(address: $0, connected: live[$0] ?? false) })
+        let live = Dictionary(ctx.sync.status(db: db).map { ($0.peer, $0) }, uniquingKeysWith: { a, _ in a })
+        return .init(
+            db: db.name,
+            peers: try db.peers().map {
+                .init(address: $0, connected: live[$0]?.connected ?? false, device: live[$0]?.lastDevice)
+            })
     }
 
     static let syncStatus = MethodHandler(RPC.SyncStatus.self, inline: true) { p, ctx in

@@ -42,7 +42,7 @@ final class HandshakeHandler: ChannelInboundHandler, RemovableChannelHandler {
         self.report = report
         self.space = (db, key)
         self.onEstablished = onEstablished
-        self.state = .awaitingHello(Handshake.Client(key: key))
+        self.state = .awaitingHello(Handshake.Client(key: key, identity: engine.identity))
     }
 
     /// The accepting side: the client's proof decides which served database the connection is for.
@@ -51,7 +51,7 @@ final class HandshakeHandler: ChannelInboundHandler, RemovableChannelHandler {
         self.report = report
         self.space = nil
         self.onEstablished = nil
-        self.state = .awaitingAuth(Handshake.Server())
+        self.state = .awaitingAuth(Handshake.Server(identity: engine.identity))
     }
 
     func handlerAdded(context: ChannelHandlerContext) {
@@ -120,14 +120,15 @@ final class HandshakeHandler: ChannelInboundHandler, RemovableChannelHandler {
                 context.writeAndFlush(wrapOutboundOut(Self.frame(auth)), promise: nil)
             case .awaitingReply(let client):
                 guard let reply = try nextFrame(size: Handshake.replySize), let space else { return }
-                establish(db: space.db, key: space.key, cipher: try client.finish(reply), context: context)
+                let (device, cipher) = try client.finish(reply)
+                establish(db: space.db, key: space.key, device: device, cipher: cipher, context: context)
             case .awaitingAuth(let server):
                 guard let auth = try nextFrame(size: Handshake.authSize) else { return }
                 let spaces = engine.servedSpaces()
-                let (key, reply, cipher) = try server.accept(auth, spaces: spaces.map(\.key))
-                guard let db = spaces.first(where: { $0.key.id == key.id })?.db else { throw .badFrame }
-                context.writeAndFlush(wrapOutboundOut(Self.frame(reply)), promise: nil)
-                establish(db: db, key: key, cipher: cipher, context: context)
+                let accepted = try server.accept(auth, spaces: spaces.map(\.key))
+                guard let db = spaces.first(where: { $0.key.id == accepted.space.id })?.db else { throw .badFrame }
+                context.writeAndFlush(wrapOutboundOut(Self.frame(accepted.reply)), promise: nil)
+                establish(db: db, key: accepted.space, device: accepted.device, cipher: accepted.session, context: context)
             }
         }
     }
@@ -157,7 +158,9 @@ final class HandshakeHandler: ChannelInboundHandler, RemovableChannelHandler {
     }
 
     /// Installs the session handlers after this one, announces the link, and leaves the pipeline.
-    private func establish(db: BlazeDatabase, key: SpaceKey, cipher: SessionCipher, context: ChannelHandlerContext) {
+    private func establish(
+        db: BlazeDatabase, key: SpaceKey, device: DevicePublicKeys, cipher: SessionCipher, context: ChannelHandlerContext
+    ) {
         state = .done
         deadline?.cancel()
         report.db = db.name
@@ -168,7 +171,7 @@ final class HandshakeHandler: ChannelInboundHandler, RemovableChannelHandler {
             context.close(promise: nil)
             return
         }
-        context.fireUserInboundEventTriggered(SyncLinkEstablished(db: db, key: key))
+        context.fireUserInboundEventTriggered(SyncLinkEstablished(db: db, key: key, device: device))
         onEstablished?()
         context.pipeline.syncOperations.removeHandler(context: context, promise: nil)
     }

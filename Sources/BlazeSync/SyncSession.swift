@@ -63,7 +63,8 @@ final class SyncSession: ChannelInboundHandler {
 
     private func establish(_ established: SyncLinkEstablished, context: ChannelHandlerContext) {
         link = established
-        report.update { $0.connections += 1; $0.lastError = nil }
+        let device = established.device.nodeIDHex
+        report.update { $0.connect(device: device); $0.lastError = nil }
         // Wake the sender whenever a change commits (local writes and entries received from other peers alike).
         let db = established.db
         let bound = NIOLoopBound((self, context), eventLoop: context.eventLoop)
@@ -191,9 +192,7 @@ final class SyncSession: ChannelInboundHandler {
         closed = true
         if let feedToken, let link { link.db.feed.detach(feedToken) }
         feedToken = nil
-        if link != nil {
-            report.update { $0.connections = max(0, $0.connections - 1) }
-        }
+        if let device = link?.device.nodeIDHex { report.update { $0.disconnect(device: device) } }
         link = nil
         context.fireChannelInactive()
     }

@@ -18,6 +18,10 @@ public struct PeerStatus: Sendable, Equatable {
     public var direction: PeerDirection
     /// Connections currently established (inbound peers may hold several).
     public var connections = 0
+    /// Established connections per remote device (node id hex), as each proved in its handshake.
+    var connectionsByDevice: [String: Int] = [:]
+    /// The remote device of the latest established connection (node id hex), nil before the first.
+    public var lastDevice: String?
     /// Unix milliseconds of the last entries or state exchanged, nil before the first.
     public var lastSyncMs: Int64?
     /// Entries sent and stored, since the daemon started.
@@ -41,6 +45,22 @@ public struct PeerStatus: Sendable, Equatable {
 
     /// True while at least one connection is established.
     public var connected: Bool { connections > 0 }
+
+    /// The remote devices (node ids, hex) of the established connections, sorted.
+    public var devices: [String] { connectionsByDevice.keys.sorted() }
+
+    /// Counts a connection established with `device`.
+    mutating func connect(device: String) {
+        connections += 1
+        connectionsByDevice[device, default: 0] += 1
+        lastDevice = device
+    }
+
+    /// Counts the end of a connection with `device`.
+    mutating func disconnect(device: String) {
+        connections = max(0, connections - 1)
+        if let n = connectionsByDevice[device] { connectionsByDevice[device] = n > 1 ? n - 1 : nil }
+    }
 }
 
 /// The sync counters of every database and peer, shared by sessions and read by `sync.status`.

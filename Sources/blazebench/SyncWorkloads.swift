@@ -180,11 +180,11 @@ func cryptoReplaySeconds(_ db: BlazeDatabase, origin: NodeID, key: SpaceKey) thr
         batches.append(batch)
         after = batch.head.seq
     }
-    let server = Handshake.Server()
-    var client = Handshake.Client(key: key)
-    let (_, reply, serverCipher) = try server.accept(try client.respond(to: server.hello), spaces: [key])
-    var sender = serverCipher
-    var receiver = try client.finish(reply)
+    let server = Handshake.Server(identity: DeviceIdentity())
+    var client = Handshake.Client(key: key, identity: DeviceIdentity())
+    let accepted = try server.accept(try client.respond(to: server.hello), spaces: [key])
+    var sender = accepted.session
+    var receiver = try client.finish(accepted.reply).session
     let messages = try batches.map { batch -> [UInt8] in
         var m: [UInt8] = []
         try EntryRun.pack(batch.entries, into: &m)

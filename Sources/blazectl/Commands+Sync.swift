@@ -39,7 +39,8 @@ struct Peer: ParsableCommand {
         @Argument var db: String
         func run() throws {
             global.run(RPC.PeerList(db: db)) { r in
-                printTable(["ADDRESS", "CONNECTED"], r.peers.map { [$0.address, $0.connected ? "yes" : "no"] })
+                printTable(
+                    ["ADDRESS", "CONNECTED", "DEVICE"], r.peers.map { [$0.address, $0.connected ? "yes" : "no", $0.device ?? "-"] })
             }
         }
     }
@@ -59,16 +60,17 @@ struct Sync: ParsableCommand {
                 print("listening on \(r.listen ?? "(not listening)")")
                 var rows: [[String]] = []
                 for d in r.databases {
-                    if d.peers.isEmpty { rows.append([d.db, "-", d.paused ? "paused" : "-", "", "", "", ""]) }
+                    if d.peers.isEmpty { rows.append([d.db, "-", d.paused ? "paused" : "-", "", "", "", "", ""]) }
                     for p in d.peers {
                         let rejected = p.rejected.sorted { $0.key < $1.key }.map { "\($0.key)=\($0.value)" }
                         rows.append([
                             d.db, p.peer, d.paused ? "paused" : p.connected ? "connected" : "disconnected",
+                            p.devices.isEmpty ? "-" : p.devices.map { String($0.prefix(12)) }.joined(separator: ","),
                             "\(p.sentEntries)", "\(p.receivedEntries)", "\(p.errors)", rejected.joined(separator: " "),
                         ])
                     }
                 }
-                printTable(["DB", "PEER", "STATE", "SENT", "RECEIVED", "ERRORS", "REJECTED"], rows)
+                printTable(["DB", "PEER", "STATE", "DEVICES", "SENT", "RECEIVED", "ERRORS", "REJECTED"], rows)
                 let refused = [("strangers refused", r.strangersRefused), ("over connection limits", r.refusedOverLimit)]
                     .filter { $0.1 > 0 }.map { "\($0.0): \($0.1)" }
                 if !refused.isEmpty { print("inbound: " + refused.joined(separator: ", ")) }

@@ -47,11 +47,11 @@ final class HostileMember {
     func connect(port: Int, timeoutSeconds: Int = 10) throws {
         close()
         fd = try Self.openSocket(port: port, timeoutSeconds: timeoutSeconds)
-        var client = Handshake.Client(key: key)
+        var client = Handshake.Client(key: key, identity: identity)
         let hello = try readHandshakeFrame(size: Handshake.helloSize)
         try writeAll(Self.lengthPrefixed(try client.respond(to: hello)))
         let reply = try readHandshakeFrame(size: Handshake.replySize)
-        cipher = try client.finish(reply)
+        cipher = try client.finish(reply).session
     }
 
     /// A TCP connection to `127.0.0.1:port` with send and receive timeouts; nothing is sent.

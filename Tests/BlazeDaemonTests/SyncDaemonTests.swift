@@ -70,8 +70,14 @@ func replicaState(_ c: BlazeConnection, _ db: String) throws -> (hash: String, d
         let peers = try #require(status["databases"]?.arrayValue?.first?["peers"]?.arrayValue)
         #expect(peers.count == 2 && peers.allSatisfy { $0["rejected"] == [:] })
         #expect(peers.contains { $0["direction"] == "outbound" && $0["connected"] == true })
+        // Each connection names the device at its other end, as proven in the handshake.
+        let nodeA = try #require(try ca.call("db.info", ["db": "team"])["nodeId"])
+        let nodeC = try #require(try cc.call("db.info", ["db": .string(cName)])["nodeId"])
+        let outbound = peers.first { $0["direction"] == "outbound" }, inbound = peers.first { $0["direction"] == "inbound" }
+        #expect(outbound?["devices"] == [nodeA] && outbound?["lastDevice"] == nodeA)
+        #expect(inbound?["devices"] == [nodeC] && inbound?["lastDevice"] == nodeC)
         let list = try cb.call("peer.list", ["db": "team"])
-        #expect(list["peers"] == [["address": .string(try a.syncAddress()), "connected": true]])
+        #expect(list["peers"] == [["address": .string(try a.syncAddress()), "connected": true, "device": nodeA]])
         for d in [a, b, c] { d.stop() }
     }
 
@@ -359,11 +365,16 @@ func replicaState(_ c: BlazeConnection, _ db: String) throws -> (hash: String, d
         #expect(add.out == "added peer \(address) to notes\n")
         #expect(eventually { (try? b.connect().call("doc.get", ["db": "notes", "collection": "n", "id": "hello"])) != nil })
         let list = try run(ctl, ["peer", "list", "notes", "--socket", b.socket])
-        #expect(list.out.split(separator: "\n").map { $0.split(separator: " ").map(String.init) } == [["ADDRESS", "CONNECTED"], [address, "yes"]])
+        let nodeA = try #require(try ca.call("db.info", ["db": "notes"])["nodeId"]?.stringValue)
+        #expect(
+            list.out.split(separator: "\n").map { $0.split(separator: " ").map(String.init) }
+                == [["ADDRESS", "CONNECTED", "DEVICE"], [address, "yes", nodeA]])
         let status = try run(ctl, ["sync", "status", "notes", "--socket", b.socket])
         let lines = status.out.split(separator: "\n")
         #expect(lines.first?.hasPrefix("listening on 127.0.0.1:") == true)
-        #expect(lines.count == 3 && lines[2].split(separator: " ").prefix(3) == ["notes", Substring(address), "connected"])
+        #expect(
+            lines.count == 3
+                && lines[2].split(separator: " ").prefix(4) == ["notes", Substring(address), "connected", Substring(nodeA.prefix(12))])
         #expect(try run(ctl, ["sync", "pause", "notes", "--socket", b.socket]).out == "paused sync of notes\n")
         #expect(try run(ctl, ["sync", "resume", "notes", "--socket", b.socket]).out == "resumed sync of notes\n")
         #expect(try run(ctl, ["sync", "now", "notes", "--socket", b.socket]).out == "syncing notes\n")

@@ -21,6 +21,8 @@ final class Recorder<Message>: ChannelInboundHandler {
 
     /// The established events seen, as database names.
     var established: [String] { events.compactMap { ($0 as? SyncLinkEstablished)?.db.name } }
+    /// The remote devices of the established events seen.
+    var devices: [DevicePublicKeys] { events.compactMap { ($0 as? SyncLinkEstablished)?.device } }
 }
 
 /// Two devices of one space: `a` serves "notes", `b` joined it as "mine".
@@ -102,6 +104,8 @@ func shuttle(_ x: EmbeddedChannel, _ y: EmbeddedChannel, chunk: Int = .max) thro
             let (server, client, serverSeen, clientSeen, _) = try handshakePair(s)
             try shuttle(server, client, chunk: chunk)
             #expect(serverSeen.established == ["notes"] && clientSeen.established == ["mine"])
+            // Each side learned which device is at the other end.
+            #expect(serverSeen.devices == [s.b.identity.publicKeys] && clientSeen.devices == [s.a.identity.publicKeys])
             for channel in [server, client] {
                 #expect(throws: (any Error).self) { try channel.pipeline.syncOperations.handler(type: HandshakeHandler.self) }
                 #expect((try? channel.pipeline.syncOperations.handler(type: PeerMessageDecoder.self)) != nil)
@@ -182,11 +186,10 @@ func shuttle(_ x: EmbeddedChannel, _ y: EmbeddedChannel, chunk: Int = .max) thro
 
     func cipherPair() throws -> (SessionCipher, SessionCipher) {
         let key = SpaceKey.generate()
-        let server = Handshake.Server()
-        var client = Handshake.Client(key: key)
-        let auth = try client.respond(to: server.hello)
-        let (_, reply, serverSide) = try server.accept(auth, spaces: [key])
-        return (try client.finish(reply), serverSide)
+        let server = Handshake.Server(identity: DeviceIdentity())
+        var client = Handshake.Client(key: key, identity: DeviceIdentity())
+        let accepted = try server.accept(try client.respond(to: server.hello), spaces: [key])
+        return (try client.finish(accepted.reply).session, accepted.session)
     }
 
     @Test func sealedFramesOpenAcrossAnySplitAndCountTheirBytes() throws {
@@ -246,7 +249,7 @@ func shuttle(_ x: EmbeddedChannel, _ y: EmbeddedChannel, chunk: Int = .max) thro
             let established = try active([GateTicket(gate: gate, address: "10.0.0.1")])
             let abandoned = try active([GateTicket(gate: gate, address: "10.0.0.1")])
             #expect(gate.current == (2, 2))
-            established.pipeline.fireUserInboundEventTriggered(SyncLinkEstablished(db: s.dbA, key: s.key))
+            established.pipeline.fireUserInboundEventTriggered(SyncLinkEstablished(db: s.dbA, key: s.key, device: s.b.identity.publicKeys))
             #expect(gate.current == (2, 1))
             _ = try abandoned.finish(acceptAlreadyClosed: false)
             #expect(gate.current == (1, 0))
@@ -268,7 +271,7 @@ func shuttle(_ x: EmbeddedChannel, _ y: EmbeddedChannel, chunk: Int = .max) thro
             ])
         }
         try await channel.connect(to: SocketAddress(ipAddress: "127.0.0.1", port: 1))
-        channel.pipeline.fireUserInboundEventTriggered(SyncLinkEstablished(db: db, key: key))
+        channel.pipeline.fireUserInboundEventTriggered(SyncLinkEstablished(db: db, key: key, device: DeviceIdentity().publicKeys))
         return channel
     }
 

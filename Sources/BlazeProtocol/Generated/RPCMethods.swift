@@ -2710,11 +2710,14 @@ public enum RPC {
                 public var address: String
                 /// `connected`.
                 public var connected: Bool
+                /// Node id of the device that last answered at this address (proven in the handshake); null until one has.
+                public var device: String?
 
                 /// A value from its members.
-                public init(address: String, connected: Bool) {
+                public init(address: String, connected: Bool, device: String?) {
                     self.address = address
                     self.connected = connected
+                    self.device = device
                 }
 
                 /// Reads the value from JSON.
@@ -2722,6 +2725,7 @@ public enum RPC {
                     let o = try RPCDecode.object(json)
                     self.address = try RPCDecode.member(o, "address", RPCDecode.string)
                     self.connected = try RPCDecode.member(o, "connected", RPCDecode.bool)
+                    self.device = try RPCDecode.member(o, "device", { v throws(RPCShapeError) -> String? in try RPCDecode.nullable(v, RPCDecode.string) })
                 }
 
                 /// The value's JSON form.
@@ -2731,9 +2735,10 @@ public enum RPC {
 
                 /// The members of the JSON form.
                 public var jsonObject: [String: JSONValue] {
-                    var o = [String: JSONValue](minimumCapacity: 2)
+                    var o = [String: JSONValue](minimumCapacity: 3)
                     o["address"] = .string(self.address)
                     o["connected"] = .bool(self.connected)
+                    o["device"] = (self.device.map { x0 -> JSONValue in .string(x0) } ?? .null)
                     return o
                 }
             }
@@ -3443,6 +3448,10 @@ public enum RPCSchema {
         public var connected: Bool
         /// `connections`.
         public var connections: Int
+        /// Node ids of the remote devices of the established connections, each proven by its device key in the handshake, sorted.
+        public var devices: [String]
+        /// Node id of the remote device of the latest established connection; null before the first.
+        public var lastDevice: String?
         /// Unix ms of the last state or entries exchanged.
         public var lastSyncMs: Int?
         /// `sentEntries`.
@@ -3465,11 +3474,13 @@ public enum RPCSchema {
         public var rejected: [String: Int]
 
         /// A value from its members.
-        public init(peer: String, direction: Direction, connected: Bool, connections: Int, lastSyncMs: Int?, sentEntries: Int, receivedEntries: Int, sentBytes: Int, receivedBytes: Int, peerBehind: Int, selfBehind: Int, errors: Int, lastError: String?, rejected: [String: Int]) {
+        public init(peer: String, direction: Direction, connected: Bool, connections: Int, devices: [String], lastDevice: String?, lastSyncMs: Int?, sentEntries: Int, receivedEntries: Int, sentBytes: Int, receivedBytes: Int, peerBehind: Int, selfBehind: Int, errors: Int, lastError: String?, rejected: [String: Int]) {
             self.peer = peer
             self.direction = direction
             self.connected = connected
             self.connections = connections
+            self.devices = devices
+            self.lastDevice = lastDevice
             self.lastSyncMs = lastSyncMs
             self.sentEntries = sentEntries
             self.receivedEntries = receivedEntries
@@ -3489,6 +3500,8 @@ public enum RPCSchema {
             self.direction = try RPCDecode.member(o, "direction", { v throws(RPCShapeError) -> Direction in try RPCDecode.enumeration(v) })
             self.connected = try RPCDecode.member(o, "connected", RPCDecode.bool)
             self.connections = try RPCDecode.member(o, "connections", RPCDecode.int)
+            self.devices = try RPCDecode.member(o, "devices", { v throws(RPCShapeError) -> [String] in try RPCDecode.array(v, RPCDecode.string) })
+            self.lastDevice = try RPCDecode.member(o, "lastDevice", { v throws(RPCShapeError) -> String? in try RPCDecode.nullable(v, RPCDecode.string) })
             self.lastSyncMs = try RPCDecode.member(o, "lastSyncMs", { v throws(RPCShapeError) -> Int? in try RPCDecode.nullable(v, RPCDecode.int) })
             self.sentEntries = try RPCDecode.member(o, "sentEntries", RPCDecode.int)
             self.receivedEntries = try RPCDecode.member(o, "receivedEntries", RPCDecode.int)
@@ -3508,11 +3521,13 @@ public enum RPCSchema {
 
         /// The members of the JSON form.
         public var jsonObject: [String: JSONValue] {
-            var o = [String: JSONValue](minimumCapacity: 14)
+            var o = [String: JSONValue](minimumCapacity: 16)
             o["peer"] = .string(self.peer)
             o["direction"] = .string(self.direction.rawValue)
             o["connected"] = .bool(self.connected)
             o["connections"] = .int(Int64(self.connections))
+            o["devices"] = .array(self.devices.map { x0 in .string(x0) })
+            o["lastDevice"] = (self.lastDevice.map { x0 -> JSONValue in .string(x0) } ?? .null)
             o["lastSyncMs"] = (self.lastSyncMs.map { x0 -> JSONValue in .int(Int64(x0)) } ?? .null)
             o["sentEntries"] = .int(Int64(self.sentEntries))
             o["receivedEntries"] = .int(Int64(self.receivedEntries))
