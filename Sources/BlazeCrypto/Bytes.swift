@@ -19,6 +19,12 @@ extension Array where Element == UInt8 {
     public mutating func appendBE(_ value: UInt32) {
         for shift in stride(from: 24, through: 0, by: -8) { append(UInt8(truncatingIfNeeded: value >> UInt32(shift))) }
     }
+
+    /// Appends `value` as 2 big-endian bytes.
+    public mutating func appendBE(_ value: UInt16) {
+        append(UInt8(value >> 8))
+        append(UInt8(truncatingIfNeeded: value))
+    }
 }
 
 /// Reads fixed-size fields from a byte slice in order; every read is bounds-checked.
@@ -50,6 +56,11 @@ public struct ByteReader {
     /// A big-endian UInt32, or nil when fewer than 4 bytes remain.
     public mutating func readUInt32() -> UInt32? {
         read(4).map { $0.reduce(0) { $0 << 8 | UInt32($1) } }
+    }
+
+    /// A big-endian UInt16, or nil when fewer than 2 bytes remain.
+    public mutating func readUInt16() -> UInt16? {
+        read(2).map { $0.reduce(0) { $0 << 8 | UInt16($1) } }
     }
 
     /// An unsigned LEB128 varint of at most 10 bytes in its shortest form, or nil when truncated or not canonical.

@@ -1,0 +1,217 @@
+import BlazeProtocol
+import Crypto
+
+/// A key of one epoch, named by the operation that created it (the log's `create` for epoch 1, else a `remove`).
+public struct EpochKeyID: Sendable, Hashable {
+    /// The epoch number entries carry in their header.
+    public let epoch: UInt32
+    /// Hash of the operation that created the key.
+    public let op: [UInt8]
+}
+
+/// A device of a space's membership as the log resolves it.
+public struct Member: Sendable, Equatable {
+    /// Its public keys.
+    public let keys: DevicePublicKeys
+    /// Its role.
+    public let role: MemberRole
+    /// Node id of the admin who added it; nil for the creator.
+    public let addedBy: [UInt8]?
+    /// When it was added (the adding admin's clock, Unix ms).
+    public let addedAtMs: UInt64
+    /// Its rank among admins when concurrent operations are ordered: the creator is 0, then in order of addition.
+    public let seniority: Int
+    /// Set once removed: whose removal, when, and the last sequence number of its entries members accept.
+    public var removal: (by: [UInt8], atMs: UInt64, cutoff: UInt64)?
+
+    /// True until removed.
+    public var isCurrent: Bool { removal == nil }
+
+    /// Compares every field (the removal tuple included).
+    public static func == (a: Member, b: Member) -> Bool {
+        a.keys == b.keys && a.role == b.role && a.addedBy == b.addedBy && a.addedAtMs == b.addedAtMs
+            && a.seniority == b.seniority && a.removal?.by == b.removal?.by && a.removal?.atMs == b.removal?.atMs
+            && a.removal?.cutoff == b.removal?.cutoff
+    }
+}
+
+/// The membership of a space resolved from its log: a pure function of the set of operations held, so every device
+/// holding the same operations computes the same members, roles, removals and epochs, whatever order they arrived
+/// in (SYNC.md §9).
+///
+/// Operations are applied in a topological order of their parent links; among operations ready at the same time
+/// (concurrent ones), the one whose author is the most senior admin goes first, then the lowest hash. An operation
+/// takes effect only if, at that point, its author is a current admin and it is valid there; otherwise it is void.
+/// So when two admins remove each other concurrently, the senior one's removal applies and the junior one's is void.
+public struct MembershipState: Sendable {
+    /// The space.
+    public let space: [UInt8]
+    /// Every device ever added (removed ones stay, with their removal), by node id hex.
+    public private(set) var members: [String: Member] = [:]
+    /// Hashes of the operations that took effect, in the order applied.
+    public private(set) var applied: [[UInt8]] = []
+    /// Hashes of every operation processed (applied or void), in order.
+    public private(set) var order: [[UInt8]] = []
+    /// Operations that were void, with the reason.
+    public private(set) var void: [[UInt8]: String] = [:]
+    /// Operations waiting for a parent not held yet.
+    public private(set) var waiting: Set<[UInt8]> = []
+    /// The operations no other held operation names as a parent: the parents of the next one made here.
+    public private(set) var heads: [[UInt8]] = []
+    /// Every epoch key created by an applied operation.
+    public private(set) var epochKeys: [EpochKeyID] = []
+    /// The latest epoch keys: those no later key was created with knowledge of. One in a quiet log; several after
+    /// concurrent rotations, whose combination is the current key (`currentEpoch`).
+    public private(set) var frontier: [EpochKeyID] = []
+    /// Envelopes of applied operations, with their key resolved (an envelope naming its own operation resolved to it).
+    public private(set) var envelopes: [(envelope: KeyEnvelope, key: EpochKeyID)] = []
+
+    /// The epoch new entries are sealed with: the single latest key's, or one past the latest when concurrent
+    /// rotations are combined.
+    public var currentEpoch: UInt32 {
+        frontier.count == 1 ? frontier[0].epoch : (frontier.map(\.epoch).max() ?? 0) + 1
+    }
+
+    /// The current members (not removed).
+    public var current: [Member] { members.values.filter(\.isCurrent).sorted { $0.seniority < $1.seniority } }
+
+    /// The member with node id `node`, removed or not.
+    public func member(_ node: [UInt8]) -> Member? { members[hexString(node)] }
+
+    /// True when entries of `origin` up to `seq` are accepted: a writing member, or a removed writing member's entries
+    /// up to its removal's cutoff.
+    public func acceptsEntry(origin: [UInt8], seq: UInt64) -> Bool {
+        guard let m = member(origin), m.role.writes else { return false }
+        return m.removal.map { seq <= $0.cutoff } ?? true
+    }
+
+    /// Resolves `ops` (any order, duplicates ignored) for `space`.
+    public init(space: [UInt8], ops: [MembershipOp]) {
+        self.space = space
+        var byHash: [[UInt8]: MembershipOp] = [:]
+        for op in ops where op.space == space { byHash[op.hash] = op }
+        var children: [[UInt8]: [[UInt8]]] = [:]
+        var missing: [[UInt8]: Int] = [:]
+        for (hash, op) in byHash {
+            missing[hash] = op.parents.count
+            for p in op.parents { children[p, default: []].append(hash) }
+        }
+        let named = Set(byHash.values.flatMap(\.parents))
+        heads = byHash.keys.filter { !named.contains($0) }.sorted { $0.lexicographicallyPrecedes($1) }
+        // Rotation knowledge per operation: the latest epoch keys in its past (after it, for a rotation itself).
+        var latestAfter: [[UInt8]: Set<EpochKeyID>] = [:]
+        var ancestors: [EpochKeyID: Set<EpochKeyID>] = [:]
+        var ready = byHash.values.filter { $0.parents.isEmpty }
+        var done = Set<[UInt8]>()
+        var seniorityCounter = 0
+
+        func maximal(_ keys: Set<EpochKeyID>) -> Set<EpochKeyID> {
+            keys.filter { k in !keys.contains { other in other != k && ancestors[other]?.contains(k) == true } }
+        }
+
+        while !ready.isEmpty {
+            let members = self.members
+            func rank(_ op: MembershipOp) -> Int { members[op.author.nodeIDHex]?.seniority ?? Int.max }
+            let index = ready.indices.min { a, b in
+                let (ra, rb) = (rank(ready[a]), rank(ready[b]))
+                return ra != rb ? ra < rb : ready[a].hash.lexicographicallyPrecedes(ready[b].hash)
+            }!
+            let op = ready.remove(at: index)
+            done.insert(op.hash)
+            order.append(op.hash)
+            let before = maximal(op.parents.reduce(into: Set<EpochKeyID>()) { $0.formUnion(latestAfter[$1] ?? []) })
+            var after = before
+            if let reason = apply(op, knownKeys: before, seniority: &seniorityCounter) {
+                void[op.hash] = reason
+            } else {
+                applied.append(op.hash)
+                if let created = createdKey(op) {
+                    ancestors[created] = before.reduce(into: before) { $0.formUnion(ancestors[$1] ?? []) }
+                    epochKeys.append(created)
+                    after = [created]
+                }
+                for e in op.envelopes {
+                    envelopes.append((e, EpochKeyID(epoch: e.epoch, op: e.keyOp == KeyEnvelope.thisOp ? op.hash : e.keyOp)))
+                }
+            }
+            latestAfter[op.hash] = after
+            for child in children[op.hash] ?? [] {
+                missing[child]! -= 1
+                if missing[child] == 0, let c = byHash[child] { ready.append(c) }
+            }
+        }
+        waiting = Set(byHash.keys).subtracting(done)
+        frontier = maximal(Set(epochKeys)).sorted { $0.op.lexicographicallyPrecedes($1.op) }
+    }
+
+    /// The key an applied operation created, if any.
+    private func createdKey(_ op: MembershipOp) -> EpochKeyID? {
+        switch op.action {
+        case .create: EpochKeyID(epoch: 1, op: op.hash)
+        case .remove(_, _, let epoch): EpochKeyID(epoch: epoch, op: op.hash)
+        case .add, .grant: nil
+        }
+    }
+
+    /// Applies `op` if it is valid here; returns why not otherwise.
+    private mutating func apply(_ op: MembershipOp, knownKeys: Set<EpochKeyID>, seniority: inout Int) -> String? {
+        let author = op.author.nodeIDHex
+        if case .create = op.action {
+            guard op.parents.isEmpty, members.isEmpty else { return "a second create" }
+            members[author] = Member(keys: op.author, role: .admin, addedBy: nil, addedAtMs: op.timeMs, seniority: seniority)
+            seniority += 1
+            return nil
+        }
+        guard let signer = members[author], signer.isCurrent, signer.keys == op.author else { return "author is not a member" }
+        guard signer.role == .admin else { return "author is not an admin" }
+        switch op.action {
+        case .create:
+            return "a second create"
+        case .add(let device, let role):
+            guard members[device.nodeIDHex] == nil else { return "device was already added" }
+            members[device.nodeIDHex] = Member(
+                keys: device, role: role, addedBy: signer.keys.nodeID, addedAtMs: op.timeMs, seniority: seniority)
+            seniority += 1
+        case .remove(let device, let cutoff, let epoch):
+            let target = hexString(device)
+            guard var removed = members[target], removed.isCurrent else { return "device is not a current member" }
+            guard members.values.contains(where: { $0.isCurrent && $0.role == .admin && $0.keys != removed.keys }) else {
+                return "it would leave no admin"
+            }
+            guard epoch == (knownKeys.map(\.epoch).max() ?? 0) + 1 else { return "epoch is not one past the author's latest" }
+            removed.removal = (signer.keys.nodeID, op.timeMs, cutoff)
+            members[target] = removed
+        case .grant:
+            break
+        }
+        return nil
+    }
+
+    /// The epoch keys `identity` can open from the envelopes addressed to it, plus `initial` (the space's secret at
+    /// epoch 1, which the creator and legacy members hold already).
+    public func keys(for identity: DeviceIdentity, initial: [UInt8]? = nil) -> [EpochKeyID: [UInt8]] {
+        var out: [EpochKeyID: [UInt8]] = [:]
+        if let initial, let genesis = epochKeys.first(where: { $0.epoch == 1 }) { out[genesis] = initial }
+        for (envelope, key) in envelopes where envelope.recipient == identity.nodeID && out[key] == nil {
+            if let secret = envelope.open(space: space, identity: identity) { out[key] = secret }
+        }
+        return out
+    }
+
+    /// The secret of the current epoch from `keys`, nil when one of its parts is missing. Concurrent latest keys are
+    /// combined (HKDF over their secrets in the order of their operations' hashes), so only a device that received
+    /// every one of them, a member of all their recipient sets, can seal or read the combined epoch.
+    public func currentSecret(_ keys: [EpochKeyID: [UInt8]]) -> [UInt8]? {
+        guard !frontier.isEmpty else { return nil }
+        var parts: [UInt8] = []
+        for k in frontier {
+            guard let secret = keys[k] else { return nil }
+            parts += secret
+        }
+        if frontier.count == 1 { return parts }
+        var info = Array("blazedb combined epoch v1".utf8)
+        info.appendBE(currentEpoch)
+        return HKDF<SHA256>.deriveKey(inputKeyMaterial: SymmetricKey(data: parts), salt: space, info: info, outputByteCount: 32)
+            .withUnsafeBytes { Array($0) }
+    }
+}
