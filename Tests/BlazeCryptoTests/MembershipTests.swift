@@ -173,23 +173,16 @@ func randomSecret() -> [UInt8] { SymmetricKey(size: .bits256).withUnsafeBytes { 
             var views: [[MembershipOp]] = Array(repeating: [], count: devices.count)
             views[0] = [create]
             var all = [create]
-            for step in 0..<40 {
-                let i = Int.random(in: 0..<devices.count, using: &rng)
-                if Bool.random(using: &rng) {
-                    let j = Int.random(in: 0..<devices.count, using: &rng)
-                    let union = Array(Set(views[i] + views[j]))
-                    views[i] = union
-                    views[j] = union
-                    continue
-                }
-                let view = MembershipState(space: space, ops: views[i])
-                guard let me = view.member(devices[i].nodeID), me.isCurrent, me.role == .admin else { continue }
-                let others = devices.indices.filter { $0 != i }
-                let target = others.randomElement(using: &rng)!
+            /// An operation by admin `i` made on `ops` (its view) about device `target`: add it if never added,
+            /// remove it if current (rotating), else a grant. Nil when `i` is not a current admin there.
+            func act(_ i: Int, on ops: [MembershipOp], about target: Int, step: Int) throws -> MembershipOp? {
+                let view = MembershipState(space: space, ops: ops)
+                guard let me = view.member(devices[i].nodeID), me.isCurrent, me.role == .admin else { return nil }
                 let action: MembershipOp.Action
                 var envelopes: [KeyEnvelope] = []
                 if view.member(devices[target].nodeID) == nil {
-                    action = .add(device: devices[target].publicKeys, role: MemberRole.allCases.randomElement(using: &rng)!)
+                    let role = i == 0 && target == 1 ? .admin : MemberRole.allCases.randomElement(using: &rng)!
+                    action = .add(device: devices[target].publicKeys, role: role)
                 } else if view.member(devices[target].nodeID)?.isCurrent == true {
                     let epoch = (view.frontier.map(\.epoch).max() ?? 0) + 1
                     action = .remove(device: devices[target].nodeID, cutoff: UInt64(step), epoch: epoch)
@@ -200,11 +193,43 @@ func randomSecret() -> [UInt8] { SymmetricKey(size: .bits256).withUnsafeBytes { 
                 } else {
                     action = .grant
                 }
-                let op = try MembershipOp(
+                return try MembershipOp(
                     space: space, author: devices[i], timeMs: UInt64(step), parents: view.heads, action: action,
                     envelopes: envelopes)
-                views[i].append(op)
-                all.append(op)
+            }
+            // A second admin from the start, so that concurrent admin operations can happen.
+            let second = try #require(try act(0, on: views[0], about: 1, step: 0))
+            views[0].append(second)
+            all.append(second)
+            for step in 1..<40 {
+                let i = Int.random(in: 0..<devices.count, using: &rng)
+                switch Int.random(in: 0..<4, using: &rng) {
+                case 0, 1:
+                    // Two devices exchange everything they hold.
+                    let j = Int.random(in: 0..<devices.count, using: &rng)
+                    let union = Array(Set(views[i] + views[j]))
+                    views[i] = union
+                    views[j] = union
+                case 2:
+                    // Two admins who both hold i's view act on the same device at once (a conflict to resolve).
+                    let view = MembershipState(space: space, ops: views[i])
+                    let admins = devices.indices.filter {
+                        view.member(devices[$0].nodeID)?.isCurrent == true && view.member(devices[$0].nodeID)?.role == .admin
+                    }
+                    guard admins.count >= 2 else { continue }
+                    let pair = Array(admins.shuffled(using: &rng).prefix(2))
+                    let target = devices.indices.filter { !pair.contains($0) }.randomElement(using: &rng)!
+                    for a in pair {
+                        guard let op = try act(a, on: views[i], about: target, step: step) else { continue }
+                        views[a] = Array(Set(views[a] + views[i])) + [op]
+                        all.append(op)
+                    }
+                default:
+                    let target = devices.indices.filter { $0 != i }.randomElement(using: &rng)!
+                    guard let op = try act(i, on: views[i], about: target, step: step) else { continue }
+                    views[i].append(op)
+                    all.append(op)
+                }
             }
             let reference = MembershipState(space: space, ops: all)
             voided += reference.void.count
