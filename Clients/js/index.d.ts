@@ -25,6 +25,8 @@ export type ShareToken = string;
 export type PeerAddress = string;
 export type PeerStatus = { "peer": string; "direction": "outbound" | "inbound"; "connected": boolean; "connections": number; "devices": Array<NodeId>; "lastDevice": string | null; "lastSyncMs": number | null; "sentEntries": number; "receivedEntries": number; "sentBytes": number; "receivedBytes": number; "peerBehind": number; "selfBehind": number; "errors": number; "lastError": string | null; "rejected": Record<string, number> };
 export type ForkEvidence = { "origin": NodeId; "seq": number; "heldHash": string; "otherHash": string; "detectedAtMs": number };
+export type MemberRole = "admin" | "writer" | "reader";
+export type Member = { "device": NodeId; "role": MemberRole; "addedBy": string | null; "addedAtMs": number; "removedBy": string | null; "removedAtMs": number | null; "thisDevice": boolean };
 
 /** Parameters of `rpc.discover`: Returns this OpenRPC document. */
 export type RpcDiscoverParams = Record<string, never>;
@@ -64,14 +66,26 @@ export type DbBackupResult = { "db": DatabaseName; "path": string; "bytes": numb
 export interface DbRestoreParams { "path": string; "db": DatabaseName }
 /** Result of `db.restore`. */
 export type DbRestoreResult = { "db": DatabaseName; "documents": number; "stateHash": string };
-/** Parameters of `db.share`: Shares a database: returns the secret token another device joins with. */
+/** Parameters of `db.share`: Shares a database: creates its space with a membership log that makes this device the first admin. */
 export interface DbShareParams { "db": DatabaseName }
 /** Result of `db.share`. */
-export type DbShareResult = { "db": DatabaseName; "space": SpaceId; "token": ShareToken };
-/** Parameters of `db.join`: Creates a local replica of a shared database from its secret token. */
+export type DbShareResult = { "db": DatabaseName; "space": SpaceId; "token": string | null };
+/** Parameters of `db.join`: Creates a local replica of a shared database from an invite (or a legacy secret token). */
 export interface DbJoinParams { "token": ShareToken; "db"?: DatabaseName }
 /** Result of `db.join`. */
 export type DbJoinResult = { "db": DatabaseName; "space": SpaceId };
+/** Parameters of `db.invite`: Issues a one-time invite into a shared database's space. */
+export interface DbInviteParams { "db": DatabaseName; "role": string; "expiresIn"?: number; "address"?: PeerAddress }
+/** Result of `db.invite`. */
+export type DbInviteResult = { "db": DatabaseName; "token": ShareToken; "role": MemberRole; "expiresAtMs": number };
+/** Parameters of `db.members`: Lists the devices of a shared database's space: roles, who added them and when, removals. */
+export interface DbMembersParams { "db": DatabaseName }
+/** Result of `db.members`. */
+export type DbMembersResult = { "db": DatabaseName; "epoch": number; "members": Array<Member> };
+/** Parameters of `db.revoke`: Removes a device from a shared database's space and rotates its key. */
+export interface DbRevokeParams { "db": DatabaseName; "device": NodeId }
+/** Result of `db.revoke`. */
+export type DbRevokeResult = { "db": DatabaseName; "device": NodeId; "epoch": number };
 
 /** Parameters of `collection.list`: Lists the collections of a database with document counts. */
 export interface CollectionListParams { "db": DatabaseName }
@@ -159,7 +173,7 @@ export type PeerListResult = { "db": DatabaseName; "peers": Array<{ "address": P
 /** Parameters of `sync.status`: Sync state per shared database and peer: connections, progress, errors, rejections. */
 export interface SyncStatusParams { "db"?: DatabaseName }
 /** Result of `sync.status`. */
-export type SyncStatusResult = { "listen": string | null; "strangersRefused": number; "refusedOverLimit": number; "databases": Array<{ "db": DatabaseName; "space": SpaceId | null; "paused": boolean; "peers": Array<PeerStatus>; "forks": Array<ForkEvidence> }> };
+export type SyncStatusResult = { "listen": string | null; "strangersRefused": number; "refusedOverLimit": number; "databases": Array<{ "db": DatabaseName; "space": SpaceId | null; "paused": boolean; "peers": Array<PeerStatus>; "forks": Array<ForkEvidence> }>; "invitesRefused": Record<string, number> };
 /** Parameters of `sync.now`: Connects to every peer of a database now, skipping backoff waits. */
 export interface SyncNowParams { "db": DatabaseName }
 /** Result of `sync.now`. */
@@ -202,7 +216,7 @@ export declare class BlazeClient {
   unsubscribe(params: UnsubscribeParams): Promise<UnsubscribeResult>;
   readonly rpc: { discover(params?: RpcDiscoverParams): Promise<RpcDiscoverResult> };
   readonly daemon: { info(params?: DaemonInfoParams): Promise<DaemonInfoResult>; config(params?: DaemonConfigParams): Promise<DaemonConfigResult> };
-  readonly db: { create(params: DbCreateParams): Promise<DbCreateResult>; list(params?: DbListParams): Promise<DbListResult>; info(params: DbInfoParams): Promise<DbInfoResult>; drop(params: DbDropParams): Promise<DbDropResult>; backup(params: DbBackupParams): Promise<DbBackupResult>; restore(params: DbRestoreParams): Promise<DbRestoreResult>; share(params: DbShareParams): Promise<DbShareResult>; join(params: DbJoinParams): Promise<DbJoinResult> };
+  readonly db: { create(params: DbCreateParams): Promise<DbCreateResult>; list(params?: DbListParams): Promise<DbListResult>; info(params: DbInfoParams): Promise<DbInfoResult>; drop(params: DbDropParams): Promise<DbDropResult>; backup(params: DbBackupParams): Promise<DbBackupResult>; restore(params: DbRestoreParams): Promise<DbRestoreResult>; share(params: DbShareParams): Promise<DbShareResult>; join(params: DbJoinParams): Promise<DbJoinResult>; invite(params: DbInviteParams): Promise<DbInviteResult>; members(params: DbMembersParams): Promise<DbMembersResult>; revoke(params: DbRevokeParams): Promise<DbRevokeResult> };
   readonly collection: { list(params: CollectionListParams): Promise<CollectionListResult> };
   readonly doc: { insert(params: DocInsertParams): Promise<DocInsertResult>; get(params: DocGetParams): Promise<DocGetResult>; getMany(params: DocGetManyParams): Promise<DocGetManyResult>; put(params: DocPutParams): Promise<DocPutResult>; patch(params: DocPatchParams): Promise<DocPatchResult>; delete(params: DocDeleteParams): Promise<DocDeleteResult> };
   readonly tx: { commit(params: TxCommitParams): Promise<TxCommitResult> };

@@ -8,7 +8,9 @@ public enum SyncRejection: String, Error, Sendable, CaseIterable {
     /// batch is refused and the origin skipped for the rest of the session, while other origins keep syncing.
     public var blamesOrigin: Bool {
         switch self {
-        case .fork, .quarantined, .unknownEpoch, .badSeal, .badPayload, .invalidChange, .clockAhead: return true
+        case .fork, .quarantined, .unknownEpoch, .badSeal, .badPayload, .invalidChange, .clockAhead, .notMember, .reader,
+            .revoked:
+            return true
         default: return false
         }
     }
@@ -39,6 +41,13 @@ public enum SyncRejection: String, Error, Sendable, CaseIterable {
     case quarantined
     /// A signed change's clock is further ahead of local time than the allowed window; refused until time catches up.
     case clockAhead = "clock_ahead"
+    /// The entry's origin is not in the space's membership log (a relay, a stranger, a joiner not yet admitted).
+    case notMember = "not_a_member"
+    /// The entry's origin is a reader: members refuse its writes.
+    case reader
+    /// The entry's origin was removed and the entry lies past its removal's cutoff; on a handshake, the device at
+    /// the other end was removed.
+    case revoked
 }
 
 /// The plaintext header of an entry, authenticated as the AEAD's associated data (DESIGN §8).
@@ -116,8 +125,8 @@ public struct SealedEntry: Sendable, Equatable {
         let header = EntryHeader(
             space: key.id, origin: origin, seq: seq, prev: prev, epoch: key.epoch, nonce: Array(nonce))
         let headerBytes = header.bytes
-        // Sealing with a valid key and nonce cannot fail.
-        let box = try! ChaChaPoly.seal(payload, using: key.entryKey(epoch: key.epoch)!, nonce: nonce, authenticating: headerBytes)
+        // Callers check `key.canSeal`; sealing with a valid key and nonce cannot fail.
+        let box = try! ChaChaPoly.seal(payload, using: key.sealing!, nonce: nonce, authenticating: headerBytes)
         let bytes = headerBytes + box.ciphertext + box.tag
         return SealedEntry(bytes: bytes, header: header, hash: Array(SHA256.hash(data: bytes)))
     }
@@ -150,16 +159,19 @@ public struct SealedEntry: Sendable, Equatable {
     /// Authenticates and decrypts the payload with the space key.
     public func open(with key: SpaceKey) throws(SyncRejection) -> [UInt8] {
         guard header.space == key.id else { throw .wrongSpace }
-        guard let entryKey = key.entryKey(epoch: header.epoch) else { throw .unknownEpoch }
+        let keys = key.entryKeys(epoch: header.epoch)
+        guard !keys.isEmpty else { throw .unknownEpoch }
         let n = EntryHeader.size
-        do {
-            let box = try ChaChaPoly.SealedBox(
+        guard
+            let box = try? ChaChaPoly.SealedBox(
                 nonce: ChaChaPoly.Nonce(data: header.nonce), ciphertext: bytes[n..<(bytes.count - 16)],
                 tag: bytes[(bytes.count - 16)...])
-            return Array(try ChaChaPoly.open(box, using: entryKey, authenticating: bytes[..<n]))
-        } catch {
-            throw .badSeal
+        else { throw .badSeal }
+        // Concurrent rotations can give two keys one epoch number: the one that authenticates is the entry's.
+        for entryKey in keys {
+            if let plain = try? ChaChaPoly.open(box, using: entryKey, authenticating: bytes[..<n]) { return Array(plain) }
         }
+        throw .badSeal
     }
 }
 

@@ -65,11 +65,17 @@ public struct MembershipState: Sendable {
     public private(set) var frontier: [EpochKeyID] = []
     /// Envelopes of applied operations, with their key resolved (an envelope naming its own operation resolved to it).
     public private(set) var envelopes: [(envelope: KeyEnvelope, key: EpochKeyID)] = []
+    /// Every set of concurrent latest keys that was ever combined into one epoch (at a rotation made while they were
+    /// concurrent, and the current frontier): entries sealed under those combined epochs stay readable.
+    public private(set) var combinations: [[EpochKeyID]] = []
 
     /// The epoch new entries are sealed with: the single latest key's, or one past the latest when concurrent
     /// rotations are combined.
-    public var currentEpoch: UInt32 {
-        frontier.count == 1 ? frontier[0].epoch : (frontier.map(\.epoch).max() ?? 0) + 1
+    public var currentEpoch: UInt32 { Self.epoch(of: frontier) }
+
+    /// The epoch a set of latest keys seals under: the key's own, or one past the highest when they are combined.
+    static func epoch(of keys: [EpochKeyID]) -> UInt32 {
+        keys.count == 1 ? keys[0].epoch : (keys.map(\.epoch).max() ?? 0) + 1
     }
 
     /// The current members (not removed).
@@ -126,6 +132,7 @@ public struct MembershipState: Sendable {
             } else {
                 applied.append(op.hash)
                 if let created = createdKey(op) {
+                    if before.count > 1 { combinations.append(before.sorted { $0.op.lexicographicallyPrecedes($1.op) }) }
                     ancestors[created] = before.reduce(into: before) { $0.formUnion(ancestors[$1] ?? []) }
                     epochKeys.append(created)
                     after = [created]
@@ -142,6 +149,9 @@ public struct MembershipState: Sendable {
         }
         waiting = Set(byHash.keys).subtracting(done)
         frontier = maximal(Set(epochKeys)).sorted { $0.op.lexicographicallyPrecedes($1.op) }
+        if frontier.count > 1 { combinations.append(frontier) }
+        var seen = Set<[EpochKeyID]>()
+        combinations = combinations.filter { seen.insert($0).inserted }
     }
 
     /// The key an applied operation created, if any.
@@ -156,8 +166,9 @@ public struct MembershipState: Sendable {
     /// Applies `op` if it is valid here; returns why not otherwise.
     private mutating func apply(_ op: MembershipOp, knownKeys: Set<EpochKeyID>, seniority: inout Int) -> String? {
         let author = op.author.nodeIDHex
-        if case .create = op.action {
+        if case .create(let salt) = op.action {
             guard op.parents.isEmpty, members.isEmpty else { return "a second create" }
+            guard MembershipOp.spaceID(creator: op.author, salt: salt) == space else { return "a create of another space" }
             members[author] = Member(keys: op.author, role: .admin, addedBy: nil, addedAtMs: op.timeMs, seniority: seniority)
             seniority += 1
             return nil
@@ -178,7 +189,8 @@ public struct MembershipState: Sendable {
             guard members.values.contains(where: { $0.isCurrent && $0.role == .admin && $0.keys != removed.keys }) else {
                 return "it would leave no admin"
             }
-            guard epoch == (knownKeys.map(\.epoch).max() ?? 0) + 1 else { return "epoch is not one past the author's latest" }
+            let known = Array(knownKeys)
+            guard epoch == Self.epoch(of: known) + 1 else { return "epoch is not one past the author's latest" }
             removed.removal = (signer.keys.nodeID, op.timeMs, cutoff)
             members[target] = removed
         case .grant:
@@ -202,16 +214,30 @@ public struct MembershipState: Sendable {
     /// combined (HKDF over their secrets in the order of their operations' hashes), so only a device that received
     /// every one of them, a member of all their recipient sets, can seal or read the combined epoch.
     public func currentSecret(_ keys: [EpochKeyID: [UInt8]]) -> [UInt8]? {
-        guard !frontier.isEmpty else { return nil }
+        combined(frontier, keys)
+    }
+
+    /// The secret of the epoch that `latest` keys seal under, nil when one of its parts is missing from `keys`.
+    func combined(_ latest: [EpochKeyID], _ keys: [EpochKeyID: [UInt8]]) -> [UInt8]? {
+        guard !latest.isEmpty else { return nil }
         var parts: [UInt8] = []
-        for k in frontier {
+        for k in latest {
             guard let secret = keys[k] else { return nil }
             parts += secret
         }
-        if frontier.count == 1 { return parts }
+        if latest.count == 1 { return parts }
         var info = Array("blazedb combined epoch v1".utf8)
-        info.appendBE(currentEpoch)
+        info.appendBE(Self.epoch(of: latest))
         return HKDF<SHA256>.deriveKey(inputKeyMaterial: SymmetricKey(data: parts), salt: space, info: info, outputByteCount: 32)
             .withUnsafeBytes { Array($0) }
+    }
+
+    /// Every (epoch, secret) that opens entries, from `keys`: each key, and each combination whose parts are all held.
+    public func ring(_ keys: [EpochKeyID: [UInt8]]) -> [(epoch: UInt32, secret: [UInt8])] {
+        var out = keys.sorted { $0.key.op.lexicographicallyPrecedes($1.key.op) }.map { ($0.key.epoch, $0.value) }
+        for set in combinations {
+            if let secret = combined(set, keys) { out.append((Self.epoch(of: set), secret)) }
+        }
+        return out
     }
 }

@@ -113,8 +113,10 @@ public struct KeyEnvelope: Sendable, Hashable {
 public struct MembershipOp: Sendable, Hashable {
     /// What an operation does.
     public enum Action: Sendable, Hashable {
-        /// Creates the space's log; the author becomes its first admin and epoch 1 is the space's key.
-        case create
+        /// Creates the space's log; the author becomes its first admin and epoch 1 is the space's key. The space id is
+        /// derived from the author's signing key and `salt` (`spaceID(creator:salt:)`), so no one else can write a
+        /// create that resolves for that space.
+        case create(salt: [UInt8])
         /// Adds `device` with `role`.
         case add(device: DevicePublicKeys, role: MemberRole)
         /// Removes the device with node id `device`, accepting its entries up to `cutoff`, and starts `epoch`.
@@ -160,8 +162,10 @@ public struct MembershipOp: Sendable, Hashable {
         out.append(UInt8(sorted.count))
         for p in sorted { out += p }
         switch action {
-        case .create:
+        case .create(let salt):
+            guard salt.count == 16 else { throw MembershipError("malformed membership operation") }
             out.append(1)
+            out += salt
         case .add(let device, let role):
             out.append(2)
             out += device.signing + device.agreement + [role.rawValue]
@@ -185,6 +189,12 @@ public struct MembershipOp: Sendable, Hashable {
 
     static func signed(_ body: [UInt8]) -> [UInt8] { Array("blazedb membership v1".utf8) + body }
 
+    /// The id of the space whose log `creator` creates with `salt`: SHA-256 of a label, the creator's signing key and
+    /// the salt, first 16 bytes.
+    public static func spaceID(creator: DevicePublicKeys, salt: [UInt8]) -> [UInt8] {
+        Array(SHA256.hash(data: Array("blazedb space v1".utf8) + creator.signing + salt).prefix(16))
+    }
+
     /// Decodes and checks an operation received from anywhere: structure, bounds and the author's signature.
     public init(bytes: [UInt8]) throws(MembershipError) {
         let bad = MembershipError("malformed membership operation")
@@ -201,7 +211,8 @@ public struct MembershipOp: Sendable, Hashable {
         let action: Action
         switch r.readUInt8() {
         case 1:
-            action = .create
+            guard let salt = r.read(16) else { throw bad }
+            action = .create(salt: Array(salt))
         case 2:
             guard let s = r.read(32), let a = r.read(32), let device = DevicePublicKeys(signing: Array(s), agreement: Array(a)),
                 let role = r.readUInt8().flatMap(MemberRole.init(rawValue:))

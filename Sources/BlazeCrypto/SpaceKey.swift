@@ -6,39 +6,98 @@ import Foundation
 import Glibc
 #endif
 
-/// The shared secret of one synced database (a "space"): its id, the current key epoch and the key of each epoch.
+/// The keys of one synced database (a "space"): its id, the epoch new entries are sealed with, every epoch key this
+/// device holds, and the space's capability.
 ///
-/// Whoever holds it can read and write the database's entries; relays and folders only ever see the id. Sub-keys are
-/// derived with HKDF so that the entry key and the peer-authentication key are independent. Key rotation (new epochs
-/// sealed to members) comes with membership; the format already carries the epoch everywhere.
+/// Whoever holds an epoch's key can read entries of that epoch; the capability only lets a device prove in the
+/// handshake that it belongs to the space (members, and relays, which never read). Sub-keys are derived with HKDF
+/// from the epoch secrets, so the entry keys and the capability are independent: the capability is derived from the
+/// epoch-1 secret and cannot be turned back into it. A space created before membership (a legacy share token) has one
+/// epoch; a space with a membership log has a new epoch per revocation, and concurrent revocations can give two keys
+/// the same epoch number, so an epoch maps to every key this device holds for it.
 public struct SpaceKey: Sendable, Equatable {
     /// 16 random bytes naming the space (safe to show to relays).
     public let id: [UInt8]
-    /// The epoch new entries are sealed with.
+    /// The epoch new entries are sealed with; 0 when this device holds no key to seal with (a relay, or a joiner
+    /// not admitted yet).
     public let epoch: UInt32
-    /// The 32-byte secret of each known epoch.
+    /// The 32-byte secret of each epoch as a legacy token or the keystore carries it (one per epoch).
     public let secrets: [UInt32: [UInt8]]
-    /// The derived entry key of each epoch and the current auth key, computed once (HKDF costs more than an AEAD
-    /// opening of a small entry).
-    private let entryKeys: [UInt32: [UInt8]]
+    /// The derived entry keys of each epoch, computed once (HKDF costs more than an AEAD opening of a small entry).
+    private let entryKeys: [UInt32: [[UInt8]]]
+    /// The entry key new entries are sealed with.
+    private let sealingKey: [UInt8]?
     private let authKeyBytes: [UInt8]
 
-    /// Creates a space key from parts (a token or the keystore); the current epoch's secret must be present.
+    static func derive(_ label: String, id: [UInt8], epoch: UInt32, _ secret: [UInt8]) -> [UInt8] {
+        var info = Array(label.utf8)
+        info.appendBE(epoch)
+        return HKDF<SHA256>.deriveKey(inputKeyMaterial: SymmetricKey(data: secret), salt: id, info: info, outputByteCount: 32)
+            .withUnsafeBytes { Array($0) }
+    }
+
+    /// The capability of a space whose epoch-1 secret is `genesis`.
+    public static func capability(id: [UInt8], genesis: [UInt8]) -> [UInt8] {
+        derive("blazedb peer auth v1", id: id, epoch: 1, genesis)
+    }
+
+    /// Creates a space key from parts (a legacy token or the keystore); the current epoch's secret must be present.
+    /// The capability comes from the epoch-1 secret when held, else from the current one (as legacy versions did).
     public init(id: [UInt8], epoch: UInt32, secrets: [UInt32: [UInt8]]) throws(KeystoreError) {
         guard id.count == 16, let current = secrets[epoch], current.count == 32, secrets.values.allSatisfy({ $0.count == 32 })
         else { throw KeystoreError(description: "malformed space key") }
         self.id = id
         self.epoch = epoch
         self.secrets = secrets
-        func derive(_ label: String, _ epoch: UInt32, _ secret: [UInt8]) -> [UInt8] {
-            var info = Array(label.utf8)
-            info.appendBE(epoch)
-            return HKDF<SHA256>.deriveKey(inputKeyMaterial: SymmetricKey(data: secret), salt: id, info: info, outputByteCount: 32)
-                .withUnsafeBytes { Array($0) }
-        }
-        self.entryKeys = Dictionary(uniqueKeysWithValues: secrets.map { ($0.key, derive("blazedb entry key v1", $0.key, $0.value)) })
-        self.authKeyBytes = derive("blazedb peer auth v1", epoch, current)
+        self.entryKeys = Dictionary(
+            uniqueKeysWithValues: secrets.map { ($0.key, [Self.derive("blazedb entry key v1", id: id, epoch: $0.key, $0.value)]) })
+        self.sealingKey = entryKeys[epoch]![0]
+        self.authKeyBytes = Self.derive("blazedb peer auth v1", id: id, epoch: secrets[1] == nil ? epoch : 1, secrets[1] ?? current)
     }
+
+    /// A key of a space with a membership log: `capability` for the handshake, every epoch key held (`ring`, possibly
+    /// several per epoch), and the secret new entries are sealed with at `epoch` (nil: this device cannot seal).
+    public init(
+        id: [UInt8], capability: [UInt8], epoch: UInt32, current: [UInt8]?, ring: [(epoch: UInt32, secret: [UInt8])]
+    ) throws(KeystoreError) {
+        guard id.count == 16, capability.count == 32, current.map({ $0.count == 32 }) ?? true,
+            ring.allSatisfy({ $0.secret.count == 32 })
+        else { throw KeystoreError(description: "malformed space key") }
+        self.id = id
+        self.authKeyBytes = capability
+        var keys: [UInt32: [[UInt8]]] = [:]
+        var secrets: [UInt32: [UInt8]] = [:]
+        for (e, secret) in ring {
+            let k = Self.derive("blazedb entry key v1", id: id, epoch: e, secret)
+            if !(keys[e]?.contains(k) ?? false) { keys[e, default: []].append(k) }
+            if secrets[e] == nil { secrets[e] = secret }
+        }
+        if let current {
+            let k = Self.derive("blazedb entry key v1", id: id, epoch: epoch, current)
+            if !(keys[epoch]?.contains(k) ?? false) { keys[epoch, default: []].insert(k, at: 0) }
+            self.sealingKey = k
+            self.epoch = epoch
+        } else {
+            self.sealingKey = nil
+            self.epoch = 0
+        }
+        self.secrets = secrets
+        self.entryKeys = keys
+    }
+
+    /// A key that only proves membership of space `id` (a relay's, or a joiner's before it is admitted).
+    public init(id: [UInt8], capability: [UInt8]) throws(KeystoreError) {
+        try self.init(id: id, capability: capability, epoch: 0, current: nil, ring: [])
+    }
+
+    /// `count` random bytes from the system's generator.
+    public static func randomBytes(_ count: Int) -> [UInt8] {
+        var rng = SystemRandomNumberGenerator()
+        return (0..<count).map { _ in UInt8.random(in: .min ... .max, using: &rng) }
+    }
+
+    /// A fresh 32-byte epoch secret.
+    public static func randomSecret() -> [UInt8] { SymmetricKey(size: .bits256).withUnsafeBytes { Array($0) } }
 
     /// A fresh space: random id and secret, epoch 1.
     public static func generate() -> SpaceKey {
@@ -48,15 +107,30 @@ public struct SpaceKey: Sendable, Equatable {
         return try! SpaceKey(id: id, epoch: 1, secrets: [1: secret])
     }
 
+    /// Compares id, epochs, keys and capability.
+    public static func == (a: SpaceKey, b: SpaceKey) -> Bool {
+        a.id == b.id && a.epoch == b.epoch && a.entryKeys == b.entryKeys && a.authKeyBytes == b.authKeyBytes
+            && a.sealingKey == b.sealingKey
+    }
+
+    /// True when this device can seal new entries.
+    public var canSeal: Bool { sealingKey != nil }
+
+    /// The key new entries are sealed with, nil when this device holds none.
+    var sealing: SymmetricKey? { sealingKey.map { SymmetricKey(data: $0) } }
+
+    /// The 32-byte capability: what a device proves in the handshake, and all a relay holds.
+    public var capability: [UInt8] { authKeyBytes }
+
     /// The space id as 32 hex digits.
     public var idHex: String { hexString(id) }
 
-    /// The AEAD key for entries of `epoch`, nil for an unknown epoch.
-    public func entryKey(epoch: UInt32) -> SymmetricKey? {
-        entryKeys[epoch].map { SymmetricKey(data: $0) }
+    /// The AEAD keys held for entries of `epoch` (several after concurrent rotations), empty for an unknown epoch.
+    public func entryKeys(epoch: UInt32) -> [SymmetricKey] {
+        (entryKeys[epoch] ?? []).map { SymmetricKey(data: $0) }
     }
 
-    /// The key peers prove they hold during the handshake (current epoch).
+    /// The key peers prove they hold during the handshake (the capability).
     public var authKey: SymmetricKey { SymmetricKey(data: authKeyBytes) }
 
     // MARK: Share tokens
@@ -65,13 +139,13 @@ public struct SpaceKey: Sendable, Equatable {
     public static let tokenPrefix = "blazedb-secret-1."
 
     /// The share token: prefix, then base64url of id, epoch and the current secret. Anyone holding it joins the space.
-    public var token: String {
+    /// Nil for a key that cannot seal (it holds no current secret to hand out).
+    public var token: String? {
+        guard let secret = secrets[epoch] else { return nil }
         var bytes = id
         bytes.appendBE(epoch)
-        bytes += secrets[epoch]!
-        return Self.tokenPrefix
-            + Data(bytes).base64EncodedString().replacingOccurrences(of: "+", with: "-")
-            .replacingOccurrences(of: "/", with: "_").replacingOccurrences(of: "=", with: "")
+        bytes += secret
+        return Self.tokenPrefix + base64URL(bytes)
     }
 
     /// Parses a share token; throws with a message naming what is wrong.
@@ -79,13 +153,10 @@ public struct SpaceKey: Sendable, Equatable {
         guard token.hasPrefix(Self.tokenPrefix) else {
             throw KeystoreError(description: "not a BlazeDB share token (it must start with \(Self.tokenPrefix))")
         }
-        var b64 = String(token.dropFirst(Self.tokenPrefix.count)).replacingOccurrences(of: "-", with: "+")
-            .replacingOccurrences(of: "_", with: "/")
-        while b64.count % 4 != 0 { b64 += "=" }
-        guard let data = Data(base64Encoded: b64), data.count == 16 + 4 + 32 else {
+        guard let data = base64URLDecoded(token.dropFirst(Self.tokenPrefix.count)), data.count == 16 + 4 + 32 else {
             throw KeystoreError(description: "share token is damaged (wrong length or characters)")
         }
-        var r = ByteReader(Array(data)[...])
+        var r = ByteReader(data[...])
         let id = Array(r.read(16)!)
         let epoch = r.readUInt32()!
         try self.init(id: id, epoch: epoch, secrets: [epoch: Array(r.rest())])

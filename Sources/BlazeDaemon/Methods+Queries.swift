@@ -80,7 +80,7 @@ extension Methods {
     }
 
     static let conflictResolve = MethodHandler(RPC.ConflictResolve.self) { p, ctx in
-        let db = try ctx.database(p.db)
+        let db = try ctx.writableDatabase(p.db)
         let existing = try db.conflicts(collection: p.collection, id: p.id).first { $0.field == p.field }
         guard let conflict = existing else {
             throw RPCError(

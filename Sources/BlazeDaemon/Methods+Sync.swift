@@ -1,3 +1,4 @@
+import BlazeCrypto
 import BlazeProtocol
 import BlazeStore
 import BlazeSync
@@ -47,13 +48,55 @@ extension Methods {
 
     static let dbShare = MethodHandler(RPC.DbShare.self) { p, ctx in
         let db = try ctx.database(p.db)
-        let token = try ctx.sync.share(db: db)
-        return .init(db: db.name, space: try db.spaceID() ?? "", token: token)
+        let shared = try ctx.sync.share(db: db)
+        return .init(db: db.name, space: shared.space, token: shared.token)
     }
 
     static let dbJoin = MethodHandler(RPC.DbJoin.self) { p, ctx in
         let db = try ctx.sync.join(token: p.token, name: p.db)
         return .init(db: db.name, space: try db.spaceID() ?? "")
+    }
+
+    /// Longest an invite may stay valid (30 days).
+    static let maxInviteSeconds = 30 * 86_400
+
+    static let dbInvite = MethodHandler(RPC.DbInvite.self) { p, ctx in
+        let db = try ctx.database(p.db)
+        guard let role = MemberRole(name: p.role), let wireRole = RPC.DbInvite.Result.Role(rawValue: p.role) else {
+            throw RPCError.invalidParams(
+                "role must be admin, writer or reader, got \(JSONValue.string(p.role).jsonText)", kind: "invalid_role")
+        }
+        let seconds = p.expiresIn ?? 86_400
+        guard (1...maxInviteSeconds).contains(seconds) else {
+            throw RPCError.invalidParams(
+                "expiresIn must be from 1 to \(maxInviteSeconds) seconds, got \(seconds)", kind: "invalid_expiry")
+        }
+        let address = try p.address.map { try peerAddress($0).description }
+        let invite = try ctx.sync.invite(db: db, role: role, expiresInMs: Int64(seconds) * 1000, address: address)
+        return .init(db: db.name, token: invite.token, role: wireRole, expiresAtMs: Int(invite.expiresAtMs))
+    }
+
+    static let dbMembers = MethodHandler(RPC.DbMembers.self) { p, ctx in
+        let db = try ctx.database(p.db)
+        let members = try ctx.sync.members(db: db)
+        return .init(
+            db: db.name, epoch: Int(try ctx.sync.spaceKey(db: db)?.epoch ?? 0),
+            members: members.map {
+                .init(
+                    device: $0.device, role: RPCSchema.Member.Role(rawValue: $0.role) ?? .reader, addedBy: $0.addedBy,
+                    addedAtMs: Int($0.addedAtMs), removedBy: $0.removedBy, removedAtMs: $0.removedAtMs.map { Int($0) },
+                    thisDevice: $0.isSelf)
+            })
+    }
+
+    static let dbRevoke = MethodHandler(RPC.DbRevoke.self) { p, ctx in
+        let db = try ctx.database(p.db)
+        guard p.device.count == 32, hexBytes(p.device) != nil else {
+            throw RPCError.invalidParams(
+                "device must be a node id (32 hex digits), got \(JSONValue.string(p.device).jsonText)", kind: "invalid_device")
+        }
+        let epoch = try ctx.sync.revoke(db: db, device: p.device.lowercased())
+        return .init(db: db.name, device: p.device.lowercased(), epoch: Int(epoch))
     }
 
     static let peerAdd = MethodHandler(RPC.PeerAdd.self) { p, ctx in
@@ -84,7 +127,8 @@ extension Methods {
             ?? ctx.store.list().compactMap { try? ctx.store.database($0) }.filter { (try? $0.spaceID()) != nil }
         return .init(
             listen: ctx.sync.listeningAddress, strangersRefused: ctx.sync.strangersRefusedCount,
-            refusedOverLimit: ctx.sync.refusedOverLimitCount, databases: try dbs.map { try syncState($0, ctx) })
+            refusedOverLimit: ctx.sync.refusedOverLimitCount, databases: try dbs.map { try syncState($0, ctx) },
+            invitesRefused: ctx.sync.invitesRefusedCounts)
     }
 
     static let syncNow = MethodHandler(RPC.SyncNow.self, inline: true) { p, ctx in

@@ -37,6 +37,9 @@ enum Methods {
         case .unsubscribe: return unsubscribe
         case .dbShare: return dbShare
         case .dbJoin: return dbJoin
+        case .dbInvite: return dbInvite
+        case .dbMembers: return dbMembers
+        case .dbRevoke: return dbRevoke
         case .peerAdd: return peerAdd
         case .peerRemove: return peerRemove
         case .peerList: return peerList

@@ -20,4 +20,14 @@ struct RequestContext: Sendable {
     func database(_ name: String) throws -> BlazeDatabase {
         try store.database(name)
     }
+
+    /// The open database named `name` for a local write, or `read_only` when its space's members would refuse what
+    /// this device writes (a reader, a removed member, a device still joining).
+    func writableDatabase(_ name: String) throws -> BlazeDatabase {
+        let db = try store.database(name)
+        if let refusal = sync.writeRefusal(db: db.name) {
+            throw RPCError(code: RPCErrorCode.syncError, kind: "read_only", message: refusal)
+        }
+        return db
+    }
 }

@@ -170,6 +170,27 @@ enum Schema {
                     ) WITHOUT ROWID;
                     """)
         }
+        m.registerMigration("v8-membership") { db in
+            // The space's membership log as opaque signed operations (BlazeCrypto decodes and resolves them), and the
+            // invites this device issued: only a hash of each invite's secret is kept, and a used one stays, marked.
+            try db.execute(
+                sql: """
+                    CREATE TABLE sync_membership(
+                        hash BLOB PRIMARY KEY NOT NULL,
+                        bytes BLOB NOT NULL,
+                        received_at INTEGER NOT NULL
+                    ) WITHOUT ROWID;
+                    CREATE TABLE sync_invites(
+                        id BLOB PRIMARY KEY NOT NULL,
+                        secret_hash BLOB NOT NULL,
+                        role TEXT NOT NULL,
+                        created_at INTEGER NOT NULL,
+                        expires_at INTEGER NOT NULL,
+                        used_at INTEGER,
+                        used_by BLOB
+                    ) WITHOUT ROWID;
+                    """)
+        }
         return m
     }
 }

@@ -50,8 +50,11 @@ final class BatchReceiver: ChannelInboundHandler {
             return
         }
         guard let link, !stopped else { return }
-        let (db, key) = (link.db, link.key)
-        let verified = engine.pool.runIfActive(eventLoop: context.eventLoop) { try db.verify(batch: batch, key: key) }
+        // The space as it is now: membership operations received before this batch already count.
+        let (db, snapshot) = (link.db, link.space.snapshot)
+        let verified = engine.pool.runIfActive(eventLoop: context.eventLoop) {
+            try db.verify(batch: batch, key: snapshot.key, membership: snapshot.membership)
+        }
         inbox.append((batch, verified))
         inboxBytes += batch.byteCount
         if (inbox.count >= Self.maxInbox || inboxBytes >= Self.maxInboxBytes) && !readPaused {

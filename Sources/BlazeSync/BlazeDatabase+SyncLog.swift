@@ -46,6 +46,8 @@ extension BlazeDatabase {
     public func sealLocal(key: SpaceKey, identity: DeviceIdentity, batch: Int = 1000, headBytes: Int = 1 << 20) throws
         -> Int
     {
+        // A device holding no key to seal with (a reader, a removed member, a joiner) publishes nothing.
+        guard key.canSeal else { return 0 }
         let node = self.node
         return try sealPending(batch: batch) { lastSeq, lastHash, bodies in
             var seq = lastSeq
@@ -93,14 +95,22 @@ extension BlazeDatabase {
     /// Verifies a batch from a peer and, only if all of it verifies, stores its entries and head and applies its
     /// changes in one transaction. Throws `SyncRejection` (nothing stored) for anything that does not verify, including
     /// a fork: an entry that differs from the one held for the same origin and sequence.
-    public func receive(batch: EntryBatch, key: SpaceKey) throws -> BatchOutcome {
-        try store(try verify(batch: batch, key: key))
+    public func receive(batch: EntryBatch, key: SpaceKey, membership: MembershipState? = nil) throws -> BatchOutcome {
+        try store(try verify(batch: batch, key: key, membership: membership))
     }
 
     /// The first half of `receive`: checks a batch's signature, AEAD and links and decodes its changes, without touching
-    /// the database (so it can run while the previous batch is being stored).
-    public func verify(batch: EntryBatch, key: SpaceKey) throws(SyncRejection) -> VerifiedBatch {
+    /// the database (so it can run while the previous batch is being stored). In a space with a membership log, every
+    /// entry's origin must be a writing member, or a removed one within its removal's cutoff.
+    public func verify(batch: EntryBatch, key: SpaceKey, membership: MembershipState? = nil) throws(SyncRejection)
+        -> VerifiedBatch
+    {
         guard batch.head.origin == batch.origin.bytes, !batch.entries.isEmpty else { throw .malformed }
+        if let membership {
+            guard let member = membership.member(batch.origin.bytes) else { throw .notMember }
+            guard member.role.writes else { throw .reader }
+            if let cutoff = member.removal?.cutoff, batch.head.seq > cutoff { throw .revoked }
+        }
         let payloads = try EntryChain.verify(batch.entries, head: batch.head, previousHash: nil, key: key)
         var changes: [Change] = []
         changes.reserveCapacity(payloads.count)

@@ -28,21 +28,21 @@ final class HandshakeHandler: ChannelInboundHandler, RemovableChannelHandler {
     let engine: SyncEngine
     let report: LinkReport
     private var state: State
-    /// Outbound: the database the link serves and the key it proves.
-    private let space: (db: BlazeDatabase, key: SpaceKey)?
+    /// Outbound: the space the link serves.
+    private let space: SharedSpace?
     /// Fired once the handshake succeeds (outbound links reset their backoff).
     private let onEstablished: (() -> Void)?
     /// Bytes read but not yet consumed.
     private var pending = ByteBuffer()
     private var deadline: Scheduled<Void>?
 
-    /// The connecting side of a link serving `db`, proving it holds `key`.
-    init(engine: SyncEngine, report: LinkReport, db: BlazeDatabase, key: SpaceKey, onEstablished: (() -> Void)? = nil) {
+    /// The connecting side of a link serving `space`, proving its capability.
+    init(engine: SyncEngine, report: LinkReport, space: SharedSpace, onEstablished: (() -> Void)? = nil) {
         self.engine = engine
         self.report = report
-        self.space = (db, key)
+        self.space = space
         self.onEstablished = onEstablished
-        self.state = .awaitingHello(Handshake.Client(key: key, identity: engine.identity))
+        self.state = .awaitingHello(Handshake.Client(key: space.key, identity: engine.identity))
     }
 
     /// The accepting side: the client's proof decides which served database the connection is for.
@@ -121,14 +121,14 @@ final class HandshakeHandler: ChannelInboundHandler, RemovableChannelHandler {
             case .awaitingReply(let client):
                 guard let reply = try nextFrame(size: Handshake.replySize), let space else { return }
                 let (device, cipher) = try client.finish(reply)
-                establish(db: space.db, key: space.key, device: device, cipher: cipher, context: context)
+                try establish(space: space, device: device, cipher: cipher, context: context)
             case .awaitingAuth(let server):
                 guard let auth = try nextFrame(size: Handshake.authSize) else { return }
                 let spaces = engine.servedSpaces()
                 let accepted = try server.accept(auth, spaces: spaces.map(\.key))
-                guard let db = spaces.first(where: { $0.key.id == accepted.space.id })?.db else { throw .badFrame }
+                guard let space = spaces.first(where: { $0.id == accepted.space.id }) else { throw .badFrame }
                 context.writeAndFlush(wrapOutboundOut(Self.frame(accepted.reply)), promise: nil)
-                establish(db: db, key: accepted.space, device: accepted.device, cipher: accepted.session, context: context)
+                try establish(space: space, device: accepted.device, cipher: accepted.session, context: context)
             }
         }
     }
@@ -157,13 +157,14 @@ final class HandshakeHandler: ChannelInboundHandler, RemovableChannelHandler {
         context.close(promise: nil)
     }
 
-    /// Installs the session handlers after this one, announces the link, and leaves the pipeline.
+    /// Installs the session handlers after this one, announces the link, and leaves the pipeline. (A device the space
+    /// removed gets a session only to receive the proof of its removal: `SyncSession.startMembership`.)
     private func establish(
-        db: BlazeDatabase, key: SpaceKey, device: DevicePublicKeys, cipher: SessionCipher, context: ChannelHandlerContext
-    ) {
+        space: SharedSpace, device: DevicePublicKeys, cipher: SessionCipher, context: ChannelHandlerContext
+    ) throws(SyncRejection) {
         state = .done
         deadline?.cancel()
-        report.db = db.name
+        report.db = space.db.name
         do {
             try context.pipeline.syncOperations.addHandlers(
                 SyncPipeline.session(engine: engine, cipher: cipher, report: report), position: .after(self))
@@ -171,7 +172,7 @@ final class HandshakeHandler: ChannelInboundHandler, RemovableChannelHandler {
             context.close(promise: nil)
             return
         }
-        context.fireUserInboundEventTriggered(SyncLinkEstablished(db: db, key: key, device: device))
+        context.fireUserInboundEventTriggered(SyncLinkEstablished(space: space, device: device))
         onEstablished?()
         context.pipeline.syncOperations.removeHandler(context: context, promise: nil)
     }

@@ -13,11 +13,17 @@ enum PeerMessage {
     case error(String)
     /// Nothing: keeps a quiet connection's silence timer from expiring.
     case ping
+    /// Membership operations the receiver may lack (SYNC.md §9), each verified when decoded.
+    case members([MembershipOp])
+    /// A joining device redeems an invite: its id and secret.
+    case join(id: [UInt8], secret: [UInt8])
 
     static let stateType: UInt8 = 1
     static let entriesType: UInt8 = 2
     static let errorType: UInt8 = 3
     static let pingType: UInt8 = 4
+    static let membersType: UInt8 = 5
+    static let joinType: UInt8 = 6
     /// Bytes of a peer's `ERROR` reason kept.
     static let maxErrorBytes = 200
 
@@ -43,6 +49,16 @@ enum PeerMessage {
             return [Self.errorType] + Array(reason.utf8.prefix(Self.maxErrorBytes))
         case .ping:
             return [Self.pingType]
+        case .members(let ops):
+            var out: [UInt8] = [Self.membersType]
+            out.appendBE(UInt32(ops.count))
+            for op in ops {
+                out.appendBE(UInt32(op.bytes.count))
+                out += op.bytes
+            }
+            return out
+        case .join(let id, let secret):
+            return [Self.joinType] + id + secret
         }
     }
 
@@ -72,6 +88,21 @@ enum PeerMessage {
         case Self.pingType?:
             guard r.remaining == 0 else { throw .malformed }
             self = .ping
+        case Self.membersType?:
+            // Bounds before allocation: every operation takes at least its length prefix and its smallest encoding.
+            guard let n = r.readUInt32(), Int(n) <= r.remaining / 4 else { throw .malformed }
+            var ops: [MembershipOp] = []
+            for _ in 0..<n {
+                guard let length = r.readUInt32(), let bytes = r.read(Int(length)),
+                    let op = try? MembershipOp(bytes: Array(bytes))
+                else { throw .malformed }
+                ops.append(op)
+            }
+            guard r.remaining == 0 else { throw .malformed }
+            self = .members(ops)
+        case Self.joinType?:
+            guard let id = r.read(16), let secret = r.read(32), r.remaining == 0 else { throw .malformed }
+            self = .join(id: Array(id), secret: Array(secret))
         default:
             throw .malformed
         }

@@ -9,9 +9,9 @@ import Synchronization
 /// reset once a handshake succeeds).
 final class OutboundLink: Sendable {
     let engine: SyncEngine
-    let db: BlazeDatabase
-    let key: SpaceKey
+    let space: SharedSpace
     let address: PeerAddress
+    var db: BlazeDatabase { space.db }
 
     private struct State {
         var stopped = false
@@ -24,10 +24,9 @@ final class OutboundLink: Sendable {
     private let state = Mutex(State())
     private let loop: any EventLoop
 
-    init(engine: SyncEngine, db: BlazeDatabase, key: SpaceKey, address: PeerAddress) {
+    init(engine: SyncEngine, space: SharedSpace, address: PeerAddress) {
         self.engine = engine
-        self.db = db
-        self.key = key
+        self.space = space
         self.address = address
         self.loop = engine.group.next()
     }
@@ -51,7 +50,7 @@ final class OutboundLink: Sendable {
             .channelInitializer { channel in
                 channel.eventLoop.makeCompletedFuture {
                     try channel.pipeline.syncOperations.addHandlers(
-                        SyncPipeline.outbound(engine: link.engine, db: link.db, key: link.key, peer: peer) {
+                        SyncPipeline.outbound(engine: link.engine, space: link.space, peer: peer) {
                             link.state.withLock { $0.failures = 0 }
                         })
                 }

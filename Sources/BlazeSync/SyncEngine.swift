@@ -25,10 +25,14 @@ public final class SyncEngine: Sendable {
     let strangersRefused = Atomic<Int>(0)
     private let links = Mutex<[LinkKey: OutboundLink]>([:])
     private let paused = Mutex<Set<String>>([])
-    private let keys = Mutex<[String: SpaceKey]>([:])
-    /// Every shared database by name, with its key: what inbound handshakes are checked against, kept in memory so
+    /// Every shared database by name, with its space: what inbound handshakes are checked against, kept in memory so
     /// that accepting a peer lists no directory and opens no database on the event loop.
-    private let served = Mutex<[String: (key: SpaceKey, db: BlazeDatabase)]>([:])
+    let served = Mutex<[String: SharedSpace]>([:])
+    /// Every established session, so that a membership change reaches each connection of its database.
+    let sessions = Mutex<[Int: SessionHandle]>([:])
+    let sessionCounter = Atomic<Int>(0)
+    /// Invites refused since start, by reason (`InviteRefusal`).
+    let invitesRefused = Mutex<[String: Int]>([:])
     private let listener = Mutex<(any Channel)?>(nil)
     /// Admits inbound connections within the listener limits.
     let gate: ConnectionGate
@@ -99,9 +103,7 @@ public final class SyncEngine: Sendable {
     /// served (it lists the data directory and opens databases).
     public func start() {
         for name in (try? store.list()) ?? [] {
-            if let db = try? store.database(name), let key = try? spaceKey(db: db) {
-                served.withLock { $0[name] = (key, db) }
-            }
+            if let db = try? store.database(name) { _ = try? space(db: db) }
             refreshLinks(db: name)
         }
     }
@@ -118,27 +120,39 @@ public final class SyncEngine: Sendable {
 
     // MARK: Spaces
 
-    /// The key of `db`'s space, nil when the database is not shared.
-    public func spaceKey(db: BlazeDatabase) throws -> SpaceKey? {
-        if let cached = keys.withLock({ $0[db.name] }) { return cached }
-        guard let id = try db.spaceID() else { return nil }
-        let loaded: SpaceKey?
+    /// The space of `db`, nil when the database is not shared; loaded from its log and keystore on first use.
+    public func space(db: BlazeDatabase) throws -> SharedSpace? {
+        if let cached = served.withLock({ $0[db.name] }) { return cached }
+        guard let idHex = try db.spaceID(), let id = hexBytes(idHex) else { return nil }
+        let ops: [MembershipOp]
+        let stored: SpaceKey?
         do {
-            loaded = try SpaceKey.load(directory: keysDirectory, idHex: id)
+            ops = try db.membershipOps().map { bytes throws(MembershipError) in try MembershipOp(bytes: bytes) }
+            stored = try SpaceKey.load(directory: keysDirectory, idHex: idHex)
         } catch {
             throw StoreError(
-                .syncFailure, kind: "space_key_unusable", "the key of space \(id) (database \(db.name)): \(error)")
+                .syncFailure, kind: "space_key_unusable", "the key of space \(idHex) (database \(db.name)): \(error)")
         }
-        guard let key = loaded else {
-            throw StoreError(.syncFailure, kind: "space_key_missing", "the key of space \(id) (database \(db.name)) is missing")
+        guard !ops.isEmpty || stored != nil else {
+            throw StoreError(
+                .syncFailure, kind: "space_key_missing", "the key of space \(idHex) (database \(db.name)) is missing")
         }
-        keys.withLock { $0[db.name] = key }
-        return key
+        let space = SharedSpace(db: db, id: id, identity: identity, ops: ops, stored: stored, capability: nil)
+        return served.withLock { $0[db.name, default: space] }
     }
 
-    /// Shares `db`: creates its space on first use and returns the secret token that lets another device join.
-    public func share(db: BlazeDatabase) throws -> String {
-        if let key = try spaceKey(db: db) { return key.token }
+    /// The current key of `db`'s space, nil when the database is not shared.
+    public func spaceKey(db: BlazeDatabase) throws -> SpaceKey? {
+        try space(db: db)?.key
+    }
+
+    /// Shares `db`: on first use creates its space with a membership log that makes this device its first admin
+    /// (members then join with `invite`). Returns the space id, and for a space shared before membership its secret
+    /// token, which still lets another device join it.
+    public func share(db: BlazeDatabase) throws -> (space: String, token: String?) {
+        if let space = try space(db: db) {
+            return (hexString(space.id), space.snapshot.membership == nil ? space.snapshot.stored?.token : nil)
+        }
         guard try !db.holdsChangesOfOtherDevices() else {
             throw StoreError(
                 .syncFailure, kind: "restored_copy",
@@ -146,23 +160,50 @@ public final class SyncEngine: Sendable {
                     + "database); only those devices can sign them, so it cannot start a new space: join the original "
                     + "space with db.join instead")
         }
+        let salt = SpaceKey.randomBytes(16)
+        let id = MembershipOp.spaceID(creator: identity.publicKeys, salt: salt)
+        let genesis = SpaceKey.randomSecret()
+        let create = try MembershipOp(
+            space: id, author: identity, timeMs: nowMsUnsigned(), parents: [], action: .create(salt: salt),
+            envelopes: [
+                KeyEnvelope(sealing: genesis, space: id, epoch: 1, keyOp: KeyEnvelope.thisOp, to: identity.publicKeys)
+            ])
+        try db.addMembershipOps([(create.hash, create.bytes)])
+        try db.setSpaceID(hexString(id))
+        let space = SharedSpace(db: db, id: id, identity: identity, ops: [create], stored: nil, capability: nil)
+        served.withLock { $0[db.name] = space }
+        return (hexString(id), nil)
+    }
+
+    /// Shares `db` the way databases were shared before membership: a space whose secret token anyone holding it
+    /// joins with, and no membership log. Returns the token. Such spaces keep working; new ones are made by `share`.
+    /// Kept for the tests of legacy spaces.
+    func shareWithSecret(db: BlazeDatabase) throws -> String {
         let key = SpaceKey.generate()
         try key.save(directory: keysDirectory)
         try db.setSpaceID(key.idHex)
-        keys.withLock { $0[db.name] = key }
-        served.withLock { $0[db.name] = (key, db) }
-        return key.token
+        served.withLock { $0[db.name] = SharedSpace(db: db, id: key.id, identity: identity, ops: [], stored: key, capability: nil) }
+        return key.token!
     }
 
     /// Joins the space of `token` as the new database `name` (default: `shared-` and the space id's first 8 hex
     /// digits); fails if a database here already syncs in that space.
-    public func join(token: String, name: String?) throws -> BlazeDatabase {
+    public func join(token: String, name: String?, timeout: TimeAmount = .seconds(20)) throws -> BlazeDatabase {
+        if token.hasPrefix(InviteToken.prefix) {
+            let invite: InviteToken
+            do { invite = try InviteToken(text: token) } catch {
+                throw StoreError(.invalidArgument, kind: "invalid_token", error.description)
+            }
+            return try join(invite: invite, name: name, timeout: timeout)
+        }
         let key: SpaceKey
         do { key = try SpaceKey(token: token) } catch {
-            throw StoreError(.invalidArgument, kind: "invalid_token", error.description)
+            throw StoreError(
+                .invalidArgument, kind: "invalid_token",
+                "\(error.description), or an invite (it must start with \(InviteToken.prefix))")
         }
         let name = name ?? "shared-" + key.idHex.prefix(8)
-        if let existing = served.withLock({ $0.values.first { $0.key.id == key.id } }) {
+        if let existing = served.withLock({ $0.values.first { $0.id == key.id } }) {
             throw StoreError(
                 .alreadyExists, kind: "already_joined", "database \(existing.db.name) already syncs in this space")
         }
@@ -175,22 +216,24 @@ public final class SyncEngine: Sendable {
             SpaceKey.remove(directory: keysDirectory, idHex: key.idHex)
             throw error
         }
-        keys.withLock { $0[name] = key }
-        served.withLock { $0[name] = (key, db) }
+        served.withLock { $0[name] = SharedSpace(db: db, id: key.id, identity: identity, ops: [], stored: key, capability: nil) }
         return db
     }
 
-    /// Every shared, unpaused database with its key (from memory: no I/O).
-    func servedSpaces() -> [(key: SpaceKey, db: BlazeDatabase)] {
+    /// Every shared, unpaused database's space (from memory: no I/O); a space this device is still joining takes no
+    /// inbound peers.
+    func servedSpaces() -> [SharedSpace] {
         let paused = self.paused.withLock { $0 }
-        return served.withLock { $0.filter { !paused.contains($0.key) }.sorted { $0.key < $1.key }.map(\.value) }
+        return served.withLock {
+            $0.filter { !paused.contains($0.key) && $0.value.joining.withLock { $0 == nil } }.sorted { $0.key < $1.key }
+                .map(\.value)
+        }
     }
 
     /// Forgets a dropped database: stops its links, its counters and removes its key.
     public func forget(db name: String, spaceID: String?) {
         stopLinks(db: name)
         status.forget(db: name)
-        keys.withLock { $0[name] = nil }
         served.withLock { $0[name] = nil }
         if let spaceID { SpaceKey.remove(directory: keysDirectory, idHex: spaceID) }
     }
@@ -199,7 +242,7 @@ public final class SyncEngine: Sendable {
 
     /// Adds `address` as a peer of `db` (which must be shared) and connects to it.
     public func addPeer(db: BlazeDatabase, address: PeerAddress) throws -> Bool {
-        guard try spaceKey(db: db) != nil else {
+        guard try space(db: db) != nil else {
             throw StoreError(
                 .syncFailure, kind: "not_shared", "database \(db.name) is not shared; run db.share or db.join first")
         }
@@ -219,7 +262,7 @@ public final class SyncEngine: Sendable {
 
     /// Makes the running links of `db` match its configured peers (none while paused).
     func refreshLinks(db name: String) {
-        guard let db = try? store.database(name), let key = try? spaceKey(db: db), let peers = try? db.peers() else { return }
+        guard let db = try? store.database(name), let space = try? space(db: db), let peers = try? db.peers() else { return }
         let isPaused = paused.withLock { $0.contains(name) }
         var toStart: [OutboundLink] = []
         var toStop: [OutboundLink] = []
@@ -231,7 +274,7 @@ public final class SyncEngine: Sendable {
             }
             for address in wanted where l[LinkKey(db: name, address: address)] == nil {
                 guard let parsed = PeerAddress(address) else { continue }
-                let link = OutboundLink(engine: self, db: db, key: key, address: parsed)
+                let link = OutboundLink(engine: self, space: space, address: parsed)
                 l[LinkKey(db: name, address: address)] = link
                 toStart.append(link)
                 status.update(db: name, peer: address, direction: .outbound) { _ in }

@@ -2,12 +2,16 @@ import BlazeCRDT
 import BlazeCrypto
 import BlazeStore
 
-/// Fired down a sync connection's pipeline once its handshake succeeds: the database it serves, that space's key and
-/// the device at the other end (proven by its signature in the handshake).
+/// Fired down a sync connection's pipeline once its handshake succeeds: the space it serves and the device at the
+/// other end (proven by its signature in the handshake).
 struct SyncLinkEstablished {
-    let db: BlazeDatabase
-    let key: SpaceKey
+    let space: SharedSpace
     let device: DevicePublicKeys
+
+    /// The database served.
+    var db: BlazeDatabase { space.db }
+    /// The space's keys now (they change when the membership log rotates them).
+    var key: SpaceKey { space.key }
 }
 
 /// Fired by `BatchReceiver` once a received batch is stored: the peer holds `origin`'s entries up to `seq`.

@@ -20,13 +20,13 @@ enum SyncPipeline {
         ]
     }
 
-    /// The handlers of an outbound link to `peer` serving `db` with `key`.
+    /// The handlers of an outbound link to `peer` serving `space`.
     static func outbound(
-        engine: SyncEngine, db: BlazeDatabase, key: SpaceKey, peer: String, onEstablished: (() -> Void)? = nil
+        engine: SyncEngine, space: SharedSpace, peer: String, onEstablished: (() -> Void)? = nil
     ) -> [any ChannelHandler] {
-        let report = LinkReport(book: engine.status, peer: peer, direction: .outbound, db: db.name)
+        let report = LinkReport(book: engine.status, peer: peer, direction: .outbound, db: space.db.name)
         return [
-            HandshakeHandler(engine: engine, report: report, db: db, key: key, onEstablished: onEstablished),
+            HandshakeHandler(engine: engine, report: report, space: space, onEstablished: onEstablished),
             BatchReceiver(engine: engine, report: report),
             SyncSession(engine: engine, report: report),
         ]

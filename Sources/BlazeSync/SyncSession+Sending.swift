@@ -12,7 +12,8 @@ extension SyncSession {
 
     /// Seals pending local changes and sends this side's vector and own signed head.
     func sendState(context: ChannelHandlerContext) {
-        guard let link else { return }
+        guard let link, !stateSent else { return }
+        stateSent = true
         let (db, key, identity) = (link.db, link.key, engine.identity)
         let bound = NIOLoopBound((self, context), eventLoop: context.eventLoop)
         engine.pool.runIfActive(eventLoop: context.eventLoop) { () -> ([NodeID: UInt64], SignedHead?) in

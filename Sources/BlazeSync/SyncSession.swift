@@ -26,6 +26,15 @@ final class SyncSession: ChannelInboundHandler {
     var pumping = false
     var pumpAgain = false
     private var feedToken: Int?
+    /// This session's registration with the engine (membership changes reach it through it).
+    var registration: Int?
+    /// Membership operations the peer holds, as far as this side knows (sent to it, or received from it).
+    var opsShared: Set<[UInt8]> = []
+    /// True once this side sent its `STATE` (a joiner waits until it is admitted).
+    var stateSent = false
+    /// True while the device at the other end is removed in this side's log: it got the proof of its removal and
+    /// has until its `STATE` to send operations that change that (a concurrent removal of the remover).
+    var peerRemoved = false
     /// Set by the feed listener (on the writer thread) so that a burst of commits schedules one pump.
     private let wake = WakeFlag()
 
@@ -90,13 +99,15 @@ final class SyncSession: ChannelInboundHandler {
             }
             break
         }
-        sendState(context: context)
+        startMembership(context: context)
     }
 
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
         guard !closed else { return }
         switch unwrapInboundIn(data) {
         case .state(let vector, let ownHead):
+            // The peer sends its log before its STATE: a removal of it that still holds now is final.
+            if peerRemoved, stillRemoved(context: context) { return }
             var known = peerVector ?? [:]
             for (o, s) in vector { known[o] = max(known[o] ?? 0, s) }
             peerVector = known
@@ -107,9 +118,14 @@ final class SyncSession: ChannelInboundHandler {
             break  // stored by the BatchReceiver before this handler
         case .error(let reason):
             report.update { $0.lastError = "peer closed: \(reason)" }
+            if let space = link?.space, space.joining.withLock({ $0 != nil }) { engine.failJoin(space, reason: reason) }
             close(context: context)
         case .ping:
             break
+        case .members(let ops):
+            received(ops: ops, context: context)
+        case .join(let id, let secret):
+            redeem(inviteID: id, secret: secret, context: context)
         }
     }
 
@@ -183,7 +199,7 @@ final class SyncSession: ChannelInboundHandler {
         close(context: context)
     }
 
-    private func close(context: ChannelHandlerContext) {
+    func close(context: ChannelHandlerContext) {
         closed = true
         context.close(promise: nil)
     }
@@ -192,6 +208,8 @@ final class SyncSession: ChannelInboundHandler {
         closed = true
         if let feedToken, let link { link.db.feed.detach(feedToken) }
         feedToken = nil
+        if let registration { engine.unregister(registration) }
+        registration = nil
         if let device = link?.device.nodeIDHex { report.update { $0.disconnect(device: device) } }
         link = nil
         context.fireChannelInactive()

@@ -23,15 +23,16 @@ enum SyncWorkloads {
         let source = try a.daemon.store.create("w4")
         // One change per document, as single writes produce them.
         for i in 0..<n { _ = try source.apply(.insert(collection: "c", doc: docs[i % docs.count].merging(["_id": .string("d\(i)")]) { $1 })) }
-        let token = try a.daemon.sync.share(db: source)
+        let token = try invite(a, source)
         let key = try require(try a.daemon.sync.spaceKey(db: source), "space key")
         let sealTime = try seconds { try source.sealLocal(key: key, identity: a.daemon.identity) }
-        let address = try require(a.daemon.sync.listeningAddress.flatMap { PeerAddress($0) }, "sync address")
-        let target = try b.daemon.sync.join(token: token, name: "w4")
         let origin = source.node
         let cpuBefore = processCPUSeconds()
+        // Joining through the invite connects to A and starts the sync: the time includes the join.
+        var joined: BlazeDatabase?
         let syncTime = try seconds {
-            _ = try b.daemon.sync.addPeer(db: target, address: address)
+            let target = try b.daemon.sync.join(token: token, name: "w4")
+            joined = target
             let deadline = Date().addingTimeInterval(600)
             while try target.versionVector()[origin] < UInt64(n) {
                 guard Date() < deadline else { throw ClientError("W4: initial sync did not finish in 600 s") }
@@ -39,6 +40,7 @@ enum SyncWorkloads {
             }
         }
         let syncCPU = processCPUSeconds() - cpuBefore
+        let target = joined!
         let crypto = try cryptoReplaySeconds(target, origin: origin, key: key)
         // Bytes on the wire (every frame B received after the handshake, framing, heads and control messages
         // included) against the change bodies they carry, and against the documents' JSON.
@@ -114,10 +116,7 @@ extension SyncWorkloads {
                 .insert(collection: "c", doc: docs[i % docs.count].merging(["_id": .string("d\(i)")]) { $1 })
             })
         }
-        let token = try a.daemon.sync.share(db: dbA)
-        let dbB = try b.daemon.sync.join(token: token, name: "w6")
-        let address = try require(a.daemon.sync.listeningAddress.flatMap { PeerAddress($0) }, "sync address")
-        _ = try b.daemon.sync.addPeer(db: dbB, address: address)
+        let dbB = try b.daemon.sync.join(token: try invite(a, dbA), name: "w6")
         try waitUntil("W6: initial copy") { try dbB.versionVector()[dbA.node] == dbA.versionVector()[dbA.node] }
         // Offline: both pause and update the same documents, one change per update.
         a.daemon.sync.pause(db: "w6")
@@ -206,4 +205,11 @@ func cryptoReplaySeconds(_ db: BlazeDatabase, origin: NodeID, key: SpaceKey) thr
 func require<T>(_ value: T?, _ what: String = "value") throws -> T {
     guard let value else { throw ClientError("blazebench: missing \(what)") }
     return value
+}
+
+/// Shares `db` on `a` (its device becomes the space's admin) and returns a one-time writer invite naming `a`'s sync
+/// address.
+func invite(_ a: Workloads.LocalDaemon, _ db: BlazeDatabase) throws -> String {
+    _ = try a.daemon.sync.share(db: db)
+    return try a.daemon.sync.invite(db: db, role: .writer, expiresInMs: 3_600_000, address: nil).token
 }

@@ -1,3 +1,4 @@
+import Foundation
 import ArgumentParser
 import BlazeClient
 import BlazeProtocol
@@ -42,30 +43,102 @@ struct Info: ParsableCommand {
 struct DB: ParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "db", abstract: "Create, list, inspect and drop databases.",
-        subcommands: [Create.self, List.self, InfoCmd.self, Drop.self, Share.self, Join.self, Backup.self, Restore.self])
+        subcommands: [
+            Create.self, List.self, InfoCmd.self, Drop.self, Share.self, Join.self, Invite.self, Members.self, Revoke.self,
+            Backup.self, Restore.self,
+        ])
 
     struct Share: ParsableCommand {
         static let configuration = CommandConfiguration(
-            abstract: "Share a database: print the secret token another device joins with.",
-            discussion: "Anyone holding the token can read and write the database. Send it only over a channel you trust.")
+            abstract: "Share a database: create its space and make this device its first admin.",
+            discussion: "Then invite each other device with 'blazectl db invite'. A database shared with a secret token "
+                + "before membership prints that token again.")
         @OptionGroup var global: Global
         @Argument var name: String
         func run() throws {
             global.run(RPC.DbShare(db: name)) { r in
-                print(r.token)
-                printError("blazectl: this token is a secret: whoever holds it can read and write \(name)\n")
+                if let token = r.token {
+                    print(token)
+                    printError("blazectl: this token is a secret: whoever holds it can read and write \(name)\n")
+                } else {
+                    print("shared \(r.db) as space \(r.space); this device is its admin: invite devices with 'blazectl db invite \(r.db) writer'")
+                }
             }
         }
     }
 
     struct Join: ParsableCommand {
         static let configuration = CommandConfiguration(
-            abstract: "Create a local replica of a shared database from its token, then add a peer to sync it.")
+            abstract: "Join a shared database with an invite (or a legacy token).",
+            discussion: "Pass - as the token to read it from standard input, so it stays out of shell history and "
+                + "the process list.")
         @OptionGroup var global: Global
-        @Argument(help: "The token printed by 'blazectl db share' on the other device.") var token: String
+        @Argument(help: "The invite printed by 'blazectl db invite' on a member, or - to read it from stdin.") var token: String
         @Argument(help: "Name of the new local database (default: shared-<space id prefix>).") var name: String?
         func run() throws {
-            global.run(RPC.DbJoin(token: token, db: name)) { r in print("joined space \(r.space) as database \(r.db)") }
+            var text = token
+            if token == "-" {
+                guard let line = readLine(strippingNewline: true) else {
+                    printError("blazectl: no token on standard input\n")
+                    throw ExitCode(2)
+                }
+                text = line.trimmingCharacters(in: .whitespaces)
+            }
+            global.run(RPC.DbJoin(token: text, db: name)) { r in print("joined space \(r.space) as database \(r.db)") }
+        }
+    }
+
+    struct Invite: ParsableCommand {
+        static let configuration = CommandConfiguration(
+            abstract: "Print a one-time invite for another device to join a shared database.",
+            discussion: "The invite is a secret: it works once, until it expires. Send it only over a channel you trust.")
+        @OptionGroup var global: Global
+        @Argument var db: String
+        @Argument(help: "admin, writer or reader.") var role: String
+        @Option(help: "Seconds until the invite expires (default 86400).") var expiresIn: Int?
+        @Option(help: "The sync address the joiner connects to (default: where this daemon listens).") var address: String?
+        func run() throws {
+            global.run(RPC.DbInvite(db: db, role: role, expiresIn: expiresIn, address: address)) { r in
+                print(r.token)
+                let expires = Date(timeIntervalSince1970: Double(r.expiresAtMs) / 1000)
+                printError("blazectl: one-time \(r.role.rawValue) invite into \(r.db), valid until \(expires); it is a secret\n")
+            }
+        }
+    }
+
+    struct Members: ParsableCommand {
+        static let configuration = CommandConfiguration(abstract: "List the devices of a shared database's space.")
+        @OptionGroup var global: Global
+        @Argument var db: String
+        func run() throws {
+            global.run(RPC.DbMembers(db: db)) { r in
+                func time(_ ms: Int?) -> String {
+                    ms.map { ISO8601DateFormatter().string(from: Date(timeIntervalSince1970: Double($0) / 1000)) } ?? "-"
+                }
+                printTable(
+                    ["DEVICE", "ROLE", "ADDED BY", "ADDED", "REMOVED BY", "REMOVED"],
+                    r.members.map {
+                        [
+                            $0.device + ($0.thisDevice ? " (this device)" : ""), $0.role.rawValue, $0.addedBy ?? "-",
+                            time($0.addedAtMs), $0.removedBy ?? "-", time($0.removedAtMs),
+                        ]
+                    })
+                print("epoch \(r.epoch)")
+            }
+        }
+    }
+
+    struct Revoke: ParsableCommand {
+        static let configuration = CommandConfiguration(
+            abstract: "Remove a device from a shared database's space and rotate the key.",
+            discussion: "Members refuse what it writes from now on and nothing written afterwards is readable with the keys it holds.")
+        @OptionGroup var global: Global
+        @Argument var db: String
+        @Argument(help: "Node id of the device ('blazectl db members' lists them).") var device: String
+        func run() throws {
+            global.run(RPC.DbRevoke(db: db, device: device)) { r in
+                printTable(["DB", "REVOKED", "EPOCH"], [[r.db, r.device, String(r.epoch)]])
+            }
         }
     }
 

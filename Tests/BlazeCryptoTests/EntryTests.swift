@@ -143,7 +143,7 @@ func makeChain(_ count: Int, key: SpaceKey, device: DeviceIdentity, from first: 
     }
 
     @Test func tokensRoundTripAndDamageIsExplained() throws {
-        let token = key.token
+        let token = try #require(key.token)
         #expect(token.hasPrefix("blazedb-secret-1."))
         #expect(try SpaceKey(token: token) == key)
         #expect(throws: KeystoreError.self) { try SpaceKey(token: "hello") }

@@ -8,7 +8,9 @@ import Testing
 
 /// A membership log being written by hand: its ops so far and the parents of the next one.
 struct LogBuilder {
-    let space = Array(SpaceKey.generate().id)
+    /// The salt of the space's create; the space id follows from it and the first author.
+    let salt = Array(SpaceKey.generate().id)
+    var space: [UInt8] = []
     var ops: [MembershipOp] = []
     var time: UInt64 = 1_000
 
@@ -20,6 +22,7 @@ struct LogBuilder {
         _ author: DeviceIdentity, _ action: MembershipOp.Action, parents: [[UInt8]]? = nil, envelopes: [KeyEnvelope] = []
     ) throws -> MembershipOp {
         time += 1
+        if case .create(let salt) = action, space.isEmpty { space = MembershipOp.spaceID(creator: author.publicKeys, salt: salt) }
         let op = try MembershipOp(
             space: space, author: author, timeMs: time, parents: parents ?? state.heads, action: action, envelopes: envelopes)
         ops.append(op)
@@ -43,7 +46,7 @@ func randomSecret() -> [UInt8] { SymmetricKey(size: .bits256).withUnsafeBytes { 
     @Test func anOperationDecodesToItselfAndEveryAlteredByteIsRefused() throws {
         var log = LogBuilder()
         let a = DeviceIdentity(), b = DeviceIdentity()
-        try log.add(a, .create)
+        try log.add(a, .create(salt: log.salt))
         let envelope = try KeyEnvelope(sealing: randomSecret(), space: log.space, epoch: 1, keyOp: log.ops[0].hash, to: b.publicKeys)
         let op = try log.add(a, .add(device: b.publicKeys, role: .writer), envelopes: [envelope])
         let decoded = try MembershipOp(bytes: op.bytes)
@@ -75,7 +78,7 @@ func randomSecret() -> [UInt8] { SymmetricKey(size: .bits256).withUnsafeBytes { 
     @Test func rolesRemovalsCutoffsAndRotation() throws {
         var log = LogBuilder()
         let a = DeviceIdentity(), b = DeviceIdentity(), c = DeviceIdentity(), d = DeviceIdentity()
-        try log.add(a, .create)
+        try log.add(a, .create(salt: log.salt))
         try log.add(a, .add(device: b.publicKeys, role: .writer))
         try log.add(a, .add(device: c.publicKeys, role: .reader))
         try log.add(a, .add(device: d.publicKeys, role: .admin))
@@ -107,7 +110,7 @@ func randomSecret() -> [UInt8] { SymmetricKey(size: .bits256).withUnsafeBytes { 
     @Test func twoAdminsRemovingEachOtherConcurrentlyLeaveTheSeniorOne() throws {
         var log = LogBuilder()
         let a = DeviceIdentity(), d = DeviceIdentity(), w = DeviceIdentity()
-        try log.add(a, .create)
+        try log.add(a, .create(salt: log.salt))
         try log.add(a, .add(device: d.publicKeys, role: .admin))
         try log.add(a, .add(device: w.publicKeys, role: .writer))
         let fork = log.state.heads
@@ -126,7 +129,7 @@ func randomSecret() -> [UInt8] { SymmetricKey(size: .bits256).withUnsafeBytes { 
     @Test func concurrentRotationsCombineSoNeitherRemovedDeviceCanSeal() throws {
         var log = LogBuilder()
         let a = DeviceIdentity(), b = DeviceIdentity(), c = DeviceIdentity(), d = DeviceIdentity()
-        try log.add(a, .create)
+        try log.add(a, .create(salt: log.salt))
         try log.add(a, .add(device: b.publicKeys, role: .admin))
         try log.add(a, .add(device: c.publicKeys, role: .writer))
         try log.add(a, .add(device: d.publicKeys, role: .writer))
@@ -141,21 +144,24 @@ func randomSecret() -> [UInt8] { SymmetricKey(size: .bits256).withUnsafeBytes { 
         #expect(combined != nil && combined == s.currentSecret(s.keys(for: b)))
         #expect(s.currentSecret(s.keys(for: c)) == nil && s.currentSecret(s.keys(for: d)) == nil)
         // The next rotation, made knowing both, is the single latest key again.
-        let (next, en) = try log.removal(a, removing: b, epoch: 3, to: [a], secret: randomSecret())
+        // It starts the epoch after the combined one (3), so entries sealed under the combination stay apart.
+        let (next, en) = try log.removal(a, removing: b, epoch: 4, to: [a], secret: randomSecret())
         let third = try log.add(a, next, envelopes: en)
-        #expect(log.state.frontier == [EpochKeyID(epoch: 3, op: third.hash)] && log.state.currentEpoch == 3)
+        #expect(log.state.frontier == [EpochKeyID(epoch: 4, op: third.hash)] && log.state.currentEpoch == 4)
+        // The combined epoch stays in a's ring: a held both of its parts.
+        #expect(log.state.combinations.count == 1 && log.state.ring(log.state.keys(for: a)).contains { $0.epoch == 3 })
     }
 
     @Test func aCreateIsOnlyTheFirstAndOpsOfOtherSpacesOrWithMissingParentsWait() throws {
         var log = LogBuilder()
         let a = DeviceIdentity(), x = DeviceIdentity()
-        let root = try log.add(a, .create)
-        let second = try log.add(x, .create, parents: [])
+        let root = try log.add(a, .create(salt: log.salt))
+        let second = try log.add(x, .create(salt: log.salt), parents: [])
         #expect(log.state.applied == [root.hash] || log.state.applied == [second.hash])
         #expect(log.state.void.count == 1)
         let orphan = try MembershipOp(
             space: log.space, author: a, timeMs: 5, parents: [[UInt8](repeating: 7, count: 32)], action: .grant)
-        let foreign = try MembershipOp(space: Array(SpaceKey.generate().id), author: a, timeMs: 5, parents: [], action: .create)
+        let foreign = try MembershipOp(space: Array(SpaceKey.generate().id), author: a, timeMs: 5, parents: [], action: .create(salt: log.salt))
         let s = MembershipState(space: log.space, ops: log.ops + [orphan, foreign])
         #expect(s.waiting == [orphan.hash] && !s.applied.contains(foreign.hash))
     }
@@ -168,8 +174,9 @@ func randomSecret() -> [UInt8] { SymmetricKey(size: .bits256).withUnsafeBytes { 
         var (voided, removals, combined) = (0, 0, 0)
         for _ in 0..<12 {
             let devices = (0..<6).map { _ in DeviceIdentity() }
-            let space = Array(SpaceKey.generate().id)
-            let create = try MembershipOp(space: space, author: devices[0], timeMs: 1, parents: [], action: .create)
+            let salt = Array(SpaceKey.generate().id)
+            let space = MembershipOp.spaceID(creator: devices[0].publicKeys, salt: salt)
+            let create = try MembershipOp(space: space, author: devices[0], timeMs: 1, parents: [], action: .create(salt: salt))
             var views: [[MembershipOp]] = Array(repeating: [], count: devices.count)
             views[0] = [create]
             var all = [create]
@@ -184,7 +191,7 @@ func randomSecret() -> [UInt8] { SymmetricKey(size: .bits256).withUnsafeBytes { 
                     let role = i == 0 && target == 1 ? .admin : MemberRole.allCases.randomElement(using: &rng)!
                     action = .add(device: devices[target].publicKeys, role: role)
                 } else if view.member(devices[target].nodeID)?.isCurrent == true {
-                    let epoch = (view.frontier.map(\.epoch).max() ?? 0) + 1
+                    let epoch = view.currentEpoch + 1
                     action = .remove(device: devices[target].nodeID, cutoff: UInt64(step), epoch: epoch)
                     let secret = randomSecret()
                     for m in view.current where m.keys != devices[target].publicKeys {

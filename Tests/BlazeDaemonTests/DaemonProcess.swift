@@ -135,8 +135,8 @@ func isolatedEnvironment(config: String) -> [String: String] {
     return env
 }
 
-/// Runs a command, returning exit status, stdout and stderr.
-func run(_ executable: String, _ arguments: [String], environment: [String: String]? = nil) throws
+/// Runs a command, returning exit status, stdout and stderr; `input`, when given, is its standard input.
+func run(_ executable: String, _ arguments: [String], environment: [String: String]? = nil, input: String? = nil) throws
     -> (status: Int32, out: String, err: String)
 {
     let p = Process()
@@ -147,7 +147,13 @@ func run(_ executable: String, _ arguments: [String], environment: [String: Stri
     let err = Pipe()
     p.standardOutput = out
     p.standardError = err
+    let stdin = Pipe()
+    if input != nil { p.standardInput = stdin }
     try p.run()
+    if let input {
+        stdin.fileHandleForWriting.write(Data(input.utf8))
+        try stdin.fileHandleForWriting.close()
+    }
     let o = out.fileHandleForReading.readDataToEndOfFile()
     let e = err.fileHandleForReading.readDataToEndOfFile()
     p.waitUntilExit()

@@ -1,4 +1,5 @@
 import BlazeClient
+import BlazeCrypto
 import BlazeProtocol
 import BlazeTestSupport
 import Foundation
@@ -20,7 +21,8 @@ import Glibc
             "rpc.discover", "daemon.info", "db.create", "db.list", "db.info", "db.drop", "collection.list",
             "doc.insert", "doc.get", "doc.getMany", "doc.put", "doc.patch", "doc.delete", "tx.commit",
             "query.find", "query.count", "query.explain", "index.create", "index.drop", "index.list",
-            "conflict.list", "conflict.resolve", "subscribe", "unsubscribe", "db.share", "db.join", "peer.add",
+            "conflict.list", "conflict.resolve", "subscribe", "unsubscribe", "db.share", "db.join", "db.invite",
+            "db.members", "db.revoke", "peer.add",
             "peer.remove", "peer.list", "sync.status", "sync.now", "sync.pause", "sync.resume", "daemon.config",
             "db.backup", "db.restore",
         ])
@@ -196,7 +198,7 @@ import Glibc
         let d = try DaemonProcess()
         let c = try d.connect()
         _ = try c.call("doc.put", ["db": "default", "collection": "c", "id": "x", "doc": ["v": 1]])
-        let space = try #require(try c.call("db.share", ["db": "default"])["space"]?.stringValue)
+        let space = try #require(try c.call("db.join", ["token": .string(legacyToken()), "db": "legacy"])["space"]?.stringValue)
         _ = try c.call("db.backup", ["db": "default", "path": .string(d.dir.path + "/b.backup")])
         let files = [
             d.dataDir + "/databases/default.db", d.dataDir + "/databases/default.db-wal", d.dir.path + "/b.backup",
@@ -222,11 +224,11 @@ import Glibc
     @Test func aSpaceKeyReadableByOthersIsReportedClearly() throws {
         let d = try DaemonProcess()
         let c = try d.connect()
-        let space = try #require(try c.call("db.share", ["db": "default"])["space"]?.stringValue)
+        let space = try #require(try c.call("db.join", ["token": .string(legacyToken()), "db": "legacy"])["space"]?.stringValue)
         d.stop()
         chmod(d.dataDir + "/keys/spaces/\(space).json", 0o644)
         let again = try DaemonProcess(dir: d.dir)
-        expectRPCError(try again.connect(), "db.share", ["db": "default"], code: -32020, kind: "space_key_unusable")
+        expectRPCError(try again.connect(), "db.share", ["db": "legacy"], code: -32020, kind: "space_key_unusable")
         again.stop(expectErrors: true)
     }
 

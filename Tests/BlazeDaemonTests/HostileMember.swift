@@ -15,7 +15,8 @@ import Glibc
 /// identity), so it can author, seal and sign changes that verify, with whatever clocks, sequence numbers and
 /// causal lengths a test picks.
 final class HostileMember {
-    let key: SpaceKey
+    /// The space key: the capability alone while joining, then every key the log seals to this member.
+    var key: SpaceKey
     let identity: DeviceIdentity
     /// The member's origin id (16 bytes).
     let origin: [UInt8]

@@ -17,9 +17,11 @@ final class SyncTarget {
     init(dir: TempDir = TempDir()) throws {
         daemon = try syncDaemon(dir: dir)
         client = try daemon.connect()
-        _ = try client.call("db.create", ["db": "team"])
+        // A legacy space (shared with a secret token): any holder of the key is a member, so the member attacks the
+        // wire and the store, not the membership (MembershipDaemonTests covers that).
+        let token = legacyToken()
+        _ = try client.call("db.join", ["token": .string(token), "db": "team"])
         _ = try client.call("doc.put", ["db": "team", "collection": "notes", "id": "seed", "doc": ["n": 1]])
-        let token = try #require(try client.call("db.share", ["db": "team"])["token"]?.stringValue)
         key = try SpaceKey(token: token)
         port = try #require(Int(try daemon.syncAddress().split(separator: ":").last ?? ""))
     }

@@ -132,7 +132,7 @@ enum ResultSchemas {
         #expect(!ResultSchemas.problems(method: "sync.status", result: ["listen": 5, "strangersRefused": 0,
             "refusedOverLimit": 0, "databases": []]).isEmpty, "listen must be a string or null")
         #expect(ResultSchemas.problems(method: "sync.status", result: ["listen": .null, "strangersRefused": 0,
-            "refusedOverLimit": 0, "databases": []]).isEmpty)
+            "refusedOverLimit": 0, "databases": [], "invitesRefused": ["invite_used": 1]]).isEmpty)
         #expect(!ResultSchemas.problems(method: "sync.status", result: ["listen": .null, "strangersRefused": -1,
             "refusedOverLimit": 0, "databases": [], "extra": true]).isEmpty)
     }

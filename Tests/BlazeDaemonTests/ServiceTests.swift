@@ -451,9 +451,7 @@ final class NotifyListener {
         let ca = try a.connect(), cb = try b.connect()
         _ = try ca.call("db.create", ["db": "team"])
         _ = try ca.call("doc.put", ["db": "team", "collection": "c", "id": "x", "doc": ["from": "a"]])
-        let token = try #require(try ca.call("db.share", ["db": "team"])["token"]?.stringValue)
-        _ = try cb.call("db.join", ["token": .string(token), "db": "team"])
-        _ = try cb.call("peer.add", ["db": "team", "address": .string(try a.syncAddress())])
+        _ = try cb.call("db.join", ["token": .string(try ca.invite("team")), "db": "team"])
         #expect(try eventually { try replicaState(cb, "team").docs == 1 })
         _ = try cb.call("doc.put", ["db": "team", "collection": "c", "id": "y", "doc": ["from": "b"]])
         let path = b.dir.path + "/team.backup"

@@ -1,4 +1,5 @@
 import BlazeClient
+import BlazeCrypto
 import BlazeProtocol
 import BlazeTestSupport
 import Foundation
@@ -18,6 +19,18 @@ extension DaemonProcess {
     }
 }
 
+extension BlazeConnection {
+    /// Shares `db` on this daemon (its device becomes the space's admin, if it is not a member yet) and returns a
+    /// one-time invite for another device, with `role`.
+    func invite(_ db: String, role: String = "writer") throws -> String {
+        _ = try call("db.share", ["db": .string(db)])
+        return try #require(try call("db.invite", ["db": .string(db), "role": .string(role)])["token"]?.stringValue)
+    }
+}
+
+/// A legacy share token (as `db.share` printed before membership): whoever holds it is a member of its space.
+func legacyToken() -> String { SpaceKey.generate().token! }
+
 /// `db.info` facts used to compare replicas.
 func replicaState(_ c: BlazeConnection, _ db: String) throws -> (hash: String, docs: Int64) {
     let info = try c.call("db.info", ["db": .string(db)])
@@ -29,10 +42,11 @@ func replicaState(_ c: BlazeConnection, _ db: String) throws -> (hash: String, d
         let a = try syncDaemon(), b = try syncDaemon(), c = try syncDaemon()
         let ca = try a.connect(), cb = try b.connect(), cc = try c.connect()
         _ = try ca.call("db.create", ["db": "team"])
-        let token = try #require(try ca.call("db.share", ["db": "team"])["token"]?.stringValue)
-        #expect(try ca.call("db.share", ["db": "team"])["token"]?.stringValue == token, "sharing again gives the same token")
-        _ = try cb.call("db.join", ["token": .string(token), "db": "team"])
-        let joined = try cc.call("db.join", ["token": .string(token)])
+        let space = try #require(try ca.call("db.share", ["db": "team"])["space"]?.stringValue)
+        #expect(try ca.call("db.share", ["db": "team"]) == ["db": "team", "space": .string(space), "token": .null], "sharing again gives the same space")
+        // B joins through A as an admin, C through B (so C's first peer is B).
+        _ = try cb.call("db.join", ["token": .string(try ca.invite("team", role: "admin")), "db": "team"])
+        let joined = try cc.call("db.join", ["token": .string(try cb.invite("team"))])
         let cName = try #require(joined["db"]?.stringValue)
         let spaceA = try ca.call("sync.status", ["db": "team"])["databases"]?.arrayValue?.first?["space"]
         #expect(cName.hasPrefix("shared-") && joined["space"] == spaceA && spaceA?.stringValue?.hasPrefix(String(cName.dropFirst(7))) == true)
@@ -88,10 +102,9 @@ func replicaState(_ c: BlazeConnection, _ db: String) throws -> (hash: String, d
         let c = try syncDaemon()
         let ca = try a.connect()
         _ = try ca.call("db.create", ["db": "team"])
-        let token = try #require(try ca.call("db.share", ["db": "team"])["token"]?.stringValue)
         for d in [b, c] {
             let conn = try d.connect()
-            _ = try conn.call("db.join", ["token": .string(token), "db": "team"])
+            _ = try conn.call("db.join", ["token": .string(try ca.invite("team")), "db": "team"])
             _ = try conn.call("peer.add", ["db": "team", "address": .string(try a.syncAddress())])
         }
         // A subscriber on C sees A's writes as they arrive, with A as their origin.
@@ -143,7 +156,7 @@ func replicaState(_ c: BlazeConnection, _ db: String) throws -> (hash: String, d
                 ops = []
             }
         }
-        let token = try #require(try ca.call("db.share", ["db": "big"])["token"]?.stringValue)
+        let token = try ca.invite("big")
         var b = try syncDaemon(dir: dirB)
         let cb = try b.connect()
         _ = try cb.call("db.join", ["token": .string(token), "db": "big"])
@@ -170,14 +183,15 @@ func replicaState(_ c: BlazeConnection, _ db: String) throws -> (hash: String, d
         let ca = try a.connect(), cb = try b.connect(), cc = try clean.connect()
         _ = try ca.call("db.create", ["db": "team"])
         _ = try ca.call("doc.put", ["db": "team", "collection": "k", "id": "counter", "doc": ["n": 0]])
-        let token = try #require(try ca.call("db.share", ["db": "team"])["token"]?.stringValue)
-        for conn in [cb, cc] { _ = try conn.call("db.join", ["token": .string(token), "db": "team"]) }
+        for conn in [cb, cc] { _ = try conn.call("db.join", ["token": .string(try ca.invite("team")), "db": "team"]) }
         let aAddress = try a.syncAddress()
+        // Joining made A a peer of both; B must reach A only through the proxy.
+        _ = try cb.call("peer.remove", ["db": "team", "address": .string(aAddress)])
         let proxy = try FaultProxy(targetPort: try #require(Int(aAddress.split(separator: ":").last ?? "")), seed: seed)
         defer { proxy.shutdown() }
         // B reaches A only through the proxy; the clean replica talks to A directly.
         _ = try cb.call("peer.add", ["db": "team", "address": .string("127.0.0.1:\(proxy.port)")])
-        _ = try cc.call("peer.add", ["db": "team", "address": .string(aAddress)])
+        #expect(try cc.call("peer.add", ["db": "team", "address": .string(aAddress)])["added"] == false)
 
         // A and B write (new documents and counter increments) until the proxy has corrupted enough connections.
         let stop = Atomic<Bool>(false)
@@ -292,10 +306,12 @@ func replicaState(_ c: BlazeConnection, _ db: String) throws -> (hash: String, d
         let a = try syncDaemon()
         let c = try a.connect()
         _ = try c.call("db.create", ["db": "solo"])
-        let token = try #require(try c.call("db.share", ["db": "solo"])["token"]?.stringValue)
+        let token = try c.invite("solo")
         let invalid = RPCErrorCode.invalidParams
-        for method in ["db.share", "peer.add", "peer.remove", "peer.list", "sync.now", "sync.pause", "sync.resume"] {
-            let address: [String: JSONValue] = method.hasPrefix("peer.") && method != "peer.list" ? ["address": "127.0.0.1:1"] : [:]
+        for method in ["db.share", "db.invite", "db.members", "db.revoke", "peer.add", "peer.remove", "peer.list", "sync.now", "sync.pause", "sync.resume"] {
+            var address: [String: JSONValue] = method.hasPrefix("peer.") && method != "peer.list" ? ["address": "127.0.0.1:1"] : [:]
+            if method == "db.invite" { address = ["role": "writer"] }
+            if method == "db.revoke" { address = ["device": "00000000000000000000000000000000"] }
             expectRPCError(c, method, [:], code: invalid)
             expectRPCError(c, method, address.merging(["db": 5]) { $1 }, code: invalid)
             expectRPCError(c, method, address.merging(["db": "nope"]) { $1 }, code: RPCErrorCode.notFound)
@@ -308,7 +324,7 @@ func replicaState(_ c: BlazeConnection, _ db: String) throws -> (hash: String, d
         expectRPCError(c, "db.join", ["token": "hello"], code: invalid, kind: "invalid_token")
         expectRPCError(c, "db.join", ["token": .string(token)], code: RPCErrorCode.conflict, kind: "already_joined")
         _ = try c.call("db.create", ["db": "gone"])
-        let orphan = try #require(try c.call("db.share", ["db": "gone"])["token"])
+        let orphan = JSONValue.string(try c.invite("gone"))
         _ = try c.call("db.drop", ["db": "gone"])
         expectRPCError(c, "db.join", ["token": orphan, "db": "bad/name"], code: invalid, kind: "invalid_name")
         expectRPCError(c, "db.join", ["token": orphan, "db": "solo"], code: RPCErrorCode.conflict)
@@ -317,7 +333,7 @@ func replicaState(_ c: BlazeConnection, _ db: String) throws -> (hash: String, d
             expectRPCError(c, "peer.add", ["db": "solo", "address": .string(bad)], code: invalid, kind: "invalid_address")
         }
         _ = try c.call("db.create", ["db": "local"])
-        for method in ["peer.add", "sync.now", "sync.pause", "sync.resume"] {
+        for method in ["peer.add", "sync.now", "sync.pause", "sync.resume", "db.members"] {
             let params: [String: JSONValue] = method == "peer.add" ? ["db": "local", "address": "127.0.0.1:1"] : ["db": "local"]
             expectRPCError(c, method, params, code: -32020, kind: "not_shared")
         }
@@ -325,11 +341,29 @@ func replicaState(_ c: BlazeConnection, _ db: String) throws -> (hash: String, d
         #expect(try c.call("peer.add", ["db": "solo", "address": "127.0.0.1:1"])["added"] == false)
         #expect(try c.call("peer.remove", ["db": "solo", "address": "127.0.0.1:1"])["removed"] == true)
         #expect(try c.call("peer.remove", ["db": "solo", "address": "127.0.0.1:1"])["removed"] == false)
-        // Dropping a shared database removes its key file.
-        let space = try #require(try c.call("sync.status", ["db": "solo"])["databases"]?.arrayValue?.first?["space"]?.stringValue)
+        // Membership methods: bad roles, expiries, devices; unknown members; the last admin stays.
+        expectRPCError(c, "db.invite", ["db": "solo", "role": "owner"], code: invalid, kind: "invalid_role")
+        expectRPCError(c, "db.invite", ["db": "solo", "role": 3], code: invalid)
+        for seconds in [0, -5, 30 * 86_400 + 1] {
+            expectRPCError(c, "db.invite", ["db": "solo", "role": "reader", "expiresIn": .int(Int64(seconds))], code: invalid, kind: "invalid_expiry")
+        }
+        expectRPCError(c, "db.invite", ["db": "solo", "role": "reader", "address": "nohost"], code: invalid, kind: "invalid_address")
+        expectRPCError(c, "db.invite", ["db": "local", "role": "reader"], code: -32020, kind: "not_shared")
+        expectRPCError(c, "db.revoke", ["db": "solo", "device": "xyz"], code: invalid, kind: "invalid_device")
+        expectRPCError(c, "db.revoke", ["db": "solo", "device": "00000000000000000000000000000000"], code: RPCErrorCode.notFound, kind: "unknown_member")
+        let me = try #require(try c.call("db.members", ["db": "solo"])["members"]?.arrayValue?.first)
+        #expect(me["role"] == "admin" && me["thisDevice"] == true && me["addedBy"] == .null)
+        expectRPCError(c, "db.revoke", ["db": "solo", "device": try #require(me["device"])], code: -32020, kind: "last_admin")
+        // A legacy space (a secret token from before membership) keeps syncing, but has no members to manage.
+        _ = try c.call("db.join", ["token": .string(legacyToken()), "db": "old"])
+        #expect(try c.call("db.share", ["db": "old"])["token"]?.stringValue?.hasPrefix("blazedb-secret-1.") == true)
+        expectRPCError(c, "db.invite", ["db": "old", "role": "writer"], code: -32020, kind: "legacy_space")
+        expectRPCError(c, "db.members", ["db": "old"], code: -32020, kind: "legacy_space")
+        // Dropping a shared legacy database removes its key file.
+        let space = try #require(try c.call("sync.status", ["db": "old"])["databases"]?.arrayValue?.first?["space"]?.stringValue)
         let keyFile = a.dataDir + "/keys/spaces/\(space).json"
         #expect(FileManager.default.fileExists(atPath: keyFile))
-        _ = try c.call("db.drop", ["db": "solo"])
+        _ = try c.call("db.drop", ["db": "old"])
         #expect(!FileManager.default.fileExists(atPath: keyFile))
         a.stop()
     }
@@ -355,14 +389,27 @@ func replicaState(_ c: BlazeConnection, _ db: String) throws -> (hash: String, d
         _ = try ca.call("db.create", ["db": "notes"])
         _ = try ca.call("doc.put", ["db": "notes", "collection": "n", "id": "hello", "doc": ["text": "hi"]])
         let share = try run(ctl, ["db", "share", "notes", "--socket", a.socket])
-        #expect(share.status == 0 && share.err == "blazectl: this token is a secret: whoever holds it can read and write notes\n")
-        let token = share.out.trimmingCharacters(in: .newlines)
         let space = try #require(try ca.call("sync.status", ["db": "notes"])["databases"]?.arrayValue?.first?["space"]?.stringValue)
-        let join = try run(ctl, ["db", "join", token, "notes", "--socket", b.socket])
-        #expect(join.out == "joined space \(space) as database notes\n" && join.status == 0)
+        #expect(share.status == 0 && share.out == "shared notes as space \(space); this device is its admin: invite devices with 'blazectl db invite notes writer'\n")
+        let invite = try run(ctl, ["db", "invite", "notes", "writer", "--expires-in", "600", "--socket", a.socket])
+        let token = invite.out.trimmingCharacters(in: .newlines)
+        #expect(invite.status == 0 && token.hasPrefix("blazedb-invite-1.") && invite.err.contains("one-time writer invite into notes"))
+        // The token comes on stdin: never in argv (shell history, /proc).
+        let join = try run(ctl, ["db", "join", "-", "notes", "--socket", b.socket], input: token + "\n")
+        #expect(join.out == "joined space \(space) as database notes\n" && join.status == 0, "\(join)")
+        let again = try run(ctl, ["db", "join", "-", "again", "--socket", b.socket], input: token)
+        #expect(again.status == 1 && again.err.contains("already syncs in this space"), "\(again)")
         let address = try a.syncAddress()
         let add = try run(ctl, ["peer", "add", "notes", address, "--socket", b.socket])
-        #expect(add.out == "added peer \(address) to notes\n")
+        #expect(add.out == "\(address) was already a peer of notes\n", "joining made the inviting member a peer")
+        let members = try run(ctl, ["db", "members", "notes", "--socket", b.socket])
+        let rows = members.out.split(separator: "\n").map { $0.split(separator: " ").map(String.init) }
+        let nodeB = try #require(try b.connect().call("db.info", ["db": "notes"])["nodeId"]?.stringValue)
+        #expect(rows.count == 4 && rows[0] == ["DEVICE", "ROLE", "ADDED", "BY", "ADDED", "REMOVED", "BY", "REMOVED"], "\(members)")
+        #expect(rows.count == 4 && rows[1][1] == "admin" && rows[2].prefix(4) == [nodeB, "(this", "device)", "writer"], "\(members)")
+        let json = try run(ctl, ["db", "members", "notes", "--json", "--socket", a.socket])
+        let parsed = try JSONParser().parse(json.out)
+        #expect(json.status == 0 && parsed["members"]?.arrayValue?.count == 2)
         #expect(eventually { (try? b.connect().call("doc.get", ["db": "notes", "collection": "n", "id": "hello"])) != nil })
         let list = try run(ctl, ["peer", "list", "notes", "--socket", b.socket])
         let nodeA = try #require(try ca.call("db.info", ["db": "notes"])["nodeId"]?.stringValue)

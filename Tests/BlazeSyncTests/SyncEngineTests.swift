@@ -47,9 +47,10 @@ final class Device: @unchecked Sendable {
         try await a.listen()
         let dbA = try a.store.create("notes")
         for i in 0..<250 { _ = try dbA.apply(.put(collection: "c", id: "a\(i)", doc: ["n": .int(Int64(i))])) }
-        let token = try a.engine.share(db: dbA)
-        let dbB = try b.engine.join(token: token, name: "mine")
-        #expect(try b.engine.addPeer(db: dbB, address: PeerAddress("127.0.0.1:\(a.port)")!))
+        _ = try a.engine.share(db: dbA)
+        let invite = try a.engine.invite(db: dbA, role: .writer, expiresInMs: 60_000, address: nil).token
+        let dbB = try b.engine.join(token: invite, name: "mine")
+        #expect(try dbB.peers() == ["127.0.0.1:\(a.port)"], "joining keeps the inviting member as a peer")
         #expect(try eventually { try dbB.summary().documents == 250 })
         // Live in both directions.
         _ = try dbB.apply(.put(collection: "c", id: "fromB", doc: ["x": 1]))

@@ -25,8 +25,8 @@ final class Recorder<Message>: ChannelInboundHandler {
     var devices: [DevicePublicKeys] { events.compactMap { ($0 as? SyncLinkEstablished)?.device } }
 }
 
-/// Two devices of one space: `a` serves "notes", `b` joined it as "mine".
-struct SharedSpace {
+/// Two devices of one legacy space (shared with a secret token): `a` serves "notes", `b` joined it as "mine".
+struct SharedPair {
     let a: Device, b: Device
     let dbA: BlazeDatabase, dbB: BlazeDatabase
     let key: SpaceKey
@@ -36,8 +36,13 @@ struct SharedSpace {
         b = try Device()
         dbA = try a.store.create("notes")
         for i in 0..<documents { _ = try dbA.apply(.put(collection: "c", id: "d\(i)", doc: ["n": .int(Int64(i))])) }
-        dbB = try b.engine.join(token: try a.engine.share(db: dbA), name: "mine")
+        dbB = try b.engine.join(token: try a.engine.shareWithSecret(db: dbA), name: "mine")
         key = try #require(try b.engine.spaceKey(db: dbB))
+    }
+
+    /// The space of `db` on `device` as sync sees it, holding `key` (another key than the space's, to test refusals).
+    func space(_ device: Device, _ db: BlazeDatabase, _ key: SpaceKey) -> BlazeSync.SharedSpace {
+        BlazeSync.SharedSpace(db: db, id: key.id, identity: device.identity, ops: [], stored: key, capability: nil)
     }
 
     func close() async {
@@ -48,8 +53,8 @@ struct SharedSpace {
 
 /// Runs `body` over a new shared space, then closes the space. The body is synchronous so that the embedded channels
 /// it makes live and die on the thread that made them (an `EmbeddedEventLoop` must not be touched from another).
-func withSharedSpace(documents: Int = 0, _ body: (SharedSpace) throws -> Void) async throws {
-    let s = try SharedSpace(documents: documents)
+func withSharedSpace(documents: Int = 0, _ body: (SharedPair) throws -> Void) async throws {
+    let s = try SharedPair(documents: documents)
     do {
         try body(s)
     } catch {
@@ -85,7 +90,7 @@ func shuttle(_ x: EmbeddedChannel, _ y: EmbeddedChannel, chunk: Int = .max) thro
 /// The sync path's handlers, each in an `EmbeddedChannel` (or, where they run work on the I/O pool, an
 /// `NIOAsyncTestingChannel`).
 @Suite(.serialized) struct SyncHandlers {
-    func handshakePair(_ s: SharedSpace, key: SpaceKey? = nil) throws
+    func handshakePair(_ s: SharedPair, key: SpaceKey? = nil) throws
         -> (server: EmbeddedChannel, client: EmbeddedChannel, serverSeen: Recorder<PeerMessage>, clientSeen: Recorder<PeerMessage>, clientReport: LinkReport)
     {
         let serverSeen = Recorder<PeerMessage>(), clientSeen = Recorder<PeerMessage>()
@@ -93,7 +98,7 @@ func shuttle(_ x: EmbeddedChannel, _ y: EmbeddedChannel, chunk: Int = .max) thro
         let clientReport = LinkReport(book: s.b.engine.status, peer: "a", direction: .outbound, db: s.dbB.name)
         let server = try active([HandshakeHandler(engine: s.a.engine, report: serverReport), serverSeen])
         let client = try active([
-            HandshakeHandler(engine: s.b.engine, report: clientReport, db: s.dbB, key: key ?? s.key), clientSeen,
+            HandshakeHandler(engine: s.b.engine, report: clientReport, space: s.space(s.b, s.dbB, key ?? s.key)), clientSeen,
         ])
         return (server, client, serverSeen, clientSeen, clientReport)
     }
@@ -165,7 +170,7 @@ func shuttle(_ x: EmbeddedChannel, _ y: EmbeddedChannel, chunk: Int = .max) thro
     @Test func aBadHelloIsCountedOnTheOutboundLink() async throws {
         try await withSharedSpace { s in
             let report = LinkReport(book: s.b.engine.status, peer: "a", direction: .outbound, db: s.dbB.name)
-            let client = try active([HandshakeHandler(engine: s.b.engine, report: report, db: s.dbB, key: s.key)])
+            let client = try active([HandshakeHandler(engine: s.b.engine, report: report, space: s.space(s.b, s.dbB, s.key))])
             try client.writeInbound(HandshakeHandler.frame([UInt8](repeating: 0, count: Handshake.helloSize)))
             #expect(!client.isActive)
             #expect(s.b.engine.status(db: s.dbB).first?.rejected == ["bad_frame": 1])
@@ -249,7 +254,7 @@ func shuttle(_ x: EmbeddedChannel, _ y: EmbeddedChannel, chunk: Int = .max) thro
             let established = try active([GateTicket(gate: gate, address: "10.0.0.1")])
             let abandoned = try active([GateTicket(gate: gate, address: "10.0.0.1")])
             #expect(gate.current == (2, 2))
-            established.pipeline.fireUserInboundEventTriggered(SyncLinkEstablished(db: s.dbA, key: s.key, device: s.b.identity.publicKeys))
+            established.pipeline.fireUserInboundEventTriggered(SyncLinkEstablished(space: s.space(s.a, s.dbA, s.key), device: s.b.identity.publicKeys))
             #expect(gate.current == (2, 1))
             _ = try abandoned.finish(acceptAlreadyClosed: false)
             #expect(gate.current == (1, 0))
@@ -271,7 +276,9 @@ func shuttle(_ x: EmbeddedChannel, _ y: EmbeddedChannel, chunk: Int = .max) thro
             ])
         }
         try await channel.connect(to: SocketAddress(ipAddress: "127.0.0.1", port: 1))
-        channel.pipeline.fireUserInboundEventTriggered(SyncLinkEstablished(db: db, key: key, device: DeviceIdentity().publicKeys))
+        channel.pipeline.fireUserInboundEventTriggered(SyncLinkEstablished(
+                space: BlazeSync.SharedSpace(db: db, id: key.id, identity: engine.identity, ops: [], stored: key, capability: nil),
+                device: DeviceIdentity().publicKeys))
         return channel
     }
 
@@ -288,7 +295,7 @@ func shuttle(_ x: EmbeddedChannel, _ y: EmbeddedChannel, chunk: Int = .max) thro
     }
 
     @Test func sessionSendsItsStateThenExactlyWhatThePeerLacks() async throws {
-        let s = try SharedSpace(documents: 5)
+        let s = try SharedPair(documents: 5)
         let channel = try await session(s.a, db: s.dbA, key: s.key)
         guard case .state(let vector, let head?) = try await written(channel) else {
             Issue.record("the first message is not a STATE with a head")
@@ -309,7 +316,7 @@ func shuttle(_ x: EmbeddedChannel, _ y: EmbeddedChannel, chunk: Int = .max) thro
     }
 
     @Test func receiverStoresInOrderAndAReadIdleWhileBusyIsNotSilence() async throws {
-        let s = try SharedSpace()
+        let s = try SharedPair()
         for i in 0..<6 {
             _ = try s.dbA.apply(.put(collection: "c", id: "d\(i)", doc: ["n": .int(Int64(i))]))
             try s.dbA.sealLocal(key: s.key, identity: s.a.identity, batch: 1)
@@ -335,7 +342,7 @@ func shuttle(_ x: EmbeddedChannel, _ y: EmbeddedChannel, chunk: Int = .max) thro
     }
 
     @Test func aBatchThatDoesNotVerifyIsCountedToldToThePeerAndCloses() async throws {
-        let s = try SharedSpace(documents: 2)
+        let s = try SharedPair(documents: 2)
         try s.dbA.sealLocal(key: s.key, identity: s.a.identity)
         var batch = try #require(try s.dbA.entryBatch(origin: s.dbA.node, after: 0, maxEntries: 10))
         batch.entries.removeFirst()  // no longer links to anything held
@@ -353,7 +360,7 @@ func shuttle(_ x: EmbeddedChannel, _ y: EmbeddedChannel, chunk: Int = .max) thro
     }
 
     @Test func aQuietSessionPingsAndAPeerErrorCloses() async throws {
-        let s = try SharedSpace()
+        let s = try SharedPair()
         let channel = try await session(s.a, db: s.dbA, key: s.key)
         _ = try await written(channel)
         channel.pipeline.fireUserInboundEventTriggered(IdleStateHandler.IdleStateEvent.write)

@@ -165,7 +165,7 @@ class _Db:
         return self._client.call("db.restore", params)
 
     def share(self, *, db: str) -> Dict[str, Any]:
-        """Shares a database: returns the secret token another device joins with.
+        """Shares a database: creates its space with a membership log that makes this device the first admin.
 
         db: Database name.
         """
@@ -174,9 +174,9 @@ class _Db:
         return self._client.call("db.share", params)
 
     def join(self, *, token: str, db: str = MISSING) -> Dict[str, Any]:
-        """Creates a local replica of a shared database from its secret token.
+        """Creates a local replica of a shared database from an invite (or a legacy secret token).
 
-        token: The secret token printed by db.share on another device.
+        token: An invite printed by db.invite on a member (or a legacy token from db.share).
         db: Name of the new local database (default: shared-<first 8 hex digits of the space id>).
         """
         params: Dict[str, Any] = {}
@@ -184,6 +184,43 @@ class _Db:
         if db is not MISSING:
             params["db"] = db
         return self._client.call("db.join", params)
+
+    def invite(self, *, db: str, role: str, expires_in: int = MISSING, address: str = MISSING) -> Dict[str, Any]:
+        """Issues a one-time invite into a shared database's space.
+
+        db: Database name.
+        role: The role the joining device gets.
+        expiresIn: Seconds until the invite stops working (default 86400, at most 2592000).
+        address: The sync address the joiner connects to (default: the address this daemon listens on).
+        """
+        params: Dict[str, Any] = {}
+        params["db"] = db
+        params["role"] = role
+        if expires_in is not MISSING:
+            params["expiresIn"] = expires_in
+        if address is not MISSING:
+            params["address"] = address
+        return self._client.call("db.invite", params)
+
+    def members(self, *, db: str) -> Dict[str, Any]:
+        """Lists the devices of a shared database's space: roles, who added them and when, removals.
+
+        db: Database name.
+        """
+        params: Dict[str, Any] = {}
+        params["db"] = db
+        return self._client.call("db.members", params)
+
+    def revoke(self, *, db: str, device: str) -> Dict[str, Any]:
+        """Removes a device from a shared database's space and rotates its key.
+
+        db: Database name.
+        device: Node id of the device to remove (db.members lists them).
+        """
+        params: Dict[str, Any] = {}
+        params["db"] = db
+        params["device"] = device
+        return self._client.call("db.revoke", params)
 
 
 class _Collection:

@@ -57,10 +57,16 @@ public enum RPCMethod: String, Sendable, CaseIterable {
     case subscribe = "subscribe"
     /// Ends a subscription of this connection.
     case unsubscribe = "unsubscribe"
-    /// Shares a database: returns the secret token another device joins with.
+    /// Shares a database: creates its space with a membership log that makes this device the first admin.
     case dbShare = "db.share"
-    /// Creates a local replica of a shared database from its secret token.
+    /// Creates a local replica of a shared database from an invite (or a legacy secret token).
     case dbJoin = "db.join"
+    /// Issues a one-time invite into a shared database's space.
+    case dbInvite = "db.invite"
+    /// Lists the devices of a shared database's space: roles, who added them and when, removals.
+    case dbMembers = "db.members"
+    /// Removes a device from a shared database's space and rotates its key.
+    case dbRevoke = "db.revoke"
     /// Adds a peer to sync a shared database with, and connects to it.
     case peerAdd = "peer.add"
     /// Removes a peer of a database and closes its connection.
@@ -106,8 +112,11 @@ public enum RPCMethod: String, Sendable, CaseIterable {
         case .conflictResolve: return "Resolves a field's conflict by writing value (or keeping the current value); replicates."
         case .subscribe: return "Reports changes as `subscription` notifications; with `where`, a live query (enter/leave)."
         case .unsubscribe: return "Ends a subscription of this connection."
-        case .dbShare: return "Shares a database: returns the secret token another device joins with."
-        case .dbJoin: return "Creates a local replica of a shared database from its secret token."
+        case .dbShare: return "Shares a database: creates its space with a membership log that makes this device the first admin."
+        case .dbJoin: return "Creates a local replica of a shared database from an invite (or a legacy secret token)."
+        case .dbInvite: return "Issues a one-time invite into a shared database's space."
+        case .dbMembers: return "Lists the devices of a shared database's space: roles, who added them and when, removals."
+        case .dbRevoke: return "Removes a device from a shared database's space and rotates its key."
         case .peerAdd: return "Adds a peer to sync a shared database with, and connects to it."
         case .peerRemove: return "Removes a peer of a database and closes its connection."
         case .peerList: return "Lists the peers a database syncs with."
@@ -150,6 +159,9 @@ public enum RPCMethod: String, Sendable, CaseIterable {
         case .unsubscribe: return ["subscription"]
         case .dbShare: return ["db"]
         case .dbJoin: return ["token", "db"]
+        case .dbInvite: return ["db", "role", "expiresIn", "address"]
+        case .dbMembers: return ["db"]
+        case .dbRevoke: return ["db", "device"]
         case .peerAdd: return ["db", "address"]
         case .peerRemove: return ["db", "address"]
         case .peerList: return ["db"]
@@ -2388,7 +2400,7 @@ public enum RPC {
         }
     }
 
-    /// Parameters of `db.share`: Shares a database: returns the secret token another device joins with.
+    /// Parameters of `db.share`: Shares a database: creates its space with a membership log that makes this device the first admin.
     public struct DbShare: RPCParameters {
         public static let method = RPCMethod.dbShare
 
@@ -2398,11 +2410,11 @@ public enum RPC {
             public var db: String
             /// `space`.
             public var space: String
-            /// `token`.
-            public var token: String
+            /// Only for a database shared before membership (legacy): its secret token, which still lets a device join. Null for a space with a membership log: use db.invite.
+            public var token: String?
 
             /// A value from its members.
-            public init(db: String, space: String, token: String) {
+            public init(db: String, space: String, token: String?) {
                 self.db = db
                 self.space = space
                 self.token = token
@@ -2413,7 +2425,7 @@ public enum RPC {
                 let o = try RPCDecode.object(json)
                 self.db = try RPCDecode.member(o, "db", RPCDecode.string)
                 self.space = try RPCDecode.member(o, "space", RPCDecode.string)
-                self.token = try RPCDecode.member(o, "token", RPCDecode.string)
+                self.token = try RPCDecode.member(o, "token", { v throws(RPCShapeError) -> String? in try RPCDecode.nullable(v, RPCDecode.string) })
             }
 
             /// The value's JSON form.
@@ -2426,7 +2438,7 @@ public enum RPC {
                 var o = [String: JSONValue](minimumCapacity: 3)
                 o["db"] = .string(self.db)
                 o["space"] = .string(self.space)
-                o["token"] = .string(self.token)
+                o["token"] = (self.token.map { x0 -> JSONValue in .string(x0) } ?? .null)
                 return o
             }
         }
@@ -2463,7 +2475,7 @@ public enum RPC {
         }
     }
 
-    /// Parameters of `db.join`: Creates a local replica of a shared database from its secret token.
+    /// Parameters of `db.join`: Creates a local replica of a shared database from an invite (or a legacy secret token).
     public struct DbJoin: RPCParameters {
         public static let method = RPCMethod.dbJoin
 
@@ -2501,7 +2513,7 @@ public enum RPC {
             }
         }
 
-        /// The secret token printed by db.share on another device.
+        /// An invite printed by db.invite on a member (or a legacy token from db.share).
         public var token: String
         /// Name of the new local database (default: shared-<first 8 hex digits of the space id>).
         public var db: String?
@@ -2524,6 +2536,263 @@ public enum RPC {
             var o = [String: JSONValue](minimumCapacity: 2)
             o["token"] = .string(self.token)
             if let v = self.db { o["db"] = .string(v) }
+            return o
+        }
+
+        /// The JSON form of a result.
+        public static func encode(_ result: Result) -> JSONValue {
+            result.json
+        }
+
+        /// Reads a result a daemon sent.
+        public static func decode(_ result: JSONValue) throws(RPCShapeError) -> Result {
+            try RPCDecode.value(result, Result.init(json:))
+        }
+    }
+
+    /// Parameters of `db.invite`: Issues a one-time invite into a shared database's space.
+    public struct DbInvite: RPCParameters {
+        public static let method = RPCMethod.dbInvite
+
+        /// The result of `db.invite`.
+        public struct Result: RPCObject {
+            /// The values of `role`.
+            public enum Role: String, Sendable, CaseIterable {
+                case admin = "admin"
+                case writer = "writer"
+                case reader = "reader"
+            }
+
+            /// `db`.
+            public var db: String
+            /// `token`.
+            public var token: String
+            /// `role`.
+            public var role: Role
+            /// When the invite stops working (Unix ms).
+            public var expiresAtMs: Int
+
+            /// A value from its members.
+            public init(db: String, token: String, role: Role, expiresAtMs: Int) {
+                self.db = db
+                self.token = token
+                self.role = role
+                self.expiresAtMs = expiresAtMs
+            }
+
+            /// Reads the value from JSON.
+            public init(json: JSONValue) throws(RPCShapeError) {
+                let o = try RPCDecode.object(json)
+                self.db = try RPCDecode.member(o, "db", RPCDecode.string)
+                self.token = try RPCDecode.member(o, "token", RPCDecode.string)
+                self.role = try RPCDecode.member(o, "role", { v throws(RPCShapeError) -> Role in try RPCDecode.enumeration(v) })
+                self.expiresAtMs = try RPCDecode.member(o, "expiresAtMs", RPCDecode.int)
+            }
+
+            /// The value's JSON form.
+            public var json: JSONValue {
+                .object(jsonObject)
+            }
+
+            /// The members of the JSON form.
+            public var jsonObject: [String: JSONValue] {
+                var o = [String: JSONValue](minimumCapacity: 4)
+                o["db"] = .string(self.db)
+                o["token"] = .string(self.token)
+                o["role"] = .string(self.role.rawValue)
+                o["expiresAtMs"] = .int(Int64(self.expiresAtMs))
+                return o
+            }
+        }
+
+        /// Database name.
+        public var db: String
+        /// The role the joining device gets.
+        public var role: String
+        /// Seconds until the invite stops working (default 86400, at most 2592000).
+        public var expiresIn: Int?
+        /// The sync address the joiner connects to (default: the address this daemon listens on).
+        public var address: String?
+
+        /// Parameters from their values (optional ones default to absent).
+        public init(db: String, role: String, expiresIn: Int? = nil, address: String? = nil) {
+            self.db = db
+            self.role = role
+            self.expiresIn = expiresIn
+            self.address = address
+        }
+
+        /// Checks a request's params: names, presence and JSON types.
+        public init(validating params: [String: JSONValue]) throws(RPCError) {
+            try RPCParam.rejectUnknown(params, accepted: ["db", "role", "expiresIn", "address"], method: Self.method)
+            self.db = try RPCParam.required(params, "db", of: Self.method, RPCDecode.string)
+            self.role = try RPCParam.required(params, "role", of: Self.method, RPCDecode.string)
+            self.expiresIn = try RPCParam.optional(params, "expiresIn", of: Self.method, RPCDecode.int)
+            self.address = try RPCParam.optional(params, "address", of: Self.method, RPCDecode.string)
+        }
+
+        /// The params as a request carries them.
+        public var jsonObject: [String: JSONValue] {
+            var o = [String: JSONValue](minimumCapacity: 4)
+            o["db"] = .string(self.db)
+            o["role"] = .string(self.role)
+            if let v = self.expiresIn { o["expiresIn"] = .int(Int64(v)) }
+            if let v = self.address { o["address"] = .string(v) }
+            return o
+        }
+
+        /// The JSON form of a result.
+        public static func encode(_ result: Result) -> JSONValue {
+            result.json
+        }
+
+        /// Reads a result a daemon sent.
+        public static func decode(_ result: JSONValue) throws(RPCShapeError) -> Result {
+            try RPCDecode.value(result, Result.init(json:))
+        }
+    }
+
+    /// Parameters of `db.members`: Lists the devices of a shared database's space: roles, who added them and when, removals.
+    public struct DbMembers: RPCParameters {
+        public static let method = RPCMethod.dbMembers
+
+        /// The result of `db.members`.
+        public struct Result: RPCObject {
+            /// `db`.
+            public var db: String
+            /// The key epoch new entries are sealed with.
+            public var epoch: Int
+            /// `members`.
+            public var members: [RPCSchema.Member]
+
+            /// A value from its members.
+            public init(db: String, epoch: Int, members: [RPCSchema.Member]) {
+                self.db = db
+                self.epoch = epoch
+                self.members = members
+            }
+
+            /// Reads the value from JSON.
+            public init(json: JSONValue) throws(RPCShapeError) {
+                let o = try RPCDecode.object(json)
+                self.db = try RPCDecode.member(o, "db", RPCDecode.string)
+                self.epoch = try RPCDecode.member(o, "epoch", RPCDecode.int)
+                self.members = try RPCDecode.member(o, "members", { v throws(RPCShapeError) -> [RPCSchema.Member] in try RPCDecode.array(v, RPCSchema.Member.init(json:)) })
+            }
+
+            /// The value's JSON form.
+            public var json: JSONValue {
+                .object(jsonObject)
+            }
+
+            /// The members of the JSON form.
+            public var jsonObject: [String: JSONValue] {
+                var o = [String: JSONValue](minimumCapacity: 3)
+                o["db"] = .string(self.db)
+                o["epoch"] = .int(Int64(self.epoch))
+                o["members"] = .array(self.members.map { x0 in x0.json })
+                return o
+            }
+        }
+
+        /// Database name.
+        public var db: String
+
+        /// Parameters from their values (optional ones default to absent).
+        public init(db: String) {
+            self.db = db
+        }
+
+        /// Checks a request's params: names, presence and JSON types.
+        public init(validating params: [String: JSONValue]) throws(RPCError) {
+            try RPCParam.rejectUnknown(params, accepted: ["db"], method: Self.method)
+            self.db = try RPCParam.required(params, "db", of: Self.method, RPCDecode.string)
+        }
+
+        /// The params as a request carries them.
+        public var jsonObject: [String: JSONValue] {
+            var o = [String: JSONValue](minimumCapacity: 1)
+            o["db"] = .string(self.db)
+            return o
+        }
+
+        /// The JSON form of a result.
+        public static func encode(_ result: Result) -> JSONValue {
+            result.json
+        }
+
+        /// Reads a result a daemon sent.
+        public static func decode(_ result: JSONValue) throws(RPCShapeError) -> Result {
+            try RPCDecode.value(result, Result.init(json:))
+        }
+    }
+
+    /// Parameters of `db.revoke`: Removes a device from a shared database's space and rotates its key.
+    public struct DbRevoke: RPCParameters {
+        public static let method = RPCMethod.dbRevoke
+
+        /// The result of `db.revoke`.
+        public struct Result: RPCObject {
+            /// `db`.
+            public var db: String
+            /// `device`.
+            public var device: String
+            /// The epoch new entries are now sealed with.
+            public var epoch: Int
+
+            /// A value from its members.
+            public init(db: String, device: String, epoch: Int) {
+                self.db = db
+                self.device = device
+                self.epoch = epoch
+            }
+
+            /// Reads the value from JSON.
+            public init(json: JSONValue) throws(RPCShapeError) {
+                let o = try RPCDecode.object(json)
+                self.db = try RPCDecode.member(o, "db", RPCDecode.string)
+                self.device = try RPCDecode.member(o, "device", RPCDecode.string)
+                self.epoch = try RPCDecode.member(o, "epoch", RPCDecode.int)
+            }
+
+            /// The value's JSON form.
+            public var json: JSONValue {
+                .object(jsonObject)
+            }
+
+            /// The members of the JSON form.
+            public var jsonObject: [String: JSONValue] {
+                var o = [String: JSONValue](minimumCapacity: 3)
+                o["db"] = .string(self.db)
+                o["device"] = .string(self.device)
+                o["epoch"] = .int(Int64(self.epoch))
+                return o
+            }
+        }
+
+        /// Database name.
+        public var db: String
+        /// Node id of the device to remove (db.members lists them).
+        public var device: String
+
+        /// Parameters from their values (optional ones default to absent).
+        public init(db: String, device: String) {
+            self.db = db
+            self.device = device
+        }
+
+        /// Checks a request's params: names, presence and JSON types.
+        public init(validating params: [String: JSONValue]) throws(RPCError) {
+            try RPCParam.rejectUnknown(params, accepted: ["db", "device"], method: Self.method)
+            self.db = try RPCParam.required(params, "db", of: Self.method, RPCDecode.string)
+            self.device = try RPCParam.required(params, "device", of: Self.method, RPCDecode.string)
+        }
+
+        /// The params as a request carries them.
+        public var jsonObject: [String: JSONValue] {
+            var o = [String: JSONValue](minimumCapacity: 2)
+            o["db"] = .string(self.db)
+            o["device"] = .string(self.device)
             return o
         }
 
@@ -2870,13 +3139,16 @@ public enum RPC {
             public var refusedOverLimit: Int
             /// `databases`.
             public var databases: [Database]
+            /// Invites this daemon refused since start, by reason: invite_used, invite_expired, invite_unknown, inviter_not_admin.
+            public var invitesRefused: [String: Int]
 
             /// A value from its members.
-            public init(listen: String?, strangersRefused: Int, refusedOverLimit: Int, databases: [Database]) {
+            public init(listen: String?, strangersRefused: Int, refusedOverLimit: Int, databases: [Database], invitesRefused: [String: Int]) {
                 self.listen = listen
                 self.strangersRefused = strangersRefused
                 self.refusedOverLimit = refusedOverLimit
                 self.databases = databases
+                self.invitesRefused = invitesRefused
             }
 
             /// Reads the value from JSON.
@@ -2886,6 +3158,7 @@ public enum RPC {
                 self.strangersRefused = try RPCDecode.member(o, "strangersRefused", RPCDecode.int)
                 self.refusedOverLimit = try RPCDecode.member(o, "refusedOverLimit", RPCDecode.int)
                 self.databases = try RPCDecode.member(o, "databases", { v throws(RPCShapeError) -> [Database] in try RPCDecode.array(v, Database.init(json:)) })
+                self.invitesRefused = try RPCDecode.member(o, "invitesRefused", { v throws(RPCShapeError) -> [String: Int] in try RPCDecode.map(v, RPCDecode.int) })
             }
 
             /// The value's JSON form.
@@ -2895,11 +3168,12 @@ public enum RPC {
 
             /// The members of the JSON form.
             public var jsonObject: [String: JSONValue] {
-                var o = [String: JSONValue](minimumCapacity: 4)
+                var o = [String: JSONValue](minimumCapacity: 5)
                 o["listen"] = (self.listen.map { x0 -> JSONValue in .string(x0) } ?? .null)
                 o["strangersRefused"] = .int(Int64(self.strangersRefused))
                 o["refusedOverLimit"] = .int(Int64(self.refusedOverLimit))
                 o["databases"] = .array(self.databases.map { x0 in x0.json })
+                o["invitesRefused"] = .object(self.invitesRefused.mapValues { x0 in .int(Int64(x0)) })
                 return o
             }
         }
@@ -3470,7 +3744,7 @@ public enum RPCSchema {
         public var errors: Int
         /// `lastError`.
         public var lastError: String?
-        /// Refused entries, heads and frames by reason: malformed, wrong_space, unknown_epoch, bad_seal, bad_payload, broken_chain, bad_head, fork, rollback, bad_frame, invalid_change, clock_ahead, quarantined (SYNC.md §7).
+        /// Refused entries, heads and frames by reason: malformed, wrong_space, unknown_epoch, bad_seal, bad_payload, broken_chain, bad_head, fork, rollback, bad_frame, invalid_change, clock_ahead, quarantined (SYNC.md §7); not_a_member, reader, revoked (§9).
         public var rejected: [String: Int]
 
         /// A value from its members.
@@ -3587,6 +3861,72 @@ public enum RPCSchema {
             o["heldHash"] = .string(self.heldHash)
             o["otherHash"] = .string(self.otherHash)
             o["detectedAtMs"] = .int(Int64(self.detectedAtMs))
+            return o
+        }
+    }
+
+    /// A device of a space's membership log, as the log resolves it (SYNC.md §9).
+    public struct Member: RPCObject {
+        /// The values of `role`.
+        public enum Role: String, Sendable, CaseIterable {
+            case admin = "admin"
+            case writer = "writer"
+            case reader = "reader"
+        }
+
+        /// `device`.
+        public var device: String
+        /// `role`.
+        public var role: Role
+        /// Node id of the admin who added it; null for the space's creator.
+        public var addedBy: String?
+        /// When it was added (the adding admin's clock, Unix ms).
+        public var addedAtMs: Int
+        /// Node id of the admin who removed it; null while it is a member.
+        public var removedBy: String?
+        /// When it was removed (the removing admin's clock, Unix ms); null while it is a member.
+        public var removedAtMs: Int?
+        /// True for the device answering.
+        public var thisDevice: Bool
+
+        /// A value from its members.
+        public init(device: String, role: Role, addedBy: String?, addedAtMs: Int, removedBy: String?, removedAtMs: Int?, thisDevice: Bool) {
+            self.device = device
+            self.role = role
+            self.addedBy = addedBy
+            self.addedAtMs = addedAtMs
+            self.removedBy = removedBy
+            self.removedAtMs = removedAtMs
+            self.thisDevice = thisDevice
+        }
+
+        /// Reads the value from JSON.
+        public init(json: JSONValue) throws(RPCShapeError) {
+            let o = try RPCDecode.object(json)
+            self.device = try RPCDecode.member(o, "device", RPCDecode.string)
+            self.role = try RPCDecode.member(o, "role", { v throws(RPCShapeError) -> Role in try RPCDecode.enumeration(v) })
+            self.addedBy = try RPCDecode.member(o, "addedBy", { v throws(RPCShapeError) -> String? in try RPCDecode.nullable(v, RPCDecode.string) })
+            self.addedAtMs = try RPCDecode.member(o, "addedAtMs", RPCDecode.int)
+            self.removedBy = try RPCDecode.member(o, "removedBy", { v throws(RPCShapeError) -> String? in try RPCDecode.nullable(v, RPCDecode.string) })
+            self.removedAtMs = try RPCDecode.member(o, "removedAtMs", { v throws(RPCShapeError) -> Int? in try RPCDecode.nullable(v, RPCDecode.int) })
+            self.thisDevice = try RPCDecode.member(o, "thisDevice", RPCDecode.bool)
+        }
+
+        /// The value's JSON form.
+        public var json: JSONValue {
+            .object(jsonObject)
+        }
+
+        /// The members of the JSON form.
+        public var jsonObject: [String: JSONValue] {
+            var o = [String: JSONValue](minimumCapacity: 7)
+            o["device"] = .string(self.device)
+            o["role"] = .string(self.role.rawValue)
+            o["addedBy"] = (self.addedBy.map { x0 -> JSONValue in .string(x0) } ?? .null)
+            o["addedAtMs"] = .int(Int64(self.addedAtMs))
+            o["removedBy"] = (self.removedBy.map { x0 -> JSONValue in .string(x0) } ?? .null)
+            o["removedAtMs"] = (self.removedAtMs.map { x0 -> JSONValue in .int(Int64(x0)) } ?? .null)
+            o["thisDevice"] = .bool(self.thisDevice)
             return o
         }
     }

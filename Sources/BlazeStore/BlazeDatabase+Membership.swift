@@ -1,0 +1,104 @@
+import Foundation
+import GRDB
+
+/// Why an invite was not redeemed. The raw values are the counters' names in `sync.status`.
+public enum InviteRefusal: String, Error, Sendable, CaseIterable {
+    /// No invite with that id was issued here, or its secret does not match.
+    case unknown = "invite_unknown"
+    /// The invite was redeemed before.
+    case used = "invite_used"
+    /// The invite's expiry has passed.
+    case expired = "invite_expired"
+    /// The device that issued the invite is no longer an admin.
+    case inviterNotAdmin = "inviter_not_admin"
+}
+
+/// An invite this device issued, as `db.invites` style listings show it (the secret is never kept).
+public struct InviteRecord: Sendable, Equatable {
+    /// The invite's id (16 bytes).
+    public let id: [UInt8]
+    /// The role the joiner gets.
+    public let role: String
+    /// When it was issued (Unix ms).
+    public let createdAtMs: Int64
+    /// When it stops working (Unix ms).
+    public let expiresAtMs: Int64
+    /// When it was redeemed, nil while unused.
+    public let usedAtMs: Int64?
+}
+
+/// The database's membership log and issued invites as storage (SYNC.md §9): operations are opaque signed bytes that
+/// BlazeSync decodes, checks and resolves; the store only keeps them, deduplicated by hash.
+extension BlazeDatabase {
+    /// Every membership operation held, as received (any order).
+    public func membershipOps() throws -> [[UInt8]] {
+        try read { db in try Data.fetchAll(db, sql: "SELECT bytes FROM sync_membership").map { Array($0) } }
+    }
+
+    /// Stores operations (already verified by the caller) by hash; returns how many were new.
+    @discardableResult
+    public func addMembershipOps(_ ops: [(hash: [UInt8], bytes: [UInt8])]) throws -> Int {
+        guard !ops.isEmpty else { return 0 }
+        let now = Int64(Date().timeIntervalSince1970 * 1000)
+        return try pool.write { db in
+            var added = 0
+            let insert = try db.cachedStatement(
+                sql: "INSERT OR IGNORE INTO sync_membership(hash, bytes, received_at) VALUES (?, ?, ?)")
+            for op in ops {
+                try insert.execute(arguments: [Data(op.hash), Data(op.bytes), now])
+                added += db.changesCount
+            }
+            return added
+        }
+    }
+
+    /// Records an invite: its id, a hash of its secret, the role it grants and its expiry.
+    public func addInvite(id: [UInt8], secretHash: [UInt8], role: String, expiresAtMs: Int64) throws {
+        let now = Int64(Date().timeIntervalSince1970 * 1000)
+        try pool.write { db in
+            try db.execute(
+                sql: "INSERT INTO sync_invites(id, secret_hash, role, created_at, expires_at) VALUES (?, ?, ?, ?, ?)",
+                arguments: [Data(id), Data(secretHash), role, now, expiresAtMs])
+        }
+    }
+
+    /// Every invite issued here, newest first.
+    public func invites() throws -> [InviteRecord] {
+        try read { db in
+            try Row.fetchAll(
+                db, sql: "SELECT id, role, created_at, expires_at, used_at FROM sync_invites ORDER BY created_at DESC, id"
+            ).map { row in
+                InviteRecord(
+                    id: Array(row[0] as Data), role: row[1], createdAtMs: row[2], expiresAtMs: row[3], usedAtMs: row[4])
+            }
+        }
+    }
+
+    /// Redeems invite `id` for `device` in one transaction: checks the secret's hash, that it is unused and unexpired
+    /// at `nowMs`, asks `admit` for the membership operation that adds the device with the invite's role, stores that
+    /// operation and marks the invite used. Throws `InviteRefusal` (nothing changes) when the invite does not hold.
+    public func redeemInvite(
+        id: [UInt8], secretHash: [UInt8], device: [UInt8], nowMs: Int64,
+        admit: (String) throws -> (hash: [UInt8], bytes: [UInt8])
+    ) throws -> String {
+        try pool.write { db in
+            guard
+                let row = try Row.fetchOne(
+                    db, sql: "SELECT secret_hash, role, expires_at, used_at FROM sync_invites WHERE id = ?",
+                    arguments: [Data(id)]),
+                Array(row[0] as Data) == secretHash
+            else { throw InviteRefusal.unknown }
+            guard (row[3] as Int64?) == nil else { throw InviteRefusal.used }
+            guard nowMs < row[2] as Int64 else { throw InviteRefusal.expired }
+            let role: String = row[1]
+            let op = try admit(role)
+            try db.execute(
+                sql: "INSERT OR IGNORE INTO sync_membership(hash, bytes, received_at) VALUES (?, ?, ?)",
+                arguments: [Data(op.hash), Data(op.bytes), nowMs])
+            try db.execute(
+                sql: "UPDATE sync_invites SET used_at = ?, used_by = ? WHERE id = ?",
+                arguments: [nowMs, Data(device), Data(id)])
+            return role
+        }
+    }
+}

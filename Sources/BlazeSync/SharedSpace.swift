@@ -1,0 +1,179 @@
+import BlazeCrypto
+import BlazeProtocol
+import BlazeStore
+import Synchronization
+
+/// What a space's membership allows a device that proved the space's capability in the handshake.
+enum Admission: Equatable {
+    /// A member (any device in a legacy space, which has no log).
+    case member(MemberRole)
+    /// Not in the log: a relay, or a device joining with an invite. It receives only ciphertext, and no member
+    /// accepts an entry it signs.
+    case outsider
+    /// Removed from the space: its connections are closed and its handshakes refused.
+    case revoked
+}
+
+/// One shared database as sync sees it: the database, its space's keys and membership, rebuilt whenever the
+/// membership log grows. Sessions read the current `snapshot` each time they seal, open or admit, so a rotation
+/// takes effect on every connection at once.
+public final class SharedSpace: Sendable {
+    /// The database.
+    public let db: BlazeDatabase
+    /// The space id.
+    public let id: [UInt8]
+    let identity: DeviceIdentity
+    private let state: Mutex<Snapshot>
+    /// The invite this device is joining with, until it is a member.
+    let joining: Mutex<JoinWait?>
+
+    /// The space's keys and membership at one moment.
+    public struct Snapshot: Sendable {
+        /// The keys this device holds (the capability only, while joining).
+        public let key: SpaceKey
+        /// The resolved log; nil for a legacy space (shared with a secret token, no log).
+        public let membership: MembershipState?
+        /// Every operation held, by hash.
+        let ops: [[UInt8]: MembershipOp]
+        /// The epoch keys this device opened from the log's envelopes.
+        let held: [EpochKeyID: [UInt8]]
+        /// The legacy key (a space without a log), when held.
+        let stored: SpaceKey?
+        /// This device's node id.
+        let node: [UInt8]
+
+        /// What the space allows `device`.
+        func admits(_ device: DevicePublicKeys) -> Admission {
+            guard let membership else { return stored == nil ? .outsider : .member(.writer) }
+            guard let m = membership.member(device.nodeID), m.keys == device else { return .outsider }
+            return m.isCurrent ? .member(m.role) : .revoked
+        }
+
+        /// The operations that prove `device` was removed: the applied removal of it and all that operation's past.
+        func proofOfRemoval(of device: [UInt8]) -> [MembershipOp] {
+            guard let membership,
+                let removal = membership.applied.compactMap({ ops[$0] }).first(where: {
+                    if case .remove(let d, _, _) = $0.action { return d == device } else { return false }
+                })
+            else { return [] }
+            var proof: [[UInt8]: MembershipOp] = [:]
+            var next = [removal]
+            while let op = next.popLast() {
+                guard proof.updateValue(op, forKey: op.hash) == nil else { continue }
+                next += op.parents.compactMap { ops[$0] }
+            }
+            return proof.values.sorted { $0.hash.lexicographicallyPrecedes($1.hash) }
+        }
+
+        /// Why this device may not write, nil when it may.
+        func writeRefusal(db: String) -> String? {
+            guard let membership else { return stored == nil ? "database \(db) is still joining its space" : nil }
+            return Self.refusal(membership.member(node), db: db)
+        }
+
+
+        static func refusal(_ me: Member?, db: String) -> String? {
+            guard let me else { return "this device is not a member of the space of database \(db)" }
+            guard me.isCurrent else { return "this device was removed from the space of database \(db)" }
+            guard me.role.writes else {
+                return "this device is a reader in the space of database \(db): members refuse its writes"
+            }
+            return nil
+        }
+    }
+
+    /// Builds the space of `db` from its stored log (every key this device holds is sealed to it there), its legacy
+    /// key (a space shared before membership), or the capability alone while joining.
+    init(db: BlazeDatabase, id: [UInt8], identity: DeviceIdentity, ops: [MembershipOp], stored: SpaceKey?, capability: [UInt8]?) {
+        self.db = db
+        self.id = id
+        self.identity = identity
+        self.joining = Mutex(nil)
+        self.state = Mutex(
+            Self.resolve(id: id, identity: identity, ops: Dictionary(ops.map { ($0.hash, $0) }, uniquingKeysWith: { a, _ in a }),
+                stored: stored, capability: capability))
+    }
+
+    /// The current keys and membership.
+    public var snapshot: Snapshot { state.withLock { $0 } }
+
+    /// The current keys.
+    public var key: SpaceKey { snapshot.key }
+
+    /// Resolves the log into keys and membership.
+    static func resolve(
+        id: [UInt8], identity: DeviceIdentity, ops: [[UInt8]: MembershipOp], stored: SpaceKey?, capability: [UInt8]?
+    ) -> Snapshot {
+        guard !ops.isEmpty else {
+            let key = stored ?? (try? SpaceKey(id: id, capability: capability ?? [UInt8](repeating: 0, count: 32)))!
+            return Snapshot(key: key, membership: nil, ops: ops, held: [:], stored: stored, node: identity.nodeID)
+        }
+        let membership = MembershipState(space: id, ops: Array(ops.values))
+        let genesisID = membership.epochKeys.first { $0.epoch == 1 }
+        let held = membership.keys(for: identity)
+        let genesis = genesisID.flatMap { held[$0] }
+        let cap = genesis.map { SpaceKey.capability(id: id, genesis: $0) } ?? capability ?? stored?.capability
+        let me = membership.member(identity.nodeID)
+        let ring = membership.ring(held)
+        var epoch = membership.currentEpoch
+        var current: [UInt8]? = nil
+        if Snapshot.refusal(me, db: "") == nil {
+            current = membership.currentSecret(held)
+            if current == nil, let latest = ring.max(by: { $0.epoch < $1.epoch }) {
+                // A part of the current combination never reached this device: seal under the latest key it holds.
+                (epoch, current) = (latest.epoch, latest.secret)
+            }
+        }
+        let key =
+            (try? SpaceKey(id: id, capability: cap ?? [UInt8](repeating: 0, count: 32), epoch: epoch, current: current, ring: ring))
+            ?? (try! SpaceKey(id: id, capability: [UInt8](repeating: 0, count: 32)))
+        return Snapshot(key: key, membership: membership, ops: ops, held: held, stored: stored, node: identity.nodeID)
+    }
+
+    /// Most operations a space's log may hold.
+    static let maxOps = 100_000
+
+    /// Adds verified operations of this space; returns those that were new and kept. Operations by a device the
+    /// resolved log never added are dropped (they can never take effect, and anyone holding the capability could
+    /// send them); an honest operation's author is added by one of its ancestors, which its sender holds too.
+    func merge(_ incoming: [MembershipOp]) -> [MembershipOp] {
+        state.withLock { s in
+            var ops = s.ops
+            var fresh: [MembershipOp] = []
+            for op in incoming where op.space == id && ops[op.hash] == nil && ops.count < Self.maxOps {
+                ops[op.hash] = op
+                fresh.append(op)
+            }
+            guard !fresh.isEmpty else { return [] }
+            var next = Self.resolve(id: id, identity: identity, ops: ops, stored: s.stored, capability: s.key.capability)
+            let strangers = fresh.filter { next.membership?.member($0.author.nodeID) == nil }
+            if !strangers.isEmpty {
+                for op in strangers { ops[op.hash] = nil }
+                fresh.removeAll { op in strangers.contains { $0.hash == op.hash } }
+                next = Self.resolve(id: id, identity: identity, ops: ops, stored: s.stored, capability: s.key.capability)
+            }
+            if !fresh.isEmpty { s = next }
+            return fresh
+        }
+    }
+}
+
+/// A device joining a space with an invite: the token, and what to call once it is a member or refused.
+final class JoinWait: Sendable {
+    let invite: InviteToken
+    private let done: Mutex<(@Sendable (Result<Void, any Error>) -> Void)?>
+
+    init(invite: InviteToken, done: @escaping @Sendable (Result<Void, any Error>) -> Void) {
+        self.invite = invite
+        self.done = Mutex(done)
+    }
+
+    /// Reports the outcome, once.
+    func finish(_ result: Result<Void, any Error>) {
+        let callback = done.withLock { d in
+            defer { d = nil }
+            return d
+        }
+        callback?(result)
+    }
+}

@@ -1,0 +1,148 @@
+import BlazeCrypto
+import BlazeStore
+import NIOCore
+
+/// Membership on a session (SYNC.md §9): each side sends the log operations the other lacks before its `STATE`, so
+/// entries are always checked against a log at least as new as their sender's; a joiner redeems its invite first and
+/// sends its `STATE` only once admitted; a removed device's connection is closed as soon as its removal is known.
+extension SyncSession {
+    /// Bytes of operations per `MEMBERS` message (a long log goes in several).
+    static let membersMessageBytes = 1 << 20
+
+    /// Registers for membership changes, then either redeems the invite (joining) or sends the log and `STATE`.
+    func startMembership(context: ChannelHandlerContext) {
+        guard let link else { return }
+        let bound = NIOLoopBound((self, context), eventLoop: context.eventLoop)
+        let loop = context.eventLoop
+        registration = engine.register(db: link.db.name) {
+            loop.execute {
+                let (session, context) = bound.value
+                session.membershipChanged(context: context)
+            }
+        }
+        if let wait = link.space.joining.withLock({ $0 }) {
+            send(.join(id: wait.invite.id, secret: wait.invite.secret), context: context)
+            return
+        }
+        let snapshot = link.space.snapshot
+        if snapshot.admits(link.device) == .revoked {
+            sendProofOfRemoval(snapshot, context: context)
+            return
+        }
+        sendMembers(context: context)
+        sendState(context: context)
+    }
+
+    /// The device at the other end is removed in this side's log: it gets the operations that prove it (its removal
+    /// and that operation's past, nothing later) and nothing else. It may still answer with operations that undo the
+    /// removal (its own concurrent removal of the remover, by a more senior admin); its `STATE` ends that chance.
+    func sendProofOfRemoval(_ snapshot: SharedSpace.Snapshot, context: ChannelHandlerContext) {
+        guard let link else { return }
+        peerRemoved = true
+        let proof = snapshot.proofOfRemoval(of: link.device.nodeID).filter { !opsShared.contains($0.hash) }
+        for op in proof { opsShared.insert(op.hash) }
+        if !proof.isEmpty { send(.members(proof), context: context) }
+        // A peer whose STATE came already has sent its log: the removal is final.
+        if peerVector != nil { _ = stillRemoved(context: context) }
+    }
+
+    /// Decides about a removed peer: when the log still removes it, counts `revoked`, tells it and closes (returns
+    /// true); otherwise the session goes on as with any member (returns false).
+    @discardableResult
+    func stillRemoved(context: ChannelHandlerContext) -> Bool {
+        guard let link else { return true }
+        guard link.space.snapshot.admits(link.device) == .revoked else {
+            peerRemoved = false
+            sendMembers(context: context)
+            sendState(context: context)
+            return false
+        }
+        report.reject(.revoked)
+        engine.logger.info(
+            "Sync refused a removed device", metadata: ["db": "\(link.db.name)", "device": "\(link.device.nodeIDHex)"])
+        send(.error(SyncRejection.revoked.rawValue), context: context)
+        close(context: context)
+        return true
+    }
+
+    /// Sends the operations the peer is not known to hold, in messages of at most `membersMessageBytes`.
+    func sendMembers(context: ChannelHandlerContext) {
+        guard let link else { return }
+        let fresh = link.space.snapshot.ops.values.filter { !opsShared.contains($0.hash) }
+            .sorted { $0.hash.lexicographicallyPrecedes($1.hash) }
+        var chunk: [MembershipOp] = []
+        var bytes = 0
+        for op in fresh {
+            if bytes + op.bytes.count > Self.membersMessageBytes && !chunk.isEmpty {
+                send(.members(chunk), context: context)
+                (chunk, bytes) = ([], 0)
+            }
+            chunk.append(op)
+            bytes += op.bytes.count
+            opsShared.insert(op.hash)
+        }
+        if !chunk.isEmpty { send(.members(chunk), context: context) }
+    }
+
+    /// Merges operations the peer sent; new ones are stored, then every session of the database hears of them.
+    func received(ops: [MembershipOp], context: ChannelHandlerContext) {
+        guard let link else { return }
+        for op in ops { opsShared.insert(op.hash) }
+        let fresh = link.space.merge(ops)
+        if !fresh.isEmpty { engine.persist(fresh, space: link.space) }
+    }
+
+    /// The space's log changed: close if the peer (or this device) was removed, finish joining once admitted, and
+    /// send the peer what it lacks.
+    func membershipChanged(context: ChannelHandlerContext) {
+        guard let link, !closed else { return }
+        let snapshot = link.space.snapshot
+        if snapshot.admits(link.device) == .revoked {
+            sendProofOfRemoval(snapshot, context: context)
+            return
+        }
+        if peerRemoved {
+            // Operations that arrived since undid the removal.
+            stillRemoved(context: context)
+            return
+        }
+        if let me = snapshot.membership?.member(engine.identity.nodeID), !me.isCurrent {
+            report.update { $0.lastError = "this device was removed from the space" }
+            close(context: context)
+            return
+        }
+        if link.space.joining.withLock({ $0 != nil }) {
+            guard snapshot.membership?.member(engine.identity.nodeID)?.isCurrent == true else { return }
+            engine.finishJoin(link.space)
+        }
+        sendMembers(context: context)
+        sendState(context: context)
+    }
+
+    /// A joiner at the other end redeems an invite: on success the new operation reaches it like any other; a
+    /// refusal is counted, told to the joiner and closes the connection.
+    func redeem(inviteID: [UInt8], secret: [UInt8], context: ChannelHandlerContext) {
+        guard let link else { return }
+        let (engine, space, device) = (self.engine, link.space, link.device)
+        let bound = NIOLoopBound((self, context), eventLoop: context.eventLoop)
+        engine.pool.runIfActive(eventLoop: context.eventLoop) {
+            _ = try engine.admit(device: device, inviteID: inviteID, secret: secret, space: space)
+        }.whenComplete { result in
+            let (session, context) = bound.value
+            switch result {
+            case .success:
+                engine.logger.info(
+                    "Sync admitted a device with an invite", metadata: ["db": "\(space.db.name)", "device": "\(device.nodeIDHex)"])
+            case .failure(let refusal as InviteRefusal):
+                engine.countInviteRefusal(refusal.rawValue)
+                engine.logger.warning(
+                    "Sync refused an invite",
+                    metadata: ["db": "\(space.db.name)", "device": "\(device.nodeIDHex)", "reason": "\(refusal.rawValue)"])
+                session.send(.error(refusal.rawValue), context: context)
+                session.close(context: context)
+            case .failure(let error):
+                session.errorCaught(context: context, error: LocalFailure(error))
+            }
+        }
+    }
+}

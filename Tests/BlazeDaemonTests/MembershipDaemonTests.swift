@@ -1,0 +1,215 @@
+import BlazeClient
+import BlazeCrypto
+import BlazeProtocol
+import BlazeTestSupport
+import Foundation
+import GRDB
+import Testing
+
+/// The node id of a daemon's device (as `db.info` reports it for `db`).
+func nodeID(_ c: BlazeConnection, _ db: String) throws -> String {
+    try #require(try c.call("db.info", ["db": .string(db)])["nodeId"]?.stringValue)
+}
+
+/// `db.members` of `db` as (device, role, removed) triples, in order of addition.
+func members(_ c: BlazeConnection, _ db: String) throws -> [(device: String, role: String, removed: Bool)] {
+    try (c.call("db.members", ["db": .string(db)])["members"]?.arrayValue ?? []).map {
+        ($0["device"]?.stringValue ?? "", $0["role"]?.stringValue ?? "", $0["removedBy"] != .null)
+    }
+}
+
+/// The membership operations a daemon's database holds, read from its file.
+func membershipOps(dataDir: String, db: String) throws -> [MembershipOp] {
+    let queue = try DatabaseQueue(path: dataDir + "/databases/\(db).db")
+    return try queue.read { d in try Data.fetchAll(d, sql: "SELECT bytes FROM sync_membership") }.map {
+        try MembershipOp(bytes: Array($0))
+    }
+}
+
+/// The sealed entries of `origin` (hex) a daemon's database holds, read from its file.
+func sealedEntries(dataDir: String, db: String, origin: String) throws -> [SealedEntry] {
+    let queue = try DatabaseQueue(path: dataDir + "/databases/\(db).db")
+    return try queue.read { d in
+        try Row.fetchAll(d, sql: "SELECT bytes, hash FROM sync_entries WHERE origin = ? ORDER BY seq", arguments: [Data(hexBytes(origin)!)])
+    }.map { try SealedEntry(stored: Array($0[0] as Data), hash: Array($0[1] as Data)) }
+}
+
+/// Membership with real daemons (SYNC.md §9): invites, roles, revocation and rotation, concurrent admins.
+@Suite(.serialized) struct MembershipDaemonTests {
+    @Test func threeDevicesJoinWithInvitesThatWorkOnceAndExpire() throws {
+        let a = try syncDaemon(), b = try syncDaemon(), c = try syncDaemon(), d = try syncDaemon()
+        let ca = try a.connect(), cb = try b.connect(), cc = try c.connect(), cd = try d.connect()
+        _ = try ca.call("db.create", ["db": "team"])
+        _ = try ca.call("doc.put", ["db": "team", "collection": "n", "id": "a0", "doc": ["by": "a"]])
+        let tokenB = try ca.invite("team")
+        _ = try cb.call("db.join", ["token": .string(tokenB), "db": "team"])
+        _ = try cc.call("db.join", ["token": .string(try ca.invite("team")), "db": "team"])
+        // The joiner got the history at once, and every member sees the same three devices.
+        #expect(try eventually { try replicaState(cb, "team").docs == 1 && replicaState(cc, "team").docs == 1 })
+        let (na, nb, nc) = (try nodeID(ca, "team"), try nodeID(cb, "team"), try nodeID(cc, "team"))
+        for conn in [ca, cb, cc] {
+            #expect(try eventually { try members(conn, "team").map(\.device) == [na, nb, nc] })
+        }
+        #expect(try members(ca, "team").map(\.role) == ["admin", "writer", "writer"])
+        for (conn, tag) in [(ca, "a"), (cb, "b"), (cc, "c")] {
+            for i in 1...20 { _ = try conn.call("doc.put", ["db": "team", "collection": "n", "id": .string("\(tag)\(i)"), "doc": ["i": .int(Int64(i))]]) }
+        }
+        // C syncs with A only; B's writes reach it through A.
+        #expect(try eventually(timeout: .seconds(60)) {
+            let states = try [ca, cb, cc].map { try replicaState($0, "team") }
+            return states[0].docs == 61 && states.allSatisfy { $0 == states[0] }
+        })
+        // The same invite a second time: refused with a clear error, counted, and nothing left behind.
+        expectRPCError(cd, "db.join", ["token": .string(tokenB), "db": "late"], code: -32020, kind: "invite_used")
+        #expect(try cd.call("db.list")["databases"]?.arrayValue?.contains { $0["name"] == "late" } == false)
+        #expect(try ca.call("sync.status")["invitesRefused"]?["invite_used"] == 1)
+        // An expired invite is refused the same way.
+        let short = try ca.call("db.invite", ["db": "team", "role": "reader", "expiresIn": 1])
+        let expiresAt = try #require(short["expiresAtMs"]?.intValue)
+        #expect(eventually { Int64(Date().timeIntervalSince1970 * 1000) > expiresAt })
+        expectRPCError(cd, "db.join", ["token": try #require(short["token"])], code: -32020, kind: "invite_expired")
+        #expect(try ca.call("sync.status")["invitesRefused"]?["invite_expired"] == 1)
+        #expect(try members(ca, "team").count == 3)
+        for daemon in [a, b, c] { daemon.stop() }
+        d.stop(expectErrors: false)
+    }
+
+    @Test func revokingAnOfflineDeviceRotatesTheKeyAndShutsItOut() throws {
+        let a = try syncDaemon(), b = try syncDaemon()
+        let dirC = TempDir()
+        var c = try syncDaemon(dir: dirC)
+        let ca = try a.connect(), cb = try b.connect()
+        _ = try ca.call("db.create", ["db": "team"])
+        _ = try cb.call("db.join", ["token": .string(try ca.invite("team")), "db": "team"])
+        _ = try c.connect().call("db.join", ["token": .string(try ca.invite("team")), "db": "team"])
+        _ = try c.connect().call("doc.put", ["db": "team", "collection": "n", "id": "fromC", "doc": ["v": 1]])
+        _ = try ca.call("doc.put", ["db": "team", "collection": "n", "id": "before", "doc": ["v": 1]])
+        #expect(try eventually {
+            try [ca, cb, c.connect()].map { try replicaState($0, "team") }.allSatisfy { $0.docs == 2 }
+        })
+        let nc = try nodeID(try c.connect(), "team"), na = try nodeID(ca, "team")
+        let cBefore = try replicaState(try c.connect(), "team")
+        c.stop()
+        // C is offline: A revokes it. The key rotates; A and B keep writing without any step on B.
+        let revoked = try ca.call("db.revoke", ["db": "team", "device": .string(nc)])
+        #expect(revoked["epoch"] == 2)
+        expectRPCError(ca, "db.revoke", ["db": "team", "device": .string(nc)], code: -32020, kind: "already_removed")
+        _ = try ca.call("doc.put", ["db": "team", "collection": "n", "id": "afterA", "doc": ["secret": "a"]])
+        _ = try cb.call("doc.put", ["db": "team", "collection": "n", "id": "afterB", "doc": ["secret": "b"]])
+        #expect(try eventually { try replicaState(ca, "team") == replicaState(cb, "team") && replicaState(cb, "team").docs == 4 })
+        #expect(try eventually { try members(cb, "team").map(\.removed) == [false, false, true] })
+        #expect(try cb.call("db.members", ["db": "team"])["epoch"] == 2)
+        // C comes back, writes, and tries to sync: refused at the handshake, it receives nothing new and nothing it
+        // writes is accepted anywhere; its old data stays as it was.
+        c = try syncDaemon(dir: dirC)
+        let cc = try c.connect()
+        _ = try cc.call("doc.put", ["db": "team", "collection": "n", "id": "lateC", "doc": ["v": 2]])
+        _ = try cc.call("sync.now", ["db": "team"])
+        #expect(try eventually {
+            let peers = try ca.call("sync.status", ["db": "team"])["databases"]?.arrayValue?.first?["peers"]?.arrayValue ?? []
+            return peers.contains { ($0["rejected"]?["revoked"]?.intValue ?? 0) > 0 }
+        })
+        #expect(try replicaState(cc, "team").docs == cBefore.docs + 1)
+        for conn in [ca, cb] {
+            expectRPCError(conn, "doc.get", ["db": "team", "collection": "n", "id": "lateC"], code: RPCErrorCode.notFound)
+        }
+        expectRPCError(cc, "doc.get", ["db": "team", "collection": "n", "id": "afterA"], code: RPCErrorCode.notFound)
+        // With the keys C holds (every envelope sealed to it, the old share secret included), A's entries written
+        // after the rotation do not open; those from before do.
+        let ops = try membershipOps(dataDir: c.dataDir, db: "team")
+        let identityC = try DeviceIdentity.loadOrCreate(directory: c.dataDir + "/keys")
+        let view = MembershipState(space: ops[0].space, ops: ops)
+        let ring = view.ring(view.keys(for: identityC))
+        #expect(!ring.isEmpty && ring.allSatisfy { $0.epoch == 1 })
+        let oldKey = try SpaceKey(id: view.space, capability: [UInt8](repeating: 0, count: 32), epoch: 1, current: ring[0].secret, ring: ring)
+        let entries = try sealedEntries(dataDir: a.dataDir, db: "team", origin: na)
+        let (old, new) = (entries.filter { $0.header.epoch == 1 }, entries.filter { $0.header.epoch == 2 })
+        #expect(!old.isEmpty && !new.isEmpty, "A sealed under both epochs: \(entries.map(\.header.epoch))")
+        for e in old { #expect((try? e.open(with: oldKey)) != nil) }
+        for e in new { #expect(throws: SyncRejection.self) { try e.open(with: oldKey) } }
+        a.stop()
+        b.stop()
+        c.stop(expectErrors: false)
+    }
+
+    @Test func aReadersWritesAreRefusedLocallyAndByEveryMemberOnTheWire() throws {
+        let a = try syncDaemon(), b = try syncDaemon()
+        let ca = try a.connect(), cb = try b.connect()
+        _ = try ca.call("db.create", ["db": "team"])
+        _ = try ca.call("doc.put", ["db": "team", "collection": "n", "id": "seed", "doc": ["v": 1]])
+        _ = try cb.call("db.join", ["token": .string(try ca.invite("team", role: "reader")), "db": "team"])
+        #expect(try eventually { try replicaState(cb, "team").docs == 1 })
+        expectRPCError(cb, "doc.put", ["db": "team", "collection": "n", "id": "x", "doc": ["v": 1]], code: -32020, kind: "read_only")
+        expectRPCError(cb, "tx.commit", ["db": "team", "ops": [["op": "insert", "collection": "n", "doc": ["v": 1]]]], code: -32020, kind: "read_only")
+        // A harness joins as a reader with its own invite, then signs a write with its key and forces it onto the wire.
+        let invite = try InviteToken(text: try ca.invite("team", role: "reader"))
+        let port = try #require(Int(invite.address.split(separator: ":").last ?? ""))
+        let reader = HostileMember(key: try SpaceKey(id: invite.space, capability: invite.capability))
+        try reader.connect(port: port)
+        try reader.send([6] + invite.id + invite.secret)
+        var ops: [MembershipOp] = []
+        let deadline = Date().addingTimeInterval(10)
+        while Date() < deadline, MembershipState(space: invite.space, ops: ops).member(reader.identity.nodeID) == nil {
+            guard let message = try reader.receive() else { break }
+            if message.first == 5 { ops += try Self.decodeMembers(message) }
+        }
+        let view = MembershipState(space: invite.space, ops: ops)
+        #expect(view.member(reader.identity.nodeID)?.role == .reader)
+        let held = view.keys(for: reader.identity)
+        reader.key = try SpaceKey(
+            id: invite.space, capability: invite.capability, epoch: view.currentEpoch, current: view.currentSecret(held),
+            ring: view.ring(held))
+        let change = SyncTarget.change(reader, [HostileMember.docOp("n", "forged", set: ["v": .int(1)])])
+        try reader.send(reader.signedRun([change]).message)
+        #expect(try eventually {
+            let peers = try ca.call("sync.status", ["db": "team"])["databases"]?.arrayValue?.first?["peers"]?.arrayValue ?? []
+            return peers.contains { ($0["rejected"]?["reader"]?.intValue ?? 0) > 0 }
+        })
+        expectRPCError(ca, "doc.get", ["db": "team", "collection": "n", "id": "forged"], code: RPCErrorCode.notFound)
+        reader.close()
+        a.stop()
+        b.stop()
+    }
+
+    @Test func twoAdminsRevokingEachOtherWhilePartitionedConvergeOnTheSeniorOne() throws {
+        let a = try syncDaemon(), b = try syncDaemon(), c = try syncDaemon()
+        let ca = try a.connect(), cb = try b.connect(), cc = try c.connect()
+        _ = try ca.call("db.create", ["db": "team"])
+        _ = try cb.call("db.join", ["token": .string(try ca.invite("team", role: "admin")), "db": "team"])
+        _ = try cc.call("db.join", ["token": .string(try ca.invite("team")), "db": "team"])
+        _ = try cc.call("peer.add", ["db": "team", "address": .string(try b.syncAddress())])
+        let (na, nb, nc) = (try nodeID(ca, "team"), try nodeID(cb, "team"), try nodeID(cc, "team"))
+        for conn in [ca, cb, cc] { #expect(try eventually { try members(conn, "team").count == 3 }) }
+        // Partitioned: each admin removes the other.
+        for conn in [ca, cb, cc] { _ = try conn.call("sync.pause", ["db": "team"]) }
+        _ = try ca.call("db.revoke", ["db": "team", "device": .string(nb)])
+        _ = try cb.call("db.revoke", ["db": "team", "device": .string(na)])
+        _ = try ca.call("doc.put", ["db": "team", "collection": "n", "id": "byA", "doc": ["v": 1]])
+        for conn in [ca, cb, cc] { _ = try conn.call("sync.resume", ["db": "team"]) }
+        // SYNC.md §9: the senior admin (the creator) goes first, so B's removal of A is void; every device,
+        // B included (it hears of it through C), ends with A and C as members and B removed.
+        for conn in [ca, cb, cc] {
+            let converged = try eventually(timeout: .seconds(30)) {
+                try members(conn, "team").map { "\($0.device) \($0.removed)" } == ["\(na) false", "\(nb) true", "\(nc) false"]
+            }
+            let seen = try members(conn, "team"), status = try conn.call("sync.status", ["db": "team"]).jsonText
+            #expect(converged, "\(seen) \(status)")
+        }
+        #expect(try eventually { try replicaState(cc, "team") == replicaState(ca, "team") })
+        expectRPCError(cb, "doc.put", ["db": "team", "collection": "n", "id": "x", "doc": ["v": 1]], code: -32020, kind: "read_only")
+        a.stop()
+        b.stop(expectErrors: false)
+        c.stop()
+    }
+
+    /// The operations of a `MEMBERS` message (SYNC.md §8).
+    static func decodeMembers(_ message: [UInt8]) throws -> [MembershipOp] {
+        var r = ByteReader(message[1...])
+        var ops: [MembershipOp] = []
+        for _ in 0..<(r.readUInt32() ?? 0) {
+            guard let n = r.readUInt32(), let bytes = r.read(Int(n)) else { throw HostileError("bad MEMBERS") }
+            ops.append(try MembershipOp(bytes: Array(bytes)))
+        }
+        return ops
+    }
+}
