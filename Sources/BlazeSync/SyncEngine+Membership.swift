@@ -31,7 +31,7 @@ public struct MemberInfo: Sendable {
 }
 
 /// Unix time in milliseconds, as membership operations carry it.
-func nowMsUnsigned() -> UInt64 { UInt64(max(0, Date().timeIntervalSince1970 * 1000)) }
+func nowMsUnsigned() -> UInt64 { UInt64(max(0, nowMs())) }
 
 /// Membership (SYNC.md §9): invites, joining, revocation, and telling every session when the log changes.
 extension SyncEngine {
