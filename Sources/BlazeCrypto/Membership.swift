@@ -185,18 +185,36 @@ public struct MembershipState: Sendable {
             seniority += 1
         case .remove(let device, let cutoff, let epoch):
             let target = hexString(device)
-            guard var removed = members[target], removed.isCurrent else { return "device is not a current member" }
+            guard var removed = members[target] else { return "device is not a member" }
+            let known = Array(knownKeys)
+            guard epoch == Self.epoch(of: known) + 1 else { return "epoch is not one past the author's latest" }
+            // A concurrent removal of the same device went first: this one keeps that removal (and its cutoff) and
+            // only rotates, so entries its author sealed with the new key stay readable.
+            guard removed.isCurrent else { return nil }
             guard members.values.contains(where: { $0.isCurrent && $0.role == .admin && $0.keys != removed.keys }) else {
                 return "it would leave no admin"
             }
-            let known = Array(knownKeys)
-            guard epoch == Self.epoch(of: known) + 1 else { return "epoch is not one past the author's latest" }
             removed.removal = (signer.keys.nodeID, op.timeMs, cutoff)
             members[target] = removed
         case .grant:
             break
         }
         return nil
+    }
+
+    /// The epoch keys current members were never sealed, member by member: a device added concurrently with a
+    /// rotation gets no envelope from the rotation (its author did not know the device), nor from its own `add` (that
+    /// author did not know the key). A current admin holding such a key delivers it with a `grant` (SYNC.md §9).
+    public var missingKeys: [(member: Member, keys: [EpochKeyID])] {
+        var delivered: [String: Set<EpochKeyID>] = [:]
+        for (envelope, key) in envelopes { delivered[hexString(envelope.recipient), default: []].insert(key) }
+        let genesis = epochKeys.first { $0.epoch == 1 }
+        return current.compactMap { m in
+            let have = delivered[m.keys.nodeIDHex] ?? []
+            // The creator made the genesis key; it needs no envelope for it.
+            let missing = epochKeys.filter { !have.contains($0) && !(m.addedBy == nil && $0 == genesis) }
+            return missing.isEmpty ? nil : (m, missing)
+        }
     }
 
     /// The epoch keys `identity` can open from the envelopes addressed to it, plus `initial` (the space's secret at

@@ -130,6 +130,9 @@ public struct SpaceKey: Sendable, Equatable {
         (entryKeys[epoch] ?? []).map { SymmetricKey(data: $0) }
     }
 
+    /// How many entry keys this key ring holds, over all epochs (it grows when keys are delivered).
+    public var entryKeyCount: Int { entryKeys.values.reduce(0) { $0 + $1.count } }
+
     /// The key peers prove they hold during the handshake (the capability).
     public var authKey: SymmetricKey { SymmetricKey(data: authKeyBytes) }
 

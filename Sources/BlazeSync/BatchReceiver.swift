@@ -19,7 +19,8 @@ final class BatchReceiver: ChannelInboundHandler {
     let report: LinkReport
     private var link: SyncLinkEstablished?
     /// Received batches in arrival order, each already being verified on the I/O pool.
-    private var inbox: [(batch: EntryBatch, verified: EventLoopFuture<VerifiedBatch>)] = []
+    /// Received batches being verified, each with how many entry keys the space held when its verification began.
+    private var inbox: [(batch: EntryBatch, verified: EventLoopFuture<VerifiedBatch>, keys: Int)] = []
     /// Entry bytes of the batches in `inbox`.
     private var inboxBytes = 0
     private var applying = false
@@ -55,7 +56,7 @@ final class BatchReceiver: ChannelInboundHandler {
         let verified = engine.pool.runIfActive(eventLoop: context.eventLoop) {
             try db.verify(batch: batch, key: snapshot.key, membership: snapshot.membership)
         }
-        inbox.append((batch, verified))
+        inbox.append((batch, verified, snapshot.key.entryKeyCount))
         inboxBytes += batch.byteCount
         if (inbox.count >= Self.maxInbox || inboxBytes >= Self.maxInboxBytes) && !readPaused {
             readPaused = true
@@ -91,7 +92,7 @@ final class BatchReceiver: ChannelInboundHandler {
     /// Stores the next waiting batch once it has verified, then the one after it.
     private func applyNext(context: ChannelHandlerContext) {
         guard !applying, !stopped, !inbox.isEmpty, let link else { return }
-        let (batch, verified) = inbox.removeFirst()
+        let (batch, verified, keys) = inbox.removeFirst()
         inboxBytes -= batch.byteCount
         guard !refusedOrigins.contains(batch.origin) else {
             resumeReading(context: context)
@@ -117,6 +118,9 @@ final class BatchReceiver: ChannelInboundHandler {
                     receiver.applyNext(context: context)
                 case .failure(let error as SyncRejection) where error.blamesOrigin:
                     receiver.refuse(batch, error, link: link, context: context)
+                    if error == .unknownEpoch || error == .badSeal {
+                        context.fireUserInboundEventTriggered(AwaitingKeys(held: keys))
+                    }
                 case .failure(let error):
                     // A refusal of the peer's frame, or a local failure: the session decides.
                     receiver.stop()

@@ -62,11 +62,41 @@ extension SyncEngine {
         pool.submit { _ in
             do {
                 try db.addMembershipOps(ops.map { ($0.hash, $0.bytes) })
+                try engine.grantMissingKeys(space: space)
             } catch {
                 engine.logger.error("Cannot store membership operations", metadata: ["db": "\(db.name)", "error": "\(error)"])
             }
             engine.membershipChanged(db: db.name)
         }
+    }
+
+    /// Most envelopes one `grant` carries; a larger backlog takes several (each merge runs this again).
+    static let maxGrantEnvelopes = 1024
+
+    /// When this device is a current admin, seals to each current member the epoch keys it holds that the log never
+    /// sealed to that member (`MembershipState.missingKeys`: an add concurrent with a rotation) and records them as one
+    /// `grant`. Several admins may grant the same key; the copies are harmless.
+    func grantMissingKeys(space: SharedSpace) throws {
+        let snapshot = space.snapshot
+        guard let membership = snapshot.membership, let me = membership.member(identity.nodeID), me.isCurrent,
+            me.role == .admin
+        else { return }
+        var envelopes: [KeyEnvelope] = []
+        for (member, keys) in membership.missingKeys {
+            for key in keys {
+                guard let secret = snapshot.held[key], envelopes.count < Self.maxGrantEnvelopes else { continue }
+                envelopes.append(try KeyEnvelope(sealing: secret, space: space.id, epoch: key.epoch, keyOp: key.op, to: member.keys))
+            }
+        }
+        guard !envelopes.isEmpty else { return }
+        let op = try MembershipOp(
+            space: space.id, author: identity, timeMs: nowMsUnsigned(), parents: membership.heads, action: .grant,
+            envelopes: envelopes)
+        try space.db.addMembershipOps([(op.hash, op.bytes)])
+        _ = space.merge([op])
+        logger.info(
+            "Sync granted epoch keys to members that missed a rotation",
+            metadata: ["db": "\(space.db.name)", "envelopes": "\(envelopes.count)"])
     }
 
     /// Counts an invite refused, by reason.

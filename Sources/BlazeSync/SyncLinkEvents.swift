@@ -19,3 +19,10 @@ struct PeerHoldsBatch {
     let origin: NodeID
     let seq: UInt64
 }
+
+/// Fired by `BatchReceiver` when it refused a batch it could not open (`unknown_epoch`, `bad_seal`) with `held` entry
+/// keys: should more keys arrive (a `grant` for a rotation this device missed), the session reconnects to fetch it
+/// again.
+struct AwaitingKeys {
+    let held: Int
+}

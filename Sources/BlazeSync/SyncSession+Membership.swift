@@ -117,6 +117,16 @@ extension SyncSession {
         }
         sendMembers(context: context)
         sendState(context: context)
+        reconnectForNewKeys(context: context)
+    }
+
+    /// This side refused batches it could not open and has received keys since (a `grant`): the peer counts those
+    /// entries as delivered, so the session closes and the link's next connection exchanges `STATE` afresh.
+    func reconnectForNewKeys(context: ChannelHandlerContext) {
+        guard let held = awaitingKeys, let link, !closed, link.key.entryKeyCount > held else { return }
+        report.update { $0.lastError = "new epoch keys arrived: reconnecting to fetch entries refused before" }
+        engine.logger.info("Sync reconnects for entries it can now open", metadata: ["db": "\(link.db.name)"])
+        close(context: context)
     }
 
     /// A joiner at the other end redeems an invite: on success the new operation reaches it like any other; a

@@ -35,6 +35,8 @@ final class SyncSession: ChannelInboundHandler {
     /// True while the device at the other end is removed in this side's log: it got the proof of its removal and
     /// has until its `STATE` to send operations that change that (a concurrent removal of the remover).
     var peerRemoved = false
+    /// The fewest entry keys this side held when it refused a batch it could not open; nil when it refused none.
+    var awaitingKeys: Int?
     /// Set by the feed listener (on the writer thread) so that a burst of commits schedules one pump.
     private let wake = WakeFlag()
 
@@ -50,6 +52,9 @@ final class SyncSession: ChannelInboundHandler {
             establish(established, context: context)
         case let holds as PeerHoldsBatch:
             peerHolds(origin: holds.origin, seq: holds.seq)
+        case let awaiting as AwaitingKeys:
+            awaitingKeys = min(awaitingKeys ?? .max, awaiting.held)
+            reconnectForNewKeys(context: context)
         case IdleStateHandler.IdleStateEvent.read:
             if link != nil { timedOut(context: context) }
         case IdleStateHandler.IdleStateEvent.write:

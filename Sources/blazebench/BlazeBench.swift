@@ -20,7 +20,7 @@ struct BlazeBench: AsyncParsableCommand {
     @Option(help: "Repeats of the throughput measurements (default 3; 1 with --quick).")
     var repeats: Int?
 
-    @Option(help: "Only these groups, comma-separated: baselines, W1, RPC (W2 and W3), W4 (with W5 and W7), W6, W8, RSS.")
+    @Option(help: "Only these groups, comma-separated: baselines, W1, RPC (W2 and W3), W4 (with W5 and W7), W6, W8, M1, RSS.")
     var only: String?
 
     @Option(help: .hidden) var serveDaemon: String?
@@ -77,6 +77,7 @@ struct BlazeBench: AsyncParsableCommand {
         if wants("RSS") {
             results.append(try Workloads.residentMemory(dir: dir + "/rss", documents: quick ? 10_000 : 1_000_000))
         }
+        if wants("M1") { results += try MembershipWorkloads.revocation(members: 50, repeats: quick ? 1 : 5) }
         if wants("W8") {
             let writes = quick ? 50 : 1000
             results.append(try await Workloads.fanOut(dir: dir + "/w8-1", writes: writes, subscribers: 1))

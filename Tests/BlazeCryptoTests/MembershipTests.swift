@@ -152,6 +152,58 @@ func randomSecret() -> [UInt8] { SymmetricKey(size: .bits256).withUnsafeBytes { 
         #expect(log.state.combinations.count == 1 && log.state.ring(log.state.keys(for: a)).contains { $0.epoch == 3 })
     }
 
+    @Test func twoConcurrentRemovalsOfOneDeviceBothRotate() throws {
+        var log = LogBuilder()
+        let a = DeviceIdentity(), b = DeviceIdentity(), c = DeviceIdentity()
+        try log.add(a, .create(salt: log.salt))
+        try log.add(a, .add(device: b.publicKeys, role: .admin))
+        try log.add(a, .add(device: c.publicKeys, role: .writer))
+        let fork = log.state.heads
+        let (ra, ea) = try log.removal(a, removing: c, epoch: 2, to: [a, b], secret: randomSecret())
+        let byA = try log.add(a, ra, parents: fork, envelopes: ea)
+        let (rb, eb) = try log.removal(b, removing: c, epoch: 2, to: [a, b], secret: randomSecret())
+        let byB = try log.add(b, rb, parents: fork, envelopes: eb)
+        for order in [log.ops, log.ops.reversed()] {
+            let s = MembershipState(space: log.space, ops: order)
+            #expect(s.void.isEmpty && s.current.map(\.keys) == [a.publicKeys, b.publicKeys])
+            #expect(s.member(c.nodeID)?.removal?.by == a.nodeID, "the senior admin's removal is ordered first")
+            // Both keys are epoch keys: each author's entries sealed with its own stay readable by the other.
+            #expect(Set(s.frontier) == [EpochKeyID(epoch: 2, op: byA.hash), EpochKeyID(epoch: 2, op: byB.hash)])
+            #expect(s.currentEpoch == 3 && s.currentSecret(s.keys(for: a)) == s.currentSecret(s.keys(for: b)))
+            #expect(s.ring(s.keys(for: b)).filter { $0.epoch == 2 }.count == 2 && s.keys(for: c).isEmpty)
+        }
+    }
+
+    @Test func aDeviceAddedConcurrentlyWithARotationMissesItsKeyUntilAGrant() throws {
+        var log = LogBuilder()
+        let a = DeviceIdentity(), b = DeviceIdentity(), c = DeviceIdentity(), d = DeviceIdentity()
+        let genesis = randomSecret()
+        let create = try log.add(a, .create(salt: log.salt))
+        func sealGenesis(to device: DeviceIdentity) throws -> [KeyEnvelope] {
+            [try KeyEnvelope(sealing: genesis, space: log.space, epoch: 1, keyOp: create.hash, to: device.publicKeys)]
+        }
+        try log.add(a, .add(device: b.publicKeys, role: .admin), envelopes: try sealGenesis(to: b))
+        try log.add(a, .add(device: c.publicKeys, role: .writer), envelopes: try sealGenesis(to: c))
+        #expect(log.state.missingKeys.isEmpty, "the creator needs no envelope for the key it made")
+        // a removes c (epoch 2, sealed to a and b) while b, not knowing it, adds d with the keys b holds.
+        let fork = log.state.heads
+        let (remove, sealed) = try log.removal(a, removing: c, epoch: 2, to: [a, b], secret: randomSecret())
+        let rotation = try log.add(a, remove, parents: fork, envelopes: sealed)
+        try log.add(b, .add(device: d.publicKeys, role: .writer), parents: fork, envelopes: try sealGenesis(to: d))
+        var s = log.state
+        let epoch2 = EpochKeyID(epoch: 2, op: rotation.hash)
+        #expect(s.current.map(\.keys) == [a.publicKeys, b.publicKeys, d.publicKeys] && s.currentEpoch == 2)
+        #expect(s.missingKeys.map { $0.member.keys } == [d.publicKeys] && s.missingKeys.first?.keys == [epoch2])
+        #expect(s.currentSecret(s.keys(for: d)) == nil, "d cannot read what is sealed under epoch 2")
+        // Any admin holding the key grants it; then d reads and seals the current epoch like everyone else.
+        let secret = try #require(s.keys(for: b)[epoch2])
+        try log.add(b, .grant, envelopes: [try KeyEnvelope(sealing: secret, space: log.space, epoch: 2, keyOp: rotation.hash, to: d.publicKeys)])
+        s = log.state
+        #expect(s.missingKeys.isEmpty && s.void.isEmpty)
+        #expect(s.currentSecret(s.keys(for: d)) != nil && s.currentSecret(s.keys(for: d)) == s.currentSecret(s.keys(for: a)))
+        #expect(s.currentSecret(s.keys(for: c)) == nil)
+    }
+
     @Test func aCreateIsOnlyTheFirstAndOpsOfOtherSpacesOrWithMissingParentsWait() throws {
         var log = LogBuilder()
         let a = DeviceIdentity(), x = DeviceIdentity()
