@@ -13,6 +13,7 @@ let package = Package(
         .executable(name: "blazed", targets: ["blazed"]),
         .executable(name: "blazectl", targets: ["blazectl"]),
         .executable(name: "blazebench", targets: ["blazebench"]),
+        .executable(name: "blaze-relay", targets: ["blaze-relay"]),
         .library(name: "BlazeDaemon", targets: ["BlazeDaemon"]),
         .library(name: "BlazeClient", targets: ["BlazeClient"]),
     ],
@@ -57,6 +58,25 @@ let package = Package(
             dependencies: [
                 "BlazeProtocol", "BlazeStore", "BlazeCRDT", "BlazeCrypto",
                 .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+                .product(name: "Logging", package: "swift-log"),
+            ],
+            swiftSettings: strict),
+        .target(
+            name: "BlazeRelay",
+            dependencies: [
+                "BlazeProtocol", "BlazeCRDT", "BlazeCrypto", "BlazeSync",
+                .product(name: "GRDB", package: "GRDB.swift"),
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+                .product(name: "Logging", package: "swift-log"),
+            ],
+            swiftSettings: strict),
+        .executableTarget(
+            name: "blaze-relay",
+            dependencies: [
+                "BlazeRelay", "BlazeCrypto", "BlazeProtocol",
+                .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "Logging", package: "swift-log"),
             ],
@@ -121,12 +141,16 @@ let package = Package(
             ],
             swiftSettings: strict),
         .testTarget(
+            name: "BlazeRelayTests",
+            dependencies: ["BlazeRelay", "BlazeSync", "BlazeStore", "BlazeCRDT", "BlazeCrypto", "BlazeProtocol", "BlazeTestSupport"],
+            swiftSettings: strict),
+        .testTarget(
             name: "BlazeDaemonTests",
             dependencies: [
                 "BlazeDaemon", "BlazeClient", "BlazeProtocol", "BlazeStore", "BlazeCRDT", "BlazeCrypto", "BlazeSync", "BlazeTestSupport",
                 "BlazeConfig",
                 // Not imported: the tests run these executables, so they must be built first.
-                "blazed", "blazectl",
+                "blazed", "blazectl", "blaze-relay",
                 .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),

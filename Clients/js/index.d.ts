@@ -86,6 +86,10 @@ export type DbMembersResult = { "db": DatabaseName; "epoch": number; "members": 
 export interface DbRevokeParams { "db": DatabaseName; "device": NodeId }
 /** Result of `db.revoke`. */
 export type DbRevokeResult = { "db": DatabaseName; "device": NodeId; "epoch": number };
+/** Parameters of `db.relayCapability`: Returns the relay capability of a shared database's space: what a relay needs to serve it, nothing that opens an entry. */
+export interface DbRelayCapabilityParams { "db": DatabaseName }
+/** Result of `db.relayCapability`. */
+export type DbRelayCapabilityResult = { "db": DatabaseName; "space": string; "capability": string };
 
 /** Parameters of `collection.list`: Lists the collections of a database with document counts. */
 export interface CollectionListParams { "db": DatabaseName }
@@ -216,7 +220,7 @@ export declare class BlazeClient {
   unsubscribe(params: UnsubscribeParams): Promise<UnsubscribeResult>;
   readonly rpc: { discover(params?: RpcDiscoverParams): Promise<RpcDiscoverResult> };
   readonly daemon: { info(params?: DaemonInfoParams): Promise<DaemonInfoResult>; config(params?: DaemonConfigParams): Promise<DaemonConfigResult> };
-  readonly db: { create(params: DbCreateParams): Promise<DbCreateResult>; list(params?: DbListParams): Promise<DbListResult>; info(params: DbInfoParams): Promise<DbInfoResult>; drop(params: DbDropParams): Promise<DbDropResult>; backup(params: DbBackupParams): Promise<DbBackupResult>; restore(params: DbRestoreParams): Promise<DbRestoreResult>; share(params: DbShareParams): Promise<DbShareResult>; join(params: DbJoinParams): Promise<DbJoinResult>; invite(params: DbInviteParams): Promise<DbInviteResult>; members(params: DbMembersParams): Promise<DbMembersResult>; revoke(params: DbRevokeParams): Promise<DbRevokeResult> };
+  readonly db: { create(params: DbCreateParams): Promise<DbCreateResult>; list(params?: DbListParams): Promise<DbListResult>; info(params: DbInfoParams): Promise<DbInfoResult>; drop(params: DbDropParams): Promise<DbDropResult>; backup(params: DbBackupParams): Promise<DbBackupResult>; restore(params: DbRestoreParams): Promise<DbRestoreResult>; share(params: DbShareParams): Promise<DbShareResult>; join(params: DbJoinParams): Promise<DbJoinResult>; invite(params: DbInviteParams): Promise<DbInviteResult>; members(params: DbMembersParams): Promise<DbMembersResult>; revoke(params: DbRevokeParams): Promise<DbRevokeResult>; relayCapability(params: DbRelayCapabilityParams): Promise<DbRelayCapabilityResult> };
   readonly collection: { list(params: CollectionListParams): Promise<CollectionListResult> };
   readonly doc: { insert(params: DocInsertParams): Promise<DocInsertResult>; get(params: DocGetParams): Promise<DocGetResult>; getMany(params: DocGetManyParams): Promise<DocGetManyResult>; put(params: DocPutParams): Promise<DocPutResult>; patch(params: DocPatchParams): Promise<DocPatchResult>; delete(params: DocDeleteParams): Promise<DocDeleteResult> };
   readonly tx: { commit(params: TxCommitParams): Promise<TxCommitResult> };

@@ -48,6 +48,8 @@ public enum SyncRejection: String, Error, Sendable, CaseIterable {
     /// The entry's origin was removed and the entry lies past its removal's cutoff; on a handshake, the device at
     /// the other end was removed.
     case revoked
+    /// A relay refused to store more of the space: its quota of entries or bytes is used up.
+    case overQuota = "over_quota"
 }
 
 /// The plaintext header of an entry, authenticated as the AEAD's associated data (DESIGN §8).
@@ -304,23 +306,43 @@ public enum EntryChain {
     public static func verify(
         _ entries: [SealedEntry], head: SignedHead, previousHash: [UInt8]?, key: SpaceKey
     ) throws(SyncRejection) -> [[UInt8]] {
+        var payloads: [[UInt8]] = []
+        payloads.reserveCapacity(entries.count)
+        try walk(entries, head: head, previousHash: previousHash, space: key.id) { e throws(SyncRejection) in
+            payloads.append(try e.open(with: key))
+        }
+        return payloads
+    }
+
+    /// What a holder without the space's key (a relay) can check of a batch: everything `verify` checks but the
+    /// opening of each entry — the head's signature, and that the entries are consecutive entries of its origin in
+    /// `space`, linked to each other (and to `previousHash`), ending at the entry the head signs.
+    public static func verifyLinks(
+        _ entries: [SealedEntry], head: SignedHead, previousHash: [UInt8]?, space: [UInt8]
+    ) throws(SyncRejection) {
+        try walk(entries, head: head, previousHash: previousHash, space: space) { _ throws(SyncRejection) in }
+    }
+
+    /// Checks the head and the links, calling `each` on every entry in order once its place in the chain is checked.
+    private static func walk(
+        _ entries: [SealedEntry], head: SignedHead, previousHash: [UInt8]?, space: [UInt8],
+        _ each: (SealedEntry) throws(SyncRejection) -> Void
+    ) throws(SyncRejection) {
         guard let first = entries.first, let last = entries.last else { throw .malformed }
-        try head.verify(space: key.id)
+        try head.verify(space: space)
         guard last.header.seq == head.seq, last.hash == head.hash else { throw .badHead }
         if first.header.seq == 1 {
             guard first.header.prev == SealedEntry.genesis else { throw .brokenChain }
         } else if let previousHash, first.header.prev != previousHash {
             throw .brokenChain
         }
-        var payloads: [[UInt8]] = []
-        payloads.reserveCapacity(entries.count)
         var prev: [UInt8]? = nil
         for (i, e) in entries.enumerated() {
             guard e.header.origin == head.origin, e.header.seq == first.header.seq + UInt64(i) else { throw .malformed }
             if let prev, e.header.prev != prev { throw .brokenChain }
-            payloads.append(try e.open(with: key))
+            guard e.header.space == space else { throw .wrongSpace }
+            try each(e)
             prev = e.hash
         }
-        return payloads
     }
 }

@@ -99,6 +99,12 @@ extension Methods {
         return .init(db: db.name, device: p.device.lowercased(), epoch: Int(epoch))
     }
 
+    static let dbRelayCapability = MethodHandler(RPC.DbRelayCapability.self) { p, ctx in
+        let db = try ctx.database(p.db)
+        let capability = try ctx.sync.relayCapability(db: db)
+        return .init(db: db.name, space: hexString(capability.space), capability: capability.text)
+    }
+
     static let peerAdd = MethodHandler(RPC.PeerAdd.self) { p, ctx in
         let db = try ctx.database(p.db)
         let a = try peerAddress(p.address)

@@ -40,6 +40,7 @@ enum Methods {
         case .dbInvite: return dbInvite
         case .dbMembers: return dbMembers
         case .dbRevoke: return dbRevoke
+        case .dbRelayCapability: return dbRelayCapability
         case .peerAdd: return peerAdd
         case .peerRemove: return peerRemove
         case .peerList: return peerList

@@ -4,7 +4,7 @@ import BlazeProtocol
 import BlazeStore
 
 /// The messages peers exchange after the handshake (SYNC.md, "Peer protocol"), each sealed in one frame.
-enum PeerMessage {
+public enum PeerMessage: Sendable {
     /// What the sender holds per origin, and the sender's own latest signed head (if it has any entries).
     case state(vector: [NodeID: UInt64], ownHead: SignedHead?)
     /// Consecutive entries of one origin ending at its signed head.
@@ -28,7 +28,7 @@ enum PeerMessage {
     static let maxErrorBytes = 200
 
     /// The message's bytes; throws for a batch that is not one origin's linked run (a damaged local log).
-    func encoded() throws(SyncRejection) -> [UInt8] {
+    public func encoded() throws(SyncRejection) -> [UInt8] {
         switch self {
         case .state(let vector, let head):
             var out: [UInt8] = [Self.stateType]
@@ -62,7 +62,8 @@ enum PeerMessage {
         }
     }
 
-    init(decoding bytes: [UInt8]) throws(SyncRejection) {
+    /// Decodes one message, refusing anything malformed or out of bounds (SYNC.md §8).
+    public init(decoding bytes: [UInt8]) throws(SyncRejection) {
         var r = ByteReader(bytes[...])
         switch r.readUInt8() {
         case Self.stateType?:

@@ -151,6 +151,12 @@ extension SyncEngine {
         return space.snapshot.writeRefusal(db: name)
     }
 
+    /// The relay capability of `db`'s space (SYNC.md §9, "Relay capability"): any member may hand it to a relay.
+    public func relayCapability(db: BlazeDatabase) throws -> RelayCapability {
+        let (_, snapshot, _) = try membershipSpace(db)
+        return RelayCapability(key: snapshot.key)
+    }
+
     // MARK: Invites
 
     /// Issues a one-time invite into `db`'s space for a device with `role`, valid for `expiresInMs`; the token names

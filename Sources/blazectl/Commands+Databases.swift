@@ -45,7 +45,7 @@ struct DB: ParsableCommand {
         commandName: "db", abstract: "Create, list, inspect and drop databases.",
         subcommands: [
             Create.self, List.self, InfoCmd.self, Drop.self, Share.self, Join.self, Invite.self, Members.self, Revoke.self,
-            Backup.self, Restore.self,
+            RelayCapabilityCmd.self, Backup.self, Restore.self,
         ])
 
     struct Share: ParsableCommand {
@@ -139,6 +139,19 @@ struct DB: ParsableCommand {
             global.run(RPC.DbRevoke(db: db, device: device)) { r in
                 printTable(["DB", "REVOKED", "EPOCH"], [[r.db, r.device, String(r.epoch)]])
             }
+        }
+    }
+
+    struct RelayCapabilityCmd: ParsableCommand {
+        static let configuration = CommandConfiguration(
+            commandName: "relay-capability",
+            abstract: "Print a shared database's relay capability: what a relay needs to serve its space.",
+            discussion: "Give it to the relay's operator ('blaze-relay add-space -' reads it from stdin), then add the "
+                + "relay as a peer on each device ('blazectl peer add DB HOST:PORT'). It opens no entry.")
+        @OptionGroup var global: Global
+        @Argument var db: String
+        func run() throws {
+            global.run(RPC.DbRelayCapability(db: db)) { r in print(r.capability) }
         }
     }
 

@@ -22,7 +22,7 @@ import Glibc
             "doc.insert", "doc.get", "doc.getMany", "doc.put", "doc.patch", "doc.delete", "tx.commit",
             "query.find", "query.count", "query.explain", "index.create", "index.drop", "index.list",
             "conflict.list", "conflict.resolve", "subscribe", "unsubscribe", "db.share", "db.join", "db.invite",
-            "db.members", "db.revoke", "peer.add",
+            "db.members", "db.revoke", "db.relayCapability", "peer.add",
             "peer.remove", "peer.list", "sync.status", "sync.now", "sync.pause", "sync.resume", "daemon.config",
             "db.backup", "db.restore",
         ])

@@ -222,6 +222,15 @@ class _Db:
         params["device"] = device
         return self._client.call("db.revoke", params)
 
+    def relay_capability(self, *, db: str) -> Dict[str, Any]:
+        """Returns the relay capability of a shared database's space: what a relay needs to serve it, nothing that opens an entry.
+
+        db: Database name.
+        """
+        params: Dict[str, Any] = {}
+        params["db"] = db
+        return self._client.call("db.relayCapability", params)
+
 
 class _Collection:
     """Methods `collection.*`."""

@@ -152,10 +152,14 @@ def test_every_method_succeeds_and_fails_as_documented(client, daemon):
     err(c, "db.members", -32010, "database_not_found", db="missing")
     err(c, "db.revoke", -32010, "unknown_member", db="app", device="0" * 32)
     err(c, "db.revoke", -32020, "last_admin", db="app", device=members["members"][0]["device"])
+    relay = ok(c, "db.relayCapability", db="app")
+    assert relay["space"] == share["space"] and relay["capability"].startswith("blazedb-relay-1.")
+    err(c, "db.relayCapability", -32010, "database_not_found", db="missing")
     # A legacy secret token (from before membership) still joins: its holders are the members.
     legacy = "blazedb-secret-1." + base64.urlsafe_b64encode(os.urandom(16) + b"\0\0\0\1" + os.urandom(32)).decode().rstrip("=")
     joined = ok(c, "db.join", token=legacy, db="joined")
     assert joined["db"] == "joined" and joined["space"] == ok(c, "sync.status", db="joined")["databases"][0]["space"]
+    err(c, "db.relayCapability", -32020, "legacy_space", db="joined")
     ok(c, "peer.add", db="app", address="127.0.0.1:9")
     err(c, "peer.add", -32602, "invalid_address", db="app", address="nohost")
     assert [p["address"] for p in ok(c, "peer.list", db="app")["peers"]] == ["127.0.0.1:9"]
@@ -166,6 +170,7 @@ def test_every_method_succeeds_and_fails_as_documented(client, daemon):
     ok(c, "db.create", db="plain")
     assert ok(c, "sync.pause", db="app") == {"db": "app", "paused": True}
     err(c, "sync.pause", -32020, "not_shared", db="plain")
+    err(c, "db.relayCapability", -32020, "not_shared", db="plain")
     assert ok(c, "sync.resume", db="app") == {"db": "app", "paused": False}
     err(c, "sync.resume", -32010, "database_not_found", db="missing")
     ok(c, "sync.now", db="app")

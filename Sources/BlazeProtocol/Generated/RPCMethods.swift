@@ -67,6 +67,8 @@ public enum RPCMethod: String, Sendable, CaseIterable {
     case dbMembers = "db.members"
     /// Removes a device from a shared database's space and rotates its key.
     case dbRevoke = "db.revoke"
+    /// Returns the relay capability of a shared database's space: what a relay needs to serve it, nothing that opens an entry.
+    case dbRelayCapability = "db.relayCapability"
     /// Adds a peer to sync a shared database with, and connects to it.
     case peerAdd = "peer.add"
     /// Removes a peer of a database and closes its connection.
@@ -117,6 +119,7 @@ public enum RPCMethod: String, Sendable, CaseIterable {
         case .dbInvite: return "Issues a one-time invite into a shared database's space."
         case .dbMembers: return "Lists the devices of a shared database's space: roles, who added them and when, removals."
         case .dbRevoke: return "Removes a device from a shared database's space and rotates its key."
+        case .dbRelayCapability: return "Returns the relay capability of a shared database's space: what a relay needs to serve it, nothing that opens an entry."
         case .peerAdd: return "Adds a peer to sync a shared database with, and connects to it."
         case .peerRemove: return "Removes a peer of a database and closes its connection."
         case .peerList: return "Lists the peers a database syncs with."
@@ -162,6 +165,7 @@ public enum RPCMethod: String, Sendable, CaseIterable {
         case .dbInvite: return ["db", "role", "expiresIn", "address"]
         case .dbMembers: return ["db"]
         case .dbRevoke: return ["db", "device"]
+        case .dbRelayCapability: return ["db"]
         case .peerAdd: return ["db", "address"]
         case .peerRemove: return ["db", "address"]
         case .peerList: return ["db"]
@@ -2793,6 +2797,81 @@ public enum RPC {
             var o = [String: JSONValue](minimumCapacity: 2)
             o["db"] = .string(self.db)
             o["device"] = .string(self.device)
+            return o
+        }
+
+        /// The JSON form of a result.
+        public static func encode(_ result: Result) -> JSONValue {
+            result.json
+        }
+
+        /// Reads a result a daemon sent.
+        public static func decode(_ result: JSONValue) throws(RPCShapeError) -> Result {
+            try RPCDecode.value(result, Result.init(json:))
+        }
+    }
+
+    /// Parameters of `db.relayCapability`: Returns the relay capability of a shared database's space: what a relay needs to serve it, nothing that opens an entry.
+    public struct DbRelayCapability: RPCParameters {
+        public static let method = RPCMethod.dbRelayCapability
+
+        /// The result of `db.relayCapability`.
+        public struct Result: RPCObject {
+            /// `db`.
+            public var db: String
+            /// The space id (32 hex digits).
+            public var space: String
+            /// The relay capability token, for `blaze-relay add-space`.
+            public var capability: String
+
+            /// A value from its members.
+            public init(db: String, space: String, capability: String) {
+                self.db = db
+                self.space = space
+                self.capability = capability
+            }
+
+            /// Reads the value from JSON.
+            public init(json: JSONValue) throws(RPCShapeError) {
+                let o = try RPCDecode.object(json)
+                self.db = try RPCDecode.member(o, "db", RPCDecode.string)
+                self.space = try RPCDecode.member(o, "space", RPCDecode.string)
+                self.capability = try RPCDecode.member(o, "capability", RPCDecode.string)
+            }
+
+            /// The value's JSON form.
+            public var json: JSONValue {
+                .object(jsonObject)
+            }
+
+            /// The members of the JSON form.
+            public var jsonObject: [String: JSONValue] {
+                var o = [String: JSONValue](minimumCapacity: 3)
+                o["db"] = .string(self.db)
+                o["space"] = .string(self.space)
+                o["capability"] = .string(self.capability)
+                return o
+            }
+        }
+
+        /// Database name.
+        public var db: String
+
+        /// Parameters from their values (optional ones default to absent).
+        public init(db: String) {
+            self.db = db
+        }
+
+        /// Checks a request's params: names, presence and JSON types.
+        public init(validating params: [String: JSONValue]) throws(RPCError) {
+            try RPCParam.rejectUnknown(params, accepted: ["db"], method: Self.method)
+            self.db = try RPCParam.required(params, "db", of: Self.method, RPCDecode.string)
+        }
+
+        /// The params as a request carries them.
+        public var jsonObject: [String: JSONValue] {
+            var o = [String: JSONValue](minimumCapacity: 1)
+            o["db"] = .string(self.db)
             return o
         }
 

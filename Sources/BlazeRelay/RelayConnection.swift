@@ -1,0 +1,303 @@
+import BlazeCRDT
+import BlazeCrypto
+import BlazeProtocol
+import BlazeSync
+import NIOCore
+
+/// One device's connection to a relay: the peer handshake as its server side (the device proves a served space's
+/// capability and its device key), then the peer protocol as a member would speak it, except that entries are stored
+/// as they arrive, never opened (Protocol/RELAY.md).
+///
+/// Everything the device sends is checked before it is stored: frames open under the session cipher, messages decode
+/// within their bounds, batches link to what is held and end at a head their origin signed, their origin is a
+/// writing member of the space's log. A refusal is told to the device (`ERROR`) and closes the connection.
+final class RelayConnection: ChannelInboundHandler {
+    typealias InboundIn = ByteBuffer
+    typealias OutboundOut = ByteBuffer
+
+    private enum State {
+        case handshake(Handshake.Server)
+        case established(space: [UInt8], cipher: SessionCipher)
+        case closed
+    }
+
+    let relay: RelayServer
+    private var state: State
+    private var pending = ByteBuffer()
+    /// The sealed body length of the frame being read, once its header opened.
+    private var bodyLength: Int?
+    private var deadline: Scheduled<Void>?
+    private var listener: Int?
+    /// What the device holds, as far as the relay knows.
+    private var peerVector: [NodeID: UInt64]?
+    /// Operations the device holds (sent to it or received from it).
+    private var opsShared: Set<[UInt8]> = []
+    private var pumping = false
+    private var pumpAgain = false
+    /// Batches received and not yet stored, in order.
+    private var inbox: [EntryBatch] = []
+    private var storing = false
+
+    /// Entries and bytes per batch read for sending.
+    static let batchEntries = 1000, batchBytes = 4 << 20
+    /// Batches waiting to be stored before reading pauses.
+    static let maxInbox = 4
+
+    init(relay: RelayServer) {
+        self.relay = relay
+        self.state = .handshake(Handshake.Server(identity: relay.identity))
+    }
+
+    func channelActive(context: ChannelHandlerContext) {
+        guard case .handshake(let server) = state else { return }
+        context.writeAndFlush(wrapOutboundOut(Self.plainFrame(server.hello)), promise: nil)
+        let bound = NIOLoopBound((self, context), eventLoop: context.eventLoop)
+        deadline = context.eventLoop.scheduleTask(in: .seconds(10)) {
+            let (connection, context) = bound.value
+            guard case .handshake = connection.state else { return }
+            connection.relay.stats.withLock { $0.refused += 1 }
+            connection.close(context: context)
+        }
+        context.fireChannelActive()
+    }
+
+    func channelInactive(context: ChannelHandlerContext) {
+        close(context: context)
+        context.fireChannelInactive()
+    }
+
+    func userInboundEventTriggered(context: ChannelHandlerContext, event: Any) {
+        switch event {
+        case IdleStateHandler.IdleStateEvent.read:
+            close(context: context)
+        case IdleStateHandler.IdleStateEvent.write:
+            if case .established = state { send(.ping, context: context) }
+        default:
+            context.fireUserInboundEventTriggered(event)
+        }
+    }
+
+    func errorCaught(context: ChannelHandlerContext, error: any Error) {
+        close(context: context)
+    }
+
+    func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+        var bytes = unwrapInboundIn(data)
+        pending.writeBuffer(&bytes)
+        do {
+            try drain(context: context)
+        } catch let rejection as SyncRejection {
+            refuse(rejection, context: context)
+        } catch {
+            close(context: context)
+        }
+    }
+
+    // MARK: Frames
+
+    private func drain(context: ChannelHandlerContext) throws {
+        while true {
+            switch state {
+            case .closed:
+                return
+            case .handshake(let server):
+                guard let length = pending.getInteger(at: pending.readerIndex, as: UInt32.self) else { return }
+                guard Int(length) == Handshake.authSize else { throw SyncRejection.badFrame }
+                guard pending.readableBytes >= 4 + Handshake.authSize else { return }
+                pending.moveReaderIndex(forwardBy: 4)
+                let auth = pending.readBytes(length: Handshake.authSize)!
+                let accepted: Handshake.Accepted
+                do {
+                    do {
+                        accepted = try server.accept(auth, spaces: relay.servedKeys())
+                    } catch where relay.reloadServed() {
+                        accepted = try server.accept(auth, spaces: relay.servedKeys())
+                    }
+                } catch {
+                    relay.stats.withLock { $0.refused += 1 }
+                    close(context: context)
+                    return
+                }
+                deadline?.cancel()
+                context.writeAndFlush(wrapOutboundOut(Self.plainFrame(accepted.reply)), promise: nil)
+                state = .established(space: accepted.space.id, cipher: accepted.session)
+                established(space: accepted.space.id, context: context)
+            case .established(let space, var cipher):
+                if bodyLength == nil {
+                    guard let header = pending.readBytes(length: SessionCipher.headerSize) else { return }
+                    bodyLength = try cipher.openLength(header[...])
+                }
+                guard let length = bodyLength, let body = pending.readBytes(length: length) else { return }
+                bodyLength = nil
+                let message = try PeerMessage(decoding: try cipher.open(body[...]))
+                state = .established(space: space, cipher: cipher)
+                try handle(message, space: space, context: context)
+            }
+        }
+    }
+
+    private func send(_ message: PeerMessage, context: ChannelHandlerContext) {
+        guard case .established(let space, var cipher) = state, let bytes = try? message.encoded() else { return }
+        let sealed = cipher.seal(bytes)
+        state = .established(space: space, cipher: cipher)
+        context.writeAndFlush(wrapOutboundOut(ByteBuffer(bytes: sealed)), promise: nil)
+    }
+
+    /// A handshake frame: its 4-byte big-endian length, then the message.
+    static func plainFrame(_ body: [UInt8]) -> ByteBuffer {
+        var b = ByteBuffer()
+        b.writeInteger(UInt32(body.count))
+        b.writeBytes(body)
+        return b
+    }
+
+    // MARK: Protocol
+
+    private func established(space: [UInt8], context: ChannelHandlerContext) {
+        relay.stats.withLock { $0.connections += 1 }
+        let bound = NIOLoopBound((self, context), eventLoop: context.eventLoop)
+        let loop = context.eventLoop
+        listener = relay.listen(space: space) {
+            loop.execute {
+                let (connection, context) = bound.value
+                connection.sendMembers(space: space, context: context)
+                connection.pump(space: space, context: context)
+            }
+        }
+        sendMembers(space: space, context: context)
+        run(context: context, { try $0.store.vector(space: space) }) { connection, vector, context in
+            connection.send(.state(vector: vector, ownHead: nil), context: context)
+        }
+    }
+
+    private func handle(_ message: PeerMessage, space: [UInt8], context: ChannelHandlerContext) throws {
+        switch message {
+        case .state(let vector, _):
+            var known = peerVector ?? [:]
+            for (o, s) in vector { known[o] = max(known[o] ?? 0, s) }
+            peerVector = known
+            pump(space: space, context: context)
+        case .entries(let batch):
+            inbox.append(batch)
+            if inbox.count >= Self.maxInbox { context.channel.setOption(ChannelOptions.autoRead, value: false).whenFailure { _ in } }
+            storeNext(space: space, context: context)
+        case .members(let ops):
+            for op in ops { opsShared.insert(op.hash) }
+            run(context: context, { try $0.store.addOps(ops, space: space) }) { connection, fresh, _ in
+                guard !fresh.isEmpty else { return }
+                connection.relay.membershipGrew(space)
+                connection.relay.announce(space: space, except: connection.listener)
+            }
+        case .ping:
+            break
+        case .error:
+            close(context: context)
+        case .join:
+            // A relay admits no one: invites are redeemed by members.
+            send(.error("invite_unknown"), context: context)
+            close(context: context)
+        }
+    }
+
+    /// Stores the next received batch, then the one after it; a refusal closes the connection.
+    private func storeNext(space: [UInt8], context: ChannelHandlerContext) {
+        guard !storing, !inbox.isEmpty else { return }
+        storing = true
+        let batch = inbox.removeFirst()
+        run(context: context, { relay in
+            try relay.store.store(batch, space: space, membership: try relay.membership(space))
+        }) { connection, added, context in
+            connection.storing = false
+            if var v = connection.peerVector { v[batch.origin] = max(v[batch.origin] ?? 0, batch.head.seq); connection.peerVector = v }
+            if added > 0 {
+                connection.relay.stats.withLock { $0.entriesStored += added }
+                connection.relay.announce(space: space, except: connection.listener)
+            }
+            if connection.inbox.count < Self.maxInbox {
+                context.channel.setOption(ChannelOptions.autoRead, value: true).whenFailure { _ in }
+            }
+            connection.storeNext(space: space, context: context)
+        }
+    }
+
+    /// Sends the device the operations it is not known to hold.
+    private func sendMembers(space: [UInt8], context: ChannelHandlerContext) {
+        run(context: context, { try $0.store.ops(space: space) }) { connection, ops, context in
+            let fresh = ops.filter { !connection.opsShared.contains($0.hash) }.sorted { $0.hash.lexicographicallyPrecedes($1.hash) }
+            guard !fresh.isEmpty else { return }
+            for op in fresh { connection.opsShared.insert(op.hash) }
+            connection.send(.members(fresh), context: context)
+        }
+    }
+
+    /// Sends the device what it lacks, a round at a time.
+    private func pump(space: [UInt8], context: ChannelHandlerContext) {
+        guard let theirs = peerVector else { return }
+        if pumping {
+            pumpAgain = true
+            return
+        }
+        pumping = true
+        pumpAgain = false
+        run(context: context, { relay -> [EntryBatch] in
+            var batches: [EntryBatch] = []
+            var bytes = 0
+            for (origin, seq) in try relay.store.vector(space: space).sorted(by: { $0.key < $1.key }) {
+                var after = theirs[origin] ?? 0
+                while seq > after, bytes < Self.batchBytes,
+                    let batch = try relay.store.batch(
+                        space: space, origin: origin, after: after, maxEntries: Self.batchEntries, maxBytes: Self.batchBytes)
+                {
+                    batches.append(batch)
+                    bytes += batch.byteCount
+                    after = batch.head.seq
+                }
+            }
+            return batches
+        }) { connection, batches, context in
+            for batch in batches {
+                connection.send(.entries(batch), context: context)
+                connection.peerVector?[batch.origin] = batch.head.seq
+            }
+            connection.relay.stats.withLock { $0.entriesSent += batches.reduce(0) { $0 + $1.entries.count } }
+            connection.pumping = false
+            if !batches.isEmpty || connection.pumpAgain { connection.pump(space: space, context: context) }
+        }
+    }
+
+    /// Runs `work` on the relay's I/O pool, then `done` on the event loop unless the connection closed meanwhile; a
+    /// `SyncRejection` is told to the device, any other failure closes the connection.
+    private func run<T: Sendable>(
+        context: ChannelHandlerContext, _ work: @escaping @Sendable (RelayServer) throws -> T,
+        _ done: @escaping (RelayConnection, T, ChannelHandlerContext) -> Void
+    ) {
+        let relay = self.relay
+        let bound = NIOLoopBound((self, context, done), eventLoop: context.eventLoop)
+        relay.pool.runIfActive(eventLoop: context.eventLoop) { try work(relay) }.whenComplete { result in
+            let (connection, context, done) = bound.value
+            guard case .established = connection.state else { return }
+            switch result {
+            case .success(let value): done(connection, value, context)
+            case .failure(let rejection as SyncRejection): connection.refuse(rejection, context: context)
+            case .failure(let error):
+                connection.relay.logger.error("Relay storage failed", metadata: ["error": "\(error)"])
+                connection.close(context: context)
+            }
+        }
+    }
+
+    private func refuse(_ rejection: SyncRejection, context: ChannelHandlerContext) {
+        relay.stats.withLock { $0.rejected[rejection.rawValue, default: 0] += 1 }
+        relay.logger.info("Relay refused a device's data", metadata: ["reason": "\(rejection.rawValue)"])
+        send(.error(rejection.rawValue), context: context)
+        close(context: context)
+    }
+
+    private func close(context: ChannelHandlerContext) {
+        if case .established(let space, _) = state, let listener { relay.unlisten(space: space, id: listener) }
+        state = .closed
+        deadline?.cancel()
+        inbox = []
+        context.close(promise: nil)
+    }
+}

@@ -1,0 +1,159 @@
+import BlazeCRDT
+import BlazeCrypto
+import BlazeProtocol
+import BlazeSync
+import Logging
+import NIOCore
+import NIOPosix
+import Synchronization
+
+/// A relay: it accepts devices over the peer protocol (Protocol/SYNC.md §8) for every space it serves, stores the
+/// sealed entries and membership operations they send, and serves them to the space's other devices — at once to
+/// those connected, later to the others. It holds each space's capability, never a key that opens an entry.
+public final class RelayServer: Sendable {
+    let store: RelayStore
+    let identity: DeviceIdentity
+    let group: any EventLoopGroup
+    let pool: NIOThreadPool
+    let logger: Logger
+    /// How long a device may stay silent before its connection is closed (a quiet one is pinged a third of that).
+    let timeout: TimeAmount
+    /// Every open connection by space (hex), to tell each about what another one stored.
+    private let listeners = Mutex<[String: [Int: @Sendable () -> Void]]>([:])
+    private let listenerCounter = Atomic<Int>(0)
+    /// Each space's resolved membership log, rebuilt when it grows.
+    private let memberships = Mutex<[String: MembershipState]>([:])
+    private let channel = Mutex<(any Channel)?>(nil)
+    /// Counters for operators (`RelayServer.counters`).
+    let stats = Mutex<RelayCounters>(RelayCounters())
+    /// The capabilities of the spaces served, read once and after each `add`, so a handshake reads no file.
+    private let served: Mutex<[SpaceKey]>
+
+    /// A relay over `store`, proving `identity` to devices.
+    public init(
+        store: RelayStore, identity: DeviceIdentity, group: any EventLoopGroup, pool: NIOThreadPool, logger: Logger,
+        timeout: TimeAmount = .seconds(30)
+    ) {
+        self.store = store
+        self.identity = identity
+        self.group = group
+        self.pool = pool
+        self.logger = logger
+        self.timeout = timeout
+        self.served = Mutex((try? store.spaces()) ?? [])
+    }
+
+    /// Serves `capability`'s space from now on (`RelayStore.add`); false when it was served already.
+    @discardableResult
+    public func add(_ capability: RelayCapability) throws -> Bool {
+        let added = try store.add(capability)
+        let keys = try store.spaces()
+        served.withLock { $0 = keys }
+        return added
+    }
+
+    /// How many spaces are served.
+    public var servedCount: Int { served.withLock { $0.count } }
+
+    /// The handshake keys of every space served.
+    func servedKeys() -> [SpaceKey] { served.withLock { $0 } }
+
+    /// When the handshake keys were last re-read (`reloadServed`).
+    private let lastReload = Mutex<ContinuousClock.Instant?>(nil)
+
+    /// Re-reads the spaces served (another process — `blaze-relay add-space` — may have added one) and returns
+    /// whether the list changed; at most once a second, so refused handshakes cannot make the relay read in a loop.
+    func reloadServed() -> Bool {
+        let now = ContinuousClock.now
+        let due = lastReload.withLock { last in
+            guard last.map({ now - $0 >= .seconds(1) }) ?? true else { return false }
+            last = now
+            return true
+        }
+        guard due, let keys = try? store.spaces() else { return false }
+        return served.withLock { s in
+            defer { s = keys }
+            return s.count != keys.count
+        }
+    }
+
+    /// Accepts devices on `host:port`; returns the bound port.
+    public func listen(host: String, port: Int) async throws -> Int {
+        let relay = self
+        let ch = try await ServerBootstrap(group: group)
+            .serverChannelOption(.backlog, value: 256)
+            .serverChannelOption(.socketOption(.so_reuseaddr), value: 1)
+            .childChannelOption(.tcpOption(.tcp_nodelay), value: 1)
+            .childChannelInitializer { channel in
+                channel.eventLoop.makeCompletedFuture {
+                    try channel.pipeline.syncOperations.addHandlers([
+                        IdleStateHandler(readTimeout: relay.timeout, writeTimeout: .nanoseconds(relay.timeout.nanoseconds / 3)),
+                        RelayConnection(relay: relay),
+                    ])
+                }
+            }
+            .bind(host: host, port: port).get()
+        channel.withLock { $0 = ch }
+        return ch.localAddress?.port ?? port
+    }
+
+    /// Stops accepting devices and closes the listener.
+    public func shutdown() async {
+        let ch = channel.withLock { c in
+            defer { c = nil }
+            return c
+        }
+        try? await ch?.close()
+    }
+
+    /// What the relay counted since start.
+    public var counters: RelayCounters { stats.withLock { $0 } }
+
+    // MARK: Spaces
+
+    /// The resolved log of `space`, nil while it holds none.
+    func membership(_ space: [UInt8]) throws -> MembershipState? {
+        let id = hexString(space)
+        if let m = memberships.withLock({ $0[id] }) { return m }
+        let ops = try store.ops(space: space)
+        guard !ops.isEmpty else { return nil }
+        let m = MembershipState(space: space, ops: ops)
+        memberships.withLock { $0[id] = m }
+        return m
+    }
+
+    /// Forgets the resolved log of `space` (it grew).
+    func membershipGrew(_ space: [UInt8]) {
+        _ = memberships.withLock { $0.removeValue(forKey: hexString(space)) }
+    }
+
+    /// Registers a connection of `space`; `notify` runs whenever another connection stored something.
+    func listen(space: [UInt8], notify: @escaping @Sendable () -> Void) -> Int {
+        let id = listenerCounter.add(1, ordering: .relaxed).newValue
+        listeners.withLock { $0[hexString(space), default: [:]][id] = notify }
+        return id
+    }
+
+    /// Forgets a closed connection.
+    func unlisten(space: [UInt8], id: Int) {
+        listeners.withLock { $0[hexString(space)]?[id] = nil }
+    }
+
+    /// Tells every connection of `space` but `except` that something new is stored.
+    func announce(space: [UInt8], except: Int?) {
+        let all = listeners.withLock { ($0[hexString(space)] ?? [:]).filter { $0.key != except }.map(\.value) }
+        for notify in all { notify() }
+    }
+}
+
+/// What a relay counted since start.
+public struct RelayCounters: Sendable {
+    /// Connections that passed the handshake.
+    public var connections = 0
+    /// Connections refused at the handshake (no served capability proven, or none in time).
+    public var refused = 0
+    /// Entries stored, and sent to devices.
+    public var entriesStored = 0, entriesSent = 0
+    /// Batches refused, by reason.
+    public var rejected: [String: Int] = [:]
+}

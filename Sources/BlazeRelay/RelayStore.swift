@@ -1,0 +1,256 @@
+import BlazeCRDT
+import BlazeCrypto
+import BlazeProtocol
+import BlazeSync
+import Foundation
+import GRDB
+
+/// What a relay keeps, in one SQLite file: per space, its capability (what devices prove in the handshake), its
+/// membership log (public and signed), and per origin the sealed entries and the heads their origins signed — all as
+/// they travel, none of which the relay can open (Protocol/RELAY.md).
+public final class RelayStore: Sendable {
+    private let pool: DatabasePool
+    /// Per-space limits.
+    public let limits: RelayLimits
+
+    /// Opens (creating when needed) the relay's database at `path`.
+    public init(path: String, limits: RelayLimits = RelayLimits()) throws {
+        var config = Configuration()
+        config.busyMode = .timeout(10)
+        config.prepareDatabase { db in try db.execute(sql: "PRAGMA synchronous = NORMAL") }
+        pool = try DatabasePool(path: path, configuration: config)
+        self.limits = limits
+        var m = DatabaseMigrator()
+        m.registerMigration("v1") { db in
+            try db.execute(
+                sql: """
+                    CREATE TABLE relay_spaces(
+                        id BLOB PRIMARY KEY NOT NULL,
+                        capability BLOB NOT NULL,
+                        added_at INTEGER NOT NULL
+                    ) WITHOUT ROWID;
+                    CREATE TABLE relay_ops(
+                        space BLOB NOT NULL,
+                        hash BLOB NOT NULL,
+                        bytes BLOB NOT NULL,
+                        PRIMARY KEY(space, hash)
+                    ) WITHOUT ROWID;
+                    CREATE TABLE relay_entries(
+                        space BLOB NOT NULL,
+                        origin BLOB NOT NULL,
+                        seq INTEGER NOT NULL,
+                        hash BLOB NOT NULL,
+                        bytes BLOB NOT NULL,
+                        PRIMARY KEY(space, origin, seq)
+                    ) WITHOUT ROWID;
+                    CREATE TABLE relay_heads(
+                        space BLOB NOT NULL,
+                        origin BLOB NOT NULL,
+                        seq INTEGER NOT NULL,
+                        head BLOB NOT NULL,
+                        PRIMARY KEY(space, origin, seq)
+                    ) WITHOUT ROWID;
+                    CREATE TABLE relay_usage(
+                        space BLOB PRIMARY KEY NOT NULL,
+                        entries INTEGER NOT NULL,
+                        bytes INTEGER NOT NULL
+                    ) WITHOUT ROWID;
+                    """)
+        }
+        try m.migrate(pool)
+    }
+
+    // MARK: Spaces
+
+    /// Serves `capability`'s space from now on; false when it was served already (with the same capability).
+    /// Throws when the space is served with another capability.
+    @discardableResult
+    public func add(_ capability: RelayCapability) throws -> Bool {
+        try pool.write { db in
+            if let held = try Data.fetchOne(db, sql: "SELECT capability FROM relay_spaces WHERE id = ?", arguments: [Data(capability.space)]) {
+                guard Array(held) == capability.capability else {
+                    throw RelayError("space \(hexString(capability.space)) is served here with another capability")
+                }
+                return false
+            }
+            try db.execute(
+                sql: "INSERT INTO relay_spaces(id, capability, added_at) VALUES (?, ?, ?)",
+                arguments: [Data(capability.space), Data(capability.capability), Int64(Date().timeIntervalSince1970 * 1000)])
+            try db.execute(sql: "INSERT INTO relay_usage(space, entries, bytes) VALUES (?, 0, 0)", arguments: [Data(capability.space)])
+            return true
+        }
+    }
+
+    /// The capabilities of every space served, as handshake keys.
+    public func spaces() throws -> [SpaceKey] {
+        try pool.read { db in
+            try Row.fetchAll(db, sql: "SELECT id, capability FROM relay_spaces ORDER BY id").map {
+                try SpaceKey(id: Array($0[0] as Data), capability: Array($0[1] as Data))
+            }
+        }
+    }
+
+    /// Entries and bytes stored for `space`.
+    public func usage(space: [UInt8]) throws -> (entries: Int, bytes: Int) {
+        try pool.read { db in
+            let row = try Row.fetchOne(db, sql: "SELECT entries, bytes FROM relay_usage WHERE space = ?", arguments: [Data(space)])
+            return (row?[0] ?? 0, row?[1] ?? 0)
+        }
+    }
+
+    // MARK: Membership log
+
+    /// Every membership operation held for `space`.
+    public func ops(space: [UInt8]) throws -> [MembershipOp] {
+        try pool.read { db in
+            try Data.fetchAll(db, sql: "SELECT bytes FROM relay_ops WHERE space = ?", arguments: [Data(space)]).map {
+                try MembershipOp(bytes: Array($0))
+            }
+        }
+    }
+
+    /// Stores operations (already verified: decoding checks their signatures) of `space`; returns those that were new.
+    public func addOps(_ ops: [MembershipOp], space: [UInt8]) throws -> [MembershipOp] {
+        try pool.write { db in
+            var count = try Int.fetchOne(db, sql: "SELECT count(*) FROM relay_ops WHERE space = ?", arguments: [Data(space)]) ?? 0
+            var fresh: [MembershipOp] = []
+            for op in ops where op.space == space && count < limits.maxOps {
+                try db.execute(
+                    sql: "INSERT OR IGNORE INTO relay_ops(space, hash, bytes) VALUES (?, ?, ?)",
+                    arguments: [Data(space), Data(op.hash), Data(op.bytes)])
+                if db.changesCount > 0 {
+                    fresh.append(op)
+                    count += 1
+                }
+            }
+            return fresh
+        }
+    }
+
+    // MARK: Entries
+
+    /// The highest seq held per origin of `space`.
+    public func vector(space: [UInt8]) throws -> [NodeID: UInt64] {
+        try pool.read { db in
+            var out: [NodeID: UInt64] = [:]
+            for row in try Row.fetchAll(
+                db, sql: "SELECT origin, max(seq) FROM relay_heads WHERE space = ? GROUP BY origin", arguments: [Data(space)])
+            {
+                out[NodeID(bytes: Array(row[0] as Data))] = UInt64(row[1] as Int64)
+            }
+            return out
+        }
+    }
+
+    /// The entries of `origin` after `after` up to the furthest head within `maxEntries` and `maxBytes` (or the
+    /// nearest head past them), as one batch; nil when nothing is held after `after`.
+    public func batch(space: [UInt8], origin: NodeID, after: UInt64, maxEntries: Int, maxBytes: Int) throws -> EntryBatch? {
+        try pool.read { db in
+            let (s, o) = (Data(space), Data(origin.bytes))
+            let heads = try Row.fetchAll(
+                db, sql: "SELECT seq FROM relay_heads WHERE space = ? AND origin = ? AND seq > ? ORDER BY seq",
+                arguments: [s, o, Int64(after)]
+            ).map { $0[0] as Int64 }
+            guard let nearest = heads.first else { return nil }
+            let sizes = try Row.fetchAll(
+                db, sql: "SELECT seq, length(bytes) FROM relay_entries WHERE space = ? AND origin = ? AND seq > ? AND seq <= ? ORDER BY seq",
+                arguments: [s, o, Int64(after), Int64(after) + Int64(maxEntries)])
+            var end = nearest
+            var bytes = 0
+            let headSet = Set(heads)
+            for row in sizes {
+                bytes += row[1] as Int
+                guard bytes <= maxBytes else { break }
+                if headSet.contains(row[0]) { end = max(end, row[0]) }
+            }
+            guard let headBytes = try Data.fetchOne(
+                db, sql: "SELECT head FROM relay_heads WHERE space = ? AND origin = ? AND seq = ?", arguments: [s, o, end])
+            else { return nil }
+            let rows = try Row.fetchAll(
+                db, sql: "SELECT bytes, hash FROM relay_entries WHERE space = ? AND origin = ? AND seq > ? AND seq <= ? ORDER BY seq",
+                arguments: [s, o, Int64(after), end])
+            guard rows.count == Int(end - Int64(after)) else {
+                throw RelayError("entries of \(origin) after \(after) are missing from the relay's store")
+            }
+            return EntryBatch(
+                origin: origin, entries: try rows.map { try SealedEntry(stored: Array($0[0] as Data), hash: Array($0[1] as Data)) },
+                head: try SignedHead(bytes: Array(headBytes)[...]))
+        }
+    }
+
+    /// Checks a received batch as far as a relay can (signed head, links to what is held, no fork, the origin a
+    /// writing member of `membership` within any removal's cutoff, the space's quota) and stores what is new of it.
+    /// Returns how many entries were new. Throws a `SyncRejection` for what the batch's origin signed, any other
+    /// error for a local failure.
+    public func store(_ batch: EntryBatch, space: [UInt8], membership: MembershipState?) throws -> Int {
+        guard batch.head.origin == batch.origin.bytes, let first = batch.entries.first else { throw SyncRejection.malformed }
+        if let membership {
+            guard let member = membership.member(batch.origin.bytes) else { throw SyncRejection.notMember }
+            guard member.role.writes else { throw SyncRejection.reader }
+            if let cutoff = member.removal?.cutoff, batch.head.seq > cutoff { throw SyncRejection.revoked }
+        }
+        return try pool.write { db -> Int in
+            let (s, o) = (Data(space), Data(batch.origin.bytes))
+            let held = try Int64.fetchOne(
+                db, sql: "SELECT max(seq) FROM relay_entries WHERE space = ? AND origin = ?", arguments: [s, o]) ?? 0
+            let firstSeq = first.header.seq
+            // The batch must start within or right after what is held (no gap).
+            guard firstSeq <= UInt64(held) + 1 else { throw SyncRejection.brokenChain }
+            let previous: [UInt8]? =
+                firstSeq == 1
+                ? nil
+                : try Data.fetchOne(
+                    db, sql: "SELECT hash FROM relay_entries WHERE space = ? AND origin = ? AND seq = ?",
+                    arguments: [s, o, Int64(firstSeq - 1)]
+                ).map { Array($0) }
+            try EntryChain.verifyLinks(batch.entries, head: batch.head, previousHash: previous, space: space)
+            var added = 0
+            var bytes = 0
+            for e in batch.entries {
+                if e.header.seq <= UInt64(held) {
+                    let hash = try Data.fetchOne(
+                        db, sql: "SELECT hash FROM relay_entries WHERE space = ? AND origin = ? AND seq = ?",
+                        arguments: [s, o, Int64(e.header.seq)])
+                    guard hash.map({ Array($0) }) == e.hash else { throw SyncRejection.fork }
+                    continue
+                }
+                try db.execute(
+                    sql: "INSERT INTO relay_entries(space, origin, seq, hash, bytes) VALUES (?, ?, ?, ?, ?)",
+                    arguments: [s, o, Int64(e.header.seq), Data(e.hash), Data(e.bytes)])
+                added += 1
+                bytes += e.bytes.count
+            }
+            guard added > 0 else { return 0 }
+            let usage = try Row.fetchOne(db, sql: "SELECT entries, bytes FROM relay_usage WHERE space = ?", arguments: [s])
+            let (entries, total) = ((usage?[0] as Int? ?? 0) + added, (usage?[1] as Int? ?? 0) + bytes)
+            guard entries <= limits.maxEntriesPerSpace, total <= limits.maxBytesPerSpace else { throw SyncRejection.overQuota }
+            try db.execute(
+                sql: "UPDATE relay_usage SET entries = ?, bytes = ? WHERE space = ?", arguments: [entries, total, s])
+            try db.execute(
+                sql: "INSERT OR IGNORE INTO relay_heads(space, origin, seq, head) VALUES (?, ?, ?, ?)",
+                arguments: [s, o, Int64(batch.head.seq), Data(batch.head.bytes)])
+            return added
+        }
+    }
+}
+
+/// Limits a relay holds each space to.
+public struct RelayLimits: Sendable {
+    /// Most entries stored per space.
+    public var maxEntriesPerSpace = 10_000_000
+    /// Most entry bytes stored per space.
+    public var maxBytesPerSpace = 10 << 30
+    /// Most membership operations per space.
+    public var maxOps = 100_000
+
+    /// The defaults.
+    public init() {}
+}
+
+/// A relay failure with a message for its operator.
+public struct RelayError: Error, CustomStringConvertible {
+    /// What went wrong.
+    public let description: String
+    /// An error saying `description`.
+    public init(_ description: String) { self.description = description }
+}

@@ -1,0 +1,129 @@
+import ArgumentParser
+import BlazeCrypto
+import BlazeProtocol
+import BlazeRelay
+import Foundation
+import Logging
+import NIOPosix
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+@main
+struct BlazeRelayCommand: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "blaze-relay",
+        abstract: "Stores and forwards BlazeDB sync entries for devices that are never online together; reads none of them.",
+        discussion: """
+            A relay serves the spaces an operator adds with 'blaze-relay add-space' (a relay capability from \
+            'blazectl db relay-capability': it lets the relay prove itself to devices and store their sealed \
+            entries, never open one). Devices add the relay as a peer ('blazectl peer add DB HOST:PORT') and sync \
+            through it with the peer protocol. See Protocol/RELAY.md.
+            """,
+        subcommands: [Serve.self, AddSpace.self], defaultSubcommand: Serve.self)
+}
+
+/// Options every subcommand shares.
+struct RelayOptions: ParsableArguments {
+    @Option(help: "Directory of the relay's database and identity (created when missing).")
+    var dataDir: String
+
+    /// Opens the relay's store (creating the directory).
+    func openStore() throws -> RelayStore {
+        try FileManager.default.createDirectory(atPath: dataDir, withIntermediateDirectories: true)
+        return try RelayStore(path: dataDir + "/relay.db")
+    }
+}
+
+struct Serve: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(abstract: "Serve devices (the default).")
+
+    @OptionGroup var options: RelayOptions
+
+    @Option(help: "Address to accept devices on (host:port; port 0 picks one, printed at start).")
+    var listen = "127.0.0.1:7400"
+
+    @Option(help: "Log level: trace, debug, info, notice, warning, error, critical.")
+    var logLevel = "info"
+
+    func run() async throws {
+        guard let address = PeerAddress(listen) ?? (listen.hasSuffix(":0") ? PeerAddress(String(listen.dropLast(2)) + ":1") : nil)
+        else { throw ValidationError("--listen must be host:port") }
+        let port = listen.hasSuffix(":0") ? 0 : address.port
+        // Logs go to stderr; stdout carries only the address line.
+        LoggingSystem.bootstrap(StreamLogHandler.standardError)
+        var logger = Logger(label: "blaze-relay")
+        logger.logLevel = Logger.Level(rawValue: logLevel) ?? .info
+        let store = try options.openStore()
+        let identity = try DeviceIdentity.loadOrCreate(directory: options.dataDir + "/keys")
+        let pool = NIOThreadPool(numberOfThreads: 2)
+        pool.start()
+        let relay = RelayServer(
+            store: store, identity: identity, group: MultiThreadedEventLoopGroup.singleton, pool: pool, logger: logger)
+        let bound = try await relay.listen(host: address.host, port: port)
+        // The address on stdout, alone on its line, so scripts and tests can read the port picked.
+        FileHandle.standardOutput.write(Data("listening \(address.host):\(bound)\n".utf8))
+        logger.info("Relay started", metadata: ["address": "\(address.host):\(bound)", "spaces": "\(relay.servedCount)"])
+        await Self.waitForTermination()
+        logger.info("Relay stopping")
+        await relay.shutdown()
+        try? await pool.shutdownGracefully()
+    }
+
+    /// Returns on SIGTERM or SIGINT.
+    static func waitForTermination() async {
+        signal(SIGTERM, SIG_IGN)
+        signal(SIGINT, SIG_IGN)
+        await withCheckedContinuation { (done: CheckedContinuation<Void, Never>) in
+            let once = OnceFlag()
+            for sig in [SIGTERM, SIGINT] {
+                let source = DispatchSource.makeSignalSource(signal: sig, queue: .global())
+                source.setEventHandler { if once.take() { done.resume() } }
+                source.resume()
+                Retained.sources.append(source)
+            }
+        }
+    }
+}
+
+/// Keeps the signal sources alive for the life of the process.
+enum Retained {
+    nonisolated(unsafe) static var sources: [any DispatchSourceSignal] = []
+}
+
+/// True once, then false.
+final class OnceFlag: @unchecked Sendable {
+    // @unchecked: guarded by the lock.
+    private let lock = NSLock()
+    private var taken = false
+    func take() -> Bool {
+        lock.lock()
+        defer { lock.unlock() }
+        if taken { return false }
+        taken = true
+        return true
+    }
+}
+
+struct AddSpace: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Serve a space, given its relay capability ('-' reads it from stdin); a running relay picks it up.")
+
+    @OptionGroup var options: RelayOptions
+
+    @Argument(help: "The relay capability (blazedb-relay-1.…), or - to read it from stdin.")
+    var capability: String
+
+    func run() throws {
+        let text = capability == "-" ? (readLine() ?? "").trimmingCharacters(in: .whitespacesAndNewlines) : capability
+        let cap: RelayCapability
+        do {
+            cap = try RelayCapability(text: text)
+        } catch {
+            throw ValidationError("not a relay capability: \(error)")
+        }
+        let added = try options.openStore().add(cap)
+        print(added ? "serving space \(hexString(cap.space))" : "space \(hexString(cap.space)) was served already")
+    }
+}

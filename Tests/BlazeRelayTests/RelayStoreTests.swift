@@ -1,0 +1,152 @@
+import BlazeCRDT
+import BlazeCrypto
+import BlazeProtocol
+import BlazeRelay
+import BlazeStore
+import BlazeSync
+import Foundation
+import Testing
+
+/// A device writing into a legacy-keyed database, whose sealed entries the relay receives.
+final class Writer {
+    let identity = DeviceIdentity()
+    let dir = NSTemporaryDirectory() + "relaytest-\(UUID().uuidString)"
+    let store: Store
+    let db: BlazeDatabase
+
+    init(key: SpaceKey) throws {
+        store = try Store(directory: dir, node: NodeID(bytes: identity.nodeID))
+        db = try store.create("s")
+        try db.setSpaceID(key.idHex)
+    }
+
+    deinit {
+        store.closeAll()
+        try? FileManager.default.removeItem(atPath: dir)
+    }
+
+    /// Writes `n` documents and seals them in heads of `batch` entries.
+    func write(_ n: Int, from: Int = 0, key: SpaceKey, batch: Int = 10) throws {
+        for i in from..<(from + n) { _ = try db.apply(.put(collection: "c", id: "d\(i)", doc: ["n": .int(Int64(i))])) }
+        try db.sealLocal(key: key, identity: identity, batch: batch)
+    }
+
+    var origin: NodeID { db.node }
+}
+
+/// A relay store in a temporary file.
+func tempRelay(limits: RelayLimits = RelayLimits()) throws -> (RelayStore, String) {
+    let path = NSTemporaryDirectory() + "relay-\(UUID().uuidString).db"
+    return (try RelayStore(path: path, limits: limits), path)
+}
+
+/// The relay's store (Protocol/RELAY.md): what it accepts of a device's batches without opening any entry.
+@Suite struct RelayStoreTests {
+    let key = SpaceKey.generate()
+
+    @Test func batchesAreStoredLinkedAndServedBackExactly() throws {
+        let (relay, path) = try tempRelay()
+        defer { try? FileManager.default.removeItem(atPath: path) }
+        #expect(try relay.add(RelayCapability(key: key)))
+        #expect(try !relay.add(RelayCapability(key: key)), "adding the same space again changes nothing")
+        #expect(throws: RelayError.self, "the same space with another capability") {
+            _ = try relay.add(RelayCapability(key: try SpaceKey(id: key.id, capability: SpaceKey.randomBytes(32))))
+        }
+        let w = try Writer(key: key)
+        try w.write(35, key: key)
+        // The writer's log in two batches: 1–20, then 21–35 (a batch ends at a head).
+        let first = try #require(try w.db.entryBatch(origin: w.origin, after: 0, maxEntries: 20))
+        let rest = try #require(try w.db.entryBatch(origin: w.origin, after: 20, maxEntries: 20))
+        #expect(try relay.store(first, space: key.id, membership: nil) == 20)
+        #expect(try relay.store(first, space: key.id, membership: nil) == 0, "a duplicate stores nothing")
+        #expect(try relay.store(rest, space: key.id, membership: nil) == 15)
+        #expect(try relay.vector(space: key.id) == [w.origin: 35])
+        #expect(try relay.usage(space: key.id).entries == 35)
+        // Served back, the entries are the writer's, byte for byte, and open for a member.
+        var after: UInt64 = 0
+        var served: [SealedEntry] = []
+        while let batch = try relay.batch(space: key.id, origin: w.origin, after: after, maxEntries: 15, maxBytes: 1 << 20) {
+            try EntryChain.verifyLinks(batch.entries, head: batch.head, previousHash: served.last?.hash, space: key.id)
+            served += batch.entries
+            after = batch.head.seq
+        }
+        let held = try #require(try w.db.entryBatch(origin: w.origin, after: 0, maxEntries: 100))
+        #expect(served.map(\.bytes) == held.entries.map(\.bytes))
+        let reader = try Writer(key: key)
+        var stored = 0
+        after = 0
+        while let batch = try relay.batch(space: key.id, origin: w.origin, after: after, maxEntries: 100, maxBytes: 1 << 20) {
+            stored += try reader.db.receive(batch: batch, key: key).stored
+            after = batch.head.seq
+        }
+        #expect(stored == 35)
+        #expect(try reader.db.stateHash() == w.db.stateHash())
+    }
+
+    @Test func gapsForksForeignSpacesAndBrokenLinksAreRefused() throws {
+        let (relay, path) = try tempRelay()
+        defer { try? FileManager.default.removeItem(atPath: path) }
+        try relay.add(RelayCapability(key: key))
+        let w = try Writer(key: key)
+        try w.write(30, key: key)
+        let first = try #require(try w.db.entryBatch(origin: w.origin, after: 0, maxEntries: 10))
+        let third = try #require(try w.db.entryBatch(origin: w.origin, after: 20, maxEntries: 10))
+        #expect(throws: SyncRejection.brokenChain) { try relay.store(third, space: key.id, membership: nil) }
+        #expect(try relay.store(first, space: key.id, membership: nil) == 10)
+        // Another space's entries.
+        #expect(throws: SyncRejection.self) { try relay.store(first, space: SpaceKey.generate().id, membership: nil) }
+        // A fork: the same origin signs other entries 1–12 (a device restored from an old copy, same identity).
+        let cloneDir = w.dir + "-clone"
+        let clone = try Store(directory: cloneDir, node: w.origin)
+        defer {
+            clone.closeAll()
+            try? FileManager.default.removeItem(atPath: cloneDir)
+        }
+        let cdb = try clone.create("s")
+        try cdb.setSpaceID(key.idHex)
+        for i in 0..<12 { _ = try cdb.apply(.put(collection: "c", id: "other\(i)", doc: ["n": .int(Int64(i))])) }
+        try cdb.sealLocal(key: key, identity: w.identity, batch: 12)
+        let fork = try #require(try cdb.entryBatch(origin: w.origin, after: 0, maxEntries: 12))
+        #expect(throws: SyncRejection.fork) { try relay.store(fork, space: key.id, membership: nil) }
+        // An altered entry no longer matches the head its origin signed.
+        let second = try #require(try w.db.entryBatch(origin: w.origin, after: 10, maxEntries: 10))
+        var bytes = second.entries[3].bytes
+        bytes[bytes.count - 1] ^= 1
+        var altered = second
+        altered.entries[3] = try SealedEntry(stored: bytes, hash: second.entries[3].hash)
+        // As it arrives: decoding the wire message computes each entry's hash from its bytes.
+        guard case .entries(let received) = try PeerMessage(decoding: try PeerMessage.entries(altered).encoded()) else {
+            Issue.record("not an ENTRIES message")
+            return
+        }
+        // Links are rebuilt from the bytes (SYNC.md §6), so only the signed head can tell: it names another last entry.
+        #expect(throws: SyncRejection.badHead) { try relay.store(received, space: key.id, membership: nil) }
+        #expect(try relay.vector(space: key.id) == [w.origin: 10], "nothing refused was stored")
+    }
+
+    @Test func originsOutsideTheLogAndReadersAreRefusedAndTheQuotaHolds() throws {
+        var limits = RelayLimits()
+        limits.maxEntriesPerSpace = 15
+        let (relay, path) = try tempRelay(limits: limits)
+        defer { try? FileManager.default.removeItem(atPath: path) }
+        try relay.add(RelayCapability(key: key))
+        let admin = try Writer(key: key), reader = try Writer(key: key), stranger = try Writer(key: key)
+        let salt = SpaceKey.randomBytes(16)
+        let space = MembershipOp.spaceID(creator: admin.identity.publicKeys, salt: salt)
+        let create = try MembershipOp(space: space, author: admin.identity, timeMs: 1, parents: [], action: .create(salt: salt), envelopes: [])
+        let add = try MembershipOp(
+            space: space, author: admin.identity, timeMs: 2, parents: [create.hash],
+            action: .add(device: reader.identity.publicKeys, role: .reader), envelopes: [])
+        let log = MembershipState(space: space, ops: [create, add])
+        for w in [admin, reader, stranger] { try w.write(10, key: key) }
+        func batch(_ w: Writer) throws -> EntryBatch { try #require(try w.db.entryBatch(origin: w.origin, after: 0, maxEntries: 10)) }
+        #expect(try relay.store(try batch(admin), space: key.id, membership: log) == 10)
+        #expect(throws: SyncRejection.reader) { try relay.store(try batch(reader), space: key.id, membership: log) }
+        #expect(throws: SyncRejection.notMember) { try relay.store(try batch(stranger), space: key.id, membership: log) }
+        // Past the quota (15 entries): refused whole, nothing of it stored.
+        try admin.write(10, from: 100, key: key)
+        let more = try #require(try admin.db.entryBatch(origin: admin.origin, after: 10, maxEntries: 10))
+        #expect(throws: SyncRejection.overQuota) { try relay.store(more, space: key.id, membership: log) }
+        #expect(try relay.usage(space: key.id).entries == 10 && relay.vector(space: key.id) == [admin.origin: 10])
+    }
+}
