@@ -97,7 +97,7 @@ let package = Package(
         .executableTarget(
             name: "blazebench",
             dependencies: [
-                "BlazeDaemon", "BlazeStore", "BlazeSync", "BlazeCRDT", "BlazeCrypto", "BlazeClient", "BlazeProtocol",
+                "BlazeDaemon", "BlazeStore", "BlazeSync", "BlazeCRDT", "BlazeCrypto", "BlazeClient", "BlazeProtocol", "BlazeRelay",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "GRDB", package: "GRDB.swift"),
                 .product(name: "Crypto", package: "swift-crypto"),

@@ -136,11 +136,13 @@ final class RelayConnection: ChannelInboundHandler {
         }
     }
 
-    private func send(_ message: PeerMessage, context: ChannelHandlerContext) {
-        guard case .established(let space, var cipher) = state, let bytes = try? message.encoded() else { return }
+    /// Seals and writes `message`; the future completes once it is written (nil when the connection is closed).
+    @discardableResult
+    private func send(_ message: PeerMessage, context: ChannelHandlerContext) -> EventLoopFuture<Void>? {
+        guard case .established(let space, var cipher) = state, let bytes = try? message.encoded() else { return nil }
         let sealed = cipher.seal(bytes)
         state = .established(space: space, cipher: cipher)
-        context.writeAndFlush(wrapOutboundOut(ByteBuffer(bytes: sealed)), promise: nil)
+        return context.writeAndFlush(wrapOutboundOut(ByteBuffer(bytes: sealed)))
     }
 
     /// A handshake frame: its 4-byte big-endian length, then the message.
@@ -255,13 +257,26 @@ final class RelayConnection: ChannelInboundHandler {
             }
             return batches
         }) { connection, batches, context in
+            var last: EventLoopFuture<Void>?
             for batch in batches {
-                connection.send(.entries(batch), context: context)
+                last = connection.send(.entries(batch), context: context)
                 connection.peerVector?[batch.origin] = batch.head.seq
             }
             connection.relay.stats.withLock { $0.entriesSent += batches.reduce(0) { $0 + $1.entries.count } }
-            connection.pumping = false
-            if !batches.isEmpty || connection.pumpAgain { connection.pump(space: space, context: context) }
+            guard let last else {
+                connection.pumping = false
+                if connection.pumpAgain { connection.pump(space: space, context: context) }
+                return
+            }
+            // The next round is read once this one is written: the socket's buffer, not memory, holds what the device
+            // has not read yet.
+            let bound = NIOLoopBound((connection, context), eventLoop: context.eventLoop)
+            last.whenComplete { _ in
+                let (connection, context) = bound.value
+                connection.pumping = false
+                guard case .established = connection.state else { return }
+                connection.pump(space: space, context: context)
+            }
         }
     }
 

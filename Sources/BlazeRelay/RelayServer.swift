@@ -11,7 +11,8 @@ import Synchronization
 /// sealed entries and membership operations they send, and serves them to the space's other devices — at once to
 /// those connected, later to the others. It holds each space's capability, never a key that opens an entry.
 public final class RelayServer: Sendable {
-    let store: RelayStore
+    /// Where the relay keeps what it serves.
+    public let store: RelayStore
     let identity: DeviceIdentity
     let group: any EventLoopGroup
     let pool: NIOThreadPool

@@ -20,7 +20,7 @@ struct BlazeBench: AsyncParsableCommand {
     @Option(help: "Repeats of the throughput measurements (default 3; 1 with --quick).")
     var repeats: Int?
 
-    @Option(help: "Only these groups, comma-separated: baselines, W1, RPC (W2 and W3), W4 (with W5 and W7), W6, W8, M1, RSS.")
+    @Option(help: "Only these groups, comma-separated: baselines, W1, RPC (W2 and W3), W4 (with W5 and W7), RELAY, W6, W8, M1, RSS.")
     var only: String?
 
     @Option(help: .hidden) var serveDaemon: String?
@@ -69,6 +69,9 @@ struct BlazeBench: AsyncParsableCommand {
         if wants("RPC") { results += try await Workloads.rpc(dir: dir, n: n, docs: docs) }
         if wants("W4") || wants("W5") {
             results += try await SyncWorkloads.run(dir: dir, n: quick ? 1000 : 5 * n, docs: docs, latencyWrites: quick ? 20 : 500)
+        }
+        if wants("RELAY") {
+            results += try await RelayWorkloads.run(dir: dir, n: quick ? 1000 : 5 * n, docs: docs, latencyWrites: quick ? 20 : 500)
         }
         if wants("W6") {
             results += try await SyncWorkloads.offlineMerge(

@@ -1,0 +1,96 @@
+import BlazeCRDT
+import BlazeClient
+import BlazeCrypto
+import BlazeDaemon
+import BlazeProtocol
+import BlazeRelay
+import BlazeStore
+import BlazeSync
+import Foundation
+import Logging
+import NIOPosix
+import Synchronization
+
+/// R1: sync through `blaze-relay` (in this process, SQLite, loopback TCP) against the same run's direct peer figures
+/// (W4, W5): an initial sync of `n` changes that B only gets from the relay, then single writes from A to B's change
+/// feed with the relay as their only path.
+enum RelayWorkloads {
+    static func run(dir: String, n: Int, docs: [[String: JSONValue]], latencyWrites: Int) async throws -> [Result] {
+        let a = try await Workloads.LocalDaemon(dir: dir + "/r1-a", syncListen: "127.0.0.1:0")
+        let b = try await Workloads.LocalDaemon(dir: dir + "/r1-b")
+        try FileManager.default.createDirectory(atPath: dir + "/r1-relay", withIntermediateDirectories: true)
+        let pool = NIOThreadPool(numberOfThreads: 2)
+        pool.start()
+        var logger = Logger(label: "blazebench.relay")
+        logger.logLevel = .critical
+        let relay = RelayServer(
+            store: try RelayStore(path: dir + "/r1-relay/relay.db"), identity: DeviceIdentity(),
+            group: MultiThreadedEventLoopGroup.singleton, pool: pool, logger: logger)
+        let relayAddress = try require(PeerAddress("127.0.0.1:\(try await relay.listen(host: "127.0.0.1", port: 0))"))
+        defer {
+            Task {
+                await relay.shutdown()
+                try? await pool.shutdownGracefully()
+                await b.stop()
+                await a.stop()
+            }
+        }
+        // B joins through A while both are empty, then only ever talks to the relay.
+        let source = try a.daemon.store.create("r1")
+        let target = try b.daemon.sync.join(token: try invite(a, source), name: "r1")
+        let aAddress = try require(PeerAddress(try require(a.daemon.sync.listeningAddress)))
+        _ = try b.daemon.sync.removePeer(db: target, address: aAddress)
+        try relay.add(RelayCapability(key: try require(try a.daemon.sync.spaceKey(db: source))))
+        for i in 0..<n { _ = try source.apply(.insert(collection: "c", doc: docs[i % docs.count].merging(["_id": .string("d\(i)")]) { $1 })) }
+        let origin = source.node
+        let up = try seconds {
+            _ = try a.daemon.sync.addPeer(db: source, address: relayAddress)
+            try SyncWorkloads.waitUntil("R1: A → relay") { try relay.store.vector(space: source.spaceKeyID())[origin] ?? 0 >= UInt64(n) }
+        }
+        let down = try seconds {
+            _ = try b.daemon.sync.addPeer(db: target, address: relayAddress)
+            try SyncWorkloads.waitUntil("R1: relay → B") { try target.versionVector()[origin] >= UInt64(n) }
+        }
+        var out = [
+            Result(
+                name: "R1.initialSync", unit: "s", samples: [down], better: "lower", baseline: "W4.initialSync",
+                target: "≤ 1.5× direct",
+                note: String(format: "%d changes from the relay to B (%.0f changes/s); A → relay took %.2f s", n, Double(n) / down, up))
+        ]
+        // Single writes on A, timed until B's change feed publishes them; the relay is the only path.
+        let arrived = DispatchSemaphore(value: 0)
+        let stamps = Mutex<[UInt64]>([])
+        var attached: Int?
+        while attached == nil {
+            switch target.feed.attach(after: target.feed.lastSequence, { signal in
+                guard case .entries(let entries) = signal else { return }
+                for e in entries where e.origin == origin {
+                    stamps.withLock { $0.append(DispatchTime.now().uptimeNanoseconds) }
+                    arrived.signal()
+                }
+            }) {
+            case .attached(let token): attached = token
+            case .behind: continue
+            case .ended(let e): throw e
+            }
+        }
+        var latencies: [Double] = []
+        for i in 0..<latencyWrites {
+            let start = DispatchTime.now().uptimeNanoseconds
+            _ = try source.apply(.put(collection: "live", id: "l\(i)", doc: ["i": .int(Int64(i))]))
+            guard arrived.wait(timeout: .now() + 30) == .success else { throw ClientError("R1: write \(i) never arrived") }
+            latencies.append(Double(stamps.withLock { $0.last! } - start) / 1000)
+        }
+        target.feed.detach(attached!)
+        out.append(
+            Result(
+                name: "R1.propagation", unit: "µs", samples: latencies, better: "lower", baseline: "W5.propagation",
+                target: "p99 ≤ 2× direct", note: "write committed on A → relay → change published on B"))
+        return out
+    }
+}
+
+extension BlazeDatabase {
+    /// The space id of a shared database, as bytes.
+    func spaceKeyID() throws -> [UInt8] { try require(hexBytes(try require(try spaceID(), "space id")), "space id") }
+}
