@@ -34,8 +34,14 @@ final class RelayConnection: ChannelInboundHandler {
     private var opsShared: Set<[UInt8]> = []
     private var pumping = false
     private var pumpAgain = false
-    /// Batches received and not yet stored, in order.
-    private var inbox: [EntryBatch] = []
+    /// Batches and membership operations received and not yet stored, in order: operations a device sends before
+    /// its entries must count when those entries are checked.
+    private var inbox: [Received] = []
+
+    private enum Received {
+        case batch(EntryBatch)
+        case ops([MembershipOp])
+    }
     private var storing = false
 
     /// Entries and bytes per batch read for sending.
@@ -180,16 +186,10 @@ final class RelayConnection: ChannelInboundHandler {
             peerVector = known
             pump(space: space, context: context)
         case .entries(let batch):
-            inbox.append(batch)
-            if inbox.count >= Self.maxInbox { context.channel.setOption(ChannelOptions.autoRead, value: false).whenFailure { _ in } }
-            storeNext(space: space, context: context)
+            receive(.batch(batch), space: space, context: context)
         case .members(let ops):
             for op in ops { opsShared.insert(op.hash) }
-            run(context: context, { try $0.store.addOps(ops, space: space) }) { connection, fresh, _ in
-                guard !fresh.isEmpty else { return }
-                connection.relay.membershipGrew(space)
-                connection.relay.announce(space: space, except: connection.listener)
-            }
+            receive(.ops(ops), space: space, context: context)
         case .ping:
             break
         case .error:
@@ -201,13 +201,36 @@ final class RelayConnection: ChannelInboundHandler {
         }
     }
 
-    /// Stores the next received batch, then the one after it; a refusal closes the connection.
+    /// Queues what the device sent for storing, pausing reads while the queue is full.
+    private func receive(_ received: Received, space: [UInt8], context: ChannelHandlerContext) {
+        inbox.append(received)
+        if inbox.count >= Self.maxInbox { context.channel.setOption(ChannelOptions.autoRead, value: false).whenFailure { _ in } }
+        storeNext(space: space, context: context)
+    }
+
+    /// Stores the next received item, then the one after it; a refusal closes the connection.
     private func storeNext(space: [UInt8], context: ChannelHandlerContext) {
         guard !storing, !inbox.isEmpty else { return }
         storing = true
-        let batch = inbox.removeFirst()
+        let batch: EntryBatch
+        switch inbox.removeFirst() {
+        case .ops(let ops):
+            run(context: context, { relay -> Bool in
+                try relay.merge(ops, space: space)
+            }) { connection, grew, context in
+                connection.storing = false
+                if grew { connection.relay.announce(space: space, except: connection.listener) }
+                connection.resumeReading(context: context)
+                connection.storeNext(space: space, context: context)
+            }
+            return
+        case .batch(let b):
+            batch = b
+        }
         run(context: context, { relay in
-            try relay.store.store(batch, space: space, membership: try relay.membership(space))
+            // A space whose log no member has brought yet has no writer: nothing is stored for it.
+            guard let membership = try relay.membership(space) else { throw SyncRejection.notMember }
+            return try relay.store.store(batch, space: space, membership: membership)
         }) { connection, added, context in
             connection.storing = false
             if var v = connection.peerVector { v[batch.origin] = max(v[batch.origin] ?? 0, batch.head.seq); connection.peerVector = v }
@@ -215,11 +238,13 @@ final class RelayConnection: ChannelInboundHandler {
                 connection.relay.stats.withLock { $0.entriesStored += added }
                 connection.relay.announce(space: space, except: connection.listener)
             }
-            if connection.inbox.count < Self.maxInbox {
-                context.channel.setOption(ChannelOptions.autoRead, value: true).whenFailure { _ in }
-            }
+            connection.resumeReading(context: context)
             connection.storeNext(space: space, context: context)
         }
+    }
+
+    private func resumeReading(context: ChannelHandlerContext) {
+        if inbox.count < Self.maxInbox { context.channel.setOption(ChannelOptions.autoRead, value: true).whenFailure { _ in } }
     }
 
     /// Sends the device the operations it is not known to hold.

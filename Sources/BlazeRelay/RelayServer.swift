@@ -123,9 +123,17 @@ public final class RelayServer: Sendable {
         return m
     }
 
-    /// Forgets the resolved log of `space` (it grew).
-    func membershipGrew(_ space: [UInt8]) {
-        _ = memberships.withLock { $0.removeValue(forKey: hexString(space)) }
+    /// Stores the operations of `ops` that take part in `space`'s log: those whose author the log, with them, makes
+    /// a member (as members do, SYNC.md §9: anyone holding the capability could send others, which could never take
+    /// effect). Returns whether the log grew.
+    func merge(_ ops: [MembershipOp], space: [UInt8]) throws -> Bool {
+        let held = try store.ops(space: space)
+        let resolved = MembershipState(space: space, ops: held + ops)
+        let kept = ops.filter { resolved.member($0.author.nodeID) != nil }
+        let fresh = try store.addOps(kept, space: space)
+        guard !fresh.isEmpty else { return false }
+        memberships.withLock { $0[hexString(space)] = nil }
+        return true
     }
 
     /// Registers a connection of `space`; `notify` runs whenever another connection stored something.

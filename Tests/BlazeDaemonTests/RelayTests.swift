@@ -75,6 +75,11 @@ final class RelayProcess: @unchecked Sendable {
         }
     }
 
+    /// Rows of one of the relay's tables.
+    func count(_ table: String) throws -> Int {
+        try DatabaseQueue(path: dataDir + "/relay.db").read { try Int.fetchOne($0, sql: "SELECT count(*) FROM \(table)") ?? 0 }
+    }
+
     /// SIGTERM and a clean exit, with no error logged.
     func stop(sourceLocation: SourceLocation = #_sourceLocation) {
         settled = true
@@ -144,6 +149,70 @@ func ownSeq(_ c: BlazeConnection, _ db: String) throws -> Int64 {
         let bytes = try Data(contentsOf: URL(fileURLWithPath: relay.dataDir + "/relay.db"))
         let text = String(decoding: bytes, as: UTF8.self)
         for needle in ["written by", "edited by", "notes", "text", "\"a0\""] { #expect(!text.contains(needle), "\(needle) in the relay's file") }
+        a.stop()
+        relay.stop()
+    }
+
+    @Test func hostileDevicesAreRefusedAndTheRelayKeepsServing() throws {
+        let relay = try RelayProcess()
+        let a = try syncDaemon()
+        let ca = try a.connect()
+        _ = try ca.call("db.create", ["db": "team"])
+        _ = try ca.call("db.share", ["db": "team"])
+        let capability = try #require(try ca.call("db.relayCapability", ["db": "team"])["capability"]?.stringValue)
+        try relay.addSpace(capability)
+        let cap = try RelayCapability(text: capability)
+        // A device proving another space's capability is closed during the handshake.
+        #expect(throws: (any Error).self) { try HostileMember(key: SpaceKey.generate()).connect(port: relay.port) }
+        // Bytes that are not a sealed frame close the connection.
+        let garbage = HostileMember(key: cap.key)
+        try garbage.connect(port: relay.port)
+        try garbage.writeAll([UInt8](repeating: 0xAB, count: 64))
+        #expect(garbage.awaitClose().closed)
+        // A device outside the log signs and seals entries (with a key of its own): refused, nothing stored.
+        let outsider = HostileMember(key: cap.key)
+        outsider.key = try SpaceKey(id: cap.space, capability: cap.capability, epoch: 1, current: SpaceKey.randomSecret(), ring: [])
+        try outsider.connect(port: relay.port)
+        try outsider.send(SyncTarget.change(outsider, [HostileMember.docOp("notes", "forged", set: ["v": .int(1)])]))
+        #expect(outsider.awaitClose().error == "not_a_member")
+        // Membership operations it signs (a create of its own, an add of itself) never take part in the log: the
+        // relay keeps none of them.
+        let forger = HostileMember(key: cap.key)
+        try forger.connect(port: relay.port)
+        let create = try MembershipOp(
+            space: cap.space, author: forger.identity, timeMs: 1, parents: [], action: .create(salt: SpaceKey.randomBytes(16)),
+            envelopes: [])
+        let add = try MembershipOp(
+            space: cap.space, author: forger.identity, timeMs: 2, parents: [create.hash],
+            action: .add(device: DeviceIdentity().publicKeys, role: .admin), envelopes: [])
+        var members: [UInt8] = [5]
+        members.appendBE(UInt32(2))
+        for op in [create, add] {
+            members.appendBE(UInt32(op.bytes.count))
+            members += op.bytes
+        }
+        try forger.send(members)
+        // Stored in order: once its entries are refused, its operations were dealt with.
+        forger.key = try SpaceKey(id: cap.space, capability: cap.capability, epoch: 1, current: SpaceKey.randomSecret(), ring: [])
+        try forger.send(SyncTarget.change(forger, [HostileMember.docOp("notes", "forged", set: ["v": .int(1)])]))
+        #expect(forger.awaitClose().error == "not_a_member")
+        #expect(try relay.count("relay_ops") == 0)
+        // A JOIN: only members admit devices.
+        let joiner = HostileMember(key: cap.key)
+        try joiner.connect(port: relay.port)
+        try joiner.send([6] + SpaceKey.randomBytes(48))
+        #expect(joiner.awaitClose().error == "invite_unknown")
+        // A message that does not decode.
+        let malformed = HostileMember(key: cap.key)
+        try malformed.connect(port: relay.port)
+        try malformed.send([1, 0xFF, 0xFF, 0xFF, 0xFF])
+        #expect(malformed.awaitClose().closed)
+        #expect(try relay.held()[outsider.originHex] == nil)
+        // The relay still serves the member.
+        _ = try ca.call("peer.add", ["db": "team", "address": .string(relay.address)])
+        _ = try ca.call("doc.put", ["db": "team", "collection": "notes", "id": "real", "doc": ["v": 1]])
+        let na = try nodeID(ca, "team")
+        #expect(try eventually { try relay.held()[na] == ownSeq(ca, "team") })
         a.stop()
         relay.stop()
     }
