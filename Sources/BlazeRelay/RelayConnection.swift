@@ -49,8 +49,14 @@ final class RelayConnection: ChannelInboundHandler {
     /// Batches waiting to be stored before reading pauses.
     static let maxInbox = 4
 
-    init(relay: RelayServer) {
+    /// The source address the relay's gate admitted the connection for.
+    let address: String
+    /// Whether this connection still holds its place in the gate (released once, however the connection ends).
+    private var holdsGatePlace = true
+
+    init(relay: RelayServer, address: String) {
         self.relay = relay
+        self.address = address
         self.state = .handshake(Handshake.Server(identity: relay.identity))
     }
 
@@ -58,7 +64,7 @@ final class RelayConnection: ChannelInboundHandler {
         guard case .handshake(let server) = state else { return }
         context.writeAndFlush(wrapOutboundOut(Self.plainFrame(server.hello)), promise: nil)
         let bound = NIOLoopBound((self, context), eventLoop: context.eventLoop)
-        deadline = context.eventLoop.scheduleTask(in: .seconds(10)) {
+        deadline = context.eventLoop.scheduleTask(in: .milliseconds(Int64(relay.gate.limits.handshakeTimeoutMs))) {
             let (connection, context) = bound.value
             guard case .handshake = connection.state else { return }
             connection.relay.stats.withLock { $0.refused += 1 }
@@ -125,6 +131,7 @@ final class RelayConnection: ChannelInboundHandler {
                     return
                 }
                 deadline?.cancel()
+                relay.gate.established()
                 context.writeAndFlush(wrapOutboundOut(Self.plainFrame(accepted.reply)), promise: nil)
                 state = .established(space: accepted.space.id, cipher: accepted.session)
                 established(space: accepted.space.id, context: context)
@@ -334,6 +341,14 @@ final class RelayConnection: ChannelInboundHandler {
     }
 
     private func close(context: ChannelHandlerContext) {
+        if holdsGatePlace {
+            holdsGatePlace = false
+            if case .handshake = state {
+                relay.gate.release(address: address, handshaking: true)
+            } else {
+                relay.gate.release(address: address, handshaking: false)
+            }
+        }
         if case .established(let space, _) = state, let listener { relay.unlisten(space: space, id: listener) }
         state = .closed
         deadline?.cancel()

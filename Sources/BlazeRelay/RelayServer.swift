@@ -30,11 +30,25 @@ public final class RelayServer: Sendable {
     /// The capabilities of the spaces served, read once and after each `add`, so a handshake reads no file.
     private let served: Mutex<[SpaceKey]>
 
-    /// A relay over `store`, proving `identity` to devices.
+    /// Admits connections within the listener limits.
+    let gate: ConnectionGate
+
+    /// The defaults of a relay's listener limits: far more devices than one daemon's peers.
+    public static var defaultLimits: SyncListenerLimits {
+        var limits = SyncListenerLimits()
+        limits.maxConnections = 10_000
+        limits.maxHandshakes = 512
+        limits.maxConnectionsPerAddress = 64
+        limits.handshakeTimeoutMs = 10_000
+        return limits
+    }
+
+    /// A relay over `store`, proving `identity` to devices, admitting connections within `limits`.
     public init(
         store: RelayStore, identity: DeviceIdentity, group: any EventLoopGroup, pool: NIOThreadPool, logger: Logger,
-        timeout: TimeAmount = .seconds(30)
+        timeout: TimeAmount = .seconds(30), limits: SyncListenerLimits = RelayServer.defaultLimits
     ) {
+        self.gate = ConnectionGate(limits: limits)
         self.store = store
         self.identity = identity
         self.group = group
@@ -86,10 +100,16 @@ public final class RelayServer: Sendable {
             .serverChannelOption(.socketOption(.so_reuseaddr), value: 1)
             .childChannelOption(.tcpOption(.tcp_nodelay), value: 1)
             .childChannelInitializer { channel in
-                channel.eventLoop.makeCompletedFuture {
+                // Limits hold before a byte is read: a flood of connections costs the relay no parsing.
+                let address = channel.remoteAddress?.ipAddress ?? "?"
+                guard relay.gate.admit(address: address) else {
+                    relay.logger.debug("Relay refused a connection over its limits", metadata: ["address": "\(address)"])
+                    return channel.close()
+                }
+                return channel.eventLoop.makeCompletedFuture {
                     try channel.pipeline.syncOperations.addHandlers([
                         IdleStateHandler(readTimeout: relay.timeout, writeTimeout: .nanoseconds(relay.timeout.nanoseconds / 3)),
-                        RelayConnection(relay: relay),
+                        RelayConnection(relay: relay, address: address),
                     ])
                 }
             }
@@ -108,7 +128,11 @@ public final class RelayServer: Sendable {
     }
 
     /// What the relay counted since start.
-    public var counters: RelayCounters { stats.withLock { $0 } }
+    public var counters: RelayCounters {
+        var c = stats.withLock { $0 }
+        c.refusedOverLimit = gate.refused.load(ordering: .relaxed)
+        return c
+    }
 
     // MARK: Spaces
 
@@ -161,6 +185,8 @@ public struct RelayCounters: Sendable {
     public var connections = 0
     /// Connections refused at the handshake (no served capability proven, or none in time).
     public var refused = 0
+    /// Connections closed at once because a listener limit was reached.
+    public var refusedOverLimit = 0
     /// Entries stored, and sent to devices.
     public var entriesStored = 0, entriesSent = 0
     /// Batches refused, by reason.

@@ -17,22 +17,24 @@ public struct SyncListenerLimits: Sendable, Equatable {
 }
 
 /// Counts inbound sync connections and admits a new one only while every limit of `SyncListenerLimits` holds.
-final class ConnectionGate: Sendable {
+public final class ConnectionGate: Sendable {
     private struct Counts {
         var total = 0
         var handshaking = 0
         var byAddress: [String: Int] = [:]
     }
 
-    let limits: SyncListenerLimits
+    /// The limits it holds.
+    public let limits: SyncListenerLimits
     private let counts = Mutex(Counts())
     /// Connections closed at once because a limit was reached.
-    let refused = Atomic<Int>(0)
+    public let refused = Atomic<Int>(0)
 
-    init(limits: SyncListenerLimits) { self.limits = limits }
+    /// A gate holding `limits`, with no connection yet.
+    public init(limits: SyncListenerLimits) { self.limits = limits }
 
     /// Takes a place for a new connection from `address` (handshaking); false, and counted, when a limit is reached.
-    func admit(address: String) -> Bool {
+    public func admit(address: String) -> Bool {
         let ok = counts.withLock { c -> Bool in
             guard c.total < limits.maxConnections, c.handshaking < limits.maxHandshakes,
                 c.byAddress[address, default: 0] < limits.maxConnectionsPerAddress
@@ -47,12 +49,12 @@ final class ConnectionGate: Sendable {
     }
 
     /// The connection from `address` finished its handshake: it no longer counts as handshaking.
-    func established() {
+    public func established() {
         counts.withLock { $0.handshaking -= 1 }
     }
 
     /// The connection from `address` closed; `handshaking` tells whether it had not finished its handshake.
-    func release(address: String, handshaking: Bool) {
+    public func release(address: String, handshaking: Bool) {
         counts.withLock { c in
             c.total -= 1
             if handshaking { c.handshaking -= 1 }
@@ -62,7 +64,7 @@ final class ConnectionGate: Sendable {
     }
 
     /// Current counts: all inbound connections and those still handshaking.
-    var current: (total: Int, handshaking: Int) {
+    public var current: (total: Int, handshaking: Int) {
         counts.withLock { ($0.total, $0.handshaking) }
     }
 }

@@ -47,6 +47,27 @@ struct Serve: AsyncParsableCommand {
     @Option(help: "Log level: trace, debug, info, notice, warning, error, critical.")
     var logLevel = "info"
 
+    @Option(help: "Most device connections at once (further ones are closed before a byte is read).")
+    var maxConnections = RelayServer.defaultLimits.maxConnections
+
+    @Option(help: "Most connections still in their handshake at once.")
+    var maxHandshakes = RelayServer.defaultLimits.maxHandshakes
+
+    @Option(help: "Most connections from one source address.")
+    var maxConnectionsPerAddress = RelayServer.defaultLimits.maxConnectionsPerAddress
+
+    @Option(help: "Seconds a device may take to finish its handshake.")
+    var handshakeTimeout = RelayServer.defaultLimits.handshakeTimeoutMs / 1000
+
+    func validate() throws {
+        for (name, value) in [
+            ("--max-connections", maxConnections), ("--max-handshakes", maxHandshakes),
+            ("--max-connections-per-address", maxConnectionsPerAddress), ("--handshake-timeout", handshakeTimeout),
+        ] where !(1...1_000_000).contains(value) {
+            throw ValidationError("\(name) must be from 1 to 1000000, got \(value)")
+        }
+    }
+
     func run() async throws {
         guard let address = PeerAddress(listen) ?? (listen.hasSuffix(":0") ? PeerAddress(String(listen.dropLast(2)) + ":1") : nil)
         else { throw ValidationError("--listen must be host:port") }
@@ -59,8 +80,14 @@ struct Serve: AsyncParsableCommand {
         let identity = try DeviceIdentity.loadOrCreate(directory: options.dataDir + "/keys")
         let pool = NIOThreadPool(numberOfThreads: 2)
         pool.start()
+        var limits = RelayServer.defaultLimits
+        limits.maxConnections = maxConnections
+        limits.maxHandshakes = maxHandshakes
+        limits.maxConnectionsPerAddress = maxConnectionsPerAddress
+        limits.handshakeTimeoutMs = handshakeTimeout * 1000
         let relay = RelayServer(
-            store: store, identity: identity, group: MultiThreadedEventLoopGroup.singleton, pool: pool, logger: logger)
+            store: store, identity: identity, group: MultiThreadedEventLoopGroup.singleton, pool: pool, logger: logger,
+            limits: limits)
         let bound = try await relay.listen(host: address.host, port: port)
         // The address on stdout, alone on its line, so scripts and tests can read the port picked.
         FileHandle.standardOutput.write(Data("listening \(address.host):\(bound)\n".utf8))

@@ -27,10 +27,10 @@ final class RelayProcess: @unchecked Sendable {
     var address: String { "127.0.0.1:\(port)" }
     var logText: String { err.withLock { $0 } }
 
-    init(dir: TempDir = TempDir()) throws {
+    init(dir: TempDir = TempDir(), arguments: [String] = []) throws {
         self.dir = dir
         process.executableURL = URL(fileURLWithPath: buildDirectory + "/blaze-relay")
-        process.arguments = ["serve", "--data-dir", dir.path + "/relay", "--listen", "127.0.0.1:0"]
+        process.arguments = ["serve", "--data-dir", dir.path + "/relay", "--listen", "127.0.0.1:0"] + arguments
         let stdout = Pipe(), stderr = Pipe()
         process.standardOutput = stdout
         process.standardError = stderr
@@ -215,5 +215,39 @@ func ownSeq(_ c: BlazeConnection, _ db: String) throws -> Int64 {
         #expect(try eventually { try relay.held()[na] == ownSeq(ca, "team") })
         a.stop()
         relay.stop()
+    }
+
+    @Test func connectionsOverTheLimitsAreClosedBeforeAByteIsRead() throws {
+        let relay = try RelayProcess(arguments: ["--max-connections", "2", "--handshake-timeout", "30"])
+        let a = try syncDaemon()
+        let ca = try a.connect()
+        _ = try ca.call("db.create", ["db": "team"])
+        _ = try ca.call("db.share", ["db": "team"])
+        let capability = try #require(try ca.call("db.relayCapability", ["db": "team"])["capability"]?.stringValue)
+        try relay.addSpace(capability)
+        // Two connections that never finish their handshake hold both places; a third is closed at once.
+        let held = try (0..<2).map { _ in try HostileMember.openSocket(port: relay.port) }
+        let third = try HostileMember.openSocket(port: relay.port)
+        var byte: UInt8 = 0
+        #expect(recv(third, &byte, 1, 0) == 0, "closed without a word")
+        Glibc.close(third)
+        // A place freed is a place taken: the member gets through.
+        Glibc.close(held[0])
+        let member = HostileMember(key: try RelayCapability(text: capability).key)
+        #expect(eventually { (try? member.connect(port: relay.port)) != nil })
+        member.close()
+        Glibc.close(held[1])
+        a.stop()
+        relay.stop()
+    }
+
+    @Test func operatorErrorsAreClear() throws {
+        let dir = TempDir()
+        let bad = try run(buildDirectory + "/blaze-relay", ["add-space", "--data-dir", dir.path, "not-a-token"])
+        #expect(bad.status != 0 && bad.err.contains("not a relay capability"))
+        let limits = try run(buildDirectory + "/blaze-relay", ["serve", "--data-dir", dir.path, "--max-connections", "0"])
+        #expect(limits.status != 0 && limits.err.contains("--max-connections must be from 1"))
+        let help = try run(buildDirectory + "/blaze-relay", ["--help"])
+        #expect(help.status == 0 && help.out.contains("add-space") && help.out.contains("serve"))
     }
 }
