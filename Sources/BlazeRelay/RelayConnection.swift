@@ -103,6 +103,12 @@ final class RelayConnection: ChannelInboundHandler {
         } catch {
             close(context: context)
         }
+        // Frames are taken from the front: drop what was read so a long connection does not keep it.
+        if pending.readableBytes == 0 {
+            pending.clear()
+        } else if pending.readerIndex >= 1 << 20 {
+            pending.discardReadBytes()
+        }
     }
 
     // MARK: Frames

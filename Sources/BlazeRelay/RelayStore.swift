@@ -147,11 +147,14 @@ public final class RelayStore: Sendable {
     public func batch(space: [UInt8], origin: NodeID, after: UInt64, maxEntries: Int, maxBytes: Int) throws -> EntryBatch? {
         try pool.read { db in
             let (s, o) = (Data(space), Data(origin.bytes))
-            let heads = try Row.fetchAll(
-                db, sql: "SELECT seq FROM relay_heads WHERE space = ? AND origin = ? AND seq > ? ORDER BY seq",
-                arguments: [s, o, Int64(after)]
-            ).map { $0[0] as Int64 }
-            guard let nearest = heads.first else { return nil }
+            // The heads within reach, and the nearest one (which may lie beyond it).
+            let heads = try Int64.fetchAll(
+                db, sql: "SELECT seq FROM relay_heads WHERE space = ? AND origin = ? AND seq > ? AND seq <= ? ORDER BY seq",
+                arguments: [s, o, Int64(after), Int64(after) + Int64(maxEntries)])
+            guard let nearest = try heads.first ?? Int64.fetchOne(
+                db, sql: "SELECT min(seq) FROM relay_heads WHERE space = ? AND origin = ? AND seq > ?",
+                arguments: [s, o, Int64(after)])
+            else { return nil }
             let sizes = try Row.fetchAll(
                 db, sql: "SELECT seq, length(bytes) FROM relay_entries WHERE space = ? AND origin = ? AND seq > ? AND seq <= ? ORDER BY seq",
                 arguments: [s, o, Int64(after), Int64(after) + Int64(maxEntries)])

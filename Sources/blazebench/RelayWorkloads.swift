@@ -58,30 +58,7 @@ enum RelayWorkloads {
                 note: String(format: "%d changes from the relay to B (%.0f changes/s); A → relay took %.2f s", n, Double(n) / down, up))
         ]
         // Single writes on A, timed until B's change feed publishes them; the relay is the only path.
-        let arrived = DispatchSemaphore(value: 0)
-        let stamps = Mutex<[UInt64]>([])
-        var attached: Int?
-        while attached == nil {
-            switch target.feed.attach(after: target.feed.lastSequence, { signal in
-                guard case .entries(let entries) = signal else { return }
-                for e in entries where e.origin == origin {
-                    stamps.withLock { $0.append(DispatchTime.now().uptimeNanoseconds) }
-                    arrived.signal()
-                }
-            }) {
-            case .attached(let token): attached = token
-            case .behind: continue
-            case .ended(let e): throw e
-            }
-        }
-        var latencies: [Double] = []
-        for i in 0..<latencyWrites {
-            let start = DispatchTime.now().uptimeNanoseconds
-            _ = try source.apply(.put(collection: "live", id: "l\(i)", doc: ["i": .int(Int64(i))]))
-            guard arrived.wait(timeout: .now() + 30) == .success else { throw ClientError("R1: write \(i) never arrived") }
-            latencies.append(Double(stamps.withLock { $0.last! } - start) / 1000)
-        }
-        target.feed.detach(attached!)
+        let latencies = try SyncWorkloads.propagation(from: source, to: target, writes: latencyWrites, label: "R1")
         out.append(
             Result(
                 name: "R1.propagation", unit: "µs", samples: latencies, better: "lower", baseline: "W5.propagation",
