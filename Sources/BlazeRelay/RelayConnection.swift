@@ -178,11 +178,16 @@ final class RelayConnection: ChannelInboundHandler {
         relay.stats.withLock { $0.connections += 1 }
         let bound = NIOLoopBound((self, context), eventLoop: context.eventLoop)
         let loop = context.eventLoop
-        listener = relay.listen(space: space) {
+        listener = relay.listen(space: space) { batch in
             loop.execute {
                 let (connection, context) = bound.value
-                connection.sendMembers(space: space, context: context)
-                connection.pump(space: space, context: context)
+                guard case .established = connection.state else { return }
+                if let batch {
+                    connection.forward(batch, space: space, context: context)
+                } else {
+                    connection.sendMembers(space: space, context: context)
+                    connection.pump(space: space, context: context)
+                }
             }
         }
         sendMembers(space: space, context: context)
@@ -249,7 +254,7 @@ final class RelayConnection: ChannelInboundHandler {
             if var v = connection.peerVector { v[batch.origin] = max(v[batch.origin] ?? 0, batch.head.seq); connection.peerVector = v }
             if added > 0 {
                 connection.relay.stats.withLock { $0.entriesStored += added }
-                connection.relay.announce(space: space, except: connection.listener)
+                connection.relay.announce(space: space, except: connection.listener, batch: batch)
             }
             connection.resumeReading(context: context)
             connection.storeNext(space: space, context: context)
@@ -268,6 +273,20 @@ final class RelayConnection: ChannelInboundHandler {
             for op in fresh { connection.opsShared.insert(op.hash) }
             connection.send(.members(fresh), context: context)
         }
+    }
+
+    /// A batch another connection just stored: sent as it is when it is exactly what the device lacks next of its
+    /// origin (live fan-out without reading it back), otherwise the usual round from the store.
+    private func forward(_ batch: EntryBatch, space: [UInt8], context: ChannelHandlerContext) {
+        guard !pumping, let theirs = peerVector, let first = batch.entries.first,
+            first.header.seq == (theirs[batch.origin] ?? 0) + 1
+        else {
+            pump(space: space, context: context)
+            return
+        }
+        send(.entries(batch), context: context)
+        peerVector?[batch.origin] = batch.head.seq
+        relay.stats.withLock { $0.entriesSent += batch.entries.count }
     }
 
     /// Sends the device what it lacks, a round at a time.

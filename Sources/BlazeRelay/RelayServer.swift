@@ -20,7 +20,7 @@ public final class RelayServer: Sendable {
     /// How long a device may stay silent before its connection is closed (a quiet one is pinged a third of that).
     let timeout: TimeAmount
     /// Every open connection by space (hex), to tell each about what another one stored.
-    private let listeners = Mutex<[String: [Int: @Sendable () -> Void]]>([:])
+    private let listeners = Mutex<[String: [Int: @Sendable (EntryBatch?) -> Void]]>([:])
     private let listenerCounter = Atomic<Int>(0)
     /// Each space's resolved membership log, rebuilt when it grows.
     private let memberships = Mutex<[String: MembershipState]>([:])
@@ -160,8 +160,9 @@ public final class RelayServer: Sendable {
         return true
     }
 
-    /// Registers a connection of `space`; `notify` runs whenever another connection stored something.
-    func listen(space: [UInt8], notify: @escaping @Sendable () -> Void) -> Int {
+    /// Registers a connection of `space`; `notify` runs whenever another connection stored something, with the batch
+    /// it stored (nil for membership operations).
+    func listen(space: [UInt8], notify: @escaping @Sendable (EntryBatch?) -> Void) -> Int {
         let id = listenerCounter.add(1, ordering: .relaxed).newValue
         listeners.withLock { $0[hexString(space), default: [:]][id] = notify }
         return id
@@ -172,10 +173,10 @@ public final class RelayServer: Sendable {
         listeners.withLock { $0[hexString(space)]?[id] = nil }
     }
 
-    /// Tells every connection of `space` but `except` that something new is stored.
-    func announce(space: [UInt8], except: Int?) {
+    /// Tells every connection of `space` but `except` that something new is stored (`batch`, when it is entries).
+    func announce(space: [UInt8], except: Int?, batch: EntryBatch? = nil) {
         let all = listeners.withLock { ($0[hexString(space)] ?? [:]).filter { $0.key != except }.map(\.value) }
-        for notify in all { notify() }
+        for notify in all { notify(batch) }
     }
 }
 

@@ -153,6 +153,32 @@ func ownSeq(_ c: BlazeConnection, _ db: String) throws -> Int64 {
         relay.stop()
     }
 
+    @Test func liveWritesReachTheOtherDeviceWithTheRelayAsTheOnlyPath() throws {
+        let relay = try RelayProcess()
+        let a = try syncDaemon(), b = try syncDaemon()
+        let ca = try a.connect(), cb = try b.connect()
+        _ = try ca.call("db.create", ["db": "team"])
+        _ = try cb.call("db.join", ["token": .string(try ca.invite("team")), "db": "team"])
+        try relay.addSpace(try #require(try ca.call("db.relayCapability", ["db": "team"])["capability"]?.stringValue))
+        // B drops its direct link to A; from now on both only reach the relay.
+        _ = try cb.call("peer.remove", ["db": "team", "address": .string(try a.syncAddress())])
+        for c in [ca, cb] { _ = try c.call("peer.add", ["db": "team", "address": .string(relay.address)]) }
+        for c in [ca, cb] {
+            let peers = try c.call("peer.list", ["db": "team"])["peers"]?.arrayValue?.compactMap { $0["address"]?.stringValue }
+            #expect(peers == [relay.address])
+        }
+        for i in 0..<20 {
+            let (writer, reader) = i % 2 == 0 ? (ca, cb) : (cb, ca)
+            _ = try writer.call("doc.put", ["db": "team", "collection": "live", "id": .string("w\(i)"), "doc": ["i": .int(Int64(i))]])
+            // Each write arrives before the next one is made: the relay forwards them as they come.
+            #expect(eventually { (try? reader.call("doc.get", ["db": "team", "collection": "live", "id": .string("w\(i)")])) != nil })
+        }
+        #expect(try eventually { try replicaState(ca, "team") == replicaState(cb, "team") })
+        a.stop()
+        b.stop()
+        relay.stop()
+    }
+
     @Test func hostileDevicesAreRefusedAndTheRelayKeepsServing() throws {
         let relay = try RelayProcess()
         let a = try syncDaemon()
