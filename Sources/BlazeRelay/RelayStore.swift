@@ -145,7 +145,9 @@ public final class RelayStore: Sendable {
     /// The entries of `origin` after `after` up to the furthest head within `maxEntries` and `maxBytes` (or the
     /// nearest head past them), as one batch; nil when nothing is held after `after`.
     public func batch(space: [UInt8], origin: NodeID, after: UInt64, maxEntries: Int, maxBytes: Int) throws -> EntryBatch? {
-        try pool.read { db in
+        // `after` comes from a device's STATE: bounded before it takes part in arithmetic (SYNC.md §8).
+        guard after < SyncBounds.maxSeq, (1...1_000_000).contains(maxEntries) else { return nil }
+        return try pool.read { db in
             let (s, o) = (Data(space), Data(origin.bytes))
             // The heads within reach, and the nearest one (which may lie beyond it).
             let heads = try Int64.fetchAll(
