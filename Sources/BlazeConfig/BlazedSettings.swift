@@ -57,6 +57,10 @@ public enum BlazedSettings {
         ConfigKey("sync-max-handshakes", .int(min: 1), "Maximum inbound sync connections still in their handshake") {
             _ in .int(64)
         },
+        ConfigKey(
+            "sync-tls-ca-file", .text(check: checkPath), optional: true,
+            "PEM file of certificates to trust for wss:// relays, besides the system's"
+        ) { _ in .none },
     ]
 
     /// The log levels of swift-log, least severe first.

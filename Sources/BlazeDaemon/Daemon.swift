@@ -45,7 +45,8 @@ public final class Daemon: Service, Sendable {
         self.sync = SyncEngine(
             store: store, identity: identity, keysDirectory: config.dataDirectory + "/keys/spaces",
             group: MultiThreadedEventLoopGroup.singleton, pool: pool, logger: logger,
-            timeout: .milliseconds(Int64(config.syncTimeoutMs)), listenerLimits: config.syncListenerLimits)
+            timeout: .milliseconds(Int64(config.syncTimeoutMs)), listenerLimits: config.syncListenerLimits,
+            tlsTrustRoots: config.syncTLSTrustRoots)
         if let name = config.defaultDatabase, (try? store.database(name)) == nil {
             _ = try store.create(name)
         }

@@ -25,6 +25,7 @@ extension DaemonConfig {
         "sync-max-peers": { $0.syncListenerLimits.maxConnections = $1.number },
         "sync-max-peers-per-address": { $0.syncListenerLimits.maxConnectionsPerAddress = $1.number },
         "sync-max-handshakes": { $0.syncListenerLimits.maxHandshakes = $1.number },
+        "sync-tls-ca-file": { $0.syncTLSTrustRoots = $1.text },
     ]
 
     /// The configuration resolved settings describe, reporting them in `daemon.config`.

@@ -1,22 +1,63 @@
-/// A `host:port` peer address.
+/// Where a peer or relay is reached: `host:port` (the peer protocol over TCP) or `ws://host[:port][/path]`,
+/// `wss://…` (the same protocol over a WebSocket, through HTTP(S) proxies; Protocol/RELAY.md).
 public struct PeerAddress: Sendable, Hashable, CustomStringConvertible {
+    /// How the connection is carried.
+    public enum Transport: Sendable, Hashable {
+        /// The peer protocol straight over TCP.
+        case tcp
+        /// The peer protocol over a WebSocket opened on `path`, under TLS when `tls`.
+        case webSocket(tls: Bool, path: String)
+    }
+
     /// Host name or IP address (IPv6 without brackets).
     public let host: String
     /// TCP port.
     public let port: Int
+    /// How the connection is carried.
+    public let transport: Transport
 
-    /// Parses `host:port` or `[v6]:port`; nil when malformed. Port 0 ("any free port") only for a listening address.
+    /// Parses `host:port`, `[v6]:port`, or a `ws://` / `wss://` URL (port 80 / 443 and path `/v1/sync` unless given);
+    /// nil when malformed. Port 0 ("any free port") and URLs are refused for a listening address.
     public init?(_ text: String, listening: Bool = false) {
-        guard let colon = text.lastIndex(of: ":"), let port = Int(text[text.index(after: colon)...]),
-            ((listening ? 0 : 1)...65535).contains(port)
-        else { return nil }
-        var host = String(text[..<colon])
+        var rest = Substring(text)
+        var transport = Transport.tcp
+        var defaultPort: Int?
+        for (scheme, tls) in [("ws://", false), ("wss://", true)] where text.lowercased().hasPrefix(scheme) {
+            guard !listening else { return nil }
+            rest = rest.dropFirst(scheme.count)
+            var path = "/v1/sync"
+            if let slash = rest.firstIndex(of: "/") {
+                path = String(rest[slash...])
+                rest = rest[..<slash]
+            }
+            guard path.allSatisfy({ $0.isASCII && !$0.isWhitespace && $0 != "#" }) else { return nil }
+            transport = .webSocket(tls: tls, path: path)
+            defaultPort = tls ? 443 : 80
+        }
+        var hostPart = rest
+        var port = defaultPort
+        if let colon = rest.lastIndex(of: ":"), !(rest.hasPrefix("[") && rest.hasSuffix("]")) {
+            guard let p = Int(rest[rest.index(after: colon)...]) else { return nil }
+            port = p
+            hostPart = rest[..<colon]
+        }
+        guard let port, ((listening ? 0 : 1)...65535).contains(port) else { return nil }
+        var host = String(hostPart)
         if host.hasPrefix("[") && host.hasSuffix("]") { host = String(host.dropFirst().dropLast()) }
-        guard !host.isEmpty, !host.contains(where: { $0 == " " || $0 == "/" }) else { return nil }
+        guard !host.isEmpty, !host.contains(where: { $0 == " " || $0 == "/" || $0 == "[" || $0 == "]" }) else { return nil }
         self.host = host
         self.port = port
+        self.transport = transport
     }
 
-    /// `host:port` (`[host]:port` for IPv6).
-    public var description: String { host.contains(":") ? "[\(host)]:\(port)" : "\(host):\(port)" }
+    /// `host:port` (`[host]:port` for IPv6), as a TCP address or inside its URL.
+    public var hostPort: String { host.contains(":") ? "[\(host)]:\(port)" : "\(host):\(port)" }
+
+    /// `host:port`, or the full URL of a WebSocket address (port and path always written).
+    public var description: String {
+        switch transport {
+        case .tcp: hostPort
+        case .webSocket(let tls, let path): "\(tls ? "wss" : "ws")://\(hostPort)\(path)"
+        }
+    }
 }

@@ -17,6 +17,9 @@ final class RelayConnection: ChannelInboundHandler {
 
     private enum State {
         case handshake(Handshake.Server)
+        /// The device proved no space in the list held: it is re-read (another process may have added one), then
+        /// the same proof is tried once more.
+        case rereading(Handshake.Server, auth: [UInt8])
         case established(space: [UInt8], cipher: SessionCipher)
         case closed
     }
@@ -49,28 +52,37 @@ final class RelayConnection: ChannelInboundHandler {
     /// Batches waiting to be stored before reading pauses.
     static let maxInbox = 4
 
-    /// The source address the relay's gate admitted the connection for.
-    let address: String
-    /// Whether this connection still holds its place in the gate (released once, however the connection ends).
-    private var holdsGatePlace = true
+    /// The connection's place in the relay's gate (released once, however the connection ends).
+    let place: GatePlace
 
-    init(relay: RelayServer, address: String) {
+    init(relay: RelayServer, place: GatePlace) {
         self.relay = relay
-        self.address = address
+        self.place = place
         self.state = .handshake(Handshake.Server(identity: relay.identity))
     }
 
+    func handlerAdded(context: ChannelHandlerContext) {
+        // Added once the WebSocket upgrade is done: the connection is up already.
+        if context.channel.isActive { start(context: context) }
+    }
+
     func channelActive(context: ChannelHandlerContext) {
-        guard case .handshake(let server) = state else { return }
+        start(context: context)
+        context.fireChannelActive()
+    }
+
+    /// Sends the relay's hello and arms the handshake deadline, once.
+    private func start(context: ChannelHandlerContext) {
+        guard case .handshake(let server) = state, deadline == nil else { return }
         context.writeAndFlush(wrapOutboundOut(Self.plainFrame(server.hello)), promise: nil)
         let bound = NIOLoopBound((self, context), eventLoop: context.eventLoop)
         deadline = context.eventLoop.scheduleTask(in: .milliseconds(Int64(relay.gate.limits.handshakeTimeoutMs))) {
             let (connection, context) = bound.value
-            guard case .handshake = connection.state else { return }
-            connection.relay.stats.withLock { $0.refused += 1 }
-            connection.close(context: context)
+            switch connection.state {
+            case .handshake, .rereading: connection.refuseHandshake(context: context)
+            case .established, .closed: break
+            }
         }
-        context.fireChannelActive()
     }
 
     func channelInactive(context: ChannelHandlerContext) {
@@ -116,7 +128,7 @@ final class RelayConnection: ChannelInboundHandler {
     private func drain(context: ChannelHandlerContext) throws {
         while true {
             switch state {
-            case .closed:
+            case .closed, .rereading:
                 return
             case .handshake(let server):
                 guard let length = pending.getInteger(at: pending.readerIndex, as: UInt32.self) else { return }
@@ -124,23 +136,21 @@ final class RelayConnection: ChannelInboundHandler {
                 guard pending.readableBytes >= 4 + Handshake.authSize else { return }
                 pending.moveReaderIndex(forwardBy: 4)
                 let auth = pending.readBytes(length: Handshake.authSize)!
-                let accepted: Handshake.Accepted
-                do {
-                    do {
-                        accepted = try server.accept(auth, spaces: relay.servedKeys())
-                    } catch where relay.reloadServed() {
-                        accepted = try server.accept(auth, spaces: relay.servedKeys())
+                guard let accepted = try? server.accept(auth, spaces: relay.servedKeys()) else {
+                    guard relay.rereadDue() else {
+                        refuseHandshake(context: context)
+                        return
                     }
-                } catch {
-                    relay.stats.withLock { $0.refused += 1 }
-                    close(context: context)
+                    state = .rereading(server, auth: auth)
+                    let bound = NIOLoopBound((self, context), eventLoop: context.eventLoop)
+                    let relay = self.relay
+                    context.eventLoop.makeFutureWithTask { await relay.rereadSpaces() }.whenComplete { _ in
+                        let (connection, context) = bound.value
+                        connection.retryHandshake(context: context)
+                    }
                     return
                 }
-                deadline?.cancel()
-                relay.gate.established()
-                context.writeAndFlush(wrapOutboundOut(Self.plainFrame(accepted.reply)), promise: nil)
-                state = .established(space: accepted.space.id, cipher: accepted.session)
-                established(space: accepted.space.id, context: context)
+                accept(accepted, context: context)
             case .established(let space, var cipher):
                 if bodyLength == nil {
                     guard let header = pending.readBytes(length: SessionCipher.headerSize) else { return }
@@ -153,6 +163,36 @@ final class RelayConnection: ChannelInboundHandler {
                 try handle(message, space: space, context: context)
             }
         }
+    }
+
+    /// Tries the device's proof again once the spaces were re-read.
+    private func retryHandshake(context: ChannelHandlerContext) {
+        guard case .rereading(let server, let auth) = state else { return }
+        guard let accepted = try? server.accept(auth, spaces: relay.servedKeys()) else {
+            refuseHandshake(context: context)
+            return
+        }
+        accept(accepted, context: context)
+        do {
+            try drain(context: context)
+        } catch let rejection as SyncRejection {
+            refuse(rejection, context: context)
+        } catch {
+            close(context: context)
+        }
+    }
+
+    private func accept(_ accepted: Handshake.Accepted, context: ChannelHandlerContext) {
+        deadline?.cancel()
+        place.established()
+        context.writeAndFlush(wrapOutboundOut(Self.plainFrame(accepted.reply)), promise: nil)
+        state = .established(space: accepted.space.id, cipher: accepted.session)
+        established(space: accepted.space.id, context: context)
+    }
+
+    private func refuseHandshake(context: ChannelHandlerContext) {
+        relay.record(.refusedHandshake)
+        close(context: context)
     }
 
     /// Seals and writes `message`; the future completes once it is written (nil when the connection is closed).
@@ -175,23 +215,26 @@ final class RelayConnection: ChannelInboundHandler {
     // MARK: Protocol
 
     private func established(space: [UInt8], context: ChannelHandlerContext) {
-        relay.stats.withLock { $0.connections += 1 }
+        relay.record(.established)
         let bound = NIOLoopBound((self, context), eventLoop: context.eventLoop)
         let loop = context.eventLoop
-        listener = relay.listen(space: space) { batch in
+        listener = relay.listen(space: space) { what in
             loop.execute {
                 let (connection, context) = bound.value
                 guard case .established = connection.state else { return }
-                if let batch {
+                switch what {
+                case .batch(let batch):
                     connection.forward(batch, space: space, context: context)
-                } else {
+                case .entries:
+                    connection.pump(space: space, context: context)
+                case .members:
                     connection.sendMembers(space: space, context: context)
                     connection.pump(space: space, context: context)
                 }
             }
         }
         sendMembers(space: space, context: context)
-        run(context: context, { try $0.store.vector(space: space) }) { connection, vector, context in
+        run(context: context, { try await $0.store.vector(space: space) }) { connection, vector, context in
             connection.send(.state(vector: vector, ownHead: nil), context: context)
         }
     }
@@ -234,10 +277,10 @@ final class RelayConnection: ChannelInboundHandler {
         switch inbox.removeFirst() {
         case .ops(let ops):
             run(context: context, { relay -> Bool in
-                try relay.merge(ops, space: space)
+                try await relay.merge(ops, space: space)
             }) { connection, grew, context in
                 connection.storing = false
-                if grew { connection.relay.announce(space: space, except: connection.listener) }
+                if grew { connection.relay.announce(space: space, except: connection.listener, .members) }
                 connection.resumeReading(context: context)
                 connection.storeNext(space: space, context: context)
             }
@@ -247,14 +290,14 @@ final class RelayConnection: ChannelInboundHandler {
         }
         run(context: context, { relay in
             // A space whose log no member has brought yet has no writer: nothing is stored for it.
-            guard let membership = try relay.membership(space) else { throw SyncRejection.notMember }
-            return try relay.store.store(batch, space: space, membership: membership)
+            guard let membership = try await relay.membership(space) else { throw SyncRejection.notMember }
+            return try await relay.store.store(batch, space: space, membership: membership)
         }) { connection, added, context in
             connection.storing = false
             if var v = connection.peerVector { v[batch.origin] = max(v[batch.origin] ?? 0, batch.head.seq); connection.peerVector = v }
             if added > 0 {
-                connection.relay.stats.withLock { $0.entriesStored += added }
-                connection.relay.announce(space: space, except: connection.listener, batch: batch)
+                connection.relay.record(.stored(entries: added, bytes: batch.byteCount))
+                connection.relay.announce(space: space, except: connection.listener, .batch(batch))
             }
             connection.resumeReading(context: context)
             connection.storeNext(space: space, context: context)
@@ -267,7 +310,7 @@ final class RelayConnection: ChannelInboundHandler {
 
     /// Sends the device the operations it is not known to hold.
     private func sendMembers(space: [UInt8], context: ChannelHandlerContext) {
-        run(context: context, { try $0.store.ops(space: space) }) { connection, ops, context in
+        run(context: context, { try await $0.store.ops(space: space) }) { connection, ops, context in
             let fresh = ops.filter { !connection.opsShared.contains($0.hash) }.sorted { $0.hash.lexicographicallyPrecedes($1.hash) }
             guard !fresh.isEmpty else { return }
             for op in fresh { connection.opsShared.insert(op.hash) }
@@ -286,7 +329,7 @@ final class RelayConnection: ChannelInboundHandler {
         }
         send(.entries(batch), context: context)
         peerVector?[batch.origin] = batch.head.seq
-        relay.stats.withLock { $0.entriesSent += batch.entries.count }
+        relay.record(.sent(entries: batch.entries.count, bytes: batch.byteCount))
     }
 
     /// Sends the device what it lacks, a round at a time.
@@ -301,10 +344,10 @@ final class RelayConnection: ChannelInboundHandler {
         run(context: context, { relay -> [EntryBatch] in
             var batches: [EntryBatch] = []
             var bytes = 0
-            for (origin, seq) in try relay.store.vector(space: space).sorted(by: { $0.key < $1.key }) {
+            for (origin, seq) in try await relay.store.vector(space: space).sorted(by: { $0.key < $1.key }) {
                 var after = theirs[origin] ?? 0
                 while seq > after, bytes < Self.batchBytes,
-                    let batch = try relay.store.batch(
+                    let batch = try await relay.store.batch(
                         space: space, origin: origin, after: after, maxEntries: Self.batchEntries, maxBytes: Self.batchBytes)
                 {
                     batches.append(batch)
@@ -319,7 +362,8 @@ final class RelayConnection: ChannelInboundHandler {
                 last = connection.send(.entries(batch), context: context)
                 connection.peerVector?[batch.origin] = batch.head.seq
             }
-            connection.relay.stats.withLock { $0.entriesSent += batches.reduce(0) { $0 + $1.entries.count } }
+            connection.relay.record(
+                .sent(entries: batches.reduce(0) { $0 + $1.entries.count }, bytes: batches.reduce(0) { $0 + $1.byteCount }))
             guard let last else {
                 connection.pumping = false
                 if connection.pumpAgain { connection.pump(space: space, context: context) }
@@ -337,15 +381,15 @@ final class RelayConnection: ChannelInboundHandler {
         }
     }
 
-    /// Runs `work` on the relay's I/O pool, then `done` on the event loop unless the connection closed meanwhile; a
-    /// `SyncRejection` is told to the device, any other failure closes the connection.
+    /// Runs `work` against the relay's store (off the event loop), then `done` on the event loop unless the
+    /// connection closed meanwhile; a `SyncRejection` is told to the device, any other failure closes the connection.
     private func run<T: Sendable>(
-        context: ChannelHandlerContext, _ work: @escaping @Sendable (RelayServer) throws -> T,
+        context: ChannelHandlerContext, _ work: @escaping @Sendable (RelayServer) async throws -> T,
         _ done: @escaping (RelayConnection, T, ChannelHandlerContext) -> Void
     ) {
         let relay = self.relay
         let bound = NIOLoopBound((self, context, done), eventLoop: context.eventLoop)
-        relay.pool.runIfActive(eventLoop: context.eventLoop) { try work(relay) }.whenComplete { result in
+        context.eventLoop.makeFutureWithTask { try await work(relay) }.whenComplete { result in
             let (connection, context, done) = bound.value
             guard case .established = connection.state else { return }
             switch result {
@@ -359,21 +403,14 @@ final class RelayConnection: ChannelInboundHandler {
     }
 
     private func refuse(_ rejection: SyncRejection, context: ChannelHandlerContext) {
-        relay.stats.withLock { $0.rejected[rejection.rawValue, default: 0] += 1 }
+        relay.record(.rejected(rejection.rawValue))
         relay.logger.info("Relay refused a device's data", metadata: ["reason": "\(rejection.rawValue)"])
         send(.error(rejection.rawValue), context: context)
         close(context: context)
     }
 
     private func close(context: ChannelHandlerContext) {
-        if holdsGatePlace {
-            holdsGatePlace = false
-            if case .handshake = state {
-                relay.gate.release(address: address, handshaking: true)
-            } else {
-                relay.gate.release(address: address, handshaking: false)
-            }
-        }
+        place.release()
         if case .established(let space, _) = state, let listener { relay.unlisten(space: space, id: listener) }
         state = .closed
         deadline?.cancel()

@@ -4,31 +4,40 @@ import BlazeProtocol
 import BlazeSync
 import Logging
 import NIOCore
+import NIOHTTP1
 import NIOPosix
+import NIOSSL
+import NIOWebSocket
 import Synchronization
 
-/// A relay: it accepts devices over the peer protocol (Protocol/SYNC.md §8) for every space it serves, stores the
-/// sealed entries and membership operations they send, and serves them to the space's other devices — at once to
-/// those connected, later to the others. It holds each space's capability, never a key that opens an entry.
+/// A relay: it accepts devices over the peer protocol (Protocol/SYNC.md §8), carried by a WebSocket
+/// (`WebSocketBytes`) so it runs behind HTTPS reverse proxies, for every space it serves; it stores the sealed entries
+/// and membership operations they send and serves them to the space's other devices — at once to those connected,
+/// later to the others. It holds each space's capability, never a key that opens an entry.
 public final class RelayServer: Sendable {
     /// Where the relay keeps what it serves.
-    public let store: RelayStore
+    public let store: any RelayBackend
     let identity: DeviceIdentity
     let group: any EventLoopGroup
-    let pool: NIOThreadPool
     let logger: Logger
     /// How long a device may stay silent before its connection is closed (a quiet one is pinged a third of that).
     let timeout: TimeAmount
     /// Every open connection by space (hex), to tell each about what another one stored.
-    private let listeners = Mutex<[String: [Int: @Sendable (EntryBatch?) -> Void]]>([:])
+    private let listeners = Mutex<[String: [Int: @Sendable (Announcement) -> Void]]>([:])
     private let listenerCounter = Atomic<Int>(0)
     /// Each space's resolved membership log, rebuilt when it grows.
     private let memberships = Mutex<[String: MembershipState]>([:])
     private let channel = Mutex<(any Channel)?>(nil)
     /// Counters for operators (`RelayServer.counters`).
-    let stats = Mutex<RelayCounters>(RelayCounters())
-    /// The capabilities of the spaces served, read once and after each `add`, so a handshake reads no file.
-    private let served: Mutex<[SpaceKey]>
+    private let stats = Mutex<RelayCounters>(RelayCounters())
+    /// The same counts for Prometheus (`GET /metrics`).
+    let metrics = RelayMetrics()
+    /// The HTTP path devices open their WebSocket on.
+    let syncPath = WebSocketBytes.defaultPath
+    /// The capabilities of the spaces served, read at start and after each `add`, so a handshake reads nothing.
+    private let served = Mutex<[SpaceKey]>([])
+    /// The task following other relay processes' changes (`RelayBackend.watch`).
+    private let watcher = Mutex<Task<Void, Never>?>(nil)
 
     /// Admits connections within the listener limits.
     let gate: ConnectionGate
@@ -45,24 +54,22 @@ public final class RelayServer: Sendable {
 
     /// A relay over `store`, proving `identity` to devices, admitting connections within `limits`.
     public init(
-        store: RelayStore, identity: DeviceIdentity, group: any EventLoopGroup, pool: NIOThreadPool, logger: Logger,
+        store: any RelayBackend, identity: DeviceIdentity, group: any EventLoopGroup, logger: Logger,
         timeout: TimeAmount = .seconds(30), limits: SyncListenerLimits = RelayServer.defaultLimits
     ) {
         self.gate = ConnectionGate(limits: limits)
         self.store = store
         self.identity = identity
         self.group = group
-        self.pool = pool
         self.logger = logger
         self.timeout = timeout
-        self.served = Mutex((try? store.spaces()) ?? [])
     }
 
-    /// Serves `capability`'s space from now on (`RelayStore.add`); false when it was served already.
+    /// Serves `capability`'s space from now on (`RelayBackend.add`); false when it was served already.
     @discardableResult
-    public func add(_ capability: RelayCapability) throws -> Bool {
-        let added = try store.add(capability)
-        let keys = try store.spaces()
+    public func add(_ capability: RelayCapability) async throws -> Bool {
+        let added = try await store.add(capability)
+        let keys = try await store.spaces()
         served.withLock { $0 = keys }
         return added
     }
@@ -73,28 +80,38 @@ public final class RelayServer: Sendable {
     /// The handshake keys of every space served.
     func servedKeys() -> [SpaceKey] { served.withLock { $0 } }
 
-    /// When the handshake keys were last re-read (`reloadServed`).
+    /// When the handshake keys were last re-read for a handshake (`rereadDue`).
     private let lastReload = Mutex<ContinuousClock.Instant?>(nil)
 
-    /// Re-reads the spaces served (another process — `blaze-relay add-space` — may have added one) and returns
-    /// whether the list changed; at most once a second, so refused handshakes cannot make the relay read in a loop.
-    func reloadServed() -> Bool {
+    /// Whether a handshake naming no space held may have the spaces re-read (another process — `blaze-relay
+    /// add-space` — may have added one): at most once a second, so refused handshakes cannot make the relay read in a
+    /// loop. Marks the read as done now when it returns true.
+    func rereadDue() -> Bool {
         let now = ContinuousClock.now
-        let due = lastReload.withLock { last in
+        return lastReload.withLock { last in
             guard last.map({ now - $0 >= .seconds(1) }) ?? true else { return false }
             last = now
             return true
         }
-        guard due, let keys = try? store.spaces() else { return false }
-        return served.withLock { s in
-            defer { s = keys }
-            return s.count != keys.count
+    }
+
+    /// Re-reads the spaces served.
+    func rereadSpaces() async {
+        do {
+            let keys = try await store.spaces()
+            served.withLock { $0 = keys }
+        } catch {
+            logger.warning("Relay could not re-read its spaces", metadata: ["error": "\(error)"])
         }
     }
 
-    /// Accepts devices on `host:port`; returns the bound port.
-    public func listen(host: String, port: Int) async throws -> Int {
+    /// Accepts devices on `host:port` (HTTP/1.1: the WebSocket on `syncPath`, `/healthz`, `/metrics`), under TLS when
+    /// `tls` is given; returns the bound port.
+    public func listen(host: String, port: Int, tls: NIOSSLContext? = nil) async throws -> Int {
         let relay = self
+        let keys = try await store.spaces()
+        served.withLock { $0 = keys }
+        startWatching()
         let ch = try await ServerBootstrap(group: group)
             .serverChannelOption(.backlog, value: 256)
             .serverChannelOption(.socketOption(.so_reuseaddr), value: 1)
@@ -103,14 +120,12 @@ public final class RelayServer: Sendable {
                 // Limits hold before a byte is read: a flood of connections costs the relay no parsing.
                 let address = channel.remoteAddress?.ipAddress ?? "?"
                 guard relay.gate.admit(address: address) else {
+                    relay.metrics.connectionsRefusedOverLimit.increment()
                     relay.logger.debug("Relay refused a connection over its limits", metadata: ["address": "\(address)"])
                     return channel.close()
                 }
                 return channel.eventLoop.makeCompletedFuture {
-                    try channel.pipeline.syncOperations.addHandlers([
-                        IdleStateHandler(readTimeout: relay.timeout, writeTimeout: .nanoseconds(relay.timeout.nanoseconds / 3)),
-                        RelayConnection(relay: relay, address: address),
-                    ])
+                    try relay.configure(channel, place: GatePlace(gate: relay.gate, address: address), tls: tls)
                 }
             }
             .bind(host: host, port: port).get()
@@ -118,13 +133,112 @@ public final class RelayServer: Sendable {
         return ch.localAddress?.port ?? port
     }
 
+    /// The handlers of an accepted connection: TLS when configured, HTTP with the WebSocket upgrade on `syncPath`,
+    /// then (once upgraded) the stream adapter, keepalive and silence, and the device's `RelayConnection`.
+    private func configure(_ channel: any Channel, place: GatePlace, tls: NIOSSLContext?) throws {
+        let relay = self
+        let ops = channel.pipeline.syncOperations
+        if let tls { try ops.addHandler(NIOSSLServerHandler(context: tls)) }
+        let bound = NIOLoopBound(place, eventLoop: channel.eventLoop)
+        let upgrader = NIOWebSocketServerUpgrader(
+            maxFrameSize: WebSocketBytes.maxFrameSize,
+            shouldUpgrade: { channel, head in
+                let path = head.uri.split(separator: "?", maxSplits: 1).first.map(String.init) ?? head.uri
+                return channel.eventLoop.makeSucceededFuture(path == relay.syncPath ? HTTPHeaders() : nil)
+            },
+            upgradePipelineHandler: { channel, _ in
+                channel.eventLoop.makeCompletedFuture {
+                    do {
+                        try channel.pipeline.syncOperations.addHandlers([
+                            WebSocketBytes(role: .server),
+                            IdleStateHandler(
+                                readTimeout: relay.timeout, writeTimeout: .nanoseconds(relay.timeout.nanoseconds / 3)),
+                            RelayConnection(relay: relay, place: bound.value),
+                        ])
+                    } catch {
+                        bound.value.release()
+                        throw error
+                    }
+                }
+            })
+        try ops.configureHTTPServerPipeline(
+            withServerUpgrade: (
+                upgraders: [upgrader],
+                completionHandler: { context in
+                    guard let front = try? context.pipeline.syncOperations.handler(type: RelayHTTPFront.self) else { return }
+                    front.handedOver = true
+                    context.pipeline.syncOperations.removeHandler(front, promise: nil)
+                }
+            ))
+        try ops.addHandler(RelayHTTPFront(relay: relay, place: place))
+    }
+
+    /// Follows the changes other relay processes make to a shared store: their devices' entries and operations reach
+    /// this process's devices as its own do.
+    private func startWatching() {
+        let relay = self
+        let task = Task {
+            await relay.store.watch { change in
+                switch change {
+                case .entries(let space):
+                    relay.announce(space: space, except: nil, .entries)
+                case .ops(let space):
+                    relay.memberships.withLock { $0[hexString(space)] = nil }
+                    relay.announce(space: space, except: nil, .members)
+                case .spaces:
+                    Task { await relay.rereadSpaces() }
+                case .resync:
+                    relay.memberships.withLock { $0 = [:] }
+                    Task { await relay.rereadSpaces() }
+                    for space in relay.listeners.withLock({ Array($0.keys) }) {
+                        guard let id = hexBytes(space) else { continue }
+                        relay.announce(space: id, except: nil, .members)
+                    }
+                }
+            }
+        }
+        watcher.withLock { $0 = task }
+    }
+
     /// Stops accepting devices and closes the listener.
     public func shutdown() async {
+        watcher.withLock { $0 }?.cancel()
         let ch = channel.withLock { c in
             defer { c = nil }
             return c
         }
         try? await ch?.close()
+    }
+
+    /// Something a connection did, counted for `counters` and `/metrics`.
+    enum Event {
+        case established, refusedHandshake
+        case stored(entries: Int, bytes: Int)
+        case sent(entries: Int, bytes: Int)
+        case rejected(String)
+    }
+
+    /// Counts `event`.
+    func record(_ event: Event) {
+        switch event {
+        case .established:
+            stats.withLock { $0.connections += 1 }
+            metrics.connectionsEstablished.increment()
+        case .refusedHandshake:
+            stats.withLock { $0.refused += 1 }
+            metrics.handshakesRefused.increment()
+        case .stored(let entries, let bytes):
+            stats.withLock { $0.entriesStored += entries }
+            metrics.entriesStored.increment(by: entries)
+            metrics.bytesStored.increment(by: bytes)
+        case .sent(let entries, let bytes):
+            stats.withLock { $0.entriesSent += entries }
+            metrics.entriesForwarded.increment(by: entries)
+            metrics.bytesForwarded.increment(by: bytes)
+        case .rejected(let reason):
+            stats.withLock { $0.rejected[reason, default: 0] += 1 }
+            metrics.rejected(reason)
+        }
     }
 
     /// What the relay counted since start.
@@ -137,10 +251,10 @@ public final class RelayServer: Sendable {
     // MARK: Spaces
 
     /// The resolved log of `space`, nil while it holds none.
-    func membership(_ space: [UInt8]) throws -> MembershipState? {
+    func membership(_ space: [UInt8]) async throws -> MembershipState? {
         let id = hexString(space)
         if let m = memberships.withLock({ $0[id] }) { return m }
-        let ops = try store.ops(space: space)
+        let ops = try await store.ops(space: space)
         guard !ops.isEmpty else { return nil }
         let m = MembershipState(space: space, ops: ops)
         memberships.withLock { $0[id] = m }
@@ -150,19 +264,28 @@ public final class RelayServer: Sendable {
     /// Stores the operations of `ops` that take part in `space`'s log: those whose author the log, with them, makes
     /// a member (as members do, SYNC.md §9: anyone holding the capability could send others, which could never take
     /// effect). Returns whether the log grew.
-    func merge(_ ops: [MembershipOp], space: [UInt8]) throws -> Bool {
-        let held = try store.ops(space: space)
+    func merge(_ ops: [MembershipOp], space: [UInt8]) async throws -> Bool {
+        let held = try await store.ops(space: space)
         let resolved = MembershipState(space: space, ops: held + ops)
         let kept = ops.filter { resolved.member($0.author.nodeID) != nil }
-        let fresh = try store.addOps(kept, space: space)
+        let fresh = try await store.addOps(kept, space: space)
         guard !fresh.isEmpty else { return false }
         memberships.withLock { $0[hexString(space)] = nil }
         return true
     }
 
-    /// Registers a connection of `space`; `notify` runs whenever another connection stored something, with the batch
-    /// it stored (nil for membership operations).
-    func listen(space: [UInt8], notify: @escaping @Sendable (EntryBatch?) -> Void) -> Int {
+    /// What a connection is told another one (of this process or another) stored in its space.
+    enum Announcement: Sendable {
+        /// This batch, just stored by a connection of this process.
+        case batch(EntryBatch)
+        /// Entries, stored by another process.
+        case entries
+        /// Membership operations.
+        case members
+    }
+
+    /// Registers a connection of `space`; `notify` runs whenever another connection stored something.
+    func listen(space: [UInt8], notify: @escaping @Sendable (Announcement) -> Void) -> Int {
         let id = listenerCounter.add(1, ordering: .relaxed).newValue
         listeners.withLock { $0[hexString(space), default: [:]][id] = notify }
         return id
@@ -173,10 +296,10 @@ public final class RelayServer: Sendable {
         listeners.withLock { $0[hexString(space)]?[id] = nil }
     }
 
-    /// Tells every connection of `space` but `except` that something new is stored (`batch`, when it is entries).
-    func announce(space: [UInt8], except: Int?, batch: EntryBatch? = nil) {
+    /// Tells every connection of `space` but `except` that something new is stored.
+    func announce(space: [UInt8], except: Int?, _ what: Announcement) {
         let all = listeners.withLock { ($0[hexString(space)] ?? [:]).filter { $0.key != except }.map(\.value) }
-        for notify in all { notify(batch) }
+        for notify in all { notify(what) }
     }
 }
 

@@ -7,8 +7,8 @@ import GRDB
 
 /// What a relay keeps, in one SQLite file: per space, its capability (what devices prove in the handshake), its
 /// membership log (public and signed), and per origin the sealed entries and the heads their origins signed — all as
-/// they travel, none of which the relay can open (Protocol/RELAY.md).
-public final class RelayStore: Sendable {
+/// they travel, none of which the relay can open (Protocol/RELAY.md). One relay process at a time.
+public final class RelayStore: RelayBackend {
     private let pool: DatabasePool
     /// Per-space limits.
     public let limits: RelayLimits
@@ -62,11 +62,8 @@ public final class RelayStore: Sendable {
 
     // MARK: Spaces
 
-    /// Serves `capability`'s space from now on; false when it was served already (with the same capability).
-    /// Throws when the space is served with another capability.
-    @discardableResult
-    public func add(_ capability: RelayCapability) throws -> Bool {
-        try pool.write { db in
+    public func add(_ capability: RelayCapability) async throws -> Bool {
+        try await pool.write { db in
             if let held = try Data.fetchOne(db, sql: "SELECT capability FROM relay_spaces WHERE id = ?", arguments: [Data(capability.space)]) {
                 guard Array(held) == capability.capability else {
                     throw RelayError("space \(hexString(capability.space)) is served here with another capability")
@@ -81,18 +78,16 @@ public final class RelayStore: Sendable {
         }
     }
 
-    /// The capabilities of every space served, as handshake keys.
-    public func spaces() throws -> [SpaceKey] {
-        try pool.read { db in
+    public func spaces() async throws -> [SpaceKey] {
+        try await pool.read { db in
             try Row.fetchAll(db, sql: "SELECT id, capability FROM relay_spaces ORDER BY id").map {
                 try SpaceKey(id: Array($0[0] as Data), capability: Array($0[1] as Data))
             }
         }
     }
 
-    /// Entries and bytes stored for `space`.
-    public func usage(space: [UInt8]) throws -> (entries: Int, bytes: Int) {
-        try pool.read { db in
+    public func usage(space: [UInt8]) async throws -> (entries: Int, bytes: Int) {
+        try await pool.read { db in
             let row = try Row.fetchOne(db, sql: "SELECT entries, bytes FROM relay_usage WHERE space = ?", arguments: [Data(space)])
             return (row?[0] ?? 0, row?[1] ?? 0)
         }
@@ -100,21 +95,20 @@ public final class RelayStore: Sendable {
 
     // MARK: Membership log
 
-    /// Every membership operation held for `space`.
-    public func ops(space: [UInt8]) throws -> [MembershipOp] {
-        try pool.read { db in
+    public func ops(space: [UInt8]) async throws -> [MembershipOp] {
+        try await pool.read { db in
             try Data.fetchAll(db, sql: "SELECT bytes FROM relay_ops WHERE space = ?", arguments: [Data(space)]).map {
                 try MembershipOp(bytes: Array($0))
             }
         }
     }
 
-    /// Stores operations (already verified: decoding checks their signatures) of `space`; returns those that were new.
-    public func addOps(_ ops: [MembershipOp], space: [UInt8]) throws -> [MembershipOp] {
-        try pool.write { db in
+    public func addOps(_ ops: [MembershipOp], space: [UInt8]) async throws -> [MembershipOp] {
+        let maxOps = limits.maxOps
+        return try await pool.write { db in
             var count = try Int.fetchOne(db, sql: "SELECT count(*) FROM relay_ops WHERE space = ?", arguments: [Data(space)]) ?? 0
             var fresh: [MembershipOp] = []
-            for op in ops where op.space == space && count < limits.maxOps {
+            for op in ops where op.space == space && count < maxOps {
                 try db.execute(
                     sql: "INSERT OR IGNORE INTO relay_ops(space, hash, bytes) VALUES (?, ?, ?)",
                     arguments: [Data(space), Data(op.hash), Data(op.bytes)])
@@ -129,9 +123,8 @@ public final class RelayStore: Sendable {
 
     // MARK: Entries
 
-    /// The highest seq held per origin of `space`.
-    public func vector(space: [UInt8]) throws -> [NodeID: UInt64] {
-        try pool.read { db in
+    public func vector(space: [UInt8]) async throws -> [NodeID: UInt64] {
+        try await pool.read { db in
             var out: [NodeID: UInt64] = [:]
             for row in try Row.fetchAll(
                 db, sql: "SELECT origin, max(seq) FROM relay_heads WHERE space = ? GROUP BY origin", arguments: [Data(space)])
@@ -142,12 +135,9 @@ public final class RelayStore: Sendable {
         }
     }
 
-    /// The entries of `origin` after `after` up to the furthest head within `maxEntries` and `maxBytes` (or the
-    /// nearest head past them), as one batch; nil when nothing is held after `after`.
-    public func batch(space: [UInt8], origin: NodeID, after: UInt64, maxEntries: Int, maxBytes: Int) throws -> EntryBatch? {
-        // `after` comes from a device's STATE: bounded before it takes part in arithmetic (SYNC.md §8).
-        guard after < SyncBounds.maxSeq, (1...1_000_000).contains(maxEntries) else { return nil }
-        return try pool.read { db in
+    public func batch(space: [UInt8], origin: NodeID, after: UInt64, maxEntries: Int, maxBytes: Int) async throws -> EntryBatch? {
+        guard RelayRules.readable(after: after, maxEntries: maxEntries) else { return nil }
+        return try await pool.read { db in
             let (s, o) = (Data(space), Data(origin.bytes))
             // The heads within reach, and the nearest one (which may lie beyond it).
             let heads = try Int64.fetchAll(
@@ -159,15 +149,9 @@ public final class RelayStore: Sendable {
             else { return nil }
             let sizes = try Row.fetchAll(
                 db, sql: "SELECT seq, length(bytes) FROM relay_entries WHERE space = ? AND origin = ? AND seq > ? AND seq <= ? ORDER BY seq",
-                arguments: [s, o, Int64(after), Int64(after) + Int64(maxEntries)])
-            var end = nearest
-            var bytes = 0
-            let headSet = Set(heads)
-            for row in sizes {
-                bytes += row[1] as Int
-                guard bytes <= maxBytes else { break }
-                if headSet.contains(row[0]) { end = max(end, row[0]) }
-            }
+                arguments: [s, o, Int64(after), Int64(after) + Int64(maxEntries)]
+            ).map { (seq: $0[0] as Int64, length: $0[1] as Int) }
+            let end = RelayRules.batchEnd(heads: heads, nearest: nearest, sizes: sizes, maxBytes: maxBytes)
             guard let headBytes = try Data.fetchOne(
                 db, sql: "SELECT head FROM relay_heads WHERE space = ? AND origin = ? AND seq = ?", arguments: [s, o, end])
             else { return nil }
@@ -183,60 +167,44 @@ public final class RelayStore: Sendable {
         }
     }
 
-    /// Checks a received batch as far as a relay can (signed head, links to what is held, no fork, the origin a
-    /// writing member of `membership` within any removal's cutoff, the space's quota) and stores what is new of it.
-    /// Returns how many entries were new. Throws a `SyncRejection` for what the batch's origin signed, any other
-    /// error for a local failure.
-    public func store(_ batch: EntryBatch, space: [UInt8], membership: MembershipState?) throws -> Int {
-        guard batch.head.origin == batch.origin.bytes, let first = batch.entries.first else { throw SyncRejection.malformed }
-        if let membership {
-            guard let member = membership.member(batch.origin.bytes) else { throw SyncRejection.notMember }
-            guard member.role.writes else { throw SyncRejection.reader }
-            if let cutoff = member.removal?.cutoff, batch.head.seq > cutoff { throw SyncRejection.revoked }
-        }
-        return try pool.write { db -> Int in
+    public func store(_ batch: EntryBatch, space: [UInt8], membership: MembershipState?) async throws -> Int {
+        try RelayRules.checkAuthor(batch, membership: membership)
+        let limits = self.limits
+        return try await pool.write { db -> Int in
             let (s, o) = (Data(space), Data(batch.origin.bytes))
-            let held = try Int64.fetchOne(
-                db, sql: "SELECT max(seq) FROM relay_entries WHERE space = ? AND origin = ?", arguments: [s, o]) ?? 0
-            let firstSeq = first.header.seq
-            // The batch must start within or right after what is held (no gap).
-            guard firstSeq <= UInt64(held) + 1 else { throw SyncRejection.brokenChain }
-            let previous: [UInt8]? =
-                firstSeq == 1
-                ? nil
-                : try Data.fetchOne(
-                    db, sql: "SELECT hash FROM relay_entries WHERE space = ? AND origin = ? AND seq = ?",
-                    arguments: [s, o, Int64(firstSeq - 1)]
-                ).map { Array($0) }
-            try EntryChain.verifyLinks(batch.entries, head: batch.head, previousHash: previous, space: space)
-            var added = 0
-            var bytes = 0
-            for e in batch.entries {
-                if e.header.seq <= UInt64(held) {
-                    let hash = try Data.fetchOne(
-                        db, sql: "SELECT hash FROM relay_entries WHERE space = ? AND origin = ? AND seq = ?",
-                        arguments: [s, o, Int64(e.header.seq)])
-                    guard hash.map({ Array($0) }) == e.hash else { throw SyncRejection.fork }
-                    continue
+            let held = UInt64(
+                try Int64.fetchOne(db, sql: "SELECT max(seq) FROM relay_entries WHERE space = ? AND origin = ?", arguments: [s, o]) ?? 0)
+            var hashes: [UInt64: [UInt8]] = [:]
+            if let range = try RelayRules.seqsToCheck(batch, held: held) {
+                for row in try Row.fetchAll(
+                    db, sql: "SELECT seq, hash FROM relay_entries WHERE space = ? AND origin = ? AND seq BETWEEN ? AND ?",
+                    arguments: [s, o, Int64(range.lowerBound), Int64(range.upperBound)])
+                {
+                    hashes[UInt64(row[0] as Int64)] = Array(row[1] as Data)
                 }
+            }
+            let fresh = try RelayRules.fresh(batch, space: space, held: held, hashes: hashes)
+            guard !fresh.isEmpty else { return 0 }
+            let usage = try Row.fetchOne(db, sql: "SELECT entries, bytes FROM relay_usage WHERE space = ?", arguments: [s])
+            let entries = (usage?[0] as Int? ?? 0) + fresh.count
+            let total = (usage?[1] as Int? ?? 0) + fresh.reduce(0) { $0 + $1.bytes.count }
+            try RelayRules.checkQuota(entries: entries, bytes: total, limits: limits)
+            for e in fresh {
                 try db.execute(
                     sql: "INSERT INTO relay_entries(space, origin, seq, hash, bytes) VALUES (?, ?, ?, ?, ?)",
                     arguments: [s, o, Int64(e.header.seq), Data(e.hash), Data(e.bytes)])
-                added += 1
-                bytes += e.bytes.count
             }
-            guard added > 0 else { return 0 }
-            let usage = try Row.fetchOne(db, sql: "SELECT entries, bytes FROM relay_usage WHERE space = ?", arguments: [s])
-            let (entries, total) = ((usage?[0] as Int? ?? 0) + added, (usage?[1] as Int? ?? 0) + bytes)
-            guard entries <= limits.maxEntriesPerSpace, total <= limits.maxBytesPerSpace else { throw SyncRejection.overQuota }
             try db.execute(
                 sql: "UPDATE relay_usage SET entries = ?, bytes = ? WHERE space = ?", arguments: [entries, total, s])
             try db.execute(
                 sql: "INSERT OR IGNORE INTO relay_heads(space, origin, seq, head) VALUES (?, ?, ?, ?)",
                 arguments: [s, o, Int64(batch.head.seq), Data(batch.head.bytes)])
-            return added
+            return fresh.count
         }
     }
+
+    /// One process owns the file: there is no one else to watch.
+    public func watch(_ onChange: @escaping @Sendable (RelayChange) -> Void) async {}
 }
 
 /// Limits a relay holds each space to.

@@ -49,10 +49,21 @@ final class OutboundLink: Sendable {
             .channelOption(.tcpOption(.tcp_nodelay), value: 1)
             .channelInitializer { channel in
                 channel.eventLoop.makeCompletedFuture {
-                    try channel.pipeline.syncOperations.addHandlers(
-                        SyncPipeline.outbound(engine: link.engine, space: link.space, peer: peer) {
-                            link.state.withLock { $0.failures = 0 }
-                        })
+                    let sync: @Sendable (any Channel) throws -> Void = { channel in
+                        try channel.pipeline.syncOperations.addHandlers(
+                            SyncPipeline.outbound(engine: link.engine, space: link.space, peer: peer) {
+                                link.state.withLock { $0.failures = 0 }
+                            })
+                    }
+                    switch link.address.transport {
+                    case .tcp:
+                        try sync(channel)
+                    case .webSocket(let tls, let path):
+                        if tls { try link.engine.tls.configure(channel, host: link.address.host) }
+                        try WebSocketClient.configure(
+                            channel, host: link.address.host, port: link.address.port, path: path,
+                            refused: { link.failed($0) }, upgraded: sync)
+                    }
                 }
             }
             .connect(host: address.host, port: address.port)
@@ -75,13 +86,18 @@ final class OutboundLink: Sendable {
                     }
                 case .failure(let error):
                     link.state.withLock { $0.connecting = false }
-                    link.engine.status.update(db: link.db.name, peer: peer, direction: .outbound) {
-                        $0.errors += 1
-                        $0.lastError = "connect: \(error)"
-                    }
+                    link.failed("connect: \(error)")
                     link.scheduleRetry()
                 }
             }
+    }
+
+    /// Counts a failed attempt in the link's status.
+    private func failed(_ reason: String) {
+        engine.status.update(db: db.name, peer: address.description, direction: .outbound) {
+            $0.errors += 1
+            $0.lastError = reason
+        }
     }
 
     /// Schedules the next attempt after the backoff delay.

@@ -36,17 +36,22 @@ public final class SyncEngine: Sendable {
     private let listener = Mutex<(any Channel)?>(nil)
     /// Admits inbound connections within the listener limits.
     let gate: ConnectionGate
+    /// TLS for `wss://` links.
+    let tls: TLSClient
 
     struct LinkKey: Hashable {
         let db: String
         let address: String
     }
 
-    /// Creates an engine; nothing runs until `listen` or `start`.
+    /// Creates an engine; nothing runs until `listen` or `start`. `tlsTrustRoots` is a PEM file of certificates to trust
+    /// for `wss://` relays besides the system's.
     public init(
         store: Store, identity: DeviceIdentity, keysDirectory: String, group: any EventLoopGroup, pool: NIOThreadPool,
-        logger: Logger, timeout: TimeAmount = .seconds(30), listenerLimits: SyncListenerLimits = SyncListenerLimits()
+        logger: Logger, timeout: TimeAmount = .seconds(30), listenerLimits: SyncListenerLimits = SyncListenerLimits(),
+        tlsTrustRoots: String? = nil
     ) {
+        self.tls = TLSClient(extraTrustRoots: tlsTrustRoots)
         self.timeout = timeout
         self.gate = ConnectionGate(limits: listenerLimits)
         self.store = store

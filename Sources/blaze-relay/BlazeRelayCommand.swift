@@ -2,9 +2,12 @@ import ArgumentParser
 import BlazeCrypto
 import BlazeProtocol
 import BlazeRelay
+import BlazeSync
 import Foundation
 import Logging
 import NIOPosix
+import NIOSSL
+import PostgresNIO
 
 #if canImport(Glibc)
 import Glibc
@@ -18,21 +21,37 @@ struct BlazeRelayCommand: AsyncParsableCommand {
         discussion: """
             A relay serves the spaces an operator adds with 'blaze-relay add-space' (a relay capability from \
             'blazectl db relay-capability': it lets the relay prove itself to devices and store their sealed \
-            entries, never open one). Devices add the relay as a peer ('blazectl peer add DB HOST:PORT') and sync \
-            through it with the peer protocol. See Protocol/RELAY.md.
+            entries, never open one). Devices add the relay as a peer ('blazectl peer add DB ws://HOST:PORT', or \
+            wss:// behind TLS) and sync through it with the peer protocol carried by a WebSocket, so the relay runs \
+            behind ordinary HTTPS reverse proxies. The same port answers GET /healthz and GET /metrics \
+            (Prometheus). See Protocol/RELAY.md.
             """,
         subcommands: [Serve.self, AddSpace.self], defaultSubcommand: Serve.self)
 }
 
 /// Options every subcommand shares.
 struct RelayOptions: ParsableArguments {
-    @Option(help: "Directory of the relay's database and identity (created when missing).")
+    @Option(help: "Directory of the relay's identity, and of its database unless --postgres (created when missing).")
     var dataDir: String
 
+    @Option(
+        help: ArgumentHelp(
+            "Keep the relay's data in PostgreSQL instead of SQLite, shared by every relay process given the same URL.",
+            discussion: "postgres://USER[:PASSWORD]@HOST[:PORT]/DATABASE[?sslmode=require], or ?host=/socket/dir for a Unix socket.",
+            valueName: "url"))
+    var postgres: String?
+
     /// Opens the relay's store (creating the directory).
-    func openStore() throws -> RelayStore {
+    func openStore(logger: Logger) async throws -> any RelayBackend {
         try FileManager.default.createDirectory(atPath: dataDir, withIntermediateDirectories: true)
-        return try RelayStore(path: dataDir + "/relay.db")
+        guard let postgres else { return try RelayStore(path: dataDir + "/relay.db") }
+        let configuration: PostgresClient.Configuration
+        do {
+            configuration = try PostgresRelayStore.configuration(url: postgres)
+        } catch {
+            throw ValidationError("\(error)")
+        }
+        return try await PostgresRelayStore(configuration: configuration, logger: logger)
     }
 }
 
@@ -41,8 +60,14 @@ struct Serve: AsyncParsableCommand {
 
     @OptionGroup var options: RelayOptions
 
-    @Option(help: "Address to accept devices on (host:port; port 0 picks one, printed at start).")
+    @Option(help: "Address to accept devices on (host:port; port 0 picks one; the URL devices use is printed at start).")
     var listen = "127.0.0.1:7400"
+
+    @Option(help: "PEM certificate chain: serve TLS (wss://) with it. Needs --tls-key.")
+    var tlsCert: String?
+
+    @Option(help: "PEM private key of --tls-cert.")
+    var tlsKey: String?
 
     @Option(help: "Log level: trace, debug, info, notice, warning, error, critical.")
     var logLevel = "info"
@@ -66,6 +91,20 @@ struct Serve: AsyncParsableCommand {
         ] where !(1...1_000_000).contains(value) {
             throw ValidationError("\(name) must be from 1 to 1000000, got \(value)")
         }
+        if (tlsCert == nil) != (tlsKey == nil) { throw ValidationError("--tls-cert and --tls-key go together") }
+    }
+
+    /// The server TLS context of --tls-cert and --tls-key, nil when not given.
+    func tlsContext() throws -> NIOSSLContext? {
+        guard let tlsCert, let tlsKey else { return nil }
+        do {
+            let chain = try NIOSSLCertificate.fromPEMFile(tlsCert).map { NIOSSLCertificateSource.certificate($0) }
+            var config = TLSConfiguration.makeServerConfiguration(certificateChain: chain, privateKey: .privateKey(try NIOSSLPrivateKey(file: tlsKey, format: .pem)))
+            config.minimumTLSVersion = .tlsv12
+            return try NIOSSLContext(configuration: config)
+        } catch {
+            throw ValidationError("cannot use --tls-cert \(tlsCert) / --tls-key \(tlsKey): \(error)")
+        }
     }
 
     func run() async throws {
@@ -76,26 +115,29 @@ struct Serve: AsyncParsableCommand {
         LoggingSystem.bootstrap(StreamLogHandler.standardError)
         var logger = Logger(label: "blaze-relay")
         logger.logLevel = Logger.Level(rawValue: logLevel) ?? .info
-        let store = try options.openStore()
+        let store = try await options.openStore(logger: logger)
         let identity = try DeviceIdentity.loadOrCreate(directory: options.dataDir + "/keys")
-        let pool = NIOThreadPool(numberOfThreads: 2)
-        pool.start()
         var limits = RelayServer.defaultLimits
         limits.maxConnections = maxConnections
         limits.maxHandshakes = maxHandshakes
         limits.maxConnectionsPerAddress = maxConnectionsPerAddress
         limits.handshakeTimeoutMs = handshakeTimeout * 1000
         let relay = RelayServer(
-            store: store, identity: identity, group: MultiThreadedEventLoopGroup.singleton, pool: pool, logger: logger,
+            store: store, identity: identity, group: MultiThreadedEventLoopGroup.singleton, logger: logger,
             limits: limits)
-        let bound = try await relay.listen(host: address.host, port: port)
-        // The address on stdout, alone on its line, so scripts and tests can read the port picked.
-        FileHandle.standardOutput.write(Data("listening \(address.host):\(bound)\n".utf8))
-        logger.info("Relay started", metadata: ["address": "\(address.host):\(bound)", "spaces": "\(relay.servedCount)"])
+        let tls = try tlsContext()
+        let bound = try await relay.listen(host: address.host, port: port, tls: tls)
+        let host = address.host.contains(":") ? "[\(address.host)]" : address.host
+        let url = "\(tls == nil ? "ws" : "wss")://\(host):\(bound)\(WebSocketBytes.defaultPath)"
+        // The URL on stdout, alone on its line, so scripts and tests can read the port picked.
+        FileHandle.standardOutput.write(Data("listening \(url)\n".utf8))
+        logger.info(
+            "Relay started",
+            metadata: ["url": "\(url)", "spaces": "\(relay.servedCount)", "store": "\(options.postgres == nil ? "sqlite" : "postgresql")"])
         await Self.waitForTermination()
         logger.info("Relay stopping")
         await relay.shutdown()
-        try? await pool.shutdownGracefully()
+        (store as? PostgresRelayStore)?.close()
     }
 
     /// Returns on SIGTERM or SIGINT.
@@ -133,7 +175,7 @@ final class OnceFlag: @unchecked Sendable {
     }
 }
 
-struct AddSpace: ParsableCommand {
+struct AddSpace: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         abstract: "Serve a space, given its relay capability ('-' reads it from stdin); a running relay picks it up.")
 
@@ -142,7 +184,7 @@ struct AddSpace: ParsableCommand {
     @Argument(help: "The relay capability (blazedb-relay-1.…), or - to read it from stdin.")
     var capability: String
 
-    func run() throws {
+    func run() async throws {
         let text = capability == "-" ? (readLine() ?? "").trimmingCharacters(in: .whitespacesAndNewlines) : capability
         let cap: RelayCapability
         do {
@@ -150,7 +192,11 @@ struct AddSpace: ParsableCommand {
         } catch {
             throw ValidationError("not a relay capability: \(error)")
         }
-        let added = try options.openStore().add(cap)
+        var logger = Logger(label: "blaze-relay")
+        logger.logLevel = .warning
+        let store = try await options.openStore(logger: logger)
+        defer { (store as? PostgresRelayStore)?.close() }
+        let added = try await store.add(cap)
         print(added ? "serving space \(hexString(cap.space))" : "space \(hexString(cap.space)) was served already")
     }
 }

@@ -19,18 +19,15 @@ enum RelayWorkloads {
         let a = try await Workloads.LocalDaemon(dir: dir + "/r1-a", syncListen: "127.0.0.1:0")
         let b = try await Workloads.LocalDaemon(dir: dir + "/r1-b")
         try FileManager.default.createDirectory(atPath: dir + "/r1-relay", withIntermediateDirectories: true)
-        let pool = NIOThreadPool(numberOfThreads: 2)
-        pool.start()
         var logger = Logger(label: "blazebench.relay")
         logger.logLevel = .critical
         let relay = RelayServer(
             store: try RelayStore(path: dir + "/r1-relay/relay.db"), identity: DeviceIdentity(),
-            group: MultiThreadedEventLoopGroup.singleton, pool: pool, logger: logger)
-        let relayAddress = try require(PeerAddress("127.0.0.1:\(try await relay.listen(host: "127.0.0.1", port: 0))"))
+            group: MultiThreadedEventLoopGroup.singleton, logger: logger)
+        let relayAddress = try require(PeerAddress("ws://127.0.0.1:\(try await relay.listen(host: "127.0.0.1", port: 0))"))
         defer {
             Task {
                 await relay.shutdown()
-                try? await pool.shutdownGracefully()
                 await b.stop()
                 await a.stop()
             }
@@ -40,12 +37,12 @@ enum RelayWorkloads {
         let target = try b.daemon.sync.join(token: try invite(a, source), name: "r1")
         let aAddress = try require(PeerAddress(try require(a.daemon.sync.listeningAddress)))
         _ = try b.daemon.sync.removePeer(db: target, address: aAddress)
-        try relay.add(RelayCapability(key: try require(try a.daemon.sync.spaceKey(db: source))))
+        try await relay.add(RelayCapability(key: try require(try a.daemon.sync.spaceKey(db: source))))
         for i in 0..<n { _ = try source.apply(.insert(collection: "c", doc: docs[i % docs.count].merging(["_id": .string("d\(i)")]) { $1 })) }
         let origin = source.node
         let up = try seconds {
             _ = try a.daemon.sync.addPeer(db: source, address: relayAddress)
-            try SyncWorkloads.waitUntil("R1: A → relay") { try relay.store.vector(space: source.spaceKeyID())[origin] ?? 0 >= UInt64(n) }
+            try SyncWorkloads.waitUntil("R1: A → relay") { relay.counters.entriesStored >= n }
         }
         let down = try seconds {
             _ = try b.daemon.sync.addPeer(db: target, address: relayAddress)

@@ -13,7 +13,7 @@ struct Peer: ParsableCommand {
         static let configuration = CommandConfiguration(abstract: "Sync a shared database with the daemon at host:port.")
         @OptionGroup var global: Global
         @Argument var db: String
-        @Argument(help: "host:port of the peer's --sync-listen.") var address: String
+        @Argument(help: "host:port of the peer's --sync-listen, or a relay's ws:// or wss:// URL.") var address: String
         func run() throws {
             global.run(RPC.PeerAdd(db: db, address: address)) { r in
                 print(r.added ? "added peer \(r.address) to \(db)" : "\(r.address) was already a peer of \(db)")

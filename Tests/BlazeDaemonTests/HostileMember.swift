@@ -44,10 +44,13 @@ final class HostileMember {
 
     // MARK: Connection
 
-    /// Connects to `127.0.0.1:port` and completes the handshake; throws when the server refuses it.
-    func connect(port: Int, timeoutSeconds: Int = 10) throws {
+    /// Connects to `127.0.0.1:port` and completes the handshake; throws when the server refuses it. With `webSocket`
+    /// (an HTTP path), the connection is first upgraded to a WebSocket (RFC 6455, as a relay is reached) and every
+    /// byte afterwards travels in masked binary frames.
+    func connect(port: Int, timeoutSeconds: Int = 10, webSocket path: String? = nil) throws {
         close()
         fd = try Self.openSocket(port: port, timeoutSeconds: timeoutSeconds)
+        if let path { try upgrade(port: port, path: path) }
         var client = Handshake.Client(key: key, identity: identity)
         let hello = try readHandshakeFrame(size: Handshake.helloSize)
         try writeAll(Self.lengthPrefixed(try client.respond(to: hello)))
@@ -98,6 +101,8 @@ final class HostileMember {
         fd = -1
         cipher = nil
         drained = nil
+        framed = false
+        inbound = []
     }
 
     /// Signalled when the draining thread has stopped reading.
@@ -160,7 +165,77 @@ final class HostileMember {
         return try readExactly(size)
     }
 
+    // MARK: WebSocket (RFC 6455)
+
+    /// Whether the connection carries WebSocket frames, and the payload bytes read and not yet consumed.
+    private var framed = false
+    private var inbound: [UInt8] = []
+
+    /// Sends the upgrade request and checks the `101` answer and its `Sec-WebSocket-Accept`.
+    private func upgrade(port: Int, path: String) throws {
+        let key = Data((0..<16).map { _ in UInt8.random(in: 0...255) }).base64EncodedString()
+        let request =
+            "GET \(path) HTTP/1.1\r\nHost: 127.0.0.1:\(port)\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+            + "Sec-WebSocket-Key: \(key)\r\nSec-WebSocket-Version: 13\r\n\r\n"
+        try writeRaw(Array(request.utf8))
+        var head: [UInt8] = []
+        while !head.suffix(4).elementsEqual([13, 10, 13, 10]) {
+            guard head.count < 8192 else { throw HostileError("upgrade response too long") }
+            head += try readRaw(1)
+        }
+        let text = String(decoding: head, as: UTF8.self)
+        guard text.hasPrefix("HTTP/1.1 101") else { throw HostileError("upgrade refused: \(text.prefix(40))") }
+        let accept = Data(Insecure.SHA1.hash(data: Data((key + "258EAFA5-E914-47DA-95CA-C5AB0DC85B11").utf8))).base64EncodedString()
+        guard text.lowercased().contains("sec-websocket-accept: \(accept.lowercased())") else {
+            throw HostileError("upgrade answered without the right Sec-WebSocket-Accept")
+        }
+        framed = true
+    }
+
+    /// Reads frames until `n` payload bytes are there (answering pings), then takes them.
     private func readExactly(_ n: Int) throws -> [UInt8] {
+        guard framed else { return try readRaw(n) }
+        while inbound.count < n {
+            let h = try readRaw(2)
+            var length = Int(h[1] & 0x7F)
+            if length == 126 {
+                let b = try readRaw(2)
+                length = Int(b[0]) << 8 | Int(b[1])
+            } else if length == 127 {
+                length = try readRaw(8).reduce(0) { $0 << 8 | Int($1) }
+            }
+            guard h[1] & 0x80 == 0 else { throw HostileError("a server frame was masked") }
+            guard length <= 1 << 24 else { throw HostileError("frame of \(length) bytes") }
+            let payload = try readRaw(length)
+            switch h[0] & 0x0F {
+            case 0, 2: inbound += payload
+            case 8: throw HostileError("closed")
+            case 9: try writeFrame(opcode: 0xA, payload)
+            default: break
+            }
+        }
+        defer { inbound.removeFirst(n) }
+        return Array(inbound.prefix(n))
+    }
+
+    /// Sends `payload` as one masked frame with `opcode`.
+    func writeFrame(opcode: UInt8, _ payload: [UInt8]) throws {
+        var frame: [UInt8] = [0x80 | opcode]
+        if payload.count < 126 {
+            frame.append(0x80 | UInt8(payload.count))
+        } else if payload.count <= 0xFFFF {
+            frame += [0x80 | 126, UInt8(payload.count >> 8), UInt8(payload.count & 0xFF)]
+        } else {
+            frame.append(0x80 | 127)
+            frame.appendBE(UInt64(payload.count))
+        }
+        let mask = (0..<4).map { _ in UInt8.random(in: 0...255) }
+        frame += mask
+        frame += payload.enumerated().map { $0.element ^ mask[$0.offset & 3] }
+        try writeRaw(frame)
+    }
+
+    private func readRaw(_ n: Int) throws -> [UInt8] {
         var out = [UInt8](repeating: 0, count: n)
         var got = 0
         while got < n {
@@ -171,7 +246,12 @@ final class HostileMember {
         return out
     }
 
+    /// Sends `bytes` (in one binary frame over a WebSocket).
     func writeAll(_ bytes: [UInt8]) throws {
+        if framed { try writeFrame(opcode: 2, bytes) } else { try writeRaw(bytes) }
+    }
+
+    private func writeRaw(_ bytes: [UInt8]) throws {
         var sent = 0
         while sent < bytes.count {
             let r = bytes.withUnsafeBytes { Glibc.send(fd, $0.baseAddress! + sent, bytes.count - sent, Int32(MSG_NOSIGNAL)) }

@@ -18,19 +18,28 @@ final class RelayProcess: @unchecked Sendable {
     let dir: TempDir
     let process = Process()
     private(set) var port = 0
+    /// The URL devices reach it at, as it printed it.
+    private(set) var address = ""
     private let out = Mutex<String>("")
     private let err = Mutex<String>("")
     private let ready = DispatchSemaphore(value: 0)
     private var settled = false
 
     var dataDir: String { dir.path + "/relay" }
-    var address: String { "127.0.0.1:\(port)" }
     var logText: String { err.withLock { $0 } }
 
-    init(dir: TempDir = TempDir(), arguments: [String] = []) throws {
+    /// The PostgreSQL server it keeps its data in, nil for SQLite.
+    let postgres: PostgresServer?
+
+    init(
+        dir: TempDir = TempDir(), arguments: [String] = [], listen: String = "127.0.0.1:0", postgres: PostgresServer? = nil
+    ) throws {
         self.dir = dir
+        self.postgres = postgres
         process.executableURL = URL(fileURLWithPath: buildDirectory + "/blaze-relay")
-        process.arguments = ["serve", "--data-dir", dir.path + "/relay", "--listen", "127.0.0.1:0"] + arguments
+        process.arguments =
+            ["serve", "--data-dir", dir.path + "/relay", "--listen", listen] + (postgres.map { ["--postgres", $0.url] } ?? [])
+            + arguments
         let stdout = Pipe(), stderr = Pipe()
         process.standardOutput = stdout
         process.standardError = stderr
@@ -48,24 +57,36 @@ final class RelayProcess: @unchecked Sendable {
         try process.run()
         guard ready.wait(timeout: .now() + 30) == .success,
             let line = out.withLock({ $0 }).split(separator: "\n").first, line.hasPrefix("listening "),
-            let p = Int(line.split(separator: ":").last ?? "")
+            let url = PeerAddress(String(line.dropFirst("listening ".count))), case .webSocket = url.transport
         else {
             settled = true
             process.terminate()
             throw ClientError("blaze-relay did not start: \(out.withLock { $0 }) \(logText)")
         }
-        port = p
+        port = url.port
+        address = url.description
     }
 
     /// Serves the space of `capability` (`blaze-relay add-space -`, the token on stdin).
     func addSpace(_ capability: String) throws {
         let r = try run(
-            buildDirectory + "/blaze-relay", ["add-space", "--data-dir", dataDir, "-"], input: capability + "\n")
+            buildDirectory + "/blaze-relay",
+            ["add-space", "--data-dir", dataDir] + (postgres.map { ["--postgres", $0.url] } ?? []) + ["-"],
+            input: capability + "\n")
         guard r.status == 0 else { throw ClientError("add-space failed: \(r.err)") }
     }
 
     /// The highest seq the relay holds per origin (hex) of every space, read from its database.
     func held() throws -> [String: Int64] {
+        if let postgres {
+            let text = try postgres.psql("SELECT encode(origin, 'hex'), max(seq) FROM relay_entries GROUP BY origin")
+            return Dictionary(
+                uniqueKeysWithValues: text.split(separator: "\n").compactMap { line -> (String, Int64)? in
+                    let parts = line.split(separator: "|")
+                    guard parts.count == 2, let seq = Int64(parts[1]) else { return nil }
+                    return (String(parts[0]), seq)
+                })
+        }
         let queue = try DatabaseQueue(path: dataDir + "/relay.db")
         return try queue.read { db in
             Dictionary(
@@ -80,14 +101,24 @@ final class RelayProcess: @unchecked Sendable {
         try DatabaseQueue(path: dataDir + "/relay.db").read { try Int.fetchOne($0, sql: "SELECT count(*) FROM \(table)") ?? 0 }
     }
 
-    /// SIGTERM and a clean exit, with no error logged.
-    func stop(sourceLocation: SourceLocation = #_sourceLocation) {
+    /// SIGTERM and a clean exit, with no error logged (unless `errorsExpected`: its store was taken away meanwhile).
+    func stop(errorsExpected: Bool = false, sourceLocation: SourceLocation = #_sourceLocation) {
         settled = true
         guard process.isRunning else { return }
         process.terminate()
         process.waitUntilExit()
         #expect(process.terminationReason == .exit && process.terminationStatus == 0, sourceLocation: sourceLocation)
-        #expect(!logText.contains("error"), "relay logged errors: \(logText)", sourceLocation: sourceLocation)
+        if !errorsExpected {
+            #expect(!logText.contains("error"), "relay logged errors: \(logText)", sourceLocation: sourceLocation)
+        }
+    }
+
+    /// SIGKILL: the process ends mid-whatever, as a crash or an OOM kill would end it.
+    func killHard() {
+        settled = true
+        guard process.isRunning else { return }
+        kill(process.processIdentifier, SIGKILL)
+        process.waitUntilExit()
     }
 
     deinit {
@@ -95,6 +126,28 @@ final class RelayProcess: @unchecked Sendable {
         process.terminate()
         process.waitUntilExit()
     }
+}
+
+/// One HTTP/1.1 exchange over a new loopback connection (the relay closes after each answer): the status code (0
+/// when the answer is not HTTP) and the body.
+func httpExchange(port: Int, _ request: String) throws -> (status: Int, body: String) {
+    let fd = try HostileMember.openSocket(port: port, timeoutSeconds: 10)
+    defer { Glibc.close(fd) }
+    let bytes = Array(request.utf8)
+    guard bytes.withUnsafeBytes({ send(fd, $0.baseAddress!, $0.count, Int32(MSG_NOSIGNAL)) }) == bytes.count else {
+        throw ClientError("send failed")
+    }
+    var answer: [UInt8] = []
+    var buffer = [UInt8](repeating: 0, count: 65_536)
+    while answer.count < 1 << 22 {
+        let n = buffer.withUnsafeMutableBytes { recv(fd, $0.baseAddress!, $0.count, 0) }
+        guard n > 0 else { break }
+        answer += buffer[..<n]
+    }
+    let text = String(decoding: answer, as: UTF8.self)
+    let status = text.hasPrefix("HTTP/1.1 ") ? Int(text.dropFirst(9).prefix(3)) ?? 0 : 0
+    let body = text.range(of: "\r\n\r\n").map { String(text[$0.upperBound...]) } ?? ""
+    return (status, body)
 }
 
 /// How many changes of its own a daemon's database holds (its entry in `db.info`'s version vector).
@@ -189,22 +242,22 @@ func ownSeq(_ c: BlazeConnection, _ db: String) throws -> Int64 {
         try relay.addSpace(capability)
         let cap = try RelayCapability(text: capability)
         // A device proving another space's capability is closed during the handshake.
-        #expect(throws: (any Error).self) { try HostileMember(key: SpaceKey.generate()).connect(port: relay.port) }
+        #expect(throws: (any Error).self) { try HostileMember(key: SpaceKey.generate()).connect(port: relay.port, webSocket: "/v1/sync") }
         // Bytes that are not a sealed frame close the connection.
         let garbage = HostileMember(key: cap.key)
-        try garbage.connect(port: relay.port)
+        try garbage.connect(port: relay.port, webSocket: "/v1/sync")
         try garbage.writeAll([UInt8](repeating: 0xAB, count: 64))
         #expect(garbage.awaitClose().closed)
         // A device outside the log signs and seals entries (with a key of its own): refused, nothing stored.
         let outsider = HostileMember(key: cap.key)
         outsider.key = try SpaceKey(id: cap.space, capability: cap.capability, epoch: 1, current: SpaceKey.randomSecret(), ring: [])
-        try outsider.connect(port: relay.port)
+        try outsider.connect(port: relay.port, webSocket: "/v1/sync")
         try outsider.send(SyncTarget.change(outsider, [HostileMember.docOp("notes", "forged", set: ["v": .int(1)])]))
         #expect(outsider.awaitClose().error == "not_a_member")
         // Membership operations it signs (a create of its own, an add of itself) never take part in the log: the
         // relay keeps none of them.
         let forger = HostileMember(key: cap.key)
-        try forger.connect(port: relay.port)
+        try forger.connect(port: relay.port, webSocket: "/v1/sync")
         let create = try MembershipOp(
             space: cap.space, author: forger.identity, timeMs: 1, parents: [], action: .create(salt: SpaceKey.randomBytes(16)),
             envelopes: [])
@@ -225,12 +278,12 @@ func ownSeq(_ c: BlazeConnection, _ db: String) throws -> Int64 {
         #expect(try relay.count("relay_ops") == 0)
         // A JOIN: only members admit devices.
         let joiner = HostileMember(key: cap.key)
-        try joiner.connect(port: relay.port)
+        try joiner.connect(port: relay.port, webSocket: "/v1/sync")
         try joiner.send([6] + SpaceKey.randomBytes(48))
         #expect(joiner.awaitClose().error == "invite_unknown")
         // A message that does not decode.
         let malformed = HostileMember(key: cap.key)
-        try malformed.connect(port: relay.port)
+        try malformed.connect(port: relay.port, webSocket: "/v1/sync")
         try malformed.send([1, 0xFF, 0xFF, 0xFF, 0xFF])
         #expect(malformed.awaitClose().closed)
         #expect(try relay.held()[outsider.originHex] == nil)
@@ -260,11 +313,171 @@ func ownSeq(_ c: BlazeConnection, _ db: String) throws -> Int64 {
         // A place freed is a place taken: the member gets through.
         Glibc.close(held[0])
         let member = HostileMember(key: try RelayCapability(text: capability).key)
-        #expect(eventually { (try? member.connect(port: relay.port)) != nil })
+        #expect(eventually { (try? member.connect(port: relay.port, webSocket: "/v1/sync")) != nil })
         member.close()
         Glibc.close(held[1])
         a.stop()
         relay.stop()
+    }
+
+    @Test func operatorsGetHealthAndMetricsAndEverythingElseAClearStatus() throws {
+        let relay = try RelayProcess()
+        let a = try syncDaemon()
+        let ca = try a.connect()
+        _ = try ca.call("db.create", ["db": "team"])
+        _ = try ca.call("db.share", ["db": "team"])
+        let capability = try #require(try ca.call("db.relayCapability", ["db": "team"])["capability"]?.stringValue)
+        try relay.addSpace(capability)
+        _ = try ca.call("peer.add", ["db": "team", "address": .string(relay.address)])
+        for i in 0..<5 { _ = try ca.call("doc.put", ["db": "team", "collection": "c", "id": .string("d\(i)"), "doc": ["i": .int(Int64(i))]]) }
+        let na = try nodeID(ca, "team")
+        let seq = try ownSeq(ca, "team")
+        #expect(try eventually { try relay.held()[na] == seq })
+        // A device proving another space is refused: counted.
+        #expect(throws: (any Error).self) {
+            try HostileMember(key: SpaceKey.generate()).connect(port: relay.port, webSocket: "/v1/sync")
+        }
+
+        let health = try httpExchange(port: relay.port, "GET /healthz HTTP/1.1\r\nHost: relay\r\n\r\n")
+        #expect(health.status == 200 && health.body.contains(#""status":"ok""#) && health.body.contains(#""spaces":1"#))
+        func scrape() throws -> (status: Int, body: String, values: [String: Double]) {
+            let metrics = try httpExchange(port: relay.port, "GET /metrics HTTP/1.1\r\nHost: relay\r\n\r\n")
+            let values = Dictionary(
+                metrics.body.split(separator: "\n").filter { !$0.hasPrefix("#") }.compactMap { line -> (String, Double)? in
+                    let parts = line.split(separator: " ")
+                    guard parts.count == 2, let v = Double(parts[1]) else { return nil }
+                    return (String(parts[0]), v)
+                }, uniquingKeysWith: { a, _ in a })
+            return (metrics.status, metrics.body, values)
+        }
+        // Connections closed a moment ago may still count until the relay has seen them go.
+        #expect(try eventually { try scrape().values["blaze_relay_connections"] == 2 }, "A's link and the scrape's own")
+        let metrics = try scrape()
+        let values = metrics.values
+        #expect(metrics.status == 200)
+        #expect(values["blaze_relay_entries_stored_total"] == Double(seq), "\(metrics.body)")
+        #expect((values["blaze_relay_bytes_stored_total"] ?? 0) > Double(seq) * 50)
+        #expect(values["blaze_relay_spaces"] == 1)
+        #expect(values["blaze_relay_connections_established_total"].map { $0 >= 1 } == true)
+        #expect(values["blaze_relay_handshakes_refused_total"] == 1)
+
+        // Anything else gets a status, never a hang.
+        #expect(try httpExchange(port: relay.port, "GET /nope HTTP/1.1\r\nHost: relay\r\n\r\n").status == 404)
+        #expect(try httpExchange(port: relay.port, "POST /metrics HTTP/1.1\r\nHost: relay\r\nContent-Length: 0\r\n\r\n").status == 405)
+        #expect(try httpExchange(port: relay.port, "GET /v1/sync HTTP/1.1\r\nHost: relay\r\n\r\n").status == 426)
+        let key = Data((0..<16).map { UInt8($0) }).base64EncodedString()
+        let elsewhere = try httpExchange(
+            port: relay.port,
+            "GET /other HTTP/1.1\r\nHost: relay\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Key: \(key)\r\n"
+                + "Sec-WebSocket-Version: 13\r\n\r\n")
+        #expect(elsewhere.status == 404, "a WebSocket is opened on /v1/sync only")
+        #expect(try httpExchange(port: relay.port, "NOT HTTP AT ALL\r\n\r\n").status == 400)
+
+        // On an open WebSocket, a text frame or a frame over the size limit closes the connection.
+        let cap = try RelayCapability(text: capability)
+        let text = HostileMember(key: cap.key)
+        try text.connect(port: relay.port, webSocket: "/v1/sync")
+        try text.writeFrame(opcode: 1, Array("hello".utf8))
+        #expect(text.awaitClose().closed)
+        let big = HostileMember(key: cap.key)
+        try big.connect(port: relay.port, webSocket: "/v1/sync")
+        try? big.writeFrame(opcode: 2, [UInt8](repeating: 7, count: (1 << 20) + 1))
+        #expect(big.awaitClose().closed)
+        // The relay still serves.
+        #expect(try httpExchange(port: relay.port, "GET /healthz HTTP/1.1\r\nHost: relay\r\n\r\n").status == 200)
+        a.stop()
+        relay.stop()
+    }
+
+    @Test func devicesSyncThroughARelayServingTLS() throws {
+        let dir = TempDir()
+        let cert = dir.path + "/cert.pem", key = dir.path + "/key.pem"
+        let made = try run(
+            "/usr/bin/openssl",
+            [
+                "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes", "-keyout", key,
+                "-out", cert, "-days", "2", "-subj", "/CN=blaze-relay test", "-addext", "subjectAltName=IP:127.0.0.1",
+            ])
+        try #require(made.status == 0, "openssl: \(made.err)")
+        let relay = try RelayProcess(arguments: ["--tls-cert", cert, "--tls-key", key])
+        #expect(relay.address.hasPrefix("wss://127.0.0.1:"))
+        let a = try DaemonProcess(arguments: ["--sync-listen", "127.0.0.1:0", "--sync-tls-ca-file", cert])
+        let b = try DaemonProcess(arguments: ["--sync-listen", "127.0.0.1:0", "--sync-tls-ca-file", cert])
+        let ca = try a.connect(), cb = try b.connect()
+        _ = try ca.call("db.create", ["db": "team"])
+        _ = try cb.call("db.join", ["token": .string(try ca.invite("team")), "db": "team"])
+        try relay.addSpace(try #require(try ca.call("db.relayCapability", ["db": "team"])["capability"]?.stringValue))
+        _ = try cb.call("peer.remove", ["db": "team", "address": .string(try a.syncAddress())])
+        for c in [ca, cb] { _ = try c.call("peer.add", ["db": "team", "address": .string(relay.address)]) }
+        for i in 0..<10 {
+            _ = try ca.call("doc.put", ["db": "team", "collection": "tls", "id": .string("t\(i)"), "doc": ["i": .int(Int64(i))]])
+        }
+        #expect(try eventually { try replicaState(ca, "team") == replicaState(cb, "team") && replicaState(cb, "team").docs == 10 })
+        // Plain HTTP on the TLS port gets nothing, and a device that does not trust the certificate does not connect.
+        #expect((try? httpExchange(port: relay.port, "GET /healthz HTTP/1.1\r\nHost: relay\r\n\r\n"))?.status != 200)
+        let c = try syncDaemon()
+        let cc = try c.connect()
+        _ = try cc.call("db.create", ["db": "other"])
+        _ = try cc.call("db.share", ["db": "other"])
+        _ = try cc.call("peer.add", ["db": "other", "address": .string(relay.address)])
+        #expect(try eventually {
+            let peer = try cc.call("sync.status", ["db": "other"])["databases"]?.arrayValue?.first?["peers"]?.arrayValue?.first
+            return (peer?["lastError"]?.stringValue ?? "").lowercased().contains("certificate")
+        })
+        a.stop()
+        b.stop()
+        c.stop()
+        relay.stop()
+    }
+
+    @Test func threeDaemonsOnTwoRelayProcessesSharingPostgreSQLConvergeThroughCrashesAndARestart() throws {
+        let pg = try PostgresServer()
+        var r1 = try RelayProcess(postgres: pg)
+        let r2 = try RelayProcess(postgres: pg)
+        let a = try syncDaemon(), b = try syncDaemon(), c = try syncDaemon()
+        let ca = try a.connect(), cb = try b.connect(), cc = try c.connect()
+        _ = try ca.call("db.create", ["db": "team"])
+        for x in [cb, cc] { _ = try x.call("db.join", ["token": .string(try ca.invite("team")), "db": "team"]) }
+        // The space is added through one process; the other learns it from PostgreSQL.
+        try r1.addSpace(try #require(try ca.call("db.relayCapability", ["db": "team"])["capability"]?.stringValue))
+        for x in [cb, cc] { _ = try x.call("peer.remove", ["db": "team", "address": .string(try a.syncAddress())]) }
+        _ = try ca.call("peer.add", ["db": "team", "address": .string(r1.address)])
+        _ = try cb.call("peer.add", ["db": "team", "address": .string(r2.address)])
+        _ = try cc.call("peer.add", ["db": "team", "address": .string(r1.address)])
+        // Live, across processes: a write on A (relay 1) reaches B (relay 2), one on B reaches A and C.
+        _ = try ca.call("doc.put", ["db": "team", "collection": "c", "id": "fromA", "doc": ["v": 1]])
+        #expect(eventually { (try? cb.call("doc.get", ["db": "team", "collection": "c", "id": "fromA"])) != nil })
+        _ = try cb.call("doc.put", ["db": "team", "collection": "c", "id": "fromB", "doc": ["v": 2]])
+        #expect(eventually { (try? ca.call("doc.get", ["db": "team", "collection": "c", "id": "fromB"])) != nil })
+        #expect(eventually { (try? cc.call("doc.get", ["db": "team", "collection": "c", "id": "fromB"])) != nil })
+
+        // kill -9 of relay 1 while A writes: A's link reconnects to a new relay 1 on the same port; nothing is lost.
+        let port = r1.port
+        for i in 0..<60 {
+            if i == 20 { r1.killHard() }
+            if i == 40 { r1 = try RelayProcess(dir: r1.dir, listen: "127.0.0.1:\(port)", postgres: pg) }
+            _ = try ca.call("doc.put", ["db": "team", "collection": "k", "id": .string("a\(i)"), "doc": ["i": .int(Int64(i))]])
+        }
+        // The PostgreSQL server restarts while B writes: the relays' writes fail meanwhile, nothing is lost.
+        for i in 0..<60 {
+            if i == 20 { pg.stop() }
+            if i == 40 { try pg.start() }
+            _ = try cb.call("doc.put", ["db": "team", "collection": "p", "id": .string("b\(i)"), "doc": ["i": .int(Int64(i))]])
+        }
+        #expect(try eventually(timeout: .seconds(90)) {
+            let (sa, sb, sc) = (try replicaState(ca, "team"), try replicaState(cb, "team"), try replicaState(cc, "team"))
+            return sa == sb && sb == sc && sa.docs == 122
+        })
+        // The relay's whole database holds no document content, id, collection or field name.
+        let dump = try pg.dump()
+        for needle in ["fromA", "fromB", "\"a1\"", "\"b1\"", "team"] {
+            #expect(!dump.contains(needle), "\(needle) in the relay's database")
+            let hex = Array(needle.utf8).map { String(format: "%02x", $0) }.joined()
+            #expect(!dump.contains(hex), "\(needle) (hex) in the relay's database")
+        }
+        for d in [a, b, c] { d.stop() }
+        r1.stop(errorsExpected: true)
+        r2.stop(errorsExpected: true)
     }
 
     @Test func operatorErrorsAreClear() throws {

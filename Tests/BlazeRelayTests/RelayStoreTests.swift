@@ -4,7 +4,9 @@ import BlazeProtocol
 import BlazeRelay
 import BlazeStore
 import BlazeSync
+import BlazeTestSupport
 import Foundation
+import Logging
 import Testing
 
 /// A device writing into a legacy-keyed database, whose sealed entries the relay receives.
@@ -34,38 +36,68 @@ final class Writer {
     var origin: NodeID { db.node }
 }
 
-/// A relay store in a temporary file.
-func tempRelay(limits: RelayLimits = RelayLimits()) throws -> (RelayStore, String) {
-    let path = NSTemporaryDirectory() + "relay-\(UUID().uuidString).db"
-    return (try RelayStore(path: path, limits: limits), path)
+/// The relay's two stores.
+enum Backend: String, CaseIterable, CustomStringConvertible, Sendable {
+    case sqlite, postgres
+    var description: String { rawValue }
+}
+
+/// A relay store of either kind on temporary files (a throwaway PostgreSQL server for `.postgres`), removed at the end.
+final class TempRelay {
+    let store: any RelayBackend
+    private let path: String?
+    private let server: PostgresServer?
+
+    init(_ backend: Backend, limits: RelayLimits = RelayLimits()) async throws {
+        switch backend {
+        case .sqlite:
+            let path = NSTemporaryDirectory() + "relay-\(UUID().uuidString).db"
+            self.path = path
+            server = nil
+            store = try RelayStore(path: path, limits: limits)
+        case .postgres:
+            let server = try PostgresServer()
+            self.server = server
+            path = nil
+            var logger = Logger(label: "relay-test")
+            logger.logLevel = .critical
+            store = try await PostgresRelayStore(
+                configuration: try PostgresRelayStore.configuration(url: server.url), limits: limits, logger: logger)
+        }
+    }
+
+    deinit {
+        (store as? PostgresRelayStore)?.close()
+        if let path { try? FileManager.default.removeItem(atPath: path) }
+    }
 }
 
 /// The relay's store (Protocol/RELAY.md): what it accepts of a device's batches without opening any entry.
 @Suite struct RelayStoreTests {
     let key = SpaceKey.generate()
 
-    @Test func batchesAreStoredLinkedAndServedBackExactly() throws {
-        let (relay, path) = try tempRelay()
-        defer { try? FileManager.default.removeItem(atPath: path) }
-        #expect(try relay.add(RelayCapability(key: key)))
-        #expect(try !relay.add(RelayCapability(key: key)), "adding the same space again changes nothing")
-        #expect(throws: RelayError.self, "the same space with another capability") {
-            _ = try relay.add(RelayCapability(key: try SpaceKey(id: key.id, capability: SpaceKey.randomBytes(32))))
+    @Test(arguments: Backend.allCases) func batchesAreStoredLinkedAndServedBackExactly(backend: Backend) async throws {
+        let temp = try await TempRelay(backend)
+        let relay = temp.store
+        #expect(try await relay.add(RelayCapability(key: key)))
+        #expect(try await !relay.add(RelayCapability(key: key)), "adding the same space again changes nothing")
+        await #expect(throws: RelayError.self, "the same space with another capability") {
+            _ = try await relay.add(RelayCapability(key: try SpaceKey(id: key.id, capability: SpaceKey.randomBytes(32))))
         }
         let w = try Writer(key: key)
         try w.write(35, key: key)
         // The writer's log in two batches: 1–20, then 21–35 (a batch ends at a head).
         let first = try #require(try w.db.entryBatch(origin: w.origin, after: 0, maxEntries: 20))
         let rest = try #require(try w.db.entryBatch(origin: w.origin, after: 20, maxEntries: 20))
-        #expect(try relay.store(first, space: key.id, membership: nil) == 20)
-        #expect(try relay.store(first, space: key.id, membership: nil) == 0, "a duplicate stores nothing")
-        #expect(try relay.store(rest, space: key.id, membership: nil) == 15)
-        #expect(try relay.vector(space: key.id) == [w.origin: 35])
-        #expect(try relay.usage(space: key.id).entries == 35)
+        #expect(try await relay.store(first, space: key.id, membership: nil) == 20)
+        #expect(try await relay.store(first, space: key.id, membership: nil) == 0, "a duplicate stores nothing")
+        #expect(try await relay.store(rest, space: key.id, membership: nil) == 15)
+        #expect(try await relay.vector(space: key.id) == [w.origin: 35])
+        #expect(try await relay.usage(space: key.id).entries == 35)
         // Served back, the entries are the writer's, byte for byte, and open for a member.
         var after: UInt64 = 0
         var served: [SealedEntry] = []
-        while let batch = try relay.batch(space: key.id, origin: w.origin, after: after, maxEntries: 15, maxBytes: 1 << 20) {
+        while let batch = try await relay.batch(space: key.id, origin: w.origin, after: after, maxEntries: 15, maxBytes: 1 << 20) {
             try EntryChain.verifyLinks(batch.entries, head: batch.head, previousHash: served.last?.hash, space: key.id)
             served += batch.entries
             after = batch.head.seq
@@ -75,7 +107,7 @@ func tempRelay(limits: RelayLimits = RelayLimits()) throws -> (RelayStore, Strin
         let reader = try Writer(key: key)
         var stored = 0
         after = 0
-        while let batch = try relay.batch(space: key.id, origin: w.origin, after: after, maxEntries: 100, maxBytes: 1 << 20) {
+        while let batch = try await relay.batch(space: key.id, origin: w.origin, after: after, maxEntries: 100, maxBytes: 1 << 20) {
             stored += try reader.db.receive(batch: batch, key: key).stored
             after = batch.head.seq
         }
@@ -83,18 +115,18 @@ func tempRelay(limits: RelayLimits = RelayLimits()) throws -> (RelayStore, Strin
         #expect(try reader.db.stateHash() == w.db.stateHash())
     }
 
-    @Test func gapsForksForeignSpacesAndBrokenLinksAreRefused() throws {
-        let (relay, path) = try tempRelay()
-        defer { try? FileManager.default.removeItem(atPath: path) }
-        try relay.add(RelayCapability(key: key))
+    @Test(arguments: Backend.allCases) func gapsForksForeignSpacesAndBrokenLinksAreRefused(backend: Backend) async throws {
+        let temp = try await TempRelay(backend)
+        let relay = temp.store
+        _ = try await relay.add(RelayCapability(key: key))
         let w = try Writer(key: key)
         try w.write(30, key: key)
         let first = try #require(try w.db.entryBatch(origin: w.origin, after: 0, maxEntries: 10))
         let third = try #require(try w.db.entryBatch(origin: w.origin, after: 20, maxEntries: 10))
-        #expect(throws: SyncRejection.brokenChain) { try relay.store(third, space: key.id, membership: nil) }
-        #expect(try relay.store(first, space: key.id, membership: nil) == 10)
+        await #expect(throws: SyncRejection.brokenChain) { try await relay.store(third, space: key.id, membership: nil) }
+        #expect(try await relay.store(first, space: key.id, membership: nil) == 10)
         // Another space's entries.
-        #expect(throws: SyncRejection.self) { try relay.store(first, space: SpaceKey.generate().id, membership: nil) }
+        await #expect(throws: SyncRejection.self) { try await relay.store(first, space: SpaceKey.generate().id, membership: nil) }
         // A fork: the same origin signs other entries 1–12 (a device restored from an old copy, same identity).
         let cloneDir = w.dir + "-clone"
         let clone = try Store(directory: cloneDir, node: w.origin)
@@ -107,7 +139,7 @@ func tempRelay(limits: RelayLimits = RelayLimits()) throws -> (RelayStore, Strin
         for i in 0..<12 { _ = try cdb.apply(.put(collection: "c", id: "other\(i)", doc: ["n": .int(Int64(i))])) }
         try cdb.sealLocal(key: key, identity: w.identity, batch: 12)
         let fork = try #require(try cdb.entryBatch(origin: w.origin, after: 0, maxEntries: 12))
-        #expect(throws: SyncRejection.fork) { try relay.store(fork, space: key.id, membership: nil) }
+        await #expect(throws: SyncRejection.fork) { try await relay.store(fork, space: key.id, membership: nil) }
         // An altered entry no longer matches the head its origin signed.
         let second = try #require(try w.db.entryBatch(origin: w.origin, after: 10, maxEntries: 10))
         var bytes = second.entries[3].bytes
@@ -120,16 +152,16 @@ func tempRelay(limits: RelayLimits = RelayLimits()) throws -> (RelayStore, Strin
             return
         }
         // Links are rebuilt from the bytes (SYNC.md §6), so only the signed head can tell: it names another last entry.
-        #expect(throws: SyncRejection.badHead) { try relay.store(received, space: key.id, membership: nil) }
-        #expect(try relay.vector(space: key.id) == [w.origin: 10], "nothing refused was stored")
+        await #expect(throws: SyncRejection.badHead) { try await relay.store(received, space: key.id, membership: nil) }
+        #expect(try await relay.vector(space: key.id) == [w.origin: 10], "nothing refused was stored")
     }
 
-    @Test func originsOutsideTheLogAndReadersAreRefusedAndTheQuotaHolds() throws {
+    @Test(arguments: Backend.allCases) func originsOutsideTheLogAndReadersAreRefusedAndTheQuotaHolds(backend: Backend) async throws {
         var limits = RelayLimits()
         limits.maxEntriesPerSpace = 15
-        let (relay, path) = try tempRelay(limits: limits)
-        defer { try? FileManager.default.removeItem(atPath: path) }
-        try relay.add(RelayCapability(key: key))
+        let temp = try await TempRelay(backend, limits: limits)
+        let relay = temp.store
+        _ = try await relay.add(RelayCapability(key: key))
         let admin = try Writer(key: key), reader = try Writer(key: key), stranger = try Writer(key: key)
         let salt = SpaceKey.randomBytes(16)
         let space = MembershipOp.spaceID(creator: admin.identity.publicKeys, salt: salt)
@@ -140,13 +172,14 @@ func tempRelay(limits: RelayLimits = RelayLimits()) throws -> (RelayStore, Strin
         let log = MembershipState(space: space, ops: [create, add])
         for w in [admin, reader, stranger] { try w.write(10, key: key) }
         func batch(_ w: Writer) throws -> EntryBatch { try #require(try w.db.entryBatch(origin: w.origin, after: 0, maxEntries: 10)) }
-        #expect(try relay.store(try batch(admin), space: key.id, membership: log) == 10)
-        #expect(throws: SyncRejection.reader) { try relay.store(try batch(reader), space: key.id, membership: log) }
-        #expect(throws: SyncRejection.notMember) { try relay.store(try batch(stranger), space: key.id, membership: log) }
+        #expect(try await relay.store(try batch(admin), space: key.id, membership: log) == 10)
+        await #expect(throws: SyncRejection.reader) { try await relay.store(try batch(reader), space: key.id, membership: log) }
+        await #expect(throws: SyncRejection.notMember) { try await relay.store(try batch(stranger), space: key.id, membership: log) }
         // Past the quota (15 entries): refused whole, nothing of it stored.
         try admin.write(10, from: 100, key: key)
         let more = try #require(try admin.db.entryBatch(origin: admin.origin, after: 10, maxEntries: 10))
-        #expect(throws: SyncRejection.overQuota) { try relay.store(more, space: key.id, membership: log) }
-        #expect(try relay.usage(space: key.id).entries == 10 && relay.vector(space: key.id) == [admin.origin: 10])
+        await #expect(throws: SyncRejection.overQuota) { try await relay.store(more, space: key.id, membership: log) }
+        #expect(try await relay.usage(space: key.id).entries == 10)
+        #expect(try await relay.vector(space: key.id) == [admin.origin: 10])
     }
 }

@@ -87,5 +87,17 @@ final class Device: @unchecked Sendable {
         #expect(PeerAddress("[::1]:7000")?.host == "::1")
         #expect(PeerAddress("[::1]:7000")?.description == "[::1]:7000")
         for bad in ["", "host", "host:0", "host:70000", ":80", "a b:80", "host:x"] { #expect(PeerAddress(bad) == nil, "\(bad)") }
+        // WebSocket URLs: default ports and path, always written out in full.
+        #expect(PeerAddress("ws://relay.example")?.description == "ws://relay.example:80/v1/sync")
+        #expect(PeerAddress("wss://relay.example")?.description == "wss://relay.example:443/v1/sync")
+        #expect(PeerAddress("WSS://relay.example:8443/sync/x")?.transport == .webSocket(tls: true, path: "/sync/x"))
+        #expect(PeerAddress("ws://[::1]:9000")?.host == "::1")
+        #expect(PeerAddress("ws://[::1]")?.description == "ws://[::1]:80/v1/sync")
+        #expect(PeerAddress("ws://127.0.0.1:7400/v1/sync")?.hostPort == "127.0.0.1:7400")
+        for bad in ["ws://", "ws://:80", "ws://host:0", "ws://host:x/", "ws://h st", "ws://host/a b", "http://host:80", "ws://[::1"] {
+            #expect(PeerAddress(bad) == nil, "\(bad)")
+        }
+        // A listening address is never a URL.
+        #expect(PeerAddress("ws://127.0.0.1:7400", listening: true) == nil)
     }
 }

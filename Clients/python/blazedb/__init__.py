@@ -541,7 +541,7 @@ class _Peer:
         """Adds a peer to sync a shared database with, and connects to it.
 
         db: Database name.
-        address: Peer address, host:port (IPv6 as [host]:port).
+        address: Peer address: host:port (IPv6 as [host]:port), or a relay's ws:// / wss:// URL.
         """
         params: Dict[str, Any] = {}
         params["db"] = db
@@ -552,7 +552,7 @@ class _Peer:
         """Removes a peer of a database and closes its connection.
 
         db: Database name.
-        address: Peer address, host:port (IPv6 as [host]:port).
+        address: Peer address: host:port (IPv6 as [host]:port), or a relay's ws:// / wss:// URL.
         """
         params: Dict[str, Any] = {}
         params["db"] = db

@@ -2931,7 +2931,7 @@ public enum RPC {
 
         /// Database name.
         public var db: String
-        /// Peer address, host:port (IPv6 as [host]:port).
+        /// Peer address: host:port (IPv6 as [host]:port), or a relay's ws:// / wss:// URL.
         public var address: String
 
         /// Parameters from their values (optional ones default to absent).
@@ -3011,7 +3011,7 @@ public enum RPC {
 
         /// Database name.
         public var db: String
-        /// Peer address, host:port (IPv6 as [host]:port).
+        /// Peer address: host:port (IPv6 as [host]:port), or a relay's ws:// / wss:// URL.
         public var address: String
 
         /// Parameters from their values (optional ones default to absent).

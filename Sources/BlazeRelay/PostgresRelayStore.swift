@@ -1,0 +1,336 @@
+import BlazeCRDT
+import BlazeCrypto
+import BlazeProtocol
+import BlazeSync
+import Foundation
+import Logging
+import NIOCore
+import NIOSSL
+import PostgresNIO
+
+/// The relay's store in PostgreSQL (`blaze-relay serve --postgres URL`), shared by any number of relay processes:
+/// the same tables and rules as `RelayStore`, writes of one space serialized by a row lock on its usage, and every
+/// change announced on the `blaze_relay` notification channel so that the devices of one space on different relay
+/// processes see each other's entries live (Protocol/RELAY.md, "Several relay processes").
+public final class PostgresRelayStore: RelayBackend {
+    private let client: PostgresClient
+    private let runner: Task<Void, Never>
+    /// Per-space limits.
+    public let limits: RelayLimits
+    private let logger: Logger
+    /// This process's id in notifications, so that it skips its own.
+    private let instance = UUID().uuidString.prefix(8).lowercased()
+    /// The notification channel.
+    static let channel = "blaze_relay"
+
+    /// Connects (a pool of connections, opened as needed) and creates the tables when missing.
+    public init(configuration: PostgresClient.Configuration, limits: RelayLimits = RelayLimits(), logger: Logger) async throws {
+        var configuration = configuration
+        configuration.options.connectTimeout = .seconds(5)
+        let client = PostgresClient(configuration: configuration, backgroundLogger: logger)
+        self.client = client
+        self.runner = Task { await client.run() }
+        self.limits = limits
+        self.logger = logger
+        do {
+            try await migrate()
+        } catch {
+            runner.cancel()
+            throw error
+        }
+    }
+
+    /// Closes every connection.
+    public func close() {
+        runner.cancel()
+    }
+
+    deinit { runner.cancel() }
+
+    /// A client configuration from a `postgres://user[:password]@host[:port]/database` URL; `?host=/directory` (as
+    /// libpq has it) reaches the server on its Unix socket in that directory, `?sslmode=require` asks for TLS.
+    public static func configuration(url text: String) throws -> PostgresClient.Configuration {
+        guard let url = URLComponents(string: text), ["postgres", "postgresql"].contains(url.scheme ?? "") else {
+            throw RelayError("--postgres must be a postgres:// URL, got \(text)")
+        }
+        let query = Dictionary((url.queryItems ?? []).map { ($0.name, $0.value ?? "") }, uniquingKeysWith: { $1 })
+        let user = url.percentEncodedUser.flatMap { $0.removingPercentEncoding } ?? "postgres"
+        let password = url.percentEncodedPassword.flatMap { $0.removingPercentEncoding }
+        let path = url.path.hasPrefix("/") ? String(url.path.dropFirst()) : url.path
+        let database = path.isEmpty ? user : path
+        let port = url.port ?? Int(query["port"] ?? "") ?? 5432
+        guard (1...65535).contains(port) else { throw RelayError("--postgres: port \(port) is out of range") }
+        if let socketDirectory = query["host"], socketDirectory.hasPrefix("/") {
+            return .init(
+                unixSocketPath: "\(socketDirectory)/.s.PGSQL.\(port)", username: user, password: password, database: database)
+        }
+        guard let host = url.host, !host.isEmpty else { throw RelayError("--postgres: the URL names no host") }
+        let tls: PostgresClient.Configuration.TLS
+        switch query["sslmode"] ?? "disable" {
+        case "disable": tls = .disable
+        case "require", "verify-full": tls = .require(.makeClientConfiguration())
+        case let mode: throw RelayError("--postgres: sslmode \(mode) is not supported (disable, require, verify-full)")
+        }
+        return .init(host: host, port: port, username: user, password: password, database: database, tls: tls)
+    }
+
+    /// Creates the tables when missing (one process at a time: they may start together).
+    private func migrate() async throws {
+        try await transaction { conn in
+            try await conn.query("SELECT pg_advisory_xact_lock(7400)", logger: self.logger)
+            for statement: PostgresQuery in [
+                "CREATE TABLE IF NOT EXISTS relay_spaces(id BYTEA PRIMARY KEY, capability BYTEA NOT NULL, added_at BIGINT NOT NULL)",
+                "CREATE TABLE IF NOT EXISTS relay_ops(space BYTEA NOT NULL, hash BYTEA NOT NULL, bytes BYTEA NOT NULL, PRIMARY KEY(space, hash))",
+                """
+                CREATE TABLE IF NOT EXISTS relay_entries(space BYTEA NOT NULL, origin BYTEA NOT NULL, seq BIGINT NOT NULL, \
+                hash BYTEA NOT NULL, bytes BYTEA NOT NULL, PRIMARY KEY(space, origin, seq))
+                """,
+                """
+                CREATE TABLE IF NOT EXISTS relay_heads(space BYTEA NOT NULL, origin BYTEA NOT NULL, seq BIGINT NOT NULL, \
+                head BYTEA NOT NULL, PRIMARY KEY(space, origin, seq))
+                """,
+                "CREATE TABLE IF NOT EXISTS relay_usage(space BYTEA PRIMARY KEY, entries BIGINT NOT NULL, bytes BIGINT NOT NULL)",
+            ] {
+                try await conn.query(statement, logger: self.logger)
+            }
+        }
+    }
+
+    /// Runs `body` in a transaction; what `body` throws is rethrown as it is (the rollback having succeeded).
+    private func transaction<T: Sendable>(
+        _ body: nonisolated(nonsending) (PostgresConnection) async throws -> sending T
+    ) async throws -> T {
+        do {
+            return try await client.withTransaction(logger: logger, body)
+        } catch let error as PostgresTransactionError {
+            if let inner = error.closureError, error.rollbackError == nil { throw inner }
+            throw error
+        }
+    }
+
+    /// Announces a change to the other relay processes (delivered when the transaction commits).
+    private func notify(_ conn: PostgresConnection, _ kind: String, space: [UInt8]) async throws {
+        let payload = "\(instance) \(kind) \(hexString(space))"
+        try await conn.query("SELECT pg_notify(\(Self.channel), \(payload))", logger: logger)
+    }
+
+    // MARK: Spaces
+
+    public func add(_ capability: RelayCapability) async throws -> Bool {
+        let id = Data(capability.space), cap = Data(capability.capability)
+        let now = Int64(Date().timeIntervalSince1970 * 1000)
+        return try await transaction { conn in
+            let inserted = try await conn.query(
+                "INSERT INTO relay_spaces(id, capability, added_at) VALUES (\(id), \(cap), \(now)) ON CONFLICT DO NOTHING RETURNING id",
+                logger: self.logger
+            ).all().count
+            if inserted == 0 {
+                let held = try await conn.query("SELECT capability FROM relay_spaces WHERE id = \(id)", logger: self.logger)
+                    .decode(Data.self).all()
+                guard held.first == cap else {
+                    throw RelayError("space \(hexString(capability.space)) is served here with another capability")
+                }
+                return false
+            }
+            try await conn.query(
+                "INSERT INTO relay_usage(space, entries, bytes) VALUES (\(id), 0, 0) ON CONFLICT DO NOTHING", logger: self.logger)
+            try await self.notify(conn, "s", space: capability.space)
+            return true
+        }
+    }
+
+    public func spaces() async throws -> [SpaceKey] {
+        try await client.query("SELECT id, capability FROM relay_spaces ORDER BY id", logger: logger)
+            .decode((Data, Data).self).all()
+            .map { try SpaceKey(id: Array($0.0), capability: Array($0.1)) }
+    }
+
+    public func usage(space: [UInt8]) async throws -> (entries: Int, bytes: Int) {
+        let rows = try await client.query("SELECT entries, bytes FROM relay_usage WHERE space = \(Data(space))", logger: logger)
+            .decode((Int64, Int64).self).all()
+        return rows.first.map { (Int($0.0), Int($0.1)) } ?? (0, 0)
+    }
+
+    // MARK: Membership log
+
+    public func ops(space: [UInt8]) async throws -> [MembershipOp] {
+        try await client.query("SELECT bytes FROM relay_ops WHERE space = \(Data(space))", logger: logger)
+            .decode(Data.self).all()
+            .map { try MembershipOp(bytes: Array($0)) }
+    }
+
+    public func addOps(_ ops: [MembershipOp], space: [UInt8]) async throws -> [MembershipOp] {
+        let s = Data(space)
+        let mine = ops.filter { $0.space == space }
+        guard !mine.isEmpty else { return [] }
+        return try await transaction { conn in
+            // The usage row is the space's lock: the count below holds across processes.
+            try await conn.query("SELECT 1 FROM relay_usage WHERE space = \(s) FOR UPDATE", logger: self.logger)
+            var count = Int(
+                try await conn.query("SELECT count(*) FROM relay_ops WHERE space = \(s)", logger: self.logger)
+                    .decode(Int64.self).all().first ?? 0)
+            var fresh: [MembershipOp] = []
+            for op in mine where count < self.limits.maxOps {
+                let added = try await conn.query(
+                    """
+                    INSERT INTO relay_ops(space, hash, bytes) VALUES (\(s), \(Data(op.hash)), \(Data(op.bytes))) \
+                    ON CONFLICT DO NOTHING RETURNING hash
+                    """, logger: self.logger
+                ).all().count
+                if added > 0 {
+                    fresh.append(op)
+                    count += 1
+                }
+            }
+            if !fresh.isEmpty { try await self.notify(conn, "o", space: space) }
+            return fresh
+        }
+    }
+
+    // MARK: Entries
+
+    public func vector(space: [UInt8]) async throws -> [NodeID: UInt64] {
+        var out: [NodeID: UInt64] = [:]
+        for (origin, seq) in try await client.query(
+            "SELECT origin, max(seq) FROM relay_heads WHERE space = \(Data(space)) GROUP BY origin", logger: logger
+        ).decode((Data, Int64).self).all() {
+            out[NodeID(bytes: Array(origin))] = UInt64(seq)
+        }
+        return out
+    }
+
+    public func batch(space: [UInt8], origin: NodeID, after: UInt64, maxEntries: Int, maxBytes: Int) async throws -> EntryBatch? {
+        guard RelayRules.readable(after: after, maxEntries: maxEntries) else { return nil }
+        let (s, o, a) = (Data(space), Data(origin.bytes), Int64(after))
+        let reach = a + Int64(maxEntries)
+        return try await client.withConnection { conn in
+            let heads = try await conn.query(
+                "SELECT seq FROM relay_heads WHERE space = \(s) AND origin = \(o) AND seq > \(a) AND seq <= \(reach) ORDER BY seq",
+                logger: self.logger
+            ).decode(Int64.self).all()
+            var nearest = heads.first
+            if nearest == nil {
+                nearest = try await conn.query(
+                    "SELECT min(seq) FROM relay_heads WHERE space = \(s) AND origin = \(o) AND seq > \(a)", logger: self.logger
+                ).decode(Int64?.self).all().first ?? nil
+            }
+            guard let nearest else { return nil }
+            let sizes = try await conn.query(
+                """
+                SELECT seq, octet_length(bytes) FROM relay_entries \
+                WHERE space = \(s) AND origin = \(o) AND seq > \(a) AND seq <= \(reach) ORDER BY seq
+                """, logger: self.logger
+            ).decode((Int64, Int32).self).all().map { (seq: $0.0, length: Int($0.1)) }
+            let end = RelayRules.batchEnd(heads: heads, nearest: nearest, sizes: sizes, maxBytes: maxBytes)
+            guard let head = try await conn.query(
+                "SELECT head FROM relay_heads WHERE space = \(s) AND origin = \(o) AND seq = \(end)", logger: self.logger
+            ).decode(Data.self).all().first
+            else { return nil }
+            let rows = try await conn.query(
+                "SELECT bytes, hash FROM relay_entries WHERE space = \(s) AND origin = \(o) AND seq > \(a) AND seq <= \(end) ORDER BY seq",
+                logger: self.logger
+            ).decode((Data, Data).self).all()
+            guard rows.count == Int(end - a) else {
+                throw RelayError("entries of \(origin) after \(after) are missing from the relay's store")
+            }
+            return EntryBatch(
+                origin: origin, entries: try rows.map { try SealedEntry(stored: Array($0.0), hash: Array($0.1)) },
+                head: try SignedHead(bytes: Array(head)[...]))
+        }
+    }
+
+    public func store(_ batch: EntryBatch, space: [UInt8], membership: MembershipState?) async throws -> Int {
+        try RelayRules.checkAuthor(batch, membership: membership)
+        let (s, o) = (Data(space), Data(batch.origin.bytes))
+        return try await transaction { conn in
+            // One writer per space at a time, across processes: the usage row is the lock.
+            guard let usage = try await conn.query(
+                "SELECT entries, bytes FROM relay_usage WHERE space = \(s) FOR UPDATE", logger: self.logger
+            ).decode((Int64, Int64).self).all().first
+            else { throw SyncRejection.notMember }
+            let held = UInt64(
+                try await conn.query(
+                    "SELECT coalesce(max(seq), 0) FROM relay_entries WHERE space = \(s) AND origin = \(o)", logger: self.logger
+                ).decode(Int64.self).all().first ?? 0)
+            var hashes: [UInt64: [UInt8]] = [:]
+            if let range = try RelayRules.seqsToCheck(batch, held: held) {
+                let (low, high) = (Int64(range.lowerBound), Int64(range.upperBound))
+                for (seq, hash) in try await conn.query(
+                    "SELECT seq, hash FROM relay_entries WHERE space = \(s) AND origin = \(o) AND seq BETWEEN \(low) AND \(high)",
+                    logger: self.logger
+                ).decode((Int64, Data).self).all() {
+                    hashes[UInt64(seq)] = Array(hash)
+                }
+            }
+            let fresh = try RelayRules.fresh(batch, space: space, held: held, hashes: hashes)
+            guard !fresh.isEmpty else { return 0 }
+            let entries = Int(usage.0) + fresh.count
+            let bytes = Int(usage.1) + fresh.reduce(0) { $0 + $1.bytes.count }
+            try RelayRules.checkQuota(entries: entries, bytes: bytes, limits: self.limits)
+            let seqs = fresh.map { Int64($0.header.seq) }
+            let entryHashes = fresh.map { ByteBuffer(bytes: $0.hash) }
+            let entryBytes = fresh.map { ByteBuffer(bytes: $0.bytes) }
+            try await conn.query(
+                """
+                INSERT INTO relay_entries(space, origin, seq, hash, bytes) \
+                SELECT \(s), \(o), t.seq, t.hash, t.bytes FROM unnest(\(seqs)::bigint[], \(entryHashes)::bytea[], \(entryBytes)::bytea[]) \
+                AS t(seq, hash, bytes)
+                """, logger: self.logger)
+            let (e64, b64) = (Int64(entries), Int64(bytes))
+            try await conn.query(
+                "UPDATE relay_usage SET entries = \(e64), bytes = \(b64) WHERE space = \(s)", logger: self.logger)
+            let (headSeq, head) = (Int64(batch.head.seq), Data(batch.head.bytes))
+            try await conn.query(
+                "INSERT INTO relay_heads(space, origin, seq, head) VALUES (\(s), \(o), \(headSeq), \(head)) ON CONFLICT DO NOTHING",
+                logger: self.logger)
+            try await self.notify(conn, "e", space: space)
+            return fresh.count
+        }
+    }
+
+    // MARK: Notifications
+
+    public func watch(_ onChange: @escaping @Sendable (RelayChange) -> Void) async {
+        var connectedBefore = false
+        while !Task.isCancelled {
+            do {
+                try await client.withConnection { conn in
+                    try await conn.listen(on: Self.channel) { notifications in
+                        // What others wrote while this process was not listening is caught up on.
+                        if connectedBefore { onChange(.resync) }
+                        connectedBefore = true
+                        for try await n in notifications {
+                            if let change = self.change(from: n.payload) { onChange(change) }
+                        }
+                    }
+                }
+            } catch {
+                if Task.isCancelled { return }
+                logger.warning("Relay lost its PostgreSQL notifications; reconnecting", metadata: ["error": "\(error)"])
+            }
+            // Not a tight loop while the server is down.
+            try? await Task.sleep(for: .milliseconds(500))
+        }
+    }
+
+    /// The change a notification of another process announces; nil for this process's own or a malformed one.
+    private func change(from payload: String) -> RelayChange? {
+        let parts = payload.split(separator: " ")
+        guard parts.count == 3, parts[0] != instance, let space = hexBytes(String(parts[2])) else { return nil }
+        switch parts[1] {
+        case "e": return .entries(space: space)
+        case "o": return .ops(space: space)
+        case "s": return .spaces
+        default: return nil
+        }
+    }
+}
+
+extension AsyncSequence {
+    /// Every element, in order.
+    fileprivate func all() async throws -> [Element] {
+        var out: [Element] = []
+        for try await element in self { out.append(element) }
+        return out
+    }
+}

@@ -1,0 +1,112 @@
+import BlazeCRDT
+import BlazeCrypto
+import BlazeProtocol
+import BlazeSync
+
+/// Where a relay keeps what it serves: one SQLite file (`RelayStore`, the default) or a PostgreSQL database shared by
+/// several relay processes (`PostgresRelayStore`). Both hold the same things and apply the same rules (`RelayRules`);
+/// only the second tells other processes what changed (`watch`).
+public protocol RelayBackend: Sendable {
+    /// Serves `capability`'s space from now on; false when it was served already (with the same capability).
+    func add(_ capability: RelayCapability) async throws -> Bool
+    /// The capabilities of every space served, as handshake keys.
+    func spaces() async throws -> [SpaceKey]
+    /// Entries and bytes stored for `space`.
+    func usage(space: [UInt8]) async throws -> (entries: Int, bytes: Int)
+    /// Every membership operation held for `space`.
+    func ops(space: [UInt8]) async throws -> [MembershipOp]
+    /// Stores operations (verified when decoded) of `space`; returns those that were new.
+    func addOps(_ ops: [MembershipOp], space: [UInt8]) async throws -> [MembershipOp]
+    /// The highest seq held per origin of `space`.
+    func vector(space: [UInt8]) async throws -> [NodeID: UInt64]
+    /// The entries of `origin` after `after` up to the furthest head within `maxEntries` and `maxBytes` (or the
+    /// nearest head past them), as one batch; nil when nothing is held after `after`.
+    func batch(space: [UInt8], origin: NodeID, after: UInt64, maxEntries: Int, maxBytes: Int) async throws -> EntryBatch?
+    /// Checks a received batch as far as a relay can (`RelayRules`) and stores what is new of it; returns how many
+    /// entries were new. Throws a `SyncRejection` for what the batch's origin signed, any other error for a local
+    /// failure.
+    func store(_ batch: EntryBatch, space: [UInt8], membership: MembershipState?) async throws -> Int
+    /// Runs `onChange` for every change another relay process makes, until the task is cancelled; returns at once
+    /// when no other process can share the store.
+    func watch(_ onChange: @escaping @Sendable (RelayChange) -> Void) async
+}
+
+/// A change another relay process made to a shared store.
+public enum RelayChange: Sendable, Equatable {
+    /// New entries of `space`.
+    case entries(space: [UInt8])
+    /// New membership operations of `space`.
+    case ops(space: [UInt8])
+    /// A space was added.
+    case spaces
+    /// Changes may have been missed (the notification link was down): anything may be new.
+    case resync
+}
+
+/// The rules a relay holds every batch to, whatever its store: what it can check without opening an entry.
+enum RelayRules {
+    /// The batch's origin must be a writing member of `membership` within any removal's cutoff, and the batch well
+    /// formed; nil membership (no log held yet) is checked by the caller.
+    static func checkAuthor(_ batch: EntryBatch, membership: MembershipState?) throws {
+        guard batch.head.origin == batch.origin.bytes, !batch.entries.isEmpty else { throw SyncRejection.malformed }
+        guard let membership else { return }
+        guard let member = membership.member(batch.origin.bytes) else { throw SyncRejection.notMember }
+        guard member.role.writes else { throw SyncRejection.reader }
+        if let cutoff = member.removal?.cutoff, batch.head.seq > cutoff { throw SyncRejection.revoked }
+    }
+
+    /// The seqs the store must show hashes of to check `batch` against `held` (the highest seq it holds of the
+    /// origin): the one before the batch (its link) and those the batch repeats.
+    static func seqsToCheck(_ batch: EntryBatch, held: UInt64) throws -> ClosedRange<UInt64>? {
+        let first = batch.entries[0].header.seq
+        // The batch must start within or right after what is held (no gap).
+        guard first >= 1, first <= held + 1 else { throw SyncRejection.brokenChain }
+        let low = first == 1 ? 1 : first - 1
+        let high = min(held, batch.head.seq)
+        return low <= high ? low...high : nil
+    }
+
+    /// The entries of `batch` to store: it links to `hashes[first - 1]` and repeats held entries exactly (else
+    /// `fork`); throws what `EntryChain.verifyLinks` throws.
+    static func fresh(_ batch: EntryBatch, space: [UInt8], held: UInt64, hashes: [UInt64: [UInt8]]) throws -> [SealedEntry] {
+        let first = batch.entries[0].header.seq
+        let previous = first == 1 ? nil : hashes[first - 1]
+        if first > 1, previous == nil { throw SyncRejection.brokenChain }
+        try EntryChain.verifyLinks(batch.entries, head: batch.head, previousHash: previous, space: space)
+        var out: [SealedEntry] = []
+        for e in batch.entries {
+            if e.header.seq <= held {
+                guard hashes[e.header.seq] == e.hash else { throw SyncRejection.fork }
+            } else {
+                out.append(e)
+            }
+        }
+        return out
+    }
+
+    /// Throws `overQuota` when `entries` and `bytes` (after the batch) exceed the space's limits.
+    static func checkQuota(entries: Int, bytes: Int, limits: RelayLimits) throws {
+        guard entries <= limits.maxEntriesPerSpace, bytes <= limits.maxBytesPerSpace else { throw SyncRejection.overQuota }
+    }
+
+    /// Whether a batch may be read after `after` at all (`after` comes from a device's STATE: bounded before it
+    /// takes part in arithmetic, SYNC.md §8).
+    static func readable(after: UInt64, maxEntries: Int) -> Bool {
+        after < SyncBounds.maxSeq && (1...1_000_000).contains(maxEntries)
+    }
+
+    /// Where a batch read after `after` ends: the furthest of `heads` (those within `maxEntries`) whose entries fit
+    /// in `maxBytes` (`sizes`: seq and length of each entry within reach, in order), else `nearest`, the first head
+    /// past `after`.
+    static func batchEnd(heads: [Int64], nearest: Int64, sizes: [(seq: Int64, length: Int)], maxBytes: Int) -> Int64 {
+        var end = nearest
+        var bytes = 0
+        let headSet = Set(heads)
+        for (seq, length) in sizes {
+            bytes += length
+            guard bytes <= maxBytes else { break }
+            if headSet.contains(seq) { end = max(end, seq) }
+        }
+        return end
+    }
+}
