@@ -113,6 +113,8 @@ let package = Package(
             name: "blazebench",
             dependencies: [
                 "BlazeDaemon", "BlazeStore", "BlazeSync", "BlazeCRDT", "BlazeCrypto", "BlazeClient", "BlazeProtocol", "BlazeRelay",
+                // Throwaway PostgreSQL servers for the RELAY load on PostgreSQL.
+                "BlazeTestSupport",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "GRDB", package: "GRDB.swift"),
                 .product(name: "Crypto", package: "swift-crypto"),
@@ -167,7 +169,7 @@ let package = Package(
             name: "BlazeDaemonTests",
             dependencies: [
                 "BlazeDaemon", "BlazeClient", "BlazeProtocol", "BlazeStore", "BlazeCRDT", "BlazeCrypto", "BlazeSync", "BlazeTestSupport",
-                "BlazeConfig",
+                "BlazeConfig", "BlazeRelay",
                 // Not imported: the tests run these executables, so they must be built first.
                 "blazed", "blazectl", "blaze-relay",
                 .product(name: "Crypto", package: "swift-crypto"),

@@ -55,12 +55,18 @@ public enum SyncRejection: String, Error, Sendable, CaseIterable {
 /// The plaintext header of an entry, authenticated as the AEAD's associated data (DESIGN §8).
 ///
 /// Binary layout, big-endian: version (1) · space id (16) · origin (16) · seq (8) · prev (32) · epoch (4) · nonce (12).
+/// Version 2 (what is sealed now) pads the plaintext to a size bucket (`EntryPadding`); version 1 (entries sealed
+/// before) does not, and is still opened.
 public struct EntryHeader: Sendable, Equatable {
-    /// Format version of this layout.
-    public static let version: UInt8 = 1
+    /// Format version of what is sealed now.
+    public static let version: UInt8 = 2
+    /// Versions read.
+    public static let versions: ClosedRange<UInt8> = 1...2
     /// Encoded size in bytes.
     public static let size = 1 + 16 + 16 + 8 + 32 + 4 + 12
 
+    /// This entry's format version.
+    public var version: UInt8
     /// The space (database) the entry belongs to.
     public var space: [UInt8]
     /// The authoring device's node id.
@@ -76,7 +82,7 @@ public struct EntryHeader: Sendable, Equatable {
 
     /// The encoded header.
     public var bytes: [UInt8] {
-        var out: [UInt8] = [Self.version]
+        var out: [UInt8] = [version]
         out.reserveCapacity(Self.size)
         out += space
         out += origin
@@ -90,14 +96,21 @@ public struct EntryHeader: Sendable, Equatable {
     /// Decodes a header from the start of `bytes`.
     public init(decoding bytes: ArraySlice<UInt8>) throws(SyncRejection) {
         var r = ByteReader(bytes)
-        guard r.readUInt8() == Self.version, let space = r.read(16), let origin = r.read(16), let seq = r.readUInt64(),
-            SyncBounds.isValidSeq(seq), let prev = r.read(32), let epoch = r.readUInt32(), let nonce = r.read(12)
+        guard let version = r.readUInt8(), Self.versions.contains(version), let space = r.read(16), let origin = r.read(16),
+            let seq = r.readUInt64(), SyncBounds.isValidSeq(seq), let prev = r.read(32), let epoch = r.readUInt32(),
+            let nonce = r.read(12)
         else { throw .malformed }
-        self.init(space: Array(space), origin: Array(origin), seq: seq, prev: Array(prev), epoch: epoch, nonce: Array(nonce))
+        self.init(
+            version: version, space: Array(space), origin: Array(origin), seq: seq, prev: Array(prev), epoch: epoch,
+            nonce: Array(nonce))
     }
 
-    /// Creates a header.
-    public init(space: [UInt8], origin: [UInt8], seq: UInt64, prev: [UInt8], epoch: UInt32, nonce: [UInt8]) {
+    /// Creates a header (of the current version unless told).
+    public init(
+        version: UInt8 = EntryHeader.version, space: [UInt8], origin: [UInt8], seq: UInt64, prev: [UInt8], epoch: UInt32,
+        nonce: [UInt8]
+    ) {
+        self.version = version
         self.space = space
         self.origin = origin
         self.seq = seq
@@ -119,16 +132,18 @@ public struct SealedEntry: Sendable, Equatable {
     /// The 32 zero bytes that stand for "no previous entry".
     public static let genesis = [UInt8](repeating: 0, count: 32)
 
-    /// Seals `payload` (the canonical change text) as entry `seq` of `origin`, chained to `prev`.
+    /// Seals `payload` (the canonical change text), padded to its size bucket, as entry `seq` of `origin`, chained
+    /// to `prev`.
     public static func seal(
         _ payload: some DataProtocol, space key: SpaceKey, origin: [UInt8], seq: UInt64, prev: [UInt8]
     ) -> SealedEntry {
+        let padded = EntryPadding.pad(payload)
         let nonce = ChaChaPoly.Nonce()
         let header = EntryHeader(
             space: key.id, origin: origin, seq: seq, prev: prev, epoch: key.epoch, nonce: Array(nonce))
         let headerBytes = header.bytes
         // Callers check `key.canSeal`; sealing with a valid key and nonce cannot fail.
-        let box = try! ChaChaPoly.seal(payload, using: key.sealing!, nonce: nonce, authenticating: headerBytes)
+        let box = try! ChaChaPoly.seal(padded, using: key.sealing!, nonce: nonce, authenticating: headerBytes)
         let bytes = headerBytes + box.ciphertext + box.tag
         return SealedEntry(bytes: bytes, header: header, hash: Array(SHA256.hash(data: bytes)))
     }
@@ -171,9 +186,49 @@ public struct SealedEntry: Sendable, Equatable {
         else { throw .badSeal }
         // Concurrent rotations can give two keys one epoch number: the one that authenticates is the entry's.
         for entryKey in keys {
-            if let plain = try? ChaChaPoly.open(box, using: entryKey, authenticating: bytes[..<n]) { return Array(plain) }
+            if let plain = try? ChaChaPoly.open(box, using: entryKey, authenticating: bytes[..<n]) {
+                guard header.version >= 2 else { return Array(plain) }
+                return try EntryPadding.unpad(plain)
+            }
         }
         throw .badSeal
+    }
+}
+
+/// How a version-2 entry hides its payload's exact size (Protocol/SYNC.md §6, "Padding"): the plaintext is the
+/// payload, one `0x80` byte, then zeros up to a bucket — at least 128 bytes, above that the Padmé sizes (Nikitin et
+/// al., "Reducing Metadata Leakage from Encrypted Files and Communication with PURBs", 2019), which leak
+/// O(log log n) bits of a size n and cost at most 12 % more bytes. A relay or folder sees only the bucket.
+public enum EntryPadding {
+    /// The smallest padded plaintext.
+    public static let minimum = 128
+
+    /// The padded size of a plaintext of `length` bytes (marker included).
+    public static func bucket(_ length: Int) -> Int {
+        guard length > minimum else { return minimum }
+        let e = Int.bitWidth - 1 - length.leadingZeroBitCount  // floor(log2 length)
+        let s = Int.bitWidth - e.leadingZeroBitCount  // floor(log2 e) + 1
+        let mask = (1 << (e - s)) - 1
+        return (length + mask) & ~mask
+    }
+
+    /// `payload`, the marker, and zeros up to its bucket.
+    public static func pad(_ payload: some DataProtocol) -> [UInt8] {
+        var out = [UInt8]()
+        let size = bucket(payload.count + 1)
+        out.reserveCapacity(size)
+        out.append(contentsOf: payload)
+        out.append(0x80)
+        out.append(contentsOf: repeatElement(0, count: size - out.count))
+        return out
+    }
+
+    /// The payload of a padded plaintext; throws `badSeal` when the padding is not there (only a key holder could
+    /// have sealed it, so a wrong one is a damaged or malicious entry).
+    public static func unpad(_ plain: some DataProtocol) throws(SyncRejection) -> [UInt8] {
+        let bytes = Array(plain)
+        guard let marker = bytes.lastIndex(where: { $0 != 0 }), bytes[marker] == 0x80 else { throw .badSeal }
+        return Array(bytes[..<marker])
     }
 }
 
@@ -199,6 +254,7 @@ public enum EntryRun {
             guard e.header.space == first.header.space, e.header.origin == first.header.origin,
                 e.header.seq == first.header.seq + UInt64(i), e.header.prev == prev
             else { throw .malformed }
+            out.append(e.header.version)
             out += e.header.nonce
             out.appendVarint(UInt64(e.header.epoch))
             out.appendVarint(UInt64(e.bytes.count - EntryHeader.size))
@@ -212,18 +268,19 @@ public enum EntryRun {
         // Bounds before arithmetic: the run's last seq (`firstSeq + count - 1`) stays below `SyncBounds.maxSeq`.
         guard count > 0, let space = r.read(16), let origin = r.read(16), let firstSeq = r.readUInt64(),
             SyncBounds.isValidSeq(firstSeq), UInt64(count) <= SyncBounds.maxSeq - firstSeq,
-            let firstPrev = r.read(32), count <= r.remaining / (12 + 1 + 1 + 16)
+            let firstPrev = r.read(32), count <= r.remaining / (1 + 12 + 1 + 1 + 16)
         else { throw .malformed }
         var entries: [SealedEntry] = []
         entries.reserveCapacity(count)
         var prev = Array(firstPrev)
         for i in 0..<count {
-            guard let nonce = r.read(12), let epoch = r.readVarint(), epoch <= UInt64(UInt32.max),
+            guard let version = r.readUInt8(), EntryHeader.versions.contains(version), let nonce = r.read(12),
+                let epoch = r.readVarint(), epoch <= UInt64(UInt32.max),
                 let length = r.readVarint(), length >= 16, length <= UInt64(r.remaining), let sealed = r.read(Int(length))
             else { throw .malformed }
             let header = EntryHeader(
-                space: Array(space), origin: Array(origin), seq: firstSeq + UInt64(i), prev: prev, epoch: UInt32(epoch),
-                nonce: Array(nonce))
+                version: version, space: Array(space), origin: Array(origin), seq: firstSeq + UInt64(i), prev: prev,
+                epoch: UInt32(epoch), nonce: Array(nonce))
             let bytes = header.bytes + sealed
             let entry = SealedEntry(bytes: bytes, header: header, hash: Array(SHA256.hash(data: bytes)))
             prev = entry.hash

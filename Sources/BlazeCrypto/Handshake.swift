@@ -21,8 +21,9 @@ import Foundation
 /// stays secret even if the space key or a device key leaks later.
 public enum Handshake {
     static let magic = Array("BLZS".utf8)
-    /// Protocol version: 3 adds device identities to version 2's space proof.
-    public static let version: UInt8 = 3
+    /// Protocol version: 3 added device identities to version 2's space proof; 4 carries each entry's format
+    /// version in packed runs (padded entries, SYNC.md §6).
+    public static let version: UInt8 = 4
     /// Size of the server's hello.
     public static let helloSize = 4 + 1 + 32 + 32
     /// Size of a sealed identity: both public keys, the signature and the AEAD tag.

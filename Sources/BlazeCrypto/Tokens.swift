@@ -66,6 +66,30 @@ public struct InviteToken: Sendable, Equatable {
 
     /// SHA-256 of the secret: what the inviting member keeps.
     public static func secretHash(_ secret: [UInt8]) -> [UInt8] { Array(SHA256.hash(data: secret)) }
+
+    /// What a joining device sends instead of the secret (SYNC.md §9, "Joining"): HMAC-SHA256 keyed with the secret's
+    /// hash (what the inviter stores) over the space and the joiner's device keys. It proves the secret is held and
+    /// binds the invite to that device, so whoever carries the message — a relay — can neither learn the secret nor
+    /// redeem the invite for another device.
+    public static func joinProof(secretHash: [UInt8], space: [UInt8], device: DevicePublicKeys) -> [UInt8] {
+        var m = Array("blazedb join v1".utf8) + space
+        m += device.signing
+        m += device.agreement
+        return Array(HMAC<SHA256>.authenticationCode(for: m, using: SymmetricKey(data: secretHash)))
+    }
+
+    /// This invite's proof for `device`.
+    public func joinProof(device: DevicePublicKeys) -> [UInt8] {
+        Self.joinProof(secretHash: Self.secretHash(secret), space: space, device: device)
+    }
+
+    /// Whether `proof` is `joinProof` of `secretHash` for `device` (compared in constant time).
+    public static func checkJoinProof(_ proof: [UInt8], secretHash: [UInt8], space: [UInt8], device: DevicePublicKeys) -> Bool {
+        var m = Array("blazedb join v1".utf8) + space
+        m += device.signing
+        m += device.agreement
+        return HMAC<SHA256>.isValidAuthenticationCode(proof, authenticating: m, using: SymmetricKey(data: secretHash))
+    }
 }
 
 /// A relay capability for one space (SYNC.md §9, "Relay capability"): space id and capability, nothing that opens

@@ -32,7 +32,10 @@ extension Methods {
     static func syncState(_ db: BlazeDatabase, _ ctx: RequestContext) throws -> RPC.SyncStatus.Result.Database {
         .init(
             db: db.name, space: try db.spaceID(), paused: ctx.sync.isPaused(db: db.name),
-            peers: ctx.sync.status(db: db).map(peerStatus), forks: try db.forks().map(forkEvidence))
+            peers: ctx.sync.status(db: db).map(peerStatus), forks: try db.forks().map(forkEvidence),
+            waiting: ctx.sync.missing(db: db).map {
+                .init(origin: $0.origin, upTo: Int($0.upTo), held: Int($0.held), sinceMs: Int($0.sinceMs), via: $0.via)
+            })
     }
 
     /// The database named `name`, or `not_shared` unless it is shared.

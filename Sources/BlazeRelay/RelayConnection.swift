@@ -137,14 +137,18 @@ final class RelayConnection: ChannelInboundHandler {
                 pending.moveReaderIndex(forwardBy: 4)
                 let auth = pending.readBytes(length: Handshake.authSize)!
                 guard let accepted = try? server.accept(auth, spaces: relay.servedKeys()) else {
-                    guard relay.rereadDue() else {
+                    guard let reread = relay.rereadForHandshake() else {
                         refuseHandshake(context: context)
                         return
                     }
                     state = .rereading(server, auth: auth)
                     let bound = NIOLoopBound((self, context), eventLoop: context.eventLoop)
-                    let relay = self.relay
-                    context.eventLoop.makeFutureWithTask { await relay.rereadSpaces() }.whenComplete { _ in
+                    let done = context.eventLoop.makePromise(of: Void.self)
+                    Task(executorPreference: relay.executor) {
+                        await reread.value
+                        done.succeed()
+                    }
+                    done.futureResult.whenComplete { _ in
                         let (connection, context) = bound.value
                         connection.retryHandshake(context: context)
                     }
@@ -198,6 +202,15 @@ final class RelayConnection: ChannelInboundHandler {
     /// Seals and writes `message`; the future completes once it is written (nil when the connection is closed).
     @discardableResult
     private func send(_ message: PeerMessage, context: ChannelHandlerContext) -> EventLoopFuture<Void>? {
+        if case .entries(let batch) = message, let tamper = relay.tamper.withLock({ $0 }) {
+            var last: EventLoopFuture<Void>?
+            for altered in tamper(batch) { last = sendSealed(.entries(altered), context: context) }
+            return last ?? context.eventLoop.makeSucceededVoidFuture()
+        }
+        return sendSealed(message, context: context)
+    }
+
+    private func sendSealed(_ message: PeerMessage, context: ChannelHandlerContext) -> EventLoopFuture<Void>? {
         guard case .established(let space, var cipher) = state, let bytes = try? message.encoded() else { return nil }
         let sealed = cipher.seal(bytes)
         state = .established(space: space, cipher: cipher)
@@ -230,10 +243,17 @@ final class RelayConnection: ChannelInboundHandler {
                 case .members:
                     connection.sendMembers(space: space, context: context)
                     connection.pump(space: space, context: context)
+                case .join(let join):
+                    connection.send(.join(id: join.id, device: join.device, proof: join.proof), context: context)
                 }
             }
         }
         sendMembers(space: space, context: context)
+        run(context: context, { try await $0.membership(space) }) { connection, membership, context in
+            for join in connection.relay.pendingJoins(space: space, membership: membership) {
+                connection.send(.join(id: join.id, device: join.device, proof: join.proof), context: context)
+            }
+        }
         run(context: context, { try await $0.store.vector(space: space) }) { connection, vector, context in
             connection.send(.state(vector: vector, ownHead: nil), context: context)
         }
@@ -255,10 +275,11 @@ final class RelayConnection: ChannelInboundHandler {
             break
         case .error:
             close(context: context)
-        case .join:
-            // A relay admits no one: invites are redeemed by members.
-            send(.error("invite_unknown"), context: context)
-            close(context: context)
+        case .join(let id, let device, let proof):
+            // A relay admits no one: it passes the request (which carries no secret, only a proof bound to the
+            // joiner's keys) to the members connected now and to those that connect later, until one admits it.
+            let join = RelayServer.PendingJoin(id: id, device: device, proof: proof, at: .now)
+            if relay.hold(join, space: space) { relay.announce(space: space, except: listener, .join(join)) }
         }
     }
 
@@ -389,7 +410,15 @@ final class RelayConnection: ChannelInboundHandler {
     ) {
         let relay = self.relay
         let bound = NIOLoopBound((self, context, done), eventLoop: context.eventLoop)
-        context.eventLoop.makeFutureWithTask { try await work(relay) }.whenComplete { result in
+        let promise = context.eventLoop.makePromise(of: T.self)
+        Task(executorPreference: relay.executor) {
+            do {
+                promise.succeed(try await work(relay))
+            } catch {
+                promise.fail(error)
+            }
+        }
+        promise.futureResult.whenComplete { result in
             let (connection, context, done) = bound.value
             guard case .established = connection.state else { return }
             switch result {

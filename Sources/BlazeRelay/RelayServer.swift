@@ -41,6 +41,12 @@ public final class RelayServer: Sendable {
 
     /// Admits connections within the listener limits.
     let gate: ConnectionGate
+    /// Where the relay's tasks run: its event loops.
+    let executor: EventLoopTaskExecutor
+
+    /// Tests only (`@testable`): rewrites every batch as it is about to be sent, to play a relay that tampers with,
+    /// drops, reorders, replays or withholds entries. Nil (always, outside tests) sends batches as stored.
+    let tamper = Mutex<(@Sendable (EntryBatch) -> [EntryBatch])?>(nil)
 
     /// The defaults of a relay's listener limits: far more devices than one daemon's peers.
     public static var defaultLimits: SyncListenerLimits {
@@ -58,6 +64,7 @@ public final class RelayServer: Sendable {
         timeout: TimeAmount = .seconds(30), limits: SyncListenerLimits = RelayServer.defaultLimits
     ) {
         self.gate = ConnectionGate(limits: limits)
+        self.executor = EventLoopTaskExecutor(group: group)
         self.store = store
         self.identity = identity
         self.group = group
@@ -80,18 +87,25 @@ public final class RelayServer: Sendable {
     /// The handshake keys of every space served.
     func servedKeys() -> [SpaceKey] { served.withLock { $0 } }
 
-    /// When the handshake keys were last re-read for a handshake (`rereadDue`).
-    private let lastReload = Mutex<ContinuousClock.Instant?>(nil)
+    /// When the handshake keys were last re-read for a handshake, and the re-read under way (`rereadForHandshake`).
+    private let lastReload = Mutex<(began: ContinuousClock.Instant?, running: Task<Void, Never>?)>((nil, nil))
 
-    /// Whether a handshake naming no space held may have the spaces re-read (another process — `blaze-relay
-    /// add-space` — may have added one): at most once a second, so refused handshakes cannot make the relay read in a
-    /// loop. Marks the read as done now when it returns true.
-    func rereadDue() -> Bool {
+    /// The re-read a handshake naming no space held should wait for (another process — `blaze-relay add-space` — may
+    /// have added one): the one under way, else a new one unless the last began less than a second ago (so refused
+    /// handshakes cannot make the relay read in a loop); nil when the proof is to be refused now.
+    func rereadForHandshake() -> Task<Void, Never>? {
         let now = ContinuousClock.now
-        return lastReload.withLock { last in
-            guard last.map({ now - $0 >= .seconds(1) }) ?? true else { return false }
-            last = now
-            return true
+        let relay = self
+        return lastReload.withLock { state -> Task<Void, Never>? in
+            if let running = state.running { return running }
+            guard state.began.map({ now - $0 >= .seconds(1) }) ?? true else { return nil }
+            state.began = now
+            let task = Task(executorPreference: relay.executor) {
+                await relay.rereadSpaces()
+                relay.lastReload.withLock { $0.running = nil }
+            }
+            state.running = task
+            return task
         }
     }
 
@@ -177,7 +191,7 @@ public final class RelayServer: Sendable {
     /// this process's devices as its own do.
     private func startWatching() {
         let relay = self
-        let task = Task {
+        let task = Task(executorPreference: executor) {
             await relay.store.watch { change in
                 switch change {
                 case .entries(let space):
@@ -186,10 +200,10 @@ public final class RelayServer: Sendable {
                     relay.memberships.withLock { $0[hexString(space)] = nil }
                     relay.announce(space: space, except: nil, .members)
                 case .spaces:
-                    Task { await relay.rereadSpaces() }
+                    Task(executorPreference: relay.executor) { await relay.rereadSpaces() }
                 case .resync:
                     relay.memberships.withLock { $0 = [:] }
-                    Task { await relay.rereadSpaces() }
+                    Task(executorPreference: relay.executor) { await relay.rereadSpaces() }
                     for space in relay.listeners.withLock({ Array($0.keys) }) {
                         guard let id = hexBytes(space) else { continue }
                         relay.announce(space: id, except: nil, .members)
@@ -274,8 +288,51 @@ public final class RelayServer: Sendable {
         return true
     }
 
+    /// A device's request to join a space, waiting for a member that issued its invite (Protocol/RELAY.md, "Joining
+    /// through a relay").
+    struct PendingJoin: Sendable, Equatable {
+        let id: [UInt8]
+        let device: DevicePublicKeys
+        let proof: [UInt8]
+        let at: ContinuousClock.Instant
+
+        static func == (a: PendingJoin, b: PendingJoin) -> Bool { a.id == b.id && a.device == b.device }
+    }
+
+    /// Joins waiting per space (hex), held in memory for `joinLifetime`, at most `maxJoinsPerSpace` per space.
+    private let joins = Mutex<[String: [PendingJoin]]>([:])
+    static let joinLifetime: Duration = .seconds(24 * 3600)
+    static let maxJoinsPerSpace = 64
+
+    /// Keeps `join` for `space` until a member admits its device; false when it is already held or the space holds
+    /// as many as it may.
+    func hold(_ join: PendingJoin, space: [UInt8]) -> Bool {
+        let now = ContinuousClock.now
+        return joins.withLock { all in
+            var held = (all[hexString(space)] ?? []).filter { now - $0.at < Self.joinLifetime }
+            defer { all[hexString(space)] = held.isEmpty ? nil : held }
+            guard !held.contains(join), held.count < Self.maxJoinsPerSpace else { return false }
+            held.append(join)
+            return true
+        }
+    }
+
+    /// The joins of `space` still waiting, dropping those whose device `membership` now lists.
+    func pendingJoins(space: [UInt8], membership: MembershipState?) -> [PendingJoin] {
+        let now = ContinuousClock.now
+        return joins.withLock { all in
+            let held = (all[hexString(space)] ?? []).filter {
+                now - $0.at < Self.joinLifetime && membership?.member($0.device.nodeID) == nil
+            }
+            all[hexString(space)] = held.isEmpty ? nil : held
+            return held
+        }
+    }
+
     /// What a connection is told another one (of this process or another) stored in its space.
     enum Announcement: Sendable {
+        /// A device asks to join: passed on to every member.
+        case join(PendingJoin)
         /// This batch, just stored by a connection of this process.
         case batch(EntryBatch)
         /// Entries, stored by another process.

@@ -74,11 +74,12 @@ extension BlazeDatabase {
         }
     }
 
-    /// Redeems invite `id` for `device` in one transaction: checks the secret's hash, that it is unused and unexpired
+    /// Redeems invite `id` for `device` in one transaction: checks that the joiner proved the secret (`proves`, given
+    /// the stored hash of the secret), that it is unused and unexpired
     /// at `nowMs`, asks `admit` for the membership operation that adds the device with the invite's role, stores that
     /// operation and marks the invite used. Throws `InviteRefusal` (nothing changes) when the invite does not hold.
     public func redeemInvite(
-        id: [UInt8], secretHash: [UInt8], device: [UInt8], nowMs: Int64,
+        id: [UInt8], proves: ([UInt8]) -> Bool, device: [UInt8], nowMs: Int64,
         admit: (String) throws -> (hash: [UInt8], bytes: [UInt8])
     ) throws -> String {
         try pool.write { db in
@@ -86,7 +87,7 @@ extension BlazeDatabase {
                 let row = try Row.fetchOne(
                     db, sql: "SELECT secret_hash, role, expires_at, used_at FROM sync_invites WHERE id = ?",
                     arguments: [Data(id)]),
-                Array(row[0] as Data) == secretHash
+                proves(Array(row[0] as Data))
             else { throw InviteRefusal.unknown }
             guard (row[3] as Int64?) == nil else { throw InviteRefusal.used }
             guard nowMs < row[2] as Int64 else { throw InviteRefusal.expired }

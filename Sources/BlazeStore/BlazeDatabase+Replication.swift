@@ -81,6 +81,26 @@ extension BlazeDatabase {
         }
     }
 
+    /// Per origin, the highest seq that parked changes depend on and this replica does not hold: entries that changes
+    /// it received show to exist (each change's `deps`, sealed and signed by its author, is what that author held),
+    /// which no peer has delivered yet. Empty when nothing is parked.
+    public func missingDependencies() throws -> [NodeID: UInt64] {
+        try read { db in
+            guard try Bool.fetchOne(db, sql: "SELECT EXISTS(SELECT 1 FROM parked)") == true else { return [:] }
+            let held = try self.makeStorage(db).versionVector()
+            var out: [NodeID: UInt64] = [:]
+            for row in try Row.fetchAll(
+                db, sql: "SELECT j.key, max(j.value) FROM parked, json_each(parked.body, '$.d') AS j GROUP BY j.key")
+            {
+                guard let hex = row[0] as String?, let origin = NodeID(hex: hex), let seq = row[1] as Int64?, seq > 0,
+                    UInt64(seq) > held[origin]
+                else { continue }
+                out[origin] = UInt64(seq)
+            }
+            return out
+        }
+    }
+
     /// This replica's version vector: the highest sequence applied per origin.
     public func versionVector() throws -> VersionVector {
         try read { db in try self.makeStorage(db).versionVector() }

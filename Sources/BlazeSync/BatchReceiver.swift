@@ -114,6 +114,7 @@ final class BatchReceiver: ChannelInboundHandler {
                         $0.lastSyncMs = nowMs()
                     }
                     context.fireUserInboundEventTriggered(PeerHoldsBatch(origin: batch.origin, seq: batch.head.seq))
+                    receiver.noteMissing(parked: outcome.report.parked > 0, db: db, context: context)
                     receiver.resumeReading(context: context)
                     receiver.applyNext(context: context)
                 case .failure(let error as SyncRejection) where error.blamesOrigin:
@@ -127,6 +128,17 @@ final class BatchReceiver: ChannelInboundHandler {
                     context.fireErrorCaught(error)
                 }
             }
+    }
+
+    /// Re-reads what changes received depend on and this device lacks, when this batch parked changes or something
+    /// was missing before (it may have arrived): `sync.status` `waiting` (SYNC.md §8, "Withheld entries").
+    private func noteMissing(parked: Bool, db: BlazeDatabase, context: ChannelHandlerContext) {
+        let book = report.book
+        guard parked || book.hasMissing(db: db.name) else { return }
+        let peer = parked ? report.peer : nil
+        _ = engine.pool.runIfActive(eventLoop: context.eventLoop) {
+            book.setMissing(db: db.name, needed: try db.missingDependencies(), held: try db.versionVector(), parkedBy: peer)
+        }
     }
 
     /// Turns reading back on once the backlog is below its limits.

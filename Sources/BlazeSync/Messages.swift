@@ -15,8 +15,9 @@ public enum PeerMessage: Sendable {
     case ping
     /// Membership operations the receiver may lack (SYNC.md §9), each verified when decoded.
     case members([MembershipOp])
-    /// A joining device redeems an invite: its id and secret.
-    case join(id: [UInt8], secret: [UInt8])
+    /// A joining device redeems an invite: its id, the joiner's device keys, and the proof that it holds the invite's
+    /// secret, bound to those keys (`InviteToken.joinProof`). A relay passes it on to the space's members.
+    case join(id: [UInt8], device: DevicePublicKeys, proof: [UInt8])
 
     static let stateType: UInt8 = 1
     static let entriesType: UInt8 = 2
@@ -57,8 +58,8 @@ public enum PeerMessage: Sendable {
                 out += op.bytes
             }
             return out
-        case .join(let id, let secret):
-            return [Self.joinType] + id + secret
+        case .join(let id, let device, let proof):
+            return [Self.joinType] + id + device.signing + device.agreement + proof
         }
     }
 
@@ -102,8 +103,11 @@ public enum PeerMessage: Sendable {
             guard r.remaining == 0 else { throw .malformed }
             self = .members(ops)
         case Self.joinType?:
-            guard let id = r.read(16), let secret = r.read(32), r.remaining == 0 else { throw .malformed }
-            self = .join(id: Array(id), secret: Array(secret))
+            guard let id = r.read(16), let signing = r.read(32), let agreement = r.read(32),
+                let device = DevicePublicKeys(signing: Array(signing), agreement: Array(agreement)), let proof = r.read(32),
+                r.remaining == 0
+            else { throw .malformed }
+            self = .join(id: Array(id), device: device, proof: Array(proof))
         default:
             throw .malformed
         }

@@ -179,9 +179,10 @@ extension SyncEngine {
         return (token.text, expires)
     }
 
-    /// Redeems an invite for `device` (the joiner at the other end of a session): adds it to the log with the
-    /// invite's role and every epoch key sealed to it, in the transaction that marks the invite used.
-    func admit(device: DevicePublicKeys, inviteID: [UInt8], secret: [UInt8], space: SharedSpace) throws -> MembershipOp {
+    /// Redeems an invite for `device` (the joiner, at the other end of a session or behind a relay), given its proof
+    /// of the secret bound to its keys: adds it to the log with the invite's role and every epoch key sealed to it, in
+    /// the transaction that marks the invite used.
+    func admit(device: DevicePublicKeys, inviteID: [UInt8], proof: [UInt8], space: SharedSpace) throws -> MembershipOp {
         let snapshot = space.snapshot
         guard let membership = snapshot.membership, let me = membership.member(identity.nodeID), me.isCurrent,
             me.role == .admin
@@ -189,7 +190,9 @@ extension SyncEngine {
         guard membership.member(device.nodeID) == nil else { throw InviteRefusal.used }
         var made: MembershipOp?
         _ = try space.db.redeemInvite(
-            id: inviteID, secretHash: InviteToken.secretHash(secret), device: device.nodeID, nowMs: Int64(nowMsUnsigned())
+            id: inviteID,
+            proves: { InviteToken.checkJoinProof(proof, secretHash: $0, space: space.id, device: device) },
+            device: device.nodeID, nowMs: Int64(nowMsUnsigned())
         ) { roleName in
             let role = MemberRole(name: roleName) ?? .reader
             let envelopes = try snapshot.held.sorted { $0.key.op.lexicographicallyPrecedes($1.key.op) }.map {

@@ -300,6 +300,9 @@ public final class SyncEngine: Sendable {
 
     // MARK: Control
 
+    /// Entries of `db` that received changes depend on and no peer has delivered, by origin.
+    public func missing(db: BlazeDatabase) -> [MissingEntries] { status.missing(db: db.name) }
+
     /// Per-peer status of `db`.
     public func status(db: BlazeDatabase) -> [PeerStatus] {
         status.peers(db: db.name)

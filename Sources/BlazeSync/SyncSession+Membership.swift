@@ -21,7 +21,8 @@ extension SyncSession {
             }
         }
         if let wait = link.space.joining.withLock({ $0 }) {
-            send(.join(id: wait.invite.id, secret: wait.invite.secret), context: context)
+            let me = engine.identity.publicKeys
+            send(.join(id: wait.invite.id, device: me, proof: wait.invite.joinProof(device: me)), context: context)
             return
         }
         let snapshot = link.space.snapshot
@@ -129,20 +130,28 @@ extension SyncSession {
         close(context: context)
     }
 
-    /// A joiner at the other end redeems an invite: on success the new operation reaches it like any other; a
-    /// refusal is counted, told to the joiner and closes the connection.
-    func redeem(inviteID: [UInt8], secret: [UInt8], context: ChannelHandlerContext) {
+    /// A joiner redeems an invite, itself at the other end or through a relay: on success the new operation reaches
+    /// it like any other. A refusal is counted; a joiner at the other end is told and the connection closes, while
+    /// one behind a relay is only ignored (the relay passes every join to every member, most of which did not issue
+    /// that invite, and the link to the relay stays up).
+    func redeem(inviteID: [UInt8], device: DevicePublicKeys, proof: [UInt8], context: ChannelHandlerContext) {
         guard let link else { return }
-        let (engine, space, device) = (self.engine, link.space, link.device)
+        let (engine, space) = (self.engine, link.space)
+        let direct = device == link.device
+        // A member admits; a device that is not one ignores what a relay passes it.
+        guard direct || space.snapshot.membership?.member(engine.identity.nodeID)?.role == .admin else { return }
         let bound = NIOLoopBound((self, context), eventLoop: context.eventLoop)
         engine.pool.runIfActive(eventLoop: context.eventLoop) {
-            _ = try engine.admit(device: device, inviteID: inviteID, secret: secret, space: space)
+            _ = try engine.admit(device: device, inviteID: inviteID, proof: proof, space: space)
         }.whenComplete { result in
             let (session, context) = bound.value
             switch result {
             case .success:
                 engine.logger.info(
                     "Sync admitted a device with an invite", metadata: ["db": "\(space.db.name)", "device": "\(device.nodeIDHex)"])
+            case .failure(let refusal as InviteRefusal) where !direct:
+                // Most relayed joins name another admin's invite: only a wrong proof or a reused invite is counted.
+                if refusal != .unknown && refusal != .inviterNotAdmin { engine.countInviteRefusal(refusal.rawValue) }
             case .failure(let refusal as InviteRefusal):
                 engine.countInviteRefusal(refusal.rawValue)
                 engine.logger.warning(

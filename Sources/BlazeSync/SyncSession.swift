@@ -129,8 +129,8 @@ final class SyncSession: ChannelInboundHandler {
             break
         case .members(let ops):
             received(ops: ops, context: context)
-        case .join(let id, let secret):
-            redeem(inviteID: id, secret: secret, context: context)
+        case .join(let id, let device, let proof):
+            redeem(inviteID: id, device: device, proof: proof, context: context)
         }
     }
 

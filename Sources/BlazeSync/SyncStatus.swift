@@ -1,3 +1,4 @@
+import BlazeCRDT
 import BlazeCrypto
 import Foundation
 import Synchronization
@@ -63,9 +64,51 @@ public struct PeerStatus: Sendable, Equatable {
     }
 }
 
+/// Entries of one origin that changes this device received depend on, and that no peer has delivered (`sync.status`
+/// `waiting`): a peer or relay that forwards later changes while keeping back what they depend on shows up here.
+public struct MissingEntries: Sendable, Equatable {
+    /// The origin (node id hex).
+    public var origin: String
+    /// The highest seq of it that received changes depend on.
+    public var upTo: UInt64
+    /// The highest seq of it held here.
+    public var held: UInt64
+    /// Unix milliseconds since when entries of it have been missing.
+    public var sinceMs: Int64
+    /// The peers whose batches brought the changes that wait (`host:port`, a relay URL, or `inbound`), sorted.
+    public var via: [String]
+}
+
 /// The sync counters of every database and peer, shared by sessions and read by `sync.status`.
 final class StatusBook: Sendable {
     private let book = Mutex<[String: [String: PeerStatus]]>([:])
+    /// Per database, per origin (hex): entries received changes depend on and that have not arrived.
+    private let missing = Mutex<[String: [String: MissingEntries]]>([:])
+
+    /// Records what `db` now lacks (`needed`: per origin, the highest seq depended on; `held`: its version vector),
+    /// noting `peer` as having brought changes that wait when `parkedBy` is set. An origin keeps its first
+    /// `sinceMs` while it stays missing; one no longer missing is dropped.
+    func setMissing(db: String, needed: [NodeID: UInt64], held: VersionVector, parkedBy peer: String?) {
+        missing.withLock { m in
+            var now: [String: MissingEntries] = [:]
+            for (origin, upTo) in needed {
+                var entry = m[db]?[origin.hex] ?? MissingEntries(origin: origin.hex, upTo: upTo, held: 0, sinceMs: nowMs(), via: [])
+                entry.upTo = upTo
+                entry.held = held[origin]
+                if let peer, !entry.via.contains(peer) { entry.via = (entry.via + [peer]).sorted() }
+                now[origin.hex] = entry
+            }
+            m[db] = now.isEmpty ? nil : now
+        }
+    }
+
+    /// Whether anything is missing for `db`.
+    func hasMissing(db: String) -> Bool { missing.withLock { $0[db] != nil } }
+
+    /// What `db` lacks, by origin.
+    func missing(db: String) -> [MissingEntries] {
+        missing.withLock { ($0[db] ?? [:]).values.sorted { $0.origin < $1.origin } }
+    }
 
     func update(db: String, peer: String, direction: PeerDirection, _ edit: (inout PeerStatus) -> Void) {
         book.withLock { b in
@@ -90,6 +133,7 @@ final class StatusBook: Sendable {
         book.withLock { b in
             if let peer { b[db]?[peer] = nil } else { b[db] = nil }
         }
+        if peer == nil { missing.withLock { $0[db] = nil } }
     }
 }
 

@@ -90,8 +90,9 @@ public final class WebSocketBytes: ChannelDuplexHandler {
 /// Opens a WebSocket from a client channel: sends the upgrade request for `path` on `host` once connected, and, when
 /// the server accepts, puts `WebSocketBytes` in the HTTP handlers' place and runs `upgraded` to add the handlers above
 /// it. A refusal (any other response) runs `refused` with the status and closes the connection.
-enum WebSocketClient {
-    static func configure(
+public enum WebSocketClient {
+    /// Adds the HTTP client handlers and the upgrade request for `path` on `host:port` to a new `channel`.
+    public static func configure(
         _ channel: any Channel, host: String, port: Int, path: String,
         refused: @escaping @Sendable (String) -> Void,
         upgraded: @escaping @Sendable (any Channel) throws -> Void

@@ -177,26 +177,38 @@ final class OnceFlag: @unchecked Sendable {
 
 struct AddSpace: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
-        abstract: "Serve a space, given its relay capability ('-' reads it from stdin); a running relay picks it up.")
+        abstract: "Serve a space, given its relay capability ('-' reads them from stdin, one per line); a running relay picks it up.")
 
     @OptionGroup var options: RelayOptions
 
-    @Argument(help: "The relay capability (blazedb-relay-1.…), or - to read it from stdin.")
+    @Argument(help: "The relay capability (blazedb-relay-1.…), or - to read capabilities from stdin, one per line.")
     var capability: String
 
     func run() async throws {
-        let text = capability == "-" ? (readLine() ?? "").trimmingCharacters(in: .whitespacesAndNewlines) : capability
-        let cap: RelayCapability
-        do {
-            cap = try RelayCapability(text: text)
-        } catch {
-            throw ValidationError("not a relay capability: \(error)")
+        var texts = [capability]
+        if capability == "-" {
+            texts = []
+            while let line = readLine() {
+                let text = line.trimmingCharacters(in: .whitespacesAndNewlines)
+                if !text.isEmpty { texts.append(text) }
+            }
         }
+        // Every capability is checked before any is added.
+        let caps = try texts.enumerated().map { i, text in
+            do {
+                return try RelayCapability(text: text)
+            } catch {
+                throw ValidationError("not a relay capability\(texts.count > 1 ? " (line \(i + 1))" : ""): \(error)")
+            }
+        }
+        guard !caps.isEmpty else { throw ValidationError("no relay capability given") }
         var logger = Logger(label: "blaze-relay")
         logger.logLevel = .warning
         let store = try await options.openStore(logger: logger)
         defer { (store as? PostgresRelayStore)?.close() }
-        let added = try await store.add(cap)
-        print(added ? "serving space \(hexString(cap.space))" : "space \(hexString(cap.space)) was served already")
+        for cap in caps {
+            let added = try await store.add(cap)
+            print(added ? "serving space \(hexString(cap.space))" : "space \(hexString(cap.space)) was served already")
+        }
     }
 }

@@ -72,6 +72,10 @@ struct BlazeBench: AsyncParsableCommand {
         }
         if wants("RELAY") {
             results += try await RelayWorkloads.run(dir: dir, n: quick ? 1000 : 5 * n, docs: docs, latencyWrites: quick ? 20 : 500)
+            for backend in ["sqlite", "postgres"] {
+                results += try await RelayLoad.run(
+                    devices: quick ? 100 : 1000, spaces: quick ? 10 : 100, entriesPerDevice: quick ? 10 : 100, backend: backend)
+            }
         }
         if wants("W6") {
             results += try await SyncWorkloads.offlineMerge(

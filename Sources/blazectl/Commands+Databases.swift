@@ -96,7 +96,7 @@ struct DB: ParsableCommand {
         @Argument var db: String
         @Argument(help: "admin, writer or reader.") var role: String
         @Option(help: "Seconds until the invite expires (default 86400).") var expiresIn: Int?
-        @Option(help: "The sync address the joiner connects to (default: where this daemon listens).") var address: String?
+        @Option(help: "Where the joiner connects: host:port (default: where this daemon listens) or a relay's ws:// or wss:// URL.") var address: String?
         func run() throws {
             global.run(RPC.DbInvite(db: db, role: role, expiresIn: expiresIn, address: address)) { r in
                 print(r.token)

@@ -55,8 +55,9 @@ func makeChain(_ count: Int, key: SpaceKey, device: DeviceIdentity, from first: 
         var packed: [UInt8] = []
         try EntryRun.pack(entries, into: &packed)
         let full = entries.reduce(0) { $0 + $1.bytes.count }
-        // 72 bytes once, then 12 + 1 + 1 bytes per entry instead of its 89-byte header.
-        #expect(packed.count == full - 6 * EntryHeader.size + EntryRun.prefixSize + 6 * 14)
+        // 72 bytes once, then per entry version, nonce, epoch and length (two varint bytes: a padded entry is at least
+        // 144 bytes) instead of its 89-byte header.
+        #expect(packed.count == full - 6 * EntryHeader.size + EntryRun.prefixSize + 6 * (1 + 12 + 1 + 2))
         var r = ByteReader(packed[...])
         let rebuilt = try EntryRun.unpack(&r, count: 6)
         #expect(r.remaining == 0 && rebuilt == entries && rebuilt.map(\.hash) == entries.map(\.hash))
@@ -78,6 +79,50 @@ func makeChain(_ count: Int, key: SpaceKey, device: DeviceIdentity, from first: 
         #expect(throws: SyncRejection.malformed) { try EntryRun.unpack(&short, count: 6) }
         var tooMany = ByteReader(packed[...])
         #expect(throws: SyncRejection.malformed) { try EntryRun.unpack(&tooMany, count: 1_000_000) }
+    }
+
+    @Test func paddingHidesTheExactSizeAndVersionOneEntriesStillOpen() throws {
+        // Buckets: 128 bytes at least, then Padmé sizes; never smaller than the plaintext, at most 12 % more.
+        #expect(EntryPadding.bucket(1) == 128 && EntryPadding.bucket(128) == 128 && EntryPadding.bucket(129) == 144)
+        #expect(EntryPadding.bucket(1000) == 1024 && EntryPadding.bucket(100_000) == 100_352)
+        for n in stride(from: 1, through: 3_000_000, by: 997) {
+            let b = EntryPadding.bucket(n)
+            #expect(b >= n && (n <= 128 || Double(b) <= Double(n) * 1.12), "\(n) → \(b)")
+        }
+        // Payloads of 1 to 127 bytes all seal to one size; each opens to exactly what was sealed.
+        var sizes = Set<Int>()
+        for n in [0, 1, 50, 126, 127] {
+            let payload = [UInt8](repeating: 0x41, count: n)
+            let e = SealedEntry.seal(payload, space: key, origin: device.nodeID, seq: 1, prev: SealedEntry.genesis)
+            #expect(try e.header.version == 2 && e.open(with: key) == payload)
+            sizes.insert(e.bytes.count)
+        }
+        #expect(sizes == [EntryHeader.size + 128 + 16])
+        // Trailing zeros of a payload survive: only the marker and what follows it are padding.
+        let zeros: [UInt8] = [1, 0, 0, 0x80, 0, 0]
+        #expect(try SealedEntry.seal(zeros, space: key, origin: device.nodeID, seq: 1, prev: SealedEntry.genesis).open(with: key) == zeros)
+        // A version-1 entry (unpadded, sealed before padding) still opens, as it was.
+        let plain = Array("a change sealed by an older version".utf8)
+        let nonce = ChaChaPoly.Nonce()
+        let header = EntryHeader(
+            version: 1, space: key.id, origin: device.nodeID, seq: 1, prev: SealedEntry.genesis, epoch: key.epoch, nonce: Array(nonce))
+        let box = try ChaChaPoly.seal(plain, using: try #require(key.sealing), nonce: nonce, authenticating: header.bytes)
+        let old = try SealedEntry(bytes: header.bytes + box.ciphertext + box.tag)
+        #expect(try old.header.version == 1 && old.open(with: key) == plain)
+        var run: [UInt8] = []
+        try EntryRun.pack([old], into: &run)
+        var r = ByteReader(run[...])
+        #expect(try EntryRun.unpack(&r, count: 1) == [old], "a version-1 entry travels as it was sealed")
+        // A version-2 entry whose plaintext has no marker (sealed by a key holder, but wrongly) is refused.
+        let unmarked = [UInt8](repeating: 0, count: 128)
+        let nonce2 = ChaChaPoly.Nonce()
+        let header2 = EntryHeader(space: key.id, origin: device.nodeID, seq: 1, prev: SealedEntry.genesis, epoch: key.epoch, nonce: Array(nonce2))
+        let box2 = try ChaChaPoly.seal(unmarked, using: try #require(key.sealing), nonce: nonce2, authenticating: header2.bytes)
+        #expect(throws: SyncRejection.badSeal) { try SealedEntry(bytes: header2.bytes + box2.ciphertext + box2.tag).open(with: key) }
+        // Unknown versions are refused when decoded.
+        var future = header.bytes
+        future[0] = 3
+        #expect(throws: SyncRejection.malformed) { try EntryHeader(decoding: future[...]) }
     }
 
     @Test func varintsRoundTripAndRefuseNonCanonicalForms() throws {

@@ -318,4 +318,22 @@ func randomSecret() -> [UInt8] { SymmetricKey(size: .bits256).withUnsafeBytes { 
         // The histories exercised what they are for: void operations (concurrent admins) and removals.
         #expect(voided > 0 && removals > 0, "void \(voided), removals \(removals), combined epochs \(combined)")
     }
+
+    @Test func aJoinProofBindsTheInviteToOneDeviceAndNeverShowsTheSecret() throws {
+        let space = SpaceKey.randomBytes(16)
+        let secret = SpaceKey.randomSecret()
+        let hash = InviteToken.secretHash(secret)
+        let joiner = DeviceIdentity().publicKeys, relay = DeviceIdentity().publicKeys
+        let proof = InviteToken.joinProof(secretHash: hash, space: space, device: joiner)
+        #expect(InviteToken.checkJoinProof(proof, secretHash: hash, space: space, device: joiner))
+        // Whoever carries it cannot move it to another device, another space, or another invite.
+        #expect(!InviteToken.checkJoinProof(proof, secretHash: hash, space: space, device: relay))
+        #expect(!InviteToken.checkJoinProof(proof, secretHash: hash, space: SpaceKey.randomBytes(16), device: joiner))
+        #expect(!InviteToken.checkJoinProof(proof, secretHash: InviteToken.secretHash(SpaceKey.randomSecret()), space: space, device: joiner))
+        var flipped = proof
+        flipped[0] ^= 1
+        #expect(!InviteToken.checkJoinProof(flipped, secretHash: hash, space: space, device: joiner))
+        // Neither the secret nor its hash is in it.
+        #expect(proof != secret && proof != hash && proof.count == 32)
+    }
 }

@@ -146,7 +146,7 @@ func sealedEntries(dataDir: String, db: String, origin: String) throws -> [Seale
         let port = try #require(Int(invite.address.split(separator: ":").last ?? ""))
         let reader = HostileMember(key: try SpaceKey(id: invite.space, capability: invite.capability))
         try reader.connect(port: port)
-        try reader.send([6] + invite.id + invite.secret)
+        try reader.send([6] + invite.id + reader.identity.publicKeys.signing + reader.identity.publicKeys.agreement + invite.joinProof(device: reader.identity.publicKeys))
         var ops: [MembershipOp] = []
         let deadline = Date().addingTimeInterval(10)
         while Date() < deadline, MembershipState(space: invite.space, ops: ops).member(reader.identity.nodeID) == nil {

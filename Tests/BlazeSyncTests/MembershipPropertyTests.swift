@@ -109,7 +109,7 @@ final class SpaceNode: @unchecked Sendable {
                 case 5..<7:  // an invite, and a new device joins through it
                     guard nodes.count < 6, try actor.isAdmin() else { continue }
                     let role: MemberRole = joins == 0 ? .admin : [.admin, .writer, .writer, .reader][Int(rng.next() % 4)]
-                    let token = try actor.engine.invite(db: actor.db, role: role, expiresInMs: 60_000, address: actor.address).token
+                    let token = try actor.engine.invite(db: actor.db, role: role, expiresInMs: 600_000, address: actor.address).token
                     let device = try Device()
                     let joined: BlazeDatabase
                     do {

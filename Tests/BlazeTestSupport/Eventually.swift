@@ -15,3 +15,16 @@ public func eventually(
     }
     return try condition()
 }
+
+/// `eventually` for async tests: waits with `Task.sleep`, so the wait holds no thread of the cooperative pool — which
+/// code under test in the same process (an in-process relay's storage tasks) may need to make `condition` true.
+public func waitUntil(
+    timeout: Duration = .seconds(30), interval: Duration = .milliseconds(20), _ condition: () throws -> Bool
+) async rethrows -> Bool {
+    let deadline = ContinuousClock.now + timeout
+    while ContinuousClock.now < deadline {
+        if try condition() { return true }
+        try? await Task.sleep(for: interval)
+    }
+    return try condition()
+}

@@ -191,7 +191,7 @@ class _Db:
         db: Database name.
         role: The role the joining device gets.
         expiresIn: Seconds until the invite stops working (default 86400, at most 2592000).
-        address: The sync address the joiner connects to (default: the address this daemon listens on).
+        address: Where the joiner connects: a host:port sync address (default: the address this daemon listens on), or a relay's ws:// / wss:// URL, through which the joiner's request reaches this daemon whenever it is connected to the relay.
         """
         params: Dict[str, Any] = {}
         params["db"] = db

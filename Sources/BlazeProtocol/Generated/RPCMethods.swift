@@ -2615,7 +2615,7 @@ public enum RPC {
         public var role: String
         /// Seconds until the invite stops working (default 86400, at most 2592000).
         public var expiresIn: Int?
-        /// The sync address the joiner connects to (default: the address this daemon listens on).
+        /// Where the joiner connects: a host:port sync address (default: the address this daemon listens on), or a relay's ws:// / wss:// URL, through which the joiner's request reaches this daemon whenever it is connected to the relay.
         public var address: String?
 
         /// Parameters from their values (optional ones default to absent).
@@ -3163,6 +3163,55 @@ public enum RPC {
         public struct Result: RPCObject {
             /// One element of `databases`.
             public struct Database: RPCObject {
+                /// Entries that changes received here depend on and that have not arrived, per origin. Each change carries what its author held when it wrote it (sealed and signed), so a peer or relay that forwards later changes while keeping back what they depend on is seen here; the changes wait (parked) until the entries come. An origin that stays listed for long, via a relay, means that relay withholds (or lost) them.
+                public struct Waiting: RPCObject {
+                    /// `origin`.
+                    public var origin: String
+                    /// Highest seq of the origin that received changes depend on.
+                    public var upTo: Int
+                    /// Highest seq of the origin held here.
+                    public var held: Int
+                    /// Unix milliseconds since when its entries have been missing.
+                    public var sinceMs: Int
+                    /// Peers (address, relay URL, or inbound) whose batches brought the waiting changes.
+                    public var via: [String]
+
+                    /// A value from its members.
+                    public init(origin: String, upTo: Int, held: Int, sinceMs: Int, via: [String]) {
+                        self.origin = origin
+                        self.upTo = upTo
+                        self.held = held
+                        self.sinceMs = sinceMs
+                        self.via = via
+                    }
+
+                    /// Reads the value from JSON.
+                    public init(json: JSONValue) throws(RPCShapeError) {
+                        let o = try RPCDecode.object(json)
+                        self.origin = try RPCDecode.member(o, "origin", RPCDecode.string)
+                        self.upTo = try RPCDecode.member(o, "upTo", RPCDecode.int)
+                        self.held = try RPCDecode.member(o, "held", RPCDecode.int)
+                        self.sinceMs = try RPCDecode.member(o, "sinceMs", RPCDecode.int)
+                        self.via = try RPCDecode.member(o, "via", { v throws(RPCShapeError) -> [String] in try RPCDecode.array(v, RPCDecode.string) })
+                    }
+
+                    /// The value's JSON form.
+                    public var json: JSONValue {
+                        .object(jsonObject)
+                    }
+
+                    /// The members of the JSON form.
+                    public var jsonObject: [String: JSONValue] {
+                        var o = [String: JSONValue](minimumCapacity: 5)
+                        o["origin"] = .string(self.origin)
+                        o["upTo"] = .int(Int64(self.upTo))
+                        o["held"] = .int(Int64(self.held))
+                        o["sinceMs"] = .int(Int64(self.sinceMs))
+                        o["via"] = .array(self.via.map { x0 in .string(x0) })
+                        return o
+                    }
+                }
+
                 /// `db`.
                 public var db: String
                 /// `space`.
@@ -3173,14 +3222,17 @@ public enum RPC {
                 public var peers: [RPCSchema.PeerStatus]
                 /// Fork evidence: per forked origin, two entries it signed for one sequence number. A forked origin is quarantined (nothing more of it is accepted); the others keep syncing.
                 public var forks: [RPCSchema.ForkEvidence]
+                /// Entries that changes received here depend on and that have not arrived, per origin. Each change carries what its author held when it wrote it (sealed and signed), so a peer or relay that forwards later changes while keeping back what they depend on is seen here; the changes wait (parked) until the entries come. An origin that stays listed for long, via a relay, means that relay withholds (or lost) them.
+                public var waiting: [Waiting]
 
                 /// A value from its members.
-                public init(db: String, space: String?, paused: Bool, peers: [RPCSchema.PeerStatus], forks: [RPCSchema.ForkEvidence]) {
+                public init(db: String, space: String?, paused: Bool, peers: [RPCSchema.PeerStatus], forks: [RPCSchema.ForkEvidence], waiting: [Waiting]) {
                     self.db = db
                     self.space = space
                     self.paused = paused
                     self.peers = peers
                     self.forks = forks
+                    self.waiting = waiting
                 }
 
                 /// Reads the value from JSON.
@@ -3191,6 +3243,7 @@ public enum RPC {
                     self.paused = try RPCDecode.member(o, "paused", RPCDecode.bool)
                     self.peers = try RPCDecode.member(o, "peers", { v throws(RPCShapeError) -> [RPCSchema.PeerStatus] in try RPCDecode.array(v, RPCSchema.PeerStatus.init(json:)) })
                     self.forks = try RPCDecode.member(o, "forks", { v throws(RPCShapeError) -> [RPCSchema.ForkEvidence] in try RPCDecode.array(v, RPCSchema.ForkEvidence.init(json:)) })
+                    self.waiting = try RPCDecode.member(o, "waiting", { v throws(RPCShapeError) -> [Waiting] in try RPCDecode.array(v, Waiting.init(json:)) })
                 }
 
                 /// The value's JSON form.
@@ -3200,12 +3253,13 @@ public enum RPC {
 
                 /// The members of the JSON form.
                 public var jsonObject: [String: JSONValue] {
-                    var o = [String: JSONValue](minimumCapacity: 5)
+                    var o = [String: JSONValue](minimumCapacity: 6)
                     o["db"] = .string(self.db)
                     o["space"] = (self.space.map { x0 -> JSONValue in .string(x0) } ?? .null)
                     o["paused"] = .bool(self.paused)
                     o["peers"] = .array(self.peers.map { x0 in x0.json })
                     o["forks"] = .array(self.forks.map { x0 in x0.json })
+                    o["waiting"] = .array(self.waiting.map { x0 in x0.json })
                     return o
                 }
             }
