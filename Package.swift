@@ -89,6 +89,8 @@ let package = Package(
             name: "blaze-relay",
             dependencies: [
                 "BlazeRelay", "BlazeSync", "BlazeCrypto", "BlazeProtocol",
+                // For blazed's structured log lines (LineLogHandler).
+                "BlazeDaemon",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "NIOSSL", package: "swift-nio-ssl"),

@@ -90,6 +90,7 @@ public final class PostgresRelayStore: RelayBackend {
                 head BYTEA NOT NULL, PRIMARY KEY(space, origin, seq))
                 """,
                 "CREATE TABLE IF NOT EXISTS relay_usage(space BYTEA PRIMARY KEY, entries BIGINT NOT NULL, bytes BIGINT NOT NULL)",
+                "ALTER TABLE relay_usage ADD COLUMN IF NOT EXISTS last_write_ms BIGINT NOT NULL DEFAULT 0",
             ] {
                 try await conn.query(statement, logger: self.logger)
             }
@@ -182,7 +183,11 @@ public final class PostgresRelayStore: RelayBackend {
                     count += 1
                 }
             }
-            if !fresh.isEmpty { try await self.notify(conn, "o", space: space) }
+            if !fresh.isEmpty {
+                try await conn.query(
+                    "UPDATE relay_usage SET last_write_ms = \(Self.nowMs()) WHERE space = \(s)", logger: self.logger)
+                try await self.notify(conn, "o", space: space)
+            }
             return fresh
         }
     }
@@ -278,7 +283,8 @@ public final class PostgresRelayStore: RelayBackend {
                 """, logger: self.logger)
             let (e64, b64) = (Int64(entries), Int64(bytes))
             try await conn.query(
-                "UPDATE relay_usage SET entries = \(e64), bytes = \(b64) WHERE space = \(s)", logger: self.logger)
+                "UPDATE relay_usage SET entries = \(e64), bytes = \(b64), last_write_ms = \(Self.nowMs()) WHERE space = \(s)",
+                logger: self.logger)
             let (headSeq, head) = (Int64(batch.head.seq), Data(batch.head.bytes))
             try await conn.query(
                 "INSERT INTO relay_heads(space, origin, seq, head) VALUES (\(s), \(o), \(headSeq), \(head)) ON CONFLICT DO NOTHING",
@@ -287,6 +293,28 @@ public final class PostgresRelayStore: RelayBackend {
             return fresh.count
         }
     }
+
+    public func expire(idleBefore cutoffMs: Int64) async throws -> [[UInt8]] {
+        try await transaction { conn in
+            let idle = try await conn.query(
+                "SELECT space FROM relay_usage WHERE last_write_ms > 0 AND last_write_ms < \(cutoffMs) FOR UPDATE",
+                logger: self.logger
+            ).decode(Data.self).all()
+            for space in idle {
+                try await conn.query("DELETE FROM relay_entries WHERE space = \(space)", logger: self.logger)
+                try await conn.query("DELETE FROM relay_heads WHERE space = \(space)", logger: self.logger)
+                try await conn.query("DELETE FROM relay_ops WHERE space = \(space)", logger: self.logger)
+                try await conn.query(
+                    "UPDATE relay_usage SET entries = 0, bytes = 0, last_write_ms = 0 WHERE space = \(space)",
+                    logger: self.logger)
+                try await self.notify(conn, "x", space: Array(space))
+            }
+            return idle.map { Array($0) }
+        }
+    }
+
+    /// Unix milliseconds now.
+    static func nowMs() -> Int64 { Int64(Date().timeIntervalSince1970 * 1000) }
 
     // MARK: Notifications
 
@@ -321,6 +349,7 @@ public final class PostgresRelayStore: RelayBackend {
         case "e": return .entries(space: space)
         case "o": return .ops(space: space)
         case "s": return .spaces
+        case "x": return .expired(space: space)
         default: return nil
         }
     }

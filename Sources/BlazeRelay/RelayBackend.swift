@@ -26,6 +26,10 @@ public protocol RelayBackend: Sendable {
     /// entries were new. Throws a `SyncRejection` for what the batch's origin signed, any other error for a local
     /// failure.
     func store(_ batch: EntryBatch, space: [UInt8], membership: MembershipState?) async throws -> Int
+    /// Drops everything held of each space whose last write (entries or operations) is older than `cutoffMs` (Unix
+    /// ms) — entries, heads, operations, usage — keeping the space served; returns those spaces. Devices hold all of it
+    /// and hand it back when they next connect (the relay's `STATE` then shows nothing held).
+    func expire(idleBefore cutoffMs: Int64) async throws -> [[UInt8]]
     /// Runs `onChange` for every change another relay process makes, until the task is cancelled; returns at once
     /// when no other process can share the store.
     func watch(_ onChange: @escaping @Sendable (RelayChange) -> Void) async
@@ -39,6 +43,8 @@ public enum RelayChange: Sendable, Equatable {
     case ops(space: [UInt8])
     /// A space was added.
     case spaces
+    /// What `space` held was dropped for retention (`expire`).
+    case expired(space: [UInt8])
     /// Changes may have been missed (the notification link was down): anything may be new.
     case resync
 }

@@ -245,6 +245,8 @@ final class RelayConnection: ChannelInboundHandler {
                     connection.pump(space: space, context: context)
                 case .join(let join):
                     connection.send(.join(id: join.id, device: join.device, proof: join.proof), context: context)
+                case .expired:
+                    connection.close(context: context)
                 }
             }
         }

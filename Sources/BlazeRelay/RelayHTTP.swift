@@ -6,35 +6,6 @@ import NIOWebSocket
 import Prometheus
 import Synchronization
 
-/// A device connection's place in the relay's `ConnectionGate`, taken when the connection was accepted and released
-/// once, however it ends: by the HTTP front before an upgrade, by the `RelayConnection` after it. Event-loop bound.
-final class GatePlace {
-    let gate: ConnectionGate
-    /// The source address the gate admitted the connection for.
-    let address: String
-    private var handshaking = true
-    private var released = false
-
-    init(gate: ConnectionGate, address: String) {
-        self.gate = gate
-        self.address = address
-    }
-
-    /// The device finished its handshake: the connection stops counting as handshaking.
-    func established() {
-        guard handshaking, !released else { return }
-        handshaking = false
-        gate.established()
-    }
-
-    /// Gives the place back (once).
-    func release() {
-        guard !released else { return }
-        released = true
-        gate.release(address: address, handshaking: handshaking)
-    }
-}
-
 /// The HTTP side of a relay connection before (or instead of) its WebSocket upgrade: `GET /healthz` and
 /// `GET /metrics` for operators, a clear status for anything else. Every response closes the connection, and a
 /// connection that neither upgrades nor completes a request within the handshake timeout is closed.
@@ -127,7 +98,7 @@ final class RelayMetrics: Sendable {
     let registry = PrometheusCollectorRegistry()
     private let factory: PrometheusMetricsFactory
     let entriesStored, bytesStored, entriesForwarded, bytesForwarded: Metrics.Counter
-    let handshakesRefused, connectionsRefusedOverLimit, connectionsEstablished: Metrics.Counter
+    let handshakesRefused, connectionsRefusedOverLimit, connectionsRefusedRate, connectionsEstablished: Metrics.Counter
     private let connections, handshaking, spaces: Metrics.Gauge
     private let rejections = Mutex<[String: Metrics.Counter]>([:])
 
@@ -139,7 +110,10 @@ final class RelayMetrics: Sendable {
         entriesForwarded = Metrics.Counter(label: "blaze_relay_entries_forwarded_total", factory: f)
         bytesForwarded = Metrics.Counter(label: "blaze_relay_bytes_forwarded_total", factory: f)
         handshakesRefused = Metrics.Counter(label: "blaze_relay_handshakes_refused_total", factory: f)
-        connectionsRefusedOverLimit = Metrics.Counter(label: "blaze_relay_connections_refused_total", factory: f)
+        connectionsRefusedOverLimit = Metrics.Counter(
+            label: "blaze_relay_connections_refused_total", dimensions: [("reason", "limit")], factory: f)
+        connectionsRefusedRate = Metrics.Counter(
+            label: "blaze_relay_connections_refused_total", dimensions: [("reason", "rate")], factory: f)
         connectionsEstablished = Metrics.Counter(label: "blaze_relay_connections_established_total", factory: f)
         connections = Metrics.Gauge(label: "blaze_relay_connections", factory: f)
         handshaking = Metrics.Gauge(label: "blaze_relay_connections_handshaking", factory: f)

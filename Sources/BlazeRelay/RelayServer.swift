@@ -2,6 +2,7 @@ import BlazeCRDT
 import BlazeCrypto
 import BlazeProtocol
 import BlazeSync
+import Foundation
 import Logging
 import NIOCore
 import NIOHTTP1
@@ -43,6 +44,8 @@ public final class RelayServer: Sendable {
     let gate: ConnectionGate
     /// Where the relay's tasks run: its event loops.
     let executor: EventLoopTaskExecutor
+    /// New connections per second per source address.
+    let handshakeRate: HandshakeRate
 
     /// Tests only (`@testable`): rewrites every batch as it is about to be sent, to play a relay that tampers with,
     /// drops, reorders, replays or withholds entries. Nil (always, outside tests) sends batches as stored.
@@ -58,12 +61,18 @@ public final class RelayServer: Sendable {
         return limits
     }
 
-    /// A relay over `store`, proving `identity` to devices, admitting connections within `limits`.
+    /// The default of new connections per second per source address (bursts of twice that).
+    public static let defaultHandshakeRate = 50
+
+    /// A relay over `store`, proving `identity` to devices, admitting connections within `limits` and at most
+    /// `handshakesPerSecondPerAddress` new ones per second from one address (0: no such limit).
     public init(
         store: any RelayBackend, identity: DeviceIdentity, group: any EventLoopGroup, logger: Logger,
-        timeout: TimeAmount = .seconds(30), limits: SyncListenerLimits = RelayServer.defaultLimits
+        timeout: TimeAmount = .seconds(30), limits: SyncListenerLimits = RelayServer.defaultLimits,
+        handshakesPerSecondPerAddress: Int = RelayServer.defaultHandshakeRate
     ) {
         self.gate = ConnectionGate(limits: limits)
+        self.handshakeRate = HandshakeRate(perSecond: handshakesPerSecondPerAddress)
         self.executor = EventLoopTaskExecutor(group: group)
         self.store = store
         self.identity = identity
@@ -133,6 +142,11 @@ public final class RelayServer: Sendable {
             .childChannelInitializer { channel in
                 // Limits hold before a byte is read: a flood of connections costs the relay no parsing.
                 let address = channel.remoteAddress?.ipAddress ?? "?"
+                guard relay.handshakeRate.allow(address) else {
+                    relay.metrics.connectionsRefusedRate.increment()
+                    relay.logger.debug("Relay refused a connection over its rate", metadata: ["address": "\(address)"])
+                    return channel.close()
+                }
                 guard relay.gate.admit(address: address) else {
                     relay.metrics.connectionsRefusedOverLimit.increment()
                     relay.logger.debug("Relay refused a connection over its limits", metadata: ["address": "\(address)"])
@@ -201,6 +215,8 @@ public final class RelayServer: Sendable {
                     relay.announce(space: space, except: nil, .members)
                 case .spaces:
                     Task(executorPreference: relay.executor) { await relay.rereadSpaces() }
+                case .expired(let space):
+                    relay.dropped(space: space)
                 case .resync:
                     relay.memberships.withLock { $0 = [:] }
                     Task(executorPreference: relay.executor) { await relay.rereadSpaces() }
@@ -214,9 +230,51 @@ public final class RelayServer: Sendable {
         watcher.withLock { $0 = task }
     }
 
+    /// Drops the data of spaces idle for longer than `retention`, checking every hour (or every `retention`, if
+    /// shorter), from now until shutdown.
+    public func keep(for retention: Duration) {
+        let relay = self
+        let every = min(retention, .seconds(3600))
+        let task = Task(executorPreference: executor) {
+            while !Task.isCancelled {
+                try? await Task.sleep(for: every)
+                if Task.isCancelled { return }
+                await relay.expireIdle(olderThan: retention)
+            }
+        }
+        retainer.withLock { $0 = task }
+    }
+
+    /// Drops the data of every space not written to for `age`; returns how many spaces were dropped.
+    @discardableResult
+    public func expireIdle(olderThan age: Duration) async -> Int {
+        let cutoff = Int64(Date().timeIntervalSince1970 * 1000) - Int64(age.components.seconds * 1000)
+        do {
+            let spaces = try await store.expire(idleBefore: cutoff)
+            for space in spaces {
+                logger.info("Relay dropped an idle space's data (retention)", metadata: ["space": "\(hexString(space))"])
+                dropped(space: space)
+            }
+            return spaces.count
+        } catch {
+            logger.error("Relay retention failed", metadata: ["error": "\(error)"])
+            return 0
+        }
+    }
+
+    /// A space's data was dropped: its resolved log is forgotten and its devices reconnect, handing back what they hold.
+    func dropped(space: [UInt8]) {
+        memberships.withLock { $0[hexString(space)] = nil }
+        announce(space: space, except: nil, .expired)
+    }
+
+    /// The retention task (`keep(for:)`).
+    private let retainer = Mutex<Task<Void, Never>?>(nil)
+
     /// Stops accepting devices and closes the listener.
     public func shutdown() async {
         watcher.withLock { $0 }?.cancel()
+        retainer.withLock { $0 }?.cancel()
         let ch = channel.withLock { c in
             defer { c = nil }
             return c
@@ -339,6 +397,8 @@ public final class RelayServer: Sendable {
         case entries
         /// Membership operations.
         case members
+        /// The space's data was dropped for retention: the device reconnects and hands back what it holds.
+        case expired
     }
 
     /// Registers a connection of `space`; `notify` runs whenever another connection stored something.

@@ -57,6 +57,10 @@ public final class RelayStore: RelayBackend {
                     ) WITHOUT ROWID;
                     """)
         }
+        m.registerMigration("v2") { db in
+            // Unix ms of the space's last write, for retention (0: nothing written since).
+            try db.execute(sql: "ALTER TABLE relay_usage ADD COLUMN last_write_ms INTEGER NOT NULL DEFAULT 0")
+        }
         try m.migrate(pool)
     }
 
@@ -116,6 +120,11 @@ public final class RelayStore: RelayBackend {
                     fresh.append(op)
                     count += 1
                 }
+            }
+            if !fresh.isEmpty {
+                try db.execute(
+                    sql: "UPDATE relay_usage SET last_write_ms = ? WHERE space = ?",
+                    arguments: [Int64(Date().timeIntervalSince1970 * 1000), Data(space)])
             }
             return fresh
         }
@@ -195,11 +204,27 @@ public final class RelayStore: RelayBackend {
                     arguments: [s, o, Int64(e.header.seq), Data(e.hash), Data(e.bytes)])
             }
             try db.execute(
-                sql: "UPDATE relay_usage SET entries = ?, bytes = ? WHERE space = ?", arguments: [entries, total, s])
+                sql: "UPDATE relay_usage SET entries = ?, bytes = ?, last_write_ms = ? WHERE space = ?",
+                arguments: [entries, total, Int64(Date().timeIntervalSince1970 * 1000), s])
             try db.execute(
                 sql: "INSERT OR IGNORE INTO relay_heads(space, origin, seq, head) VALUES (?, ?, ?, ?)",
                 arguments: [s, o, Int64(batch.head.seq), Data(batch.head.bytes)])
             return fresh.count
+        }
+    }
+
+    public func expire(idleBefore cutoffMs: Int64) async throws -> [[UInt8]] {
+        try await pool.write { db in
+            let idle = try Data.fetchAll(
+                db, sql: "SELECT space FROM relay_usage WHERE last_write_ms > 0 AND last_write_ms < ?", arguments: [cutoffMs])
+            for space in idle {
+                for table in ["relay_entries", "relay_heads", "relay_ops"] {
+                    try db.execute(sql: "DELETE FROM \(table) WHERE space = ?", arguments: [space])
+                }
+                try db.execute(
+                    sql: "UPDATE relay_usage SET entries = 0, bytes = 0, last_write_ms = 0 WHERE space = ?", arguments: [space])
+            }
+            return idle.map { Array($0) }
         }
     }
 

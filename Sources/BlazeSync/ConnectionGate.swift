@@ -16,6 +16,37 @@ public struct SyncListenerLimits: Sendable, Equatable {
     public init() {}
 }
 
+/// One admitted connection's place in a `ConnectionGate`: it counts as handshaking until `established()`, and is
+/// given back once by `release()`, however the connection ends (whichever of its handlers sees the end first).
+/// Event-loop bound, like the handlers holding it.
+public final class GatePlace {
+    let gate: ConnectionGate
+    /// The source address the gate admitted the connection for.
+    public let address: String
+    private var handshaking = true
+    private var released = false
+
+    /// The place `gate` gave a connection from `address` (`admit` returned true).
+    public init(gate: ConnectionGate, address: String) {
+        self.gate = gate
+        self.address = address
+    }
+
+    /// The connection finished its handshake: it stops counting as handshaking.
+    public func established() {
+        guard handshaking, !released else { return }
+        handshaking = false
+        gate.established()
+    }
+
+    /// Gives the place back (once).
+    public func release() {
+        guard !released else { return }
+        released = true
+        gate.release(address: address, handshaking: handshaking)
+    }
+}
+
 /// Counts inbound sync connections and admits a new one only while every limit of `SyncListenerLimits` holds.
 public final class ConnectionGate: Sendable {
     private struct Counts {

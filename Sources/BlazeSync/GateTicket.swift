@@ -6,38 +6,24 @@ import NIOCore
 final class GateTicket: ChannelInboundHandler {
     typealias InboundIn = Never
 
-    let gate: ConnectionGate
-    /// The source address the gate admitted the connection for.
-    let address: String
-    private var handshaking = true
-    private var released = false
+    let place: GatePlace
 
     /// A ticket for a connection `gate` admitted from `address`.
     init(gate: ConnectionGate, address: String) {
-        self.gate = gate
-        self.address = address
+        self.place = GatePlace(gate: gate, address: address)
     }
 
     func userInboundEventTriggered(context: ChannelHandlerContext, event: Any) {
-        if event is SyncLinkEstablished, handshaking, !released {
-            handshaking = false
-            gate.established()
-        }
+        if event is SyncLinkEstablished { place.established() }
         context.fireUserInboundEventTriggered(event)
     }
 
     func channelInactive(context: ChannelHandlerContext) {
-        release()
+        place.release()
         context.fireChannelInactive()
     }
 
     func handlerRemoved(context: ChannelHandlerContext) {
-        release()
-    }
-
-    private func release() {
-        guard !released else { return }
-        released = true
-        gate.release(address: address, handshaking: handshaking)
+        place.release()
     }
 }

@@ -1,5 +1,6 @@
 import ArgumentParser
 import BlazeCrypto
+import BlazeDaemon
 import BlazeProtocol
 import BlazeRelay
 import BlazeSync
@@ -72,6 +73,9 @@ struct Serve: AsyncParsableCommand {
     @Option(help: "Log level: trace, debug, info, notice, warning, error, critical.")
     var logLevel = "info"
 
+    @Option(help: "Log lines on stderr: text (key=value) or json, as blazed writes them.")
+    var logFormat = "text"
+
     @Option(help: "Most device connections at once (further ones are closed before a byte is read).")
     var maxConnections = RelayServer.defaultLimits.maxConnections
 
@@ -84,6 +88,12 @@ struct Serve: AsyncParsableCommand {
     @Option(help: "Seconds a device may take to finish its handshake.")
     var handshakeTimeout = RelayServer.defaultLimits.handshakeTimeoutMs / 1000
 
+    @Option(help: "New connections per second from one source address, bursts of twice that (0: no limit); more are closed at once.")
+    var handshakeRate = RelayServer.defaultHandshakeRate
+
+    @Option(help: "Days a space's data is kept after its last write (0: for good). Devices hand it back when they reconnect.")
+    var retentionDays = 0
+
     func validate() throws {
         for (name, value) in [
             ("--max-connections", maxConnections), ("--max-handshakes", maxHandshakes),
@@ -92,6 +102,18 @@ struct Serve: AsyncParsableCommand {
             throw ValidationError("\(name) must be from 1 to 1000000, got \(value)")
         }
         if (tlsCert == nil) != (tlsKey == nil) { throw ValidationError("--tls-cert and --tls-key go together") }
+        guard LineLogHandler.Format(rawValue: logFormat) != nil else {
+            throw ValidationError("--log-format must be text or json, got \(logFormat)")
+        }
+        guard Logger.Level(rawValue: logLevel) != nil else {
+            throw ValidationError("--log-level must be one of trace, debug, info, notice, warning, error, critical")
+        }
+        if !(0...36_500).contains(retentionDays) {
+            throw ValidationError("--retention-days must be from 0 to 36500, got \(retentionDays)")
+        }
+        if !(0...1_000_000).contains(handshakeRate) {
+            throw ValidationError("--handshake-rate must be from 0 to 1000000, got \(handshakeRate)")
+        }
     }
 
     /// The server TLS context of --tls-cert and --tls-key, nil when not given.
@@ -111,10 +133,11 @@ struct Serve: AsyncParsableCommand {
         guard let address = PeerAddress(listen) ?? (listen.hasSuffix(":0") ? PeerAddress(String(listen.dropLast(2)) + ":1") : nil)
         else { throw ValidationError("--listen must be host:port") }
         let port = listen.hasSuffix(":0") ? 0 : address.port
-        // Logs go to stderr; stdout carries only the address line.
-        LoggingSystem.bootstrap(StreamLogHandler.standardError)
-        var logger = Logger(label: "blaze-relay")
-        logger.logLevel = Logger.Level(rawValue: logLevel) ?? .info
+        // Structured lines on stderr; stdout carries only the URL line.
+        let level = Logger.Level(rawValue: logLevel) ?? .info
+        let format = LineLogHandler.Format(rawValue: logFormat) ?? .text
+        LoggingSystem.bootstrap { label in LineLogHandler(label: label, level: level, format: format) }
+        let logger = Logger(label: "blaze-relay")
         let store = try await options.openStore(logger: logger)
         let identity = try DeviceIdentity.loadOrCreate(directory: options.dataDir + "/keys")
         var limits = RelayServer.defaultLimits
@@ -124,9 +147,11 @@ struct Serve: AsyncParsableCommand {
         limits.handshakeTimeoutMs = handshakeTimeout * 1000
         let relay = RelayServer(
             store: store, identity: identity, group: MultiThreadedEventLoopGroup.singleton, logger: logger,
-            limits: limits)
+            limits: limits, handshakesPerSecondPerAddress: handshakeRate)
+        let termination = Self.catchTermination()
         let tls = try tlsContext()
         let bound = try await relay.listen(host: address.host, port: port, tls: tls)
+        if retentionDays > 0 { relay.keep(for: .seconds(retentionDays * 86_400)) }
         let host = address.host.contains(":") ? "[\(address.host)]" : address.host
         let url = "\(tls == nil ? "ws" : "wss")://\(host):\(bound)\(WebSocketBytes.defaultPath)"
         // The URL on stdout, alone on its line, so scripts and tests can read the port picked.
@@ -134,45 +159,31 @@ struct Serve: AsyncParsableCommand {
         logger.info(
             "Relay started",
             metadata: ["url": "\(url)", "spaces": "\(relay.servedCount)", "store": "\(options.postgres == nil ? "sqlite" : "postgresql")"])
-        await Self.waitForTermination()
+        for await _ in termination { break }
         logger.info("Relay stopping")
         await relay.shutdown()
         (store as? PostgresRelayStore)?.close()
     }
 
-    /// Returns on SIGTERM or SIGINT.
-    static func waitForTermination() async {
+    /// Starts catching SIGTERM and SIGINT (before the URL is printed, so a signal right after it still stops the relay
+    /// cleanly); the returned stream yields once when one arrives.
+    static func catchTermination() -> AsyncStream<Void> {
         signal(SIGTERM, SIG_IGN)
         signal(SIGINT, SIG_IGN)
-        await withCheckedContinuation { (done: CheckedContinuation<Void, Never>) in
-            let once = OnceFlag()
-            for sig in [SIGTERM, SIGINT] {
-                let source = DispatchSource.makeSignalSource(signal: sig, queue: .global())
-                source.setEventHandler { if once.take() { done.resume() } }
-                source.resume()
-                Retained.sources.append(source)
-            }
+        let (stream, continuation) = AsyncStream<Void>.makeStream()
+        for sig in [SIGTERM, SIGINT] {
+            let source = DispatchSource.makeSignalSource(signal: sig, queue: .global())
+            source.setEventHandler { continuation.yield() }
+            source.resume()
+            Retained.sources.append(source)
         }
+        return stream
     }
 }
 
 /// Keeps the signal sources alive for the life of the process.
 enum Retained {
     nonisolated(unsafe) static var sources: [any DispatchSourceSignal] = []
-}
-
-/// True once, then false.
-final class OnceFlag: @unchecked Sendable {
-    // @unchecked: guarded by the lock.
-    private let lock = NSLock()
-    private var taken = false
-    func take() -> Bool {
-        lock.lock()
-        defer { lock.unlock() }
-        if taken { return false }
-        taken = true
-        return true
-    }
 }
 
 struct AddSpace: AsyncParsableCommand {

@@ -295,7 +295,7 @@ final class RelayChild {
             [
                 "serve", "--data-dir", dataDir, "--listen", "127.0.0.1:0", "--log-level", "error",
                 "--max-connections", "\(connections)", "--max-handshakes", "\(connections)",
-                "--max-connections-per-address", "\(connections)",
+                "--max-connections-per-address", "\(connections)", "--handshake-rate", "0",
             ] + (postgres.map { ["--postgres", $0] } ?? [])
         let out = Pipe()
         process.standardOutput = out

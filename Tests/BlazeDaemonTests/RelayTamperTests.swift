@@ -91,7 +91,7 @@ enum Tampering: String, CaseIterable, CustomStringConvertible, Sendable {
         let ca = try a.connect(), cb = try b.connect()
         _ = try ca.call("db.create", ["db": "team"])
         _ = try cb.call("db.join", ["token": .string(try ca.invite("team")), "db": "team"])
-        let capability = try #require(try ca.call("db.relayCapability", ["db": "team"])["capability"]?.stringValue)
+        let capability = try ca.relayCapability("team")
         _ = try await relay.server.add(try RelayCapability(text: capability))
         _ = try cb.call("peer.remove", ["db": "team", "address": .string(try a.syncAddress())])
         relay.tamper(how.rewrite())
@@ -140,7 +140,7 @@ enum Tampering: String, CaseIterable, CustomStringConvertible, Sendable {
         let ca = try a.connect(), cb = try b.connect(), cc = try c.connect()
         _ = try ca.call("db.create", ["db": "team"])
         for x in [cb, cc] { _ = try x.call("db.join", ["token": .string(try ca.invite("team")), "db": "team"]) }
-        let capability = try #require(try ca.call("db.relayCapability", ["db": "team"])["capability"]?.stringValue)
+        let capability = try ca.relayCapability("team")
         _ = try await relay.server.add(try RelayCapability(text: capability))
         let nc = try nodeID(cc, "team")
         // The relay keeps back every entry of C's.

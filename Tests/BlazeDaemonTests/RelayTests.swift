@@ -150,6 +150,24 @@ func httpExchange(port: Int, _ request: String) throws -> (status: Int, body: St
     return (status, body)
 }
 
+/// A daemon whose database `team` is shared and served by `relay`: the daemon, a connection to it, the capability.
+func sharedTeam(servedBy relay: RelayProcess) throws -> (DaemonProcess, BlazeConnection, String) {
+    let a = try syncDaemon()
+    let ca = try a.connect()
+    _ = try ca.call("db.create", ["db": "team"])
+    _ = try ca.call("db.share", ["db": "team"])
+    let capability = try ca.relayCapability("team")
+    try relay.addSpace(capability)
+    return (a, ca, capability)
+}
+
+extension BlazeConnection {
+    /// The relay capability of `db` (any member prints it).
+    func relayCapability(_ db: String) throws -> String {
+        try #require(try call("db.relayCapability", ["db": .string(db)])["capability"]?.stringValue)
+    }
+}
+
 /// How many changes of its own a daemon's database holds (its entry in `db.info`'s version vector).
 func ownSeq(_ c: BlazeConnection, _ db: String) throws -> Int64 {
     let info = try c.call("db.info", ["db": .string(db)])
@@ -167,7 +185,7 @@ func ownSeq(_ c: BlazeConnection, _ db: String) throws -> Int64 {
         var ca = try a.connect(), cb = try b.connect()
         _ = try ca.call("db.create", ["db": "team"])
         _ = try cb.call("db.join", ["token": .string(try ca.invite("team")), "db": "team"])
-        let capability = try #require(try ca.call("db.relayCapability", ["db": "team"])["capability"]?.stringValue)
+        let capability = try ca.relayCapability("team")
         #expect(try cb.call("db.relayCapability", ["db": "team"])["capability"]?.stringValue == capability)
         try relay.addSpace(capability)
         for c in [ca, cb] { _ = try c.call("peer.add", ["db": "team", "address": .string(relay.address)]) }
@@ -212,7 +230,7 @@ func ownSeq(_ c: BlazeConnection, _ db: String) throws -> Int64 {
         let ca = try a.connect(), cb = try b.connect()
         _ = try ca.call("db.create", ["db": "team"])
         _ = try cb.call("db.join", ["token": .string(try ca.invite("team")), "db": "team"])
-        try relay.addSpace(try #require(try ca.call("db.relayCapability", ["db": "team"])["capability"]?.stringValue))
+        try relay.addSpace(try ca.relayCapability("team"))
         // B drops its direct link to A; from now on both only reach the relay.
         _ = try cb.call("peer.remove", ["db": "team", "address": .string(try a.syncAddress())])
         for c in [ca, cb] { _ = try c.call("peer.add", ["db": "team", "address": .string(relay.address)]) }
@@ -234,12 +252,7 @@ func ownSeq(_ c: BlazeConnection, _ db: String) throws -> Int64 {
 
     @Test func hostileDevicesAreRefusedAndTheRelayKeepsServing() throws {
         let relay = try RelayProcess()
-        let a = try syncDaemon()
-        let ca = try a.connect()
-        _ = try ca.call("db.create", ["db": "team"])
-        _ = try ca.call("db.share", ["db": "team"])
-        let capability = try #require(try ca.call("db.relayCapability", ["db": "team"])["capability"]?.stringValue)
-        try relay.addSpace(capability)
+        let (a, ca, capability) = try sharedTeam(servedBy: relay)
         let cap = try RelayCapability(text: capability)
         // A device proving another space's capability is closed during the handshake.
         #expect(throws: (any Error).self) { try HostileMember(key: SpaceKey.generate()).connect(port: relay.port, webSocket: "/v1/sync") }
@@ -299,12 +312,7 @@ func ownSeq(_ c: BlazeConnection, _ db: String) throws -> Int64 {
 
     @Test func connectionsOverTheLimitsAreClosedBeforeAByteIsRead() throws {
         let relay = try RelayProcess(arguments: ["--max-connections", "2", "--handshake-timeout", "30"])
-        let a = try syncDaemon()
-        let ca = try a.connect()
-        _ = try ca.call("db.create", ["db": "team"])
-        _ = try ca.call("db.share", ["db": "team"])
-        let capability = try #require(try ca.call("db.relayCapability", ["db": "team"])["capability"]?.stringValue)
-        try relay.addSpace(capability)
+        let (a, _, capability) = try sharedTeam(servedBy: relay)
         // Two connections that never finish their handshake hold both places; a third is closed at once.
         let held = try (0..<2).map { _ in try HostileMember.openSocket(port: relay.port) }
         let third = try HostileMember.openSocket(port: relay.port)
@@ -317,18 +325,21 @@ func ownSeq(_ c: BlazeConnection, _ db: String) throws -> Int64 {
         #expect(eventually { (try? member.connect(port: relay.port, webSocket: "/v1/sync")) != nil })
         member.close()
         Glibc.close(held[1])
+        // A source address reconnecting in a loop: with --handshake-rate 1 (bursts of 2), a third connection within
+        // the second is closed at once, before the gate or a handshake.
+        let slow = try RelayProcess(arguments: ["--handshake-rate", "1"])
+        let burst = try (0..<2).map { _ in try HostileMember.openSocket(port: slow.port) }
+        let over = try HostileMember.openSocket(port: slow.port)
+        #expect(recv(over, &byte, 1, 0) == 0, "closed at once")
+        for fd in burst + [over] { Glibc.close(fd) }
         a.stop()
         relay.stop()
+        slow.stop()
     }
 
     @Test func operatorsGetHealthAndMetricsAndEverythingElseAClearStatus() throws {
         let relay = try RelayProcess()
-        let a = try syncDaemon()
-        let ca = try a.connect()
-        _ = try ca.call("db.create", ["db": "team"])
-        _ = try ca.call("db.share", ["db": "team"])
-        let capability = try #require(try ca.call("db.relayCapability", ["db": "team"])["capability"]?.stringValue)
-        try relay.addSpace(capability)
+        let (a, ca, capability) = try sharedTeam(servedBy: relay)
         _ = try ca.call("peer.add", ["db": "team", "address": .string(relay.address)])
         for i in 0..<5 { _ = try ca.call("doc.put", ["db": "team", "collection": "c", "id": .string("d\(i)"), "doc": ["i": .int(Int64(i))]]) }
         let na = try nodeID(ca, "team")
@@ -407,7 +418,7 @@ func ownSeq(_ c: BlazeConnection, _ db: String) throws -> Int64 {
         let ca = try a.connect(), cb = try b.connect()
         _ = try ca.call("db.create", ["db": "team"])
         _ = try cb.call("db.join", ["token": .string(try ca.invite("team")), "db": "team"])
-        try relay.addSpace(try #require(try ca.call("db.relayCapability", ["db": "team"])["capability"]?.stringValue))
+        try relay.addSpace(try ca.relayCapability("team"))
         _ = try cb.call("peer.remove", ["db": "team", "address": .string(try a.syncAddress())])
         for c in [ca, cb] { _ = try c.call("peer.add", ["db": "team", "address": .string(relay.address)]) }
         for i in 0..<10 {
@@ -440,7 +451,7 @@ func ownSeq(_ c: BlazeConnection, _ db: String) throws -> Int64 {
         _ = try ca.call("db.create", ["db": "team"])
         for x in [cb, cc] { _ = try x.call("db.join", ["token": .string(try ca.invite("team")), "db": "team"]) }
         // The space is added through one process; the other learns it from PostgreSQL.
-        try r1.addSpace(try #require(try ca.call("db.relayCapability", ["db": "team"])["capability"]?.stringValue))
+        try r1.addSpace(try ca.relayCapability("team"))
         for x in [cb, cc] { _ = try x.call("peer.remove", ["db": "team", "address": .string(try a.syncAddress())]) }
         _ = try ca.call("peer.add", ["db": "team", "address": .string(r1.address)])
         _ = try cb.call("peer.add", ["db": "team", "address": .string(r2.address)])
@@ -497,7 +508,7 @@ func ownSeq(_ c: BlazeConnection, _ db: String) throws -> Int64 {
         let ca = try a.connect(), cb = try b.connect()
         _ = try ca.call("db.create", ["db": "team"])
         _ = try ca.call("db.share", ["db": "team"])
-        try relay.addSpace(try #require(try ca.call("db.relayCapability", ["db": "team"])["capability"]?.stringValue))
+        try relay.addSpace(try ca.relayCapability("team"))
         _ = try ca.call("peer.add", ["db": "team", "address": .string(relay.address)])
         _ = try ca.call("doc.put", ["db": "team", "collection": "c", "id": "before", "doc": ["v": 1]])
         let token = try #require(
@@ -528,5 +539,18 @@ func ownSeq(_ c: BlazeConnection, _ db: String) throws -> Int64 {
         #expect(limits.status != 0 && limits.err.contains("--max-connections must be from 1"))
         let help = try run(buildDirectory + "/blaze-relay", ["--help"])
         #expect(help.status == 0 && help.out.contains("add-space") && help.out.contains("serve"))
+        let format = try run(buildDirectory + "/blaze-relay", ["serve", "--data-dir", dir.path, "--log-format", "xml"])
+        #expect(format.status != 0 && format.err.contains("--log-format must be text or json"))
+        let tls = try run(buildDirectory + "/blaze-relay", ["serve", "--data-dir", dir.path, "--tls-cert", "/nonexistent.pem"])
+        #expect(tls.status != 0 && tls.err.contains("--tls-cert and --tls-key go together"))
+        let pg = try run(buildDirectory + "/blaze-relay", ["serve", "--data-dir", dir.path, "--postgres", "mysql://x"])
+        #expect(pg.status != 0 && pg.err.contains("--postgres must be a postgres:// URL"))
+        // Log lines are blazed's: one JSON object per line with --log-format json.
+        let relay = try RelayProcess(arguments: ["--log-format", "json"])
+        #expect(eventually { relay.logText.contains("Relay started") })
+        relay.stop()
+        let first = try #require(relay.logText.split(separator: "\n").first)
+        let object = try JSONSerialization.jsonObject(with: Data(first.utf8)) as? [String: Any]
+        #expect(object?["msg"] as? String == "Relay started" && object?["level"] as? String == "info")
     }
 }

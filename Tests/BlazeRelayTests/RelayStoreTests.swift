@@ -182,4 +182,28 @@ final class TempRelay {
         #expect(try await relay.usage(space: key.id).entries == 10)
         #expect(try await relay.vector(space: key.id) == [admin.origin: 10])
     }
+
+    @Test(arguments: Backend.allCases) func idleSpacesAreDroppedWholeAndFillAgain(backend: Backend) async throws {
+        let temp = try await TempRelay(backend)
+        let relay = temp.store
+        _ = try await relay.add(RelayCapability(key: key))
+        let other = SpaceKey.generate()
+        _ = try await relay.add(RelayCapability(key: other))
+        let w = try Writer(key: key)
+        try w.write(20, key: key)
+        let batch = try #require(try w.db.entryBatch(origin: w.origin, after: 0, maxEntries: 100))
+        #expect(try await relay.store(batch, space: key.id, membership: nil) == 20)
+        // Written just now: kept when the cutoff is in the past.
+        #expect(try await relay.expire(idleBefore: Int64(Date().timeIntervalSince1970 * 1000) - 60_000).isEmpty)
+        // A cutoff after the last write drops the space's data, and only that space's (the other was never written).
+        let dropped = try await relay.expire(idleBefore: Int64(Date().timeIntervalSince1970 * 1000) + 60_000)
+        #expect(dropped == [key.id])
+        #expect(try await relay.vector(space: key.id).isEmpty)
+        #expect(try await relay.usage(space: key.id).entries == 0)
+        #expect(try await relay.ops(space: key.id).isEmpty)
+        #expect(try await relay.spaces().map(\.id).contains(key.id), "the space is still served")
+        // A device hands everything back from its first entry, as on a first sync.
+        #expect(try await relay.store(batch, space: key.id, membership: nil) == 20)
+        #expect(try await relay.vector(space: key.id) == [w.origin: 20])
+    }
 }
