@@ -74,7 +74,7 @@ final class RelayConnection: ChannelInboundHandler {
     /// Sends the relay's hello and arms the handshake deadline, once.
     private func start(context: ChannelHandlerContext) {
         guard case .handshake(let server) = state, deadline == nil else { return }
-        context.writeAndFlush(wrapOutboundOut(Self.plainFrame(server.hello)), promise: nil)
+        context.writeAndFlush(wrapOutboundOut(HandshakeFrame.encode(server.hello)), promise: nil)
         let bound = NIOLoopBound((self, context), eventLoop: context.eventLoop)
         deadline = context.eventLoop.scheduleTask(in: .milliseconds(Int64(relay.gate.limits.handshakeTimeoutMs))) {
             let (connection, context) = bound.value
@@ -138,8 +138,13 @@ final class RelayConnection: ChannelInboundHandler {
                 let auth = pending.readBytes(length: Handshake.authSize)!
                 guard let accepted = try? server.accept(auth, spaces: relay.servedKeys()) else {
                     guard let reread = relay.rereadForHandshake() else {
-                        refuseHandshake(context: context)
-                        return
+                        // A re-read may have ended between the check above and now: the list as it is now decides.
+                        guard let accepted = try? server.accept(auth, spaces: relay.servedKeys()) else {
+                            refuseHandshake(context: context)
+                            return
+                        }
+                        accept(accepted, context: context)
+                        continue
                     }
                     state = .rereading(server, auth: auth)
                     let bound = NIOLoopBound((self, context), eventLoop: context.eventLoop)
@@ -189,7 +194,7 @@ final class RelayConnection: ChannelInboundHandler {
     private func accept(_ accepted: Handshake.Accepted, context: ChannelHandlerContext) {
         deadline?.cancel()
         place.established()
-        context.writeAndFlush(wrapOutboundOut(Self.plainFrame(accepted.reply)), promise: nil)
+        context.writeAndFlush(wrapOutboundOut(HandshakeFrame.encode(accepted.reply)), promise: nil)
         state = .established(space: accepted.space.id, cipher: accepted.session)
         established(space: accepted.space.id, context: context)
     }
@@ -215,14 +220,6 @@ final class RelayConnection: ChannelInboundHandler {
         let sealed = cipher.seal(bytes)
         state = .established(space: space, cipher: cipher)
         return context.writeAndFlush(wrapOutboundOut(ByteBuffer(bytes: sealed)))
-    }
-
-    /// A handshake frame: its 4-byte big-endian length, then the message.
-    static func plainFrame(_ body: [UInt8]) -> ByteBuffer {
-        var b = ByteBuffer()
-        b.writeInteger(UInt32(body.count))
-        b.writeBytes(body)
-        return b
     }
 
     // MARK: Protocol

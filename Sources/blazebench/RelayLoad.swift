@@ -237,11 +237,7 @@ final class LoadDevice: ChannelInboundHandler, @unchecked Sendable {
                 pending.moveReaderIndex(forwardBy: 4)
                 let body = pending.readBytes(length: Int(length))!
                 if Int(length) == Handshake.helloSize {
-                    let auth = try client.respond(to: body)
-                    var frame = ByteBuffer()
-                    frame.writeInteger(UInt32(auth.count))
-                    frame.writeBytes(auth)
-                    context.writeAndFlush(wrapOutboundOut(frame), promise: nil)
+                    context.writeAndFlush(wrapOutboundOut(HandshakeFrame.encode(try client.respond(to: body))), promise: nil)
                 } else {
                     cipher = try client.finish(body).session
                     progress.established()
