@@ -23,10 +23,11 @@ export type Event = { "seq": FeedSequence; "collection": CollectionName; "id": D
 export type SpaceId = string;
 export type ShareToken = string;
 export type PeerAddress = string;
-export type PeerStatus = { "peer": string; "direction": "outbound" | "inbound"; "connected": boolean; "connections": number; "devices": Array<NodeId>; "lastDevice": string | null; "lastSyncMs": number | null; "sentEntries": number; "receivedEntries": number; "sentBytes": number; "receivedBytes": number; "peerBehind": number; "selfBehind": number; "errors": number; "lastError": string | null; "rejected": Record<string, number> };
+export type PeerStatus = { "peer": string; "direction": "outbound" | "inbound" | "folder"; "connected": boolean; "connections": number; "devices": Array<NodeId>; "lastDevice": string | null; "lastSyncMs": number | null; "sentEntries": number; "receivedEntries": number; "sentBytes": number; "receivedBytes": number; "peerBehind": number; "selfBehind": number; "errors": number; "lastError": string | null; "rejected": Record<string, number> };
 export type ForkEvidence = { "origin": NodeId; "seq": number; "heldHash": string; "otherHash": string; "detectedAtMs": number };
 export type MemberRole = "admin" | "writer" | "reader";
 export type Member = { "device": NodeId; "role": MemberRole; "addedBy": string | null; "addedAtMs": number; "removedBy": string | null; "removedAtMs": number | null; "thisDevice": boolean };
+export type FolderPath = string;
 
 /** Parameters of `rpc.discover`: Returns this OpenRPC document. */
 export type RpcDiscoverParams = Record<string, never>;
@@ -174,6 +175,19 @@ export interface PeerListParams { "db": DatabaseName }
 /** Result of `peer.list`. */
 export type PeerListResult = { "db": DatabaseName; "peers": Array<{ "address": PeerAddress; "connected": boolean; "device": string | null }> };
 
+/** Parameters of `folder.add`: Syncs a shared database through a folder that follows the user between machines. */
+export interface FolderAddParams { "db": DatabaseName; "path": FolderPath }
+/** Result of `folder.add`. */
+export type FolderAddResult = { "db": DatabaseName; "path": FolderPath; "added": boolean };
+/** Parameters of `folder.remove`: Stops syncing a database through a folder. */
+export interface FolderRemoveParams { "db": DatabaseName; "path": FolderPath }
+/** Result of `folder.remove`. */
+export type FolderRemoveResult = { "db": DatabaseName; "path": FolderPath; "removed": boolean };
+/** Parameters of `folder.list`: Lists the folders a database syncs through. */
+export interface FolderListParams { "db": DatabaseName }
+/** Result of `folder.list`. */
+export type FolderListResult = { "db": DatabaseName; "folders": Array<{ "path": FolderPath; "devices": Array<NodeId>; "lastSyncMs": number | null; "lastError": string | null }> };
+
 /** Parameters of `sync.status`: Sync state per shared database and peer: connections, progress, errors, rejections. */
 export interface SyncStatusParams { "db"?: DatabaseName }
 /** Result of `sync.status`. */
@@ -228,6 +242,7 @@ export declare class BlazeClient {
   readonly index: { create(params: IndexCreateParams): Promise<IndexCreateResult>; drop(params: IndexDropParams): Promise<IndexDropResult>; list(params: IndexListParams): Promise<IndexListResult> };
   readonly conflict: { list(params: ConflictListParams): Promise<ConflictListResult>; resolve(params: ConflictResolveParams): Promise<ConflictResolveResult> };
   readonly peer: { add(params: PeerAddParams): Promise<PeerAddResult>; remove(params: PeerRemoveParams): Promise<PeerRemoveResult>; list(params: PeerListParams): Promise<PeerListResult> };
+  readonly folder: { add(params: FolderAddParams): Promise<FolderAddResult>; remove(params: FolderRemoveParams): Promise<FolderRemoveResult>; list(params: FolderListParams): Promise<FolderListResult> };
   readonly sync: { status(params?: SyncStatusParams): Promise<SyncStatusResult>; now(params: SyncNowParams): Promise<SyncNowResult>; pause(params: SyncPauseParams): Promise<SyncPauseResult>; resume(params: SyncResumeParams): Promise<SyncResumeResult> };
 }
 

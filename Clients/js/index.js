@@ -20,6 +20,7 @@ export class BlazeClient extends Connection {
     this.index = Object.freeze({ create: (params = {}) => this.call('index.create', params), drop: (params = {}) => this.call('index.drop', params), list: (params = {}) => this.call('index.list', params) });
     this.conflict = Object.freeze({ list: (params = {}) => this.call('conflict.list', params), resolve: (params = {}) => this.call('conflict.resolve', params) });
     this.peer = Object.freeze({ add: (params = {}) => this.call('peer.add', params), remove: (params = {}) => this.call('peer.remove', params), list: (params = {}) => this.call('peer.list', params) });
+    this.folder = Object.freeze({ add: (params = {}) => this.call('folder.add', params), remove: (params = {}) => this.call('folder.remove', params), list: (params = {}) => this.call('folder.list', params) });
     this.sync = Object.freeze({ status: (params = {}) => this.call('sync.status', params), now: (params = {}) => this.call('sync.now', params), pause: (params = {}) => this.call('sync.pause', params), resume: (params = {}) => this.call('sync.resume', params) });
   }
 

@@ -61,6 +61,11 @@ public enum BlazedSettings {
             "sync-tls-ca-file", .text(check: checkPath), optional: true,
             "PEM file of certificates to trust for wss:// relays, besides the system's"
         ) { _ in .none },
+        ConfigKey(
+            "folder-poll-interval", .double(0.01...3600),
+            "Seconds between scans of a sync folder when nothing announced a change (inotify still wakes at once)"
+        ) { _ in .double(2) },
+        ConfigKey("folder-inotify", .bool, "Watch sync folders with inotify (off: poll only)") { _ in .bool(true) },
     ]
 
     /// The log levels of swift-log, least severe first.

@@ -46,7 +46,7 @@ public final class Daemon: Service, Sendable {
             store: store, identity: identity, keysDirectory: config.dataDirectory + "/keys/spaces",
             group: MultiThreadedEventLoopGroup.singleton, pool: pool, logger: logger,
             timeout: .milliseconds(Int64(config.syncTimeoutMs)), listenerLimits: config.syncListenerLimits,
-            tlsTrustRoots: config.syncTLSTrustRoots)
+            tlsTrustRoots: config.syncTLSTrustRoots, folderOptions: config.folderOptions)
         if let name = config.defaultDatabase, (try? store.database(name)) == nil {
             _ = try store.create(name)
         }

@@ -26,6 +26,8 @@ extension DaemonConfig {
         "sync-max-peers-per-address": { $0.syncListenerLimits.maxConnectionsPerAddress = $1.number },
         "sync-max-handshakes": { $0.syncListenerLimits.maxHandshakes = $1.number },
         "sync-tls-ca-file": { $0.syncTLSTrustRoots = $1.text },
+        "folder-poll-interval": { $0.folderOptions.pollIntervalMs = $1.milliseconds },
+        "folder-inotify": { $0.folderOptions.inotify = $1.flag ?? true },
     ]
 
     /// The configuration resolved settings describe, reporting them in `daemon.config`.

@@ -44,6 +44,8 @@ public struct DaemonConfig: Sendable {
     public var syncListenerLimits = SyncListenerLimits()
     /// A PEM file of certificates to trust for `wss://` relays besides the system's; nil trusts the system's only.
     public var syncTLSTrustRoots: String?
+    /// How sync folders are watched and written (`folder-poll-interval`, `folder-inotify`).
+    public var folderOptions = FolderOptions()
     /// A listening socket passed by systemd socket activation; when set, it is served instead of binding
     /// `socketPath` (which then names where it is bound), and it is left in place at shutdown.
     public var inheritedSocket: Systemd.InheritedSocket?

@@ -1,3 +1,4 @@
+import Foundation
 import BlazeCrypto
 import BlazeProtocol
 import BlazeStore
@@ -16,7 +17,7 @@ extension Methods {
 
     static func peerStatus(_ s: PeerStatus) -> RPCSchema.PeerStatus {
         .init(
-            peer: s.peer, direction: s.direction == .outbound ? .outbound : .inbound, connected: s.connected,
+            peer: s.peer, direction: .init(rawValue: s.direction.rawValue) ?? .inbound, connected: s.connected,
             connections: s.connections, devices: s.devices, lastDevice: s.lastDevice, lastSyncMs: s.lastSyncMs.map { Int($0) }, sentEntries: s.sentEntries,
             receivedEntries: s.receivedEntries, sentBytes: s.sentBytes, receivedBytes: s.receivedBytes,
             peerBehind: s.peerBehind, selfBehind: s.selfBehind, errors: s.errors, lastError: s.lastError,
@@ -127,6 +128,46 @@ extension Methods {
             db: db.name,
             peers: try db.peers().map {
                 .init(address: $0, connected: live[$0]?.connected ?? false, device: live[$0]?.lastDevice)
+            })
+    }
+
+    /// A folder path as `folder.add` takes it: absolute, without `.`/`..` parts or a trailing slash; `mustExist`
+    /// also wants an existing directory.
+    static func folderPath(_ text: String, mustExist: Bool) throws -> String {
+        guard text.hasPrefix("/"), !text.contains("\0"), text.utf8.count <= 4096 else {
+            throw RPCError.invalidParams(
+                "path must be an absolute path, got \(JSONValue.string(text).jsonText)", kind: "invalid_folder")
+        }
+        var path = (text as NSString).standardizingPath
+        while path.count > 1 && path.hasSuffix("/") { path.removeLast() }
+        if mustExist {
+            var isDir: ObjCBool = false
+            guard FileManager.default.fileExists(atPath: path, isDirectory: &isDir), isDir.boolValue else {
+                throw RPCError.invalidParams(
+                    "path must be an existing directory, got \(JSONValue.string(text).jsonText)", kind: "invalid_folder")
+            }
+        }
+        return path
+    }
+
+    static let folderAdd = MethodHandler(RPC.FolderAdd.self) { p, ctx in
+        let db = try ctx.database(p.db)
+        let path = try folderPath(p.path, mustExist: true)
+        return .init(db: db.name, path: path, added: try ctx.sync.addFolder(db: db, path: path))
+    }
+
+    static let folderRemove = MethodHandler(RPC.FolderRemove.self) { p, ctx in
+        let db = try ctx.database(p.db)
+        let path = try folderPath(p.path, mustExist: false)
+        return .init(db: db.name, path: path, removed: try ctx.sync.removeFolder(db: db, path: path))
+    }
+
+    static let folderList = MethodHandler(RPC.FolderList.self, inline: true) { p, ctx in
+        let db = try ctx.database(p.db)
+        return .init(
+            db: db.name,
+            folders: try ctx.sync.folders(db: db).map {
+                .init(path: $0.path, devices: $0.devices, lastSyncMs: $0.lastSyncMs.map { Int($0) }, lastError: $0.lastError)
             })
     }
 

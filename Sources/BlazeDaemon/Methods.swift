@@ -44,6 +44,9 @@ enum Methods {
         case .peerAdd: return peerAdd
         case .peerRemove: return peerRemove
         case .peerList: return peerList
+        case .folderAdd: return folderAdd
+        case .folderRemove: return folderRemove
+        case .folderList: return folderList
         case .syncStatus: return syncStatus
         case .syncNow: return syncNow
         case .syncPause: return syncPause

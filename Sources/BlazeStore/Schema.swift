@@ -191,6 +191,25 @@ enum Schema {
                     ) WITHOUT ROWID;
                     """)
         }
+        m.registerMigration("v9-sync-folders") { db in
+            // The shared folders a database syncs through (SYNC.md §10): the generation of this device's head file in
+            // each, and the highest generation seen of every other writer's head file there, so that a folder tool
+            // handing back an older copy is detected across restarts.
+            try db.execute(
+                sql: """
+                    CREATE TABLE sync_folders(
+                        path TEXT PRIMARY KEY NOT NULL,
+                        added_at INTEGER NOT NULL,
+                        generation INTEGER NOT NULL DEFAULT 0
+                    ) WITHOUT ROWID;
+                    CREATE TABLE sync_folder_heads(
+                        path TEXT NOT NULL,
+                        writer BLOB NOT NULL,
+                        generation INTEGER NOT NULL,
+                        PRIMARY KEY(path, writer)
+                    ) WITHOUT ROWID;
+                    """)
+        }
         return m
     }
 }

@@ -24,6 +24,10 @@ public final class SyncEngine: Sendable {
     /// Inbound connections refused because the peer proved no key served here (or none in time).
     let strangersRefused = Atomic<Int>(0)
     private let links = Mutex<[LinkKey: OutboundLink]>([:])
+    /// The running folder links, by database and folder path.
+    let folderLinks = Mutex<[LinkKey: FolderLink]>([:])
+    /// How folder links read and write.
+    public let folderOptions: FolderOptions
     private let paused = Mutex<Set<String>>([])
     /// Every shared database by name, with its space: what inbound handshakes are checked against, kept in memory so
     /// that accepting a peer lists no directory and opens no database on the event loop.
@@ -49,8 +53,9 @@ public final class SyncEngine: Sendable {
     public init(
         store: Store, identity: DeviceIdentity, keysDirectory: String, group: any EventLoopGroup, pool: NIOThreadPool,
         logger: Logger, timeout: TimeAmount = .seconds(30), listenerLimits: SyncListenerLimits = SyncListenerLimits(),
-        tlsTrustRoots: String? = nil
+        tlsTrustRoots: String? = nil, folderOptions: FolderOptions = FolderOptions()
     ) {
+        self.folderOptions = folderOptions
         self.tls = TLSClient(extraTrustRoots: tlsTrustRoots)
         self.timeout = timeout
         self.gate = ConnectionGate(limits: listenerLimits)
@@ -120,6 +125,7 @@ public final class SyncEngine: Sendable {
             return Array(l.values)
         }
         for link in all { link.stop() }
+        stopFolders(db: nil)
         if let channel = listener.withLock({ $0 }) { try? await channel.close() }
     }
 
@@ -238,6 +244,7 @@ public final class SyncEngine: Sendable {
     /// Forgets a dropped database: stops its links, its counters and removes its key.
     public func forget(db name: String, spaceID: String?) {
         stopLinks(db: name)
+        stopFolders(db: name)
         status.forget(db: name)
         served.withLock { $0[name] = nil }
         if let spaceID { SpaceKey.remove(directory: keysDirectory, idHex: spaceID) }
@@ -267,6 +274,7 @@ public final class SyncEngine: Sendable {
 
     /// Makes the running links of `db` match its configured peers (none while paused).
     func refreshLinks(db name: String) {
+        refreshFolders(db: name)
         guard let db = try? store.database(name), let space = try? space(db: db), let peers = try? db.peers() else { return }
         let isPaused = paused.withLock { $0.contains(name) }
         var toStart: [OutboundLink] = []
@@ -289,7 +297,7 @@ public final class SyncEngine: Sendable {
         for link in toStart { link.connect() }
     }
 
-    private func stopLinks(db name: String) {
+    func stopLinks(db name: String) {
         let stopped = links.withLock { l in
             let mine = l.filter { $0.key.db == name }
             for k in mine.keys { l[k] = nil }
@@ -327,5 +335,6 @@ public final class SyncEngine: Sendable {
     public func syncNow(db name: String) {
         refreshLinks(db: name)
         for link in links.withLock({ $0.filter { $0.key.db == name }.map(\.value) }) { link.retryNow() }
+        for link in folderLinks.withLock({ $0.filter { $0.key.db == name }.map(\.value) }) { link.wake() }
     }
 }

@@ -9,6 +9,8 @@ public enum PeerDirection: String, Sendable {
     case outbound
     /// A peer connected to this daemon's listener.
     case inbound
+    /// A shared folder (`folder.add`); its "connections" are the other devices writing into it.
+    case folder
 }
 
 /// What `sync.status` reports for one peer of one database.

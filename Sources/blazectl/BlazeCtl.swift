@@ -16,7 +16,7 @@ struct BlazeCtl: ParsableCommand {
         discussion: "Values in key=value arguments are read as JSON when they parse (limit=5 is a number), else as strings.",
         subcommands: [
             Call.self, Info.self, DB.self, Collection.self, Doc.self, Tx.self, Find.self, Count.self, Explain.self,
-            Index.self, Conflict.self, Watch.self, Peer.self, Sync.self, Status.self, Config.self, Service.self,
+            Index.self, Conflict.self, Watch.self, Peer.self, Folder.self, Sync.self, Status.self, Config.self, Service.self,
         ])
 }
 

@@ -1,6 +1,7 @@
 import ArgumentParser
 import BlazeClient
 import BlazeProtocol
+import Foundation
 
 // blazectl peer and sync.
 
@@ -46,6 +47,58 @@ struct Peer: ParsableCommand {
     }
 }
 
+struct Folder: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "folder", abstract: "Add, remove and list the shared folders a database syncs through.",
+        subcommands: [Add.self, Remove.self, List.self])
+
+    /// `path` made absolute against the current directory (the daemon wants absolute paths).
+    static func absolute(_ path: String) -> String {
+        path.hasPrefix("/") ? path : FileManager.default.currentDirectoryPath + "/" + path
+    }
+
+    struct Add: ParsableCommand {
+        static let configuration = CommandConfiguration(
+            abstract: "Sync a shared database through a folder (Dropbox, Syncthing, a network share, a USB stick).")
+        @OptionGroup var global: Global
+        @Argument var db: String
+        @Argument(help: "An existing directory; it receives only ciphertext.") var path: String
+        func run() throws {
+            global.run(RPC.FolderAdd(db: db, path: Folder.absolute(path))) { r in
+                print(r.added ? "syncing \(db) through \(r.path)" : "\(db) already syncs through \(r.path)")
+            }
+        }
+    }
+
+    struct Remove: ParsableCommand {
+        static let configuration = CommandConfiguration(
+            abstract: "Stop syncing a database through a folder (what this device wrote there stays).")
+        @OptionGroup var global: Global
+        @Argument var db: String
+        @Argument var path: String
+        func run() throws {
+            global.run(RPC.FolderRemove(db: db, path: Folder.absolute(path))) { r in
+                print(r.removed ? "stopped syncing \(db) through \(r.path)" : "\(db) did not sync through \(r.path)")
+            }
+        }
+    }
+
+    struct List: ParsableCommand {
+        static let configuration = CommandConfiguration(abstract: "List a database's folders.")
+        @OptionGroup var global: Global
+        @Argument var db: String
+        func run() throws {
+            global.run(RPC.FolderList(db: db)) { r in
+                printTable(
+                    ["PATH", "DEVICES", "LAST ERROR"],
+                    r.folders.map {
+                        [$0.path, $0.devices.isEmpty ? "-" : $0.devices.map { String($0.prefix(12)) }.joined(separator: ","), $0.lastError ?? "-"]
+                    })
+            }
+        }
+    }
+}
+
 struct Sync: ParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "sync", abstract: "Show and control sync of shared databases.",
@@ -63,8 +116,11 @@ struct Sync: ParsableCommand {
                     if d.peers.isEmpty { rows.append([d.db, "-", d.paused ? "paused" : "-", "", "", "", "", ""]) }
                     for p in d.peers {
                         let rejected = p.rejected.sorted { $0.key < $1.key }.map { "\($0.key)=\($0.value)" }
+                        let state =
+                            d.paused ? "paused" : p.direction == .folder ? (p.lastError == nil ? "ok" : "failing")
+                            : p.connected ? "connected" : "disconnected"
                         rows.append([
-                            d.db, p.peer, d.paused ? "paused" : p.connected ? "connected" : "disconnected",
+                            d.db, p.peer, state,
                             p.devices.isEmpty ? "-" : p.devices.map { String($0.prefix(12)) }.joined(separator: ","),
                             "\(p.sentEntries)", "\(p.receivedEntries)", "\(p.errors)", rejected.joined(separator: " "),
                         ])

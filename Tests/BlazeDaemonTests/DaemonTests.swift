@@ -23,7 +23,7 @@ import Glibc
             "query.find", "query.count", "query.explain", "index.create", "index.drop", "index.list",
             "conflict.list", "conflict.resolve", "subscribe", "unsubscribe", "db.share", "db.join", "db.invite",
             "db.members", "db.revoke", "db.relayCapability", "peer.add",
-            "peer.remove", "peer.list", "sync.status", "sync.now", "sync.pause", "sync.resume", "daemon.config",
+            "peer.remove", "peer.list", "folder.add", "folder.remove", "folder.list", "sync.status", "sync.now", "sync.pause", "sync.resume", "daemon.config",
             "db.backup", "db.restore",
         ])
         #expect(try c.call("daemon.info")["socket"] == .string(d.socket))

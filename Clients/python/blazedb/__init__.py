@@ -569,6 +569,44 @@ class _Peer:
         return self._client.call("peer.list", params)
 
 
+class _Folder:
+    """Methods `folder.*`."""
+
+    def __init__(self, client: "Client"):
+        self._client = client
+
+    def add(self, *, db: str, path: str) -> Dict[str, Any]:
+        """Syncs a shared database through a folder that follows the user between machines.
+
+        db: Database name.
+        path: The folder: an absolute path of an existing directory.
+        """
+        params: Dict[str, Any] = {}
+        params["db"] = db
+        params["path"] = path
+        return self._client.call("folder.add", params)
+
+    def remove(self, *, db: str, path: str) -> Dict[str, Any]:
+        """Stops syncing a database through a folder.
+
+        db: Database name.
+        path: The folder: an absolute path of an existing directory.
+        """
+        params: Dict[str, Any] = {}
+        params["db"] = db
+        params["path"] = path
+        return self._client.call("folder.remove", params)
+
+    def list(self, *, db: str) -> Dict[str, Any]:
+        """Lists the folders a database syncs through.
+
+        db: Database name.
+        """
+        params: Dict[str, Any] = {}
+        params["db"] = db
+        return self._client.call("folder.list", params)
+
+
 class _Sync:
     """Methods `sync.*`."""
 
@@ -628,6 +666,7 @@ class Client(Connection):
         self.index = _Index(self)
         self.conflict = _Conflict(self)
         self.peer = _Peer(self)
+        self.folder = _Folder(self)
         self.sync = _Sync(self)
 
     def subscribe(self, *, db: str, collection: str = MISSING, where: Dict[str, Any] = MISSING, since: int = MISSING) -> Subscription:

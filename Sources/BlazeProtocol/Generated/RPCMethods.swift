@@ -75,6 +75,12 @@ public enum RPCMethod: String, Sendable, CaseIterable {
     case peerRemove = "peer.remove"
     /// Lists the peers a database syncs with.
     case peerList = "peer.list"
+    /// Syncs a shared database through a folder that follows the user between machines.
+    case folderAdd = "folder.add"
+    /// Stops syncing a database through a folder.
+    case folderRemove = "folder.remove"
+    /// Lists the folders a database syncs through.
+    case folderList = "folder.list"
     /// Sync state per shared database and peer: connections, progress, errors, rejections.
     case syncStatus = "sync.status"
     /// Connects to every peer of a database now, skipping backoff waits.
@@ -123,6 +129,9 @@ public enum RPCMethod: String, Sendable, CaseIterable {
         case .peerAdd: return "Adds a peer to sync a shared database with, and connects to it."
         case .peerRemove: return "Removes a peer of a database and closes its connection."
         case .peerList: return "Lists the peers a database syncs with."
+        case .folderAdd: return "Syncs a shared database through a folder that follows the user between machines."
+        case .folderRemove: return "Stops syncing a database through a folder."
+        case .folderList: return "Lists the folders a database syncs through."
         case .syncStatus: return "Sync state per shared database and peer: connections, progress, errors, rejections."
         case .syncNow: return "Connects to every peer of a database now, skipping backoff waits."
         case .syncPause: return "Pauses sync of a database: closes its peer connections until sync.resume."
@@ -169,6 +178,9 @@ public enum RPCMethod: String, Sendable, CaseIterable {
         case .peerAdd: return ["db", "address"]
         case .peerRemove: return ["db", "address"]
         case .peerList: return ["db"]
+        case .folderAdd: return ["db", "path"]
+        case .folderRemove: return ["db", "path"]
+        case .folderList: return ["db"]
         case .syncStatus: return ["db"]
         case .syncNow: return ["db"]
         case .syncPause: return ["db"]
@@ -3155,6 +3167,280 @@ public enum RPC {
         }
     }
 
+    /// Parameters of `folder.add`: Syncs a shared database through a folder that follows the user between machines.
+    public struct FolderAdd: RPCParameters {
+        public static let method = RPCMethod.folderAdd
+
+        /// The result of `folder.add`.
+        public struct Result: RPCObject {
+            /// `db`.
+            public var db: String
+            /// `path`.
+            public var path: String
+            /// False when the folder was already configured.
+            public var added: Bool
+
+            /// A value from its members.
+            public init(db: String, path: String, added: Bool) {
+                self.db = db
+                self.path = path
+                self.added = added
+            }
+
+            /// Reads the value from JSON.
+            public init(json: JSONValue) throws(RPCShapeError) {
+                let o = try RPCDecode.object(json)
+                self.db = try RPCDecode.member(o, "db", RPCDecode.string)
+                self.path = try RPCDecode.member(o, "path", RPCDecode.string)
+                self.added = try RPCDecode.member(o, "added", RPCDecode.bool)
+            }
+
+            /// The value's JSON form.
+            public var json: JSONValue {
+                .object(jsonObject)
+            }
+
+            /// The members of the JSON form.
+            public var jsonObject: [String: JSONValue] {
+                var o = [String: JSONValue](minimumCapacity: 3)
+                o["db"] = .string(self.db)
+                o["path"] = .string(self.path)
+                o["added"] = .bool(self.added)
+                return o
+            }
+        }
+
+        /// Database name.
+        public var db: String
+        /// The folder: an absolute path of an existing directory.
+        public var path: String
+
+        /// Parameters from their values (optional ones default to absent).
+        public init(db: String, path: String) {
+            self.db = db
+            self.path = path
+        }
+
+        /// Checks a request's params: names, presence and JSON types.
+        public init(validating params: [String: JSONValue]) throws(RPCError) {
+            try RPCParam.rejectUnknown(params, accepted: ["db", "path"], method: Self.method)
+            self.db = try RPCParam.required(params, "db", of: Self.method, RPCDecode.string)
+            self.path = try RPCParam.required(params, "path", of: Self.method, RPCDecode.string)
+        }
+
+        /// The params as a request carries them.
+        public var jsonObject: [String: JSONValue] {
+            var o = [String: JSONValue](minimumCapacity: 2)
+            o["db"] = .string(self.db)
+            o["path"] = .string(self.path)
+            return o
+        }
+
+        /// The JSON form of a result.
+        public static func encode(_ result: Result) -> JSONValue {
+            result.json
+        }
+
+        /// Reads a result a daemon sent.
+        public static func decode(_ result: JSONValue) throws(RPCShapeError) -> Result {
+            try RPCDecode.value(result, Result.init(json:))
+        }
+    }
+
+    /// Parameters of `folder.remove`: Stops syncing a database through a folder.
+    public struct FolderRemove: RPCParameters {
+        public static let method = RPCMethod.folderRemove
+
+        /// The result of `folder.remove`.
+        public struct Result: RPCObject {
+            /// `db`.
+            public var db: String
+            /// `path`.
+            public var path: String
+            /// False when the folder was not configured.
+            public var removed: Bool
+
+            /// A value from its members.
+            public init(db: String, path: String, removed: Bool) {
+                self.db = db
+                self.path = path
+                self.removed = removed
+            }
+
+            /// Reads the value from JSON.
+            public init(json: JSONValue) throws(RPCShapeError) {
+                let o = try RPCDecode.object(json)
+                self.db = try RPCDecode.member(o, "db", RPCDecode.string)
+                self.path = try RPCDecode.member(o, "path", RPCDecode.string)
+                self.removed = try RPCDecode.member(o, "removed", RPCDecode.bool)
+            }
+
+            /// The value's JSON form.
+            public var json: JSONValue {
+                .object(jsonObject)
+            }
+
+            /// The members of the JSON form.
+            public var jsonObject: [String: JSONValue] {
+                var o = [String: JSONValue](minimumCapacity: 3)
+                o["db"] = .string(self.db)
+                o["path"] = .string(self.path)
+                o["removed"] = .bool(self.removed)
+                return o
+            }
+        }
+
+        /// Database name.
+        public var db: String
+        /// The folder: an absolute path of an existing directory.
+        public var path: String
+
+        /// Parameters from their values (optional ones default to absent).
+        public init(db: String, path: String) {
+            self.db = db
+            self.path = path
+        }
+
+        /// Checks a request's params: names, presence and JSON types.
+        public init(validating params: [String: JSONValue]) throws(RPCError) {
+            try RPCParam.rejectUnknown(params, accepted: ["db", "path"], method: Self.method)
+            self.db = try RPCParam.required(params, "db", of: Self.method, RPCDecode.string)
+            self.path = try RPCParam.required(params, "path", of: Self.method, RPCDecode.string)
+        }
+
+        /// The params as a request carries them.
+        public var jsonObject: [String: JSONValue] {
+            var o = [String: JSONValue](minimumCapacity: 2)
+            o["db"] = .string(self.db)
+            o["path"] = .string(self.path)
+            return o
+        }
+
+        /// The JSON form of a result.
+        public static func encode(_ result: Result) -> JSONValue {
+            result.json
+        }
+
+        /// Reads a result a daemon sent.
+        public static func decode(_ result: JSONValue) throws(RPCShapeError) -> Result {
+            try RPCDecode.value(result, Result.init(json:))
+        }
+    }
+
+    /// Parameters of `folder.list`: Lists the folders a database syncs through.
+    public struct FolderList: RPCParameters {
+        public static let method = RPCMethod.folderList
+
+        /// The result of `folder.list`.
+        public struct Result: RPCObject {
+            /// One element of `folders`.
+            public struct Folder: RPCObject {
+                /// `path`.
+                public var path: String
+                /// The other devices writing into the folder (their directories), sorted.
+                public var devices: [String]
+                /// Unix ms of the last entries written to or read from the folder; null before the first.
+                public var lastSyncMs: Int?
+                /// The latest problem (a missing folder, a rolled-back head file, a refused record); null when the last round went well.
+                public var lastError: String?
+
+                /// A value from its members.
+                public init(path: String, devices: [String], lastSyncMs: Int?, lastError: String?) {
+                    self.path = path
+                    self.devices = devices
+                    self.lastSyncMs = lastSyncMs
+                    self.lastError = lastError
+                }
+
+                /// Reads the value from JSON.
+                public init(json: JSONValue) throws(RPCShapeError) {
+                    let o = try RPCDecode.object(json)
+                    self.path = try RPCDecode.member(o, "path", RPCDecode.string)
+                    self.devices = try RPCDecode.member(o, "devices", { v throws(RPCShapeError) -> [String] in try RPCDecode.array(v, RPCDecode.string) })
+                    self.lastSyncMs = try RPCDecode.member(o, "lastSyncMs", { v throws(RPCShapeError) -> Int? in try RPCDecode.nullable(v, RPCDecode.int) })
+                    self.lastError = try RPCDecode.member(o, "lastError", { v throws(RPCShapeError) -> String? in try RPCDecode.nullable(v, RPCDecode.string) })
+                }
+
+                /// The value's JSON form.
+                public var json: JSONValue {
+                    .object(jsonObject)
+                }
+
+                /// The members of the JSON form.
+                public var jsonObject: [String: JSONValue] {
+                    var o = [String: JSONValue](minimumCapacity: 4)
+                    o["path"] = .string(self.path)
+                    o["devices"] = .array(self.devices.map { x0 in .string(x0) })
+                    o["lastSyncMs"] = (self.lastSyncMs.map { x0 -> JSONValue in .int(Int64(x0)) } ?? .null)
+                    o["lastError"] = (self.lastError.map { x0 -> JSONValue in .string(x0) } ?? .null)
+                    return o
+                }
+            }
+
+            /// `db`.
+            public var db: String
+            /// `folders`.
+            public var folders: [Folder]
+
+            /// A value from its members.
+            public init(db: String, folders: [Folder]) {
+                self.db = db
+                self.folders = folders
+            }
+
+            /// Reads the value from JSON.
+            public init(json: JSONValue) throws(RPCShapeError) {
+                let o = try RPCDecode.object(json)
+                self.db = try RPCDecode.member(o, "db", RPCDecode.string)
+                self.folders = try RPCDecode.member(o, "folders", { v throws(RPCShapeError) -> [Folder] in try RPCDecode.array(v, Folder.init(json:)) })
+            }
+
+            /// The value's JSON form.
+            public var json: JSONValue {
+                .object(jsonObject)
+            }
+
+            /// The members of the JSON form.
+            public var jsonObject: [String: JSONValue] {
+                var o = [String: JSONValue](minimumCapacity: 2)
+                o["db"] = .string(self.db)
+                o["folders"] = .array(self.folders.map { x0 in x0.json })
+                return o
+            }
+        }
+
+        /// Database name.
+        public var db: String
+
+        /// Parameters from their values (optional ones default to absent).
+        public init(db: String) {
+            self.db = db
+        }
+
+        /// Checks a request's params: names, presence and JSON types.
+        public init(validating params: [String: JSONValue]) throws(RPCError) {
+            try RPCParam.rejectUnknown(params, accepted: ["db"], method: Self.method)
+            self.db = try RPCParam.required(params, "db", of: Self.method, RPCDecode.string)
+        }
+
+        /// The params as a request carries them.
+        public var jsonObject: [String: JSONValue] {
+            var o = [String: JSONValue](minimumCapacity: 1)
+            o["db"] = .string(self.db)
+            return o
+        }
+
+        /// The JSON form of a result.
+        public static func encode(_ result: Result) -> JSONValue {
+            result.json
+        }
+
+        /// Reads a result a daemon sent.
+        public static func decode(_ result: JSONValue) throws(RPCShapeError) -> Result {
+            try RPCDecode.value(result, Result.init(json:))
+        }
+    }
+
     /// Parameters of `sync.status`: Sync state per shared database and peer: connections, progress, errors, rejections.
     public struct SyncStatus: RPCParameters {
         public static let method = RPCMethod.syncStatus
@@ -3845,11 +4131,12 @@ public enum RPCSchema {
         public enum Direction: String, Sendable, CaseIterable {
             case outbound = "outbound"
             case inbound = "inbound"
+            case folder = "folder"
         }
 
-        /// The peer's address for outbound peers; 'inbound' for peers that connected here.
+        /// The peer's address for outbound peers; 'inbound' for peers that connected here; 'folder:' and the path for a shared folder.
         public var peer: String
-        /// `direction`.
+        /// outbound: a peer this daemon connects to (peer.add); inbound: peers that connected here; folder: a shared folder (folder.add), whose connections and devices are the other devices writing into it.
         public var direction: Direction
         /// `connected`.
         public var connected: Bool

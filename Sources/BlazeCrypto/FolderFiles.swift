@@ -1,0 +1,202 @@
+import BlazeProtocol
+import Crypto
+import Foundation
+
+/// The files of a folder container (SYNC.md §10): segment files of checksummed records, the signed head file and the
+/// members file a device writes into its own directory `<folder>/<space>/<device>/`.
+///
+/// Everything read from a folder is hostile: every decoder checks bounds before arithmetic and allocation, and a
+/// record's checksum tells a torn or half-copied record (retried later) from one that is complete.
+public enum FolderFiles {
+    /// First bytes of a segment file.
+    public static let segmentMagic: [UInt8] = Array("BZFS".utf8)
+    /// First bytes of a head file.
+    public static let headMagic: [UInt8] = Array("BZFH".utf8)
+    /// First bytes of a members file.
+    public static let membersMagic: [UInt8] = Array("BZFM".utf8)
+    /// The format version of all three files.
+    public static let version: UInt8 = 1
+    /// Bytes of a segment file's header: magic (4) · version (1) · space (16) · writer (16) · segment number (8).
+    public static let segmentHeaderSize = 45
+    /// Bytes before a record's body: length (4) · checksum (8).
+    public static let recordPrefixSize = 12
+    /// Largest record body accepted: one `ENTRIES` message.
+    public static let maxRecordBody = SessionCipher.maxMessage
+    /// Largest head or members file read.
+    public static let maxSmallFile = 16 << 20
+
+    /// File name of segment `number`: 16 lowercase hex digits and `.seg`.
+    public static func segmentName(_ number: UInt64) -> String {
+        let hex = String(number, radix: 16)
+        return String(repeating: "0", count: 16 - hex.count) + hex + ".seg"
+    }
+
+    /// The number of a segment file named exactly as its writer names them; nil for anything else (copies the folder
+    /// tool renamed, temporary files).
+    public static func segmentNumber(_ name: String) -> UInt64? {
+        guard name.utf8.count == 20, name.hasSuffix(".seg") else { return nil }
+        let hex = name.prefix(16)
+        guard hex.allSatisfy({ $0.isHexDigit && !$0.isUppercase }) else { return nil }
+        return UInt64(hex, radix: 16)
+    }
+
+    /// A segment file's header.
+    public static func segmentHeader(space: [UInt8], writer: [UInt8], number: UInt64) -> [UInt8] {
+        var out = segmentMagic + [version] + space + writer
+        out.appendBE(number)
+        return out
+    }
+
+    /// Checks a segment file's header against the space and the directory it lies in.
+    public static func checkSegmentHeader(_ bytes: ArraySlice<UInt8>, space: [UInt8], writer: [UInt8]) -> Bool {
+        var r = ByteReader(bytes)
+        guard let magic = r.read(4), Array(magic) == segmentMagic, r.readUInt8() == version,
+            let s = r.read(16), Array(s) == space, let w = r.read(16), Array(w) == writer, r.readUInt64() != nil
+        else { return false }
+        return true
+    }
+
+    /// The checksum of a record body: the first 8 bytes of its SHA-256.
+    static func checksum(_ body: some DataProtocol) -> [UInt8] { Array(SHA256.hash(data: body).prefix(8)) }
+
+    /// A record: length (4, big-endian) · checksum (8) · body.
+    public static func record(_ body: [UInt8]) -> [UInt8] {
+        var out: [UInt8] = []
+        out.reserveCapacity(recordPrefixSize + body.count)
+        out.appendBE(UInt32(body.count))
+        out += checksum(body)
+        out += body
+        return out
+    }
+
+    /// What lies at the start of some bytes of a segment after its header.
+    public enum RecordScan: Equatable {
+        /// A complete record whose checksum holds: its body, and the bytes it takes in all.
+        case record(body: Range<Int>, size: Int)
+        /// Not all of the record is there yet (a write in progress, a half-copied file): read again later.
+        case incomplete
+        /// The bytes are not a record: a length out of bounds, or a checksum that does not hold (a torn write the
+        /// writer will cut off, or damage). Nothing after it in the file can be trusted.
+        case damaged
+    }
+
+    /// Reads the record at the start of `bytes`.
+    public static func scanRecord(_ bytes: ArraySlice<UInt8>) -> RecordScan {
+        guard bytes.count >= recordPrefixSize else { return .incomplete }
+        var r = ByteReader(bytes)
+        guard let length = r.readUInt32(), length > 0, Int(length) <= maxRecordBody, let sum = r.read(8) else {
+            return .damaged
+        }
+        let start = bytes.startIndex + recordPrefixSize
+        guard bytes.count - recordPrefixSize >= Int(length) else { return .incomplete }
+        let body = start..<(start + Int(length))
+        guard checksum(bytes[body]).elementsEqual(sum) else { return .damaged }
+        return .record(body: body, size: recordPrefixSize + Int(length))
+    }
+
+    /// The signed head file of a writer's directory: which generation of the directory it describes, and the
+    /// writer's own latest signed head. `generation` only grows: a lower one than seen before is a rolled-back copy.
+    public struct Head: Sendable, Equatable {
+        /// The space.
+        public let space: [UInt8]
+        /// The writer's Ed25519 public key; its node id names the directory.
+        public let writerKey: [UInt8]
+        /// Grows by one each time the writer replaces the file.
+        public let generation: UInt64
+        /// Unix milliseconds at writing, for humans.
+        public let timeMs: UInt64
+        /// The number of the segment the writer appends to.
+        public let segment: UInt64
+        /// The writer's own latest signed head, nil before it wrote anything.
+        public let ownHead: SignedHead?
+        /// The writer's Ed25519 signature over everything before it.
+        public let signature: [UInt8]
+
+        /// The writer's node id.
+        public var writer: [UInt8] { Array(SHA256.hash(data: writerKey).prefix(16)) }
+
+        static func signed(
+            space: [UInt8], key: [UInt8], generation: UInt64, timeMs: UInt64, segment: UInt64, ownHead: SignedHead?
+        ) -> [UInt8] {
+            var out = headMagic + [version] + space + key
+            out.appendBE(generation)
+            out.appendBE(timeMs)
+            out.appendBE(segment)
+            if let ownHead { out += [1] + ownHead.bytes } else { out.append(0) }
+            return out
+        }
+
+        /// Signs a head file with the device's key.
+        public static func encode(
+            space: [UInt8], identity: DeviceIdentity, generation: UInt64, timeMs: UInt64, segment: UInt64,
+            ownHead: SignedHead?
+        ) -> [UInt8] {
+            let key = Array(identity.signingKey.publicKey.rawRepresentation)
+            let body = signed(space: space, key: key, generation: generation, timeMs: timeMs, segment: segment, ownHead: ownHead)
+            let message = Array("blazedb folder head v1".utf8) + body
+            // Signing with a valid key cannot fail.
+            return body + Array(try! identity.signingKey.signature(for: message))
+        }
+
+        /// Decodes a head file and checks its signature, its space and that its key is the one of `writer` (the
+        /// directory it lies in); the own head inside is checked too.
+        public init(bytes: [UInt8], space: [UInt8], writer: [UInt8]) throws(SyncRejection) {
+            var r = ByteReader(bytes[...])
+            guard let magic = r.read(4), Array(magic) == FolderFiles.headMagic, r.readUInt8() == FolderFiles.version,
+                let s = r.read(16), let k = r.read(32), let g = r.readUInt64(), let t = r.readUInt64(), let seg = r.readUInt64(),
+                let flag = r.readUInt8(), flag <= 1
+            else { throw .malformed }
+            guard Array(s) == space else { throw .wrongSpace }
+            var own: SignedHead?
+            if flag == 1 {
+                guard let h = r.read(SignedHead.size) else { throw .malformed }
+                own = try SignedHead(bytes: h)
+            }
+            guard let sig = r.read(64), r.remaining == 0 else { throw .malformed }
+            let key = Array(k)
+            let body = Array(bytes[..<(bytes.count - 64)])
+            guard Array(SHA256.hash(data: key).prefix(16)) == writer,
+                let publicKey = try? Curve25519.Signing.PublicKey(rawRepresentation: key),
+                publicKey.isValidSignature(sig, for: Array("blazedb folder head v1".utf8) + body)
+            else { throw .badHead }
+            if let own {
+                guard own.origin == writer else { throw .badHead }
+                try own.verify(space: space)
+            }
+            self.space = space
+            writerKey = key
+            generation = g
+            timeMs = t
+            segment = seg
+            ownHead = own
+            signature = Array(sig)
+        }
+    }
+
+    /// A members file: membership operations, each signed by its author (checked when decoded by `MembershipOp`).
+    public static func members(space: [UInt8], ops: [[UInt8]]) -> [UInt8] {
+        var out = membersMagic + [version] + space
+        out.appendBE(UInt32(ops.count))
+        for op in ops {
+            out.appendBE(UInt32(op.count))
+            out += op
+        }
+        return out
+    }
+
+    /// The operations of a members file, undecoded; throws for a file that is not one of `space`.
+    public static func decodeMembers(_ bytes: [UInt8], space: [UInt8]) throws(SyncRejection) -> [[UInt8]] {
+        var r = ByteReader(bytes[...])
+        guard let magic = r.read(4), Array(magic) == membersMagic, r.readUInt8() == version, let s = r.read(16),
+            let n = r.readUInt32(), Int(n) <= r.remaining / 4
+        else { throw .malformed }
+        guard Array(s) == space else { throw .wrongSpace }
+        var ops: [[UInt8]] = []
+        for _ in 0..<n {
+            guard let length = r.readUInt32(), let op = r.read(Int(length)) else { throw .malformed }
+            ops.append(Array(op))
+        }
+        guard r.remaining == 0 else { throw .malformed }
+        return ops
+    }
+}

@@ -1,0 +1,95 @@
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// Wakes a folder link's thread from any other thread (a commit, a membership change, a stop): one byte into a pipe
+/// the thread polls.
+final class WakeSignal: Sendable {
+    private let readFD: Int32
+    private let writeFD: Int32
+
+    /// A new signal; nil when no pipe can be made (out of descriptors).
+    init?() {
+        var fds: [Int32] = [-1, -1]
+        guard pipe(&fds) == 0 else { return nil }
+        for fd in fds {
+            _ = fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK)
+            _ = fcntl(fd, F_SETFD, FD_CLOEXEC)
+        }
+        (readFD, writeFD) = (fds[0], fds[1])
+    }
+
+    deinit {
+        close(readFD)
+        close(writeFD)
+    }
+
+    /// Wakes the waiting thread (a full pipe already will).
+    func wake() {
+        var byte: UInt8 = 1
+        _ = write(writeFD, &byte, 1)
+    }
+
+    /// The descriptor the waiting thread polls.
+    var descriptor: Int32 { readFD }
+
+    /// Empties the pipe.
+    func drain() {
+        var buffer = [UInt8](repeating: 0, count: 64)
+        while read(readFD, &buffer, buffer.count) > 0 {}
+    }
+}
+
+/// Waits until a watched directory changes (inotify on Linux), the link is woken, or a poll interval passes. Without
+/// inotify (or for changes it does not see: other machines writing a network share) the interval alone paces reading.
+final class FolderWatch {
+    private var inotify: Int32 = -1
+    private var watched: Set<String> = []
+    let signal: WakeSignal
+
+    /// A watch that wakes on `signal`, using inotify when `useInotify` and the system offers it.
+    init(signal: WakeSignal, useInotify: Bool) {
+        self.signal = signal
+        #if os(Linux)
+        if useInotify { inotify = inotify_init1(Int32(IN_NONBLOCK | IN_CLOEXEC)) }
+        #endif
+    }
+
+    deinit {
+        if inotify >= 0 { close(inotify) }
+    }
+
+    /// True when inotify is in use.
+    var usesInotify: Bool { inotify >= 0 }
+
+    /// Watches `directory` for files appearing, growing, being replaced or removed (once per path).
+    func watch(_ directory: String) {
+        #if os(Linux)
+        guard inotify >= 0, !watched.contains(directory) else { return }
+        let mask = UInt32(IN_CREATE | IN_MODIFY | IN_CLOSE_WRITE | IN_MOVED_TO | IN_MOVED_FROM | IN_DELETE | IN_ATTRIB)
+        if inotify_add_watch(inotify, directory, mask) >= 0 { watched.insert(directory) }
+        #endif
+    }
+
+    /// Forgets every watch (the directories are watched again as they are found).
+    func reset() {
+        guard inotify >= 0 else { return }
+        close(inotify)
+        watched = []
+        #if os(Linux)
+        inotify = inotify_init1(Int32(IN_NONBLOCK | IN_CLOEXEC))
+        #endif
+    }
+
+    /// Waits up to `milliseconds`; returns once something may have changed (or the time passed).
+    func wait(milliseconds: Int) {
+        var fds = [pollfd(fd: signal.descriptor, events: Int16(POLLIN), revents: 0)]
+        if inotify >= 0 { fds.append(pollfd(fd: inotify, events: Int16(POLLIN), revents: 0)) }
+        _ = poll(&fds, nfds_t(fds.count), Int32(clamping: milliseconds))
+        signal.drain()
+        if inotify >= 0 {
+            var buffer = [UInt8](repeating: 0, count: 16 << 10)
+            while read(inotify, &buffer, buffer.count) > 0 {}
+        }
+    }
+}

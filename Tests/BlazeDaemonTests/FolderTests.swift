@@ -1,0 +1,389 @@
+import BlazeClient
+import BlazeProtocol
+import BlazeTestSupport
+import Foundation
+import Testing
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// Devices `A`, `B`, … of one shared database `team` whose members joined over TCP and then lost every network path:
+/// each runs again without a sync listener and with no peers, so a folder is the only way left.
+struct FolderTeam {
+    var dirs: [TempDir]
+    var daemons: [DaemonProcess]
+    var clients: [BlazeConnection]
+    var nodes: [String]
+    let arguments: [String]
+
+    /// `count` devices, the first the space's admin; started again with `arguments` and no network.
+    init(count: Int, arguments: [String] = []) throws {
+        self.arguments = arguments
+        dirs = (0..<count).map { _ in TempDir() }
+        let first = try syncDaemon(dir: dirs[0])
+        let c0 = try first.connect()
+        _ = try c0.call("db.create", ["db": "team"])
+        var joined: [DaemonProcess] = [first]
+        for dir in dirs.dropFirst() {
+            let d = try syncDaemon(dir: dir)
+            let c = try d.connect()
+            _ = try c.call("db.join", ["token": .string(try c0.invite("team")), "db": "team"])
+            for peer in try c.call("peer.list", ["db": "team"])["peers"]?.arrayValue ?? [] {
+                _ = try c.call("peer.remove", ["db": "team", "address": peer["address"] ?? .null])
+            }
+            joined.append(d)
+        }
+        // Every member knows every member before the network goes: the admin's log lists them all.
+        let all = joined.count
+        #expect(try eventually { try members(c0, "team").count == all })
+        for d in joined { d.stop() }
+        daemons = []
+        clients = []
+        nodes = []
+        for dir in dirs {
+            let d = try DaemonProcess(arguments: arguments, dir: dir)
+            daemons.append(d)
+            let c = try d.connect()
+            clients.append(c)
+            nodes.append(try nodeID(c, "team"))
+            #expect(try c.call("sync.status")["listen"] == .null)
+            #expect(try c.call("peer.list", ["db": "team"])["peers"]?.arrayValue?.isEmpty == true)
+        }
+    }
+
+    /// Starts device `i` again (after `stop(i)`).
+    mutating func restart(_ i: Int) throws {
+        daemons[i] = try DaemonProcess(arguments: arguments, dir: dirs[i])
+        clients[i] = try daemons[i].connect()
+    }
+
+    func stopAll() {
+        for d in daemons { d.stop() }
+    }
+}
+
+/// The files under `root`, by path relative to it.
+func filesUnder(_ root: String) -> [String] {
+    (FileManager.default.enumerator(atPath: root)?.allObjects as? [String] ?? []).filter {
+        var isDir: ObjCBool = false
+        return FileManager.default.fileExists(atPath: root + "/" + $0, isDirectory: &isDir) && !isDir.boolValue
+    }.sorted()
+}
+
+/// The folder's whole content as text, for searching plaintext in it.
+func folderText(_ root: String) -> String {
+    filesUnder(root).map { String(decoding: (try? Data(contentsOf: URL(fileURLWithPath: root + "/" + $0))) ?? Data(), as: UTF8.self) }
+        .joined(separator: "\n")
+}
+
+/// The space id of `team` on the daemon behind `c`.
+func spaceOf(_ c: BlazeConnection) throws -> String {
+    try #require(try c.call("sync.status", ["db": "team"])["databases"]?.arrayValue?.first?["space"]?.stringValue)
+}
+
+/// Documents in `collection` of `team`.
+func count(_ c: BlazeConnection, _ collection: String) throws -> Int64 {
+    try c.call("query.count", ["db": "team", "collection": .string(collection)])["count"]?.intValue ?? 0
+}
+
+/// The status of `db`'s folder `path` in `sync.status`.
+func folderStatus(_ c: BlazeConnection, _ path: String) throws -> JSONValue {
+    let peers = try c.call("sync.status", ["db": "team"])["databases"]?.arrayValue?.first?["peers"]?.arrayValue ?? []
+    return try #require(peers.first { $0["peer"]?.stringValue == "folder:" + path })
+}
+
+/// Sync through a shared folder (Protocol/SYNC.md §10), with real daemons that have no network path to each other.
+@Suite(.serialized) struct FolderTests {
+    @Test func twoThenThreeDaemonsSharingOnlyAFolderConvergeIncludingOneThatWasStopped() throws {
+        var team = try FolderTeam(count: 3)
+        let folder = TempDir()
+        let (a, b) = (team.clients[0], team.clients[1])
+        for c in [a, b] {
+            #expect(try c.call("folder.add", ["db": "team", "path": .string(folder.path + "/")]) == [
+                "db": "team", "path": .string(folder.path), "added": true,
+            ])
+        }
+        #expect(try a.call("folder.add", ["db": "team", "path": .string(folder.path)])["added"] == false)
+        // Two devices write, concurrently edit one document, and converge through the folder alone.
+        for i in 0..<40 {
+            _ = try a.call("doc.put", ["db": "team", "collection": "recipes", "id": .string("a\(i)"), "doc": ["title": .string("secret soup \(i)")]])
+            _ = try b.call("doc.put", ["db": "team", "collection": "recipes", "id": .string("b\(i)"), "doc": ["title": .string("hidden stew \(i)")]])
+        }
+        _ = try a.call("doc.put", ["db": "team", "collection": "recipes", "id": "shared", "doc": ["title": "from A", "servings": 2]])
+        _ = try b.call("doc.put", ["db": "team", "collection": "recipes", "id": "shared", "doc": ["title": "from B", "servings": 4]])
+        #expect(try eventually {
+            let (sa, sb) = (try replicaState(a, "team"), try replicaState(b, "team"))
+            return sa.docs == 81 && sa == sb
+        })
+        // The third device joins the folder, catches up, and is then stopped while the others go on writing.
+        _ = try team.clients[2].call("folder.add", ["db": "team", "path": .string(folder.path)])
+        #expect(try eventually { try replicaState(team.clients[2], "team") == replicaState(a, "team") })
+        team.daemons[2].stop()
+        for i in 0..<30 {
+            _ = try a.call("doc.patch", ["db": "team", "collection": "recipes", "id": .string("b\(i)"), "set": ["tasted": true]])
+            _ = try b.call("doc.delete", ["db": "team", "collection": "recipes", "id": .string("a\(i)")])
+        }
+        #expect(try eventually { try replicaState(a, "team") == replicaState(b, "team") })
+        try team.restart(2)
+        let c = team.clients[2]
+        #expect(try eventually { try replicaState(c, "team") == replicaState(a, "team") })
+        #expect(try replicaState(c, "team").docs == 51)
+        // Each device wrote only its own directory: segment files, a head file and the membership log.
+        let space = try spaceOf(a)
+        let files = filesUnder(folder.path)
+        #expect(Set(files.map { $0.split(separator: "/").first.map(String.init) ?? "" }) == [space])
+        for (i, node) in team.nodes.enumerated() {
+            let own = Set(files.filter { $0.hasPrefix("\(space)/\(node)/") }.map { String($0.split(separator: "/").last!) })
+            // C wrote nothing of its own, and everything it holds is in the folder already: it adds no segment.
+            #expect(own == (i < 2 ? ["head", "members", "0000000000000001.seg"] : ["head", "members"]), "\(own)")
+        }
+        // Status: the folder lists the other two devices; nothing was refused.
+        let status = try folderStatus(c, folder.path)
+        #expect(status["direction"] == "folder")
+        #expect(Set(status["devices"]?.arrayValue?.compactMap(\.stringValue) ?? []) == Set(team.nodes.dropLast()))
+        #expect(status["rejected"] == [:])
+        #expect(try c.call("folder.list", ["db": "team"])["folders"]?.arrayValue?.first?["devices"]?.arrayValue?.count == 2)
+        // The folder reveals no content, id, collection or field name.
+        let text = folderText(folder.path)
+        for needle in ["secret soup", "hidden stew", "recipes", "title", "servings", "tasted", "\"a1\"", "from A"] {
+            #expect(!text.contains(needle), "\(needle) in the folder")
+        }
+        // Removing the folder stops using it and leaves the files for the others.
+        #expect(try c.call("folder.remove", ["db": "team", "path": .string(folder.path)])["removed"] == true)
+        #expect(try c.call("folder.remove", ["db": "team", "path": .string(folder.path)])["removed"] == false)
+        #expect(try c.call("folder.list", ["db": "team"])["folders"] == [])
+        #expect(filesUnder(folder.path).count == files.count)
+        team.stopAll()
+    }
+
+    @Test func aFolderToolThatCopiesBadlyCorruptsNothingAndEveryRejectionIsCounted() throws {
+        // A and B each see their own copy of the folder; a clumsy "folder tool" in this test copies between the two
+        // with delays, partial copies, duplicates under conflict names, reordering, damage and rollbacks.
+        let team = try FolderTeam(count: 2, arguments: ["--folder-poll-interval", "0.05"])
+        let (x, y) = (TempDir(), TempDir())
+        let (a, b) = (team.clients[0], team.clients[1])
+        _ = try a.call("folder.add", ["db": "team", "path": .string(x.path)])
+        _ = try b.call("folder.add", ["db": "team", "path": .string(y.path)])
+        let space = try spaceOf(a)
+        var tool = ClumsyFolderTool(
+            seed: testSeed("clumsy folder tool"),
+            routes: [(x.path + "/" + space + "/" + team.nodes[0], y.path + "/" + space + "/" + team.nodes[0]),
+                     (y.path + "/" + space + "/" + team.nodes[1], x.path + "/" + space + "/" + team.nodes[1])])
+        // A starts a shared counter; once B has it, both write and count concurrently.
+        _ = try a.call("doc.put", ["db": "team", "collection": "log", "id": "counter", "doc": ["hits": 0]])
+        var rounds = 0
+        while rounds < 2000, (try? b.call("doc.get", ["db": "team", "collection": "log", "id": "counter"])) == nil {
+            try tool.round(finishing: rounds > 20)
+            rounds += 1
+            usleep(10_000)
+        }
+        var written = 0
+        let deadline = Date().addingTimeInterval(90)
+        var converged = false
+        while Date() < deadline {
+            if written < 120 {
+                for _ in 0..<6 {
+                    let (c, who) = written % 2 == 0 ? (a, "a") : (b, "b")
+                    _ = try c.call("doc.put", ["db": "team", "collection": "log", "id": .string("\(who)\(written)"), "doc": ["n": .int(Int64(written))]])
+                    _ = try c.call("doc.patch", ["db": "team", "collection": "log", "id": "counter", "incr": ["hits": 1]])
+                    written += 1
+                }
+            }
+            try tool.round(finishing: written >= 120)
+            if written >= 120, tool.quiet,
+                try replicaState(a, "team") == replicaState(b, "team"), try replicaState(a, "team").docs == 121
+            {
+                converged = true
+                break
+            }
+            // One round of the tool per pass; the daemons poll every 50 ms.
+            usleep(20_000)
+        }
+        #expect(converged, "A and B converge through the clumsy tool (\(tool.stats))")
+        #expect(try a.call("doc.get", ["db": "team", "collection": "log", "id": "counter"])["doc"]?["hits"] == 120)
+        // The tool did every kind of damage, and each reached a daemon's counters as a refusal, never as data.
+        #expect(tool.stats.partial > 0 && tool.stats.conflictCopies > 0 && tool.stats.rollbacks > 0 && tool.stats.damaged > 0)
+        var rejected: [String: Int] = [:]
+        func count() throws {
+            rejected = [:]
+            for (c, path) in [(a, x.path), (b, y.path)] {
+                for (k, v) in try folderStatus(c, path)["rejected"]?.objectValue ?? [:] {
+                    rejected[k, default: 0] += Int(v.intValue ?? 0)
+                }
+                #expect(try c.call("sync.status", ["db": "team"])["databases"]?.arrayValue?.first?["forks"] == [])
+            }
+        }
+        try count()
+        // One more rollback for certain: B's copy of A's head file goes back to its first version.
+        let rollbacksBefore = rejected["rollback", default: 0]
+        let headCopy = y.path + "/" + space + "/" + team.nodes[0] + "/head"
+        try #require(tool.history[headCopy]?.first).write(to: URL(fileURLWithPath: headCopy))
+        #expect(try eventually { try count(); return rejected["rollback", default: 0] > rollbacksBefore }, "\(rejected)")
+        #expect(rejected["torn_record", default: 0] + rejected["malformed", default: 0] > 0, "\(rejected)")
+        for c in [a, b] {
+            let check = try c.call("db.info", ["db": "team"])
+            #expect(check["documents"] == 121)
+        }
+        team.stopAll()
+    }
+
+    @Test func killNineWhileAppendingLeavesNoTornEntryAcceptedAndTheWriterContinuesItsChain() throws {
+        var team = try FolderTeam(count: 2, arguments: ["--folder-poll-interval", "0.05"])
+        let folder = TempDir()
+        let (a, b) = (team.clients[0], team.clients[1])
+        for c in [a, b] { _ = try c.call("folder.add", ["db": "team", "path": .string(folder.path)]) }
+        let space = try spaceOf(a)
+        // A writes in a burst and is killed in the middle of it.
+        let daemonA = team.daemons[0]
+        let writer = Thread {
+            guard let a = try? daemonA.connect() else { return }
+            for i in 0..<2000 {
+                guard (try? a.call("doc.put", ["db": "team", "collection": "burst", "id": .string("d\(i)"), "doc": ["i": .int(Int64(i))]])) != nil
+                else { return }
+            }
+        }
+        writer.start()
+        let dirA = folder.path + "/" + space + "/" + team.nodes[0]
+        #expect(eventually { (try? count(b, "burst")) ?? 0 > 50 })
+        team.daemons[0].kill9()
+        // What a crash can leave behind at the end of the segment: a record cut short, then one whose checksum fails.
+        let segment = dirA + "/" + (filesUnder(dirA).filter { $0.hasSuffix(".seg") }.max() ?? "")
+        let handle = try #require(FileHandle(forWritingAtPath: segment))
+        handle.seekToEndOfFile()
+        handle.write(Data([0, 0, 4, 0] + [UInt8](repeating: 7, count: 8) + [UInt8](repeating: 0xAB, count: 1024)))
+        try handle.close()
+        #expect(eventually { (try? folderStatus(b, folder.path)["rejected"]?["torn_record"]?.intValue ?? 0) ?? 0 >= 1 })
+        let heldByB = try replicaState(b, "team")
+        // A starts again: it cuts the torn bytes off, continues its chain, and B follows without a fork.
+        try team.restart(0)
+        let a2 = team.clients[0]
+        let before = try ownSeq(a2, "team")
+        for i in 0..<20 {
+            _ = try a2.call("doc.put", ["db": "team", "collection": "after", "id": .string("z\(i)"), "doc": ["i": .int(Int64(i))]])
+        }
+        #expect(try ownSeq(a2, "team") == before + 20)
+        #expect(try eventually { try replicaState(b, "team") == replicaState(a2, "team") })
+        #expect(try replicaState(b, "team").docs >= heldByB.docs + 20)
+        #expect(try b.call("sync.status", ["db": "team"])["databases"]?.arrayValue?.first?["forks"] == [])
+        let bad = try folderStatus(b, folder.path)["rejected"]?.objectValue ?? [:]
+        #expect(Set(bad.keys).isSubset(of: ["torn_record"]), "\(bad)")
+        #expect(team.daemons[0].logText.contains("torn record"))
+        team.stopAll()
+    }
+
+    @Test func folderMethodsRejectBadInput() throws {
+        let d = try DaemonProcess()
+        let c = try d.connect()
+        let dir = TempDir()
+        _ = try c.call("db.create", ["db": "solo"])
+        expectRPCError(c, "folder.add", ["db": "solo", "path": .string(dir.path)], code: -32020, kind: "not_shared")
+        _ = try c.call("db.share", ["db": "solo"])
+        expectRPCError(c, "folder.add", ["db": "solo", "path": "relative/dir"], code: -32602, kind: "invalid_folder")
+        expectRPCError(c, "folder.add", ["db": "solo", "path": .string(dir.path + "/missing")], code: -32602, kind: "invalid_folder")
+        _ = FileManager.default.createFile(atPath: dir.path + "/file", contents: Data())
+        expectRPCError(c, "folder.add", ["db": "solo", "path": .string(dir.path + "/file")], code: -32602, kind: "invalid_folder")
+        expectRPCError(c, "folder.add", ["db": "solo", "path": ""], code: -32602, kind: "invalid_folder")
+        expectRPCError(c, "folder.add", ["db": "solo", "path": 7], code: -32602, kind: "invalid_params")
+        expectRPCError(c, "folder.add", ["db": "solo"], code: -32602, kind: "invalid_params")
+        expectRPCError(c, "folder.add", ["db": "nope", "path": .string(dir.path)], code: -32010, kind: "database_not_found")
+        expectRPCError(c, "folder.remove", ["db": "solo", "path": "x"], code: -32602, kind: "invalid_folder")
+        expectRPCError(c, "folder.list", ["db": "nope"], code: -32010, kind: "database_not_found")
+        expectRPCError(c, "folder.list", [:], code: -32602, kind: "invalid_params")
+        // A folder given with dots and slashes is stored in one spelling.
+        #expect(try c.call("folder.add", ["db": "solo", "path": .string(dir.path + "/./")])["path"] == .string(dir.path))
+        #expect(try c.call("folder.list", ["db": "solo"])["folders"]?.arrayValue?.first?["path"] == .string(dir.path))
+        // A folder that disappears (an unmounted drive) is reported, and used again when it is back.
+        let gone = TempDir()
+        _ = try c.call("folder.add", ["db": "solo", "path": .string(gone.path)])
+        try FileManager.default.removeItem(atPath: gone.path)
+        _ = try c.call("sync.now", ["db": "solo"])
+        #expect(eventually {
+            ((try? c.call("folder.list", ["db": "solo"])["folders"]?.arrayValue) ?? nil ?? []).contains {
+                $0["path"]?.stringValue == gone.path && ($0["lastError"]?.stringValue ?? "").contains("missing")
+            }
+        })
+        try FileManager.default.createDirectory(atPath: gone.path, withIntermediateDirectories: false)
+        _ = try c.call("sync.now", ["db": "solo"])
+        #expect(eventually {
+            ((try? c.call("folder.list", ["db": "solo"])["folders"]?.arrayValue) ?? nil ?? []).contains {
+                $0["path"]?.stringValue == gone.path && $0["lastError"] == .null
+            }
+        })
+        #expect(!filesUnder(gone.path).isEmpty)
+        try FileManager.default.removeItem(atPath: gone.path)
+        d.stop()
+    }
+}
+
+/// A folder tool that does its job badly: it copies each writer's directory from one folder to the other with
+/// random delays and in random order, copies files in part first, keeps duplicates under conflict names, damages
+/// copies, and now and then hands back an older version of a file it copied before.
+struct ClumsyFolderTool {
+    var random: SeededRandom
+    let routes: [(from: String, to: String)]
+    /// Earlier versions of copied files, by destination path.
+    var history: [String: [Data]] = [:]
+    var stats = Stats()
+    /// True when the last round copied nothing new.
+    var quiet = false
+
+    struct Stats: CustomStringConvertible {
+        var copies = 0, partial = 0, conflictCopies = 0, rollbacks = 0, damaged = 0
+        var description: String {
+            "copies \(copies), partial \(partial), conflict copies \(conflictCopies), rollbacks \(rollbacks), damaged \(damaged)"
+        }
+    }
+
+    init(seed: UInt64, routes: [(String, String)]) {
+        random = SeededRandom(seed: seed)
+        self.routes = routes.map { (from: $0.0, to: $0.1) }
+    }
+
+    /// One round over every file of every route. When `finishing`, every file ends up an exact copy (after any
+    /// mischief done in the round), so that the sides can converge.
+    mutating func round(finishing: Bool) throws {
+        quiet = true
+        let fm = FileManager.default
+        for route in routes {
+            try fm.createDirectory(atPath: route.to, withIntermediateDirectories: true)
+            for name in ((try? fm.contentsOfDirectory(atPath: route.from)) ?? []).shuffled(using: &random) where !name.hasSuffix(".tmp") {
+                guard let source = fm.contents(atPath: route.from + "/" + name) else { continue }
+                let target = route.to + "/" + name
+                let current = fm.contents(atPath: target)
+                if current == source { continue }
+                quiet = false
+                // Late: this file waits for a later round.
+                if !finishing && Int.random(in: 0..<3, using: &random) == 0 { continue }
+                let roll = Int.random(in: 0..<10, using: &random)
+                if !finishing && roll == 0, let old = history[target]?.first, old != current {
+                    // Hands back an older version.
+                    try old.write(to: URL(fileURLWithPath: target))
+                    stats.rollbacks += 1
+                    continue
+                }
+                if !finishing && roll == 1 && source.count > 64 {
+                    // A partial copy, written in place.
+                    let cut = Int.random(in: 1..<source.count, using: &random)
+                    try source.prefix(cut).write(to: URL(fileURLWithPath: target))
+                    stats.partial += 1
+                    continue
+                }
+                if roll == 2 && name.hasSuffix(".seg") && source.count > 200 {
+                    // A damaged duplicate under a conflict name: one byte flipped in its last record.
+                    var bad = source
+                    bad[bad.count - 10] ^= 0x40
+                    try bad.write(to: URL(fileURLWithPath: route.to + "/" + name + ".sync-conflict-20261123-\(stats.damaged)"))
+                    stats.damaged += 1
+                }
+                if roll == 3 {
+                    try source.write(to: URL(fileURLWithPath: target.replacingOccurrences(of: ".seg", with: "") + " (conflicted copy \(stats.conflictCopies))"))
+                    stats.conflictCopies += 1
+                }
+                try source.write(to: URL(fileURLWithPath: target), options: .atomic)
+                history[target, default: []].append(source)
+                stats.copies += 1
+            }
+        }
+    }
+}
