@@ -20,7 +20,7 @@ struct BlazeBench: AsyncParsableCommand {
     @Option(help: "Repeats of the throughput measurements (default 3; 1 with --quick).")
     var repeats: Int?
 
-    @Option(help: "Only these groups, comma-separated: baselines, W1, RPC (W2 and W3), W4 (with W5 and W7), RELAY, W6, W8, M1, RSS.")
+    @Option(help: "Only these groups, comma-separated: baselines, W1, RPC (W2 and W3), W4 (with W5 and W7), RELAY, FOLDER, W6, W8, M1, RSS.")
     var only: String?
 
     @Option(help: .hidden) var serveDaemon: String?
@@ -76,6 +76,10 @@ struct BlazeBench: AsyncParsableCommand {
                 results += try await RelayLoad.run(
                     devices: quick ? 100 : 1000, spaces: quick ? 10 : 100, entriesPerDevice: quick ? 10 : 100, backend: backend)
             }
+        }
+        if wants("FOLDER") {
+            results += try await FolderWorkloads.run(
+                dir: dir, n: quick ? 1000 : 5 * n, docs: docs, latencyWrites: quick ? 20 : 500, pollWrites: quick ? 3 : 30)
         }
         if wants("W6") {
             results += try await SyncWorkloads.offlineMerge(

@@ -103,7 +103,8 @@ extension SyncWorkloads {
         defer { target.feed.detach(attached!) }
         var latencies: [Double] = []
         for i in 0..<writes {
-            let id = "l\(i)"
+            // Ids differ per label: a put of a document as it already is would be no change at all.
+            let id = "l\(i)-" + label.filter { $0.isLetter || $0.isNumber }
             let start = DispatchTime.now().uptimeNanoseconds
             _ = try source.apply(.put(collection: "live", id: .init(id), doc: ["i": .int(Int64(i))]))
             var stamp: UInt64?

@@ -3,6 +3,7 @@ import BlazeCRDT
 import BlazeDaemon
 import BlazeProtocol
 import BlazeStore
+import BlazeSync
 import Foundation
 import Logging
 import Synchronization
@@ -134,12 +135,13 @@ enum Workloads {
         let daemon: Daemon
         var task: Task<Void, any Error>?
 
-        init(dir: String, syncListen: String? = nil) async throws {
+        init(dir: String, syncListen: String? = nil, folderOptions: FolderOptions = FolderOptions()) async throws {
             socket = "\(dir)/rpc/blazed.sock"
             var logger = Logger(label: "blazebench.daemon")
             logger.logLevel = .critical
             var config = DaemonConfig(socketPath: socket, dataDirectory: "\(dir)/rpc-data")
             config.syncListen = syncListen
+            config.folderOptions = folderOptions
             daemon = try Daemon(config: config, logger: logger)
             let daemon = self.daemon
             task = Task { try await daemon.run() }

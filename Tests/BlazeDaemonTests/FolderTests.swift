@@ -296,14 +296,16 @@ func folderStatus(_ c: BlazeConnection, _ path: String) throws -> JSONValue {
         // A folder that disappears (an unmounted drive) is reported, and used again when it is back.
         let gone = TempDir()
         _ = try c.call("folder.add", ["db": "solo", "path": .string(gone.path)])
-        try FileManager.default.removeItem(atPath: gone.path)
+        // Moved away in one step (the daemon may be writing in it), as an unmount would.
+        #expect(rename(gone.path, gone.path + ".away") == 0)
+        defer { try? FileManager.default.removeItem(atPath: gone.path + ".away") }
         _ = try c.call("sync.now", ["db": "solo"])
         #expect(eventually {
             ((try? c.call("folder.list", ["db": "solo"])["folders"]?.arrayValue) ?? nil ?? []).contains {
                 $0["path"]?.stringValue == gone.path && ($0["lastError"]?.stringValue ?? "").contains("missing")
             }
         })
-        try FileManager.default.createDirectory(atPath: gone.path, withIntermediateDirectories: false)
+        #expect(rename(gone.path + ".away", gone.path) == 0)
         _ = try c.call("sync.now", ["db": "solo"])
         #expect(eventually {
             ((try? c.call("folder.list", ["db": "solo"])["folders"]?.arrayValue) ?? nil ?? []).contains {
@@ -311,7 +313,6 @@ func folderStatus(_ c: BlazeConnection, _ path: String) throws -> JSONValue {
             }
         })
         #expect(!filesUnder(gone.path).isEmpty)
-        try FileManager.default.removeItem(atPath: gone.path)
         d.stop()
     }
 }
