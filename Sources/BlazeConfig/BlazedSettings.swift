@@ -66,6 +66,9 @@ public enum BlazedSettings {
             "Seconds between scans of a sync folder when nothing announced a change (inotify still wakes at once)"
         ) { _ in .double(2) },
         ConfigKey("folder-inotify", .bool, "Watch sync folders with inotify (off: poll only)") { _ in .bool(true) },
+        ConfigKey("folder-segment-bytes", .int(min: 4096), "Bytes after which a sync folder's segment file is finished") {
+            _ in .int(4 << 20)
+        },
     ]
 
     /// The log levels of swift-log, least severe first.

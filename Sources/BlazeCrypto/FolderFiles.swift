@@ -94,8 +94,8 @@ public enum FolderFiles {
         return .record(body: body, size: recordPrefixSize + Int(length))
     }
 
-    /// The signed head file of a writer's directory: which generation of the directory it describes, and the
-    /// writer's own latest signed head. `generation` only grows: a lower one than seen before is a rolled-back copy.
+    /// The signed head file of a writer's directory: which generation of the directory it describes, the writer's
+    /// own latest signed head, and what the writer holds. `generation` only grows: a lower one than seen before is a rolled-back copy.
     public struct Head: Sendable, Equatable {
         /// The space.
         public let space: [UInt8]
@@ -109,6 +109,9 @@ public enum FolderFiles {
         public let segment: UInt64
         /// The writer's own latest signed head, nil before it wrote anything.
         public let ownHead: SignedHead?
+        /// What the writer's database holds: the highest seq per origin (16-byte node id). Entries every current
+        /// member holds are no longer needed in the folder, and their writers remove them.
+        public let held: [[UInt8]: UInt64]
         /// The writer's Ed25519 signature over everything before it.
         public let signature: [UInt8]
 
@@ -116,23 +119,30 @@ public enum FolderFiles {
         public var writer: [UInt8] { Array(SHA256.hash(data: writerKey).prefix(16)) }
 
         static func signed(
-            space: [UInt8], key: [UInt8], generation: UInt64, timeMs: UInt64, segment: UInt64, ownHead: SignedHead?
+            space: [UInt8], key: [UInt8], generation: UInt64, timeMs: UInt64, segment: UInt64, ownHead: SignedHead?,
+            held: [[UInt8]: UInt64]
         ) -> [UInt8] {
             var out = headMagic + [version] + space + key
             out.appendBE(generation)
             out.appendBE(timeMs)
             out.appendBE(segment)
             if let ownHead { out += [1] + ownHead.bytes } else { out.append(0) }
+            out.appendBE(UInt32(held.count))
+            for (origin, seq) in held.sorted(by: { $0.key.lexicographicallyPrecedes($1.key) }) {
+                out += origin
+                out.appendBE(seq)
+            }
             return out
         }
 
         /// Signs a head file with the device's key.
         public static func encode(
             space: [UInt8], identity: DeviceIdentity, generation: UInt64, timeMs: UInt64, segment: UInt64,
-            ownHead: SignedHead?
+            ownHead: SignedHead?, held: [[UInt8]: UInt64] = [:]
         ) -> [UInt8] {
             let key = Array(identity.signingKey.publicKey.rawRepresentation)
-            let body = signed(space: space, key: key, generation: generation, timeMs: timeMs, segment: segment, ownHead: ownHead)
+            let body = signed(
+                space: space, key: key, generation: generation, timeMs: timeMs, segment: segment, ownHead: ownHead, held: held)
             let message = Array("blazedb folder head v1".utf8) + body
             // Signing with a valid key cannot fail.
             return body + Array(try! identity.signingKey.signature(for: message))
@@ -152,6 +162,13 @@ public enum FolderFiles {
                 guard let h = r.read(SignedHead.size) else { throw .malformed }
                 own = try SignedHead(bytes: h)
             }
+            guard let n = r.readUInt32(), Int(n) <= r.remaining / 24 else { throw .malformed }
+            var vector: [[UInt8]: UInt64] = [:]
+            for _ in 0..<n {
+                guard let o = r.read(16), let s = r.readUInt64(), SyncBounds.isValidSeq(s),
+                    vector.updateValue(s, forKey: Array(o)) == nil
+                else { throw .malformed }
+            }
             guard let sig = r.read(64), r.remaining == 0 else { throw .malformed }
             let key = Array(k)
             let body = Array(bytes[..<(bytes.count - 64)])
@@ -169,6 +186,7 @@ public enum FolderFiles {
             timeMs = t
             segment = seg
             ownHead = own
+            held = vector
             signature = Array(sig)
         }
     }

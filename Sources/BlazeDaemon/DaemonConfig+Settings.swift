@@ -28,6 +28,7 @@ extension DaemonConfig {
         "sync-tls-ca-file": { $0.syncTLSTrustRoots = $1.text },
         "folder-poll-interval": { $0.folderOptions.pollIntervalMs = $1.milliseconds },
         "folder-inotify": { $0.folderOptions.inotify = $1.flag ?? true },
+        "folder-segment-bytes": { $0.folderOptions.segmentBytes = $1.number },
     ]
 
     /// The configuration resolved settings describe, reporting them in `daemon.config`.

@@ -90,6 +90,8 @@ final class FolderWorker {
     var files: [String: FileCursor] = [:]
     /// Highest generation seen of each writer's head file.
     var headsSeen: [NodeID: UInt64] = [:]
+    /// The latest head file accepted from each other writer.
+    var heads: [NodeID: FolderFiles.Head] = [:]
     /// Stamp of each writer's head and members file when last read.
     var stamps: [String: FileStamp] = [:]
     /// Writers whose directories were seen.
@@ -100,6 +102,9 @@ final class FolderWorker {
     var generation: UInt64 = 0
     /// The segment this device appends to.
     var segment: OwnSegment?
+    /// What this device held when it last wrote its head file, and when (uptime ms).
+    var headHeld: [NodeID: UInt64] = [:]
+    var headWrittenAt: UInt64 = 0
     /// Membership operations written to this device's members file.
     var membersWritten = -1
     /// Whether the last step failed, and how (counted once per distinct failure).
@@ -257,6 +262,7 @@ final class FolderWorker {
                 headsSeen[writer] = head.generation
                 try? db.setFolderHeadSeen(root, writer: writer, generation: head.generation)
             }
+            heads[writer] = head
             if let own = head.ownHead, let held = try? db.heldHash(origin: writer, seq: own.seq), held != own.hash {
                 if (try? db.recordFork(head: own, seq: own.seq, hash: own.hash, key: space.snapshot.key)) == true {
                     report.reject(.fork)
@@ -462,15 +468,16 @@ final class FolderWorker {
         book.setMissing(db: db.name, needed: needed, held: vector, parkedBy: parked ? report.peer : nil)
     }
 
-    /// For each origin, the highest seq up to which the folder holds every entry (in any writer's files).
-    func coverage() -> [NodeID: UInt64] {
+    /// For each origin, the highest seq up to which the folder holds every entry (in any writer's files) that some
+    /// current member may still need: entries at or below `floor` are held by all of them.
+    func coverage(floor: [NodeID: UInt64]) -> [NodeID: UInt64] {
         var ranges: [NodeID: [ClosedRange<UInt64>]] = [:]
         for cursor in files.values {
             for (origin, list) in cursor.ranges { ranges[origin, default: []] += list }
         }
-        var out: [NodeID: UInt64] = [:]
+        var out = floor
         for (origin, list) in ranges {
-            var upTo: UInt64 = 0
+            var upTo: UInt64 = floor[origin] ?? 0
             for r in list.sorted(by: { $0.lowerBound < $1.lowerBound }) {
                 guard r.lowerBound <= upTo + 1 else { break }
                 upTo = max(upTo, r.upperBound)
@@ -488,7 +495,8 @@ final class FolderWorker {
         let snapshot = space.snapshot
         try db.sealLocal(key: snapshot.key, identity: engine.identity)
         held = try db.syncVector()
-        let folder = coverage()
+        let stable = floor(snapshot)
+        let folder = coverage(floor: stable)
         var sent = 0
         for (origin, seq) in held.sorted(by: { $0.key < $1.key }) {
             var after = folder[origin] ?? 0
@@ -509,10 +517,56 @@ final class FolderWorker {
                 $0.sentEntries += sent
                 $0.lastSyncMs = nowMs()
             }
-        } else if generation == 0 || !isFile(ownDir + "/head") {
+        } else if generation == 0 || !isFile(ownDir + "/head")
+            || (held != headHeld && uptimeMs() >= headWrittenAt + 1000)
+        {
+            // What it holds changed (received entries): others learn it, at most once a second, so that entries
+            // every member holds can be removed.
             try writeHead()
         }
         try writeMembers(snapshot)
+        prune(below: stable)
+    }
+
+    /// For each origin, the highest seq every current member holds, as their head files in this folder say (this
+    /// device: its database). Zero for all while a member has no head file here, and in spaces without a membership
+    /// log (their members are not known): then nothing is removed.
+    func floor(_ snapshot: SharedSpace.Snapshot) -> [NodeID: UInt64] {
+        guard let membership = snapshot.membership else { return [:] }
+        var out: [NodeID: UInt64]?
+        for member in membership.current {
+            let node = NodeID(bytes: member.keys.nodeID)
+            let theirs: [NodeID: UInt64]
+            if node == me {
+                theirs = held
+            } else {
+                guard let head = heads[node] else { return [:] }
+                theirs = Dictionary(head.held.map { (NodeID(bytes: $0.key), $0.value) }, uniquingKeysWith: max)
+            }
+            guard let sofar = out else {
+                out = theirs
+                continue
+            }
+            out = sofar.reduce(into: [:]) { r, e in r[e.key] = min(e.value, theirs[e.key] ?? 0) }
+        }
+        return out ?? [:]
+    }
+
+    /// Removes this device's files whose every entry all current members hold (never the segment being appended
+    /// to): the folder's size follows what members still need, not the history.
+    func prune(below stable: [NodeID: UInt64]) {
+        guard !stable.isEmpty else { return }
+        for (key, cursor) in files where key.hasPrefix(me.hex + "/") {
+            let name = String(key.dropFirst(me.hex.count + 1))
+            guard name != segment?.name, cursor.usable, !cursor.waiting, cursor.memo.isEmpty,
+                let stamp = cursor.stamp, cursor.offset == stamp.size, !cursor.ranges.isEmpty,
+                cursor.ranges.allSatisfy({ origin, list in list.allSatisfy { $0.upperBound <= stable[origin] ?? 0 } })
+            else { continue }
+            if unlink(ownDir + "/" + name) == 0 {
+                files[key] = nil
+                logger.debug("Folder segment every member holds removed", metadata: ["db": "\(db.name)", "file": "\(name)"])
+            }
+        }
     }
 
     /// Appends one record to this device's current segment, starting the next segment when it is full.
@@ -536,9 +590,12 @@ final class FolderWorker {
         generation += 1
         let bytes = FolderFiles.Head.encode(
             space: space.id, identity: engine.identity, generation: generation, timeMs: UInt64(max(0, nowMs())),
-            segment: segment?.number ?? 0, ownHead: try db.latestHead(origin: me))
+            segment: segment?.number ?? 0, ownHead: try db.latestHead(origin: me),
+            held: Dictionary(uniqueKeysWithValues: held.map { ($0.key.bytes, $0.value) }))
         try replaceFile(ownDir + "/head", with: bytes)
         try db.setFolderGeneration(root, generation)
+        headHeld = held
+        headWrittenAt = uptimeMs()
     }
 
     /// Writes the members file when the log holds operations it does not.
@@ -707,6 +764,9 @@ struct FolderProblem: Error, CustomStringConvertible {
     let description: String
     init(_ description: String) { self.description = description }
 }
+
+/// Milliseconds since boot (monotonic).
+func uptimeMs() -> UInt64 { DispatchTime.now().uptimeNanoseconds / 1_000_000 }
 
 func errnoText() -> String { String(cString: strerror(errno)) }
 

@@ -71,9 +71,12 @@ import Testing
     @Test func headFilesVerifyAndAnyAlterationIsRefused() throws {
         let (entries, own) = makeChain(3, key: key, device: device)
         _ = entries
-        let bytes = FolderFiles.Head.encode(space: key.id, identity: device, generation: 7, timeMs: 123, segment: 2, ownHead: own)
+        let held: [[UInt8]: UInt64] = [device.nodeID: 3, DeviceIdentity().nodeID: 41]
+        let bytes = FolderFiles.Head.encode(
+            space: key.id, identity: device, generation: 7, timeMs: 123, segment: 2, ownHead: own, held: held)
         let head = try FolderFiles.Head(bytes: bytes, space: key.id, writer: device.nodeID)
         #expect(head.generation == 7 && head.segment == 2 && head.timeMs == 123 && head.ownHead == own && head.writer == device.nodeID)
+        #expect(head.held == held)
         let empty = FolderFiles.Head.encode(space: key.id, identity: device, generation: 1, timeMs: 0, segment: 0, ownHead: nil)
         #expect(try FolderFiles.Head(bytes: empty, space: key.id, writer: device.nodeID).ownHead == nil)
         // In another writer's directory, or another space's, it is refused.

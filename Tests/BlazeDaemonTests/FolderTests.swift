@@ -272,6 +272,45 @@ func folderStatus(_ c: BlazeConnection, _ path: String) throws -> JSONValue {
         team.stopAll()
     }
 
+    @Test func segmentsEveryMemberHoldsAreRemovedAndAStoppedMemberHoldsThemBack() throws {
+        var team = try FolderTeam(count: 3, arguments: ["--folder-poll-interval", "0.05", "--folder-segment-bytes", "4096"])
+        let folder = TempDir()
+        for c in team.clients { _ = try c.call("folder.add", ["db": "team", "path": .string(folder.path)]) }
+        let (a, b) = (team.clients[0], team.clients[1])
+        let space = try spaceOf(a)
+        let dirs = team.nodes.map { folder.path + "/" + space + "/" + $0 }
+        func segments(_ i: Int) -> Int { filesUnder(dirs[i]).filter { $0.hasSuffix(".seg") }.count }
+        // Every member has said what it holds before C stops.
+        #expect(eventually { dirs.allSatisfy { FileManager.default.fileExists(atPath: $0 + "/head") } })
+        team.daemons[2].stop()
+        let text = String(repeating: "lorem ipsum ", count: 20)
+        for i in 0..<150 {
+            _ = try a.call("doc.put", ["db": "team", "collection": "notes", "id": .string("a\(i)"), "doc": ["text": .string(text)]])
+            _ = try b.call("doc.put", ["db": "team", "collection": "notes", "id": .string("b\(i)"), "doc": ["text": .string(text)]])
+        }
+        #expect(try eventually { try replicaState(a, "team") == replicaState(b, "team") && replicaState(a, "team").docs == 300 })
+        // C lacks all of it: nothing may be removed while it is away.
+        let whileAway = (segments(0), segments(1))
+        #expect(whileAway.0 >= 5 && whileAway.1 >= 5, "\(whileAway)")
+        try team.restart(2)
+        let c = team.clients[2]
+        #expect(try eventually { try replicaState(c, "team") == replicaState(a, "team") })
+        // Once every member says it holds them, each writer removes its finished segments.
+        #expect(eventually { segments(0) <= 2 && segments(1) <= 2 }, "\(segments(0)), \(segments(1))")
+        // Under steady writes with everyone present, the folder stays small, and a late write still arrives.
+        for i in 0..<150 {
+            _ = try a.call("doc.patch", ["db": "team", "collection": "notes", "id": .string("b\(i)"), "set": ["n": .int(Int64(i))]])
+        }
+        #expect(try eventually { try replicaState(c, "team") == replicaState(a, "team") && replicaState(b, "team") == replicaState(a, "team") })
+        #expect(eventually { segments(0) <= 2 }, "\(segments(0))")
+        _ = try c.call("doc.put", ["db": "team", "collection": "notes", "id": "late", "doc": ["text": "last"]])
+        #expect(eventually { (try? a.call("doc.get", ["db": "team", "collection": "notes", "id": "late"])) != nil })
+        for client in team.clients {
+            #expect(try folderStatus(client, folder.path)["rejected"] == [:])
+        }
+        team.stopAll()
+    }
+
     @Test func folderMethodsRejectBadInput() throws {
         let d = try DaemonProcess()
         let c = try d.connect()

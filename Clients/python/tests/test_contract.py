@@ -164,6 +164,15 @@ def test_every_method_succeeds_and_fails_as_documented(client, daemon):
     err(c, "peer.add", -32602, "invalid_address", db="app", address="nohost")
     assert [p["address"] for p in ok(c, "peer.list", db="app")["peers"]] == ["127.0.0.1:9"]
     err(c, "peer.list", -32010, "database_not_found", db="missing")
+    folder = os.path.join(daemon.dir, "folder")
+    os.mkdir(folder)
+    assert ok(c, "folder.add", db="app", path=folder + "/") == {"db": "app", "path": folder, "added": True}
+    err(c, "folder.add", -32602, "invalid_folder", db="app", path="relative")
+    err(c, "folder.add", -32602, "invalid_folder", db="app", path=folder + "/missing")
+    assert [f["path"] for f in ok(c, "folder.list", db="app")["folders"]] == [folder]
+    err(c, "folder.list", -32010, "database_not_found", db="missing")
+    assert ok(c, "folder.remove", db="app", path=folder)["removed"] is True
+    err(c, "folder.remove", -32010, "database_not_found", db="missing", path=folder)
     status = ok(c, "sync.status", db="app")
     assert status["databases"][0]["space"] == share["space"] and status["databases"][0]["peers"][0]["peer"] == "127.0.0.1:9"
     err(c, "sync.status", -32010, "database_not_found", db="missing")
