@@ -179,9 +179,12 @@ final class FolderWorker {
             guard isDirectory(root) else {
                 throw FolderProblem("the folder \(root) is missing (an unmounted drive?); retrying every \(options.pollIntervalMs) ms")
             }
-            if !isDirectory(ownDir) {
-                try makeDirectory(spaceDir)
-                try makeDirectory(ownDir)
+            try makeDirectory(spaceDir)
+            try makeDirectory(ownDir)
+            // The folder itself may be a link (~/Dropbox to a mount), but nothing inside it: a link swapped in for
+            // this device's directory would send its writes (and its removals) somewhere else.
+            guard isDirectory(spaceDir, following: false), isDirectory(ownDir, following: false) else {
+                throw FolderProblem("\(ownDir) is not a plain directory (a symbolic link?); not writing through it")
             }
             watch.watch(spaceDir)
             held = try db.syncVector()
@@ -350,7 +353,9 @@ final class FolderWorker {
         var stored = false
         var blocked = false
         var position = cursor.offset
-        reading: while !control.stopping.load(ordering: .acquiring), let bytes = preadRecord(fd, offset: position) {
+        reading: while !control.stopping.load(ordering: .acquiring),
+            let bytes = preadRecord(fd, offset: position, available: stamp.size - position)
+        {
             switch FolderFiles.scanRecord(bytes[...]) {
             case .incomplete:
                 break reading
@@ -662,10 +667,11 @@ struct FileStamp: Equatable {
     var modified: Int
     var regular: Bool
 
-    /// The stamp of the file at `path`, nil when there is none.
+    /// The stamp of the file at `path` itself (a symbolic link is not followed, and is not `regular`), nil when
+    /// there is none.
     init?(path: String) {
         var st = stat()
-        guard stat(path, &st) == 0 else { return nil }
+        guard lstat(path, &st) == 0 else { return nil }
         device = UInt64(st.st_dev)
         inode = UInt64(st.st_ino)
         size = Int(st.st_size)
@@ -770,9 +776,11 @@ func uptimeMs() -> UInt64 { DispatchTime.now().uptimeNanoseconds / 1_000_000 }
 
 func errnoText() -> String { String(cString: strerror(errno)) }
 
-func isDirectory(_ path: String) -> Bool {
+/// True when `path` is a directory; with `following: false`, a symbolic link to one is not.
+func isDirectory(_ path: String, following: Bool = true) -> Bool {
     var st = stat()
-    return stat(path, &st) == 0 && (st.st_mode & S_IFMT) == S_IFDIR
+    let found = following ? stat(path, &st) : lstat(path, &st)
+    return found == 0 && (st.st_mode & S_IFMT) == S_IFDIR
 }
 
 func isFile(_ path: String) -> Bool {
@@ -800,13 +808,14 @@ func preadAll(_ fd: Int32, offset: Int, count: Int) -> [UInt8]? {
     return out
 }
 
-/// The record at `offset` with its prefix, as far as the file holds it (its prefix says how long it is, bounded).
-func preadRecord(_ fd: Int32, offset: Int) -> [UInt8]? {
+/// The record at `offset` with its prefix, as far as the file holds it (its prefix says how long it is, bounded);
+/// when `available` bytes cannot hold it, only the prefix (nothing larger is read or allocated before it is there).
+func preadRecord(_ fd: Int32, offset: Int, available: Int = .max) -> [UInt8]? {
     guard let prefix = preadAll(fd, offset: offset, count: FolderFiles.recordPrefixSize),
         prefix.count == FolderFiles.recordPrefixSize
     else { return nil }
     let length = Int(prefix[0]) << 24 | Int(prefix[1]) << 16 | Int(prefix[2]) << 8 | Int(prefix[3])
-    guard length <= FolderFiles.maxRecordBody else { return prefix }
+    guard length <= FolderFiles.maxRecordBody, FolderFiles.recordPrefixSize + length <= available else { return prefix }
     return preadAll(fd, offset: offset, count: FolderFiles.recordPrefixSize + length)
 }
 

@@ -311,6 +311,45 @@ func folderStatus(_ c: BlazeConnection, _ path: String) throws -> JSONValue {
         team.stopAll()
     }
 
+    @Test func aHostileFolderCannotRedirectWritesOrMakeTheDaemonReadElsewhere() throws {
+        let d = try DaemonProcess(arguments: ["--folder-poll-interval", "0.05"])
+        let c = try d.connect()
+        let (folder, elsewhere) = (TempDir(), TempDir())
+        _ = try c.call("db.create", ["db": "team"])
+        _ = try c.call("db.share", ["db": "team"])
+        _ = try c.call("folder.add", ["db": "team", "path": .string(folder.path)])
+        let space = try spaceOf(c)
+        let node = try nodeID(c, "team")
+        let own = folder.path + "/" + space + "/" + node
+        #expect(eventually { FileManager.default.fileExists(atPath: own + "/head") })
+        // Another "writer" whose files are links to a device and to a file outside the folder, and a record that
+        // announces 16 MiB and never comes: all ignored, nothing read through the links.
+        let fake = folder.path + "/" + space + "/" + String(repeating: "ab", count: 16)
+        try FileManager.default.createDirectory(atPath: fake, withIntermediateDirectories: true)
+        #expect(symlink("/dev/zero", fake + "/0000000000000001.seg") == 0)
+        #expect(symlink(elsewhere.path, fake + "/0000000000000002.seg") == 0)
+        var header = Array("BZFS".utf8) + [1] + (hexBytes(space) ?? []) + (hexBytes(String(repeating: "ab", count: 16)) ?? [])
+        header += [UInt8](repeating: 0, count: 7) + [3]
+        _ = FileManager.default.createFile(atPath: fake + "/0000000000000003.seg", contents: Data(header + [1, 0, 0, 0] + [UInt8](repeating: 0, count: 8)))
+        // This device's own directory is swapped for a link to somewhere else: it writes nothing through it.
+        let headBefore = FileManager.default.contents(atPath: own + "/head")
+        #expect(rename(own, own + ".real") == 0)
+        #expect(symlink(elsewhere.path, own) == 0)
+        _ = try c.call("doc.put", ["db": "team", "collection": "notes", "id": "n1", "doc": ["text": "private"]])
+        #expect(eventually {
+            ((try? folderStatus(c, folder.path)["lastError"]?.stringValue) ?? nil)?.contains("not a plain directory") == true
+        })
+        #expect(filesUnder(elsewhere.path).isEmpty)
+        // Put back, it goes on.
+        #expect(unlink(own) == 0 && rename(own + ".real", own) == 0)
+        _ = try c.call("sync.now", ["db": "team"])
+        #expect(eventually { ((try? folderStatus(c, folder.path)["lastError"]) ?? nil) == .null })
+        // It says what it holds now (its only member holds everything, so no segment is needed yet).
+        #expect(eventually { FileManager.default.contents(atPath: own + "/head") != headBefore })
+        #expect(try folderStatus(c, folder.path)["rejected"] == [:])
+        d.stop()
+    }
+
     @Test func folderMethodsRejectBadInput() throws {
         let d = try DaemonProcess()
         let c = try d.connect()
