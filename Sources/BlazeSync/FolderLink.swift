@@ -94,14 +94,16 @@ final class FolderWorker {
     var heads: [NodeID: FolderFiles.Head] = [:]
     /// Stamp of each writer's head and members file when last read.
     var stamps: [String: FileStamp] = [:]
-    /// Writers whose directories were seen.
-    var writers: Set<NodeID> = []
     /// What this device holds, per origin (kept current while storing).
     var held: [NodeID: UInt64] = [:]
     /// This device's head file generation.
     var generation: UInt64 = 0
     /// The segment this device appends to.
     var segment: OwnSegment?
+    /// This device's directory, opened without following links for the round in progress (-1 between rounds):
+    /// everything it writes or removes goes through this descriptor, so swapping a link in for the directory's path
+    /// cannot send a write anywhere else.
+    var ownFD: Int32 = -1
     /// What this device held when it last wrote its head file, and when (uptime ms).
     var headHeld: [NodeID: UInt64] = [:]
     var headWrittenAt: UInt64 = 0
@@ -131,7 +133,8 @@ final class FolderWorker {
     /// Publishes and reads until stopped: at once, then whenever woken, a watched directory changes or the poll
     /// interval passes.
     func run() {
-        report.update { _ in }
+        // A new link (after a pause, a restart) starts with a clean slate; what is still wrong shows again.
+        report.update { $0.lastError = nil }
         var feedToken: Int?
         let signal = watch.signal
         while feedToken == nil && !control.stopping.load(ordering: .acquiring) {
@@ -179,17 +182,15 @@ final class FolderWorker {
             guard isDirectory(root) else {
                 throw FolderProblem("the folder \(root) is missing (an unmounted drive?); retrying every \(options.pollIntervalMs) ms")
             }
-            try makeDirectory(spaceDir)
-            try makeDirectory(ownDir)
-            // The folder itself may be a link (~/Dropbox to a mount), but nothing inside it: a link swapped in for
-            // this device's directory would send its writes (and its removals) somewhere else.
-            guard isDirectory(spaceDir, following: false), isDirectory(ownDir, following: false) else {
-                throw FolderProblem("\(ownDir) is not a plain directory (a symbolic link?); not writing through it")
+            ownFD = try openOwnDirectory()
+            defer {
+                close(ownFD)
+                ownFD = -1
             }
             watch.watch(spaceDir)
             held = try db.syncVector()
-            readMembers()
-            readHeads()
+            try readMembers()
+            try readHeads()
             try scan()
             try publish()
             if lastFailure != nil {
@@ -199,6 +200,29 @@ final class FolderWorker {
         } catch {
             fail("\(error)")
         }
+    }
+
+    /// Opens (creating them if needed) `<space>/<device>` inside the folder, refusing a symbolic link at either
+    /// level: the folder itself may be a link (~/Dropbox to a mount), nothing inside it.
+    func openOwnDirectory() throws -> Int32 {
+        let rootFD = open(root, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
+        guard rootFD >= 0 else { throw FolderProblem("cannot open the folder \(root): \(errnoText())") }
+        defer { close(rootFD) }
+        let spaceFD = try openDirectory(at: rootFD, hexString(space.id), path: spaceDir)
+        defer { close(spaceFD) }
+        return try openDirectory(at: spaceFD, me.hex, path: ownDir)
+    }
+
+    /// Opens directory `name` inside `parent`, creating it first if it is not there; never through a link.
+    func openDirectory(at parent: Int32, _ name: String, path: String) throws -> Int32 {
+        if mkdirat(parent, name, 0o755) != 0 && errno != EEXIST {
+            throw FolderProblem("cannot create \(path): \(errnoText())")
+        }
+        let fd = openat(parent, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)
+        guard fd >= 0 else {
+            throw FolderProblem("\(path) is not a plain directory (a symbolic link?); not writing through it: \(errnoText())")
+        }
+        return fd
     }
 
     /// Counts a failure once per distinct message.
@@ -211,16 +235,30 @@ final class FolderWorker {
 
     // MARK: Reading
 
-    /// The writer directories in the space's directory (32 hex digits, a node id), sorted.
-    func writerDirectories() -> [NodeID] {
-        let names = (try? FileManager.default.contentsOfDirectory(atPath: spaceDir)) ?? []
-        return names.compactMap { NodeID(hex: $0) }.sorted()
+    /// The writer directories in the space's directory (32 hex digits, a node id), sorted. A listing that fails
+    /// (a network share's hiccup) fails the round: taken for an empty folder, it would make this device write
+    /// everything again.
+    func writerDirectories() throws -> [NodeID] {
+        try listing(spaceDir).compactMap { name in
+            // A link in place of a writer's directory is not followed: the daemon reads only inside the folder.
+            var st = stat()
+            guard let node = NodeID(hex: name), lstat(spaceDir + "/" + name, &st) == 0, (st.st_mode & S_IFMT) == S_IFDIR
+            else { return nil }
+            return node
+        }.sorted()
+    }
+
+    /// The names in a directory.
+    func listing(_ dir: String) throws -> [String] {
+        do { return try FileManager.default.contentsOfDirectory(atPath: dir) } catch {
+            throw FolderProblem("cannot list \(dir): \(error.localizedDescription)")
+        }
     }
 
     /// Merges the membership operations other writers' members files hold.
-    func readMembers() {
+    func readMembers() throws {
         guard space.snapshot.membership != nil else { return }
-        for writer in writerDirectories() where writer != me {
+        for writer in try writerDirectories() where writer != me {
             let file = spaceDir + "/" + writer.hex + "/members"
             guard let stamp = FileStamp(path: file), stamps[file] != stamp else { continue }
             stamps[file] = stamp
@@ -237,9 +275,9 @@ final class FolderWorker {
 
     /// Reads other writers' head files: a generation lower than one seen before is a rolled-back copy, reported and
     /// not followed; an own head signing another entry than the one held at its seq is fork evidence.
-    func readHeads() {
+    func readHeads() throws {
         var devices: [String: Int] = [:]
-        for writer in writerDirectories() where writer != me {
+        for writer in try writerDirectories() where writer != me {
             devices[writer.hex] = 1
             let file = spaceDir + "/" + writer.hex + "/head"
             guard let stamp = FileStamp(path: file), stamps[file] != stamp else { continue }
@@ -288,11 +326,10 @@ final class FolderWorker {
         for _ in 0..<64 {
             var progress = false
             var waiting = false
-            for writer in writerDirectories() {
+            for writer in try writerDirectories() {
                 let dir = spaceDir + "/" + writer.hex
                 if writer != me { watch.watch(dir) }
-                writers.insert(writer)
-                for name in segmentFiles(dir) {
+                for name in try segmentFiles(dir) {
                     let key = writer.hex + "/" + name
                     present.insert(key)
                     let outcome = try read(file: dir + "/" + name, key: key, writer: writer)
@@ -308,8 +345,8 @@ final class FolderWorker {
 
     /// The segment files of a directory: those named as writers name them first, in number order, then any other
     /// name (copies the folder tool renamed), skipping the head and members files and temporary files.
-    func segmentFiles(_ dir: String) -> [String] {
-        let names = (try? FileManager.default.contentsOfDirectory(atPath: dir)) ?? []
+    func segmentFiles(_ dir: String) throws -> [String] {
+        let names = try listing(dir)
         let candidates = names.filter { $0 != "head" && $0 != "members" && !$0.hasSuffix(".tmp") && !$0.hasPrefix(".") }
         return candidates.sorted { a, b in
             switch (FolderFiles.segmentNumber(a), FolderFiles.segmentNumber(b)) {
@@ -522,7 +559,7 @@ final class FolderWorker {
                 $0.sentEntries += sent
                 $0.lastSyncMs = nowMs()
             }
-        } else if generation == 0 || !isFile(ownDir + "/head")
+        } else if generation == 0 || !exists(at: ownFD, "head")
             || (held != headHeld && uptimeMs() >= headWrittenAt + 1000)
         {
             // What it holds changed (received entries): others learn it, at most once a second, so that entries
@@ -567,7 +604,7 @@ final class FolderWorker {
                 let stamp = cursor.stamp, cursor.offset == stamp.size, !cursor.ranges.isEmpty,
                 cursor.ranges.allSatisfy({ origin, list in list.allSatisfy { $0.upperBound <= stable[origin] ?? 0 } })
             else { continue }
-            if unlink(ownDir + "/" + name) == 0 {
+            if unlinkat(ownFD, name, 0) == 0 {
                 files[key] = nil
                 logger.debug("Folder segment every member holds removed", metadata: ["db": "\(db.name)", "file": "\(name)"])
             }
@@ -576,15 +613,16 @@ final class FolderWorker {
 
     /// Appends one record to this device's current segment, starting the next segment when it is full.
     func append(_ record: [UInt8]) throws {
-        if segment == nil || !(segment?.isCurrent ?? false) {
+        if segment == nil || !(segment?.isCurrent(in: ownFD) ?? false) {
             segment?.close()
-            segment = try OwnSegment.open(dir: ownDir, space: space.id, writer: me.bytes, logger: logger)
+            segment = try OwnSegment.open(dirFD: ownFD, dir: ownDir, space: space.id, writer: me.bytes, logger: logger)
         }
         guard var current = segment else { return }
         if current.size >= options.segmentBytes {
             try current.sync()
             current.close()
-            current = try OwnSegment.create(dir: ownDir, number: current.number + 1, space: space.id, writer: me.bytes)
+            current = try OwnSegment.create(
+                dirFD: ownFD, dir: ownDir, number: current.number + 1, space: space.id, writer: me.bytes)
         }
         try current.append(record)
         segment = current
@@ -597,7 +635,7 @@ final class FolderWorker {
             space: space.id, identity: engine.identity, generation: generation, timeMs: UInt64(max(0, nowMs())),
             segment: segment?.number ?? 0, ownHead: try db.latestHead(origin: me),
             held: Dictionary(uniqueKeysWithValues: held.map { ($0.key.bytes, $0.value) }))
-        try replaceFile(ownDir + "/head", with: bytes)
+        try replaceFile(at: ownFD, "head", with: bytes)
         try db.setFolderGeneration(root, generation)
         headHeld = held
         headWrittenAt = uptimeMs()
@@ -605,9 +643,11 @@ final class FolderWorker {
 
     /// Writes the members file when the log holds operations it does not.
     func writeMembers(_ snapshot: SharedSpace.Snapshot) throws {
-        guard snapshot.membership != nil, snapshot.ops.count != membersWritten else { return }
+        guard snapshot.membership != nil, snapshot.ops.count != membersWritten || !exists(at: ownFD, "members") else {
+            return
+        }
         let ops = snapshot.ops.values.sorted { $0.hash.lexicographicallyPrecedes($1.hash) }.map(\.bytes)
-        try replaceFile(ownDir + "/members", with: FolderFiles.members(space: space.id, ops: ops))
+        try replaceFile(at: ownFD, "members", with: FolderFiles.members(space: space.id, ops: ops))
         membersWritten = snapshot.ops.count
     }
 }
@@ -691,14 +731,14 @@ struct OwnSegment {
 
     /// Opens this device's latest segment, cutting off a torn record at its end (a crash while appending), or
     /// starts the first one.
-    static func open(dir: String, space: [UInt8], writer: [UInt8], logger: Logger) throws -> OwnSegment {
+    static func open(dirFD: Int32, dir: String, space: [UInt8], writer: [UInt8], logger: Logger) throws -> OwnSegment {
         let names = (try? FileManager.default.contentsOfDirectory(atPath: dir)) ?? []
         guard let number = names.compactMap(FolderFiles.segmentNumber).max() else {
-            return try create(dir: dir, number: 1, space: space, writer: writer)
+            return try create(dirFD: dirFD, dir: dir, number: 1, space: space, writer: writer)
         }
         let name = FolderFiles.segmentName(number)
         let path = dir + "/" + name
-        let fd = Glibc.open(path, O_RDWR | O_CLOEXEC)
+        let fd = openat(dirFD, name, O_RDWR | O_NOFOLLOW | O_CLOEXEC)
         guard fd >= 0 else { throw FolderProblem("cannot open \(path): \(errnoText())") }
         var st = stat()
         fstat(fd, &st)
@@ -708,7 +748,7 @@ struct OwnSegment {
         else {
             // Not a segment this device can continue (damaged, or replaced): the next number starts afresh.
             Glibc.close(fd)
-            return try create(dir: dir, number: number + 1, space: space, writer: writer)
+            return try create(dirFD: dirFD, dir: dir, number: number + 1, space: space, writer: writer)
         }
         var end = FolderFiles.segmentHeaderSize
         while end < size {
@@ -727,22 +767,23 @@ struct OwnSegment {
     }
 
     /// Starts segment `number`: its header is written to a temporary file, synced and renamed into place.
-    static func create(dir: String, number: UInt64, space: [UInt8], writer: [UInt8]) throws -> OwnSegment {
+    static func create(dirFD: Int32, dir: String, number: UInt64, space: [UInt8], writer: [UInt8]) throws -> OwnSegment {
         let name = FolderFiles.segmentName(number)
         let path = dir + "/" + name
-        try replaceFile(path, with: FolderFiles.segmentHeader(space: space, writer: writer, number: number))
-        let fd = Glibc.open(path, O_RDWR | O_CLOEXEC)
+        try replaceFile(at: dirFD, name, with: FolderFiles.segmentHeader(space: space, writer: writer, number: number))
+        let fd = openat(dirFD, name, O_RDWR | O_NOFOLLOW | O_CLOEXEC)
         guard fd >= 0 else { throw FolderProblem("cannot open \(path): \(errnoText())") }
         var st = stat()
         fstat(fd, &st)
         return OwnSegment(path: path, name: name, number: number, fd: fd, inode: UInt64(st.st_ino), size: Int(st.st_size))
     }
 
-    /// True while the file at the path is still the one open here, as long as written (a folder tool may have
-    /// replaced it with another copy).
-    var isCurrent: Bool {
-        guard let stamp = FileStamp(path: path) else { return false }
-        return stamp.inode == inode && stamp.size == size
+    /// True while the file of this name in `dirFD` is still the one open here, as long as written (a folder tool
+    /// may have replaced it with another copy).
+    func isCurrent(in dirFD: Int32) -> Bool {
+        var st = stat()
+        guard fstatat(dirFD, name, &st, AT_SYMLINK_NOFOLLOW) == 0 else { return false }
+        return UInt64(st.st_ino) == inode && Int(st.st_size) == size
     }
 
     /// Appends bytes at the end (one write per record, so a reader sees a record whole or in part, never mixed).
@@ -776,21 +817,10 @@ func uptimeMs() -> UInt64 { DispatchTime.now().uptimeNanoseconds / 1_000_000 }
 
 func errnoText() -> String { String(cString: strerror(errno)) }
 
-/// True when `path` is a directory; with `following: false`, a symbolic link to one is not.
-func isDirectory(_ path: String, following: Bool = true) -> Bool {
+/// True when `path` is a directory (or a link to one).
+func isDirectory(_ path: String) -> Bool {
     var st = stat()
-    let found = following ? stat(path, &st) : lstat(path, &st)
-    return found == 0 && (st.st_mode & S_IFMT) == S_IFDIR
-}
-
-func isFile(_ path: String) -> Bool {
-    var st = stat()
-    return stat(path, &st) == 0 && (st.st_mode & S_IFMT) == S_IFREG
-}
-
-/// Creates a directory if it is not there.
-func makeDirectory(_ path: String) throws {
-    if mkdir(path, 0o755) != 0 && errno != EEXIST { throw FolderProblem("cannot create \(path): \(errnoText())") }
+    return stat(path, &st) == 0 && (st.st_mode & S_IFMT) == S_IFDIR
 }
 
 /// Up to `count` bytes at `offset` (fewer at the end of the file); nil when reading fails.
@@ -829,10 +859,17 @@ func readWhole(_ path: String, limit: Int) -> [UInt8]? {
     return preadAll(fd, offset: 0, count: Int(st.st_size))
 }
 
-/// Replaces a file atomically and durably: a temporary file beside it, synced, renamed over it, the directory synced.
-func replaceFile(_ path: String, with bytes: [UInt8]) throws {
-    let tmp = path + ".tmp"
-    let fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o644)
+/// True when `name` exists in the directory `dirFD` (a link counts; it is not followed).
+func exists(at dirFD: Int32, _ name: String) -> Bool {
+    var st = stat()
+    return fstatat(dirFD, name, &st, AT_SYMLINK_NOFOLLOW) == 0
+}
+
+/// Replaces file `name` of the directory `dirFD` atomically and durably: a temporary file beside it (never through a
+/// link), synced, renamed over it, the directory synced.
+func replaceFile(at dirFD: Int32, _ name: String, with bytes: [UInt8]) throws {
+    let tmp = name + ".tmp"
+    let fd = openat(dirFD, tmp, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0o644)
     guard fd >= 0 else { throw FolderProblem("cannot create \(tmp): \(errnoText())") }
     var done = 0
     while done < bytes.count {
@@ -849,10 +886,6 @@ func replaceFile(_ path: String, with bytes: [UInt8]) throws {
         throw FolderProblem("cannot sync \(tmp): \(errnoText())")
     }
     close(fd)
-    guard rename(tmp, path) == 0 else { throw FolderProblem("cannot rename \(tmp): \(errnoText())") }
-    let dir = open((path as NSString).deletingLastPathComponent, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
-    if dir >= 0 {
-        _ = fsync(dir)
-        close(dir)
-    }
+    guard renameat(dirFD, tmp, dirFD, name) == 0 else { throw FolderProblem("cannot rename \(tmp): \(errnoText())") }
+    _ = fsync(dirFD)
 }

@@ -203,7 +203,9 @@ func folderStatus(_ c: BlazeConnection, _ path: String) throws -> JSONValue {
         #expect(converged, "A and B converge through the clumsy tool (\(tool.stats))")
         #expect(try a.call("doc.get", ["db": "team", "collection": "log", "id": "counter"])["doc"]?["hits"] == 120)
         // The tool did every kind of damage, and each reached a daemon's counters as a refusal, never as data.
-        #expect(tool.stats.partial > 0 && tool.stats.conflictCopies > 0 && tool.stats.rollbacks > 0 && tool.stats.damaged > 0)
+        #expect(
+            tool.stats.partial > 0 && tool.stats.conflictCopies > 0 && tool.stats.rollbacks > 0 && tool.stats.damaged > 0
+                && tool.stats.deleted > 0, "\(tool.stats)")
         var rejected: [String: Int] = [:]
         func count() throws {
             rejected = [:]
@@ -331,21 +333,28 @@ func folderStatus(_ c: BlazeConnection, _ path: String) throws -> JSONValue {
         var header = Array("BZFS".utf8) + [1] + (hexBytes(space) ?? []) + (hexBytes(String(repeating: "ab", count: 16)) ?? [])
         header += [UInt8](repeating: 0, count: 7) + [3]
         _ = FileManager.default.createFile(atPath: fake + "/0000000000000003.seg", contents: Data(header + [1, 0, 0, 0] + [UInt8](repeating: 0, count: 8)))
-        // This device's own directory is swapped for a link to somewhere else: it writes nothing through it.
+        // A third "writer" directory that is a link to a directory outside the folder is not read.
+        #expect(symlink(elsewhere.path, folder.path + "/" + space + "/" + String(repeating: "cd", count: 16)) == 0)
+        // This device's own directory is swapped for a link to somewhere else (sync paused meanwhile, so the swap
+        // is not half-done when it looks): it writes nothing through it.
         let headBefore = FileManager.default.contents(atPath: own + "/head")
+        _ = try c.call("sync.pause", ["db": "team"])
         #expect(rename(own, own + ".real") == 0)
         #expect(symlink(elsewhere.path, own) == 0)
         _ = try c.call("doc.put", ["db": "team", "collection": "notes", "id": "n1", "doc": ["text": "private"]])
+        _ = try c.call("sync.resume", ["db": "team"])
         #expect(eventually {
             ((try? folderStatus(c, folder.path)["lastError"]?.stringValue) ?? nil)?.contains("not a plain directory") == true
         })
         #expect(filesUnder(elsewhere.path).isEmpty)
-        // Put back, it goes on.
+        // Put back, it goes on and says what it holds now (its only member holds everything: no segment is needed).
+        _ = try c.call("sync.pause", ["db": "team"])
         #expect(unlink(own) == 0 && rename(own + ".real", own) == 0)
-        _ = try c.call("sync.now", ["db": "team"])
+        _ = try c.call("sync.resume", ["db": "team"])
         #expect(eventually { ((try? folderStatus(c, folder.path)["lastError"]) ?? nil) == .null })
-        // It says what it holds now (its only member holds everything, so no segment is needed yet).
         #expect(eventually { FileManager.default.contents(atPath: own + "/head") != headBefore })
+        #expect(filesUnder(elsewhere.path).isEmpty)
+        #expect(try folderStatus(c, folder.path)["devices"]?.arrayValue?.compactMap(\.stringValue) == [String(repeating: "ab", count: 16)])
         #expect(try folderStatus(c, folder.path)["rejected"] == [:])
         d.stop()
     }
@@ -397,7 +406,7 @@ func folderStatus(_ c: BlazeConnection, _ path: String) throws -> JSONValue {
 
 /// A folder tool that does its job badly: it copies each writer's directory from one folder to the other with
 /// random delays and in random order, copies files in part first, keeps duplicates under conflict names, damages
-/// copies, and now and then hands back an older version of a file it copied before.
+/// copies, loses copies for a while, and now and then hands back an older version of a file it copied before.
 struct ClumsyFolderTool {
     var random: SeededRandom
     let routes: [(from: String, to: String)]
@@ -408,9 +417,10 @@ struct ClumsyFolderTool {
     var quiet = false
 
     struct Stats: CustomStringConvertible {
-        var copies = 0, partial = 0, conflictCopies = 0, rollbacks = 0, damaged = 0
+        var copies = 0, partial = 0, conflictCopies = 0, rollbacks = 0, damaged = 0, deleted = 0
         var description: String {
-            "copies \(copies), partial \(partial), conflict copies \(conflictCopies), rollbacks \(rollbacks), damaged \(damaged)"
+            "copies \(copies), partial \(partial), conflict copies \(conflictCopies), rollbacks \(rollbacks), damaged \(damaged), "
+                + "deleted \(deleted)"
         }
     }
 
@@ -434,11 +444,25 @@ struct ClumsyFolderTool {
                 quiet = false
                 // Late: this file waits for a later round.
                 if !finishing && Int.random(in: 0..<3, using: &random) == 0 { continue }
-                let roll = Int.random(in: 0..<10, using: &random)
+                // Each kind of mischief once as soon as a file allows it, then at random.
+                let owed = [
+                    stats.rollbacks == 0 && history[target]?.first.map { $0 != current } == true ? 0 : nil,
+                    stats.partial == 0 && source.count > 64 ? 1 : nil,
+                    stats.damaged == 0 && name.hasSuffix(".seg") && source.count > 200 ? 2 : nil,
+                    stats.conflictCopies == 0 ? 3 : nil,
+                    stats.deleted == 0 && current != nil ? 4 : nil,
+                ].compactMap { $0 }.first
+                let roll = finishing ? Int.random(in: 2..<10, using: &random) : owed ?? Int.random(in: 0..<10, using: &random)
                 if !finishing && roll == 0, let old = history[target]?.first, old != current {
                     // Hands back an older version.
                     try old.write(to: URL(fileURLWithPath: target))
                     stats.rollbacks += 1
+                    continue
+                }
+                if !finishing && roll == 4 && current != nil {
+                    // Loses the copy for a while.
+                    try FileManager.default.removeItem(atPath: target)
+                    stats.deleted += 1
                     continue
                 }
                 if !finishing && roll == 1 && source.count > 64 {
