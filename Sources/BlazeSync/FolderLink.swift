@@ -570,32 +570,24 @@ final class FolderWorker {
         prune(below: stable)
     }
 
-    /// For each origin, the highest seq every current member holds, as their head files in this folder say (this
-    /// device: its database). Zero for all while a member has no head file here, and in spaces without a membership
-    /// log (their members are not known): then nothing is removed.
+    /// For each origin, the highest seq that this device and every current member with a head file in this folder
+    /// hold, as those head files say: no reader of the folder needs what lies at or below it. A member that does not
+    /// use the folder yet does not count; when it starts, its head file lowers the floor and what it lacks is written
+    /// again. In spaces without a membership log (members unknown) the floor is zero: nothing is removed.
     func floor(_ snapshot: SharedSpace.Snapshot) -> [NodeID: UInt64] {
         guard let membership = snapshot.membership else { return [:] }
-        var out: [NodeID: UInt64]?
+        var out = held
         for member in membership.current {
             let node = NodeID(bytes: member.keys.nodeID)
-            let theirs: [NodeID: UInt64]
-            if node == me {
-                theirs = held
-            } else {
-                guard let head = heads[node] else { return [:] }
-                theirs = Dictionary(head.held.map { (NodeID(bytes: $0.key), $0.value) }, uniquingKeysWith: max)
-            }
-            guard let sofar = out else {
-                out = theirs
-                continue
-            }
-            out = sofar.reduce(into: [:]) { r, e in r[e.key] = min(e.value, theirs[e.key] ?? 0) }
+            guard node != me, let head = heads[node] else { continue }
+            let theirs = Dictionary(head.held.map { (NodeID(bytes: $0.key), $0.value) }, uniquingKeysWith: max)
+            for (origin, seq) in out { out[origin] = min(seq, theirs[origin] ?? 0) }
         }
-        return out ?? [:]
+        return out
     }
 
-    /// Removes this device's files whose every entry all current members hold (never the segment being appended
-    /// to): the folder's size follows what members still need, not the history.
+    /// Removes this device's files whose every entry lies at or below the floor (never the segment being appended
+    /// to): the folder's size follows what its readers still need, not the history.
     func prune(below stable: [NodeID: UInt64]) {
         guard !stable.isEmpty else { return }
         for (key, cursor) in files where key.hasPrefix(me.hex + "/") {

@@ -274,16 +274,17 @@ func folderStatus(_ c: BlazeConnection, _ path: String) throws -> JSONValue {
         team.stopAll()
     }
 
-    @Test func segmentsEveryMemberHoldsAreRemovedAndAStoppedMemberHoldsThemBack() throws {
-        var team = try FolderTeam(count: 3, arguments: ["--folder-poll-interval", "0.05", "--folder-segment-bytes", "4096"])
+    @Test func segmentsEveryReaderHoldsAreRemovedAStoppedReaderHoldsThemBackAndANewReaderGetsThemAgain() throws {
+        // D is a member from the start but uses the folder only at the end.
+        var team = try FolderTeam(count: 4, arguments: ["--folder-poll-interval", "0.05", "--folder-segment-bytes", "4096"])
         let folder = TempDir()
-        for c in team.clients { _ = try c.call("folder.add", ["db": "team", "path": .string(folder.path)]) }
+        for c in team.clients.prefix(3) { _ = try c.call("folder.add", ["db": "team", "path": .string(folder.path)]) }
         let (a, b) = (team.clients[0], team.clients[1])
         let space = try spaceOf(a)
         let dirs = team.nodes.map { folder.path + "/" + space + "/" + $0 }
         func segments(_ i: Int) -> Int { filesUnder(dirs[i]).filter { $0.hasSuffix(".seg") }.count }
         // Every member has said what it holds before C stops.
-        #expect(eventually { dirs.allSatisfy { FileManager.default.fileExists(atPath: $0 + "/head") } })
+        #expect(eventually { dirs.prefix(3).allSatisfy { FileManager.default.fileExists(atPath: $0 + "/head") } })
         team.daemons[2].stop()
         let text = String(repeating: "lorem ipsum ", count: 20)
         for i in 0..<150 {
@@ -307,6 +308,12 @@ func folderStatus(_ c: BlazeConnection, _ path: String) throws -> JSONValue {
         #expect(eventually { segments(0) <= 2 }, "\(segments(0))")
         _ = try c.call("doc.put", ["db": "team", "collection": "notes", "id": "late", "doc": ["text": "last"]])
         #expect(eventually { (try? a.call("doc.get", ["db": "team", "collection": "notes", "id": "late"])) != nil })
+        // D starts reading the folder with none of it: its head file lowers the floor, and what was removed is
+        // written again for it.
+        let d = team.clients[3]
+        #expect(try replicaState(d, "team").docs == 0)
+        _ = try d.call("folder.add", ["db": "team", "path": .string(folder.path)])
+        #expect(try eventually { try replicaState(d, "team") == replicaState(a, "team") })
         for client in team.clients {
             #expect(try folderStatus(client, folder.path)["rejected"] == [:])
         }
