@@ -44,7 +44,8 @@ final class WakeSignal: Sendable {
 /// inotify (or for changes it does not see: other machines writing a network share) the interval alone paces reading.
 final class FolderWatch {
     private var inotify: Int32 = -1
-    private var watched: Set<String> = []
+    /// Watched directories and the inode each had: a directory removed and made again is watched again.
+    private var watched: [String: UInt64] = [:]
     let signal: WakeSignal
 
     /// A watch that wakes on `signal`, using inotify when `useInotify` and the system offers it.
@@ -62,22 +63,14 @@ final class FolderWatch {
     /// True when inotify is in use.
     var usesInotify: Bool { inotify >= 0 }
 
-    /// Watches `directory` for files appearing, growing, being replaced or removed (once per path).
+    /// Watches `directory` for files appearing, growing, being replaced or removed (once per directory: again when
+    /// the path names another directory than before).
     func watch(_ directory: String) {
         #if os(Linux)
-        guard inotify >= 0, !watched.contains(directory) else { return }
+        var st = stat()
+        guard inotify >= 0, stat(directory, &st) == 0, watched[directory] != UInt64(st.st_ino) else { return }
         let mask = UInt32(IN_CREATE | IN_MODIFY | IN_CLOSE_WRITE | IN_MOVED_TO | IN_MOVED_FROM | IN_DELETE | IN_ATTRIB)
-        if inotify_add_watch(inotify, directory, mask) >= 0 { watched.insert(directory) }
-        #endif
-    }
-
-    /// Forgets every watch (the directories are watched again as they are found).
-    func reset() {
-        guard inotify >= 0 else { return }
-        close(inotify)
-        watched = []
-        #if os(Linux)
-        inotify = inotify_init1(Int32(IN_NONBLOCK | IN_CLOEXEC))
+        if inotify_add_watch(inotify, directory, mask) >= 0 { watched[directory] = UInt64(st.st_ino) }
         #endif
     }
 
