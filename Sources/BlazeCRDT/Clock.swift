@@ -260,3 +260,24 @@ public struct StampCoding: Sendable, Equatable {
     /// Every origin as hex.
     public static let hex = StampCoding(home: nil)
 }
+
+/// Causal stability (Protocol/SYNC.md §11): which changes every member holds and no change still to come can precede.
+public enum Stability {
+    /// The stable vector at a replica that applied `applied`, given each current member's latest acknowledgement (the
+    /// vector it held, its own entry being what it had authored then; an empty vector for a member not heard from).
+    ///
+    /// A change is stable once every member's acknowledgement covers it *and* this replica applied everything each
+    /// member had authored when it acknowledged: a member's later changes were written after it held the change, so
+    /// they are causally after it. Nil while that second condition fails (the caller keeps its last stable vector).
+    public static func stableVector(acknowledged: [NodeID: VersionVector], applied: VersionVector) -> VersionVector? {
+        guard !acknowledged.isEmpty else { return nil }
+        for (member, ack) in acknowledged where applied[member] < ack[member] { return nil }
+        var out: [NodeID: UInt64] = [:]
+        let origins = Set(acknowledged.values.flatMap { $0.entries.keys })
+        for origin in origins {
+            let seq = acknowledged.values.map { $0[origin] }.min() ?? 0
+            if seq > 0 { out[origin] = min(seq, applied[origin]) }
+        }
+        return VersionVector(out)
+    }
+}

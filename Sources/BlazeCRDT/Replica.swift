@@ -48,6 +48,9 @@ public protocol ReplicaStorage {
     func parkedCount() throws -> Int
     /// Whether any change is parked.
     func hasParked() throws -> Bool
+    /// Records that `change` deleted `key` (raised its causal length to an even one): compaction drops the tombstone
+    /// once that change is stable.
+    func noteDeleted(_ key: DocKey, by change: Change) throws
 }
 
 extension ReplicaStorage {
@@ -58,6 +61,9 @@ extension ReplicaStorage {
 
     /// Default: counts `parked()`.
     public func parkedCount() throws -> Int { try parked().count }
+
+    /// Default: nothing (a storage that never drops tombstones need not know who made them).
+    public func noteDeleted(_ key: DocKey, by change: Change) throws {}
 
     /// Default: `parkedCount() > 0`.
     public func hasParked() throws -> Bool { try parkedCount() > 0 }
@@ -149,7 +155,12 @@ public enum Replica {
         case .doc(let d):
             try storage.updateDocument(d.key) { $0.apply(d, change: change, index: index) }
         case .delete(let key, let cl):
-            try storage.updateDocument(key) { $0.delete(cl: cl) }
+            var raised = false
+            try storage.updateDocument(key) {
+                raised = cl > $0.cl
+                $0.delete(cl: cl)
+            }
+            if raised { try storage.noteDeleted(key, by: change) }
         case .index(let name, let collection, let fields):
             let stamp = change.stamp(index)
             if let current = try storage.index(name), stamp < current.stamp { return }

@@ -158,7 +158,7 @@ extension Store {
                 // indexes are rebuilt from their definitions below.
                 for name in extraIndexes { try db.execute(sql: "DROP INDEX \(name.quotedDatabaseIdentifier)") }
                 try db.execute(sql: "DELETE FROM meta WHERE key = 'space_id'")
-                for table in ["sync_entries", "sync_heads", "sync_peers", "sync_forks", "sync_folders", "sync_folder_heads"] where try db.tableExists(table) {
+                for table in ["sync_entries", "sync_heads", "sync_peers", "sync_forks", "sync_folders", "sync_folder_heads", "sync_pruned"] where try db.tableExists(table) {
                     try db.execute(sql: "DELETE FROM \(table)")
                 }
             }
@@ -258,7 +258,7 @@ enum RestoreCheck {
         }
         let now = BlazeDatabase.nowMilliseconds()
         let latestClock = HLC(milliseconds: now + limits.maxClockAheadMilliseconds)
-        let hasChanges = try Bool.fetchOne(db, sql: "SELECT EXISTS(SELECT 1 FROM changes)") ?? false
+        let hasChanges = try Bool.fetchOne(db, sql: "SELECT EXISTS(SELECT 1 FROM versions)") ?? false
         for (table, hasBody) in [("docs", true), ("tombstones", false)] {
             let rows = try Row.fetchCursor(
                 db, sql: "SELECT collection, id, state, \(hasBody ? "body" : "NULL") FROM \(table)")

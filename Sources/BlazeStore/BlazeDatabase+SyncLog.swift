@@ -115,14 +115,32 @@ extension BlazeDatabase {
         while true {
             // One transaction per batch: the writer is never held for a whole backlog.
             let n = try pool.write { db -> Int in
-                let last = try Row.fetchOne(
-                    db, sql: "SELECT seq, hash FROM sync_entries WHERE origin = ? ORDER BY seq DESC LIMIT 1", arguments: [origin])
-                let seq = UInt64(last.map { $0[0] as Int64 } ?? 0)
-                let bodies = try String.fetchAll(
-                    db, sql: "SELECT body FROM changes WHERE origin = ? AND seq > ? ORDER BY seq LIMIT ?",
+                // The chain continues from the last entry held, or from the last one pruned.
+                let last =
+                    try Row.fetchOne(
+                        db, sql: "SELECT seq, hash FROM sync_entries WHERE origin = ? ORDER BY seq DESC LIMIT 1", arguments: [origin])
+                    ?? Row.fetchOne(db, sql: "SELECT seq, hash FROM sync_pruned WHERE origin = ?", arguments: [origin])
+                var seq = UInt64(last.map { $0[0] as Int64 } ?? 0)
+                var lastHash = last.map { Array($0[1] as Data) }
+                let rows = try Row.fetchAll(
+                    db, sql: "SELECT seq, body FROM changes WHERE origin = ? AND seq > ? ORDER BY seq LIMIT ?",
                     arguments: [node.hex, Int64(seq), batch])
-                guard !bodies.isEmpty else { return 0 }
-                let (entries, heads) = try seal(seq, last.map { Array($0[1] as Data) }, bodies)
+                guard let first = rows.first else { return 0 }
+                let firstSeq = UInt64(first[0] as Int64)
+                if firstSeq != seq + 1 {
+                    // Compaction pruned the changes before `firstSeq` while no entry was sealed (the database was not
+                    // shared): the chain starts after them, and joiners get those changes in a snapshot.
+                    guard last == nil else {
+                        throw StoreError(.internalFailure, kind: "corrupt_sync_log", "changes of \(node) after \(seq) are missing")
+                    }
+                    seq = firstSeq - 1
+                    lastHash = PrunedHead.chainStart
+                    try db.execute(
+                        sql: "INSERT INTO sync_pruned(origin, seq, hash) VALUES (?, ?, ?)",
+                        arguments: [origin, Int64(seq), Data(PrunedHead.chainStart)])
+                }
+                let bodies = rows.map { $0[1] as String }
+                let (entries, heads) = try seal(seq, lastHash, bodies)
                 let insert = try db.cachedStatement(sql: "INSERT INTO sync_entries(origin, seq, hash, bytes) VALUES (?, ?, ?, ?)")
                 for e in entries {
                     try insert.execute(arguments: [origin, Int64(e.seq), Data(e.hash), Data(e.bytes)])
@@ -155,6 +173,13 @@ extension BlazeDatabase {
     {
         try read { db in
             let o = Data(origin.bytes)
+            if let pruned = try Int64.fetchOne(db, sql: "SELECT seq FROM sync_pruned WHERE origin = ?", arguments: [o]),
+                Int64(after) < pruned
+            {
+                throw StoreError(
+                    .notFound, kind: "entries_pruned",
+                    "entries of \(origin) up to \(pruned) were compacted away; a device that lacks them needs a snapshot")
+            }
             let heads = try Int64.fetchAll(
                 db, sql: "SELECT seq FROM sync_heads WHERE origin = ? AND seq > ? AND seq <= ? ORDER BY seq",
                 arguments: [o, Int64(after), Int64(after) + Int64(maxEntries)])
@@ -207,12 +232,25 @@ extension BlazeDatabase {
             var fresh: [Change] = []
             guard try !Self.isQuarantined(o, db) else { throw SyncLogConflict.quarantined }
             let held = try db.cachedStatement(sql: "SELECT hash FROM sync_entries WHERE origin = ? AND seq = ?")
-            if firstSeq > 1 {
+            let pruned = try Row.fetchOne(db, sql: "SELECT seq, hash FROM sync_pruned WHERE origin = ?", arguments: [o])
+                .map { PrunedHead(seq: UInt64(max(0, $0[0] as Int64)), hash: Array($0[1] as Data)) }
+            if let pruned, pruned.seq >= firstSeq - 1 {
+                // Entries up to `pruned.seq` are no longer held: the batch must agree with the chain head kept.
+                let hashAtPruned = pruned.seq == firstSeq - 1 ? firstPrev : entries.first { $0.seq == pruned.seq }?.hash
+                if let hashAtPruned, pruned.hash != PrunedHead.chainStart, hashAtPruned != pruned.hash {
+                    throw pruned.seq == firstSeq - 1 ? SyncLogConflict.brokenChain : SyncLogConflict.fork
+                }
+            } else if firstSeq > 1 {
                 // A batch must continue the log held here: no gap, and linked to the entry before it.
                 guard let before = try Data.fetchOne(held, arguments: [o, Int64(firstSeq - 1)]), Array(before) == firstPrev
                 else { throw SyncLogConflict.brokenChain }
             }
             for (entry, change) in zip(entries, changes) {
+                if let pruned, entry.seq <= pruned.seq {
+                    // Held once and pruned since: its change is applied.
+                    outcome.duplicates += 1
+                    continue
+                }
                 if let existing = try Data.fetchOne(held, arguments: [o, Int64(entry.seq)]) {
                     guard Array(existing) == entry.hash else { throw SyncLogConflict.fork }
                     outcome.duplicates += 1
@@ -268,11 +306,18 @@ extension BlazeDatabase {
         }
     }
 
-    /// The hash of the entry held for `origin` at `seq`, nil when none.
+    /// The hash of the entry held for `origin` at `seq` (or pruned last, at `seq`), nil when none.
     public func heldHash(origin: NodeID, seq: UInt64) throws -> [UInt8]? {
         try read { db in
-            try Data.fetchOne(
-                db, sql: "SELECT hash FROM sync_entries WHERE origin = ? AND seq = ?", arguments: [Data(origin.bytes), Int64(seq)]
+            let o = Data(origin.bytes)
+            if let hash = try Data.fetchOne(
+                db, sql: "SELECT hash FROM sync_entries WHERE origin = ? AND seq = ?", arguments: [o, Int64(seq)])
+            {
+                return Array(hash)
+            }
+            return try Data.fetchOne(
+                db, sql: "SELECT hash FROM sync_pruned WHERE origin = ? AND seq = ? AND hash != zeroblob(32)",
+                arguments: [o, Int64(seq)]
             ).map { Array($0) }
         }
     }

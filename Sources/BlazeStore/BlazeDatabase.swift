@@ -34,6 +34,7 @@ public final class BlazeDatabase: Sendable {
         config.label = "blazedb.\(name)"
         config.busyMode = .timeout(10)
         pool = try DatabasePool(path: path, configuration: config)
+        try Self.enableIncrementalVacuum(pool)
         // Acknowledged writes are durable: fsync the WAL on every commit (DESIGN §4). Set on the single writer
         // connection after the pool exists, because GRDB switches WAL databases to NORMAL while setting up.
         try pool.writeWithoutTransaction { db in
@@ -56,8 +57,13 @@ public final class BlazeDatabase: Sendable {
             finishLimit: limits.walFinishPages)
         self.checkpointer = checkpointer
         pool.writeWithoutTransaction { checkpointer.install(on: $0) }
-        let last = try pool.read { db in try Int64.fetchOne(db, sql: "SELECT max(hlc) FROM changes WHERE hlc >= 0") ?? 0 }
-        clock = Mutex(HybridClock(last: HLC(raw: UInt64(bitPattern: last))))
+        let last = try pool.read { db in
+            // Compaction keeps the clock it had in `hlc_floor`: the changes that set it may be gone.
+            let floor = try String.fetchOne(db, sql: "SELECT value FROM meta WHERE key = 'hlc_floor'").flatMap { UInt64($0) } ?? 0
+            let logged = UInt64(bitPattern: try Int64.fetchOne(db, sql: "SELECT max(hlc) FROM changes WHERE hlc >= 0") ?? 0)
+            return max(floor, logged)
+        }
+        clock = Mutex(HybridClock(last: HLC(raw: last)))
         let (feedLast, feedFloor) = try pool.read { db in
             let floor = try String.fetchOne(db, sql: "SELECT value FROM meta WHERE key = 'feed_floor'").flatMap { Int64($0) } ?? 0
             return (max(floor, try Int64.fetchOne(db, sql: "SELECT max(seq) FROM feed") ?? 0), floor)
@@ -69,6 +75,16 @@ public final class BlazeDatabase: Sendable {
         try adoptUnreplicatedData()
     }
 
+    /// Makes freed pages returnable (`PRAGMA auto_vacuum = INCREMENTAL`, which compaction uses): set before the first
+    /// table of a new file, and by one `VACUUM` for a file from before it.
+    static func enableIncrementalVacuum(_ pool: DatabasePool) throws {
+        try pool.writeWithoutTransaction { db in
+            guard try Int.fetchOne(db, sql: "PRAGMA auto_vacuum") != 2 else { return }
+            try db.execute(sql: "PRAGMA auto_vacuum = INCREMENTAL")
+            if try Int.fetchOne(db, sql: "PRAGMA page_count") ?? 0 > 0 { try db.execute(sql: "VACUUM") }
+        }
+    }
+
     /// Wall-clock milliseconds.
     static func nowMilliseconds() -> UInt64 { UInt64(max(0, Date().timeIntervalSince1970 * 1000)) }
 
@@ -77,7 +93,7 @@ public final class BlazeDatabase: Sendable {
         try write { tx in
             let db = tx.db
             // Only data from before replication has no state; it exists only while no change was ever recorded.
-            guard try Int.fetchOne(db, sql: "SELECT count(*) FROM changes") == 0 else { return }
+            guard try Int.fetchOne(db, sql: "SELECT count(*) FROM versions") == 0 else { return }
             let docs = try Row.fetchAll(
                 db, sql: "SELECT collection, id, body FROM docs WHERE state IS NULL ORDER BY collection, id")
             let indexes = try Row.fetchAll(db, sql: "SELECT name, collection, fields FROM indexes ORDER BY name")

@@ -168,6 +168,11 @@ public final class ChangeFeed: Sendable {
         }
     }
 
+    /// Raises the floor after rows below it were pruned outside a write's publication (compaction).
+    func raiseFloor(_ floor: Int64) {
+        state.withLock { $0.floor = max($0.floor, floor) }
+    }
+
     /// Ends the feed: every listener gets `.ended(reason)` and is detached.
     func end(_ reason: StoreError) {
         state.withLock { s in

@@ -29,6 +29,9 @@ final class SQLStorage: ReplicaStorage {
     private var lastEnsured: String?
     /// The highest sequence recorded per origin in this transaction, written to `versions` by `flush()`.
     var recordedVersions: [NodeID: UInt64] = [:]
+    /// Per document deleted in this transaction, the change that deleted it (origin hex, seq), stored with its
+    /// tombstone.
+    private var deletedBy: [DocKey: (origin: String, seq: Int64)] = [:]
     /// Whether `tombstones` has any row, probed once per transaction; while it has none, no lookup there is needed.
     private var tombstonesExist: Bool?
     /// The statements run once per document (and once per change), prepared on first use in the transaction.
@@ -155,6 +158,10 @@ final class SQLStorage: ReplicaStorage {
         try saveDocument(key, state)
     }
 
+    func noteDeleted(_ key: DocKey, by change: Change) throws {
+        deletedBy[key] = (change.origin.hex, Int64(change.seq))
+    }
+
     func saveDocument(_ key: DocKey, _ state: DocumentState) throws {
         docs.save(key, state)
     }
@@ -184,12 +191,20 @@ final class SQLStorage: ReplicaStorage {
                 try db.cachedStatement(sql: "DELETE FROM docs WHERE rowid = ?").execute(arguments: [rowid])
                 fallthrough
             case .absent:
-                try db.cachedStatement(sql: "INSERT INTO tombstones(collection, id, state) VALUES (?, ?, ?)").execute(
-                    arguments: [key.collection, key.id, stateText])
+                let by = deletedBy[key]
+                try db.cachedStatement(
+                    sql: "INSERT INTO tombstones(collection, id, state, del_origin, del_seq) VALUES (?, ?, ?, ?, ?)"
+                ).execute(arguments: [key.collection, key.id, stateText, by?.origin, by?.seq])
                 tombstonesExist = true
             case .tombstone:
-                try db.cachedStatement(sql: "UPDATE tombstones SET state = ? WHERE collection = ? AND id = ?").execute(
-                    arguments: [stateText, key.collection, key.id])
+                if let by = deletedBy[key] {
+                    try db.cachedStatement(
+                        sql: "UPDATE tombstones SET state = ?, del_origin = ?, del_seq = ? WHERE collection = ? AND id = ?"
+                    ).execute(arguments: [stateText, by.origin, by.seq, key.collection, key.id])
+                } else {
+                    try db.cachedStatement(sql: "UPDATE tombstones SET state = ? WHERE collection = ? AND id = ?").execute(
+                        arguments: [stateText, key.collection, key.id])
+                }
             }
             docs.locations[key] = .tombstone
             return

@@ -210,6 +210,24 @@ enum Schema {
                     ) WITHOUT ROWID;
                     """)
         }
+        m.registerMigration("v10-compaction") { db in
+            // Compaction (SYNC.md §11). A tombstone names the change that deleted its document, so that it can be
+            // dropped once that change is stable (NULL for tombstones from before: they are kept). `sync_pruned`
+            // keeps, per origin, the last entry this device no longer holds and its hash: the chain head later
+            // entries link to (32 zero bytes when the chain starts after it: changes pruned before the database was
+            // shared).
+            try db.execute(
+                sql: """
+                    ALTER TABLE tombstones ADD COLUMN del_origin TEXT;
+                    ALTER TABLE tombstones ADD COLUMN del_seq INTEGER;
+                    CREATE INDEX tombstones_deleted_by ON tombstones(del_origin, del_seq) WHERE del_origin IS NOT NULL;
+                    CREATE TABLE sync_pruned(
+                        origin BLOB PRIMARY KEY NOT NULL,
+                        seq INTEGER NOT NULL,
+                        hash BLOB NOT NULL
+                    ) WITHOUT ROWID;
+                    """)
+        }
         return m
     }
 }

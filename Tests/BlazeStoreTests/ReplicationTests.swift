@@ -12,8 +12,8 @@ final class StoreReplicas {
     let stores: [TempStore]
     let dbs: [BlazeDatabase]
 
-    init(_ n: Int) throws {
-        stores = try (0..<n).map { _ in try TempStore() }
+    init(_ n: Int, limits: StoreLimits = StoreLimits()) throws {
+        stores = try (0..<n).map { _ in try TempStore(limits: limits) }
         dbs = try stores.map { try $0.store.create("r") }
     }
 

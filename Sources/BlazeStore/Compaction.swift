@@ -1,0 +1,273 @@
+import BlazeCRDT
+import BlazeProtocol
+import Foundation
+import GRDB
+
+/// What a compaction removed (Protocol/SYNC.md §11).
+public struct CompactionReport: Sendable, Equatable {
+    /// Op-log rows (`changes`) dropped.
+    public var changes = 0
+    /// Tombstones dropped.
+    public var tombstones = 0
+    /// Sealed entries dropped.
+    public var entries = 0
+    /// Signed heads dropped.
+    public var heads = 0
+    /// Pages returned to the file system by incremental vacuum.
+    public var pagesFreed = 0
+    /// Write transactions it took.
+    public var steps = 0
+    /// When it finished (Unix milliseconds).
+    public var finishedAtMs: Int64 = 0
+    /// How long it took (milliseconds).
+    public var durationMs: Int64 = 0
+
+    /// An empty report.
+    public init() {}
+
+    /// Rows removed in all.
+    public var rows: Int { changes + tombstones + entries + heads }
+
+    mutating func add(_ other: CompactionReport) {
+        changes += other.changes
+        tombstones += other.tombstones
+        entries += other.entries
+        heads += other.heads
+        pagesFreed += other.pagesFreed
+        steps += other.steps
+    }
+
+    /// The report as stored in `meta` and shown by `db.info`.
+    public var jsonValue: JSONValue {
+        .object([
+            "changes": .int(Int64(changes)), "tombstones": .int(Int64(tombstones)), "entries": .int(Int64(entries)),
+            "heads": .int(Int64(heads)), "pagesFreed": .int(Int64(pagesFreed)), "steps": .int(Int64(steps)),
+            "finishedAtMs": .int(finishedAtMs), "durationMs": .int(durationMs),
+        ])
+    }
+
+    /// Reads a stored report; nil when malformed.
+    public init?(json: JSONValue) {
+        guard case .object(let o) = json else { return nil }
+        func int(_ k: String) -> Int64? { if case .int(let v)? = o[k] { return v } else { return nil } }
+        guard let c = int("changes"), let t = int("tombstones"), let e = int("entries"), let h = int("heads"),
+            let p = int("pagesFreed"), let s = int("steps"), let f = int("finishedAtMs"), let d = int("durationMs")
+        else { return nil }
+        (changes, tombstones, entries, heads, pagesFreed, steps) = (Int(c), Int(t), Int(e), Int(h), Int(p), Int(s))
+        (finishedAtMs, durationMs) = (f, d)
+    }
+}
+
+/// The last entry of an origin this device no longer holds: the chain head its later entries link to.
+public struct PrunedHead: Sendable, Equatable {
+    /// Entries up to this sequence are not held.
+    public var seq: UInt64
+    /// The hash of the entry at `seq`; 32 zero bytes when the origin's chain starts after `seq`.
+    public var hash: [UInt8]
+
+    /// A pruned head.
+    public init(seq: UInt64, hash: [UInt8]) {
+        self.seq = seq
+        self.hash = hash
+    }
+
+    /// The hash that marks a chain starting after `seq` (its first entry links to zeros).
+    public static let chainStart = [UInt8](repeating: 0, count: 32)
+}
+
+/// Compaction (Protocol/SYNC.md §11): dropping history that no replica can need any more, in bounded steps.
+///
+/// `stable` is the database's causally stable vector: every change it covers is held by every current member, and
+/// every change still to arrive is causally after it. For a database that is not shared the device is its only member
+/// and everything it holds is stable. Compaction then drops
+/// - op-log bodies (`changes`) of stable changes, and of any change whose sealed entry is held (the entry is the same
+///   change), except those the retained feed points at and this device's changes not yet sealed;
+/// - tombstones whose deleting change is stable (no change that can still arrive has a lower causal length);
+/// - sealed entries and signed heads of stable changes, keeping per origin the last pruned entry's hash
+///   (`sync_pruned`) so later entries still link and forks are still found, and each origin's latest head.
+/// A device that needs what was pruned gets a snapshot instead (§11).
+extension BlazeDatabase {
+    /// Per origin, the last entry pruned here.
+    public func prunedHeads() throws -> [NodeID: PrunedHead] {
+        try read { db in try Self.prunedHeads(db) }
+    }
+
+    static func prunedHeads(_ db: Database) throws -> [NodeID: PrunedHead] {
+        var out: [NodeID: PrunedHead] = [:]
+        for row in try Row.fetchAll(db, sql: "SELECT origin, seq, hash FROM sync_pruned") {
+            let origin: Data = row[0], seq: Int64 = row[1], hash: Data = row[2]
+            guard origin.count == 16, seq > 0 else { continue }
+            out[NodeID(bytes: Array(origin))] = PrunedHead(seq: UInt64(seq), hash: Array(hash))
+        }
+        return out
+    }
+
+    /// The report of the last compaction that removed anything, nil before the first.
+    public func lastCompaction() throws -> CompactionReport? {
+        try read { db in
+            try String.fetchOne(db, sql: "SELECT value FROM meta WHERE key = 'last_compaction'")
+                .flatMap { try? JSONParser().parse($0) }.flatMap(CompactionReport.init(json:))
+        }
+    }
+
+    /// Compacts in steps of at most `stepRows` rows of each kind per write transaction (so a writer waits at most
+    /// one step), then returns freed pages to the file system. `stable` is clamped to what this replica applied.
+    @discardableResult
+    public func compact(stable: VersionVector, stepRows: Int = 1000) throws -> CompactionReport {
+        let started = Date()
+        var total = CompactionReport()
+        // The feed is trimmed to its retention exactly (writes trim it in steps), then the changes its rows point at
+        // are kept: per origin, from the first one it needs. Read once: the feed only moves forward while this runs.
+        let floor = try trimFeed()
+        // The changes recorded after this read may have feed rows it did not see: none of them is pruned.
+        let (feedNeeds, seen) = try read { db in
+            let seen = try self.makeStorage(db).versionVector()
+            var out: [String: Int64] = [:]
+            for row in try Row.fetchAll(
+                db,
+                sql: "SELECT origin, min(json_extract(events, '$.s')) FROM feed WHERE seq > ? AND events LIKE '{%' GROUP BY origin",
+                arguments: [floor])
+            {
+                if let origin = row[0] as String?, let seq = row[1] as Int64? { out[origin] = seq }
+            }
+            return (out, seen)
+        }
+        while true {
+            let step = try pool.write { db in
+                try self.compactionStep(db, stable: stable, seen: seen, feedNeeds: feedNeeds, limit: stepRows)
+            }
+            total.add(step)
+            if step.rows == 0 { break }
+        }
+        total.pagesFreed = try vacuumFreePages(stepPages: max(64, stepRows))
+        total.finishedAtMs = Int64(Date().timeIntervalSince1970 * 1000)
+        total.durationMs = Int64(Date().timeIntervalSince(started) * 1000)
+        if total.rows > 0 || total.pagesFreed > 0 {
+            let text = total.jsonValue.jsonText
+            try pool.write { db in
+                try db.execute(
+                    sql: "INSERT INTO meta(key, value) VALUES ('last_compaction', ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+                    arguments: [text])
+            }
+        }
+        return total
+    }
+
+    /// Prunes the durable feed to exactly `feedRetention` rows; returns its floor.
+    func trimFeed() throws -> Int64 {
+        let feed = self.feed
+        let keep = Int64(limits.feedRetention)
+        return try pool.write { db in
+            let current = try String.fetchOne(db, sql: "SELECT value FROM meta WHERE key = 'feed_floor'").flatMap { Int64($0) } ?? 0
+            let last = try Int64.fetchOne(db, sql: "SELECT max(seq) FROM feed") ?? current
+            let floor = last - keep
+            guard floor > current else { return current }
+            try db.execute(sql: "DELETE FROM feed WHERE seq <= ?", arguments: [floor])
+            try db.execute(
+                sql: "INSERT INTO meta(key, value) VALUES ('feed_floor', ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+                arguments: [String(floor)])
+            db.afterNextTransaction(onCommit: { _ in feed.raiseFloor(floor) })
+            return floor
+        }
+    }
+
+    /// Returns free pages to the file system, `stepPages` per transaction.
+    func vacuumFreePages(stepPages: Int) throws -> Int {
+        var freed = 0
+        while true {
+            let n = try pool.writeWithoutTransaction { db -> Int in
+                let free = try Int.fetchOne(db, sql: "PRAGMA freelist_count") ?? 0
+                guard free > 0 else { return 0 }
+                try db.execute(sql: "PRAGMA incremental_vacuum(\(min(free, stepPages)))")
+                return free - (try Int.fetchOne(db, sql: "PRAGMA freelist_count") ?? 0)
+            }
+            freed += n
+            if n <= 0 { return freed }
+        }
+    }
+
+    /// One bounded step inside the caller's write transaction.
+    func compactionStep(
+        _ db: Database, stable: VersionVector, seen: VersionVector, feedNeeds: [String: Int64], limit: Int
+    ) throws -> CompactionReport {
+        var report = CompactionReport()
+        report.steps = 1
+        let applied = try makeStorage(db).versionVector()
+        let shared = try String.fetchOne(db, sql: "SELECT value FROM meta WHERE key = 'space_id'") != nil
+        let forked = Set(try Data.fetchAll(db, sql: "SELECT origin FROM sync_forks").map { Array($0) })
+        // The clock must stay ahead of every change ever made here, pruned ones included.
+        let keepClock = clock.withLock { $0.last.raw }
+        try db.execute(
+            sql: "INSERT INTO meta(key, value) VALUES ('hlc_floor', ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+            arguments: [String(keepClock)])
+        for (origin, held) in applied.entries.sorted(by: { $0.key < $1.key }) {
+            let o = Data(origin.bytes)
+            let stableSeq = Int64(min(stable[origin], held))
+            let maxEntry = shared ? try Int64.fetchOne(db, sql: "SELECT max(seq) FROM sync_entries WHERE origin = ?", arguments: [o]) : nil
+            // Op-log bodies: stable ones, and (shared) those whose entry is held, which is the same change.
+            var changesUpTo = min(max(stableSeq, min(maxEntry ?? 0, Int64(held))), Int64(seen[origin]))
+            if let needed = feedNeeds[origin.hex] { changesUpTo = min(changesUpTo, needed - 1) }
+            if changesUpTo > 0 {
+                try db.execute(
+                    sql: "DELETE FROM changes WHERE rowid IN (SELECT rowid FROM changes WHERE origin = ? AND seq <= ? ORDER BY seq LIMIT ?)",
+                    arguments: [origin.hex, changesUpTo, limit])
+                report.changes += db.changesCount
+            }
+            guard stableSeq > 0 else { continue }
+            try db.execute(
+                sql: """
+                    DELETE FROM tombstones WHERE (collection, id) IN (
+                        SELECT collection, id FROM tombstones WHERE del_origin = ? AND del_seq <= ? LIMIT ?)
+                    """,
+                arguments: [origin.hex, stableSeq, limit])
+            report.tombstones += db.changesCount
+            guard shared, let maxEntry, !forked.contains(origin.bytes) else { continue }
+            let pruned = try Int64.fetchOne(db, sql: "SELECT seq FROM sync_pruned WHERE origin = ?", arguments: [o]) ?? 0
+            let upTo = min(stableSeq, maxEntry, pruned + Int64(limit))
+            guard upTo > pruned,
+                let hash = try Data.fetchOne(
+                    db, sql: "SELECT hash FROM sync_entries WHERE origin = ? AND seq = ?", arguments: [o, upTo])
+            else { continue }
+            try db.execute(sql: "DELETE FROM sync_entries WHERE origin = ? AND seq <= ?", arguments: [o, upTo])
+            report.entries += db.changesCount
+            try db.execute(
+                sql: "INSERT INTO sync_pruned(origin, seq, hash) VALUES (?, ?, ?) ON CONFLICT(origin) DO UPDATE SET seq = excluded.seq, hash = excluded.hash",
+                arguments: [o, upTo, hash])
+            // Heads of pruned runs go too, except the origin's latest (what a device announces and rollbacks are
+            // measured against).
+            try db.execute(
+                sql: "DELETE FROM sync_heads WHERE origin = ?1 AND seq <= ?2 AND seq < (SELECT max(seq) FROM sync_heads WHERE origin = ?1)",
+                arguments: [o, upTo])
+            report.heads += db.changesCount
+        }
+        return report
+    }
+}
+
+/// Where a database's bytes are.
+extension BlazeDatabase {
+    /// Bytes of each table, its indexes included, as SQLite's `dbstat` counts pages (reads every page: an admin
+    /// call, not a hot path).
+    public func bytesByTable() throws -> [String: Int64] {
+        try read { db in
+            var out: [String: Int64] = [:]
+            for row in try Row.fetchAll(
+                db,
+                sql: """
+                    SELECT coalesce(m.tbl_name, s.name), sum(s.pgsize) FROM dbstat AS s
+                    LEFT JOIN sqlite_master AS m ON m.name = s.name GROUP BY 1
+                    """)
+            {
+                out[row[0]] = row[1]
+            }
+            return out
+        }
+    }
+
+    /// Checkpoints the write-ahead log into the file and truncates it; returns the file's size in bytes.
+    public func checkpointedFileBytes() throws -> Int64 {
+        try pool.writeWithoutTransaction { db in try db.execute(sql: "PRAGMA wal_checkpoint(TRUNCATE)") }
+        let attrs = try FileManager.default.attributesOfItem(atPath: path)
+        return (attrs[.size] as? NSNumber)?.int64Value ?? 0
+    }
+}

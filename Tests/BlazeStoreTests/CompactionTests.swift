@@ -1,0 +1,186 @@
+import BlazeCRDT
+import BlazeCrypto
+import BlazeProtocol
+import BlazeSync
+import BlazeTestSupport
+import Foundation
+import GRDB
+import Testing
+
+@testable import BlazeStore
+
+/// Rows of a table.
+func rowCount(_ db: BlazeDatabase, _ table: String) throws -> Int {
+    try db.read { try Int.fetchOne($0, sql: "SELECT count(*) FROM \(table)") ?? 0 }
+}
+
+/// Every document's CRDT state, live (`docs`) and, with `tombstones`, deleted.
+func documentStates(_ db: BlazeDatabase, tombstones: Bool) throws -> [String: DocumentState] {
+    try db.read { d in
+        var out: [String: DocumentState] = [:]
+        let sql =
+            "SELECT collection || '/' || id, state, body FROM docs"
+            + (tombstones ? " UNION ALL SELECT collection || '/' || id, state, NULL FROM tombstones" : "")
+        for row in try Row.fetchAll(d, sql: sql) {
+            out[row[0]] = try SQLStorage.decode(state: row[1], body: row[2], db.coding)
+        }
+        return out
+    }
+}
+
+@Suite struct Compaction {
+    /// A database nobody shares is its only member: everything it holds is stable. Compaction leaves the documents
+    /// exactly as they were, keeps the changes the retained feed points at, drops the rest of the op log and every
+    /// tombstone, and gives the freed pages back to the file system; the clock stays ahead of the pruned changes.
+    @Test func aLocalDatabaseKeepsItsDocumentsAndLosesItsHistory() throws {
+        var limits = StoreLimits()
+        limits.feedRetention = 10
+        let t = try TempStore(limits: limits)
+        var db = try t.store.create("c")
+        for chunk in 0..<20 {
+            _ = try db.commit((0..<10).map { i in .insert(collection: "c", doc: ["_id": .string("d\(chunk * 10 + i)"), "n": .int(0), "pad": .string(String(repeating: "x", count: 200))]) })
+        }
+        for round in 1...5 {
+            for i in 0..<200 { _ = try db.apply(.patch(collection: "c", id: "d\(i)", set: ["n": .int(Int64(round))])) }
+        }
+        for i in stride(from: 0, to: 200, by: 2) { _ = try db.apply(.delete(collection: "c", id: "d\(i)")) }
+        // The feed keeps the last 10 changes, and its rows of patches read them from the op log.
+        for i in stride(from: 1, to: 21, by: 2) { _ = try db.apply(.patch(collection: "c", id: "d\(i)", set: ["n": .int(-1)])) }
+        let hash = try db.stateHash()
+        let live = try documentStates(db, tombstones: false)
+        let pagesBefore = try db.read { try Int.fetchOne($0, sql: "PRAGMA page_count") ?? 0 }
+        let maxClock = try db.read { try Int64.fetchOne($0, sql: "SELECT max(hlc) FROM changes") ?? 0 }
+        #expect(try rowCount(db, "tombstones") == 100)
+
+        let report = try db.compact(stable: try db.versionVector())
+        #expect(report.changes == 1130 - 10)
+        #expect(report.tombstones == 100)
+        #expect(report.pagesFreed > 0)
+        #expect(try rowCount(db, "changes") == 10)
+        #expect(try rowCount(db, "tombstones") == 0)
+        #expect(try db.stateHash() == hash)
+        #expect(try documentStates(db, tombstones: false) == live)
+        #expect(try db.read { try Int.fetchOne($0, sql: "PRAGMA page_count") ?? 0 } < pagesBefore)
+        #expect(try db.read { try Int.fetchOne($0, sql: "PRAGMA freelist_count") ?? 0 } == 0)
+        #expect(try db.lastCompaction() == report)
+        // The retained feed still replays, from its floor.
+        let entries = try db.feedEntries(after: db.feed.floor)
+        #expect(entries.count == 10)
+        #expect(entries.allSatisfy { $0.events.count == 1 && $0.events[0].type == .update && $0.events[0].after?["n"] == .int(-1) })
+        #expect(try db.compact(stable: try db.versionVector()).rows == 0)
+
+        // After a restart the clock is still ahead of every pruned change, and deleted ids can be inserted again.
+        t.store.closeAll()
+        db = try t.store.database("c")
+        _ = try db.apply(.insert(collection: "c", doc: ["_id": "d0", "n": 9]))
+        let newest = try db.read { try Int64.fetchOne($0, sql: "SELECT hlc FROM changes ORDER BY hlc DESC LIMIT 1") ?? 0 }
+        #expect(newest > maxClock)
+        #expect(try db.get(collection: "c", id: "d0")["n"] == .int(9))
+        #expect(try db.read { try String.fetchOne($0, sql: "PRAGMA integrity_check") } == "ok")
+    }
+
+    /// A tombstone of a delete that is not yet stable stays, and a tombstone made before v10 (no deleting change
+    /// known) is never dropped.
+    @Test func tombstonesStayUntilTheirDeleteIsStable() throws {
+        let t = try TempStore()
+        let db = try t.store.create("c")
+        for i in 0..<4 { _ = try db.apply(.insert(collection: "c", doc: ["_id": .string("d\(i)")])) }
+        for i in 0..<4 { _ = try db.apply(.delete(collection: "c", id: "d\(i)")) }
+        let node = db.node
+        // Deletes are changes 5...8; stable up to 6.
+        let report = try db.compact(stable: VersionVector([node: 6]))
+        #expect(report.tombstones == 2)
+        #expect(try db.read { try String.fetchAll($0, sql: "SELECT id FROM tombstones ORDER BY id") } == ["d2", "d3"])
+        try db.pool.write { try $0.execute(sql: "UPDATE tombstones SET del_origin = NULL, del_seq = NULL WHERE id = 'd2'") }
+        #expect(try db.compact(stable: try db.versionVector()).tombstones == 1)
+        #expect(try db.read { try String.fetchAll($0, sql: "SELECT id FROM tombstones") } == ["d2"])
+    }
+
+    /// The rule's second half matters: X deletes a document while Y, not having seen the delete, edits it; everyone
+    /// then acknowledges the delete. Z, which has not applied Y's edit, must not count the delete as stable (the edit
+    /// still to come is concurrent with it): had Z dropped the tombstone, the edit would bring the document back on
+    /// Z alone.
+    @Test func aDeleteIsNotStableWhileAMembersEarlierEditIsMissing() throws {
+        let r = try StoreReplicas(3)
+        let (x, y, z) = (0, 1, 2)
+        _ = try r.dbs[x].apply(.insert(collection: "c", doc: ["_id": "d", "v": 1]))
+        try r.syncAll()
+        _ = try r.dbs[x].apply(.delete(collection: "c", id: "d"))
+        _ = try r.dbs[y].apply(.patch(collection: "c", id: "d", set: ["v": 2]))
+        try r.send(x, y)
+        try r.send(x, z)
+        let acknowledged = Dictionary(uniqueKeysWithValues: try r.dbs.map { ($0.node, try $0.versionVector()) })
+        #expect(Stability.stableVector(acknowledged: acknowledged, applied: try r.dbs[z].versionVector()) == nil)
+        // What a stable vector without the condition would do: Z drops the tombstone, and Y's edit revives it there.
+        let naive = VersionVector([r.dbs[x].node: 2])
+        try r.dbs[z].compact(stable: naive)
+        try r.syncAll()
+        #expect(try r.dbs[y].stateHash() != r.dbs[z].stateHash())
+        // With Y's edit applied, the delete is stable at Z.
+        #expect(
+            Stability.stableVector(acknowledged: acknowledged, applied: try r.dbs[y].versionVector())?[r.dbs[x].node] == 2)
+    }
+
+    /// The convergence property with compaction at random points on random replicas: each replica publishes what it
+    /// holds (an acknowledgement) now and then, and compacts up to the stable vector those acknowledgements give
+    /// (SYNC.md §11: every member holds it, and the compacting replica applied everything each member had authored
+    /// when it acknowledged). Every replica still reaches the same documents, CRDT states and version vector, and
+    /// once all is stable and compacted everywhere, the same tombstones.
+    @Test func randomHistoriesConvergeWithCompactionAnywhere() throws {
+        let base = testSeed("compaction")
+        var limits = StoreLimits()
+        limits.feedRetention = 2
+        var total = 0
+        for i in 0..<UInt64(120) {
+            let seed = base &+ i
+            var rng = SeededRandom(seed: seed)
+            let r = try StoreReplicas(Int.random(in: 3...4, using: &rng), limits: limits)
+            var acks = r.dbs.map { _ in VersionVector() }
+            var compacted = 0
+            func compact(_ k: Int) throws {
+                var acknowledged: [NodeID: VersionVector] = [:]
+                for m in r.dbs.indices { acknowledged[r.dbs[m].node] = acks[m] }
+                guard let stable = Stability.stableVector(acknowledged: acknowledged, applied: try r.dbs[k].versionVector())
+                else { return }
+                compacted += try r.dbs[k].compact(stable: stable, stepRows: Int.random(in: 1...5, using: &rng)).rows
+            }
+            for _ in 0..<Int.random(in: 20...60, using: &rng) {
+                let who = Int.random(in: 0..<r.dbs.count, using: &rng)
+                let dice = Double.random(in: 0..<1, using: &rng)
+                if dice < 0.45 {
+                    let ops = (0..<Int.random(in: 1...3, using: &rng)).map { _ in StoreReplication.randomOp(writer: who, &rng) }
+                    _ = try? r.dbs[who].commit(ops)
+                } else if dice < 0.7 {
+                    var other = Int.random(in: 0..<r.dbs.count, using: &rng)
+                    if other == who { other = (other + 1) % r.dbs.count }
+                    var mangler = rng
+                    try r.send(who, other) { changes in
+                        var c = changes.filter { _ in Double.random(in: 0..<1, using: &mangler) < 0.7 }
+                        c += c.filter { _ in Bool.random(using: &mangler) }
+                        return c.shuffled(using: &mangler)
+                    }
+                    rng = mangler
+                } else if dice < 0.85 {
+                    acks[who] = try r.dbs[who].versionVector()
+                } else {
+                    try compact(who)
+                }
+            }
+            try r.syncAll()
+            let hashes = try r.dbs.map { try $0.stateHash() }
+            #expect(Set(hashes).count == 1, "stateHash differs; replay with BLAZE_SEED=\(seed): \(hashes)")
+            let vectors = try r.dbs.map { try $0.versionVector() }
+            #expect(vectors.allSatisfy { $0 == vectors[0] }, "version vectors differ (seed \(seed))")
+            let live = try r.dbs.map { try documentStates($0, tombstones: false) }
+            #expect(live.allSatisfy { $0 == live[0] }, "CRDT states differ (seed \(seed))")
+            // Everything is stable now: compacted everywhere, no tombstone with a known delete is left.
+            acks = vectors
+            for k in r.dbs.indices { try compact(k) }
+            let all = try r.dbs.map { try documentStates($0, tombstones: true) }
+            #expect(all.allSatisfy { $0 == all[0] }, "states with tombstones differ after compaction (seed \(seed))")
+            #expect(try r.dbs.allSatisfy { try rowCount($0, "tombstones") == 0 && rowCount($0, "changes") <= 2 })
+            total += compacted
+        }
+        #expect(total > 0, "no run compacted anything")
+    }
+}
