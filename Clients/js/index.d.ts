@@ -23,11 +23,12 @@ export type Event = { "seq": FeedSequence; "collection": CollectionName; "id": D
 export type SpaceId = string;
 export type ShareToken = string;
 export type PeerAddress = string;
-export type PeerStatus = { "peer": string; "direction": "outbound" | "inbound" | "folder"; "connected": boolean; "connections": number; "devices": Array<NodeId>; "lastDevice": string | null; "lastSyncMs": number | null; "sentEntries": number; "receivedEntries": number; "sentBytes": number; "receivedBytes": number; "peerBehind": number; "selfBehind": number; "errors": number; "lastError": string | null; "rejected": Record<string, number> };
+export type PeerStatus = { "peer": string; "direction": "outbound" | "inbound" | "folder"; "connected": boolean; "connections": number; "devices": Array<NodeId>; "lastDevice": string | null; "lastSyncMs": number | null; "sentEntries": number; "receivedEntries": number; "sentBytes": number; "receivedBytes": number; "peerBehind": number; "selfBehind": number; "errors": number; "lastError": string | null; "rejected": Record<string, number>; "snapshotsSent": number; "snapshotsInstalled": number };
 export type ForkEvidence = { "origin": NodeId; "seq": number; "heldHash": string; "otherHash": string; "detectedAtMs": number };
 export type MemberRole = "admin" | "writer" | "reader";
 export type Member = { "device": NodeId; "role": MemberRole; "addedBy": string | null; "addedAtMs": number; "removedBy": string | null; "removedAtMs": number | null; "thisDevice": boolean };
 export type FolderPath = string;
+export type CompactionSummary = { "finishedAtMs": number; "durationMs": number; "changes": number; "tombstones": number; "entries": number; "heads": number; "pagesFreed": number };
 
 /** Parameters of `rpc.discover`: Returns this OpenRPC document. */
 export type RpcDiscoverParams = Record<string, never>;
@@ -51,10 +52,10 @@ export type DbCreateResult = { "db": DatabaseName };
 export type DbListParams = Record<string, never>;
 /** Result of `db.list`. */
 export type DbListResult = { "databases": Array<{ "name": DatabaseName }> };
-/** Parameters of `db.info`: Counts, size, path, node id, state hash and version vector of a database. */
+/** Parameters of `db.info`: Counts, size (by table), path, node id, state hash, version vector and last compaction of a database. */
 export interface DbInfoParams { "db": DatabaseName }
 /** Result of `db.info`. */
-export type DbInfoResult = { "name": DatabaseName; "path": string; "collections": number; "documents": number; "sizeBytes": number; "nodeId": NodeId; "stateHash": string; "versionVector": VersionVector };
+export type DbInfoResult = { "name": DatabaseName; "path": string; "collections": number; "documents": number; "sizeBytes": number; "nodeId": NodeId; "stateHash": string; "versionVector": VersionVector; "bytesByTable": Record<string, number>; "lastCompaction": CompactionSummary | null };
 /** Parameters of `db.drop`: Deletes a database and all its data. */
 export interface DbDropParams { "db": DatabaseName }
 /** Result of `db.drop`. */
@@ -67,6 +68,10 @@ export type DbBackupResult = { "db": DatabaseName; "path": string; "bytes": numb
 export interface DbRestoreParams { "path": string; "db": DatabaseName }
 /** Result of `db.restore`. */
 export type DbRestoreResult = { "db": DatabaseName; "documents": number; "stateHash": string };
+/** Parameters of `db.compact`: Drops history no replica can need any more (Protocol/SYNC.md §11) and returns freed pages to the file system. */
+export interface DbCompactParams { "db": DatabaseName }
+/** Result of `db.compact`. */
+export type DbCompactResult = { "db": DatabaseName; "changes": number; "tombstones": number; "entries": number; "heads": number; "pagesFreed": number; "durationMs": number; "sizeBytes": number; "stableVector": Record<string, number>; "silentMembers": Array<NodeId> };
 /** Parameters of `db.share`: Shares a database: creates its space with a membership log that makes this device the first admin. */
 export interface DbShareParams { "db": DatabaseName }
 /** Result of `db.share`. */
@@ -234,7 +239,7 @@ export declare class BlazeClient {
   unsubscribe(params: UnsubscribeParams): Promise<UnsubscribeResult>;
   readonly rpc: { discover(params?: RpcDiscoverParams): Promise<RpcDiscoverResult> };
   readonly daemon: { info(params?: DaemonInfoParams): Promise<DaemonInfoResult>; config(params?: DaemonConfigParams): Promise<DaemonConfigResult> };
-  readonly db: { create(params: DbCreateParams): Promise<DbCreateResult>; list(params?: DbListParams): Promise<DbListResult>; info(params: DbInfoParams): Promise<DbInfoResult>; drop(params: DbDropParams): Promise<DbDropResult>; backup(params: DbBackupParams): Promise<DbBackupResult>; restore(params: DbRestoreParams): Promise<DbRestoreResult>; share(params: DbShareParams): Promise<DbShareResult>; join(params: DbJoinParams): Promise<DbJoinResult>; invite(params: DbInviteParams): Promise<DbInviteResult>; members(params: DbMembersParams): Promise<DbMembersResult>; revoke(params: DbRevokeParams): Promise<DbRevokeResult>; relayCapability(params: DbRelayCapabilityParams): Promise<DbRelayCapabilityResult> };
+  readonly db: { create(params: DbCreateParams): Promise<DbCreateResult>; list(params?: DbListParams): Promise<DbListResult>; info(params: DbInfoParams): Promise<DbInfoResult>; drop(params: DbDropParams): Promise<DbDropResult>; backup(params: DbBackupParams): Promise<DbBackupResult>; restore(params: DbRestoreParams): Promise<DbRestoreResult>; compact(params: DbCompactParams): Promise<DbCompactResult>; share(params: DbShareParams): Promise<DbShareResult>; join(params: DbJoinParams): Promise<DbJoinResult>; invite(params: DbInviteParams): Promise<DbInviteResult>; members(params: DbMembersParams): Promise<DbMembersResult>; revoke(params: DbRevokeParams): Promise<DbRevokeResult>; relayCapability(params: DbRelayCapabilityParams): Promise<DbRelayCapabilityResult> };
   readonly collection: { list(params: CollectionListParams): Promise<CollectionListResult> };
   readonly doc: { insert(params: DocInsertParams): Promise<DocInsertResult>; get(params: DocGetParams): Promise<DocGetResult>; getMany(params: DocGetManyParams): Promise<DocGetManyResult>; put(params: DocPutParams): Promise<DocPutResult>; patch(params: DocPatchParams): Promise<DocPatchResult>; delete(params: DocDeleteParams): Promise<DocDeleteResult> };
   readonly tx: { commit(params: TxCommitParams): Promise<TxCommitResult> };

@@ -69,6 +69,14 @@ public enum BlazedSettings {
         ConfigKey("folder-segment-bytes", .int(min: 4096), "Bytes after which a sync folder's segment file is finished") {
             _ in .int(4 << 20)
         },
+        ConfigKey(
+            "compaction-interval", .double(0...86_400),
+            "Seconds between background compactions of each database (0: only when db.compact asks)"
+        ) { _ in .double(600) },
+        ConfigKey(
+            "compaction-horizon", .double(1...315_360_000),
+            "Seconds a member may stay silent before compaction stops waiting for it (it then re-joins from a snapshot)"
+        ) { _ in .double(2_592_000) },
     ]
 
     /// The log levels of swift-log, least severe first.

@@ -50,6 +50,10 @@ public enum SyncRejection: String, Error, Sendable, CaseIterable {
     case revoked
     /// A relay refused to store more of the space: its quota of entries or bytes is used up.
     case overQuota = "over_quota"
+    /// An acknowledgement's signature does not verify, or it names another space.
+    case badAck = "bad_ack"
+    /// A snapshot's signature, author, parts or content do not verify (SYNC.md §11).
+    case badSnapshot = "bad_snapshot"
 }
 
 /// The plaintext header of an entry, authenticated as the AEAD's associated data (DESIGN §8).

@@ -92,6 +92,7 @@ public final class Daemon: Service, Sendable {
             _ = try await sync.listen(host: address.host, port: address.port)
         }
         sync.start()
+        let compactor = startCompactor()
         listening.fire()
         Systemd.notify("READY=1\nSTATUS=serving \(config.socketPath)\nMAINPID=\(getpid())", socket: config.notifySocket)
 
@@ -114,11 +115,40 @@ public final class Daemon: Service, Sendable {
         let quiesced = server.eventLoop.makePromise(of: Void.self)
         quiesce.initiateShutdown(promise: quiesced)
         try? await quiesced.futureResult.get()
+        compactor?.cancel()
+        _ = await compactor?.result
         await sync.shutdown()
         try? await pool.shutdownGracefully()
         if config.inheritedSocket == nil { unlink(config.socketPath) }  // systemd owns an inherited socket's path
         store.closeAll()
         logger.info("Stopped")
+    }
+
+    /// Compacts every database every `compactionIntervalMs` on the I/O pool (SYNC.md §11); nil when that is 0.
+    func startCompactor() -> Task<Void, Never>? {
+        guard config.compactionIntervalMs > 0 else { return nil }
+        let (store, sync, pool, logger) = (self.store, self.sync, self.pool, self.logger)
+        let (interval, horizon) = (config.compactionIntervalMs, UInt64(config.compactionHorizonMs))
+        return Task.detached {
+            while !Task.isCancelled {
+                // A timer, not a synchronization: the next compaction is due.
+                try? await Task.sleep(for: .milliseconds(interval))
+                for name in (try? store.list()) ?? [] where !Task.isCancelled {
+                    do {
+                        let outcome = try await pool.runIfActive {
+                            try sync.compact(db: try store.database(name), horizonMs: horizon)
+                        }
+                        if outcome.report.rows > 0 {
+                            logger.info(
+                                "Database compacted",
+                                metadata: ["db": "\(name)", "rows": "\(outcome.report.rows)", "pages": "\(outcome.report.pagesFreed)"])
+                        }
+                    } catch {
+                        logger.warning("Compaction failed", metadata: ["db": "\(name)", "error": "\(error)"])
+                    }
+                }
+            }
+        }
     }
 
     /// Child channel setup on its event loop: peer uid check, connection limit, then the line codec and handler.

@@ -29,6 +29,8 @@ extension DaemonConfig {
         "folder-poll-interval": { $0.folderOptions.pollIntervalMs = $1.milliseconds },
         "folder-inotify": { $0.folderOptions.inotify = $1.flag ?? true },
         "folder-segment-bytes": { $0.folderOptions.segmentBytes = $1.number },
+        "compaction-interval": { $0.compactionIntervalMs = $1.milliseconds },
+        "compaction-horizon": { $0.compactionHorizonMs = $1.milliseconds },
     ]
 
     /// The configuration resolved settings describe, reporting them in `daemon.config`.

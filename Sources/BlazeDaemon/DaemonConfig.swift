@@ -46,6 +46,10 @@ public struct DaemonConfig: Sendable {
     public var syncTLSTrustRoots: String?
     /// How sync folders are watched and written (`folder-poll-interval`, `folder-inotify`).
     public var folderOptions = FolderOptions()
+    /// Milliseconds between background compactions of every database (`compaction-interval`; 0: only `db.compact`).
+    public var compactionIntervalMs = 600_000
+    /// Milliseconds a member may stay silent before stability stops waiting for it (`compaction-horizon`).
+    public var compactionHorizonMs = 30 * 24 * 3_600_000
     /// A listening socket passed by systemd socket activation; when set, it is served instead of binding
     /// `socketPath` (which then names where it is bound), and it is left in place at shutdown.
     public var inheritedSocket: Systemd.InheritedSocket?

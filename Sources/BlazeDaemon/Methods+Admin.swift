@@ -1,8 +1,21 @@
 import BlazeProtocol
 import BlazeStore
 
-/// Operations: backup and restore (DESIGN §9).
+/// Operations: backup, restore and compaction (DESIGN §9).
 extension Methods {
+    static let dbCompact = MethodHandler(RPC.DbCompact.self) { p, ctx in
+        let db = try ctx.database(p.db)
+        let outcome = try ctx.sync.compact(db: db, horizonMs: UInt64(ctx.config.compactionHorizonMs))
+        let r = outcome.report
+        ctx.logger.info(
+            "Database compacted", metadata: ["db": "\(db.name)", "rows": "\(r.rows)", "pages": "\(r.pagesFreed)", "ms": "\(r.durationMs)"])
+        return .init(
+            db: db.name, changes: r.changes, tombstones: r.tombstones, entries: r.entries, heads: r.heads,
+            pagesFreed: r.pagesFreed, durationMs: Int(r.durationMs), sizeBytes: Int(try db.summary().sizeBytes),
+            stableVector: Dictionary(uniqueKeysWithValues: outcome.stable.entries.map { ($0.key.hex, Int($0.value)) }),
+            silentMembers: outcome.silentMembers)
+    }
+
     static let dbBackup = MethodHandler(RPC.DbBackup.self) { p, ctx in
         let db = try ctx.database(p.db)
         let report = try db.backup(to: p.path)

@@ -18,7 +18,13 @@ extension Methods {
         return .init(
             name: s.name, path: s.path, collections: s.collections, documents: s.documents, sizeBytes: Int(s.sizeBytes),
             nodeId: db.node.hex, stateHash: try db.stateHash(),
-            versionVector: Dictionary(uniqueKeysWithValues: try db.versionVector().entries.map { ($0.key.hex, Int($0.value)) }))
+            versionVector: Dictionary(uniqueKeysWithValues: try db.versionVector().entries.map { ($0.key.hex, Int($0.value)) }),
+            bytesByTable: try db.bytesByTable().mapValues { Int($0) },
+            lastCompaction: try db.lastCompaction().map {
+                .init(
+                    finishedAtMs: Int($0.finishedAtMs), durationMs: Int($0.durationMs), changes: $0.changes, tombstones: $0.tombstones,
+                    entries: $0.entries, heads: $0.heads, pagesFreed: $0.pagesFreed)
+            })
     }
 
     static let dbDrop = MethodHandler(RPC.DbDrop.self) { p, ctx in

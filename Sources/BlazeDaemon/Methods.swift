@@ -17,6 +17,7 @@ enum Methods {
         case .dbDrop: return dbDrop
         case .dbBackup: return dbBackup
         case .dbRestore: return dbRestore
+        case .dbCompact: return dbCompact
         case .collectionList: return collectionList
         case .docInsert: return docInsert
         case .docGet: return docGet

@@ -72,7 +72,7 @@ extension RPCHandler {
                 return
             }
             write(entries, for: sub, context: context)
-        case .ended(let error):
+        case .ended(let error), .reset(let error):
             end(sub, Dispatcher.rpcError(error) ?? .internalError(), context: context)
         }
     }

@@ -272,6 +272,9 @@ final class RelayConnection: ChannelInboundHandler {
             receive(.ops(ops), space: space, context: context)
         case .ping:
             break
+        case .acks, .snapshotPart, .snapshot:
+            // Devices send snapshots only to members; acknowledgements are not kept by a relay yet (SYNC.md §11).
+            break
         case .error:
             close(context: context)
         case .join(let id, let device, let proof):

@@ -158,7 +158,7 @@ extension Store {
                 // indexes are rebuilt from their definitions below.
                 for name in extraIndexes { try db.execute(sql: "DROP INDEX \(name.quotedDatabaseIdentifier)") }
                 try db.execute(sql: "DELETE FROM meta WHERE key = 'space_id'")
-                for table in ["sync_entries", "sync_heads", "sync_peers", "sync_forks", "sync_folders", "sync_folder_heads", "sync_pruned"] where try db.tableExists(table) {
+                for table in ["sync_entries", "sync_heads", "sync_peers", "sync_forks", "sync_folders", "sync_folder_heads", "sync_pruned", "sync_acks"] where try db.tableExists(table) {
                     try db.execute(sql: "DELETE FROM \(table)")
                 }
             }

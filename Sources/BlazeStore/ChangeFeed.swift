@@ -97,6 +97,9 @@ public enum FeedSignal: Sendable {
     case entries([FeedEntry])
     /// The feed ended (its database was dropped or closed); no more signals follow.
     case ended(StoreError)
+    /// The database's state was replaced (a snapshot was installed, SYNC.md §11): what a listener derived from the
+    /// feed so far no longer holds. The feed goes on after it.
+    case reset(StoreError)
 }
 
 /// The result of attaching to the live feed.
@@ -166,6 +169,11 @@ public final class ChangeFeed: Sendable {
             s.floor = floor
             for listener in s.listeners.values { listener(.entries(entries)) }
         }
+    }
+
+    /// Tells every listener the state was replaced; they stay attached.
+    func reset(_ reason: StoreError) {
+        state.withLock { s in for listener in s.listeners.values { listener(.reset(reason)) } }
     }
 
     /// Raises the floor after rows below it were pruned outside a write's publication (compaction).

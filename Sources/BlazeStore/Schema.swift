@@ -226,6 +226,11 @@ enum Schema {
                         seq INTEGER NOT NULL,
                         hash BLOB NOT NULL
                     ) WITHOUT ROWID;
+                    CREATE TABLE sync_acks(
+                        node BLOB PRIMARY KEY NOT NULL,
+                        issued_at INTEGER NOT NULL,
+                        bytes BLOB NOT NULL
+                    ) WITHOUT ROWID;
                     """)
         }
         return m

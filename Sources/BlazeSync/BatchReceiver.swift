@@ -1,5 +1,6 @@
 import BlazeCRDT
 import BlazeCrypto
+import BlazeProtocol
 import BlazeStore
 import NIOCore
 
@@ -18,9 +19,28 @@ final class BatchReceiver: ChannelInboundHandler {
     let engine: SyncEngine
     let report: LinkReport
     private var link: SyncLinkEstablished?
-    /// Received batches in arrival order, each already being verified on the I/O pool.
-    /// Received batches being verified, each with how many entry keys the space held when its verification began.
-    private var inbox: [(batch: EntryBatch, verified: EventLoopFuture<VerifiedBatch>, keys: Int)] = []
+    /// What waits to be stored, in arrival order: batches (each already being verified on the I/O pool, with how
+    /// many entry keys the space held when that began) and the pieces and manifest of a snapshot.
+    private enum Item {
+        case batch(EntryBatch, verified: EventLoopFuture<VerifiedBatch>, keys: Int)
+        case part(SnapshotPart)
+        case manifest(SnapshotManifest)
+
+        var byteCount: Int {
+            switch self {
+            case .batch(let b, _, _): return b.byteCount
+            case .part(let p): return p.bytes.count
+            case .manifest(let m): return m.bytes.count
+            }
+        }
+    }
+    private var inbox: [Item] = []
+    /// The opened pieces of the snapshot being received, the last piece's hash, and their bytes.
+    private var snapshotRecords: [[UInt8]] = []
+    private var snapshotLast = SealedEntry.genesis
+    private var snapshotBytes = 0
+    /// The most bytes of snapshot records a session holds before its manifest comes.
+    static let maxSnapshotBytes = 1 << 30
     /// Entry bytes of the batches in `inbox`.
     private var inboxBytes = 0
     private var applying = false
@@ -46,18 +66,28 @@ final class BatchReceiver: ChannelInboundHandler {
     private var idle: Bool { !readPaused && !applying && inbox.isEmpty }
 
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
-        guard case .entries(let batch) = unwrapInboundIn(data) else {
+        let item: Item
+        switch unwrapInboundIn(data) {
+        case .entries(let batch):
+            guard let link, !stopped else { return }
+            // The space as it is now: membership operations received before this batch already count.
+            let (db, snapshot) = (link.db, link.space.snapshot)
+            let verified = engine.pool.runIfActive(eventLoop: context.eventLoop) {
+                try db.verify(batch: batch, key: snapshot.key, membership: snapshot.membership)
+            }
+            item = .batch(batch, verified: verified, keys: snapshot.key.entryKeyCount)
+        case .snapshotPart(let part):
+            guard link != nil, !stopped else { return }
+            item = .part(part)
+        case .snapshot(let manifest):
+            guard link != nil, !stopped else { return }
+            item = .manifest(manifest)
+        default:
             context.fireChannelRead(data)
             return
         }
-        guard let link, !stopped else { return }
-        // The space as it is now: membership operations received before this batch already count.
-        let (db, snapshot) = (link.db, link.space.snapshot)
-        let verified = engine.pool.runIfActive(eventLoop: context.eventLoop) {
-            try db.verify(batch: batch, key: snapshot.key, membership: snapshot.membership)
-        }
-        inbox.append((batch, verified, snapshot.key.entryKeyCount))
-        inboxBytes += batch.byteCount
+        inbox.append(item)
+        inboxBytes += item.byteCount
         if (inbox.count >= Self.maxInbox || inboxBytes >= Self.maxInboxBytes) && !readPaused {
             readPaused = true
             context.channel.setOption(ChannelOptions.autoRead, value: false).whenFailure { _ in }
@@ -92,8 +122,14 @@ final class BatchReceiver: ChannelInboundHandler {
     /// Stores the next waiting batch once it has verified, then the one after it.
     private func applyNext(context: ChannelHandlerContext) {
         guard !applying, !stopped, !inbox.isEmpty, let link else { return }
-        let (batch, verified, keys) = inbox.removeFirst()
-        inboxBytes -= batch.byteCount
+        let item = inbox.removeFirst()
+        inboxBytes -= item.byteCount
+        let batch: EntryBatch, verified: EventLoopFuture<VerifiedBatch>, keys: Int
+        switch item {
+        case .batch(let b, let v, let k): (batch, verified, keys) = (b, v, k)
+        case .part(let part): return applySnapshotPart(part, link: link, context: context)
+        case .manifest(let manifest): return installSnapshot(manifest, link: link, context: context)
+        }
         guard !refusedOrigins.contains(batch.origin) else {
             resumeReading(context: context)
             applyNext(context: context)
@@ -128,6 +164,67 @@ final class BatchReceiver: ChannelInboundHandler {
                     context.fireErrorCaught(error)
                 }
             }
+    }
+
+    /// Opens the next piece of a snapshot (its chain checked) and keeps its records until the manifest comes.
+    private func applySnapshotPart(_ part: SnapshotPart, link: SyncLinkEstablished, context: ChannelHandlerContext) {
+        applying = true
+        let (expected, prev, key) = (UInt32(snapshotRecords.count), snapshotLast, link.key)
+        let bound = NIOLoopBound((self, context), eventLoop: context.eventLoop)
+        engine.pool.runIfActive(eventLoop: context.eventLoop) {
+            try BlazeDatabase.openSnapshotPart(part, expected: expected, prev: prev, key: key)
+        }.whenComplete { result in
+            let (receiver, context) = bound.value
+            receiver.applying = false
+            guard !receiver.stopped else { return }
+            switch result {
+            case .success(let records) where receiver.snapshotBytes + records.count <= Self.maxSnapshotBytes:
+                receiver.snapshotRecords.append(records)
+                receiver.snapshotBytes += records.count
+                receiver.snapshotLast = part.hash
+                receiver.resumeReading(context: context)
+                receiver.applyNext(context: context)
+            case .success:
+                receiver.stop()
+                context.fireErrorCaught(SyncRejection.badSnapshot)
+            case .failure(let error):
+                receiver.stop()
+                context.fireErrorCaught(error)
+            }
+        }
+    }
+
+    /// Checks a snapshot's manifest against the pieces received and installs it (SYNC.md §11).
+    private func installSnapshot(_ manifest: SnapshotManifest, link: SyncLinkEstablished, context: ChannelHandlerContext) {
+        applying = true
+        let (records, last) = (snapshotRecords, snapshotLast)
+        snapshotRecords = []
+        snapshotLast = SealedEntry.genesis
+        snapshotBytes = 0
+        let (db, space) = (link.db, link.space.snapshot)
+        let bound = NIOLoopBound((self, context), eventLoop: context.eventLoop)
+        engine.pool.runIfActive(eventLoop: context.eventLoop) {
+            try db.install(snapshot: manifest, records: records, lastHash: last, key: space.key, membership: space.membership)
+        }.whenComplete { result in
+            let (receiver, context) = bound.value
+            receiver.applying = false
+            guard !receiver.stopped else { return }
+            switch result {
+            case .success:
+                receiver.report.update {
+                    $0.snapshotsInstalled += 1
+                    $0.lastSyncMs = nowMs()
+                }
+                receiver.engine.logger.info(
+                    "Sync installed a snapshot",
+                    metadata: ["db": "\(db.name)", "peer": "\(receiver.report.peer)", "author": "\(hexString(manifest.author))"])
+                receiver.resumeReading(context: context)
+                receiver.applyNext(context: context)
+            case .failure(let error):
+                receiver.stop()
+                context.fireErrorCaught(error)
+            }
+        }
     }
 
     /// Re-reads what changes received depend on and this device lacks, when this batch parked changes or something

@@ -18,6 +18,12 @@ public enum PeerMessage: Sendable {
     /// A joining device redeems an invite: its id, the joiner's device keys, and the proof that it holds the invite's
     /// secret, bound to those keys (`InviteToken.joinProof`). A relay passes it on to the space's members.
     case join(id: [UInt8], device: DevicePublicKeys, proof: [UInt8])
+    /// Members' signed statements of what they hold (SYNC.md §11), the sender's own and those it passes on.
+    case acks([Acknowledgement])
+    /// One sealed piece of a state snapshot (SYNC.md §11), in order; the manifest follows the last.
+    case snapshotPart(SnapshotPart)
+    /// The signed manifest that ends a snapshot: the receiver verifies the pieces against it and installs it.
+    case snapshot(SnapshotManifest)
 
     static let stateType: UInt8 = 1
     static let entriesType: UInt8 = 2
@@ -25,6 +31,9 @@ public enum PeerMessage: Sendable {
     static let pingType: UInt8 = 4
     static let membersType: UInt8 = 5
     static let joinType: UInt8 = 6
+    static let acksType: UInt8 = 7
+    static let snapshotPartType: UInt8 = 8
+    static let snapshotType: UInt8 = 9
     /// Bytes of a peer's `ERROR` reason kept.
     static let maxErrorBytes = 200
 
@@ -60,6 +69,18 @@ public enum PeerMessage: Sendable {
             return out
         case .join(let id, let device, let proof):
             return [Self.joinType] + id + device.signing + device.agreement + proof
+        case .acks(let acks):
+            var out: [UInt8] = [Self.acksType]
+            out.appendBE(UInt32(acks.count))
+            for ack in acks {
+                out.appendBE(UInt32(ack.bytes.count))
+                out += ack.bytes
+            }
+            return out
+        case .snapshotPart(let part):
+            return [Self.snapshotPartType] + part.bytes
+        case .snapshot(let manifest):
+            return [Self.snapshotType] + manifest.bytes
         }
     }
 
@@ -108,6 +129,20 @@ public enum PeerMessage: Sendable {
                 r.remaining == 0
             else { throw .malformed }
             self = .join(id: Array(id), device: device, proof: Array(proof))
+        case Self.acksType?:
+            // Each acknowledgement is verified when decoded; bounds come before allocation.
+            guard let n = r.readUInt32(), Int(n) <= r.remaining / 4 else { throw .malformed }
+            var acks: [Acknowledgement] = []
+            for _ in 0..<n {
+                guard let length = r.readUInt32(), let bytes = r.read(Int(length)) else { throw .malformed }
+                acks.append(try Acknowledgement(bytes: Array(bytes)))
+            }
+            guard r.remaining == 0 else { throw .malformed }
+            self = .acks(acks)
+        case Self.snapshotPartType?:
+            self = .snapshotPart(try SnapshotPart(bytes: Array(r.rest())))
+        case Self.snapshotType?:
+            self = .snapshot(try SnapshotManifest(bytes: Array(r.rest())))
         default:
             throw .malformed
         }

@@ -32,6 +32,7 @@ extension SyncSession {
         }
         sendMembers(context: context)
         sendState(context: context)
+        sendAcks(context: context)
     }
 
     /// The device at the other end is removed in this side's log: it gets the operations that prove it (its removal
@@ -118,6 +119,7 @@ extension SyncSession {
         }
         sendMembers(context: context)
         sendState(context: context)
+        sendAcks(context: context)
         reconnectForNewKeys(context: context)
     }
 

@@ -48,6 +48,8 @@ extension SyncSession {
         }.whenComplete { result in
             let (session, context) = bound.value
             switch result {
+            case .success(let round) where round.needsSnapshot && round.batches.isEmpty:
+                session.sendSnapshot(context: context)
             case .success(let round): session.send(round, context: context)
             case .failure(let error):
                 session.pumping = false
@@ -91,6 +93,8 @@ extension SyncSession {
         var behind = 0
         /// Entries this side holds that the peer lacked before this round.
         var ahead = 0
+        /// True when the peer lacks entries compacted away here: it needs a snapshot (SYNC.md §11).
+        var needsSnapshot = false
 
         /// Reads up to `roundBytes` of batches the peer lacks, per origin in order, from `db` (on the I/O pool).
         static func read(db: BlazeDatabase, mine: [NodeID: UInt64], theirs: [NodeID: UInt64]) throws -> Round {
@@ -100,10 +104,15 @@ extension SyncSession {
             for (origin, seq) in theirs where seq > mine[origin] ?? 0 {
                 round.behind = round.behind.saturatingAdd(seq - (mine[origin] ?? 0))
             }
+            let pruned = try db.prunedHeads()
             for (origin, seq) in mine.sorted(by: { $0.key < $1.key }) {
                 var after = theirs[origin] ?? 0
                 guard seq > after else { continue }
                 round.ahead = round.ahead.saturatingAdd(seq - after)
+                if let floor = pruned[origin]?.seq, after < floor {
+                    round.needsSnapshot = true
+                    continue
+                }
                 while bytes < SyncSession.roundBytes,
                     let batch = try db.entryBatch(origin: origin, after: after, maxEntries: SyncSession.batchEntries)
                 {

@@ -30,6 +30,10 @@ final class SyncSession: ChannelInboundHandler {
     var registration: Int?
     /// Membership operations the peer holds, as far as this side knows (sent to it, or received from it).
     var opsShared: Set<[UInt8]> = []
+    /// Acknowledgements the peer holds, as far as this side knows: node id → when issued (SYNC.md §11).
+    var acksShared: [[UInt8]: UInt64] = [:]
+    /// True once this session sent a snapshot (one per session: a peer that still lacks entries reconnects).
+    var snapshotSent = false
     /// True once this side sent its `STATE` (a joiner waits until it is admitted).
     var stateSent = false
     /// True while the device at the other end is removed in this side's log: it got the proof of its removal and
@@ -87,7 +91,7 @@ final class SyncSession: ChannelInboundHandler {
         while true {
             switch db.feed.attach(after: db.feed.lastSequence, { signal in
                 switch signal {
-                case .entries:
+                case .entries, .reset:
                     guard wake.set() else { return }
                     loop.execute {
                         let (session, context) = bound.value
@@ -131,6 +135,10 @@ final class SyncSession: ChannelInboundHandler {
             received(ops: ops, context: context)
         case .join(let id, let device, let proof):
             redeem(inviteID: id, device: device, proof: proof, context: context)
+        case .acks(let acks):
+            received(acks: acks, context: context)
+        case .snapshotPart, .snapshot:
+            break  // installed by the BatchReceiver before this handler
         }
     }
 

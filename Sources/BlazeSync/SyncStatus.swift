@@ -31,6 +31,10 @@ public struct PeerStatus: Sendable, Equatable {
     public var sentEntries = 0
     /// Entries received and stored here (duplicates not counted), since the daemon started.
     public var receivedEntries = 0
+    /// Snapshots sent to a peer that needed entries compacted away here (SYNC.md §11), since the daemon started.
+    public var snapshotsSent = 0
+    /// Snapshots received and installed, since the daemon started.
+    public var snapshotsInstalled = 0
     /// Bytes sent on the wire after the handshake (framing and every message included), since the daemon started.
     public var sentBytes = 0
     /// Bytes received on the wire after the handshake, since the daemon started.

@@ -125,7 +125,7 @@ class _Db:
         return self._client.call("db.list", params)
 
     def info(self, *, db: str) -> Dict[str, Any]:
-        """Counts, size, path, node id, state hash and version vector of a database.
+        """Counts, size (by table), path, node id, state hash, version vector and last compaction of a database.
 
         db: Database name.
         """
@@ -163,6 +163,15 @@ class _Db:
         params["path"] = path
         params["db"] = db
         return self._client.call("db.restore", params)
+
+    def compact(self, *, db: str) -> Dict[str, Any]:
+        """Drops history no replica can need any more (Protocol/SYNC.md §11) and returns freed pages to the file system.
+
+        db: Database name.
+        """
+        params: Dict[str, Any] = {}
+        params["db"] = db
+        return self._client.call("db.compact", params)
 
     def share(self, *, db: str) -> Dict[str, Any]:
         """Shares a database: creates its space with a membership log that makes this device the first admin.

@@ -13,7 +13,7 @@ public enum RPCMethod: String, Sendable, CaseIterable {
     case dbCreate = "db.create"
     /// Lists databases.
     case dbList = "db.list"
-    /// Counts, size, path, node id, state hash and version vector of a database.
+    /// Counts, size (by table), path, node id, state hash, version vector and last compaction of a database.
     case dbInfo = "db.info"
     /// Deletes a database and all its data.
     case dbDrop = "db.drop"
@@ -21,6 +21,8 @@ public enum RPCMethod: String, Sendable, CaseIterable {
     case dbBackup = "db.backup"
     /// Creates a new database from a file written by db.backup; the copy is local (detached from sync) until shared anew.
     case dbRestore = "db.restore"
+    /// Drops history no replica can need any more (Protocol/SYNC.md §11) and returns freed pages to the file system.
+    case dbCompact = "db.compact"
     /// Lists the collections of a database with document counts.
     case collectionList = "collection.list"
     /// Inserts a new document; the id is generated unless doc._id is given.
@@ -98,10 +100,11 @@ public enum RPCMethod: String, Sendable, CaseIterable {
         case .daemonConfig: return "The daemon's effective settings and where each came from (flag, environment variable, configuration file or default)."
         case .dbCreate: return "Creates a database."
         case .dbList: return "Lists databases."
-        case .dbInfo: return "Counts, size, path, node id, state hash and version vector of a database."
+        case .dbInfo: return "Counts, size (by table), path, node id, state hash, version vector and last compaction of a database."
         case .dbDrop: return "Deletes a database and all its data."
         case .dbBackup: return "Writes a consistent snapshot of a database to a new file through SQLite's online backup while writes go on."
         case .dbRestore: return "Creates a new database from a file written by db.backup; the copy is local (detached from sync) until shared anew."
+        case .dbCompact: return "Drops history no replica can need any more (Protocol/SYNC.md §11) and returns freed pages to the file system."
         case .collectionList: return "Lists the collections of a database with document counts."
         case .docInsert: return "Inserts a new document; the id is generated unless doc._id is given."
         case .docGet: return "Fetches one document by id."
@@ -151,6 +154,7 @@ public enum RPCMethod: String, Sendable, CaseIterable {
         case .dbDrop: return ["db"]
         case .dbBackup: return ["db", "path"]
         case .dbRestore: return ["path", "db"]
+        case .dbCompact: return ["db"]
         case .collectionList: return ["db"]
         case .docInsert: return ["db", "collection", "doc"]
         case .docGet: return ["db", "collection", "id", "fields"]
@@ -585,7 +589,7 @@ public enum RPC {
         }
     }
 
-    /// Parameters of `db.info`: Counts, size, path, node id, state hash and version vector of a database.
+    /// Parameters of `db.info`: Counts, size (by table), path, node id, state hash, version vector and last compaction of a database.
     public struct DbInfo: RPCParameters {
         public static let method = RPCMethod.dbInfo
 
@@ -607,9 +611,13 @@ public enum RPC {
             public var stateHash: String
             /// `versionVector`.
             public var versionVector: [String: Int]
+            /// Bytes of each of the database's tables, its indexes included (SQLite's dbstat: this call reads every page).
+            public var bytesByTable: [String: Int]
+            /// The last compaction that removed anything (db.compact's counts, and when it finished), null before the first.
+            public var lastCompaction: RPCSchema.CompactionSummary?
 
             /// A value from its members.
-            public init(name: String, path: String, collections: Int, documents: Int, sizeBytes: Int, nodeId: String, stateHash: String, versionVector: [String: Int]) {
+            public init(name: String, path: String, collections: Int, documents: Int, sizeBytes: Int, nodeId: String, stateHash: String, versionVector: [String: Int], bytesByTable: [String: Int], lastCompaction: RPCSchema.CompactionSummary?) {
                 self.name = name
                 self.path = path
                 self.collections = collections
@@ -618,6 +626,8 @@ public enum RPC {
                 self.nodeId = nodeId
                 self.stateHash = stateHash
                 self.versionVector = versionVector
+                self.bytesByTable = bytesByTable
+                self.lastCompaction = lastCompaction
             }
 
             /// Reads the value from JSON.
@@ -631,6 +641,8 @@ public enum RPC {
                 self.nodeId = try RPCDecode.member(o, "nodeId", RPCDecode.string)
                 self.stateHash = try RPCDecode.member(o, "stateHash", RPCDecode.string)
                 self.versionVector = try RPCDecode.member(o, "versionVector", { v throws(RPCShapeError) -> [String: Int] in try RPCDecode.map(v, RPCDecode.int) })
+                self.bytesByTable = try RPCDecode.member(o, "bytesByTable", { v throws(RPCShapeError) -> [String: Int] in try RPCDecode.map(v, RPCDecode.int) })
+                self.lastCompaction = try RPCDecode.member(o, "lastCompaction", { v throws(RPCShapeError) -> RPCSchema.CompactionSummary? in try RPCDecode.nullable(v, RPCSchema.CompactionSummary.init(json:)) })
             }
 
             /// The value's JSON form.
@@ -640,7 +652,7 @@ public enum RPC {
 
             /// The members of the JSON form.
             public var jsonObject: [String: JSONValue] {
-                var o = [String: JSONValue](minimumCapacity: 8)
+                var o = [String: JSONValue](minimumCapacity: 10)
                 o["name"] = .string(self.name)
                 o["path"] = .string(self.path)
                 o["collections"] = .int(Int64(self.collections))
@@ -649,6 +661,8 @@ public enum RPC {
                 o["nodeId"] = .string(self.nodeId)
                 o["stateHash"] = .string(self.stateHash)
                 o["versionVector"] = .object(self.versionVector.mapValues { x0 in .int(Int64(x0)) })
+                o["bytesByTable"] = .object(self.bytesByTable.mapValues { x0 in .int(Int64(x0)) })
+                o["lastCompaction"] = (self.lastCompaction.map { x0 -> JSONValue in x0.json } ?? .null)
                 return o
             }
         }
@@ -906,6 +920,116 @@ public enum RPC {
         public var jsonObject: [String: JSONValue] {
             var o = [String: JSONValue](minimumCapacity: 2)
             o["path"] = .string(self.path)
+            o["db"] = .string(self.db)
+            return o
+        }
+
+        /// The JSON form of a result.
+        public static func encode(_ result: Result) -> JSONValue {
+            result.json
+        }
+
+        /// Reads a result a daemon sent.
+        public static func decode(_ result: JSONValue) throws(RPCShapeError) -> Result {
+            try RPCDecode.value(result, Result.init(json:))
+        }
+    }
+
+    /// Parameters of `db.compact`: Drops history no replica can need any more (Protocol/SYNC.md §11) and returns freed pages to the file system.
+    public struct DbCompact: RPCParameters {
+        public static let method = RPCMethod.dbCompact
+
+        /// The result of `db.compact`.
+        public struct Result: RPCObject {
+            /// `db`.
+            public var db: String
+            /// Op-log rows dropped.
+            public var changes: Int
+            /// Tombstones dropped.
+            public var tombstones: Int
+            /// Sealed entries dropped.
+            public var entries: Int
+            /// Signed heads dropped.
+            public var heads: Int
+            /// Pages returned to the file system.
+            public var pagesFreed: Int
+            /// `durationMs`.
+            public var durationMs: Int
+            /// The database file and its write-ahead log afterwards.
+            public var sizeBytes: Int
+            /// Per origin (node id hex), the highest sequence every member holds: what compaction went up to.
+            public var stableVector: [String: Int]
+            /// Current members with no acknowledgement yet, or silent past the horizon (left out of stability).
+            public var silentMembers: [String]
+
+            /// A value from its members.
+            public init(db: String, changes: Int, tombstones: Int, entries: Int, heads: Int, pagesFreed: Int, durationMs: Int, sizeBytes: Int, stableVector: [String: Int], silentMembers: [String]) {
+                self.db = db
+                self.changes = changes
+                self.tombstones = tombstones
+                self.entries = entries
+                self.heads = heads
+                self.pagesFreed = pagesFreed
+                self.durationMs = durationMs
+                self.sizeBytes = sizeBytes
+                self.stableVector = stableVector
+                self.silentMembers = silentMembers
+            }
+
+            /// Reads the value from JSON.
+            public init(json: JSONValue) throws(RPCShapeError) {
+                let o = try RPCDecode.object(json)
+                self.db = try RPCDecode.member(o, "db", RPCDecode.string)
+                self.changes = try RPCDecode.member(o, "changes", RPCDecode.int)
+                self.tombstones = try RPCDecode.member(o, "tombstones", RPCDecode.int)
+                self.entries = try RPCDecode.member(o, "entries", RPCDecode.int)
+                self.heads = try RPCDecode.member(o, "heads", RPCDecode.int)
+                self.pagesFreed = try RPCDecode.member(o, "pagesFreed", RPCDecode.int)
+                self.durationMs = try RPCDecode.member(o, "durationMs", RPCDecode.int)
+                self.sizeBytes = try RPCDecode.member(o, "sizeBytes", RPCDecode.int)
+                self.stableVector = try RPCDecode.member(o, "stableVector", { v throws(RPCShapeError) -> [String: Int] in try RPCDecode.map(v, RPCDecode.int) })
+                self.silentMembers = try RPCDecode.member(o, "silentMembers", { v throws(RPCShapeError) -> [String] in try RPCDecode.array(v, RPCDecode.string) })
+            }
+
+            /// The value's JSON form.
+            public var json: JSONValue {
+                .object(jsonObject)
+            }
+
+            /// The members of the JSON form.
+            public var jsonObject: [String: JSONValue] {
+                var o = [String: JSONValue](minimumCapacity: 10)
+                o["db"] = .string(self.db)
+                o["changes"] = .int(Int64(self.changes))
+                o["tombstones"] = .int(Int64(self.tombstones))
+                o["entries"] = .int(Int64(self.entries))
+                o["heads"] = .int(Int64(self.heads))
+                o["pagesFreed"] = .int(Int64(self.pagesFreed))
+                o["durationMs"] = .int(Int64(self.durationMs))
+                o["sizeBytes"] = .int(Int64(self.sizeBytes))
+                o["stableVector"] = .object(self.stableVector.mapValues { x0 in .int(Int64(x0)) })
+                o["silentMembers"] = .array(self.silentMembers.map { x0 in .string(x0) })
+                return o
+            }
+        }
+
+        /// Database name.
+        public var db: String
+
+        /// Parameters from their values (optional ones default to absent).
+        public init(db: String) {
+            self.db = db
+        }
+
+        /// Checks a request's params: names, presence and JSON types.
+        public init(validating params: [String: JSONValue]) throws(RPCError) {
+            try RPCParam.rejectUnknown(params, accepted: ["db"], method: Self.method)
+            self.db = try RPCParam.required(params, "db", of: Self.method, RPCDecode.string)
+        }
+
+        /// The params as a request carries them.
+        public var jsonObject: [String: JSONValue] {
+            var o = [String: JSONValue](minimumCapacity: 1)
             o["db"] = .string(self.db)
             return o
         }
@@ -4166,9 +4290,13 @@ public enum RPCSchema {
         public var lastError: String?
         /// Refused entries, heads and frames by reason: malformed, wrong_space, unknown_epoch, bad_seal, bad_payload, broken_chain, bad_head, fork, rollback, bad_frame, invalid_change, clock_ahead, quarantined (SYNC.md §7); not_a_member, reader, revoked (§9); torn_record, a folder's record whose checksum fails (§10).
         public var rejected: [String: Int]
+        /// Snapshots sent to this peer because it lacked entries compacted away here (SYNC.md §11).
+        public var snapshotsSent: Int
+        /// Snapshots received from this peer and installed.
+        public var snapshotsInstalled: Int
 
         /// A value from its members.
-        public init(peer: String, direction: Direction, connected: Bool, connections: Int, devices: [String], lastDevice: String?, lastSyncMs: Int?, sentEntries: Int, receivedEntries: Int, sentBytes: Int, receivedBytes: Int, peerBehind: Int, selfBehind: Int, errors: Int, lastError: String?, rejected: [String: Int]) {
+        public init(peer: String, direction: Direction, connected: Bool, connections: Int, devices: [String], lastDevice: String?, lastSyncMs: Int?, sentEntries: Int, receivedEntries: Int, sentBytes: Int, receivedBytes: Int, peerBehind: Int, selfBehind: Int, errors: Int, lastError: String?, rejected: [String: Int], snapshotsSent: Int, snapshotsInstalled: Int) {
             self.peer = peer
             self.direction = direction
             self.connected = connected
@@ -4185,6 +4313,8 @@ public enum RPCSchema {
             self.errors = errors
             self.lastError = lastError
             self.rejected = rejected
+            self.snapshotsSent = snapshotsSent
+            self.snapshotsInstalled = snapshotsInstalled
         }
 
         /// Reads the value from JSON.
@@ -4206,6 +4336,8 @@ public enum RPCSchema {
             self.errors = try RPCDecode.member(o, "errors", RPCDecode.int)
             self.lastError = try RPCDecode.member(o, "lastError", { v throws(RPCShapeError) -> String? in try RPCDecode.nullable(v, RPCDecode.string) })
             self.rejected = try RPCDecode.member(o, "rejected", { v throws(RPCShapeError) -> [String: Int] in try RPCDecode.map(v, RPCDecode.int) })
+            self.snapshotsSent = try RPCDecode.member(o, "snapshotsSent", RPCDecode.int)
+            self.snapshotsInstalled = try RPCDecode.member(o, "snapshotsInstalled", RPCDecode.int)
         }
 
         /// The value's JSON form.
@@ -4215,7 +4347,7 @@ public enum RPCSchema {
 
         /// The members of the JSON form.
         public var jsonObject: [String: JSONValue] {
-            var o = [String: JSONValue](minimumCapacity: 16)
+            var o = [String: JSONValue](minimumCapacity: 18)
             o["peer"] = .string(self.peer)
             o["direction"] = .string(self.direction.rawValue)
             o["connected"] = .bool(self.connected)
@@ -4232,6 +4364,8 @@ public enum RPCSchema {
             o["errors"] = .int(Int64(self.errors))
             o["lastError"] = (self.lastError.map { x0 -> JSONValue in .string(x0) } ?? .null)
             o["rejected"] = .object(self.rejected.mapValues { x0 in .int(Int64(x0)) })
+            o["snapshotsSent"] = .int(Int64(self.snapshotsSent))
+            o["snapshotsInstalled"] = .int(Int64(self.snapshotsInstalled))
             return o
         }
     }
@@ -4347,6 +4481,65 @@ public enum RPCSchema {
             o["removedBy"] = (self.removedBy.map { x0 -> JSONValue in .string(x0) } ?? .null)
             o["removedAtMs"] = (self.removedAtMs.map { x0 -> JSONValue in .int(Int64(x0)) } ?? .null)
             o["thisDevice"] = .bool(self.thisDevice)
+            return o
+        }
+    }
+
+    /// What a compaction removed, and when it finished.
+    public struct CompactionSummary: RPCObject {
+        /// `finishedAtMs`.
+        public var finishedAtMs: Int
+        /// `durationMs`.
+        public var durationMs: Int
+        /// `changes`.
+        public var changes: Int
+        /// `tombstones`.
+        public var tombstones: Int
+        /// `entries`.
+        public var entries: Int
+        /// `heads`.
+        public var heads: Int
+        /// `pagesFreed`.
+        public var pagesFreed: Int
+
+        /// A value from its members.
+        public init(finishedAtMs: Int, durationMs: Int, changes: Int, tombstones: Int, entries: Int, heads: Int, pagesFreed: Int) {
+            self.finishedAtMs = finishedAtMs
+            self.durationMs = durationMs
+            self.changes = changes
+            self.tombstones = tombstones
+            self.entries = entries
+            self.heads = heads
+            self.pagesFreed = pagesFreed
+        }
+
+        /// Reads the value from JSON.
+        public init(json: JSONValue) throws(RPCShapeError) {
+            let o = try RPCDecode.object(json)
+            self.finishedAtMs = try RPCDecode.member(o, "finishedAtMs", RPCDecode.int)
+            self.durationMs = try RPCDecode.member(o, "durationMs", RPCDecode.int)
+            self.changes = try RPCDecode.member(o, "changes", RPCDecode.int)
+            self.tombstones = try RPCDecode.member(o, "tombstones", RPCDecode.int)
+            self.entries = try RPCDecode.member(o, "entries", RPCDecode.int)
+            self.heads = try RPCDecode.member(o, "heads", RPCDecode.int)
+            self.pagesFreed = try RPCDecode.member(o, "pagesFreed", RPCDecode.int)
+        }
+
+        /// The value's JSON form.
+        public var json: JSONValue {
+            .object(jsonObject)
+        }
+
+        /// The members of the JSON form.
+        public var jsonObject: [String: JSONValue] {
+            var o = [String: JSONValue](minimumCapacity: 7)
+            o["finishedAtMs"] = .int(Int64(self.finishedAtMs))
+            o["durationMs"] = .int(Int64(self.durationMs))
+            o["changes"] = .int(Int64(self.changes))
+            o["tombstones"] = .int(Int64(self.tombstones))
+            o["entries"] = .int(Int64(self.entries))
+            o["heads"] = .int(Int64(self.heads))
+            o["pagesFreed"] = .int(Int64(self.pagesFreed))
             return o
         }
     }

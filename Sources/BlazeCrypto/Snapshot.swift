@@ -1,0 +1,162 @@
+import BlazeProtocol
+import Crypto
+import Foundation
+
+/// One sealed piece of a state snapshot (SYNC.md §11): the pieces form a hash chain that the snapshot's signed
+/// manifest ends, so none can be altered, dropped, repeated or reordered.
+///
+/// Layout: index (4) · prev (32, the previous piece's hash; zeros for the first) · epoch (4) · nonce (12) ·
+/// ChaCha20-Poly1305 ciphertext and tag (16) of the records, sealed with the space's entry key for `epoch`; the
+/// associated data is `"blazedb snapshot part v1"` · space · everything before the ciphertext.
+public struct SnapshotPart: Sendable, Equatable {
+    /// The encoded piece.
+    public let bytes: [UInt8]
+    /// Its position, from 0.
+    public let index: UInt32
+    /// The hash of the piece before it (zeros for the first).
+    public let prev: [UInt8]
+    /// SHA-256 of `bytes`: what the next piece's `prev` and the manifest name.
+    public let hash: [UInt8]
+
+    static let headerSize = 4 + 32 + 4 + 12
+    /// The largest piece accepted: 4 MiB of records and the framing.
+    public static let maxBytes = (4 << 20) + headerSize + 16
+
+    /// Seals `records` as piece `index`, chained to `prev`.
+    public static func seal(_ records: [UInt8], index: UInt32, prev: [UInt8], key: SpaceKey) -> SnapshotPart {
+        var header: [UInt8] = []
+        header.appendBE(index)
+        header += prev
+        header.appendBE(key.epoch)
+        let nonce = ChaChaPoly.Nonce()
+        header += Array(nonce)
+        // Callers check `key.canSeal`; sealing with a valid key and nonce cannot fail.
+        let box = try! ChaChaPoly.seal(records, using: key.sealing!, nonce: nonce, authenticating: aad(key.id, header))
+        let bytes = header + box.ciphertext + box.tag
+        return SnapshotPart(bytes: bytes, index: index, prev: prev, hash: Array(SHA256.hash(data: bytes)))
+    }
+
+    private init(bytes: [UInt8], index: UInt32, prev: [UInt8], hash: [UInt8]) {
+        self.bytes = bytes
+        self.index = index
+        self.prev = prev
+        self.hash = hash
+    }
+
+    private static func aad(_ space: [UInt8], _ header: some Collection<UInt8>) -> [UInt8] {
+        Array("blazedb snapshot part v1".utf8) + space + header
+    }
+
+    /// Parses a piece (its bounds only; `open` authenticates it).
+    public init(bytes: [UInt8]) throws(SyncRejection) {
+        guard bytes.count >= Self.headerSize + 16, bytes.count <= Self.maxBytes else { throw .malformed }
+        var r = ByteReader(bytes[...])
+        guard let index = r.readUInt32(), let prev = r.read(32) else { throw .malformed }
+        self.init(bytes: bytes, index: index, prev: Array(prev), hash: Array(SHA256.hash(data: bytes)))
+    }
+
+    /// Authenticates and decrypts the records with the space key.
+    public func open(with key: SpaceKey) throws(SyncRejection) -> [UInt8] {
+        var r = ByteReader(bytes[...])
+        _ = r.read(36)
+        guard let epoch = r.readUInt32(), let nonceBytes = r.read(12), let nonce = try? ChaChaPoly.Nonce(data: nonceBytes) else {
+            throw .malformed
+        }
+        let n = Self.headerSize
+        guard
+            let box = try? ChaChaPoly.SealedBox(nonce: nonce, ciphertext: bytes[n..<(bytes.count - 16)], tag: bytes[(bytes.count - 16)...])
+        else { throw .badSnapshot }
+        let keys = key.entryKeys(epoch: epoch)
+        guard !keys.isEmpty else { throw .unknownEpoch }
+        for entryKey in keys {
+            if let plain = try? ChaChaPoly.open(box, using: entryKey, authenticating: Self.aad(key.id, bytes[..<n])) {
+                return Array(plain)
+            }
+        }
+        throw .badSnapshot
+    }
+}
+
+/// The signed description of a state snapshot (SYNC.md §11): who made it, in which space, how many pieces and the
+/// last one's hash, and per origin what it covers with the hash of that origin's entry there.
+///
+/// Layout: space (16) · author Ed25519 key (32) · created (8, Unix ms) · pieces (4) · last piece hash (32) · count (4)
+/// · count × (origin (16) · seq (8) · hash (32)), origins ascending · signature (64) over `"blazedb snapshot v1"` ·
+/// everything before it.
+public struct SnapshotManifest: Sendable, Equatable {
+    /// The space.
+    public let space: [UInt8]
+    /// The author's Ed25519 public key.
+    public let authorKey: [UInt8]
+    /// When it was made (author's clock).
+    public let createdMs: UInt64
+    /// How many pieces.
+    public let parts: UInt32
+    /// The last piece's hash.
+    public let lastPart: [UInt8]
+    /// Per origin (node id), the sequence the snapshot covers and the hash of that entry (zeros: the origin's chain
+    /// starts after it).
+    public let heads: [[UInt8]: (seq: UInt64, hash: [UInt8])]
+    /// The encoded, signed manifest.
+    public let bytes: [UInt8]
+
+    /// The author's node id.
+    public var author: [UInt8] { Array(SHA256.hash(data: authorKey).prefix(16)) }
+
+    /// Signs a manifest with `identity`.
+    public init(
+        space: [UInt8], createdMs: UInt64, parts: UInt32, lastPart: [UInt8], heads: [[UInt8]: (seq: UInt64, hash: [UInt8])],
+        identity: DeviceIdentity
+    ) {
+        let key = Array(identity.signingKey.publicKey.rawRepresentation)
+        var body = space + key
+        body.appendBE(createdMs)
+        body.appendBE(parts)
+        body += lastPart
+        body.appendBE(UInt32(heads.count))
+        for (origin, head) in heads.sorted(by: { $0.key.lexicographicallyPrecedes($1.key) }) {
+            body += origin
+            body.appendBE(head.seq)
+            body += head.hash
+        }
+        // Signing with a valid key cannot fail.
+        let signature = Array(try! identity.signingKey.signature(for: Array("blazedb snapshot v1".utf8) + body))
+        self.space = space
+        self.authorKey = key
+        self.createdMs = createdMs
+        self.parts = parts
+        self.lastPart = lastPart
+        self.heads = heads
+        self.bytes = body + signature
+    }
+
+    /// Decodes and verifies a manifest: bounds, origins strictly ascending, the signature.
+    public init(bytes: [UInt8]) throws(SyncRejection) {
+        var r = ByteReader(bytes[...])
+        guard let space = r.read(16), let key = r.read(32), let created = r.readUInt64(), let parts = r.readUInt32(),
+            parts > 0, let last = r.read(32), let n = r.readUInt32(), Int(n) * 56 + 64 == r.remaining
+        else { throw .malformed }
+        var heads: [[UInt8]: (seq: UInt64, hash: [UInt8])] = [:]
+        var previous: [UInt8]?
+        for _ in 0..<n {
+            guard let o = r.read(16).map(Array.init), let s = r.readUInt64(), SyncBounds.isValidSeq(s), let h = r.read(32),
+                previous.map({ $0.lexicographicallyPrecedes(o) }) ?? true
+            else { throw .malformed }
+            heads[o] = (s, Array(h))
+            previous = o
+        }
+        guard let signature = r.read(64), let publicKey = try? Curve25519.Signing.PublicKey(rawRepresentation: key),
+            publicKey.isValidSignature(signature, for: Array("blazedb snapshot v1".utf8) + bytes[..<(bytes.count - 64)])
+        else { throw .badSnapshot }
+        self.space = Array(space)
+        self.authorKey = Array(key)
+        self.createdMs = created
+        self.parts = parts
+        self.lastPart = Array(last)
+        self.heads = heads
+        self.bytes = bytes
+    }
+
+    /// Equal when the encoded bytes are.
+    public static func == (a: SnapshotManifest, b: SnapshotManifest) -> Bool { a.bytes == b.bytes }
+}

@@ -1,0 +1,89 @@
+import BlazeCRDT
+import BlazeCrypto
+import BlazeProtocol
+import BlazeStore
+import Foundation
+
+/// A state snapshot ready to send: its sealed pieces, in order, and the manifest that signs them (SYNC.md §11).
+public struct SealedSnapshot: Sendable {
+    /// The pieces.
+    public let parts: [SnapshotPart]
+    /// The signed manifest.
+    public let manifest: SnapshotManifest
+    /// Bytes of the pieces.
+    public var byteCount: Int { parts.reduce(0) { $0 + $1.bytes.count } }
+}
+
+/// Snapshots (SYNC.md §11): what a member sends a device that needs entries compacted away, and how that device
+/// checks and installs one.
+extension BlazeDatabase {
+    /// Records per piece of a snapshot.
+    public static let snapshotPartBytes = 1 << 20
+
+    /// Seals pending local changes, then makes a snapshot of this replica's state, sealed with `key` and signed by
+    /// `identity`. Nil when this device cannot seal (a reader, a removed member).
+    public func makeSnapshot(key: SpaceKey, identity: DeviceIdentity, partBytes: Int = snapshotPartBytes) throws -> SealedSnapshot? {
+        guard key.canSeal else { return nil }
+        try sealLocal(key: key, identity: identity)
+        var parts: [SnapshotPart] = []
+        let heads = try exportSnapshot(partBytes: partBytes) { records in
+            parts.append(SnapshotPart.seal(records, index: UInt32(parts.count), prev: parts.last?.hash ?? SealedEntry.genesis, key: key))
+        }
+        let manifest = SnapshotManifest(
+            space: key.id, createdMs: UInt64(max(0, Date().timeIntervalSince1970 * 1000)), parts: UInt32(parts.count),
+            lastPart: parts.last!.hash,
+            heads: Dictionary(uniqueKeysWithValues: heads.map { ($0.key.bytes, (seq: $0.value.seq, hash: $0.value.hash)) }),
+            identity: identity)
+        return SealedSnapshot(parts: parts, manifest: manifest)
+    }
+
+    /// Opens the pieces of a snapshot in order, checking their chain: `expected` is the next index and `prev` the
+    /// hash the next piece must name.
+    public static func openSnapshotPart(_ part: SnapshotPart, expected: UInt32, prev: [UInt8], key: SpaceKey) throws(SyncRejection)
+        -> [UInt8]
+    {
+        guard part.index == expected, part.prev == prev else { throw .badSnapshot }
+        return try part.open(with: key)
+    }
+
+    /// Checks a snapshot's manifest against the pieces received (`count` of them, the last with hash `lastHash`),
+    /// its space, and its author (a current writing member of `membership`, when the space has a log), then installs
+    /// it with `records` (the opened pieces). Refuses (`badSnapshot`) a snapshot that covers nothing this replica
+    /// lacks. Returns what replaying this replica's own later changes did.
+    public func install(
+        snapshot manifest: SnapshotManifest, records: [[UInt8]], lastHash: [UInt8], key: SpaceKey, membership: MembershipState?
+    ) throws -> ReceiveReport {
+        guard manifest.space == key.id, manifest.parts == records.count, manifest.lastPart == lastHash else {
+            throw SyncRejection.badSnapshot
+        }
+        if let membership {
+            guard let author = membership.member(manifest.author), author.isCurrent, author.role.writes,
+                author.keys.signing == manifest.authorKey
+            else { throw SyncRejection.badSnapshot }
+        }
+        var heads: [NodeID: PrunedHead] = [:]
+        for (origin, head) in manifest.heads { heads[NodeID(bytes: origin)] = PrunedHead(seq: head.seq, hash: head.hash) }
+        let applied = try versionVector()
+        guard heads.contains(where: { $0.value.seq > applied[$0.key] }) else { throw SyncRejection.badSnapshot }
+        var next = 0
+        let maxDepth = limits.maxDepth
+        do {
+            return try installSnapshot(
+                heads: heads,
+                parts: {
+                    defer { next += 1 }
+                    return next < records.count ? records[next] : nil
+                },
+                openEntry: { bytes in
+                    let entry = try SealedEntry(bytes: bytes)
+                    let payload = try entry.open(with: key)
+                    guard let json = try? JSONParser(maxDepth: maxDepth + 4).parse(String(decoding: payload, as: UTF8.self)),
+                        let change = try? Change(json: json)
+                    else { throw SyncRejection.badPayload }
+                    return change
+                })
+        } catch let error as StoreError where error.kind == "bad_snapshot" {
+            throw SyncRejection.badSnapshot
+        }
+    }
+}

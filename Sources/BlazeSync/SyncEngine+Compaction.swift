@@ -1,0 +1,108 @@
+import BlazeCRDT
+import BlazeCrypto
+import BlazeProtocol
+import BlazeStore
+import Foundation
+
+/// What compacting one database did, and the stable vector it used.
+public struct CompactionOutcome: Sendable {
+    /// What was removed.
+    public var report: CompactionReport
+    /// The stable vector compaction went up to (for a database nobody shares: everything it applied).
+    public var stable: VersionVector
+    /// Current members whose acknowledgement is missing or older than the horizon (they hold stability back, or
+    /// were left out of it past the horizon), by node id hex.
+    public var silentMembers: [String] = []
+}
+
+/// Acknowledgements and stability (SYNC.md §11) on top of the store.
+extension BlazeDatabase {
+    /// Signs and keeps this device's acknowledgement when what it applied changed since its last one; true when it
+    /// issued one.
+    public func issueAcknowledgement(space: [UInt8], identity: DeviceIdentity, nowMs: UInt64) throws -> Bool {
+        let applied = try versionVector()
+        let mine = try acknowledgements().first { $0.node == identity.nodeID }
+        if let mine, let ack = try? Acknowledgement(bytes: mine.bytes),
+            ack.vector == Dictionary(uniqueKeysWithValues: applied.entries.map { ($0.key.bytes, $0.value) })
+        {
+            return false
+        }
+        let ack = Acknowledgement(
+            space: space, vector: Dictionary(uniqueKeysWithValues: applied.entries.map { ($0.key.bytes, $0.value) }),
+            issuedMs: max(nowMs, (mine?.issuedMs ?? 0) + 1), identity: identity)
+        return try storeAcknowledgement(node: ack.node, issuedMs: ack.issuedMs, bytes: ack.bytes)
+    }
+
+    /// Keeps the acknowledgements of `space` signed by devices its log lists (any device, in a space without a log);
+    /// true when any was newer than the one held.
+    public func keep(_ acks: [Acknowledgement], space: [UInt8], membership: MembershipState?) throws -> Bool {
+        var kept = false
+        for ack in acks where ack.space == space {
+            if let membership {
+                guard let m = membership.member(ack.node), m.keys.signing == ack.deviceKey else { continue }
+            }
+            if try storeAcknowledgement(node: ack.node, issuedMs: ack.issuedMs, bytes: ack.bytes) { kept = true }
+        }
+        return kept
+    }
+
+    /// The stable vector (SYNC.md §11): the minimum of the current members' latest acknowledgements, provided this
+    /// replica applied everything each of them had authored when it acknowledged. A member not heard from holds
+    /// stability at zero, unless it has been silent past `horizonMs` (since its last acknowledgement, or since it
+    /// was added): it is then left out, and must re-join from a snapshot. Nil while the condition fails (the caller
+    /// keeps the last stable vector).
+    public func stableVector(membership: MembershipState, self node: [UInt8], nowMs: UInt64, horizonMs: UInt64) throws
+        -> (stable: VersionVector?, silent: [String])
+    {
+        let applied = try versionVector()
+        var latest: [[UInt8]: Acknowledgement] = [:]
+        for held in try acknowledgements() {
+            if let ack = try? Acknowledgement(bytes: held.bytes) { latest[ack.node] = ack }
+        }
+        var acknowledged: [NodeID: VersionVector] = [:]
+        var silent: [String] = []
+        for member in membership.current {
+            let id = member.keys.nodeID
+            if id == node {
+                acknowledged[NodeID(bytes: id)] = applied
+                continue
+            }
+            let ack = latest[id].flatMap { $0.deviceKey == member.keys.signing ? $0 : nil }
+            let lastHeard = ack?.issuedMs ?? member.addedAtMs
+            if nowMs > lastHeard, nowMs - lastHeard > horizonMs {
+                silent.append(hexString(id))
+                continue
+            }
+            if ack == nil { silent.append(hexString(id)) }
+            var vector: [NodeID: UInt64] = [:]
+            for (origin, seq) in ack?.vector ?? [:] { vector[NodeID(bytes: origin)] = seq }
+            acknowledged[NodeID(bytes: id)] = VersionVector(vector)
+        }
+        return (Stability.stableVector(acknowledged: acknowledged, applied: applied), silent.sorted())
+    }
+}
+
+extension SyncEngine {
+    /// How long a member may stay silent before stability stops waiting for it (SYNC.md §11).
+    public static let defaultHorizonMs: UInt64 = 30 * 24 * 3_600_000
+
+    /// Compacts `db` (Protocol/SYNC.md §11). A database nobody shares: everything it applied is stable. A shared
+    /// one: this device issues its acknowledgement (passed on to every connected peer), the stable vector is computed
+    /// from the members' latest ones, and compaction goes up to it; without a membership log only op-log bodies whose
+    /// entries are held are dropped.
+    public func compact(db: BlazeDatabase, horizonMs: UInt64 = SyncEngine.defaultHorizonMs) throws -> CompactionOutcome {
+        guard let space = try space(db: db) else {
+            let stable = try db.versionVector()
+            return CompactionOutcome(report: try db.compact(stable: stable), stable: stable)
+        }
+        let snapshot = space.snapshot
+        let now = nowMsUnsigned()
+        if try db.issueAcknowledgement(space: space.id, identity: identity, nowMs: now) { membershipChanged(db: db.name) }
+        guard let membership = snapshot.membership else {
+            return CompactionOutcome(report: try db.compact(stable: VersionVector()), stable: VersionVector())
+        }
+        let (computed, silent) = try db.stableVector(membership: membership, self: identity.nodeID, nowMs: now, horizonMs: horizonMs)
+        let stable = try computed.map { try db.recordStableVector($0) } ?? db.lastStableVector()
+        return CompactionOutcome(report: try db.compact(stable: stable), stable: stable, silentMembers: silent)
+    }
+}

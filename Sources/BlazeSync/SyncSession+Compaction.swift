@@ -1,0 +1,92 @@
+import BlazeCRDT
+import BlazeCrypto
+import BlazeStore
+import NIOCore
+
+/// Acknowledgements and snapshots on a session (SYNC.md §11).
+extension SyncSession {
+    /// Sends the acknowledgements the peer is not known to hold (this device's own, issued first when what it
+    /// applied changed, and those of other members it passes on).
+    func sendAcks(context: ChannelHandlerContext) {
+        guard let link, stateSent, !closed else { return }
+        let (db, space, identity) = (link.db, link.space.id, engine.identity)
+        let known = acksShared
+        let bound = NIOLoopBound((self, context), eventLoop: context.eventLoop)
+        engine.pool.runIfActive(eventLoop: context.eventLoop) { () -> [Acknowledgement] in
+            _ = try db.issueAcknowledgement(space: space, identity: identity, nowMs: nowMsUnsigned())
+            return try db.acknowledgements().filter { held in known[held.node].map { held.issuedMs > $0 } ?? true }
+                .compactMap { try? Acknowledgement(bytes: $0.bytes) }
+        }.whenComplete { result in
+            let (session, context) = bound.value
+            guard case .success(let acks) = result, !acks.isEmpty, !session.closed else { return }
+            for ack in acks { session.acksShared[ack.node] = max(session.acksShared[ack.node] ?? 0, ack.issuedMs) }
+            // Bounded per message like `MEMBERS`: an acknowledgement names at most every origin.
+            var chunk: [Acknowledgement] = []
+            var bytes = 0
+            for ack in acks {
+                if bytes + ack.bytes.count > 1 << 20, !chunk.isEmpty {
+                    session.send(.acks(chunk), context: context)
+                    chunk = []
+                    bytes = 0
+                }
+                chunk.append(ack)
+                bytes += ack.bytes.count
+            }
+            session.send(.acks(chunk), context: context)
+        }
+    }
+
+    /// Keeps the peer's acknowledgements that are newer than those held, then lets every session of the database
+    /// pass them on.
+    func received(acks: [Acknowledgement], context: ChannelHandlerContext) {
+        guard let link else { return }
+        for ack in acks { acksShared[ack.node] = max(acksShared[ack.node] ?? 0, ack.issuedMs) }
+        let (db, snapshot, engine) = (link.db, link.space.snapshot, self.engine)
+        let space = link.space.id
+        _ = engine.pool.runIfActive(eventLoop: context.eventLoop) {
+            if try db.keep(acks, space: space, membership: snapshot.membership) { engine.membershipChanged(db: db.name) }
+        }
+    }
+
+    /// Sends the peer a snapshot of this replica, because it lacks entries compacted away here, then what follows
+    /// it. Only a member gets one (a relay cannot install it), and one per session.
+    func sendSnapshot(context: ChannelHandlerContext) {
+        guard let link, !closed else { return }
+        let space = link.space.snapshot
+        guard !snapshotSent, space.membership?.member(link.device.nodeID)?.isCurrent ?? true else {
+            report.update { $0.lastError = "the peer lacks entries compacted away here, and only a member can take a snapshot" }
+            pumping = false
+            return
+        }
+        snapshotSent = true
+        let (db, identity) = (link.db, engine.identity)
+        let bound = NIOLoopBound((self, context), eventLoop: context.eventLoop)
+        engine.pool.runIfActive(eventLoop: context.eventLoop) { () -> (SealedSnapshot?, [[UInt8]]) in
+            guard let snapshot = try db.makeSnapshot(key: space.key, identity: identity) else { return (nil, []) }
+            return (snapshot, try snapshot.parts.map { try PeerMessage.snapshotPart($0).encoded() })
+        }.whenComplete { result in
+            let (session, context) = bound.value
+            switch result {
+            case .success((let snapshot?, let messages)):
+                var last: EventLoopFuture<Void>?
+                for message in messages { last = session.send(bytes: message, context: context) }
+                last = session.send(.snapshot(snapshot.manifest), context: context)
+                for (origin, head) in snapshot.manifest.heads { session.peerHolds(origin: NodeID(bytes: origin), seq: head.seq) }
+                session.report.update { $0.snapshotsSent += 1 }
+                session.engine.logger.info(
+                    "Sync sent a snapshot", metadata: ["db": "\(db.name)", "peer": "\(session.report.peer)", "bytes": "\(snapshot.byteCount)"])
+                last?.whenComplete { _ in
+                    let (session, context) = bound.value
+                    session.pumping = false
+                    session.pump(context: context)
+                }
+            case .success((nil, _)):
+                session.report.update { $0.lastError = "the peer lacks entries compacted away here, and this device cannot seal a snapshot" }
+                session.pumping = false
+            case .failure(let error):
+                session.pumping = false
+                session.errorCaught(context: context, error: LocalFailure(error))
+            }
+        }
+    }
+}
