@@ -206,6 +206,11 @@ extension BlazeDatabase {
             let maxEntry = shared ? try Int64.fetchOne(db, sql: "SELECT max(seq) FROM sync_entries WHERE origin = ?", arguments: [o]) : nil
             // Op-log bodies: stable ones, and (shared) those whose entry is held, which is the same change.
             var changesUpTo = min(max(stableSeq, min(maxEntry ?? 0, Int64(held))), Int64(seen[origin]))
+            if shared && origin == node {
+                // This device's changes are sealed from their bodies: none goes before its entry exists.
+                let pruned = try Int64.fetchOne(db, sql: "SELECT seq FROM sync_pruned WHERE origin = ?", arguments: [o]) ?? 0
+                changesUpTo = min(changesUpTo, max(maxEntry ?? 0, pruned))
+            }
             if let needed = feedNeeds[origin.hex] { changesUpTo = min(changesUpTo, needed - 1) }
             if changesUpTo > 0 {
                 try db.execute(

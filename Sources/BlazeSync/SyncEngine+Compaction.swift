@@ -97,6 +97,8 @@ extension SyncEngine {
         }
         let snapshot = space.snapshot
         let now = nowMsUnsigned()
+        // Sealed, this device's changes can be pruned like any other's (their entries then go once stable).
+        try db.sealLocal(key: snapshot.key, identity: identity)
         if try db.issueAcknowledgement(space: space.id, identity: identity, nowMs: now) { membershipChanged(db: db.name) }
         guard let membership = snapshot.membership else {
             return CompactionOutcome(report: try db.compact(stable: VersionVector()), stable: VersionVector())
