@@ -45,7 +45,7 @@ struct DB: ParsableCommand {
         commandName: "db", abstract: "Create, list, inspect and drop databases.",
         subcommands: [
             Create.self, List.self, InfoCmd.self, Drop.self, Share.self, Join.self, Invite.self, Members.self, Revoke.self,
-            RelayCapabilityCmd.self, Backup.self, Restore.self,
+            RelayCapabilityCmd.self, Backup.self, Restore.self, Compact.self,
         ])
 
     struct Share: ParsableCommand {
@@ -173,16 +173,45 @@ struct DB: ParsableCommand {
     }
 
     struct InfoCmd: ParsableCommand {
-        static let configuration = CommandConfiguration(commandName: "info", abstract: "Show a database's counts and size.")
+        static let configuration = CommandConfiguration(
+            commandName: "info", abstract: "Show a database's counts, size by table and last compaction.")
         @OptionGroup var global: Global
         @Argument var name: String
         func run() throws {
             global.run(RPC.DbInfo(db: name)) { r in
-                let rows: [(String, String)] = [
+                var rows: [(String, String)] = [
                     ("name", r.name), ("collections", "\(r.collections)"), ("documents", "\(r.documents)"),
                     ("sizeBytes", "\(r.sizeBytes)"), ("path", r.path), ("nodeId", r.nodeId), ("stateHash", r.stateHash),
                 ]
+                let tables = r.bytesByTable.filter { $0.value > 4096 }.sorted { $0.value > $1.value }.prefix(6)
+                rows.append(("tables", tables.map { "\($0.key) \(byteCount(Int64($0.value)))" }.joined(separator: ", ")))
+                if let c = r.lastCompaction {
+                    rows.append((
+                        "compacted",
+                        "\(agoText(ms: Int64(c.finishedAtMs))): \(c.changes) changes, \(c.tombstones) tombstones, \(c.entries) entries, "
+                            + "\(c.pagesFreed) pages freed"
+                    ))
+                } else {
+                    rows.append(("compacted", "never"))
+                }
                 for (key, value) in rows { print("\(pad(key, 13))\(value)") }
+            }
+        }
+    }
+
+    struct Compact: ParsableCommand {
+        static let configuration = CommandConfiguration(
+            abstract: "Drop history no replica needs any more, now (blazed also does it every compaction-interval).")
+        @OptionGroup var global: Global
+        @Argument var name: String
+        func run() throws {
+            global.run(RPC.DbCompact(db: name)) { r in
+                print(
+                    "compacted \(name): \(r.changes) changes, \(r.tombstones) tombstones, \(r.entries) entries, \(r.heads) heads; "
+                        + "\(r.pagesFreed) pages freed in \(r.durationMs) ms; now \(byteCount(Int64(r.sizeBytes)))")
+                if !r.silentMembers.isEmpty {
+                    print("waiting for (or past the horizon): \(r.silentMembers.map { String($0.prefix(12)) }.joined(separator: ", "))")
+                }
             }
         }
     }

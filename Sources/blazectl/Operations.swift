@@ -26,6 +26,15 @@ enum Colour {
 }
 
 /// "12.3 MiB".
+/// How long ago Unix time `ms` was, for humans ("3m ago").
+func agoText(ms: Int64) -> String {
+    let seconds = max(0, Int64(Date().timeIntervalSince1970) - ms / 1000)
+    if seconds < 60 { return "\(seconds)s ago" }
+    if seconds < 3600 { return "\(seconds / 60)m ago" }
+    if seconds < 86_400 { return "\(seconds / 3600)h ago" }
+    return "\(seconds / 86_400)d ago"
+}
+
 func byteCount(_ n: Int64) -> String {
     let units = ["B", "KiB", "MiB", "GiB", "TiB"]
     var value = Double(n)
@@ -143,6 +152,7 @@ struct Status: ParsableCommand {
                 databases.append([
                     "name": .string(name), "collections": db["collections"] ?? .null, "documents": db["documents"] ?? .null,
                     "sizeBytes": db["sizeBytes"] ?? .null, "sync": shared[name] ?? .null,
+                    "lastCompaction": db["lastCompaction"] ?? .null,
                 ])
             }
             return ["daemon": info, "listen": sync["listen"] ?? .null, "databases": .array(databases)]
@@ -172,9 +182,13 @@ struct Status: ParsableCommand {
                     let text = "shared, \(connected)/\(peers.count) peers connected" + (errors > 0 ? ", \(errors) errors" : "")
                     state = errors > 0 ? Colour.red(text) : connected == peers.count ? Colour.green(text) : Colour.yellow(text)
                 }
-                return [text(db["name"]), text(db["collections"]), text(db["documents"]), byteCount(db["sizeBytes"]?.intValue ?? 0), state]
+                let compacted = db["lastCompaction"]?["finishedAtMs"]?.intValue.map { agoText(ms: $0) } ?? "never"
+                return [
+                    text(db["name"]), text(db["collections"]), text(db["documents"]), byteCount(db["sizeBytes"]?.intValue ?? 0),
+                    compacted, state,
+                ]
             }
-            printTable(["DATABASE", "COLLECTIONS", "DOCUMENTS", "SIZE", "SYNC"], rows)
+            printTable(["DATABASE", "COLLECTIONS", "DOCUMENTS", "SIZE", "COMPACTED", "SYNC"], rows)
         }
     }
 }

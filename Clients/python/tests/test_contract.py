@@ -199,6 +199,11 @@ def test_every_method_succeeds_and_fails_as_documented(client, daemon):
     err(c, "db.restore", -32011, "database_exists", path=backup_path, db="app_copy")
     err(c, "db.restore", -32010, "file_not_found", path=backup_path + ".none", db="other")
     err(c, "db.restore", -32602, path=backup_path)
+    compacted = ok(c, "db.compact", db="app_copy")
+    assert compacted["db"] == "app_copy" and compacted["silentMembers"] == [] and compacted["sizeBytes"] > 0
+    assert ok(c, "db.info", db="app_copy")["stateHash"] == info["stateHash"]
+    err(c, "db.compact", -32010, "database_not_found", db="missing")
+    err(c, "db.compact", -32602, db=5)
     err(c, "db.info", -32602, "invalid_name", db="../x")
     ok(c, "db.drop", db="app")
     err(c, "db.drop", -32010, "database_not_found", db="app")
