@@ -5,7 +5,7 @@ import BlazeStore
 extension Methods {
     static let dbCompact = MethodHandler(RPC.DbCompact.self) { p, ctx in
         let db = try ctx.database(p.db)
-        let outcome = try ctx.sync.compact(db: db, horizonMs: UInt64(ctx.config.compactionHorizonMs))
+        let outcome = try ctx.sync.compact(db: db, horizonMs: UInt64(ctx.config.compactionHorizonMs), defragment: true)
         let r = outcome.report
         ctx.logger.info(
             "Database compacted", metadata: ["db": "\(db.name)", "rows": "\(r.rows)", "pages": "\(r.pagesFreed)", "ms": "\(r.durationMs)"])

@@ -24,6 +24,9 @@ public final class BlazeDatabase: Sendable {
     let checkpointer: Checkpointer
     /// How stored states write stamp origins: the database's home node (kept in `meta`) as `0`.
     let coding: StampCoding
+    /// The highest causal length of a tombstone compaction dropped here (0: none): a document this replica creates
+    /// where no state exists starts above it, so it never starts below a tombstone another replica still holds.
+    let droppedCausalLength: Mutex<Int64>
 
     init(name: String, path: String, limits: StoreLimits, node: NodeID) throws {
         self.name = name
@@ -52,6 +55,10 @@ public final class BlazeDatabase: Sendable {
             throw StoreError(.internalFailure, kind: "corrupt_database", "database \(Names.quoted(name)) has no valid stamp_home")
         }
         coding = StampCoding(home: home)
+        droppedCausalLength = Mutex(
+            try pool.read { db in
+                try String.fetchOne(db, sql: "SELECT value FROM meta WHERE key = 'tombstone_cl_floor'").flatMap { Int64($0) } ?? 0
+            })
         let checkpointer = try Checkpointer(
             path: path, threshold: limits.walCheckpointPages, hardLimit: limits.walMaxPages,
             finishLimit: limits.walFinishPages)
@@ -150,7 +157,8 @@ public final class BlazeDatabase: Sendable {
 
     func makeStorage(_ db: Database) -> SQLStorage {
         SQLStorage(
-            db: db, limits: limits, knownCollections: knownCollections, feedSequence: feed.lastSequence, coding: coding)
+            db: db, limits: limits, knownCollections: knownCollections, feedSequence: feed.lastSequence, coding: coding,
+            droppedCausalLength: droppedCausalLength.withLock { $0 })
     }
 
     /// Prunes the durable feed to its retention and publishes this transaction's entries once it commits.

@@ -112,8 +112,15 @@ extension BlazeDatabase {
 
     /// Compacts in steps of at most `stepRows` rows of each kind per write transaction (so a writer waits at most
     /// one step), then returns freed pages to the file system. `stable` is clamped to what this replica applied.
+    /// With `defragment`, a file of which more than a quarter (and over 1 MiB) is unused space inside pages —
+    /// rows deleted here and there leave pages half empty, which no page-level vacuum returns — is rewritten
+    /// (`VACUUM`): writers wait for that.
+    /// Tombstones go only up to `tombstonesStable` (default `stable`): the vector every member ever counted holds,
+    /// with no horizon (SYNC.md §11) — a delete decides the fate of every late edit, so it must be stable for all.
     @discardableResult
-    public func compact(stable: VersionVector, stepRows: Int = 1000) throws -> CompactionReport {
+    public func compact(
+        stable: VersionVector, tombstonesStable: VersionVector? = nil, stepRows: Int = 1000, defragment: Bool = false
+    ) throws -> CompactionReport {
         let started = Date()
         var total = CompactionReport()
         // The feed is trimmed to its retention exactly (writes trim it in steps), then the changes its rows point at
@@ -134,12 +141,14 @@ extension BlazeDatabase {
         }
         while true {
             let step = try pool.write { db in
-                try self.compactionStep(db, stable: stable, seen: seen, feedNeeds: feedNeeds, limit: stepRows)
+                try self.compactionStep(
+                    db, stable: stable, tombstonesStable: tombstonesStable ?? stable, seen: seen, feedNeeds: feedNeeds, limit: stepRows)
             }
             total.add(step)
             if step.rows == 0 { break }
         }
         total.pagesFreed = try vacuumFreePages(stepPages: max(64, stepRows))
+        if defragment { total.pagesFreed += try rewriteIfFragmented() }
         total.finishedAtMs = Int64(Date().timeIntervalSince1970 * 1000)
         total.durationMs = Int64(Date().timeIntervalSince(started) * 1000)
         if total.rows > 0 || total.pagesFreed > 0 {
@@ -151,6 +160,31 @@ extension BlazeDatabase {
             }
         }
         return total
+    }
+
+    /// Raises the highest dropped causal length to `cl` in the caller's transaction (and in memory once it commits).
+    func raiseDroppedCausalLength(_ cl: Int64, _ db: Database) throws {
+        let current = try String.fetchOne(db, sql: "SELECT value FROM meta WHERE key = 'tombstone_cl_floor'").flatMap { Int64($0) } ?? 0
+        guard cl > current else { return }
+        try db.execute(
+            sql: "INSERT INTO meta(key, value) VALUES ('tombstone_cl_floor', ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+            arguments: [String(cl)])
+        db.afterNextTransaction(onCommit: { [self] _ in droppedCausalLength.withLock { $0 = max($0, cl) } })
+    }
+
+    /// Rewrites the file when more than a quarter of it, and over 1 MiB, is unused space inside pages; returns the
+    /// pages that gave back.
+    func rewriteIfFragmented() throws -> Int {
+        let (unused, total) = try read { db in
+            let row = try Row.fetchOne(db, sql: "SELECT coalesce(sum(unused), 0), coalesce(sum(pgsize), 0) FROM dbstat")
+            return (row?[0] as Int64? ?? 0, row?[1] as Int64? ?? 0)
+        }
+        guard total > 0, unused > 1 << 20, unused * 4 > total else { return 0 }
+        return try pool.writeWithoutTransaction { db in
+            let before = try Int.fetchOne(db, sql: "PRAGMA page_count") ?? 0
+            try db.execute(sql: "VACUUM")
+            return max(0, before - (try Int.fetchOne(db, sql: "PRAGMA page_count") ?? 0))
+        }
     }
 
     /// Prunes the durable feed to exactly `feedRetention` rows; returns its floor.
@@ -188,7 +222,8 @@ extension BlazeDatabase {
 
     /// One bounded step inside the caller's write transaction.
     func compactionStep(
-        _ db: Database, stable: VersionVector, seen: VersionVector, feedNeeds: [String: Int64], limit: Int
+        _ db: Database, stable: VersionVector, tombstonesStable: VersionVector, seen: VersionVector, feedNeeds: [String: Int64],
+        limit: Int
     ) throws -> CompactionReport {
         var report = CompactionReport()
         report.steps = 1
@@ -218,14 +253,28 @@ extension BlazeDatabase {
                     arguments: [origin.hex, changesUpTo, limit])
                 report.changes += db.changesCount
             }
+            let deletesStable = Int64(min(tombstonesStable[origin], held))
+            if deletesStable > 0 {
+                // Local writes start new documents above every causal length dropped (`localState`).
+                if let dropped = try Int64.fetchOne(
+                    db,
+                    sql: """
+                        SELECT max(json_extract(state, '$.l')) FROM (
+                            SELECT state FROM tombstones WHERE del_origin = ? AND del_seq <= ? LIMIT ?)
+                        """,
+                    arguments: [origin.hex, deletesStable, limit])
+                {
+                    try raiseDroppedCausalLength(dropped, db)
+                }
+                try db.execute(
+                    sql: """
+                        DELETE FROM tombstones WHERE (collection, id) IN (
+                            SELECT collection, id FROM tombstones WHERE del_origin = ? AND del_seq <= ? LIMIT ?)
+                        """,
+                    arguments: [origin.hex, deletesStable, limit])
+                report.tombstones += db.changesCount
+            }
             guard stableSeq > 0 else { continue }
-            try db.execute(
-                sql: """
-                    DELETE FROM tombstones WHERE (collection, id) IN (
-                        SELECT collection, id FROM tombstones WHERE del_origin = ? AND del_seq <= ? LIMIT ?)
-                    """,
-                arguments: [origin.hex, stableSeq, limit])
-            report.tombstones += db.changesCount
             guard shared, let maxEntry, !forked.contains(origin.bytes) else { continue }
             let pruned = try Int64.fetchOne(db, sql: "SELECT seq FROM sync_pruned WHERE origin = ?", arguments: [o]) ?? 0
             let upTo = min(stableSeq, maxEntry, pruned + Int64(limit))
@@ -302,10 +351,10 @@ extension BlazeDatabase {
         }
     }
 
-    /// The stable vector last used (kept across restarts; it only grows).
-    public func lastStableVector() throws -> VersionVector {
+    /// The stable vector last used (kept across restarts under `key`; it only grows).
+    public func lastStableVector(key: String = "stable_vector") throws -> VersionVector {
         try read { db in
-            guard let text = try String.fetchOne(db, sql: "SELECT value FROM meta WHERE key = 'stable_vector'"),
+            guard let text = try String.fetchOne(db, sql: "SELECT value FROM meta WHERE key = ?", arguments: [key]),
                 case .object(let o)? = try? JSONParser().parse(text)
             else { return VersionVector() }
             var out: [NodeID: UInt64] = [:]
@@ -318,13 +367,13 @@ extension BlazeDatabase {
 
     /// Records `stable` (merged with the last one: the stable vector only grows) and returns the merge.
     @discardableResult
-    public func recordStableVector(_ stable: VersionVector) throws -> VersionVector {
-        let merged = VersionVector(try lastStableVector().entries.merging(stable.entries, uniquingKeysWith: max))
+    public func recordStableVector(_ stable: VersionVector, key: String = "stable_vector") throws -> VersionVector {
+        let merged = VersionVector(try lastStableVector(key: key).entries.merging(stable.entries, uniquingKeysWith: max))
         let text = JSONValue.object(Dictionary(uniqueKeysWithValues: merged.entries.map { ($0.key.hex, JSONValue.int(Int64($0.value))) })).jsonText
         try pool.write { db in
             try db.execute(
-                sql: "INSERT INTO meta(key, value) VALUES ('stable_vector', ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value",
-                arguments: [text])
+                sql: "INSERT INTO meta(key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+                arguments: [key, text])
         }
         return merged
     }

@@ -85,7 +85,10 @@ extension SQLStorage {
     func insertNew(
         _ key: DocKey, doc: [String: JSONValue], stamp: Stamp
     ) throws -> (body: [UInt8], idMember: Range<Int>)? {
-        guard docs.states[key] == nil, docs.created[key] == nil, try tombstone(key) == nil else { return nil }
+        // Once tombstones were dropped, a new document may not start at causal length 1 (`localState`).
+        guard droppedCausalLength == 0, docs.states[key] == nil, docs.created[key] == nil, try tombstone(key) == nil else {
+            return nil
+        }
         let (body, idMember, fieldCount) = Self.writeDocument(doc, id: key.id)
         try checkSize(body.count)
         let insert = try prepared(

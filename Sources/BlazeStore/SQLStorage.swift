@@ -46,10 +46,14 @@ final class SQLStorage: ReplicaStorage {
     /// The feed sequence of the last change recorded (committed ones, then this transaction's).
     var feedSequence: Int64
 
+    /// `BlazeDatabase.droppedCausalLength` when the transaction began.
+    let droppedCausalLength: Int64
+
     init(
         db: Database, limits: StoreLimits, knownCollections: KnownCollections, feedSequence: Int64,
-        coding: StampCoding
+        coding: StampCoding, droppedCausalLength: Int64 = 0
     ) {
+        self.droppedCausalLength = droppedCausalLength
         self.db = db
         self.coding = coding
         self.limits = limits
@@ -67,6 +71,13 @@ final class SQLStorage: ReplicaStorage {
 
     /// Sizes the per-document bookkeeping for a transaction that writes about `documents` documents.
     func reserve(documents: Int) { docs.reserve(documents: documents) }
+
+    /// The state a local write starts from: the document's, or for a key with no state, a deleted one at the highest
+    /// causal length compaction dropped (nil when it never dropped one), so that a new incarnation starts above it.
+    func localState(_ key: DocKey) throws -> DocumentState? {
+        if let state = try document(key) { return state }
+        return droppedCausalLength > 0 ? DocumentState(cl: droppedCausalLength) : nil
+    }
 
     func document(_ key: DocKey) throws -> DocumentState? {
         if let cached = docs.states[key] { return cached }

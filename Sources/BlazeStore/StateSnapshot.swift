@@ -45,7 +45,8 @@ extension BlazeDatabase {
             let vector: [JSONValue] = heads.sorted { $0.key < $1.key }.map { origin, head in
                 [.string(origin.hex), .int(Int64(head.seq)), .string(hexString(head.hash))]
             }
-            try emit(["h": self.coding.home.map { .string($0.hex) } ?? .null, "v": .array(vector)])
+            let dropped = try String.fetchOne(db, sql: "SELECT value FROM meta WHERE key = 'tombstone_cl_floor'").flatMap { Int64($0) } ?? 0
+            try emit(["h": self.coding.home.map { .string($0.hex) } ?? .null, "v": .array(vector), "f": .int(dropped)])
             for name in try String.fetchAll(db, sql: "SELECT name FROM collections ORDER BY name") { try emit(["c": .string(name)]) }
             for row in try Row.fetchAll(db, sql: "SELECT name, state FROM index_states ORDER BY name") {
                 try emit(["i": .string(row[0]), "s": .string(row[1])])
@@ -140,7 +141,11 @@ extension BlazeDatabase {
                         String(decoding: line, as: UTF8.self))
                     else { throw bad("a malformed record") }
                     if home == nil {
-                        guard let h = record["h"], case .array(let v)? = record["v"] else { throw bad("no header first") }
+                        guard let h = record["h"], case .array(let v)? = record["v"], case .int(let dropped)? = record["f"], dropped >= 0,
+                            dropped % 2 == 0, dropped < ChangeBounds.maxCausalLength
+                        else { throw bad("no header first") }
+                        // The author dropped tombstones up to this causal length: so does this replica, in effect.
+                        try self.raiseDroppedCausalLength(dropped, db)
                         var node: NodeID?
                         if case .string(let text) = h {
                             guard let n = NodeID(hex: text) else { throw bad("a malformed header") }
@@ -203,6 +208,8 @@ extension BlazeDatabase {
             for (origin, head) in installed {
                 let o = Data(origin.bytes)
                 try versions.execute(arguments: [origin.hex, Int64(head.seq)])
+                // Changes parked here that the snapshot covers are in it already.
+                try db.execute(sql: "DELETE FROM parked WHERE origin = ? AND seq <= ?", arguments: [origin.hex, Int64(head.seq)])
                 try db.execute(
                     sql: "INSERT INTO sync_pruned(origin, seq, hash) VALUES (?, ?, ?) ON CONFLICT(origin) DO UPDATE SET seq = excluded.seq, hash = excluded.hash",
                     arguments: [o, Int64(head.seq), Data(head.hash)])

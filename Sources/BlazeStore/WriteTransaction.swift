@@ -106,7 +106,7 @@ public final class WriteTransaction {
             let key = DocKey(collection: collection, id: id)
             if try emitNew(key, doc: doc) { return WriteResult(id: id) }
             doc.removeValue(forKey: "_id")
-            let current = try storage.document(key)
+            let current = try storage.localState(key)
             if current?.isAlive == true {
                 throw StoreError(
                     .alreadyExists, kind: "document_exists",
@@ -128,7 +128,7 @@ public final class WriteTransaction {
             let key = DocKey(collection: collection, id: id)
             if try emitNew(key, doc: doc) { return WriteResult(id: id, created: true) }
             doc.removeValue(forKey: "_id")
-            let current = try storage.document(key)
+            let current = try storage.localState(key)
             try emit(.doc(LocalEdit.replace(key, fields: doc, current: current)))
             return WriteResult(id: id, created: current?.isAlive != true)
 

@@ -51,8 +51,12 @@ extension BlazeDatabase {
     /// stability at zero, unless it has been silent past `horizonMs` (since its last acknowledgement, or since it
     /// was added): it is then left out, and must re-join from a snapshot. Nil while the condition fails (the caller
     /// keeps the last stable vector).
+    ///
+    /// `strict` is the same without the horizon, and with every removed member's accepted entries (up to its removal's
+    /// cutoff) applied here: the vector tombstones may go up to, since a late change concurrent with a delete would
+    /// otherwise revive its document only where the tombstone is gone.
     public func stableVector(membership: MembershipState, self node: [UInt8], nowMs: UInt64, horizonMs: UInt64) throws
-        -> (stable: VersionVector?, silent: [String])
+        -> (stable: VersionVector?, strict: VersionVector?, silent: [String])
     {
         let applied = try versionVector()
         var latest: [[UInt8]: Acknowledgement] = [:]
@@ -60,25 +64,32 @@ extension BlazeDatabase {
             if let ack = try? Acknowledgement(bytes: held.bytes) { latest[ack.node] = ack }
         }
         var acknowledged: [NodeID: VersionVector] = [:]
+        var everyone: [NodeID: VersionVector] = [:]
         var silent: [String] = []
         for member in membership.current {
             let id = member.keys.nodeID
             if id == node {
                 acknowledged[NodeID(bytes: id)] = applied
+                everyone[NodeID(bytes: id)] = applied
                 continue
             }
             let ack = latest[id].flatMap { $0.deviceKey == member.keys.signing ? $0 : nil }
+            var vector: [NodeID: UInt64] = [:]
+            for (origin, seq) in ack?.vector ?? [:] { vector[NodeID(bytes: origin)] = seq }
+            everyone[NodeID(bytes: id)] = VersionVector(vector)
             let lastHeard = ack?.issuedMs ?? member.addedAtMs
             if nowMs > lastHeard, nowMs - lastHeard > horizonMs {
                 silent.append(hexString(id))
                 continue
             }
             if ack == nil { silent.append(hexString(id)) }
-            var vector: [NodeID: UInt64] = [:]
-            for (origin, seq) in ack?.vector ?? [:] { vector[NodeID(bytes: origin)] = seq }
             acknowledged[NodeID(bytes: id)] = VersionVector(vector)
         }
-        return (Stability.stableVector(acknowledged: acknowledged, applied: applied), silent.sorted())
+        var strict = Stability.stableVector(acknowledged: everyone, applied: applied)
+        for member in membership.members.values {
+            if let cutoff = member.removal?.cutoff, applied[NodeID(bytes: member.keys.nodeID)] < cutoff { strict = nil }
+        }
+        return (Stability.stableVector(acknowledged: acknowledged, applied: applied), strict, silent.sorted())
     }
 }
 
@@ -90,10 +101,13 @@ extension SyncEngine {
     /// one: this device issues its acknowledgement (passed on to every connected peer), the stable vector is computed
     /// from the members' latest ones, and compaction goes up to it; without a membership log only op-log bodies whose
     /// entries are held are dropped.
-    public func compact(db: BlazeDatabase, horizonMs: UInt64 = SyncEngine.defaultHorizonMs) throws -> CompactionOutcome {
+    /// With `defragment`, a fragmented file is also rewritten (`BlazeDatabase.compact`).
+    public func compact(db: BlazeDatabase, horizonMs: UInt64 = SyncEngine.defaultHorizonMs, defragment: Bool = false) throws
+        -> CompactionOutcome
+    {
         guard let space = try space(db: db) else {
             let stable = try db.versionVector()
-            return CompactionOutcome(report: try db.compact(stable: stable), stable: stable)
+            return CompactionOutcome(report: try db.compact(stable: stable, defragment: defragment), stable: stable)
         }
         let snapshot = space.snapshot
         let now = nowMsUnsigned()
@@ -101,10 +115,15 @@ extension SyncEngine {
         try db.sealLocal(key: snapshot.key, identity: identity)
         if try db.issueAcknowledgement(space: space.id, identity: identity, nowMs: now) { membershipChanged(db: db.name) }
         guard let membership = snapshot.membership else {
-            return CompactionOutcome(report: try db.compact(stable: VersionVector()), stable: VersionVector())
+            return CompactionOutcome(report: try db.compact(stable: VersionVector(), defragment: defragment), stable: VersionVector())
         }
-        let (computed, silent) = try db.stableVector(membership: membership, self: identity.nodeID, nowMs: now, horizonMs: horizonMs)
+        let (computed, strictComputed, silent) = try db.stableVector(
+            membership: membership, self: identity.nodeID, nowMs: now, horizonMs: horizonMs)
         let stable = try computed.map { try db.recordStableVector($0) } ?? db.lastStableVector()
-        return CompactionOutcome(report: try db.compact(stable: stable), stable: stable, silentMembers: silent)
+        let strict = try strictComputed.map { try db.recordStableVector($0, key: "strict_stable_vector") }
+            ?? db.lastStableVector(key: "strict_stable_vector")
+        return CompactionOutcome(
+            report: try db.compact(stable: stable, tombstonesStable: strict, defragment: defragment), stable: stable,
+            silentMembers: silent)
     }
 }

@@ -20,7 +20,7 @@ struct BlazeBench: AsyncParsableCommand {
     @Option(help: "Repeats of the throughput measurements (default 3; 1 with --quick).")
     var repeats: Int?
 
-    @Option(help: "Only these groups, comma-separated: baselines, W1, RPC (W2 and W3), W4 (with W5 and W7), RELAY, FOLDER, W6, STORAGE, W8, M1, RSS.")
+    @Option(help: "Only these groups, comma-separated: baselines, W1, RPC (W2 and W3), W4 (with W5 and W7), RELAY, FOLDER, W6, STORAGE, JOIN, W8, M1, RSS.")
     var only: String?
 
     @Option(help: .hidden) var serveDaemon: String?
@@ -89,6 +89,10 @@ struct BlazeBench: AsyncParsableCommand {
             results += try StorageWorkloads.run(
                 dir: dir, inserts: quick ? 2000 : 100_000, docCount: quick ? 500 : 10_000, updates: quick ? 2000 : 100_000,
                 texts: texts, docs: docs)
+        }
+        if wants("JOIN") {
+            results += try await JoinWorkloads.run(
+                dir: dir, docCount: quick ? 2000 : 100_000, updates: quick ? 20_000 : 1_000_000, docs: docs)
         }
         if wants("RSS") {
             results.append(try Workloads.residentMemory(dir: dir + "/rss", documents: quick ? 10_000 : 1_000_000))

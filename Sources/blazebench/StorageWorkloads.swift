@@ -54,7 +54,7 @@ enum StorageWorkloads {
     /// Compacts `db` and reports its file size before and after, against a plain table of its documents.
     static func measure(_ db: BlazeDatabase, dir: String, label: String, what: String) throws -> [Result] {
         let uncompacted = try db.checkpointedFileBytes()
-        let report = try db.compact(stable: try db.versionVector())
+        let report = try db.compact(stable: try db.versionVector(), defragment: true)
         let bytes = try db.checkpointedFileBytes()
         let tables = try db.bytesByTable().sorted { $0.value > $1.value }.prefix(4)
             .map { String(format: "%@ %.1f", $0.key, Double($0.value) / 1e6) }.joined(separator: ", ")

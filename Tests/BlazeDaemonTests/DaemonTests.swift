@@ -24,7 +24,7 @@ import Glibc
             "conflict.list", "conflict.resolve", "subscribe", "unsubscribe", "db.share", "db.join", "db.invite",
             "db.members", "db.revoke", "db.relayCapability", "peer.add",
             "peer.remove", "peer.list", "folder.add", "folder.remove", "folder.list", "sync.status", "sync.now", "sync.pause", "sync.resume", "daemon.config",
-            "db.backup", "db.restore",
+            "db.backup", "db.restore", "db.compact",
         ])
         #expect(try c.call("daemon.info")["socket"] == .string(d.socket))
         #expect(try c.call("db.create", ["db": "app"]) == ["db": "app"])

@@ -27,9 +27,9 @@ import Testing
     }
 
     /// Writes `transactions` transactions of four 2 KB documents each.
-    func fill(_ db: BlazeDatabase, transactions: Int) throws {
+    func fill(_ db: BlazeDatabase, transactions: Int, from first: Int = 0) throws {
         let text = JSONValue.string(String(repeating: "x", count: 2000))
-        for t in 0..<transactions {
+        for t in first..<(first + transactions) {
             _ = try db.commit((0..<4).map { i in .insert(collection: "c", doc: ["_id": .string("\(t)-\(i)"), "t": text]) })
         }
     }
@@ -58,10 +58,14 @@ import Testing
 
     @Test func theWriterBoundsTheLogWhenNoBackgroundCheckpointRuns() throws {
         let writerOnly = limits(checkpoint: .max, max: 64)
-        let (t, db) = try filled(writerOnly, transactions: 150)
-        // One transaction here writes under 16 pages.
+        let t = try TempStore(limits: writerOnly)
+        let db = try t.store.create("w")
+        // The log holds at most the limit plus the transaction that crossed it. One transaction here writes about
+        // 14 pages, and up to three times that when its b-trees split and the pointer-map pages of incremental
+        // vacuum change with them.
+        try fill(db, transactions: 150)
         let frames = try walFrames(db)
-        #expect(frames > 0 && frames <= 64 + 16, "the WAL grew to \(frames) pages")
+        #expect(frames > 0 && frames <= 64 + 48, "the WAL grew to \(frames) pages")
         #expect(try db.summary().documents == 600)
         t.store.closeAll()
         let reopened = try Store(directory: t.dir, limits: writerOnly, node: randomNode())
