@@ -340,8 +340,13 @@ func shuttle(_ x: EmbeddedChannel, _ y: EmbeddedChannel, chunk: Int = .max) thro
     }
 
     /// The next message the session wrote.
+    /// The next message written, acknowledgements aside (a session sends them whenever it learns new ones).
     func written(_ channel: NIOAsyncTestingChannel) async throws -> PeerMessage {
-        try PeerMessage(decoding: try await channel.waitForOutboundWrite(as: [UInt8].self))
+        while true {
+            let message = try PeerMessage(decoding: try await channel.waitForOutboundWrite(as: [UInt8].self))
+            if case .acks = message { continue }
+            return message
+        }
     }
 
     /// How many events of type `T` reached the end of `channel`'s pipeline.
