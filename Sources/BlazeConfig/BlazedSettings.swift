@@ -39,7 +39,7 @@ public enum BlazedSettings {
             "Unsent bytes a connection may accumulate before a live subscription on it is dropped"
         ) { _ in .int(8 << 20) },
         ConfigKey(
-            "feed-retention", .int(min: 1), "Changes each database keeps in its change feed for resuming subscriptions"
+            "feed-retention", .int(min: 1), "Document events (inserts, updates, deletes) each database keeps in its change feed for resuming subscriptions"
         ) { _ in .int(10_000) },
         ConfigKey(
             "sync-listen", .text(check: checkListenAddress), optional: true,

@@ -71,11 +71,14 @@ public final class BlazeDatabase: Sendable {
             return max(floor, logged)
         }
         clock = Mutex(HybridClock(last: HLC(raw: last)))
-        let (feedLast, feedFloor) = try pool.read { db in
+        let (feedLast, feedFloor, lastTotal, floorTotal) = try pool.read { db in
             let floor = try String.fetchOne(db, sql: "SELECT value FROM meta WHERE key = 'feed_floor'").flatMap { Int64($0) } ?? 0
-            return (max(floor, try Int64.fetchOne(db, sql: "SELECT max(seq) FROM feed") ?? 0), floor)
+            let floorTotal =
+                try String.fetchOne(db, sql: "SELECT value FROM meta WHERE key = 'feed_floor_total'").flatMap { Int64($0) } ?? 0
+            let lastTotal = try Int64.fetchOne(db, sql: "SELECT total FROM feed ORDER BY seq DESC LIMIT 1") ?? 0
+            return (max(floor, try Int64.fetchOne(db, sql: "SELECT max(seq) FROM feed") ?? 0), floor, max(floorTotal, lastTotal), floorTotal)
         }
-        feed = ChangeFeed(last: feedLast, floor: feedFloor)
+        feed = ChangeFeed(last: feedLast, floor: feedFloor, lastTotal: lastTotal, floorTotal: floorTotal)
         try pool.write { db in
             if try Int.fetchOne(db, sql: "SELECT count(*) FROM indexes") ?? 0 > 0 { try Self.analyze(db) }
         }
@@ -157,30 +160,39 @@ public final class BlazeDatabase: Sendable {
 
     func makeStorage(_ db: Database) -> SQLStorage {
         SQLStorage(
-            db: db, limits: limits, knownCollections: knownCollections, feedSequence: feed.lastSequence, coding: coding,
-            droppedCausalLength: droppedCausalLength.withLock { $0 })
+            db: db, limits: limits, knownCollections: knownCollections, feedSequence: feed.lastSequence,
+            feedTotal: feed.totals.last, coding: coding, droppedCausalLength: droppedCausalLength.withLock { $0 })
     }
 
     /// Prunes the durable feed to its retention and publishes this transaction's entries once it commits.
     func finishFeed(_ storage: SQLStorage, _ db: Database) throws {
         let entries = storage.entries
         guard !entries.isEmpty else { return }
-        var floor = feed.floor
-        let keep = Int64(limits.feedRetention)
-        // Prune in steps, not on every commit: one range delete per `pruneStep` changes.
-        if storage.feedSequence - floor > keep + Self.pruneStep {
-            floor = storage.feedSequence - keep
-            try db.cachedStatement(sql: "DELETE FROM feed WHERE seq <= ?").execute(arguments: [floor])
-            try db.cachedStatement(
-                sql: "INSERT INTO meta(key, value) VALUES ('feed_floor', ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value"
-            ).execute(arguments: [String(floor)])
+        var (floor, floorTotal) = (feed.floor, feed.totals.floor)
+        // Prune in steps, not on every commit: one range delete per `pruneStep` events.
+        if storage.feedTotal - floorTotal > Int64(limits.feedRetention) + Self.pruneStep {
+            (floor, floorTotal) = try pruneFeed(db, total: storage.feedTotal, floor: floor, floorTotal: floorTotal)
         }
-        let feed = self.feed
-        let newFloor = floor
-        db.afterNextTransaction(onCommit: { _ in feed.publish(entries, floor: newFloor) })
+        let (feed, total, newFloor, newFloorTotal) = (self.feed, storage.feedTotal, floor, floorTotal)
+        db.afterNextTransaction(onCommit: { _ in feed.publish(entries, floor: newFloor, total: total, floorTotal: newFloorTotal) })
     }
 
-    /// Feed rows beyond the retention that may accumulate before a prune.
+    /// Deletes the feed rows before the last `feedRetention` document events (the last change is always kept whole)
+    /// in the caller's transaction; returns the new floor and its event total.
+    func pruneFeed(_ db: Database, total: Int64, floor: Int64, floorTotal: Int64) throws -> (Int64, Int64) {
+        let target = total - Int64(limits.feedRetention)
+        guard let row = try Row.fetchOne(
+            db.cachedStatement(sql: "SELECT seq, total FROM feed WHERE total <= ? ORDER BY total DESC LIMIT 1"), arguments: [target]),
+            let seq = row[0] as Int64?, let upTo = row[1] as Int64?, seq > floor
+        else { return (floor, floorTotal) }
+        try db.cachedStatement(sql: "DELETE FROM feed WHERE seq <= ?").execute(arguments: [seq])
+        try db.cachedStatement(
+            sql: "INSERT INTO meta(key, value) VALUES ('feed_floor', ?), ('feed_floor_total', ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value"
+        ).execute(arguments: [String(seq), String(upTo)])
+        return (seq, upTo)
+    }
+
+    /// Feed events beyond the retention that may accumulate before a prune.
     static let pruneStep: Int64 = 256
 
     /// Applies one operation in its own transaction.

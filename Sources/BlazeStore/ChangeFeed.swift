@@ -122,6 +122,9 @@ public final class ChangeFeed: Sendable {
     struct State {
         var last: Int64
         var floor: Int64
+        /// Document events recorded up to `last`, and up to `floor` (what the retention counts).
+        var lastTotal: Int64 = 0
+        var floorTotal: Int64 = 0
         var listeners: [Int: Listener] = [:]
         var next = 1
         var ended: StoreError?
@@ -129,9 +132,12 @@ public final class ChangeFeed: Sendable {
 
     private let state: Mutex<State>
 
-    init(last: Int64, floor: Int64) {
-        state = Mutex(State(last: last, floor: floor))
+    init(last: Int64, floor: Int64, lastTotal: Int64 = 0, floorTotal: Int64 = 0) {
+        state = Mutex(State(last: last, floor: floor, lastTotal: lastTotal, floorTotal: floorTotal))
     }
+
+    /// Document events recorded up to the last committed change, and up to the floor.
+    var totals: (last: Int64, floor: Int64) { state.withLock { ($0.lastTotal, $0.floorTotal) } }
 
     /// The sequence of the last committed change (0 before the first).
     public var lastSequence: Int64 { state.withLock { $0.last } }
@@ -162,11 +168,13 @@ public final class ChangeFeed: Sendable {
         _ = state.withLock { $0.listeners.removeValue(forKey: token) }
     }
 
-    func publish(_ entries: [FeedEntry], floor: Int64) {
+    func publish(_ entries: [FeedEntry], floor: Int64, total: Int64, floorTotal: Int64) {
         guard let last = entries.last?.seq else { return }
         state.withLock { s in
             s.last = last
             s.floor = floor
+            s.lastTotal = total
+            s.floorTotal = floorTotal
             for listener in s.listeners.values { listener(.entries(entries)) }
         }
     }
@@ -177,8 +185,11 @@ public final class ChangeFeed: Sendable {
     }
 
     /// Raises the floor after rows below it were pruned outside a write's publication (compaction).
-    func raiseFloor(_ floor: Int64) {
-        state.withLock { $0.floor = max($0.floor, floor) }
+    func raiseFloor(_ floor: Int64, total: Int64) {
+        state.withLock { s in
+            s.floor = max(s.floor, floor)
+            s.floorTotal = max(s.floorTotal, total)
+        }
     }
 
     /// Ends the feed: every listener gets `.ended(reason)` and is detached.

@@ -125,15 +125,14 @@ extension BlazeDatabase {
         var total = CompactionReport()
         // The feed is trimmed to its retention exactly (writes trim it in steps), then the changes its rows point at
         // are kept: per origin, from the first one it needs. Read once: the feed only moves forward while this runs.
-        let floor = try trimFeed()
+        try trimFeed()
         // The changes recorded after this read may have feed rows it did not see: none of them is pruned.
         let (feedNeeds, seen) = try read { db in
             let seen = try self.makeStorage(db).versionVector()
             var out: [String: Int64] = [:]
             for row in try Row.fetchAll(
                 db,
-                sql: "SELECT origin, min(json_extract(events, '$.s')) FROM feed WHERE seq > ? AND events LIKE '{%' GROUP BY origin",
-                arguments: [floor])
+                sql: "SELECT origin, min(json_extract(events, '$.s')) FROM feed WHERE events LIKE '{%' GROUP BY origin")
             {
                 if let origin = row[0] as String?, let seq = row[1] as Int64? { out[origin] = seq }
             }
@@ -187,21 +186,14 @@ extension BlazeDatabase {
         }
     }
 
-    /// Prunes the durable feed to exactly `feedRetention` rows; returns its floor.
-    func trimFeed() throws -> Int64 {
+    /// Prunes the durable feed to exactly its retention (`feedRetention` document events; writes trim it in steps).
+    func trimFeed() throws {
         let feed = self.feed
-        let keep = Int64(limits.feedRetention)
-        return try pool.write { db in
-            let current = try String.fetchOne(db, sql: "SELECT value FROM meta WHERE key = 'feed_floor'").flatMap { Int64($0) } ?? 0
-            let last = try Int64.fetchOne(db, sql: "SELECT max(seq) FROM feed") ?? current
-            let floor = last - keep
-            guard floor > current else { return current }
-            try db.execute(sql: "DELETE FROM feed WHERE seq <= ?", arguments: [floor])
-            try db.execute(
-                sql: "INSERT INTO meta(key, value) VALUES ('feed_floor', ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value",
-                arguments: [String(floor)])
-            db.afterNextTransaction(onCommit: { _ in feed.raiseFloor(floor) })
-            return floor
+        try pool.write { db in
+            let (total, floorTotal) = feed.totals
+            let (floor, newTotal) = try self.pruneFeed(db, total: total, floor: feed.floor, floorTotal: floorTotal)
+            guard floor > feed.floor else { return }
+            db.afterNextTransaction(onCommit: { _ in feed.raiseFloor(floor, total: newTotal) })
         }
     }
 

@@ -62,9 +62,10 @@ extension SQLStorage {
             sources.append(source)
         }
         feedSequence += 1
+        feedTotal += Int64(events.count)
         let origin = change.origin.hex
-        try db.cachedStatement(sql: "INSERT INTO feed(seq, origin, events) VALUES (?, ?, ?)").execute(
-            arguments: [feedSequence, origin, FeedLog.encode(events, sources: sources, changeSeq: change.seq)])
+        try db.cachedStatement(sql: "INSERT INTO feed(seq, origin, events, total) VALUES (?, ?, ?, ?)").execute(
+            arguments: [feedSequence, origin, FeedLog.encode(events, sources: sources, changeSeq: change.seq), feedTotal])
         entries.append(FeedEntry(seq: feedSequence, origin: change.origin, events: events))
         // Bound in place: a change of a large transaction is hundreds of kilobytes.
         try prepared(&insertChange, "INSERT INTO changes(origin, seq, hlc, body) VALUES (?, ?, ?, ?)").run(

@@ -45,14 +45,17 @@ final class SQLStorage: ReplicaStorage {
     var entries: [FeedEntry] = []
     /// The feed sequence of the last change recorded (committed ones, then this transaction's).
     var feedSequence: Int64
+    /// Document events recorded in the feed up to `feedSequence` (its retention counts them).
+    var feedTotal: Int64
 
     /// `BlazeDatabase.droppedCausalLength` when the transaction began.
     let droppedCausalLength: Int64
 
     init(
-        db: Database, limits: StoreLimits, knownCollections: KnownCollections, feedSequence: Int64,
+        db: Database, limits: StoreLimits, knownCollections: KnownCollections, feedSequence: Int64, feedTotal: Int64 = 0,
         coding: StampCoding, droppedCausalLength: Int64 = 0
     ) {
+        self.feedTotal = feedTotal
         self.droppedCausalLength = droppedCausalLength
         self.db = db
         self.coding = coding

@@ -233,6 +233,11 @@ enum Schema {
                     ) WITHOUT ROWID;
                     """)
         }
+        m.registerMigration("v11-feed-events") { db in
+            // The feed's retention counts document events, not changes (one bulk transaction is many events): `total`
+            // is the number of events up to and including the row. Rows from before have none and go first.
+            try db.execute(sql: "ALTER TABLE feed ADD COLUMN total INTEGER; CREATE INDEX feed_total ON feed(total);")
+        }
         return m
     }
 }

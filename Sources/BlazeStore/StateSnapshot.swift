@@ -220,12 +220,13 @@ extension BlazeDatabase {
             }
             // The feed's rows describe the replaced state: it starts again after its last sequence.
             let last = max(feed.lastSequence, try Int64.fetchOne(db, sql: "SELECT max(seq) FROM feed") ?? 0)
+            let total = feed.totals.last
             try db.execute(sql: "DELETE FROM feed")
             try db.execute(
-                sql: "INSERT INTO meta(key, value) VALUES ('feed_floor', ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value",
-                arguments: [String(last)])
+                sql: "INSERT INTO meta(key, value) VALUES ('feed_floor', ?), ('feed_floor_total', ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+                arguments: [String(last), String(total)])
             db.afterNextTransaction(onCommit: { _ in
-                feed.raiseFloor(last)
+                feed.raiseFloor(last, total: total)
                 feed.reset(StoreError(.unavailable, kind: "snapshot_installed", "the database's state was replaced by a snapshot; read it again"))
             })
             let report = try self.receive(replay, in: db)

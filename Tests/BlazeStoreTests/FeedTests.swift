@@ -227,6 +227,33 @@ func summary(_ entries: [FeedEntry]) -> [String] {
 
     static let pruneStep = BlazeDatabase.pruneStep
 
+    /// The retention counts document events: bulk transactions go once newer events fill it (their op log with them),
+    /// and a change larger than the whole retention is still kept whole while it is the last.
+    @Test func retentionCountsDocumentEventsNotChanges() throws {
+        var limits = StoreLimits()
+        limits.feedRetention = 100
+        let t = try TempStore(limits: limits)
+        let db = try t.store.create("f")
+        for chunk in 0..<3 {
+            _ = try db.commit((0..<200).map { i in .insert(collection: "c", doc: ["_id": .string("b\(chunk)-\(i)")]) })
+        }
+        for i in 0..<400 { _ = try db.apply(.put(collection: "c", id: "s\(i)", doc: ["i": .int(Int64(i))])) }
+        #expect(db.feed.lastSequence == 403)
+        // At most the retention plus one pruning step of events is kept, and the bulk changes are gone.
+        #expect(db.feed.floor >= 403 - 100 - ChangeFeedTests.pruneStep && db.feed.floor <= 303)
+        expectStoreError("feed_expired") { _ = try db.feedEntries(after: 3) }
+        _ = try db.compact(stable: try db.versionVector())
+        #expect(db.feed.floor == 303)
+        #expect(try db.read { try Int.fetchOne($0, sql: "SELECT count(*) FROM changes") } == 100)
+        _ = try db.commit((0..<300).map { i in .insert(collection: "c", doc: ["_id": .string("big-\(i)")]) })
+        _ = try db.compact(stable: try db.versionVector())
+        let kept = try db.feedEntries(after: db.feed.floor, limit: 10, maxEvents: 10_000)
+        #expect(kept.map(\.seq) == [404] && kept[0].events.count == 300)
+        t.store.closeAll()
+        let reopened = try Store(directory: t.dir, limits: limits, node: t.store.node).database("f")
+        #expect(reopened.feed.floor == 403 && reopened.feed.lastSequence == 404)
+    }
+
     @Test func droppingTheDatabaseEndsItsFeed() throws {
         let t = try TempStore()
         let db = try t.store.create("f")
