@@ -53,7 +53,9 @@ extension SyncSession {
     func sendSnapshot(context: ChannelHandlerContext) {
         guard let link, !closed else { return }
         let space = link.space.snapshot
-        guard !snapshotSent, space.membership?.member(link.device.nodeID)?.isCurrent ?? true else {
+        // A space without a log has no member list: every capability holder is a member there.
+        let isMember = space.membership.map { $0.member(link.device.nodeID)?.isCurrent == true } ?? true
+        guard !snapshotSent, isMember else {
             report.update { $0.lastError = "the peer lacks entries compacted away here, and only a member can take a snapshot" }
             pumping = false
             return

@@ -24,6 +24,19 @@ final class StoreReplicas {
         return try dbs[to].receive(mangle(missing))
     }
 
+    /// Sends from `who` to another random replica, dropping, duplicating and reordering changes at random.
+    func sendMangled(from who: Int, _ rng: inout SeededRandom) throws {
+        var other = Int.random(in: 0..<dbs.count, using: &rng)
+        if other == who { other = (other + 1) % dbs.count }
+        var mangler = rng
+        try send(who, other) { changes in
+            var c = changes.filter { _ in Double.random(in: 0..<1, using: &mangler) < 0.7 }
+            c += c.filter { _ in Bool.random(using: &mangler) }
+            return c.shuffled(using: &mangler)
+        }
+        rng = mangler
+    }
+
     func syncAll() throws {
         for _ in 0..<dbs.count {
             for a in dbs.indices { for b in dbs.indices where a != b { try send(a, b) } }
@@ -47,15 +60,7 @@ final class StoreReplicas {
                     let ops = (0..<Int.random(in: 1...3, using: &rng)).map { _ in Self.randomOp(writer: who, &rng) }
                     _ = try? r.dbs[who].commit(ops)
                 } else {
-                    var other = Int.random(in: 0..<r.dbs.count, using: &rng)
-                    if other == who { other = (other + 1) % r.dbs.count }
-                    var mangler = rng
-                    try r.send(who, other) { changes in
-                        var c = changes.filter { _ in Double.random(in: 0..<1, using: &mangler) < 0.7 }
-                        c += c.filter { _ in Bool.random(using: &mangler) }
-                        return c.shuffled(using: &mangler)
-                    }
-                    rng = mangler
+                    try r.sendMangled(from: who, &rng)
                 }
             }
             try r.syncAll()
