@@ -28,7 +28,7 @@ export type ForkEvidence = { "origin": NodeId; "seq": number; "heldHash": string
 export type MemberRole = "admin" | "writer" | "reader";
 export type Member = { "device": NodeId; "role": MemberRole; "addedBy": string | null; "addedAtMs": number; "removedBy": string | null; "removedAtMs": number | null; "thisDevice": boolean };
 export type FolderPath = string;
-export type CompactionSummary = { "finishedAtMs": number; "durationMs": number; "changes": number; "tombstones": number; "entries": number; "heads": number; "pagesFreed": number };
+export type CompactionSummary = { "finishedAtMs": number; "durationMs": number; "changes": number; "tombstones": number; "entries": number; "heads": number; "folded": number; "pagesFreed": number };
 
 /** Parameters of `rpc.discover`: Returns this OpenRPC document. */
 export type RpcDiscoverParams = Record<string, never>;
@@ -71,7 +71,7 @@ export type DbRestoreResult = { "db": DatabaseName; "documents": number; "stateH
 /** Parameters of `db.compact`: Drops history no replica can need any more (Protocol/SYNC.md §11) and returns freed pages to the file system. */
 export interface DbCompactParams { "db": DatabaseName }
 /** Result of `db.compact`. */
-export type DbCompactResult = { "db": DatabaseName; "changes": number; "tombstones": number; "entries": number; "heads": number; "pagesFreed": number; "durationMs": number; "sizeBytes": number; "stableVector": Record<string, number>; "silentMembers": Array<NodeId> };
+export type DbCompactResult = { "db": DatabaseName; "changes": number; "tombstones": number; "entries": number; "heads": number; "folded": number; "pagesFreed": number; "durationMs": number; "sizeBytes": number; "stableVector": Record<string, number>; "silentMembers": Array<NodeId> };
 /** Parameters of `db.share`: Shares a database: creates its space with a membership log that makes this device the first admin. */
 export interface DbShareParams { "db": DatabaseName }
 /** Result of `db.share`. */

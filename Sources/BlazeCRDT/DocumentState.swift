@@ -223,6 +223,27 @@ public struct DocumentState: Hashable, Sendable {
         self.fields = fields
     }
 
+    /// The same document with its history folded away, when every field is a plain write (no counter, set or
+    /// conflict) made by a change `stable` covers; nil otherwise, or when there is nothing to fold.
+    ///
+    /// `stable` must be strictly stable (SYNC.md §11): every change still to come, from any member, is causally after
+    /// those writes, so it carries a later clock than all of them and observes them all. Which of those writes a field
+    /// holds then decides nothing: each field is rewritten at the document's latest stamp, and unset fields are
+    /// dropped. The stored form shrinks to `{"l": cl, "t": stamp}`.
+    public func folded(stable: VersionVector) -> DocumentState? {
+        guard cl % 2 == 1 else { return nil }
+        var latest: Stamp?
+        var distinct = false
+        for f in fields.values {
+            guard f.isPlainWrite, let s = f.winner?.stamp, s.dot.seq <= stable[s.dot.origin] else { return nil }
+            if let l = latest, l != s { distinct = true }
+            if latest.map({ $0 < s }) ?? true { latest = s }
+        }
+        let unset = fields.values.contains { $0.winner?.value == nil }
+        guard let latest, distinct || unset else { return nil }
+        return DocumentState(cl: cl, fields: fields.compactMapValues { f in f.winner!.value.map { .plain(latest, $0) } })
+    }
+
     /// The state of a document that one operation created: every field of `fields` written at `stamp`, at causal
     /// length 1 (what `apply` makes of `DocOp(cl: 1, set: fields)` on a document never seen before).
     public static func created(fields: [String: JSONValue], stamp: Stamp) -> DocumentState {

@@ -106,7 +106,9 @@ extension DocumentState {
     ///
     /// Fields whose state is just a write with the document's most common stamp are not spelled out: `t` holds that
     /// stamp, `u` lists such fields that were unset, and the values of the others are read back from the
-    /// materialized body. After a plain insert the state is `{"l": cl, "t": stamp}`.
+    /// materialized body. After a plain insert the state is `{"l": cl, "t": stamp}`. In a live document, the other
+    /// plain writes are grouped by stamp, `p: [[stamp, [names]]]`, their values read from the body too (a name the
+    /// body lacks was unset); the rest are spelled out in `f`.
     public var compactJSON: JSONValue { compactJSON(.hex) }
 
     /// `compactJSON`, origins as `coding` writes them.
@@ -115,9 +117,12 @@ extension DocumentState {
         var o: [String: JSONValue] = ["l": .int(cl)]
         var full: [String: JSONValue] = [:]
         var unset: [String] = []
+        var groups: [Stamp: [String]] = [:]
         for (name, f) in fields {
             if let common, isPlain(f), f.winner!.stamp == common {
                 if f.winner!.value == nil { unset.append(name) }
+            } else if cl % 2 == 1, isPlain(f) {
+                groups[f.winner!.stamp, default: []].append(name)
             } else {
                 full[name] = f.jsonValue(coding)
             }
@@ -125,6 +130,10 @@ extension DocumentState {
         if let common { o["t"] = common.jsonValue(coding) }
         if !unset.isEmpty { o["u"] = .array(unset.sorted(by: utf8Less).map(JSONValue.string)) }
         if !full.isEmpty { o["f"] = .object(full) }
+        if !groups.isEmpty {
+            o["p"] = .array(
+                groups.sorted { $0.key < $1.key }.map { [$0.key.jsonValue(coding), .array($0.value.sorted(by: utf8Less).map(JSONValue.string))] })
+        }
         return .object(o)
     }
 
@@ -137,6 +146,11 @@ extension DocumentState {
         }
         var fields = [String: FieldState](minimumCapacity: body?.count ?? 0)
         for (k, v) in json["f"]?.objectValue ?? [:] { fields[k] = try FieldState(json: v, coding) }
+        for group in json["p"]?.arrayValue ?? [] {
+            guard case .array(let g) = group, g.count == 2, let s = Stamp(json: g[0], coding), case .array(let names) = g[1]
+            else { throw CRDTDecodingError("malformed plain-write group") }
+            for case .string(let name) in names { fields[name] = .plain(s, body?[name]) }
+        }
         let common: Stamp?
         if let t = json["t"] {
             guard let s = Stamp(json: t, coding) else { throw CRDTDecodingError("malformed stamp") }
@@ -180,6 +194,17 @@ extension DocumentState {
         // The spelled-out fields (few): every other field is implicit, at the common stamp (the body's other
         // members, and the unset names).
         var spelled = [String: (stamp: Stamp, value: JSONValue?)]()
+        // Plain writes grouped by stamp (`p`) hold their values in the body: read from it only if needed below.
+        var inBody = Set<String>()
+        for group in o["p"]?.arrayValue ?? [] {
+            guard case .array(let g) = group, g.count == 2, let s = Stamp(json: g[0], coding), s < stamp,
+                case .array(let names) = g[1]
+            else { return nil }
+            for case .string(let name) in names {
+                spelled[name] = (s, nil)
+                inBody.insert(name)
+            }
+        }
         if let f = o["f"] {
             guard case .object(let entries) = f else { return nil }
             for (name, state) in entries {
@@ -218,7 +243,7 @@ extension DocumentState {
         // Otherwise every field as (stamp, value), read the way `init(compact:body:)` reads them.
         guard let body = body() else { return nil }
         var fields = [String: (stamp: Stamp, value: JSONValue?)](minimumCapacity: body.count + writes.count)
-        for (name, f) in spelled { fields[name] = f }
+        for (name, f) in spelled { fields[name] = inBody.contains(name) ? (f.stamp, body[name]) : f }
         for name in unsetNames {
             guard let common else { return nil }
             fields[name] = (common, nil)
@@ -255,6 +280,16 @@ extension DocumentState {
         var out: [UInt8] = []
         out.reserveCapacity(64 + 96 * spelled.count)
         out.append(UInt8(ascii: "{"))
+        // A live document's plain writes take their values from its body: only their stamps are written, grouped.
+        var groups: [(stamp: Stamp, names: [String])] = []
+        var spelled = spelled
+        if cl % 2 == 1 {
+            spelled.removeAll { m in
+                guard m.state.isPlainWrite, let s = m.state.winner?.stamp else { return false }
+                if let i = groups.firstIndex(where: { $0.stamp == s }) { groups[i].names.append(m.name) } else { groups.append((s, [m.name])) }
+                return true
+            }
+        }
         if !spelled.isEmpty {
             out.append(contentsOf: #""f":{"#.utf8)
             for (i, m) in spelled.sorted(by: { utf8Less($0.name, $1.name) }).enumerated() {
@@ -278,6 +313,21 @@ extension DocumentState {
         }
         out.append(contentsOf: #""l":"#.utf8)
         JSONValue.writeInt(cl, to: &out)
+        if !groups.isEmpty {
+            out.append(contentsOf: #","p":["#.utf8)
+            for (i, g) in groups.sorted(by: { $0.stamp < $1.stamp }).enumerated() {
+                if i > 0 { out.append(UInt8(ascii: ",")) }
+                out.append(UInt8(ascii: "["))
+                g.stamp.write(to: &out, coding)
+                out.append(contentsOf: ",[".utf8)
+                for (k, name) in g.names.sorted(by: utf8Less).enumerated() {
+                    if k > 0 { out.append(UInt8(ascii: ",")) }
+                    JSONValue.writeString(name, to: &out)
+                }
+                out.append(contentsOf: "]]".utf8)
+            }
+            out.append(UInt8(ascii: "]"))
+        }
         if let common {
             out.append(contentsOf: #","t":"#.utf8)
             common.write(to: &out, coding)

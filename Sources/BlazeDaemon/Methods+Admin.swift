@@ -10,7 +10,7 @@ extension Methods {
         ctx.logger.info(
             "Database compacted", metadata: ["db": "\(db.name)", "rows": "\(r.rows)", "pages": "\(r.pagesFreed)", "ms": "\(r.durationMs)"])
         return .init(
-            db: db.name, changes: r.changes, tombstones: r.tombstones, entries: r.entries, heads: r.heads,
+            db: db.name, changes: r.changes, tombstones: r.tombstones, entries: r.entries, heads: r.heads, folded: r.folded,
             pagesFreed: r.pagesFreed, durationMs: Int(r.durationMs), sizeBytes: Int(try db.summary().sizeBytes),
             stableVector: Dictionary(uniqueKeysWithValues: outcome.stable.entries.map { ($0.key.hex, Int($0.value)) }),
             silentMembers: outcome.silentMembers)

@@ -23,7 +23,7 @@ extension Methods {
             lastCompaction: try db.lastCompaction().map {
                 .init(
                     finishedAtMs: Int($0.finishedAtMs), durationMs: Int($0.durationMs), changes: $0.changes, tombstones: $0.tombstones,
-                    entries: $0.entries, heads: $0.heads, pagesFreed: $0.pagesFreed)
+                    entries: $0.entries, heads: $0.heads, folded: $0.folded, pagesFreed: $0.pagesFreed)
             })
     }
 

@@ -205,97 +205,203 @@ public final class ChangeFeed: Sendable {
 
 /// The durable side of the change feed: one `feed` row per applied change, written in the change's transaction.
 ///
-/// A row's `events` is either an array of self-contained events (`a` after, `b` before, `c` collection, `i` id, `t`
-/// type), or `{"e": events, "s": seq}` when some events point into the change (origin, `s`) in the op log instead
-/// of repeating a document it already holds: `{"t":"insert","x":k}` is the document operation `k` of the change
-/// created (its `set` with `_id`), and `{"b":before,"t":"update","x":k}` the document before operation `k`, a patch
-/// of `set`/`unset` only, changed it. The op log is never pruned, so the change is there whenever the row is.
+/// Rows hold reverse deltas, `{"d": events}`: an event names its document (`c`, `i`) and says how to get the document
+/// *before* the change from the one *after* it, which also gives its type — nothing for an insert, the whole document
+/// (`b`) for a delete, and for an update the earlier text of each top-level member the change altered (`u`) and the
+/// members it added (`n`), or the whole document before (`w`) when its keys cannot be scanned. The row's origin is
+/// "" for the database's home origin (`StampCoding.home`, the node that created it). The document after
+/// an event is the current document when no later row touches it, else the "before" of the next event on it: a
+/// reader walks back from the current documents, in one read transaction. An update costs the bytes it changed,
+/// not a copy of the document, and no row needs the op log, which compaction prunes without looking at the feed.
+///
+/// Rows written by earlier versions are read as they are: an array of self-contained events (`a` after, `b` before)
+/// or `{"e": events, "s": seq}` whose events point into change `s` of the row's origin in the op log
+/// (`{"t":"insert","x":k}`: document operation `k` created the document; `{"b":before,"t":"update","x":k}`: the
+/// `set`/`unset` patch `k` changed it). Compaction keeps those changes while such rows remain.
 enum FeedLog {
-    /// Where a recorded event's "after" document can be found again.
-    enum Source {
-        /// Only in the event itself.
-        case none
-        /// Operation `op` of the change created the document: its `set` with `_id`.
-        case inserted(op: Int)
-        /// Operation `op` of the change, a `set`/`unset` patch, made it from the event's "before".
-        case patched(op: Int)
+    /// A stored event whose documents are not all known yet.
+    enum Stored {
+        /// Self-contained (rows of earlier versions): both documents are known.
+        case complete(FeedEvent)
+        /// A reverse delta: the document before follows from the one after, which a later event or the current
+        /// document gives.
+        case delta(DocKey, FeedEventType, Before)
     }
 
-    /// The stored form of `events`, the changes of change `changeSeq` (of the row's origin); `sources` gives, per
-    /// event, what it may point to instead of holding its "after".
-    static func encode(_ events: [FeedEvent], sources: [Source], changeSeq: UInt64) -> String {
+    /// How the document before a delta event follows from the one after it.
+    enum Before {
+        /// It did not exist (an insert).
+        case absent
+        /// This text (a delete, or an update whose keys could not be scanned).
+        case whole(String)
+        /// The document after with these members set back (raw earlier values) and these removed.
+        case members(set: [String: JSONValue], unset: [String])
+    }
+
+    /// A decoded row.
+    struct StoredRow {
+        let seq: Int64
+        let origin: NodeID
+        let events: [Stored]
+    }
+
+    /// The stored form of `events`.
+    static func encode(_ events: [FeedEvent]) -> String {
         var out: [UInt8] = []
-        out.reserveCapacity(events.reduce(16) { $0 + ($1.afterText?.utf8.count ?? 0) + ($1.beforeText?.utf8.count ?? 0) + 64 })
-        let pointing = sources.contains { if case .none = $0 { false } else { true } }
-        if pointing { out.append(contentsOf: #"{"e":"#.utf8) }
-        out.append(UInt8(ascii: "["))
+        out.reserveCapacity(events.count * 48 + 16)
+        out.append(contentsOf: #"{"d":["#.utf8)
         for (i, e) in events.enumerated() {
             if i > 0 { out.append(UInt8(ascii: ",")) }
             out.append(UInt8(ascii: "{"))
-            switch (i < sources.count ? sources[i] : .none, e.type) {
-            case (.inserted(let op), .insert):
-                out.append(contentsOf: #""t":"insert","x":"#.utf8)
-                out.append(contentsOf: String(op).utf8)
-            case (.patched(let op), .update) where e.beforeText != nil:
+            switch e.type {
+            case .insert: break
+            case .delete:
                 out.append(contentsOf: #""b":"#.utf8)
-                out.append(contentsOf: e.beforeText!.utf8)
-                out.append(contentsOf: #","t":"update","x":"#.utf8)
-                out.append(contentsOf: String(op).utf8)
-            default:
-                if let a = e.afterText {
-                    out.append(contentsOf: #""a":"#.utf8)
-                    out.append(contentsOf: a.utf8)
+                out.append(contentsOf: (e.beforeText ?? "null").utf8)
+                out.append(UInt8(ascii: ","))
+            case .update:
+                if !appendDelta(before: e.beforeText ?? "", after: e.afterText ?? "", to: &out) {
+                    out.append(contentsOf: #""w":"#.utf8)
+                    out.append(contentsOf: (e.beforeText ?? "null").utf8)
                     out.append(UInt8(ascii: ","))
                 }
-                if let b = e.beforeText {
-                    out.append(contentsOf: #""b":"#.utf8)
-                    out.append(contentsOf: b.utf8)
-                    out.append(UInt8(ascii: ","))
-                }
-                out.append(contentsOf: #""c":"#.utf8)
-                JSONValue.writeString(e.collection, to: &out)
-                out.append(contentsOf: #","i":"#.utf8)
-                JSONValue.writeString(e.id, to: &out)
-                out.append(contentsOf: #","t":""#.utf8)
-                out.append(contentsOf: e.type.rawValue.utf8)
-                out.append(UInt8(ascii: "\""))
             }
+            out.append(contentsOf: #""c":"#.utf8)
+            JSONValue.writeString(e.collection, to: &out)
+            out.append(contentsOf: #","i":"#.utf8)
+            JSONValue.writeString(e.id, to: &out)
             out.append(UInt8(ascii: "}"))
         }
-        out.append(UInt8(ascii: "]"))
-        if pointing {
-            out.append(contentsOf: #","s":"#.utf8)
-            out.append(contentsOf: String(changeSeq).utf8)
-            out.append(UInt8(ascii: "}"))
-        }
+        out.append(contentsOf: "]}".utf8)
         return String(decoding: out, as: UTF8.self)
     }
 
-    /// Decodes a stored row; `change` reads change `seq` of the row's origin from the op log (for pointing events).
+    /// Appends `"n":[…],"u":{…},` — the members `after` added, and the earlier text of those it altered or removed
+    /// — when both canonical texts can be scanned (keys in order, none escaped); false (nothing appended) otherwise.
+    static func appendDelta(before: String, after: String, to out: inout [UInt8]) -> Bool {
+        var (before, after) = (before, after)
+        return before.withUTF8 { b in
+            after.withUTF8 { a in
+                guard let bm = JSONScan.members(b), let am = JSONScan.members(a), sorted(bm), sorted(am) else { return false }
+                var added: [String] = []
+                var changed: [JSONScan.Member] = []
+                var (i, j) = (0, 0)
+                while i < bm.count || j < am.count {
+                    if j == am.count || (i < bm.count && utf8Less(bm[i].key, am[j].key)) {
+                        changed.append(bm[i])  // removed by the change
+                        i += 1
+                    } else if i == bm.count || utf8Less(am[j].key, bm[i].key) {
+                        added.append(am[j].key)
+                        j += 1
+                    } else {
+                        if !b[bm[i].value].elementsEqual(a[am[j].value]) { changed.append(bm[i]) }
+                        i += 1
+                        j += 1
+                    }
+                }
+                if !added.isEmpty {
+                    out.append(contentsOf: #""n":["#.utf8)
+                    for (k, key) in added.enumerated() {
+                        if k > 0 { out.append(UInt8(ascii: ",")) }
+                        JSONValue.writeString(key, to: &out)
+                    }
+                    out.append(contentsOf: "],".utf8)
+                }
+                out.append(contentsOf: #""u":{"#.utf8)
+                for (k, m) in changed.enumerated() {
+                    if k > 0 { out.append(UInt8(ascii: ",")) }
+                    JSONValue.writeString(m.key, to: &out)
+                    out.append(UInt8(ascii: ":"))
+                    out.append(contentsOf: UnsafeBufferPointer(rebasing: b[m.value]))
+                }
+                out.append(contentsOf: "},".utf8)
+                return true
+            }
+        }
+    }
+
+    /// Whether the members' keys are strictly in canonical order.
+    private static func sorted(_ members: [JSONScan.Member]) -> Bool {
+        zip(members, members.dropFirst()).allSatisfy { utf8Less($0.key, $1.key) }
+    }
+
+    /// The document before a delta event of `type`, from the document after it (nil: none); throws `corrupt` when
+    /// the two do not fit the type.
+    static func before(_ b: Before, type: FeedEventType, after: String?, corrupt: () -> StoreError) throws -> String? {
+        switch (type, b) {
+        case (.insert, .absent):
+            guard after != nil else { throw corrupt() }
+            return nil
+        case (.delete, .whole(let text)):
+            guard after == nil else { throw corrupt() }
+            return text
+        case (.update, .whole(let text)):
+            guard after != nil else { throw corrupt() }
+            return text
+        case (.update, .members(let set, let unset)):
+            guard let after else { throw corrupt() }
+            let bytes = Array(after.utf8)
+            guard let members = bytes.withUnsafeBufferPointer(JSONScan.members) else { throw corrupt() }
+            return String(decoding: JSONScan.splice(bytes, members, set: set, unset: unset), as: UTF8.self)
+        default: throw corrupt()
+        }
+    }
+
+    /// Decodes a stored row; `change` reads change `seq` of the row's origin from the op log (rows of earlier
+    /// versions that point into it).
     static func decode(
-        seq: Int64, origin: String, events text: String, change: (NodeID, UInt64) throws -> Change?
-    ) throws -> FeedEntry {
+        seq: Int64, origin: String, events text: String, home: NodeID?, change: (NodeID, UInt64) throws -> Change?
+    ) throws -> StoredRow {
         func corrupt() -> StoreError {
             StoreError(.internalFailure, kind: "corrupt_feed", "feed entry \(seq) is corrupt")
         }
-        guard let origin = NodeID(hex: origin) else { throw corrupt() }
+        guard let origin = origin.isEmpty ? home : NodeID(hex: origin) else { throw corrupt() }
         let items: [JSONValue]
         var changeSeq: UInt64?
+        var deltas = false
         switch try JSONParser(maxDepth: 10_000).parse(text) {
         case .array(let a): items = a
         case .object(let o):
-            guard case .array(let a)? = o["e"], case .int(let s)? = o["s"], s > 0 else { throw corrupt() }
-            items = a
-            changeSeq = UInt64(s)
+            if case .array(let a)? = o["d"], o.count == 1 {
+                items = a
+                deltas = true
+            } else {
+                guard case .array(let a)? = o["e"], case .int(let s)? = o["s"], s > 0 else { throw corrupt() }
+                items = a
+                changeSeq = UInt64(s)
+            }
         default: throw corrupt()
         }
         var ops: [CRDTOp]?
-        var events: [FeedEvent] = []
+        var events: [Stored] = []
         events.reserveCapacity(items.count)
         for item in items {
-            guard case .object(let o) = item, case .string(let t)? = o["t"], let type = FeedEventType(rawValue: t) else {
-                throw corrupt()
+            guard case .object(let o) = item else { throw corrupt() }
+            if deltas {
+                guard case .string(let c)? = o["c"], case .string(let i)? = o["i"], o["t"] == nil else { throw corrupt() }
+                let before: Before
+                let type: FeedEventType
+                switch (o["b"], o["w"], o["u"]) {
+                case (.object(let doc)?, nil, nil):
+                    (type, before) = (.delete, .whole(JSONValue.object(doc).jsonText))
+                case (nil, .object(let doc)?, nil):
+                    (type, before) = (.update, .whole(JSONValue.object(doc).jsonText))
+                case (nil, nil, .object(let u)?):
+                    var unset: [String] = []
+                    for n in o["n"]?.arrayValue ?? [] {
+                        guard case .string(let name) = n else { throw corrupt() }
+                        unset.append(name)
+                    }
+                    (type, before) = (.update, .members(set: u, unset: unset))
+                case (nil, nil, nil):
+                    guard o["n"] == nil else { throw corrupt() }
+                    (type, before) = (.insert, .absent)
+                default: throw corrupt()
+                }
+                events.append(.delta(DocKey(collection: c, id: i), type, before))
+                continue
             }
+            guard case .string(let t)? = o["t"], let type = FeedEventType(rawValue: t) else { throw corrupt() }
             let before = o["b"]?.objectValue
             if case .int(let k)? = o["x"] {
                 if ops == nil {
@@ -316,20 +422,22 @@ enum FeedLog {
                 }
                 after["_id"] = .string(op.key.id)
                 events.append(
-                    FeedEvent(
-                        collection: op.key.collection, id: op.key.id, type: type, after: after,
-                        afterText: JSONValue.object(after).jsonText, before: before,
-                        beforeText: before.map { JSONValue.object($0).jsonText }))
+                    .complete(
+                        FeedEvent(
+                            collection: op.key.collection, id: op.key.id, type: type, after: after,
+                            afterText: JSONValue.object(after).jsonText, before: before,
+                            beforeText: before.map { JSONValue.object($0).jsonText })))
                 continue
             }
             guard case .string(let c)? = o["c"], case .string(let i)? = o["i"] else { throw corrupt() }
             let after = o["a"]?.objectValue
             events.append(
-                FeedEvent(
-                    collection: c, id: i, type: type, after: after, afterText: after.map { JSONValue.object($0).jsonText },
-                    before: before, beforeText: before.map { JSONValue.object($0).jsonText }))
+                .complete(
+                    FeedEvent(
+                        collection: c, id: i, type: type, after: after, afterText: after.map { JSONValue.object($0).jsonText },
+                        before: before, beforeText: before.map { JSONValue.object($0).jsonText })))
         }
-        return FeedEntry(seq: seq, origin: origin, events: events)
+        return StoredRow(seq: seq, origin: origin, events: events)
     }
 }
 
@@ -342,22 +450,68 @@ extension BlazeDatabase {
     public func feedEntries(after seq: Int64, limit: Int = 256, maxEvents: Int = 2_000) throws -> [FeedEntry] {
         try checkFeedPosition(seq)
         return try read { db in
-            let rows = try Row.fetchCursor(
-                db, sql: "SELECT seq, origin, events FROM feed WHERE seq > ? ORDER BY seq LIMIT ?",
-                arguments: [seq, limit])
-            var out: [FeedEntry] = []
+            func change(_ origin: NodeID, _ seq: UInt64) throws -> Change? {
+                try String.fetchOne(
+                    db, sql: "SELECT body FROM changes WHERE origin = ? AND seq = ?", arguments: [origin.hex, Int64(seq)]
+                ).map { try Change(json: try JSONParser(maxDepth: 10_000).parse($0)) }
+            }
+            var page: [FeedLog.StoredRow] = []
             var events = 0
+            let rows = try Row.fetchCursor(
+                db, sql: "SELECT seq, origin, events FROM feed WHERE seq > ? ORDER BY seq LIMIT ?", arguments: [seq, limit])
             while let row = try rows.next() {
-                let entry = try FeedLog.decode(seq: row[0], origin: row[1], events: row[2]) { origin, seq in
-                    try String.fetchOne(
-                        db, sql: "SELECT body FROM changes WHERE origin = ? AND seq = ?", arguments: [origin.hex, Int64(seq)]
-                    ).map { try Change(json: try JSONParser(maxDepth: 10_000).parse($0)) }
-                }
-                out.append(entry)
-                events += entry.events.count
+                page.append(try FeedLog.decode(seq: row[0], origin: row[1], events: row[2], home: coding.home, change: change))
+                events += page.last!.events.count
                 if events >= maxEvents { break }
             }
-            return out
+            // The documents after the page's delta events: walk back from the current documents through every
+            // later row (they are all in this transaction's snapshot).
+            var current: [DocKey: String?] = [:]
+            for row in page {
+                for case .delta(let key, _, _) in row.events where current[key] == nil {
+                    current[key] = .some(
+                        try String.fetchOne(
+                            db, sql: "SELECT body FROM docs WHERE collection = ? AND id = ?", arguments: [key.collection, key.id]))
+                }
+            }
+            if let end = page.last?.seq, !current.isEmpty {
+                let later = try Row.fetchCursor(
+                    db, sql: "SELECT seq, origin, events FROM feed WHERE seq > ? ORDER BY seq DESC", arguments: [end])
+                while let row = try later.next() {
+                    let r = try FeedLog.decode(seq: row[0], origin: row[1], events: row[2], home: coding.home, change: change)
+                    for e in r.events.reversed() { _ = try Self.stepBack(e, &current, row: r.seq) }
+                }
+            }
+            var out: [FeedEntry] = []
+            out.reserveCapacity(page.count)
+            for row in page.reversed() {
+                var resolved: [FeedEvent] = []
+                resolved.reserveCapacity(row.events.count)
+                for e in row.events.reversed() { resolved.append(try Self.stepBack(e, &current, row: row.seq)) }
+                out.append(FeedEntry(seq: row.seq, origin: row.origin, events: resolved.reversed()))
+            }
+            return out.reversed()
+        }
+    }
+
+    /// Resolves stored event `e` of row `row` from the documents after it in `current` (documents not in `current`
+    /// are not being followed) and moves `current` to before it.
+    private static func stepBack(_ e: FeedLog.Stored, _ current: inout [DocKey: String?], row: Int64) throws -> FeedEvent {
+        switch e {
+        case .complete(let event):
+            let key = DocKey(collection: event.collection, id: event.id)
+            if current[key] != nil { current[key] = .some(event.beforeText) }
+            return event
+        case .delta(let key, let type, let b):
+            guard let after = current[key] else {
+                // Not followed (a later row's document the page does not need): nothing to resolve.
+                return FeedEvent(collection: key.collection, id: key.id, type: type, afterText: nil, beforeText: nil)
+            }
+            let before = try FeedLog.before(b, type: type, after: after) {
+                StoreError(.internalFailure, kind: "corrupt_feed", "feed entry \(row) is corrupt")
+            }
+            current[key] = .some(before)
+            return FeedEvent(collection: key.collection, id: key.id, type: type, afterText: after, beforeText: before)
         }
     }
 

@@ -13,6 +13,8 @@ public struct CompactionReport: Sendable, Equatable {
     public var entries = 0
     /// Signed heads dropped.
     public var heads = 0
+    /// Live documents whose strictly stable history was folded into one stamp (`DocumentState.folded`).
+    public var folded = 0
     /// Pages returned to the file system by incremental vacuum.
     public var pagesFreed = 0
     /// Write transactions it took.
@@ -33,6 +35,7 @@ public struct CompactionReport: Sendable, Equatable {
         tombstones += other.tombstones
         entries += other.entries
         heads += other.heads
+        folded += other.folded
         pagesFreed += other.pagesFreed
         steps += other.steps
     }
@@ -41,7 +44,7 @@ public struct CompactionReport: Sendable, Equatable {
     public var jsonValue: JSONValue {
         .object([
             "changes": .int(Int64(changes)), "tombstones": .int(Int64(tombstones)), "entries": .int(Int64(entries)),
-            "heads": .int(Int64(heads)), "pagesFreed": .int(Int64(pagesFreed)), "steps": .int(Int64(steps)),
+            "heads": .int(Int64(heads)), "folded": .int(Int64(folded)), "pagesFreed": .int(Int64(pagesFreed)), "steps": .int(Int64(steps)),
             "finishedAtMs": .int(finishedAtMs), "durationMs": .int(durationMs),
         ])
     }
@@ -55,6 +58,7 @@ public struct CompactionReport: Sendable, Equatable {
         else { return nil }
         (changes, tombstones, entries, heads, pagesFreed, steps) = (Int(c), Int(t), Int(e), Int(h), Int(p), Int(s))
         (finishedAtMs, durationMs) = (f, d)
+        folded = int("folded").map(Int.init) ?? 0  // absent in reports stored before it was counted
     }
 }
 
@@ -123,8 +127,9 @@ extension BlazeDatabase {
     ) throws -> CompactionReport {
         let started = Date()
         var total = CompactionReport()
-        // The feed is trimmed to its retention exactly (writes trim it in steps), then the changes its rows point at
-        // are kept: per origin, from the first one it needs. Read once: the feed only moves forward while this runs.
+        // The feed is trimmed to its retention exactly (writes trim it in steps). Its rows hold reverse deltas and
+        // need no change, except rows of earlier versions that point into the op log: per origin, the changes from the
+        // first one those need are kept. Read once: the feed only moves forward while this runs.
         try trimFeed()
         // The changes recorded after this read may have feed rows it did not see: none of them is pruned.
         let (feedNeeds, seen) = try read { db in
@@ -132,7 +137,9 @@ extension BlazeDatabase {
             var out: [String: Int64] = [:]
             for row in try Row.fetchAll(
                 db,
-                sql: "SELECT origin, min(json_extract(events, '$.s')) FROM feed WHERE events LIKE '{%' GROUP BY origin")
+                sql: """
+                    SELECT origin, min(json_extract(events, '$.s')) FROM feed WHERE events LIKE '{"e":%' GROUP BY origin
+                    """)
             {
                 if let origin = row[0] as String?, let seq = row[1] as Int64? { out[origin] = seq }
             }
@@ -146,11 +153,32 @@ extension BlazeDatabase {
             total.add(step)
             if step.rows == 0 { break }
         }
+        // Live documents whose every write is stable for every member keep one stamp. Candidates are found and
+        // folded in a read transaction; each step's write only swaps the states that did not change meanwhile.
+        let strict = tombstonesStable ?? stable
+        var cursor: Int64 = 0
+        while true {
+            let (folds, next) = try read { db in try self.foldCandidates(db, stable: strict, after: cursor, scan: stepRows * 4) }
+            if !folds.isEmpty {
+                total.folded += try pool.write { db in
+                    var n = 0
+                    for f in folds {
+                        try db.execute(
+                            sql: "UPDATE docs SET state = ? WHERE rowid = ? AND state = ?", arguments: [f.state, f.rowid, f.old])
+                        n += db.changesCount
+                    }
+                    return n
+                }
+                total.steps += 1
+            }
+            guard let next else { break }
+            cursor = next
+        }
         total.pagesFreed = try vacuumFreePages(stepPages: max(64, stepRows))
         if defragment { total.pagesFreed += try rewriteIfFragmented() }
         total.finishedAtMs = Int64(Date().timeIntervalSince1970 * 1000)
         total.durationMs = Int64(Date().timeIntervalSince(started) * 1000)
-        if total.rows > 0 || total.pagesFreed > 0 {
+        if total.rows > 0 || total.folded > 0 || total.pagesFreed > 0 {
             let text = total.jsonValue.jsonText
             try pool.write { db in
                 try db.execute(
@@ -159,6 +187,29 @@ extension BlazeDatabase {
             }
         }
         return total
+    }
+
+    /// Up to `scan` live documents after rowid `after` whose history folds under `stable`, with their stored state
+    /// and the folded one; and the rowid to go on from (nil at the end of the table).
+    func foldCandidates(_ db: Database, stable: VersionVector, after: Int64, scan: Int) throws
+        -> ([(rowid: Int64, old: String, state: String)], Int64?)
+    {
+        var out: [(rowid: Int64, old: String, state: String)] = []
+        var last: Int64?
+        let rows = try Row.fetchCursor(
+            db, sql: "SELECT rowid, state, body FROM docs WHERE rowid > ? ORDER BY rowid LIMIT ?", arguments: [after, scan])
+        while let row = try rows.next() {
+            last = row[0]
+            // Folded already (`{"l":…,"t":…}`), or no state yet: nothing to do.
+            guard let state = row[1] as String?, state.contains("\"p\":") || state.contains("\"f\":") || state.contains("\"u\":")
+            else { continue }
+            let decoded = try SQLStorage.decode(state: state, body: row[2], coding)
+            if let folded = decoded.folded(stable: stable) {
+                let text = folded.compactText(coding)
+                if text != state { out.append((row[0], state, text)) }
+            }
+        }
+        return (out, last)
     }
 
     /// Raises the highest dropped causal length to `cl` in the caller's transaction (and in memory once it commits).
@@ -179,11 +230,28 @@ extension BlazeDatabase {
             return (row?[0] as Int64? ?? 0, row?[1] as Int64? ?? 0)
         }
         guard total > 0, unused > 1 << 20, unused * 4 > total else { return 0 }
-        return try pool.writeWithoutTransaction { db in
+        let freed = try pool.writeWithoutTransaction { db in
             let before = try Int.fetchOne(db, sql: "PRAGMA page_count") ?? 0
             try db.execute(sql: "VACUUM")
             return max(0, before - (try Int.fetchOne(db, sql: "PRAGMA page_count") ?? 0))
         }
+        try truncateLog()
+        return freed
+    }
+
+    /// Copies the whole write-ahead log into the file and empties it, which is when the file shrinks to its pages
+    /// (after `VACUUM` or incremental vacuum in WAL mode). The background checkpointer may be copying at that moment
+    /// (SQLite then reports the checkpoint busy): retried for up to a second. Returns whether it completed.
+    @discardableResult
+    func truncateLog() throws -> Bool {
+        for attempt in 0..<200 {
+            let busy = try pool.writeWithoutTransaction { db in
+                try Int.fetchOne(db, sql: "PRAGMA wal_checkpoint(TRUNCATE)") ?? 0
+            }
+            if busy == 0 { return true }
+            if attempt < 199 { usleep(5_000) }
+        }
+        return false
     }
 
     /// Prunes the durable feed to exactly its retention (`feedRetention` document events; writes trim it in steps).
@@ -208,7 +276,10 @@ extension BlazeDatabase {
                 return free - (try Int.fetchOne(db, sql: "PRAGMA freelist_count") ?? 0)
             }
             freed += n
-            if n <= 0 { return freed }
+            if n <= 0 {
+                if freed > 0 { try truncateLog() }
+                return freed
+            }
         }
     }
 
@@ -312,7 +383,7 @@ extension BlazeDatabase {
 
     /// Checkpoints the write-ahead log into the file and truncates it; returns the file's size in bytes.
     public func checkpointedFileBytes() throws -> Int64 {
-        try pool.writeWithoutTransaction { db in try db.execute(sql: "PRAGMA wal_checkpoint(TRUNCATE)") }
+        try truncateLog()
         let attrs = try FileManager.default.attributesOfItem(atPath: path)
         return (attrs[.size] as? NSNumber)?.int64Value ?? 0
     }

@@ -25,21 +25,14 @@ extension SQLStorage {
         let touched = docs.takeTouched()
         var events: [FeedEvent] = []
         events.reserveCapacity(touched.count)
-        // Per event, the operation of `change` its "after" follows from, when one does (see `FeedLog.Source`).
-        var sources: [FeedLog.Source] = []
-        sources.reserveCapacity(touched.count)
-        func ours(_ stamp: Stamp) -> Bool { stamp.dot.seq == change.seq && stamp.dot.origin == change.origin }
         for key in touched {
             let before = docs.visible[key] ?? Visible()
             let after: Visible
-            var source = FeedLog.Source.none
             // Documents written as text are parsed again only if a filtering subscription needs them.
             if let c = docs.created[key] {
                 after = Visible(doc: nil, text: c.text)
-                if ours(c.stamp) { source = .inserted(op: c.stamp.dot.index) }
             } else if let p = docs.patched[key] {
                 after = Visible(doc: nil, text: p.text)
-                if ours(p.stamp) { source = .patched(op: p.stamp.dot.index) }
             } else {
                 let doc = docs.states[key]??.materialize(id: key.id)
                 after = Visible(doc: doc, text: doc.map { JSONValue.object($0).jsonText })
@@ -59,13 +52,13 @@ extension SQLStorage {
                 FeedEvent(
                     collection: key.collection, id: key.id, type: type, after: after.doc, afterText: after.text,
                     before: before.doc, beforeText: before.text))
-            sources.append(source)
         }
         feedSequence += 1
         feedTotal += Int64(events.count)
+        // The database's home origin (its creator, usually this device) is written as "" (`FeedLog`).
         let origin = change.origin.hex
         try db.cachedStatement(sql: "INSERT INTO feed(seq, origin, events, total) VALUES (?, ?, ?, ?)").execute(
-            arguments: [feedSequence, origin, FeedLog.encode(events, sources: sources, changeSeq: change.seq), feedTotal])
+            arguments: [feedSequence, change.origin == coding.home ? "" : origin, FeedLog.encode(events), feedTotal])
         entries.append(FeedEntry(seq: feedSequence, origin: change.origin, events: events))
         // Bound in place: a change of a large transaction is hundreds of kilobytes.
         try prepared(&insertChange, "INSERT INTO changes(origin, seq, hlc, body) VALUES (?, ?, ?, ?)").run(

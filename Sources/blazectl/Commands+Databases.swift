@@ -189,7 +189,7 @@ struct DB: ParsableCommand {
                     rows.append((
                         "compacted",
                         "\(agoText(ms: Int64(c.finishedAtMs))): \(c.changes) changes, \(c.tombstones) tombstones, \(c.entries) entries, "
-                            + "\(c.pagesFreed) pages freed"
+                            + "\(c.folded) documents folded, \(c.pagesFreed) pages freed"
                     ))
                 } else {
                     rows.append(("compacted", "never"))
@@ -207,7 +207,8 @@ struct DB: ParsableCommand {
         func run() throws {
             global.run(RPC.DbCompact(db: name)) { r in
                 print(
-                    "compacted \(name): \(r.changes) changes, \(r.tombstones) tombstones, \(r.entries) entries, \(r.heads) heads; "
+                    "compacted \(name): \(r.changes) changes, \(r.tombstones) tombstones, \(r.entries) entries, \(r.heads) heads, "
+                        + "\(r.folded) documents folded; "
                         + "\(r.pagesFreed) pages freed in \(r.durationMs) ms; now \(byteCount(Int64(r.sizeBytes)))")
                 if !r.silentMembers.isEmpty {
                     print("waiting for (or past the horizon): \(r.silentMembers.map { String($0.prefix(12)) }.joined(separator: ", "))")

@@ -124,15 +124,17 @@ func summary(_ entries: [FeedEntry]) -> [String] {
         #expect(summary(try b.feedEntries(after: 1)) == ["insert c/x", "update c/x", "delete c/x"])
     }
 
-    /// Feed rows that point into the op log instead of holding the documents replay exactly what was published.
+    /// Rows of reverse deltas replay exactly what was published, from any point and in pages of any size, with local
+    /// and merged remote changes and compaction between them.
     @Test func replayEqualsWhatWasPublishedForRandomTransactions() throws {
         let seed = testSeed("feed replay")
         var rng = SeededRandom(seed: seed)
-        let t = try TempStore()
-        let db = try t.store.create("f")
+        let r = try StoreReplicas(2)
+        let db = r.dbs[0]
         let rec = FeedRecorder()
         _ = db.feed.attach(after: 0, rec.listener)
-        let names = ["a", "b", "z", "_x", "é", "K", "\u{212A}"].filter { !$0.hasPrefix("_") }
+        // "q\"k" needs an escape: its documents' updates keep the whole document before.
+        let names = ["a", "b", "z", "é", "K", "\u{212A}", "q\"k"]
         func value() -> JSONValue {
             switch Int.random(in: 0..<5, using: &rng) {
             case 0: .int(Int64.random(in: -5...5, using: &rng))
@@ -147,7 +149,25 @@ func summary(_ entries: [FeedEntry]) -> [String] {
             for _ in 0..<Int.random(in: 0...3, using: &rng) { d[names.randomElement(using: &rng)!] = value() }
             return d
         }
+        var compactions = 0
         for _ in 0..<400 {
+            switch Int.random(in: 0..<20, using: &rng) {
+            case 0..<3:
+                try r.sendMangled(from: 1, &rng)
+                continue
+            case 3:
+                try r.send(0, 1)
+                continue
+            case 4:
+                // What both replicas hold is stable between them.
+                let (va, vb) = (try db.versionVector(), try r.dbs[1].versionVector())
+                let both = VersionVector(Dictionary(uniqueKeysWithValues: va.entries.map { ($0.key, min($0.value, vb[$0.key])) }))
+                try db.compact(stable: both, stepRows: Int.random(in: 1...50, using: &rng))
+                compactions += 1
+                continue
+            default: break
+            }
+            let writer = r.dbs[Int.random(in: 0..<2, using: &rng)]
             var ops: [WriteOp] = []
             for _ in 0..<Int.random(in: 1...3, using: &rng) {
                 let id = "d\(Int.random(in: 0..<4, using: &rng))"
@@ -161,44 +181,101 @@ func summary(_ entries: [FeedEntry]) -> [String] {
                 default: ops.append(.insert(collection: "c", doc: fields()))
                 }
             }
-            _ = try? db.commit(ops)
+            _ = try? writer.commit(ops)
         }
         let live = rec.entries
-        #expect(live.count > 50, "seed \(seed)")
-        let replayed = try db.feedEntries(after: 0, limit: 10_000, maxEvents: 100_000)
-        #expect(replayed.map(\.seq) == live.map(\.seq), "seed \(seed)")
-        for (r, l) in zip(replayed, live) {
-            #expect(r.origin == l.origin)
-            #expect(r.events == l.events, "seed \(seed), entry \(l.seq)")
-            for (re, le) in zip(r.events, l.events) {
-                #expect(re.after == le.after && re.before == le.before, "seed \(seed), entry \(l.seq)")
+        #expect(live.count > 50 && compactions > 0, "seed \(seed)")
+        func check(_ replayed: [FeedEntry], from: Int) {
+            #expect(replayed.map(\.seq) == live[from..<(from + replayed.count)].map(\.seq), "seed \(seed)")
+            for (r, l) in zip(replayed, live[from...]) {
+                #expect(r.origin == l.origin)
+                #expect(r.events == l.events, "seed \(seed), entry \(l.seq)")
+                for (re, le) in zip(r.events, l.events) {
+                    #expect(re.after == le.after && re.before == le.before, "seed \(seed), entry \(l.seq)")
+                }
             }
         }
-        // Some rows did point into the op log (a fresh insert, or a plain patch, in every few transactions).
-        let pointing = try db.read { try Int.fetchOne($0, sql: "SELECT count(*) FROM feed WHERE events LIKE '{%'") }
-        #expect((pointing ?? 0) > 10, "seed \(seed)")
+        check(try db.feedEntries(after: 0, limit: 10_000, maxEvents: 100_000), from: 0)
+        for _ in 0..<30 {
+            let from = Int.random(in: 0..<live.count, using: &rng)
+            let page = try db.feedEntries(
+                after: from == 0 ? 0 : live[from - 1].seq, limit: Int.random(in: 1...40, using: &rng),
+                maxEvents: Int.random(in: 1...60, using: &rng))
+            #expect(!page.isEmpty)
+            check(page, from: from)
+        }
+        // Remote changes were merged, and some updates kept the whole document (an escaped key).
+        #expect(live.contains { $0.origin != live[0].origin }, "seed \(seed)")
+        var whole = 0
+        for text in try db.read({ try String.fetchAll($0, sql: "SELECT events FROM feed") }) {
+            let events: [JSONValue] = try JSONParser().parse(text)["d"]?.arrayValue ?? []
+            whole += events.filter { e in e["w"] != nil }.count
+        }
+        #expect(whole > 0, "seed \(seed)")
     }
 
-    @Test func pointingRowsHoldNoDocumentCopyAndRefuseBadPointers() throws {
+    @Test func rowsHoldReverseDeltasNotDocumentCopies() throws {
         let t = try TempStore()
         let db = try t.store.create("f")
-        let doc: [String: JSONValue] = ["_id": "a", "text": .string(String(repeating: "x", count: 1000))]
+        let doc: [String: JSONValue] = ["_id": "a", "text": .string(String(repeating: "x", count: 1000)), "v": 1]
         _ = try db.apply(.insert(collection: "c", doc: doc))
-        _ = try db.apply(.patch(collection: "c", id: "a", set: ["n": 1]))
+        _ = try db.apply(.patch(collection: "c", id: "a", set: ["n": 1, "v": 2]))
+        _ = try db.apply(.patch(collection: "c", id: "a", unset: ["n"]))
+        _ = try db.apply(.put(collection: "c", id: "a", doc: ["text": "short"]))
+        _ = try db.apply(.delete(collection: "c", id: "a"))
         let rows = try db.read { try String.fetchAll($0, sql: "SELECT events FROM feed ORDER BY seq") }
-        #expect(rows[0] == #"{"e":[{"t":"insert","x":0}],"s":1}"#)
-        // The update keeps the document before (1,000 bytes and more) and points at the patch for the after.
-        #expect(rows[1].utf8.count < 1100 && rows[1].hasPrefix(#"{"e":[{"b":{"#) && rows[1].hasSuffix(#","t":"update","x":0}],"s":2}"#))
-        let replayed = try db.feedEntries(after: 0)
-        #expect(replayed[0].events[0].afterText == JSONValue.object(doc).jsonText)
-        #expect(replayed[1].events[0].after?["n"] == 1 && replayed[1].events[0].before?["n"] == nil)
-        // A pointer to an operation or change that is not there is corruption, not a silently empty event.
-        for bad in [#"{"e":[{"t":"insert","x":7}],"s":1}"#, #"{"e":[{"t":"insert","x":0}],"s":99}"#,
-            #"{"e":[{"t":"update","x":0}],"s":1}"#, #"{"e":[{"t":"delete","x":0}],"s":1}"#]
-        {
-            try db.pool.write { try $0.execute(sql: "UPDATE feed SET events = ? WHERE seq = 1", arguments: [bad]) }
-            expectStoreError("corrupt_feed") { _ = try db.feedEntries(after: 0) }
+        // An insert holds no document; an update the earlier text of what it altered; a delete the document.
+        #expect(rows[0] == #"{"d":[{"c":"c","i":"a"}]}"#)
+        #expect(rows[1] == #"{"d":[{"n":["n"],"u":{"v":1},"c":"c","i":"a"}]}"#)
+        #expect(rows[2] == #"{"d":[{"u":{"n":1},"c":"c","i":"a"}]}"#)
+        #expect(rows[3].utf8.count > 1000 && rows[3].hasPrefix(#"{"d":[{"u":{"text":"xxx"#))
+        #expect(rows[4].hasPrefix(#"{"d":[{"b":{"_id":"a","text":"short"}"#))
+        // The database's own origin is written as "".
+        #expect(try db.read { try String.fetchAll($0, sql: "SELECT DISTINCT origin FROM feed") } == [""])
+        // Replayed from any point, every event has its documents back, walked from the current ones.
+        let all = try db.feedEntries(after: 0)
+        #expect(all.map { $0.events[0].type } == [.insert, .update, .update, .update, .delete])
+        #expect(all.allSatisfy { $0.origin == db.node })
+        #expect(all[0].events[0].afterText == JSONValue.object(doc).jsonText)
+        #expect(all[1].events[0].after?["n"] == 1 && all[1].events[0].before?["v"] == 1 && all[1].events[0].after?["v"] == 2)
+        #expect(all[2].events[0].after?["n"] == nil && all[2].events[0].before?["n"] == 1)
+        #expect(all[3].events[0].after == ["_id": "a", "text": "short"])
+        for page in 0..<5 {
+            let one = try db.feedEntries(after: Int64(page), limit: 1)
+            #expect(one.count == 1 && one[0].events == all[page].events)
         }
+    }
+
+    @Test func rowsOfEarlierVersionsStillReplayAndCorruptionIsReported() throws {
+        let t = try TempStore()
+        let db = try t.store.create("f")
+        let doc: [String: JSONValue] = ["_id": "a", "v": 1]
+        _ = try db.apply(.insert(collection: "c", doc: doc))
+        _ = try db.apply(.patch(collection: "c", id: "a", set: ["v": 2]))
+        // As earlier versions wrote them: pointing into the op log, and self-contained.
+        try db.pool.write {
+            try $0.execute(sql: #"UPDATE feed SET events = '{"e":[{"t":"insert","x":0}],"s":1}' WHERE seq = 1"#)
+            try $0.execute(sql: #"UPDATE feed SET events = '[{"a":{"_id":"a","v":2},"b":{"_id":"a","v":1},"c":"c","i":"a","t":"update"}]' WHERE seq = 2"#)
+        }
+        let replayed = try db.feedEntries(after: 0)
+        #expect(replayed[0].events[0].after == doc && replayed[1].events[0].after?["v"] == 2)
+        // A pointer to an operation or change that is not there is corruption, not a silently empty event; so is a
+        // delta that does not fit the document after it.
+        let bad: [(Int64, String)] = [
+            (1, #"{"e":[{"t":"insert","x":7}],"s":1}"#), (1, #"{"e":[{"t":"insert","x":0}],"s":99}"#),
+            (1, #"{"e":[{"t":"update","x":0}],"s":1}"#), (1, #"{"e":[{"t":"delete","x":0}],"s":1}"#),
+            (2, #"{"d":[{"c":"c","i":"a","b":{"_id":"a"}}]}"#), (2, #"{"d":[{"c":"c","i":"a","n":["v"]}]}"#),
+            (2, #"{"d":[{"c":"c","i":"a","b":{"_id":"a"},"u":{}}]}"#), (2, #"{"d":[{"c":"c","i":"a","t":"update","u":{}}]}"#),
+            (2, #"{"d":[{"c":"c","i":"b","u":{}}]}"#), (2, #"{"d":[{"c":"c","u":{}}]}"#),
+            (2, #"{"d":[{"c":"c","i":"a","u":{},"n":[1]}]}"#), (2, #"{"d":[{"c":"c","i":"a","w":7}]}"#), (2, #"{"d":7}"#),
+        ]
+        let good = try db.read { try String.fetchAll($0, sql: "SELECT events FROM feed ORDER BY seq") }
+        for (seq, text) in bad {
+            try db.pool.write { try $0.execute(sql: "UPDATE feed SET events = ? WHERE seq = ?", arguments: [text, seq]) }
+            expectStoreError("corrupt_feed") { _ = try db.feedEntries(after: 0) }
+            try db.pool.write { try $0.execute(sql: "UPDATE feed SET events = ? WHERE seq = ?", arguments: [good[Int(seq) - 1], seq]) }
+        }
+        #expect(try db.feedEntries(after: 0).count == 2)
     }
 
     @Test func sequencesSurviveReopenAndPruningKeepsTheRetention() throws {
@@ -227,7 +304,7 @@ func summary(_ entries: [FeedEntry]) -> [String] {
 
     static let pruneStep = BlazeDatabase.pruneStep
 
-    /// The retention counts document events: bulk transactions go once newer events fill it (their op log with them),
+    /// The retention counts document events: bulk transactions go once newer events fill it,
     /// and a change larger than the whole retention is still kept whole while it is the last.
     @Test func retentionCountsDocumentEventsNotChanges() throws {
         var limits = StoreLimits()
@@ -244,7 +321,9 @@ func summary(_ entries: [FeedEntry]) -> [String] {
         expectStoreError("feed_expired") { _ = try db.feedEntries(after: 3) }
         _ = try db.compact(stable: try db.versionVector())
         #expect(db.feed.floor == 303)
-        #expect(try db.read { try Int.fetchOne($0, sql: "SELECT count(*) FROM changes") } == 100)
+        // Feed rows hold reverse deltas, not pointers into the op log: every stable change body goes.
+        #expect(try db.read { try Int.fetchOne($0, sql: "SELECT count(*) FROM changes") } == 0)
+        #expect(try db.feedEntries(after: 303, limit: 1_000).count == 100)
         _ = try db.commit((0..<300).map { i in .insert(collection: "c", doc: ["_id": .string("big-\(i)")]) })
         _ = try db.compact(stable: try db.versionVector())
         let kept = try db.feedEntries(after: db.feed.floor, limit: 10, maxEvents: 10_000)

@@ -951,6 +951,8 @@ public enum RPC {
             public var entries: Int
             /// Signed heads dropped.
             public var heads: Int
+            /// Live documents whose history (every write stable for every member) was folded into one stamp.
+            public var folded: Int
             /// Pages returned to the file system.
             public var pagesFreed: Int
             /// `durationMs`.
@@ -963,12 +965,13 @@ public enum RPC {
             public var silentMembers: [String]
 
             /// A value from its members.
-            public init(db: String, changes: Int, tombstones: Int, entries: Int, heads: Int, pagesFreed: Int, durationMs: Int, sizeBytes: Int, stableVector: [String: Int], silentMembers: [String]) {
+            public init(db: String, changes: Int, tombstones: Int, entries: Int, heads: Int, folded: Int, pagesFreed: Int, durationMs: Int, sizeBytes: Int, stableVector: [String: Int], silentMembers: [String]) {
                 self.db = db
                 self.changes = changes
                 self.tombstones = tombstones
                 self.entries = entries
                 self.heads = heads
+                self.folded = folded
                 self.pagesFreed = pagesFreed
                 self.durationMs = durationMs
                 self.sizeBytes = sizeBytes
@@ -984,6 +987,7 @@ public enum RPC {
                 self.tombstones = try RPCDecode.member(o, "tombstones", RPCDecode.int)
                 self.entries = try RPCDecode.member(o, "entries", RPCDecode.int)
                 self.heads = try RPCDecode.member(o, "heads", RPCDecode.int)
+                self.folded = try RPCDecode.member(o, "folded", RPCDecode.int)
                 self.pagesFreed = try RPCDecode.member(o, "pagesFreed", RPCDecode.int)
                 self.durationMs = try RPCDecode.member(o, "durationMs", RPCDecode.int)
                 self.sizeBytes = try RPCDecode.member(o, "sizeBytes", RPCDecode.int)
@@ -998,12 +1002,13 @@ public enum RPC {
 
             /// The members of the JSON form.
             public var jsonObject: [String: JSONValue] {
-                var o = [String: JSONValue](minimumCapacity: 10)
+                var o = [String: JSONValue](minimumCapacity: 11)
                 o["db"] = .string(self.db)
                 o["changes"] = .int(Int64(self.changes))
                 o["tombstones"] = .int(Int64(self.tombstones))
                 o["entries"] = .int(Int64(self.entries))
                 o["heads"] = .int(Int64(self.heads))
+                o["folded"] = .int(Int64(self.folded))
                 o["pagesFreed"] = .int(Int64(self.pagesFreed))
                 o["durationMs"] = .int(Int64(self.durationMs))
                 o["sizeBytes"] = .int(Int64(self.sizeBytes))
@@ -4499,17 +4504,20 @@ public enum RPCSchema {
         public var entries: Int
         /// `heads`.
         public var heads: Int
+        /// Live documents whose history (every write stable for every member) was folded into one stamp.
+        public var folded: Int
         /// `pagesFreed`.
         public var pagesFreed: Int
 
         /// A value from its members.
-        public init(finishedAtMs: Int, durationMs: Int, changes: Int, tombstones: Int, entries: Int, heads: Int, pagesFreed: Int) {
+        public init(finishedAtMs: Int, durationMs: Int, changes: Int, tombstones: Int, entries: Int, heads: Int, folded: Int, pagesFreed: Int) {
             self.finishedAtMs = finishedAtMs
             self.durationMs = durationMs
             self.changes = changes
             self.tombstones = tombstones
             self.entries = entries
             self.heads = heads
+            self.folded = folded
             self.pagesFreed = pagesFreed
         }
 
@@ -4522,6 +4530,7 @@ public enum RPCSchema {
             self.tombstones = try RPCDecode.member(o, "tombstones", RPCDecode.int)
             self.entries = try RPCDecode.member(o, "entries", RPCDecode.int)
             self.heads = try RPCDecode.member(o, "heads", RPCDecode.int)
+            self.folded = try RPCDecode.member(o, "folded", RPCDecode.int)
             self.pagesFreed = try RPCDecode.member(o, "pagesFreed", RPCDecode.int)
         }
 
@@ -4532,13 +4541,14 @@ public enum RPCSchema {
 
         /// The members of the JSON form.
         public var jsonObject: [String: JSONValue] {
-            var o = [String: JSONValue](minimumCapacity: 7)
+            var o = [String: JSONValue](minimumCapacity: 8)
             o["finishedAtMs"] = .int(Int64(self.finishedAtMs))
             o["durationMs"] = .int(Int64(self.durationMs))
             o["changes"] = .int(Int64(self.changes))
             o["tombstones"] = .int(Int64(self.tombstones))
             o["entries"] = .int(Int64(self.entries))
             o["heads"] = .int(Int64(self.heads))
+            o["folded"] = .int(Int64(self.folded))
             o["pagesFreed"] = .int(Int64(self.pagesFreed))
             return o
         }
