@@ -43,7 +43,7 @@ extension SQLStorage {
                 general.compactText(coding) == newState, "patchInPlace state \(newState) != \(general.compactText(coding))")
             precondition(
                 general.materialize(id: key.id).map { JSONValue.object($0).jsonText } == text,
-                "patchInPlace body \(text) differs for \(key)")
+                "patchInPlace body \(text) differs for \(key) (state \(stateText), body \(row.body))")
         #endif
         try checkSize(body.count)
         // The shortcut applies only to states without conflicts, before and after: `conflicted` stays 0.
@@ -64,6 +64,11 @@ extension SQLStorage {
         guard set.keys.allSatisfy(ascii), unset.allSatisfy(ascii), members.allSatisfy({ ascii($0.key) }) else { return false }
         if let f = state["f"]?.objectValue, !f.keys.allSatisfy(ascii) { return false }
         if let u = state["u"]?.arrayValue, !u.allSatisfy({ $0.stringValue.map(ascii) ?? false }) { return false }
+        // Plain writes grouped by stamp: `[[stamp, [names]], …]`.
+        for group in state["p"]?.arrayValue ?? [] {
+            guard let names = group.arrayValue?.last?.arrayValue, names.allSatisfy({ $0.stringValue.map(ascii) ?? false })
+            else { return false }
+        }
         return true
     }
 

@@ -194,6 +194,20 @@ final class StoreReplicas {
     /// Local patches that only set and unset fields rewrite rows without the engine (checked against it in debug
     /// builds on every patch); whatever mix of fields they write, a replica applying the changes through the engine
     /// ends with the same states.
+    @Test func aPatchByAnEquivalentNameReplacesAGroupedField() throws {
+        // The Kelvin sign's field is unset at its own stamp (grouped under `p`, absent from the body); a patch of
+        // "K", canonically the same name, must write that field as the engine does on any replica.
+        let r = try StoreReplicas(2)
+        let db = r.dbs[0]
+        _ = try db.apply(.insert(collection: "c", doc: ["_id": "x", "a": 1, "b": 1, "\u{212A}": 1]))
+        _ = try db.apply(.patch(collection: "c", id: "x", unset: ["\u{212A}"]))
+        #expect(try db.read { try String.fetchOne($0, sql: "SELECT state FROM docs") }?.contains(#""p":"#) == true)
+        _ = try db.apply(.patch(collection: "c", id: "x", set: ["K": 2]))
+        try r.send(0, 1)
+        #expect(try db.stateHash() == r.dbs[1].stateHash())
+        #expect(try db.get(collection: "c", id: "x").objectValue?.count == 4)
+    }
+
     @Test func setAndUnsetPatchesMatchTheEngine() throws {
         let base = testSeed("replication")
         var rng = SeededRandom(seed: base)
