@@ -181,10 +181,25 @@ public final class BlazeDatabase: Sendable {
     /// in the caller's transaction; returns the new floor and its event total.
     func pruneFeed(_ db: Database, total: Int64, floor: Int64, floorTotal: Int64) throws -> (Int64, Int64) {
         let target = total - Int64(limits.feedRetention)
-        guard let row = try Row.fetchOne(
-            db.cachedStatement(sql: "SELECT seq, total FROM feed WHERE total <= ? ORDER BY total DESC LIMIT 1"), arguments: [target]),
-            let seq = row[0] as Int64?, let upTo = row[1] as Int64?, seq > floor
-        else { return (floor, floorTotal) }
+        // `total` grows with `seq` (rows from before it was kept have none and come first): the last row at or below
+        // the target is found by binary search over `seq`, a few rowid lookups, with no index on `total`.
+        let probe = try db.cachedStatement(sql: "SELECT seq, total FROM feed WHERE seq >= ? ORDER BY seq LIMIT 1")
+        var best: (seq: Int64, total: Int64)?
+        var (lo, hi) = (floor + 1, try Int64.fetchOne(db.cachedStatement(sql: "SELECT max(seq) FROM feed")) ?? floor)
+        while lo <= hi {
+            let mid = lo + (hi - lo) / 2
+            guard let row = try Row.fetchOne(probe, arguments: [mid]), let seq = row[0] as Int64? else {
+                hi = mid - 1
+                continue
+            }
+            if let t = row[1] as Int64?, t > target {
+                hi = mid - 1
+            } else {
+                if let t = row[1] as Int64? { best = (seq, t) }
+                lo = seq + 1
+            }
+        }
+        guard let (seq, upTo) = best, seq > floor else { return (floor, floorTotal) }
         try db.cachedStatement(sql: "DELETE FROM feed WHERE seq <= ?").execute(arguments: [seq])
         try db.cachedStatement(
             sql: "INSERT INTO meta(key, value) VALUES ('feed_floor', ?), ('feed_floor_total', ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value"

@@ -238,6 +238,11 @@ enum Schema {
             // is the number of events up to and including the row. Rows from before have none and go first.
             try db.execute(sql: "ALTER TABLE feed ADD COLUMN total INTEGER; CREATE INDEX feed_total ON feed(total);")
         }
+        m.registerMigration("v12-feed-without-total-index") { db in
+            // `total` grows with `seq`: pruning finds its point by binary search over the rowid, and the index cost
+            // each feed row about an eighth of its size.
+            try db.execute(sql: "DROP INDEX feed_total")
+        }
         return m
     }
 }
