@@ -406,6 +406,9 @@ final class RelayConnection: ChannelInboundHandler {
 
     /// Runs `work` against the relay's store (off the event loop), then `done` on the event loop unless the
     /// connection closed meanwhile; a `SyncRejection` is told to the device, any other failure closes the connection.
+    /// Work that has not finished within the relay's `storeTimeout` (a store that stopped answering: a PostgreSQL server
+    /// going away mid-query can leave a query waiting for good) is cancelled and closes the connection too, so the
+    /// device reconnects and starts afresh instead of waiting on a connection that sends it nothing.
     private func run<T: Sendable>(
         context: ChannelHandlerContext, _ work: @escaping @Sendable (RelayServer) async throws -> T,
         _ done: @escaping (RelayConnection, T, ChannelHandlerContext) -> Void
@@ -413,21 +416,33 @@ final class RelayConnection: ChannelInboundHandler {
         let relay = self.relay
         let bound = NIOLoopBound((self, context, done), eventLoop: context.eventLoop)
         let promise = context.eventLoop.makePromise(of: T.self)
-        Task(executorPreference: relay.executor) {
+        let task = Task(executorPreference: relay.executor) {
             do {
                 promise.succeed(try await work(relay))
             } catch {
                 promise.fail(error)
             }
         }
+        let expiry = context.eventLoop.scheduleTask(in: relay.storeTimeout) {
+            let (connection, context, _) = bound.value
+            task.cancel()
+            guard case .established = connection.state else { return }
+            connection.relay.record(.storeFailed(timedOut: true))
+            connection.relay.logger.error(
+                "Relay storage did not answer in time; closing the connection",
+                metadata: ["timeoutMs": "\(relay.storeTimeout.nanoseconds / 1_000_000)"])
+            connection.close(context: context)
+        }
         promise.futureResult.whenComplete { result in
+            expiry.cancel()
             let (connection, context, done) = bound.value
             guard case .established = connection.state else { return }
             switch result {
             case .success(let value): done(connection, value, context)
             case .failure(let rejection as SyncRejection): connection.refuse(rejection, context: context)
             case .failure(let error):
-                connection.relay.logger.error("Relay storage failed", metadata: ["error": "\(error)"])
+                connection.relay.record(.storeFailed(timedOut: false))
+                connection.relay.logger.error("Relay storage failed", metadata: ["error": "\(String(reflecting: error))"])
                 connection.close(context: context)
             }
         }

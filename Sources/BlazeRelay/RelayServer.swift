@@ -23,6 +23,8 @@ public final class RelayServer: Sendable {
     let logger: Logger
     /// How long a device may stay silent before its connection is closed (a quiet one is pinged a third of that).
     let timeout: TimeAmount
+    /// How long one store operation of a connection may take before the connection is closed (`RelayConnection.run`).
+    let storeTimeout: TimeAmount
     /// Every open connection by space (hex), to tell each about what another one stored.
     private let listeners = Mutex<[String: [Int: @Sendable (Announcement) -> Void]]>([:])
     private let listenerCounter = Atomic<Int>(0)
@@ -65,12 +67,14 @@ public final class RelayServer: Sendable {
     public static let defaultHandshakeRate = 50
 
     /// A relay over `store`, proving `identity` to devices, admitting connections within `limits` and at most
-    /// `handshakesPerSecondPerAddress` new ones per second from one address (0: no such limit).
+    /// `handshakesPerSecondPerAddress` new ones per second from one address (0: no such limit), closing a connection whose
+    /// store operation takes longer than `storeTimeout`.
     public init(
         store: any RelayBackend, identity: DeviceIdentity, group: any EventLoopGroup, logger: Logger,
         timeout: TimeAmount = .seconds(30), limits: SyncListenerLimits = RelayServer.defaultLimits,
-        handshakesPerSecondPerAddress: Int = RelayServer.defaultHandshakeRate
+        handshakesPerSecondPerAddress: Int = RelayServer.defaultHandshakeRate, storeTimeout: TimeAmount = .seconds(30)
     ) {
+        self.storeTimeout = storeTimeout
         self.gate = ConnectionGate(limits: limits)
         self.handshakeRate = HandshakeRate(perSecond: handshakesPerSecondPerAddress)
         self.executor = EventLoopTaskExecutor(group: group)
@@ -288,6 +292,8 @@ public final class RelayServer: Sendable {
         case stored(entries: Int, bytes: Int)
         case sent(entries: Int, bytes: Int)
         case rejected(String)
+        /// A store operation failed (`timedOut`: did not finish within `timeout`) and closed its connection.
+        case storeFailed(timedOut: Bool)
     }
 
     /// Counts `event`.
@@ -310,6 +316,9 @@ public final class RelayServer: Sendable {
         case .rejected(let reason):
             stats.withLock { $0.rejected[reason, default: 0] += 1 }
             metrics.rejected(reason)
+        case .storeFailed(let timedOut):
+            stats.withLock { timedOut ? ($0.storeTimeouts += 1) : ($0.storeErrors += 1) }
+            (timedOut ? metrics.storeTimeouts : metrics.storeErrors).increment()
         }
     }
 
@@ -432,4 +441,7 @@ public struct RelayCounters: Sendable {
     public var entriesStored = 0, entriesSent = 0
     /// Batches refused, by reason.
     public var rejected: [String: Int] = [:]
+    /// Store operations that failed, and those that did not finish within the relay's timeout (each closed its
+    /// connection).
+    public var storeErrors = 0, storeTimeouts = 0
 }

@@ -89,6 +89,8 @@ final class DaemonProcess: @unchecked Sendable {
 
     func kill9() {
         settled = true
+        // Only a process still running: the pid of one that ended may belong to another process by now.
+        guard process.isRunning else { return }
         kill(pid, SIGKILL)
         process.waitUntilExit()
     }

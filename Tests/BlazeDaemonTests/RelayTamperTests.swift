@@ -177,3 +177,80 @@ extension TamperingRelay {
     /// The space id of `capability`.
     func space(_ capability: String) throws -> [UInt8] { try RelayCapability(text: capability).space }
 }
+
+/// A relay store that stops answering while `stalled` is set: each call made meanwhile waits until it is cancelled,
+/// as a query lost with its PostgreSQL connection would; calls made after it is cleared answer again.
+final class StallingBackend: RelayBackend {
+    let inner: RelayStore
+    let stalled = Atomic<Bool>(false)
+
+    init(_ inner: RelayStore) { self.inner = inner }
+
+    private func gate() async throws {
+        // Never returns while not cancelled (the stall is for good, whatever happens to `stalled` later).
+        while stalled.load(ordering: .relaxed) { try await Task.sleep(for: .seconds(3600)) }
+    }
+
+    func add(_ capability: RelayCapability) async throws -> Bool { try await inner.add(capability) }
+    func spaces() async throws -> [SpaceKey] { try await inner.spaces() }
+    func usage(space: [UInt8]) async throws -> (entries: Int, bytes: Int) { try await inner.usage(space: space) }
+    func ops(space: [UInt8]) async throws -> [MembershipOp] {
+        try await gate()
+        return try await inner.ops(space: space)
+    }
+    func addOps(_ ops: [MembershipOp], space: [UInt8]) async throws -> [MembershipOp] {
+        try await gate()
+        return try await inner.addOps(ops, space: space)
+    }
+    func vector(space: [UInt8]) async throws -> [NodeID: UInt64] {
+        try await gate()
+        return try await inner.vector(space: space)
+    }
+    func batch(space: [UInt8], origin: NodeID, after: UInt64, maxEntries: Int, maxBytes: Int) async throws -> EntryBatch? {
+        try await gate()
+        return try await inner.batch(space: space, origin: origin, after: after, maxEntries: maxEntries, maxBytes: maxBytes)
+    }
+    func store(_ batch: EntryBatch, space: [UInt8], membership: MembershipState?) async throws -> Int {
+        try await gate()
+        return try await inner.store(batch, space: space, membership: membership)
+    }
+    func expire(idleBefore cutoffMs: Int64) async throws -> [[UInt8]] { try await inner.expire(idleBefore: cutoffMs) }
+    func watch(_ onChange: @escaping @Sendable (RelayChange) -> Void) async {}
+}
+
+/// A relay whose store stops answering closes the connections waiting on it once `storeTimeout` passes, so devices
+/// reconnect instead of waiting on a link that sends nothing (Protocol/RELAY.md, "Metrics").
+@Suite struct RelayStallTests {
+    @Test func aStoreThatStopsAnsweringClosesTheConnectionsWaitingOnItAndDevicesCatchUpAfter() async throws {
+        let dir = TempDir()
+        let backend = StallingBackend(try RelayStore(path: dir.path + "/relay.db"))
+        var logger = Logger(label: "stalling-relay")
+        logger.logLevel = .critical
+        let server = RelayServer(
+            store: backend, identity: DeviceIdentity(), group: MultiThreadedEventLoopGroup.singleton, logger: logger,
+            storeTimeout: .milliseconds(500))
+        let address = "ws://127.0.0.1:\(try await server.listen(host: "127.0.0.1", port: 0))/v1/sync"
+        let a = try syncDaemon(), b = try syncDaemon()
+        let ca = try a.connect(), cb = try b.connect()
+        _ = try ca.call("db.create", ["db": "team"])
+        _ = try cb.call("db.join", ["token": .string(try ca.invite("team")), "db": "team"])
+        _ = try await server.add(try RelayCapability(text: try ca.relayCapability("team")))
+        _ = try cb.call("peer.remove", ["db": "team", "address": .string(try a.syncAddress())])
+        for c in [ca, cb] { _ = try c.call("peer.add", ["db": "team", "address": .string(address)]) }
+        _ = try ca.call("doc.put", ["db": "team", "collection": "c", "id": "before", "doc": ["v": 1]])
+        #expect(await waitUntil { (try? cb.call("doc.get", ["db": "team", "collection": "c", "id": "before"])) != nil })
+
+        // The store stops answering while A writes: what A sends waits on it, and so would A's link, for good.
+        backend.stalled.store(true, ordering: .relaxed)
+        for i in 0..<5 { _ = try ca.call("doc.put", ["db": "team", "collection": "c", "id": .string("d\(i)"), "doc": ["i": .int(Int64(i))]]) }
+        #expect(await waitUntil { server.counters.storeTimeouts >= 1 }, "the waiting connection is closed")
+        let metrics = String(decoding: server.metrics.render(relay: server), as: UTF8.self)
+        #expect(metrics.contains("blaze_relay_store_failures_total{reason=\"timeout\"} "), "\(metrics)")
+        // The store answers again: the devices' next connections carry everything.
+        backend.stalled.store(false, ordering: .relaxed)
+        #expect(try await waitUntil { try replicaState(ca, "team") == replicaState(cb, "team") && replicaState(cb, "team").docs == 6 })
+        a.stop()
+        b.stop()
+        await server.shutdown()
+    }
+}
