@@ -7,6 +7,7 @@ import Logging
 import NIOCore
 import NIOSSL
 import PostgresNIO
+import Synchronization
 
 /// The relay's store in PostgreSQL (`blaze-relay serve --postgres URL`), shared by any number of relay processes:
 /// the same tables and rules as `RelayStore`, writes of one space serialized by a row lock on its usage, and every
@@ -23,8 +24,17 @@ public final class PostgresRelayStore: RelayBackend {
     /// The notification channel.
     static let channel = "blaze_relay"
 
-    /// Connects (a pool of connections, opened as needed) and creates the tables when missing.
-    public init(configuration: PostgresClient.Configuration, limits: RelayLimits = RelayLimits(), logger: Logger) async throws {
+    /// How long one store operation may take: a query in flight when the PostgreSQL server goes away can stay
+    /// unanswered for good (no error, no end, even when cancelled), and the relay must not wait on it.
+    public let operationTimeout: Duration
+
+    /// Connects (a pool of connections, opened as needed) and creates the tables when missing; an operation that takes
+    /// longer than `operationTimeout` throws.
+    public init(
+        configuration: PostgresClient.Configuration, limits: RelayLimits = RelayLimits(), logger: Logger,
+        operationTimeout: Duration = .seconds(30)
+    ) async throws {
+        self.operationTimeout = operationTimeout
         var configuration = configuration
         configuration.options.connectTimeout = .seconds(5)
         let client = PostgresClient(configuration: configuration, backgroundLogger: logger)
@@ -97,6 +107,11 @@ public final class PostgresRelayStore: RelayBackend {
         }
     }
 
+    /// Runs `work` and returns what it returns, or throws once `operationTimeout` passes first (see `withDeadline`).
+    private func bounded<T: Sendable>(_ work: @escaping @Sendable () async throws -> T) async throws -> T {
+        try await withDeadline(operationTimeout, "a PostgreSQL operation", work)
+    }
+
     /// Runs `body` in a transaction; what `body` throws is rethrown as it is (the rollback having succeeded).
     private func transaction<T: Sendable>(
         _ body: nonisolated(nonsending) (PostgresConnection) async throws -> sending T
@@ -118,198 +133,216 @@ public final class PostgresRelayStore: RelayBackend {
     // MARK: Spaces
 
     public func add(_ capability: RelayCapability) async throws -> Bool {
-        let id = Data(capability.space), cap = Data(capability.capability)
-        let now = Int64(Date().timeIntervalSince1970 * 1000)
-        return try await transaction { conn in
-            let inserted = try await conn.query(
-                "INSERT INTO relay_spaces(id, capability, added_at) VALUES (\(id), \(cap), \(now)) ON CONFLICT DO NOTHING RETURNING id",
-                logger: self.logger
-            ).all().count
-            if inserted == 0 {
-                let held = try await conn.query("SELECT capability FROM relay_spaces WHERE id = \(id)", logger: self.logger)
-                    .decode(Data.self).all()
-                guard held.first == cap else {
-                    throw RelayError("space \(hexString(capability.space)) is served here with another capability")
+        try await bounded { [self] in
+            let id = Data(capability.space), cap = Data(capability.capability)
+            let now = Int64(Date().timeIntervalSince1970 * 1000)
+            return try await transaction { conn in
+                let inserted = try await conn.query(
+                    "INSERT INTO relay_spaces(id, capability, added_at) VALUES (\(id), \(cap), \(now)) ON CONFLICT DO NOTHING RETURNING id",
+                    logger: self.logger
+                ).all().count
+                if inserted == 0 {
+                    let held = try await conn.query("SELECT capability FROM relay_spaces WHERE id = \(id)", logger: self.logger)
+                        .decode(Data.self).all()
+                    guard held.first == cap else {
+                        throw RelayError("space \(hexString(capability.space)) is served here with another capability")
+                    }
+                    return false
                 }
-                return false
+                try await conn.query(
+                    "INSERT INTO relay_usage(space, entries, bytes) VALUES (\(id), 0, 0) ON CONFLICT DO NOTHING", logger: self.logger)
+                try await self.notify(conn, "s", space: capability.space)
+                return true
             }
-            try await conn.query(
-                "INSERT INTO relay_usage(space, entries, bytes) VALUES (\(id), 0, 0) ON CONFLICT DO NOTHING", logger: self.logger)
-            try await self.notify(conn, "s", space: capability.space)
-            return true
         }
     }
 
     public func spaces() async throws -> [SpaceKey] {
-        try await client.query("SELECT id, capability FROM relay_spaces ORDER BY id", logger: logger)
-            .decode((Data, Data).self).all()
-            .map { try SpaceKey(id: Array($0.0), capability: Array($0.1)) }
+        try await bounded { [self] in
+            try await client.query("SELECT id, capability FROM relay_spaces ORDER BY id", logger: logger)
+                .decode((Data, Data).self).all()
+                .map { try SpaceKey(id: Array($0.0), capability: Array($0.1)) }
+        }
     }
 
     public func usage(space: [UInt8]) async throws -> (entries: Int, bytes: Int) {
-        let rows = try await client.query("SELECT entries, bytes FROM relay_usage WHERE space = \(Data(space))", logger: logger)
-            .decode((Int64, Int64).self).all()
-        return rows.first.map { (Int($0.0), Int($0.1)) } ?? (0, 0)
+        try await bounded { [self] in
+            let rows = try await client.query("SELECT entries, bytes FROM relay_usage WHERE space = \(Data(space))", logger: logger)
+                .decode((Int64, Int64).self).all()
+            return rows.first.map { (Int($0.0), Int($0.1)) } ?? (0, 0)
+        }
     }
 
     // MARK: Membership log
 
     public func ops(space: [UInt8]) async throws -> [MembershipOp] {
-        try await client.query("SELECT bytes FROM relay_ops WHERE space = \(Data(space))", logger: logger)
-            .decode(Data.self).all()
-            .map { try MembershipOp(bytes: Array($0)) }
+        try await bounded { [self] in
+            try await client.query("SELECT bytes FROM relay_ops WHERE space = \(Data(space))", logger: logger)
+                .decode(Data.self).all()
+                .map { try MembershipOp(bytes: Array($0)) }
+        }
     }
 
     public func addOps(_ ops: [MembershipOp], space: [UInt8]) async throws -> [MembershipOp] {
-        let s = Data(space)
-        let mine = ops.filter { $0.space == space }
-        guard !mine.isEmpty else { return [] }
-        return try await transaction { conn in
-            // The usage row is the space's lock: the count below holds across processes.
-            try await conn.query("SELECT 1 FROM relay_usage WHERE space = \(s) FOR UPDATE", logger: self.logger)
-            var count = Int(
-                try await conn.query("SELECT count(*) FROM relay_ops WHERE space = \(s)", logger: self.logger)
-                    .decode(Int64.self).all().first ?? 0)
-            var fresh: [MembershipOp] = []
-            for op in mine where count < self.limits.maxOps {
-                let added = try await conn.query(
-                    """
-                    INSERT INTO relay_ops(space, hash, bytes) VALUES (\(s), \(Data(op.hash)), \(Data(op.bytes))) \
-                    ON CONFLICT DO NOTHING RETURNING hash
-                    """, logger: self.logger
-                ).all().count
-                if added > 0 {
-                    fresh.append(op)
-                    count += 1
+        try await bounded { [self] in
+            let s = Data(space)
+            let mine = ops.filter { $0.space == space }
+            guard !mine.isEmpty else { return [] }
+            return try await transaction { conn in
+                // The usage row is the space's lock: the count below holds across processes.
+                try await conn.query("SELECT 1 FROM relay_usage WHERE space = \(s) FOR UPDATE", logger: self.logger)
+                var count = Int(
+                    try await conn.query("SELECT count(*) FROM relay_ops WHERE space = \(s)", logger: self.logger)
+                        .decode(Int64.self).all().first ?? 0)
+                var fresh: [MembershipOp] = []
+                for op in mine where count < self.limits.maxOps {
+                    let added = try await conn.query(
+                        """
+                        INSERT INTO relay_ops(space, hash, bytes) VALUES (\(s), \(Data(op.hash)), \(Data(op.bytes))) \
+                        ON CONFLICT DO NOTHING RETURNING hash
+                        """, logger: self.logger
+                    ).all().count
+                    if added > 0 {
+                        fresh.append(op)
+                        count += 1
+                    }
                 }
+                if !fresh.isEmpty {
+                    try await conn.query(
+                        "UPDATE relay_usage SET last_write_ms = \(Self.nowMs()) WHERE space = \(s)", logger: self.logger)
+                    try await self.notify(conn, "o", space: space)
+                }
+                return fresh
             }
-            if !fresh.isEmpty {
-                try await conn.query(
-                    "UPDATE relay_usage SET last_write_ms = \(Self.nowMs()) WHERE space = \(s)", logger: self.logger)
-                try await self.notify(conn, "o", space: space)
-            }
-            return fresh
         }
     }
 
     // MARK: Entries
 
     public func vector(space: [UInt8]) async throws -> [NodeID: UInt64] {
-        var out: [NodeID: UInt64] = [:]
-        for (origin, seq) in try await client.query(
-            "SELECT origin, max(seq) FROM relay_heads WHERE space = \(Data(space)) GROUP BY origin", logger: logger
-        ).decode((Data, Int64).self).all() {
-            out[NodeID(bytes: Array(origin))] = UInt64(seq)
+        try await bounded { [self] in
+            var out: [NodeID: UInt64] = [:]
+            for (origin, seq) in try await client.query(
+                "SELECT origin, max(seq) FROM relay_heads WHERE space = \(Data(space)) GROUP BY origin", logger: logger
+            ).decode((Data, Int64).self).all() {
+                out[NodeID(bytes: Array(origin))] = UInt64(seq)
+            }
+            return out
         }
-        return out
     }
 
     public func batch(space: [UInt8], origin: NodeID, after: UInt64, maxEntries: Int, maxBytes: Int) async throws -> EntryBatch? {
-        guard RelayRules.readable(after: after, maxEntries: maxEntries) else { return nil }
-        let (s, o, a) = (Data(space), Data(origin.bytes), Int64(after))
-        let reach = a + Int64(maxEntries)
-        return try await client.withConnection { conn in
-            let heads = try await conn.query(
-                "SELECT seq FROM relay_heads WHERE space = \(s) AND origin = \(o) AND seq > \(a) AND seq <= \(reach) ORDER BY seq",
-                logger: self.logger
-            ).decode(Int64.self).all()
-            var nearest = heads.first
-            if nearest == nil {
-                nearest = try await conn.query(
-                    "SELECT min(seq) FROM relay_heads WHERE space = \(s) AND origin = \(o) AND seq > \(a)", logger: self.logger
-                ).decode(Int64?.self).all().first ?? nil
+        try await bounded { [self] in
+            guard RelayRules.readable(after: after, maxEntries: maxEntries) else { return nil }
+            let (s, o, a) = (Data(space), Data(origin.bytes), Int64(after))
+            let reach = a + Int64(maxEntries)
+            return try await client.withConnection { conn in
+                let heads = try await conn.query(
+                    "SELECT seq FROM relay_heads WHERE space = \(s) AND origin = \(o) AND seq > \(a) AND seq <= \(reach) ORDER BY seq",
+                    logger: self.logger
+                ).decode(Int64.self).all()
+                var nearest = heads.first
+                if nearest == nil {
+                    nearest = try await conn.query(
+                        "SELECT min(seq) FROM relay_heads WHERE space = \(s) AND origin = \(o) AND seq > \(a)", logger: self.logger
+                    ).decode(Int64?.self).all().first ?? nil
+                }
+                guard let nearest else { return nil }
+                let sizes = try await conn.query(
+                    """
+                    SELECT seq, octet_length(bytes) FROM relay_entries \
+                    WHERE space = \(s) AND origin = \(o) AND seq > \(a) AND seq <= \(reach) ORDER BY seq
+                    """, logger: self.logger
+                ).decode((Int64, Int32).self).all().map { (seq: $0.0, length: Int($0.1)) }
+                let end = RelayRules.batchEnd(heads: heads, nearest: nearest, sizes: sizes, maxBytes: maxBytes)
+                guard let head = try await conn.query(
+                    "SELECT head FROM relay_heads WHERE space = \(s) AND origin = \(o) AND seq = \(end)", logger: self.logger
+                ).decode(Data.self).all().first
+                else { return nil }
+                let rows = try await conn.query(
+                    "SELECT bytes, hash FROM relay_entries WHERE space = \(s) AND origin = \(o) AND seq > \(a) AND seq <= \(end) ORDER BY seq",
+                    logger: self.logger
+                ).decode((Data, Data).self).all()
+                guard rows.count == Int(end - a) else {
+                    throw RelayError("entries of \(origin) after \(after) are missing from the relay's store")
+                }
+                return EntryBatch(
+                    origin: origin, entries: try rows.map { try SealedEntry(stored: Array($0.0), hash: Array($0.1)) },
+                    head: try SignedHead(bytes: Array(head)[...]))
             }
-            guard let nearest else { return nil }
-            let sizes = try await conn.query(
-                """
-                SELECT seq, octet_length(bytes) FROM relay_entries \
-                WHERE space = \(s) AND origin = \(o) AND seq > \(a) AND seq <= \(reach) ORDER BY seq
-                """, logger: self.logger
-            ).decode((Int64, Int32).self).all().map { (seq: $0.0, length: Int($0.1)) }
-            let end = RelayRules.batchEnd(heads: heads, nearest: nearest, sizes: sizes, maxBytes: maxBytes)
-            guard let head = try await conn.query(
-                "SELECT head FROM relay_heads WHERE space = \(s) AND origin = \(o) AND seq = \(end)", logger: self.logger
-            ).decode(Data.self).all().first
-            else { return nil }
-            let rows = try await conn.query(
-                "SELECT bytes, hash FROM relay_entries WHERE space = \(s) AND origin = \(o) AND seq > \(a) AND seq <= \(end) ORDER BY seq",
-                logger: self.logger
-            ).decode((Data, Data).self).all()
-            guard rows.count == Int(end - a) else {
-                throw RelayError("entries of \(origin) after \(after) are missing from the relay's store")
-            }
-            return EntryBatch(
-                origin: origin, entries: try rows.map { try SealedEntry(stored: Array($0.0), hash: Array($0.1)) },
-                head: try SignedHead(bytes: Array(head)[...]))
         }
     }
 
     public func store(_ batch: EntryBatch, space: [UInt8], membership: MembershipState?) async throws -> Int {
-        try RelayRules.checkAuthor(batch, membership: membership)
-        let (s, o) = (Data(space), Data(batch.origin.bytes))
-        return try await transaction { conn in
-            // One writer per space at a time, across processes: the usage row is the lock.
-            guard let usage = try await conn.query(
-                "SELECT entries, bytes FROM relay_usage WHERE space = \(s) FOR UPDATE", logger: self.logger
-            ).decode((Int64, Int64).self).all().first
-            else { throw SyncRejection.notMember }
-            let held = UInt64(
-                try await conn.query(
-                    "SELECT coalesce(max(seq), 0) FROM relay_entries WHERE space = \(s) AND origin = \(o)", logger: self.logger
-                ).decode(Int64.self).all().first ?? 0)
-            var hashes: [UInt64: [UInt8]] = [:]
-            if let range = try RelayRules.seqsToCheck(batch, held: held) {
-                let (low, high) = (Int64(range.lowerBound), Int64(range.upperBound))
-                for (seq, hash) in try await conn.query(
-                    "SELECT seq, hash FROM relay_entries WHERE space = \(s) AND origin = \(o) AND seq BETWEEN \(low) AND \(high)",
-                    logger: self.logger
-                ).decode((Int64, Data).self).all() {
-                    hashes[UInt64(seq)] = Array(hash)
+        try await bounded { [self] in
+            try RelayRules.checkAuthor(batch, membership: membership)
+            let (s, o) = (Data(space), Data(batch.origin.bytes))
+            return try await transaction { conn in
+                // One writer per space at a time, across processes: the usage row is the lock.
+                guard let usage = try await conn.query(
+                    "SELECT entries, bytes FROM relay_usage WHERE space = \(s) FOR UPDATE", logger: self.logger
+                ).decode((Int64, Int64).self).all().first
+                else { throw SyncRejection.notMember }
+                let held = UInt64(
+                    try await conn.query(
+                        "SELECT coalesce(max(seq), 0) FROM relay_entries WHERE space = \(s) AND origin = \(o)", logger: self.logger
+                    ).decode(Int64.self).all().first ?? 0)
+                var hashes: [UInt64: [UInt8]] = [:]
+                if let range = try RelayRules.seqsToCheck(batch, held: held) {
+                    let (low, high) = (Int64(range.lowerBound), Int64(range.upperBound))
+                    for (seq, hash) in try await conn.query(
+                        "SELECT seq, hash FROM relay_entries WHERE space = \(s) AND origin = \(o) AND seq BETWEEN \(low) AND \(high)",
+                        logger: self.logger
+                    ).decode((Int64, Data).self).all() {
+                        hashes[UInt64(seq)] = Array(hash)
+                    }
                 }
+                let fresh = try RelayRules.fresh(batch, space: space, held: held, hashes: hashes)
+                guard !fresh.isEmpty else { return 0 }
+                let entries = Int(usage.0) + fresh.count
+                let bytes = Int(usage.1) + fresh.reduce(0) { $0 + $1.bytes.count }
+                try RelayRules.checkQuota(entries: entries, bytes: bytes, limits: self.limits)
+                let seqs = fresh.map { Int64($0.header.seq) }
+                let entryHashes = fresh.map { ByteBuffer(bytes: $0.hash) }
+                let entryBytes = fresh.map { ByteBuffer(bytes: $0.bytes) }
+                try await conn.query(
+                    """
+                    INSERT INTO relay_entries(space, origin, seq, hash, bytes) \
+                    SELECT \(s), \(o), t.seq, t.hash, t.bytes FROM unnest(\(seqs)::bigint[], \(entryHashes)::bytea[], \(entryBytes)::bytea[]) \
+                    AS t(seq, hash, bytes)
+                    """, logger: self.logger)
+                let (e64, b64) = (Int64(entries), Int64(bytes))
+                try await conn.query(
+                    "UPDATE relay_usage SET entries = \(e64), bytes = \(b64), last_write_ms = \(Self.nowMs()) WHERE space = \(s)",
+                    logger: self.logger)
+                let (headSeq, head) = (Int64(batch.head.seq), Data(batch.head.bytes))
+                try await conn.query(
+                    "INSERT INTO relay_heads(space, origin, seq, head) VALUES (\(s), \(o), \(headSeq), \(head)) ON CONFLICT DO NOTHING",
+                    logger: self.logger)
+                try await self.notify(conn, "e", space: space)
+                return fresh.count
             }
-            let fresh = try RelayRules.fresh(batch, space: space, held: held, hashes: hashes)
-            guard !fresh.isEmpty else { return 0 }
-            let entries = Int(usage.0) + fresh.count
-            let bytes = Int(usage.1) + fresh.reduce(0) { $0 + $1.bytes.count }
-            try RelayRules.checkQuota(entries: entries, bytes: bytes, limits: self.limits)
-            let seqs = fresh.map { Int64($0.header.seq) }
-            let entryHashes = fresh.map { ByteBuffer(bytes: $0.hash) }
-            let entryBytes = fresh.map { ByteBuffer(bytes: $0.bytes) }
-            try await conn.query(
-                """
-                INSERT INTO relay_entries(space, origin, seq, hash, bytes) \
-                SELECT \(s), \(o), t.seq, t.hash, t.bytes FROM unnest(\(seqs)::bigint[], \(entryHashes)::bytea[], \(entryBytes)::bytea[]) \
-                AS t(seq, hash, bytes)
-                """, logger: self.logger)
-            let (e64, b64) = (Int64(entries), Int64(bytes))
-            try await conn.query(
-                "UPDATE relay_usage SET entries = \(e64), bytes = \(b64), last_write_ms = \(Self.nowMs()) WHERE space = \(s)",
-                logger: self.logger)
-            let (headSeq, head) = (Int64(batch.head.seq), Data(batch.head.bytes))
-            try await conn.query(
-                "INSERT INTO relay_heads(space, origin, seq, head) VALUES (\(s), \(o), \(headSeq), \(head)) ON CONFLICT DO NOTHING",
-                logger: self.logger)
-            try await self.notify(conn, "e", space: space)
-            return fresh.count
         }
     }
 
     public func expire(idleBefore cutoffMs: Int64) async throws -> [[UInt8]] {
-        try await transaction { conn in
-            let idle = try await conn.query(
-                "SELECT space FROM relay_usage WHERE last_write_ms > 0 AND last_write_ms < \(cutoffMs) FOR UPDATE",
-                logger: self.logger
-            ).decode(Data.self).all()
-            for space in idle {
-                try await conn.query("DELETE FROM relay_entries WHERE space = \(space)", logger: self.logger)
-                try await conn.query("DELETE FROM relay_heads WHERE space = \(space)", logger: self.logger)
-                try await conn.query("DELETE FROM relay_ops WHERE space = \(space)", logger: self.logger)
-                try await conn.query(
-                    "UPDATE relay_usage SET entries = 0, bytes = 0, last_write_ms = 0 WHERE space = \(space)",
-                    logger: self.logger)
-                try await self.notify(conn, "x", space: Array(space))
+        try await bounded { [self] in
+            try await transaction { conn in
+                let idle = try await conn.query(
+                    "SELECT space FROM relay_usage WHERE last_write_ms > 0 AND last_write_ms < \(cutoffMs) FOR UPDATE",
+                    logger: self.logger
+                ).decode(Data.self).all()
+                for space in idle {
+                    try await conn.query("DELETE FROM relay_entries WHERE space = \(space)", logger: self.logger)
+                    try await conn.query("DELETE FROM relay_heads WHERE space = \(space)", logger: self.logger)
+                    try await conn.query("DELETE FROM relay_ops WHERE space = \(space)", logger: self.logger)
+                    try await conn.query(
+                        "UPDATE relay_usage SET entries = 0, bytes = 0, last_write_ms = 0 WHERE space = \(space)",
+                        logger: self.logger)
+                    try await self.notify(conn, "x", space: Array(space))
+                }
+                return idle.map { Array($0) }
             }
-            return idle.map { Array($0) }
         }
     }
 
@@ -319,23 +352,43 @@ public final class PostgresRelayStore: RelayBackend {
     // MARK: Notifications
 
     public func watch(_ onChange: @escaping @Sendable (RelayChange) -> Void) async {
-        var connectedBefore = false
+        var listenedBefore = false
         while !Task.isCancelled {
-            do {
-                try await client.withConnection { conn in
-                    try await conn.listen(on: Self.channel) { notifications in
-                        // What others wrote while this process was not listening is caught up on.
-                        if connectedBefore { onChange(.resync) }
-                        connectedBefore = true
-                        for try await n in notifications {
-                            if let change = self.change(from: n.payload) { onChange(change) }
+            let listening = ListenState()
+            // What others wrote while this process was not listening is caught up on.
+            let resync = listenedBefore
+            let attempt = Task { [client, logger] in
+                defer { listening.end() }
+                do {
+                    try await client.withConnection { conn in
+                        try await conn.listen(on: Self.channel) { notifications in
+                            listening.begin()
+                            if resync { onChange(.resync) }
+                            for try await n in notifications {
+                                if let change = self.change(from: n.payload) { onChange(change) }
+                            }
                         }
                     }
+                } catch {
+                    if !Task.isCancelled {
+                        logger.warning("Relay lost its PostgreSQL notifications; reconnecting", metadata: ["error": "\(error)"])
+                    }
                 }
-            } catch {
-                if Task.isCancelled { return }
-                logger.warning("Relay lost its PostgreSQL notifications; reconnecting", metadata: ["error": "\(error)"])
             }
+            // A lease or LISTEN asked for while the server went away may never answer: one that has not begun within
+            // `operationTimeout` is abandoned and asked for again.
+            let deadline = ContinuousClock.now + operationTimeout
+            while listening.waiting, ContinuousClock.now < deadline, !Task.isCancelled {
+                try? await Task.sleep(for: .milliseconds(50))
+            }
+            if listening.began { listenedBefore = true }
+            if listening.waiting && !Task.isCancelled {
+                logger.warning("Relay's PostgreSQL notifications did not start in time; asking again")
+                attempt.cancel()
+            } else {
+                await withTaskCancellationHandler { await attempt.value } onCancel: { attempt.cancel() }
+            }
+            if Task.isCancelled { attempt.cancel(); return }
             // Not a tight loop while the server is down.
             try? await Task.sleep(for: .milliseconds(500))
         }
@@ -362,4 +415,17 @@ extension AsyncSequence {
         for try await element in self { out.append(element) }
         return out
     }
+}
+
+/// Where one attempt of `PostgresRelayStore.watch` to listen is: waiting for its connection, listening, or ended.
+private final class ListenState: Sendable {
+    private let state = Mutex<(began: Bool, ended: Bool)>((false, false))
+    /// The LISTEN is in place.
+    func begin() { state.withLock { $0.began = true } }
+    /// The attempt ended (its connection failed or the task was cancelled).
+    func end() { state.withLock { $0.ended = true } }
+    /// Neither listening yet nor ended.
+    var waiting: Bool { state.withLock { !$0.began && !$0.ended } }
+    /// The LISTEN was in place at some point.
+    var began: Bool { state.withLock { $0.began } }
 }

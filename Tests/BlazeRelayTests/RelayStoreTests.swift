@@ -7,6 +7,7 @@ import BlazeSync
 import BlazeTestSupport
 import Foundation
 import Logging
+import Synchronization
 import Testing
 
 /// A device writing into a legacy-keyed database, whose sealed entries the relay receives.
@@ -205,5 +206,50 @@ final class TempRelay {
         // A device hands everything back from its first entry, as on a first sync.
         #expect(try await relay.store(batch, space: key.id, membership: nil) == 20)
         #expect(try await relay.vector(space: key.id) == [w.origin: 20])
+    }
+}
+
+/// What the PostgreSQL store does when its server goes away and comes back (Protocol/RELAY.md, "Metrics").
+@Suite struct PostgresRestartTests {
+    /// Calls that ended, by outcome.
+    final class Outcomes: Sendable {
+        private let counts = Mutex<(ok: Int, failed: Int)>((0, 0))
+        func record(_ ok: Bool) { counts.withLock { ok ? ($0.ok += 1) : ($0.failed += 1) } }
+        var ended: Int { counts.withLock { $0.ok + $0.failed } }
+    }
+
+    @Test func everyCallEndsWhenTheServerRestartsUnderLoadAndLaterCallsSucceed() async throws {
+        let server = try PostgresServer()
+        var logger = Logger(label: "relay-test")
+        logger.logLevel = .critical
+        let store = try await PostgresRelayStore(
+            configuration: try PostgresRelayStore.configuration(url: server.url), logger: logger,
+            operationTimeout: .seconds(3))
+        defer { store.close() }
+        let key = SpaceKey.generate()
+        _ = try await store.add(RelayCapability(key: key))
+        // 16 callers keep the pool busy while the server stops and starts again: some calls are in flight when it
+        // goes, and without a deadline some of those never end (postgres-nio leaves them waiting).
+        let outcomes = Outcomes()
+        let calls = 16 * 150
+        let callers = (0..<16).map { [store, key] _ in
+            Task {
+                for _ in 0..<150 {
+                    do {
+                        _ = try await store.vector(space: key.id)
+                        outcomes.record(true)
+                    } catch {
+                        outcomes.record(false)
+                    }
+                }
+            }
+        }
+        #expect(await waitUntil { outcomes.ended > 100 })
+        server.stop()
+        try server.start()
+        #expect(await waitUntil(timeout: .seconds(60)) { outcomes.ended == calls }, "\(outcomes.ended) of \(calls) calls ended")
+        for c in callers { c.cancel() }
+        #expect(try await store.vector(space: key.id).isEmpty, "the store answers after the restart")
+        #expect(try await store.spaces().map(\.id) == [key.id])
     }
 }
