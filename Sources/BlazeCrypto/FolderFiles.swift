@@ -14,7 +14,9 @@ public enum FolderFiles {
     public static let headMagic: [UInt8] = Array("BZFH".utf8)
     /// First bytes of a members file.
     public static let membersMagic: [UInt8] = Array("BZFM".utf8)
-    /// The format version of all three files.
+    /// First bytes of an acknowledgements file.
+    public static let acksMagic: [UInt8] = Array("BZFA".utf8)
+    /// The format version of all four files.
     public static let version: UInt8 = 1
     /// Bytes of a segment file's header: magic (4) · version (1) · space (16) · writer (16) · segment number (8).
     public static let segmentHeaderSize = 45
@@ -192,29 +194,46 @@ public enum FolderFiles {
     }
 
     /// A members file: membership operations, each signed by its author (checked when decoded by `MembershipOp`).
-    public static func members(space: [UInt8], ops: [[UInt8]]) -> [UInt8] {
-        var out = membersMagic + [version] + space
-        out.appendBE(UInt32(ops.count))
-        for op in ops {
-            out.appendBE(UInt32(op.count))
-            out += op
+    public static func members(space: [UInt8], ops: [[UInt8]]) -> [UInt8] { list(membersMagic, space: space, items: ops) }
+
+    /// The operations of a members file, undecoded; throws for a file that is not one of `space`.
+    public static func decodeMembers(_ bytes: [UInt8], space: [UInt8]) throws(SyncRejection) -> [[UInt8]] {
+        try decodeList(membersMagic, bytes, space: space)
+    }
+
+    /// An acknowledgements file (SYNC.md §10, §11): the latest acknowledgement the writer holds of each member, its own
+    /// among them, each signed by its member (checked when decoded by `Acknowledgement`).
+    public static func acks(space: [UInt8], acks: [[UInt8]]) -> [UInt8] { list(acksMagic, space: space, items: acks) }
+
+    /// The acknowledgements of an acknowledgements file, undecoded; throws for a file that is not one of `space`.
+    public static func decodeAcks(_ bytes: [UInt8], space: [UInt8]) throws(SyncRejection) -> [[UInt8]] {
+        try decodeList(acksMagic, bytes, space: space)
+    }
+
+    /// `magic` · version · space (16) · count (4) · count × (length (4) · item).
+    private static func list(_ magic: [UInt8], space: [UInt8], items: [[UInt8]]) -> [UInt8] {
+        var out = magic + [version] + space
+        out.appendBE(UInt32(items.count))
+        for item in items {
+            out.appendBE(UInt32(item.count))
+            out += item
         }
         return out
     }
 
-    /// The operations of a members file, undecoded; throws for a file that is not one of `space`.
-    public static func decodeMembers(_ bytes: [UInt8], space: [UInt8]) throws(SyncRejection) -> [[UInt8]] {
+    /// The items of a `list` file that starts with `magic`; throws for another file or one of another space.
+    private static func decodeList(_ magic: [UInt8], _ bytes: [UInt8], space: [UInt8]) throws(SyncRejection) -> [[UInt8]] {
         var r = ByteReader(bytes[...])
-        guard let magic = r.read(4), Array(magic) == membersMagic, r.readUInt8() == version, let s = r.read(16),
+        guard let m = r.read(4), Array(m) == magic, r.readUInt8() == version, let s = r.read(16),
             let n = r.readUInt32(), Int(n) <= r.remaining / 4
         else { throw .malformed }
         guard Array(s) == space else { throw .wrongSpace }
-        var ops: [[UInt8]] = []
+        var items: [[UInt8]] = []
         for _ in 0..<n {
-            guard let length = r.readUInt32(), let op = r.read(Int(length)) else { throw .malformed }
-            ops.append(Array(op))
+            guard let length = r.readUInt32(), let item = r.read(Int(length)) else { throw .malformed }
+            items.append(Array(item))
         }
         guard r.remaining == 0 else { throw .malformed }
-        return ops
+        return items
     }
 }

@@ -101,6 +101,10 @@ public final class PostgresRelayStore: RelayBackend {
                 """,
                 "CREATE TABLE IF NOT EXISTS relay_usage(space BYTEA PRIMARY KEY, entries BIGINT NOT NULL, bytes BIGINT NOT NULL)",
                 "ALTER TABLE relay_usage ADD COLUMN IF NOT EXISTS last_write_ms BIGINT NOT NULL DEFAULT 0",
+                """
+                CREATE TABLE IF NOT EXISTS relay_acks(space BYTEA NOT NULL, node BYTEA NOT NULL, issued_ms BIGINT NOT NULL, \
+                bytes BYTEA NOT NULL, PRIMARY KEY(space, node))
+                """,
             ] {
                 try await conn.query(statement, logger: self.logger)
             }
@@ -214,6 +218,48 @@ public final class PostgresRelayStore: RelayBackend {
                 }
                 return fresh
             }
+        }
+    }
+
+    // MARK: Acknowledgements
+
+    public func keepAcks(_ acks: [Acknowledgement], space: [UInt8]) async throws -> [Acknowledgement] {
+        let mine = acks.filter { $0.space == space }
+        guard !mine.isEmpty else { return [] }
+        return try await bounded { [self] in
+            let s = Data(space)
+            return try await transaction { conn in
+                // The usage row is the space's lock: "newer than held" holds across processes.
+                guard try await conn.query("SELECT 1 FROM relay_usage WHERE space = \(s) FOR UPDATE", logger: self.logger)
+                    .decode(Int32.self).all().first != nil
+                else { return [] }
+                var kept: [Acknowledgement] = []
+                for ack in mine {
+                    let node = Data(ack.node)
+                    let held = try await conn.query(
+                        "SELECT issued_ms FROM relay_acks WHERE space = \(s) AND node = \(node)", logger: self.logger
+                    ).decode(Int64.self).all().first
+                    // Stored as an unsigned value's bits: ordering by it is checked here, not in SQL.
+                    if let held, UInt64(bitPattern: held) >= ack.issuedMs { continue }
+                    let issued = Int64(bitPattern: ack.issuedMs), bytes = Data(ack.bytes)
+                    try await conn.query(
+                        """
+                        INSERT INTO relay_acks(space, node, issued_ms, bytes) VALUES (\(s), \(node), \(issued), \(bytes)) \
+                        ON CONFLICT (space, node) DO UPDATE SET issued_ms = EXCLUDED.issued_ms, bytes = EXCLUDED.bytes
+                        """, logger: self.logger)
+                    kept.append(ack)
+                }
+                if !kept.isEmpty { try await self.notify(conn, "a", space: space) }
+                return kept
+            }
+        }
+    }
+
+    public func acks(space: [UInt8]) async throws -> [Acknowledgement] {
+        try await bounded { [self] in
+            try await client.query("SELECT bytes FROM relay_acks WHERE space = \(Data(space)) ORDER BY node", logger: logger)
+                .decode(Data.self).all()
+                .compactMap { try? Acknowledgement(bytes: Array($0)) }
         }
     }
 
@@ -336,6 +382,7 @@ public final class PostgresRelayStore: RelayBackend {
                     try await conn.query("DELETE FROM relay_entries WHERE space = \(space)", logger: self.logger)
                     try await conn.query("DELETE FROM relay_heads WHERE space = \(space)", logger: self.logger)
                     try await conn.query("DELETE FROM relay_ops WHERE space = \(space)", logger: self.logger)
+                    try await conn.query("DELETE FROM relay_acks WHERE space = \(space)", logger: self.logger)
                     try await conn.query(
                         "UPDATE relay_usage SET entries = 0, bytes = 0, last_write_ms = 0 WHERE space = \(space)",
                         logger: self.logger)
@@ -401,6 +448,7 @@ public final class PostgresRelayStore: RelayBackend {
         switch parts[1] {
         case "e": return .entries(space: space)
         case "o": return .ops(space: space)
+        case "a": return .acks(space: space)
         case "s": return .spaces
         case "x": return .expired(space: space)
         default: return nil

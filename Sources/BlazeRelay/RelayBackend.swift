@@ -26,6 +26,11 @@ public protocol RelayBackend: Sendable {
     /// entries were new. Throws a `SyncRejection` for what the batch's origin signed, any other error for a local
     /// failure.
     func store(_ batch: EntryBatch, space: [UInt8], membership: MembershipState?) async throws -> Int
+    /// Keeps each acknowledgement (verified when decoded, its signer checked against the log by the caller) that is
+    /// newer, by `issuedMs`, than the one held of its signer in `space`; returns those kept.
+    func keepAcks(_ acks: [Acknowledgement], space: [UInt8]) async throws -> [Acknowledgement]
+    /// The latest acknowledgement held of each signer of `space`.
+    func acks(space: [UInt8]) async throws -> [Acknowledgement]
     /// Drops everything held of each space whose last write (entries or operations) is older than `cutoffMs` (Unix
     /// ms) — entries, heads, operations, usage — keeping the space served; returns those spaces. Devices hold all of it
     /// and hand it back when they next connect (the relay's `STATE` then shows nothing held).
@@ -41,6 +46,8 @@ public enum RelayChange: Sendable, Equatable {
     case entries(space: [UInt8])
     /// New membership operations of `space`.
     case ops(space: [UInt8])
+    /// New acknowledgements of `space`.
+    case acks(space: [UInt8])
     /// A space was added.
     case spaces
     /// What `space` held was dropped for retention (`expire`).
@@ -89,6 +96,23 @@ enum RelayRules {
         }
         return out
     }
+
+    /// The acknowledgements of `acks` a relay keeps for `space`: of this space, signed by a key the log lists for
+    /// their node (only a log names members: a space without one keeps none, as nothing is stable there, SYNC.md
+    /// §11), and at most `maxAckBytes` each. The latest per signer is kept, so what a space holds is bounded by its log.
+    static func acceptableAcks(_ acks: [Acknowledgement], space: [UInt8], membership: MembershipState?) -> [Acknowledgement] {
+        guard let membership else { return [] }
+        var latest: [[UInt8]: Acknowledgement] = [:]
+        for ack in acks where ack.space == space && ack.bytes.count <= maxAckBytes {
+            guard let member = membership.member(ack.node), member.keys.signing == ack.deviceKey else { continue }
+            if let held = latest[ack.node], held.issuedMs >= ack.issuedMs { continue }
+            latest[ack.node] = ack
+        }
+        return latest.values.sorted { $0.node.lexicographicallyPrecedes($1.node) }
+    }
+
+    /// The largest acknowledgement a relay keeps (about 10,000 origins); a larger one is passed on by members only.
+    static let maxAckBytes = 256 << 10
 
     /// Throws `overQuota` when `entries` and `bytes` (after the batch) exceed the space's limits.
     static func checkQuota(entries: Int, bytes: Int, limits: RelayLimits) throws {

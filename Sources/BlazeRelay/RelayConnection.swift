@@ -35,6 +35,9 @@ final class RelayConnection: ChannelInboundHandler {
     private var peerVector: [NodeID: UInt64]?
     /// Operations the device holds (sent to it or received from it).
     private var opsShared: Set<[UInt8]> = []
+    /// Per signer, the latest acknowledgement the device holds (sent to it or received from it): only signers the log
+    /// lists, so it is bounded by the log.
+    private var acksShared: [[UInt8]: UInt64] = [:]
     private var pumping = false
     private var pumpAgain = false
     /// Batches and membership operations received and not yet stored, in order: operations a device sends before
@@ -44,6 +47,7 @@ final class RelayConnection: ChannelInboundHandler {
     private enum Received {
         case batch(EntryBatch)
         case ops([MembershipOp])
+        case acks([Acknowledgement])
     }
     private var storing = false
 
@@ -242,6 +246,10 @@ final class RelayConnection: ChannelInboundHandler {
                     connection.pump(space: space, context: context)
                 case .join(let join):
                     connection.send(.join(id: join.id, device: join.device, proof: join.proof), context: context)
+                case .acks(let acks):
+                    connection.sendAcks(acks, context: context)
+                case .acksChanged:
+                    connection.sendHeldAcks(space: space, context: context)
                 case .expired:
                     connection.close(context: context)
                 }
@@ -255,6 +263,53 @@ final class RelayConnection: ChannelInboundHandler {
         }
         run(context: context, { try await $0.store.vector(space: space) }) { connection, vector, context in
             connection.send(.state(vector: vector, ownHead: nil), context: context)
+            connection.sendHeldAcks(space: space, context: context)
+        }
+    }
+
+    /// Sends the device the acknowledgements held for its space that are newer than those it holds.
+    private func sendHeldAcks(space: [UInt8], context: ChannelHandlerContext) {
+        run(context: context, { try await $0.store.acks(space: space) }) { connection, acks, context in
+            connection.sendAcks(acks, context: context)
+        }
+    }
+
+    /// Sends those of `acks` newer than what the device holds of their signers, in messages of at most 1 MiB.
+    private func sendAcks(_ acks: [Acknowledgement], context: ChannelHandlerContext) {
+        let fresh = acks.filter { ack in acksShared[ack.node].map { ack.issuedMs > $0 } ?? true }
+        guard !fresh.isEmpty else { return }
+        var chunk: [Acknowledgement] = []
+        var bytes = 0
+        for ack in fresh {
+            acksShared[ack.node] = ack.issuedMs
+            if bytes + ack.bytes.count > 1 << 20, !chunk.isEmpty {
+                send(.acks(chunk), context: context)
+                (chunk, bytes) = ([], 0)
+            }
+            chunk.append(ack)
+            bytes += ack.bytes.count
+        }
+        send(.acks(chunk), context: context)
+    }
+
+    /// Keeps the device's acknowledgements that the log vouches for and that are newer than those held, and passes
+    /// them on to the space's other devices (SYNC.md §11): members that meet only through the relay learn what each
+    /// other holds.
+    private func keep(acks: [Acknowledgement], space: [UInt8], context: ChannelHandlerContext) {
+        run(context: context, { relay -> (accepted: [Acknowledgement], kept: [Acknowledgement]) in
+            let accepted = RelayRules.acceptableAcks(acks, space: space, membership: try await relay.membership(space))
+            return (accepted, try await relay.store.keepAcks(accepted, space: space))
+        }) { connection, result, context in
+            connection.storing = false
+            for ack in result.accepted {
+                connection.acksShared[ack.node] = max(connection.acksShared[ack.node] ?? 0, ack.issuedMs)
+            }
+            if !result.kept.isEmpty {
+                connection.relay.record(.acksKept(result.kept.count))
+                connection.relay.announce(space: space, except: connection.listener, .acks(result.kept))
+            }
+            connection.resumeReading(context: context)
+            connection.storeNext(space: space, context: context)
         }
     }
 
@@ -272,8 +327,11 @@ final class RelayConnection: ChannelInboundHandler {
             receive(.ops(ops), space: space, context: context)
         case .ping:
             break
-        case .acks, .snapshotPart, .snapshot:
-            // Devices send snapshots only to members; acknowledgements are not kept by a relay yet (SYNC.md §11).
+        case .acks(let acks):
+            // In order with operations: those sent before may list the signers.
+            receive(.acks(acks), space: space, context: context)
+        case .snapshotPart, .snapshot:
+            // Devices send snapshots only to members (SYNC.md §11).
             break
         case .error:
             close(context: context)
@@ -307,6 +365,9 @@ final class RelayConnection: ChannelInboundHandler {
                 connection.resumeReading(context: context)
                 connection.storeNext(space: space, context: context)
             }
+            return
+        case .acks(let acks):
+            keep(acks: acks, space: space, context: context)
             return
         case .batch(let b):
             batch = b

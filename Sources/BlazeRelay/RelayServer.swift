@@ -217,6 +217,8 @@ public final class RelayServer: Sendable {
                 case .ops(let space):
                     relay.memberships.withLock { $0[hexString(space)] = nil }
                     relay.announce(space: space, except: nil, .members)
+                case .acks(let space):
+                    relay.announce(space: space, except: nil, .acksChanged)
                 case .spaces:
                     Task(executorPreference: relay.executor) { await relay.rereadSpaces() }
                 case .expired(let space):
@@ -227,6 +229,7 @@ public final class RelayServer: Sendable {
                     for space in relay.listeners.withLock({ Array($0.keys) }) {
                         guard let id = hexBytes(space) else { continue }
                         relay.announce(space: id, except: nil, .members)
+                        relay.announce(space: id, except: nil, .acksChanged)
                     }
                 }
             }
@@ -294,6 +297,8 @@ public final class RelayServer: Sendable {
         case rejected(String)
         /// A store operation failed (`timedOut`: did not finish within `timeout`) and closed its connection.
         case storeFailed(timedOut: Bool)
+        /// Acknowledgements kept (newer than those held of their signers).
+        case acksKept(Int)
     }
 
     /// Counts `event`.
@@ -316,6 +321,9 @@ public final class RelayServer: Sendable {
         case .rejected(let reason):
             stats.withLock { $0.rejected[reason, default: 0] += 1 }
             metrics.rejected(reason)
+        case .acksKept(let n):
+            stats.withLock { $0.acksKept += n }
+            metrics.acksKept.increment(by: n)
         case .storeFailed(let timedOut):
             stats.withLock { timedOut ? ($0.storeTimeouts += 1) : ($0.storeErrors += 1) }
             (timedOut ? metrics.storeTimeouts : metrics.storeErrors).increment()
@@ -406,6 +414,10 @@ public final class RelayServer: Sendable {
         case entries
         /// Membership operations.
         case members
+        /// These acknowledgements, just kept by a connection of this process.
+        case acks([Acknowledgement])
+        /// Acknowledgements, kept by another process.
+        case acksChanged
         /// The space's data was dropped for retention: the device reconnects and hands back what it holds.
         case expired
     }
@@ -444,4 +456,6 @@ public struct RelayCounters: Sendable {
     /// Store operations that failed, and those that did not finish within the relay's timeout (each closed its
     /// connection).
     public var storeErrors = 0, storeTimeouts = 0
+    /// Acknowledgements kept and passed on (SYNC.md §11).
+    public var acksKept = 0
 }

@@ -61,7 +61,47 @@ public final class RelayStore: RelayBackend {
             // Unix ms of the space's last write, for retention (0: nothing written since).
             try db.execute(sql: "ALTER TABLE relay_usage ADD COLUMN last_write_ms INTEGER NOT NULL DEFAULT 0")
         }
+        m.registerMigration("v3") { db in
+            // The latest acknowledgement of each signer per space (SYNC.md §11), passed on to the space's devices.
+            try db.execute(
+                sql: """
+                    CREATE TABLE relay_acks(
+                        space BLOB NOT NULL,
+                        node BLOB NOT NULL,
+                        issued_ms INTEGER NOT NULL,
+                        bytes BLOB NOT NULL,
+                        PRIMARY KEY(space, node)
+                    ) WITHOUT ROWID
+                    """)
+        }
         try m.migrate(pool)
+    }
+
+    // MARK: Acknowledgements
+
+    public func keepAcks(_ acks: [Acknowledgement], space: [UInt8]) async throws -> [Acknowledgement] {
+        guard !acks.isEmpty else { return [] }
+        return try await pool.write { db in
+            var kept: [Acknowledgement] = []
+            for ack in acks where ack.space == space {
+                // Stored as an unsigned value's bits: ordering by it is checked here, not in SQL.
+                let held = try Int64.fetchOne(
+                    db, sql: "SELECT issued_ms FROM relay_acks WHERE space = ? AND node = ?", arguments: [Data(space), Data(ack.node)])
+                if let held, UInt64(bitPattern: held) >= ack.issuedMs { continue }
+                try db.execute(
+                    sql: "INSERT OR REPLACE INTO relay_acks(space, node, issued_ms, bytes) VALUES (?, ?, ?, ?)",
+                    arguments: [Data(space), Data(ack.node), Int64(bitPattern: ack.issuedMs), Data(ack.bytes)])
+                kept.append(ack)
+            }
+            return kept
+        }
+    }
+
+    public func acks(space: [UInt8]) async throws -> [Acknowledgement] {
+        try await pool.read { db in
+            try Data.fetchAll(db, sql: "SELECT bytes FROM relay_acks WHERE space = ? ORDER BY node", arguments: [Data(space)])
+                .compactMap { try? Acknowledgement(bytes: Array($0)) }
+        }
     }
 
     // MARK: Spaces
@@ -218,7 +258,7 @@ public final class RelayStore: RelayBackend {
             let idle = try Data.fetchAll(
                 db, sql: "SELECT space FROM relay_usage WHERE last_write_ms > 0 AND last_write_ms < ?", arguments: [cutoffMs])
             for space in idle {
-                for table in ["relay_entries", "relay_heads", "relay_ops"] {
+                for table in ["relay_entries", "relay_heads", "relay_ops", "relay_acks"] {
                     try db.execute(sql: "DELETE FROM \(table) WHERE space = ?", arguments: [space])
                 }
                 try db.execute(

@@ -109,6 +109,9 @@ final class FolderWorker {
     var headWrittenAt: UInt64 = 0
     /// Membership operations written to this device's members file.
     var membersWritten = -1
+    /// The acknowledgements (signer and issue time) written to this device's acks file, and when (uptime ms).
+    var acksWritten: [[UInt8]: UInt64]?
+    var acksWrittenAt: UInt64 = 0
     /// Whether the last step failed, and how (counted once per distinct failure).
     var lastFailure: String?
 
@@ -191,6 +194,7 @@ final class FolderWorker {
             held = try db.syncVector()
             try readMembers()
             try readHeads()
+            try readAcks()
             try scan()
             try publish()
             if lastFailure != nil {

@@ -50,6 +50,26 @@ extension FolderWorker {
         }
     }
 
+    /// Keeps the acknowledgements other writers' acks files hold (of members the log lists; SYNC.md §11), and lets
+    /// the database's sessions pass on and compaction use those newer than the ones held.
+    func readAcks() throws {
+        guard let membership = space.snapshot.membership else { return }
+        var kept = false
+        for writer in try writerDirectories() where writer != me {
+            let file = spaceDir + "/" + writer.hex + "/acks"
+            guard let stamp = FileStamp(path: file), stamps[file] != stamp else { continue }
+            stamps[file] = stamp
+            guard let bytes = readWhole(file, limit: FolderFiles.maxSmallFile) else { continue }
+            do {
+                let acks = try FolderFiles.decodeAcks(bytes, space: space.id).compactMap { try? Acknowledgement(bytes: $0) }
+                if try db.keep(acks, space: space.id, membership: membership) { kept = true }
+            } catch let rejection as SyncRejection {
+                report.reject(rejection)
+            }
+        }
+        if kept { engine.membershipChanged(db: db.name) }
+    }
+
     /// Reads other writers' head files: a generation lower than one seen before is a rolled-back copy, reported and
     /// not followed; an own head signing another entry than the one held at its seq is fork evidence.
     func readHeads() throws {
@@ -121,10 +141,12 @@ extension FolderWorker {
     }
 
     /// The segment files of a directory: those named as writers name them first, in number order, then any other
-    /// name (copies the folder tool renamed), skipping the head and members files and temporary files.
+    /// name (copies the folder tool renamed), skipping the head, members and acks files and temporary files.
     func segmentFiles(_ dir: String) throws -> [String] {
         let names = try listing(dir)
-        let candidates = names.filter { $0 != "head" && $0 != "members" && !$0.hasSuffix(".tmp") && !$0.hasPrefix(".") }
+        let candidates = names.filter {
+            $0 != "head" && $0 != "members" && $0 != "acks" && !$0.hasSuffix(".tmp") && !$0.hasPrefix(".")
+        }
         return candidates.sorted { a, b in
             switch (FolderFiles.segmentNumber(a), FolderFiles.segmentNumber(b)) {
             case (let x?, let y?): return x < y

@@ -49,7 +49,25 @@ extension FolderWorker {
             try writeHead()
         }
         try writeMembers(snapshot)
+        try writeAcks(snapshot)
         prune(below: stable)
+    }
+
+    /// Rewrites the acks file when the acknowledgements held changed (this device's own is issued first when what it
+    /// applied changed), at most once a second: members that meet only through the folder learn what each other
+    /// holds, so their compaction proceeds (SYNC.md §11). Only in spaces with a log: elsewhere nothing is stable.
+    func writeAcks(_ snapshot: SharedSpace.Snapshot) throws {
+        guard let membership = snapshot.membership else { return }
+        guard acksWritten == nil || !exists(at: ownFD, "acks") || uptimeMs() >= acksWrittenAt + 1000 else { return }
+        if try db.issueAcknowledgement(space: space.id, identity: engine.identity, nowMs: UInt64(max(0, nowMs()))) {
+            engine.membershipChanged(db: db.name)
+        }
+        let held = try db.acknowledgements().filter { membership.member($0.node) != nil }
+        let written = Dictionary(held.map { ($0.node, $0.issuedMs) }, uniquingKeysWith: max)
+        guard written != acksWritten || !exists(at: ownFD, "acks") else { return }
+        try replaceFile(at: ownFD, "acks", with: FolderFiles.acks(space: space.id, acks: held.map(\.bytes)))
+        acksWritten = written
+        acksWrittenAt = uptimeMs()
     }
 
     /// For each origin, the highest seq every current member holds, as their head files in this folder say (this

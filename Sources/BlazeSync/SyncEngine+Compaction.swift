@@ -33,14 +33,14 @@ extension BlazeDatabase {
         return try storeAcknowledgement(node: ack.node, issuedMs: ack.issuedMs, bytes: ack.bytes)
     }
 
-    /// Keeps the acknowledgements of `space` signed by devices its log lists (any device, in a space without a log);
-    /// true when any was newer than the one held.
+    /// Keeps the acknowledgements of `space` signed by devices its log lists; true when any was newer than the one
+    /// held. A space without a log keeps none: nothing is stable there (SYNC.md §11), and any holder of its capability
+    /// could sign them under keys of its own, without bound.
     public func keep(_ acks: [Acknowledgement], space: [UInt8], membership: MembershipState?) throws -> Bool {
+        guard let membership else { return false }
         var kept = false
         for ack in acks where ack.space == space {
-            if let membership {
-                guard let m = membership.member(ack.node), m.keys.signing == ack.deviceKey else { continue }
-            }
+            guard let m = membership.member(ack.node), m.keys.signing == ack.deviceKey else { continue }
             if try storeAcknowledgement(node: ack.node, issuedMs: ack.issuedMs, bytes: ack.bytes) { kept = true }
         }
         return kept

@@ -40,8 +40,13 @@ extension SyncSession {
     /// pass them on.
     func received(acks: [Acknowledgement], context: ChannelHandlerContext) {
         guard let link else { return }
-        for ack in acks { acksShared[ack.node] = max(acksShared[ack.node] ?? 0, ack.issuedMs) }
         let (db, snapshot, engine) = (link.db, link.space.snapshot, self.engine)
+        // Only signers the log lists are remembered, so what a session keeps is bounded by the log, however many keys
+        // a peer signs with.
+        for ack in acks {
+            guard let member = snapshot.membership?.member(ack.node), member.keys.signing == ack.deviceKey else { continue }
+            acksShared[ack.node] = max(acksShared[ack.node] ?? 0, ack.issuedMs)
+        }
         let space = link.space.id
         _ = engine.pool.runIfActive(eventLoop: context.eventLoop) {
             if try db.keep(acks, space: space, membership: snapshot.membership) { engine.membershipChanged(db: db.name) }

@@ -304,6 +304,42 @@ func folderStatus(_ c: BlazeConnection, _ path: String) throws -> JSONValue {
         team.stopAll()
     }
 
+    /// Members that meet only in the folder learn each other's acknowledgements from their acks files, so what both
+    /// hold becomes stable and is compacted away (SYNC.md §10, §11).
+    @Test func membersMeetingOnlyInAFolderReachStabilityAndCompact() throws {
+        let team = try FolderTeam(count: 2, arguments: ["--folder-poll-interval", "0.05"])
+        let folder = TempDir()
+        for c in team.clients { _ = try c.call("folder.add", ["db": "team", "path": .string(folder.path)]) }
+        let (a, b) = (team.clients[0], team.clients[1])
+        for i in 0..<20 {
+            _ = try a.call("doc.put", ["db": "team", "collection": "c", "id": .string("a\(i)"), "doc": ["i": .int(Int64(i))]])
+            _ = try b.call("doc.put", ["db": "team", "collection": "c", "id": .string("b\(i)"), "doc": ["i": .int(Int64(i))]])
+        }
+        #expect(try eventually { try replicaState(a, "team") == replicaState(b, "team") && replicaState(a, "team").docs == 40 })
+        let (na, nb) = (team.nodes[0], team.nodes[1])
+        let vector = try #require(try versionVector(a))
+        let (aSeq, bSeq) = (try #require(vector[na]?.intValue), try #require(vector[nb]?.intValue))
+        #expect(try eventually {
+            let rb = try b.call("db.compact", ["db": "team"])
+            let ra = try a.call("db.compact", ["db": "team"])
+            return ra["stableVector"]?[na]?.intValue == aSeq && ra["stableVector"]?[nb]?.intValue == bSeq
+                && rb["stableVector"]?[na]?.intValue == aSeq && rb["stableVector"]?[nb]?.intValue == bSeq
+        })
+        #expect(try fileRows(dataDir: team.daemons[0].dataDir, db: "team", "sync_entries") == 0)
+        #expect(try fileRows(dataDir: team.daemons[1].dataDir, db: "team", "sync_entries") == 0)
+        let space = try spaceOf(a)
+        for node in team.nodes {
+            #expect(FileManager.default.fileExists(atPath: folder.path + "/" + space + "/" + node + "/acks"))
+        }
+        // Still one replica: a write after compaction reaches the other through the folder.
+        _ = try b.call("doc.put", ["db": "team", "collection": "c", "id": "late", "doc": ["late": true]])
+        #expect(try eventually { try replicaState(a, "team") == replicaState(b, "team") && replicaState(a, "team").docs == 41 })
+        for client in team.clients {
+            #expect(try folderStatus(client, folder.path)["rejected"] == [:])
+        }
+        team.stopAll()
+    }
+
     @Test func segmentsEveryMemberHoldsAreRemovedAndAStoppedMemberHoldsThemBack() throws {
         var team = try FolderTeam(count: 3, arguments: ["--folder-poll-interval", "0.05", "--folder-segment-bytes", "4096"])
         let folder = TempDir()

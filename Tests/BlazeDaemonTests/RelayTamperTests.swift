@@ -214,6 +214,14 @@ final class StallingBackend: RelayBackend {
         try await gate()
         return try await inner.store(batch, space: space, membership: membership)
     }
+    func keepAcks(_ acks: [Acknowledgement], space: [UInt8]) async throws -> [Acknowledgement] {
+        try await gate()
+        return try await inner.keepAcks(acks, space: space)
+    }
+    func acks(space: [UInt8]) async throws -> [Acknowledgement] {
+        try await gate()
+        return try await inner.acks(space: space)
+    }
     func expire(idleBefore cutoffMs: Int64) async throws -> [[UInt8]] { try await inner.expire(idleBefore: cutoffMs) }
     func watch(_ onChange: @escaping @Sendable (RelayChange) -> Void) async {}
 }

@@ -442,6 +442,45 @@ func ownSeq(_ c: BlazeConnection, _ db: String) throws -> Int64 {
         relay.stop()
     }
 
+    /// Two members that reach each other only through a relay (one process with SQLite, or two processes sharing
+    /// PostgreSQL) learn each other's acknowledgements from it, so what both hold becomes stable and is compacted
+    /// away (Protocol/RELAY.md, SYNC.md §11).
+    @Test(arguments: [false, true]) func membersMeetingOnlyThroughARelayReachStabilityAndCompact(sharedPostgres: Bool) throws {
+        let pg = sharedPostgres ? try PostgresServer() : nil
+        let r1 = try RelayProcess(postgres: pg)
+        let r2 = sharedPostgres ? try RelayProcess(postgres: pg) : r1
+        let a = try syncDaemon(), b = try syncDaemon()
+        let ca = try a.connect(), cb = try b.connect()
+        _ = try ca.call("db.create", ["db": "team"])
+        _ = try cb.call("db.join", ["token": .string(try ca.invite("team")), "db": "team"])
+        try r1.addSpace(try ca.relayCapability("team"))
+        _ = try cb.call("peer.remove", ["db": "team", "address": .string(try a.syncAddress())])
+        _ = try ca.call("peer.add", ["db": "team", "address": .string(r1.address)])
+        _ = try cb.call("peer.add", ["db": "team", "address": .string(r2.address)])
+        // Written once the direct link is gone: only the relay carries these, and what each device holds of them.
+        for i in 0..<30 { _ = try ca.call("doc.put", ["db": "team", "collection": "c", "id": .string("a\(i)"), "doc": ["i": .int(Int64(i))]]) }
+        for i in 0..<10 { _ = try cb.call("doc.put", ["db": "team", "collection": "c", "id": .string("b\(i)"), "doc": ["i": .int(Int64(i))]]) }
+        #expect(try eventually { try replicaState(ca, "team") == replicaState(cb, "team") && replicaState(ca, "team").docs == 40 })
+        let (na, nb) = (try nodeID(ca, "team"), try nodeID(cb, "team"))
+        let vector = try #require(try versionVector(ca))
+        let (aSeq, bSeq) = (try #require(vector[na]?.intValue), try #require(vector[nb]?.intValue))
+        // Each compaction issues the device's acknowledgement; the relay passes it to the other.
+        #expect(try eventually {
+            let rb = try cb.call("db.compact", ["db": "team"])
+            let ra = try ca.call("db.compact", ["db": "team"])
+            return ra["stableVector"]?[na]?.intValue == aSeq && ra["stableVector"]?[nb]?.intValue == bSeq
+                && rb["stableVector"]?[na]?.intValue == aSeq && ra["silentMembers"] == [] && rb["silentMembers"] == []
+        })
+        #expect(try fileRows(dataDir: a.dataDir, db: "team", "sync_entries") == 0)
+        #expect(try fileRows(dataDir: b.dataDir, db: "team", "sync_entries") == 0)
+        // Still one replica: a write after compaction reaches the other through the relay.
+        _ = try cb.call("doc.put", ["db": "team", "collection": "c", "id": "late", "doc": ["late": true]])
+        #expect(try eventually { try replicaState(ca, "team") == replicaState(cb, "team") && replicaState(ca, "team").docs == 41 })
+        for d in [a, b] { d.stop() }
+        r1.stop()
+        if sharedPostgres { r2.stop() }
+    }
+
     @Test func threeDaemonsOnTwoRelayProcessesSharingPostgreSQLConvergeThroughCrashesAndARestart() throws {
         let pg = try PostgresServer()
         var r1 = try RelayProcess(postgres: pg)

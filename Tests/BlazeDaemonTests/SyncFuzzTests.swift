@@ -40,7 +40,9 @@ struct SyncFuzzer {
         case 0..<18: (kind, messages) = ("ping", [[HostileMember.pingType]])
         case 18..<36: (kind, messages) = ("state", [state(over: member)])
         case 36..<46: (kind, messages) = ("honest", [honestBatch()])
-        case 46..<85: (kind, messages) = ("hostile", [hostileChange()])
+        case 46..<79: (kind, messages) = ("hostile", [hostileChange()])
+        case 79..<82: (kind, messages) = ("acks", [acknowledgements(over: member)])
+        case 82..<85: (kind, messages) = ("snapshot", [snapshotMessage(over: member)])
         case 85..<87: (kind, messages) = ("fork", forkPair())
         default: (kind, messages) = ("damaged", [damage(anyMessage(over: member))])
         }
@@ -54,11 +56,60 @@ struct SyncFuzzer {
     }
 
     private mutating func anyMessage(over member: HostileMember) -> [UInt8] {
-        switch Int.random(in: 0..<4, using: &rng) {
+        switch Int.random(in: 0..<6, using: &rng) {
         case 0: return state(over: member)
         case 1: return honestBatch()
         case 2: return forkPair()[0]
+        case 3: return acknowledgements(over: member)
+        case 4: return snapshotMessage(over: member)
         default: return hostileChange()
+        }
+    }
+
+    /// An `ACKS` message (SYNC.md §11): acknowledgements signed by the connected member or a throwaway one, of this
+    /// space or another, naming random origins at any sequence, issued at any time (zero, now, far ahead).
+    private mutating func acknowledgements(over member: HostileMember) -> [UInt8] {
+        var out: [UInt8] = [7]
+        let n = Int.random(in: 0...3, using: &rng)
+        out.appendBE(UInt32(n))
+        for _ in 0..<n {
+            var vector: [[UInt8]: UInt64] = [:]
+            for _ in 0..<Int.random(in: 0..<5, using: &rng) {
+                let origin = honest.isEmpty || Bool.random(using: &rng)
+                    ? (0..<16).map { _ in UInt8.random(in: 0...255, using: &rng) }
+                    : honest[Int.random(in: 0..<honest.count, using: &rng)].member.origin
+                vector[origin] = bigSeq()
+            }
+            let signer = Bool.random(using: &rng) ? member : throwaway.randomElement(using: &rng)!
+            let space = Int.random(in: 0..<5, using: &rng) == 0 ? (0..<16).map { _ in UInt8.random(in: 0...255, using: &rng) } : key.id
+            let issued: UInt64 = [0, UInt64(HostileMember.clockNow()), UInt64.max / 2, UInt64.random(in: 0...UInt64.max, using: &rng)]
+                .randomElement(using: &rng)!
+            let ack = Acknowledgement(space: space, vector: vector, issuedMs: issued, identity: signer.identity)
+            out.appendBE(UInt32(ack.bytes.count))
+            out += ack.bytes
+        }
+        return out
+    }
+
+    /// An unrequested `SNAPSHOT_PART` (sealed with the space's key, or random bytes) or `SNAPSHOT` manifest (signed
+    /// by the connected member, naming pieces and heads that were never sent).
+    private mutating func snapshotMessage(over member: HostileMember) -> [UInt8] {
+        func random(_ n: Int) -> [UInt8] { (0..<n).map { _ in UInt8.random(in: 0...255, using: &rng) } }
+        switch Int.random(in: 0..<3, using: &rng) {
+        case 0:
+            let part = SnapshotPart.seal(
+                random(Int.random(in: 0..<512, using: &rng)), index: UInt32.random(in: 0..<3, using: &rng),
+                prev: Bool.random(using: &rng) ? [UInt8](repeating: 0, count: 32) : random(32), key: key)
+            return [8] + part.bytes
+        case 1:
+            return [8] + random(Int.random(in: 0..<128, using: &rng))
+        default:
+            var heads: [[UInt8]: (seq: UInt64, hash: [UInt8])] = [:]
+            for _ in 0..<Int.random(in: 0..<4, using: &rng) { heads[random(16)] = (bigSeq(), random(32)) }
+            let manifest = SnapshotManifest(
+                space: key.id, createdMs: UInt64(HostileMember.clockNow()), parts: UInt32.random(in: 0..<4, using: &rng),
+                lastPart: random(32), heads: heads, identity: member.identity)
+            return [9] + manifest.bytes
         }
     }
 
@@ -233,17 +284,29 @@ struct SyncFuzzer {
         var fuzzer = SyncFuzzer(seed: seed, key: a.key)
         var sent = 0, connections = 0
         var members: [HostileMember?] = [nil, nil]
+        var refusedInARow = 0
         let started = Date()
         var generation = 0.0
         while sent < total {
             let target = sent % 2
             if members[target] == nil {
                 let m = HostileMember(key: a.key)
-                try m.connect(port: ports[target])
-                // Claim to hold what the daemon holds (its first STATE), so that it does not send its whole log to
-                // every fuzzing connection; what it commits later is still pushed and drained.
-                let vector = try m.receive().flatMap(HostileMember.vector(ofState:)) ?? []
-                try m.send(HostileMember.state(vector))
+                do {
+                    try m.connect(port: ports[target])
+                    // Claim to hold what the daemon holds (its first STATE), so that it does not send its whole log
+                    // to every fuzzing connection; what it commits later is still pushed and drained.
+                    let vector = try m.receive().flatMap(HostileMember.vector(ofState:)) ?? []
+                    try m.send(HostileMember.state(vector))
+                } catch {
+                    // Refused or closed before it began (the per-address handshake rate after many refusals): a
+                    // bounded number of times in a row, with a short pause, then the test fails.
+                    m.close()
+                    refusedInARow += 1
+                    try #require(refusedInARow < 200, "the daemon refused 200 connections in a row: \(error)")
+                    usleep(20_000)
+                    continue
+                }
+                refusedInARow = 0
                 m.startDraining()
                 members[target] = m
                 connections += 1

@@ -1,7 +1,7 @@
 import BlazeCRDT
 import BlazeCrypto
 import BlazeProtocol
-import BlazeRelay
+@testable import BlazeRelay
 import BlazeStore
 import BlazeSync
 import BlazeTestSupport
@@ -182,6 +182,46 @@ final class TempRelay {
         await #expect(throws: SyncRejection.overQuota) { try await relay.store(more, space: key.id, membership: log) }
         #expect(try await relay.usage(space: key.id).entries == 10)
         #expect(try await relay.vector(space: key.id) == [admin.origin: 10])
+    }
+
+    @Test(arguments: Backend.allCases) func acknowledgementsOfListedSignersAreKeptLatestOnlyAndDroppedWithTheSpace(
+        backend: Backend
+    ) async throws {
+        let temp = try await TempRelay(backend)
+        let relay = temp.store
+        _ = try await relay.add(RelayCapability(key: key))
+        let other = SpaceKey.generate()
+        _ = try await relay.add(RelayCapability(key: other))
+        let admin = DeviceIdentity(), reader = DeviceIdentity(), stranger = DeviceIdentity()
+        let salt = SpaceKey.randomBytes(16)
+        let space = MembershipOp.spaceID(creator: admin.publicKeys, salt: salt)
+        let create = try MembershipOp(space: space, author: admin, timeMs: 1, parents: [], action: .create(salt: salt), envelopes: [])
+        let add = try MembershipOp(
+            space: space, author: admin, timeMs: 2, parents: [create.hash], action: .add(device: reader.publicKeys, role: .reader),
+            envelopes: [])
+        let log = MembershipState(space: space, ops: [create, add])
+        func ack(_ who: DeviceIdentity, _ issued: UInt64, in space: [UInt8]? = nil) -> Acknowledgement {
+            Acknowledgement(space: space ?? key.id, vector: [[UInt8](repeating: 7, count: 16): issued], issuedMs: issued, identity: who)
+        }
+        // Listed signers only (readers acknowledge too), the latest of each, this space only; none without a log.
+        let offered = [ack(admin, 10), ack(admin, 5), ack(reader, 7), ack(stranger, 9), ack(admin, 20, in: other.id)]
+        let accepted = RelayRules.acceptableAcks(offered, space: key.id, membership: log)
+        #expect(accepted.map(\.issuedMs).sorted() == [7, 10])
+        #expect(RelayRules.acceptableAcks(offered, space: key.id, membership: nil).isEmpty)
+        #expect(try await relay.keepAcks(accepted, space: key.id).count == 2)
+        // Not newer than what is held: nothing kept; newer: replaces.
+        #expect(try await relay.keepAcks([ack(admin, 10), ack(admin, 3)], space: key.id).isEmpty)
+        #expect(try await relay.keepAcks([ack(admin, 11)], space: key.id).map(\.issuedMs) == [11])
+        let held = try await relay.acks(space: key.id)
+        #expect(held.count == 2 && Set(held.map(\.issuedMs)) == [7, 11])
+        #expect(held.allSatisfy { (try? Acknowledgement(bytes: $0.bytes)) == $0 }, "kept as signed")
+        #expect(try await relay.acks(space: other.id).isEmpty)
+        // Retention drops them with the space's data.
+        let w = try Writer(key: key)
+        try w.write(5, key: key)
+        _ = try await relay.store(try #require(try w.db.entryBatch(origin: w.origin, after: 0, maxEntries: 10)), space: key.id, membership: nil)
+        #expect(try await relay.expire(idleBefore: Int64(Date().timeIntervalSince1970 * 1000) + 60_000) == [key.id])
+        #expect(try await relay.acks(space: key.id).isEmpty)
     }
 
     @Test(arguments: Backend.allCases) func idleSpacesAreDroppedWholeAndFillAgain(backend: Backend) async throws {
