@@ -3,20 +3,24 @@ import Synchronization
 /// Runs `work` in a task of its own and returns its result, or throws a `RelayError` naming `what` once `limit` passes
 /// first. The work is then cancelled and left to end on its own: what it waits on (a PostgreSQL query lost with its
 /// connection) may never answer, and the caller must not wait with it. Cancelling the caller cancels the work.
+///
+/// The work and its timer run on `executor` (the relay's event loops), not on the shared concurrency pool: were that
+/// pool's few threads blocked for a while (a busy embedding process), both would run late together and the timer could
+/// win a race the work had already won.
 func withDeadline<T: Sendable>(
-    _ limit: Duration, _ what: String, _ work: @escaping @Sendable () async throws -> T
+    _ limit: Duration, _ what: String, executor: any TaskExecutor, _ work: @escaping @Sendable () async throws -> T
 ) async throws -> T {
     let race = DeadlineRace<T>()
     return try await withTaskCancellationHandler {
         try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<T, any Error>) in
             race.begin(continuation)
             race.start(
-                worker: Task {
+                worker: Task(executorPreference: executor) {
                     let result: Result<T, any Error>
                     do { result = .success(try await work()) } catch { result = .failure(error) }
                     race.finish(result)
                 },
-                timer: Task {
+                timer: Task(executorPreference: executor) {
                     // Cancelled when the work finishes first.
                     guard (try? await Task.sleep(for: limit)) != nil else { return }
                     race.finish(.failure(RelayError("\(what) did not finish within \(limit)")))

@@ -5,6 +5,7 @@ import BlazeSync
 import Foundation
 import Logging
 import NIOCore
+import NIOPosix
 import NIOSSL
 import PostgresNIO
 import Synchronization
@@ -19,6 +20,8 @@ public final class PostgresRelayStore: RelayBackend {
     /// Per-space limits.
     public let limits: RelayLimits
     private let logger: Logger
+    /// Where operations and their deadlines run (see `withDeadline`).
+    private let executor = EventLoopTaskExecutor(group: MultiThreadedEventLoopGroup.singleton)
     /// This process's id in notifications, so that it skips its own.
     private let instance = UUID().uuidString.prefix(8).lowercased()
     /// The notification channel.
@@ -102,6 +105,18 @@ public final class PostgresRelayStore: RelayBackend {
                 "CREATE TABLE IF NOT EXISTS relay_usage(space BYTEA PRIMARY KEY, entries BIGINT NOT NULL, bytes BIGINT NOT NULL)",
                 "ALTER TABLE relay_usage ADD COLUMN IF NOT EXISTS last_write_ms BIGINT NOT NULL DEFAULT 0",
                 """
+                CREATE TABLE IF NOT EXISTS relay_snapshots(space BYTEA PRIMARY KEY, created_ms BIGINT NOT NULL, \
+                manifest BYTEA NOT NULL)
+                """,
+                """
+                CREATE TABLE IF NOT EXISTS relay_snapshot_parts(space BYTEA NOT NULL, idx BIGINT NOT NULL, \
+                bytes BYTEA NOT NULL, PRIMARY KEY(space, idx))
+                """,
+                """
+                CREATE TABLE IF NOT EXISTS relay_bases(space BYTEA NOT NULL, origin BYTEA NOT NULL, seq BIGINT NOT NULL, \
+                hash BYTEA NOT NULL, PRIMARY KEY(space, origin))
+                """,
+                """
                 CREATE TABLE IF NOT EXISTS relay_acks(space BYTEA NOT NULL, node BYTEA NOT NULL, issued_ms BIGINT NOT NULL, \
                 bytes BYTEA NOT NULL, PRIMARY KEY(space, node))
                 """,
@@ -113,7 +128,7 @@ public final class PostgresRelayStore: RelayBackend {
 
     /// Runs `work` and returns what it returns, or throws once `operationTimeout` passes first (see `withDeadline`).
     private func bounded<T: Sendable>(_ work: @escaping @Sendable () async throws -> T) async throws -> T {
-        try await withDeadline(operationTimeout, "a PostgreSQL operation", work)
+        try await withDeadline(operationTimeout, "a PostgreSQL operation", executor: executor, work)
     }
 
     /// Runs `body` in a transaction; what `body` throws is rethrown as it is (the rollback having succeeded).
@@ -263,17 +278,116 @@ public final class PostgresRelayStore: RelayBackend {
         }
     }
 
+    // MARK: Snapshots
+
+    private func bases(_ conn: PostgresConnection, _ s: Data) async throws -> [NodeID: RelayBase] {
+        var out: [NodeID: RelayBase] = [:]
+        for (origin, seq, hash) in try await conn.query(
+            "SELECT origin, seq, hash FROM relay_bases WHERE space = \(s)", logger: logger
+        ).decode((Data, Int64, Data).self).all() {
+            out[NodeID(bytes: Array(origin))] = RelayBase(seq: UInt64(seq), hash: Array(hash))
+        }
+        return out
+    }
+
+    public func bases(space: [UInt8]) async throws -> [NodeID: RelayBase] {
+        try await bounded { [self] in
+            try await client.withConnection { conn in try await self.bases(conn, Data(space)) }
+        }
+    }
+
+    public func keepSnapshot(_ manifest: SnapshotManifest, parts: [SnapshotPart], space: [UInt8]) async throws -> Bool {
+        try await bounded { [self] in
+            let s = Data(space)
+            return try await transaction { conn in
+                // The usage row is the space's lock.
+                guard try await conn.query("SELECT 1 FROM relay_usage WHERE space = \(s) FOR UPDATE", logger: self.logger)
+                    .decode(Int32.self).all().first != nil
+                else { return false }
+                let held = try await conn.query("SELECT manifest FROM relay_snapshots WHERE space = \(s)", logger: self.logger)
+                    .decode(Data.self).all().first.flatMap { try? SnapshotManifest(bytes: Array($0)) }
+                let bases = try await self.bases(conn, s)
+                guard RelayRules.supersedes(manifest, held: held, bases: bases) else { return false }
+                var reach: [NodeID: UInt64] = bases.mapValues(\.seq)
+                for (origin, seq) in try await conn.query(
+                    "SELECT origin, max(seq) FROM relay_entries WHERE space = \(s) GROUP BY origin", logger: self.logger
+                ).decode((Data, Int64).self).all() {
+                    let node = NodeID(bytes: Array(origin))
+                    reach[node] = max(reach[node] ?? 0, UInt64(seq))
+                }
+                for (origin, base) in RelayRules.newBases(manifest, held: reach) {
+                    let (o, seq, hash) = (Data(origin.bytes), Int64(base.seq), Data(base.hash))
+                    let gone = try await conn.query(
+                        """
+                        SELECT count(*), coalesce(sum(octet_length(bytes)), 0)::bigint FROM relay_entries \
+                        WHERE space = \(s) AND origin = \(o) AND seq <= \(seq)
+                        """, logger: self.logger
+                    ).decode((Int64, Int64).self).all().first ?? (Int64(0), Int64(0))
+                    try await conn.query(
+                        "DELETE FROM relay_entries WHERE space = \(s) AND origin = \(o) AND seq <= \(seq)", logger: self.logger)
+                    try await conn.query(
+                        "DELETE FROM relay_heads WHERE space = \(s) AND origin = \(o) AND seq <= \(seq)", logger: self.logger)
+                    try await conn.query(
+                        "UPDATE relay_usage SET entries = entries - \(gone.0), bytes = bytes - \(gone.1) WHERE space = \(s)",
+                        logger: self.logger)
+                    try await conn.query(
+                        """
+                        INSERT INTO relay_bases(space, origin, seq, hash) VALUES (\(s), \(o), \(seq), \(hash)) \
+                        ON CONFLICT (space, origin) DO UPDATE SET seq = EXCLUDED.seq, hash = EXCLUDED.hash
+                        """, logger: self.logger)
+                }
+                try await conn.query("DELETE FROM relay_snapshot_parts WHERE space = \(s)", logger: self.logger)
+                for part in parts {
+                    let (idx, bytes) = (Int64(part.index), Data(part.bytes))
+                    try await conn.query(
+                        "INSERT INTO relay_snapshot_parts(space, idx, bytes) VALUES (\(s), \(idx), \(bytes))", logger: self.logger)
+                }
+                let (created, bytes) = (Int64(clamping: manifest.createdMs), Data(manifest.bytes))
+                try await conn.query(
+                    """
+                    INSERT INTO relay_snapshots(space, created_ms, manifest) VALUES (\(s), \(created), \(bytes)) \
+                    ON CONFLICT (space) DO UPDATE SET created_ms = EXCLUDED.created_ms, manifest = EXCLUDED.manifest
+                    """, logger: self.logger)
+                try await conn.query(
+                    "UPDATE relay_usage SET last_write_ms = \(Self.nowMs()) WHERE space = \(s)", logger: self.logger)
+                // Other processes' devices may need it: they pump again.
+                try await self.notify(conn, "e", space: space)
+                return true
+            }
+        }
+    }
+
+    public func snapshotManifest(space: [UInt8]) async throws -> SnapshotManifest? {
+        try await bounded { [self] in
+            try await client.query("SELECT manifest FROM relay_snapshots WHERE space = \(Data(space))", logger: logger)
+                .decode(Data.self).all().first.map { try SnapshotManifest(bytes: Array($0)) }
+        }
+    }
+
+    public func snapshotPart(space: [UInt8], index: UInt32) async throws -> SnapshotPart? {
+        try await bounded { [self] in
+            let idx = Int64(index)
+            return try await client.query(
+                "SELECT bytes FROM relay_snapshot_parts WHERE space = \(Data(space)) AND idx = \(idx)", logger: logger
+            ).decode(Data.self).all().first.map { try SnapshotPart(bytes: Array($0)) }
+        }
+    }
+
     // MARK: Entries
 
     public func vector(space: [UInt8]) async throws -> [NodeID: UInt64] {
         try await bounded { [self] in
-            var out: [NodeID: UInt64] = [:]
-            for (origin, seq) in try await client.query(
-                "SELECT origin, max(seq) FROM relay_heads WHERE space = \(Data(space)) GROUP BY origin", logger: logger
-            ).decode((Data, Int64).self).all() {
-                out[NodeID(bytes: Array(origin))] = UInt64(seq)
+            try await client.withConnection { conn in
+                var out: [NodeID: UInt64] = [:]
+                for (origin, seq) in try await conn.query(
+                    "SELECT origin, max(seq) FROM relay_heads WHERE space = \(Data(space)) GROUP BY origin", logger: self.logger
+                ).decode((Data, Int64).self).all() {
+                    out[NodeID(bytes: Array(origin))] = UInt64(seq)
+                }
+                // What a snapshot covers counts as held: a device needing it gets the snapshot.
+                for (origin, base) in try await self.bases(conn, Data(space)) { out[origin] = max(out[origin] ?? 0, base.seq) }
+                return out
             }
-            return out
         }
     }
 
@@ -283,6 +397,8 @@ public final class PostgresRelayStore: RelayBackend {
             let (s, o, a) = (Data(space), Data(origin.bytes), Int64(after))
             let reach = a + Int64(maxEntries)
             return try await client.withConnection { conn in
+                // Not held: what a snapshot covers comes with the snapshot.
+                if let base = try await self.bases(conn, s)[origin], after < base.seq { return nil }
                 let heads = try await conn.query(
                     "SELECT seq FROM relay_heads WHERE space = \(s) AND origin = \(o) AND seq > \(a) AND seq <= \(reach) ORDER BY seq",
                     logger: self.logger
@@ -329,12 +445,16 @@ public final class PostgresRelayStore: RelayBackend {
                     "SELECT entries, bytes FROM relay_usage WHERE space = \(s) FOR UPDATE", logger: self.logger
                 ).decode((Int64, Int64).self).all().first
                 else { throw SyncRejection.notMember }
-                let held = UInt64(
-                    try await conn.query(
-                        "SELECT coalesce(max(seq), 0) FROM relay_entries WHERE space = \(s) AND origin = \(o)", logger: self.logger
-                    ).decode(Int64.self).all().first ?? 0)
+                let base = try await self.bases(conn, s)[batch.origin]
+                let held = max(
+                    base?.seq ?? 0,
+                    UInt64(
+                        try await conn.query(
+                            "SELECT coalesce(max(seq), 0) FROM relay_entries WHERE space = \(s) AND origin = \(o)", logger: self.logger
+                        ).decode(Int64.self).all().first ?? 0))
                 var hashes: [UInt64: [UInt8]] = [:]
-                if let range = try RelayRules.seqsToCheck(batch, held: held) {
+                if let base { hashes[base.seq] = base.hash }
+                if let range = try RelayRules.seqsToCheck(batch, held: held, base: base) {
                     let (low, high) = (Int64(range.lowerBound), Int64(range.upperBound))
                     for (seq, hash) in try await conn.query(
                         "SELECT seq, hash FROM relay_entries WHERE space = \(s) AND origin = \(o) AND seq BETWEEN \(low) AND \(high)",
@@ -383,6 +503,9 @@ public final class PostgresRelayStore: RelayBackend {
                     try await conn.query("DELETE FROM relay_heads WHERE space = \(space)", logger: self.logger)
                     try await conn.query("DELETE FROM relay_ops WHERE space = \(space)", logger: self.logger)
                     try await conn.query("DELETE FROM relay_acks WHERE space = \(space)", logger: self.logger)
+                    try await conn.query("DELETE FROM relay_snapshots WHERE space = \(space)", logger: self.logger)
+                    try await conn.query("DELETE FROM relay_snapshot_parts WHERE space = \(space)", logger: self.logger)
+                    try await conn.query("DELETE FROM relay_bases WHERE space = \(space)", logger: self.logger)
                     try await conn.query(
                         "UPDATE relay_usage SET entries = 0, bytes = 0, last_write_ms = 0 WHERE space = \(space)",
                         logger: self.logger)
@@ -404,7 +527,7 @@ public final class PostgresRelayStore: RelayBackend {
             let listening = ListenState()
             // What others wrote while this process was not listening is caught up on.
             let resync = listenedBefore
-            let attempt = Task { [client, logger] in
+            let attempt = Task(executorPreference: executor) { [client, logger] in
                 defer { listening.end() }
                 do {
                     try await client.withConnection { conn in

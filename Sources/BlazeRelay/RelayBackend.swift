@@ -31,6 +31,17 @@ public protocol RelayBackend: Sendable {
     func keepAcks(_ acks: [Acknowledgement], space: [UInt8]) async throws -> [Acknowledgement]
     /// The latest acknowledgement held of each signer of `space`.
     func acks(space: [UInt8]) async throws -> [Acknowledgement]
+    /// Keeps `manifest` and its `parts` (checked by the caller, `RelayRules.checkSnapshot`) as the space's snapshot,
+    /// unless the one held is as recent or this one covers less than a base (below) of some origin. For each origin
+    /// whose held entries end below what it covers, those entries and heads go and the manifest's head becomes the
+    /// origin's base: the next entry must link to it. Returns whether it was kept.
+    func keepSnapshot(_ manifest: SnapshotManifest, parts: [SnapshotPart], space: [UInt8]) async throws -> Bool
+    /// The manifest of the space's snapshot, nil when none is held.
+    func snapshotManifest(space: [UInt8]) async throws -> SnapshotManifest?
+    /// Piece `index` of the space's snapshot.
+    func snapshotPart(space: [UInt8], index: UInt32) async throws -> SnapshotPart?
+    /// Per origin of `space`, the entry its held entries follow when a snapshot covers what is not held.
+    func bases(space: [UInt8]) async throws -> [NodeID: RelayBase]
     /// Drops everything held of each space whose last write (entries or operations) is older than `cutoffMs` (Unix
     /// ms) — entries, heads, operations, usage — keeping the space served; returns those spaces. Devices hold all of it
     /// and hand it back when they next connect (the relay's `STATE` then shows nothing held).
@@ -38,6 +49,21 @@ public protocol RelayBackend: Sendable {
     /// Runs `onChange` for every change another relay process makes, until the task is cancelled; returns at once
     /// when no other process can share the store.
     func watch(_ onChange: @escaping @Sendable (RelayChange) -> Void) async
+}
+
+/// Where an origin's entries held by a relay start after a snapshot: the entry at `seq` (hash `hash`; zeros when the
+/// origin's chain starts after it) is not held, and the next must link to it.
+public struct RelayBase: Sendable, Equatable {
+    /// The sequence the snapshot covers.
+    public var seq: UInt64
+    /// The hash of the entry at `seq`.
+    public var hash: [UInt8]
+
+    /// A base at `seq` with `hash`.
+    public init(seq: UInt64, hash: [UInt8]) {
+        self.seq = seq
+        self.hash = hash
+    }
 }
 
 /// A change another relay process made to a shared store.
@@ -70,8 +96,10 @@ enum RelayRules {
 
     /// The seqs the store must show hashes of to check `batch` against `held` (the highest seq it holds of the
     /// origin): the one before the batch (its link) and those the batch repeats.
-    static func seqsToCheck(_ batch: EntryBatch, held: UInt64) throws -> ClosedRange<UInt64>? {
+    static func seqsToCheck(_ batch: EntryBatch, held: UInt64, base: RelayBase? = nil) throws -> ClosedRange<UInt64>? {
         let first = batch.entries[0].header.seq
+        // Entries at or below a base are not held and cannot be checked: a device sends from past the relay's STATE.
+        if let base, first <= base.seq { throw SyncRejection.brokenChain }
         // The batch must start within or right after what is held (no gap).
         guard first >= 1, first <= held + 1 else { throw SyncRejection.brokenChain }
         let low = first == 1 ? 1 : first - 1
@@ -110,6 +138,45 @@ enum RelayRules {
         }
         return latest.values.sorted { $0.node.lexicographicallyPrecedes($1.node) }
     }
+
+    /// Checks an uploaded snapshot as far as a relay can without opening it (SYNC.md §11): of this space, signed by
+    /// a current writing member the log lists with that key, its pieces numbered from 0, each naming the hash of the
+    /// one before (zeros for the first), as many as the manifest says, the last the one it names. `badSnapshot`
+    /// otherwise.
+    static func checkSnapshot(
+        _ manifest: SnapshotManifest, parts: [SnapshotPart], space: [UInt8], membership: MembershipState?
+    ) throws(SyncRejection) {
+        guard manifest.space == space, let membership, let author = membership.member(manifest.author), author.isCurrent,
+            author.role.writes, author.keys.signing == manifest.authorKey, !parts.isEmpty, parts.count == Int(manifest.parts),
+            parts.last?.hash == manifest.lastPart
+        else { throw .badSnapshot }
+        var prev = SealedEntry.genesis
+        for (i, part) in parts.enumerated() {
+            guard part.index == UInt32(i), part.prev == prev else { throw .badSnapshot }
+            prev = part.hash
+        }
+    }
+
+    /// Whether `manifest` may replace `held` given the bases it would keep: more recent, and covering every base.
+    static func supersedes(_ manifest: SnapshotManifest, held: SnapshotManifest?, bases: [NodeID: RelayBase]) -> Bool {
+        if let held, held.createdMs >= manifest.createdMs { return false }
+        return bases.allSatisfy { origin, base in (manifest.heads[origin.bytes]?.seq ?? 0) >= base.seq }
+    }
+
+    /// The origins whose held entries (`held`: highest seq per origin) end below what `manifest` covers: each gets
+    /// the manifest's head as its base.
+    static func newBases(_ manifest: SnapshotManifest, held: [NodeID: UInt64]) -> [NodeID: RelayBase] {
+        var out: [NodeID: RelayBase] = [:]
+        for (origin, head) in manifest.heads where head.seq > 0 {
+            let node = NodeID(bytes: origin)
+            if (held[node] ?? 0) < head.seq { out[node] = RelayBase(seq: head.seq, hash: head.hash) }
+        }
+        return out
+    }
+
+    /// The most bytes of snapshot pieces a relay connection holds before their manifest comes (more is dropped, and
+    /// counted); a snapshot is about the size of the documents.
+    static let maxSnapshotBytes = 256 << 20
 
     /// The largest acknowledgement a relay keeps (about 10,000 origins); a larger one is passed on by members only.
     static let maxAckBytes = 256 << 10

@@ -99,7 +99,7 @@ final class RelayMetrics: Sendable {
     private let factory: PrometheusMetricsFactory
     let entriesStored, bytesStored, entriesForwarded, bytesForwarded: Metrics.Counter
     let handshakesRefused, connectionsRefusedOverLimit, connectionsRefusedRate, connectionsEstablished: Metrics.Counter
-    let storeErrors, storeTimeouts, acksKept: Metrics.Counter
+    let storeErrors, storeTimeouts, acksKept, snapshotsKept, snapshotsSent: Metrics.Counter
     private let connections, handshaking, spaces: Metrics.Gauge
     private let rejections = Mutex<[String: Metrics.Counter]>([:])
 
@@ -117,6 +117,8 @@ final class RelayMetrics: Sendable {
             label: "blaze_relay_connections_refused_total", dimensions: [("reason", "rate")], factory: f)
         connectionsEstablished = Metrics.Counter(label: "blaze_relay_connections_established_total", factory: f)
         acksKept = Metrics.Counter(label: "blaze_relay_acks_kept_total", factory: f)
+        snapshotsKept = Metrics.Counter(label: "blaze_relay_snapshots_kept_total", factory: f)
+        snapshotsSent = Metrics.Counter(label: "blaze_relay_snapshots_sent_total", factory: f)
         storeErrors = Metrics.Counter(label: "blaze_relay_store_failures_total", dimensions: [("reason", "error")], factory: f)
         storeTimeouts = Metrics.Counter(
             label: "blaze_relay_store_failures_total", dimensions: [("reason", "timeout")], factory: f)

@@ -299,6 +299,8 @@ public final class RelayServer: Sendable {
         case storeFailed(timedOut: Bool)
         /// Acknowledgements kept (newer than those held of their signers).
         case acksKept(Int)
+        /// A snapshot a member uploaded was kept; one was sent to a device.
+        case snapshotKept, snapshotSent
     }
 
     /// Counts `event`.
@@ -321,6 +323,12 @@ public final class RelayServer: Sendable {
         case .rejected(let reason):
             stats.withLock { $0.rejected[reason, default: 0] += 1 }
             metrics.rejected(reason)
+        case .snapshotKept:
+            stats.withLock { $0.snapshotsKept += 1 }
+            metrics.snapshotsKept.increment()
+        case .snapshotSent:
+            stats.withLock { $0.snapshotsSent += 1 }
+            metrics.snapshotsSent.increment()
         case .acksKept(let n):
             stats.withLock { $0.acksKept += n }
             metrics.acksKept.increment(by: n)
@@ -458,4 +466,6 @@ public struct RelayCounters: Sendable {
     public var storeErrors = 0, storeTimeouts = 0
     /// Acknowledgements kept and passed on (SYNC.md §11).
     public var acksKept = 0
+    /// Snapshots members uploaded that were kept, and snapshots sent to devices (SYNC.md §11).
+    public var snapshotsKept = 0, snapshotsSent = 0
 }

@@ -74,7 +74,107 @@ public final class RelayStore: RelayBackend {
                     ) WITHOUT ROWID
                     """)
         }
+        m.registerMigration("v4") { db in
+            // The latest snapshot a member uploaded per space (SYNC.md §11), and per origin the entry the held ones
+            // follow when the snapshot covers what is not held.
+            try db.execute(
+                sql: """
+                    CREATE TABLE relay_snapshots(
+                        space BLOB PRIMARY KEY NOT NULL,
+                        created_ms INTEGER NOT NULL,
+                        manifest BLOB NOT NULL
+                    ) WITHOUT ROWID;
+                    CREATE TABLE relay_snapshot_parts(
+                        space BLOB NOT NULL,
+                        idx INTEGER NOT NULL,
+                        bytes BLOB NOT NULL,
+                        PRIMARY KEY(space, idx)
+                    ) WITHOUT ROWID;
+                    CREATE TABLE relay_bases(
+                        space BLOB NOT NULL,
+                        origin BLOB NOT NULL,
+                        seq INTEGER NOT NULL,
+                        hash BLOB NOT NULL,
+                        PRIMARY KEY(space, origin)
+                    ) WITHOUT ROWID;
+                    """)
+        }
         try m.migrate(pool)
+    }
+
+    // MARK: Snapshots
+
+    static func bases(_ db: Database, _ space: Data) throws -> [NodeID: RelayBase] {
+        var out: [NodeID: RelayBase] = [:]
+        for row in try Row.fetchAll(db, sql: "SELECT origin, seq, hash FROM relay_bases WHERE space = ?", arguments: [space]) {
+            out[NodeID(bytes: Array(row[0] as Data))] = RelayBase(seq: UInt64(row[1] as Int64), hash: Array(row[2] as Data))
+        }
+        return out
+    }
+
+    public func bases(space: [UInt8]) async throws -> [NodeID: RelayBase] {
+        try await pool.read { db in try Self.bases(db, Data(space)) }
+    }
+
+    public func keepSnapshot(_ manifest: SnapshotManifest, parts: [SnapshotPart], space: [UInt8]) async throws -> Bool {
+        try await pool.write { db in
+            let s = Data(space)
+            let held = try Data.fetchOne(db, sql: "SELECT manifest FROM relay_snapshots WHERE space = ?", arguments: [s])
+                .flatMap { try? SnapshotManifest(bytes: Array($0)) }
+            let bases = try Self.bases(db, s)
+            guard try Data.fetchOne(db, sql: "SELECT space FROM relay_usage WHERE space = ?", arguments: [s]) != nil,
+                RelayRules.supersedes(manifest, held: held, bases: bases)
+            else { return false }
+            var reach: [NodeID: UInt64] = bases.mapValues(\.seq)
+            for row in try Row.fetchAll(
+                db, sql: "SELECT origin, max(seq) FROM relay_entries WHERE space = ? GROUP BY origin", arguments: [s])
+            {
+                let origin = NodeID(bytes: Array(row[0] as Data))
+                reach[origin] = max(reach[origin] ?? 0, UInt64(row[1] as Int64))
+            }
+            for (origin, base) in RelayRules.newBases(manifest, held: reach) {
+                let (o, seq) = (Data(origin.bytes), Int64(base.seq))
+                let gone = try Row.fetchOne(
+                    db, sql: "SELECT count(*), coalesce(sum(length(bytes)), 0) FROM relay_entries WHERE space = ? AND origin = ? AND seq <= ?",
+                    arguments: [s, o, seq])
+                try db.execute(sql: "DELETE FROM relay_entries WHERE space = ? AND origin = ? AND seq <= ?", arguments: [s, o, seq])
+                try db.execute(sql: "DELETE FROM relay_heads WHERE space = ? AND origin = ? AND seq <= ?", arguments: [s, o, seq])
+                try db.execute(
+                    sql: "UPDATE relay_usage SET entries = entries - ?, bytes = bytes - ? WHERE space = ?",
+                    arguments: [gone?[0] as Int? ?? 0, gone?[1] as Int? ?? 0, s])
+                try db.execute(
+                    sql: "INSERT OR REPLACE INTO relay_bases(space, origin, seq, hash) VALUES (?, ?, ?, ?)",
+                    arguments: [s, o, seq, Data(base.hash)])
+            }
+            try db.execute(sql: "DELETE FROM relay_snapshot_parts WHERE space = ?", arguments: [s])
+            for part in parts {
+                try db.execute(
+                    sql: "INSERT INTO relay_snapshot_parts(space, idx, bytes) VALUES (?, ?, ?)",
+                    arguments: [s, Int64(part.index), Data(part.bytes)])
+            }
+            try db.execute(
+                sql: "INSERT OR REPLACE INTO relay_snapshots(space, created_ms, manifest) VALUES (?, ?, ?)",
+                arguments: [s, Int64(clamping: manifest.createdMs), Data(manifest.bytes)])
+            try db.execute(
+                sql: "UPDATE relay_usage SET last_write_ms = ? WHERE space = ?",
+                arguments: [Int64(Date().timeIntervalSince1970 * 1000), s])
+            return true
+        }
+    }
+
+    public func snapshotManifest(space: [UInt8]) async throws -> SnapshotManifest? {
+        try await pool.read { db in
+            try Data.fetchOne(db, sql: "SELECT manifest FROM relay_snapshots WHERE space = ?", arguments: [Data(space)])
+                .map { try SnapshotManifest(bytes: Array($0)) }
+        }
+    }
+
+    public func snapshotPart(space: [UInt8], index: UInt32) async throws -> SnapshotPart? {
+        try await pool.read { db in
+            try Data.fetchOne(
+                db, sql: "SELECT bytes FROM relay_snapshot_parts WHERE space = ? AND idx = ?", arguments: [Data(space), Int64(index)]
+            ).map { try SnapshotPart(bytes: Array($0)) }
+        }
     }
 
     // MARK: Acknowledgements
@@ -180,6 +280,8 @@ public final class RelayStore: RelayBackend {
             {
                 out[NodeID(bytes: Array(row[0] as Data))] = UInt64(row[1] as Int64)
             }
+            // What a snapshot covers counts as held: a device needing it gets the snapshot.
+            for (origin, base) in try Self.bases(db, Data(space)) { out[origin] = max(out[origin] ?? 0, base.seq) }
             return out
         }
     }
@@ -188,6 +290,8 @@ public final class RelayStore: RelayBackend {
         guard RelayRules.readable(after: after, maxEntries: maxEntries) else { return nil }
         return try await pool.read { db in
             let (s, o) = (Data(space), Data(origin.bytes))
+            // Not held: what a snapshot covers comes with the snapshot.
+            if let base = try Self.bases(db, s)[origin], after < base.seq { return nil }
             // The heads within reach, and the nearest one (which may lie beyond it).
             let heads = try Int64.fetchAll(
                 db, sql: "SELECT seq FROM relay_heads WHERE space = ? AND origin = ? AND seq > ? AND seq <= ? ORDER BY seq",
@@ -221,10 +325,15 @@ public final class RelayStore: RelayBackend {
         let limits = self.limits
         return try await pool.write { db -> Int in
             let (s, o) = (Data(space), Data(batch.origin.bytes))
-            let held = UInt64(
-                try Int64.fetchOne(db, sql: "SELECT max(seq) FROM relay_entries WHERE space = ? AND origin = ?", arguments: [s, o]) ?? 0)
+            let base = try Self.bases(db, s)[batch.origin]
+            let held = max(
+                base?.seq ?? 0,
+                UInt64(
+                    try Int64.fetchOne(db, sql: "SELECT max(seq) FROM relay_entries WHERE space = ? AND origin = ?", arguments: [s, o])
+                        ?? 0))
             var hashes: [UInt64: [UInt8]] = [:]
-            if let range = try RelayRules.seqsToCheck(batch, held: held) {
+            if let base { hashes[base.seq] = base.hash }
+            if let range = try RelayRules.seqsToCheck(batch, held: held, base: base) {
                 for row in try Row.fetchAll(
                     db, sql: "SELECT seq, hash FROM relay_entries WHERE space = ? AND origin = ? AND seq BETWEEN ? AND ?",
                     arguments: [s, o, Int64(range.lowerBound), Int64(range.upperBound)])
@@ -258,7 +367,10 @@ public final class RelayStore: RelayBackend {
             let idle = try Data.fetchAll(
                 db, sql: "SELECT space FROM relay_usage WHERE last_write_ms > 0 AND last_write_ms < ?", arguments: [cutoffMs])
             for space in idle {
-                for table in ["relay_entries", "relay_heads", "relay_ops", "relay_acks"] {
+                for table in [
+                    "relay_entries", "relay_heads", "relay_ops", "relay_acks", "relay_snapshots", "relay_snapshot_parts",
+                    "relay_bases",
+                ] {
                     try db.execute(sql: "DELETE FROM \(table) WHERE space = ?", arguments: [space])
                 }
                 try db.execute(

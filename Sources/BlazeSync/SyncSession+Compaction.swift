@@ -54,14 +54,17 @@ extension SyncSession {
     }
 
     /// Sends the peer a snapshot of this replica, because it lacks entries compacted away here, then what follows
-    /// it. Only a member gets one (a relay cannot install it), and one per session.
+    /// it; one per session. A current member installs it; a relay (a device the log does not list) keeps it for the
+    /// devices that reach only the relay (RELAY.md): it is sealed with the space's key, which a relay never holds. A
+    /// member that was removed gets none.
     func sendSnapshot(context: ChannelHandlerContext) {
         guard let link, !closed else { return }
         let space = link.space.snapshot
         // A space without a log has no member list: every capability holder is a member there.
-        let isMember = space.membership.map { $0.member(link.device.nodeID)?.isCurrent == true } ?? true
-        guard !snapshotSent, isMember else {
-            report.update { $0.lastError = "the peer lacks entries compacted away here, and only a member can take a snapshot" }
+        let listed = space.membership?.member(link.device.nodeID)
+        let mayTake = space.membership == nil || listed == nil || listed?.isCurrent == true
+        guard !snapshotSent, mayTake else {
+            report.update { $0.lastError = "the peer lacks entries compacted away here, and a removed member takes no snapshot" }
             pumping = false
             return
         }

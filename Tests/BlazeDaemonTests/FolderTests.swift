@@ -134,15 +134,16 @@ func folderStatus(_ c: BlazeConnection, _ path: String) throws -> JSONValue {
         let c = team.clients[2]
         #expect(try eventually { try replicaState(c, "team") == replicaState(a, "team") })
         #expect(try replicaState(c, "team").docs == 51)
-        // Each device wrote only its own directory: segment files, a head file and the membership log.
+        // Each device wrote only its own directory: segment files, a head file, the membership log and the
+        // acknowledgements it holds.
         let space = try spaceOf(a)
-        // (A `.tmp` file is a head or members file being replaced at that moment.)
+        // (A `.tmp` file is a head, members or acks file being replaced at that moment.)
         let files = filesUnder(folder.path).filter { !$0.hasSuffix(".tmp") }
         #expect(Set(files.map { $0.split(separator: "/").first.map(String.init) ?? "" }) == [space])
         for (i, node) in team.nodes.enumerated() {
             let own = Set(files.filter { $0.hasPrefix("\(space)/\(node)/") }.map { String($0.split(separator: "/").last!) })
             // C wrote nothing of its own, and everything it holds is in the folder already: it adds no segment.
-            #expect(own == (i < 2 ? ["head", "members", "0000000000000001.seg"] : ["head", "members"]), "\(own)")
+            #expect(own == (i < 2 ? ["head", "members", "acks", "0000000000000001.seg"] : ["head", "members", "acks"]), "\(own)")
         }
         // Status: the folder lists the other two devices; nothing was refused.
         let status = try folderStatus(c, folder.path)

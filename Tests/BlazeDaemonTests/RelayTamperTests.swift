@@ -222,6 +222,22 @@ final class StallingBackend: RelayBackend {
         try await gate()
         return try await inner.acks(space: space)
     }
+    func keepSnapshot(_ manifest: SnapshotManifest, parts: [SnapshotPart], space: [UInt8]) async throws -> Bool {
+        try await gate()
+        return try await inner.keepSnapshot(manifest, parts: parts, space: space)
+    }
+    func snapshotManifest(space: [UInt8]) async throws -> SnapshotManifest? {
+        try await gate()
+        return try await inner.snapshotManifest(space: space)
+    }
+    func snapshotPart(space: [UInt8], index: UInt32) async throws -> SnapshotPart? {
+        try await gate()
+        return try await inner.snapshotPart(space: space, index: index)
+    }
+    func bases(space: [UInt8]) async throws -> [NodeID: RelayBase] {
+        try await gate()
+        return try await inner.bases(space: space)
+    }
     func expire(idleBefore cutoffMs: Int64) async throws -> [[UInt8]] { try await inner.expire(idleBefore: cutoffMs) }
     func watch(_ onChange: @escaping @Sendable (RelayChange) -> Void) async {}
 }

@@ -539,6 +539,58 @@ func ownSeq(_ c: BlazeConnection, _ db: String) throws -> Int64 {
         r2.stop(errorsExpected: true)
     }
 
+    /// Members compacted their history; a relay that never saw it (new, or one whose retention dropped the space)
+    /// gets a snapshot from the first member that connects, then what follows; a device that reaches only the relay
+    /// joins from that snapshot (SYNC.md §11, RELAY.md).
+    @Test func aDeviceReachingOnlyARelayJoinsFromTheSnapshotAMemberLeftThere() throws {
+        let a = try syncDaemon(), b = try syncDaemon()
+        let ca = try a.connect(), cb = try b.connect()
+        _ = try ca.call("db.create", ["db": "team"])
+        for chunk in 0..<4 {
+            let ops: [JSONValue] = (0..<50).map { i in
+                ["op": "insert", "collection": "c", "doc": ["_id": .string("d\(chunk * 50 + i)"), "n": .int(Int64(i))]]
+            }
+            _ = try ca.call("tx.commit", ["db": "team", "ops": .array(ops)])
+        }
+        for i in 0..<20 { _ = try ca.call("doc.delete", ["db": "team", "collection": "c", "id": .string("d\(i)")]) }
+        _ = try cb.call("db.join", ["token": .string(try ca.invite("team")), "db": "team"])
+        _ = try cb.call("doc.put", ["db": "team", "collection": "c", "id": "fromB", "doc": ["b": true]])
+        #expect(try eventually { try replicaState(ca, "team") == replicaState(cb, "team") && replicaState(ca, "team").docs == 181 })
+        let na = try nodeID(ca, "team")
+        let aSeq = try #require(try versionVector(ca)?[na]?.intValue)
+        #expect(try eventually {
+            _ = try cb.call("db.compact", ["db": "team"])
+            return try ca.call("db.compact", ["db": "team"])["stableVector"]?[na]?.intValue == aSeq
+        })
+        #expect(try fileRows(dataDir: a.dataDir, db: "team", "sync_entries") == 0)
+
+        let relay = try RelayProcess()
+        try relay.addSpace(try ca.relayCapability("team"))
+        _ = try ca.call("peer.add", ["db": "team", "address": .string(relay.address)])
+        // A fills the relay: it lacks entries A compacted away, so A leaves it a snapshot.
+        #expect(eventually { (try? relay.count("relay_snapshots")) == 1 && (try? relay.count("relay_bases")) ?? 0 >= 1 })
+        _ = try ca.call("doc.put", ["db": "team", "collection": "c", "id": "afterSnapshot", "doc": ["v": 1]])
+
+        // C never meets A or B: the invite names the relay, and the relay is its one peer.
+        let c = try DaemonProcess()
+        let cc = try c.connect()
+        let token = try #require(
+            try ca.call("db.invite", ["db": "team", "role": "writer", "address": .string(relay.address)])["token"]?.stringValue)
+        _ = try cc.call("db.join", ["token": .string(token), "db": "team"])
+        #expect(try eventually(timeout: .seconds(60)) { try replicaState(cc, "team") == replicaState(ca, "team") })
+        #expect(try replicaState(cc, "team").docs == 182)
+        #expect(try peerCounter(cc, "team", "snapshotsInstalled") >= 1)
+        // Writes after the join go both ways through the relay.
+        _ = try cc.call("doc.put", ["db": "team", "collection": "c", "id": "fromC", "doc": ["c": true]])
+        _ = try ca.call("doc.put", ["db": "team", "collection": "c", "id": "lastA", "doc": ["a": true]])
+        #expect(try eventually {
+            try replicaState(ca, "team") == replicaState(cc, "team") && replicaState(cb, "team") == replicaState(ca, "team")
+                && replicaState(ca, "team").docs == 184
+        })
+        for d in [a, b, c] { d.stop() }
+        relay.stop()
+    }
+
     @Test func aDeviceJoinsThroughTheRelayWithAnInviteNamingIt() throws {
         let relay = try RelayProcess()
         let a = try syncDaemon()
