@@ -280,17 +280,17 @@ public final class PostgresRelayStore: RelayBackend {
 
     // MARK: Snapshots
 
-    private func bases(_ conn: PostgresConnection, _ s: Data) async throws -> [NodeID: RelayBase] {
-        var out: [NodeID: RelayBase] = [:]
+    private func bases(_ conn: PostgresConnection, _ s: Data) async throws -> [NodeID: PrunedHead] {
+        var out: [NodeID: PrunedHead] = [:]
         for (origin, seq, hash) in try await conn.query(
             "SELECT origin, seq, hash FROM relay_bases WHERE space = \(s)", logger: logger
         ).decode((Data, Int64, Data).self).all() {
-            out[NodeID(bytes: Array(origin))] = RelayBase(seq: UInt64(seq), hash: Array(hash))
+            out[NodeID(bytes: Array(origin))] = PrunedHead(seq: UInt64(seq), hash: Array(hash))
         }
         return out
     }
 
-    public func bases(space: [UInt8]) async throws -> [NodeID: RelayBase] {
+    public func bases(space: [UInt8]) async throws -> [NodeID: PrunedHead] {
         try await bounded { [self] in
             try await client.withConnection { conn in try await self.bases(conn, Data(space)) }
         }

@@ -41,7 +41,7 @@ public protocol RelayBackend: Sendable {
     /// Piece `index` of the space's snapshot.
     func snapshotPart(space: [UInt8], index: UInt32) async throws -> SnapshotPart?
     /// Per origin of `space`, the entry its held entries follow when a snapshot covers what is not held.
-    func bases(space: [UInt8]) async throws -> [NodeID: RelayBase]
+    func bases(space: [UInt8]) async throws -> [NodeID: PrunedHead]
     /// Drops everything held of each space whose last write (entries or operations) is older than `cutoffMs` (Unix
     /// ms) — entries, heads, operations, usage — keeping the space served; returns those spaces. Devices hold all of it
     /// and hand it back when they next connect (the relay's `STATE` then shows nothing held).
@@ -49,21 +49,6 @@ public protocol RelayBackend: Sendable {
     /// Runs `onChange` for every change another relay process makes, until the task is cancelled; returns at once
     /// when no other process can share the store.
     func watch(_ onChange: @escaping @Sendable (RelayChange) -> Void) async
-}
-
-/// Where an origin's entries held by a relay start after a snapshot: the entry at `seq` (hash `hash`; zeros when the
-/// origin's chain starts after it) is not held, and the next must link to it.
-public struct RelayBase: Sendable, Equatable {
-    /// The sequence the snapshot covers.
-    public var seq: UInt64
-    /// The hash of the entry at `seq`.
-    public var hash: [UInt8]
-
-    /// A base at `seq` with `hash`.
-    public init(seq: UInt64, hash: [UInt8]) {
-        self.seq = seq
-        self.hash = hash
-    }
 }
 
 /// A change another relay process made to a shared store.
@@ -96,7 +81,7 @@ enum RelayRules {
 
     /// The seqs the store must show hashes of to check `batch` against `held` (the highest seq it holds of the
     /// origin): the one before the batch (its link) and those the batch repeats.
-    static func seqsToCheck(_ batch: EntryBatch, held: UInt64, base: RelayBase? = nil) throws -> ClosedRange<UInt64>? {
+    static func seqsToCheck(_ batch: EntryBatch, held: UInt64, base: PrunedHead? = nil) throws -> ClosedRange<UInt64>? {
         let first = batch.entries[0].header.seq
         // Entries at or below a base are not held and cannot be checked: a device sends from past the relay's STATE.
         if let base, first <= base.seq { throw SyncRejection.brokenChain }
@@ -158,18 +143,18 @@ enum RelayRules {
     }
 
     /// Whether `manifest` may replace `held` given the bases it would keep: more recent, and covering every base.
-    static func supersedes(_ manifest: SnapshotManifest, held: SnapshotManifest?, bases: [NodeID: RelayBase]) -> Bool {
+    static func supersedes(_ manifest: SnapshotManifest, held: SnapshotManifest?, bases: [NodeID: PrunedHead]) -> Bool {
         if let held, held.createdMs >= manifest.createdMs { return false }
         return bases.allSatisfy { origin, base in (manifest.heads[origin.bytes]?.seq ?? 0) >= base.seq }
     }
 
     /// The origins whose held entries (`held`: highest seq per origin) end below what `manifest` covers: each gets
     /// the manifest's head as its base.
-    static func newBases(_ manifest: SnapshotManifest, held: [NodeID: UInt64]) -> [NodeID: RelayBase] {
-        var out: [NodeID: RelayBase] = [:]
+    static func newBases(_ manifest: SnapshotManifest, held: [NodeID: UInt64]) -> [NodeID: PrunedHead] {
+        var out: [NodeID: PrunedHead] = [:]
         for (origin, head) in manifest.heads where head.seq > 0 {
             let node = NodeID(bytes: origin)
-            if (held[node] ?? 0) < head.seq { out[node] = RelayBase(seq: head.seq, hash: head.hash) }
+            if (held[node] ?? 0) < head.seq { out[node] = PrunedHead(seq: head.seq, hash: head.hash) }
         }
         return out
     }

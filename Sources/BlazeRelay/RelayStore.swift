@@ -104,15 +104,15 @@ public final class RelayStore: RelayBackend {
 
     // MARK: Snapshots
 
-    static func bases(_ db: Database, _ space: Data) throws -> [NodeID: RelayBase] {
-        var out: [NodeID: RelayBase] = [:]
+    static func bases(_ db: Database, _ space: Data) throws -> [NodeID: PrunedHead] {
+        var out: [NodeID: PrunedHead] = [:]
         for row in try Row.fetchAll(db, sql: "SELECT origin, seq, hash FROM relay_bases WHERE space = ?", arguments: [space]) {
-            out[NodeID(bytes: Array(row[0] as Data))] = RelayBase(seq: UInt64(row[1] as Int64), hash: Array(row[2] as Data))
+            out[NodeID(bytes: Array(row[0] as Data))] = PrunedHead(seq: UInt64(row[1] as Int64), hash: Array(row[2] as Data))
         }
         return out
     }
 
-    public func bases(space: [UInt8]) async throws -> [NodeID: RelayBase] {
+    public func bases(space: [UInt8]) async throws -> [NodeID: PrunedHead] {
         try await pool.read { db in try Self.bases(db, Data(space)) }
     }
 

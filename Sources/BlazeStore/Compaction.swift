@@ -62,23 +62,6 @@ public struct CompactionReport: Sendable, Equatable {
     }
 }
 
-/// The last entry of an origin this device no longer holds: the chain head its later entries link to.
-public struct PrunedHead: Sendable, Equatable {
-    /// Entries up to this sequence are not held.
-    public var seq: UInt64
-    /// The hash of the entry at `seq`; 32 zero bytes when the origin's chain starts after `seq`.
-    public var hash: [UInt8]
-
-    /// A pruned head.
-    public init(seq: UInt64, hash: [UInt8]) {
-        self.seq = seq
-        self.hash = hash
-    }
-
-    /// The hash that marks a chain starting after `seq` (its first entry links to zeros).
-    public static let chainStart = [UInt8](repeating: 0, count: 32)
-}
-
 /// Compaction (Protocol/SYNC.md §11): dropping history that no replica can need any more, in bounded steps.
 ///
 /// `stable` is the database's causally stable vector: every change it covers is held by every current member, and

@@ -32,14 +32,23 @@ extension FolderWorker {
         }
     }
 
+    /// The contents of other writers' files called `name` that changed since they were last read (at most
+    /// `FolderFiles.maxSmallFile` each).
+    func changedFiles(_ name: String) throws -> [[UInt8]] {
+        var out: [[UInt8]] = []
+        for writer in try writerDirectories() where writer != me {
+            let file = spaceDir + "/" + writer.hex + "/" + name
+            guard let stamp = FileStamp(path: file), stamps[file] != stamp else { continue }
+            stamps[file] = stamp
+            if let bytes = readWhole(file, limit: FolderFiles.maxSmallFile) { out.append(bytes) }
+        }
+        return out
+    }
+
     /// Merges the membership operations other writers' members files hold.
     func readMembers() throws {
         guard space.snapshot.membership != nil else { return }
-        for writer in try writerDirectories() where writer != me {
-            let file = spaceDir + "/" + writer.hex + "/members"
-            guard let stamp = FileStamp(path: file), stamps[file] != stamp else { continue }
-            stamps[file] = stamp
-            guard let bytes = readWhole(file, limit: FolderFiles.maxSmallFile) else { continue }
+        for bytes in try changedFiles("members") {
             do {
                 let ops = try FolderFiles.decodeMembers(bytes, space: space.id).compactMap { try? MembershipOp(bytes: $0) }
                 let fresh = space.merge(ops)
@@ -55,11 +64,7 @@ extension FolderWorker {
     func readAcks() throws {
         guard let membership = space.snapshot.membership else { return }
         var kept = false
-        for writer in try writerDirectories() where writer != me {
-            let file = spaceDir + "/" + writer.hex + "/acks"
-            guard let stamp = FileStamp(path: file), stamps[file] != stamp else { continue }
-            stamps[file] = stamp
-            guard let bytes = readWhole(file, limit: FolderFiles.maxSmallFile) else { continue }
+        for bytes in try changedFiles("acks") {
             do {
                 let acks = try FolderFiles.decodeAcks(bytes, space: space.id).compactMap { try? Acknowledgement(bytes: $0) }
                 if try db.keep(acks, space: space.id, membership: membership) { kept = true }

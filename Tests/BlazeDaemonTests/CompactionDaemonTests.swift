@@ -25,6 +25,18 @@ func peerCounter(_ c: BlazeConnection, _ db: String, _ key: String) throws -> In
     return peers.reduce(0) { $0 + ($1[key]?.intValue ?? 0) }
 }
 
+/// Inserts documents `d0`…`d199` into `c` of `db` in four transactions of 50, then deletes `d<first>`… (`deletes` of
+/// them): a history with tombstones to compact.
+func writeHistory(_ c: BlazeConnection, _ db: String, deleting deletes: Int, from first: Int) throws {
+    for chunk in 0..<4 {
+        let ops: [JSONValue] = (0..<50).map { i in
+            ["op": "insert", "collection": "c", "doc": ["_id": .string("d\(chunk * 50 + i)"), "n": .int(Int64(i))]]
+        }
+        _ = try c.call("tx.commit", ["db": .string(db), "ops": .array(ops)])
+    }
+    for i in 0..<deletes { _ = try c.call("doc.delete", ["db": .string(db), "collection": "c", "id": .string("d\(first + i)")]) }
+}
+
 /// Compaction and snapshots with real daemons (SYNC.md §11).
 @Suite(.serialized) struct CompactionDaemonTests {
     /// Two members hold everything and say so: both compact their sealed entries away. A third device joining then
@@ -33,12 +45,7 @@ func peerCounter(_ c: BlazeConnection, _ db: String, _ key: String) throws -> In
         let a = try syncDaemon(), b = try syncDaemon(), c = try syncDaemon()
         let ca = try a.connect(), cb = try b.connect(), cc = try c.connect()
         _ = try ca.call("db.create", ["db": "team"])
-        for chunk in 0..<4 {
-            let ops: [JSONValue] = (0..<50).map { i in
-                ["op": "insert", "collection": "c", "doc": ["_id": .string("d\(chunk * 50 + i)"), "n": .int(Int64(i))]]
-            }
-            _ = try ca.call("tx.commit", ["db": "team", "ops": .array(ops)])
-        }
+        try writeHistory(ca, "team", deleting: 0, from: 0)
         for i in 0..<40 { _ = try ca.call("doc.patch", ["db": "team", "collection": "c", "id": .string("d\(i)"), "set": ["n": -1]]) }
         for i in 0..<20 { _ = try ca.call("doc.delete", ["db": "team", "collection": "c", "id": .string("d\(i + 100)")]) }
         _ = try cb.call("db.join", ["token": .string(try ca.invite("team")), "db": "team"])

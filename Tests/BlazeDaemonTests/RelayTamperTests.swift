@@ -234,7 +234,7 @@ final class StallingBackend: RelayBackend {
         try await gate()
         return try await inner.snapshotPart(space: space, index: index)
     }
-    func bases(space: [UInt8]) async throws -> [NodeID: RelayBase] {
+    func bases(space: [UInt8]) async throws -> [NodeID: PrunedHead] {
         try await gate()
         return try await inner.bases(space: space)
     }

@@ -546,13 +546,7 @@ func ownSeq(_ c: BlazeConnection, _ db: String) throws -> Int64 {
         let a = try syncDaemon(), b = try syncDaemon()
         let ca = try a.connect(), cb = try b.connect()
         _ = try ca.call("db.create", ["db": "team"])
-        for chunk in 0..<4 {
-            let ops: [JSONValue] = (0..<50).map { i in
-                ["op": "insert", "collection": "c", "doc": ["_id": .string("d\(chunk * 50 + i)"), "n": .int(Int64(i))]]
-            }
-            _ = try ca.call("tx.commit", ["db": "team", "ops": .array(ops)])
-        }
-        for i in 0..<20 { _ = try ca.call("doc.delete", ["db": "team", "collection": "c", "id": .string("d\(i)")]) }
+        try writeHistory(ca, "team", deleting: 20, from: 0)
         _ = try cb.call("db.join", ["token": .string(try ca.invite("team")), "db": "team"])
         _ = try cb.call("doc.put", ["db": "team", "collection": "c", "id": "fromB", "doc": ["b": true]])
         #expect(try eventually { try replicaState(ca, "team") == replicaState(cb, "team") && replicaState(ca, "team").docs == 181 })

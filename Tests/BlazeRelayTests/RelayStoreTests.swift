@@ -37,6 +37,20 @@ final class Writer {
     var origin: NodeID { db.node }
 }
 
+/// A membership log created by `admin`, adding each of `readers` as a reader.
+func adminLog(_ admin: DeviceIdentity, readers: [DeviceIdentity] = []) throws -> MembershipState {
+    let salt = SpaceKey.randomBytes(16)
+    let space = MembershipOp.spaceID(creator: admin.publicKeys, salt: salt)
+    var ops = [try MembershipOp(space: space, author: admin, timeMs: 1, parents: [], action: .create(salt: salt), envelopes: [])]
+    for (i, reader) in readers.enumerated() {
+        ops.append(
+            try MembershipOp(
+                space: space, author: admin, timeMs: UInt64(2 + i), parents: [ops.last!.hash],
+                action: .add(device: reader.publicKeys, role: .reader), envelopes: []))
+    }
+    return MembershipState(space: space, ops: ops)
+}
+
 /// The relay's two stores.
 enum Backend: String, CaseIterable, CustomStringConvertible, Sendable {
     case sqlite, postgres
@@ -164,13 +178,7 @@ final class TempRelay {
         let relay = temp.store
         _ = try await relay.add(RelayCapability(key: key))
         let admin = try Writer(key: key), reader = try Writer(key: key), stranger = try Writer(key: key)
-        let salt = SpaceKey.randomBytes(16)
-        let space = MembershipOp.spaceID(creator: admin.identity.publicKeys, salt: salt)
-        let create = try MembershipOp(space: space, author: admin.identity, timeMs: 1, parents: [], action: .create(salt: salt), envelopes: [])
-        let add = try MembershipOp(
-            space: space, author: admin.identity, timeMs: 2, parents: [create.hash],
-            action: .add(device: reader.identity.publicKeys, role: .reader), envelopes: [])
-        let log = MembershipState(space: space, ops: [create, add])
+        let log = try adminLog(admin.identity, readers: [reader.identity])
         for w in [admin, reader, stranger] { try w.write(10, key: key) }
         func batch(_ w: Writer) throws -> EntryBatch { try #require(try w.db.entryBatch(origin: w.origin, after: 0, maxEntries: 10)) }
         #expect(try await relay.store(try batch(admin), space: key.id, membership: log) == 10)
@@ -193,13 +201,7 @@ final class TempRelay {
         let other = SpaceKey.generate()
         _ = try await relay.add(RelayCapability(key: other))
         let admin = DeviceIdentity(), reader = DeviceIdentity(), stranger = DeviceIdentity()
-        let salt = SpaceKey.randomBytes(16)
-        let space = MembershipOp.spaceID(creator: admin.publicKeys, salt: salt)
-        let create = try MembershipOp(space: space, author: admin, timeMs: 1, parents: [], action: .create(salt: salt), envelopes: [])
-        let add = try MembershipOp(
-            space: space, author: admin, timeMs: 2, parents: [create.hash], action: .add(device: reader.publicKeys, role: .reader),
-            envelopes: [])
-        let log = MembershipState(space: space, ops: [create, add])
+        let log = try adminLog(admin, readers: [reader])
         func ack(_ who: DeviceIdentity, _ issued: UInt64, in space: [UInt8]? = nil) -> Acknowledgement {
             Acknowledgement(space: space ?? key.id, vector: [[UInt8](repeating: 7, count: 16): issued], issuedMs: issued, identity: who)
         }
@@ -231,10 +233,7 @@ final class TempRelay {
         let relay = temp.store
         _ = try await relay.add(RelayCapability(key: key))
         let admin = try Writer(key: key), stranger = try Writer(key: key)
-        let salt = SpaceKey.randomBytes(16)
-        let space = MembershipOp.spaceID(creator: admin.identity.publicKeys, salt: salt)
-        let create = try MembershipOp(space: space, author: admin.identity, timeMs: 1, parents: [], action: .create(salt: salt), envelopes: [])
-        let log = MembershipState(space: space, ops: [create])
+        let log = try adminLog(admin.identity)
         try admin.write(30, key: key)
         func batch(after: UInt64) throws -> EntryBatch {
             try #require(try admin.db.entryBatch(origin: admin.origin, after: after, maxEntries: 10))
@@ -259,7 +258,7 @@ final class TempRelay {
         try RelayRules.checkSnapshot(manifest, parts: [p0, p1], space: key.id, membership: log)
         #expect(try await relay.keepSnapshot(manifest, parts: [p0, p1], space: key.id))
         // The entries held below what it covers are gone; the base stands for them.
-        #expect(try await relay.bases(space: key.id) == [admin.origin: RelayBase(seq: 20, hash: upTo20.entries.last!.hash)])
+        #expect(try await relay.bases(space: key.id) == [admin.origin: PrunedHead(seq: 20, hash: upTo20.entries.last!.hash)])
         #expect(try await relay.vector(space: key.id) == [admin.origin: 20])
         #expect(try await relay.usage(space: key.id).entries == 0)
         #expect(try await relay.batch(space: key.id, origin: admin.origin, after: 0, maxEntries: 100, maxBytes: 1 << 20) == nil)
