@@ -37,6 +37,22 @@ func writeHistory(_ c: BlazeConnection, _ db: String, deleting deletes: Int, fro
     for i in 0..<deletes { _ = try c.call("doc.delete", ["db": .string(db), "collection": "c", "id": .string("d\(first + i)")]) }
 }
 
+/// B joins A's `team` and writes one document; once both hold the same 181 documents, both compact until all of A's
+/// changes are stable on A (each compaction issues the device's acknowledgement). Returns whether that happened.
+func joinAndCompactEverything(_ ca: BlazeConnection, _ cb: BlazeConnection) throws -> Bool {
+    _ = try cb.call("db.join", ["token": .string(try ca.invite("team")), "db": "team"])
+    _ = try cb.call("doc.put", ["db": "team", "collection": "c", "id": "fromB", "doc": ["b": true]])
+    guard try eventually({ try replicaState(ca, "team") == replicaState(cb, "team") && replicaState(ca, "team").docs == 181 })
+    else { return false }
+    let na = try nodeID(ca, "team")
+    let aSeq = try #require(try versionVector(ca)?[na]?.intValue)
+    return try eventually {
+        _ = try cb.call("db.compact", ["db": "team"])
+        let r = try ca.call("db.compact", ["db": "team"])
+        return r["stableVector"]?[na]?.intValue == aSeq && r["silentMembers"] == []
+    }
+}
+
 /// Compaction and snapshots with real daemons (SYNC.md §11).
 @Suite(.serialized) struct CompactionDaemonTests {
     /// Two members hold everything and say so: both compact their sealed entries away. A third device joining then
@@ -48,17 +64,8 @@ func writeHistory(_ c: BlazeConnection, _ db: String, deleting deletes: Int, fro
         try writeHistory(ca, "team", deleting: 0, from: 0)
         for i in 0..<40 { _ = try ca.call("doc.patch", ["db": "team", "collection": "c", "id": .string("d\(i)"), "set": ["n": -1]]) }
         for i in 0..<20 { _ = try ca.call("doc.delete", ["db": "team", "collection": "c", "id": .string("d\(i + 100)")]) }
-        _ = try cb.call("db.join", ["token": .string(try ca.invite("team")), "db": "team"])
-        _ = try cb.call("doc.put", ["db": "team", "collection": "c", "id": "fromB", "doc": ["b": true]])
-        #expect(try eventually { try replicaState(ca, "team") == replicaState(cb, "team") && replicaState(ca, "team").docs == 181 })
-        let na = try nodeID(ca, "team")
-        let aSeq = try #require(try versionVector(ca)?[na]?.intValue)
         // Each compaction issues the device's acknowledgement; once each has the other's, everything is stable.
-        #expect(try eventually {
-            _ = try cb.call("db.compact", ["db": "team"])
-            let r = try ca.call("db.compact", ["db": "team"])
-            return r["stableVector"]?[na]?.intValue == aSeq && r["silentMembers"] == []
-        })
+        #expect(try joinAndCompactEverything(ca, cb))
         #expect(try fileRows(dataDir: a.dataDir, db: "team", "sync_entries") == 0)
         #expect(try fileRows(dataDir: a.dataDir, db: "team", "tombstones") == 0)
         let info = try ca.call("db.info", ["db": "team"])
