@@ -469,7 +469,8 @@ func ownSeq(_ c: BlazeConnection, _ db: String) throws -> Int64 {
             let rb = try cb.call("db.compact", ["db": "team"])
             let ra = try ca.call("db.compact", ["db": "team"])
             return ra["stableVector"]?[na]?.intValue == aSeq && ra["stableVector"]?[nb]?.intValue == bSeq
-                && rb["stableVector"]?[na]?.intValue == aSeq && ra["silentMembers"] == [] && rb["silentMembers"] == []
+                && rb["stableVector"]?[na]?.intValue == aSeq && rb["stableVector"]?[nb]?.intValue == bSeq
+                && ra["silentMembers"] == [] && rb["silentMembers"] == []
         })
         #expect(try fileRows(dataDir: a.dataDir, db: "team", "sync_entries") == 0)
         #expect(try fileRows(dataDir: b.dataDir, db: "team", "sync_entries") == 0)
