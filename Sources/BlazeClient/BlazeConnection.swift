@@ -27,14 +27,24 @@ public final class BlazeConnection {
     /// Connects to the daemon; `timeoutSeconds` bounds every read and write (0: no bound).
     public init(socketPath: String, timeoutSeconds: Int = 0) throws(ClientError) {
         self.socketPath = socketPath
-        fd = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
+        do {
+            fd = try Self.connectUnix(socketPath, timeoutSeconds: timeoutSeconds)
+        } catch {
+            throw error.description.hasPrefix("cannot connect") ? ClientError(error.description + " (is blazed running?)") : error
+        }
+    }
+
+    /// A blocking stream socket connected to the Unix socket at `path`; `timeoutSeconds` bounds every read and write
+    /// (0: no bound). The caller closes it.
+    public static func connectUnix(_ path: String, timeoutSeconds: Int = 0) throws(ClientError) -> Int32 {
+        let fd = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
         guard fd >= 0 else { throw ClientError("socket(): \(String(cString: strerror(errno)))") }
         var addr = sockaddr_un()
         addr.sun_family = sa_family_t(AF_UNIX)
-        let bytes = Array(socketPath.utf8)
+        let bytes = Array(path.utf8)
         guard bytes.count < MemoryLayout.size(ofValue: addr.sun_path) else {
             Glibc.close(fd)
-            throw ClientError("socket path too long: \(socketPath)")
+            throw ClientError("socket path too long: \(path)")
         }
         withUnsafeMutableBytes(of: &addr.sun_path) { raw in
             raw.copyBytes(from: bytes)
@@ -53,8 +63,9 @@ public final class BlazeConnection {
         guard rc == 0 else {
             let reason = String(cString: strerror(errno))
             Glibc.close(fd)
-            throw ClientError("cannot connect to \(socketPath): \(reason) (is blazed running?)")
+            throw ClientError("cannot connect to \(path): \(reason)")
         }
+        return fd
     }
 
     deinit {

@@ -20,7 +20,7 @@ struct BlazeBench: AsyncParsableCommand {
     @Option(help: "Repeats of the throughput measurements (default 3; 1 with --quick).")
     var repeats: Int?
 
-    @Option(help: "Only these groups, comma-separated: baselines, W1, RPC (W2 and W3), W4 (with W5 and W7), RELAY, FOLDER, W6, STORAGE, JOIN, W8, M1, RSS.")
+    @Option(help: "Only these groups, comma-separated: baselines, W1, RPC (W2 and W3), W4 (with W5 and W7), RELAY, FOLDER, W6, STORAGE, JOIN, W8, M1, RSS; PEERS (blazed against PostgreSQL and Redis, only when named: `make bench-peers`).")
     var only: String?
 
     @Option(help: .hidden) var serveDaemon: String?
@@ -94,6 +94,9 @@ struct BlazeBench: AsyncParsableCommand {
             results += try await JoinWorkloads.run(
                 dir: dir, docCount: quick ? 2000 : 100_000, updates: quick ? 20_000 : 1_000_000, docs: docs)
         }
+        if only != nil, wants("PEERS") {
+            results += try PeerWorkloads.run(dir: dir, preload: n, operations: max(200, n / 4), repeats: reps)
+        }
         if wants("RSS") {
             results.append(try Workloads.residentMemory(dir: dir + "/rss", documents: quick ? 10_000 : 1_000_000))
         }
@@ -118,7 +121,7 @@ struct BlazeBench: AsyncParsableCommand {
             }
             guard let b = results[i].baseline else { continue }
             results[i].ratio = ratio(b)
-            if let base = byName[b], results[i].unit == "µs", base.unit == "µs" {
+            if let base = byName[b], results[i].unit == "µs", base.unit == "µs", !results[i].latencyRatio {
                 results[i].note = [results[i].note, String(format: "p50 − %@ = %+.1f µs", b, results[i].median - base.median)]
                     .compactMap { $0 }.joined(separator: "; ")
                 results[i].ratio = nil

@@ -18,6 +18,8 @@ struct Result {
     /// Per-repeat ratios to a baseline sampled just before each repeat, by baseline name: on a shared machine these
     /// pairs see the same conditions, and their median is the ratio reported instead of median over median.
     var paired: [String: [Double]] = [:]
+    /// For a latency compared with a latency: report the ratio of the medians rather than their difference.
+    var latencyRatio = false
 
     var median: Double { percentile(0.5) }
     var p99: Double { percentile(0.99) }

@@ -17,12 +17,16 @@ public final class PostgresServer: @unchecked Sendable {
     private let bin: String
     private var process: Process?
     private let log: String
+    /// False for test servers (`fsync=off`); true for benchmark peers, which must pay for durable commits.
+    private let durable: Bool
 
     /// The URL `blaze-relay --postgres` takes.
     public var url: String { "postgres://blaze@/postgres?host=\(directory)" }
 
-    /// Creates and starts the cluster; throws with what to install when PostgreSQL is not there.
-    public init() throws {
+    /// Creates and starts the cluster (with `fsync=off` unless `durable`); throws with what to install when PostgreSQL
+    /// is not there.
+    public init(durable: Bool = false) throws {
+        self.durable = durable
         bin = try Self.findBinaries()
         var template = Array("/tmp/blazepg-XXXXXX".utf8CString)
         directory = template.withUnsafeMutableBufferPointer { String(cString: mkdtemp($0.baseAddress!)!) }
@@ -47,10 +51,11 @@ public final class PostgresServer: @unchecked Sendable {
     public func start() throws {
         guard process == nil else { return }
         let p = Process()
-        let args = [
-            bin + "/postgres", "-D", directory + "/data", "-k", directory, "-c", "listen_addresses=",
-            "-c", "fsync=off", "-c", "max_connections=200",
-        ]
+        let args =
+            [
+                bin + "/postgres", "-D", directory + "/data", "-k", directory, "-c", "listen_addresses=",
+                "-c", "max_connections=200",
+            ] + (durable ? [] : ["-c", "fsync=off"])
         p.executableURL = URL(fileURLWithPath: Self.asUnprivileged(args)[0])
         p.arguments = Array(Self.asUnprivileged(args).dropFirst())
         _ = FileManager.default.createFile(atPath: log, contents: nil)

@@ -1,0 +1,396 @@
+import BlazeClient
+import BlazeProtocol
+import BlazeTestSupport
+import Foundation
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// PEERS: blazed against PostgreSQL and Redis on Unix sockets on this machine, each a separate server process, all
+/// measured in one run by the same blocking client code (`WireClient`: prebuilt request bytes out, one reply read and
+/// checked per request, no parsing beyond each protocol's framing).
+///
+/// PostgreSQL runs with its defaults (`fsync=on`, `synchronous_commit=on`), the documents in a `jsonb` column with a
+/// primary key on the id and expression indexes on `email` and `age`; Redis with `appendonly yes`,
+/// `appendfsync always` (every write fsynced before its reply); blazed as a child process with its defaults
+/// (`synchronous=FULL`). Rows a server has no counterpart for are left out for it.
+enum PeerWorkloads {
+    /// One server under test, and how each row's request reads in its protocol.
+    struct Peer: Sendable {
+        let name: String
+        let socket: String
+        let protocolKind: WireClient.Kind
+        /// The request reading document `i` by id.
+        let get: @Sendable (Int) -> [UInt8]
+        /// The cheapest request the server answers.
+        let trivial: [UInt8]
+        /// The request durably inserting document `i`.
+        let insert: @Sendable (Int) -> [UInt8]
+        /// The request finding 10 documents whose `age` is `a` through an index (nil: no such query).
+        let find: (@Sendable (Int) -> [UInt8])?
+        /// The request inserting documents `range` in one transaction (nil: no such request).
+        let transaction: (@Sendable (Range<Int>) -> [UInt8])?
+    }
+
+    static func run(dir: String, preload: Int, operations: Int, repeats: Int) throws -> [Result] {
+        guard let redisPath = which("redis-server") else {
+            throw ClientError("PEERS needs redis-server and PostgreSQL: run `make bench-peers`, which installs them")
+        }
+        let blazed = try BlazedChild(dir: dir + "/peers-blazed")
+        defer { blazed.stop() }
+        let postgres = try PostgresServer(durable: true)
+        let redis = try RedisChild(executable: redisPath, dir: dir + "/peers-redis")
+        defer { redis.stop() }
+        let peers = [blazedPeer(socket: blazed.socket), postgresPeer(socket: postgres.directory), redisPeer(socket: redis.socket)]
+        for peer in peers { try load(peer, count: preload) }
+
+        var out: [Result] = []
+        var next = preload  // the next unused document number for inserts
+        // Each row measures the three servers one after another, `repeats` times, so drift hits them alike.
+        func row(
+            _ name: String, clients: Int, count: Int, latency: Bool, fresh: Bool = false, batch: Int = 1,
+            request: (Peer) -> (@Sendable (Int) -> [UInt8])?
+        ) throws {
+            var samples: [String: [Double]] = [:]
+            var rates: [String: [Double]] = [:]
+            for _ in 0..<repeats {
+                for peer in peers {
+                    guard let make = request(peer) else { continue }
+                    let base = fresh ? next : 0
+                    let kind = peer.protocolKind
+                    let socket = peer.socket
+                    let r = try onThreads(clients, count: count, setup: { _ in try WireClient(kind, socket: socket) }) { c, i in
+                        try (c as! WireClient).call(make(fresh ? base + i * batch : (i * 7919) % preload))
+                    }
+                    if fresh { next += count * batch }
+                    let rate = Double(r.latencies.count * batch) / r.wall
+                    rates[peer.name, default: []].append(rate)
+                    samples[peer.name, default: []] += latency ? r.latencies : [rate]
+                }
+            }
+            let unit = latency ? "µs" : (fresh ? "docs/s" : "req/s")
+            var results = peers.compactMap { p in
+                samples[p.name].map {
+                    Result(name: "PEERS.\(name).\(p.name)", unit: unit, samples: $0, better: latency ? "lower" : "higher")
+                }
+            }
+            for i in results.indices where latency {
+                let perSecond = rates[String(results[i].name.split(separator: ".").last!)]!.sorted()
+                results[i].note = String(format: "%.0f/s", perSecond[perSecond.count / 2])
+            }
+            let pg = results.first { $0.name.hasSuffix(".postgres") }
+            let others = results.filter { !$0.name.hasSuffix(".blazed") }.map(\.median)
+            for var r in results {
+                if r.name.hasSuffix(".blazed"), let pg {
+                    r.baseline = pg.name
+                    r.latencyRatio = true
+                    if others.count > 1, let best = latency ? others.min() : others.max() {
+                        r.note = [r.note, String(format: "%.2f× the best peer", r.median / best)].compactMap { $0 }
+                            .joined(separator: "; ")
+                    }
+                }
+                out.append(r)
+            }
+        }
+        let ops = operations
+        try row("get.1client", clients: 1, count: ops, latency: true) { $0.get }
+        try row("get.8clients", clients: 8, count: 4 * ops, latency: false) { $0.get }
+        try row("trivial.8clients", clients: 8, count: 4 * ops, latency: false) { p in { _ in p.trivial } }
+        try row("insert.1client", clients: 1, count: ops / 4, latency: true, fresh: true) { $0.insert }
+        try row("insert.8clients", clients: 8, count: ops, latency: false, fresh: true) { $0.insert }
+        let find: (Peer) -> (@Sendable (Int) -> [UInt8])? = { p in
+            guard let f = p.find else { return nil }
+            return { i in f(i % 90) }
+        }
+        try row("find.1client", clients: 1, count: ops, latency: true, request: find)
+        try row("find.8clients", clients: 8, count: 2 * ops, latency: false, request: find)
+        let transaction: (Peer) -> (@Sendable (Int) -> [UInt8])? = { p in
+            guard let t = p.transaction else { return nil }
+            return { i in t(i..<(i + 500)) }
+        }
+        try row("tx500", clients: 1, count: max(2, ops / 500), latency: false, fresh: true, batch: 500, request: transaction)
+        return out
+    }
+
+    /// Loads documents 0..<count into `peer`, 500 at a time (the store's own bulk path for each).
+    static func load(_ peer: Peer, count: Int) throws {
+        let c = try WireClient(peer.protocolKind, socket: peer.socket)
+        if let t = peer.transaction {
+            for start in stride(from: 0, to: count, by: 500) { try c.call(t(start..<min(count, start + 500))) }
+        } else {
+            for i in 0..<count { try c.call(peer.insert(i)) }
+        }
+    }
+
+    // MARK: the three servers' requests
+
+    static func line(_ method: String, _ params: String) -> [UInt8] {
+        Array("{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"\(method)\",\"params\":\(params)}\n".utf8)
+    }
+
+    static func blazedPeer(socket: String) -> Peer {
+        Peer(
+            name: "blazed", socket: socket, protocolKind: .blazed,
+            get: { line("doc.get", "{\"db\":\"default\",\"collection\":\"c\",\"id\":\"\(String(format: "doc-%08d", $0))\"}") },
+            trivial: line("daemon.info", "{}"),
+            insert: { line("doc.insert", "{\"db\":\"default\",\"collection\":\"c\",\"doc\":\(benchJSON($0))}") },
+            find: { line("query.find", "{\"db\":\"default\",\"collection\":\"c\",\"where\":{\"age\":\($0)},\"limit\":10}") },
+            transaction: { range in
+                let ops = range.map { "{\"op\":\"insert\",\"collection\":\"c\",\"doc\":\(benchJSON($0))}" }
+                return line("tx.commit", "{\"db\":\"default\",\"ops\":[\(ops.joined(separator: ","))]}")
+            })
+    }
+
+    static func postgresPeer(socket: String) -> Peer {
+        let path = socket + "/.s.PGSQL.5432"
+        return Peer(
+            name: "postgres", socket: path, protocolKind: .postgres,
+            get: { WireClient.pgExecute("get", [String(format: "doc-%08d", $0)]) },
+            trivial: WireClient.pgExecute("one", []),
+            insert: { WireClient.pgExecute("ins", [String(format: "doc-%08d", $0), benchJSON($0)]) },
+            find: { WireClient.pgExecute("find", [String($0)]) },
+            transaction: { range in
+                // One multi-row INSERT, its values as literals (the bench texts hold no quote characters).
+                let rows = range.map { "('\(String(format: "doc-%08d", $0))','\(benchJSON($0))')" }
+                return WireClient.pgQuery("INSERT INTO docs(id, body) VALUES " + rows.joined(separator: ","))
+            })
+    }
+
+    static func redisPeer(socket: String) -> Peer {
+        Peer(
+            name: "redis", socket: socket, protocolKind: .redis,
+            get: { WireClient.resp(["GET", String(format: "doc-%08d", $0)]) },
+            trivial: WireClient.resp(["PING"]),
+            insert: { WireClient.resp(["SET", String(format: "doc-%08d", $0), benchJSON($0)]) },
+            find: nil, transaction: nil)
+    }
+
+    static func which(_ name: String) -> String? {
+        let dirs = (ProcessInfo.processInfo.environment["PATH"] ?? "/usr/bin").split(separator: ":") + ["/usr/sbin", "/usr/bin"]
+        return dirs.map { "\($0)/\(name)" }.first { FileManager.default.isExecutableFile(atPath: $0) }
+    }
+
+    /// blazed in a child process (`blazebench --serve-daemon`), with `email` and `age` indexed.
+    final class BlazedChild {
+        let process = Process()
+        let socket: String
+
+        init(dir: String) throws {
+            socket = dir + "/rpc/blazed.sock"
+            process.executableURL = URL(fileURLWithPath: "/proc/self/exe").resolvingSymlinksInPath()
+            process.arguments = ["--serve-daemon", dir]
+            try process.run()
+            let c = try WireClient.waitForServer(.blazed, socket: socket, process: process)
+            for field in ["email", "age"] {
+                try c.call(line("index.create", "{\"db\":\"default\",\"collection\":\"c\",\"fields\":[\"\(field)\"]}"))
+            }
+        }
+
+        func stop() {
+            process.terminate()
+            process.waitUntilExit()
+        }
+    }
+
+    /// A throwaway Redis on a Unix socket only, every write fsynced to its append-only file before the reply.
+    final class RedisChild {
+        let process = Process()
+        let socket: String
+
+        init(executable: String, dir: String) throws {
+            try FileManager.default.createDirectory(atPath: dir, withIntermediateDirectories: true)
+            socket = dir + "/redis.sock"
+            process.executableURL = URL(fileURLWithPath: executable)
+            process.arguments = [
+                "--port", "0", "--unixsocket", socket, "--unixsocketperm", "700", "--dir", dir, "--appendonly", "yes",
+                "--appendfsync", "always", "--save", "", "--daemonize", "no", "--logfile", dir + "/redis.log",
+            ]
+            try process.run()
+            _ = try WireClient.waitForServer(.redis, socket: socket, process: process)
+        }
+
+        /// Kills the server (a throwaway: nothing to save; and it inherits a mask that blocks SIGTERM).
+        func stop() {
+            kill(process.processIdentifier, SIGKILL)
+            process.waitUntilExit()
+        }
+    }
+}
+
+/// A blocking client of one of the three protocols over a Unix socket: sends a prebuilt request and reads exactly
+/// one reply, failing on an error reply. The same code path for every server, so the figures compare the servers.
+final class WireClient {
+    enum Kind: Sendable { case blazed, postgres, redis }
+
+    let kind: Kind
+    private let fd: Int32
+    private var buffer = [UInt8](repeating: 0, count: 1 << 16)
+    private var start = 0
+    private var end = 0
+
+    init(_ kind: Kind, socket: String) throws {
+        self.kind = kind
+        fd = try BlazeConnection.connectUnix(socket, timeoutSeconds: 120)
+        if kind == .postgres { try postgresStartup() }
+    }
+
+    deinit { close(fd) }
+
+    /// Connects once the server at `socket` answers, within 60 s, while `process` runs.
+    static func waitForServer(_ kind: Kind, socket: String, process: Process) throws -> WireClient {
+        let deadline = Date().addingTimeInterval(60)
+        while true {
+            if let c = try? WireClient(kind, socket: socket) {
+                try c.call(kind == .redis ? resp(["PING"]) : PeerWorkloads.line("daemon.info", "{}"))
+                return c
+            }
+            guard Date() < deadline, process.isRunning else { throw ClientError("\(kind) did not start at \(socket)") }
+            usleep(20_000)
+        }
+    }
+
+    /// Sends `request` and reads its one reply.
+    func call(_ request: [UInt8]) throws {
+        try request.withUnsafeBytes { raw in
+            var sent = 0
+            while sent < raw.count {
+                let n = write(fd, raw.baseAddress! + sent, raw.count - sent)
+                guard n > 0 else { throw ClientError("write failed: \(String(cString: strerror(errno)))") }
+                sent += n
+            }
+        }
+        switch kind {
+        case .blazed: try readLine()
+        case .redis: try readRESP()
+        case .postgres: try readUntilReady()
+        }
+    }
+
+    private func fill() throws {
+        if start == end {
+            (start, end) = (0, 0)
+        } else if end == buffer.count {
+            if start > 0 {
+                buffer.replaceSubrange(0..<(end - start), with: buffer[start..<end])
+                (start, end) = (0, end - start)
+            } else {
+                buffer += [UInt8](repeating: 0, count: buffer.count)
+            }
+        }
+        let n = buffer.withUnsafeMutableBytes { read(fd, $0.baseAddress! + end, $0.count - end) }
+        guard n > 0 else { throw ClientError("read failed or connection closed (\(n))") }
+        end += n
+    }
+
+    /// The index just past the next `\n` at or after `from`, reading more as needed.
+    private func lineEnd(from: Int) throws -> Int {
+        var i = from
+        while true {
+            while i < end {
+                if buffer[i] == 0x0A { return i + 1 }
+                i += 1
+            }
+            let offset = i - start
+            try fill()
+            i = start + offset
+        }
+    }
+
+    private func need(_ count: Int) throws {
+        while end - start < count { try fill() }
+    }
+
+    // blazed: one line; an error response starts `{"error"` (members are written in sorted order).
+    private func readLine() throws {
+        let stop = try lineEnd(from: start)
+        let prefix = Array("{\"error\"".utf8)
+        if stop - start >= prefix.count, Array(buffer[start..<(start + prefix.count)]) == prefix {
+            throw ClientError("blazed: " + String(decoding: buffer[start..<stop], as: UTF8.self))
+        }
+        start = stop
+    }
+
+    // Redis: one RESP reply (simple string, error, integer or bulk string).
+    private func readRESP() throws {
+        let stop = try lineEnd(from: start)
+        let type = buffer[start]
+        let header = String(decoding: buffer[(start + 1)..<(stop - 2)], as: UTF8.self)
+        start = stop
+        switch type {
+        case UInt8(ascii: "-"): throw ClientError("redis: " + header)
+        case UInt8(ascii: "$"):
+            guard let length = Int(header) else { throw ClientError("redis: bad bulk length \(header)") }
+            if length >= 0 {
+                try need(length + 2)
+                start += length + 2
+            }
+        default: break
+        }
+    }
+
+    // PostgreSQL: messages until ReadyForQuery; an ErrorResponse fails the call after it.
+    private func readUntilReady() throws {
+        var failure: String?
+        while true {
+            try need(5)
+            let type = buffer[start]
+            let length = Int(buffer[start + 1]) << 24 | Int(buffer[start + 2]) << 16 | Int(buffer[start + 3]) << 8 | Int(buffer[start + 4])
+            try need(1 + length)
+            if type == UInt8(ascii: "E") {
+                failure = String(decoding: buffer[(start + 5)..<(start + 1 + length)].map { $0 == 0 ? 0x20 : $0 }, as: UTF8.self)
+            }
+            start += 1 + length
+            if type == UInt8(ascii: "Z") { break }
+        }
+        if let failure { throw ClientError("postgres: " + failure) }
+    }
+
+    private func postgresStartup() throws {
+        var body: [UInt8] = [0, 3, 0, 0]
+        for s in ["user", "blaze", "database", "postgres"] { body += Array(s.utf8) + [0] }
+        body.append(0)
+        try call(Self.int32(body.count + 4) + body)
+        for sql in Self.pgSchema { try call(Self.pgQuery(sql)) }
+        for (name, sql) in Self.pgStatements {
+            try call(Self.pgMessage("P", Array(name.utf8) + [0] + Array(sql.utf8) + [0, 0, 0]) + Self.pgMessage("S", []))
+        }
+    }
+
+    static let pgSchema = [
+        "CREATE TABLE IF NOT EXISTS docs (id text PRIMARY KEY, body jsonb NOT NULL)",
+        "CREATE INDEX IF NOT EXISTS docs_email ON docs ((body->'email'))",
+        "CREATE INDEX IF NOT EXISTS docs_age ON docs ((body->'age'))",
+    ]
+
+    static let pgStatements = [
+        ("get", "SELECT body FROM docs WHERE id = $1"),
+        ("one", "SELECT 1"),
+        ("ins", "INSERT INTO docs(id, body) VALUES ($1, $2)"),
+        ("find", "SELECT body FROM docs WHERE body->'age' = $1::jsonb LIMIT 10"),
+    ]
+
+    static func int32(_ v: Int) -> [UInt8] { [UInt8(v >> 24 & 0xFF), UInt8(v >> 16 & 0xFF), UInt8(v >> 8 & 0xFF), UInt8(v & 0xFF)] }
+
+    static func pgMessage(_ type: Character, _ body: [UInt8]) -> [UInt8] {
+        [type.asciiValue!] + int32(body.count + 4) + body
+    }
+
+    /// A simple-protocol query.
+    static func pgQuery(_ sql: String) -> [UInt8] { pgMessage("Q", Array(sql.utf8) + [0]) }
+
+    /// Bind, Execute and Sync of a prepared statement with text parameters.
+    static func pgExecute(_ statement: String, _ params: [String]) -> [UInt8] {
+        var bind: [UInt8] = [0] + Array(statement.utf8) + [0, 0, 0, 0, UInt8(params.count)]
+        for p in params { bind += int32(p.utf8.count) + Array(p.utf8) }
+        bind += [0, 0]
+        return pgMessage("B", bind) + pgMessage("E", [0, 0, 0, 0, 0]) + pgMessage("S", [])
+    }
+
+    /// A RESP command.
+    static func resp(_ args: [String]) -> [UInt8] {
+        var s = "*\(args.count)\r\n"
+        for a in args { s += "$\(a.utf8.count)\r\n\(a)\r\n" }
+        return Array(s.utf8)
+    }
+}
