@@ -62,6 +62,45 @@ struct Dispatcher: Sendable {
         guard context.logger.logLevel <= .debug else { return run(req, connection: connection) }
         let started = ContinuousClock.now
         let result = run(req, connection: connection)
+        log(req, connection: connection, started: started, result: result)
+        return result
+    }
+
+    /// The request and its write handler when the line is one request to a method that queues its write for a group
+    /// commit (a single-operation write); nil otherwise.
+    func submission(_ incoming: RPCIncoming) -> (RPCRequest, MethodHandler.Submit)? {
+        guard case .single(.success(let req)) = incoming, let submit = methods[req.method]?.submit else { return nil }
+        return (req, submit)
+    }
+
+    /// Validates `req` and queues its write; `done` gets the response bytes (nil when nothing is owed) once the write
+    /// is durable or has failed, on whichever thread finished it.
+    func submit(
+        _ req: RPCRequest, _ submit: MethodHandler.Submit, connection: ConnectionHandle,
+        done: @escaping @Sendable ([UInt8]?) -> Void
+    ) {
+        let started = context.logger.logLevel <= .debug ? ContinuousClock.now : nil
+        let finish: MethodHandler.Reply = { outcome in
+            let result = outcome.mapError { map($0, method: req.method, connection: connection.id) }
+            if let started { log(req, connection: connection, started: started, result: result) }
+            guard let id = req.id else { return done(nil) }
+            switch result {
+            case .success(let v): done(RPCCodec.response(id: id, result: v).jsonBytes)
+            case .failure(let e): done(RPCCodec.response(id: id, error: e).jsonBytes)
+            }
+        }
+        var context = self.context
+        context.connection = connection
+        do {
+            try submit(req.params, context, finish)
+        } catch {
+            finish(.failure(error))
+        }
+    }
+
+    private func log(
+        _ req: RPCRequest, connection: ConnectionHandle, started: ContinuousClock.Instant, result: Result<JSONValue, RPCError>
+    ) {
         let elapsed = ContinuousClock.now - started
         let micros = elapsed.components.seconds * 1_000_000 + elapsed.components.attoseconds / 1_000_000_000_000
         var metadata: Logger.Metadata = [
@@ -72,7 +111,6 @@ struct Dispatcher: Sendable {
             metadata["error.kind"] = "\(e.kind)"
         }
         context.logger.debug("Request", metadata: metadata)
-        return result
     }
 
     func run(_ req: RPCRequest, connection: ConnectionHandle) -> Result<JSONValue, RPCError> {

@@ -1,4 +1,5 @@
 import BlazeProtocol
+import BlazeStore
 
 /// How the daemon runs one method: its typed parameters in, its typed result out (types generated from the
 /// protocol document, `RPC.*`), and whether it may run on the event loop.
@@ -7,6 +8,14 @@ struct MethodHandler: Sendable {
     let runsInline: Bool
     /// Validates the params against the method's declaration, runs it and encodes its result.
     let run: @Sendable ([String: JSONValue], RequestContext) throws -> JSONValue
+    /// For single-operation writes: validates the params (on the event loop) and queues the write for its database's
+    /// group commit; `reply` gets the encoded result once the write is durable. Nil for every other method.
+    let submit: Submit?
+
+    /// Where a submitted write's outcome goes.
+    typealias Reply = @Sendable (Result<JSONValue, any Error>) -> Void
+    /// Validates a write's params and queues it, replying once it is durable.
+    typealias Submit = @Sendable ([String: JSONValue], RequestContext, @escaping Reply) throws -> Void
 
     /// A method that runs on the I/O pool (writes, queries, anything that may block).
     init<P: RPCParameters>(_ params: P.Type, _ body: @escaping @Sendable (P, RequestContext) throws -> P.Result) {
@@ -19,6 +28,24 @@ struct MethodHandler: Sendable {
     ) {
         self.runsInline = inline
         self.run = { raw, context in P.encode(try body(try P(validating: raw), context)) }
+        self.submit = nil
+    }
+
+    /// A single-operation write: `body` names the database and the operation and turns the store's result into the
+    /// method's. Submitted to the group commit when it comes alone; run on the I/O pool inside a batch.
+    init<P: RPCParameters>(
+        write params: P.Type,
+        _ body: @escaping @Sendable (P, RequestContext) throws -> (BlazeDatabase, WriteOp, @Sendable (WriteResult) -> P.Result)
+    ) {
+        self.runsInline = false
+        self.run = { raw, context in
+            let (db, op, result) = try body(try P(validating: raw), context)
+            return P.encode(result(try db.apply(op)))
+        }
+        self.submit = { raw, context, reply in
+            let (db, op, result) = try body(try P(validating: raw), context)
+            db.submit(op) { outcome in reply(outcome.map { P.encode(result($0)) }) }
+        }
     }
 }
 

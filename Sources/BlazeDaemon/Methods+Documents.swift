@@ -3,8 +3,8 @@ import BlazeStore
 
 /// Documents: reads by id, writes and transactions.
 extension Methods {
-    static let docInsert = MethodHandler(RPC.DocInsert.self) { p, ctx in
-        .init(id: try ctx.writableDatabase(p.db).apply(WriteOps.insert(p)).id)
+    static let docInsert = MethodHandler(write: RPC.DocInsert.self) { p, ctx in
+        (try ctx.writableDatabase(p.db), WriteOps.insert(p), { .init(id: $0.id) })
     }
 
     static let docGet = MethodHandler(RPC.DocGet.self, inline: true) { p, ctx in
@@ -15,17 +15,16 @@ extension Methods {
         .init(docs: try ctx.database(p.db).getMany(collection: p.collection, ids: p.ids, fields: try projection(p.fields)))
     }
 
-    static let docPut = MethodHandler(RPC.DocPut.self) { p, ctx in
-        let r = try ctx.writableDatabase(p.db).apply(try WriteOps.put(p))
-        return .init(id: r.id, created: r.created ?? false)
+    static let docPut = MethodHandler(write: RPC.DocPut.self) { p, ctx in
+        (try ctx.writableDatabase(p.db), try WriteOps.put(p), { .init(id: $0.id, created: $0.created ?? false) })
     }
 
-    static let docPatch = MethodHandler(RPC.DocPatch.self) { p, ctx in
-        .init(id: try ctx.writableDatabase(p.db).apply(WriteOps.patch(p)).id)
+    static let docPatch = MethodHandler(write: RPC.DocPatch.self) { p, ctx in
+        (try ctx.writableDatabase(p.db), WriteOps.patch(p), { .init(id: $0.id) })
     }
 
-    static let docDelete = MethodHandler(RPC.DocDelete.self) { p, ctx in
-        .init(id: try ctx.writableDatabase(p.db).apply(WriteOps.delete(p)).id)
+    static let docDelete = MethodHandler(write: RPC.DocDelete.self) { p, ctx in
+        (try ctx.writableDatabase(p.db), WriteOps.delete(p), { .init(id: $0.id) })
     }
 
     static let txCommit = MethodHandler(RPC.TxCommit.self) { p, ctx in

@@ -6,7 +6,8 @@ import NIOCore
 /// Answers the requests of one connection in order, on the connection's event loop, and delivers its subscriptions.
 ///
 /// Requests whose methods only read a little (`MethodHandler.runsInline`) are answered right here, with no thread hop;
-/// the others run on the daemon's I/O thread pool and are answered back on the loop. While a request runs on the
+/// a single-operation write is queued for its database's group commit and answered once durable; the others run on
+/// the daemon's I/O thread pool and are answered back on the loop. While a request runs on the
 /// pool, later lines wait in a queue, and reading from the socket pauses once that queue is full or while the
 /// client does not read its responses.
 ///
@@ -130,6 +131,21 @@ final class RPCHandler: ChannelDuplexHandler {
             case .line(let line):
                 if line.readableBytesView.allSatisfy({ $0 == 0x20 || $0 == 0x09 }) { continue }
                 let prepared = dispatcher.prepare(line: line.readableBytesView)
+                if let (request, submit) = dispatcher.submission(prepared) {
+                    // A single-operation write joins its database's next group commit; no thread waits for it.
+                    busy = true
+                    let loopBound = NIOLoopBound((self, context), eventLoop: context.eventLoop)
+                    let eventLoop = context.eventLoop
+                    dispatcher.submit(request, submit, connection: connection) { reply in
+                        eventLoop.execute {
+                            let (handler, context) = loopBound.value
+                            handler.busy = false
+                            handler.send(reply, context: context)
+                            handler.drain(context: context)
+                        }
+                    }
+                    return
+                }
                 if dispatcher.runsInline(prepared) {
                     send(dispatcher.execute(prepared, connection: connection), context: context)
                     continue

@@ -27,6 +27,10 @@ public final class BlazeDatabase: Sendable {
     /// The highest causal length of a tombstone compaction dropped here (0: none): a document this replica creates
     /// where no state exists starts above it, so it never starts below a tombstone another replica still holds.
     let droppedCausalLength: Mutex<Int64>
+    /// Single-operation writes waiting for the next group commit, and whether one is scheduled.
+    let pendingWrites = Mutex<(queue: [PendingWrite], scheduled: Bool)>(([], false))
+    /// Group commits run and the writes they carried (kept or failed) since the database was opened.
+    let groupCommits = Mutex<(groups: Int, writes: Int)>((0, 0))
 
     init(name: String, path: String, limits: StoreLimits, node: NodeID) throws {
         self.name = name
@@ -144,7 +148,12 @@ public final class BlazeDatabase: Sendable {
     }
 
     private func transaction<T>(_ db: Database, _ body: (WriteTransaction) throws -> T) throws -> T {
-        let storage = makeStorage(db)
+        try localChange(makeStorage(db), body)
+    }
+
+    /// Records what `body` writes as one local change in `storage`'s transaction, with its feed entry.
+    func localChange<T>(_ storage: SQLStorage, _ body: (WriteTransaction) throws -> T) throws -> T {
+        let db = storage.db
         storage.enforceLimits = true
         let vv = try storage.versionVector()
         let hlc = clock.withLock { $0.tick(now: Self.nowMilliseconds()) }
@@ -158,10 +167,12 @@ public final class BlazeDatabase: Sendable {
         return result
     }
 
-    func makeStorage(_ db: Database) -> SQLStorage {
+    /// Storage for one transaction, its feed continuing from `feedSequence` and `feedTotal` (default: the published
+    /// feed's last).
+    func makeStorage(_ db: Database, feedSequence: Int64? = nil, feedTotal: Int64? = nil) -> SQLStorage {
         SQLStorage(
-            db: db, limits: limits, knownCollections: knownCollections, feedSequence: feed.lastSequence,
-            feedTotal: feed.totals.last, coding: coding, droppedCausalLength: droppedCausalLength.withLock { $0 })
+            db: db, limits: limits, knownCollections: knownCollections, feedSequence: feedSequence ?? feed.lastSequence,
+            feedTotal: feedTotal ?? feed.totals.last, coding: coding, droppedCausalLength: droppedCausalLength.withLock { $0 })
     }
 
     /// Prunes the durable feed to its retention and publishes this transaction's entries once it commits.
@@ -174,7 +185,7 @@ public final class BlazeDatabase: Sendable {
             (floor, floorTotal) = try pruneFeed(db, total: storage.feedTotal, floor: floor, floorTotal: floorTotal)
         }
         let (feed, total, newFloor, newFloorTotal) = (self.feed, storage.feedTotal, floor, floorTotal)
-        db.afterNextTransaction(onCommit: { _ in feed.publish(entries, floor: newFloor, total: total, floorTotal: newFloorTotal) })
+        storage.onCommit { feed.publish(entries, floor: newFloor, total: total, floorTotal: newFloorTotal) }
     }
 
     /// Deletes the feed rows before the last `feedRetention` document events (the last change is always kept whole)
@@ -210,9 +221,17 @@ public final class BlazeDatabase: Sendable {
     /// Feed events beyond the retention that may accumulate before a prune.
     static let pruneStep: Int64 = 256
 
-    /// Applies one operation in its own transaction.
+    /// Applies one operation as its own change, durable when this returns; concurrent callers' operations share a
+    /// commit (`submit`). Blocks the calling thread.
     public func apply(_ op: WriteOp) throws -> WriteResult {
-        try write { try $0.apply(op) }
+        let done = DispatchSemaphore(value: 0)
+        let outcome = Mutex<Result<WriteResult, any Error>?>(nil)
+        submit(op) { result in
+            outcome.withLock { $0 = result }
+            done.signal()
+        }
+        done.wait()
+        return try outcome.withLock { $0! }.get()
     }
 
     /// Applies several operations atomically; on failure the error's details carry the failing op's index.

@@ -50,6 +50,11 @@ final class SQLStorage: ReplicaStorage {
 
     /// `BlazeDatabase.droppedCausalLength` when the transaction began.
     let droppedCausalLength: Int64
+    /// When set, work due after the commit is collected in `afterCommit` rather than registered with the database: a
+    /// group commit runs it only for the changes it kept (a savepoint rolled back does not unregister a hook).
+    var collectsAfterCommit = false
+    /// The work due after the commit, when `collectsAfterCommit`.
+    var afterCommit: [@Sendable () -> Void] = []
 
     init(
         db: Database, limits: StoreLimits, knownCollections: KnownCollections, feedSequence: Int64, feedTotal: Int64 = 0,
@@ -259,6 +264,15 @@ final class SQLStorage: ReplicaStorage {
         try db.cachedStatement(sql: "INSERT OR IGNORE INTO collections(name, created_at) VALUES (?, ?)").execute(
             arguments: [name, Int64(Date().timeIntervalSince1970 * 1000)])
         let known = knownCollections
-        db.afterNextTransaction { _ in known.insert(name) }
+        onCommit { known.insert(name) }
+    }
+
+    /// Runs `action` once the transaction commits (nothing on rollback).
+    func onCommit(_ action: @escaping @Sendable () -> Void) {
+        if collectsAfterCommit {
+            afterCommit.append(action)
+        } else {
+            db.afterNextTransaction(onCommit: { _ in action() })
+        }
     }
 }

@@ -4,6 +4,7 @@ import BlazeProtocol
 import BlazeTestSupport
 import Foundation
 import GRDB
+import Synchronization
 import Testing
 
 @testable import BlazeDaemon
@@ -310,6 +311,86 @@ import Glibc
         let count = try d.connect().call("query.count", ["db": "default", "collection": "k", "where": ["_id": ["$prefix": "i"]]])
         #expect(count == ["count": .int(Int64(acknowledged.count))])
         d.stop()
+    }
+}
+
+extension Durability {
+    /// Eight connections write at once, so their writes share group commits; one write in four is refused (an id
+    /// already taken) inside those groups. The daemon is killed while they write. Every acknowledged write is there,
+    /// every refused one failed alone, and each acknowledged write is its own change.
+    @Test func killNineUnderEightConcurrentWritersLosesNoAcknowledgedWriteAndRefusalsFailAlone() throws {
+        let dir = TempDir()
+        var rng = SeededRandom(seed: testSeed("kill -9 under 8 writers"))
+        var acknowledgedTotal = 0
+        for iteration in 0..<5 {
+            let d = try DaemonProcess(dir: dir)
+            let setup = try d.connect()
+            _ = try setup.call("doc.insert", ["db": "default", "collection": "k", "doc": ["_id": .string("taken-\(iteration)")]])
+            let socket = d.socket
+            let target = Int.random(in: 100...400, using: &rng)
+            let acknowledged = Mutex<[String]>([])
+            let refusals = Mutex<(ok: Int, wrong: [String])>((0, []))
+            let reached = DispatchSemaphore(value: 0)
+            let writers = DispatchGroup()
+            let (connected, start) = (DispatchGroup(), DispatchSemaphore(value: 0))
+            for w in 0..<8 {
+                connected.enter()
+                DispatchQueue.global().async(group: writers) {
+                    // All eight connect before any writes, so that all are writing when the daemon dies.
+                    let c = try? BlazeConnection(socketPath: socket, timeoutSeconds: 60)
+                    connected.leave()
+                    start.wait()
+                    guard let c else { return refusals.withLock { $0.wrong.append("writer \(w) could not connect") } }
+                    for n in 0..<100_000 {
+                        let id = "i\(iteration)-w\(w)-\(n)"
+                        let refused = n % 4 == 3
+                        let doc: JSONValue = refused ? ["_id": .string("taken-\(iteration)")] : ["_id": .string(id), "w": .int(Int64(w))]
+                        do {
+                            _ = try c.call("doc.insert", ["db": "default", "collection": "k", "doc": doc])
+                            if refused {
+                                refusals.withLock { $0.wrong.append("a taken id was accepted") }
+                            } else if acknowledged.withLock({ $0.append(id); return $0.count }) == target {
+                                reached.signal()
+                            }
+                        } catch let e as RPCError {
+                            refusals.withLock { r in
+                                if refused && e.kind == "document_exists" { r.ok += 1 } else { r.wrong.append("\(id): \(e.kind)") }
+                            }
+                        } catch {
+                            return  // the daemon is gone
+                        }
+                    }
+                }
+            }
+            #expect(connected.wait(timeout: .now() + 60) == .success)
+            for _ in 0..<8 { start.signal() }
+            #expect(reached.wait(timeout: .now() + 120) == .success, "iteration \(iteration): writers did not reach \(target)")
+            d.kill9()
+            #expect(writers.wait(timeout: .now() + 60) == .success)
+            #expect(refusals.withLock { $0.wrong }.isEmpty, "iteration \(iteration): \(refusals.withLock { $0.wrong.prefix(3) })")
+            #expect(refusals.withLock { $0.ok } > 0)
+            let check = try DatabaseQueue(path: d.dataDir + "/databases/default.db")
+            let integrity = try check.read { try String.fetchAll($0, sql: "PRAGMA integrity_check") }
+            #expect(integrity == ["ok"], "iteration \(iteration)")
+            let stored = Set(try check.read { try String.fetchAll($0, sql: "SELECT id FROM docs WHERE collection = 'k'") })
+            try check.close()
+            let acked = acknowledged.withLock { $0 }
+            let lost = acked.filter { !stored.contains($0) }
+            #expect(lost.isEmpty, "iteration \(iteration): lost \(lost.count) acknowledged inserts, e.g. \(lost.prefix(3))")
+            acknowledgedTotal += acked.count
+        }
+        // After a clean restart: one change per stored document of this device, numbered without gaps.
+        let d = try DaemonProcess(dir: dir)
+        let c = try d.connect()
+        let stored = try c.call("query.count", ["db": "default", "collection": "k", "where": [:]])["count"]?.intValue ?? -1
+        #expect(stored >= Int64(acknowledgedTotal + 5))
+        d.stop()
+        let check = try DatabaseQueue(path: d.dataDir + "/databases/default.db")
+        let (changes, top) = try check.read { db in
+            (try Int.fetchOne(db, sql: "SELECT count(*) FROM changes") ?? -1, try Int.fetchOne(db, sql: "SELECT max(seq) FROM versions") ?? -2)
+        }
+        try check.close()
+        #expect(Int64(changes) == stored && changes == top, "changes \(changes), top \(top), documents \(stored)")
     }
 }
 

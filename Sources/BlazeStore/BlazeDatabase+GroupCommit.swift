@@ -1,0 +1,91 @@
+import Foundation
+import GRDB
+
+/// A single-operation write waiting for a group commit, and who to tell when it is durable.
+struct PendingWrite: Sendable {
+    let op: WriteOp
+    let completion: @Sendable (Result<WriteResult, any Error>) -> Void
+}
+
+/// Group commit: single-operation writes from many callers that arrive while a commit is in flight are committed
+/// together, in one SQLite transaction and one WAL fsync, each still its own replicated change.
+///
+/// The first write to arrive schedules a commit on the writer; every write that arrives before that commit starts
+/// joins it, and those arriving during it form the next one. Each operation runs in its own savepoint: one that fails
+/// (a missing document, a limit) is rolled back alone and fails alone, and only the changes kept publish their feed
+/// entries. Nothing is acknowledged before the commit that covers it returns (`synchronous = FULL`: after its fsync).
+extension BlazeDatabase {
+    /// Writes in one group commit at most; more wait for the next.
+    static let maxGroupSize = 1024
+
+    /// Queues `op` as one change for the next group commit; `completion` runs once it is durable (or failed), on the
+    /// writer's thread, so it must only hand the result on.
+    public func submit(_ op: WriteOp, completion: @escaping @Sendable (Result<WriteResult, any Error>) -> Void) {
+        let schedule = pendingWrites.withLock { state -> Bool in
+            state.queue.append(PendingWrite(op: op, completion: completion))
+            guard !state.scheduled else { return false }
+            state.scheduled = true
+            return true
+        }
+        if schedule { scheduleGroupCommit() }
+    }
+
+    private func scheduleGroupCommit() {
+        pool.asyncWriteWithoutTransaction { [self] db in
+            let group = pendingWrites.withLock { state -> [PendingWrite] in
+                let taken = Array(state.queue.prefix(Self.maxGroupSize))
+                state.queue.removeFirst(taken.count)
+                return taken
+            }
+            let results = commitGroup(db, group.map(\.op))
+            groupCommits.withLock { $0 = ($0.groups + 1, $0.writes + group.count) }
+            for (pending, result) in zip(group, results) { pending.completion(result) }
+            // Writes that arrived during this commit form the next group; other writers' work may run in between.
+            let again = pendingWrites.withLock { state -> Bool in
+                state.scheduled = !state.queue.isEmpty
+                return state.scheduled
+            }
+            if again { scheduleGroupCommit() }
+        }
+    }
+
+    /// Group commits run and the writes they carried since the database was opened.
+    public var groupCommitCounts: (groups: Int, writes: Int) { groupCommits.withLock { $0 } }
+
+    /// Commits each of `ops` as its own change in one transaction; returns each one's outcome (all fail alike when the
+    /// transaction cannot commit).
+    func commitGroup(_ db: Database, _ ops: [WriteOp]) -> [Result<WriteResult, any Error>] {
+        guard !ops.isEmpty else { return [] }
+        var results: [Result<WriteResult, any Error>] = []
+        results.reserveCapacity(ops.count)
+        var afterCommit: [@Sendable () -> Void] = []
+        do {
+            try db.inTransaction {
+                var (feedSequence, feedTotal) = (feed.lastSequence, feed.totals.last)
+                for op in ops {
+                    do {
+                        var kept: (WriteResult, SQLStorage)?
+                        try db.inSavepoint {
+                            let storage = makeStorage(db, feedSequence: feedSequence, feedTotal: feedTotal)
+                            storage.collectsAfterCommit = true
+                            kept = (try localChange(storage) { try $0.apply(op) }, storage)
+                            return .commit
+                        }
+                        if let (result, storage) = kept {
+                            results.append(.success(result))
+                            afterCommit += storage.afterCommit
+                            (feedSequence, feedTotal) = (storage.feedSequence, storage.feedTotal)
+                        }
+                    } catch {
+                        results.append(.failure(error))
+                    }
+                }
+                return .commit
+            }
+        } catch {
+            return ops.map { _ in .failure(error) }
+        }
+        for action in afterCommit { action() }
+        return results
+    }
+}

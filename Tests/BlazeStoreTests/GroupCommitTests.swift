@@ -1,0 +1,123 @@
+import BlazeCRDT
+import BlazeProtocol
+import BlazeTestSupport
+import Foundation
+import GRDB
+import Synchronization
+import Testing
+
+@testable import BlazeStore
+
+@Suite struct GroupCommitTests {
+    /// Submits `ops` while the writer is held, so that all of them wait for, and share, the next group commit; returns
+    /// their outcomes in order.
+    static func submitTogether(_ db: BlazeDatabase, _ ops: [WriteOp]) -> [Result<WriteResult, any Error>] {
+        let outcomes = Mutex<[Int: Result<WriteResult, any Error>]>([:])
+        let done = DispatchGroup()
+        db.pool.writeWithoutTransaction { _ in
+            for (i, op) in ops.enumerated() {
+                done.enter()
+                db.submit(op) { r in
+                    outcomes.withLock { $0[i] = r }
+                    done.leave()
+                }
+            }
+        }
+        #expect(done.wait(timeout: .now() + 60) == .success)
+        return outcomes.withLock { o in ops.indices.map { o[$0]! } }
+    }
+
+    @Test func writesWaitingTogetherShareOneCommitAndEachIsItsOwnChange() throws {
+        let t = try TempStore()
+        let db = try t.store.create("g")
+        let rec = FeedRecorder()
+        guard case .attached = db.feed.attach(after: db.feed.lastSequence, rec.listener) else {
+            Issue.record("not attached")
+            return
+        }
+        let start = db.feed.lastSequence
+        let before = db.groupCommitCounts
+        let ops: [WriteOp] = (0..<10).map { .insert(collection: "c", doc: ["_id": .string("d\($0)"), "n": .int(Int64($0))]) }
+        let results = Self.submitTogether(db, ops)
+        #expect(results.map { (try? $0.get())?.id } == (0..<10).map { "d\($0)" })
+        let after = db.groupCommitCounts
+        #expect(after.groups - before.groups == 1 && after.writes - before.writes == 10)
+        // Ten changes, one per write, in submission order, each with its own feed entry.
+        let changes = try db.changes(since: VersionVector())
+        #expect(changes.map(\.seq) == Array(1...10))
+        #expect(changes.allSatisfy { $0.origin == db.node && $0.ops.count == 1 })
+        #expect(summary(rec.entries) == (0..<10).map { "insert c/d\($0)" })
+        #expect(rec.entries.map(\.seq) == Array((start + 1)...(start + 10)))
+        for i in 0..<10 { #expect(try db.get(collection: "c", id: "d\(i)")["n"] == .int(Int64(i))) }
+    }
+
+    @Test func aFailingWriteInAGroupFailsAloneAndLeavesNoTrace() throws {
+        var limits = StoreLimits()
+        limits.maxDocumentBytes = 1000
+        let t = try TempStore(limits: limits)
+        let db = try t.store.create("g")
+        _ = try db.apply(.insert(collection: "c", doc: ["_id": "taken"]))
+        let rec = FeedRecorder()
+        guard case .attached = db.feed.attach(after: db.feed.lastSequence, rec.listener) else {
+            Issue.record("not attached")
+            return
+        }
+        let start = db.feed.lastSequence
+        let big = JSONValue.string(String(repeating: "x", count: 2000))
+        let ops: [WriteOp] = [
+            .insert(collection: "c", doc: ["_id": "a"]),
+            .insert(collection: "fresh", doc: ["_id": "big", "v": big]),  // too large, in a collection not yet known
+            .insert(collection: "c", doc: ["_id": "taken"]),  // exists
+            .patch(collection: "c", id: "missing", set: ["v": 1]),  // not found
+            .put(collection: "c", id: "b", doc: ["v": 2]),
+        ]
+        let results = Self.submitTogether(db, ops)
+        func kind(_ r: Result<WriteResult, any Error>) -> String {
+            switch r {
+            case .success(let w): return "ok \(w.id)"
+            case .failure(let e as StoreError): return e.kind
+            case .failure(let e): return "\(e)"
+            }
+        }
+        #expect(results.map(kind) == ["ok a", "document_too_large", "document_exists", "document_not_found", "ok b"])
+        // Only the kept writes are changes, with consecutive sequences, and only they reach the feed.
+        #expect(try db.changes(since: VersionVector()).map(\.seq) == [1, 2, 3])
+        #expect(summary(rec.entries) == ["insert c/a", "insert c/b"])
+        #expect(rec.entries.map(\.seq) == [start + 1, start + 2])
+        // The collection the failed write would have created does not exist, and a later write creates it for good.
+        #expect(try db.collections().map(\.name) == ["c"])
+        _ = try db.apply(.insert(collection: "fresh", doc: ["_id": "small"]))
+        #expect(try db.collections().map(\.name) == ["c", "fresh"])
+        let reopened = try Store(directory: t.dir, limits: limits, node: t.store.node)
+        defer { reopened.closeAll() }
+        t.store.closeAll()
+        #expect(try reopened.database("g").collections().map(\.name) == ["c", "fresh"])
+    }
+
+    @Test func concurrentWritersEachGetOneDurableChange() throws {
+        let t = try TempStore()
+        let db = try t.store.create("g")
+        let (writers, each) = (8, 150)
+        let failures = Mutex<[String]>([])
+        DispatchQueue.concurrentPerform(iterations: writers) { w in
+            for i in 0..<each {
+                do {
+                    let id = "w\(w)-\(i)"
+                    guard try db.apply(.insert(collection: "c", doc: ["_id": .string(id), "w": .int(Int64(w))])).id == id else {
+                        throw StoreError(.internalFailure, kind: "wrong_id", id)
+                    }
+                    _ = try db.apply(.patch(collection: "c", id: id, incr: ["n": 1]))
+                } catch {
+                    failures.withLock { $0.append("\(error)") }
+                }
+            }
+        }
+        #expect(failures.withLock { $0 }.isEmpty)
+        let total = writers * each * 2
+        #expect(try db.changes(since: VersionVector()).map(\.seq) == (1...total).map(UInt64.init))
+        #expect(try db.count(collection: "c", filter: try Filter.parse(nil)) == writers * each)
+        #expect(try db.count(collection: "c", filter: try Filter.parse(["n": 1] as JSONValue)) == writers * each)
+        #expect(db.groupCommitCounts.writes == total)
+        #expect(try db.feedEntries(after: 0, limit: total, maxEvents: total).count == total)
+    }
+}
