@@ -1,5 +1,5 @@
 # The two commands the README gives a new user.
-.PHONY: run test generate bench
+.PHONY: run test generate bench bench-peers
 
 # Build and start blazed in the foreground with its default socket and data directory.
 run:
@@ -19,6 +19,15 @@ test:
 bench:
 	swift build -c release --product blazebench
 	.build/release/blazebench
+
+# blazed side by side with PostgreSQL and Redis on Unix sockets (throwaway instances in a temp dir), installing
+# them from Debian's packages when missing; the ratios go into Benchmarks/README.md.
+bench-peers:
+	command -v redis-server >/dev/null && ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1 || \
+		(SUDO=$$([ "$$(id -u)" -eq 0 ] || echo sudo); $$SUDO apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq postgresql redis-server)
+	swift build -c release --product blazebench
+	.build/release/blazebench --only PEERS --repeats 5
 
 # Regenerate the Swift method table and the Python and Node clients after editing Protocol/blazedb.openrpc.json
 # (CI fails when they are stale: Clients/test.sh runs the generator with --check).

@@ -35,11 +35,32 @@ struct Dispatcher: Sendable {
         switch incoming {
         case .failure(let f):
             return RPCCodec.response(id: f.id, error: f.error).jsonBytes
+        case .single(.success(let req)) where methods[req.method]?.text != nil:
+            return respondWithText(req, connection: connection)
         case .single(let r):
             return respond(r, connection: connection)?.jsonBytes
         case .batch(let items):
             let responses = items.compactMap { respond($0, connection: connection) }
             return responses.isEmpty ? nil : JSONValue.array(responses).jsonBytes
+        }
+    }
+
+    /// The response bytes of a request whose method returns its result as JSON text, spliced in unparsed.
+    func respondWithText(_ req: RPCRequest, connection: ConnectionHandle) -> [UInt8]? {
+        let started = context.logger.logLevel <= .debug ? ContinuousClock.now : nil
+        var context = self.context
+        context.connection = connection
+        let result: Result<[UInt8], RPCError>
+        do {
+            result = .success(try methods[req.method]!.text!(req.params, context))
+        } catch {
+            result = .failure(map(error, method: req.method, connection: connection.id))
+        }
+        if let started { log(req, connection: connection, started: started, result: result.map { _ in .null }) }
+        guard let id = req.id else { return nil }
+        switch result {
+        case .success(let text): return RPCCodec.responseBytes(id: id, resultText: text)
+        case .failure(let e): return RPCCodec.response(id: id, error: e).jsonBytes
         }
     }
 

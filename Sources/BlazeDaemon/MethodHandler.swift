@@ -11,6 +11,9 @@ struct MethodHandler: Sendable {
     /// For single-operation writes: validates the params (on the event loop) and queues the write for its database's
     /// group commit; `reply` gets the encoded result once the write is durable. Nil for every other method.
     let submit: Submit?
+    /// For reads that can hand back stored JSON text as it is: validates the params, runs the method and returns its
+    /// result as JSON text, spliced into the response without being parsed and written again. Nil for the others.
+    let text: (@Sendable ([String: JSONValue], RequestContext) throws -> [UInt8])?
 
     /// Where a submitted write's outcome goes.
     typealias Reply = @Sendable (Result<JSONValue, any Error>) -> Void
@@ -29,6 +32,19 @@ struct MethodHandler: Sendable {
         self.runsInline = inline
         self.run = { raw, context in P.encode(try body(try P(validating: raw), context)) }
         self.submit = nil
+        self.text = nil
+    }
+
+    /// A read whose result `body` returns as JSON text (it must be the encoding of a valid `P.Result`); inside a batch
+    /// the text is parsed back into a value.
+    init<P: RPCParameters>(text params: P.Type, inline: Bool, _ body: @escaping @Sendable (P, RequestContext) throws -> [UInt8]) {
+        self.runsInline = inline
+        self.submit = nil
+        let text: @Sendable ([String: JSONValue], RequestContext) throws -> [UInt8] = { raw, context in
+            try body(try P(validating: raw), context)
+        }
+        self.text = text
+        self.run = { raw, context in try JSONParser(maxDepth: 10_000).parse(try text(raw, context)) }
     }
 
     /// A single-operation write: `body` names the database and the operation and turns the store's result into the
@@ -42,6 +58,7 @@ struct MethodHandler: Sendable {
             let (db, op, result) = try body(try P(validating: raw), context)
             return P.encode(result(try db.apply(op)))
         }
+        self.text = nil
         self.submit = { raw, context, reply in
             let (db, op, result) = try body(try P(validating: raw), context)
             db.submit(op) { outcome in reply(outcome.map { P.encode(result($0)) }) }

@@ -7,8 +7,14 @@ extension Methods {
         (try ctx.writableDatabase(p.db), WriteOps.insert(p), { .init(id: $0.id) })
     }
 
-    static let docGet = MethodHandler(RPC.DocGet.self, inline: true) { p, ctx in
-        .init(doc: try ctx.database(p.db).get(collection: p.collection, id: p.id, fields: try projection(p.fields)))
+    /// `doc.get` answers with the stored document's text as it is (no parse, no re-encoding) unless `fields` asks for
+    /// a projection.
+    static let docGet = MethodHandler(text: RPC.DocGet.self, inline: true) { p, ctx in
+        let db = try ctx.database(p.db)
+        if let fields = try projection(p.fields) {
+            return RPC.DocGet.encode(.init(doc: try db.get(collection: p.collection, id: p.id, fields: fields))).jsonBytes
+        }
+        return Array("{\"doc\":".utf8) + (try db.getText(collection: p.collection, id: p.id)) + [UInt8(ascii: "}")]
     }
 
     static let docGetMany = MethodHandler(RPC.DocGetMany.self, inline: true) { p, ctx in

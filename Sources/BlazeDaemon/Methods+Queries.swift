@@ -18,11 +18,12 @@ extension Methods {
         return q
     }
 
-    static let queryFind = MethodHandler(RPC.QueryFind.self) { p, ctx in
+    /// `query.find` splices the stored documents' texts into its response (no parse, no re-encoding) unless `fields`
+    /// asks for a projection.
+    static let queryFind = MethodHandler(text: RPC.QueryFind.self, inline: false) { p, ctx in
         let q = try findQuery(
             collection: p.collection, where: p.where, sort: p.sort, limit: p.limit, cursor: p.cursor, fields: p.fields, ctx: ctx)
-        let r = try ctx.database(p.db).find(q)
-        return .init(docs: r.docs, cursor: r.cursor)
+        return try ctx.database(p.db).findResultText(q)
     }
 
     static let queryCount = MethodHandler(RPC.QueryCount.self) { p, ctx in

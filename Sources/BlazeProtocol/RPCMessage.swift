@@ -137,6 +137,18 @@ public enum RPCCodec {
         .object(["jsonrpc": "2.0", "id": id, "result": result])
     }
 
+    /// The bytes of a success response whose result is already JSON text (spliced in as is; it must be valid JSON).
+    public static func responseBytes(id: JSONValue, resultText: [UInt8]) -> [UInt8] {
+        // Members in the order `JSONValue` writes an object's (sorted): id, jsonrpc, result.
+        var out = Array("{\"id\":".utf8)
+        out.reserveCapacity(out.count + 32 + resultText.count)
+        out += id.jsonBytes
+        out += Array(",\"jsonrpc\":\"2.0\",\"result\":".utf8)
+        out += resultText
+        out.append(UInt8(ascii: "}"))
+        return out
+    }
+
     /// An error response object.
     public static func response(id: JSONValue, error: RPCError) -> JSONValue {
         .object(["jsonrpc": "2.0", "id": id, "error": error.jsonValue])

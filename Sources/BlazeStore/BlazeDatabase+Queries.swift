@@ -88,6 +88,22 @@ extension BlazeDatabase {
         }
     }
 
+    /// The stored canonical JSON text of one document (what `get` without `fields` returns, as written); throws
+    /// not-found for an unknown collection or id.
+    ///
+    /// One statement on a reader with no transaction around it (a single statement reads one consistent snapshot),
+    /// and the collection is looked up only when the document is not found.
+    public func getText(collection: String, id: String) throws -> [UInt8] {
+        try Names.validateID(id)
+        return try pool.unsafeRead { db in
+            let stmt = try RawStatement(db, "SELECT body FROM docs WHERE collection = ? AND id = ?")
+            if let text = try stmt.firstRow(collection, id, { $0.textBytes(0) }), let text { return text }
+            try Self.requireCollection(db, collection)
+            throw StoreError(
+                .notFound, kind: "document_not_found", "no document \(Names.quoted(id)) in collection \(collection)")
+        }
+    }
+
     /// Fetches many documents by id, in the order given; missing ones are `null`.
     public func getMany(collection: String, ids: [String], fields: [FieldPath]? = nil) throws -> [JSONValue] {
         guard ids.count <= limits.maxGetMany else {
@@ -118,29 +134,78 @@ extension BlazeDatabase {
 
     /// Runs a find query and returns one page.
     public func find(_ query: FindQuery) throws -> FindResult {
+        let (texts, cursor) = try findTexts(query)
+        var docs: [JSONValue] = []
+        docs.reserveCapacity(texts.count)
+        for text in texts {
+            let doc = try Self.decodeBody(String(decoding: text, as: UTF8.self))
+            docs.append(.object(query.fields.map { Projection.apply($0, to: doc) } ?? doc))
+        }
+        return FindResult(docs: docs, cursor: cursor)
+    }
+
+    /// A find query's page as the JSON text of `query.find`'s result, `{"cursor":…,"docs":[…]}`: without `fields`,
+    /// the stored documents' texts are spliced in as they are.
+    public func findResultText(_ query: FindQuery) throws -> [UInt8] {
+        guard query.fields == nil else {
+            let r = try find(query)
+            return JSONValue.object(["docs": .array(r.docs), "cursor": r.cursor.map(JSONValue.string) ?? .null]).jsonBytes
+        }
+        let (texts, cursor) = try findTexts(query)
+        var out = Array("{\"cursor\":".utf8)
+        out.reserveCapacity(texts.reduce(64) { $0 + $1.count + 1 })
+        out += (cursor.map(JSONValue.string) ?? .null).jsonBytes
+        out += Array(",\"docs\":[".utf8)
+        for (i, text) in texts.enumerated() {
+            if i > 0 { out.append(UInt8(ascii: ",")) }
+            out += text
+        }
+        out += Array("]}".utf8)
+        return out
+    }
+
+    /// The stored texts of a find query's page and the cursor of the next page.
+    func findTexts(_ query: FindQuery) throws -> (texts: [[UInt8]], cursor: String?) {
         try validate(query)
         let compiled = QueryCompiler.find(query, limit: query.limit + 1)
         return try read { db in
             try Self.requireCollection(db, query.collection)
-            let rows = try Row.fetchAll(db, sql: compiled.sql, arguments: compiled.arguments)
-            var docs: [JSONValue] = []
-            docs.reserveCapacity(min(rows.count, query.limit))
-            for row in rows.prefix(query.limit) {
-                let doc = try Self.decodeBody(row[1])
-                docs.append(.object(query.fields.map { Projection.apply($0, to: doc) } ?? doc))
-            }
+            let statement = try queryStatement(db, compiled.sql)
+            let rows = try Row.fetchCursor(statement, arguments: compiled.arguments)
+            var texts: [[UInt8]] = []
+            texts.reserveCapacity(min(query.limit, 256))
             var next: String?
-            if rows.count > query.limit {
-                let last = rows[query.limit - 1]
-                var keys: [JSONValue] = []
-                for i in 0..<(2 * query.sort.count) {
-                    keys.append(Self.jsonValue(last[2 + i] as DatabaseValue))
+            var last: Row?
+            while let row = try rows.next() {
+                guard texts.count < query.limit else {
+                    // One row more than the page: there is a next page, which starts after the page's last row.
+                    if let last {
+                        let keys = (0..<(2 * query.sort.count)).map { Self.jsonValue(last[2 + $0] as DatabaseValue) }
+                        next = QueryCursor(keys: keys, id: last[0], shape: query.shape).token
+                    }
+                    break
                 }
-                next = QueryCursor(keys: keys, id: last[0], shape: query.shape).token
+                texts.append(try row.withUnsafeData(atIndex: 1) { data in data.map { [UInt8]($0) } } ?? [])
+                last = texts.count == query.limit ? row.copy() : nil
             }
-            return FindResult(docs: docs, cursor: next)
+            return (texts, next)
         }
     }
+
+    /// Query shapes whose statements stay prepared on each connection (at most `maxCachedQueryShapes`; others are
+    /// prepared per run), so that repeating a query re-plans nothing.
+    func queryStatement(_ db: Database, _ sql: String) throws -> Statement {
+        let cached = cachedQueryShapes.withLock { shapes -> Bool in
+            if shapes.contains(sql) { return true }
+            guard shapes.count < Self.maxCachedQueryShapes else { return false }
+            shapes.insert(sql)
+            return true
+        }
+        return cached ? try db.cachedStatement(sql: sql) : try db.makeStatement(sql: sql)
+    }
+
+    /// Distinct query texts kept prepared per connection.
+    static let maxCachedQueryShapes = 256
 
     static func jsonValue(_ v: DatabaseValue) -> JSONValue {
         switch v.storage {
@@ -158,7 +223,7 @@ extension BlazeDatabase {
         let compiled = QueryCompiler.count(collection: collection, filter: filter)
         return try read { db in
             try Self.requireCollection(db, collection)
-            return try Int.fetchOne(db, sql: compiled.sql, arguments: compiled.arguments) ?? 0
+            return try Int.fetchOne(try queryStatement(db, compiled.sql), arguments: compiled.arguments) ?? 0
         }
     }
 

@@ -29,6 +29,8 @@ public final class BlazeDatabase: Sendable {
     let droppedCausalLength: Mutex<Int64>
     /// Single-operation writes waiting for the next group commit, and whether one is scheduled.
     let pendingWrites = Mutex<(queue: [PendingWrite], scheduled: Bool)>(([], false))
+    /// The query texts `queryStatement` keeps prepared.
+    let cachedQueryShapes = Mutex<Set<String>>([])
     /// Group commits run and the writes they carried (kept or failed) since the database was opened.
     let groupCommits = Mutex<(groups: Int, writes: Int)>((0, 0))
 

@@ -123,6 +123,13 @@ struct RawStatement {
             let count = Int(sqlite3_column_bytes(handle, index))
             return String(decoding: UnsafeBufferPointer(start: bytes, count: count), as: UTF8.self)
         }
+
+        /// Column `index` (0-based) as the bytes of its text; nil when NULL.
+        func textBytes(_ index: Int32) -> [UInt8]? {
+            guard sqlite3_column_type(handle, index) != SQLITE_NULL, let bytes = sqlite3_column_text(handle, index)
+            else { return nil }
+            return Array(UnsafeBufferPointer(start: bytes, count: Int(sqlite3_column_bytes(handle, index))))
+        }
     }
 
     private func clear() {

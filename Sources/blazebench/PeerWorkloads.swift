@@ -54,6 +54,9 @@ enum PeerWorkloads {
         ) throws {
             var samples: [String: [Double]] = [:]
             var rates: [String: [Double]] = [:]
+            // Each repeat's figure (p50 or rate) per server: blazed's ratio to PostgreSQL is the median of the
+            // per-repeat ratios, since the two ran back to back under the same conditions.
+            var perRepeat: [String: [Double]] = [:]
             for _ in 0..<repeats {
                 for peer in peers {
                     guard let make = request(peer) else { continue }
@@ -67,6 +70,8 @@ enum PeerWorkloads {
                     let rate = Double(r.latencies.count * batch) / r.wall
                     rates[peer.name, default: []].append(rate)
                     samples[peer.name, default: []] += latency ? r.latencies : [rate]
+                    let sorted = r.latencies.sorted()
+                    perRepeat[peer.name, default: []].append(latency ? sorted[sorted.count / 2] : rate)
                 }
             }
             let unit = latency ? "µs" : (fresh ? "docs/s" : "req/s")
@@ -85,6 +90,9 @@ enum PeerWorkloads {
                 if r.name.hasSuffix(".blazed"), let pg {
                     r.baseline = pg.name
                     r.latencyRatio = true
+                    if let mine = perRepeat["blazed"], let theirs = perRepeat["postgres"] {
+                        r.paired[pg.name] = zip(mine, theirs).map { $0 / $1 }
+                    }
                     if others.count > 1, let best = latency ? others.min() : others.max() {
                         r.note = [r.note, String(format: "%.2f× the best peer", r.median / best)].compactMap { $0 }
                             .joined(separator: "; ")
