@@ -77,6 +77,9 @@ public final class Daemon: Service, Sendable {
                 }
             }
             .childChannelOption(.allowRemoteHalfClosure, value: true)
+            // One read per readable event: a request/response client sends one line at a time, and a second read
+            // would only return EAGAIN (a wasted system call per request).
+            .childChannelOption(.maxMessagesPerRead, value: 1)
             .childChannelInitializer { channel in
                 Self.initialize(channel, limits: limits, connections: connections, dispatcher: dispatcher, logger: logger)
             }
