@@ -56,6 +56,19 @@ extension BlazeDatabase {
     /// transaction cannot commit).
     func commitGroup(_ db: Database, _ ops: [WriteOp]) -> [Result<WriteResult, any Error>] {
         guard !ops.isEmpty else { return [] }
+        if ops.count == 1 {
+            // Alone in its group: the transaction is its savepoint, and its hooks run only if it commits.
+            var result: WriteResult?
+            do {
+                try db.inTransaction {
+                    result = try localChange(makeStorage(db)) { try $0.apply(ops[0]) }
+                    return .commit
+                }
+                return [.success(result!)]
+            } catch {
+                return [.failure(error)]
+            }
+        }
         var results: [Result<WriteResult, any Error>] = []
         results.reserveCapacity(ops.count)
         var afterCommit: [@Sendable () -> Void] = []

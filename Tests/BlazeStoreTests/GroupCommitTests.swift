@@ -86,6 +86,9 @@ import Testing
         #expect(rec.entries.map(\.seq) == [start + 1, start + 2])
         // The collection the failed write would have created does not exist, and a later write creates it for good.
         #expect(try db.collections().map(\.name) == ["c"])
+        // Alone in its group (no savepoint), a refused write leaves no trace either.
+        #expect(throws: StoreError.self) { try db.apply(.insert(collection: "alone", doc: ["_id": "big", "v": big])) }
+        #expect(try db.collections().map(\.name) == ["c"])
         _ = try db.apply(.insert(collection: "fresh", doc: ["_id": "small"]))
         #expect(try db.collections().map(\.name) == ["c", "fresh"])
         let reopened = try Store(directory: t.dir, limits: limits, node: t.store.node)
