@@ -30,6 +30,20 @@ extension BlazeDatabase {
         if schedule { scheduleGroupCommit() }
     }
 
+    /// Runs `op` on the calling thread when no group commit is queued or running (one caller alone pays no thread
+    /// hop); nil when one is, and then the caller joins the queue. Writes that arrive meanwhile form the next group.
+    func commitAlone(_ op: WriteOp) -> Result<WriteResult, any Error>? {
+        let alone = pendingWrites.withLock { state -> Bool in
+            guard !state.scheduled, state.queue.isEmpty else { return false }
+            state.scheduled = true
+            return true
+        }
+        guard alone else { return nil }
+        let result = pool.writeWithoutTransaction { db in commitGroup(db, [op])[0] }
+        finishGroup(count: 1)
+        return result
+    }
+
     private func scheduleGroupCommit() {
         pool.asyncWriteWithoutTransaction { [self] db in
             let group = pendingWrites.withLock { state -> [PendingWrite] in
@@ -38,15 +52,19 @@ extension BlazeDatabase {
                 return taken
             }
             let results = commitGroup(db, group.map(\.op))
-            groupCommits.withLock { $0 = ($0.groups + 1, $0.writes + group.count) }
             for (pending, result) in zip(group, results) { pending.completion(result) }
-            // Writes that arrived during this commit form the next group; other writers' work may run in between.
-            let again = pendingWrites.withLock { state -> Bool in
-                state.scheduled = !state.queue.isEmpty
-                return state.scheduled
-            }
-            if again { scheduleGroupCommit() }
+            finishGroup(count: group.count)
         }
+    }
+
+    /// After a group: writes that arrived during its commit form the next one; other writers' work may run between.
+    private func finishGroup(count: Int) {
+        groupCommits.withLock { $0 = ($0.groups + 1, $0.writes + count) }
+        let again = pendingWrites.withLock { state -> Bool in
+            state.scheduled = !state.queue.isEmpty
+            return state.scheduled
+        }
+        if again { scheduleGroupCommit() }
     }
 
     /// Group commits run and the writes they carried since the database was opened.

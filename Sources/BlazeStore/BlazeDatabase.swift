@@ -223,9 +223,10 @@ public final class BlazeDatabase: Sendable {
     /// Feed events beyond the retention that may accumulate before a prune.
     static let pruneStep: Int64 = 256
 
-    /// Applies one operation as its own change, durable when this returns; concurrent callers' operations share a
-    /// commit (`submit`). Blocks the calling thread.
+    /// Applies one operation as its own change, durable when this returns. Alone, it commits on the calling thread;
+    /// while a commit is queued or running it joins the next group commit (`submit`). Blocks the calling thread.
     public func apply(_ op: WriteOp) throws -> WriteResult {
+        if let result = commitAlone(op) { return try result.get() }
         let done = DispatchSemaphore(value: 0)
         let outcome = Mutex<Result<WriteResult, any Error>?>(nil)
         submit(op) { result in
