@@ -21,13 +21,16 @@ bench:
 	.build/release/blazebench
 
 # blazed side by side with PostgreSQL and Redis on Unix sockets (throwaway instances in a temp dir), installing
-# them from Debian's packages when missing; the ratios go into Benchmarks/README.md.
+# them from Debian's packages when missing; then the in-memory CRDT libraries pycrdt and loro applying W4's and W6's
+# shapes of update one at a time (in a venv under .build). The ratios go into Benchmarks/README.md.
 bench-peers:
 	command -v redis-server >/dev/null && ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1 || \
 		(SUDO=$$([ "$$(id -u)" -eq 0 ] || echo sudo); $$SUDO apt-get update -qq && \
 		DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq postgresql redis-server)
 	swift build -c release --product blazebench
 	.build/release/blazebench --only PEERS --repeats 5
+	python3 -m venv .build/crdt-venv && .build/crdt-venv/bin/pip install -q pycrdt loro
+	.build/crdt-venv/bin/python Benchmarks/crdt_merge.py
 
 # Regenerate the Swift method table and the Python and Node clients after editing Protocol/blazedb.openrpc.json
 # (CI fails when they are stale: Clients/test.sh runs the generator with --check).
