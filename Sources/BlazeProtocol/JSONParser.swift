@@ -189,11 +189,18 @@ private struct Cursor {
     mutating func parseString() throws(JSONParseError) -> String {
         pos += 1  // opening quote
         let start = pos
-        // Fast path: no escapes.
+        // Fast path: no escapes. Bytes are OR-ed together on the way: an all-ASCII string (the common case) is valid
+        // UTF-8 as it is and takes the standard library's ASCII fast path, skipping generic validation.
+        var high: UInt8 = 0
         while pos < buf.count {
             let byte = buf[pos]
+            high |= byte
             if byte == UInt8(ascii: "\"") {
                 let slice = UnsafeBufferPointer(rebasing: buf[start..<pos])
+                if high < 0x80 {
+                    pos += 1
+                    return String(decoding: slice, as: UTF8.self)
+                }
                 guard let s = String(validating: slice, as: UTF8.self) else {
                     pos = start
                     throw error("invalid_utf8", "string is not valid UTF-8")
