@@ -345,8 +345,13 @@ final class TempRelay {
         // goes, and without a deadline some of those never end (postgres-nio leaves them waiting), so their caller
         // never stops. The callers run on event loops, as a relay's connections do: a full test run's shared pool
         // may have no thread free for a minute.
+        // Their own event loops: while the server is down, failing calls return at once and the callers spin, which
+        // on the shared singleton group starved every other in-process server of the test run (a relay test
+        // running alongside saw nothing stored for 90 s).
         let outcomes = Outcomes()
-        let executor = EventLoopTaskExecutor(group: MultiThreadedEventLoopGroup.singleton)
+        let group = MultiThreadedEventLoopGroup(numberOfThreads: 2)
+        defer { group.shutdownGracefully { _ in } }
+        let executor = EventLoopTaskExecutor(group: group)
         let callers = (0..<16).map { [store, key] _ in
             Task(executorPreference: executor) {
                 while !outcomes.stopRequested {
