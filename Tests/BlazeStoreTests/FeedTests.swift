@@ -13,6 +13,17 @@ final class FeedRecorder: Sendable {
 
     var listener: ChangeFeed.Listener { { [self] s in signals.withLock { $0.append(s) } } }
 
+    /// A recorder attached to `db`'s live feed after its last change; nil, with an issue recorded, when it did not
+    /// attach.
+    static func attached(to db: BlazeDatabase, sourceLocation: SourceLocation = #_sourceLocation) -> FeedRecorder? {
+        let rec = FeedRecorder()
+        guard case .attached = db.feed.attach(after: db.feed.lastSequence, rec.listener) else {
+            Issue.record("not attached", sourceLocation: sourceLocation)
+            return nil
+        }
+        return rec
+    }
+
     var entries: [FeedEntry] {
         signals.withLock { $0.flatMap { s -> [FeedEntry] in if case .entries(let e) = s { e } else { [] } } }
     }
@@ -27,11 +38,7 @@ func summary(_ entries: [FeedEntry]) -> [String] {
     @Test func everyWritePathAppendsOneEntryWithItsVisibleChanges() throws {
         let t = try TempStore()
         let db = try t.store.create("f")
-        let rec = FeedRecorder()
-        guard case .attached = db.feed.attach(after: db.feed.lastSequence, rec.listener) else {
-            Issue.record("not attached")
-            return
-        }
+        guard let rec = FeedRecorder.attached(to: db) else { return }
         let start = db.feed.lastSequence
         _ = try db.apply(.insert(collection: "c", doc: ["_id": "a", "n": 1]))
         _ = try db.apply(.put(collection: "c", id: "a", doc: ["n": 2]))

@@ -30,11 +30,7 @@ import Testing
     @Test func writesWaitingTogetherShareOneCommitAndEachIsItsOwnChange() throws {
         let t = try TempStore()
         let db = try t.store.create("g")
-        let rec = FeedRecorder()
-        guard case .attached = db.feed.attach(after: db.feed.lastSequence, rec.listener) else {
-            Issue.record("not attached")
-            return
-        }
+        guard let rec = FeedRecorder.attached(to: db) else { return }
         let start = db.feed.lastSequence
         let before = db.groupCommitCounts
         let ops: [WriteOp] = (0..<10).map { .insert(collection: "c", doc: ["_id": .string("d\($0)"), "n": .int(Int64($0))]) }
@@ -57,11 +53,7 @@ import Testing
         let t = try TempStore(limits: limits)
         let db = try t.store.create("g")
         _ = try db.apply(.insert(collection: "c", doc: ["_id": "taken"]))
-        let rec = FeedRecorder()
-        guard case .attached = db.feed.attach(after: db.feed.lastSequence, rec.listener) else {
-            Issue.record("not attached")
-            return
-        }
+        guard let rec = FeedRecorder.attached(to: db) else { return }
         let start = db.feed.lastSequence
         let big = JSONValue.string(String(repeating: "x", count: 2000))
         let ops: [WriteOp] = [
