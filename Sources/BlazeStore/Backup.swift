@@ -277,6 +277,12 @@ enum RestoreCheck {
                 guard let state = try? SQLStorage.decode(state: stateText, body: body, coding),
                     table == "docs" ? state.isAlive : !state.isAlive, state.maxClock <= latestClock
                 else { throw invalid("an invalid state for \(where_)") }
+                // Reads hand a stored body out as it is (spliced into responses): it must be the canonical text of
+                // the document it holds, one line, keys sorted, nothing around it.
+                if let body {
+                    guard case .object(let doc)? = try? JSONParser(maxDepth: 10_000).parse(body), JSONValue.object(doc).jsonText == body
+                    else { throw invalid("a document body that is not its canonical JSON text in \(where_)") }
+                }
             }
         }
         let validator = ChangeValidator(limits: limits, now: now)

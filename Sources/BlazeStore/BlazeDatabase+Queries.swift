@@ -97,7 +97,7 @@ extension BlazeDatabase {
         try Names.validateID(id)
         return try pool.unsafeRead { db in
             let stmt = try RawStatement(db, "SELECT body FROM docs WHERE collection = ? AND id = ?")
-            if let text = try stmt.firstRow(collection, id, { $0.textBytes(0) }), let text { return text }
+            if let text = try stmt.firstRow(collection, id, { $0.textBytes(0) }), let text { return try Self.spliceable(text) }
             try Self.requireCollection(db, collection)
             throw StoreError(
                 .notFound, kind: "document_not_found", "no document \(Names.quoted(id)) in collection \(collection)")
@@ -185,11 +185,19 @@ extension BlazeDatabase {
                     }
                     break
                 }
-                texts.append(try row.withUnsafeData(atIndex: 1) { data in data.map { [UInt8]($0) } } ?? [])
+                texts.append(try Self.spliceable(try row.withUnsafeData(atIndex: 1) { data in data.map { [UInt8]($0) } } ?? []))
                 last = texts.count == query.limit ? row.copy() : nil
             }
             return (texts, next)
         }
+    }
+
+    /// A stored body as it may be spliced into a response line: as it is, unless it holds a line break (never in the
+    /// canonical text every write path stores, which restores check; should one be there anyway, it is parsed and
+    /// written again rather than let split the line).
+    static func spliceable(_ text: [UInt8]) throws -> [UInt8] {
+        guard text.contains(where: { $0 == 0x0A || $0 == 0x0D }) else { return text }
+        return JSONValue.object(try decodeBody(String(decoding: text, as: UTF8.self))).jsonBytes
     }
 
     /// Query shapes whose statements stay prepared on each connection (at most `maxCachedQueryShapes`; others are

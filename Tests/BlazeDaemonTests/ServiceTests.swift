@@ -352,6 +352,8 @@ final class NotifyListener {
         ("text version", "UPDATE versions SET seq = 'many'", "backup_invalid"),
         ("blob id", "UPDATE docs SET id = x'00ff' WHERE id = 'x'", "backup_invalid"),
         ("clock column apart from its change", "UPDATE changes SET hlc = hlc + 1 WHERE seq = 1", "backup_invalid"),
+        // Reads splice stored bodies into response lines: a body with a line break would split one.
+        ("body not canonical", "UPDATE docs SET body = replace(body, ',', ',' || char(10)) WHERE id = 'x'", "backup_invalid"),
     ])
     func aCraftedBackupIsRefused(what: String, sql: String, kind: String) throws {
         let d = try DaemonProcess()
