@@ -335,7 +335,11 @@ extension Durability {
             let (connected, start) = (DispatchGroup(), DispatchSemaphore(value: 0))
             for w in 0..<8 {
                 connected.enter()
-                DispatchQueue.global().async(group: writers) {
+                writers.enter()
+                // Threads of their own: the writers block (on the gate, on the socket), and the global queue's few
+                // threads in a full test run may be all taken, which left writers never starting.
+                Thread {
+                    defer { writers.leave() }
                     // All eight connect before any writes, so that all are writing when the daemon dies.
                     let c = try? BlazeConnection(socketPath: socket, timeoutSeconds: 60)
                     connected.leave()
@@ -360,7 +364,7 @@ extension Durability {
                             return  // the daemon is gone
                         }
                     }
-                }
+                }.start()
             }
             #expect(connected.wait(timeout: .now() + 60) == .success)
             for _ in 0..<8 { start.signal() }
