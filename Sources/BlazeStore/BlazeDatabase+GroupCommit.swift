@@ -40,7 +40,8 @@ extension BlazeDatabase {
         }
         guard alone else { return nil }
         let result = pool.writeWithoutTransaction { db in commitGroup(db, [op])[0] }
-        finishGroup(count: 1)
+        groupCommits.withLock { $0 = ($0.groups + 1, $0.writes + 1) }
+        finishGroup()
         return result
     }
 
@@ -52,14 +53,15 @@ extension BlazeDatabase {
                 return taken
             }
             let results = commitGroup(db, group.map(\.op))
+            // Counted before anyone learns the outcome, so a caller that saw its write done sees it counted.
+            groupCommits.withLock { $0 = ($0.groups + 1, $0.writes + group.count) }
             for (pending, result) in zip(group, results) { pending.completion(result) }
-            finishGroup(count: group.count)
+            finishGroup()
         }
     }
 
     /// After a group: writes that arrived during its commit form the next one; other writers' work may run between.
-    private func finishGroup(count: Int) {
-        groupCommits.withLock { $0 = ($0.groups + 1, $0.writes + count) }
+    private func finishGroup() {
         let again = pendingWrites.withLock { state -> Bool in
             state.scheduled = !state.queue.isEmpty
             return state.scheduled
