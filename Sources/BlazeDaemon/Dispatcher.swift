@@ -17,28 +17,46 @@ struct Dispatcher: Sendable {
         return RPCCodec.decode(line: line, maxDepth: limits.maxDepth, maxBatch: limits.maxBatch)
     }
 
-    /// True when every method the line calls only reads a little, so it may run on the event loop.
+    /// True when the line may start on the event loop: every method it calls only reads a little, or it is one
+    /// request to a budgeted read (`MethodHandler.budgeted`; `executeInline` tells when it must move to the pool).
     func runsInline(_ incoming: RPCIncoming) -> Bool {
-        func inline(_ r: Result<RPCRequest, RPCFailure>) -> Bool {
-            guard case .success(let req) = r else { return true }
-            return methods[req.method]?.runsInline ?? true
+        func inline(_ r: Result<RPCRequest, RPCFailure>, alone: Bool) -> Bool {
+            guard case .success(let req) = r, let method = methods[req.method] else { return true }
+            return method.runsInline || (alone && method.budgeted)
         }
         switch incoming {
         case .failure: return true
-        case .single(let r): return inline(r)
-        case .batch(let items): return items.allSatisfy(inline)
+        case .single(let r): return inline(r, alone: true)
+        case .batch(let items): return items.allSatisfy { inline($0, alone: false) }
+        }
+    }
+
+    /// Runs a line that `runsInline` on the event loop, budgeted reads within `ReadBudget.inline`; nil when such a
+    /// read ran out of its budget (nothing was answered: run the line again with `execute`, on the pool).
+    func executeInline(_ incoming: RPCIncoming, connection: ConnectionHandle) -> [UInt8]?? {
+        do {
+            return .some(try execute(incoming, connection: connection, budget: .inline))
+        } catch {
+            return nil
         }
     }
 
     /// Runs a decoded line; returns the response bytes (without newline), or nil when nothing is owed.
     func execute(_ incoming: RPCIncoming, connection: ConnectionHandle) -> [UInt8]? {
+        // An unbounded read never runs out of its budget.
+        (try? execute(incoming, connection: connection, budget: .unbounded)) ?? nil
+    }
+
+    private func execute(
+        _ incoming: RPCIncoming, connection: ConnectionHandle, budget: ReadBudget
+    ) throws(ReadBudgetExceeded) -> [UInt8]? {
         switch incoming {
         case .failure(let f):
             return RPCCodec.response(id: f.id, error: f.error).jsonBytes
         case .single(.success(let req)) where methods[req.method]?.text != nil:
-            return respondWithText(req, connection: connection)
+            return try respondWithText(req, connection: connection, budget: budget)
         case .single(let r):
-            return respond(r, connection: connection)?.jsonBytes
+            return try respond(r, connection: connection, budget: budget)?.jsonBytes
         case .batch(let items):
             let responses = items.compactMap { respond($0, connection: connection) }
             return responses.isEmpty ? nil : JSONValue.array(responses).jsonBytes
@@ -46,13 +64,18 @@ struct Dispatcher: Sendable {
     }
 
     /// The response bytes of a request whose method returns its result as JSON text, spliced in unparsed.
-    func respondWithText(_ req: RPCRequest, connection: ConnectionHandle) -> [UInt8]? {
+    func respondWithText(
+        _ req: RPCRequest, connection: ConnectionHandle, budget: ReadBudget = .unbounded
+    ) throws(ReadBudgetExceeded) -> [UInt8]? {
         let started = context.logger.logLevel <= .debug ? ContinuousClock.now : nil
         var context = self.context
         context.connection = connection
+        context.readBudget = budget
         let result: Result<[UInt8], RPCError>
         do {
             result = .success(try methods[req.method]!.text!(req.params, context))
+        } catch let e as ReadBudgetExceeded where budget == .inline {
+            throw e
         } catch {
             result = .failure(map(error, method: req.method, connection: connection.id))
         }
@@ -65,11 +88,17 @@ struct Dispatcher: Sendable {
     }
 
     func respond(_ item: Result<RPCRequest, RPCFailure>, connection: ConnectionHandle) -> JSONValue? {
+        (try? respond(item, connection: connection, budget: .unbounded)) ?? nil
+    }
+
+    private func respond(
+        _ item: Result<RPCRequest, RPCFailure>, connection: ConnectionHandle, budget: ReadBudget
+    ) throws(ReadBudgetExceeded) -> JSONValue? {
         switch item {
         case .failure(let f):
             return RPCCodec.response(id: f.id, error: f.error)
         case .success(let req):
-            let outcome = call(req, connection: connection)
+            let outcome = try call(req, connection: connection, budget: budget)
             guard let id = req.id else { return nil }
             switch outcome {
             case .success(let v): return RPCCodec.response(id: id, result: v)
@@ -79,10 +108,12 @@ struct Dispatcher: Sendable {
     }
 
     /// Runs one request; at debug level logs its method, connection, duration and outcome (never its params).
-    func call(_ req: RPCRequest, connection: ConnectionHandle) -> Result<JSONValue, RPCError> {
-        guard context.logger.logLevel <= .debug else { return run(req, connection: connection) }
+    func call(
+        _ req: RPCRequest, connection: ConnectionHandle, budget: ReadBudget = .unbounded
+    ) throws(ReadBudgetExceeded) -> Result<JSONValue, RPCError> {
+        guard context.logger.logLevel <= .debug else { return try run(req, connection: connection, budget: budget) }
         let started = ContinuousClock.now
-        let result = run(req, connection: connection)
+        let result = try run(req, connection: connection, budget: budget)
         log(req, connection: connection, started: started, result: result)
         return result
     }
@@ -134,7 +165,9 @@ struct Dispatcher: Sendable {
         context.logger.debug("Request", metadata: metadata)
     }
 
-    func run(_ req: RPCRequest, connection: ConnectionHandle) -> Result<JSONValue, RPCError> {
+    func run(
+        _ req: RPCRequest, connection: ConnectionHandle, budget: ReadBudget = .unbounded
+    ) throws(ReadBudgetExceeded) -> Result<JSONValue, RPCError> {
         guard let method = methods[req.method] else {
             return .failure(
                 RPCError(
@@ -144,7 +177,10 @@ struct Dispatcher: Sendable {
         do {
             var context = self.context
             context.connection = connection
+            context.readBudget = budget
             return .success(try method.run(req.params, context))
+        } catch let e as ReadBudgetExceeded where budget == .inline {
+            throw e
         } catch {
             return .failure(map(error, method: req.method, connection: connection.id))
         }

@@ -6,6 +6,10 @@ import BlazeStore
 struct MethodHandler: Sendable {
     /// True for methods that only read a little and may run on the event loop; the rest run on the I/O pool.
     let runsInline: Bool
+    /// True for reads that run on the event loop within `ReadBudget.inline` when they come alone on a line, and move
+    /// to the I/O pool (unbounded) when that budget runs out: an indexed page is answered with no thread hop, a scan
+    /// of a large collection does not hold the loop.
+    var budgeted = false
     /// Validates the params against the method's declaration, runs it and encodes its result.
     let run: @Sendable ([String: JSONValue], RequestContext) throws -> JSONValue
     /// For single-operation writes: validates the params (on the event loop) and queues the write for its database's
@@ -25,11 +29,13 @@ struct MethodHandler: Sendable {
         self.init(params, inline: false, body)
     }
 
-    /// A method that runs inline when `inline` (cheap reads), else on the I/O pool.
+    /// A method that runs inline when `inline` (cheap reads), else on the I/O pool; `budgeted`: see `budgeted`.
     init<P: RPCParameters>(
-        _ params: P.Type, inline: Bool, _ body: @escaping @Sendable (P, RequestContext) throws -> P.Result
+        _ params: P.Type, inline: Bool, budgeted: Bool = false,
+        _ body: @escaping @Sendable (P, RequestContext) throws -> P.Result
     ) {
         self.runsInline = inline
+        self.budgeted = budgeted
         self.run = { raw, context in P.encode(try body(try P(validating: raw), context)) }
         self.submit = nil
         self.text = nil
@@ -37,8 +43,12 @@ struct MethodHandler: Sendable {
 
     /// A read whose result `body` returns as JSON text (it must be the encoding of a valid `P.Result`); inside a batch
     /// the text is parsed back into a value.
-    init<P: RPCParameters>(text params: P.Type, inline: Bool, _ body: @escaping @Sendable (P, RequestContext) throws -> [UInt8]) {
+    init<P: RPCParameters>(
+        text params: P.Type, inline: Bool, budgeted: Bool = false,
+        _ body: @escaping @Sendable (P, RequestContext) throws -> [UInt8]
+    ) {
         self.runsInline = inline
+        self.budgeted = budgeted
         self.submit = nil
         let text: @Sendable ([String: JSONValue], RequestContext) throws -> [UInt8] = { raw, context in
             try body(try P(validating: raw), context)

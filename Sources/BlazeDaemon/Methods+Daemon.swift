@@ -19,7 +19,7 @@ extension Methods {
             version: blazeVersion, nodeId: ctx.store.node.hex, pid: Int(ProcessInfo.processInfo.processIdentifier),
             socket: ctx.config.socketPath, dataDir: ctx.config.dataDirectory,
             uptimeSeconds: Double(uptime.components.seconds) + Double(uptime.components.attoseconds) / 1e18,
-            databases: try ctx.store.list().count, connections: ctx.connections.count,
+            databases: try ctx.store.count(), connections: ctx.connections.count,
             subscriptions: ctx.connections.subscriptions.load(ordering: .relaxed),
             limits: .init(
                 maxLineBytes: l.maxLineBytes, maxDepth: l.maxDepth, maxBatch: l.maxBatch, maxConnections: l.maxConnections,

@@ -20,14 +20,15 @@ extension Methods {
 
     /// `query.find` splices the stored documents' texts into its response (no parse, no re-encoding) unless `fields`
     /// asks for a projection.
-    static let queryFind = MethodHandler(text: RPC.QueryFind.self, inline: false) { p, ctx in
+    static let queryFind = MethodHandler(text: RPC.QueryFind.self, inline: false, budgeted: true) { p, ctx in
         let q = try findQuery(
             collection: p.collection, where: p.where, sort: p.sort, limit: p.limit, cursor: p.cursor, fields: p.fields, ctx: ctx)
-        return try ctx.database(p.db).findResultText(q)
+        return try ctx.database(p.db).findResultText(q, budget: ctx.readBudget)
     }
 
-    static let queryCount = MethodHandler(RPC.QueryCount.self) { p, ctx in
-        .init(count: try ctx.database(p.db).count(collection: p.collection, filter: try Filter.parse(p.where.map(JSONValue.object))))
+    static let queryCount = MethodHandler(RPC.QueryCount.self, inline: false, budgeted: true) { p, ctx in
+        let filter = try Filter.parse(p.where.map(JSONValue.object))
+        return .init(count: try ctx.database(p.db).count(collection: p.collection, filter: filter, budget: ctx.readBudget))
     }
 
     static let queryExplain = MethodHandler(RPC.QueryExplain.self) { p, ctx in

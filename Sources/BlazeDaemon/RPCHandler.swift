@@ -146,10 +146,11 @@ final class RPCHandler: ChannelDuplexHandler {
                     }
                     return
                 }
-                if dispatcher.runsInline(prepared) {
-                    send(dispatcher.execute(prepared, connection: connection), context: context)
+                if dispatcher.runsInline(prepared), let reply = dispatcher.executeInline(prepared, connection: connection) {
+                    send(reply, context: context)
                     continue
                 }
+                // Runs on the pool: a method that may block, or a budgeted read whose inline budget ran out.
                 busy = true
                 let loopBound = NIOLoopBound((self, context), eventLoop: context.eventLoop)
                 let connection = self.connection

@@ -15,6 +15,8 @@ struct RequestContext: Sendable {
     let sync: SyncEngine
     /// The connection the request came on (set per call).
     var connection: ConnectionHandle?
+    /// How much a budgeted read may do (`MethodHandler.budgeted`): `.inline` on an event loop.
+    var readBudget: ReadBudget = .unbounded
 
     /// The open database named `name`, or `not_found`.
     func database(_ name: String) throws -> BlazeDatabase {

@@ -95,12 +95,36 @@ extension BlazeDatabase {
     /// and the collection is looked up only when the document is not found.
     public func getText(collection: String, id: String) throws -> [UInt8] {
         try Names.validateID(id)
-        return try pool.unsafeRead { db in
-            let stmt = try RawStatement(db, "SELECT body FROM docs WHERE collection = ? AND id = ?")
-            if let text = try stmt.firstRow(collection, id, { $0.textBytes(0) }), let text { return try Self.spliceable(text) }
-            try Self.requireCollection(db, collection)
-            throw StoreError(
-                .notFound, kind: "document_not_found", "no document \(Names.quoted(id)) in collection \(collection)")
+        let found = try readers.read(budget: .unbounded) { c -> [UInt8]? in
+            if let text = try c.first(Self.documentSQL, [collection.databaseValue, id.databaseValue], { $0.textBytes(0) }),
+                let text
+            {
+                return try Self.spliceable(text)
+            }
+            try Self.requireCollection(c, collection)
+            return nil
+        }
+        if case .some(.some(let text)) = found { return text }
+        if found == nil {
+            // Every fast connection was busy: GRDB's pool.
+            let text = try pool.unsafeRead { db -> [UInt8]? in
+                let stmt = try RawStatement(db, Self.documentSQL)
+                if let text = try stmt.firstRow(collection, id, { $0.textBytes(0) }), let text { return try Self.spliceable(text) }
+                try Self.requireCollection(db, collection)
+                return nil
+            }
+            if let text { return text }
+        }
+        throw StoreError(.notFound, kind: "document_not_found", "no document \(Names.quoted(id)) in collection \(collection)")
+    }
+
+    static let documentSQL = "SELECT body FROM docs WHERE collection = ? AND id = ?"
+
+    /// `requireCollection` on a fast read connection.
+    static func requireCollection(_ c: ReadConnection, _ name: String) throws {
+        try Names.validateCollection(name)
+        guard try c.first("SELECT 1 FROM collections WHERE name = ?", [name.databaseValue], { _ in true }) != nil else {
+            throw StoreError(.notFound, kind: "collection_not_found", "collection \(Names.quoted(name)) does not exist")
         }
     }
 
@@ -146,12 +170,14 @@ extension BlazeDatabase {
 
     /// A find query's page as the JSON text of `query.find`'s result, `{"cursor":…,"docs":[…]}`: without `fields`,
     /// the stored documents' texts are spliced in as they are.
-    public func findResultText(_ query: FindQuery) throws -> [UInt8] {
+    ///
+    /// Within `budget` when it runs on a fast read connection (`ReadBudgetExceeded` when that runs out).
+    public func findResultText(_ query: FindQuery, budget: ReadBudget = .unbounded) throws -> [UInt8] {
         guard query.fields == nil else {
             let r = try find(query)
             return JSONValue.object(["docs": .array(r.docs), "cursor": r.cursor.map(JSONValue.string) ?? .null]).jsonBytes
         }
-        let (texts, cursor) = try findTexts(query)
+        let (texts, cursor) = try findTexts(query, budget: budget)
         var out = Array("{\"cursor\":".utf8)
         out.reserveCapacity(texts.reduce(64) { $0 + $1.count + 1 })
         out += (cursor.map(JSONValue.string) ?? .null).jsonBytes
@@ -165,9 +191,12 @@ extension BlazeDatabase {
     }
 
     /// The stored texts of a find query's page and the cursor of the next page.
-    func findTexts(_ query: FindQuery) throws -> (texts: [[UInt8]], cursor: String?) {
+    func findTexts(_ query: FindQuery, budget: ReadBudget = .unbounded) throws -> (texts: [[UInt8]], cursor: String?) {
         try validate(query)
         let compiled = QueryCompiler.find(query, limit: query.limit + 1)
+        if let page = try readers.read(budget: budget, { c in try Self.findPage(c, query, compiled) }) { return page }
+        // Every fast connection is busy; GRDB's pool has no budget, so a bounded read goes where it may take long.
+        if budget == .inline { throw ReadBudgetExceeded() }
         return try read { db in
             try Self.requireCollection(db, query.collection)
             let statement = try queryStatement(db, compiled.sql)
@@ -190,6 +219,31 @@ extension BlazeDatabase {
             }
             return (texts, next)
         }
+    }
+
+    /// One page of a find query on a fast read connection (what `findTexts` reads through GRDB otherwise).
+    static func findPage(
+        _ c: ReadConnection, _ query: FindQuery, _ compiled: CompiledSQL
+    ) throws -> (texts: [[UInt8]], cursor: String?) {
+        try requireCollection(c, query.collection)
+        var texts: [[UInt8]] = []
+        texts.reserveCapacity(min(query.limit, 256))
+        var next: String?
+        var last: (id: String, keys: [JSONValue])?
+        try c.query(compiled.sql, compiled.values) { row in
+            guard texts.count < query.limit else {
+                // One row more than the page: there is a next page, which starts after the page's last row.
+                if let last { next = QueryCursor(keys: last.keys, id: last.id, shape: query.shape).token }
+                return false
+            }
+            texts.append(try spliceable(row.textBytes(1) ?? []))
+            if texts.count == query.limit {
+                let id = String(decoding: row.textBytes(0) ?? [], as: UTF8.self)
+                last = (id, (0..<(2 * query.sort.count)).map { jsonValue(row.value(Int32(2 + $0))) })
+            }
+            return true
+        }
+        return (texts, next)
     }
 
     /// A stored body as it may be spliced into a response line: as it is, unless it holds a line break (never in the
@@ -226,9 +280,17 @@ extension BlazeDatabase {
     }
 
     /// Counts matching documents.
-    public func count(collection: String, filter: Filter) throws -> Int {
+    ///
+    /// Within `budget` when it runs on a fast read connection (`ReadBudgetExceeded` when that runs out).
+    public func count(collection: String, filter: Filter, budget: ReadBudget = .unbounded) throws -> Int {
         try Names.validateCollection(collection)
         let compiled = QueryCompiler.count(collection: collection, filter: filter)
+        let fast = try readers.read(budget: budget) { c -> Int in
+            try Self.requireCollection(c, collection)
+            return Int(try c.first(compiled.sql, compiled.values) { $0.int64(0) } ?? 0)
+        }
+        if let fast { return fast }
+        if budget == .inline { throw ReadBudgetExceeded() }
         return try read { db in
             try Self.requireCollection(db, collection)
             return try Int.fetchOne(try queryStatement(db, compiled.sql), arguments: compiled.arguments) ?? 0

@@ -16,6 +16,8 @@ public final class BlazeDatabase: Sendable {
     /// This replica's node id (the author of its local changes).
     public let node: NodeID
     let pool: DatabasePool
+    /// The connections request-path reads run on (GRDB's pool serves them when all are busy).
+    let readers: ReadConnections
     let clock: Mutex<HybridClock>
     let knownCollections = KnownCollections()
     /// The live change feed: committed changes, in commit order, for subscribers.
@@ -43,6 +45,7 @@ public final class BlazeDatabase: Sendable {
         config.label = "blazedb.\(name)"
         config.busyMode = .timeout(10)
         pool = try DatabasePool(path: path, configuration: config)
+        readers = ReadConnections(path: path, maxStatements: Self.maxCachedQueryShapes + 8)
         try Self.enableIncrementalVacuum(pool)
         // Acknowledged writes are durable: fsync the WAL on every commit (DESIGN §4). Set on the single writer
         // connection after the pool exists, because GRDB switches WAL databases to NORMAL while setting up.
@@ -67,7 +70,7 @@ public final class BlazeDatabase: Sendable {
             })
         let checkpointer = try Checkpointer(
             path: path, threshold: limits.walCheckpointPages, hardLimit: limits.walMaxPages,
-            finishLimit: limits.walFinishPages)
+            finishLimit: limits.walFinishPages, readers: readers)
         self.checkpointer = checkpointer
         pool.writeWithoutTransaction { checkpointer.install(on: $0) }
         let last = try pool.read { db in
@@ -269,6 +272,7 @@ public final class BlazeDatabase: Sendable {
     /// Closes the connection pool; further use fails.
     public func close() throws {
         feed.end(StoreError(.unavailable, kind: "shutting_down", "the daemon is shutting down"))
+        readers.close()
         try pool.close()
         try checkpointer.close()
     }

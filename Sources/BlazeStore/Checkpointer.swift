@@ -24,13 +24,17 @@ final class Checkpointer: Sendable {
     let finishLimit: Int32
 
     private let connection: DatabaseQueue
+    /// The request-path read connections: told of every commit, and asked to let go of idle snapshots before a
+    /// checkpoint.
+    private let readers: ReadConnections?
     /// Whether a checkpoint is queued and not started yet, whether the checkpointer is closed, and the log's size
     /// in frames when the last background checkpoint started if it copied all of them (0 when none did since the
     /// writer last checkpointed).
     private let state = Mutex<(queued: Bool, closed: Bool, copied: Int32)>((false, false, 0))
 
     /// Opens the checkpointing connection to the database at `path` (its schema must already exist).
-    init(path: String, threshold: Int32, hardLimit: Int32, finishLimit: Int32) throws {
+    init(path: String, threshold: Int32, hardLimit: Int32, finishLimit: Int32, readers: ReadConnections? = nil) throws {
+        self.readers = readers
         self.threshold = threshold
         self.hardLimit = hardLimit
         self.finishLimit = finishLimit
@@ -48,6 +52,7 @@ final class Checkpointer: Sendable {
 
     /// Called after each commit of the writer with the WAL's size in frames.
     fileprivate func committed(frames: Int32, writer: OpaquePointer?) {
+        readers?.committed()
         let copied = state.withLock { s -> Int32 in
             if frames < s.copied { s.copied = 0 }  // the log restarted since
             return s.copied
@@ -57,6 +62,7 @@ final class Checkpointer: Sendable {
         case .schedule: schedule()
         case .checkpoint:
             state.withLock { $0.copied = 0 }
+            readers?.releaseIdle()
             sqlite3_wal_checkpoint_v2(writer, nil, SQLITE_CHECKPOINT_PASSIVE, nil, nil)
         }
     }
@@ -89,6 +95,7 @@ final class Checkpointer: Sendable {
         connection.asyncWriteWithoutTransaction { [self] db in
             // Cleared before running: a commit during this checkpoint queues the next one.
             state.withLock { $0.queued = false }
+            readers?.releaseIdle()
             // PASSIVE waits for no one; a busy or partial checkpoint is simply retried after a later commit.
             var log: Int32 = 0
             var copied: Int32 = 0

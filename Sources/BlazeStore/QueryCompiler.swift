@@ -43,7 +43,9 @@ public struct CompiledSQL: Sendable {
     /// The statement text; values are never inlined, only validated names and paths.
     public var sql: String
     /// Bound values in order.
-    public var arguments: StatementArguments
+    public var values: [DatabaseValue]
+    /// The same values as GRDB's arguments.
+    public var arguments: StatementArguments { StatementArguments(values) }
 }
 
 /// Compiles filters, sorts and cursors to parameterised SQL over the `docs` table.
@@ -209,7 +211,7 @@ public enum QueryCompiler {
         if q.filter != .all { sql += " AND \(compile(q.filter, &args))" }
         if let cursor = q.cursor { sql += " AND \(after(q.sort, cursor, &args))" }
         sql += " ORDER BY \(orderBy(q.sort)) LIMIT \(limit)"
-        return CompiledSQL(sql: sql, arguments: StatementArguments(args))
+        return CompiledSQL(sql: sql, values: args)
     }
 
     /// Compiles a count query.
@@ -217,7 +219,7 @@ public enum QueryCompiler {
         var args: [DatabaseValue] = []
         var sql = "SELECT count(*) FROM docs WHERE collection = '\(collection)'"
         if filter != .all { sql += " AND \(compile(filter, &args))" }
-        return CompiledSQL(sql: sql, arguments: StatementArguments(args))
+        return CompiledSQL(sql: sql, values: args)
     }
 
     /// The index column list for the given fields: (rank, value) per field, then `id` so sorts need no temp B-tree.

@@ -13,6 +13,8 @@ public final class Store: Sendable {
     private let open = Mutex<[String: BlazeDatabase]>([:])
     /// Names being restored: taken, though no file exists yet.
     private let reserved = Mutex<Set<String>>([])
+    /// The last listing of the databases directory and when it was read (nil once this store created or removed one).
+    private let listing = Mutex<(names: [String], at: ContinuousClock.Instant)?>(nil)
 
     /// File suffix of database files.
     public static let fileSuffix = ".db"
@@ -46,6 +48,7 @@ public final class Store: Sendable {
             }
             let db = try BlazeDatabase(name: name, path: path, limits: limits, node: node)
             open[name] = db
+            listing.withLock { $0 = nil }
             return db
         }
     }
@@ -63,6 +66,7 @@ public final class Store: Sendable {
     /// Gives back a name taken by `reserve`.
     func release(_ name: String) {
         _ = reserved.withLock { $0.remove(name) }
+        listing.withLock { $0 = nil }
     }
 
     /// Returns an existing database, opening it on first use; throws not-found if it does not exist.
@@ -83,8 +87,17 @@ public final class Store: Sendable {
     /// Names of all databases, sorted.
     public func list() throws -> [String] {
         let files = try FileManager.default.contentsOfDirectory(atPath: directory + "/databases")
-        return files.filter { $0.hasSuffix(Self.fileSuffix) }.map { String($0.dropLast(Self.fileSuffix.count)) }
+        let names = files.filter { $0.hasSuffix(Self.fileSuffix) }.map { String($0.dropLast(Self.fileSuffix.count)) }
             .filter { (try? Names.validateDatabase($0)) != nil }.sorted()
+        listing.withLock { $0 = (names, .now) }
+        return names
+    }
+
+    /// How many databases there are, from a listing at most `maxAge` old: exact after this store's own creations and
+    /// removals, within `maxAge` of a file added or removed by hand (`daemon.info` asks on every call).
+    public func count(maxAge: Duration = .seconds(1)) throws -> Int {
+        if let cached = listing.withLock({ $0 }), ContinuousClock.now - cached.at < maxAge { return cached.names.count }
+        return try list().count
     }
 
     /// Deletes a database and its files. Requests already running against it finish on the unlinked file.
@@ -101,6 +114,7 @@ public final class Store: Sendable {
                 // No checkpoint may write into the files once they are gone.
                 try? dropped.checkpointer.close()
             }
+            defer { listing.withLock { $0 = nil } }
             for suffix in ["", "-wal", "-shm"] where FileManager.default.fileExists(atPath: path + suffix) {
                 try FileManager.default.removeItem(atPath: path + suffix)
             }

@@ -1,6 +1,7 @@
 import ArgumentParser
 import BlazeProtocol
 import Foundation
+import NIOCore
 
 @main
 struct BlazeBench: AsyncParsableCommand {
@@ -23,6 +24,9 @@ struct BlazeBench: AsyncParsableCommand {
     @Option(help: "Only these groups, comma-separated: baselines, W1, RPC (W2 and W3), W4 (with W5 and W7), RELAY, FOLDER, W6, STORAGE, JOIN, W8, M1, RSS; PEERS (blazed against PostgreSQL and Redis, only when named: `make bench-peers`).")
     var only: String?
 
+    @Option(help: "PEERS rows to run, comma-separated prefixes (get, trivial, insert, find, tx500); all by default.")
+    var peerRows: String?
+
     @Option(help: .hidden) var serveDaemon: String?
 
     func wants(_ group: String) -> Bool {
@@ -32,6 +36,7 @@ struct BlazeBench: AsyncParsableCommand {
 
     func run() async throws {
         if let serveDaemon {
+            if let n = ProcessInfo.processInfo.environment["EXP_LOOPS"].flatMap(Int.init) { NIOSingletons.groupLoopCountSuggestion = n }
             // The child process of the RSS workload: a daemon alone in its process, until it is terminated.
             let daemon = try await Workloads.LocalDaemon(dir: serveDaemon)
             _ = await daemon.task?.result
@@ -95,7 +100,9 @@ struct BlazeBench: AsyncParsableCommand {
                 dir: dir, docCount: quick ? 2000 : 100_000, updates: quick ? 20_000 : 1_000_000, docs: docs)
         }
         if only != nil, wants("PEERS") {
-            results += try PeerWorkloads.run(dir: dir, preload: n, operations: max(200, n / 4), repeats: reps)
+            results += try PeerWorkloads.run(
+                dir: dir, preload: n, operations: max(200, n / 4), repeats: reps,
+                rows: peerRows.map { $0.split(separator: ",").map { String($0) } })
         }
         if wants("RSS") {
             results.append(try Workloads.residentMemory(dir: dir + "/rss", documents: quick ? 10_000 : 1_000_000))

@@ -33,7 +33,8 @@ enum PeerWorkloads {
         let transaction: (@Sendable (Range<Int>) -> [UInt8])?
     }
 
-    static func run(dir: String, preload: Int, operations: Int, repeats: Int) throws -> [Result] {
+    /// Runs the rows whose names start with one of `rows` (every row when nil).
+    static func run(dir: String, preload: Int, operations: Int, repeats: Int, rows: [String]? = nil) throws -> [Result] {
         guard let redisPath = which("redis-server") else {
             throw ClientError("PEERS needs redis-server and PostgreSQL: run `make bench-peers`, which installs them")
         }
@@ -52,6 +53,7 @@ enum PeerWorkloads {
             _ name: String, clients: Int, count: Int, latency: Bool, fresh: Bool = false, batch: Int = 1,
             request: (Peer) -> (@Sendable (Int) -> [UInt8])?
         ) throws {
+            if let rows, !rows.contains(where: { name.hasPrefix($0) }) { return }
             var samples: [String: [Double]] = [:]
             var rates: [String: [Double]] = [:]
             // Each repeat's figure (p50 or rate) per server: blazed's ratio to PostgreSQL is the median of the

@@ -28,7 +28,9 @@ import Glibc
             "db.backup", "db.restore", "db.compact",
         ])
         #expect(try c.call("daemon.info")["socket"] == .string(d.socket))
+        #expect(try c.call("daemon.info")["databases"] == 1)
         #expect(try c.call("db.create", ["db": "app"]) == ["db": "app"])
+        #expect(try c.call("daemon.info")["databases"] == 2, "counted at once, though the last listing is recent")
         #expect(try c.call("db.list")["databases"] == [["name": "app"], ["name": "default"]])
         let id = try c.call("doc.insert", ["db": "app", "collection": "todos", "doc": ["title": "milk", "n": 1.0]])["id"]
         #expect(id?.stringValue?.count == 36)
@@ -71,7 +73,9 @@ import Glibc
         let c2 = try again.connect()
         #expect(try c2.call("doc.get", ["db": "app", "collection": "todos", "id": "t2"])["doc"]
             == ["_id": "t2", "title": "eggs", "done": true])
+        #expect(try c2.call("daemon.info")["databases"] == 2)
         #expect(try c2.call("db.drop", ["db": "app"]) == ["db": "app", "dropped": true])
+        #expect(try c2.call("daemon.info")["databases"] == 1)
         expectRPCError(c2, "db.info", ["db": "app"], code: -32010, kind: "database_not_found")
         again.stop()
     }
@@ -487,6 +491,38 @@ extension Durability {
                 #expect(reply["result"]?["doc"]?["i"] == .int(Int64(i - 1)), "a read sees the write sent before it")
             }
         }
+        d.stop()
+    }
+
+    /// Queries start on the event loop within a budget; one that scans too much moves to the I/O pool and is still
+    /// answered in order, with every result, among reads and writes pipelined around it.
+    @Test func aQueryTooLongForTheEventLoopIsAnsweredInOrderFromThePool() throws {
+        let d = try DaemonProcess()
+        let c = try d.connect()
+        for chunk in 0..<2 {
+            let ops: [JSONValue] = (0..<5000).map { i in
+                ["op": "insert", "collection": "big", "doc": ["_id": .string("d\(chunk)-\(i)"), "n": .int(Int64(chunk * 5000 + i))]]
+            }
+            _ = try c.call("tx.commit", ["db": "default", "ops": .array(ops)])
+        }
+        var lines: [UInt8] = []
+        let requests: [(String, [String: JSONValue])] = [
+            ("query.find", ["db": "default", "collection": "big", "where": ["n": 9999]]),
+            ("doc.put", ["db": "default", "collection": "big", "id": "late", "doc": ["n": 9999]]),
+            ("query.count", ["db": "default", "collection": "big", "where": ["n": 9999]]),
+            ("query.find", ["db": "default", "collection": "big", "where": ["n": ["$gte": 9998]], "sort": "-n", "limit": 2]),
+            ("doc.get", ["db": "default", "collection": "big", "id": "d0-3"]),
+        ]
+        for (i, (method, params)) in requests.enumerated() {
+            lines += RPCRequest(id: .int(Int64(i)), method: method, params: params).jsonValue.jsonBytes + [0x0A]
+        }
+        try c.send(lines)
+        let replies = try (0..<requests.count).map { _ in try c.readMessage() }
+        #expect(replies.map { $0["id"] } == (0..<requests.count).map { .int(Int64($0)) })
+        #expect(replies[0]["result"]?["docs"] == [["_id": "d1-4999", "n": 9999]])
+        #expect(replies[2]["result"] == ["count": 2], "the count sees the write acknowledged before it")
+        #expect(replies[3]["result"]?["docs"]?.arrayValue?.map { $0["n"] } == [.int(9999), .int(9999)])
+        #expect(replies[4]["result"]?["doc"] == ["_id": "d0-3", "n": 3])
         d.stop()
     }
 

@@ -245,7 +245,7 @@ public enum RPC {
             public var dataDir: String
             /// `uptimeSeconds`.
             public var uptimeSeconds: Double
-            /// `databases`.
+            /// Databases in the data directory (exact after db.create, db.drop and db.restore; a file added by hand shows within a second).
             public var databases: Int
             /// Open client connections.
             public var connections: Int

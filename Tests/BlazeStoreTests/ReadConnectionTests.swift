@@ -1,0 +1,158 @@
+import BlazeCRDT
+import BlazeProtocol
+import Foundation
+import Synchronization
+import Testing
+
+@testable import BlazeStore
+
+/// The request path's read connections: snapshots kept across reads see every acknowledged write, release before
+/// checkpoints, budgets that move long reads off the caller, and the fallback to GRDB's pool.
+@Suite struct ReadConnectionTests {
+    func text(_ db: BlazeDatabase, _ id: String) throws -> JSONValue {
+        try JSONParser().parse(try db.getText(collection: "c", id: id))
+    }
+
+    @Test func aKeptSnapshotStillSeesEveryWriteAcknowledgedBeforeTheRead() throws {
+        let t = try TempStore()
+        let db = try t.store.create("r")
+        _ = try db.apply(.put(collection: "c", id: "a", doc: ["v": .int(0)]))
+        for i in 1...50 {
+            // The read before keeps its connection's snapshot open; the write after it must still be seen.
+            #expect(try text(db, "a")["v"] == .int(Int64(i - 1)))
+            _ = try db.apply(.put(collection: "c", id: "a", doc: ["v": .int(Int64(i))]))
+            #expect(try text(db, "a")["v"] == .int(Int64(i)))
+            let page = try db.findResultText(FindQuery(collection: "c", filter: try Filter.parse(["v": .int(Int64(i))])))
+            #expect(try JSONParser().parse(page)["docs"]?.arrayValue?.count == 1)
+            #expect(try db.count(collection: "c", filter: try Filter.parse(["v": .int(Int64(i))])) == 1)
+        }
+        // A document deleted and a collection never written keep their errors.
+        _ = try db.apply(.delete(collection: "c", id: "a"))
+        expectStoreError("document_not_found") { _ = try db.getText(collection: "c", id: "a") }
+        expectStoreError("collection_not_found") { _ = try db.getText(collection: "nope", id: "a") }
+        expectStoreError("collection_not_found") { _ = try db.count(collection: "nope", filter: .all) }
+    }
+
+    @Test func readersOnOtherThreadsSeeWritesAcknowledgedBeforeTheyRead() throws {
+        let t = try TempStore()
+        let db = try t.store.create("r")
+        _ = try db.apply(.put(collection: "c", id: "a", doc: ["v": .int(0)]))
+        // Four threads read in a loop (each keeping snapshots) while this one writes; every read started after a
+        // write was acknowledged returns that write or a later one.
+        let acknowledged = Atomic<Int64>(0)
+        let stop = Atomic<Bool>(false)
+        let stale = Atomic<Int>(0)
+        let reads = Atomic<Int>(0)
+        let readers = DispatchGroup()
+        for _ in 0..<4 {
+            readers.enter()
+            Thread.detachNewThread {
+                defer { readers.leave() }
+                while !stop.load(ordering: .acquiring) {
+                    let floor = acknowledged.load(ordering: .acquiring)
+                    guard let doc = try? JSONParser().parse(try db.getText(collection: "c", id: "a")),
+                        case .int(let v) = doc["v"]
+                    else { continue }
+                    if v < floor { stale.add(1, ordering: .relaxed) }
+                    reads.add(1, ordering: .relaxed)
+                }
+            }
+        }
+        for i in 1...200 {
+            _ = try db.apply(.put(collection: "c", id: "a", doc: ["v": .int(Int64(i))]))
+            acknowledged.store(Int64(i), ordering: .releasing)
+        }
+        stop.store(true, ordering: .releasing)
+        readers.wait()
+        #expect(stale.load(ordering: .relaxed) == 0)
+        #expect(reads.load(ordering: .relaxed) > 0)
+    }
+
+    @Test func anIdleReaderDoesNotKeepTheLogFromStartingOver() throws {
+        var limits = StoreLimits()
+        (limits.walCheckpointPages, limits.walMaxPages, limits.walFinishPages) = (32, .max, 64)
+        let t = try TempStore(limits: limits)
+        let db = try t.store.create("w")
+        _ = try db.apply(.put(collection: "c", id: "a", doc: ["v": .int(0)]))
+        // A read leaves its connection holding a snapshot, and that connection is never used again: only the
+        // checkpointer letting go of idle snapshots lets the log start over (without it, every frame written after
+        // this read stays in the WAL).
+        _ = try db.getText(collection: "c", id: "a")
+        let big = JSONValue.string(String(repeating: "x", count: 2000))
+        for n in 0..<400 {
+            _ = try db.commit((0..<4).map { i in .insert(collection: "c", doc: ["_id": .string("\(n)-\(i)"), "t": big]) })
+        }
+        let pages = try db.read { try Int.fetchOne($0, sql: "PRAGMA page_count") } ?? 0
+        let pageSize = try db.read { try Int.fetchOne($0, sql: "PRAGMA page_size") } ?? 4096
+        let wal = ((try? FileManager.default.attributesOfItem(atPath: db.path + "-wal"))?[.size] as? NSNumber)?.intValue ?? 0
+        let frames = (wal - 32) / (pageSize + 24)
+        #expect(frames > 0 && frames < pages / 2, "the WAL grew to \(frames) pages for \(pages) database pages")
+        #expect(try text(db, "399-3")["t"] == big)
+    }
+
+    @Test func aReadOverItsBudgetStopsAndRunsWhole() throws {
+        let t = try TempStore()
+        let db = try t.store.create("r")
+        for chunk in 0..<4 {
+            _ = try db.commit(
+                (0..<2500).map { i in
+                    .insert(collection: "c", doc: ["_id": .string("d\(chunk)-\(i)"), "n": .int(Int64(chunk * 2500 + i)), "k": .int(Int64(i % 10))])
+                })
+        }
+        _ = try db.write { tx in try tx.createIndex(collection: "c", fields: ["k"], name: nil) }
+        // An unindexed scan of 10,000 documents for one match does not fit an inline budget...
+        let scan = FindQuery(collection: "c", filter: try Filter.parse(["n": .int(9999)]), limit: 10)
+        #expect(throws: ReadBudgetExceeded.self) { _ = try db.findResultText(scan, budget: .inline) }
+        #expect(throws: ReadBudgetExceeded.self) { _ = try db.count(collection: "c", filter: scan.filter, budget: .inline) }
+        // ...and runs whole without one, on the same connections afterwards.
+        let found = try JSONParser().parse(try db.findResultText(scan))
+        #expect(found["docs"]?.arrayValue?.map { $0["_id"] } == [.string("d3-2499")])
+        #expect(try db.count(collection: "c", filter: scan.filter) == 1)
+        // An indexed page fits, and so does a point read.
+        let indexed = FindQuery(collection: "c", filter: try Filter.parse(["k": .int(3)]), limit: 10)
+        let page = try JSONParser().parse(try db.findResultText(indexed, budget: .inline))
+        #expect(page["docs"]?.arrayValue?.count == 10)
+        #expect(page["docs"]?.arrayValue?.allSatisfy { $0["k"] == .int(3) } == true)
+        #expect(page["cursor"]?.stringValue != nil)
+        #expect(try text(db, "d2-7")["n"] == .int(5007))
+    }
+
+    @Test func whenEveryConnectionIsBusyReadsGoThroughThePool() throws {
+        let t = try TempStore()
+        let db = try t.store.create("r")
+        _ = try db.apply(.put(collection: "c", id: "a", doc: ["v": .int(1)]))
+        let inside = DispatchSemaphore(value: 0)
+        let release = DispatchSemaphore(value: 0)
+        let holders = DispatchGroup()
+        for _ in 0..<ReadConnections.slotCount {
+            holders.enter()
+            Thread.detachNewThread {
+                _ = try? db.readers.read(budget: .unbounded) { _ in
+                    inside.signal()
+                    release.wait()
+                }
+                holders.leave()
+            }
+        }
+        for _ in 0..<ReadConnections.slotCount { inside.wait() }
+        // Every slot is held: the fast path declines, the pool answers, and an inline-budgeted query is refused for
+        // its caller to run elsewhere.
+        #expect(try db.readers.read(budget: .unbounded) { _ in 1 } == nil)
+        #expect(try text(db, "a")["v"] == .int(1))
+        #expect(try db.count(collection: "c", filter: .all) == 1)
+        #expect(throws: ReadBudgetExceeded.self) { _ = try db.count(collection: "c", filter: .all, budget: .inline) }
+        for _ in 0..<ReadConnections.slotCount { release.signal() }
+        holders.wait()
+        #expect(try db.readers.read(budget: .unbounded) { _ in 1 } == 1)
+    }
+
+    @Test func readsAfterCloseFailCleanly() throws {
+        let t = try TempStore()
+        let db = try t.store.create("r")
+        _ = try db.apply(.put(collection: "c", id: "a", doc: ["v": .int(1)]))
+        #expect(try text(db, "a")["v"] == .int(1))
+        try db.close()
+        #expect(try db.readers.read(budget: .unbounded) { _ in 1 } == nil)
+        #expect(throws: (any Error).self) { _ = try db.getText(collection: "c", id: "a") }
+    }
+}
