@@ -1,7 +1,6 @@
 import ArgumentParser
 import BlazeProtocol
 import Foundation
-import NIOCore
 
 @main
 struct BlazeBench: AsyncParsableCommand {
@@ -36,7 +35,6 @@ struct BlazeBench: AsyncParsableCommand {
 
     func run() async throws {
         if let serveDaemon {
-            if let n = ProcessInfo.processInfo.environment["EXP_LOOPS"].flatMap(Int.init) { NIOSingletons.groupLoopCountSuggestion = n }
             // The child process of the RSS workload: a daemon alone in its process, until it is terminated.
             let daemon = try await Workloads.LocalDaemon(dir: serveDaemon)
             _ = await daemon.task?.result
