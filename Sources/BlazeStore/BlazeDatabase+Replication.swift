@@ -15,9 +15,12 @@ extension BlazeDatabase {
         return try pool.write { db in try self.receive(changes, in: db) }
     }
 
-    /// `receive` inside the caller's write transaction (the changes are validated).
-    func receive(_ changes: [Change], in db: Database) throws -> ReceiveReport {
+    /// `receive` inside the caller's write transaction (the changes are validated). `texts` holds, for changes that
+    /// arrived as text (a sync entry's payload), that text: the op log keeps it as it came instead of encoding the
+    /// change again (every reader of the op log parses what it reads).
+    func receive(_ changes: [Change], in db: Database, texts: [ChangeID: [UInt8]] = [:]) throws -> ReceiveReport {
         let storage = makeStorage(db)
+        storage.receivedTexts = texts
         var clock = self.clock.withLock { $0 }
         let now = Self.nowMilliseconds()
         let report = try Replica.receive(changes, into: storage, clock: &clock, now: now)

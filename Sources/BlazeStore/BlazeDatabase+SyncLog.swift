@@ -222,14 +222,17 @@ extension BlazeDatabase {
     /// one transaction: the first entry must continue the log held here (`firstPrev` is the hash it links to), an
     /// entry held already must be the same (else `SyncLogConflict.fork`), and a quarantined origin stores nothing.
     public func recordEntries(
-        origin: NodeID, _ entries: [SyncLogEntry], firstPrev: [UInt8], changes: [Change], head: (seq: UInt64, bytes: [UInt8])
+        origin: NodeID, _ entries: [SyncLogEntry], firstPrev: [UInt8], changes: [Change], texts: [[UInt8]]? = nil,
+        head: (seq: UInt64, bytes: [UInt8])
     ) throws -> BatchOutcome {
         precondition(entries.count == changes.count && !entries.isEmpty, "one change per entry")
+        precondition(texts.map { $0.count == changes.count } ?? true, "one text per change")
         let o = Data(origin.bytes)
         let firstSeq = entries[0].seq
         return try pool.write { db in
             var outcome = BatchOutcome()
             var fresh: [Change] = []
+            var freshTexts: [ChangeID: [UInt8]] = [:]
             guard try !Self.isQuarantined(o, db) else { throw SyncLogConflict.quarantined }
             let held = try db.cachedStatement(sql: "SELECT hash FROM sync_entries WHERE origin = ? AND seq = ?")
             let pruned = try Row.fetchOne(db, sql: "SELECT seq, hash FROM sync_pruned WHERE origin = ?", arguments: [o])
@@ -245,7 +248,7 @@ extension BlazeDatabase {
                 guard let before = try Data.fetchOne(held, arguments: [o, Int64(firstSeq - 1)]), Array(before) == firstPrev
                 else { throw SyncLogConflict.brokenChain }
             }
-            for (entry, change) in zip(entries, changes) {
+            for (i, (entry, change)) in zip(entries, changes).enumerated() {
                 if let pruned, entry.seq <= pruned.seq {
                     // Held once and pruned since: its change is applied.
                     outcome.duplicates += 1
@@ -260,11 +263,12 @@ extension BlazeDatabase {
                     .execute(arguments: [o, Int64(entry.seq), Data(entry.hash), Data(entry.bytes)])
                 outcome.stored += 1
                 fresh.append(change)
+                if let texts { freshTexts[ChangeID(change)] = texts[i] }
             }
             try db.execute(
                 sql: "INSERT OR IGNORE INTO sync_heads(origin, seq, head) VALUES (?, ?, ?)",
                 arguments: [o, Int64(head.seq), Data(head.bytes)])
-            if !fresh.isEmpty { outcome.report = try self.receive(fresh, in: db) }
+            if !fresh.isEmpty { outcome.report = try self.receive(fresh, in: db, texts: freshTexts) }
             return outcome
         }
     }

@@ -44,7 +44,9 @@ extension Int64: RawArgument {
 /// These statements only insert, update or read rows inside a write transaction that GRDB opened and will end;
 /// the database has no GRDB observers of row changes (only commit hooks, which SQLite calls itself), so nothing
 /// that GRDB tracks is bypassed. Arguments are bound in place (SQLite copies none of them) for one run, which leaves
-/// the statement reset with no bindings, so no binding outlives the buffer it points into.
+/// the statement reset with no bindings, so no binding outlives the buffer it points into. Its SQL text must not
+/// also be run through GRDB's own binding: GRDB caches statements by text, so that would be the same statement, whose
+/// bindings GRDB believes it set.
 struct RawStatement {
     private let connection: SQLiteConnection?
     /// Held so that SQLite's statement stays alive even if GRDB drops it from its cache (after a schema change).
@@ -80,6 +82,18 @@ struct RawStatement {
     func run(_ a: some RawArgument, _ b: some RawArgument, _ c: some RawArgument, _ d: some RawArgument) throws -> Int {
         try a.withBinding(handle, 1) {
             try b.withBinding(handle, 2) { try c.withBinding(handle, 3) { try d.withBinding(handle, 4) { try step() } } }
+        }
+    }
+
+    /// Runs a statement that returns no row with parameters `a` to `e`; see `run(_:_:_:)`.
+    @discardableResult
+    func run(
+        _ a: some RawArgument, _ b: some RawArgument, _ c: some RawArgument, _ d: some RawArgument, _ e: some RawArgument
+    ) throws -> Int {
+        try a.withBinding(handle, 1) {
+            try b.withBinding(handle, 2) {
+                try c.withBinding(handle, 3) { try d.withBinding(handle, 4) { try e.withBinding(handle, 5) { try step() } } }
+            }
         }
     }
 

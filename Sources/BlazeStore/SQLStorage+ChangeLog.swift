@@ -2,6 +2,17 @@ import BlazeCRDT
 import BlazeProtocol
 import GRDB
 
+/// A change's identity: its origin and sequence number.
+struct ChangeID: Hashable {
+    let origin: NodeID
+    let seq: UInt64
+
+    init(_ change: Change) {
+        origin = change.origin
+        seq = change.seq
+    }
+}
+
 /// Recording applied changes: the `changes` row, the feed row with its events and the per-origin version.
 extension SQLStorage {
     /// The versions this database holds, including the changes recorded in this transaction.
@@ -14,9 +25,9 @@ extension SQLStorage {
         return VersionVector(e)
     }
 
-    /// Records `change` with its feed row and version.
+    /// Records `change` with its feed row and version (its text as received when `receivedTexts` has it).
     func recordApplied(_ change: Change) throws {
-        try recordApplied(change, text: change.jsonValue.jsonBytes)
+        try recordApplied(change, text: receivedTexts.removeValue(forKey: ChangeID(change)) ?? change.jsonValue.jsonBytes)
     }
 
     /// Records `change`, whose canonical text is `text` (UTF-8), with its feed row and version. `last` says no change

@@ -39,8 +39,14 @@ final class SQLStorage: ReplicaStorage {
     var updateRow: RawStatement?
     var insertRow: RawStatement?
     var insertChange: RawStatement?
+    /// `flush()`'s statements for a materialized document's row (numbered parameters: GRDB caches statements by
+    /// text, and the snapshot install binds the same insert through GRDB, which a raw run's unbinding would confuse).
+    private var updateBody: RawStatement?
+    private var insertBody: RawStatement?
     /// The state texts of documents created by the current change.
     var createdStates: DocumentState.CreatedStateText?
+    /// The texts of received changes as they arrived, by change (`BlazeDatabase.receive(_:in:texts:)`).
+    var receivedTexts: [ChangeID: [UInt8]] = [:]
     /// Feed entries of the changes recorded in this transaction, in order.
     var entries: [FeedEntry] = []
     /// The feed sequence of the last change recorded (committed ones, then this transaction's).
@@ -147,7 +153,7 @@ final class SQLStorage: ReplicaStorage {
     /// The state text of a deleted document, if `key` is one.
     func tombstone(_ key: DocKey) throws -> String? {
         if tombstonesExist == nil {
-            tombstonesExist = try Bool.fetchOne(db, sql: "SELECT EXISTS (SELECT 1 FROM tombstones)") ?? true
+            tombstonesExist = try Bool.fetchOne(db.cachedStatement(sql: "SELECT EXISTS (SELECT 1 FROM tombstones)")) ?? true
         }
         guard tombstonesExist == true else { return nil }
         return try String.fetchOne(
@@ -232,8 +238,8 @@ final class SQLStorage: ReplicaStorage {
         let conflicted = state.hasConflicts
         switch location {
         case .row(let rowid):
-            try db.cachedStatement(sql: "UPDATE docs SET body = ?, state = ?, conflicted = ? WHERE rowid = ?").execute(
-                arguments: [text, stateText, conflicted, rowid])
+            try prepared(&updateBody, "UPDATE docs SET body = ?1, state = ?2, conflicted = ?3 WHERE rowid = ?4").run(
+                text, stateText, Int64(conflicted ? 1 : 0), rowid)
             return
         case .tombstone:
             try db.cachedStatement(sql: "DELETE FROM tombstones WHERE collection = ? AND id = ?").execute(
@@ -241,9 +247,10 @@ final class SQLStorage: ReplicaStorage {
         case .absent:
             break
         }
-        try db.cachedStatement(sql: "INSERT INTO docs(collection, id, body, state, conflicted) VALUES (?, ?, ?, ?, ?)")
-            .execute(arguments: [key.collection, key.id, text, stateText, conflicted])
-        docs.locations[key] = .row(db.lastInsertedRowID)
+        let insert = try prepared(
+            &insertBody, "INSERT INTO docs(collection, id, body, state, conflicted) VALUES (?1, ?2, ?3, ?4, ?5)")
+        try insert.run(key.collection, key.id, text, stateText, Int64(conflicted ? 1 : 0))
+        docs.locations[key] = .row(insert.lastInsertedRowID)
     }
 
     /// Refuses a document of `size` bytes over the limit (local writes only: remote changes apply as they are).

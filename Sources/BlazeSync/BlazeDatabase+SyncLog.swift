@@ -30,6 +30,8 @@ public struct VerifiedBatch: Sendable {
     public let batch: EntryBatch
     /// Its changes, in entry order.
     public let changes: [Change]
+    /// Each change's text as its entry carried it (what the op log stores, instead of encoding the change again).
+    public var texts: [[UInt8]] = []
 }
 
 /// The cryptographic side of a database's sync log: sealing local changes into entries and signing heads, reading
@@ -114,6 +116,8 @@ extension BlazeDatabase {
         let payloads = try EntryChain.verify(batch.entries, head: batch.head, previousHash: nil, key: key)
         var changes: [Change] = []
         changes.reserveCapacity(payloads.count)
+        var texts: [[UInt8]] = []
+        texts.reserveCapacity(payloads.count)
         let now = UInt64(max(0, Date().timeIntervalSince1970 * 1000))
         for (entry, payload) in zip(batch.entries, payloads) {
             // A document's values sit four levels into its change ({x: [{set: {field: value}}]}).
@@ -127,8 +131,9 @@ extension BlazeDatabase {
                 throw .clockAhead
             }
             changes.append(change)
+            texts.append(payload)
         }
-        return VerifiedBatch(batch: batch, changes: changes)
+        return VerifiedBatch(batch: batch, changes: changes, texts: texts)
     }
 
     /// The second half of `receive`: in one transaction, checks the batch continues the log held here, refuses forks,
@@ -139,6 +144,7 @@ extension BlazeDatabase {
         do {
             return try recordEntries(
                 origin: batch.origin, entries, firstPrev: batch.entries[0].header.prev, changes: verified.changes,
+                texts: verified.texts.count == verified.changes.count ? verified.texts : nil,
                 head: (batch.head.seq, batch.head.bytes))
         } catch let conflict as SyncLogConflict {
             switch conflict {
