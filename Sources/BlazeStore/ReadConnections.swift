@@ -155,6 +155,8 @@ final class ReadConnection: @unchecked Sendable {
     init(path: String, maxStatements: Int) throws {
         self.maxStatements = maxStatements
         var db: OpaquePointer?
+        // Without SQLITE_OPEN_CREATE: opening never creates the file (a request still holding a dropped database
+        // must not bring it back). `query_only` below keeps the connection from writing.
         let code = sqlite3_open_v2(path, &db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_NOMUTEX, nil)
         guard code == SQLITE_OK, let db else {
             let message = db.map { String(cString: sqlite3_errmsg($0)) } ?? "out of memory"
@@ -183,6 +185,7 @@ final class ReadConnection: @unchecked Sendable {
     fileprivate func endSnapshot(unlessCurrent current: UInt64? = nil) {
         if let current, snapshotTag == current { return }
         snapshotTag = nil
+        remaining = Int.max  // a read that ran out of its budget must not have its COMMIT interrupted too
         guard let handle, sqlite3_get_autocommit(handle) == 0 else { return }
         _ = try? execute("COMMIT")
     }

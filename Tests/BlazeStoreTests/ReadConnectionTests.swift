@@ -146,6 +146,19 @@ import Testing
         #expect(try db.readers.read(budget: .unbounded) { _ in 1 } == 1)
     }
 
+    @Test func aReadOnADroppedDatabaseDoesNotBringItsFileBack() throws {
+        let t = try TempStore()
+        let db = try t.store.create("gone")
+        _ = try db.apply(.put(collection: "c", id: "a", doc: ["v": .int(1)]))
+        try t.store.drop("gone")
+        // A request that still holds the database reads after the drop: its connections open lazily, and opening
+        // one must not create the file again.
+        _ = try? db.getText(collection: "c", id: "a")
+        _ = try? db.count(collection: "c", filter: .all)
+        #expect(!FileManager.default.fileExists(atPath: db.path))
+        #expect(try t.store.list() == [])
+    }
+
     @Test func readsAfterCloseFailCleanly() throws {
         let t = try TempStore()
         let db = try t.store.create("r")
