@@ -156,9 +156,9 @@ extension BlazeDatabase {
         }
     }
 
-    /// Runs a find query and returns one page.
-    public func find(_ query: FindQuery) throws -> FindResult {
-        let (texts, cursor) = try findTexts(query)
+    /// Runs a find query and returns one page (within `budget` on a fast read connection, as `findResultText`).
+    public func find(_ query: FindQuery, budget: ReadBudget = .unbounded) throws -> FindResult {
+        let (texts, cursor) = try findTexts(query, budget: budget)
         var docs: [JSONValue] = []
         docs.reserveCapacity(texts.count)
         for text in texts {
@@ -174,7 +174,7 @@ extension BlazeDatabase {
     /// Within `budget` when it runs on a fast read connection (`ReadBudgetExceeded` when that runs out).
     public func findResultText(_ query: FindQuery, budget: ReadBudget = .unbounded) throws -> [UInt8] {
         guard query.fields == nil else {
-            let r = try find(query)
+            let r = try find(query, budget: budget)
             return JSONValue.object(["docs": .array(r.docs), "cursor": r.cursor.map(JSONValue.string) ?? .null]).jsonBytes
         }
         let (texts, cursor) = try findTexts(query, budget: budget)

@@ -104,6 +104,10 @@ import Testing
         let scan = FindQuery(collection: "c", filter: try Filter.parse(["n": .int(9999)]), limit: 10)
         #expect(throws: ReadBudgetExceeded.self) { _ = try db.findResultText(scan, budget: .inline) }
         #expect(throws: ReadBudgetExceeded.self) { _ = try db.count(collection: "c", filter: scan.filter, budget: .inline) }
+        var projected = scan
+        projected.fields = [try FieldPath("n")]
+        #expect(throws: ReadBudgetExceeded.self) { _ = try db.findResultText(projected, budget: .inline) }
+        #expect(try JSONParser().parse(try db.findResultText(projected))["docs"] == [["_id": "d3-2499", "n": 9999]])
         // ...and runs whole without one, on the same connections afterwards.
         let found = try JSONParser().parse(try db.findResultText(scan))
         #expect(found["docs"]?.arrayValue?.map { $0["_id"] } == [.string("d3-2499")])
