@@ -35,6 +35,12 @@ public final class BlazeDatabase: Sendable {
     let cachedQueryShapes = Mutex<Set<String>>([])
     /// Group commits run and the writes they carried (kept or failed) since the database was opened.
     let groupCommits = Mutex<(groups: Int, writes: Int)>((0, 0))
+    /// The feed event total below which a prune cannot move the floor (0: unknown). A change of a bulk transaction is
+    /// one feed row of many events, and the floor only moves by whole rows: until the total passes the first row
+    /// after the floor by the retention, every search for a new floor finds none.
+    let feedPruneNotBefore = Mutex<Int64>(0)
+    /// The committed version vector, so that a local write need not read `versions`.
+    let committedVersions = CommittedVersions()
 
     init(name: String, path: String, limits: StoreLimits, node: NodeID) throws {
         self.name = name
@@ -149,11 +155,7 @@ public final class BlazeDatabase: Sendable {
     /// Blocks the calling thread until the commit (the daemon calls it from its I/O thread pool, never from an event
     /// loop).
     public func write<T>(_ body: (WriteTransaction) throws -> T) throws -> T {
-        try pool.write { db in try self.transaction(db, body) }
-    }
-
-    private func transaction<T>(_ db: Database, _ body: (WriteTransaction) throws -> T) throws -> T {
-        try localChange(makeStorage(db), body)
+        try pool.writeWithoutTransaction { db in try localTransaction(db, body) }
     }
 
     /// Records what `body` writes as one local change in `storage`'s transaction, with its feed entry.
@@ -174,10 +176,14 @@ public final class BlazeDatabase: Sendable {
 
     /// Storage for one transaction, its feed continuing from `feedSequence` and `feedTotal` (default: the published
     /// feed's last).
-    func makeStorage(_ db: Database, feedSequence: Int64? = nil, feedTotal: Int64? = nil) -> SQLStorage {
+    /// `startVersions`: the versions the transaction starts from, when known (else read from the table).
+    func makeStorage(
+        _ db: Database, feedSequence: Int64? = nil, feedTotal: Int64? = nil, startVersions: VersionVector? = nil
+    ) -> SQLStorage {
         SQLStorage(
             db: db, limits: limits, knownCollections: knownCollections, feedSequence: feedSequence ?? feed.lastSequence,
-            feedTotal: feedTotal ?? feed.totals.last, coding: coding, droppedCausalLength: droppedCausalLength.withLock { $0 })
+            feedTotal: feedTotal ?? feed.totals.last, coding: coding, droppedCausalLength: droppedCausalLength.withLock { $0 },
+            committedVersions: committedVersions, startVersions: startVersions)
     }
 
     /// Prunes the durable feed to its retention and publishes this transaction's entries once it commits.
@@ -186,8 +192,21 @@ public final class BlazeDatabase: Sendable {
         guard !entries.isEmpty else { return }
         var (floor, floorTotal) = (feed.floor, feed.totals.floor)
         // Prune in steps, not on every commit: one range delete per `pruneStep` events.
-        if storage.feedTotal - floorTotal > Int64(limits.feedRetention) + Self.pruneStep {
+        if storage.feedTotal - floorTotal > Int64(limits.feedRetention) + Self.pruneStep,
+            storage.feedTotal >= feedPruneNotBefore.withLock({ $0 })
+        {
             (floor, floorTotal) = try pruneFeed(db, total: storage.feedTotal, floor: floor, floorTotal: floorTotal)
+            if floor == feed.floor {
+                // Nothing to prune yet: not before the first row above the floor is past the retention.
+                // (Rows from before totals were kept have none and come first.)
+                if let next = try Int64.fetchOne(
+                    db.cachedStatement(sql: "SELECT total FROM feed WHERE seq > ? AND total IS NOT NULL ORDER BY seq LIMIT 1"),
+                    arguments: [floor])
+                {
+                    let notBefore = next + Int64(limits.feedRetention)
+                    storage.onCommit { [self] in feedPruneNotBefore.withLock { $0 = max($0, notBefore) } }
+                }
+            }
         }
         let (feed, total, newFloor, newFloorTotal) = (self.feed, storage.feedTotal, floor, floorTotal)
         storage.onCommit { feed.publish(entries, floor: newFloor, total: total, floorTotal: newFloorTotal) }

@@ -70,6 +70,16 @@ struct RawStatement {
         sqlite3_bind_text(handle, index, base.assumingMemoryBound(to: CChar.self), Int32(utf8.count), unmanaged)
     }
 
+    /// Runs a statement that takes no parameter and returns no row; returns the number of rows it changed.
+    @discardableResult
+    func run() throws -> Int { try step() }
+
+    /// Runs a statement that returns no row with parameters `a` and `b`; see `run(_:_:_:)`.
+    @discardableResult
+    func run(_ a: some RawArgument, _ b: some RawArgument) throws -> Int {
+        try a.withBinding(handle, 1) { try b.withBinding(handle, 2) { try step() } }
+    }
+
     /// Runs a statement that returns no row with parameters `a`, `b`, `c` (bound in place and unbound before it
     /// returns); returns the number of rows it inserted, updated or deleted.
     @discardableResult
@@ -106,6 +116,16 @@ struct RawStatement {
 
     /// The rowid of the connection's last inserted row.
     var lastInsertedRowID: Int64 { sqlite3_last_insert_rowid(connection) }
+
+    /// Runs a query without parameters and reads its first row with `read`; nil when it returns none.
+    func firstRow<T>(_ read: (Row) -> T) throws -> T? {
+        defer { clear() }
+        switch sqlite3_step(handle) {
+        case SQLITE_ROW: return read(Row(handle: handle))
+        case SQLITE_DONE: return nil
+        case let code: throw failure(code)
+        }
+    }
 
     /// Runs a query with parameters `a` and `b` (bound in place and unbound before it returns) and reads its first
     /// row with `read`; nil when it returns none.

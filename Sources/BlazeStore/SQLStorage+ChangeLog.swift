@@ -1,6 +1,39 @@
 import BlazeCRDT
 import BlazeProtocol
 import GRDB
+import Synchronization
+
+/// The version vector of a database's committed transactions (its `versions` table), kept in memory so that a local
+/// write need not read the table. Every write to `versions` advances it once its transaction commits; a snapshot
+/// install, the only writer that lowers an entry, forgets it, and the next write reads the table again.
+final class CommittedVersions: Sendable {
+    private let vector = Mutex<VersionVector?>(nil)
+
+    /// The committed vector, read from `db` (the writer's connection, outside any transaction's writes) when not
+    /// known.
+    func value(_ db: Database) throws -> VersionVector {
+        if let known = vector.withLock({ $0 }) { return known }
+        var e: [NodeID: UInt64] = [:]
+        for row in try Row.fetchAll(db.cachedStatement(sql: "SELECT origin, seq FROM versions")) {
+            if let id = NodeID(hex: row[0]) { e[id] = UInt64(row[1] as Int64) }
+        }
+        let read = VersionVector(e)
+        vector.withLock { $0 = read }
+        return read
+    }
+
+    /// Raises each origin's entry to at least `versions`'s (nothing while the vector is not known).
+    func advance(_ versions: [NodeID: UInt64]) {
+        vector.withLock { v in
+            guard var known = v else { return }
+            for (origin, seq) in versions where seq > known[origin] { known[origin] = seq }
+            v = known
+        }
+    }
+
+    /// Forgets the vector (a snapshot install rewrote the table).
+    func forget() { vector.withLock { $0 = nil } }
+}
 
 /// A change's identity: its origin and sequence number.
 struct ChangeID: Hashable {
@@ -18,8 +51,13 @@ extension SQLStorage {
     /// The versions this database holds, including the changes recorded in this transaction.
     func versionVector() throws -> VersionVector {
         var e: [NodeID: UInt64] = [:]
-        for row in try Row.fetchAll(db.cachedStatement(sql: "SELECT origin, seq FROM versions")) {
-            if let id = NodeID(hex: row[0]) { e[id] = UInt64(row[1] as Int64) }
+        if let startVersions {
+            e = startVersions.entries
+            for (origin, seq) in flushedVersions { e[origin] = max(e[origin] ?? 0, seq) }
+        } else {
+            for row in try Row.fetchAll(db.cachedStatement(sql: "SELECT origin, seq FROM versions")) {
+                if let id = NodeID(hex: row[0]) { e[id] = UInt64(row[1] as Int64) }
+            }
         }
         for (origin, seq) in recordedVersions { e[origin] = max(e[origin] ?? 0, seq) }
         return VersionVector(e)
@@ -68,8 +106,8 @@ extension SQLStorage {
         feedTotal += Int64(events.count)
         // The database's home origin (its creator, usually this device) is written as "" (`FeedLog`).
         let origin = change.origin.hex
-        try db.cachedStatement(sql: "INSERT INTO feed(seq, origin, events, total) VALUES (?, ?, ?, ?)").execute(
-            arguments: [feedSequence, change.origin == coding.home ? "" : origin, FeedLog.encode(events), feedTotal])
+        try prepared(&insertFeed, "INSERT INTO feed(seq, origin, events, total) VALUES (?1, ?2, ?3, ?4)").run(
+            feedSequence, change.origin == coding.home ? "" : origin, FeedLog.encode(events), feedTotal)
         entries.append(FeedEntry(seq: feedSequence, origin: change.origin, events: events))
         // Bound in place: a change of a large transaction is hundreds of kilobytes.
         try prepared(&insertChange, "INSERT INTO changes(origin, seq, hlc, body) VALUES (?, ?, ?, ?)").run(

@@ -29,6 +29,13 @@ final class SQLStorage: ReplicaStorage {
     private var lastEnsured: String?
     /// The highest sequence recorded per origin in this transaction, written to `versions` by `flush()`.
     var recordedVersions: [NodeID: UInt64] = [:]
+    /// The database's committed version vector, which `flush()` advances once its transaction commits.
+    let committedVersions: CommittedVersions
+    /// The versions this transaction started from, when known without reading `versions` (the committed vector, or
+    /// in a group commit that and the changes kept before this one); nil: read from the table.
+    var startVersions: VersionVector?
+    /// The versions `flush()` wrote in this transaction (the table has them; `startVersions` does not).
+    var flushedVersions: [NodeID: UInt64] = [:]
     /// Per document deleted in this transaction, the change that deleted it (origin hex, seq), stored with its
     /// tombstone.
     private var deletedBy: [DocKey: (origin: String, seq: Int64)] = [:]
@@ -39,6 +46,9 @@ final class SQLStorage: ReplicaStorage {
     var updateRow: RawStatement?
     var insertRow: RawStatement?
     var insertChange: RawStatement?
+    var insertFeed: RawStatement?
+    private var selectTombstone: RawStatement?
+    private var upsertVersion: RawStatement?
     /// `flush()`'s statements for a materialized document's row (numbered parameters: GRDB caches statements by
     /// text, and the snapshot install binds the same insert through GRDB, which a raw run's unbinding would confuse).
     private var updateBody: RawStatement?
@@ -64,8 +74,11 @@ final class SQLStorage: ReplicaStorage {
 
     init(
         db: Database, limits: StoreLimits, knownCollections: KnownCollections, feedSequence: Int64, feedTotal: Int64 = 0,
-        coding: StampCoding, droppedCausalLength: Int64 = 0
+        coding: StampCoding, droppedCausalLength: Int64 = 0, committedVersions: CommittedVersions,
+        startVersions: VersionVector? = nil
     ) {
+        self.committedVersions = committedVersions
+        self.startVersions = startVersions
         self.feedTotal = feedTotal
         self.droppedCausalLength = droppedCausalLength
         self.db = db
@@ -153,12 +166,11 @@ final class SQLStorage: ReplicaStorage {
     /// The state text of a deleted document, if `key` is one.
     func tombstone(_ key: DocKey) throws -> String? {
         if tombstonesExist == nil {
-            tombstonesExist = try Bool.fetchOne(db.cachedStatement(sql: "SELECT EXISTS (SELECT 1 FROM tombstones)")) ?? true
+            tombstonesExist = try RawStatement(db, "SELECT EXISTS (SELECT 1 FROM tombstones)").firstRow { $0.int64(0) != 0 }
         }
         guard tombstonesExist == true else { return nil }
-        return try String.fetchOne(
-            db.cachedStatement(sql: "SELECT state FROM tombstones WHERE collection = ? AND id = ?"),
-            arguments: [key.collection, key.id])
+        let select = try prepared(&selectTombstone, "SELECT state FROM tombstones WHERE collection = ?1 AND id = ?2")
+        return try select.firstRow(key.collection, key.id) { $0.text(0) } ?? nil
     }
 
     static func parseBody(_ body: String?) throws -> [String: JSONValue]? {
@@ -196,11 +208,16 @@ final class SQLStorage: ReplicaStorage {
     func flush() throws {
         for (key, state, body) in docs.takeDirty() { try write(key, state, body) }
         // One version row per origin per transaction, however many of its changes were recorded.
+        guard !recordedVersions.isEmpty else { return }
         for (origin, seq) in recordedVersions {
-            try db.cachedStatement(
-                sql: "INSERT INTO versions(origin, seq) VALUES (?, ?) ON CONFLICT(origin) DO UPDATE SET seq = max(seq, excluded.seq)"
-            ).execute(arguments: [origin.hex, Int64(seq)])
+            try prepared(
+                &upsertVersion,
+                "INSERT INTO versions(origin, seq) VALUES (?1, ?2) ON CONFLICT(origin) DO UPDATE SET seq = max(seq, excluded.seq)"
+            ).run(origin.hex, Int64(seq))
+            flushedVersions[origin] = max(flushedVersions[origin] ?? 0, seq)
         }
+        let (written, committed) = (recordedVersions, committedVersions)
+        onCommit { committed.advance(written) }
         recordedVersions = [:]
     }
 

@@ -225,7 +225,9 @@ extension BlazeDatabase {
             try db.execute(
                 sql: "INSERT INTO meta(key, value) VALUES ('feed_floor', ?), ('feed_floor_total', ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value",
                 arguments: [String(last), String(total)])
+            let committedVersions = self.committedVersions
             db.afterNextTransaction(onCommit: { _ in
+                committedVersions.forget()
                 feed.raiseFloor(last, total: total)
                 feed.reset(StoreError(.unavailable, kind: "snapshot_installed", "the database's state was replaced by a snapshot; read it again"))
             })
