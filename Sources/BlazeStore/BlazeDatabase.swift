@@ -47,6 +47,7 @@ public final class BlazeDatabase: Sendable {
         self.path = path
         self.limits = limits
         self.node = node
+        WALWriteBuffer.install()
         var config = Configuration()
         config.label = "blazedb.\(name)"
         config.busyMode = .timeout(10)
@@ -59,6 +60,8 @@ public final class BlazeDatabase: Sendable {
             try db.execute(sql: "PRAGMA synchronous = FULL; PRAGMA analysis_limit = \(Self.analysisLimit)")
         }
         try Schema.migrator.migrate(pool)
+        // The writer's commits sync the WAL (above), so its WAL writes may be gathered until that sync.
+        _ = pool.writeWithoutTransaction { db in WALWriteBuffer.enable(on: db.sqliteConnection!) }
         // The home origin is the node that first opened the database, kept with it: a copy of the file elsewhere
         // reads its states the same.
         let stored = try pool.read { db in try String.fetchOne(db, sql: "SELECT value FROM meta WHERE key = 'stamp_home'") }

@@ -68,7 +68,10 @@ struct BlazeBench: AsyncParsableCommand {
             results.append(try await Baselines.asyncEcho(dir: dir, n: n))
             results += try Baselines.crypto(n: max(100, n / 10))
         }
-        if wants("W1") { results += try Workloads.store(dir: dir, n: n, repeats: reps, docs: docs, texts: texts, updated: updated) }
+        if wants("W1") {
+            results += try Workloads.store(dir: dir, n: n, repeats: reps, docs: docs, texts: texts, updated: updated)
+            results += try Workloads.singleCommits(dir: dir, count: quick ? 100 : 2000, docs: docs, texts: texts)
+        }
         if wants("RPC") { results += try await Workloads.rpc(dir: dir, n: n, docs: docs) }
         if wants("W4") || wants("W5") {
             results += try await SyncWorkloads.run(dir: dir, n: quick ? 1000 : 5 * n, docs: docs, latencyWrites: quick ? 20 : 500)

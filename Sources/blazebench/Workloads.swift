@@ -76,6 +76,41 @@ enum Workloads {
         ]
     }
 
+    /// W1.commit: durable single-document writes one at a time, in process (no RPC): their p50 latency against
+    /// B_commit, the same document inserted by plain SQLite in a transaction of its own into the same table and
+    /// indexes as B_ins.idx, the two interleaved so that both see the same conditions.
+    static func singleCommits(dir: String, count: Int, docs: [[String: JSONValue]], texts: [String]) throws -> [Result] {
+        let store = try Store(directory: "\(dir)/w1-commit", node: NodeID(bytes: [UInt8](repeating: 9, count: 16)))
+        defer { store.closeAll() }
+        let db = try store.create("bench")
+        for field in ["email", "age"] { _ = try db.write { tx in try tx.createIndex(collection: "c", fields: [field], name: nil) } }
+        let raw = try Baselines.indexedTable(dir, "bcommit", indexedFields: ["email", "age"])
+        defer { try? raw.close() }
+        let ids = Baselines.ids(count)
+        func micros(_ body: () throws -> Void) rethrows -> Double {
+            let start = DispatchTime.now().uptimeNanoseconds
+            try body()
+            return Double(DispatchTime.now().uptimeNanoseconds - start) / 1000
+        }
+        var (ours, plain): ([Double], [Double]) = ([], [])
+        for i in 0..<count {
+            ours.append(try micros { _ = try db.apply(.insert(collection: "c", doc: docs[i])) })
+            plain.append(
+                try micros {
+                    try raw.write { db in
+                        try db.cachedStatement(sql: "INSERT INTO t(collection, id, body) VALUES (?, ?, ?)").execute(
+                            arguments: ["c", ids[i], texts[i]])
+                    }
+                })
+        }
+        return [
+            Result(name: "B_commit", unit: "µs", samples: plain, better: "lower", note: "raw SQLite, 1 row per fsync'd tx"),
+            Result(
+                name: "W1.commit", unit: "µs", samples: ours, better: "lower", baseline: "B_commit",
+                note: "in process, 2 indexed fields", latencyRatio: true),
+        ]
+    }
+
     /// RSS: a daemon alone in a child process is loaded with `documents` documents through `tx.commit` (1,000 per
     /// request), then serves 1,000 random reads; reports its resident memory then and at its peak.
     static func residentMemory(dir: String, documents: Int) throws -> Result {

@@ -330,6 +330,11 @@ func install(_ snapshot: SealedSnapshot, into replica: SyncReplica, key: SpaceKe
         #expect(report.applied == 2)
         #expect(try d.db.get(collection: "c", id: "offline")["by"] == "d")
         #expect(try d.db.get(collection: "c", id: "d0")["hits"] == .int(3))
+        // The install rewrote the versions: D's next change follows its own last one.
+        #expect(try d.db.committedVersionsMatchTheTable())
+        let own = try d.db.versionVector()[d.db.node]
+        _ = try d.db.apply(.put(collection: "c", id: "after", doc: ["by": "d"]))
+        #expect(try d.db.versionVector()[d.db.node] == own + 1 && d.db.committedVersionsMatchTheTable())
         try pull(a, from: d, key: key)
         #expect(try a.db.stateHash() == d.db.stateHash())
         #expect(try a.db.versionVector() == d.db.versionVector())

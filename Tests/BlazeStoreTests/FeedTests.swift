@@ -340,6 +340,26 @@ func summary(_ entries: [FeedEntry]) -> [String] {
         #expect(reopened.feed.floor == 403 && reopened.feed.lastSequence == 404)
     }
 
+    /// The floor moves by whole feed rows, so a bulk change's row holds it until the retention has passed that row:
+    /// the first search that finds nothing to prune records when one can, and none is tried before then.
+    @Test func aBulkRowHoldsTheFloorUntilTheRetentionPassesIt() throws {
+        var limits = StoreLimits()
+        limits.feedRetention = 100
+        let t = try TempStore(limits: limits)
+        let db = try t.store.create("f")
+        _ = try db.commit((0..<1000).map { i in .insert(collection: "c", doc: ["_id": .string("b\(i)")]) })
+        for i in 0..<99 { _ = try db.apply(.put(collection: "c", id: "s\(i)", doc: [:])) }
+        // 1,099 events: pruning was due (past the retention and a step) but the bulk row ends at 1,000 > 999.
+        #expect(db.feed.floor == 0)
+        #expect(db.feedPruneNotBefore.withLock { $0 } == 1100)
+        _ = try db.apply(.put(collection: "c", id: "s99", doc: [:]))
+        #expect(db.feed.floor == 1)
+        #expect(try db.feedEntries(after: 1, limit: 1_000).count == 100)
+        // From then on single changes prune a step at a time, keeping the retention.
+        for i in 100..<500 { _ = try db.apply(.put(collection: "c", id: "s\(i)", doc: [:])) }
+        #expect(db.feed.floor >= 501 - 100 - ChangeFeedTests.pruneStep && db.feed.floor <= 401)
+    }
+
     @Test func droppingTheDatabaseEndsItsFeed() throws {
         let t = try TempStore()
         let db = try t.store.create("f")

@@ -115,4 +115,43 @@ import Testing
         #expect(db.groupCommitCounts.writes == total)
         #expect(try db.feedEntries(after: 0, limit: total, maxEvents: total).count == total)
     }
+
+    /// The version vector local writes start from is kept in memory: after every kind of write it is the table's, and
+    /// the next local change takes the next sequence (a vector ahead of the table would leave a gap peers wait on).
+    @Test func theCommittedVersionVectorFollowsEveryKindOfWrite() throws {
+        let t = try TempStore()
+        let db = try t.store.create("g")
+        #expect(try db.committedVersionsMatchTheTable())
+        _ = try db.apply(.insert(collection: "c", doc: ["_id": "a"]))
+        _ = try db.commit([.insert(collection: "c", doc: ["_id": "b"]), .put(collection: "c", id: "c", doc: [:])])
+        #expect(try db.committedVersionsMatchTheTable())
+        // A group whose middle write fails and is rolled back to its savepoint.
+        let results = Self.submitTogether(
+            db, [.put(collection: "c", id: "d", doc: [:]), .insert(collection: "c", doc: ["_id": "a"]), .put(collection: "c", id: "e", doc: [:])])
+        #expect(results.map { (try? $0.get()) != nil } == [true, false, true])
+        #expect(try db.committedVersionsMatchTheTable())
+        // Alone, a refused write leaves it as it was.
+        #expect(throws: StoreError.self) { try db.apply(.insert(collection: "c", doc: ["_id": "a"])) }
+        #expect(try db.committedVersionsMatchTheTable())
+        // Changes of another replica.
+        let other = try TempStore()
+        let remote = try other.store.create("g")
+        for i in 0..<3 { _ = try remote.apply(.put(collection: "r", id: "x\(i)", doc: ["i": .int(Int64(i))])) }
+        _ = try db.receive(try remote.changes(since: VersionVector()))
+        #expect(try db.committedVersionsMatchTheTable())
+        #expect(try db.versionVector()[remote.node] == 3)
+        _ = try db.apply(.put(collection: "c", id: "f", doc: [:]))
+        #expect(try db.changes(since: VersionVector()).filter { $0.origin == db.node }.map(\.seq) == Array(1...5))
+        #expect(try db.committedVersionsMatchTheTable())
+    }
+}
+
+extension BlazeDatabase {
+    /// Whether the in-memory committed version vector is the `versions` table's.
+    func committedVersionsMatchTheTable() throws -> Bool {
+        try pool.writeWithoutTransaction { db in
+            let table = try Row.fetchAll(db, sql: "SELECT origin, seq FROM versions").map { (NodeID(hex: $0[0])!, UInt64($0[1] as Int64)) }
+            return try committedVersions.value(db) == VersionVector(Dictionary(uniqueKeysWithValues: table))
+        }
+    }
 }
