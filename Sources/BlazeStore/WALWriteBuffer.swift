@@ -22,8 +22,11 @@ enum WALWriteBuffer {
     /// check the buffering against).
     static let gathered = Atomic<Int>(0)
 
-    /// Bytes a WAL file's buffer holds before it is written out (a 500-document transaction is about this).
-    static let capacity = 1 << 20
+    /// Bytes a WAL file's buffer holds at most before it is written out. It starts at `chunk` and doubles as commits
+    /// need (a single write is about ten 4 KiB frames; a group commit of eight, or a bulk transaction, more): each
+    /// open database's writer keeps its buffer. Beyond this the gain is nil, the default VFS taking under 128 KiB
+    /// per call anyway.
+    static let capacity = 1 << 18
 
     /// Installs the VFS as the default, once per process; returns whether it is installed.
     @discardableResult
@@ -77,8 +80,13 @@ enum WALWriteBuffer {
     final class Buffer {
         /// Whether writes are buffered (`enable(on:)`); off, every call passes through.
         var enabled = false
+        /// `size` bytes, allocated at the first buffered write (a connection that only reads has none).
         var bytes: UnsafeMutableRawPointer?
+        /// The allocated size of `bytes`: from `chunk` up to `capacity`.
+        var size = 0
+        /// Bytes held, not yet written.
         var count = 0
+        /// The file offset the first held byte belongs at.
         var start: Int64 = 0
 
         deinit { bytes?.deallocate() }
@@ -158,6 +166,14 @@ enum WALWriteBuffer {
                 return SQLITE_OK
             }
             if b.count > 0, offset == end, b.count + n <= capacity {
+                if b.count + n > b.size {
+                    // Grow (by doubling, up to `capacity`), keeping what is held.
+                    let size = min(capacity, max(b.size * 2, b.count + n))
+                    let grown = UnsafeMutableRawPointer.allocate(byteCount: size, alignment: 16)
+                    grown.copyMemory(from: b.bytes!, byteCount: b.count)
+                    b.bytes!.deallocate()
+                    (b.bytes, b.size) = (grown, size)
+                }
                 (b.bytes! + b.count).copyMemory(from: data, byteCount: n)
                 b.count += n
                 gathered.add(1, ordering: .relaxed)
@@ -166,7 +182,7 @@ enum WALWriteBuffer {
             let rc = flush(file)
             guard rc == SQLITE_OK else { return rc }
             guard n <= chunk else { return innerMethods(file).xWrite!(wrapped(file), data, amount, offset) }
-            if b.bytes == nil { b.bytes = UnsafeMutableRawPointer.allocate(byteCount: capacity, alignment: 16) }
+            if b.bytes == nil { (b.bytes, b.size) = (UnsafeMutableRawPointer.allocate(byteCount: chunk, alignment: 16), chunk) }
             b.bytes!.copyMemory(from: data, byteCount: n)
             (b.start, b.count) = (offset, n)
             return SQLITE_OK
