@@ -248,19 +248,24 @@ extension BlazeDatabase {
                 guard let before = try Data.fetchOne(held, arguments: [o, Int64(firstSeq - 1)]), Array(before) == firstPrev
                 else { throw SyncLogConflict.brokenChain }
             }
+            // One statement per entry: the insert is ignored when the entry is held already, and only then is the
+            // held one read (the same entry, or evidence of a fork).
+            let insert = try RawStatement(
+                db, "INSERT INTO sync_entries(origin, seq, hash, bytes) VALUES (?1, ?2, ?3, ?4) ON CONFLICT DO NOTHING")
+            let originBlob = Blob(bytes: origin.bytes)
             for (i, (entry, change)) in zip(entries, changes).enumerated() {
                 if let pruned, entry.seq <= pruned.seq {
                     // Held once and pruned since: its change is applied.
                     outcome.duplicates += 1
                     continue
                 }
-                if let existing = try Data.fetchOne(held, arguments: [o, Int64(entry.seq)]) {
-                    guard Array(existing) == entry.hash else { throw SyncLogConflict.fork }
+                if try insert.run(originBlob, Int64(entry.seq), Blob(bytes: entry.hash), Blob(bytes: entry.bytes)) == 0 {
+                    guard let existing = try Data.fetchOne(held, arguments: [o, Int64(entry.seq)]),
+                        Array(existing) == entry.hash
+                    else { throw SyncLogConflict.fork }
                     outcome.duplicates += 1
                     continue
                 }
-                try db.cachedStatement(sql: "INSERT INTO sync_entries(origin, seq, hash, bytes) VALUES (?, ?, ?, ?)")
-                    .execute(arguments: [o, Int64(entry.seq), Data(entry.hash), Data(entry.bytes)])
                 outcome.stored += 1
                 fresh.append(change)
                 if let texts { freshTexts[ChangeID(change)] = texts[i] }

@@ -37,6 +37,23 @@ extension Int64: RawArgument {
     }
 }
 
+/// Bytes bound as a BLOB (a `[UInt8]` binds as text).
+struct Blob: RawArgument {
+    let bytes: [UInt8]
+
+    func withBinding<R>(_ statement: SQLiteStatement, _ index: Int32, _ body: () throws -> R) rethrows -> R {
+        guard !bytes.isEmpty else {
+            // A null pointer would bind NULL; an empty BLOB is a zero-length one.
+            sqlite3_bind_zeroblob(statement, index, 0)
+            return try body()
+        }
+        return try bytes.withUnsafeBytes { raw in
+            sqlite3_bind_blob(statement, index, raw.baseAddress, Int32(raw.count), unmanaged)
+            return try body()
+        }
+    }
+}
+
 /// A cached statement of the write path run through SQLite's C API, for the statements executed once per document
 /// (and the op log's insert, once per change).
 ///

@@ -52,6 +52,9 @@ func pull(_ to: SyncReplica, from: SyncReplica, key: SpaceKey, maxEntries: Int =
         let hashes = try [a, b, c].map { try $0.db.stateHash() }
         let documents = try c.db.summary().documents
         #expect(Set(hashes).count == 1 && documents == 55)
+        // Received entries are stored as sealed locally ones are: origin, hash and bytes as BLOBs.
+        let types = try c.db.read { try String.fetchAll($0, sql: "SELECT DISTINCT typeof(origin) || typeof(hash) || typeof(bytes) FROM sync_entries") }
+        #expect(types == ["blobblobblob"])
         // Nothing is left to send, and sealing again seals nothing.
         #expect(try pull(b, from: a, key: key) == 0)
         #expect(try a.db.sealLocal(key: key, identity: a.identity) == 0)
