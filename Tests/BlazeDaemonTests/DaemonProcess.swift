@@ -54,7 +54,10 @@ final class DaemonProcess: @unchecked Sendable {
         process.standardOutput = FileHandle.nullDevice
         pipe.fileHandleForReading.readabilityHandler = { [weak self] handle in
             let data = handle.availableData
-            guard let self, !data.isEmpty else { return }
+            // At end of file the source is cancelled here, before the pipe's descriptor is closed: a dispatch source
+            // left on a closed descriptor can crash libdispatch's event loop.
+            guard !data.isEmpty else { return handle.readabilityHandler = nil }
+            guard let self else { return }
             let text = String(decoding: data, as: UTF8.self)
             let all = self.log.withLock { $0 += text; return $0 }
             if all.contains("Listening") || all.contains("blazed: ") {
