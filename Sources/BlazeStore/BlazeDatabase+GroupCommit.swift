@@ -32,7 +32,7 @@ extension BlazeDatabase {
 
     /// Runs `op` on the calling thread when no group commit is queued or running (one caller alone pays no thread
     /// hop); nil when one is, and then the caller joins the queue. Writes that arrive meanwhile form the next group.
-    public func commitAlone(_ op: WriteOp) -> Result<WriteResult, any Error>? {
+    func commitAlone(_ op: WriteOp) -> Result<WriteResult, any Error>? {
         let alone = pendingWrites.withLock { state -> Bool in
             guard !state.scheduled, state.queue.isEmpty else { return false }
             state.scheduled = true

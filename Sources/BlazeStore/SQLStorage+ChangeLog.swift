@@ -13,13 +13,18 @@ final class CommittedVersions: Sendable {
     /// known.
     func value(_ db: Database) throws -> VersionVector {
         if let known = vector.withLock({ $0 }) { return known }
+        let read = VersionVector(try Self.table(db))
+        vector.withLock { $0 = read }
+        return read
+    }
+
+    /// The `versions` table as `db` sees it.
+    static func table(_ db: Database) throws -> [NodeID: UInt64] {
         var e: [NodeID: UInt64] = [:]
         for row in try Row.fetchAll(db.cachedStatement(sql: "SELECT origin, seq FROM versions")) {
             if let id = NodeID(hex: row[0]) { e[id] = UInt64(row[1] as Int64) }
         }
-        let read = VersionVector(e)
-        vector.withLock { $0 = read }
-        return read
+        return e
     }
 
     /// Raises each origin's entry to at least `versions`'s (nothing while the vector is not known).
@@ -55,9 +60,7 @@ extension SQLStorage {
             e = startVersions.entries
             for (origin, seq) in flushedVersions { e[origin] = max(e[origin] ?? 0, seq) }
         } else {
-            for row in try Row.fetchAll(db.cachedStatement(sql: "SELECT origin, seq FROM versions")) {
-                if let id = NodeID(hex: row[0]) { e[id] = UInt64(row[1] as Int64) }
-            }
+            e = try CommittedVersions.table(db)
         }
         for (origin, seq) in recordedVersions { e[origin] = max(e[origin] ?? 0, seq) }
         return VersionVector(e)
