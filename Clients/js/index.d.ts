@@ -118,7 +118,7 @@ export type DocGetManyResult = { "docs": Array<Document | null> };
 export interface DocPutParams { "db": DatabaseName; "collection": CollectionName; "doc": DocumentInput; "id"?: DocumentId }
 /** Result of `doc.put`. */
 export type DocPutResult = { "id": DocumentId; "created": boolean };
-/** Parameters of `doc.patch`: Edits top-level fields: set, unset, counter incr, set add/remove. */
+/** Parameters of `doc.patch`: Edits fields, top-level or nested by dotted path: set, unset, counter incr, set add/remove. */
 export interface DocPatchParams { "db": DatabaseName; "collection": CollectionName; "id": DocumentId; "set"?: Record<string, unknown>; "unset"?: Array<string>; "incr"?: Record<string, number>; "add"?: Record<string, Array<unknown>>; "remove"?: Record<string, Array<unknown>> }
 /** Result of `doc.patch`. */
 export type DocPatchResult = { "id": DocumentId };

@@ -136,10 +136,14 @@ public struct FieldState: Hashable, Sendable {
         if lastSetOp.map({ $0 < stamp }) ?? true { lastSetOp = stamp }
     }
 
-    mutating func remove(_ element: JSONValue, stamp: Stamp, in change: Change, at index: Int) {
+    /// Applies a set removal. `inherited` is the write of an enclosing object that shows through a nested field
+    /// without a write of its own (its stamp, and its value at this field's path).
+    mutating func remove(
+        _ element: JSONValue, stamp: Stamp, in change: Change, at index: Int, inherited: FieldWrite? = nil
+    ) {
         let text = element.jsonText
         additions.removeAll { $0.value.jsonText == text && change.observes($0.stamp.dot, at: index) }
-        if let w = winner, change.observes(w.stamp.dot, at: index), case .array(let items)? = w.value,
+        if let w = winner ?? inherited, change.observes(w.stamp.dot, at: index), case .array(let items)? = w.value,
             items.contains(where: { $0.jsonText == text })
         {
             removedFromWinner.insert(text)
@@ -153,9 +157,30 @@ public struct FieldState: Hashable, Sendable {
         tags.insert(tag, at: at)
     }
 
+    /// Drops every part older than `stamp`: a write of an enclosing object at `stamp` hides them (SYNC.md §2,
+    /// "Nested fields"). Hidden set elements refer to the write the field showed, so they go unless the field's own
+    /// winner stays.
+    mutating func drop(before stamp: Stamp) {
+        if let w = winner, w.stamp < stamp {
+            winner = nil
+            if boxed != nil { removedFromWinner = [] }
+        } else if winner == nil, boxed != nil {
+            removedFromWinner = []
+        }
+        guard boxed != nil else { return }
+        increments.removeAll { $0.stamp < stamp }
+        additions.removeAll { $0.stamp < stamp }
+        if let s = lastSetOp, s < stamp { lastSetOp = nil }
+        losers.removeAll { $0.stamp < stamp }
+    }
+
     /// The field's value, or nil when absent (see Protocol/SYNC.md, "Materialization").
-    public var value: JSONValue? {
-        let base = winner?.value
+    public var value: JSONValue? { value(inherited: nil) }
+
+    /// The field's value when a nested field without a write of its own shows `inherited` (the value at its path in
+    /// the enclosing object's write) as its base.
+    public func value(inherited: JSONValue?) -> JSONValue? {
+        let base = winner != nil ? winner!.value : inherited
         guard boxed != nil else { return base }
         if lastSetOp != nil || !additions.isEmpty || !removedFromWinner.isEmpty {
             var elements: [String: JSONValue] = [:]
@@ -239,8 +264,11 @@ public struct DocumentState: Hashable, Sendable {
             if let l = latest, l != s { distinct = true }
             if latest.map({ $0 < s }) ?? true { latest = s }
         }
+        guard let latest else { return nil }
+        // Nested fields fold into their top-level objects: the document's values, each written at `latest`.
+        if hasPaths { return DocumentState(cl: cl, fields: valuesWithPaths().mapValues { .plain(latest, $0) }) }
         let unset = fields.values.contains { $0.winner?.value == nil }
-        guard let latest, distinct || unset else { return nil }
+        guard distinct || unset else { return nil }
         return DocumentState(cl: cl, fields: fields.compactMapValues { f in f.winner!.value.map { .plain(latest, $0) } })
     }
 
@@ -301,6 +329,10 @@ public struct DocumentState: Hashable, Sendable {
             fields = [:]
         }
         let stamp = change.stamp(index)
+        if op.hasPaths || hasPaths {
+            applyWithPaths(op, change: change, index: index, stamp: stamp)
+            return
+        }
         for (name, value) in op.set { fields[name, default: FieldState()].write(FieldWrite(stamp: stamp, value: value), in: change, at: index) }
         for name in op.unset { fields[name, default: FieldState()].write(FieldWrite(stamp: stamp, value: nil), in: change, at: index) }
         for (name, delta) in op.incr { fields[name, default: FieldState()].increment(delta, stamp: stamp) }
@@ -324,7 +356,142 @@ public struct DocumentState: Hashable, Sendable {
         guard isAlive else { return nil }
         var doc = [String: JSONValue](minimumCapacity: fields.count + 1)
         doc["_id"] = .string(id)
+        if hasPaths {
+            for (name, v) in valuesWithPaths() { doc[name] = v }
+            return doc
+        }
         for (name, state) in fields { if let v = state.value { doc[name] = v } }
         return doc
+    }
+}
+
+/// Dotted field paths (`address.city`): a state keys nested fields by their path (field names hold no `.`).
+public enum NestedPath {
+    /// True when `name` is the path of a nested field rather than a top-level name.
+    @inlinable
+    public static func isNested(_ name: String) -> Bool { name.utf8.contains(UInt8(ascii: ".")) }
+
+    /// The paths of `path`'s enclosing objects, outermost first (`a.b.c`: `a`, `a.b`).
+    public static func ancestors(_ path: String) -> [String] {
+        var out: [String] = []
+        let utf8 = path.utf8
+        var i = utf8.startIndex
+        while i != utf8.endIndex {
+            if utf8[i] == UInt8(ascii: ".") { out.append(String(path[..<i])) }
+            i = utf8.index(after: i)
+        }
+        return out
+    }
+
+    /// True when `path` lies inside the object at `ancestor` (`a.b` inside `a`, not `ab`).
+    static func isInside(_ path: String, _ ancestor: String) -> Bool {
+        let (p, a) = (path.utf8, ancestor.utf8)
+        guard p.count > a.count, p.starts(with: a) else { return false }
+        return p[p.index(p.startIndex, offsetBy: a.count)] == UInt8(ascii: ".")
+    }
+
+    /// The segments of `path` after its first `count` ones.
+    static func segments(of path: String, droppingFirst count: Int) -> ArraySlice<Substring> {
+        path.split(separator: ".", omittingEmptySubsequences: false).dropFirst(count)
+    }
+}
+
+extension DocOp {
+    /// True when some edit addresses a nested field by its path.
+    public var hasPaths: Bool {
+        self.set.keys.contains(where: NestedPath.isNested) || unset.contains(where: NestedPath.isNested)
+            || incr.keys.contains(where: NestedPath.isNested) || add.keys.contains(where: NestedPath.isNested)
+            || remove.keys.contains(where: NestedPath.isNested)
+    }
+}
+
+extension DocumentState {
+    /// True when some field state is a nested field's.
+    public var hasPaths: Bool { fields.keys.contains(where: NestedPath.isNested) }
+
+    /// The largest stamp of a write to an object enclosing `path`: parts of `path` older than it are hidden.
+    func cover(_ path: String) -> Stamp? {
+        var out: Stamp?
+        for a in NestedPath.ancestors(path) {
+            if let s = fields[a]?.winner?.stamp, out.map({ $0 < s }) ?? true { out = s }
+        }
+        return out
+    }
+
+    /// The write a nested field shows through when it has none of its own: the innermost enclosing write, its value
+    /// taken at `path` (nil where that value has no such member).
+    func inheritedWrite(_ path: String) -> FieldWrite? {
+        let ancestors = NestedPath.ancestors(path)
+        for (depth, a) in ancestors.enumerated().reversed() {
+            guard let w = fields[a]?.winner else { continue }
+            var value = w.value
+            for segment in NestedPath.segments(of: path, droppingFirst: depth + 1) {
+                value = value?.objectValue?[String(segment)]
+            }
+            return FieldWrite(stamp: w.stamp, value: value)
+        }
+        return nil
+    }
+
+    /// Applies an op to a state where nested paths are involved (SYNC.md §2, "Nested fields"): a write to a path
+    /// hides everything older inside it, and an edit older than a write enclosing its path is hidden at once, so the
+    /// state holds no part older than the writes around it, whatever the order concurrent ops arrive in.
+    mutating func applyWithPaths(_ op: DocOp, change: Change, index: Int, stamp: Stamp) {
+        func hidden(_ name: String) -> Bool { cover(name).map { stamp < $0 } ?? false }
+        func write(_ name: String, _ value: JSONValue?) {
+            guard !hidden(name) else { return }
+            fields[name, default: FieldState()].write(FieldWrite(stamp: stamp, value: value), in: change, at: index)
+            guard let s = fields[name]?.winner?.stamp else { return }
+            for key in fields.keys where NestedPath.isInside(key, name) { fields[key]!.drop(before: s) }
+        }
+        for (name, value) in op.set { write(name, value) }
+        for name in op.unset { write(name, nil) }
+        for (name, delta) in op.incr where !hidden(name) { fields[name, default: FieldState()].increment(delta, stamp: stamp) }
+        for (name, elements) in op.add where !hidden(name) {
+            for e in elements { fields[name, default: FieldState()].add(e, stamp: stamp) }
+        }
+        for (name, elements) in op.remove where !hidden(name) {
+            let inherited = fields[name]?.winner == nil ? inheritedWrite(name) : nil
+            for e in elements {
+                fields[name, default: FieldState()].remove(e, stamp: stamp, in: change, at: index, inherited: inherited)
+            }
+        }
+        if fields.values.contains(where: \.isEmpty) { fields = fields.filter { !$0.value.isEmpty } }
+    }
+
+    /// The top-level values of a state with nested fields: each object built from its own write (or the one it shows
+    /// through) with its nested fields' values on top. A nested field that has a value makes its enclosing path an
+    /// object (replacing a non-object written earlier); one that is absent removes its member.
+    func valuesWithPaths() -> [String: JSONValue] {
+        // Each path's direct children, the root's under "" (paths with no state of their own included).
+        var children: [String: [String]] = [:]
+        var known: Set<String> = []
+        for name in fields.keys {
+            var path = name
+            while known.insert(path).inserted {
+                let parent = NestedPath.ancestors(path).last ?? ""
+                children[parent, default: []].append(path)
+                if parent.isEmpty { break }
+                path = parent
+            }
+        }
+        func value(_ path: String, inherited: JSONValue?) -> JSONValue? {
+            let base = fields[path].map { $0.value(inherited: inherited) } ?? inherited
+            guard let kids = children[path] else { return base }
+            var members = base?.objectValue
+            for kid in kids {
+                let segment = String(decoding: kid.utf8.dropFirst(path.utf8.count + 1), as: UTF8.self)
+                if let v = value(kid, inherited: members?[segment]) {
+                    members = members ?? [:]
+                    members![segment] = v
+                } else {
+                    members?[segment] = nil
+                }
+            }
+            return members.map(JSONValue.object) ?? base
+        }
+        var out: [String: JSONValue] = [:]
+        for top in children[""] ?? [] { out[top] = value(top, inherited: nil) }
+        return out
     }
 }

@@ -89,6 +89,10 @@ extension DocumentState {
 
     /// `compactJSON(coding).jsonText`, written directly.
     public func compactText(_ coding: StampCoding) -> String {
+        if hasPaths {
+            return Self.writeCompact(
+                cl: cl, spelled: fields.map { ($0.key, $0.value) }, common: nil, unset: [], selfContained: true, coding)
+        }
         let common = commonStamp
         var full: [(name: String, state: FieldState)] = []
         var unset: [String] = []
@@ -108,13 +112,19 @@ extension DocumentState {
     /// stamp, `u` lists such fields that were unset, and the values of the others are read back from the
     /// materialized body. After a plain insert the state is `{"l": cl, "t": stamp}`. In a live document, the other
     /// plain writes are grouped by stamp, `p: [[stamp, [names]]]`, their values read from the body too (a name the
-    /// body lacks was unset); the rest are spelled out in `f`.
+    /// body lacks was unset); the rest are spelled out in `f`. A state with nested fields (whose values the body
+    /// holds only inside their objects) spells every field out in `f`, and says so with `"n": 1`.
     public var compactJSON: JSONValue { compactJSON(.hex) }
 
     /// `compactJSON`, origins as `coding` writes them.
     public func compactJSON(_ coding: StampCoding) -> JSONValue {
-        let common = commonStamp
         var o: [String: JSONValue] = ["l": .int(cl)]
+        if hasPaths {
+            o["f"] = .object(fields.mapValues { $0.jsonValue(coding) })
+            o["n"] = 1
+            return .object(o)
+        }
+        let common = commonStamp
         var full: [String: JSONValue] = [:]
         var unset: [String] = []
         var groups: [Stamp: [String]] = [:]
@@ -146,6 +156,14 @@ extension DocumentState {
         }
         var fields = [String: FieldState](minimumCapacity: body?.count ?? 0)
         for (k, v) in json["f"]?.objectValue ?? [:] { fields[k] = try FieldState(json: v, coding) }
+        if json["n"] != nil {
+            // Self-contained (nested fields): nothing is read from the body.
+            guard json["p"] == nil, json["t"] == nil, json["u"] == nil else {
+                throw CRDTDecodingError("malformed document state")
+            }
+            self.init(cl: cl, fields: fields)
+            return
+        }
         for group in json["p"]?.arrayValue ?? [] {
             guard case .array(let g) = group, g.count == 2, let s = Stamp(json: g[0], coding), case .array(let names) = g[1]
             else { throw CRDTDecodingError("malformed plain-write group") }
@@ -185,7 +203,9 @@ extension DocumentState {
         compact: JSONValue, fieldCount: Int, hasField: (String) -> Bool, body: () -> [String: JSONValue]?,
         writes: [String: JSONValue?], stamp: Stamp, _ coding: StampCoding = .hex
     ) -> String? {
-        guard case .object(let o) = compact, case .int(let cl)? = o["l"], cl % 2 == 1 else { return nil }
+        guard case .object(let o) = compact, case .int(let cl)? = o["l"], cl % 2 == 1, o["n"] == nil,
+            !writes.keys.contains(where: NestedPath.isNested)
+        else { return nil }
         var common: Stamp?
         if let t = o["t"] {
             guard let s = Stamp(json: t, coding), s < stamp else { return nil }
@@ -274,8 +294,10 @@ extension DocumentState {
 
     /// The compact text of a state: `spelled` the fields not written at `common` alone, `unset` the names written
     /// absent at `common` (see `compactJSON`).
+    /// `selfContained`: every field is in `spelled` with its values (`"n": 1`), none is read from the body.
     private static func writeCompact(
-        cl: Int64, spelled: [(name: String, state: FieldState)], common: Stamp?, unset: [String], _ coding: StampCoding
+        cl: Int64, spelled: [(name: String, state: FieldState)], common: Stamp?, unset: [String],
+        selfContained: Bool = false, _ coding: StampCoding
     ) -> String {
         var out: [UInt8] = []
         out.reserveCapacity(64 + 96 * spelled.count)
@@ -283,7 +305,7 @@ extension DocumentState {
         // A live document's plain writes take their values from its body: only their stamps are written, grouped.
         var groups: [(stamp: Stamp, names: [String])] = []
         var spelled = spelled
-        if cl % 2 == 1 {
+        if cl % 2 == 1 && !selfContained {
             spelled.removeAll { m in
                 guard m.state.isPlainWrite, let s = m.state.winner?.stamp else { return false }
                 if let i = groups.firstIndex(where: { $0.stamp == s }) { groups[i].names.append(m.name) } else { groups.append((s, [m.name])) }
@@ -313,6 +335,7 @@ extension DocumentState {
         }
         out.append(contentsOf: #""l":"#.utf8)
         JSONValue.writeInt(cl, to: &out)
+        if selfContained { out.append(contentsOf: #","n":1"#.utf8) }
         if !groups.isEmpty {
             out.append(contentsOf: #","p":["#.utf8)
             for (i, g) in groups.sorted(by: { $0.stamp < $1.stamp }).enumerated() {

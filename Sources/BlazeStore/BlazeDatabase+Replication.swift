@@ -65,7 +65,7 @@ extension BlazeDatabase {
                     try Names.validateCollection(d.key.collection)
                     try Names.validateID(d.key.id)
                     let names = Array(d.set.keys) + d.unset + Array(d.incr.keys) + Array(d.add.keys) + Array(d.remove.keys)
-                    for f in names { try Names.validateFieldName(f) }
+                    for f in names { try Names.validateFieldPath(f) }
                 case .delete(let key, let cl):
                     guard cl > 0, cl % 2 == 0 else {
                         throw StoreError.invalid("invalid_change", "a delete needs an even causal length, got \(cl)")
@@ -174,7 +174,7 @@ public struct ConflictInfo: Sendable {
     public var collection: String
     /// Document id.
     public var id: String
-    /// Top-level field name.
+    /// Field name, or the dotted path of a nested field.
     public var field: String
     /// The field's current value (nil: absent).
     public var value: JSONValue?

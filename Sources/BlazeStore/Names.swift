@@ -1,3 +1,4 @@
+import BlazeCRDT
 import BlazeProtocol
 
 /// Validation rules for names and identifiers; messages state the rule so users can fix their input.
@@ -55,7 +56,8 @@ public enum Names {
         }
     }
 
-    /// Top-level field names written by clients: non-empty and not starting with `_` (reserved).
+    /// Top-level field names written by clients: non-empty, not starting with `_` (reserved) and without `.` (it
+    /// separates the segments of a field path).
     ///
     /// `WriteTransaction.scanNames` finds the names this rejects in its one pass over a document without calling it
     /// for each name: a new rule here must be added there too (`rejectsInvalidDocuments` covers both).
@@ -65,6 +67,29 @@ public enum Names {
         guard let first = name.utf8.first else { throw .invalid("invalid_field", "field names must not be empty") }
         guard first != UInt8(ascii: "_") else {
             throw .invalid("reserved_field", "field names starting with '_' are reserved (got \(quoted(name)))")
+        }
+        guard !NestedPath.isNested(name) else {
+            throw .invalid(
+                "invalid_field", "field names may not contain '.', which separates the segments of a path (got \(quoted(name)))")
+        }
+    }
+
+    /// Most segments a field path written by a patch may have.
+    public static let maxPathSegments = 32
+
+    /// A field a patch (or a remote change) edits: a top-level name, or the dotted path of a nested field
+    /// (`address.city`) whose first segment is a valid field name and whose segments are non-empty.
+    public static func validateFieldPath(_ path: String) throws(StoreError) {
+        guard NestedPath.isNested(path) else { return try validateFieldName(path) }
+        let segments = path.split(separator: ".", omittingEmptySubsequences: false)
+        guard segments.allSatisfy({ !$0.isEmpty }) else {
+            throw .invalid("invalid_path", "field path \(quoted(path)) must be non-empty segments joined by '.'")
+        }
+        guard segments.count <= maxPathSegments else {
+            throw .invalid("invalid_path", "field path \(quoted(path)) has more than \(maxPathSegments) segments")
+        }
+        guard segments[0].utf8.first != UInt8(ascii: "_") else {
+            throw .invalid("reserved_field", "field names starting with '_' are reserved (got \(quoted(path)))")
         }
     }
 

@@ -9,7 +9,8 @@ public enum WriteOp: Sendable, Equatable {
     case insert(collection: String, doc: [String: JSONValue])
     /// Create or fully replace the document with this id.
     case put(collection: String, id: String, doc: [String: JSONValue])
-    /// Edit top-level fields of an existing document: LWW set/unset, counter increments, set add/remove.
+    /// Edit fields of an existing document, top-level names or dotted paths of nested fields: LWW set/unset, counter
+    /// increments, set add/remove.
     case patch(
         collection: String, id: String, set: [String: JSONValue] = [:], unset: [String] = [],
         incr: [String: JSONValue] = [:], add: [String: [JSONValue]] = [:], remove: [String: [JSONValue]] = [:])
@@ -143,10 +144,14 @@ public final class WriteTransaction {
                 record { Change.writeOp(.doc(DocOp(key: key, cl: cl, set: set, unset: unset)), to: &$0) }
                 return WriteResult(id: id)
             }
+            let current = try storage.document(key)
             guard
-                let edit = LocalEdit.patch(
-                    key, current: try storage.document(key), set: set, unset: unset, incr: incr, add: add, remove: remove)
+                let edit = LocalEdit.patch(key, current: current, set: set, unset: unset, incr: incr, add: add, remove: remove)
             else { throw notFound(collection, id) }
+            if edit.hasPaths, let doc = current?.materialize(id: id) {
+                try Self.checkPathsReach(
+                    Array(set.keys) + unset + Array(incr.keys) + Array(add.keys) + Array(remove.keys), in: doc)
+            }
             try emit(.doc(edit))
             return WriteResult(id: id)
 
@@ -171,7 +176,7 @@ public final class WriteTransaction {
     }
 
     /// One pass over a document's member names: the value of its `_id` member, if any, and a name other than `_id`
-    /// that `Names.validateFieldName` rejects (empty, or starting with `_`), if any.
+    /// that `Names.validateFieldName` rejects (empty, starting with `_`, or holding `.`), if any.
     static func scanNames(_ doc: [String: JSONValue]) -> (id: JSONValue?, invalid: String?) {
         var id: JSONValue?
         var invalid: String?
@@ -179,7 +184,8 @@ public final class WriteTransaction {
         while i != doc.endIndex {
             let name = doc.keys[i]
             if let first = name.utf8.first, first != UInt8(ascii: "_") {
-                // The common case: an ordinary field name.
+                // The common case: an ordinary field name (unless it holds a path separator).
+                if name.utf8.contains(UInt8(ascii: ".")) { invalid = name }
             } else if utf8Equal(name, "_id") {
                 id = doc.values[i]
             } else {
@@ -196,7 +202,12 @@ public final class WriteTransaction {
     ) throws {
         // The common patch only sets fields: names need checking, and cannot repeat.
         if unset.isEmpty && incr.isEmpty && add.isEmpty && remove.isEmpty && !set.isEmpty {
-            for name in set.keys { try Names.validateFieldName(name) }
+            var nested = false
+            for name in set.keys {
+                try Names.validateFieldPath(name)
+                if NestedPath.isNested(name) { nested = true }
+            }
+            if nested { try Self.checkOverlaps(Set(set.keys)) }
             return
         }
         var seen: [String: String] = [:]
@@ -206,7 +217,7 @@ public final class WriteTransaction {
         ]
         for (group, names) in groups {
             for name in names {
-                try Names.validateFieldName(name)
+                try Names.validateFieldPath(name)
                 if let other = seen[name] {
                     throw StoreError.invalid(
                         "invalid_patch", "field \(Names.quoted(name)) appears in both \(other) and \(group)")
@@ -215,11 +226,41 @@ public final class WriteTransaction {
             }
         }
         if seen.isEmpty { throw StoreError.invalid("invalid_patch", "a patch needs set, unset, incr, add or remove") }
+        try Self.checkOverlaps(Set(seen.keys))
         for (name, delta) in incr {
             switch delta {
             case .int, .double: continue
             default:
                 throw StoreError.invalid("invalid_patch", "incr of \(Names.quoted(name)) must be a number, got \(delta.typeName)")
+            }
+        }
+    }
+
+    /// Refuses a patch that edits both an object and a field inside it (`a` and `a.b`): which should win?
+    static func checkOverlaps(_ names: Set<String>) throws {
+        for name in names where NestedPath.isNested(name) {
+            for outer in NestedPath.ancestors(name) where names.contains(outer) {
+                throw StoreError.invalid(
+                    "invalid_patch",
+                    "paths \(Names.quoted(outer)) and \(Names.quoted(name)) overlap: a patch may not edit an object and a field inside it")
+            }
+        }
+    }
+
+    /// Refuses a patch whose nested paths go through a value that is not an object in `doc` (a missing object on the
+    /// way is created by a write).
+    static func checkPathsReach(_ names: some Sequence<String>, in doc: [String: JSONValue]) throws {
+        for name in names where NestedPath.isNested(name) {
+            let segments = name.split(separator: ".")
+            var members = doc
+            for (i, segment) in segments.dropLast().enumerated() {
+                guard let value = members[String(segment)] else { break }
+                guard case .object(let inner) = value else {
+                    let at = segments[...i].joined(separator: ".")
+                    throw StoreError.invalid(
+                        "invalid_path", "cannot edit \(Names.quoted(name)): \(Names.quoted(at)) is \(value.typeName), not an object")
+                }
+                members = inner
             }
         }
     }

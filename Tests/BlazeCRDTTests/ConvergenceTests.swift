@@ -16,6 +16,10 @@ struct Scenario {
     ]
     static let deltas: [JSONValue] = [1, -1, 2, 5, .double(0.5), .double(-0.25), .int(.max)]
     static let fields = ["f", "g", "h"]
+    /// What patches edit: top-level fields and nested paths, some inside others, some through objects that puts
+    /// replace whole (`o`), so concurrent object writes and nested edits meet.
+    static let paths = ["f", "g", "h", "o", "o.x", "o.y", "o.p.q", "f.x"]
+    static let objects: [JSONValue] = [["x": 1], ["x": "a", "p": ["q": 2]], ["y": ["z": 1]], [:], ["p": 3]]
 
     init(seed: UInt64) {
         rng = SeededRandom(seed: seed)
@@ -35,6 +39,7 @@ struct Scenario {
     mutating func someFields() -> [String: JSONValue] {
         var o: [String: JSONValue] = [:]
         for f in Self.fields where chance(0.5) { o[f] = pick(Self.values) }
+        if chance(0.5) { o["o"] = pick(Self.objects) }
         return o
     }
 
@@ -62,9 +67,9 @@ struct Scenario {
                     var incr: [String: JSONValue] = [:]
                     var add: [String: [JSONValue]] = [:]
                     var remove: [String: [JSONValue]] = [:]
-                    let f = gen.pick(Self.fields)
+                    let f = gen.pick(Self.paths)
                     switch kind {
-                    case 3: set[f] = gen.pick(Self.values)
+                    case 3: set[f] = gen.chance(0.2) ? gen.pick(Self.objects) : gen.pick(Self.values)
                     case 4: unset = [f]
                     case 5, 6: incr[f] = gen.pick(Self.deltas)
                     case 7: add[f] = [gen.pick(Self.values), gen.pick(Self.values)]
@@ -119,7 +124,7 @@ struct Scenario {
         let base = testSeed("convergence")
         let cases = Int(ProcessInfo.processInfo.environment["BLAZE_CASES"] ?? "") ?? 10_000
         var failures = 0
-        var stats = (changes: 0, parked: 0, losers: 0, deleted: 0, counters: 0, sets: 0, alive: 0)
+        var stats = (changes: 0, parked: 0, losers: 0, deleted: 0, counters: 0, sets: 0, alive: 0, nested: 0)
         for i in 0..<UInt64(cases) {
             let seed = base &+ i
             var s = Scenario(seed: seed)
@@ -129,7 +134,8 @@ struct Scenario {
             stats.parked += s.parkedTotal
             for d in first.docs.values {
                 if d.isAlive { stats.alive += 1 } else { stats.deleted += 1 }
-                for f in d.fields.values {
+                for (name, f) in d.fields {
+                    if name.contains(".") { stats.nested += 1 }
                     stats.losers += f.losers.count
                     if !f.increments.isEmpty { stats.counters += 1 }
                     if f.lastSetOp != nil { stats.sets += 1 }
@@ -152,6 +158,6 @@ struct Scenario {
         let perCase = { (n: Int) in Double(n) / Double(cases) }
         #expect(perCase(stats.changes) > 5 && perCase(stats.parked) > 0.2 && perCase(stats.losers) > 0.2
             && perCase(stats.deleted) > 0.2 && perCase(stats.counters) > 0.2 && perCase(stats.sets) > 0.2
-            && perCase(stats.alive) > 1, "weak generator: \(stats) over \(cases) cases")
+            && perCase(stats.alive) > 1 && perCase(stats.nested) > 0.2, "weak generator: \(stats) over \(cases) cases")
     }
 }

@@ -108,7 +108,7 @@ final class StoreReplicas {
         let id = "d\(Int.random(in: 0...3, using: &rng))"
         let value: JSONValue = [.int(Int64.random(in: -3...3, using: &rng)), "s", .double(-0.0), .bool(true), ["x": 1]]
             .randomElement(using: &rng)!
-        switch Int.random(in: 0..<9, using: &rng) {
+        switch Int.random(in: 0..<12, using: &rng) {
         case 0: return .put(collection: "c", id: id, doc: ["v": value, "w": .int(Int64(writer))])
         case 1: return .delete(collection: "c", id: id)
         case 2: return .patch(collection: "c", id: id, incr: ["n": .int(Int64.random(in: 1...5, using: &rng))])
@@ -119,6 +119,14 @@ final class StoreReplicas {
         case 6: return .insert(collection: "c", doc: ["_id": .string(id), "A": value, "Z9": 1, "z": .int(Int64(writer))])
         // New documents with no field, a field after `_id` in key order, or one before it (`_id` is then last).
         case 7: return .insert(collection: "c", doc: [["_id": .string(id)], ["v": value], ["V": value]].randomElement(using: &rng)!)
+        // Nested fields: edits inside `o`, and writes of `o` whole (some not objects: later nested edits then fail
+        // locally, or meet them concurrently).
+        case 9: return .patch(collection: "c", id: id, set: [["o.a", "o.b.c"].randomElement(using: &rng)!: value])
+        case 10: return .patch(collection: "c", id: id, incr: ["o.n": .int(Int64.random(in: 1...5, using: &rng))])
+        case 11:
+            return Bool.random(using: &rng)
+                ? .patch(collection: "c", id: id, set: ["o": [["a": 1], ["b": ["c": 2]], 7].randomElement(using: &rng)!])
+                : .patch(collection: "c", id: id, unset: ["o.a"])
         default: return .patch(collection: "c", id: id, set: ["v": value])
         }
     }

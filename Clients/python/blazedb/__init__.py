@@ -325,16 +325,16 @@ class _Doc:
         return self._client.call("doc.put", params)
 
     def patch(self, *, db: str, collection: str, id: str, set: Dict[str, Any] = MISSING, unset: List[str] = MISSING, incr: Dict[str, Any] = MISSING, add: Dict[str, Any] = MISSING, remove: Dict[str, Any] = MISSING) -> Dict[str, Any]:
-        """Edits top-level fields: set, unset, counter incr, set add/remove.
+        """Edits fields, top-level or nested by dotted path: set, unset, counter incr, set add/remove.
 
         db: Database name.
         collection: Collection name.
         id: Document id.
-        set: Fields to set (last writer wins).
-        unset: Field names to remove.
-        incr: Counter increments (concurrent increments add up).
-        add: Set additions (an observed-remove set).
-        remove: Set removals (removes the additions seen).
+        set: Fields to set (last writer wins), by name or dotted path (`address.city`).
+        unset: Fields to remove, by name or dotted path.
+        incr: Counter increments by name or dotted path (concurrent increments add up).
+        add: Elements to add to set fields (by name or dotted path).
+        remove: Elements to remove from set fields (by name or dotted path).
         """
         params: Dict[str, Any] = {}
         params["db"] = db

@@ -33,7 +33,7 @@ public enum RPCMethod: String, Sendable, CaseIterable {
     case docGetMany = "doc.getMany"
     /// Creates or replaces the document with the given id (id or doc._id).
     case docPut = "doc.put"
-    /// Edits top-level fields: set, unset, counter incr, set add/remove.
+    /// Edits fields, top-level or nested by dotted path: set, unset, counter incr, set add/remove.
     case docPatch = "doc.patch"
     /// Deletes a document.
     case docDelete = "doc.delete"
@@ -110,7 +110,7 @@ public enum RPCMethod: String, Sendable, CaseIterable {
         case .docGet: return "Fetches one document by id."
         case .docGetMany: return "Fetches documents by id, in order; missing ones are null."
         case .docPut: return "Creates or replaces the document with the given id (id or doc._id)."
-        case .docPatch: return "Edits top-level fields: set, unset, counter incr, set add/remove."
+        case .docPatch: return "Edits fields, top-level or nested by dotted path: set, unset, counter incr, set add/remove."
         case .docDelete: return "Deletes a document."
         case .txCommit: return "Applies many write operations atomically (all or nothing), as one change."
         case .queryFind: return "Finds documents matching a filter, sorted, one page at a time."
@@ -1469,7 +1469,7 @@ public enum RPC {
         }
     }
 
-    /// Parameters of `doc.patch`: Edits top-level fields: set, unset, counter incr, set add/remove.
+    /// Parameters of `doc.patch`: Edits fields, top-level or nested by dotted path: set, unset, counter incr, set add/remove.
     public struct DocPatch: RPCParameters {
         public static let method = RPCMethod.docPatch
 
@@ -1508,15 +1508,15 @@ public enum RPC {
         public var collection: String
         /// Document id.
         public var id: String
-        /// Fields to set (last writer wins).
+        /// Fields to set (last writer wins), by name or dotted path (`address.city`).
         public var set: [String: JSONValue]?
-        /// Field names to remove.
+        /// Fields to remove, by name or dotted path.
         public var unset: [String]?
-        /// Counter increments (concurrent increments add up).
+        /// Counter increments by name or dotted path (concurrent increments add up).
         public var incr: [String: JSONValue]?
-        /// Set additions (an observed-remove set).
+        /// Elements to add to set fields (by name or dotted path).
         public var add: [String: [JSONValue]]?
-        /// Set removals (removes the additions seen).
+        /// Elements to remove from set fields (by name or dotted path).
         public var remove: [String: [JSONValue]]?
 
         /// Parameters from their values (optional ones default to absent).
