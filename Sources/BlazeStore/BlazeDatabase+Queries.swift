@@ -57,14 +57,6 @@ public struct DatabaseSummary: Sendable {
 
 /// Reads: documents by id, queries, listings, the summary.
 extension BlazeDatabase {
-    static func requireCollection(_ db: Database, _ name: String) throws {
-        try Names.validateCollection(name)
-        let stmt = try db.cachedStatement(sql: "SELECT 1 FROM collections WHERE name = ?")
-        guard try Int.fetchOne(stmt, arguments: [name]) != nil else {
-            throw StoreError(.notFound, kind: "collection_not_found", "collection \(Names.quoted(name)) does not exist")
-        }
-    }
-
     static func decodeBody(_ text: String) throws -> [String: JSONValue] {
         guard case .object(let o) = try JSONParser(maxDepth: 10_000).parse(text) else {
             throw StoreError(.internalFailure, kind: "corrupt_document", "stored document is not an object")
@@ -72,11 +64,12 @@ extension BlazeDatabase {
         return o
     }
 
-    /// Fetches one document; throws not-found for an unknown collection or id.
+    /// Fetches one document; throws `document_not_found` for an unknown id (in a collection that exists or not: on a
+    /// replica, a collection appears when sync brings it, and reads do not make apps tell "not yet" apart).
     public func get(collection: String, id: String, fields: [FieldPath]? = nil) throws -> JSONValue {
+        try Names.validateCollection(collection)
         try Names.validateID(id)
         return try read { db in
-            try Self.requireCollection(db, collection)
             let stmt = try db.cachedStatement(sql: "SELECT body FROM docs WHERE collection = ? AND id = ?")
             guard let text = try String.fetchOne(stmt, arguments: [collection, id]) else {
                 throw StoreError(
@@ -89,11 +82,11 @@ extension BlazeDatabase {
     }
 
     /// The stored canonical JSON text of one document (what `get` without `fields` returns, as written); throws
-    /// not-found for an unknown collection or id.
+    /// `document_not_found` for an unknown id, as `get`.
     ///
-    /// One statement on a reader with no transaction around it (a single statement reads one consistent snapshot),
-    /// and the collection is looked up only when the document is not found.
+    /// One statement on a reader with no transaction around it (a single statement reads one consistent snapshot).
     public func getText(collection: String, id: String) throws -> [UInt8] {
+        try Names.validateCollection(collection)
         try Names.validateID(id)
         let found = try readers.read(budget: .unbounded) { c -> [UInt8]? in
             if let text = try c.first(Self.documentSQL, [collection.databaseValue, id.databaseValue], { $0.textBytes(0) }),
@@ -101,7 +94,6 @@ extension BlazeDatabase {
             {
                 return try Self.spliceable(text)
             }
-            try Self.requireCollection(c, collection)
             return nil
         }
         if case .some(.some(let text)) = found { return text }
@@ -110,7 +102,6 @@ extension BlazeDatabase {
             let text = try pool.unsafeRead { db -> [UInt8]? in
                 let stmt = try RawStatement(db, Self.documentSQL)
                 if let text = try stmt.firstRow(collection, id, { $0.textBytes(0) }), let text { return try Self.spliceable(text) }
-                try Self.requireCollection(db, collection)
                 return nil
             }
             if let text { return text }
@@ -120,23 +111,16 @@ extension BlazeDatabase {
 
     static let documentSQL = "SELECT body FROM docs WHERE collection = ? AND id = ?"
 
-    /// `requireCollection` on a fast read connection.
-    static func requireCollection(_ c: ReadConnection, _ name: String) throws {
-        try Names.validateCollection(name)
-        guard try c.first("SELECT 1 FROM collections WHERE name = ?", [name.databaseValue], { _ in true }) != nil else {
-            throw StoreError(.notFound, kind: "collection_not_found", "collection \(Names.quoted(name)) does not exist")
-        }
-    }
-
-    /// Fetches many documents by id, in the order given; missing ones are `null`.
+    /// Fetches many documents by id, in the order given; missing ones are `null` (all of them in a collection that
+    /// does not exist).
     public func getMany(collection: String, ids: [String], fields: [FieldPath]? = nil) throws -> [JSONValue] {
         guard ids.count <= limits.maxGetMany else {
             throw StoreError(
                 .limitExceeded, kind: "too_many_ids", "at most \(limits.maxGetMany) ids per call, got \(ids.count)")
         }
+        try Names.validateCollection(collection)
         for id in ids { try Names.validateID(id) }
         return try read { db in
-            try Self.requireCollection(db, collection)
             let stmt = try db.cachedStatement(sql: "SELECT body FROM docs WHERE collection = ? AND id = ?")
             return try ids.map { id in
                 guard let text = try String.fetchOne(stmt, arguments: [collection, id]) else { return .null }
@@ -198,7 +182,6 @@ extension BlazeDatabase {
         // Every fast connection is busy; GRDB's pool has no budget, so a bounded read goes where it may take long.
         if budget == .inline { throw ReadBudgetExceeded() }
         return try read { db in
-            try Self.requireCollection(db, query.collection)
             let statement = try queryStatement(db, compiled.sql)
             let rows = try Row.fetchCursor(statement, arguments: compiled.arguments)
             var texts: [[UInt8]] = []
@@ -225,7 +208,6 @@ extension BlazeDatabase {
     static func findPage(
         _ c: ReadConnection, _ query: FindQuery, _ compiled: CompiledSQL
     ) throws -> (texts: [[UInt8]], cursor: String?) {
-        try requireCollection(c, query.collection)
         var texts: [[UInt8]] = []
         texts.reserveCapacity(min(query.limit, 256))
         var next: String?
@@ -279,21 +261,19 @@ extension BlazeDatabase {
         }
     }
 
-    /// Counts matching documents.
+    /// Counts matching documents (0 in a collection that does not exist).
     ///
     /// Within `budget` when it runs on a fast read connection (`ReadBudgetExceeded` when that runs out).
     public func count(collection: String, filter: Filter, budget: ReadBudget = .unbounded) throws -> Int {
         try Names.validateCollection(collection)
         let compiled = QueryCompiler.count(collection: collection, filter: filter)
         let fast = try readers.read(budget: budget) { c -> Int in
-            try Self.requireCollection(c, collection)
             return Int(try c.first(compiled.sql, compiled.values) { $0.int64(0) } ?? 0)
         }
         if let fast { return fast }
         if budget == .inline { throw ReadBudgetExceeded() }
         return try read { db in
-            try Self.requireCollection(db, collection)
-            return try Int.fetchOne(try queryStatement(db, compiled.sql), arguments: compiled.arguments) ?? 0
+            try Int.fetchOne(try queryStatement(db, compiled.sql), arguments: compiled.arguments) ?? 0
         }
     }
 
@@ -302,7 +282,9 @@ extension BlazeDatabase {
         try validate(query)
         let compiled = QueryCompiler.find(query, limit: query.limit + 1)
         return try read { db in
-            try Self.requireCollection(db, query.collection)
+            // EXPLAIN reads no table, so SQLite would plan with this connection's schema as last loaded (without an
+            // index created since): a read of a table first brings the schema up to date.
+            _ = try Int.fetchOne(db, sql: "SELECT 1 FROM collections LIMIT 1")
             let rows = try Row.fetchAll(
                 db, sql: "EXPLAIN QUERY PLAN " + compiled.sql, arguments: compiled.arguments)
             let plan: [String] = rows.map { $0["detail"] }
@@ -330,11 +312,10 @@ extension BlazeDatabase {
         }
     }
 
-    /// Lists user indexes, optionally of one collection.
+    /// Lists user indexes, optionally of one collection (none for a collection that does not exist).
     public func indexes(collection: String? = nil) throws -> [IndexInfo] {
         if let collection { try Names.validateCollection(collection) }
         return try read { db in
-            if let collection { try Self.requireCollection(db, collection) }
             let rows = try Row.fetchAll(
                 db, sql: "SELECT name, collection, fields FROM indexes WHERE ?1 IS NULL OR collection = ?1 ORDER BY name",
                 arguments: [collection])

@@ -120,8 +120,9 @@ import Glibc
         expectRPCError(c, "db.list", ["bogus": 1], code: -32602)
         expectRPCError(c, "doc.insert", ["db": "default", "collection": "c", "doc": [1]], code: -32602)
         expectRPCError(c, "doc.get", ["db": "nope", "collection": "c", "id": "x"], code: -32010, kind: "database_not_found")
+        // A collection that does not exist (yet) holds no documents: not found, as any unknown id.
         expectRPCError(c, "doc.get", ["db": "default", "collection": "nope", "id": "x"], code: -32010,
-            kind: "collection_not_found")
+            kind: "document_not_found")
         _ = try c.call("doc.insert", ["db": "default", "collection": "c", "doc": ["_id": "x"]])
         expectRPCError(c, "doc.get", ["db": "default", "collection": "c", "id": "y"], code: -32010, kind: "document_not_found")
         expectRPCError(c, "doc.insert", ["db": "default", "collection": "c", "doc": ["_id": "x"]], code: -32011,

@@ -26,11 +26,13 @@ import Testing
             #expect(try JSONParser().parse(page)["docs"]?.arrayValue?.count == 1)
             #expect(try db.count(collection: "c", filter: try Filter.parse(["v": .int(Int64(i))])) == 1)
         }
-        // A document deleted and a collection never written keep their errors.
+        // A document deleted and a collection never written: not found, and nothing to count.
         _ = try db.apply(.delete(collection: "c", id: "a"))
         expectStoreError("document_not_found") { _ = try db.getText(collection: "c", id: "a") }
-        expectStoreError("collection_not_found") { _ = try db.getText(collection: "nope", id: "a") }
-        expectStoreError("collection_not_found") { _ = try db.count(collection: "nope", filter: .all) }
+        expectStoreError("document_not_found") { _ = try db.getText(collection: "nope", id: "a") }
+        #expect(try db.count(collection: "nope", filter: .all) == 0)
+        expectStoreError("invalid_name") { _ = try db.getText(collection: "no pe", id: "a") }
+        expectStoreError("invalid_name") { _ = try db.count(collection: "no pe", filter: .all) }
     }
 
     @Test func readersOnOtherThreadsSeeWritesAcknowledgedBeforeTheyRead() throws {

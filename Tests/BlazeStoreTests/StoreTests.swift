@@ -96,7 +96,7 @@ func expectStoreError(_ kind: String, _ body: () throws -> Void) {
         expectStoreError("document_not_found") {
             _ = try db.apply(.patch(collection: "c", id: "k", set: ["a": 1], unset: []))
         }
-        expectStoreError("collection_not_found") { _ = try db.get(collection: "nope", id: "k") }
+        expectStoreError("document_not_found") { _ = try db.get(collection: "nope", id: "k") }
         #expect(try db.getMany(collection: "c", ids: ["new", "missing"]) == [["_id": "new"], .null])
     }
 
@@ -172,7 +172,8 @@ func expectStoreError(_ kind: String, _ body: () throws -> Void) {
         } catch let e as StoreError {
             #expect(e.kind == "document_not_found" && e.details["op"] == 2)
         }
-        expectStoreError("collection_not_found") { _ = try db.get(collection: "c", id: "1") }
+        expectStoreError("document_not_found") { _ = try db.get(collection: "c", id: "1") }
+        #expect(try db.collections().isEmpty, "the failed transaction created no collection")
         let results = try db.commit([
             .insert(collection: "c", doc: ["_id": "1"]), .patch(collection: "c", id: "1", set: ["v": 1], unset: []),
             .put(collection: "d", id: "2", doc: [:]),

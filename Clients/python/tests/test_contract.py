@@ -115,14 +115,18 @@ def test_every_method_succeeds_and_fails_as_documented(client, daemon):
     ok(c, "index.create", db="app", collection="todos", fields=["n"])
     err(c, "index.create", -32011, "index_exists", db="app", collection="todos", fields=["n"])
     ok(c, "index.list", db="app", collection="todos")
-    err(c, "index.list", -32010, "collection_not_found", db="app", collection="nope")
+    assert ok(c, "index.list", db="app", collection="nope")["indexes"] == []
+    err(c, "index.list", -32602, "invalid_name", db="app", collection="no pe")
     page = ok(c, "query.find", db="app", collection="todos", where={"n": {"$gte": 1}}, sort="-n", limit=2)
     assert [d["_id"] for d in page["docs"]] == ["t3", "t2"] and page["cursor"]
     rest = ok(c, "query.find", db="app", collection="todos", where={"n": {"$gte": 1}}, sort="-n", limit=2, cursor=page["cursor"])
     assert [d["_id"] for d in rest["docs"]] == ["t1"] and rest["cursor"] is None
     err(c, "query.find", -32602, "invalid_filter", db="app", collection="todos", where={"n": {"$regex": "x"}})
     assert ok(c, "query.count", db="app", collection="todos", where={"done": False})["count"] == 1
-    err(c, "query.count", -32010, "collection_not_found", db="app", collection="nope")
+    assert ok(c, "query.count", db="app", collection="nope")["count"] == 0
+    assert ok(c, "query.find", db="app", collection="nope", where={"n": 1}) == {"docs": [], "cursor": None}
+    assert ok(c, "doc.getMany", db="app", collection="nope", ids=["a", "b"])["docs"] == [None, None]
+    err(c, "query.count", -32602, "invalid_name", db="app", collection="no pe")
     assert ok(c, "query.explain", db="app", collection="todos", where={"n": 3})["indexes"] == ["todos.n"]
     err(c, "query.explain", -32012, db="app", collection="todos", limit=0)
     ok(c, "conflict.list", db="app")
@@ -222,7 +226,7 @@ def test_every_documented_method_was_exercised():
 def test_errors_carry_codes_and_kinds_as_exception_classes(client):
     with pytest.raises(blazedb.NotFoundError) as info:
         client.doc.get(db="default", collection="none", id="x")
-    assert info.value.code == -32010 and info.value.kind == "collection_not_found"
+    assert info.value.code == -32010 and info.value.kind == "document_not_found"
     with pytest.raises(blazedb.MethodNotFoundError):
         client.call("no.such")
     with pytest.raises(blazedb.InvalidParamsError):
