@@ -144,6 +144,14 @@ export type QueryCountResult = { "count": number };
 export interface QueryExplainParams { "db": DatabaseName; "collection": CollectionName; "where"?: Filter; "sort"?: Sort; "limit"?: number }
 /** Result of `query.explain`. */
 export type QueryExplainResult = { "sql": string; "plan": Array<string>; "indexes": Array<string> };
+/** Parameters of `query.delete`: Deletes every document matching a filter, atomically, as one replicated change. */
+export interface QueryDeleteParams { "db": DatabaseName; "collection": CollectionName; "where": Filter; "limit"?: number; "returnIds"?: boolean }
+/** Result of `query.delete`. */
+export type QueryDeleteResult = { "count": number; "ids"?: Array<DocumentId> };
+/** Parameters of `query.update`: Patches every document matching a filter, atomically, as one replicated change. */
+export interface QueryUpdateParams { "db": DatabaseName; "collection": CollectionName; "where": Filter; "limit"?: number; "set"?: Record<string, unknown>; "unset"?: Array<string>; "incr"?: Record<string, number>; "add"?: Record<string, Array<unknown>>; "remove"?: Record<string, Array<unknown>>; "returnIds"?: boolean }
+/** Result of `query.update`. */
+export type QueryUpdateResult = { "count": number; "ids"?: Array<DocumentId> };
 
 /** Parameters of `index.create`: Creates an index on one or more fields of a collection; replicated. */
 export interface IndexCreateParams { "db": DatabaseName; "collection": CollectionName; "fields": Array<string>; "name"?: IndexName }
@@ -243,7 +251,7 @@ export declare class BlazeClient {
   readonly collection: { list(params: CollectionListParams): Promise<CollectionListResult> };
   readonly doc: { insert(params: DocInsertParams): Promise<DocInsertResult>; get(params: DocGetParams): Promise<DocGetResult>; getMany(params: DocGetManyParams): Promise<DocGetManyResult>; put(params: DocPutParams): Promise<DocPutResult>; patch(params: DocPatchParams): Promise<DocPatchResult>; delete(params: DocDeleteParams): Promise<DocDeleteResult> };
   readonly tx: { commit(params: TxCommitParams): Promise<TxCommitResult> };
-  readonly query: { find(params: QueryFindParams): Promise<QueryFindResult>; count(params: QueryCountParams): Promise<QueryCountResult>; explain(params: QueryExplainParams): Promise<QueryExplainResult> };
+  readonly query: { find(params: QueryFindParams): Promise<QueryFindResult>; count(params: QueryCountParams): Promise<QueryCountResult>; explain(params: QueryExplainParams): Promise<QueryExplainResult>; delete(params: QueryDeleteParams): Promise<QueryDeleteResult>; update(params: QueryUpdateParams): Promise<QueryUpdateResult> };
   readonly index: { create(params: IndexCreateParams): Promise<IndexCreateResult>; drop(params: IndexDropParams): Promise<IndexDropResult>; list(params: IndexListParams): Promise<IndexListResult> };
   readonly conflict: { list(params: ConflictListParams): Promise<ConflictListResult>; resolve(params: ConflictResolveParams): Promise<ConflictResolveResult> };
   readonly peer: { add(params: PeerAddParams): Promise<PeerAddResult>; remove(params: PeerRemoveParams): Promise<PeerRemoveResult>; list(params: PeerListParams): Promise<PeerListResult> };

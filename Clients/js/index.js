@@ -16,7 +16,7 @@ export class BlazeClient extends Connection {
     this.collection = Object.freeze({ list: (params = {}) => this.call('collection.list', params) });
     this.doc = Object.freeze({ insert: (params = {}) => this.call('doc.insert', params), get: (params = {}) => this.call('doc.get', params), getMany: (params = {}) => this.call('doc.getMany', params), put: (params = {}) => this.call('doc.put', params), patch: (params = {}) => this.call('doc.patch', params), delete: (params = {}) => this.call('doc.delete', params) });
     this.tx = Object.freeze({ commit: (params = {}) => this.call('tx.commit', params) });
-    this.query = Object.freeze({ find: (params = {}) => this.call('query.find', params), count: (params = {}) => this.call('query.count', params), explain: (params = {}) => this.call('query.explain', params) });
+    this.query = Object.freeze({ find: (params = {}) => this.call('query.find', params), count: (params = {}) => this.call('query.count', params), explain: (params = {}) => this.call('query.explain', params), delete: (params = {}) => this.call('query.delete', params), update: (params = {}) => this.call('query.update', params) });
     this.index = Object.freeze({ create: (params = {}) => this.call('index.create', params), drop: (params = {}) => this.call('index.drop', params), list: (params = {}) => this.call('index.list', params) });
     this.conflict = Object.freeze({ list: (params = {}) => this.call('conflict.list', params), resolve: (params = {}) => this.call('conflict.resolve', params) });
     this.peer = Object.freeze({ add: (params = {}) => this.call('peer.add', params), remove: (params = {}) => this.call('peer.remove', params), list: (params = {}) => this.call('peer.list', params) });

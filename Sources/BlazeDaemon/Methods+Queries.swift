@@ -37,6 +37,22 @@ extension Methods {
         return .init(sql: r.sql, plan: r.plan, indexes: r.indexes)
     }
 
+    // MARK: writes by filter
+
+    static let queryUpdate = MethodHandler(RPC.QueryUpdate.self) { p, ctx in
+        let edit = BulkEdit.patch(
+            set: p.set ?? [:], unset: p.unset ?? [], incr: p.incr ?? [:], add: p.add ?? [:], remove: p.remove ?? [:])
+        let ids = try ctx.writableDatabase(p.db).write(
+            matching: try Filter.parse(.object(p.where)), in: p.collection, limit: p.limit, edit: edit)
+        return .init(count: ids.count, ids: p.returnIds == true ? ids : nil)
+    }
+
+    static let queryDelete = MethodHandler(RPC.QueryDelete.self) { p, ctx in
+        let ids = try ctx.writableDatabase(p.db).write(
+            matching: try Filter.parse(.object(p.where)), in: p.collection, limit: p.limit, edit: .delete)
+        return .init(count: ids.count, ids: p.returnIds == true ? ids : nil)
+    }
+
     // MARK: indexes
 
     static func indexInfo(_ info: IndexInfo) -> RPCSchema.IndexInfo {

@@ -29,6 +29,8 @@ enum Methods {
         case .queryFind: return queryFind
         case .queryCount: return queryCount
         case .queryExplain: return queryExplain
+        case .queryUpdate: return queryUpdate
+        case .queryDelete: return queryDelete
         case .indexCreate: return indexCreate
         case .indexDrop: return indexDrop
         case .indexList: return indexList

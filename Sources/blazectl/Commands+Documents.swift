@@ -63,23 +63,14 @@ struct Doc: ParsableCommand {
 
     struct Patch: ParsableCommand {
         static let configuration = CommandConfiguration(
-            abstract: "Edit top-level fields: set, unset, counter increments, set additions and removals.")
+            abstract: "Edit fields by name or dotted path: set, unset, counter increments, set additions and removals.")
         @OptionGroup var global: Global
         @Argument var db: String
         @Argument var collection: String
         @Argument var id: String
-        @Option(help: "Fields to set, as a JSON object.") var set: String?
-        @Option(help: "A field to remove (repeatable).") var unset: [String] = []
-        @Option(help: #"Counter increments, as a JSON object: '{"views":1}'."#) var incr: String?
-        @Option(help: #"Set additions, as a JSON object of arrays: '{"tags":["a"]}'."#) var add: String?
-        @Option(help: #"Set removals, as a JSON object of arrays: '{"tags":["a"]}'."#) var remove: String?
+        @OptionGroup var edits: PatchEdits
         func run() throws {
-            var p: [String: JSONValue] = ["db": .string(db), "collection": .string(collection), "id": .string(id)]
-            if let set { p["set"] = parseJSON(set, "--set") }
-            if !unset.isEmpty { p["unset"] = .array(unset.map(JSONValue.string)) }
-            if let incr { p["incr"] = parseJSON(incr, "--incr") }
-            if let add { p["add"] = parseJSON(add, "--add") }
-            if let remove { p["remove"] = parseJSON(remove, "--remove") }
+            let p = edits.params(["db": .string(db), "collection": .string(collection), "id": .string(id)])
             global.run(RPC.DocPatch.self, p) { print("patched \($0.id)") }
         }
     }
@@ -107,5 +98,25 @@ struct Tx: ParsableCommand {
         global.run(RPC.TxCommit.self, ["db": .string(db), "ops": parseJSON(ops, "ops")]) { r in
             for item in r.results { print(item.id) }
         }
+    }
+}
+
+/// The edits of `doc patch` and `update`: fields by name or dotted path.
+struct PatchEdits: ParsableArguments {
+    @Option(help: #"Fields to set, as a JSON object: '{"address.city":"Oslo"}'."#) var set: String?
+    @Option(help: "A field to remove (repeatable).") var unset: [String] = []
+    @Option(help: #"Counter increments, as a JSON object: '{"views":1}'."#) var incr: String?
+    @Option(help: #"Set additions, as a JSON object of arrays: '{"tags":["a"]}'."#) var add: String?
+    @Option(help: #"Set removals, as a JSON object of arrays: '{"tags":["a"]}'."#) var remove: String?
+
+    /// `base` with the edits given.
+    func params(_ base: [String: JSONValue]) -> [String: JSONValue] {
+        var p = base
+        if let set { p["set"] = parseJSON(set, "--set") }
+        if !unset.isEmpty { p["unset"] = .array(unset.map(JSONValue.string)) }
+        if let incr { p["incr"] = parseJSON(incr, "--incr") }
+        if let add { p["add"] = parseJSON(add, "--add") }
+        if let remove { p["remove"] = parseJSON(remove, "--remove") }
+        return p
     }
 }

@@ -69,6 +69,50 @@ struct Explain: ParsableCommand {
     }
 }
 
+/// Arguments of the writes by filter: a required filter and a limit.
+struct BulkArgs: ParsableArguments {
+    @Argument var db: String
+    @Argument var collection: String
+    @Argument(help: #"Filter as JSON; '{}' matches every document."#) var filter: String
+    @Option(help: "Write at most this many matching documents (in _id order).") var limit: Int?
+    @Flag(help: "Print the ids written.") var ids = false
+
+    func params() -> [String: JSONValue] {
+        var p: [String: JSONValue] = ["db": .string(db), "collection": .string(collection), "where": parseJSON(filter, "filter")]
+        if let limit { p["limit"] = .int(Int64(limit)) }
+        if ids { p["returnIds"] = true }
+        return p
+    }
+}
+
+struct Update: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Patch every matching document atomically (one replicated change).",
+        discussion: #"Example: blazectl update default todos '{"done":false}' --set '{"done":true}'"#)
+    @OptionGroup var global: Global
+    @OptionGroup var bulk: BulkArgs
+    @OptionGroup var edits: PatchEdits
+    func run() throws {
+        global.run(RPC.QueryUpdate.self, edits.params(bulk.params())) { r in
+            print("updated \(r.count)")
+            for id in r.ids ?? [] { print(id) }
+        }
+    }
+}
+
+struct DeleteWhere: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "delete-where", abstract: "Delete every matching document atomically (one replicated change).")
+    @OptionGroup var global: Global
+    @OptionGroup var bulk: BulkArgs
+    func run() throws {
+        global.run(RPC.QueryDelete.self, bulk.params()) { r in
+            print("deleted \(r.count)")
+            for id in r.ids ?? [] { print(id) }
+        }
+    }
+}
+
 struct Index: ParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "index", abstract: "Create, drop and list indexes.", subcommands: [Create.self, Drop.self, List.self])

@@ -450,6 +450,59 @@ class _Query:
             params["limit"] = limit
         return self._client.call("query.explain", params)
 
+    def delete(self, *, db: str, collection: str, where: Dict[str, Any], limit: int = MISSING, return_ids: bool = MISSING) -> Dict[str, Any]:
+        """Deletes every document matching a filter, atomically, as one replicated change.
+
+        db: Database name.
+        collection: Collection name.
+        where: Filter, see Protocol/QUERIES.md; {} matches every document.
+        limit: Write at most this many matching documents, in _id order. Without it, matching more than the transaction limit (10,000 by default) is an error and nothing is written.
+        returnIds: Return the written documents' ids (default false).
+        """
+        params: Dict[str, Any] = {}
+        params["db"] = db
+        params["collection"] = collection
+        params["where"] = where
+        if limit is not MISSING:
+            params["limit"] = limit
+        if return_ids is not MISSING:
+            params["returnIds"] = return_ids
+        return self._client.call("query.delete", params)
+
+    def update(self, *, db: str, collection: str, where: Dict[str, Any], limit: int = MISSING, set: Dict[str, Any] = MISSING, unset: List[str] = MISSING, incr: Dict[str, Any] = MISSING, add: Dict[str, Any] = MISSING, remove: Dict[str, Any] = MISSING, return_ids: bool = MISSING) -> Dict[str, Any]:
+        """Patches every document matching a filter, atomically, as one replicated change.
+
+        db: Database name.
+        collection: Collection name.
+        where: Filter, see Protocol/QUERIES.md; {} matches every document.
+        limit: Write at most this many matching documents, in _id order. Without it, matching more than the transaction limit (10,000 by default) is an error and nothing is written.
+        set: Fields to set (last writer wins), by name or dotted path (`address.city`).
+        unset: Fields to remove, by name or dotted path.
+        incr: Counter increments by name or dotted path (concurrent increments add up).
+        add: Elements to add to set fields (by name or dotted path).
+        remove: Elements to remove from set fields (by name or dotted path).
+        returnIds: Return the written documents' ids (default false).
+        """
+        params: Dict[str, Any] = {}
+        params["db"] = db
+        params["collection"] = collection
+        params["where"] = where
+        if limit is not MISSING:
+            params["limit"] = limit
+        if set is not MISSING:
+            params["set"] = set
+        if unset is not MISSING:
+            params["unset"] = unset
+        if incr is not MISSING:
+            params["incr"] = incr
+        if add is not MISSING:
+            params["add"] = add
+        if remove is not MISSING:
+            params["remove"] = remove
+        if return_ids is not MISSING:
+            params["returnIds"] = return_ids
+        return self._client.call("query.update", params)
+
 
 class _Index:
     """Methods `index.*`."""

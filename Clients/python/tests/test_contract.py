@@ -127,6 +127,11 @@ def test_every_method_succeeds_and_fails_as_documented(client, daemon):
     assert ok(c, "query.find", db="app", collection="nope", where={"n": 1}) == {"docs": [], "cursor": None}
     assert ok(c, "doc.getMany", db="app", collection="nope", ids=["a", "b"])["docs"] == [None, None]
     err(c, "query.count", -32602, "invalid_name", db="app", collection="no pe")
+    assert ok(c, "query.update", db="app", collection="todos", where={"n": {"$gte": 2}}, set={"meta.seen": True},
+              returnIds=True) == {"count": 2, "ids": ["t2", "t3"]}
+    err(c, "query.update", -32602, "invalid_path", db="app", collection="todos", where={}, set={"n.x": 1})
+    assert ok(c, "query.delete", db="app", collection="nope", where={}) == {"count": 0}
+    err(c, "query.delete", -32602, "invalid_params", db="app", collection="todos")
     assert ok(c, "query.explain", db="app", collection="todos", where={"n": 3})["indexes"] == ["todos.n"]
     err(c, "query.explain", -32012, db="app", collection="todos", limit=0)
     ok(c, "conflict.list", db="app")

@@ -45,6 +45,10 @@ public enum RPCMethod: String, Sendable, CaseIterable {
     case queryCount = "query.count"
     /// Shows the SQL and SQLite's plan for a query, and the indexes used.
     case queryExplain = "query.explain"
+    /// Deletes every document matching a filter, atomically, as one replicated change.
+    case queryDelete = "query.delete"
+    /// Patches every document matching a filter, atomically, as one replicated change.
+    case queryUpdate = "query.update"
     /// Creates an index on one or more fields of a collection; replicated.
     case indexCreate = "index.create"
     /// Drops an index by name; replicated.
@@ -116,6 +120,8 @@ public enum RPCMethod: String, Sendable, CaseIterable {
         case .queryFind: return "Finds documents matching a filter, sorted, one page at a time."
         case .queryCount: return "Counts documents matching a filter."
         case .queryExplain: return "Shows the SQL and SQLite's plan for a query, and the indexes used."
+        case .queryDelete: return "Deletes every document matching a filter, atomically, as one replicated change."
+        case .queryUpdate: return "Patches every document matching a filter, atomically, as one replicated change."
         case .indexCreate: return "Creates an index on one or more fields of a collection; replicated."
         case .indexDrop: return "Drops an index by name; replicated."
         case .indexList: return "Lists indexes of a database or of one collection."
@@ -166,6 +172,8 @@ public enum RPCMethod: String, Sendable, CaseIterable {
         case .queryFind: return ["db", "collection", "where", "sort", "limit", "cursor", "fields"]
         case .queryCount: return ["db", "collection", "where"]
         case .queryExplain: return ["db", "collection", "where", "sort", "limit"]
+        case .queryDelete: return ["db", "collection", "where", "limit", "returnIds"]
+        case .queryUpdate: return ["db", "collection", "where", "limit", "set", "unset", "incr", "add", "remove", "returnIds"]
         case .indexCreate: return ["db", "collection", "fields", "name"]
         case .indexDrop: return ["db", "name"]
         case .indexList: return ["db", "collection"]
@@ -2005,6 +2013,211 @@ public enum RPC {
             if let v = self.`where` { o["where"] = .object(v) }
             if let v = self.sort { o["sort"] = v }
             if let v = self.limit { o["limit"] = .int(Int64(v)) }
+            return o
+        }
+
+        /// The JSON form of a result.
+        public static func encode(_ result: Result) -> JSONValue {
+            result.json
+        }
+
+        /// Reads a result a daemon sent.
+        public static func decode(_ result: JSONValue) throws(RPCShapeError) -> Result {
+            try RPCDecode.value(result, Result.init(json:))
+        }
+    }
+
+    /// Parameters of `query.delete`: Deletes every document matching a filter, atomically, as one replicated change.
+    public struct QueryDelete: RPCParameters {
+        public static let method = RPCMethod.queryDelete
+
+        /// The result of `query.delete`.
+        public struct Result: RPCObject {
+            /// Documents written.
+            public var count: Int
+            /// Their ids in _id order, with returnIds.
+            public var ids: [String]?
+
+            /// A value from its members.
+            public init(count: Int, ids: [String]? = nil) {
+                self.count = count
+                self.ids = ids
+            }
+
+            /// Reads the value from JSON.
+            public init(json: JSONValue) throws(RPCShapeError) {
+                let o = try RPCDecode.object(json)
+                self.count = try RPCDecode.member(o, "count", RPCDecode.int)
+                self.ids = try RPCDecode.optionalMember(o, "ids", { v throws(RPCShapeError) -> [String] in try RPCDecode.array(v, RPCDecode.string) })
+            }
+
+            /// The value's JSON form.
+            public var json: JSONValue {
+                .object(jsonObject)
+            }
+
+            /// The members of the JSON form.
+            public var jsonObject: [String: JSONValue] {
+                var o = [String: JSONValue](minimumCapacity: 2)
+                o["count"] = .int(Int64(self.count))
+                if let v = self.ids { o["ids"] = .array(v.map { x0 in .string(x0) }) }
+                return o
+            }
+        }
+
+        /// Database name.
+        public var db: String
+        /// Collection name.
+        public var collection: String
+        /// Filter, see Protocol/QUERIES.md; {} matches every document.
+        public var `where`: [String: JSONValue]
+        /// Write at most this many matching documents, in _id order. Without it, matching more than the transaction limit (10,000 by default) is an error and nothing is written.
+        public var limit: Int?
+        /// Return the written documents' ids (default false).
+        public var returnIds: Bool?
+
+        /// Parameters from their values (optional ones default to absent).
+        public init(db: String, collection: String, `where`: [String: JSONValue], limit: Int? = nil, returnIds: Bool? = nil) {
+            self.db = db
+            self.collection = collection
+            self.`where` = `where`
+            self.limit = limit
+            self.returnIds = returnIds
+        }
+
+        /// Checks a request's params: names, presence and JSON types.
+        public init(validating params: [String: JSONValue]) throws(RPCError) {
+            try RPCParam.rejectUnknown(params, accepted: ["db", "collection", "where", "limit", "returnIds"], method: Self.method)
+            self.db = try RPCParam.required(params, "db", of: Self.method, RPCDecode.string)
+            self.collection = try RPCParam.required(params, "collection", of: Self.method, RPCDecode.string)
+            self.`where` = try RPCParam.required(params, "where", of: Self.method, RPCDecode.object)
+            self.limit = try RPCParam.optional(params, "limit", of: Self.method, RPCDecode.int)
+            self.returnIds = try RPCParam.optional(params, "returnIds", of: Self.method, RPCDecode.bool)
+        }
+
+        /// The params as a request carries them.
+        public var jsonObject: [String: JSONValue] {
+            var o = [String: JSONValue](minimumCapacity: 5)
+            o["db"] = .string(self.db)
+            o["collection"] = .string(self.collection)
+            o["where"] = .object(self.`where`)
+            if let v = self.limit { o["limit"] = .int(Int64(v)) }
+            if let v = self.returnIds { o["returnIds"] = .bool(v) }
+            return o
+        }
+
+        /// The JSON form of a result.
+        public static func encode(_ result: Result) -> JSONValue {
+            result.json
+        }
+
+        /// Reads a result a daemon sent.
+        public static func decode(_ result: JSONValue) throws(RPCShapeError) -> Result {
+            try RPCDecode.value(result, Result.init(json:))
+        }
+    }
+
+    /// Parameters of `query.update`: Patches every document matching a filter, atomically, as one replicated change.
+    public struct QueryUpdate: RPCParameters {
+        public static let method = RPCMethod.queryUpdate
+
+        /// The result of `query.update`.
+        public struct Result: RPCObject {
+            /// Documents written.
+            public var count: Int
+            /// Their ids in _id order, with returnIds.
+            public var ids: [String]?
+
+            /// A value from its members.
+            public init(count: Int, ids: [String]? = nil) {
+                self.count = count
+                self.ids = ids
+            }
+
+            /// Reads the value from JSON.
+            public init(json: JSONValue) throws(RPCShapeError) {
+                let o = try RPCDecode.object(json)
+                self.count = try RPCDecode.member(o, "count", RPCDecode.int)
+                self.ids = try RPCDecode.optionalMember(o, "ids", { v throws(RPCShapeError) -> [String] in try RPCDecode.array(v, RPCDecode.string) })
+            }
+
+            /// The value's JSON form.
+            public var json: JSONValue {
+                .object(jsonObject)
+            }
+
+            /// The members of the JSON form.
+            public var jsonObject: [String: JSONValue] {
+                var o = [String: JSONValue](minimumCapacity: 2)
+                o["count"] = .int(Int64(self.count))
+                if let v = self.ids { o["ids"] = .array(v.map { x0 in .string(x0) }) }
+                return o
+            }
+        }
+
+        /// Database name.
+        public var db: String
+        /// Collection name.
+        public var collection: String
+        /// Filter, see Protocol/QUERIES.md; {} matches every document.
+        public var `where`: [String: JSONValue]
+        /// Write at most this many matching documents, in _id order. Without it, matching more than the transaction limit (10,000 by default) is an error and nothing is written.
+        public var limit: Int?
+        /// Fields to set (last writer wins), by name or dotted path (`address.city`).
+        public var set: [String: JSONValue]?
+        /// Fields to remove, by name or dotted path.
+        public var unset: [String]?
+        /// Counter increments by name or dotted path (concurrent increments add up).
+        public var incr: [String: JSONValue]?
+        /// Elements to add to set fields (by name or dotted path).
+        public var add: [String: [JSONValue]]?
+        /// Elements to remove from set fields (by name or dotted path).
+        public var remove: [String: [JSONValue]]?
+        /// Return the written documents' ids (default false).
+        public var returnIds: Bool?
+
+        /// Parameters from their values (optional ones default to absent).
+        public init(db: String, collection: String, `where`: [String: JSONValue], limit: Int? = nil, set: [String: JSONValue]? = nil, unset: [String]? = nil, incr: [String: JSONValue]? = nil, add: [String: [JSONValue]]? = nil, remove: [String: [JSONValue]]? = nil, returnIds: Bool? = nil) {
+            self.db = db
+            self.collection = collection
+            self.`where` = `where`
+            self.limit = limit
+            self.set = set
+            self.unset = unset
+            self.incr = incr
+            self.add = add
+            self.remove = remove
+            self.returnIds = returnIds
+        }
+
+        /// Checks a request's params: names, presence and JSON types.
+        public init(validating params: [String: JSONValue]) throws(RPCError) {
+            try RPCParam.rejectUnknown(params, accepted: ["db", "collection", "where", "limit", "set", "unset", "incr", "add", "remove", "returnIds"], method: Self.method)
+            self.db = try RPCParam.required(params, "db", of: Self.method, RPCDecode.string)
+            self.collection = try RPCParam.required(params, "collection", of: Self.method, RPCDecode.string)
+            self.`where` = try RPCParam.required(params, "where", of: Self.method, RPCDecode.object)
+            self.limit = try RPCParam.optional(params, "limit", of: Self.method, RPCDecode.int)
+            self.set = try RPCParam.optional(params, "set", of: Self.method, RPCDecode.object)
+            self.unset = try RPCParam.optional(params, "unset", of: Self.method, { v throws(RPCShapeError) -> [String] in try RPCDecode.array(v, RPCDecode.string) })
+            self.incr = try RPCParam.optional(params, "incr", of: Self.method, { v throws(RPCShapeError) -> [String: JSONValue] in try RPCDecode.map(v, RPCDecode.json) })
+            self.add = try RPCParam.optional(params, "add", of: Self.method, { v throws(RPCShapeError) -> [String: [JSONValue]] in try RPCDecode.map(v, { v throws(RPCShapeError) -> [JSONValue] in try RPCDecode.array(v, RPCDecode.json) }) })
+            self.remove = try RPCParam.optional(params, "remove", of: Self.method, { v throws(RPCShapeError) -> [String: [JSONValue]] in try RPCDecode.map(v, { v throws(RPCShapeError) -> [JSONValue] in try RPCDecode.array(v, RPCDecode.json) }) })
+            self.returnIds = try RPCParam.optional(params, "returnIds", of: Self.method, RPCDecode.bool)
+        }
+
+        /// The params as a request carries them.
+        public var jsonObject: [String: JSONValue] {
+            var o = [String: JSONValue](minimumCapacity: 10)
+            o["db"] = .string(self.db)
+            o["collection"] = .string(self.collection)
+            o["where"] = .object(self.`where`)
+            if let v = self.limit { o["limit"] = .int(Int64(v)) }
+            if let v = self.set { o["set"] = .object(v) }
+            if let v = self.unset { o["unset"] = .array(v.map { x0 in .string(x0) }) }
+            if let v = self.incr { o["incr"] = .object(v) }
+            if let v = self.add { o["add"] = .object(v.mapValues { x0 in .array(x0) }) }
+            if let v = self.remove { o["remove"] = .object(v.mapValues { x0 in .array(x0) }) }
+            if let v = self.returnIds { o["returnIds"] = .bool(v) }
             return o
         }
 
