@@ -144,6 +144,10 @@ export type QueryCountResult = { "count": number };
 export interface QueryExplainParams { "db": DatabaseName; "collection": CollectionName; "where"?: Filter; "sort"?: Sort; "limit"?: number }
 /** Result of `query.explain`. */
 export type QueryExplainResult = { "sql": string; "plan": Array<string>; "indexes": Array<string> };
+/** Parameters of `query.aggregate`: Groups matching documents by field values and computes count, sum, avg, min and max per group. */
+export interface QueryAggregateParams { "db": DatabaseName; "collection": CollectionName; "where"?: Filter; "group"?: FieldList; "aggregates": Record<string, Record<string, unknown>>; "limit"?: number }
+/** Result of `query.aggregate`. */
+export type QueryAggregateResult = { "groups": Array<{ "key": Record<string, unknown>; "values": Record<string, unknown> }>; "truncated": boolean };
 /** Parameters of `query.delete`: Deletes every document matching a filter, atomically, as one replicated change. */
 export interface QueryDeleteParams { "db": DatabaseName; "collection": CollectionName; "where": Filter; "limit"?: number; "returnIds"?: boolean }
 /** Result of `query.delete`. */
@@ -251,7 +255,7 @@ export declare class BlazeClient {
   readonly collection: { list(params: CollectionListParams): Promise<CollectionListResult> };
   readonly doc: { insert(params: DocInsertParams): Promise<DocInsertResult>; get(params: DocGetParams): Promise<DocGetResult>; getMany(params: DocGetManyParams): Promise<DocGetManyResult>; put(params: DocPutParams): Promise<DocPutResult>; patch(params: DocPatchParams): Promise<DocPatchResult>; delete(params: DocDeleteParams): Promise<DocDeleteResult> };
   readonly tx: { commit(params: TxCommitParams): Promise<TxCommitResult> };
-  readonly query: { find(params: QueryFindParams): Promise<QueryFindResult>; count(params: QueryCountParams): Promise<QueryCountResult>; explain(params: QueryExplainParams): Promise<QueryExplainResult>; delete(params: QueryDeleteParams): Promise<QueryDeleteResult>; update(params: QueryUpdateParams): Promise<QueryUpdateResult> };
+  readonly query: { find(params: QueryFindParams): Promise<QueryFindResult>; count(params: QueryCountParams): Promise<QueryCountResult>; explain(params: QueryExplainParams): Promise<QueryExplainResult>; aggregate(params: QueryAggregateParams): Promise<QueryAggregateResult>; delete(params: QueryDeleteParams): Promise<QueryDeleteResult>; update(params: QueryUpdateParams): Promise<QueryUpdateResult> };
   readonly index: { create(params: IndexCreateParams): Promise<IndexCreateResult>; drop(params: IndexDropParams): Promise<IndexDropResult>; list(params: IndexListParams): Promise<IndexListResult> };
   readonly conflict: { list(params: ConflictListParams): Promise<ConflictListResult>; resolve(params: ConflictResolveParams): Promise<ConflictResolveResult> };
   readonly peer: { add(params: PeerAddParams): Promise<PeerAddResult>; remove(params: PeerRemoveParams): Promise<PeerRemoveResult>; list(params: PeerListParams): Promise<PeerListResult> };

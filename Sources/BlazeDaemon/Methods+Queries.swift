@@ -37,6 +37,20 @@ extension Methods {
         return .init(sql: r.sql, plan: r.plan, indexes: r.indexes)
     }
 
+    static let queryAggregate = MethodHandler(RPC.QueryAggregate.self) { p, ctx in
+        var aggregates: [(name: String, aggregate: Aggregate)] = []
+        for name in p.aggregates.keys.sorted(by: utf8Less) {
+            aggregates.append((name, try Aggregate.parse(name, .object(p.aggregates[name]!))))
+        }
+        let q = AggregateQuery(
+            collection: p.collection, filter: try Filter.parse(p.where.map(JSONValue.object)),
+            group: try (p.group ?? []).map { (f: String) throws(StoreError) -> FieldPath in try FieldPath(f) },
+            aggregates: aggregates, limit: p.limit ?? 1000)
+        let r = try ctx.database(p.db).aggregate(q)
+        return .init(
+            groups: r.groups.map { .init(key: .object($0.key), values: .object($0.values)) }, truncated: r.truncated)
+    }
+
     // MARK: writes by filter
 
     static let queryUpdate = MethodHandler(RPC.QueryUpdate.self) { p, ctx in

@@ -29,6 +29,7 @@ enum Methods {
         case .queryFind: return queryFind
         case .queryCount: return queryCount
         case .queryExplain: return queryExplain
+        case .queryAggregate: return queryAggregate
         case .queryUpdate: return queryUpdate
         case .queryDelete: return queryDelete
         case .indexCreate: return indexCreate

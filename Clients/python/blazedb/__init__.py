@@ -450,6 +450,28 @@ class _Query:
             params["limit"] = limit
         return self._client.call("query.explain", params)
 
+    def aggregate(self, *, db: str, collection: str, aggregates: Dict[str, Any], where: Dict[str, Any] = MISSING, group: List[str] = MISSING, limit: int = MISSING) -> Dict[str, Any]:
+        """Groups matching documents by field values and computes count, sum, avg, min and max per group.
+
+        db: Database name.
+        collection: Collection name.
+        where: Filter, see Protocol/QUERIES.md.
+        group: Field paths to group by (none: one group of every matching document).
+        aggregates: Result name → one operator: {"$count": {}}, {"$sum": path}, {"$avg": path}, {"$min": path}, {"$max": path}.
+        limit: Most groups returned (default 1000); more sets truncated.
+        """
+        params: Dict[str, Any] = {}
+        params["db"] = db
+        params["collection"] = collection
+        if where is not MISSING:
+            params["where"] = where
+        if group is not MISSING:
+            params["group"] = group
+        params["aggregates"] = aggregates
+        if limit is not MISSING:
+            params["limit"] = limit
+        return self._client.call("query.aggregate", params)
+
     def delete(self, *, db: str, collection: str, where: Dict[str, Any], limit: int = MISSING, return_ids: bool = MISSING) -> Dict[str, Any]:
         """Deletes every document matching a filter, atomically, as one replicated change.
 

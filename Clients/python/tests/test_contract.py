@@ -131,6 +131,9 @@ def test_every_method_succeeds_and_fails_as_documented(client, daemon):
               returnIds=True) == {"count": 2, "ids": ["t2", "t3"]}
     err(c, "query.update", -32602, "invalid_path", db="app", collection="todos", where={}, set={"n.x": 1})
     assert ok(c, "query.delete", db="app", collection="nope", where={}) == {"count": 0}
+    agg = ok(c, "query.aggregate", db="app", collection="todos", group=["done"], aggregates={"n": {"$count": {}}})
+    assert [(g["key"]["done"], g["values"]["n"]) for g in agg["groups"]] == [(None, 2), (False, 1)] and not agg["truncated"]
+    err(c, "query.aggregate", -32602, "invalid_aggregate", db="app", collection="todos", aggregates={"n": {"$median": "x"}})
     err(c, "query.delete", -32602, "invalid_params", db="app", collection="todos")
     assert ok(c, "query.explain", db="app", collection="todos", where={"n": 3})["indexes"] == ["todos.n"]
     err(c, "query.explain", -32012, db="app", collection="todos", limit=0)

@@ -45,6 +45,8 @@ public enum RPCMethod: String, Sendable, CaseIterable {
     case queryCount = "query.count"
     /// Shows the SQL and SQLite's plan for a query, and the indexes used.
     case queryExplain = "query.explain"
+    /// Groups matching documents by field values and computes count, sum, avg, min and max per group.
+    case queryAggregate = "query.aggregate"
     /// Deletes every document matching a filter, atomically, as one replicated change.
     case queryDelete = "query.delete"
     /// Patches every document matching a filter, atomically, as one replicated change.
@@ -120,6 +122,7 @@ public enum RPCMethod: String, Sendable, CaseIterable {
         case .queryFind: return "Finds documents matching a filter, sorted, one page at a time."
         case .queryCount: return "Counts documents matching a filter."
         case .queryExplain: return "Shows the SQL and SQLite's plan for a query, and the indexes used."
+        case .queryAggregate: return "Groups matching documents by field values and computes count, sum, avg, min and max per group."
         case .queryDelete: return "Deletes every document matching a filter, atomically, as one replicated change."
         case .queryUpdate: return "Patches every document matching a filter, atomically, as one replicated change."
         case .indexCreate: return "Creates an index on one or more fields of a collection; replicated."
@@ -172,6 +175,7 @@ public enum RPCMethod: String, Sendable, CaseIterable {
         case .queryFind: return ["db", "collection", "where", "sort", "limit", "cursor", "fields"]
         case .queryCount: return ["db", "collection", "where"]
         case .queryExplain: return ["db", "collection", "where", "sort", "limit"]
+        case .queryAggregate: return ["db", "collection", "where", "group", "aggregates", "limit"]
         case .queryDelete: return ["db", "collection", "where", "limit", "returnIds"]
         case .queryUpdate: return ["db", "collection", "where", "limit", "set", "unset", "incr", "add", "remove", "returnIds"]
         case .indexCreate: return ["db", "collection", "fields", "name"]
@@ -2012,6 +2016,135 @@ public enum RPC {
             o["collection"] = .string(self.collection)
             if let v = self.`where` { o["where"] = .object(v) }
             if let v = self.sort { o["sort"] = v }
+            if let v = self.limit { o["limit"] = .int(Int64(v)) }
+            return o
+        }
+
+        /// The JSON form of a result.
+        public static func encode(_ result: Result) -> JSONValue {
+            result.json
+        }
+
+        /// Reads a result a daemon sent.
+        public static func decode(_ result: JSONValue) throws(RPCShapeError) -> Result {
+            try RPCDecode.value(result, Result.init(json:))
+        }
+    }
+
+    /// Parameters of `query.aggregate`: Groups matching documents by field values and computes count, sum, avg, min and max per group.
+    public struct QueryAggregate: RPCParameters {
+        public static let method = RPCMethod.queryAggregate
+
+        /// The result of `query.aggregate`.
+        public struct Result: RPCObject {
+            /// One element of `groups`.
+            public struct Group: RPCObject {
+                /// Group path → its value (null when missing).
+                public var key: JSONValue
+                /// Aggregate name → its value.
+                public var values: JSONValue
+
+                /// A value from its members.
+                public init(key: JSONValue, values: JSONValue) {
+                    self.key = key
+                    self.values = values
+                }
+
+                /// Reads the value from JSON.
+                public init(json: JSONValue) throws(RPCShapeError) {
+                    let o = try RPCDecode.object(json)
+                    self.key = try RPCDecode.member(o, "key", RPCDecode.objectValue)
+                    self.values = try RPCDecode.member(o, "values", RPCDecode.objectValue)
+                }
+
+                /// The value's JSON form.
+                public var json: JSONValue {
+                    .object(jsonObject)
+                }
+
+                /// The members of the JSON form.
+                public var jsonObject: [String: JSONValue] {
+                    var o = [String: JSONValue](minimumCapacity: 2)
+                    o["key"] = self.key
+                    o["values"] = self.values
+                    return o
+                }
+            }
+
+            /// `groups`.
+            public var groups: [Group]
+            /// True when there were more groups than the limit.
+            public var truncated: Bool
+
+            /// A value from its members.
+            public init(groups: [Group], truncated: Bool) {
+                self.groups = groups
+                self.truncated = truncated
+            }
+
+            /// Reads the value from JSON.
+            public init(json: JSONValue) throws(RPCShapeError) {
+                let o = try RPCDecode.object(json)
+                self.groups = try RPCDecode.member(o, "groups", { v throws(RPCShapeError) -> [Group] in try RPCDecode.array(v, Group.init(json:)) })
+                self.truncated = try RPCDecode.member(o, "truncated", RPCDecode.bool)
+            }
+
+            /// The value's JSON form.
+            public var json: JSONValue {
+                .object(jsonObject)
+            }
+
+            /// The members of the JSON form.
+            public var jsonObject: [String: JSONValue] {
+                var o = [String: JSONValue](minimumCapacity: 2)
+                o["groups"] = .array(self.groups.map { x0 in x0.json })
+                o["truncated"] = .bool(self.truncated)
+                return o
+            }
+        }
+
+        /// Database name.
+        public var db: String
+        /// Collection name.
+        public var collection: String
+        /// Filter, see Protocol/QUERIES.md.
+        public var `where`: [String: JSONValue]?
+        /// Field paths to group by (none: one group of every matching document).
+        public var group: [String]?
+        /// Result name → one operator: {"$count": {}}, {"$sum": path}, {"$avg": path}, {"$min": path}, {"$max": path}.
+        public var aggregates: [String: [String: JSONValue]]
+        /// Most groups returned (default 1000); more sets truncated.
+        public var limit: Int?
+
+        /// Parameters from their values (optional ones default to absent).
+        public init(db: String, collection: String, aggregates: [String: [String: JSONValue]], `where`: [String: JSONValue]? = nil, group: [String]? = nil, limit: Int? = nil) {
+            self.db = db
+            self.collection = collection
+            self.`where` = `where`
+            self.group = group
+            self.aggregates = aggregates
+            self.limit = limit
+        }
+
+        /// Checks a request's params: names, presence and JSON types.
+        public init(validating params: [String: JSONValue]) throws(RPCError) {
+            try RPCParam.rejectUnknown(params, accepted: ["db", "collection", "where", "group", "aggregates", "limit"], method: Self.method)
+            self.db = try RPCParam.required(params, "db", of: Self.method, RPCDecode.string)
+            self.collection = try RPCParam.required(params, "collection", of: Self.method, RPCDecode.string)
+            self.`where` = try RPCParam.optional(params, "where", of: Self.method, RPCDecode.object)
+            self.group = try RPCParam.optional(params, "group", of: Self.method, { v throws(RPCShapeError) -> [String] in try RPCDecode.array(v, RPCDecode.string) })
+            self.aggregates = try RPCParam.required(params, "aggregates", of: Self.method, { v throws(RPCShapeError) -> [String: [String: JSONValue]] in try RPCDecode.map(v, RPCDecode.object) })
+            self.limit = try RPCParam.optional(params, "limit", of: Self.method, RPCDecode.int)
+        }
+
+        /// The params as a request carries them.
+        public var jsonObject: [String: JSONValue] {
+            var o = [String: JSONValue](minimumCapacity: 6)
+            o["db"] = .string(self.db)
+            o["collection"] = .string(self.collection)
+            if let v = self.`where` { o["where"] = .object(v) }
+            if let v = self.group { o["group"] = .array(v.map { x0 in .string(x0) }) }
+            o["aggregates"] = .object(self.aggregates.mapValues { x0 in .object(x0) })
             if let v = self.limit { o["limit"] = .int(Int64(v)) }
             return o
         }
