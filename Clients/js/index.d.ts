@@ -101,19 +101,27 @@ export type DbRelayCapabilityResult = { "db": DatabaseName; "space": string; "ca
 export interface CollectionListParams { "db": DatabaseName }
 /** Result of `collection.list`. */
 export type CollectionListResult = { "collections": Array<{ "name": CollectionName; "count": number }> };
+/** Parameters of `collection.drop`: Drops a collection: deletes its documents and drops its indexes, replicated. */
+export interface CollectionDropParams { "db": DatabaseName; "collection": CollectionName }
+/** Result of `collection.drop`. */
+export type CollectionDropResult = { "collection": CollectionName; "deleted": number; "indexes": number; "changes": number };
 
 /** Parameters of `doc.insert`: Inserts a new document; the id is generated unless doc._id is given. */
 export interface DocInsertParams { "db": DatabaseName; "collection": CollectionName; "doc": DocumentInput }
 /** Result of `doc.insert`. */
 export type DocInsertResult = { "id": DocumentId };
-/** Parameters of `doc.get`: Fetches one document by id. */
-export interface DocGetParams { "db": DatabaseName; "collection": CollectionName; "id": DocumentId; "fields"?: FieldList }
+/** Parameters of `doc.get`: Fetches one document by id, now or as it was (at, atTime). */
+export interface DocGetParams { "db": DatabaseName; "collection": CollectionName; "id": DocumentId; "fields"?: FieldList; "at"?: number; "atTime"?: number }
 /** Result of `doc.get`. */
 export type DocGetResult = { "doc": Document };
 /** Parameters of `doc.getMany`: Fetches documents by id, in order; missing ones are null. */
 export interface DocGetManyParams { "db": DatabaseName; "collection": CollectionName; "ids": Array<DocumentId>; "fields"?: FieldList }
 /** Result of `doc.getMany`. */
 export type DocGetManyResult = { "docs": Array<Document | null> };
+/** Parameters of `doc.history`: Lists the changes that touched a document, oldest first, with what each changed. */
+export interface DocHistoryParams { "db": DatabaseName; "collection": CollectionName; "id": DocumentId; "limit"?: number; "cursor"?: string }
+/** Result of `doc.history`. */
+export type DocHistoryResult = { "entries": Array<{ "seq": number; "type": "insert" | "update" | "delete" | "unchanged"; "origin": string; "change": number | null; "hlc": number | null; "time": number | null; "appliedAt": number | null; "changed": Array<string> }>; "cursor": string | null; "floor": number };
 /** Parameters of `doc.put`: Creates or replaces the document with the given id (id or doc._id). */
 export interface DocPutParams { "db": DatabaseName; "collection": CollectionName; "doc": DocumentInput; "id"?: DocumentId }
 /** Result of `doc.put`. */
@@ -252,8 +260,8 @@ export declare class BlazeClient {
   readonly rpc: { discover(params?: RpcDiscoverParams): Promise<RpcDiscoverResult> };
   readonly daemon: { info(params?: DaemonInfoParams): Promise<DaemonInfoResult>; config(params?: DaemonConfigParams): Promise<DaemonConfigResult> };
   readonly db: { create(params: DbCreateParams): Promise<DbCreateResult>; list(params?: DbListParams): Promise<DbListResult>; info(params: DbInfoParams): Promise<DbInfoResult>; drop(params: DbDropParams): Promise<DbDropResult>; backup(params: DbBackupParams): Promise<DbBackupResult>; restore(params: DbRestoreParams): Promise<DbRestoreResult>; compact(params: DbCompactParams): Promise<DbCompactResult>; share(params: DbShareParams): Promise<DbShareResult>; join(params: DbJoinParams): Promise<DbJoinResult>; invite(params: DbInviteParams): Promise<DbInviteResult>; members(params: DbMembersParams): Promise<DbMembersResult>; revoke(params: DbRevokeParams): Promise<DbRevokeResult>; relayCapability(params: DbRelayCapabilityParams): Promise<DbRelayCapabilityResult> };
-  readonly collection: { list(params: CollectionListParams): Promise<CollectionListResult> };
-  readonly doc: { insert(params: DocInsertParams): Promise<DocInsertResult>; get(params: DocGetParams): Promise<DocGetResult>; getMany(params: DocGetManyParams): Promise<DocGetManyResult>; put(params: DocPutParams): Promise<DocPutResult>; patch(params: DocPatchParams): Promise<DocPatchResult>; delete(params: DocDeleteParams): Promise<DocDeleteResult> };
+  readonly collection: { list(params: CollectionListParams): Promise<CollectionListResult>; drop(params: CollectionDropParams): Promise<CollectionDropResult> };
+  readonly doc: { insert(params: DocInsertParams): Promise<DocInsertResult>; get(params: DocGetParams): Promise<DocGetResult>; getMany(params: DocGetManyParams): Promise<DocGetManyResult>; history(params: DocHistoryParams): Promise<DocHistoryResult>; put(params: DocPutParams): Promise<DocPutResult>; patch(params: DocPatchParams): Promise<DocPatchResult>; delete(params: DocDeleteParams): Promise<DocDeleteResult> };
   readonly tx: { commit(params: TxCommitParams): Promise<TxCommitResult> };
   readonly query: { find(params: QueryFindParams): Promise<QueryFindResult>; count(params: QueryCountParams): Promise<QueryCountResult>; explain(params: QueryExplainParams): Promise<QueryExplainResult>; aggregate(params: QueryAggregateParams): Promise<QueryAggregateResult>; delete(params: QueryDeleteParams): Promise<QueryDeleteResult>; update(params: QueryUpdateParams): Promise<QueryUpdateResult> };
   readonly index: { create(params: IndexCreateParams): Promise<IndexCreateResult>; drop(params: IndexDropParams): Promise<IndexDropResult>; list(params: IndexListParams): Promise<IndexListResult> };

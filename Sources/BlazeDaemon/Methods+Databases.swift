@@ -37,4 +37,9 @@ extension Methods {
     static let collectionList = MethodHandler(RPC.CollectionList.self, inline: true) { p, ctx in
         .init(collections: try ctx.database(p.db).collections().map { .init(name: $0.name, count: $0.count) })
     }
+
+    static let collectionDrop = MethodHandler(RPC.CollectionDrop.self) { p, ctx in
+        let r = try ctx.writableDatabase(p.db).dropCollection(p.collection)
+        return .init(collection: p.collection, deleted: r.deleted, indexes: r.indexes, changes: r.changes)
+    }
 }

@@ -19,9 +19,11 @@ enum Methods {
         case .dbRestore: return dbRestore
         case .dbCompact: return dbCompact
         case .collectionList: return collectionList
+        case .collectionDrop: return collectionDrop
         case .docInsert: return docInsert
         case .docGet: return docGet
         case .docGetMany: return docGetMany
+        case .docHistory: return docHistory
         case .docPut: return docPut
         case .docPatch: return docPatch
         case .docDelete: return docDelete

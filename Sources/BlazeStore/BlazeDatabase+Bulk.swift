@@ -64,3 +64,63 @@ extension BlazeDatabase {
         }
     }
 }
+
+/// What `collection.drop` did.
+public struct DropReport: Sendable, Equatable {
+    /// Documents deleted.
+    public var deleted: Int
+    /// Indexes dropped.
+    public var indexes: Int
+    /// Replicated changes written (one per `maxTransactionOps` deletes; all in one local transaction).
+    public var changes: Int
+}
+
+extension BlazeDatabase {
+    /// Drops a collection: deletes every document it holds and drops its indexes, replicated as ordinary deletes and
+    /// index drops (Protocol/SYNC.md, "Collections"), so a document another device inserts concurrently survives.
+    ///
+    /// One local transaction; the deletes go in changes of at most `maxTransactionOps` each (the first also drops
+    /// the indexes), which other devices apply one by one. `collection_not_found` when the collection holds
+    /// neither documents nor indexes.
+    public func dropCollection(_ collection: String) throws -> DropReport {
+        try Names.validateCollection(collection)
+        return try pool.writeWithoutTransaction { db in
+            var afterCommit: [@Sendable () -> Void] = []
+            var report = DropReport(deleted: 0, indexes: 0, changes: 0)
+            try Self.inWriteTransaction(db) {
+                let ids = try String.fetchAll(
+                    db, sql: "SELECT id FROM docs WHERE collection = ? ORDER BY id", arguments: [collection])
+                let indexes = try String.fetchAll(
+                    db, sql: "SELECT name FROM indexes WHERE collection = ? ORDER BY name", arguments: [collection])
+                guard !ids.isEmpty || !indexes.isEmpty else {
+                    throw StoreError(
+                        .notFound, kind: "collection_not_found",
+                        "collection \(Names.quoted(collection)) holds no documents or indexes")
+                }
+                var (feedSequence, feedTotal) = (feed.lastSequence, feed.totals.last)
+                var versions = try committedVersions.value(db)
+                let chunk = limits.maxTransactionOps
+                var start = 0
+                repeat {
+                    let part = ids[start..<min(ids.count, start + chunk)]
+                    let storage = makeStorage(db, feedSequence: feedSequence, feedTotal: feedTotal, startVersions: versions)
+                    storage.collectsAfterCommit = true
+                    try localChange(storage) { tx in
+                        if start == 0 { for name in indexes { try tx.dropIndex(name: name) } }
+                        tx.storage.reserve(documents: part.count)
+                        for id in part { _ = try tx.apply(.delete(collection: collection, id: id)) }
+                    }
+                    afterCommit += storage.afterCommit
+                    (feedSequence, feedTotal) = (storage.feedSequence, storage.feedTotal)
+                    versions = try storage.versionVector()
+                    report.changes += 1
+                    start += chunk
+                } while start < ids.count
+                report.deleted = ids.count
+                report.indexes = indexes.count
+            }
+            for action in afterCommit { action() }
+            return report
+        }
+    }
+}

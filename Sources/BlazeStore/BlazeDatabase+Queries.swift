@@ -302,12 +302,19 @@ extension BlazeDatabase {
         }
     }
 
-    /// Lists collections with their document counts.
+    /// Lists the collections that hold documents or indexes, with their document counts (a collection whose
+    /// documents were all deleted, or that was dropped, is not listed; reads of it answer as for an empty one).
     public func collections() throws -> [CollectionInfo] {
         try read { db in
             try Row.fetchAll(
                 db,
-                sql: "SELECT c.name, (SELECT count(*) FROM docs d WHERE d.collection = c.name) FROM collections c ORDER BY c.name"
+                sql: """
+                    SELECT name, n FROM (
+                        SELECT c.name AS name, (SELECT count(*) FROM docs d WHERE d.collection = c.name) AS n,
+                            EXISTS (SELECT 1 FROM indexes i WHERE i.collection = c.name) AS indexed
+                        FROM collections c)
+                    WHERE n > 0 OR indexed ORDER BY name
+                    """
             ).map { CollectionInfo(name: $0[0], count: $0[1]) }
         }
     }
@@ -330,7 +337,12 @@ extension BlazeDatabase {
     public func summary() throws -> DatabaseSummary {
         let (collections, documents) = try read { db in
             (
-                try Int.fetchOne(db, sql: "SELECT count(*) FROM collections") ?? 0,
+                try Int.fetchOne(
+                    db,
+                    sql: """
+                        SELECT count(*) FROM collections c WHERE EXISTS (SELECT 1 FROM docs d WHERE d.collection = c.name)
+                            OR EXISTS (SELECT 1 FROM indexes i WHERE i.collection = c.name)
+                        """) ?? 0,
                 try Int.fetchOne(db, sql: "SELECT count(*) FROM docs") ?? 0
             )
         }

@@ -226,6 +226,9 @@ enum FeedLog {
         /// A reverse delta: the document before follows from the one after, which a later event or the current
         /// document gives.
         case delta(DocKey, FeedEventType, Before)
+        /// The change touched the document without a visible change (what it wrote lost to concurrent writes, or
+        /// was already there): no event for subscribers, an entry for `doc.history`.
+        case touched(DocKey)
     }
 
     /// How the document before a delta event follows from the one after it.
@@ -245,11 +248,21 @@ enum FeedLog {
         let events: [Stored]
     }
 
-    /// The stored form of `events`.
-    static func encode(_ events: [FeedEvent]) -> String {
+    /// The stored form of `events`, and of the documents in `touched` that the change touched without a visible
+    /// change (`{"_":1,"c":…,"i":…}`).
+    static func encode(_ events: [FeedEvent], touched: [DocKey] = []) -> String {
         var out: [UInt8] = []
         out.reserveCapacity(events.count * 48 + 16)
         out.append(contentsOf: #"{"d":["#.utf8)
+        for (i, key) in touched.enumerated() {
+            if i > 0 { out.append(UInt8(ascii: ",")) }
+            out.append(contentsOf: #"{"_":1,"c":"#.utf8)
+            JSONValue.writeString(key.collection, to: &out)
+            out.append(contentsOf: #","i":"#.utf8)
+            JSONValue.writeString(key.id, to: &out)
+            out.append(UInt8(ascii: "}"))
+        }
+        if !touched.isEmpty && !events.isEmpty { out.append(UInt8(ascii: ",")) }
         for (i, e) in events.enumerated() {
             if i > 0 { out.append(UInt8(ascii: ",")) }
             out.append(UInt8(ascii: "{"))
@@ -379,6 +392,11 @@ enum FeedLog {
             guard case .object(let o) = item else { throw corrupt() }
             if deltas {
                 guard case .string(let c)? = o["c"], case .string(let i)? = o["i"], o["t"] == nil else { throw corrupt() }
+                if o["_"] != nil {
+                    guard o.count == 3 else { throw corrupt() }
+                    events.append(.touched(DocKey(collection: c, id: i)))
+                    continue
+                }
                 let before: Before
                 let type: FeedEventType
                 switch (o["b"], o["w"], o["u"]) {
@@ -487,7 +505,9 @@ extension BlazeDatabase {
             for row in page.reversed() {
                 var resolved: [FeedEvent] = []
                 resolved.reserveCapacity(row.events.count)
-                for e in row.events.reversed() { resolved.append(try Self.stepBack(e, &current, row: row.seq)) }
+                for e in row.events.reversed() {
+                    if let event = try Self.stepBack(e, &current, row: row.seq) { resolved.append(event) }
+                }
                 out.append(FeedEntry(seq: row.seq, origin: row.origin, events: resolved.reversed()))
             }
             return out.reversed()
@@ -495,9 +515,11 @@ extension BlazeDatabase {
     }
 
     /// Resolves stored event `e` of row `row` from the documents after it in `current` (documents not in `current`
-    /// are not being followed) and moves `current` to before it.
-    private static func stepBack(_ e: FeedLog.Stored, _ current: inout [DocKey: String?], row: Int64) throws -> FeedEvent {
+    /// are not being followed) and moves `current` to before it; nil for a document touched without a visible change.
+    static func stepBack(_ e: FeedLog.Stored, _ current: inout [DocKey: String?], row: Int64) throws -> FeedEvent? {
         switch e {
+        case .touched:
+            return nil
         case .complete(let event):
             let key = DocKey(collection: event.collection, id: event.id)
             if current[key] != nil { current[key] = .some(event.beforeText) }

@@ -124,6 +124,11 @@ struct RawStatement {
         }
     }
 
+    /// Binds integers to the parameters from `first` on, for the next run (which clears them).
+    func bind(_ values: Int64..., from first: Int32) {
+        for (i, v) in values.enumerated() { sqlite3_bind_int64(handle, first + Int32(i), v) }
+    }
+
     private func step() throws -> Int {
         defer { clear() }
         let code = sqlite3_step(handle)

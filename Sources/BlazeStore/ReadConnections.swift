@@ -5,7 +5,10 @@ import Synchronization
 
 /// A read that ran out of its budget of SQLite steps (`ReadBudget.inline`) before it finished: the caller should run
 /// it again where it may take as long as it needs (the daemon's I/O pool rather than an event loop).
-public struct ReadBudgetExceeded: Error, Sendable {}
+public struct ReadBudgetExceeded: Error, Sendable {
+    /// Creates the error.
+    public init() {}
+}
 
 /// How much work one read may do before it gives up with `ReadBudgetExceeded`.
 public enum ReadBudget: Sendable {

@@ -77,6 +77,8 @@ extension SQLStorage {
         let touched = docs.takeTouched()
         var events: [FeedEvent] = []
         events.reserveCapacity(touched.count)
+        // Documents the change touched without changing what clients see (kept for `doc.history`).
+        var unchanged: [DocKey] = []
         for key in touched {
             let before = docs.visible[key] ?? Visible()
             let after: Visible
@@ -93,11 +95,16 @@ extension SQLStorage {
             if !last || docs.isDirty(key) { docs.visible[key] = after }
             let type: FeedEventType
             switch (before.text, after.text) {
-            case (nil, nil): continue
+            case (nil, nil):
+                unchanged.append(key)
+                continue
             case (nil, _): type = .insert
             case (_, nil): type = .delete
             case (let b?, let a?):
-                if a == b { continue }
+                if a == b {
+                    unchanged.append(key)
+                    continue
+                }
                 type = .update
             }
             events.append(
@@ -109,8 +116,11 @@ extension SQLStorage {
         feedTotal += Int64(events.count)
         // The database's home origin (its creator, usually this device) is written as "" (`FeedLog`).
         let origin = change.origin.hex
-        try prepared(&insertFeed, "INSERT INTO feed(seq, origin, events, total) VALUES (?1, ?2, ?3, ?4)").run(
-            feedSequence, change.origin == coding.home ? "" : origin, FeedLog.encode(events), feedTotal)
+        let insert = try prepared(
+            &insertFeed,
+            "INSERT INTO feed(seq, origin, events, total, change_seq, hlc, applied_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)")
+        insert.bind(Int64(change.seq), Int64(bitPattern: change.hlc.raw), Int64(BlazeDatabase.nowMilliseconds()), from: 5)
+        try insert.run(feedSequence, change.origin == coding.home ? "" : origin, FeedLog.encode(events, touched: unchanged), feedTotal)
         entries.append(FeedEntry(seq: feedSequence, origin: change.origin, events: events))
         // Bound in place: a change of a large transaction is hundreds of kilobytes.
         try prepared(&insertChange, "INSERT INTO changes(origin, seq, hlc, body) VALUES (?, ?, ?, ?)").run(

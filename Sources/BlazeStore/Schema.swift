@@ -243,6 +243,13 @@ enum Schema {
             // each feed row about an eighth of its size.
             try db.execute(sql: "DROP INDEX feed_total")
         }
+        m.registerMigration("v13-feed-history") { db in
+            // What `doc.history` tells about each change: its sequence from its origin, its clock, and when this
+            // replica applied it (Unix milliseconds; `doc.get` with `atTime`). Rows from before have none.
+            try db.execute(
+                sql: "ALTER TABLE feed ADD COLUMN change_seq INTEGER; ALTER TABLE feed ADD COLUMN hlc INTEGER; "
+                    + "ALTER TABLE feed ADD COLUMN applied_at INTEGER;")
+        }
         return m
     }
 }

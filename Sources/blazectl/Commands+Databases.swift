@@ -229,7 +229,20 @@ struct DB: ParsableCommand {
 
 struct Collection: ParsableCommand {
     static let configuration = CommandConfiguration(
-        commandName: "collection", abstract: "List collections.", subcommands: [List.self])
+        commandName: "collection", abstract: "List and drop collections.", subcommands: [List.self, Drop.self])
+
+    struct Drop: ParsableCommand {
+        static let configuration = CommandConfiguration(
+            abstract: "Delete every document of a collection and drop its indexes (replicated to every device).")
+        @OptionGroup var global: Global
+        @Argument var db: String
+        @Argument var collection: String
+        func run() throws {
+            global.run(RPC.CollectionDrop(db: db, collection: collection)) { r in
+                print("dropped \(r.collection): \(r.deleted) documents, \(r.indexes) indexes")
+            }
+        }
+    }
 
     struct List: ParsableCommand {
         static let configuration = CommandConfiguration(abstract: "List the collections of a database.")

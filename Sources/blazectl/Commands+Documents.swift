@@ -1,4 +1,5 @@
 import ArgumentParser
+import Foundation
 import BlazeClient
 import BlazeProtocol
 
@@ -7,7 +8,7 @@ import BlazeProtocol
 struct Doc: ParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "doc", abstract: "Insert, read, replace, patch and delete documents.",
-        subcommands: [Insert.self, Get.self, GetMany.self, Put.self, Patch.self, Delete.self])
+        subcommands: [Insert.self, Get.self, GetMany.self, Put.self, Patch.self, Delete.self, History.self])
 
     struct Insert: ParsableCommand {
         static let configuration = CommandConfiguration(abstract: "Insert a document; prints its id.")
@@ -28,9 +29,43 @@ struct Doc: ParsableCommand {
         @Argument var collection: String
         @Argument var id: String
         @Option(help: "Comma-separated fields to return.") var fields: String?
+        @Option(help: "The document as it was after this feed sequence (see 'doc history').") var at: Int?
+        @Option(help: "The document as it was at this time (ISO 8601, e.g. 2026-11-24T10:00:00Z).") var atTime: String?
         func run() throws {
             let list = fields.map { $0.split(separator: ",").map(String.init) }
-            global.run(RPC.DocGet(db: db, collection: collection, id: id, fields: list)) { print($0.doc.prettyText()) }
+            var time: Int?
+            if let atTime {
+                guard let date = ISO8601DateFormatter().date(from: atTime) else {
+                    fail("--at-time: not an ISO 8601 time: \(atTime)")
+                }
+                time = Int(date.timeIntervalSince1970 * 1000)
+            }
+            global.run(RPC.DocGet(db: db, collection: collection, id: id, fields: list, at: at, atTime: time)) {
+                print($0.doc.prettyText())
+            }
+        }
+    }
+
+    struct History: ParsableCommand {
+        static let configuration = CommandConfiguration(
+            abstract: "List the changes that touched a document, oldest first: feed seq, time applied, type, origin, paths changed.")
+        @OptionGroup var global: Global
+        @Argument var db: String
+        @Argument var collection: String
+        @Argument var id: String
+        @Option(help: "Most entries.") var limit: Int?
+        @Option(help: "Continue after this point (printed at the end of a page).") var cursor: String?
+        func run() throws {
+            global.run(RPC.DocHistory(db: db, collection: collection, id: id, limit: limit, cursor: cursor)) { r in
+                for e in r.entries {
+                    let time = e.appliedAt.map {
+                        ISO8601DateFormatter().string(from: Date(timeIntervalSince1970: Double($0) / 1000))
+                    } ?? "-"
+                    let changed = e.changed.isEmpty ? "" : " " + e.changed.joined(separator: ",")
+                    print("\(e.seq) \(time) \(e.type.rawValue) \(e.origin.prefix(8))\(changed)")
+                }
+                if let next = r.cursor { print("-- more: --cursor \(next)") }
+            }
         }
     }
 

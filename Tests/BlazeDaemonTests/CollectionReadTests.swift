@@ -32,3 +32,34 @@ import Testing
         #expect(try call("doc.getMany", ["ids": ["a", "b"]])["docs"] == [["_id": "a", "n": 2], .null])
     }
 }
+
+/// `collection.drop` over the socket and blazectl.
+@Suite struct CollectionDropDaemonTests {
+    @Test func dropOverTheSocketReachesSubscribersAndRejectsBadInput() throws {
+        let d = try DaemonProcess()
+        defer { d.stop() }
+        let c = try d.connect()
+        let watcher = try d.connect()
+        _ = try c.call("tx.commit", ["db": "default", "ops": [
+            ["op": "insert", "collection": "tmp", "doc": ["_id": "a"]], ["op": "insert", "collection": "tmp", "doc": ["_id": "b"]],
+            ["op": "insert", "collection": "keep", "doc": ["_id": "k"]],
+        ]])
+        _ = try c.call("index.create", ["db": "default", "collection": "tmp", "fields": ["n"]])
+        let (sub, _) = try subscribe(watcher, ["db": "default", "collection": "tmp"])
+        let dropped = try c.call("collection.drop", ["db": "default", "collection": "tmp"])
+        #expect(dropped == ["collection": "tmp", "deleted": 2, "indexes": 1, "changes": 1])
+        let events = try readEvents(watcher, sub, count: 2)
+        #expect(events.map { $0["type"] } == ["delete", "delete"] && Set(events.map { $0["seq"] }).count == 1)
+        #expect(try c.call("collection.list", ["db": "default"])["collections"] == [["name": "keep", "count": 1]])
+        #expect(try c.call("query.count", ["db": "default", "collection": "tmp"])["count"] == 0)
+        expectRPCError(c, "collection.drop", ["db": "default", "collection": "tmp"], code: -32010, kind: "collection_not_found")
+        expectRPCError(c, "collection.drop", ["db": "default", "collection": "a b"], code: -32602, kind: "invalid_name")
+        expectRPCError(c, "collection.drop", ["db": "default"], code: -32602, kind: "invalid_params")
+        expectRPCError(c, "collection.drop", ["db": "default", "collection": 5], code: -32602)
+        expectRPCError(c, "collection.drop", ["db": "nope", "collection": "keep"], code: -32010, kind: "database_not_found")
+        let ctl = buildDirectory + "/blazectl"
+        let out = try run(ctl, ["collection", "drop", "default", "keep", "--socket", d.socket])
+        #expect(out.status == 0 && out.out == "dropped keep: 1 documents, 0 indexes\n", "\(out)")
+        #expect(try c.call("collection.list", ["db": "default"])["collections"] == [])
+    }
+}

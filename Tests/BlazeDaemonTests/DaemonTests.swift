@@ -19,9 +19,10 @@ import Glibc
         let c = try d.connect()
         let discovered = try c.call("rpc.discover")["methods"]?.arrayValue?.compactMap { $0["name"]?.stringValue } ?? []
         #expect(Set(discovered) == [
-            "rpc.discover", "daemon.info", "db.create", "db.list", "db.info", "db.drop", "collection.list",
-            "doc.insert", "doc.get", "doc.getMany", "doc.put", "doc.patch", "doc.delete", "tx.commit",
-            "query.find", "query.count", "query.explain", "index.create", "index.drop", "index.list",
+            "rpc.discover", "daemon.info", "db.create", "db.list", "db.info", "db.drop", "collection.list", "collection.drop",
+            "doc.insert", "doc.get", "doc.getMany", "doc.history", "doc.put", "doc.patch", "doc.delete", "tx.commit",
+            "query.find", "query.count", "query.explain", "query.aggregate", "query.update", "query.delete",
+            "index.create", "index.drop", "index.list",
             "conflict.list", "conflict.resolve", "subscribe", "unsubscribe", "db.share", "db.join", "db.invite",
             "db.members", "db.revoke", "db.relayCapability", "peer.add",
             "peer.remove", "peer.list", "folder.add", "folder.remove", "folder.list", "sync.status", "sync.now", "sync.pause", "sync.resume", "daemon.config",
@@ -432,7 +433,7 @@ extension Durability {
                 == "parameter \"id\" of doc.get must be string, got integer")
         #expect(
             message { _ = try RPC.DocGet(validating: ["db": "d", "collection": "c", "id": "x", "zz": 1, "aa": 2]) }
-                == "unknown parameter \"aa\" for doc.get; accepted: db, collection, id, fields")
+                == "unknown parameter \"aa\" for doc.get; accepted: db, collection, id, fields, at, atTime")
         #expect(
             message { _ = try RPC.DocGetMany(validating: ["db": "d", "collection": "c", "ids": ["a", 2]]) }
                 == "ids[1] must be a string, got integer")

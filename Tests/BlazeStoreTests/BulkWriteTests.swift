@@ -74,3 +74,52 @@ import Testing
         #expect(try db.count(collection: "c", filter: .all) == 1)
     }
 }
+
+/// `collection.drop`: replicated deletes and index drops; what another device writes concurrently.
+@Suite struct CollectionDrop {
+    @Test func aDropDeletesEverythingInChangesOfBoundedSizeAndReplicates() throws {
+        let t = try TempStore(limits: { var l = StoreLimits(); l.maxTransactionOps = 10; return l }())
+        let db = try t.store.create("db")
+        for part in 0..<3 {
+            _ = try db.commit((0..<9).map { i in .insert(collection: "c", doc: ["_id": .string("d\(part)-\(i)"), "n": .int(Int64(i))]) })
+        }
+        _ = try db.apply(.insert(collection: "keep", doc: ["_id": "k"]))
+        _ = try db.write { try $0.createIndex(collection: "c", fields: ["n"], name: "byN") }
+        let before = try db.versionVector()[db.node]
+        let report = try db.dropCollection("c")
+        #expect(report == DropReport(deleted: 27, indexes: 1, changes: 3))
+        #expect(try db.versionVector()[db.node] == before + 3)
+        #expect(try db.collections().map(\.name) == ["keep"])
+        #expect(try db.summary().collections == 1)
+        #expect(try db.count(collection: "c", filter: .all) == 0 && db.indexes().isEmpty)
+        expectStoreError("collection_not_found") { _ = try db.dropCollection("c") }
+        expectStoreError("collection_not_found") { _ = try db.dropCollection("never") }
+        expectStoreError("invalid_name") { _ = try db.dropCollection("a b") }
+        let other = try TempStore()
+        let replica = try other.store.create("db")
+        _ = try replica.receive(try db.changes(since: VersionVector()))
+        #expect(try replica.stateHash() == db.stateHash())
+        #expect(try replica.collections().map(\.name) == ["keep"] && replica.indexes().isEmpty)
+        // The name can be used again.
+        _ = try db.apply(.insert(collection: "c", doc: ["_id": "again"]))
+        #expect(try db.collections().map(\.name) == ["c", "keep"])
+    }
+
+    @Test func aConcurrentInsertSurvivesADropAndAConcurrentEditLosesToIt() throws {
+        let ta = try TempStore(), tb = try TempStore()
+        let a = try ta.store.create("db"), b = try tb.store.create("db")
+        _ = try a.commit([.insert(collection: "c", doc: ["_id": "d1", "n": 1]), .insert(collection: "c", doc: ["_id": "d2"])])
+        _ = try b.receive(try a.changes(since: VersionVector()))
+        // Concurrently: A drops the collection; B inserts a new document and edits one A's drop deletes.
+        #expect(try a.dropCollection("c").deleted == 2)
+        _ = try b.apply(.insert(collection: "c", doc: ["_id": "late", "n": 5]))
+        _ = try b.apply(.patch(collection: "c", id: "d1", set: ["n": 2]))
+        _ = try a.receive(try b.changes(since: try a.versionVector()))
+        _ = try b.receive(try a.changes(since: try b.versionVector()))
+        #expect(try a.stateHash() == b.stateHash())
+        for db in [a, b] {
+            #expect(try db.find(FindQuery(collection: "c")).docs == [["_id": "late", "n": 5]])
+            #expect(try db.collections().map(\.name) == ["c"])
+        }
+    }
+}

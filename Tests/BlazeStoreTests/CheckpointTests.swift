@@ -66,6 +66,7 @@ import Testing
         try fill(db, transactions: 150)
         let frames = try walFrames(db)
         #expect(frames > 0 && frames <= 64 + 48, "the WAL grew to \(frames) pages")
+        print("FRAMES", frames)
         #expect(try db.summary().documents == 600)
         t.store.closeAll()
         let reopened = try Store(directory: t.dir, limits: writerOnly, node: randomNode())

@@ -256,6 +256,17 @@ class _Collection:
         params["db"] = db
         return self._client.call("collection.list", params)
 
+    def drop(self, *, db: str, collection: str) -> Dict[str, Any]:
+        """Drops a collection: deletes its documents and drops its indexes, replicated.
+
+        db: Database name.
+        collection: Collection name.
+        """
+        params: Dict[str, Any] = {}
+        params["db"] = db
+        params["collection"] = collection
+        return self._client.call("collection.drop", params)
+
 
 class _Doc:
     """Methods `doc.*`."""
@@ -276,13 +287,15 @@ class _Doc:
         params["doc"] = doc
         return self._client.call("doc.insert", params)
 
-    def get(self, *, db: str, collection: str, id: str, fields: List[str] = MISSING) -> Dict[str, Any]:
-        """Fetches one document by id.
+    def get(self, *, db: str, collection: str, id: str, fields: List[str] = MISSING, at: int = MISSING, at_time: int = MISSING) -> Dict[str, Any]:
+        """Fetches one document by id, now or as it was (at, atTime).
 
         db: Database name.
         collection: Collection name.
         id: Document id.
         fields: Field paths to return (projection); _id is always returned.
+        at: Read the document as it was after this feed sequence (see doc.history); history_expired when that is no longer kept.
+        atTime: Read the document as it was at this Unix time in milliseconds (after the last change this device had applied by then).
         """
         params: Dict[str, Any] = {}
         params["db"] = db
@@ -290,6 +303,10 @@ class _Doc:
         params["id"] = id
         if fields is not MISSING:
             params["fields"] = fields
+        if at is not MISSING:
+            params["at"] = at
+        if at_time is not MISSING:
+            params["atTime"] = at_time
         return self._client.call("doc.get", params)
 
     def get_many(self, *, db: str, collection: str, ids: List[str], fields: List[str] = MISSING) -> Dict[str, Any]:
@@ -307,6 +324,25 @@ class _Doc:
         if fields is not MISSING:
             params["fields"] = fields
         return self._client.call("doc.getMany", params)
+
+    def history(self, *, db: str, collection: str, id: str, limit: int = MISSING, cursor: str = MISSING) -> Dict[str, Any]:
+        """Lists the changes that touched a document, oldest first, with what each changed.
+
+        db: Database name.
+        collection: Collection name.
+        id: Document id.
+        limit: Most entries (default 100).
+        cursor: Continue after this point (the previous page's cursor).
+        """
+        params: Dict[str, Any] = {}
+        params["db"] = db
+        params["collection"] = collection
+        params["id"] = id
+        if limit is not MISSING:
+            params["limit"] = limit
+        if cursor is not MISSING:
+            params["cursor"] = cursor
+        return self._client.call("doc.history", params)
 
     def put(self, *, db: str, collection: str, doc: Dict[str, Any], id: str = MISSING) -> Dict[str, Any]:
         """Creates or replaces the document with the given id (id or doc._id).

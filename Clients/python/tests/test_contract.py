@@ -105,6 +105,10 @@ def test_every_method_succeeds_and_fails_as_documented(client, daemon):
     err(c, "doc.get", -32010, "document_not_found", db="app", collection="todos", id="zz")
     ok(c, "doc.getMany", db="app", collection="todos", ids=["t1", "zz"], fields=["title"])
     err(c, "doc.getMany", -32602, db="app", collection="todos", ids=[1])
+    hist = ok(c, "doc.history", db="app", collection="todos", id="t1")
+    assert [e["type"] for e in hist["entries"]] == ["insert"] and hist["cursor"] is None
+    assert ok(c, "doc.get", db="app", collection="todos", id="t1", at=hist["entries"][0]["seq"])["doc"]["title"] == "Buy milk"
+    err(c, "doc.history", -32012, "limit_out_of_range", db="app", collection="todos", id="t1", limit=0)
     ok(c, "doc.put", db="app", collection="todos", id="t2", doc={"title": "Write docs", "n": 2})
     err(c, "doc.put", -32602, "id_mismatch", db="app", collection="todos", id="t2", doc={"_id": "other"})
     ok(c, "doc.patch", db="app", collection="todos", id="t2", set={"done": False}, incr={"views": 1}, add={"tags": ["x"]})
@@ -135,6 +139,9 @@ def test_every_method_succeeds_and_fails_as_documented(client, daemon):
     assert [(g["key"]["done"], g["values"]["n"]) for g in agg["groups"]] == [(None, 2), (False, 1)] and not agg["truncated"]
     err(c, "query.aggregate", -32602, "invalid_aggregate", db="app", collection="todos", aggregates={"n": {"$median": "x"}})
     err(c, "query.delete", -32602, "invalid_params", db="app", collection="todos")
+    ok(c, "doc.insert", db="app", collection="scratch", doc={"_id": "s"})
+    assert ok(c, "collection.drop", db="app", collection="scratch") == {"collection": "scratch", "deleted": 1, "indexes": 0, "changes": 1}
+    err(c, "collection.drop", -32010, "collection_not_found", db="app", collection="scratch")
     assert ok(c, "query.explain", db="app", collection="todos", where={"n": 3})["indexes"] == ["todos.n"]
     err(c, "query.explain", -32012, db="app", collection="todos", limit=0)
     ok(c, "conflict.list", db="app")

@@ -25,12 +25,16 @@ public enum RPCMethod: String, Sendable, CaseIterable {
     case dbCompact = "db.compact"
     /// Lists the collections of a database with document counts.
     case collectionList = "collection.list"
+    /// Drops a collection: deletes its documents and drops its indexes, replicated.
+    case collectionDrop = "collection.drop"
     /// Inserts a new document; the id is generated unless doc._id is given.
     case docInsert = "doc.insert"
-    /// Fetches one document by id.
+    /// Fetches one document by id, now or as it was (at, atTime).
     case docGet = "doc.get"
     /// Fetches documents by id, in order; missing ones are null.
     case docGetMany = "doc.getMany"
+    /// Lists the changes that touched a document, oldest first, with what each changed.
+    case docHistory = "doc.history"
     /// Creates or replaces the document with the given id (id or doc._id).
     case docPut = "doc.put"
     /// Edits fields, top-level or nested by dotted path: set, unset, counter incr, set add/remove.
@@ -112,9 +116,11 @@ public enum RPCMethod: String, Sendable, CaseIterable {
         case .dbRestore: return "Creates a new database from a file written by db.backup; the copy is local (detached from sync) until shared anew."
         case .dbCompact: return "Drops history no replica can need any more (Protocol/SYNC.md §11) and returns freed pages to the file system."
         case .collectionList: return "Lists the collections of a database with document counts."
+        case .collectionDrop: return "Drops a collection: deletes its documents and drops its indexes, replicated."
         case .docInsert: return "Inserts a new document; the id is generated unless doc._id is given."
-        case .docGet: return "Fetches one document by id."
+        case .docGet: return "Fetches one document by id, now or as it was (at, atTime)."
         case .docGetMany: return "Fetches documents by id, in order; missing ones are null."
+        case .docHistory: return "Lists the changes that touched a document, oldest first, with what each changed."
         case .docPut: return "Creates or replaces the document with the given id (id or doc._id)."
         case .docPatch: return "Edits fields, top-level or nested by dotted path: set, unset, counter incr, set add/remove."
         case .docDelete: return "Deletes a document."
@@ -165,9 +171,11 @@ public enum RPCMethod: String, Sendable, CaseIterable {
         case .dbRestore: return ["path", "db"]
         case .dbCompact: return ["db"]
         case .collectionList: return ["db"]
+        case .collectionDrop: return ["db", "collection"]
         case .docInsert: return ["db", "collection", "doc"]
-        case .docGet: return ["db", "collection", "id", "fields"]
+        case .docGet: return ["db", "collection", "id", "fields", "at", "atTime"]
         case .docGetMany: return ["db", "collection", "ids", "fields"]
+        case .docHistory: return ["db", "collection", "id", "limit", "cursor"]
         case .docPut: return ["db", "collection", "doc", "id"]
         case .docPatch: return ["db", "collection", "id", "set", "unset", "incr", "add", "remove"]
         case .docDelete: return ["db", "collection", "id"]
@@ -1161,6 +1169,91 @@ public enum RPC {
         }
     }
 
+    /// Parameters of `collection.drop`: Drops a collection: deletes its documents and drops its indexes, replicated.
+    public struct CollectionDrop: RPCParameters {
+        public static let method = RPCMethod.collectionDrop
+
+        /// The result of `collection.drop`.
+        public struct Result: RPCObject {
+            /// `collection`.
+            public var collection: String
+            /// Documents deleted.
+            public var deleted: Int
+            /// Indexes dropped.
+            public var indexes: Int
+            /// Replicated changes written.
+            public var changes: Int
+
+            /// A value from its members.
+            public init(collection: String, deleted: Int, indexes: Int, changes: Int) {
+                self.collection = collection
+                self.deleted = deleted
+                self.indexes = indexes
+                self.changes = changes
+            }
+
+            /// Reads the value from JSON.
+            public init(json: JSONValue) throws(RPCShapeError) {
+                let o = try RPCDecode.object(json)
+                self.collection = try RPCDecode.member(o, "collection", RPCDecode.string)
+                self.deleted = try RPCDecode.member(o, "deleted", RPCDecode.int)
+                self.indexes = try RPCDecode.member(o, "indexes", RPCDecode.int)
+                self.changes = try RPCDecode.member(o, "changes", RPCDecode.int)
+            }
+
+            /// The value's JSON form.
+            public var json: JSONValue {
+                .object(jsonObject)
+            }
+
+            /// The members of the JSON form.
+            public var jsonObject: [String: JSONValue] {
+                var o = [String: JSONValue](minimumCapacity: 4)
+                o["collection"] = .string(self.collection)
+                o["deleted"] = .int(Int64(self.deleted))
+                o["indexes"] = .int(Int64(self.indexes))
+                o["changes"] = .int(Int64(self.changes))
+                return o
+            }
+        }
+
+        /// Database name.
+        public var db: String
+        /// Collection name.
+        public var collection: String
+
+        /// Parameters from their values (optional ones default to absent).
+        public init(db: String, collection: String) {
+            self.db = db
+            self.collection = collection
+        }
+
+        /// Checks a request's params: names, presence and JSON types.
+        public init(validating params: [String: JSONValue]) throws(RPCError) {
+            try RPCParam.rejectUnknown(params, accepted: ["db", "collection"], method: Self.method)
+            self.db = try RPCParam.required(params, "db", of: Self.method, RPCDecode.string)
+            self.collection = try RPCParam.required(params, "collection", of: Self.method, RPCDecode.string)
+        }
+
+        /// The params as a request carries them.
+        public var jsonObject: [String: JSONValue] {
+            var o = [String: JSONValue](minimumCapacity: 2)
+            o["db"] = .string(self.db)
+            o["collection"] = .string(self.collection)
+            return o
+        }
+
+        /// The JSON form of a result.
+        public static func encode(_ result: Result) -> JSONValue {
+            result.json
+        }
+
+        /// Reads a result a daemon sent.
+        public static func decode(_ result: JSONValue) throws(RPCShapeError) -> Result {
+            try RPCDecode.value(result, Result.init(json:))
+        }
+    }
+
     /// Parameters of `doc.insert`: Inserts a new document; the id is generated unless doc._id is given.
     public struct DocInsert: RPCParameters {
         public static let method = RPCMethod.docInsert
@@ -1236,7 +1329,7 @@ public enum RPC {
         }
     }
 
-    /// Parameters of `doc.get`: Fetches one document by id.
+    /// Parameters of `doc.get`: Fetches one document by id, now or as it was (at, atTime).
     public struct DocGet: RPCParameters {
         public static let method = RPCMethod.docGet
 
@@ -1277,31 +1370,41 @@ public enum RPC {
         public var id: String
         /// Field paths to return (projection); _id is always returned.
         public var fields: [String]?
+        /// Read the document as it was after this feed sequence (see doc.history); history_expired when that is no longer kept.
+        public var at: Int?
+        /// Read the document as it was at this Unix time in milliseconds (after the last change this device had applied by then).
+        public var atTime: Int?
 
         /// Parameters from their values (optional ones default to absent).
-        public init(db: String, collection: String, id: String, fields: [String]? = nil) {
+        public init(db: String, collection: String, id: String, fields: [String]? = nil, at: Int? = nil, atTime: Int? = nil) {
             self.db = db
             self.collection = collection
             self.id = id
             self.fields = fields
+            self.at = at
+            self.atTime = atTime
         }
 
         /// Checks a request's params: names, presence and JSON types.
         public init(validating params: [String: JSONValue]) throws(RPCError) {
-            try RPCParam.rejectUnknown(params, accepted: ["db", "collection", "id", "fields"], method: Self.method)
+            try RPCParam.rejectUnknown(params, accepted: ["db", "collection", "id", "fields", "at", "atTime"], method: Self.method)
             self.db = try RPCParam.required(params, "db", of: Self.method, RPCDecode.string)
             self.collection = try RPCParam.required(params, "collection", of: Self.method, RPCDecode.string)
             self.id = try RPCParam.required(params, "id", of: Self.method, RPCDecode.string)
             self.fields = try RPCParam.optional(params, "fields", of: Self.method, { v throws(RPCShapeError) -> [String] in try RPCDecode.array(v, RPCDecode.string) })
+            self.at = try RPCParam.optional(params, "at", of: Self.method, RPCDecode.int)
+            self.atTime = try RPCParam.optional(params, "atTime", of: Self.method, RPCDecode.int)
         }
 
         /// The params as a request carries them.
         public var jsonObject: [String: JSONValue] {
-            var o = [String: JSONValue](minimumCapacity: 4)
+            var o = [String: JSONValue](minimumCapacity: 6)
             o["db"] = .string(self.db)
             o["collection"] = .string(self.collection)
             o["id"] = .string(self.id)
             if let v = self.fields { o["fields"] = .array(v.map { x0 in .string(x0) }) }
+            if let v = self.at { o["at"] = .int(Int64(v)) }
+            if let v = self.atTime { o["atTime"] = .int(Int64(v)) }
             return o
         }
 
@@ -1382,6 +1485,173 @@ public enum RPC {
             o["collection"] = .string(self.collection)
             o["ids"] = .array(self.ids.map { x0 in .string(x0) })
             if let v = self.fields { o["fields"] = .array(v.map { x0 in .string(x0) }) }
+            return o
+        }
+
+        /// The JSON form of a result.
+        public static func encode(_ result: Result) -> JSONValue {
+            result.json
+        }
+
+        /// Reads a result a daemon sent.
+        public static func decode(_ result: JSONValue) throws(RPCShapeError) -> Result {
+            try RPCDecode.value(result, Result.init(json:))
+        }
+    }
+
+    /// Parameters of `doc.history`: Lists the changes that touched a document, oldest first, with what each changed.
+    public struct DocHistory: RPCParameters {
+        public static let method = RPCMethod.docHistory
+
+        /// The result of `doc.history`.
+        public struct Result: RPCObject {
+            /// One element of `entries`.
+            public struct Entry: RPCObject {
+                /// The values of `type`.
+                public enum TypeItem: String, Sendable, CaseIterable {
+                    case insert = "insert"
+                    case update = "update"
+                    case delete = "delete"
+                    case unchanged = "unchanged"
+                }
+
+                /// Feed sequence on this device (doc.get at).
+                public var seq: Int
+                /// unchanged: touched without a visible change (its writes lost to concurrent ones, or wrote what was there).
+                public var type: TypeItem
+                /// The device that authored the change (node id).
+                public var origin: String
+                /// The change's sequence from its origin.
+                public var change: Int?
+                /// The change's hybrid logical clock.
+                public var hlc: Int?
+                /// The change's clock time, Unix milliseconds (the author's).
+                public var time: Int?
+                /// When this device applied it, Unix milliseconds.
+                public var appliedAt: Int?
+                /// Dotted paths whose values it changed.
+                public var changed: [String]
+
+                /// A value from its members.
+                public init(seq: Int, type: TypeItem, origin: String, change: Int?, hlc: Int?, time: Int?, appliedAt: Int?, changed: [String]) {
+                    self.seq = seq
+                    self.type = type
+                    self.origin = origin
+                    self.change = change
+                    self.hlc = hlc
+                    self.time = time
+                    self.appliedAt = appliedAt
+                    self.changed = changed
+                }
+
+                /// Reads the value from JSON.
+                public init(json: JSONValue) throws(RPCShapeError) {
+                    let o = try RPCDecode.object(json)
+                    self.seq = try RPCDecode.member(o, "seq", RPCDecode.int)
+                    self.type = try RPCDecode.member(o, "type", { v throws(RPCShapeError) -> TypeItem in try RPCDecode.enumeration(v) })
+                    self.origin = try RPCDecode.member(o, "origin", RPCDecode.string)
+                    self.change = try RPCDecode.member(o, "change", { v throws(RPCShapeError) -> Int? in try RPCDecode.nullable(v, RPCDecode.int) })
+                    self.hlc = try RPCDecode.member(o, "hlc", { v throws(RPCShapeError) -> Int? in try RPCDecode.nullable(v, RPCDecode.int) })
+                    self.time = try RPCDecode.member(o, "time", { v throws(RPCShapeError) -> Int? in try RPCDecode.nullable(v, RPCDecode.int) })
+                    self.appliedAt = try RPCDecode.member(o, "appliedAt", { v throws(RPCShapeError) -> Int? in try RPCDecode.nullable(v, RPCDecode.int) })
+                    self.changed = try RPCDecode.member(o, "changed", { v throws(RPCShapeError) -> [String] in try RPCDecode.array(v, RPCDecode.string) })
+                }
+
+                /// The value's JSON form.
+                public var json: JSONValue {
+                    .object(jsonObject)
+                }
+
+                /// The members of the JSON form.
+                public var jsonObject: [String: JSONValue] {
+                    var o = [String: JSONValue](minimumCapacity: 8)
+                    o["seq"] = .int(Int64(self.seq))
+                    o["type"] = .string(self.type.rawValue)
+                    o["origin"] = .string(self.origin)
+                    o["change"] = (self.change.map { x0 -> JSONValue in .int(Int64(x0)) } ?? .null)
+                    o["hlc"] = (self.hlc.map { x0 -> JSONValue in .int(Int64(x0)) } ?? .null)
+                    o["time"] = (self.time.map { x0 -> JSONValue in .int(Int64(x0)) } ?? .null)
+                    o["appliedAt"] = (self.appliedAt.map { x0 -> JSONValue in .int(Int64(x0)) } ?? .null)
+                    o["changed"] = .array(self.changed.map { x0 in .string(x0) })
+                    return o
+                }
+            }
+
+            /// `entries`.
+            public var entries: [Entry]
+            /// Pass back for the next page; null on the last one.
+            public var cursor: String?
+            /// The history starts after this feed sequence.
+            public var floor: Int
+
+            /// A value from its members.
+            public init(entries: [Entry], cursor: String?, floor: Int) {
+                self.entries = entries
+                self.cursor = cursor
+                self.floor = floor
+            }
+
+            /// Reads the value from JSON.
+            public init(json: JSONValue) throws(RPCShapeError) {
+                let o = try RPCDecode.object(json)
+                self.entries = try RPCDecode.member(o, "entries", { v throws(RPCShapeError) -> [Entry] in try RPCDecode.array(v, Entry.init(json:)) })
+                self.cursor = try RPCDecode.member(o, "cursor", { v throws(RPCShapeError) -> String? in try RPCDecode.nullable(v, RPCDecode.string) })
+                self.floor = try RPCDecode.member(o, "floor", RPCDecode.int)
+            }
+
+            /// The value's JSON form.
+            public var json: JSONValue {
+                .object(jsonObject)
+            }
+
+            /// The members of the JSON form.
+            public var jsonObject: [String: JSONValue] {
+                var o = [String: JSONValue](minimumCapacity: 3)
+                o["entries"] = .array(self.entries.map { x0 in x0.json })
+                o["cursor"] = (self.cursor.map { x0 -> JSONValue in .string(x0) } ?? .null)
+                o["floor"] = .int(Int64(self.floor))
+                return o
+            }
+        }
+
+        /// Database name.
+        public var db: String
+        /// Collection name.
+        public var collection: String
+        /// Document id.
+        public var id: String
+        /// Most entries (default 100).
+        public var limit: Int?
+        /// Continue after this point (the previous page's cursor).
+        public var cursor: String?
+
+        /// Parameters from their values (optional ones default to absent).
+        public init(db: String, collection: String, id: String, limit: Int? = nil, cursor: String? = nil) {
+            self.db = db
+            self.collection = collection
+            self.id = id
+            self.limit = limit
+            self.cursor = cursor
+        }
+
+        /// Checks a request's params: names, presence and JSON types.
+        public init(validating params: [String: JSONValue]) throws(RPCError) {
+            try RPCParam.rejectUnknown(params, accepted: ["db", "collection", "id", "limit", "cursor"], method: Self.method)
+            self.db = try RPCParam.required(params, "db", of: Self.method, RPCDecode.string)
+            self.collection = try RPCParam.required(params, "collection", of: Self.method, RPCDecode.string)
+            self.id = try RPCParam.required(params, "id", of: Self.method, RPCDecode.string)
+            self.limit = try RPCParam.optional(params, "limit", of: Self.method, RPCDecode.int)
+            self.cursor = try RPCParam.optional(params, "cursor", of: Self.method, RPCDecode.string)
+        }
+
+        /// The params as a request carries them.
+        public var jsonObject: [String: JSONValue] {
+            var o = [String: JSONValue](minimumCapacity: 5)
+            o["db"] = .string(self.db)
+            o["collection"] = .string(self.collection)
+            o["id"] = .string(self.id)
+            if let v = self.limit { o["limit"] = .int(Int64(v)) }
+            if let v = self.cursor { o["cursor"] = .string(v) }
             return o
         }
 
