@@ -9,9 +9,9 @@ import itertools
 import json
 import os
 import socket
-from typing import Any, Deque, Dict, Optional
+from typing import Any, Deque, Dict, Mapping, Optional, cast
 
-MISSING = object()
+MISSING: Any = object()
 """Default of optional parameters: the parameter is left out of the request (None would send null)."""
 
 
@@ -20,7 +20,9 @@ class BlazeError(Exception):
 
     code: Optional[int] = None
 
-    def __init__(self, message: str, code: Optional[int] = None, kind: Optional[str] = None, data: Optional[dict] = None):
+    def __init__(
+        self, message: str, code: Optional[int] = None, kind: Optional[str] = None, data: Optional[Dict[str, Any]] = None
+    ):
         super().__init__(f"{message} [{code} {kind}]")
         self.message = message
         self.code = code if code is not None else type(self).code
@@ -36,7 +38,7 @@ def error_from_response(error: Dict[str, Any]) -> BlazeError:
     return cls(error.get("message", ""), code, data.get("kind"), data)
 
 
-def default_socket_path(env=None) -> str:
+def default_socket_path(env: Optional[Mapping[str, str]] = None) -> str:
     """$BLAZEDB_SOCKET, else $XDG_RUNTIME_DIR/blazedb/blazed.sock, else /tmp/blazedb-$UID/blazed.sock."""
     env = os.environ if env is None else env
     if env.get("BLAZEDB_SOCKET"):
@@ -96,7 +98,7 @@ class Subscription:
     def __enter__(self) -> "Subscription":
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         try:
             self.unsubscribe()
         except (OSError, BlazeError):
@@ -122,10 +124,10 @@ class Connection:
         self._ids = itertools.count(1)
         self._subscriptions: Dict[str, Subscription] = {}
 
-    def __enter__(self):
+    def __enter__(self) -> "Connection":
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     def close(self) -> None:
@@ -152,7 +154,8 @@ class Connection:
     def _route(self, message: Dict[str, Any]) -> None:
         params = message.get("params") or {}
         if message.get("method") == "subscription":
-            sub = self._subscriptions.get(params.get("subscription"))
+            sub_id = params.get("subscription")
+            sub = self._subscriptions.get(sub_id) if isinstance(sub_id, str) else None
             if sub is not None:
                 sub._deliver(params)
 
@@ -177,4 +180,4 @@ class Connection:
                 raise ConnectionError("blazed closed the connection")
             self._buffer += chunk
         line, self._buffer = self._buffer.split(b"\n", 1)
-        return json.loads(line.decode("utf-8"))
+        return cast(Dict[str, Any], json.loads(line.decode("utf-8")))

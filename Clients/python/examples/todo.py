@@ -4,11 +4,12 @@ Run with blazed running (make run), or pass its socket path as the first argumen
 """
 import itertools
 import sys
+from typing import Any, Dict, List, Optional, Tuple
 
 import blazedb
 
 
-def main(socket_path=None):
+def main(socket_path: Optional[str] = None) -> Tuple[List[Dict[str, Any]], int, List[Tuple[str, str]]]:
     with blazedb.Client(socket_path) as db:
         try:
             db.db.drop(db="todo-example")  # start afresh on every run
