@@ -97,25 +97,22 @@ extension BlazeDatabase {
                         .notFound, kind: "collection_not_found",
                         "collection \(Names.quoted(collection)) holds no documents or indexes")
                 }
-                var (feedSequence, feedTotal) = (feed.lastSequence, feed.totals.last)
-                var versions = try committedVersions.value(db)
+                var chain = try ChangeChain(self, db)
                 let chunk = limits.maxTransactionOps
                 var start = 0
                 repeat {
                     let part = ids[start..<min(ids.count, start + chunk)]
-                    let storage = makeStorage(db, feedSequence: feedSequence, feedTotal: feedTotal, startVersions: versions)
-                    storage.collectsAfterCommit = true
+                    let storage = chain.nextStorage(self, db)
                     try localChange(storage) { tx in
                         if start == 0 { for name in indexes { try tx.dropIndex(name: name) } }
                         tx.storage.reserve(documents: part.count)
                         for id in part { _ = try tx.apply(.delete(collection: collection, id: id)) }
                     }
-                    afterCommit += storage.afterCommit
-                    (feedSequence, feedTotal) = (storage.feedSequence, storage.feedTotal)
-                    versions = try storage.versionVector()
+                    try chain.keep(storage)
                     report.changes += 1
                     start += chunk
                 } while start < ids.count
+                afterCommit = chain.afterCommit
                 report.deleted = ids.count
                 report.indexes = indexes.count
             }

@@ -1,3 +1,4 @@
+import BlazeCRDT
 import Foundation
 import GRDB
 
@@ -89,35 +90,61 @@ extension BlazeDatabase {
         var afterCommit: [@Sendable () -> Void] = []
         do {
             try Self.inWriteTransaction(db) {
-                var (feedSequence, feedTotal) = (feed.lastSequence, feed.totals.last)
-                // Each change starts from the committed versions and those of the changes kept before it.
-                var versions = try committedVersions.value(db)
+                var chain = try ChangeChain(self, db)
                 for op in ops {
                     do {
                         var kept: (WriteResult, SQLStorage)?
                         try db.inSavepoint {
-                            let storage = makeStorage(
-                                db, feedSequence: feedSequence, feedTotal: feedTotal, startVersions: versions)
-                            storage.collectsAfterCommit = true
+                            let storage = chain.nextStorage(self, db)
                             kept = (try localChange(storage) { try $0.apply(op) }, storage)
                             return .commit
                         }
                         if let (result, storage) = kept {
                             results.append(.success(result))
-                            afterCommit += storage.afterCommit
-                            (feedSequence, feedTotal) = (storage.feedSequence, storage.feedTotal)
-                            versions = try storage.versionVector()
+                            try chain.keep(storage)
                         }
                     } catch {
                         results.append(.failure(error))
                     }
                 }
+                afterCommit = chain.afterCommit
             }
         } catch {
             return ops.map { _ in .failure(error) }
         }
         for action in afterCommit { action() }
         return results
+    }
+
+    /// Local changes written one after another in one transaction: each starts from the feed position and the
+    /// versions the one kept before it left (the committed ones for the first), and their after-commit work is
+    /// collected to run once the transaction commits.
+    struct ChangeChain {
+        private var feedSequence: Int64
+        private var feedTotal: Int64
+        private var versions: VersionVector
+        /// The kept changes' work due after the commit.
+        private(set) var afterCommit: [@Sendable () -> Void] = []
+
+        /// Starts from what `database` has committed.
+        init(_ database: BlazeDatabase, _ db: Database) throws {
+            (feedSequence, feedTotal) = (database.feed.lastSequence, database.feed.totals.last)
+            versions = try database.committedVersions.value(db)
+        }
+
+        /// The storage of the next change.
+        func nextStorage(_ database: BlazeDatabase, _ db: Database) -> SQLStorage {
+            let storage = database.makeStorage(db, feedSequence: feedSequence, feedTotal: feedTotal, startVersions: versions)
+            storage.collectsAfterCommit = true
+            return storage
+        }
+
+        /// Takes in the change recorded in `storage` (its savepoint, if any, was released).
+        mutating func keep(_ storage: SQLStorage) throws {
+            afterCommit += storage.afterCommit
+            (feedSequence, feedTotal) = (storage.feedSequence, storage.feedTotal)
+            versions = try storage.versionVector()
+        }
     }
 
     /// Runs `body` as one local change in its own transaction on the writer's connection `db` (outside any

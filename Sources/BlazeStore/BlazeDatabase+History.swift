@@ -156,11 +156,7 @@ extension BlazeDatabase {
             db, sql: "SELECT body FROM docs WHERE collection = ? AND id = ?", arguments: [key.collection, key.id])
         var current: [DocKey: String?] = [:]
         current[key] = .some(body)
-        func change(_ origin: NodeID, _ seq: UInt64) throws -> Change? {
-            try String.fetchOne(
-                db, sql: "SELECT body FROM changes WHERE origin = ? AND seq = ?", arguments: [origin.hex, Int64(seq)]
-            ).map { try Change(json: try JSONParser(maxDepth: 10_000).parse($0)) }
-        }
+        let change = { (origin: NodeID, seq: UInt64) throws -> Change? in try Self.opLogChange(db, origin, seq) }
         // A stored event ends with its document's names (`FeedLog.encode`): rows without them are skipped unread.
         // Rows of earlier formats are read whole.
         var marker = Array(#""c":"#.utf8)

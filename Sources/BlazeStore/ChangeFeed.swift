@@ -468,11 +468,7 @@ extension BlazeDatabase {
     public func feedEntries(after seq: Int64, limit: Int = 256, maxEvents: Int = 2_000) throws -> [FeedEntry] {
         try checkFeedPosition(seq)
         return try read { db in
-            func change(_ origin: NodeID, _ seq: UInt64) throws -> Change? {
-                try String.fetchOne(
-                    db, sql: "SELECT body FROM changes WHERE origin = ? AND seq = ?", arguments: [origin.hex, Int64(seq)]
-                ).map { try Change(json: try JSONParser(maxDepth: 10_000).parse($0)) }
-            }
+            let change = { (origin: NodeID, seq: UInt64) throws -> Change? in try Self.opLogChange(db, origin, seq) }
             var page: [FeedLog.StoredRow] = []
             var events = 0
             let rows = try Row.fetchCursor(
@@ -512,6 +508,13 @@ extension BlazeDatabase {
             }
             return out.reversed()
         }
+    }
+
+    /// Change `seq` of `origin` from the op log (what feed rows of earlier versions point into); nil once pruned.
+    static func opLogChange(_ db: Database, _ origin: NodeID, _ seq: UInt64) throws -> Change? {
+        try String.fetchOne(
+            db, sql: "SELECT body FROM changes WHERE origin = ? AND seq = ?", arguments: [origin.hex, Int64(seq)]
+        ).map { try Change(json: try JSONParser(maxDepth: 10_000).parse($0)) }
     }
 
     /// Resolves stored event `e` of row `row` from the documents after it in `current` (documents not in `current`
