@@ -134,23 +134,30 @@ def client(model: Model) -> str:
            "".join(f', "{result_name(m)}"' for m in model.methods if m.name != "subscribe") + "]", "", ""]
     for name, e in errors:
         out += [f"class {name}Error(BlazeError):", f'    """{e["message"]}"""', "", f"    code = {e['code']}", "", ""]
+    out += _classes(model, "Connection", "A connection to blazed. Use as a context manager; one request at a time per client.",
+                    asynchronous=False)
+    out += ['    def __enter__(self) -> "Client":', "        return self", ""]
+    return "\n".join(out)
+
+
+def _classes(model: Model, base: str, doc: str, asynchronous: bool) -> List[str]:
+    """The method namespaces (`_Doc`...) and `Client`, up to its context-manager entry."""
+    out: List[str] = []
     areas = model.areas()
     for area, methods in areas.items():
         out += [f"class _{camel_type(area)}:", f'    """Methods `{area}.*`."""', "",
                 '    def __init__(self, client: "Client"):', "        self._client = client", ""]
         for m in methods:
-            out += _method(m.verb, m, "self._client")
+            out += _method(m.verb, m, "self._client", asynchronous)
         out.append("")
-    out += ["class Client(Connection):",
-            '    """A connection to blazed. Use as a context manager; one request at a time per client."""', "",
+    out += [f"class Client({base}):", f'    """{doc}"""', "",
             "    def __init__(self, socket_path: Union[str, None] = None, timeout: Union[float, None] = 30.0):",
             "        super().__init__(socket_path, timeout)"]
     out += [f"        self.{snake(area)} = _{camel_type(area)}(self)" for area in areas]
     out.append("")
     for m in model.toplevel():
-        out += _method(m.name, m, "self")
-    out += ['    def __enter__(self) -> "Client":', "        return self", ""]
-    return "\n".join(out)
+        out += _method(m.name, m, "self", asynchronous)
+    return out
 
 
 def aio_client(model: Model) -> str:
@@ -168,21 +175,9 @@ def aio_client(model: Model) -> str:
            "from ._aio_runtime import AsyncConnection, AsyncSubscription",
            "from ._runtime import MISSING", *_result_imports(model), "",
            '__all__ = ["Client", "AsyncSubscription"]', "", ""]
-    areas = model.areas()
-    for area, methods in areas.items():
-        out += [f"class _{camel_type(area)}:", f'    """Methods `{area}.*`."""', "",
-                '    def __init__(self, client: "Client"):', "        self._client = client", ""]
-        for m in methods:
-            out += _method(m.verb, m, "self._client", asynchronous=True)
-        out.append("")
-    out += ["class Client(AsyncConnection):",
-            '    """A connection to blazed for asyncio. Use as an async context manager (it connects on entry)."""', "",
-            "    def __init__(self, socket_path: Union[str, None] = None, timeout: Union[float, None] = 30.0):",
-            "        super().__init__(socket_path, timeout)"]
-    out += [f"        self.{snake(area)} = _{camel_type(area)}(self)" for area in areas]
-    out.append("")
-    for m in model.toplevel():
-        out += _method(m.name, m, "self", asynchronous=True)
+    out += _classes(model, "AsyncConnection",
+                    "A connection to blazed for asyncio. Use as an async context manager (it connects on entry).",
+                    asynchronous=True)
     out += ['    async def __aenter__(self) -> "Client":', "        await self.connect()", "        return self", ""]
     return "\n".join(out)
 
