@@ -181,3 +181,27 @@ test('a result that breaks its schema is reported', () => {
   assert.ok(resultProblems('db.list', { databases: [1] }).length > 0);
   assert.ok(resultProblems('db.list', { databases: [], extra: true }).some((p) => p.includes('unexpected member')));
 });
+
+test('nested patches, bulk writes, aggregation, history and collection drop', async () => {
+  const client = await BlazeClient.connect({ socketPath });
+  try {
+    const base = { db: 'default', collection: 'jsapi' };
+    await client.tx.commit({ db: 'default', ops: [1, 2, 3].map((n) => ({ op: 'insert', collection: 'jsapi', doc: { _id: `k${n}`, n, g: n % 2 } })) });
+    await client.doc.patch({ ...base, id: 'k1', set: { 'address.city': 'Oslo' }, incr: { 'stats.views': 2 } });
+    assert.deepEqual((await client.doc.get({ ...base, id: 'k1' })).doc, { _id: 'k1', n: 1, g: 1, address: { city: 'Oslo' }, stats: { views: 2 } });
+    assert.deepEqual(await client.query.update({ ...base, where: { g: 1 }, set: { odd: true }, returnIds: true }), { count: 2, ids: ['k1', 'k3'] });
+    const agg = await client.query.aggregate({ ...base, group: ['g'], aggregates: { n: { $count: {} }, sum: { $sum: 'n' } } });
+    assert.deepEqual(agg, { groups: [{ key: { g: 0 }, values: { n: 1, sum: 2 } }, { key: { g: 1 }, values: { n: 2, sum: 4 } }], truncated: false });
+    const history = await client.doc.history({ ...base, id: 'k1' });
+    assert.deepEqual(history.entries.map((e) => e.type), ['insert', 'update', 'update']);
+    const first = await client.doc.get({ ...base, id: 'k1', at: history.entries[0].seq });
+    assert.deepEqual(first.doc, { _id: 'k1', n: 1, g: 1 });
+    assert.deepEqual(await client.query.delete({ ...base, where: { n: 2 } }), { count: 1 });
+    assert.deepEqual(await client.collection.drop(base), { collection: 'jsapi', deleted: 2, indexes: 0, changes: 1 });
+    assert.deepEqual((await client.query.find({ ...base })).docs, []);
+    await assert.rejects(client.doc.patch({ ...base, id: 'k1', set: { 'a..b': 1 } }), (e) => e instanceof BlazeError);
+    await assert.rejects(client.query.aggregate({ ...base, aggregates: { x: { $median: 'n' } } }), (e) => e.kind === 'invalid_aggregate');
+  } finally {
+    client.close();
+  }
+});
