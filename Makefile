@@ -1,4 +1,5 @@
 # The two commands the README gives a new user.
+SHELL := /bin/bash
 .PHONY: run test generate bench bench-peers
 
 # Build and start blazed in the foreground with its default socket and data directory.
@@ -11,7 +12,11 @@ run:
 # run (no timing assertions), then the Python and Node clients.
 test:
 	swift build --build-tests
-	swift test --skip-build --disable-xctest
+	@# The log is kept, and on failure the failing tests and their issues are printed again at the end, where a
+	@# truncated CI log still shows them.
+	set -o pipefail; swift test --skip-build --disable-xctest 2>&1 | tee .build/swift-test.log || \
+		{ echo "=== failing tests and their issues ==="; grep -E '✘|recorded an issue|Expectation failed|Caught error' \
+		.build/swift-test.log | tail -60; exit 1; }
 	.build/debug/blazebench --quick
 	bash Clients/test.sh
 
