@@ -25,9 +25,9 @@ public struct StoreLimits: Sendable, Equatable {
     public var feedRetention: Int = 10_000
 
     /// WAL size in pages after which a commit asks for a background checkpoint (see `Checkpointer`).
-    var walCheckpointPages: Int32 = 1000
+    var walCheckpointPages: Int32 = 4000
     /// WAL size in pages after which the writer checkpoints itself, should background checkpoints fall behind.
-    var walMaxPages: Int32 = 8000
+    var walMaxPages: Int32 = 16000
     /// Pages written since a completed background checkpoint that the writer copies itself so the WAL can restart.
     var walFinishPages: Int32 = 1000
 
