@@ -219,7 +219,7 @@ public struct Change: Hashable, Sendable {
         var out: [UInt8] = []
         out.reserveCapacity(capacity + 128)
         out.append(contentsOf: #"{"d":"#.utf8)
-        deps.jsonValue.write(to: &out)
+        deps.write(to: &out)
         out.append(contentsOf: #","h":"#.utf8)
         JSONValue.writeInt(Int64(bitPattern: hlc.raw), to: &out)
         out.append(contentsOf: #","o":""#.utf8)

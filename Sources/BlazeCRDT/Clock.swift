@@ -148,6 +148,20 @@ public struct VersionVector: Hashable, Sendable {
         .object(Dictionary(uniqueKeysWithValues: entries.map { ($0.key.hex, .int(Int64($0.value))) }))
     }
 
+    /// Appends `jsonValue`'s canonical text to `out` without building it: members ordered by origin, whose
+    /// fixed-width lowercase hex sorts as the ids do.
+    public func write(to out: inout [UInt8]) {
+        out.append(UInt8(ascii: "{"))
+        for (i, (origin, seq)) in entries.sorted(by: { $0.key < $1.key }).enumerated() {
+            if i > 0 { out.append(UInt8(ascii: ",")) }
+            out.append(UInt8(ascii: "\""))
+            origin.writeHex(to: &out)
+            out.append(contentsOf: "\":".utf8)
+            JSONValue.writeInt(Int64(seq), to: &out)
+        }
+        out.append(UInt8(ascii: "}"))
+    }
+
     /// Reads the JSON form; nil when malformed.
     public init?(json: JSONValue) {
         guard case .object(let o) = json else { return nil }

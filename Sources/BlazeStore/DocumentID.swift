@@ -24,8 +24,10 @@ public enum DocumentID {
         for i in 0..<6 { bytes[i] = UInt8(truncatingIfNeeded: ms >> (40 - 8 * UInt64(i))) }
         bytes[6] = 0x70 | UInt8(counter >> 8)
         bytes[7] = UInt8(truncatingIfNeeded: counter)
+        // One 64-bit draw (a single `getrandom`); eight `UInt8` draws made eight system calls per id.
         var rng = SystemRandomNumberGenerator()
-        for i in 8..<16 { bytes[i] = rng.next() }
+        let random: UInt64 = rng.next()
+        for i in 8..<16 { bytes[i] = UInt8(truncatingIfNeeded: random >> (8 * UInt64(i - 8))) }
         bytes[8] = 0x80 | (bytes[8] & 0x3F)
         let digits = Array("0123456789abcdef".utf8)
         var out: [UInt8] = []

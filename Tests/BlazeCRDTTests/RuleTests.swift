@@ -327,4 +327,31 @@ final class Trio {
             }
         }
     }
+
+    /// A version vector written straight to text (the dependencies of every change text) is its canonical JSON:
+    /// members in the order of their hex keys, whatever the ids' bytes and the sequence numbers.
+    @Test func writtenVersionVectorsAreTheirCanonicalJSON() throws {
+        var rng = SeededRandom(seed: 11)
+        for _ in 0..<2_000 {
+            var entries: [NodeID: UInt64] = [:]
+            for _ in 0..<Int.random(in: 0...6, using: &rng) {
+                // Ids that differ only in a low byte, only in the high half, or everywhere.
+                var bytes = [UInt8](repeating: UInt8.random(in: 0...1, using: &rng) == 0 ? 0 : 0xFF, count: 16)
+                bytes[Int.random(in: 0..<16, using: &rng)] = UInt8.random(in: 0...255, using: &rng)
+                if Bool.random(using: &rng) { bytes = (0..<16).map { _ in UInt8.random(in: 0...255, using: &rng) } }
+                entries[NodeID(bytes: bytes)] = [1, 9, 10, UInt64(Int64.max)].randomElement(using: &rng)!
+            }
+            let vector = VersionVector(entries)
+            var out: [UInt8] = []
+            vector.write(to: &out)
+            #expect(String(decoding: out, as: UTF8.self) == vector.jsonValue.jsonText)
+            #expect(VersionVector(json: try JSONParser().parse(String(decoding: out, as: UTF8.self))) == vector)
+            let change = Change(
+                origin: NodeID(bytes: Array(repeating: 2, count: 16)), seq: 3, hlc: HLC(raw: 4), deps: vector,
+                ops: [.delete(DocKey(collection: "c", id: "d"), cl: 2)])
+            var ops: [UInt8] = []
+            Change.writeOp(change.ops[0], to: &ops)
+            #expect(change.text(opsJSON: ops) == change.jsonValue.jsonText)
+        }
+    }
 }

@@ -61,20 +61,22 @@ enum Backend: String, CaseIterable, CustomStringConvertible, Sendable {
 /// A relay store of either kind on temporary files (a throwaway PostgreSQL server for `.postgres`), removed at the end.
 final class TempRelay {
     let store: any RelayBackend
-    private let path: String?
+    /// The directory of the SQLite store (its `-wal` and `-shm` files included), removed whole.
+    private let directory: String?
     private let server: PostgresServer?
 
     init(_ backend: Backend, limits: RelayLimits = RelayLimits()) async throws {
         switch backend {
         case .sqlite:
-            let path = NSTemporaryDirectory() + "relay-\(UUID().uuidString).db"
-            self.path = path
+            let directory = NSTemporaryDirectory() + "relay-\(UUID().uuidString)"
+            try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
+            self.directory = directory
             server = nil
-            store = try RelayStore(path: path, limits: limits)
+            store = try RelayStore(path: directory + "/relay.db", limits: limits)
         case .postgres:
             let server = try PostgresServer()
             self.server = server
-            path = nil
+            directory = nil
             var logger = Logger(label: "relay-test")
             logger.logLevel = .critical
             store = try await PostgresRelayStore(
@@ -84,7 +86,7 @@ final class TempRelay {
 
     deinit {
         (store as? PostgresRelayStore)?.close()
-        if let path { try? FileManager.default.removeItem(atPath: path) }
+        if let directory { try? FileManager.default.removeItem(atPath: directory) }
     }
 }
 
