@@ -397,6 +397,13 @@ public enum NestedPath {
 }
 
 extension DocOp {
+    /// True when the op only writes top-level fields (none named `_id`) at causal length 1: on a document never seen,
+    /// `DocumentState.apply` makes of it `DocumentState.created(fields: set, stamp:)`.
+    public var isPlainCreation: Bool {
+        cl == 1 && unset.isEmpty && incr.isEmpty && add.isEmpty && remove.isEmpty && self.set["_id"] == nil
+            && !self.set.keys.contains(where: NestedPath.isNested)
+    }
+
     /// True when some edit addresses a nested field by its path.
     public var hasPaths: Bool {
         self.set.keys.contains(where: NestedPath.isNested) || unset.contains(where: NestedPath.isNested)

@@ -31,6 +31,9 @@ public protocol ReplicaStorage {
     func saveDocument(_ key: DocKey, _ state: DocumentState) throws
     /// Loads a document's state (empty if never seen), lets `edit` change it in place, and saves it.
     func updateDocument(_ key: DocKey, _ edit: (inout DocumentState) -> Void) throws
+    /// Applies operation `index` of `change`, a document creation (`DocOp.isPlainCreation`), without building the
+    /// document's state, when no state exists for its key; false when one does (the caller then applies it).
+    func createIfNew(_ op: DocOp, index: Int, of change: Change) throws -> Bool
     /// An index definition's state, nil if never seen.
     func index(_ name: String) throws -> IndexState?
     /// Stores an index definition's state (and creates or drops the index).
@@ -67,6 +70,9 @@ extension ReplicaStorage {
 
     /// Default: `parkedCount() > 0`.
     public func hasParked() throws -> Bool { try parkedCount() > 0 }
+
+    /// Default: false (every operation takes the general path).
+    public func createIfNew(_ op: DocOp, index: Int, of change: Change) throws -> Bool { false }
 
     /// Default: `document`, then `saveDocument`. Storages that cache states override it to edit without a copy.
     public func updateDocument(_ key: DocKey, _ edit: (inout DocumentState) -> Void) throws {
@@ -145,7 +151,11 @@ public enum Replica {
 
     /// Applies a causally ready change and records it.
     public static func apply(_ change: Change, to storage: some ReplicaStorage) throws {
-        for (i, op) in change.ops.enumerated() { try applyOp(op, index: i, of: change, to: storage) }
+        for (i, op) in change.ops.enumerated() {
+            // A new document (the usual remote change) is written at once when the storage can.
+            if case .doc(let d) = op, d.isPlainCreation, try storage.createIfNew(d, index: i, of: change) { continue }
+            try applyOp(op, index: i, of: change, to: storage)
+        }
         try storage.recordApplied(change)
     }
 

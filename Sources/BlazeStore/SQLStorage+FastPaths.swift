@@ -110,6 +110,26 @@ extension SQLStorage {
         return (body, idMember)
     }
 
+    /// Applies a remote document creation through `insertNew` when no state exists for its key (see
+    /// `ReplicaStorage.createIfNew`): no lookup, no state built, the body written once. Debug builds check every one
+    /// against the general engine.
+    func createIfNew(_ op: DocOp, index: Int, of change: Change) throws -> Bool {
+        let stamp = change.stamp(index)
+        guard let (body, _) = try insertNew(op.key, doc: op.set, stamp: stamp) else { return false }
+        #if DEBUG
+            var general = DocumentState()
+            general.apply(op, change: change, index: index)
+            let state = createdStates!.bytes(fieldCount: op.set.count, index: stamp.dot.index)
+            precondition(
+                general.compactText(coding) == String(decoding: state, as: UTF8.self),
+                "createIfNew state differs for \(op.key): \(general.compactText(coding))")
+            precondition(
+                general.materialize(id: op.key.id).map { JSONValue.object($0).jsonText } == String(decoding: body, as: UTF8.self),
+                "createIfNew body differs for \(op.key)")
+        #endif
+        return true
+    }
+
     /// The stored document: canonical JSON of `fields` with `_id: id` (an `_id` member of `fields` is left out: the
     /// id given is the one written), the byte range of its `_id` member, which the op's `set` leaves out, and the
     /// number of other members.

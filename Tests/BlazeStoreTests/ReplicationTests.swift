@@ -199,6 +199,49 @@ final class StoreReplicas {
         }
     }
 
+    /// A remote change that creates documents is stored without the engine (`SQLStorage.createIfNew`): each row
+    /// holds exactly what the engine makes of the op on a document never seen, whatever its fields; a creation of a
+    /// key that has a state (deleted here, or created earlier in the same change) takes the general path.
+    @Test func remoteCreationsStoreWhatTheEngineMakes() throws {
+        let r = try StoreReplicas(2)
+        let (a, b) = (r.dbs[0], r.dbs[1])
+        let shapes: [[String: JSONValue]] = [
+            [:], ["A": 1], ["a": 1], ["A": 1, "z": "x"], ["0": 1, "Z": [1, ["q": .null]], "~": "x"], ["\u{E9}": 1.5, "k": true],
+        ]
+        for (i, d) in shapes.enumerated() { _ = try a.apply(.insert(collection: "c", doc: d.merging(["_id": .string("d\(i)")]) { $1 })) }
+        // One change that creates a document and then writes it again.
+        _ = try a.commit([.insert(collection: "c", doc: ["_id": "twice", "v": 1]), .patch(collection: "c", id: "twice", set: ["v": 2])])
+        // A key deleted on b before a's creation of it arrives: the tombstone's causal length wins.
+        _ = try b.apply(.insert(collection: "c", doc: ["_id": "gone", "v": 0]))
+        _ = try b.apply(.delete(collection: "c", id: "gone"))
+        _ = try a.apply(.insert(collection: "c", doc: ["_id": "gone", "v": 9]))
+        let changes = try a.changes(since: VersionVector())
+        #expect(try b.receive(changes).applied == changes.count)
+        let rows = try b.read { d in
+            try Row.fetchAll(d, sql: "SELECT id, body, state FROM docs").reduce(into: [String: (String, String)]()) {
+                $0[$1[0]] = ($1[1], $1[2])
+            }
+        }
+        var checked = 0
+        for change in changes where change.ops.count == 1 {
+            guard case .doc(let op) = change.ops[0], op.key.id != "gone" else { continue }
+            #expect(op.isPlainCreation)
+            var engine = DocumentState()
+            engine.apply(op, change: change, index: 0)
+            let expected = (JSONValue.object(engine.materialize(id: op.key.id)!).jsonText, engine.compactText(b.coding))
+            #expect(rows[op.key.id]?.0 == expected.0, "body of \(op.key.id)")
+            #expect(rows[op.key.id]?.1 == expected.1, "state of \(op.key.id)")
+            checked += 1
+        }
+        #expect(checked == shapes.count)
+        #expect(try b.get(collection: "c", id: "twice") == ["_id": "twice", "v": 2])
+        #expect(rows["gone"] == nil)
+        #expect(throws: StoreError.self) { try b.get(collection: "c", id: "gone") }
+        // Both replicas end with the same states, a's written by its local paths, b's by the remote ones.
+        try r.send(1, 0)
+        #expect(try a.stateHash() == (try b.stateHash()))
+    }
+
     /// Local patches that only set and unset fields rewrite rows without the engine (checked against it in debug
     /// builds on every patch); whatever mix of fields they write, a replica applying the changes through the engine
     /// ends with the same states.
