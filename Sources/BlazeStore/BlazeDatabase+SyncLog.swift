@@ -207,14 +207,16 @@ extension BlazeDatabase {
                 let headBytes = try Data.fetchOne(
                     db, sql: "SELECT head FROM sync_heads WHERE origin = ? AND seq = ?", arguments: [o, end])
             else { return nil }
-            let rows = try Row.fetchAll(
-                db, sql: "SELECT bytes, hash FROM sync_entries WHERE origin = ? AND seq > ? AND seq <= ? ORDER BY seq",
-                arguments: [o, Int64(after), end])
+            // Read in place (no row objects): a batch is a thousand entries of a few hundred bytes.
+            var entries: [(bytes: [UInt8], hash: [UInt8])] = []
+            entries.reserveCapacity(Int(end - Int64(after)))
+            try RawStatement(db, "SELECT bytes, hash FROM sync_entries WHERE origin = ?1 AND seq > ?2 AND seq <= ?3 ORDER BY seq")
+                .forEachRow(Blob(bytes: origin.bytes), Int64(after), end) { row in entries.append((row.blob(0), row.blob(1))) }
             // Entries below a head are always stored with it; a gap means the log was damaged on disk.
-            guard rows.count == Int(end - Int64(after)) else {
+            guard entries.count == Int(end - Int64(after)) else {
                 throw StoreError(.internalFailure, kind: "corrupt_sync_log", "entries of \(origin) after \(after) are missing")
             }
-            return (rows.map { (Array($0[0] as Data), Array($0[1] as Data)) }, Array(headBytes))
+            return (entries, Array(headBytes))
         }
     }
 

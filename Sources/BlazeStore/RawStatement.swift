@@ -54,11 +54,12 @@ struct Blob: RawArgument {
     }
 }
 
-/// A cached statement of the write path run through SQLite's C API, for the statements executed once per document
-/// (and the op log's insert, once per change).
+/// A cached statement run through SQLite's C API, for the statements executed once per document (and the op log's
+/// insert, once per change) and the sync log's read of a batch, once per entry.
 ///
 /// GRDB's argument boxing and per-statement bookkeeping cost about as much as SQLite's own work on a small row.
-/// These statements only insert, update or read rows inside a write transaction that GRDB opened and will end;
+/// These statements only insert, update or read rows inside a transaction that GRDB opened and will end (a write, or
+/// the sync log's read on the pool);
 /// the database has no GRDB observers of row changes (only commit hooks, which SQLite calls itself), so nothing
 /// that GRDB tracks is bypassed. Arguments are bound in place (SQLite copies none of them) for one run, which leaves
 /// the statement reset with no bindings, so no binding outlives the buffer it points into. Its SQL text must not
@@ -164,7 +165,26 @@ struct RawStatement {
         }
     }
 
-    /// Columns of the current row, valid only inside `firstRow`'s closure.
+    /// Runs a query with parameters `a` to `c` (bound in place and unbound before it returns) and reads each row it
+    /// returns with `read`, in order.
+    func forEachRow(_ a: some RawArgument, _ b: some RawArgument, _ c: some RawArgument, _ read: (Row) throws -> Void) throws {
+        try a.withBinding(handle, 1) {
+            try b.withBinding(handle, 2) {
+                try c.withBinding(handle, 3) {
+                    defer { clear() }
+                    while true {
+                        switch sqlite3_step(handle) {
+                        case SQLITE_ROW: try read(Row(handle: handle))
+                        case SQLITE_DONE: return
+                        case let code: throw failure(code)
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Columns of the current row, valid only inside `firstRow`'s or `forEachRow`'s closure.
     struct Row {
         let handle: SQLiteStatement
 
@@ -178,6 +198,13 @@ struct RawStatement {
             else { return nil }
             let count = Int(sqlite3_column_bytes(handle, index))
             return String(decoding: UnsafeBufferPointer(start: bytes, count: count), as: UTF8.self)
+        }
+
+        /// Column `index` (0-based) as the bytes of its blob (empty when NULL or empty).
+        func blob(_ index: Int32) -> [UInt8] {
+            let count = Int(sqlite3_column_bytes(handle, index))
+            guard count > 0, let bytes = sqlite3_column_blob(handle, index) else { return [] }
+            return Array(UnsafeRawBufferPointer(start: bytes, count: count))
         }
 
         /// Column `index` (0-based) as the bytes of its text; nil when NULL.

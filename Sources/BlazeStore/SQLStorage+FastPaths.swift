@@ -111,9 +111,18 @@ extension SQLStorage {
     }
 
     /// Applies a remote document creation through `insertNew` when no state exists for its key (see
-    /// `ReplicaStorage.createIfNew`): no lookup, no state built, the body written once. Debug builds check every one
-    /// against the general engine.
+    /// `ReplicaStorage.createIfNew`): no state decoded or built, the body written once. Debug builds check every
+    /// one against the general engine.
+    ///
+    /// The key is looked up first, as the general path would: a remote op of this shape is as often a patch of a
+    /// document held here, which then finds its row already read.
     func createIfNew(_ op: DocOp, index: Int, of change: Change) throws -> Bool {
+        guard droppedCausalLength == 0, docs.untouched(op.key) else { return false }
+        _ = try document(op.key)
+        guard case .absent? = docs.locations[op.key] else { return false }
+        // Never seen: forget the cached absence, which the shortcut replaces with the document it writes.
+        docs.states[op.key] = nil
+        docs.locations[op.key] = nil
         let stamp = change.stamp(index)
         guard let (body, _) = try insertNew(op.key, doc: op.set, stamp: stamp) else { return false }
         #if DEBUG
