@@ -12,9 +12,11 @@ struct PendingWrite: Sendable {
 /// together, in one SQLite transaction and one WAL fsync, each still its own replicated change.
 ///
 /// The first write to arrive schedules a commit on the writer; every write that arrives before that commit starts
-/// joins it, and those arriving during it form the next one. Each operation runs in its own savepoint: one that fails
-/// (a missing document, a limit) is rolled back alone and fails alone, and only the changes kept publish their feed
-/// entries. Nothing is acknowledged before the commit that covers it returns (`synchronous = FULL`: after its fsync).
+/// joins it, and those arriving during it form the next one. One that fails (a missing document, a limit) fails alone,
+/// and only the changes kept publish their feed entries: a group is first committed without savepoints
+/// (`commitWithoutSavepoints`), and when one of its writes fails it is rolled back and redone with each operation in
+/// its own savepoint, so the failing one is rolled back alone. Nothing is acknowledged before the commit that covers
+/// it returns (`synchronous = FULL`: after its fsync).
 extension BlazeDatabase {
     /// Writes in one group commit at most; more wait for the next.
     static let maxGroupSize = 1024
@@ -85,6 +87,20 @@ extension BlazeDatabase {
                 return [.failure(error)]
             }
         }
+        let optimistic = savepointGroupsLeft.withLock { left -> Bool in
+            guard left > 0 else { return true }
+            left -= 1
+            return false
+        }
+        if optimistic {
+            switch commitWithoutSavepoints(db, ops) {
+            case .committed(let results): return results
+            case .failed(let error): return ops.map { _ in .failure(error) }
+            case .opFailed:
+                // Redone below, each op in its own savepoint; the next groups too, as failures tend to come in runs.
+                savepointGroupsLeft.withLock { $0 = Self.savepointGroupsAfterFailure }
+            }
+        }
         var results: [Result<WriteResult, any Error>] = []
         results.reserveCapacity(ops.count)
         var afterCommit: [@Sendable () -> Void] = []
@@ -114,6 +130,51 @@ extension BlazeDatabase {
         }
         for action in afterCommit { action() }
         return results
+    }
+
+    /// Groups committed with a savepoint per write after one whose writes, committed without, had one fail.
+    static let savepointGroupsAfterFailure = 16
+
+    /// How `commitWithoutSavepoints` ended.
+    enum GroupOutcome {
+        /// Committed: every op's result.
+        case committed([Result<WriteResult, any Error>])
+        /// An op failed: the transaction was rolled back and nothing of it kept.
+        case opFailed
+        /// The transaction could not begin or commit: every op failed with `error`.
+        case failed(any Error)
+    }
+
+    /// Commits each of `ops` as its own change in one transaction with no savepoint between them. Most groups have no
+    /// failing write, and a savepoint is not free: SQLite copies every page a write changes that an earlier write of
+    /// the transaction had already changed into a statement journal, which spills to a temporary file past 64 KiB
+    /// (with SQL parsed for each savepoint, a fifth of a grouped write's CPU). When an op fails, the whole
+    /// transaction is rolled back, so the caller can redo the group with savepoints.
+    func commitWithoutSavepoints(_ db: Database, _ ops: [WriteOp]) -> GroupOutcome {
+        var results: [Result<WriteResult, any Error>] = []
+        results.reserveCapacity(ops.count)
+        var afterCommit: [@Sendable () -> Void] = []
+        var opFailed = false
+        do {
+            try Self.inWriteTransaction(db) {
+                var chain = try ChangeChain(self, db)
+                for op in ops {
+                    let storage = chain.nextStorage(self, db)
+                    do {
+                        results.append(.success(try localChange(storage) { try $0.apply(op) }))
+                    } catch {
+                        opFailed = true
+                        throw error
+                    }
+                    try chain.keep(storage)
+                }
+                afterCommit = chain.afterCommit
+            }
+        } catch {
+            return opFailed ? .opFailed : .failed(error)
+        }
+        for action in afterCommit { action() }
+        return .committed(results)
     }
 
     /// Local changes written one after another in one transaction: each starts from the feed position and the

@@ -35,6 +35,8 @@ public final class BlazeDatabase: Sendable {
     let cachedQueryShapes = Mutex<Set<String>>([])
     /// Group commits run and the writes they carried (kept or failed) since the database was opened.
     let groupCommits = Mutex<(groups: Int, writes: Int)>((0, 0))
+    /// How many more groups commit with a savepoint per write (set after a group had a failing write).
+    let savepointGroupsLeft = Mutex(0)
     /// The feed event total below which a prune cannot move the floor (0: unknown). A change of a bulk transaction is
     /// one feed row of many events, and the floor only moves by whole rows: until the total passes the first row
     /// after the floor by the retention, every search for a new floor finds none.

@@ -89,6 +89,42 @@ import Testing
         #expect(try reopened.database("g").collections().map(\.name) == ["c", "fresh"])
     }
 
+    /// A group is committed without savepoints until one of its writes fails; that group is redone with a savepoint
+    /// per write (the failed attempt leaves nothing: no change, feed entry, id or collection), and so are the next
+    /// `savepointGroupsAfterFailure` groups, after which groups go without again.
+    @Test func aGroupWithAFailingWriteIsRedoneWithSavepointsAndLaterGroupsGoWithoutAgain() throws {
+        let t = try TempStore()
+        let db = try t.store.create("g")
+        guard let rec = FeedRecorder.attached(to: db) else { return }
+        #expect(db.savepointGroupsLeft.withLock { $0 } == 0)
+        let ok = Self.submitTogether(db, [.insert(collection: "c", doc: ["_id": "a"]), .insert(collection: "c", doc: ["_id": "b"])])
+        #expect(ok.map { (try? $0.get())?.id } == ["a", "b"])
+        #expect(db.savepointGroupsLeft.withLock { $0 } == 0)
+        // Generated ids, a new collection and a change before the failing write: all rolled back, then redone.
+        let mixed = Self.submitTogether(
+            db,
+            [
+                .insert(collection: "new", doc: ["n": 1]), .insert(collection: "c", doc: ["_id": "a"]),
+                .insert(collection: "c", doc: ["n": 2]),
+            ])
+        #expect(mixed.map { (try? $0.get()) != nil } == [true, false, true])
+        #expect(db.savepointGroupsLeft.withLock { $0 } == BlazeDatabase.savepointGroupsAfterFailure)
+        let generated = mixed.compactMap { try? $0.get().id }
+        #expect(try db.changes(since: VersionVector()).map(\.seq) == [1, 2, 3, 4])
+        #expect(summary(rec.entries) == ["insert c/a", "insert c/b", "insert new/\(generated[0])", "insert c/\(generated[1])"])
+        #expect(try db.collections().map(\.name) == ["c", "new"])
+        #expect(try db.count(collection: "new", filter: try Filter.parse(nil)) == 1)
+        for i in 0..<BlazeDatabase.savepointGroupsAfterFailure {
+            let pair = Self.submitTogether(
+                db, [.put(collection: "c", id: "p\(i)", doc: [:]), .patch(collection: "c", id: "p\(i)", set: ["v": 1])])
+            #expect(pair.allSatisfy { (try? $0.get()) != nil })
+        }
+        #expect(db.savepointGroupsLeft.withLock { $0 } == 0)
+        let total = 4 + 2 * BlazeDatabase.savepointGroupsAfterFailure
+        #expect(try db.changes(since: VersionVector()).map(\.seq) == (1...total).map(UInt64.init))
+        #expect(try db.committedVersionsMatchTheTable())
+    }
+
     @Test func concurrentWritersEachGetOneDurableChange() throws {
         let t = try TempStore()
         let db = try t.store.create("g")
