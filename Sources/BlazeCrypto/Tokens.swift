@@ -3,17 +3,10 @@ import Crypto
 import Foundation
 
 /// Base64url without padding (RFC 4648 §5), the alphabet of every BlazeDB token.
-func base64URL(_ bytes: [UInt8]) -> String {
-    Data(bytes).base64EncodedString().replacingOccurrences(of: "+", with: "-").replacingOccurrences(of: "/", with: "_")
-        .replacingOccurrences(of: "=", with: "")
-}
+func base64URL(_ bytes: [UInt8]) -> String { Base64URL.encode(bytes) }
 
 /// Decodes base64url with or without padding; nil for any other character.
-func base64URLDecoded(_ text: Substring) -> [UInt8]? {
-    var b64 = text.replacingOccurrences(of: "-", with: "+").replacingOccurrences(of: "_", with: "/")
-    while b64.count % 4 != 0 { b64 += "=" }
-    return Data(base64Encoded: b64).map(Array.init)
-}
+func base64URLDecoded(_ text: Substring) -> [UInt8]? { Base64URL.decode(text) }
 
 /// A one-time invite into a space with a membership log (SYNC.md §9, "Invites"): where to reach the inviting member,
 /// the space's capability (to pass the handshake, never to read), and the invite's id and secret.

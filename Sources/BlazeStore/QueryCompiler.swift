@@ -56,8 +56,18 @@ public struct CompiledSQL: Sendable {
 public enum QueryCompiler {
     /// SQL string literal of the JSON path for `path`, e.g. `'$."a"."b"'`.
     static func pathLiteral(_ path: FieldPath) -> String {
-        let jsonPath = "$" + path.segments.map { ".\"\($0)\"" }.joined()
-        return "'" + jsonPath.replacingOccurrences(of: "'", with: "''") + "'"
+        // Built by hand: Foundation's `replacingOccurrences` was a third of compiling a one-field find.
+        var literal = "'$"
+        for segment in path.segments {
+            literal += ".\""
+            if segment.utf8.contains(UInt8(ascii: "'")) {
+                literal += segment.split(separator: "'", omittingEmptySubsequences: false).joined(separator: "''")
+            } else {
+                literal += segment
+            }
+            literal += "\""
+        }
+        return literal + "'"
     }
 
     /// The value expression for a path.
@@ -274,17 +284,13 @@ public struct QueryCursor: Sendable, Equatable {
     /// The token given to clients (base64url of a small JSON object).
     public var token: String {
         let json: JSONValue = ["k": .array(keys), "i": .string(id), "s": .string(shape)]
-        return Data(json.jsonBytes).base64EncodedString()
-            .replacingOccurrences(of: "+", with: "-").replacingOccurrences(of: "/", with: "_")
-            .replacingOccurrences(of: "=", with: "")
+        return Base64URL.encode(json.jsonBytes)
     }
 
     /// Decodes a token for the given query; rejects tokens from another query shape.
     public static func decode(_ token: String, for query: FindQuery) throws(StoreError) -> QueryCursor {
-        var b64 = token.replacingOccurrences(of: "-", with: "+").replacingOccurrences(of: "_", with: "/")
-        while b64.count % 4 != 0 { b64 += "=" }
         let bad = StoreError.invalid("invalid_cursor", "cursor is not a cursor returned by query.find")
-        guard let data = Data(base64Encoded: b64), let json = try? JSONParser().parse(data),
+        guard let bytes = Base64URL.decode(token), let json = try? JSONParser().parse(bytes),
             case .array(let keys)? = json["k"], let id = json["i"]?.stringValue, let shape = json["s"]?.stringValue
         else { throw bad }
         guard shape == query.shape else {

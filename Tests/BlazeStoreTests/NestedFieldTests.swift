@@ -45,6 +45,28 @@ import Testing
         #expect(try replica.stateHash() == (try db.stateHash()))
     }
 
+    /// Field names with a single quote (doubled in the SQL literal of their JSON path) and other punctuation are
+    /// filtered, sorted and indexed like any other.
+    @Test func pathsWithQuotesAndPunctuationQueryAndIndex() throws {
+        for (path, literal) in [
+            ("a", #"'$."a"'"#), ("it's", #"'$."it''s"'"#), ("o'k.''", #"'$."o''k"."''''"'"#), ("é.x y", #"'$."é"."x y"'"#),
+        ] {
+            #expect(QueryCompiler.pathLiteral(try FieldPath(path)) == literal)
+        }
+        let t = try TempStore()
+        let db = try t.store.create("db")
+        for i in 0..<6 {
+            _ = try db.apply(.insert(collection: "c", doc: ["_id": .string("d\(i)"), "it's": ["o'k": .int(Int64(i % 3))]]))
+        }
+        let query = FindQuery(
+            collection: "c", filter: try Filter.parse(["it's.o'k": ["$gte": 1]]), sort: try SortKey.parse(["-it's.o'k"] as JSONValue),
+            limit: 10)
+        let before = try db.find(query).docs.map { $0["_id"] }
+        #expect(before == ["d5", "d2", "d4", "d1"])
+        _ = try db.write { try $0.createIndex(collection: "c", fields: ["it's.o'k"], name: "quoted") }
+        #expect(try db.find(query).docs.map { $0["_id"] } == before)
+    }
+
     @Test func badPathsAreRefusedAndNothingIsWritten() throws {
         let t = try TempStore()
         let db = try t.store.create("db")
