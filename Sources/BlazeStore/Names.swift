@@ -97,13 +97,30 @@ public enum Names {
     ///
     /// Segments must be non-empty and may not contain `"` or `\` (they are quoted in SQLite JSON paths).
     public static func parsePath(_ path: String) throws(StoreError) -> [String] {
-        let segments = path.split(separator: ".", omittingEmptySubsequences: false).map(String.init)
-        guard !path.isEmpty, segments.allSatisfy({ !$0.isEmpty }) else {
+        // One pass over the UTF-8 bytes (Foundation's `String.contains` was most of parsing a filter): a control
+        // character is a byte below 0x20, as no other scalar's UTF-8 has one.
+        var segments: [String] = []
+        var start = path.utf8.startIndex
+        var empty = path.isEmpty
+        var refused = false
+        for i in path.utf8.indices {
+            switch path.utf8[i] {
+            case UInt8(ascii: "."):
+                empty = empty || i == start
+                segments.append(String(path[start..<i]))
+                start = path.utf8.index(after: i)
+            case UInt8(ascii: "\""), UInt8(ascii: "\\"), 0..<0x20: refused = true
+            default: break
+            }
+        }
+        empty = empty || start == path.utf8.endIndex
+        guard !empty else {
             throw .invalid("invalid_path", "field path \(quoted(path)) must be non-empty segments joined by '.'")
         }
-        for s in segments where s.contains("\"") || s.contains("\\") || s.unicodeScalars.contains(where: { $0.value < 0x20 }) {
+        guard !refused else {
             throw .invalid("invalid_path", "field path \(quoted(path)) may not contain '\"', '\\' or control characters")
         }
+        segments.append(String(path[start...]))
         return segments
     }
 

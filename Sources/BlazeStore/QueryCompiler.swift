@@ -1,6 +1,7 @@
 import BlazeProtocol
 import Foundation
 import GRDB
+import Synchronization
 
 /// A sort key: a field path and a direction. Sorting uses the `TypeRank` order; ties break on `_id` (see `orderBy`).
 public struct SortKey: Sendable, Equatable {
@@ -71,13 +72,27 @@ public enum QueryCompiler {
     }
 
     /// The value expression for a path.
-    static func valueSQL(_ path: FieldPath) -> String {
-        path.isID ? "id" : "json_extract(body, \(pathLiteral(path)))"
-    }
+    static func valueSQL(_ path: FieldPath) -> String { expressions(path).value }
 
     /// The type-rank expression for a path (see `TypeRank`).
-    static func rankSQL(_ path: FieldPath) -> String {
-        path.isID ? "3" : rankCase("json_type(body, \(pathLiteral(path)))")
+    static func rankSQL(_ path: FieldPath) -> String { expressions(path).rank }
+
+    /// The rank and value expressions of paths recently compiled: building them was a third of compiling a find.
+    private static let recentExpressions = Mutex<[FieldPath: (rank: String, value: String)]>([:])
+
+    /// At most this many paths' expressions are kept (then the set starts over).
+    static let maxRecentExpressions = 1024
+
+    /// The rank and value expressions for a path.
+    static func expressions(_ path: FieldPath) -> (rank: String, value: String) {
+        if let known = recentExpressions.withLock({ $0[path] }) { return known }
+        let literal = pathLiteral(path)
+        let made = path.isID ? (rank: "3", value: "id") : (rankCase("json_type(body, \(literal))"), "json_extract(body, \(literal))")
+        recentExpressions.withLock {
+            if $0.count >= maxRecentExpressions { $0.removeAll(keepingCapacity: true) }
+            $0[path] = made
+        }
+        return made
     }
 
     static func rankCase(_ typeExpr: String) -> String {

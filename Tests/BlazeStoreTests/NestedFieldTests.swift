@@ -67,6 +67,25 @@ import Testing
         #expect(try db.find(query).docs.map { $0["_id"] } == before)
     }
 
+    /// The path parser splits and refuses exactly as the plain definition does (split on '.', no empty segment, no
+    /// '"', '\\' or control character), over random paths from an alphabet of the characters that matter.
+    @Test func pathParsingMatchesItsDefinition() {
+        func reference(_ path: String) -> [String]? {
+            let segments = path.split(separator: ".", omittingEmptySubsequences: false).map(String.init)
+            guard !path.isEmpty, segments.allSatisfy({ !$0.isEmpty }) else { return nil }
+            let refused = segments.contains { s in
+                s.unicodeScalars.contains { $0 == "\"" || $0 == "\\" || $0.value < 0x20 }
+            }
+            return refused ? nil : segments
+        }
+        let alphabet: [Character] = ["a", "b", ".", "\"", "\\", "\n", "\u{1}", "é", "'", " ", "_", "\u{7f}", "😀"]
+        var rng = SystemRandomNumberGenerator()
+        for _ in 0..<5000 {
+            let path = String((0..<Int.random(in: 0...6, using: &rng)).map { _ in alphabet.randomElement(using: &rng)! })
+            #expect((try? Names.parsePath(path)) == reference(path), "\(path.debugDescription)")
+        }
+    }
+
     @Test func badPathsAreRefusedAndNothingIsWritten() throws {
         let t = try TempStore()
         let db = try t.store.create("db")
