@@ -232,7 +232,12 @@ extension BlazeDatabase {
     /// canonical text every write path stores, which restores check; should one be there anyway, it is parsed and
     /// written again rather than let split the line).
     static func spliceable(_ text: [UInt8]) throws -> [UInt8] {
-        guard text.contains(where: { $0 == 0x0A || $0 == 0x0D }) else { return text }
+        let hasBreak = text.withUnsafeBufferPointer { bytes in
+            // Scanned through the buffer: the array's generic iterator cost a third of reading a page of results.
+            for b in bytes where b == 0x0A || b == 0x0D { return true }
+            return false
+        }
+        guard hasBreak else { return text }
         return JSONValue.object(try decodeBody(String(decoding: text, as: UTF8.self))).jsonBytes
     }
 

@@ -202,6 +202,20 @@ func expectStoreError(_ kind: String, _ body: () throws -> Void) {
     }
 }
 
+/// Stored bodies are spliced into response lines as they are, unless one holds a line break.
+@Suite struct SplicedBodies {
+    @Test func aBodyWithALineBreakIsWrittenAgainAndOthersPassAsTheyAre() throws {
+        let plain = Array(#"{"_id":"a","s":"x y","n":1}"#.utf8)
+        #expect(try BlazeDatabase.spliceable(plain) == plain)
+        #expect(try BlazeDatabase.spliceable([]) == [])
+        for raw in ["{\"_id\":\"a\",\n\"n\":1}", "{\"_id\":\"a\",\r\"n\":1}", "{\"_id\":\"a\",\"n\":1}\n"] {
+            let out = try BlazeDatabase.spliceable(Array(raw.utf8))
+            #expect(!out.contains(0x0A) && !out.contains(0x0D))
+            #expect(try JSONParser().parse(out) == (try JSONParser().parse(raw)))
+        }
+    }
+}
+
 @Suite struct FilterSemantics {
     static let docs: [[String: JSONValue]] = [
         ["_id": "1", "a": 1, "s": "apple", "t": ["x", "y"], "n": ["x": 1]],
