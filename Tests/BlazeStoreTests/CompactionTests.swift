@@ -29,7 +29,9 @@ func joined(_ a: VersionVector, _ b: VersionVector) -> VersionVector {
 /// fold stable history at different times (`DocumentState.folded`), so their states are equal up to those stamps.
 func erasingStableStamps(_ states: [String: DocumentState], _ stable: VersionVector) -> [String: DocumentState] {
     let erased = Stamp(hlc: HLC(raw: 0), origin: NodeID(bytes: [UInt8](repeating: 0, count: 16)), seq: 1, index: 0)
-    return states.mapValues { state in
+    // Folded first: a replica that compacted while a document's history was stable folded it (nested paths into
+    // their top-level objects), one that did not yet holds it unfolded.
+    return folded(states, stable).mapValues { state in
         var out = state
         for (name, f) in state.fields {
             guard state.cl % 2 == 1, f.isPlainWrite, let w = f.winner, w.stamp.dot.seq <= stable[w.stamp.dot.origin] else { continue }
