@@ -25,17 +25,38 @@ func joined(_ a: VersionVector, _ b: VersionVector) -> VersionVector {
     VersionVector(a.entries.merging(b.entries) { max($0, $1) })
 }
 
-/// `states` with the stamp of every plain write `stable` covers made the same, and such unset fields dropped: replicas
-/// fold stable history at different times (`DocumentState.folded`), so their states are equal up to those stamps.
+/// `states` with every plain write `stable` covers spelled out as one write per leaf of its value (a path into its
+/// objects) at one erased stamp, unset ones and leaves a later write at or around their path hides dropped.
+///
+/// Replicas fold stable history at different times (`DocumentState.folded`: nested paths into their top-level
+/// objects, every stamp the latest), and a replica that folded keeps its folded object under later nested writes,
+/// where one that did not keeps the nested writes it had. Their documents are the same; their states are the same
+/// once stable writes are compared leaf by leaf, whatever register held them.
 func erasingStableStamps(_ states: [String: DocumentState], _ stable: VersionVector) -> [String: DocumentState] {
     let erased = Stamp(hlc: HLC(raw: 0), origin: NodeID(bytes: [UInt8](repeating: 0, count: 16)), seq: 1, index: 0)
-    // Folded first: a replica that compacted while a document's history was stable folded it (nested paths into
-    // their top-level objects), one that did not yet holds it unfolded.
-    return folded(states, stable).mapValues { state in
+    return states.mapValues { state in
+        guard state.cl % 2 == 1 else { return state }
         var out = state
+        var leaves: [String: (stamp: Stamp, value: JSONValue)] = [:]
+        func spell(_ path: String, _ value: JSONValue, _ stamp: Stamp) {
+            if case .object(let members) = value, !members.isEmpty {
+                for (k, v) in members { spell(path + "." + k, v, stamp) }
+            } else if leaves[path].map({ $0.stamp < stamp }) ?? true {
+                leaves[path] = (stamp, value)
+            }
+        }
         for (name, f) in state.fields {
-            guard state.cl % 2 == 1, f.isPlainWrite, let w = f.winner, w.stamp.dot.seq <= stable[w.stamp.dot.origin] else { continue }
-            out.fields[name] = w.value.map { .plain(erased, $0) }
+            guard f.isPlainWrite, let w = f.winner, w.stamp.dot.seq <= stable[w.stamp.dot.origin] else { continue }
+            out.fields[name] = nil
+            if let value = w.value { spell(name, value, w.stamp) }
+        }
+        for (path, leaf) in leaves {
+            // Hidden by a later write kept as it is: at the path, inside it, or around it.
+            let hidden = out.fields.contains { other, f in
+                guard let s = f.winner?.stamp, leaf.stamp < s else { return false }
+                return other == path || other.hasPrefix(path + ".") || path.hasPrefix(other + ".")
+            }
+            if !hidden { out.fields[path] = .plain(erased, leaf.value) }
         }
         return out
     }
