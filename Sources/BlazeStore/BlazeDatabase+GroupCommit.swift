@@ -14,7 +14,7 @@ struct PendingWrite: Sendable {
 /// The first write to arrive schedules a commit on the writer; every write that arrives before that commit starts
 /// joins it, and those arriving during it form the next one. One that fails (a missing document, a limit) fails alone,
 /// and only the changes kept publish their feed entries: a group is first committed without savepoints
-/// (`commitWithoutSavepoints`), and when one of its writes fails it is rolled back and redone with each operation in
+/// (`commitChained`), and when one of its writes fails it is rolled back and redone with each operation in
 /// its own savepoint, so the failing one is rolled back alone. Nothing is acknowledged before the commit that covers
 /// it returns (`synchronous = FULL`: after its fsync).
 extension BlazeDatabase {
@@ -93,64 +93,42 @@ extension BlazeDatabase {
             return false
         }
         if optimistic {
-            switch commitWithoutSavepoints(db, ops) {
+            switch commitChained(db, ops, savepoints: false) {
             case .committed(let results): return results
             case .failed(let error): return ops.map { _ in .failure(error) }
             case .opFailed:
-                // Redone below, each op in its own savepoint; the next groups too, as failures tend to come in runs.
+                // Redone with a savepoint per op; the next groups too, as failures tend to come in runs.
                 savepointGroupsLeft.withLock { $0 = Self.savepointGroupsAfterFailure }
             }
         }
-        var results: [Result<WriteResult, any Error>] = []
-        results.reserveCapacity(ops.count)
-        var afterCommit: [@Sendable () -> Void] = []
-        do {
-            try Self.inWriteTransaction(db) {
-                var chain = try ChangeChain(self, db)
-                for op in ops {
-                    do {
-                        var kept: (WriteResult, SQLStorage)?
-                        try db.inSavepoint {
-                            let storage = chain.nextStorage(self, db)
-                            kept = (try localChange(storage) { try $0.apply(op) }, storage)
-                            return .commit
-                        }
-                        if let (result, storage) = kept {
-                            results.append(.success(result))
-                            try chain.keep(storage)
-                        }
-                    } catch {
-                        results.append(.failure(error))
-                    }
-                }
-                afterCommit = chain.afterCommit
-            }
-        } catch {
-            return ops.map { _ in .failure(error) }
+        switch commitChained(db, ops, savepoints: true) {
+        case .committed(let results): return results
+        case .failed(let error): return ops.map { _ in .failure(error) }
+        case .opFailed: preconditionFailure("with savepoints a failing op fails alone")
         }
-        for action in afterCommit { action() }
-        return results
     }
 
     /// Groups committed with a savepoint per write after one whose writes, committed without, had one fail.
     static let savepointGroupsAfterFailure = 16
 
-    /// How `commitWithoutSavepoints` ended.
+    /// How `commitChained` ended.
     enum GroupOutcome {
-        /// Committed: every op's result.
+        /// Committed: every op's result (with savepoints, a failed op's error in its place).
         case committed([Result<WriteResult, any Error>])
-        /// An op failed: the transaction was rolled back and nothing of it kept.
+        /// Without savepoints, an op failed: the transaction was rolled back and nothing of it kept.
         case opFailed
         /// The transaction could not begin or commit: every op failed with `error`.
         case failed(any Error)
     }
 
-    /// Commits each of `ops` as its own change in one transaction with no savepoint between them. Most groups have no
-    /// failing write, and a savepoint is not free: SQLite copies every page a write changes that an earlier write of
-    /// the transaction had already changed into a statement journal, which spills to a temporary file past 64 KiB
-    /// (with SQL parsed for each savepoint, a fifth of a grouped write's CPU). When an op fails, the whole
-    /// transaction is rolled back, so the caller can redo the group with savepoints.
-    func commitWithoutSavepoints(_ db: Database, _ ops: [WriteOp]) -> GroupOutcome {
+    /// Commits each of `ops` as its own change in one transaction.
+    ///
+    /// With `savepoints`, each op runs in its own savepoint, so one that fails is rolled back alone and fails alone.
+    /// Without, an op that fails rolls back the whole transaction (`opFailed`), for the caller to redo the group with
+    /// savepoints. Most groups have no failing write, and a savepoint is not free: SQLite copies every page a write
+    /// changes that an earlier write of the transaction had already changed into a statement journal, which spills to
+    /// a temporary file past 64 KiB (with SQL parsed for each savepoint, a fifth of a grouped write's CPU).
+    func commitChained(_ db: Database, _ ops: [WriteOp], savepoints: Bool) -> GroupOutcome {
         var results: [Result<WriteResult, any Error>] = []
         results.reserveCapacity(ops.count)
         var afterCommit: [@Sendable () -> Void] = []
@@ -159,14 +137,27 @@ extension BlazeDatabase {
             try Self.inWriteTransaction(db) {
                 var chain = try ChangeChain(self, db)
                 for op in ops {
-                    let storage = chain.nextStorage(self, db)
                     do {
-                        results.append(.success(try localChange(storage) { try $0.apply(op) }))
+                        let storage = chain.nextStorage(self, db)
+                        var kept: WriteResult?
+                        if savepoints {
+                            try db.inSavepoint {
+                                kept = try localChange(storage) { try $0.apply(op) }
+                                return .commit
+                            }
+                        } else {
+                            kept = try localChange(storage) { try $0.apply(op) }
+                        }
+                        if let kept {
+                            results.append(.success(kept))
+                            try chain.keep(storage)
+                        }
+                    } catch where savepoints {
+                        results.append(.failure(error))
                     } catch {
                         opFailed = true
                         throw error
                     }
-                    try chain.keep(storage)
                 }
                 afterCommit = chain.afterCommit
             }
