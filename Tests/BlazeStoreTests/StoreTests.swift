@@ -2,6 +2,7 @@ import BlazeCRDT
 import BlazeProtocol
 import Foundation
 import GRDB
+import Synchronization
 import Testing
 
 @testable import BlazeStore
@@ -50,6 +51,35 @@ func expectStoreError(_ kind: String, _ body: () throws -> Void) {
         for bad in ["", ".hidden", "a/b", "a b", String(repeating: "x", count: 65), "é"] {
             expectStoreError("invalid_name") { _ = try t.store.create(bad) }
         }
+    }
+
+    /// Lookups are served from per-thread shards: every thread must see each create, drop, re-create and close.
+    @Test func everyThreadSeesOpensDropsAndCloses() async throws {
+        let t = try TempStore()
+        let store = t.store
+        let threads = 64  // more than the shards, so that every shard is read
+        func lookups() -> [BlazeDatabase?] {
+            let found = Mutex([BlazeDatabase?](repeating: nil, count: threads))
+            DispatchQueue.concurrentPerform(iterations: threads) { i in
+                let db = try? store.database("a")
+                found.withLock { $0[i] = db }
+            }
+            return found.withLock { $0 }
+        }
+        let first = try t.store.create("a")
+        #expect(lookups().allSatisfy { $0 === first })
+        try t.store.drop("a")
+        #expect(lookups().allSatisfy { $0 == nil })
+        expectStoreError("database_not_found") { _ = try t.store.database("a") }
+        let second = try t.store.create("a")
+        #expect(second !== first)
+        #expect(lookups().allSatisfy { $0 === second })
+        // Closed, the database is opened again (once) on the next lookup, and every thread gets that one.
+        t.store.closeAll()
+        let reopened = lookups()
+        #expect(reopened.allSatisfy { $0 != nil && $0 !== second && $0 === reopened[0] })
+        // A name that was never valid is refused as before, whatever the shards hold.
+        expectStoreError("invalid_name") { _ = try t.store.database("a/b") }
     }
 
     @Test func dataSurvivesReopen() async throws {
