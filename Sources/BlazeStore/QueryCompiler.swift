@@ -77,18 +77,22 @@ public enum QueryCompiler {
     /// The type-rank expression for a path (see `TypeRank`).
     static func rankSQL(_ path: FieldPath) -> String { expressions(path).rank }
 
-    /// The rank and value expressions of paths recently compiled: building them was a third of compiling a find.
-    private static let recentExpressions = Mutex<[FieldPath: (rank: String, value: String)]>([:])
+    /// The rank and value expressions of paths recently compiled: building them was a third of compiling a find. Each
+    /// thread keeps its own (one shared lock held up finds once the event loops outnumbered the cores).
+    private static let recentExpressions = Sharded<[FieldPath: Expressions]>([:])
 
-    /// At most this many paths' expressions are kept (then the set starts over).
+    /// A path's type-rank and value expressions.
+    typealias Expressions = (rank: String, value: String)
+
+    /// At most this many paths' expressions are kept per thread (then its set starts over).
     static let maxRecentExpressions = 1024
 
     /// The rank and value expressions for a path.
     static func expressions(_ path: FieldPath) -> (rank: String, value: String) {
-        if let known = recentExpressions.withLock({ $0[path] }) { return known }
+        if let known = recentExpressions.withLocal({ $0[path] }) { return known }
         let literal = pathLiteral(path)
         let made = path.isID ? (rank: "3", value: "id") : (rankCase("json_type(body, \(literal))"), "json_extract(body, \(literal))")
-        recentExpressions.withLock {
+        recentExpressions.withLocal {
             if $0.count >= maxRecentExpressions { $0.removeAll(keepingCapacity: true) }
             $0[path] = made
         }

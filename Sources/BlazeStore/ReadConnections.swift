@@ -136,10 +136,7 @@ final class ReadConnections: Sendable {
     }
 
     /// The slot this thread tries first: a hash of its identity, so two threads rarely start at the same one.
-    private static func preferredSlot() -> Int {
-        let id = UInt64(UInt(bitPattern: Int(pthread_self())))
-        return Int((id &* 0x9E37_79B9_7F4A_7C15) >> 58) % slotCount
-    }
+    private static func preferredSlot() -> Int { threadShard(slotCount) }
 }
 
 /// One read-only SQLite connection and its prepared statements.

@@ -12,9 +12,9 @@ public final class Store: Sendable {
     public let node: NodeID
     /// The open databases by name; held by every change to them (which also updates `shards`).
     private let open = Mutex<[String: BlazeDatabase]>([:])
-    /// Copies of `open`, one read per thread (`Shard.index`): the lookup every request makes takes no lock another
-    /// event loop takes too (with one lock, the loops of an 8-loop daemon queued on it: 12% of their time).
-    private let shards = (0..<Shard.count).map { _ in Shard() }
+    /// Copies of `open`, each thread reading its own: the lookup every request makes takes no lock another event loop
+    /// takes too (with one lock, the loops of an 8-loop daemon queued on it: 12% of their time).
+    private let shards = Sharded<[String: BlazeDatabase]>([:])
     /// Names being restored: taken, though no file exists yet.
     private let reserved = Mutex<Set<String>>([])
     /// The last listing of the databases directory and when it was read (nil once this store created or removed one).
@@ -77,7 +77,7 @@ public final class Store: Sendable {
     /// Returns an existing database, opening it on first use; throws not-found if it does not exist.
     public func database(_ name: String) throws -> BlazeDatabase {
         // An open database's name was valid when it opened.
-        if let db = shards[Shard.index()].databases.withLock({ $0[name] }) { return db }
+        if let db = shards.withLocal({ $0[name] }) { return db }
         try Names.validateDatabase(name)
         return try open.withLock { open in
             if let db = open[name] { return db }
@@ -94,23 +94,7 @@ public final class Store: Sendable {
 
     /// Sets (or with nil removes) `name` in every shard; call holding `open`, so shards change in its order.
     private func mirror(_ name: String, _ db: BlazeDatabase?) {
-        for shard in shards { shard.databases.withLock { $0[name] = db } }
-    }
-
-    /// One copy of the open databases, behind a lock of its own.
-    private final class Shard: Sendable {
-        /// Shards per store: more than the event loops of most machines, so two loops rarely share one.
-        static let count = 16
-
-        let databases = Mutex<[String: BlazeDatabase]>([:])
-        /// Keeps the next shard's lock off this one's cache line.
-        private let padding: (Int, Int, Int, Int, Int, Int, Int, Int) = (0, 0, 0, 0, 0, 0, 0, 0)
-
-        /// The shard the calling thread reads: a hash of its identity.
-        static func index() -> Int {
-            let id = UInt64(UInt(bitPattern: Int(pthread_self())))
-            return Int((id &* 0x9E37_79B9_7F4A_7C15) >> 58) % count
-        }
+        shards.withEach { $0[name] = db }
     }
 
     /// Names of all databases, sorted.
@@ -156,7 +140,7 @@ public final class Store: Sendable {
         let dbs = open.withLock { open in
             defer {
                 open.removeAll()
-                for shard in shards { shard.databases.withLock { $0.removeAll() } }
+                shards.withEach { $0.removeAll() }
             }
             return Array(open.values)
         }
