@@ -88,7 +88,7 @@ public enum QueryCompiler {
     static let maxRecentExpressions = 1024
 
     /// The rank and value expressions for a path.
-    static func expressions(_ path: FieldPath) -> (rank: String, value: String) {
+    static func expressions(_ path: FieldPath) -> Expressions {
         if let known = recentExpressions.withLocal({ $0[path] }) { return known }
         let literal = pathLiteral(path)
         let made = path.isID ? (rank: "3", value: "id") : (rankCase("json_type(body, \(literal))"), "json_extract(body, \(literal))")
