@@ -70,7 +70,8 @@ public final class Daemon: Service, Sendable {
         let connections = self.connections
         let logger = self.logger
         let quiesce = ServerQuiescingHelper(group: MultiThreadedEventLoopGroup.singleton)
-        let server = try await ServerBootstrap(group: MultiThreadedEventLoopGroup.singleton)
+        let clientLoops = ClientLoops(threads: config.clientLoopThreads)
+        let server = try await ServerBootstrap(group: MultiThreadedEventLoopGroup.singleton, childGroup: clientLoops.group)
             .serverChannelInitializer { channel in
                 channel.eventLoop.makeCompletedFuture {
                     try channel.pipeline.syncOperations.addHandler(quiesce.makeServerChannelHandler(channel: channel))
@@ -81,7 +82,9 @@ public final class Daemon: Service, Sendable {
             // would only return EAGAIN (a wasted system call per request).
             .childChannelOption(.maxMessagesPerRead, value: 1)
             .childChannelInitializer { channel in
-                Self.initialize(channel, limits: limits, connections: connections, dispatcher: dispatcher, logger: logger)
+                Self.initialize(
+                    channel, limits: limits, connections: connections, dispatcher: dispatcher, logger: logger,
+                    loopConnections: clientLoops.connections(on: channel.eventLoop))
             }
             .withBoundSocket(fd).get()
         logger.info(
@@ -122,6 +125,7 @@ public final class Daemon: Service, Sendable {
         _ = await compactor?.result
         await sync.shutdown()
         try? await pool.shutdownGracefully()
+        try? await clientLoops.group.shutdownGracefully()
         if config.inheritedSocket == nil { unlink(config.socketPath) }  // systemd owns an inherited socket's path
         store.closeAll()
         logger.info("Stopped")
@@ -156,7 +160,8 @@ public final class Daemon: Service, Sendable {
 
     /// Child channel setup on its event loop: peer uid check, connection limit, then the line codec and handler.
     static func initialize(
-        _ channel: any Channel, limits: ServerLimits, connections: ConnectionTable, dispatcher: Dispatcher, logger: Logger
+        _ channel: any Channel, limits: ServerLimits, connections: ConnectionTable, dispatcher: Dispatcher, logger: Logger,
+        loopConnections: NIOLoopBoundBox<Int>
     ) -> EventLoopFuture<Void> {
         let provider = channel as! any SocketOptionProvider
         let creds: EventLoopFuture<PeerCredentials> = provider.unsafeGetSocketOption(
@@ -200,7 +205,9 @@ public final class Daemon: Service, Sendable {
                 try channel.pipeline.syncOperations.addHandler(
                     ByteToMessageHandler(LineFrameDecoder(maxLength: limits.maxLineBytes)))
                 try channel.pipeline.syncOperations.addHandler(
-                    RPCHandler(connection: connection, dispatcher: dispatcher, limits: limits, logger: logger))
+                    RPCHandler(
+                        connection: connection, dispatcher: dispatcher, limits: limits, logger: logger,
+                        loopConnections: loopConnections))
             }
         }
     }

@@ -1,6 +1,7 @@
 import BlazeProtocol
 import BlazeStore
 import BlazeSync
+import NIOCore
 
 /// Limits of the RPC server (DESIGN §6); all configurable, all enforced.
 public struct ServerLimits: Sendable, Equatable {
@@ -59,6 +60,8 @@ public struct DaemonConfig: Sendable {
     /// The effective settings and their sources as `daemon.config` reports them (`{file, settings}`); nil when the
     /// daemon was configured in code.
     public var settings: RPC.DaemonConfig.Result?
+    /// Event loops serving client connections (`ClientLoops`): one per core.
+    var clientLoopThreads = System.coreCount
 
     /// Creates a configuration; unspecified paths come from `DefaultPaths`.
     public init(

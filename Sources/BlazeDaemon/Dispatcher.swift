@@ -126,9 +126,10 @@ struct Dispatcher: Sendable {
     }
 
     /// Validates `req` and queues its write; `done` gets the response bytes (nil when nothing is owed) once the write
-    /// is durable or has failed, on whichever thread finished it.
+    /// is durable or has failed, on whichever thread finished it. With `here`, a write that finds no group commit
+    /// under way commits on the calling thread, and `done` runs before this returns (as it does for invalid params).
     func submit(
-        _ req: RPCRequest, _ submit: MethodHandler.Submit, connection: ConnectionHandle,
+        _ req: RPCRequest, _ submit: MethodHandler.Submit, connection: ConnectionHandle, here: Bool,
         done: @escaping @Sendable ([UInt8]?) -> Void
     ) {
         let started = context.logger.logLevel <= .debug ? ContinuousClock.now : nil
@@ -144,7 +145,7 @@ struct Dispatcher: Sendable {
         var context = self.context
         context.connection = connection
         do {
-            try submit(req.params, context, finish)
+            try submit(req.params, context, here, finish)
         } catch {
             finish(.failure(error))
         }

@@ -21,8 +21,9 @@ struct MethodHandler: Sendable {
 
     /// Where a submitted write's outcome goes.
     typealias Reply = @Sendable (Result<JSONValue, any Error>) -> Void
-    /// Validates a write's params and queues it, replying once it is durable.
-    typealias Submit = @Sendable ([String: JSONValue], RequestContext, @escaping Reply) throws -> Void
+    /// Validates a write's params and queues it, replying once it is durable; with `here`, a write that finds no group
+    /// commit under way commits on the calling thread, and `reply` runs before this returns.
+    typealias Submit = @Sendable ([String: JSONValue], RequestContext, _ here: Bool, @escaping Reply) throws -> Void
 
     /// A method that runs on the I/O pool (writes, queries, anything that may block).
     init<P: RPCParameters>(_ params: P.Type, _ body: @escaping @Sendable (P, RequestContext) throws -> P.Result) {
@@ -58,7 +59,8 @@ struct MethodHandler: Sendable {
     }
 
     /// A single-operation write: `body` names the database and the operation and turns the store's result into the
-    /// method's. Submitted to the group commit when it comes alone; run on the I/O pool inside a batch.
+    /// method's. Submitted to the group commit (or committed on the caller's thread) when it comes alone; run on the
+    /// I/O pool inside a batch.
     init<P: RPCParameters>(
         write params: P.Type,
         _ body: @escaping @Sendable (P, RequestContext) throws -> (BlazeDatabase, WriteOp, @Sendable (WriteResult) -> P.Result)
@@ -69,9 +71,9 @@ struct MethodHandler: Sendable {
             return P.encode(result(try db.apply(op)))
         }
         self.text = nil
-        self.submit = { raw, context, reply in
+        self.submit = { raw, context, here, reply in
             let (db, op, result) = try body(try P(validating: raw), context)
-            db.submit(op) { outcome in reply(outcome.map { P.encode(result($0)) }) }
+            db.submit(op, here: here) { outcome in reply(outcome.map { P.encode(result($0)) }) }
         }
     }
 }

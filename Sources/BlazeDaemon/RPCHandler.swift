@@ -6,7 +6,8 @@ import NIOCore
 /// Answers the requests of one connection in order, on the connection's event loop, and delivers its subscriptions.
 ///
 /// Requests whose methods only read a little (`MethodHandler.runsInline`) are answered right here, with no thread hop;
-/// a single-operation write is queued for its database's group commit and answered once durable; the others run on
+/// a single-operation write is queued for its database's group commit and answered once durable (a connection alone on
+/// its event loop commits it right here when no group commit is under way, see `ClientLoops`); the others run on
 /// the daemon's I/O thread pool and are answered back on the loop. While a request runs on the
 /// pool, later lines wait in a queue, and reading from the socket pauses once that queue is full or while the
 /// client does not read its responses.
@@ -34,6 +35,11 @@ final class RPCHandler: ChannelDuplexHandler {
     private var busy = false
     private var closing = false
     private var heldRead = false
+    /// Connections served by this connection's event loop, this one included.
+    let loopConnections: NIOLoopBoundBox<Int>
+    /// True while a write is being submitted: its answer, if it comes before `submit` returns, is `answeredHere`.
+    private var submitting = false
+    private var answeredHere: [UInt8]??
 
     /// Loop-side state of a started subscription.
     struct Delivery {
@@ -48,16 +54,25 @@ final class RPCHandler: ChannelDuplexHandler {
 
     var id: Int { connection.id }
 
-    init(connection: ConnectionHandle, dispatcher: Dispatcher, limits: ServerLimits, logger: Logger) {
+    init(
+        connection: ConnectionHandle, dispatcher: Dispatcher, limits: ServerLimits, logger: Logger,
+        loopConnections: NIOLoopBoundBox<Int>
+    ) {
         self.connection = connection
+        self.loopConnections = loopConnections
         self.dispatcher = dispatcher
         self.limits = limits
         self.logger = logger
     }
 
     func handlerAdded(context: ChannelHandlerContext) {
+        loopConnections.value += 1
         // Pause reading requests while this much output waits for the client (it reads its responses too slowly).
         context.channel.setOption(.writeBufferWaterMark, value: .init(low: 256 << 10, high: 1 << 20)).whenFailure { _ in }
+    }
+
+    func handlerRemoved(context: ChannelHandlerContext) {
+        loopConnections.value -= 1
     }
 
     func channelInactive(context: ChannelHandlerContext) {
@@ -132,17 +147,33 @@ final class RPCHandler: ChannelDuplexHandler {
                 if line.readableBytesView.allSatisfy({ $0 == 0x20 || $0 == 0x09 }) { continue }
                 let prepared = dispatcher.prepare(line: line.readableBytesView)
                 if let (request, submit) = dispatcher.submission(prepared) {
-                    // A single-operation write joins its database's next group commit; no thread waits for it.
+                    // A single-operation write joins its database's next group commit; no thread waits for it. A
+                    // connection alone on its loop commits it right here when no group commit is under way: only
+                    // this connection, which waits for the write anyway, waits for the fsync.
                     busy = true
                     let loopBound = NIOLoopBound((self, context), eventLoop: context.eventLoop)
                     let eventLoop = context.eventLoop
-                    dispatcher.submit(request, submit, connection: connection) { reply in
+                    submitting = true
+                    let here = loopConnections.value == 1
+                    dispatcher.submit(request, submit, connection: connection, here: here) { reply in
+                        if eventLoop.inEventLoop, loopBound.value.0.submitting {
+                            // Answered before `submit` returned: committed here, or refused before it was queued.
+                            loopBound.value.0.answeredHere = .some(reply)
+                            return
+                        }
                         eventLoop.execute {
                             let (handler, context) = loopBound.value
                             handler.busy = false
                             handler.send(reply, context: context)
                             handler.drain(context: context)
                         }
+                    }
+                    submitting = false
+                    if let reply = answeredHere {
+                        answeredHere = nil
+                        busy = false
+                        send(reply, context: context)
+                        continue
                     }
                     return
                 }

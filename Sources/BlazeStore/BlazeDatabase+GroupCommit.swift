@@ -22,8 +22,13 @@ extension BlazeDatabase {
     static let maxGroupSize = 1024
 
     /// Queues `op` as one change for the next group commit; `completion` runs once it is durable (or failed), on the
-    /// writer's thread, so it must only hand the result on.
-    public func submit(_ op: WriteOp, completion: @escaping @Sendable (Result<WriteResult, any Error>) -> Void) {
+    /// writer's thread, so it must only hand the result on. With `here`, when no group commit is queued or running,
+    /// `op` commits on the calling thread instead (blocking it through the fsync) and `completion` runs before this
+    /// returns.
+    public func submit(
+        _ op: WriteOp, here: Bool = false, completion: @escaping @Sendable (Result<WriteResult, any Error>) -> Void
+    ) {
+        if here, let result = commitAlone(op) { return completion(result) }
         let schedule = pendingWrites.withLock { state -> Bool in
             state.queue.append(PendingWrite(op: op, completion: completion))
             guard !state.scheduled else { return false }

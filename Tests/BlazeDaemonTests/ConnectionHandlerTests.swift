@@ -60,9 +60,15 @@ import Testing
         _ = try other.finish()
     }
 
-    /// An `RPCHandler` over a daemon opened in a temporary directory (not listening), on an `EmbeddedChannel`.
-    /// Only inline methods are sent: the embedded loop runs on the test's thread.
+    /// An `RPCHandler` over a daemon opened in a temporary directory (not listening), on an `EmbeddedChannel`, alone
+    /// on its loop. Only methods answered on the loop are sent: the embedded loop runs on the test's thread.
     func rpcChannel(_ dir: TempDir) throws -> (EmbeddedChannel, Daemon) {
+        let loop = EmbeddedEventLoop()
+        return try rpcChannel(dir, loop: loop, onLoop: NIOLoopBoundBox(0, eventLoop: loop))
+    }
+
+    /// `rpcChannel(_:)` on `loop`, whose connections `onLoop` counts.
+    func rpcChannel(_ dir: TempDir, loop: EmbeddedEventLoop, onLoop: NIOLoopBoundBox<Int>) throws -> (EmbeddedChannel, Daemon) {
         var config = DaemonConfig(socketPath: dir.path + "/unused.sock", dataDirectory: dir.path + "/data")
         config.defaultDatabase = "main"
         let daemon = try Daemon(config: config, logger: Logger(label: "test"))
@@ -72,8 +78,8 @@ import Testing
         let connection = ConnectionHandle(id: 1, maxSubscriptions: 4, table: daemon.connections)
         let handler = RPCHandler(
             connection: connection, dispatcher: Dispatcher(context: context, pool: daemon.pool), limits: config.limits,
-            logger: daemon.logger)
-        let channel = EmbeddedChannel(handler: handler)
+            logger: daemon.logger, loopConnections: onLoop)
+        let channel = EmbeddedChannel(handler: handler, loop: loop)
         try channel.connect(to: SocketAddress(ipAddress: "127.0.0.1", port: 1)).wait()
         return (channel, daemon)
     }
@@ -108,6 +114,40 @@ import Testing
         channel.pipeline.fireUserInboundEventTriggered(ChannelShouldQuiesceEvent())
         #expect(try responses(channel).isEmpty)
         #expect(!channel.isActive)
+    }
+
+    @Test func aConnectionAloneOnItsLoopHasItsWriteCommittedAndAnsweredWithinTheRead() throws {
+        let dir = TempDir()
+        let loop = EmbeddedEventLoop()
+        let onLoop = NIOLoopBoundBox(0, eventLoop: loop)
+        let (channel, daemon) = try rpcChannel(dir, loop: loop, onLoop: onLoop)
+        defer { daemon.store.closeAll() }
+        #expect(onLoop.value == 1)
+        let before = try daemon.store.database("main").groupCommitCounts
+        // Answered before `writeInbound` returns, with no loop task run and nothing waited for: committed right here.
+        try channel.writeInbound(
+            InboundFrame.line(ByteBuffer(string: #"{"jsonrpc":"2.0","id":1,"method":"doc.insert","params":{"db":"main","collection":"c","doc":{"_id":"a","n":1}}}"#)))
+        let inserted = try responses(channel)
+        #expect(inserted.count == 1)
+        #expect(inserted.first?["result"]?["id"] == "a")
+        let after = try daemon.store.database("main").groupCommitCounts
+        #expect(after.groups == before.groups + 1 && after.writes == before.writes + 1)
+        try channel.writeInbound(
+            InboundFrame.line(ByteBuffer(string: #"{"jsonrpc":"2.0","id":2,"method":"doc.get","params":{"db":"main","collection":"c","id":"a"}}"#)))
+        #expect(try responses(channel).first?["result"]?["doc"]?["n"] == .int(1))
+        // A refused write is answered the same way, and the next line is still served.
+        try channel.writeInbound(
+            InboundFrame.line(ByteBuffer(string: #"{"jsonrpc":"2.0","id":3,"method":"doc.insert","params":{"db":"main","collection":"c","doc":{"_id":"a"}}}"#)))
+        try channel.writeInbound(
+            InboundFrame.line(ByteBuffer(string: #"{"jsonrpc":"2.0","id":4,"method":"doc.put","params":{"db":"main","collection":"c","id":"b","doc":{}}}"#)))
+        let answers = try responses(channel)
+        #expect(answers.map { $0["id"] } == [.int(3), .int(4)])
+        #expect(answers.first?["error"]?["code"] == .int(Int64(RPCErrorCode.conflict)))
+        #expect(answers.last?["result"]?["created"] == true)
+        // Closing the connection leaves the loop to others (its handlers are removed in a later loop task).
+        try channel.close().wait()
+        loop.run()
+        #expect(onLoop.value == 0)
     }
 
     @Test func connectionTableEnforcesItsLimitAndRefusesAllOnceShuttingDown() throws {

@@ -125,6 +125,58 @@ import Testing
         #expect(try db.committedVersionsMatchTheTable())
     }
 
+    @Test func aWriteSubmittedHereWithNoGroupUnderWayCommitsOnTheCallingThreadBeforeReturning() throws {
+        let t = try TempStore()
+        let db = try t.store.create("g")
+        let before = db.groupCommitCounts
+        let caller = pthread_self()
+        let outcome = Mutex<(result: Result<WriteResult, any Error>, onCaller: Bool)?>(nil)
+        db.submit(.insert(collection: "c", doc: ["_id": "a", "n": 1]), here: true) { r in
+            outcome.withLock { $0 = (r, pthread_equal(pthread_self(), caller) != 0) }
+        }
+        let seen = try #require(outcome.withLock { $0 })
+        #expect((try? seen.result.get())?.id == "a")
+        #expect(seen.onCaller)
+        #expect(db.groupCommitCounts.groups == before.groups + 1 && db.groupCommitCounts.writes == before.writes + 1)
+        #expect(try db.get(collection: "c", id: "a")["n"] == .int(1))
+        #expect(try db.changes(since: VersionVector()).map(\.seq) == [1])
+    }
+
+    @Test func aWriteSubmittedHereWhileAGroupIsUnderWayJoinsTheNextGroupWithoutWaiting() throws {
+        let t = try TempStore()
+        let db = try t.store.create("g")
+        let before = db.groupCommitCounts
+        let done = DispatchGroup()
+        let results = Mutex<[String: Result<WriteResult, any Error>]>([:])
+        let returned = DispatchSemaphore(value: 0)
+        let answeredBeforeReturning = Mutex(false)
+        db.pool.writeWithoutTransaction { _ in
+            // The writer is held here: this write's group commit is queued behind it.
+            done.enter()
+            db.submit(.insert(collection: "c", doc: ["_id": "queued"])) { r in
+                results.withLock { $0["queued"] = r }
+                done.leave()
+            }
+            // Another thread submits "here": it must join the queue and return at once, not wait for the writer.
+            done.enter()
+            Thread.detachNewThread {
+                db.submit(.insert(collection: "c", doc: ["_id": "here"]), here: true) { r in
+                    results.withLock { $0["here"] = r }
+                    done.leave()
+                }
+                answeredBeforeReturning.withLock { $0 = results.withLock { $0["here"] != nil } }
+                returned.signal()
+            }
+            #expect(returned.wait(timeout: .now() + 30) == .success)
+        }
+        #expect(!answeredBeforeReturning.withLock { $0 })
+        #expect(done.wait(timeout: .now() + 60) == .success)
+        #expect(results.withLock { $0.mapValues { (try? $0.get())?.id } } == ["queued": "queued", "here": "here"])
+        // Both went in the one group commit that followed the held writer.
+        let after = db.groupCommitCounts
+        #expect(after.groups - before.groups == 1 && after.writes - before.writes == 2)
+    }
+
     @Test func concurrentWritersEachGetOneDurableChange() throws {
         let t = try TempStore()
         let db = try t.store.create("g")
