@@ -21,6 +21,7 @@ extension BlazeDatabase {
     func receive(_ changes: [Change], in db: Database, texts: [ChangeID: [UInt8]] = [:]) throws -> ReceiveReport {
         let storage = makeStorage(db)
         storage.receivedTexts = texts
+        storage.reserve(documents: changes.reduce(0) { $0 + $1.ops.count })
         var clock = self.clock.withLock { $0 }
         let now = Self.nowMilliseconds()
         let report = try Replica.receive(changes, into: storage, clock: &clock, now: now)

@@ -235,6 +235,8 @@ extension BlazeDatabase {
             var outcome = BatchOutcome()
             var fresh: [Change] = []
             var freshTexts: [ChangeID: [UInt8]] = [:]
+            fresh.reserveCapacity(changes.count)
+            if texts != nil { freshTexts.reserveCapacity(changes.count) }
             guard try !Self.isQuarantined(o, db) else { throw SyncLogConflict.quarantined }
             let held = try db.cachedStatement(sql: "SELECT hash FROM sync_entries WHERE origin = ? AND seq = ?")
             let pruned = try Row.fetchOne(db, sql: "SELECT seq, hash FROM sync_pruned WHERE origin = ?", arguments: [o])

@@ -88,6 +88,7 @@ struct TransactionDocuments {
         touched.reserveCapacity(documents)
         touchedSet.reserveCapacity(documents)
         created.reserveCapacity(documents)
+        visible.reserveCapacity(documents)
     }
 
     /// True when nothing of `key` was read or written in this transaction (the fast paths' precondition).
