@@ -71,7 +71,7 @@ public final class Daemon: Service, Sendable {
         let logger = self.logger
         let quiesce = ServerQuiescingHelper(group: MultiThreadedEventLoopGroup.singleton)
         let clientLoops = ClientLoops(threads: config.clientLoopThreads)
-        let server = try await ServerBootstrap(group: MultiThreadedEventLoopGroup.singleton, childGroup: clientLoops.group)
+        let bootstrap = ServerBootstrap(group: MultiThreadedEventLoopGroup.singleton, childGroup: clientLoops.group)
             .serverChannelInitializer { channel in
                 channel.eventLoop.makeCompletedFuture {
                     try channel.pipeline.syncOperations.addHandler(quiesce.makeServerChannelHandler(channel: channel))
@@ -86,7 +86,13 @@ public final class Daemon: Service, Sendable {
                     channel, limits: limits, connections: connections, dispatcher: dispatcher, logger: logger,
                     loopConnections: clientLoops.connections(on: channel.eventLoop))
             }
-            .withBoundSocket(fd).get()
+        let server: any Channel
+        do {
+            server = try await bootstrap.withBoundSocket(fd).get()
+        } catch {
+            try? await clientLoops.group.shutdownGracefully()
+            throw error
+        }
         logger.info(
             "Listening",
             metadata: [
