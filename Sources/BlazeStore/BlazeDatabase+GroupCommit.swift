@@ -40,24 +40,33 @@ extension BlazeDatabase {
 
     /// Runs `op` on the calling thread when no group commit is queued or running (one caller alone pays no thread
     /// hop); nil when one is, and then the caller joins the queue. Writes that arrive meanwhile form the next group.
+    ///
+    /// A write that commits alone cannot share its commit: one that arrives a moment later waits for it, then commits
+    /// in the next group. That is the price of the saved hop for a lone writer; with several writers it would halve
+    /// their groups. So once a write arrives while one commits alone, the next `groupsAfterContention` group commits
+    /// run on the writer (where writes arriving together share one) before a write may commit alone again.
     func commitAlone(_ op: WriteOp) -> Result<WriteResult, any Error>? {
         let alone = pendingWrites.withLock { state -> Bool in
-            guard !state.scheduled, state.queue.isEmpty else { return false }
+            guard !state.scheduled, state.queue.isEmpty, state.groupsBeforeAlone == 0 else { return false }
             state.scheduled = true
             return true
         }
         guard alone else { return nil }
         let result = pool.writeWithoutTransaction { db in commitGroup(db, [op])[0] }
         groupCommits.withLock { $0 = ($0.groups + 1, $0.writes + 1) }
-        finishGroup()
+        finishGroup(afterLone: true)
         return result
     }
+
+    /// Group commits run on the writer after another write arrived during a lone one, before the next lone one.
+    static let groupsAfterContention = 64
 
     private func scheduleGroupCommit() {
         pool.asyncWriteWithoutTransaction { [self] db in
             let group = pendingWrites.withLock { state -> [PendingWrite] in
                 let taken = Array(state.queue.prefix(Self.maxGroupSize))
                 state.queue.removeFirst(taken.count)
+                state.groupsBeforeAlone = max(0, state.groupsBeforeAlone - 1)
                 return taken
             }
             let results = commitGroup(db, group.map(\.op))
@@ -69,9 +78,11 @@ extension BlazeDatabase {
     }
 
     /// After a group: writes that arrived during its commit form the next one; other writers' work may run between.
-    private func finishGroup() {
+    /// After a lone commit (`afterLone`), writes that arrived during it also keep the next ones on the writer.
+    private func finishGroup(afterLone: Bool = false) {
         let again = pendingWrites.withLock { state -> Bool in
             state.scheduled = !state.queue.isEmpty
+            if afterLone && state.scheduled { state.groupsBeforeAlone = Self.groupsAfterContention }
             return state.scheduled
         }
         if again { scheduleGroupCommit() }

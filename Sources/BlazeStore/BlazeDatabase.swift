@@ -29,8 +29,9 @@ public final class BlazeDatabase: Sendable {
     /// The highest causal length of a tombstone compaction dropped here (0: none): a document this replica creates
     /// where no state exists starts above it, so it never starts below a tombstone another replica still holds.
     let droppedCausalLength: Mutex<Int64>
-    /// Single-operation writes waiting for the next group commit, and whether one is scheduled.
-    let pendingWrites = Mutex<(queue: [PendingWrite], scheduled: Bool)>(([], false))
+    /// Single-operation writes waiting for the next group commit, whether one is scheduled, and how many group commits
+    /// must run before a write may commit alone again (`commitAlone`).
+    let pendingWrites = Mutex<(queue: [PendingWrite], scheduled: Bool, groupsBeforeAlone: Int)>(([], false, 0))
     /// The query texts `queryStatement` keeps prepared.
     let cachedQueryShapes = Mutex<Set<String>>([])
     /// Group commits run and the writes they carried (kept or failed) since the database was opened.

@@ -177,6 +177,46 @@ import Testing
         #expect(after.groups - before.groups == 1 && after.writes - before.writes == 2)
     }
 
+    @Test func aWriteArrivingDuringALoneCommitKeepsTheNextWritesOnTheWriterForAWhile() throws {
+        let t = try TempStore()
+        let db = try t.store.create("g")
+        let done = DispatchGroup()
+        let loneAnswered = DispatchSemaphore(value: 0)
+        db.pool.writeWithoutTransaction { _ in
+            // With the writer held here, a write submitted "here" starts committing alone and waits for the writer.
+            done.enter()
+            Thread.detachNewThread {
+                db.submit(.insert(collection: "c", doc: ["_id": "lone"]), here: true) { _ in done.leave() }
+                loneAnswered.signal()
+            }
+            #expect(eventually { db.pendingWrites.withLock { $0.scheduled } })
+            // A write from elsewhere arrives during that lone commit.
+            done.enter()
+            db.submit(.insert(collection: "c", doc: ["_id": "meanwhile"])) { _ in done.leave() }
+        }
+        #expect(loneAnswered.wait(timeout: .now() + 60) == .success)
+        #expect(done.wait(timeout: .now() + 60) == .success)
+        // Writers are contending: for the next `groupsAfterContention` groups (the first carried "meanwhile"), a write
+        // submitted "here" is queued for the writer instead of committing alone.
+        func committedHere(_ id: String) -> Bool {
+            let answered = Mutex(false)
+            let finished = DispatchSemaphore(value: 0)
+            db.submit(.insert(collection: "c", doc: ["_id": .string(id)]), here: true) { r in
+                answered.withLock { $0 = true }
+                #expect((try? r.get())?.id == id)
+                finished.signal()
+            }
+            let before = answered.withLock { $0 }
+            #expect(finished.wait(timeout: .now() + 60) == .success)
+            return before
+        }
+        for i in 1..<BlazeDatabase.groupsAfterContention { #expect(!committedHere("q\(i)")) }
+        // Then writes commit alone again (once the last group has finished: its writes learn their outcome first).
+        #expect(eventually { !db.pendingWrites.withLock { $0.scheduled } })
+        #expect(committedHere("again"))
+        #expect(try db.changes(since: VersionVector()).count == BlazeDatabase.groupsAfterContention + 2)
+    }
+
     @Test func concurrentWritersEachGetOneDurableChange() throws {
         let t = try TempStore()
         let db = try t.store.create("g")
