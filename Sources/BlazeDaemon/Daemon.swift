@@ -99,9 +99,19 @@ public final class Daemon: Service, Sendable {
                 "socket.path": "\(config.socketPath)", "socket.inherited": "\(config.inheritedSocket != nil)",
                 "data.dir": "\(config.dataDirectory)",
             ])
-        if let listen = config.syncListen {
-            guard let address = PeerAddress(listen, listening: true) else { throw DaemonError.invalidSyncAddress(listen) }
-            _ = try await sync.listen(host: address.host, port: address.port)
+        do {
+            if let listen = config.syncListen {
+                guard let address = PeerAddress(listen, listening: true) else { throw DaemonError.invalidSyncAddress(listen) }
+                _ = try await sync.listen(host: address.host, port: address.port)
+            }
+        } catch {
+            // Nothing keeps serving once `run` has failed: an embedding program may go on running.
+            try? await server.close()
+            await sync.shutdown()
+            try? await pool.shutdownGracefully()
+            try? await clientLoops.group.shutdownGracefully()
+            if config.inheritedSocket == nil { unlink(config.socketPath) }
+            throw error
         }
         sync.start()
         let compactor = startCompactor()

@@ -95,3 +95,19 @@ func onThread<T: Sendable>(_ body: @escaping @Sendable () throws -> T) async thr
         Thread.detachNewThread { continuation.resume(with: Result { try body() }) }
     }
 }
+
+/// What an in-process daemon leaves behind when it cannot start.
+@Suite struct DaemonStartupFailureTests {
+    @Test func aDaemonThatFailsToStartStopsServingItsSocket() async throws {
+        let dir = TempDir()
+        var config = DaemonConfig(socketPath: dir.path + "/blazed.sock", dataDirectory: dir.path + "/data")
+        config.compactionIntervalMs = 0
+        config.syncListen = "not an address"
+        let daemon = try Daemon(config: config, logger: Logger(label: "test"))
+        await #expect(throws: DaemonError.self) { try await daemon.run() }
+        // The socket it had bound is closed and gone: nothing answers there any more.
+        #expect(!FileManager.default.fileExists(atPath: config.socketPath))
+        #expect(throws: (any Error).self) { try BlazeConnection(socketPath: config.socketPath, timeoutSeconds: 5) }
+        daemon.store.closeAll()
+    }
+}
