@@ -183,11 +183,13 @@ public struct SealedEntry: Sendable, Equatable {
         let keys = key.entryKeys(epoch: header.epoch)
         guard !keys.isEmpty else { throw .unknownEpoch }
         let n = EntryHeader.size
-        guard
-            let box = try? ChaChaPoly.SealedBox(
-                nonce: ChaChaPoly.Nonce(data: header.nonce), ciphertext: bytes[n..<(bytes.count - 16)],
-                tag: bytes[(bytes.count - 16)...])
-        else { throw .badSeal }
+        // The box in its combined form (nonce · ciphertext · tag), built with one copy of the sealed part:
+        // `SealedBox(nonce:ciphertext:tag:)` concatenates through generic collection code, which cost as much as
+        // the decryption on an entry of a few hundred bytes.
+        var combined = Data(capacity: header.nonce.count + bytes.count - n)
+        combined.append(contentsOf: header.nonce)
+        bytes.withUnsafeBufferPointer { combined.append(UnsafeBufferPointer(rebasing: $0[n...])) }
+        guard let box = try? ChaChaPoly.SealedBox(combined: combined) else { throw .badSeal }
         // Concurrent rotations can give two keys one epoch number: the one that authenticates is the entry's.
         for entryKey in keys {
             if let plain = try? ChaChaPoly.open(box, using: entryKey, authenticating: bytes[..<n]) {
@@ -230,9 +232,14 @@ public enum EntryPadding {
     /// The payload of a padded plaintext; throws `badSeal` when the padding is not there (only a key holder could
     /// have sealed it, so a wrong one is a damaged or malicious entry).
     public static func unpad(_ plain: some DataProtocol) throws(SyncRejection) -> [UInt8] {
-        let bytes = Array(plain)
-        guard let marker = bytes.lastIndex(where: { $0 != 0 }), bytes[marker] == 0x80 else { throw .badSeal }
-        return Array(bytes[..<marker])
+        // Scanned in place when the bytes are contiguous (they are, from `open`): one copy, of the payload only.
+        func payload(_ bytes: UnsafeBufferPointer<UInt8>) -> [UInt8]? {
+            guard let marker = bytes.lastIndex(where: { $0 != 0 }), bytes[marker] == 0x80 else { return nil }
+            return Array(bytes[..<marker])
+        }
+        let result = plain.withContiguousStorageIfAvailable(payload) ?? Array(plain).withUnsafeBufferPointer(payload)
+        guard let result else { throw .badSeal }
+        return result
     }
 }
 

@@ -172,51 +172,54 @@ extension BlazeDatabase {
         -> (entries: [(bytes: [UInt8], hash: [UInt8])], head: [UInt8])?
     {
         try read { db in
-            let o = Data(origin.bytes)
-            if let pruned = try Int64.fetchOne(db, sql: "SELECT seq FROM sync_pruned WHERE origin = ?", arguments: [o]),
-                Int64(after) < pruned
+            // Cached statements read in place: a round reads a batch every few hundred entries, and preparing these
+            // five statements again for each batch cost the sender more than reading the entries.
+            let o = Blob(bytes: origin.bytes)
+            let start = Int64(after)
+            if let pruned = try RawStatement(db, "SELECT seq FROM sync_pruned WHERE origin = ?1").firstRow(o, { $0.int64(0) }),
+                start < pruned
             {
                 throw StoreError(
                     .notFound, kind: "entries_pruned",
                     "entries of \(origin) up to \(pruned) were compacted away; a device that lacks them needs a snapshot")
             }
-            let heads = try Int64.fetchAll(
-                db, sql: "SELECT seq FROM sync_heads WHERE origin = ? AND seq > ? AND seq <= ? ORDER BY seq",
-                arguments: [o, Int64(after), Int64(after) + Int64(maxEntries)])
+            var heads: [Int64] = []
+            try RawStatement(db, "SELECT seq FROM sync_heads WHERE origin = ?1 AND seq > ?2 AND seq <= ?3 ORDER BY seq")
+                .forEachRow(o, start, start + Int64(maxEntries)) { heads.append($0.int64(0)) }
             var within: Int64?
             if let furthest = heads.last {
                 // length() of a blob is read from the record header: no entry is read here.
-                let sizes = try Row.fetchAll(
-                    db, sql: "SELECT seq, length(bytes) FROM sync_entries WHERE origin = ? AND seq > ? AND seq <= ? ORDER BY seq",
-                    arguments: [o, Int64(after), furthest])
                 var bytes = 0
                 var remaining = heads[...]
-                for row in sizes {
-                    bytes += row[1] as Int
-                    guard bytes <= maxBytes else { break }
-                    let seq: Int64 = row[0]
+                try RawStatement(
+                    db, "SELECT seq, length(bytes) FROM sync_entries WHERE origin = ?1 AND seq > ?2 AND seq <= ?3 ORDER BY seq"
+                ).forEachRow(o, start, furthest) { row in
+                    guard bytes <= maxBytes else { return }
+                    bytes += Int(row.int64(1))
+                    guard bytes <= maxBytes else { return }
+                    let seq = row.int64(0)
                     if seq == remaining.first {
                         within = seq
                         remaining = remaining.dropFirst()
                     }
                 }
             }
-            let nearest = try Int64.fetchOne(
-                db, sql: "SELECT min(seq) FROM sync_heads WHERE origin = ? AND seq > ?", arguments: [o, Int64(after)])
+            let nearest = try RawStatement(db, "SELECT min(seq) FROM sync_heads WHERE origin = ?1 AND seq > ?2")
+                .firstRow(o, start) { $0.isNull(0) ? nil : $0.int64(0) } ?? nil
             guard let end = within ?? nearest,
-                let headBytes = try Data.fetchOne(
-                    db, sql: "SELECT head FROM sync_heads WHERE origin = ? AND seq = ?", arguments: [o, end])
+                let headBytes = try RawStatement(db, "SELECT head FROM sync_heads WHERE origin = ?1 AND seq = ?2")
+                    .firstRow(o, end, { $0.blob(0) })
             else { return nil }
             // Read in place (no row objects): a batch is a thousand entries of a few hundred bytes.
             var entries: [(bytes: [UInt8], hash: [UInt8])] = []
-            entries.reserveCapacity(Int(end - Int64(after)))
+            entries.reserveCapacity(Int(end - start))
             try RawStatement(db, "SELECT bytes, hash FROM sync_entries WHERE origin = ?1 AND seq > ?2 AND seq <= ?3 ORDER BY seq")
-                .forEachRow(Blob(bytes: origin.bytes), Int64(after), end) { row in entries.append((row.blob(0), row.blob(1))) }
+                .forEachRow(o, start, end) { row in entries.append((row.blob(0), row.blob(1))) }
             // Entries below a head are always stored with it; a gap means the log was damaged on disk.
-            guard entries.count == Int(end - Int64(after)) else {
+            guard entries.count == Int(end - start) else {
                 throw StoreError(.internalFailure, kind: "corrupt_sync_log", "entries of \(origin) after \(after) are missing")
             }
-            return (entries, Array(headBytes))
+            return (entries, headBytes)
         }
     }
 

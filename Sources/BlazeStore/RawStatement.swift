@@ -150,6 +150,12 @@ struct RawStatement {
         }
     }
 
+    /// Runs a query with parameter `a` (bound in place and unbound before it returns) and reads its first row with
+    /// `read`; nil when it returns none.
+    func firstRow<T>(_ a: some RawArgument, _ read: (Row) -> T) throws -> T? {
+        try a.withBinding(handle, 1) { try firstRow(read) }
+    }
+
     /// Runs a query with parameters `a` and `b` (bound in place and unbound before it returns) and reads its first
     /// row with `read`; nil when it returns none.
     func firstRow<T>(_ a: some RawArgument, _ b: some RawArgument, _ read: (Row) -> T) throws -> T? {
@@ -187,6 +193,9 @@ struct RawStatement {
     /// Columns of the current row, valid only inside `firstRow`'s or `forEachRow`'s closure.
     struct Row {
         let handle: SQLiteStatement
+
+        /// True when column `index` (0-based) is NULL.
+        func isNull(_ index: Int32) -> Bool { sqlite3_column_type(handle, index) == SQLITE_NULL }
 
         /// Column `index` (0-based) as an integer.
         func int64(_ index: Int32) -> Int64 { sqlite3_column_int64(handle, index) }

@@ -121,7 +121,7 @@ extension BlazeDatabase {
         let now = UInt64(max(0, Date().timeIntervalSince1970 * 1000))
         for (entry, payload) in zip(batch.entries, payloads) {
             // A document's values sit four levels into its change ({x: [{set: {field: value}}]}).
-            guard let json = try? JSONParser(maxDepth: limits.maxDepth + 4).parse(String(decoding: payload, as: UTF8.self)),
+            guard let json = try? JSONParser(maxDepth: limits.maxDepth + 4).parse(payload),
                 let change = try? Change(json: json), change.origin == batch.origin, change.seq == entry.header.seq
             else { throw .badPayload }
             guard (try? checkReceived(change, size: payload.count)) != nil else { throw .invalidChange }
