@@ -242,7 +242,9 @@ extension BlazeDatabase {
             if texts != nil { freshTexts.reserveCapacity(changes.count) }
             guard try !Self.isQuarantined(o, db) else { throw SyncLogConflict.quarantined }
             let held = try db.cachedStatement(sql: "SELECT hash FROM sync_entries WHERE origin = ? AND seq = ?")
-            let pruned = try Row.fetchOne(db, sql: "SELECT seq, hash FROM sync_pruned WHERE origin = ?", arguments: [o])
+            // Statements per batch are cached: preparing them again cost about as much as storing a few entries.
+            let pruned = try Row.fetchOne(
+                db.cachedStatement(sql: "SELECT seq, hash FROM sync_pruned WHERE origin = ?"), arguments: [o])
                 .map { PrunedHead(seq: UInt64(max(0, $0[0] as Int64)), hash: Array($0[1] as Data)) }
             if let pruned, pruned.seq >= firstSeq - 1 {
                 // Entries up to `pruned.seq` are no longer held: the batch must agree with the chain head kept.
@@ -277,9 +279,8 @@ extension BlazeDatabase {
                 fresh.append(change)
                 if let texts { freshTexts[ChangeID(change)] = texts[i] }
             }
-            try db.execute(
-                sql: "INSERT OR IGNORE INTO sync_heads(origin, seq, head) VALUES (?, ?, ?)",
-                arguments: [o, Int64(head.seq), Data(head.bytes)])
+            try db.cachedStatement(sql: "INSERT OR IGNORE INTO sync_heads(origin, seq, head) VALUES (?, ?, ?)")
+                .execute(arguments: [o, Int64(head.seq), Data(head.bytes)])
             if !fresh.isEmpty { outcome.report = try self.receive(fresh, in: db, texts: freshTexts) }
             return outcome
         }
@@ -287,7 +288,7 @@ extension BlazeDatabase {
 
     private static func isQuarantined(_ origin: Data, _ db: Database) throws -> Bool {
         try Bool.fetchOne(
-            db, sql: "SELECT EXISTS(SELECT 1 FROM sync_forks WHERE origin = ?)", arguments: [origin]) ?? false
+            db.cachedStatement(sql: "SELECT EXISTS(SELECT 1 FROM sync_forks WHERE origin = ?)"), arguments: [origin]) ?? false
     }
 
     /// Stores evidence that `origin` forked at `seq`: a head it signed (`otherHead`, verified by the caller) covers
