@@ -141,6 +141,20 @@ final class SyncTarget {
         t.daemon.stop()
     }
 
+    /// A change text is parsed from its bytes: one that is not UTF-8 is refused whole, not repaired into another text
+    /// than the one sealed (and stored in the op log).
+    @Test func signedChangeWithInvalidUTF8IsRefused() throws {
+        let dir = TempDir()
+        let t = try SyncTarget(dir: dir)
+        let m = try t.member()
+        var text = m.changeText(seq: 1, hlc: HostileMember.clockNow(), ops: [HostileMember.docOp("notes", "mojibake", set: ["a": "caf@"])])
+        let at = try #require(text.firstIndex(of: UInt8(ascii: "@")))
+        text.replaceSubrange(at...at, with: [0xC3, 0x28])  // a lead byte followed by a byte that cannot continue it
+        try t.expectRefusal(m.signedRun([text]).message, over: m, "bad_payload", closes: false)
+        #expect(try !t.has("mojibake"))
+        t.daemon.stop()
+    }
+
     /// A clock of -1 (2^64 − 1 unsigned) used to be adopted and trap the next local write on every replica.
     @Test func signedChangeWithANegativeClockIsRefusedAndSurvivesARestart() throws {
         let dir = TempDir()

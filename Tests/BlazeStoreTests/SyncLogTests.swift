@@ -65,6 +65,15 @@ func pull(_ to: SyncReplica, from: SyncReplica, key: SpaceKey, maxEntries: Int =
         #expect(part.entries.count == 20)
         let small = try #require(try a.db.entryBatch(origin: a.db.node, after: 20, maxEntries: 5))
         #expect(small.entries.count == 20 && small.head.seq == 40)
+        // A byte budget ends a batch at the furthest head within it, and never before the nearest head.
+        let sizes = batch.entries.map(\.bytes.count)
+        let upTo20 = sizes[..<20].reduce(0, +), upTo40 = sizes[..<40].reduce(0, +)
+        for (budget, end) in [(upTo20, 20), (upTo40 - 1, 20), (upTo40, 40), (1, 20), (upTo40 + sizes[40...].reduce(0, +), 45)] {
+            let cut = try #require(try a.db.entryBatch(origin: a.db.node, after: 0, maxEntries: 50, maxBytes: budget))
+            #expect(cut.head.seq == UInt64(end) && cut.entries.map(\.header.seq) == Array(1...UInt64(end)), "budget \(budget)")
+        }
+        // Past the last head there is nothing to send.
+        #expect(try a.db.entryBatch(origin: a.db.node, after: 45, maxEntries: 50) == nil)
     }
 
     @Test func remoteEntriesReachTheChangeFeedWithTheirOrigin() throws {
