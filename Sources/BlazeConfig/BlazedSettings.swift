@@ -50,6 +50,10 @@ public enum BlazedSettings {
             "Seconds a sync peer may stay silent (quiet peers ping at a third of it)"
         ) { _ in .double(30) },
         ConfigKey("sync-handshake-timeout", .double(0.1...3600), "Seconds a sync handshake may take") { _ in .double(5) },
+        ConfigKey(
+            "sync-retry-max", .double(0.1...3600),
+            "Most seconds between attempts to reach a sync peer (the delay doubles from 0.1 s; 1 s at most while the peer refuses)"
+        ) { _ in .double(5) },
         ConfigKey("sync-max-peers", .int(min: 1), "Maximum inbound sync connections") { _ in .int(256) },
         ConfigKey("sync-max-peers-per-address", .int(min: 1), "Maximum inbound sync connections from one address") { _ in
             .int(16)

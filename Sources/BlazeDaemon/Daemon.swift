@@ -45,7 +45,8 @@ public final class Daemon: Service, Sendable {
         self.sync = SyncEngine(
             store: store, identity: identity, keysDirectory: config.dataDirectory + "/keys/spaces",
             group: MultiThreadedEventLoopGroup.singleton, pool: pool, logger: logger,
-            timeout: .milliseconds(Int64(config.syncTimeoutMs)), listenerLimits: config.syncListenerLimits,
+            timeout: .milliseconds(Int64(config.syncTimeoutMs)), retryMaxMs: config.syncRetryMaxMs,
+            listenerLimits: config.syncListenerLimits,
             tlsTrustRoots: config.syncTLSTrustRoots, folderOptions: config.folderOptions)
         if let name = config.defaultDatabase, (try? store.database(name)) == nil {
             _ = try store.create(name)
@@ -99,6 +100,9 @@ public final class Daemon: Service, Sendable {
                 "socket.path": "\(config.socketPath)", "socket.inherited": "\(config.inheritedSocket != nil)",
                 "data.dir": "\(config.dataDirectory)",
             ])
+        // Every shared database's space is in memory before the first peer can connect: a handshake checks the
+        // spaces held there, and a peer refused as a stranger backs off.
+        sync.loadSpaces()
         do {
             if let listen = config.syncListen {
                 guard let address = PeerAddress(listen, listening: true) else { throw DaemonError.invalidSyncAddress(listen) }

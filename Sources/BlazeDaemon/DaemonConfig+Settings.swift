@@ -22,6 +22,7 @@ extension DaemonConfig {
         "sync-listen": { $0.syncListen = $1.text },
         "sync-timeout": { $0.syncTimeoutMs = $1.milliseconds },
         "sync-handshake-timeout": { $0.syncListenerLimits.handshakeTimeoutMs = $1.milliseconds },
+        "sync-retry-max": { $0.syncRetryMaxMs = $1.milliseconds },
         "sync-max-peers": { $0.syncListenerLimits.maxConnections = $1.number },
         "sync-max-peers-per-address": { $0.syncListenerLimits.maxConnectionsPerAddress = $1.number },
         "sync-max-handshakes": { $0.syncListenerLimits.maxHandshakes = $1.number },

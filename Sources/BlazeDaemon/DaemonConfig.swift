@@ -41,6 +41,8 @@ public struct DaemonConfig: Sendable {
     public var syncListen: String?
     /// Milliseconds a sync peer may stay silent before its connection is closed (handshakes: `syncListenerLimits`).
     public var syncTimeoutMs: Int = 30_000
+    /// Most milliseconds between attempts to reach a sync peer (`sync-retry-max`).
+    public var syncRetryMaxMs: Int = 5_000
     /// Limits on inbound sync connections: handshakes, totals, per source address, handshake deadline.
     public var syncListenerLimits = SyncListenerLimits()
     /// A PEM file of certificates to trust for `wss://` relays besides the system's; nil trusts the system's only.

@@ -191,6 +191,24 @@ final class HandshakeHandler: ChannelInboundHandler, RemovableChannelHandler {
 
     func channelInactive(context: ChannelHandlerContext) {
         deadline?.cancel()
+        // An outbound link the peer closed mid-handshake says why it most likely did: a member closes silently on a
+        // proof of a space it does not serve, so "refused" is told apart from "unreachable" (a failed connect).
+        switch state {
+        case .awaitingHello:
+            report.update {
+                $0.errors += 1
+                $0.lastError = "closed by the peer before its hello: over its connection limits, or not a BlazeDB sync listener"
+            }
+        case .awaitingReply:
+            report.update {
+                $0.errors += 1
+                $0.lastError =
+                    "refused by the peer: it closed the handshake after this device's proof, so it serves no space with "
+                    + "this key (it does not hold the database, paused its sync, or removed this device)"
+            }
+        case .awaitingAuth, .done:
+            break
+        }
         state = .done
         context.fireChannelInactive()
     }

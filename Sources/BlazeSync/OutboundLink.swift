@@ -5,9 +5,14 @@ import NIOCore
 import NIOPosix
 import Synchronization
 
-/// A reconnecting outbound connection to one peer for one database, with exponential backoff (0.1 s doubling to 30 s,
-/// reset once a handshake succeeds).
+/// A reconnecting outbound connection to one peer for one database, with exponential backoff (0.1 s doubling to the
+/// engine's `retryMaxMs`, 5 s by default; reset once a handshake succeeds). While the peer's host refuses the
+/// connection (it is up and nothing listens on the port: the usual sign of a daemon restarting) the delay stops growing
+/// at 1 s, so the link is back within a second of the peer's return.
 final class OutboundLink: Sendable {
+    /// The longest delay while the peer's host refuses connections, in milliseconds.
+    static let maxDelayRefusedMs = 1_000
+
     let engine: SyncEngine
     let space: SharedSpace
     let address: PeerAddress
@@ -87,7 +92,7 @@ final class OutboundLink: Sendable {
                 case .failure(let error):
                     link.state.withLock { $0.connecting = false }
                     link.failed("connect: \(error)")
-                    link.scheduleRetry()
+                    link.scheduleRetry(refused: Self.isRefused(error))
                 }
             }
     }
@@ -100,12 +105,20 @@ final class OutboundLink: Sendable {
         }
     }
 
-    /// Schedules the next attempt after the backoff delay.
-    private func scheduleRetry() {
+    /// True when every address of the peer actively refused the connection (`ECONNREFUSED`).
+    static func isRefused(_ error: any Error) -> Bool {
+        if let io = error as? IOError { return io.errnoCode == ECONNREFUSED }
+        guard let failed = error as? NIOConnectionError, !failed.connectionErrors.isEmpty else { return false }
+        return failed.connectionErrors.allSatisfy { ($0.error as? IOError)?.errnoCode == ECONNREFUSED }
+    }
+
+    /// Schedules the next attempt after the backoff delay (shorter when the peer's host `refused` the connection).
+    private func scheduleRetry(refused: Bool = false) {
         let link = self
+        let most = refused ? min(Self.maxDelayRefusedMs, engine.retryMaxMs) : engine.retryMaxMs
         state.withLock { s in
             guard !s.stopped, s.retry == nil else { return }
-            let delay = min(30_000, 100 << min(s.failures, 9))
+            let delay = min(most, 100 << min(s.failures, 16))
             s.failures += 1
             s.retry = loop.scheduleTask(in: .milliseconds(Int64(delay))) {
                 link.state.withLock { $0.retry = nil }

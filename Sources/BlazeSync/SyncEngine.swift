@@ -20,6 +20,8 @@ public final class SyncEngine: Sendable {
     let logger: Logger
     /// How long an established peer may stay silent before its connection is closed.
     public let timeout: TimeAmount
+    /// Most milliseconds an outbound link waits between attempts (`OutboundLink`).
+    public let retryMaxMs: Int
     let status = StatusBook()
     /// Inbound connections refused because the peer proved no key served here (or none in time).
     let strangersRefused = Atomic<Int>(0)
@@ -48,13 +50,15 @@ public final class SyncEngine: Sendable {
         let address: String
     }
 
-    /// Creates an engine; nothing runs until `listen` or `start`. `tlsTrustRoots` is a PEM file of certificates to trust
-    /// for `wss://` relays besides the system's.
+    /// Creates an engine; nothing runs until `listen` or `start`. `retryMaxMs` bounds the delay between attempts to
+    /// reach a peer; `tlsTrustRoots` is a PEM file of certificates to trust for `wss://` relays besides the system's.
     public init(
         store: Store, identity: DeviceIdentity, keysDirectory: String, group: any EventLoopGroup, pool: NIOThreadPool,
-        logger: Logger, timeout: TimeAmount = .seconds(30), listenerLimits: SyncListenerLimits = SyncListenerLimits(),
-        tlsTrustRoots: String? = nil, folderOptions: FolderOptions = FolderOptions()
+        logger: Logger, timeout: TimeAmount = .seconds(30), retryMaxMs: Int = 5_000,
+        listenerLimits: SyncListenerLimits = SyncListenerLimits(), tlsTrustRoots: String? = nil,
+        folderOptions: FolderOptions = FolderOptions()
     ) {
+        self.retryMaxMs = max(100, retryMaxMs)
         self.folderOptions = folderOptions
         self.tls = TLSClient(extraTrustRoots: tlsTrustRoots)
         self.timeout = timeout
@@ -109,13 +113,28 @@ public final class SyncEngine: Sendable {
         return channel.localAddress?.port ?? port
     }
 
-    /// Loads every shared database and its key, and starts links to their configured peers. Runs before peers are
-    /// served (it lists the data directory and opens databases).
-    public func start() {
-        for name in (try? store.list()) ?? [] {
-            if let db = try? store.database(name) { _ = try? space(db: db) }
-            refreshLinks(db: name)
+    /// Loads every shared database's space (its membership log and keys) into memory, where inbound handshakes find
+    /// them. Call it before `listen`: a peer that connects first would otherwise be refused as a stranger. A database
+    /// whose space cannot be loaded is logged and left unserved; the others are served.
+    public func loadSpaces() {
+        let names: [String]
+        do { names = try store.list() } catch {
+            logger.error("Cannot list the databases to serve", metadata: ["error": "\(error)"])
+            return
         }
+        for name in names {
+            do {
+                _ = try space(db: try store.database(name))
+            } catch {
+                logger.error("Cannot load a shared database's space", metadata: ["db": "\(name)", "error": "\(error)"])
+            }
+        }
+    }
+
+    /// Loads every space not loaded yet (`loadSpaces`) and starts links to the configured peers and folders.
+    public func start() {
+        loadSpaces()
+        for name in served.withLock({ $0.keys.sorted() }) { refreshLinks(db: name) }
     }
 
     /// Stops accepting, closes every link and session.
@@ -148,8 +167,14 @@ public final class SyncEngine: Sendable {
             throw StoreError(
                 .syncFailure, kind: "space_key_missing", "the key of space \(idHex) (database \(db.name)) is missing")
         }
-        let space = SharedSpace(db: db, id: id, identity: identity, ops: ops, stored: stored, capability: nil)
-        return served.withLock { $0[db.name, default: space] }
+        let loaded = SharedSpace(db: db, id: id, identity: identity, ops: ops, stored: stored, capability: nil)
+        // Kept, so that every caller (inbound handshakes, links, sessions, RPCs) shares one space and its membership.
+        // A space another caller stored first wins: it may already hold operations merged since.
+        return served.withLock { served in
+            if let first = served[db.name] { return first }
+            served[db.name] = loaded
+            return loaded
+        }
     }
 
     /// The current key of `db`'s space, nil when the database is not shared.

@@ -162,6 +162,7 @@ final class NotifyListener {
         let fromSettings = DaemonConfig(settings: settings, environment: env), library = DaemonConfig(environment: env)
         #expect(fromSettings.limits == library.limits && fromSettings.storeLimits == library.storeLimits)
         #expect(fromSettings.syncListenerLimits == library.syncListenerLimits && fromSettings.syncTimeoutMs == library.syncTimeoutMs)
+        #expect(fromSettings.syncRetryMaxMs == library.syncRetryMaxMs && library.syncRetryMaxMs == 5_000)
         #expect(fromSettings.socketPath == library.socketPath && fromSettings.dataDirectory == library.dataDirectory)
         #expect(fromSettings.defaultDatabase == library.defaultDatabase && fromSettings.syncListen == nil)
         #expect(settings.string("data-dir") == "/h/.local/share/blazedb")

@@ -156,6 +156,12 @@ func shuttle(_ x: EmbeddedChannel, _ y: EmbeddedChannel, chunk: Int = .max) thro
             try shuttle(server, client)
             #expect(!server.isActive && serverSeen.established.isEmpty && s.a.engine.strangersRefusedCount == 1)
             #expect(try server.readOutbound(as: ByteBuffer.self) == nil)  // no proof sent back
+            // The dialing side, closed by the server after its proof, names the refusal (not an unreachable peer).
+            #expect(s.b.engine.status(db: s.dbB).first?.lastError == nil)
+            try client.close().wait()
+            let status = s.b.engine.status(db: s.dbB).first
+            #expect(status?.lastError?.hasPrefix("refused by the peer: it closed the handshake after this device's proof") == true)
+            #expect(status?.errors == 1)
 
             let report = LinkReport(book: s.a.engine.status, peer: "inbound", direction: .inbound, db: nil)
             let other = try active([HandshakeHandler(engine: s.a.engine, report: report)])

@@ -1,0 +1,139 @@
+import NIOCore
+import NIOPosix
+import Synchronization
+
+/// A loopback TCP proxy in front of one daemon's sync port, standing for the network path of one link: the test opens
+/// it, cuts it (a partition: its port refuses connections and the open ones close) or stalls it (connections stay open
+/// and new ones are accepted, but no byte moves until it opens again: TCP flow control holds the senders back, as on
+/// a path that silently stopped delivering).
+final class LinkProxy: Sendable {
+    /// The state of the path.
+    enum Mode: String, Sendable {
+        case open, stalled, partitioned
+    }
+
+    /// The proxy's own loopback port (the same across partitions).
+    let port: Int
+    private let targetPort: Int
+    private let state: Mutex<(mode: Mode, listener: (any Channel)?, open: [ObjectIdentifier: [any Channel]])>
+
+    /// Starts forwarding from a free loopback port to `127.0.0.1:targetPort`.
+    init(targetPort: Int) throws {
+        self.targetPort = targetPort
+        state = Mutex((.open, nil, [:]))
+        let box = Box()
+        let listener = try Self.bind(port: 0, box: box)
+        port = listener.localAddress?.port ?? 0
+        self.box = box
+        state.withLock { $0.listener = listener }
+        box.value = self
+    }
+
+    private let box: Box
+
+    /// The current mode.
+    var mode: Mode { state.withLock { $0.mode } }
+
+    /// Opens, stalls or cuts the path.
+    func set(_ mode: Mode) throws {
+        let (old, listener, connections) = state.withLock { s in
+            defer { s.mode = mode }
+            return (s.mode, s.listener, Array(s.open.values.joined()))
+        }
+        guard old != mode else { return }
+        switch mode {
+        case .partitioned:
+            state.withLock { $0.listener = nil }
+            try? listener?.close().wait()
+            for c in connections { c.close(promise: nil) }
+        case .stalled:
+            for c in connections { c.setOption(.autoRead, value: false).whenFailure { _ in } }
+        case .open:
+            if old == .partitioned {
+                let bound = try Self.bind(port: port, box: box)
+                state.withLock { $0.listener = bound }
+            }
+            for c in connections { c.setOption(.autoRead, value: true).whenFailure { _ in } }
+        }
+    }
+
+    /// Stops listening and closes every connection.
+    func shutdown() {
+        let (listener, connections) = state.withLock { s in
+            defer { (s.listener, s.open) = (nil, [:]) }
+            return (s.listener, Array(s.open.values.joined()))
+        }
+        try? listener?.close().wait()
+        for c in connections { try? c.close().wait() }
+    }
+
+    private static func bind(port: Int, box: Box) throws -> any Channel {
+        try ServerBootstrap(group: MultiThreadedEventLoopGroup.singleton)
+            .serverChannelOption(.socketOption(.so_reuseaddr), value: 1)
+            .childChannelOption(.tcpOption(.tcp_nodelay), value: 1)
+            .childChannelOption(.autoRead, value: false)
+            .childChannelInitializer { inbound in
+                guard let proxy = box.value else { return inbound.close() }
+                return proxy.splice(inbound)
+            }
+            .bind(host: "127.0.0.1", port: port).wait()
+    }
+
+    /// Connects `inbound` to the target; both read only while the path is open.
+    private func splice(_ inbound: any Channel) -> EventLoopFuture<Void> {
+        let key = ObjectIdentifier(inbound)
+        let proxy = self
+        return ClientBootstrap(group: inbound.eventLoop)
+            .channelOption(.tcpOption(.tcp_nodelay), value: 1)
+            .channelOption(.autoRead, value: false)
+            .connect(host: "127.0.0.1", port: targetPort)
+            .flatMap { outbound in
+                inbound.eventLoop.makeCompletedFuture {
+                    try inbound.pipeline.syncOperations.addHandler(Glue(partner: outbound))
+                    try outbound.pipeline.syncOperations.addHandler(Glue(partner: inbound))
+                    let mode = proxy.state.withLock { s -> Mode in
+                        if s.mode != .partitioned { s.open[key] = [inbound, outbound] }
+                        return s.mode
+                    }
+                    guard mode != .partitioned else {
+                        inbound.close(promise: nil)
+                        outbound.close(promise: nil)
+                        return
+                    }
+                    inbound.closeFuture.whenComplete { _ in _ = proxy.state.withLock { $0.open.removeValue(forKey: key) } }
+                    if mode == .open {
+                        inbound.setOption(.autoRead, value: true).whenFailure { _ in }
+                        outbound.setOption(.autoRead, value: true).whenFailure { _ in }
+                    }
+                }
+            }
+            .flatMapError { _ in inbound.close() }
+    }
+
+    /// A box filled in once the proxy exists (the child initializer runs later, on connections).
+    private final class Box: @unchecked Sendable {
+        // @unchecked: written once before the first connection can arrive, read only afterwards.
+        var value: LinkProxy?
+    }
+}
+
+/// Writes what one side reads to the other, and closes the other when this side closes.
+private final class Glue: ChannelInboundHandler {
+    typealias InboundIn = ByteBuffer
+    let partner: any Channel
+
+    init(partner: any Channel) { self.partner = partner }
+
+    func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+        partner.writeAndFlush(unwrapInboundIn(data), promise: nil)
+    }
+
+    func channelInactive(context: ChannelHandlerContext) {
+        partner.close(promise: nil)
+        context.fireChannelInactive()
+    }
+
+    func errorCaught(context: ChannelHandlerContext, error: any Error) {
+        context.close(promise: nil)
+    }
+}
