@@ -94,12 +94,6 @@ public final class Daemon: Service, Sendable {
             try? await clientLoops.group.shutdownGracefully()
             throw error
         }
-        logger.info(
-            "Listening",
-            metadata: [
-                "socket.path": "\(config.socketPath)", "socket.inherited": "\(config.inheritedSocket != nil)",
-                "data.dir": "\(config.dataDirectory)",
-            ])
         // Every shared database's space is in memory before the first peer can connect: a handshake checks the
         // spaces held there, and a peer refused as a stranger backs off.
         sync.loadSpaces()
@@ -119,6 +113,13 @@ public final class Daemon: Service, Sendable {
         }
         sync.start()
         let compactor = startCompactor()
+        // Logged once everything serves (the sync listener too): scripts and tests wait for this line.
+        logger.info(
+            "Listening",
+            metadata: [
+                "socket.path": "\(config.socketPath)", "socket.inherited": "\(config.inheritedSocket != nil)",
+                "data.dir": "\(config.dataDirectory)", "sync.listen": "\(sync.listeningAddress ?? "-")",
+            ])
         listening.fire()
         Systemd.notify("READY=1\nSTATUS=serving \(config.socketPath)\nMAINPID=\(getpid())", socket: config.notifySocket)
 

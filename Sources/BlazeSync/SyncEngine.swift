@@ -40,6 +40,8 @@ public final class SyncEngine: Sendable {
     /// Invites refused since start, by reason (`InviteRefusal`).
     let invitesRefused = Mutex<[String: Int]>([:])
     private let listener = Mutex<(any Channel)?>(nil)
+    /// The open inbound connections, so that `shutdown` closes them (closing the listener leaves them open).
+    private let inbound = Mutex<[ObjectIdentifier: any Channel]>([:])
     /// Admits inbound connections within the listener limits.
     let gate: ConnectionGate
     /// TLS for `wss://` links.
@@ -103,6 +105,9 @@ public final class SyncEngine: Sendable {
                     channel.close(promise: nil)
                     return channel.eventLoop.makeSucceededVoidFuture()
                 }
+                let key = ObjectIdentifier(channel)
+                engine.inbound.withLock { $0[key] = channel }
+                channel.closeFuture.whenComplete { _ in _ = engine.inbound.withLock { $0.removeValue(forKey: key) } }
                 return channel.eventLoop.makeCompletedFuture {
                     try channel.pipeline.syncOperations.addHandlers(SyncPipeline.inbound(engine: engine, address: address))
                 }
@@ -137,7 +142,7 @@ public final class SyncEngine: Sendable {
         for name in served.withLock({ $0.keys.sorted() }) { refreshLinks(db: name) }
     }
 
-    /// Stops accepting, closes every link and session.
+    /// Stops accepting, closes every link and session (inbound ones too).
     public func shutdown() async {
         let all = links.withLock { l in
             defer { l = [:] }
@@ -146,6 +151,7 @@ public final class SyncEngine: Sendable {
         for link in all { link.stop() }
         stopFolders(db: nil)
         if let channel = listener.withLock({ $0 }) { try? await channel.close() }
+        for channel in inbound.withLock({ Array($0.values) }) { try? await channel.close() }
     }
 
     // MARK: Spaces

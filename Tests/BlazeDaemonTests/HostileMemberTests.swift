@@ -9,21 +9,30 @@ import Testing
 
 /// A listening daemon with one shared database, and the space key a hostile member holds.
 final class SyncTarget {
-    let daemon: DaemonProcess
-    let client: BlazeConnection
+    /// The daemon, on a sync port it keeps across `restart`s.
+    let node: RestartingDaemon
+    private(set) var client: BlazeConnection
     let key: SpaceKey
     let port: Int
+    /// The running process.
+    var daemon: DaemonProcess { node.daemon! }
 
-    init(dir: TempDir = TempDir()) throws {
-        daemon = try syncDaemon(dir: dir)
-        client = try daemon.connect()
+    init() throws {
+        node = try RestartingDaemon()
+        client = try node.connect()
         // A legacy space (shared with a secret token): any holder of the key is a member, so the member attacks the
         // wire and the store, not the membership (MembershipDaemonTests covers that).
         let token = legacyToken()
         _ = try client.call("db.join", ["token": .string(token), "db": "team"])
         _ = try client.call("doc.put", ["db": "team", "collection": "notes", "id": "seed", "doc": ["n": 1]])
         key = try SpaceKey(token: token)
-        port = try #require(Int(try daemon.syncAddress().split(separator: ":").last ?? ""))
+        port = node.port
+    }
+
+    /// Stops the daemon (SIGTERM, checked, or kill -9) and starts it again on the same port and data.
+    func restart(kill9: Bool) throws {
+        try node.restart(kill9: kill9)
+        client = try node.connect()
     }
 
     /// A member holding the space key, connected and past the handshake.
@@ -144,8 +153,7 @@ final class SyncTarget {
     /// A change text is parsed from its bytes: one that is not UTF-8 is refused whole, not repaired into another text
     /// than the one sealed (and stored in the op log).
     @Test func signedChangeWithInvalidUTF8IsRefused() throws {
-        let dir = TempDir()
-        let t = try SyncTarget(dir: dir)
+        let t = try SyncTarget()
         let m = try t.member()
         var text = m.changeText(seq: 1, hlc: HostileMember.clockNow(), ops: [HostileMember.docOp("notes", "mojibake", set: ["a": "caf@"])])
         let at = try #require(text.firstIndex(of: UInt8(ascii: "@")))
@@ -157,18 +165,19 @@ final class SyncTarget {
 
     /// A clock of -1 (2^64 − 1 unsigned) used to be adopted and trap the next local write on every replica.
     @Test func signedChangeWithANegativeClockIsRefusedAndSurvivesARestart() throws {
-        let dir = TempDir()
-        let t = try SyncTarget(dir: dir)
+        let t = try SyncTarget()
         let m = try t.member()
         let change = SyncTarget.change(m, hlc: -1, [HostileMember.docOp("notes", "poison", set: ["a": 1])])
         try t.expectRefusal(change, over: m, "invalid_change", closes: false)
         #expect(try !t.has("poison"))
-        t.daemon.stop()
-        let again = try DaemonProcess(arguments: ["--sync-listen", "127.0.0.1:0"], dir: dir)
-        let c = try again.connect()
+        try t.restart(kill9: false)
+        let c = t.client
         _ = try c.call("doc.put", ["db": "team", "collection": "notes", "id": "after", "doc": ["ok": true]])
         #expect(try c.call("doc.get", ["db": "team", "collection": "notes", "id": "after"])["doc"]?["ok"] == true)
-        again.stop()
+        // The member is served again after the restart, and its refused change stays refused.
+        let again = try t.member(m.identity)
+        try t.expectRefusal(change, over: again, "invalid_change", closes: false)
+        t.daemon.stop()
     }
 
     @Test func signedChangeWithAClockFarAheadIsRefusedAndTheOriginCanContinueLater() throws {

@@ -14,7 +14,7 @@ final class SpaceNode: @unchecked Sendable {
     // @unchecked: used by the one test task that drives the run.
     let index: Int
     let device: Device
-    let db: BlazeDatabase
+    private(set) var db: BlazeDatabase
     /// Set once the test has revoked this device: it acts no more until the log says it is still a member.
     var frozen = false
 
@@ -25,6 +25,11 @@ final class SpaceNode: @unchecked Sendable {
     }
 
     var engine: SyncEngine { device.engine }
+    /// Restarts the device (`Device.restart`) and takes its database from the store it opened again.
+    func restart() async throws {
+        try await device.restart()
+        db = try device.store.database(db.name)
+    }
     var node: [UInt8] { device.identity.nodeID }
     var address: String { "127.0.0.1:\(device.port)" }
     /// This device's own view of the space's members: (device, role, removed by), in order of addition.
@@ -47,10 +52,11 @@ final class SpaceNode: @unchecked Sendable {
     }
 }
 
-/// SYNC.md §9 end to end, in one process: random invites, joins, writes and revocations (each a rotation, concurrent
-/// ones combined) by devices split into random partitions that heal and split again; once everyone is connected, all
-/// remaining members hold the same membership and the same `stateHash`, and every removed device knows it was
-/// removed.
+/// SYNC.md §9 end to end, in one process: random invites, joins, writes, revocations (each a rotation, concurrent
+/// ones combined) and restarts by devices split into random partitions that heal and split again; every link is
+/// dialed by one side only (the lower index), so a restarted device must serve the higher ones inbound. Once everyone
+/// is connected, all remaining members hold the same membership and the same `stateHash`, and every removed device
+/// knows it was removed.
 ///
 /// A revocation is made only by an admin that holds everything the target authored (its entries and its membership
 /// operations), and the target acts no more afterwards: SYNC.md §9's known limit says what happens otherwise.
@@ -81,7 +87,7 @@ final class SpaceNode: @unchecked Sendable {
         _ = try creator.engine.share(db: db)
         var groups: [[SpaceNode]] = [nodes]
         var log: [String] = []
-        var writes = 0, joins = 0, revocations = 0
+        var writes = 0, joins = 0, revocations = 0, restarts = 0
 
         for round in 0..<10 {
             // Split the devices into one to three partitions (every third round or so heals them all).
@@ -99,7 +105,11 @@ final class SpaceNode: @unchecked Sendable {
                 let active = group.filter { !$0.frozen }
                 guard !active.isEmpty else { continue }
                 let actor = active[Int(rng.next() % UInt64(active.count))]
-                switch rng.next() % 10 {
+                switch rng.next() % 11 {
+                case 10:  // a restart, the device's own data and port kept
+                    try await actor.restart()
+                    restarts += 1
+                    log.append("  \(actor.index) restarts")
                 case 0..<5:  // a write
                     guard actor.engine.writeRefusal(db: actor.db.name) == nil else { continue }
                     let id = "d\(rng.next() % 6)"
@@ -165,7 +175,7 @@ final class SpaceNode: @unchecked Sendable {
         }
         #expect(
             converged,
-            "seed \(seed): \(writes) writes, \(joins) joins, \(revocations) revocations\n\(log.joined(separator: "\n"))\n\(last)")
+            "seed \(seed): \(writes) writes, \(joins) joins, \(revocations) revocations, \(restarts) restarts\n\(log.joined(separator: "\n"))\n\(last)")
     }
 
     /// Links every device to every other device of its group (the lower index dials), and to no one else.

@@ -13,25 +13,41 @@ import Testing
 
 /// A device in one process: identity, store, sync engine on loopback.
 final class Device: @unchecked Sendable {
-    // @unchecked: set up in init, read-only afterwards.
+    // @unchecked: set up in init and replaced only by `restart`, which the one test task driving the device calls.
     let dir = NSTemporaryDirectory() + "blazesync-\(UUID().uuidString)"
     let identity = DeviceIdentity()
-    let store: Store
-    let engine: SyncEngine
+    private(set) var store: Store
+    private(set) var engine: SyncEngine
     let pool = NIOThreadPool(numberOfThreads: 2)
     var port = 0
 
     init() throws {
         pool.start()
-        store = try Store(directory: dir, node: NodeID(bytes: identity.nodeID))
+        (store, engine) = try Self.open(dir: dir, identity: identity, pool: pool)
+    }
+
+    private static func open(dir: String, identity: DeviceIdentity, pool: NIOThreadPool) throws -> (Store, SyncEngine) {
+        let store = try Store(directory: dir, node: NodeID(bytes: identity.nodeID))
         var logger = Logger(label: "test.sync")
         logger.logLevel = .critical
-        engine = SyncEngine(
+        let engine = SyncEngine(
             store: store, identity: identity, keysDirectory: dir + "/keys/spaces", group: MultiThreadedEventLoopGroup.singleton,
             pool: pool, logger: logger)
+        return (store, engine)
     }
 
     func listen() async throws { port = try await engine.listen(host: "127.0.0.1", port: 0) }
+
+    /// Stops sync and closes the store, then opens both again from the same directory and listens on the same port,
+    /// as the daemon starts: spaces loaded, then the listener, then links to the configured peers.
+    func restart() async throws {
+        await engine.shutdown()
+        store.closeAll()
+        (store, engine) = try Self.open(dir: dir, identity: identity, pool: pool)
+        engine.loadSpaces()
+        if port != 0 { port = try await engine.listen(host: "127.0.0.1", port: port) }
+        engine.start()
+    }
 
     func close() async {
         await engine.shutdown()
