@@ -30,12 +30,17 @@ let package = Package(
         .package(url: "https://github.com/apple/swift-metrics", from: "2.13.0"),
         .package(url: "https://github.com/swift-server/swift-prometheus", from: "2.4.1"),
         .package(url: "https://github.com/vapor/postgres-nio", from: "1.33.2"),
+        .package(url: "https://github.com/apple/swift-collections", from: "1.6.0"),
     ],
     targets: [
         .target(name: "BlazeProtocol", swiftSettings: strict),
         .target(name: "BlazeCRDT", dependencies: ["BlazeProtocol"], swiftSettings: strict),
         .target(
-            name: "BlazeCrypto", dependencies: ["BlazeProtocol", .product(name: "Crypto", package: "swift-crypto")],
+            name: "BlazeCrypto",
+            dependencies: [
+                "BlazeProtocol", .product(name: "Crypto", package: "swift-crypto"),
+                .product(name: "HeapModule", package: "swift-collections"),
+            ],
             swiftSettings: strict),
         .target(
             name: "BlazeStore",

@@ -1,5 +1,6 @@
 import BlazeProtocol
 import Crypto
+import HeapModule
 
 /// A key of one epoch, named by the operation that created it (the log's `create` for epoch 1, else a `remove`).
 public struct EpochKeyID: Sendable, Hashable {
@@ -56,7 +57,9 @@ public struct MembershipState: Sendable {
     public private(set) var void: [[UInt8]: String] = [:]
     /// Operations waiting for a parent not held yet.
     public private(set) var waiting: Set<[UInt8]> = []
-    /// The operations no other held operation names as a parent: the parents of the next one made here.
+    /// The applied operations no other applied operation names as a parent: the parents of the next operation made
+    /// here. A void operation is never a head, so operations nobody could apply (a reader's, a removed admin's after
+    /// its removal) cannot grow the parents of every later admin operation past `MembershipOp.maxParents`.
     public private(set) var heads: [[UInt8]] = []
     /// Every epoch key created by an applied operation.
     public private(set) var epochKeys: [EpochKeyID] = []
@@ -93,6 +96,13 @@ public struct MembershipState: Sendable {
 
     /// Resolves `ops` (any order, duplicates ignored) for `space`.
     public init(space: [UInt8], ops: [MembershipOp]) {
+        self.init(space: space, ops: ops, linearChoice: false)
+    }
+
+    /// Among operations ready at the same time, the next is the one whose author ranks first (seniority; not a member
+    /// yet ranks last), then the lowest hash. With `linearChoice` each choice scans every ready operation, as
+    /// versions before the heap did: the tests' reference for the order every version must agree on.
+    package init(space: [UInt8], ops: [MembershipOp], linearChoice: Bool) {
         self.space = space
         var byHash: [[UInt8]: MembershipOp] = [:]
         for op in ops where op.space == space { byHash[op.hash] = op }
@@ -102,28 +112,24 @@ public struct MembershipState: Sendable {
             missing[hash] = op.parents.count
             for p in op.parents { children[p, default: []].append(hash) }
         }
-        let named = Set(byHash.values.flatMap(\.parents))
-        heads = byHash.keys.filter { !named.contains($0) }.sorted { $0.lexicographicallyPrecedes($1) }
         // Rotation knowledge per operation: the latest epoch keys in its past (after it, for a rotation itself).
         var latestAfter: [[UInt8]: Set<EpochKeyID>] = [:]
         var ancestors: [EpochKeyID: Set<EpochKeyID>] = [:]
-        var ready = byHash.values.filter { $0.parents.isEmpty }
         var done = Set<[UInt8]>()
         var seniorityCounter = 0
+        // Each author's node id once (hashing it in every comparison made the choice quadratic in concurrent ops).
+        let authors = byHash.mapValues { $0.author.nodeIDHex }
+        var choice = ReadyOps(linear: linearChoice)
+        for op in byHash.values where op.parents.isEmpty { choice.add(op.hash, author: authors[op.hash]!, members: members) }
 
         func maximal(_ keys: Set<EpochKeyID>) -> Set<EpochKeyID> {
             keys.filter { k in !keys.contains { other in other != k && ancestors[other]?.contains(k) == true } }
         }
 
-        while !ready.isEmpty {
-            let members = self.members
-            func rank(_ op: MembershipOp) -> Int { members[op.author.nodeIDHex]?.seniority ?? Int.max }
-            let index = ready.indices.min { a, b in
-                let (ra, rb) = (rank(ready[a]), rank(ready[b]))
-                return ra != rb ? ra < rb : ready[a].hash.lexicographicallyPrecedes(ready[b].hash)
-            }!
-            let op = ready.remove(at: index)
+        while let hash = choice.next(members: members, done: done) {
+            let op = byHash[hash]!
             done.insert(op.hash)
+            let memberCount = members.count
             order.append(op.hash)
             let before = maximal(op.parents.reduce(into: Set<EpochKeyID>()) { $0.formUnion(latestAfter[$1] ?? []) })
             var after = before
@@ -142,16 +148,29 @@ public struct MembershipState: Sendable {
                 }
             }
             latestAfter[op.hash] = after
+            // A member added here ranks its waiting operations from now on.
+            if members.count != memberCount, let added = Self.addedDevice(op) { choice.ranked(added, members: members) }
             for child in children[op.hash] ?? [] {
                 missing[child]! -= 1
-                if missing[child] == 0, let c = byHash[child] { ready.append(c) }
+                if missing[child] == 0, byHash[child] != nil { choice.add(child, author: authors[child]!, members: members) }
             }
         }
+        let namedByApplied = Set(applied.flatMap { byHash[$0]?.parents ?? [] })
+        heads = applied.filter { !namedByApplied.contains($0) }.sorted { $0.lexicographicallyPrecedes($1) }
         waiting = Set(byHash.keys).subtracting(done)
         frontier = maximal(Set(epochKeys)).sorted { $0.op.lexicographicallyPrecedes($1.op) }
         if frontier.count > 1 { combinations.append(frontier) }
         var seen = Set<[EpochKeyID]>()
         combinations = combinations.filter { seen.insert($0).inserted }
+    }
+
+    /// The node id (hex) of the device an operation adds to the members when it applies: the creator, or the added one.
+    private static func addedDevice(_ op: MembershipOp) -> String? {
+        switch op.action {
+        case .create: op.author.nodeIDHex
+        case .add(let device, _): device.nodeIDHex
+        case .remove, .grant: nil
+        }
     }
 
     /// The key an applied operation created, if any.
@@ -218,9 +237,12 @@ public struct MembershipState: Sendable {
     }
 
     /// The epoch keys `identity` can open from the envelopes addressed to it, plus `initial` (the space's secret at
-    /// epoch 1, which the creator and legacy members hold already).
-    public func keys(for identity: DeviceIdentity, initial: [UInt8]? = nil) -> [EpochKeyID: [UInt8]] {
-        var out: [EpochKeyID: [UInt8]] = [:]
+    /// epoch 1, which the creator and legacy members hold already). Keys in `known` (opened from an earlier
+    /// resolution of the same log: a key named by its operation never changes) are taken as they are, not opened again.
+    public func keys(
+        for identity: DeviceIdentity, initial: [UInt8]? = nil, known: [EpochKeyID: [UInt8]] = [:]
+    ) -> [EpochKeyID: [UInt8]] {
+        var out = known.filter { key, _ in epochKeys.contains(key) }
         if let initial, let genesis = epochKeys.first(where: { $0.epoch == 1 }) { out[genesis] = initial }
         for (envelope, key) in envelopes where envelope.recipient == identity.nodeID && out[key] == nil {
             if let secret = envelope.open(space: space, identity: identity) { out[key] = secret }
@@ -257,5 +279,124 @@ public struct MembershipState: Sendable {
             if let secret = combined(set, keys) { out.append((Self.epoch(of: set), secret)) }
         }
         return out
+    }
+}
+
+/// What a space's log keeps of the operations it is sent (SYNC.md §9, "What the log keeps"): the same rule on every
+/// member and on the relay, so that no device holding a key the log once added (a reader, a writer, a removed admin)
+/// can grow every member's log with operations that never take effect.
+public enum MembershipLog {
+    /// Most operations a log holds in all.
+    public static let maxOps = 100_000
+    /// Most operations of one author a log holds: a removed admin can still sign operations its removal's senior
+    /// position lets through (concurrent with its removal), so each author's share is bounded.
+    public static let maxOpsPerAuthor = 10_000
+    /// Most bytes of one author's operations a log holds.
+    public static let maxBytesPerAuthor = 64 << 20
+
+    /// The operations of `incoming` that a log holding `held` keeps, in `incoming`'s order: new ones of `space` whose
+    /// author the log with them makes an admin (removed or not: only an admin's operation can ever take effect), or
+    /// that a kept admin operation names as a parent (a log written before this rule may have named others), within
+    /// `maxOps` and each author's quota. `resolvedHeld` is `held` resolved, when the caller has it.
+    ///
+    /// Operations whose author is no admin in `held` and whom no incoming `add` makes one are set aside before the log
+    /// is resolved with the rest, so a flood of them costs a hash each, not a resolution.
+    public static func kept(
+        _ incoming: [MembershipOp], held: [MembershipOp], space: [UInt8], resolvedHeld: MembershipState? = nil
+    ) -> [MembershipOp] {
+        var known = Set(held.map(\.hash))
+        var arrived: [MembershipOp] = []
+        for op in incoming where op.space == space && known.insert(op.hash).inserted { arrived.append(op) }
+        guard !arrived.isEmpty, held.count < maxOps else { return [] }
+        let before = resolvedHeld ?? MembershipState(space: space, ops: held)
+        var promoted = Set<[UInt8]>()
+        for op in arrived {
+            switch op.action {
+            case .create: promoted.insert(op.author.signing)
+            case .add(let device, .admin): promoted.insert(device.signing)
+            default: break
+            }
+        }
+        func mayBeAdmin(_ op: MembershipOp) -> Bool {
+            if promoted.contains(op.author.signing) { return true }
+            guard let m = before.member(op.author.nodeID) else { return false }
+            return m.keys == op.author && m.role == .admin
+        }
+        // What an arrived admin operation, or a held one still waiting, names as a parent may be anyone's.
+        var named = Set(arrived.filter(mayBeAdmin).flatMap(\.parents))
+        if !before.waiting.isEmpty {
+            let byHash = Dictionary(held.map { ($0.hash, $0) }, uniquingKeysWith: { a, _ in a })
+            for hash in before.waiting { named.formUnion(byHash[hash]?.parents ?? []) }
+        }
+        let fresh = arrived.filter { mayBeAdmin($0) || named.contains($0.hash) }
+        guard !fresh.isEmpty else { return [] }
+        let resolved = MembershipState(space: space, ops: held + fresh)
+        func isAdmin(_ op: MembershipOp) -> Bool {
+            guard let m = resolved.member(op.author.nodeID) else { return false }
+            return m.keys == op.author && m.role == .admin
+        }
+        let parentsOfAdmins = Set((held + fresh).filter(isAdmin).flatMap(\.parents))
+        var count = held.count
+        var usage: [[UInt8]: (ops: Int, bytes: Int)] = [:]
+        for op in held { usage[op.author.signing, default: (0, 0)].ops += 1; usage[op.author.signing]!.bytes += op.bytes.count }
+        var kept: [MembershipOp] = []
+        for op in fresh where count < maxOps && (isAdmin(op) || parentsOfAdmins.contains(op.hash)) {
+            let used = usage[op.author.signing, default: (0, 0)]
+            guard used.ops < maxOpsPerAuthor, used.bytes + op.bytes.count <= maxBytesPerAuthor else { continue }
+            usage[op.author.signing] = (used.ops + 1, used.bytes + op.bytes.count)
+            count += 1
+            kept.append(op)
+        }
+        return kept
+    }
+}
+
+/// The operations ready to be applied while a log resolves, and the choice of the next (`MembershipState`): the
+/// author ranking first (seniority), then the lowest hash; an author not yet a member ranks last until it is added.
+/// A heap with each operation's rank fixed when it becomes ready, and pushed again with its author's seniority once
+/// the author is added (the stale entry is skipped): O(log n) a choice instead of a scan of every ready operation.
+struct ReadyOps {
+    private struct Key: Comparable {
+        let rank: Int
+        let hash: [UInt8]
+        static func < (a: Key, b: Key) -> Bool { a.rank != b.rank ? a.rank < b.rank : a.hash.lexicographicallyPrecedes(b.hash) }
+    }
+
+    private let linear: Bool
+    private var heap = Heap<Key>()
+    /// Ready operations whose author was not a member when they became ready, by author.
+    private var unranked: [String: [[UInt8]]] = [:]
+    /// Linear mode: every ready operation with its author.
+    private var all: [(hash: [UInt8], author: String)] = []
+
+    init(linear: Bool) { self.linear = linear }
+
+    mutating func add(_ hash: [UInt8], author: String, members: [String: Member]) {
+        if linear { return all.append((hash, author)) }
+        if let m = members[author] {
+            heap.insert(Key(rank: m.seniority, hash: hash))
+        } else {
+            heap.insert(Key(rank: Int.max, hash: hash))
+            unranked[author, default: []].append(hash)
+        }
+    }
+
+    /// `author` became a member: its waiting operations rank by its seniority.
+    mutating func ranked(_ author: String, members: [String: Member]) {
+        guard !linear, let rank = members[author]?.seniority else { return }
+        for hash in unranked.removeValue(forKey: author) ?? [] { heap.insert(Key(rank: rank, hash: hash)) }
+    }
+
+    /// Takes the next operation to apply, nil when none is ready.
+    mutating func next(members: [String: Member], done: Set<[UInt8]>) -> [UInt8]? {
+        if linear {
+            func key(_ i: Int) -> Key { Key(rank: members[all[i].author]?.seniority ?? Int.max, hash: all[i].hash) }
+            guard let i = all.indices.min(by: { key($0) < key($1) }) else { return nil }
+            return all.remove(at: i).hash
+        }
+        while let top = heap.popMin() {
+            if !done.contains(top.hash) { return top.hash }
+        }
+        return nil
     }
 }

@@ -358,13 +358,12 @@ public final class RelayServer: Sendable {
         return m
     }
 
-    /// Stores the operations of `ops` that take part in `space`'s log: those whose author the log, with them, makes
-    /// a member (as members do, SYNC.md §9: anyone holding the capability could send others, which could never take
-    /// effect). Returns whether the log grew.
+    /// Stores the operations of `ops` that members keep (`MembershipLog.kept`, SYNC.md §9: anyone holding the
+    /// capability, and every device the log ever added, could send others, which could never take effect). Returns
+    /// whether the log grew.
     func merge(_ ops: [MembershipOp], space: [UInt8]) async throws -> Bool {
         let held = try await store.ops(space: space)
-        let resolved = MembershipState(space: space, ops: held + ops)
-        let kept = ops.filter { resolved.member($0.author.nodeID) != nil }
+        let kept = MembershipLog.kept(ops, held: held, space: space, resolvedHeld: try await membership(space))
         let fresh = try await store.addOps(kept, space: space)
         guard !fresh.isEmpty else { return false }
         memberships.withLock { $0[hexString(space)] = nil }

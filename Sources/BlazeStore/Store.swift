@@ -74,6 +74,11 @@ public final class Store: Sendable {
         listing.withLock { $0 = nil }
     }
 
+    /// True while `db` is the open database of its name (not dropped, not replaced by a database made anew).
+    public func isCurrent(_ db: BlazeDatabase) -> Bool {
+        open.withLock { $0[db.name] === db }
+    }
+
     /// Returns an existing database, opening it on first use; throws not-found if it does not exist.
     public func database(_ name: String) throws -> BlazeDatabase {
         // An open database's name was valid when it opened.

@@ -148,9 +148,12 @@ public final class WriteTransaction {
             guard
                 let edit = LocalEdit.patch(key, current: current, set: set, unset: unset, incr: incr, add: add, remove: remove)
             else { throw notFound(collection, id) }
-            if edit.hasPaths, let doc = current?.materialize(id: id) {
-                try Self.checkPathsReach(
-                    Array(set.keys) + unset + Array(incr.keys) + Array(add.keys) + Array(remove.keys), in: doc)
+            if edit.hasPaths || !incr.isEmpty, let doc = current?.materialize(id: id) {
+                if edit.hasPaths {
+                    try Self.checkPathsReach(
+                        Array(set.keys) + unset + Array(incr.keys) + Array(add.keys) + Array(remove.keys), in: doc)
+                }
+                try Self.checkIncrementsApply(incr.keys, in: doc)
             }
             try emit(.doc(edit))
             return WriteResult(id: id)
@@ -261,6 +264,33 @@ public final class WriteTransaction {
                         "invalid_path", "cannot edit \(Names.quoted(name)): \(Names.quoted(at)) is \(value.typeName), not an object")
                 }
                 members = inner
+            }
+        }
+    }
+
+    /// Refuses an increment of a field (or dotted path) whose value here is not a number, as MongoDB's `$inc` does: a
+    /// string would silently become a counter, an object would take an increment nobody sees. A missing field starts
+    /// at 0. (Replicas merge concurrent type changes by SYNC.md's rules; this only checks what this replica holds.)
+    static func checkIncrementsApply(_ names: some Sequence<String>, in doc: [String: JSONValue]) throws {
+        for name in names {
+            var value: JSONValue? = nil
+            var members = doc
+            let segments = name.split(separator: ".", omittingEmptySubsequences: false)
+            for (i, segment) in segments.enumerated() {
+                value = members[String(segment)]
+                guard i < segments.count - 1 else { break }
+                guard case .object(let inner)? = value else {
+                    value = nil
+                    break
+                }
+                members = inner
+            }
+            switch value {
+            case nil, .int?, .double?: continue
+            case let other?:
+                throw StoreError.invalid(
+                    "not_a_number",
+                    "cannot incr \(Names.quoted(name)): it holds \(other.typeName), not a number (set it to a number first)")
             }
         }
     }

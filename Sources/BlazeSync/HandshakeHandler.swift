@@ -10,9 +10,10 @@ import NIOCore
 /// an outbound link whose peer answers wrongly counts the reason on that peer's status. On success the handler puts
 /// the session's handlers (`SyncPipeline.session`) in its place, fires `SyncLinkEstablished`, and hands them any bytes
 /// the peer sent past the handshake.
-final class HandshakeHandler: ChannelInboundHandler, RemovableChannelHandler {
+final class HandshakeHandler: ChannelDuplexHandler, RemovableChannelHandler {
     typealias InboundIn = ByteBuffer
     typealias InboundOut = ByteBuffer
+    typealias OutboundIn = ByteBuffer
     typealias OutboundOut = ByteBuffer
 
     private enum State {
@@ -189,6 +190,12 @@ final class HandshakeHandler: ChannelInboundHandler, RemovableChannelHandler {
         context.leavePipeline(removalToken: removalToken)
     }
 
+    /// A close made on this side (a link stopped, a peer removed, shutdown) is nobody's refusal: nothing is reported.
+    func close(context: ChannelHandlerContext, mode: CloseMode, promise: EventLoopPromise<Void>?) {
+        if mode == .all { state = .done }
+        context.close(mode: mode, promise: promise)
+    }
+
     func channelInactive(context: ChannelHandlerContext) {
         deadline?.cancel()
         // An outbound link the peer closed mid-handshake says why it most likely did: a member closes silently on a
@@ -204,7 +211,8 @@ final class HandshakeHandler: ChannelInboundHandler, RemovableChannelHandler {
                 $0.errors += 1
                 $0.lastError =
                     "refused by the peer: it closed the handshake after this device's proof, so it serves no space with "
-                    + "this key (it does not hold the database, paused its sync, or removed this device)"
+                    + "this key (it does not hold the database, paused its sync or is stopping, removed this device, or "
+                    + "is a relay not given this space's capability)"
             }
         case .awaitingAuth, .done:
             break

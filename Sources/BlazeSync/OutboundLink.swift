@@ -6,7 +6,9 @@ import NIOPosix
 import Synchronization
 
 /// A reconnecting outbound connection to one peer for one database, with exponential backoff (0.1 s doubling to the
-/// engine's `retryMaxMs`, 5 s by default; reset once a handshake succeeds). While the peer's host refuses the
+/// engine's `retryMaxMs`, 5 s by default; reset when a session that lasted a second ends, so a peer that accepts the
+/// handshake and then closes at once, as a member does with a device it removed, is not redialed ten times a
+/// second). While the peer's host refuses the
 /// connection (it is up and nothing listens on the port: the usual sign of a daemon restarting) the delay stops growing
 /// at 1 s, so the link is back within a second of the peer's return.
 final class OutboundLink: Sendable {
@@ -24,7 +26,12 @@ final class OutboundLink: Sendable {
         var retry: Scheduled<Void>?
         var failures = 0
         var connecting = false
+        /// When the current connection's handshake succeeded.
+        var established: ContinuousClock.Instant?
     }
+
+    /// How long a session must last for its end to reset the backoff.
+    static let steadySession: Duration = .seconds(1)
 
     private let state = Mutex(State())
     private let loop: any EventLoop
@@ -57,7 +64,7 @@ final class OutboundLink: Sendable {
                     let sync: @Sendable (any Channel) throws -> Void = { channel in
                         try channel.pipeline.syncOperations.addHandlers(
                             SyncPipeline.outbound(engine: link.engine, space: link.space, peer: peer) {
-                                link.state.withLock { $0.failures = 0 }
+                                link.state.withLock { $0.established = .now }
                             })
                     }
                     switch link.address.transport {
@@ -86,7 +93,11 @@ final class OutboundLink: Sendable {
                         return
                     }
                     channel.closeFuture.whenComplete { _ in
-                        link.state.withLock { $0.channel = nil }
+                        link.state.withLock { s in
+                            if let since = s.established, ContinuousClock.now - since >= Self.steadySession { s.failures = 0 }
+                            s.established = nil
+                            s.channel = nil
+                        }
                         link.scheduleRetry()
                     }
                 case .failure(let error):

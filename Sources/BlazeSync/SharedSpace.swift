@@ -102,7 +102,8 @@ public final class SharedSpace: Sendable {
 
     /// Resolves the log into keys and membership.
     static func resolve(
-        id: [UInt8], identity: DeviceIdentity, ops: [[UInt8]: MembershipOp], stored: SpaceKey?, capability: [UInt8]?
+        id: [UInt8], identity: DeviceIdentity, ops: [[UInt8]: MembershipOp], stored: SpaceKey?, capability: [UInt8]?,
+        opened: [EpochKeyID: [UInt8]] = [:]
     ) -> Snapshot {
         guard !ops.isEmpty else {
             let key = stored ?? (try? SpaceKey(id: id, capability: capability ?? [UInt8](repeating: 0, count: 32)))!
@@ -110,7 +111,7 @@ public final class SharedSpace: Sendable {
         }
         let membership = MembershipState(space: id, ops: Array(ops.values))
         let genesisID = membership.epochKeys.first { $0.epoch == 1 }
-        let held = membership.keys(for: identity)
+        let held = membership.keys(for: identity, known: opened)
         let genesis = genesisID.flatMap { held[$0] }
         let cap = genesis.map { SpaceKey.capability(id: id, genesis: $0) } ?? capability ?? stored?.capability
         let me = membership.member(identity.nodeID)
@@ -130,29 +131,16 @@ public final class SharedSpace: Sendable {
         return Snapshot(key: key, membership: membership, ops: ops, held: held, stored: stored, node: identity.nodeID)
     }
 
-    /// Most operations a space's log may hold.
-    static let maxOps = 100_000
-
-    /// Adds verified operations of this space; returns those that were new and kept. Operations by a device the
-    /// resolved log never added are dropped (they can never take effect, and anyone holding the capability could
-    /// send them); an honest operation's author is added by one of its ancestors, which its sender holds too.
+    /// Adds verified operations of this space; returns those that were new and kept (`MembershipLog.kept`: only
+    /// operations an admin signed, or that an admin's operation names, within each author's quota). Anyone holding
+    /// the capability, and every device the log ever added, could send others; they could never take effect.
     func merge(_ incoming: [MembershipOp]) -> [MembershipOp] {
         state.withLock { s in
-            var ops = s.ops
-            var fresh: [MembershipOp] = []
-            for op in incoming where op.space == id && ops[op.hash] == nil && ops.count < Self.maxOps {
-                ops[op.hash] = op
-                fresh.append(op)
-            }
+            let fresh = MembershipLog.kept(incoming, held: Array(s.ops.values), space: id, resolvedHeld: s.membership)
             guard !fresh.isEmpty else { return [] }
-            var next = Self.resolve(id: id, identity: identity, ops: ops, stored: s.stored, capability: s.key.capability)
-            let strangers = fresh.filter { next.membership?.member($0.author.nodeID) == nil }
-            if !strangers.isEmpty {
-                for op in strangers { ops[op.hash] = nil }
-                fresh.removeAll { op in strangers.contains { $0.hash == op.hash } }
-                next = Self.resolve(id: id, identity: identity, ops: ops, stored: s.stored, capability: s.key.capability)
-            }
-            if !fresh.isEmpty { s = next }
+            var ops = s.ops
+            for op in fresh { ops[op.hash] = op }
+            s = Self.resolve(id: id, identity: identity, ops: ops, stored: s.stored, capability: s.key.capability, opened: s.held)
             return fresh
         }
     }

@@ -40,8 +40,11 @@ public final class SyncEngine: Sendable {
     /// Invites refused since start, by reason (`InviteRefusal`).
     let invitesRefused = Mutex<[String: Int]>([:])
     private let listener = Mutex<(any Channel)?>(nil)
-    /// The open inbound connections, so that `shutdown` closes them (closing the listener leaves them open).
-    private let inbound = Mutex<[ObjectIdentifier: any Channel]>([:])
+    /// The open inbound connections, so that `shutdown` closes them (closing the listener leaves them open); nil once
+    /// shutting down, when a connection accepted meanwhile is closed at once.
+    private let inbound = Mutex<[ObjectIdentifier: any Channel]?>([:])
+    /// Set once `loadSpaces` ran.
+    private let spacesLoaded = Atomic<Bool>(false)
     /// Admits inbound connections within the listener limits.
     let gate: ConnectionGate
     /// TLS for `wss://` links.
@@ -99,15 +102,20 @@ public final class SyncEngine: Sendable {
             // Small frames (one live change) must leave at once: Nagle plus delayed ACKs would add 40 ms.
             .childChannelOption(.tcpOption(.tcp_nodelay), value: 1)
             .childChannelInitializer { channel in
-                // Limits hold before anything else: a connection over them is closed before a byte is read.
+                // Limits hold before anything else: a connection over them (or arriving while shutting down) is closed
+                // before a byte is read.
                 let address = channel.remoteAddress?.ipAddress ?? "?"
-                guard engine.gate.admit(address: address) else {
+                let key = ObjectIdentifier(channel)
+                let open = engine.inbound.withLock { inbound in
+                    inbound?[key] = channel
+                    return inbound != nil
+                }
+                guard open, engine.gate.admit(address: address) else {
+                    engine.inbound.withLock { _ = $0?.removeValue(forKey: key) }
                     channel.close(promise: nil)
                     return channel.eventLoop.makeSucceededVoidFuture()
                 }
-                let key = ObjectIdentifier(channel)
-                engine.inbound.withLock { $0[key] = channel }
-                channel.closeFuture.whenComplete { _ in _ = engine.inbound.withLock { $0.removeValue(forKey: key) } }
+                channel.closeFuture.whenComplete { _ in _ = engine.inbound.withLock { $0?.removeValue(forKey: key) } }
                 return channel.eventLoop.makeCompletedFuture {
                     try channel.pipeline.syncOperations.addHandlers(SyncPipeline.inbound(engine: engine, address: address))
                 }
@@ -120,8 +128,10 @@ public final class SyncEngine: Sendable {
 
     /// Loads every shared database's space (its membership log and keys) into memory, where inbound handshakes find
     /// them. Call it before `listen`: a peer that connects first would otherwise be refused as a stranger. A database
-    /// whose space cannot be loaded is logged and left unserved; the others are served.
+    /// whose space cannot be loaded (its key file unreadable, or missing after a join that never finished) is left
+    /// unserved with a warning, and its RPCs say why; the others are served. Runs once; later calls do nothing.
     public func loadSpaces() {
+        guard !spacesLoaded.exchange(true, ordering: .acquiringAndReleasing) else { return }
         let names: [String]
         do { names = try store.list() } catch {
             logger.error("Cannot list the databases to serve", metadata: ["error": "\(error)"])
@@ -131,12 +141,12 @@ public final class SyncEngine: Sendable {
             do {
                 _ = try space(db: try store.database(name))
             } catch {
-                logger.error("Cannot load a shared database's space", metadata: ["db": "\(name)", "error": "\(error)"])
+                logger.warning("Cannot load a shared database's space", metadata: ["db": "\(name)", "error": "\(error)"])
             }
         }
     }
 
-    /// Loads every space not loaded yet (`loadSpaces`) and starts links to the configured peers and folders.
+    /// Loads the spaces if `loadSpaces` has not, and starts links to the configured peers and folders.
     public func start() {
         loadSpaces()
         for name in served.withLock({ $0.keys.sorted() }) { refreshLinks(db: name) }
@@ -151,14 +161,18 @@ public final class SyncEngine: Sendable {
         for link in all { link.stop() }
         stopFolders(db: nil)
         if let channel = listener.withLock({ $0 }) { try? await channel.close() }
-        for channel in inbound.withLock({ Array($0.values) }) { try? await channel.close() }
+        let open = inbound.withLock { inbound in
+            defer { inbound = nil }
+            return Array((inbound ?? [:]).values)
+        }
+        for channel in open { try? await channel.close() }
     }
 
     // MARK: Spaces
 
     /// The space of `db`, nil when the database is not shared; loaded from its log and keystore on first use.
     public func space(db: BlazeDatabase) throws -> SharedSpace? {
-        if let cached = served.withLock({ $0[db.name] }) { return cached }
+        if let cached = served.withLock({ $0[db.name] }), cached.db === db { return cached }
         guard let idHex = try db.spaceID(), let id = hexBytes(idHex) else { return nil }
         let ops: [MembershipOp]
         let stored: SpaceKey?
@@ -175,9 +189,13 @@ public final class SyncEngine: Sendable {
         }
         let loaded = SharedSpace(db: db, id: id, identity: identity, ops: ops, stored: stored, capability: nil)
         // Kept, so that every caller (inbound handshakes, links, sessions, RPCs) shares one space and its membership.
-        // A space another caller stored first wins: it may already hold operations merged since.
-        return served.withLock { served in
-            if let first = served[db.name] { return first }
+        // A space another caller stored first for the same database wins: it may already hold operations merged
+        // since. A database dropped meanwhile (or made anew under its name) is not served again from a stale handle.
+        return try served.withLock { served in
+            if let first = served[db.name], first.db === db { return first }
+            guard store.isCurrent(db) else {
+                throw StoreError(.notFound, kind: "database_not_found", "database \(db.name) was dropped")
+            }
             served[db.name] = loaded
             return loaded
         }

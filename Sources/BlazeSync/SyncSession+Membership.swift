@@ -67,11 +67,18 @@ extension SyncSession {
         return true
     }
 
-    /// Sends the operations the peer is not known to hold, in messages of at most `membersMessageBytes`.
+    /// Sends the operations the peer is not known to hold, in messages of at most `membersMessageBytes`, parents
+    /// before children (the log's resolution order): a peer keeps an operation only once it holds the operation that
+    /// made its author an admin (`MembershipLog.kept`).
     func sendMembers(context: ChannelHandlerContext) {
         guard let link else { return }
-        let fresh = link.space.snapshot.ops.values.filter { !opsShared.contains($0.hash) }
-            .sorted { $0.hash.lexicographicallyPrecedes($1.hash) }
+        let snapshot = link.space.snapshot
+        let order = snapshot.membership?.order ?? []
+        let position = Dictionary(order.enumerated().map { ($1, $0) }, uniquingKeysWith: { a, _ in a })
+        let fresh = snapshot.ops.values.filter { !opsShared.contains($0.hash) }.sorted { a, b in
+            let (pa, pb) = (position[a.hash] ?? Int.max, position[b.hash] ?? Int.max)
+            return pa != pb ? pa < pb : a.hash.lexicographicallyPrecedes(b.hash)
+        }
         var chunk: [MembershipOp] = []
         var bytes = 0
         for op in fresh {

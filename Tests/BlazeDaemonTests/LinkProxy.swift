@@ -1,3 +1,4 @@
+import Foundation
 import NIOCore
 import NIOPosix
 import Synchronization
@@ -50,8 +51,18 @@ final class LinkProxy: Sendable {
             for c in connections { c.setOption(.autoRead, value: false).whenFailure { _ in } }
         case .open:
             if old == .partitioned {
-                let bound = try Self.bind(port: port, box: box)
-                state.withLock { $0.listener = bound }
+                // The port was free a moment ago; another process may take it meanwhile (rare): a few tries.
+                var attempt = 0
+                while true {
+                    do {
+                        let bound = try Self.bind(port: port, box: box)
+                        state.withLock { $0.listener = bound }
+                        break
+                    } catch where attempt < 20 {
+                        attempt += 1
+                        usleep(50_000)
+                    }
+                }
             }
             for c in connections { c.setOption(.autoRead, value: true).whenFailure { _ in } }
         }
@@ -60,7 +71,7 @@ final class LinkProxy: Sendable {
     /// Stops listening and closes every connection.
     func shutdown() {
         let (listener, connections) = state.withLock { s in
-            defer { (s.listener, s.open) = (nil, [:]) }
+            defer { (s.mode, s.listener, s.open) = (.partitioned, nil, [:]) }
             return (s.listener, Array(s.open.values.joined()))
         }
         try? listener?.close().wait()

@@ -99,11 +99,14 @@ func sealedEntries(dataDir: String, db: String, origin: String) throws -> [Seale
         #expect(try eventually { try replicaState(ca, "team") == replicaState(cb, "team") && replicaState(cb, "team").docs == 4 })
         #expect(try eventually { try members(cb, "team").map(\.removed) == [false, false, true] })
         #expect(try cb.call("db.members", ["db": "team"])["epoch"] == 2)
-        // C comes back, writes, and tries to sync: refused at the handshake, it receives nothing new and nothing it
-        // writes is accepted anywhere; its old data stays as it was.
+        // C comes back while A, its only peer, has paused the space (C would otherwise learn of its removal at once
+        // and refuse its own writes), writes, and tries to sync once A resumes: refused at the handshake, it receives
+        // nothing new and nothing it writes is accepted anywhere; its old data stays as it was.
+        _ = try ca.call("sync.pause", ["db": "team"])
         c = try syncDaemon(dir: dirC)
         let cc = try c.connect()
         _ = try cc.call("doc.put", ["db": "team", "collection": "n", "id": "lateC", "doc": ["v": 2]])
+        _ = try ca.call("sync.resume", ["db": "team"])
         _ = try cc.call("sync.now", ["db": "team"])
         #expect(try eventually {
             let peers = try ca.call("sync.status", ["db": "team"])["databases"]?.arrayValue?.first?["peers"]?.arrayValue ?? []

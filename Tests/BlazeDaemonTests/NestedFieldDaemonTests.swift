@@ -77,4 +77,28 @@ import Testing
             code: -32602, kind: "invalid_path")
         #expect(try c.call("doc.get", params([:]))["doc"]?["n"] == 1)
     }
+
+    /// `incr` of a field that holds a string, null, an object or a set is refused and changes nothing (it used to turn
+    /// a string into a counter, and to take an increment of an object that nobody could see).
+    @Test func incrementingWhatIsNotANumberIsRefused() throws {
+        let d = try DaemonProcess()
+        defer { d.stop() }
+        let c = try d.connect()
+        let doc: JSONValue = ["_id": "x", "s": "str", "z": .null, "o": ["k": "v", "n": 1], "n": 1.5]
+        _ = try c.call("doc.insert", ["db": "default", "collection": "t", "doc": doc])
+        _ = try c.call("doc.patch", ["db": "default", "collection": "t", "id": "x", "add": ["tags": ["a"]]])
+        let before = try c.call("doc.get", ["db": "default", "collection": "t", "id": "x"])["doc"]
+        for field in ["s", "z", "o", "tags", "o.k"] {
+            expectRPCError(
+                c, "doc.patch", ["db": "default", "collection": "t", "id": "x", "incr": [field: 1]], code: -32602, kind: "not_a_number")
+            expectRPCError(
+                c, "tx.commit", ["db": "default", "ops": [["op": "patch", "collection": "t", "id": "x", "incr": [field: 1]]]],
+                code: -32602, kind: "not_a_number")
+        }
+        #expect(try c.call("doc.get", ["db": "default", "collection": "t", "id": "x"])["doc"] == before)
+        // Numbers, nested numbers and missing fields take increments.
+        _ = try c.call("doc.patch", ["db": "default", "collection": "t", "id": "x", "incr": ["n": 1, "o.n": 2, "fresh": 3, "o.new": 4]])
+        let after = try c.call("doc.get", ["db": "default", "collection": "t", "id": "x"])["doc"]
+        #expect(after?["n"] == 2.5 && after?["o"]?["n"] == 3 && after?["fresh"] == 3 && after?["o"]?["new"] == 4 && after?["s"] == "str")
+    }
 }

@@ -54,7 +54,7 @@ final class SpaceNode: @unchecked Sendable {
 
 /// SYNC.md §9 end to end, in one process: random invites, joins, writes, revocations (each a rotation, concurrent
 /// ones combined) and restarts by devices split into random partitions that heal and split again; every link is
-/// dialed by one side only (the lower index), so a restarted device must serve the higher ones inbound. Once everyone
+/// dialed by one side only (the lower index), so a restarted device must serve the lower ones inbound. Once everyone
 /// is connected, all remaining members hold the same membership and the same `stateHash`, and every removed device
 /// knows it was removed.
 ///

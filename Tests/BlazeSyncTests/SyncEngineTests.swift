@@ -18,7 +18,7 @@ final class Device: @unchecked Sendable {
     let identity = DeviceIdentity()
     private(set) var store: Store
     private(set) var engine: SyncEngine
-    let pool = NIOThreadPool(numberOfThreads: 2)
+    private(set) var pool = NIOThreadPool(numberOfThreads: 2)
     var port = 0
 
     init() throws {
@@ -42,7 +42,11 @@ final class Device: @unchecked Sendable {
     /// as the daemon starts: spaces loaded, then the listener, then links to the configured peers.
     func restart() async throws {
         await engine.shutdown()
+        // Work the old engine queued (stores of what it received) finishes before its store closes.
+        try? await pool.shutdownGracefully()
         store.closeAll()
+        pool = NIOThreadPool(numberOfThreads: 2)
+        pool.start()
         (store, engine) = try Self.open(dir: dir, identity: identity, pool: pool)
         engine.loadSpaces()
         if port != 0 { port = try await engine.listen(host: "127.0.0.1", port: port) }

@@ -158,7 +158,7 @@ func shuttle(_ x: EmbeddedChannel, _ y: EmbeddedChannel, chunk: Int = .max) thro
             #expect(try server.readOutbound(as: ByteBuffer.self) == nil)  // no proof sent back
             // The dialing side, closed by the server after its proof, names the refusal (not an unreachable peer).
             #expect(s.b.engine.status(db: s.dbB).first?.lastError == nil)
-            try client.close().wait()
+            client.pipeline.fireChannelInactive()
             let status = s.b.engine.status(db: s.dbB).first
             #expect(status?.lastError?.hasPrefix("refused by the peer: it closed the handshake after this device's proof") == true)
             #expect(status?.errors == 1)
@@ -171,6 +171,19 @@ func shuttle(_ x: EmbeddedChannel, _ y: EmbeddedChannel, chunk: Int = .max) thro
             try other.writeInbound(wrong)  // refused on the length alone, before any body
             #expect(!other.isActive && s.a.engine.strangersRefusedCount == 2)
             _ = try client.finish(acceptAlreadyClosed: true)
+        }
+    }
+
+    /// A link closed on its own side mid-handshake (stopped, removed) reports nothing: no one refused it.
+    @Test func aLinkClosedLocallyMidHandshakeReportsNoRefusal() async throws {
+        try await withSharedSpace { s in
+            let (server, client, _, _, _) = try handshakePair(s)
+            try client.writeInbound(try #require(try server.readOutbound(as: ByteBuffer.self)))
+            _ = try client.readOutbound(as: ByteBuffer.self)  // its proof, sent: now awaiting the reply
+            try client.close().wait()
+            let status = s.b.engine.status(db: s.dbB).first
+            #expect(status?.lastError == nil && (status?.errors ?? 0) == 0, "\(String(describing: status))")
+            _ = try server.finish(acceptAlreadyClosed: true)
         }
     }
 

@@ -419,7 +419,7 @@ class _Doc:
         id: Document id.
         set: Fields to set (last writer wins), by name or dotted path (`address.city`).
         unset: Fields to remove, by name or dotted path.
-        incr: Counter increments by name or dotted path (concurrent increments add up).
+        incr: Counter increments by name or dotted path (concurrent increments add up); a field that holds anything but a number here is refused (not_a_number).
         add: Elements to add to set fields (by name or dotted path).
         remove: Elements to remove from set fields (by name or dotted path).
         """
@@ -587,7 +587,7 @@ class _Query:
         limit: Write at most this many matching documents, in _id order. Without it, matching more than the transaction limit (10,000 by default) is an error and nothing is written.
         set: Fields to set (last writer wins), by name or dotted path (`address.city`).
         unset: Fields to remove, by name or dotted path.
-        incr: Counter increments by name or dotted path (concurrent increments add up).
+        incr: Counter increments by name or dotted path (concurrent increments add up); a field that holds anything but a number here is refused (not_a_number).
         add: Elements to add to set fields (by name or dotted path).
         remove: Elements to remove from set fields (by name or dotted path).
         returnIds: Return the written documents' ids (default false).

@@ -1794,7 +1794,7 @@ public enum RPC {
         public var set: [String: JSONValue]?
         /// Fields to remove, by name or dotted path.
         public var unset: [String]?
-        /// Counter increments by name or dotted path (concurrent increments add up).
+        /// Counter increments by name or dotted path (concurrent increments add up); a field that holds anything but a number here is refused (not_a_number).
         public var incr: [String: JSONValue]?
         /// Elements to add to set fields (by name or dotted path).
         public var add: [String: [JSONValue]]?
@@ -2570,7 +2570,7 @@ public enum RPC {
         public var set: [String: JSONValue]?
         /// Fields to remove, by name or dotted path.
         public var unset: [String]?
-        /// Counter increments by name or dotted path (concurrent increments add up).
+        /// Counter increments by name or dotted path (concurrent increments add up); a field that holds anything but a number here is refused (not_a_number).
         public var incr: [String: JSONValue]?
         /// Elements to add to set fields (by name or dotted path).
         public var add: [String: [JSONValue]]?

@@ -1,0 +1,126 @@
+import BlazeProtocol
+import BlazeTestSupport
+import Foundation
+import Testing
+
+@testable import BlazeCrypto
+
+/// What a log keeps of the operations it is sent (`MembershipLog.kept`, SYNC.md §9, "What the log keeps"), and that
+/// operations nobody can apply never grow the parents of an admin's next operation.
+@Suite struct MembershipLogTests {
+    /// A space with admin `a`, a second admin `d` (removed), a writer `w` and a reader `r`.
+    struct Space {
+        var log = LogBuilder()
+        let a = DeviceIdentity(), d = DeviceIdentity(), w = DeviceIdentity(), r = DeviceIdentity()
+
+        init() throws {
+            try log.add(a, .create(salt: log.salt))
+            try log.add(a, .add(device: d.publicKeys, role: .admin))
+            try log.add(a, .add(device: w.publicKeys, role: .writer))
+            try log.add(a, .add(device: r.publicKeys, role: .reader))
+            let (remove, envelopes) = try log.removal(a, removing: d, epoch: 2, to: [a, w, r], secret: randomSecret())
+            try log.add(a, remove, envelopes: envelopes)
+        }
+
+        /// `count` grants signed by `author`, each on top of the log's heads (all concurrent) or of the previous one.
+        func junk(by author: DeviceIdentity, count: Int, chained: Bool = false) throws -> [MembershipOp] {
+            var out: [MembershipOp] = []
+            for i in 0..<count {
+                let parents = chained ? (out.last.map { [$0.hash] } ?? log.state.heads) : log.state.heads
+                out.append(
+                    try MembershipOp(space: log.space, author: author, timeMs: 5_000 + UInt64(i), parents: parents, action: .grant))
+            }
+            return out
+        }
+    }
+
+    /// A reader that signed 65 grants on the same heads used to make every admin's next operation name 66 parents
+    /// (over `maxParents`): no revocation, admission or key grant could be made on any member again.
+    @Test func operationsNobodyCanApplyAreNeitherKeptNorHeads() throws {
+        var s = try Space()
+        let byReader = try s.junk(by: s.r, count: 65), byWriter = try s.junk(by: s.w, count: 3)
+        #expect(MembershipLog.kept(byReader + byWriter, held: s.log.ops, space: s.log.space).isEmpty)
+        // Even held (by a device that stored them before this rule), they are void and never heads.
+        let state = MembershipState(space: s.log.space, ops: s.log.ops + byReader + byWriter)
+        #expect(byReader.allSatisfy { state.void[$0.hash] == "author is not an admin" })
+        #expect(state.heads == [s.log.ops.last!.hash])
+        s.log.ops += byReader + byWriter
+        let (remove, envelopes) = try s.log.removal(s.a, removing: s.r, epoch: 3, to: [s.a, s.w], secret: randomSecret())
+        let revocation = try s.log.add(s.a, remove, envelopes: envelopes)
+        #expect(s.log.state.member(s.r.nodeID)?.isCurrent == false && s.log.state.void[revocation.hash] == nil)
+    }
+
+    /// A removed admin's operations are kept (one concurrent with its removal may still take effect), up to its
+    /// quota; an admin's operations beyond it are dropped while every other admin's still go in.
+    @Test func eachAuthorHasAQuota() throws {
+        let s = try Space()
+        let flood = try s.junk(by: s.d, count: MembershipLog.maxOpsPerAuthor + 5, chained: true)
+        let kept = MembershipLog.kept(flood, held: s.log.ops, space: s.log.space)
+        // The removed admin already authored nothing in the held log: exactly its quota goes in, in order.
+        #expect(kept.count == MembershipLog.maxOpsPerAuthor && kept.map(\.hash) == flood.prefix(kept.count).map(\.hash))
+        let held = s.log.ops + kept
+        #expect(MembershipLog.kept(Array(flood.suffix(5)), held: held, space: s.log.space).isEmpty)
+        let byAdmin = try MembershipOp(
+            space: s.log.space, author: s.a, timeMs: 9_000, parents: MembershipState(space: s.log.space, ops: held).heads, action: .grant)
+        #expect(MembershipLog.kept([byAdmin], held: held, space: s.log.space) == [byAdmin])
+    }
+
+    /// An operation a kept admin operation names as a parent is kept, whoever signed it: a log written before the
+    /// rule may name a non-admin's operation, and dropping it would leave the admin's operation waiting forever.
+    @Test func aParentOfAnAdminsOperationIsKept() throws {
+        let s = try Space()
+        let old = try s.junk(by: s.w, count: 1)[0]
+        let child = try MembershipOp(
+            space: s.log.space, author: s.a, timeMs: 9_000, parents: s.log.state.heads + [old.hash], action: .grant)
+        let kept = MembershipLog.kept([child, old], held: s.log.ops, space: s.log.space)
+        #expect(Set(kept.map(\.hash)) == [child.hash, old.hash])
+        let state = MembershipState(space: s.log.space, ops: s.log.ops + kept)
+        #expect(state.waiting.isEmpty && state.void[child.hash] == nil && state.heads == [child.hash])
+    }
+
+    /// Operations of another space, and ones already held, are not kept again.
+    @Test func foreignAndDuplicateOperationsAreNotKept() throws {
+        let s = try Space(), other = try Space()
+        let mine = try MembershipOp(space: s.log.space, author: s.a, timeMs: 9_000, parents: s.log.state.heads, action: .grant)
+        #expect(MembershipLog.kept(other.log.ops + s.log.ops + [mine, mine], held: s.log.ops, space: s.log.space) == [mine])
+    }
+
+    /// The heap that picks the next ready operation makes the same choices as the scan earlier versions made (devices
+    /// of adjacent versions must resolve a log alike): random logs with concurrent admins, removals, late-added
+    /// authors and junk, resolved both ways.
+    @Test func theHeapChoosesAsTheScanDid() throws {
+        var rng = SeededRandom(seed: testSeed("membership choice"))
+        for _ in 0..<20 {
+            let devices = (0..<6).map { _ in DeviceIdentity() }
+            let salt = Array(SpaceKey.generate().id)
+            let space = MembershipOp.spaceID(creator: devices[0].publicKeys, salt: salt)
+            var all = [try MembershipOp(space: space, author: devices[0], timeMs: 1, parents: [], action: .create(salt: salt))]
+            for step in 0..<40 {
+                // Each operation is made on a prefix of the log so far: concurrent with everything after it.
+                let view = MembershipState(space: space, ops: Array(all.prefix(Int.random(in: 1...all.count, using: &rng))))
+                let author = devices.randomElement(using: &rng)!
+                let target = devices.randomElement(using: &rng)!
+                let action: MembershipOp.Action
+                var envelopes: [KeyEnvelope] = []
+                if view.member(target.nodeID) == nil {
+                    action = .add(device: target.publicKeys, role: MemberRole.allCases.randomElement(using: &rng)!)
+                } else if view.member(target.nodeID)?.isCurrent == true, Bool.random(using: &rng) {
+                    let epoch = view.currentEpoch + 1
+                    action = .remove(device: target.nodeID, cutoff: UInt64(step), epoch: epoch)
+                    envelopes = try view.current.filter { $0.keys != target.publicKeys }.map {
+                        try KeyEnvelope(sealing: randomSecret(), space: space, epoch: epoch, keyOp: KeyEnvelope.thisOp, to: $0.keys)
+                    }
+                } else {
+                    action = .grant
+                }
+                all.append(
+                    try MembershipOp(
+                        space: space, author: author, timeMs: 2 + UInt64(step), parents: view.heads, action: action, envelopes: envelopes))
+            }
+            let shuffled = all.shuffled(using: &rng)
+            let heap = MembershipState(space: space, ops: shuffled), scan = MembershipState(space: space, ops: shuffled, linearChoice: true)
+            #expect(heap.order == scan.order && heap.applied == scan.applied && heap.void == scan.void)
+            #expect(heap.heads == scan.heads && heap.members == scan.members && heap.frontier == scan.frontier)
+        }
+    }
+}
