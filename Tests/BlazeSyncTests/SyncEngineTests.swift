@@ -85,6 +85,23 @@ final class Device: @unchecked Sendable {
         await a.close()
     }
 
+    /// A request that started before its database was dropped holds the old handle: the space it loads from it is not
+    /// served again, and a database made anew under the name is not shared.
+    @Test func aDroppedDatabaseIsNotServedAgainFromAStaleHandle() async throws {
+        let d = try Device()
+        let db = try d.store.create("team")
+        _ = try d.engine.share(db: db)
+        #expect(d.engine.servedSpaces().count == 1)
+        try d.store.drop("team")
+        d.engine.forget(db: "team", spaceID: nil)
+        #expect(throws: StoreError.self) { try d.engine.space(db: db) }
+        #expect(d.engine.servedSpaces().isEmpty)
+        let again = try d.store.create("team")
+        #expect(try d.engine.space(db: again) == nil)
+        #expect(d.engine.servedSpaces().isEmpty)
+        await d.close()
+    }
+
     @Test func aStrangerIsRefusedAndGetsNothing() async throws {
         let a = try Device(), c = try Device()
         try await a.listen()
