@@ -236,12 +236,9 @@ public struct MembershipState: Sendable {
     }
 
     /// The epoch keys `identity` can open from the envelopes addressed to it, plus `initial` (the space's secret at
-    /// epoch 1, which the creator and legacy members hold already). Keys in `known` (opened from an earlier
-    /// resolution of the same log: a key named by its operation never changes) are taken as they are, not opened again.
-    public func keys(
-        for identity: DeviceIdentity, initial: [UInt8]? = nil, known: [EpochKeyID: [UInt8]] = [:]
-    ) -> [EpochKeyID: [UInt8]] {
-        var out = known.filter { key, _ in epochKeys.contains(key) }
+    /// epoch 1, which the creator and legacy members hold already).
+    public func keys(for identity: DeviceIdentity, initial: [UInt8]? = nil) -> [EpochKeyID: [UInt8]] {
+        var out: [EpochKeyID: [UInt8]] = [:]
         if let initial, let genesis = epochKeys.first(where: { $0.epoch == 1 }) { out[genesis] = initial }
         for (envelope, key) in envelopes where envelope.recipient == identity.nodeID && out[key] == nil {
             if let secret = envelope.open(space: space, identity: identity) { out[key] = secret }

@@ -4,28 +4,35 @@ import BlazeProtocol
 /// member and on the relay, so that no device holding a key the log once added (a reader, a writer, a removed admin)
 /// can grow every member's log with operations that never take effect.
 public enum MembershipLog {
-    /// Most operations a log holds in all.
+    /// Most operations a log holds that do not take effect (void, or waiting for a parent), in all.
     public static let maxOps = 100_000
-    /// Most operations of one author a log holds: a removed admin can still sign operations its removal's senior
-    /// position lets through (concurrent with its removal), so each author's share is bounded.
+    /// Most operations that do not take effect a log holds on one author's account: a removed admin can still sign
+    /// operations concurrent with its removal, so each author's share is bounded.
     public static let maxOpsPerAuthor = 10_000
-    /// Most bytes of one author's operations a log holds.
+    /// Most bytes of such operations on one author's account.
     public static let maxBytesPerAuthor = 64 << 20
 
-    /// The operations of `incoming` that a log holding `held` keeps, in `incoming`'s order: new ones of `space` whose
-    /// author the log with them makes an admin (removed or not: only an admin's operation can ever take effect), or
-    /// that a kept admin operation names as a parent (a log written before this rule may have named others), within
-    /// `maxOps` and each author's quota. `resolvedHeld` is `held` resolved, when the caller has it.
+    /// The operations of `incoming` that a log holding `held` keeps, in `incoming`'s order (SYNC.md §9, "What the log
+    /// keeps"). `resolvedHeld` is `held` resolved, when the caller has it.
     ///
-    /// Operations whose author is no admin in `held` and whom no incoming `add` makes one are set aside before the log
-    /// is resolved with the rest, so a flood of them costs a hash each, not a resolution.
+    /// - Every operation that takes effect in the log with the new ones, and everything in its past, is kept: an
+    ///   admin's work is never dropped, whatever its size.
+    /// - So is the past of a held operation still waiting for its parents (it may name anyone's operation: logs
+    ///   written before this rule did).
+    /// - Another operation is kept only when its author is an admin there (removed or not) or an admin's kept
+    ///   operation has it in its past; these count against that admin's quota (`maxOpsPerAuthor`,
+    ///   `maxBytesPerAuthor`) and the log's (`maxOps`).
+    ///
+    /// Operations of authors who are no admin in `held`, whom no incoming `create` or `add` makes one, and that no
+    /// candidate or waiting operation has in its past, are set aside before the log is resolved: a flood of them costs
+    /// a hash each, not a resolution.
     public static func kept(
         _ incoming: [MembershipOp], held: [MembershipOp], space: [UInt8], resolvedHeld: MembershipState? = nil
     ) -> [MembershipOp] {
         var known = Set(held.map(\.hash))
         var arrived: [MembershipOp] = []
         for op in incoming where op.space == space && known.insert(op.hash).inserted { arrived.append(op) }
-        guard !arrived.isEmpty, held.count < maxOps else { return [] }
+        guard !arrived.isEmpty else { return [] }
         let before = resolvedHeld ?? MembershipState(space: space, ops: held)
         var promoted = Set<[UInt8]>()
         for op in arrived {
@@ -40,28 +47,60 @@ public enum MembershipLog {
             guard let m = before.member(op.author.nodeID) else { return false }
             return m.keys == op.author && m.role == .admin
         }
-        // What an arrived admin operation, or a held one still waiting, names as a parent may be anyone's.
-        var named = Set(arrived.filter(mayBeAdmin).flatMap(\.parents))
-        if !before.waiting.isEmpty {
-            let byHash = Dictionary(held.map { ($0.hash, $0) }, uniquingKeysWith: { a, _ in a })
-            for hash in before.waiting { named.formUnion(byHash[hash]?.parents ?? []) }
+        let arrivedByHash = Dictionary(arrived.map { ($0.hash, $0) }, uniquingKeysWith: { a, _ in a })
+        let heldByHash = before.waiting.isEmpty ? [:] : Dictionary(held.map { ($0.hash, $0) }, uniquingKeysWith: { a, _ in a })
+        /// The arrived operations in the past of `roots` (through arrived operations: held ones have their past held).
+        func past(of roots: some Sequence<[UInt8]>) -> Set<[UInt8]> {
+            var seen = Set<[UInt8]>()
+            var stack = roots.flatMap { (arrivedByHash[$0] ?? heldByHash[$0])?.parents ?? [] }
+            while let hash = stack.popLast() {
+                guard let op = arrivedByHash[hash], seen.insert(hash).inserted else { continue }
+                stack += op.parents
+            }
+            return seen
         }
-        let fresh = arrived.filter { mayBeAdmin($0) || named.contains($0.hash) }
+        let candidates = arrived.filter(mayBeAdmin)
+        let pulled = past(of: candidates.map(\.hash) + before.waiting)
+        let fresh = arrived.filter { mayBeAdmin($0) || pulled.contains($0.hash) }
         guard !fresh.isEmpty else { return [] }
         let resolved = MembershipState(space: space, ops: held + fresh)
         func isAdmin(_ op: MembershipOp) -> Bool {
             guard let m = resolved.member(op.author.nodeID) else { return false }
             return m.keys == op.author && m.role == .admin
         }
-        let parentsOfAdmins = Set((held + fresh).filter(isAdmin).flatMap(\.parents))
-        var count = held.count
+        let applied = Set(resolved.applied)
+        let needed = past(of: resolved.applied.filter { arrivedByHash[$0] != nil } + before.waiting)
+        // The remaining admin operations, each with the arrived past only it brings (charged to its author).
+        // One walk over them all: an operation reached first from one admin's operation is on that admin's account.
+        var account: [[UInt8]: [UInt8]] = [:]
+        for op in fresh where isAdmin(op) && !applied.contains(op.hash) && !needed.contains(op.hash) {
+            guard account[op.hash] == nil else { continue }
+            account[op.hash] = op.author.signing
+            var stack = op.parents
+            while let hash = stack.popLast() {
+                guard let parent = arrivedByHash[hash], account[hash] == nil, !applied.contains(hash), !needed.contains(hash)
+                else { continue }
+                account[hash] = op.author.signing
+                stack += parent.parents
+            }
+        }
+        // What held operations that do not take effect already use.
+        var count = before.void.count + before.waiting.count
         var usage: [[UInt8]: (ops: Int, bytes: Int)] = [:]
-        for op in held { usage[op.author.signing, default: (0, 0)].ops += 1; usage[op.author.signing]!.bytes += op.bytes.count }
+        for op in held where before.void[op.hash] != nil || before.waiting.contains(op.hash) {
+            usage[op.author.signing, default: (0, 0)].ops += 1
+            usage[op.author.signing]!.bytes += op.bytes.count
+        }
         var kept: [MembershipOp] = []
-        for op in fresh where count < maxOps && (isAdmin(op) || parentsOfAdmins.contains(op.hash)) {
-            let used = usage[op.author.signing, default: (0, 0)]
+        for op in fresh {
+            if applied.contains(op.hash) || needed.contains(op.hash) {
+                kept.append(op)
+                continue
+            }
+            guard let payer = account[op.hash], count < maxOps else { continue }
+            let used = usage[payer, default: (0, 0)]
             guard used.ops < maxOpsPerAuthor, used.bytes + op.bytes.count <= maxBytesPerAuthor else { continue }
-            usage[op.author.signing] = (used.ops + 1, used.bytes + op.bytes.count)
+            usage[payer] = (used.ops + 1, used.bytes + op.bytes.count)
             count += 1
             kept.append(op)
         }

@@ -102,8 +102,7 @@ public final class SharedSpace: Sendable {
 
     /// Resolves the log into keys and membership.
     static func resolve(
-        id: [UInt8], identity: DeviceIdentity, ops: [[UInt8]: MembershipOp], stored: SpaceKey?, capability: [UInt8]?,
-        opened: [EpochKeyID: [UInt8]] = [:]
+        id: [UInt8], identity: DeviceIdentity, ops: [[UInt8]: MembershipOp], stored: SpaceKey?, capability: [UInt8]?
     ) -> Snapshot {
         guard !ops.isEmpty else {
             let key = stored ?? (try? SpaceKey(id: id, capability: capability ?? [UInt8](repeating: 0, count: 32)))!
@@ -111,7 +110,7 @@ public final class SharedSpace: Sendable {
         }
         let membership = MembershipState(space: id, ops: Array(ops.values))
         let genesisID = membership.epochKeys.first { $0.epoch == 1 }
-        let held = membership.keys(for: identity, known: opened)
+        let held = membership.keys(for: identity)
         let genesis = genesisID.flatMap { held[$0] }
         let cap = genesis.map { SpaceKey.capability(id: id, genesis: $0) } ?? capability ?? stored?.capability
         let me = membership.member(identity.nodeID)
@@ -140,7 +139,7 @@ public final class SharedSpace: Sendable {
             guard !fresh.isEmpty else { return [] }
             var ops = s.ops
             for op in fresh { ops[op.hash] = op }
-            s = Self.resolve(id: id, identity: identity, ops: ops, stored: s.stored, capability: s.key.capability, opened: s.held)
+            s = Self.resolve(id: id, identity: identity, ops: ops, stored: s.stored, capability: s.key.capability)
             return fresh
         }
     }

@@ -90,13 +90,31 @@ extension SyncEngine {
         }
         guard !envelopes.isEmpty else { return }
         let op = try MembershipOp(
-            space: space.id, author: identity, timeMs: nowMsUnsigned(), parents: membership.heads, action: .grant,
+            space: space.id, author: identity, timeMs: nowMsUnsigned(), parents: try mergedHeads(space), action: .grant,
             envelopes: envelopes)
         try space.db.addMembershipOps([(op.hash, op.bytes)])
         _ = space.merge([op])
         logger.info(
             "Sync granted epoch keys to members that missed a rotation",
             metadata: ["db": "\(space.db.name)", "envelopes": "\(envelopes.count)"])
+    }
+
+    /// The parents of this device's next operation: the log's heads, first joined by `grant`s naming at most
+    /// `MembershipOp.maxParents` of them each while there are more (a senior admin's operations made concurrently
+    /// with its removal take effect, and can leave that many heads). Call outside a transaction of the database: the
+    /// joining grants are stored.
+    func mergedHeads(_ space: SharedSpace) throws -> [[UInt8]] {
+        while true {
+            let heads = space.snapshot.membership?.heads ?? []
+            guard heads.count > MembershipOp.maxParents else { return heads }
+            let join = try MembershipOp(
+                space: space.id, author: identity, timeMs: nowMsUnsigned(), parents: Array(heads.prefix(MembershipOp.maxParents)),
+                action: .grant)
+            try space.db.addMembershipOps([(join.hash, join.bytes)])
+            guard space.merge([join]).count == 1 else {
+                throw StoreError(.syncFailure, kind: "log_full", "the membership log of database \(space.db.name) took no more operations")
+            }
+        }
     }
 
     /// Counts an invite refused, by reason.
@@ -188,6 +206,7 @@ extension SyncEngine {
             me.role == .admin
         else { throw InviteRefusal.inviterNotAdmin }
         guard membership.member(device.nodeID) == nil else { throw InviteRefusal.used }
+        let parents = try mergedHeads(space)
         var made: MembershipOp?
         _ = try space.db.redeemInvite(
             id: inviteID,
@@ -199,7 +218,7 @@ extension SyncEngine {
                 try KeyEnvelope(sealing: $0.value, space: space.id, epoch: $0.key.epoch, keyOp: $0.key.op, to: device)
             }
             let op = try MembershipOp(
-                space: space.id, author: identity, timeMs: nowMsUnsigned(), parents: membership.heads,
+                space: space.id, author: identity, timeMs: nowMsUnsigned(), parents: parents,
                 action: .add(device: device, role: role), envelopes: envelopes)
             made = op
             return (op.hash, op.bytes)
@@ -302,7 +321,7 @@ extension SyncEngine {
             try KeyEnvelope(sealing: secret, space: space.id, epoch: epoch, keyOp: KeyEnvelope.thisOp, to: $0.keys)
         }
         let op = try MembershipOp(
-            space: space.id, author: identity, timeMs: nowMsUnsigned(), parents: membership.heads,
+            space: space.id, author: identity, timeMs: nowMsUnsigned(), parents: try mergedHeads(space),
             action: .remove(device: node, cutoff: cutoff, epoch: epoch), envelopes: envelopes)
         try db.addMembershipOps([(op.hash, op.bytes)])
         _ = space.merge([op])

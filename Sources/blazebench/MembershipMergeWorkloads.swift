@@ -22,12 +22,29 @@ extension MembershipWorkloads {
             let flood = try (0..<n).map {
                 try MembershipOp(space: space, author: reader, timeMs: 10 + UInt64($0), parents: [add.hash], action: .grant)
             }
-            var resolveChain: [Double] = [], concurrent: [Double] = [], linear: [Double] = [], kept: [Double] = []
+            // A removed admin's chain of n void grants, which is kept (up to its quota) and so fully resolved.
+            let formerAdmin = DeviceIdentity()
+            var removed = [create, add]
+            removed.append(
+                try MembershipOp(space: space, author: admin, timeMs: 3, parents: [add.hash], action: .add(device: formerAdmin.publicKeys, role: .admin)))
+            removed.append(
+                try MembershipOp(
+                    space: space, author: admin, timeMs: 4, parents: [removed.last!.hash],
+                    action: .remove(device: formerAdmin.nodeID, cutoff: 0, epoch: 2)))
+            var voidChain: [MembershipOp] = []
+            for i in 0..<n {
+                voidChain.append(
+                    try MembershipOp(
+                        space: space, author: formerAdmin, timeMs: 100 + UInt64(i), parents: [voidChain.last?.hash ?? removed.last!.hash],
+                        action: .grant))
+            }
+            var resolveChain: [Double] = [], concurrent: [Double] = [], linear: [Double] = [], kept: [Double] = [], quota: [Double] = []
             for _ in 0..<repeats {
                 resolveChain.append(try seconds { guard MembershipState(space: space, ops: chain).applied.count == n + 2 else { throw MembershipBenchFailure() } } * 1000)
                 concurrent.append(seconds { _ = MembershipState(space: space, ops: [create, add] + flood) } * 1000)
                 // The linear scan is quadratic: at 10,000 concurrent operations one resolution takes minutes.
                 if n <= 2_000 { linear.append(seconds { _ = MembershipState(space: space, ops: [create, add] + flood, linearChoice: true) } * 1000) }
+                quota.append(seconds { _ = MembershipLog.kept(voidChain, held: removed, space: space) } * 1000)
                 kept.append(try seconds { guard MembershipLog.kept(flood, held: [create, add], space: space).isEmpty else { throw MembershipBenchFailure() } } * 1000)
             }
             results.append(Result(name: "M2.chain\(n)", unit: "ms", samples: resolveChain, better: "lower", note: "resolve \(n + 2) operations made one after another"))
@@ -40,6 +57,10 @@ extension MembershipWorkloads {
                     note: "resolve \(n) concurrent operations of a reader (all void)"))
             results.append(
                 Result(name: "M2.kept\(n)", unit: "ms", samples: kept, better: "lower", note: "MembershipLog.kept refusing \(n) operations of a reader"))
+            results.append(
+                Result(
+                    name: "M2.voidChain\(n)", unit: "ms", samples: quota, better: "lower",
+                    note: "MembershipLog.kept taking \(n) void operations of a removed admin (resolved, on its account)"))
         }
         return results
     }

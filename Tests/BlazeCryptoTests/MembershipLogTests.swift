@@ -78,6 +78,61 @@ import Testing
         #expect(state.waiting.isEmpty && state.void[child.hash] == nil && state.heads == [child.hash])
     }
 
+    /// A held operation waiting for its past pulls that past in, whoever signed it: an admin's operation kept earlier
+    /// named a writer's operation whose own parent was dropped; when the parent comes again it is kept, and the log
+    /// waits for nothing.
+    @Test func thePastOfAWaitingOperationIsKept() throws {
+        let s = try Space()
+        let w1 = try s.junk(by: s.w, count: 1)[0]
+        let w2 = try MembershipOp(space: s.log.space, author: s.w, timeMs: 7_000, parents: [w1.hash], action: .grant)
+        let byAdmin = try MembershipOp(space: s.log.space, author: s.a, timeMs: 8_000, parents: s.log.state.heads + [w2.hash], action: .grant)
+        let held = s.log.ops + [w2, byAdmin]
+        #expect(MembershipState(space: s.log.space, ops: held).waiting == [w2.hash, byAdmin.hash])
+        #expect(MembershipLog.kept([w1], held: held, space: s.log.space) == [w1])
+        #expect(MembershipState(space: s.log.space, ops: held + [w1]).waiting.isEmpty)
+        // All three arriving at once: the admin's operation takes effect, and its whole past is kept.
+        #expect(Set(MembershipLog.kept([w1, w2, byAdmin], held: s.log.ops, space: s.log.space).map(\.hash)) == [w1.hash, w2.hash, byAdmin.hash])
+    }
+
+    /// What a removed admin's void operations bring along is on its account: naming 64 operations of fresh keys each
+    /// does not multiply its quota.
+    @Test func thePastAVoidOperationBringsIsOnItsAuthorsAccount() throws {
+        let s = try Space()
+        let signers = (0..<8).map { _ in DeviceIdentity() }
+        var flood: [MembershipOp] = []
+        for i in 0..<160 {
+            let junk = try (0..<64).map { j in
+                try MembershipOp(
+                    space: s.log.space, author: signers[j % 8], timeMs: UInt64(i * 64 + j), parents: s.log.state.heads, action: .grant)
+            }
+            flood += junk
+            flood.append(try MembershipOp(space: s.log.space, author: s.d, timeMs: 20_000 + UInt64(i), parents: junk.map(\.hash), action: .grant))
+        }
+        let kept = MembershipLog.kept(flood, held: s.log.ops, space: s.log.space)
+        #expect(kept.count == MembershipLog.maxOpsPerAuthor, "\(kept.count) of \(flood.count) kept")
+    }
+
+    /// An admin's operation that takes effect is kept whatever its author's quota: the quota holds void operations
+    /// only.
+    @Test func whatTakesEffectIsNeverOverQuota() throws {
+        let s = try Space()
+        // A current admin adding the writer again, and again: each void ("device was already added").
+        var void: [MembershipOp] = []
+        for i in 0..<MembershipLog.maxOpsPerAuthor + 1 {
+            void.append(
+                try MembershipOp(
+                    space: s.log.space, author: s.a, timeMs: 10_000 + UInt64(i), parents: [void.last?.hash ?? s.log.ops.last!.hash],
+                    action: .add(device: s.w.publicKeys, role: .writer)))
+        }
+        let kept = MembershipLog.kept(void, held: s.log.ops, space: s.log.space)
+        #expect(kept.count == MembershipLog.maxOpsPerAuthor)
+        let held = s.log.ops + kept
+        let grants = try (0..<3).map {
+            try MembershipOp(space: s.log.space, author: s.a, timeMs: 30_000 + UInt64($0), parents: MembershipState(space: s.log.space, ops: held).heads, action: .grant)
+        }
+        #expect(MembershipLog.kept(grants, held: held, space: s.log.space).count == 3)
+    }
+
     /// Operations of another space, and ones already held, are not kept again.
     @Test func foreignAndDuplicateOperationsAreNotKept() throws {
         let s = try Space(), other = try Space()
