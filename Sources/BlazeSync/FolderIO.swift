@@ -207,15 +207,29 @@ func preadRecord(_ fd: Int32, offset: Int, available: Int = .max) -> [UInt8]? {
     return preadAll(fd, offset: offset, count: FolderFiles.recordPrefixSize + length)
 }
 
-/// Opens a file of the folder for reading: never through a link, never waiting (a FIFO put in a file's place must
-/// not block the reader).
-func openForReading(_ path: String) -> Int32 {
-    open(path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC)
+/// Opens a file of the folder for reading, -1 when it cannot: `path` must lie below `root` (the folder the user named,
+/// trusted as it is), and every component after it is opened relative to the one before (`openat`) without following
+/// a link: a directory swapped for a link between a listing and this read cannot send the read outside the folder.
+/// Never waits (a FIFO put in a file's place must not block the reader).
+func openForReading(_ path: String, beneath root: String) -> Int32 {
+    guard path.hasPrefix(root + "/") else { return -1 }
+    let components = path.dropFirst(root.count + 1).split(separator: "/").map(String.init)
+    guard let name = components.last, !components.contains(where: { $0 == ".." || $0 == "." }) else { return -1 }
+    var dir = open(root, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
+    for component in components.dropLast() where dir >= 0 {
+        let next = openat(dir, component, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)
+        close(dir)
+        dir = next
+    }
+    guard dir >= 0 else { return -1 }
+    defer { close(dir) }
+    return openat(dir, name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC)
 }
 
-/// The whole file, nil when missing, unreadable, not a regular file or larger than `limit`.
-func readWhole(_ path: String, limit: Int) -> [UInt8]? {
-    let fd = openForReading(path)
+/// The whole file at `path` below `root` (`openForReading`), nil when missing, unreadable, reached through a link,
+/// not a regular file or larger than `limit`.
+func readWhole(_ path: String, beneath root: String, limit: Int) -> [UInt8]? {
+    let fd = openForReading(path, beneath: root)
     guard fd >= 0 else { return nil }
     defer { close(fd) }
     var st = stat()

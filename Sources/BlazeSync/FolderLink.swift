@@ -162,7 +162,7 @@ final class FolderWorker {
         }
         // This device's own head file: an older generation than recorded was handed back by the folder tool (the
         // next one written replaces it); a newer one means this database is older than the folder (restored).
-        if let bytes = readWhole(ownDir + "/head", limit: FolderFiles.maxSmallFile),
+        if let bytes = readWhole(ownDir + "/head", beneath: root, limit: FolderFiles.maxSmallFile),
             let head = try? FolderFiles.Head(bytes: bytes, space: space.id, writer: me.bytes)
         {
             if head.generation < generation {

@@ -40,7 +40,15 @@ extension FolderWorker {
             let file = spaceDir + "/" + writer.hex + "/" + name
             guard let stamp = FileStamp(path: file), stamps[file] != stamp else { continue }
             stamps[file] = stamp
-            if let bytes = readWhole(file, limit: FolderFiles.maxSmallFile) { out.append(bytes) }
+            if stamp.size > FolderFiles.maxSmallFile {
+                // Skipped, not silently: revocations in a members file past the limit would never arrive.
+                report.update {
+                    $0.errors += 1
+                    $0.lastError = "the \(name) file of device \(writer.hex) holds \(stamp.size) bytes, over the \(FolderFiles.maxSmallFile) read"
+                }
+                continue
+            }
+            if let bytes = readWhole(file, beneath: root, limit: FolderFiles.maxSmallFile) { out.append(bytes) }
         }
         return out
     }
@@ -84,7 +92,7 @@ extension FolderWorker {
             let file = spaceDir + "/" + writer.hex + "/head"
             guard let stamp = FileStamp(path: file), stamps[file] != stamp else { continue }
             stamps[file] = stamp
-            guard let bytes = readWhole(file, limit: FolderFiles.maxSmallFile) else { continue }
+            guard let bytes = readWhole(file, beneath: root, limit: FolderFiles.maxSmallFile) else { continue }
             let head: FolderFiles.Head
             do { head = try FolderFiles.Head(bytes: bytes, space: space.id, writer: writer.bytes) } catch {
                 report.reject(error)
@@ -176,7 +184,7 @@ extension FolderWorker {
             return (false, cursor.waiting)
         }
         cursor.stamp = stamp
-        let fd = openForReading(file)
+        let fd = openForReading(file, beneath: root)
         guard fd >= 0 else { return (false, cursor.waiting) }
         defer { close(fd) }
         if cursor.offset == 0 {

@@ -1,0 +1,32 @@
+import BlazeClient
+import BlazeProtocol
+import BlazeTestSupport
+import Foundation
+import Testing
+
+/// What a device does with folder files over its limits (SYNC.md §10).
+@Suite(.serialized) struct FolderLimitTests {
+    /// A members file over 16 MiB is not read, and the device says so: revocations it holds would otherwise never
+    /// reach a member that meets the others only in the folder, with nothing to tell why.
+    @Test func aMembersFileOverTheLimitIsReported() throws {
+        let team = try FolderTeam(count: 2)
+        let folder = TempDir()
+        let c = team.clients[0]
+        _ = try c.call("folder.add", ["db": "team", "path": .string(folder.path)])
+        let space = try spaceOf(c)
+        let writer = String(repeating: "ab", count: 16)
+        let dir = folder.path + "/" + space + "/" + writer
+        try FileManager.default.createDirectory(atPath: dir, withIntermediateDirectories: true)
+        #expect(FileManager.default.createFile(atPath: dir + "/members", contents: nil))
+        let file = try FileHandle(forWritingTo: URL(fileURLWithPath: dir + "/members"))
+        try file.truncate(atOffset: UInt64(16 << 20) + 1)  // sparse: no 16 MiB written
+        try file.close()
+        _ = try c.call("sync.now", ["db": "team"])
+        #expect(try eventually {
+            let status = try folderStatus(c, folder.path)
+            return status["lastError"]?.stringValue?.contains("the members file of device \(writer) holds 16777217 bytes") == true
+                && (status["errors"]?.intValue ?? 0) >= 1
+        })
+        team.stopAll()
+    }
+}
