@@ -14,12 +14,20 @@ final class RestartingDaemon: @unchecked Sendable {
     /// The sync port, fixed at the first start.
     private(set) var port = 0
 
-    /// Starts it on a free loopback port, with `arguments` besides the socket, data and listen flags.
+    /// Starts it on a free loopback port outside the kernel's ephemeral range (`StablePorts`: no outbound connection
+    /// takes it while the daemon is down), with `arguments` besides the socket, data and listen flags; a port some
+    /// other program bound meanwhile is traded for another.
     init(arguments: [String] = []) throws {
         self.arguments = arguments
-        let first = try DaemonProcess(arguments: ["--sync-listen", "127.0.0.1:0"] + arguments, dir: dir)
-        daemon = first
-        port = try #require(Int(try first.syncAddress().split(separator: ":").last ?? ""))
+        for attempt in 1...20 {
+            port = StablePorts.next()
+            do {
+                try start()
+                return
+            } catch let error as ClientError where attempt < 20 && error.description.contains("Address already in use") {
+                continue
+            }
+        }
     }
 
     /// Where peers dial it.

@@ -36,7 +36,17 @@ final class Device: @unchecked Sendable {
         return (store, engine)
     }
 
-    func listen() async throws { port = try await engine.listen(host: "127.0.0.1", port: 0) }
+    /// Listens on a loopback port outside the kernel's ephemeral range (`StablePorts`), so `restart` gets it back.
+    func listen() async throws {
+        for attempt in 1...20 {
+            do {
+                port = try await engine.listen(host: "127.0.0.1", port: StablePorts.next())
+                return
+            } catch let error as IOError where attempt < 20 && error.errnoCode == EADDRINUSE {
+                continue
+            }
+        }
+    }
 
     /// Stops sync and closes the store, then opens both again from the same directory and listens on the same port,
     /// as the daemon starts: spaces loaded, then the listener, then links to the configured peers.
