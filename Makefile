@@ -15,8 +15,9 @@ test:
 	@# The log is kept, and on failure the failing tests and their issues are printed again at the end, where a
 	@# truncated CI log still shows them.
 	set -o pipefail; swift test --skip-build --disable-xctest 2>&1 | tee .build/swift-test.log || \
-		{ echo "=== failing tests and their issues ==="; grep -E '✘|recorded an issue|Expectation failed|Caught error' \
-		.build/swift-test.log | tail -60; exit 1; }
+		{ echo "=== failing tests and their issues (each with the first lines of its comment: seeds) ==="; \
+		grep -E -A3 '✘ Test .*recorded an issue' .build/swift-test.log | grep -v '^--$$' | cut -c1-400 | tail -80; \
+		grep -E '✘ (Test|Suite) .*failed after' .build/swift-test.log | tail -20; exit 1; }
 	.build/debug/blazebench --quick
 	bash Clients/test.sh
 

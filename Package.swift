@@ -77,7 +77,7 @@ let package = Package(
         .target(
             name: "BlazeRelay",
             dependencies: [
-                "BlazeProtocol", "BlazeCRDT", "BlazeCrypto", "BlazeSync",
+                "BlazeProtocol", "BlazeCRDT", "BlazeCrypto", "BlazeStore", "BlazeSync",
                 .product(name: "GRDB", package: "GRDB.swift"),
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),

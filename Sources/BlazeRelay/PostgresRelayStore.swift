@@ -15,11 +15,11 @@ import Synchronization
 /// change announced on the `blaze_relay` notification channel so that the devices of one space on different relay
 /// processes see each other's entries live (Protocol/RELAY.md, "Several relay processes").
 public final class PostgresRelayStore: RelayBackend {
-    private let client: PostgresClient
+    let client: PostgresClient
     private let runner: Task<Void, Never>
     /// Per-space limits.
     public let limits: RelayLimits
-    private let logger: Logger
+    let logger: Logger
     /// Where operations and their deadlines run (see `withDeadline`).
     private let executor = EventLoopTaskExecutor(group: MultiThreadedEventLoopGroup.singleton)
     /// This process's id in notifications, so that it skips its own.
@@ -120,6 +120,7 @@ public final class PostgresRelayStore: RelayBackend {
                 CREATE TABLE IF NOT EXISTS relay_acks(space BYTEA NOT NULL, node BYTEA NOT NULL, issued_ms BIGINT NOT NULL, \
                 bytes BYTEA NOT NULL, PRIMARY KEY(space, node))
                 """,
+                PostgresQuery(unsafeSQL: Self.joinsTable),
             ] {
                 try await conn.query(statement, logger: self.logger)
             }
@@ -127,12 +128,12 @@ public final class PostgresRelayStore: RelayBackend {
     }
 
     /// Runs `work` and returns what it returns, or throws once `operationTimeout` passes first (see `withDeadline`).
-    private func bounded<T: Sendable>(_ work: @escaping @Sendable () async throws -> T) async throws -> T {
+    func bounded<T: Sendable>(_ work: @escaping @Sendable () async throws -> T) async throws -> T {
         try await withDeadline(operationTimeout, "a PostgreSQL operation", executor: executor, work)
     }
 
     /// Runs `body` in a transaction; what `body` throws is rethrown as it is (the rollback having succeeded).
-    private func transaction<T: Sendable>(
+    func transaction<T: Sendable>(
         _ body: nonisolated(nonsending) (PostgresConnection) async throws -> sending T
     ) async throws -> T {
         do {
@@ -144,7 +145,7 @@ public final class PostgresRelayStore: RelayBackend {
     }
 
     /// Announces a change to the other relay processes (delivered when the transaction commits).
-    private func notify(_ conn: PostgresConnection, _ kind: String, space: [UInt8]) async throws {
+    func notify(_ conn: PostgresConnection, _ kind: String, space: [UInt8]) async throws {
         let payload = "\(instance) \(kind) \(hexString(space))"
         try await conn.query("SELECT pg_notify(\(Self.channel), \(payload))", logger: logger)
     }
@@ -574,6 +575,7 @@ public final class PostgresRelayStore: RelayBackend {
         case "a": return .acks(space: space)
         case "s": return .spaces
         case "x": return .expired(space: space)
+        case "j": return .joins(space: space)
         default: return nil
         }
     }
@@ -581,7 +583,7 @@ public final class PostgresRelayStore: RelayBackend {
 
 extension AsyncSequence {
     /// Every element, in order.
-    fileprivate func all() async throws -> [Element] {
+    func all() async throws -> [Element] {
         var out: [Element] = []
         for try await element in self { out.append(element) }
         return out

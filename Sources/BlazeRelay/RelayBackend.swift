@@ -1,6 +1,7 @@
 import BlazeCRDT
 import BlazeCrypto
 import BlazeProtocol
+import BlazeStore
 import BlazeSync
 
 /// Where a relay keeps what it serves: one SQLite file (`RelayStore`, the default) or a PostgreSQL database shared by
@@ -46,9 +47,44 @@ public protocol RelayBackend: Sendable {
     /// ms) — entries, heads, operations, usage — keeping the space served; returns those spaces. Devices hold all of it
     /// and hand it back when they next connect (the relay's `STATE` then shows nothing held).
     func expire(idleBefore cutoffMs: Int64) async throws -> [[UInt8]]
+    /// Holds `join` for `space` until `join.expiresMs`, replacing what was held for its device; a space holds at
+    /// most `limit` unexpired joins, the oldest going first to make room (`RelayServer.maxJoinsPerSpace`).
+    func holdJoin(_ join: HeldJoin, space: [UInt8], limit: Int, nowMs: Int64) async throws
+    /// The joins of `space` not expired at `nowMs`.
+    func joins(space: [UInt8], nowMs: Int64) async throws -> [HeldJoin]
+    /// Marks the join of the device whose Ed25519 key is `device`, for invite `invite`, refused for `reason`; false
+    /// when no such join is held.
+    func refuseJoin(space: [UInt8], invite: [UInt8], device: [UInt8], reason: InviteRefusal) async throws -> Bool
+    /// Drops the join of `device` (Ed25519 key) held by `holder`: its connection closed, or it was told its refusal.
+    func dropJoin(space: [UInt8], device: [UInt8], holder: String) async throws
     /// Runs `onChange` for every change another relay process makes, until the task is cancelled; returns at once
     /// when no other process can share the store.
     func watch(_ onChange: @escaping @Sendable (RelayChange) -> Void) async
+}
+
+/// A device's request to join a space (`JOIN`, SYNC.md §9, "Invites"), held where every relay process sees it until
+/// a member admits it, its connection closes or it expires (Protocol/RELAY.md, "Joins").
+public struct HeldJoin: Sendable, Equatable {
+    /// The invite's id (16 bytes).
+    public var invite: [UInt8]
+    /// The joiner's device keys, the ones it proved in the handshake.
+    public var device: DevicePublicKeys
+    /// The joiner's proof of the invite's secret, bound to its keys (32 bytes).
+    public var proof: [UInt8]
+    /// The connection holding it: the relay process and its connection number.
+    public var holder: String
+    /// When it expires (Unix ms).
+    public var expiresMs: Int64
+    /// The issuing admin's refusal, once it came (`JOIN_REFUSED`).
+    public var refusal: InviteRefusal?
+
+    /// A join as a connection holds it.
+    public init(
+        invite: [UInt8], device: DevicePublicKeys, proof: [UInt8], holder: String, expiresMs: Int64, refusal: InviteRefusal? = nil
+    ) {
+        (self.invite, self.device, self.proof, self.holder, self.expiresMs, self.refusal) =
+            (invite, device, proof, holder, expiresMs, refusal)
+    }
 }
 
 /// A change another relay process made to a shared store.
@@ -59,6 +95,8 @@ public enum RelayChange: Sendable, Equatable {
     case ops(space: [UInt8])
     /// New acknowledgements of `space`.
     case acks(space: [UInt8])
+    /// A join of `space` was held or refused.
+    case joins(space: [UInt8])
     /// A space was added.
     case spaces
     /// What `space` held was dropped for retention (`expire`).

@@ -15,7 +15,7 @@ final class RelayConnection: ChannelInboundHandler {
     typealias InboundIn = ByteBuffer
     typealias OutboundOut = ByteBuffer
 
-    private enum State {
+    enum State {
         case handshake(Handshake.Server)
         /// The device proved no space in the list held: it is re-read (another process may have added one), then
         /// the same proof is tried once more.
@@ -25,26 +25,26 @@ final class RelayConnection: ChannelInboundHandler {
     }
 
     let relay: RelayServer
-    private var state: State
-    private var pending = ByteBuffer()
+    var state: State
+    var pending = ByteBuffer()
     /// The sealed body length of the frame being read, once its header opened.
-    private var bodyLength: Int?
-    private var deadline: Scheduled<Void>?
-    private var listener: Int?
+    var bodyLength: Int?
+    var deadline: Scheduled<Void>?
+    var listener: Int?
     /// What the device holds, as far as the relay knows.
-    private var peerVector: [NodeID: UInt64]?
+    var peerVector: [NodeID: UInt64]?
     /// Operations the device holds (sent to it or received from it).
-    private var opsShared: Set<[UInt8]> = []
+    var opsShared: Set<[UInt8]> = []
     /// Per signer, the latest acknowledgement the device holds (sent to it or received from it): only signers the log
     /// lists, so it is bounded by the log.
-    private var acksShared: [[UInt8]: UInt64] = [:]
-    private var pumping = false
-    private var pumpAgain = false
+    var acksShared: [[UInt8]: UInt64] = [:]
+    var pumping = false
+    var pumpAgain = false
     /// Batches and membership operations received and not yet stored, in order: operations a device sends before
     /// its entries must count when those entries are checked.
-    private var inbox: [Received] = []
+    var inbox: [Received] = []
 
-    private enum Received {
+    enum Received {
         case batch(EntryBatch)
         case ops([MembershipOp])
         case acks([Acknowledgement])
@@ -52,12 +52,18 @@ final class RelayConnection: ChannelInboundHandler {
     }
     /// Pieces of a snapshot the device is uploading, until its manifest comes; their bytes; and whether this upload
     /// went over `RelayRules.maxSnapshotBytes` (then it is dropped whole).
-    private var uploadParts: [SnapshotPart] = []
-    private var uploadBytes = 0
-    private var uploadDropped = false
+    var uploadParts: [SnapshotPart] = []
+    var uploadBytes = 0
+    var uploadDropped = false
     /// Whether this connection sent the device the space's snapshot (once per connection).
-    private var snapshotSent = false
-    private var storing = false
+    var snapshotSent = false
+    var storing = false
+    /// The device at the other end, once it passed the handshake.
+    var device: DevicePublicKeys?
+    /// Whether this connection holds a join of its device (dropped when it closes).
+    var holdsJoin = false
+    /// The joins passed to this device (invite id and joiner's key), so each goes once; bounded by the space's joins.
+    var joinsSent: Set<[UInt8]> = []
 
     /// Entries and bytes per batch read for sending.
     static let batchEntries = 1000, batchBytes = 4 << 20
@@ -84,7 +90,7 @@ final class RelayConnection: ChannelInboundHandler {
     }
 
     /// Sends the relay's hello and arms the handshake deadline, once.
-    private func start(context: ChannelHandlerContext) {
+    func start(context: ChannelHandlerContext) {
         guard case .handshake(let server) = state, deadline == nil else { return }
         context.writeAndFlush(wrapOutboundOut(HandshakeFrame.encode(server.hello)), promise: nil)
         let bound = NIOLoopBound((self, context), eventLoop: context.eventLoop)
@@ -137,7 +143,7 @@ final class RelayConnection: ChannelInboundHandler {
 
     // MARK: Frames
 
-    private func drain(context: ChannelHandlerContext) throws {
+    func drain(context: ChannelHandlerContext) throws {
         while true {
             switch state {
             case .closed, .rereading:
@@ -187,7 +193,7 @@ final class RelayConnection: ChannelInboundHandler {
     }
 
     /// Tries the device's proof again once the spaces were re-read.
-    private func retryHandshake(context: ChannelHandlerContext) {
+    func retryHandshake(context: ChannelHandlerContext) {
         guard case .rereading(let server, let auth) = state else { return }
         guard let accepted = try? server.accept(auth, spaces: relay.servedKeys()) else {
             refuseHandshake(context: context)
@@ -203,22 +209,23 @@ final class RelayConnection: ChannelInboundHandler {
         }
     }
 
-    private func accept(_ accepted: Handshake.Accepted, context: ChannelHandlerContext) {
+    func accept(_ accepted: Handshake.Accepted, context: ChannelHandlerContext) {
         deadline?.cancel()
         place.established()
         context.writeAndFlush(wrapOutboundOut(HandshakeFrame.encode(accepted.reply)), promise: nil)
         state = .established(space: accepted.space.id, cipher: accepted.session)
+        device = accepted.device
         established(space: accepted.space.id, context: context)
     }
 
-    private func refuseHandshake(context: ChannelHandlerContext) {
+    func refuseHandshake(context: ChannelHandlerContext) {
         relay.record(.refusedHandshake)
         close(context: context)
     }
 
     /// Seals and writes `message`; the future completes once it is written (nil when the connection is closed).
     @discardableResult
-    private func send(_ message: PeerMessage, context: ChannelHandlerContext) -> EventLoopFuture<Void>? {
+    func send(_ message: PeerMessage, context: ChannelHandlerContext) -> EventLoopFuture<Void>? {
         if case .entries(let batch) = message, let tamper = relay.tamper.withLock({ $0 }) {
             var last: EventLoopFuture<Void>?
             for altered in tamper(batch) { last = sendSealed(.entries(altered), context: context) }
@@ -227,7 +234,7 @@ final class RelayConnection: ChannelInboundHandler {
         return sendSealed(message, context: context)
     }
 
-    private func sendSealed(_ message: PeerMessage, context: ChannelHandlerContext) -> EventLoopFuture<Void>? {
+    func sendSealed(_ message: PeerMessage, context: ChannelHandlerContext) -> EventLoopFuture<Void>? {
         guard case .established(let space, var cipher) = state, let bytes = try? message.encoded() else { return nil }
         let sealed = cipher.seal(bytes)
         state = .established(space: space, cipher: cipher)
@@ -236,7 +243,7 @@ final class RelayConnection: ChannelInboundHandler {
 
     // MARK: Protocol
 
-    private func established(space: [UInt8], context: ChannelHandlerContext) {
+    func established(space: [UInt8], context: ChannelHandlerContext) {
         relay.record(.established)
         let bound = NIOLoopBound((self, context), eventLoop: context.eventLoop)
         let loop = context.eventLoop
@@ -252,8 +259,8 @@ final class RelayConnection: ChannelInboundHandler {
                 case .members:
                     connection.sendMembers(space: space, context: context)
                     connection.pump(space: space, context: context)
-                case .join(let join):
-                    connection.send(.join(id: join.id, device: join.device, proof: join.proof), context: context)
+                case .joins(let joins, let membership):
+                    connection.passOn(joins, membership: membership, context: context)
                 case .acks(let acks):
                     connection.sendAcks(acks, context: context)
                 case .acksChanged:
@@ -264,10 +271,10 @@ final class RelayConnection: ChannelInboundHandler {
             }
         }
         sendMembers(space: space, context: context)
-        run(context: context, { try await $0.membership(space) }) { connection, membership, context in
-            for join in connection.relay.pendingJoins(space: space, membership: membership) {
-                connection.send(.join(id: join.id, device: join.device, proof: join.proof), context: context)
-            }
+        run(context: context, { relay in
+            (try await relay.store.joins(space: space, nowMs: RelayServer.nowMs()), try await relay.membership(space))
+        }) { connection, held, context in
+            connection.passOn(held.0, membership: held.1, context: context)
         }
         run(context: context, { try await $0.store.vector(space: space) }) { connection, vector, context in
             connection.send(.state(vector: vector, ownHead: nil), context: context)
@@ -277,7 +284,7 @@ final class RelayConnection: ChannelInboundHandler {
 
     /// Checks and keeps a snapshot the device uploaded; a snapshot that does not check is refused (`bad_snapshot`).
     /// The device holds what it covers; devices that lack it get it from now on.
-    private func keep(snapshot manifest: SnapshotManifest, parts: [SnapshotPart], space: [UInt8], context: ChannelHandlerContext) {
+    func keep(snapshot manifest: SnapshotManifest, parts: [SnapshotPart], space: [UInt8], context: ChannelHandlerContext) {
         run(context: context, { relay -> Bool in
             try RelayRules.checkSnapshot(manifest, parts: parts, space: space, membership: try await relay.membership(space))
             return try await relay.store.keepSnapshot(manifest, parts: parts, space: space)
@@ -302,7 +309,7 @@ final class RelayConnection: ChannelInboundHandler {
     /// Sends the device the space's snapshot, piece by piece (each read once the one before is written), then its
     /// manifest, and pumps again: the device lacks entries the relay holds only as that snapshot. Only one whose
     /// author the log still lists as a current writing member (else the device would refuse it, again and again).
-    private func sendSnapshot(space: [UInt8], context: ChannelHandlerContext) {
+    func sendSnapshot(space: [UInt8], context: ChannelHandlerContext) {
         run(context: context, { relay -> SnapshotManifest? in
             guard let manifest = try await relay.store.snapshotManifest(space: space),
                 let author = try await relay.membership(space)?.member(manifest.author), author.isCurrent, author.role.writes
@@ -321,7 +328,7 @@ final class RelayConnection: ChannelInboundHandler {
         }
     }
 
-    private func sendSnapshotPart(
+    func sendSnapshotPart(
         _ index: UInt32, prev: [UInt8], manifest: SnapshotManifest, space: [UInt8], context: ChannelHandlerContext
     ) {
         let bound = NIOLoopBound((self, context), eventLoop: context.eventLoop)
@@ -355,14 +362,14 @@ final class RelayConnection: ChannelInboundHandler {
     }
 
     /// Sends the device the acknowledgements held for its space that are newer than those it holds.
-    private func sendHeldAcks(space: [UInt8], context: ChannelHandlerContext) {
+    func sendHeldAcks(space: [UInt8], context: ChannelHandlerContext) {
         run(context: context, { try await $0.store.acks(space: space) }) { connection, acks, context in
             connection.sendAcks(acks, context: context)
         }
     }
 
     /// Sends those of `acks` newer than what the device holds of their signers, in messages of at most 1 MiB.
-    private func sendAcks(_ acks: [Acknowledgement], context: ChannelHandlerContext) {
+    func sendAcks(_ acks: [Acknowledgement], context: ChannelHandlerContext) {
         let fresh = acks.filter { ack in acksShared[ack.node].map { ack.issuedMs > $0 } ?? true }
         guard !fresh.isEmpty else { return }
         var chunk: [Acknowledgement] = []
@@ -382,7 +389,7 @@ final class RelayConnection: ChannelInboundHandler {
     /// Keeps the device's acknowledgements that the log vouches for and that are newer than those held, and passes
     /// them on to the space's other devices (SYNC.md §11): members that meet only through the relay learn what each
     /// other holds.
-    private func keep(acks: [Acknowledgement], space: [UInt8], context: ChannelHandlerContext) {
+    func keep(acks: [Acknowledgement], space: [UInt8], context: ChannelHandlerContext) {
         run(context: context, { relay -> (accepted: [Acknowledgement], kept: [Acknowledgement]) in
             let accepted = RelayRules.acceptableAcks(acks, space: space, membership: try await relay.membership(space))
             return (accepted, try await relay.store.keepAcks(accepted, space: space))
@@ -400,7 +407,7 @@ final class RelayConnection: ChannelInboundHandler {
         }
     }
 
-    private func handle(_ message: PeerMessage, space: [UInt8], context: ChannelHandlerContext) throws {
+    func handle(_ message: PeerMessage, space: [UInt8], context: ChannelHandlerContext) throws {
         switch message {
         case .state(let vector, _):
             var known = peerVector ?? [:]
@@ -433,23 +440,22 @@ final class RelayConnection: ChannelInboundHandler {
             if !dropped { receive(.snapshot(manifest, parts), space: space, context: context) }
         case .error:
             close(context: context)
-        case .join(let id, let device, let proof):
-            // A relay admits no one: it passes the request (which carries no secret, only a proof bound to the
-            // joiner's keys) to the members connected now and to those that connect later, until one admits it.
-            let join = RelayServer.PendingJoin(id: id, device: device, proof: proof, at: .now)
-            if relay.hold(join, space: space) { relay.announce(space: space, except: listener, .join(join)) }
+        case .join(let id, let joiner, let proof):
+            hold(invite: id, joiner: joiner, proof: proof, space: space, context: context)
+        case .joinRefused(let id, let joiner, let reason):
+            refuse(invite: id, joiner: joiner, reason: reason, space: space, context: context)
         }
     }
 
     /// Queues what the device sent for storing, pausing reads while the queue is full.
-    private func receive(_ received: Received, space: [UInt8], context: ChannelHandlerContext) {
+    func receive(_ received: Received, space: [UInt8], context: ChannelHandlerContext) {
         inbox.append(received)
         if inbox.count >= Self.maxInbox { context.channel.setOption(ChannelOptions.autoRead, value: false).whenFailure { _ in } }
         storeNext(space: space, context: context)
     }
 
     /// Stores the next received item, then the one after it; a refusal closes the connection.
-    private func storeNext(space: [UInt8], context: ChannelHandlerContext) {
+    func storeNext(space: [UInt8], context: ChannelHandlerContext) {
         guard !storing, !inbox.isEmpty else { return }
         storing = true
         let batch: EntryBatch
@@ -459,7 +465,12 @@ final class RelayConnection: ChannelInboundHandler {
                 try await relay.merge(ops, space: space)
             }) { connection, grew, context in
                 connection.storing = false
-                if grew { connection.relay.announce(space: space, except: connection.listener, .members) }
+                if grew {
+                    connection.relay.announce(space: space, except: connection.listener, .members)
+                    // The log decides who is passed joins and whose join is done: every connection looks again.
+                    let relay = connection.relay
+                    Task(executorPreference: relay.executor) { await relay.joinsChanged(space: space) }
+                }
                 connection.resumeReading(context: context)
                 connection.storeNext(space: space, context: context)
             }
@@ -489,12 +500,12 @@ final class RelayConnection: ChannelInboundHandler {
         }
     }
 
-    private func resumeReading(context: ChannelHandlerContext) {
+    func resumeReading(context: ChannelHandlerContext) {
         if inbox.count < Self.maxInbox { context.channel.setOption(ChannelOptions.autoRead, value: true).whenFailure { _ in } }
     }
 
     /// Sends the device the operations it is not known to hold.
-    private func sendMembers(space: [UInt8], context: ChannelHandlerContext) {
+    func sendMembers(space: [UInt8], context: ChannelHandlerContext) {
         run(context: context, { try await $0.store.ops(space: space) }) { connection, ops, context in
             let fresh = ops.filter { !connection.opsShared.contains($0.hash) }.sorted { $0.hash.lexicographicallyPrecedes($1.hash) }
             guard !fresh.isEmpty else { return }
@@ -505,7 +516,7 @@ final class RelayConnection: ChannelInboundHandler {
 
     /// A batch another connection just stored: sent as it is when it is exactly what the device lacks next of its
     /// origin (live fan-out without reading it back), otherwise the usual round from the store.
-    private func forward(_ batch: EntryBatch, space: [UInt8], context: ChannelHandlerContext) {
+    func forward(_ batch: EntryBatch, space: [UInt8], context: ChannelHandlerContext) {
         guard !pumping, let theirs = peerVector, let first = batch.entries.first,
             first.header.seq == (theirs[batch.origin] ?? 0) + 1
         else {
@@ -518,7 +529,7 @@ final class RelayConnection: ChannelInboundHandler {
     }
 
     /// Sends the device what it lacks, a round at a time.
-    private func pump(space: [UInt8], context: ChannelHandlerContext) {
+    func pump(space: [UInt8], context: ChannelHandlerContext) {
         guard let theirs = peerVector else { return }
         if pumping {
             pumpAgain = true
@@ -583,7 +594,7 @@ final class RelayConnection: ChannelInboundHandler {
     /// Work that has not finished within the relay's `storeTimeout` (a store that stopped answering: a PostgreSQL server
     /// going away mid-query can leave a query waiting for good) is cancelled and closes the connection too, so the
     /// device reconnects and starts afresh instead of waiting on a connection that sends it nothing.
-    private func run<T: Sendable>(
+    func run<T: Sendable>(
         context: ChannelHandlerContext, _ work: @escaping @Sendable (RelayServer) async throws -> T,
         _ done: @escaping (RelayConnection, T, ChannelHandlerContext) -> Void
     ) {
@@ -622,15 +633,16 @@ final class RelayConnection: ChannelInboundHandler {
         }
     }
 
-    private func refuse(_ rejection: SyncRejection, context: ChannelHandlerContext) {
+    func refuse(_ rejection: SyncRejection, context: ChannelHandlerContext) {
         relay.record(.rejected(rejection.rawValue))
         relay.logger.info("Relay refused a device's data", metadata: ["reason": "\(rejection.rawValue)"])
         send(.error(rejection.rawValue), context: context)
         close(context: context)
     }
 
-    private func close(context: ChannelHandlerContext) {
+    func close(context: ChannelHandlerContext) {
         place.release()
+        if case .established(let space, _) = state { dropHeldJoin(space: space) }
         if case .established(let space, _) = state, let listener { relay.unlisten(space: space, id: listener) }
         state = .closed
         deadline?.cancel()

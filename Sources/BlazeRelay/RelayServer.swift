@@ -39,6 +39,8 @@ public final class RelayServer: Sendable {
     let syncPath = WebSocketBytes.defaultPath
     /// The capabilities of the spaces served, read at start and after each `add`, so a handshake reads nothing.
     private let served = Mutex<[SpaceKey]>([])
+    /// This process, in the holder of every join its connections hold.
+    let instance = String(UInt64.random(in: 0 ... .max), radix: 16)
     /// The task following other relay processes' changes (`RelayBackend.watch`).
     private let watcher = Mutex<Task<Void, Never>?>(nil)
 
@@ -217,8 +219,11 @@ public final class RelayServer: Sendable {
                 case .ops(let space):
                     relay.memberships.withLock { $0[hexString(space)] = nil }
                     relay.announce(space: space, except: nil, .members)
+                    Task(executorPreference: relay.executor) { await relay.joinsChanged(space: space) }
                 case .acks(let space):
                     relay.announce(space: space, except: nil, .acksChanged)
+                case .joins(let space):
+                    Task(executorPreference: relay.executor) { await relay.joinsChanged(space: space) }
                 case .spaces:
                     Task(executorPreference: relay.executor) { await relay.rereadSpaces() }
                 case .expired(let space):
@@ -230,6 +235,7 @@ public final class RelayServer: Sendable {
                         guard let id = hexBytes(space) else { continue }
                         relay.announce(space: id, except: nil, .members)
                         relay.announce(space: id, except: nil, .acksChanged)
+                        Task(executorPreference: relay.executor) { await relay.joinsChanged(space: id) }
                     }
                 }
             }
@@ -370,51 +376,10 @@ public final class RelayServer: Sendable {
         return true
     }
 
-    /// A device's request to join a space, waiting for a member that issued its invite (Protocol/RELAY.md, "Joining
-    /// through a relay").
-    struct PendingJoin: Sendable, Equatable {
-        let id: [UInt8]
-        let device: DevicePublicKeys
-        let proof: [UInt8]
-        let at: ContinuousClock.Instant
-
-        static func == (a: PendingJoin, b: PendingJoin) -> Bool { a.id == b.id && a.device == b.device }
-    }
-
-    /// Joins waiting per space (hex), held in memory for `joinLifetime`, at most `maxJoinsPerSpace` per space.
-    private let joins = Mutex<[String: [PendingJoin]]>([:])
-    static let joinLifetime: Duration = .seconds(24 * 3600)
-    static let maxJoinsPerSpace = 64
-
-    /// Keeps `join` for `space` until a member admits its device; false when it is already held or the space holds
-    /// as many as it may.
-    func hold(_ join: PendingJoin, space: [UInt8]) -> Bool {
-        let now = ContinuousClock.now
-        return joins.withLock { all in
-            var held = (all[hexString(space)] ?? []).filter { now - $0.at < Self.joinLifetime }
-            defer { all[hexString(space)] = held.isEmpty ? nil : held }
-            guard !held.contains(join), held.count < Self.maxJoinsPerSpace else { return false }
-            held.append(join)
-            return true
-        }
-    }
-
-    /// The joins of `space` still waiting, dropping those whose device `membership` now lists.
-    func pendingJoins(space: [UInt8], membership: MembershipState?) -> [PendingJoin] {
-        let now = ContinuousClock.now
-        return joins.withLock { all in
-            let held = (all[hexString(space)] ?? []).filter {
-                now - $0.at < Self.joinLifetime && membership?.member($0.device.nodeID) == nil
-            }
-            all[hexString(space)] = held.isEmpty ? nil : held
-            return held
-        }
-    }
-
     /// What a connection is told another one (of this process or another) stored in its space.
     enum Announcement: Sendable {
-        /// A device asks to join: passed on to every member.
-        case join(PendingJoin)
+        /// The space's joins as held now, and its log: admins get those they were not sent, a joiner its refusal.
+        case joins([HeldJoin], MembershipState?)
         /// This batch, just stored by a connection of this process.
         case batch(EntryBatch)
         /// Entries, stored by another process.
@@ -440,6 +405,9 @@ public final class RelayServer: Sendable {
     func unlisten(space: [UInt8], id: Int) {
         listeners.withLock { $0[hexString(space)]?[id] = nil }
     }
+
+    /// Whether any connection of `space` is open in this process.
+    func isListened(space: [UInt8]) -> Bool { listeners.withLock { !($0[hexString(space)] ?? [:]).isEmpty } }
 
     /// Tells every connection of `space` but `except` that something new is stored.
     func announce(space: [UInt8], except: Int?, _ what: Announcement) {

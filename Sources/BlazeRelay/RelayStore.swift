@@ -9,7 +9,7 @@ import GRDB
 /// membership log (public and signed), and per origin the sealed entries and the heads their origins signed — all as
 /// they travel, none of which the relay can open (Protocol/RELAY.md). One relay process at a time.
 public final class RelayStore: RelayBackend {
-    private let pool: DatabasePool
+    let pool: DatabasePool
     /// Per-space limits.
     public let limits: RelayLimits
 
@@ -99,6 +99,7 @@ public final class RelayStore: RelayBackend {
                     ) WITHOUT ROWID;
                     """)
         }
+        m.registerMigration("v5") { db in try db.execute(sql: RelayStore.joinsTable) }
         try m.migrate(pool)
     }
 

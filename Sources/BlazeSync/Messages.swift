@@ -24,6 +24,9 @@ public enum PeerMessage: Sendable {
     case snapshotPart(SnapshotPart)
     /// The signed manifest that ends a snapshot: the receiver verifies the pieces against it and installs it.
     case snapshot(SnapshotManifest)
+    /// The member that issued an invite refuses a join passed on by a relay (`InviteRefusal`): the invite id, the
+    /// joiner's Ed25519 key and why. A relay passes it to the joiner's connection only.
+    case joinRefused(id: [UInt8], device: [UInt8], reason: InviteRefusal)
 
     static let stateType: UInt8 = 1
     static let entriesType: UInt8 = 2
@@ -34,6 +37,7 @@ public enum PeerMessage: Sendable {
     static let acksType: UInt8 = 7
     static let snapshotPartType: UInt8 = 8
     static let snapshotType: UInt8 = 9
+    static let joinRefusedType: UInt8 = 10
     /// Bytes of a peer's `ERROR` reason kept.
     static let maxErrorBytes = 200
 
@@ -81,6 +85,8 @@ public enum PeerMessage: Sendable {
             return [Self.snapshotPartType] + part.bytes
         case .snapshot(let manifest):
             return [Self.snapshotType] + manifest.bytes
+        case .joinRefused(let id, let device, let reason):
+            return [Self.joinRefusedType] + id + device + Array(reason.rawValue.utf8)
         }
     }
 
@@ -143,6 +149,11 @@ public enum PeerMessage: Sendable {
             self = .snapshotPart(try SnapshotPart(bytes: Array(r.rest())))
         case Self.snapshotType?:
             self = .snapshot(try SnapshotManifest(bytes: Array(r.rest())))
+        case Self.joinRefusedType?:
+            guard let id = r.read(16), let device = r.read(32), r.remaining <= 32,
+                let reason = InviteRefusal(rawValue: String(decoding: r.rest(), as: UTF8.self))
+            else { throw .malformed }
+            self = .joinRefused(id: Array(id), device: Array(device), reason: reason)
         default:
             throw .malformed
         }

@@ -140,9 +140,10 @@ extension SyncSession {
     }
 
     /// A joiner redeems an invite, itself at the other end or through a relay: on success the new operation reaches
-    /// it like any other. A refusal is counted; a joiner at the other end is told and the connection closes, while
-    /// one behind a relay is only ignored (the relay passes every join to every member, most of which did not issue
-    /// that invite, and the link to the relay stays up).
+    /// it like any other. A refusal is counted; a joiner at the other end is told (`ERROR`) and the connection closes,
+    /// while one behind a relay is told only by the admin that issued the invite (`JOIN_REFUSED`, which the relay
+    /// passes to the joiner alone): the relay passes every join to every admin, most of which did not issue that
+    /// invite, and the link to the relay stays up.
     func redeem(inviteID: [UInt8], device: DevicePublicKeys, proof: [UInt8], context: ChannelHandlerContext) {
         guard let link else { return }
         let (engine, space) = (self.engine, link.space)
@@ -150,18 +151,27 @@ extension SyncSession {
         // A member admits; a device that is not one ignores what a relay passes it.
         guard direct || space.snapshot.membership?.member(engine.identity.nodeID)?.role == .admin else { return }
         let bound = NIOLoopBound((self, context), eventLoop: context.eventLoop)
-        engine.pool.runIfActive(eventLoop: context.eventLoop) {
-            _ = try engine.admit(device: device, inviteID: inviteID, proof: proof, space: space)
+        // Nil once admitted; else the refusal, and whether this device issued that invite.
+        engine.pool.runIfActive(eventLoop: context.eventLoop) { () throws -> (InviteRefusal, issuedHere: Bool)? in
+            do {
+                _ = try engine.admit(device: device, inviteID: inviteID, proof: proof, space: space)
+                return nil
+            } catch let refusal as InviteRefusal {
+                return (refusal, try direct || space.db.invites().contains { $0.id == inviteID })
+            }
         }.whenComplete { result in
             let (session, context) = bound.value
             switch result {
-            case .success:
+            case .success(nil):
                 engine.logger.info(
                     "Sync admitted a device with an invite", metadata: ["db": "\(space.db.name)", "device": "\(device.nodeIDHex)"])
-            case .failure(let refusal as InviteRefusal) where !direct:
-                // Most relayed joins name another admin's invite: only a wrong proof or a reused invite is counted.
-                if refusal != .unknown && refusal != .inviterNotAdmin { engine.countInviteRefusal(refusal.rawValue) }
-            case .failure(let refusal as InviteRefusal):
+            case .success(let (refusal, issuedHere)?) where !direct:
+                // Most relayed joins name another admin's invite: only the admin that issued this one counts the
+                // refusal and tells the joiner through the relay (`JOIN_REFUSED`); a wrong proof says nothing.
+                guard issuedHere, refusal == .used || refusal == .expired else { return }
+                engine.countInviteRefusal(refusal.rawValue)
+                session.send(.joinRefused(id: inviteID, device: device.signing, reason: refusal), context: context)
+            case .success(let (refusal, _)?):
                 engine.countInviteRefusal(refusal.rawValue)
                 engine.logger.warning(
                     "Sync refused an invite",
@@ -172,5 +182,17 @@ extension SyncSession {
                 session.errorCaught(context: context, error: LocalFailure(error))
             }
         }
+    }
+
+    /// The admin that issued this device's invite refused it, as a relay passes on: the join fails with that reason.
+    /// Anything else (another device's refusal, one for an invite this device is not redeeming, one arriving once the
+    /// log lists this device) is ignored.
+    func refusedJoin(inviteID: [UInt8], device: [UInt8], reason: InviteRefusal, context: ChannelHandlerContext) {
+        guard let link, device == engine.identity.publicKeys.signing,
+            link.space.joining.withLock({ $0?.invite.id == inviteID }),
+            link.space.snapshot.membership?.member(engine.identity.nodeID) == nil
+        else { return }
+        report.update { $0.lastError = "the inviting member refused this device: \(reason.rawValue)" }
+        engine.failJoin(link.space, reason: reason.rawValue)
     }
 }

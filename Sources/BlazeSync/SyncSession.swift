@@ -139,6 +139,8 @@ final class SyncSession: ChannelInboundHandler {
             received(acks: acks, context: context)
         case .snapshotPart, .snapshot:
             break  // installed by the BatchReceiver before this handler
+        case .joinRefused(let id, let device, let reason):
+            refusedJoin(inviteID: id, device: device, reason: reason, context: context)
         }
     }
 

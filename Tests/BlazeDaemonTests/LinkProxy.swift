@@ -1,12 +1,15 @@
+import BlazeTestSupport
 import Foundation
 import NIOCore
 import NIOPosix
 import Synchronization
+import Testing
 
 /// A loopback TCP proxy in front of one daemon's sync port, standing for the network path of one link: the test opens
 /// it, cuts it (a partition: its port refuses connections and the open ones close) or stalls it (connections stay open
 /// and new ones are accepted, but no byte moves until it opens again: TCP flow control holds the senders back, as on
-/// a path that silently stopped delivering).
+/// a path that silently stopped delivering). With several targets it is a failover load balancer: each connection goes
+/// to the first target that accepts it.
 final class LinkProxy: Sendable {
     /// The state of the path.
     enum Mode: String, Sendable {
@@ -15,15 +18,29 @@ final class LinkProxy: Sendable {
 
     /// The proxy's own loopback port (the same across partitions).
     let port: Int
-    private let targetPort: Int
+    private let targetPorts: [Int]
     private let state: Mutex<(mode: Mode, listener: (any Channel)?, open: [ObjectIdentifier: [any Channel]])>
 
     /// Starts forwarding from a free loopback port to `127.0.0.1:targetPort`.
-    init(targetPort: Int) throws {
-        self.targetPort = targetPort
+    convenience init(targetPort: Int) throws { try self.init(targetPorts: [targetPort]) }
+
+    /// Starts forwarding from a free loopback port to the first of `127.0.0.1:targetPorts` that accepts.
+    init(targetPorts: [Int]) throws {
+        self.targetPorts = targetPorts
         state = Mutex((.open, nil, [:]))
         let box = Box()
-        let listener = try Self.bind(port: 0, box: box)
+        // A port outside the ephemeral range (`StablePorts`): after a partition the proxy listens on it again, and no
+        // outbound connection of another test takes it meanwhile.
+        var bound: (any Channel)?
+        for attempt in 1...20 {
+            do {
+                bound = try Self.bind(port: StablePorts.next(), box: box)
+                break
+            } catch where attempt < 20 {
+                continue
+            }
+        }
+        let listener = try #require(bound)
         port = listener.localAddress?.port ?? 0
         self.box = box
         state.withLock { $0.listener = listener }
@@ -94,10 +111,7 @@ final class LinkProxy: Sendable {
     private func splice(_ inbound: any Channel) -> EventLoopFuture<Void> {
         let key = ObjectIdentifier(inbound)
         let proxy = self
-        return ClientBootstrap(group: inbound.eventLoop)
-            .channelOption(.tcpOption(.tcp_nodelay), value: 1)
-            .channelOption(.autoRead, value: false)
-            .connect(host: "127.0.0.1", port: targetPort)
+        return Self.connect(targetPorts[...], on: inbound.eventLoop)
             .flatMap { outbound in
                 inbound.eventLoop.makeCompletedFuture {
                     try inbound.pipeline.syncOperations.addHandler(Glue(partner: outbound))
@@ -119,6 +133,16 @@ final class LinkProxy: Sendable {
                 }
             }
             .flatMapError { _ in inbound.close() }
+    }
+
+    /// A connection to the first of `ports` that accepts one.
+    private static func connect(_ ports: ArraySlice<Int>, on loop: any EventLoop) -> EventLoopFuture<any Channel> {
+        guard let port = ports.first else { return loop.makeFailedFuture(ChannelError.connectPending) }
+        return ClientBootstrap(group: loop)
+            .channelOption(.tcpOption(.tcp_nodelay), value: 1)
+            .channelOption(.autoRead, value: false)
+            .connect(host: "127.0.0.1", port: port)
+            .flatMapError { error in ports.count > 1 ? connect(ports.dropFirst(), on: loop) : loop.makeFailedFuture(error) }
     }
 
     /// A box filled in once the proxy exists (the child initializer runs later, on connections).

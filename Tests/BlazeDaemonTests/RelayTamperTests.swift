@@ -2,6 +2,7 @@ import BlazeClient
 import BlazeCRDT
 import BlazeCrypto
 import BlazeProtocol
+import BlazeStore
 import BlazeSync
 import BlazeTestSupport
 import Foundation
@@ -237,6 +238,22 @@ final class StallingBackend: RelayBackend {
     func bases(space: [UInt8]) async throws -> [NodeID: PrunedHead] {
         try await gate()
         return try await inner.bases(space: space)
+    }
+    func holdJoin(_ join: HeldJoin, space: [UInt8], limit: Int, nowMs: Int64) async throws {
+        try await gate()
+        try await inner.holdJoin(join, space: space, limit: limit, nowMs: nowMs)
+    }
+    func joins(space: [UInt8], nowMs: Int64) async throws -> [HeldJoin] {
+        try await gate()
+        return try await inner.joins(space: space, nowMs: nowMs)
+    }
+    func refuseJoin(space: [UInt8], invite: [UInt8], device: [UInt8], reason: InviteRefusal) async throws -> Bool {
+        try await gate()
+        return try await inner.refuseJoin(space: space, invite: invite, device: device, reason: reason)
+    }
+    func dropJoin(space: [UInt8], device: [UInt8], holder: String) async throws {
+        try await gate()
+        try await inner.dropJoin(space: space, device: device, holder: holder)
     }
     func expire(idleBefore cutoffMs: Int64) async throws -> [[UInt8]] { try await inner.expire(idleBefore: cutoffMs) }
     func watch(_ onChange: @escaping @Sendable (RelayChange) -> Void) async {}

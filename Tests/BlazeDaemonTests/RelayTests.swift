@@ -490,7 +490,8 @@ func ownSeq(_ c: BlazeConnection, _ db: String) throws -> Int64 {
 
     @Test func threeDaemonsOnTwoRelayProcessesSharingPostgreSQLConvergeThroughCrashesAndARestart() throws {
         let pg = try PostgresServer()
-        var r1 = try RelayProcess(postgres: pg)
+        // Relay 1 restarts on its port: one outside the ephemeral range, which no outbound connection takes meanwhile.
+        var r1 = try RelayProcess(listen: "127.0.0.1:\(StablePorts.next())", postgres: pg)
         let r2 = try RelayProcess(postgres: pg)
         let a = try syncDaemon(), b = try syncDaemon(), c = try syncDaemon()
         let ca = try a.connect(), cb = try b.connect(), cc = try c.connect()

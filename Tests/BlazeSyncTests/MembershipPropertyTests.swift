@@ -159,7 +159,9 @@ final class SpaceNode: @unchecked Sendable {
         groups = [nodes]
         try connect(groups)
         var last = ""
-        let converged = try eventually(timeout: .seconds(60), interval: .milliseconds(50)) {
+        // Under a loaded machine (the whole suite beside it) this can take minutes: the wait ends when the devices
+        // stop making progress for 60 s, not after 60 s.
+        let converged = try eventually(quiet: .seconds(60), limit: .seconds(600)) { () -> (String, holds: Bool) in
             let views = try nodes.map { try $0.view() }
             let remaining = try nodes.indices.filter { i in
                 try nodes[i].engine.members(db: nodes[i].db).contains { $0.isSelf && $0.removedBy == nil }
@@ -167,11 +169,13 @@ final class SpaceNode: @unchecked Sendable {
             let hashes = try remaining.map { try nodes[$0].db.stateHash() }
             last = "remaining \(remaining)\n" + remaining.map { "\($0): \(views[$0]) \(hashes[remaining.firstIndex(of: $0)!])" }
                 .joined(separator: "\n")
-            guard let first = remaining.first else { return false }
+            guard let first = remaining.first else { return (last, false) }
             let removed = nodes.filter { n in views[first].contains { $0.hasPrefix(hexString(n.node)) && !$0.hasSuffix(" -") } }
-            return remaining.allSatisfy { views[$0] == views[first] } && Set(hashes).count == 1
-                && removed.allSatisfy { $0.engine.writeRefusal(db: $0.db.name) != nil }
-                && views[first].count == nodes.count
+            let refusing = removed.filter { $0.engine.writeRefusal(db: $0.db.name) != nil }.map(\.index)
+            last += "\nremoved devices refusing writes: \(refusing)"
+            let holds = remaining.allSatisfy { views[$0] == views[first] } && Set(hashes).count == 1
+                && refusing.count == removed.count && views[first].count == nodes.count
+            return (last, holds)
         }
         #expect(
             converged,

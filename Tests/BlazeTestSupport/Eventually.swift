@@ -28,3 +28,24 @@ public func waitUntil(
     }
     return try condition()
 }
+
+/// `eventually` for a state a loaded machine may take long to reach (several devices converging while every core is
+/// busy): `probe` returns what it observed and whether that is the awaited state; the wait gives up once what it
+/// observes has not changed for `quiet` (stuck, not slow), or after `limit` in all.
+public func eventually<State: Equatable>(
+    quiet: Duration, limit: Duration, interval: Duration = .milliseconds(50), _ probe: () throws -> (State, holds: Bool)
+) rethrows -> Bool {
+    let start = ContinuousClock.now
+    var (last, holds) = try probe()
+    var changed = start
+    while !holds {
+        let now = ContinuousClock.now
+        if now - changed >= quiet || now - start >= limit { return false }
+        let micros = interval.components.seconds * 1_000_000 + interval.components.attoseconds / 1_000_000_000_000
+        usleep(UInt32(max(1_000, micros)))
+        let (state, done) = try probe()
+        if state != last { (last, changed) = (state, ContinuousClock.now) }
+        holds = done
+    }
+    return true
+}

@@ -1,0 +1,45 @@
+import BlazeCrypto
+import BlazeStore
+import Testing
+
+@testable import BlazeSync
+
+/// The join messages' encodings (SYNC.md §8, "Messages"): what decodes, and what is refused before use.
+@Suite struct MessageTests {
+    @Test(arguments: InviteRefusal.allCases) func aJoinRefusalRoundTrips(reason: InviteRefusal) throws {
+        let (id, device) = (SpaceKey.randomBytes(16), SpaceKey.randomBytes(32))
+        let bytes = try PeerMessage.joinRefused(id: id, device: device, reason: reason).encoded()
+        #expect(bytes.first == 10)
+        guard case .joinRefused(let i, let d, let r) = try PeerMessage(decoding: bytes) else {
+            Issue.record("decoded as another message")
+            return
+        }
+        #expect(i == id && d == device && r == reason)
+    }
+
+    @Test func aJoinRefusalOfTheWrongShapeIsMalformed() {
+        let head: [UInt8] = [10] + SpaceKey.randomBytes(48)
+        for bad in [
+            head,  // no reason
+            head + Array("invite_stolen".utf8),  // not a reason a member gives
+            head + Array("invite_used ".utf8),  // trailing bytes
+            head + Array(repeating: UInt8(ascii: "a"), count: 64),  // too long
+            [10] + SpaceKey.randomBytes(40),  // short keys
+        ] {
+            #expect(throws: SyncRejection.malformed) { try PeerMessage(decoding: bad) }
+        }
+    }
+
+    @Test func aJoinRoundTripsAndOneOfTheWrongLengthIsMalformed() throws {
+        let keys = DeviceIdentity().publicKeys
+        let (id, proof) = (SpaceKey.randomBytes(16), SpaceKey.randomBytes(32))
+        let bytes = try PeerMessage.join(id: id, device: keys, proof: proof).encoded()
+        guard case .join(let i, let d, let p) = try PeerMessage(decoding: bytes) else {
+            Issue.record("decoded as another message")
+            return
+        }
+        #expect(i == id && d == keys && p == proof)
+        #expect(throws: SyncRejection.malformed) { try PeerMessage(decoding: bytes + [0]) }
+        #expect(throws: SyncRejection.malformed) { try PeerMessage(decoding: Array(bytes.dropLast())) }
+    }
+}
