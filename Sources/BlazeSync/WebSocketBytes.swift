@@ -24,6 +24,10 @@ public final class WebSocketBytes: ChannelDuplexHandler {
 
     private let role: Role
     private var closing = false
+    /// The payload of the latest ping not answered yet because the connection was not writable: a peer that pings
+    /// without reading gets one pong once it reads again (RFC 6455 §5.5.3 allows answering only the latest), so its
+    /// pings cannot grow the write queue.
+    private var unansweredPing: ByteBuffer?
 
     /// A stream adapter for the `role` end.
     public init(role: Role) { self.role = role }
@@ -36,6 +40,10 @@ public final class WebSocketBytes: ChannelDuplexHandler {
             context.fireChannelRead(wrapInboundOut(frame.unmaskedData))
         case .ping:
             guard !closing else { return }
+            guard context.channel.isWritable else {
+                unansweredPing = frame.unmaskedData
+                return
+            }
             send(.pong, data: frame.unmaskedData, context: context, promise: nil)
             context.flush()
         case .pong:
@@ -52,6 +60,15 @@ public final class WebSocketBytes: ChannelDuplexHandler {
             // Text frames (or unknown opcodes) are not the peer protocol.
             closeWith(.unacceptableData, context: context)
         }
+    }
+
+    public func channelWritabilityChanged(context: ChannelHandlerContext) {
+        if context.channel.isWritable, !closing, let payload = unansweredPing {
+            unansweredPing = nil
+            send(.pong, data: payload, context: context, promise: nil)
+            context.flush()
+        }
+        context.fireChannelWritabilityChanged()
     }
 
     /// Sends a close frame with `code`, then closes the connection once it is written.
