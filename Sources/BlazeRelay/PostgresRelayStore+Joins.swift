@@ -65,7 +65,8 @@ extension PostgresRelayStore {
                 let changed = try await conn.query(
                     """
                     UPDATE relay_joins SET refusal = \(reason.rawValue) WHERE space = \(Data(space)) \
-                    AND device = \(Data(device)) AND invite = \(Data(invite)) RETURNING device
+                    AND device = \(Data(device)) AND invite = \(Data(invite)) AND refusal IS DISTINCT FROM \(reason.rawValue) \
+                    RETURNING device
                     """, logger: self.logger
                 ).all().count
                 if changed > 0 { try await self.notify(conn, "j", space: space) }

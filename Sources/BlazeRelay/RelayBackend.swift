@@ -53,7 +53,7 @@ public protocol RelayBackend: Sendable {
     /// The joins of `space` not expired at `nowMs`.
     func joins(space: [UInt8], nowMs: Int64) async throws -> [HeldJoin]
     /// Marks the join of the device whose Ed25519 key is `device`, for invite `invite`, refused for `reason`; false
-    /// when no such join is held.
+    /// when no such join is held, or it was refused for that reason already.
     func refuseJoin(space: [UInt8], invite: [UInt8], device: [UInt8], reason: InviteRefusal) async throws -> Bool
     /// Drops the join of `device` (Ed25519 key) held by `holder`: its connection closed, or it was told its refusal.
     func dropJoin(space: [UInt8], device: [UInt8], holder: String) async throws

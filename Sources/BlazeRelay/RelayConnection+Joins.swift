@@ -9,30 +9,43 @@ import NIOCore
 /// current admins, connected now or later, on any relay process; the issuing admin's refusal goes back to the
 /// joiner's connection alone.
 extension RelayConnection {
-    /// The device asks to join: held for as long as this connection stays open. Only for the key the device proved in
-    /// the handshake (a connection cannot ask for another device), and only while the log does not list it.
+    /// The device asks to join: held for as long as this connection stays open. Once per connection, only for the
+    /// key the device proved in the handshake (a connection cannot ask for another device), and only while the log
+    /// does not list it.
     func hold(invite: [UInt8], joiner: DevicePublicKeys, proof: [UInt8], space: [UInt8], context: ChannelHandlerContext) {
-        guard let device, joiner == device, let listener else { return }
+        guard let device, joiner == device, let listener, !holdsJoin else { return }
         let join = HeldJoin(
             invite: invite, device: joiner, proof: proof, holder: "\(relay.instance) \(listener)",
             expiresMs: RelayServer.nowMs() + RelayServer.joinLifetimeMs)
         holdsJoin = true
-        run(context: context, { relay in
-            guard try await relay.membership(space)?.member(joiner.nodeID) == nil else { return }
-            try await relay.hold(join, space: space)
-        }) { _, _, _ in }
+        let relay = self.relay
+        holding = Task(executorPreference: relay.executor) {
+            do {
+                guard try await relay.membership(space)?.member(joiner.nodeID) == nil else { return }
+                try await relay.hold(join, space: space)
+            } catch {
+                relay.logger.warning("Relay could not hold a join", metadata: ["error": "\(error)"])
+            }
+        }
     }
 
-    /// The device (an admin that issued the invite, as the log must show) refuses a join: passed on to the joiner's
-    /// connection, on whichever process holds it. From any other device it is ignored.
+    /// The device refuses a join, in order with what it sent before: passed on to the joiner's connection, on
+    /// whichever process holds it, when the device is a current admin the log lists with the key it proved, the
+    /// reason is one only the issuing admin gives (a used or expired invite), and the log does not list the joiner
+    /// (admitted meanwhile). Otherwise it is ignored. Reading goes on once it is handled.
     func refuse(invite: [UInt8], joiner: [UInt8], reason: InviteRefusal, space: [UInt8], context: ChannelHandlerContext) {
-        guard let device else { return }
+        let device = self.device
         run(context: context, { relay -> Bool in
-            guard let admin = try await relay.membership(space)?.member(device.nodeID), admin.isCurrent, admin.role == .admin,
-                admin.keys == device
+            guard reason == .used || reason == .expired, let device, let membership = try await relay.membership(space),
+                let admin = membership.member(device.nodeID), admin.isCurrent, admin.role == .admin, admin.keys == device,
+                !membership.members.values.contains(where: { $0.keys.signing == joiner })
             else { return false }
             return try await relay.refuse(invite: invite, device: joiner, reason: reason, space: space)
-        }) { _, _, _ in }
+        }) { connection, _, context in
+            connection.storing = false
+            connection.resumeReading(context: context)
+            connection.storeNext(space: space, context: context)
+        }
     }
 
     /// The space's joins as held now: a current admin is sent those it was not sent yet whose device the log does not
@@ -61,12 +74,14 @@ extension RelayConnection {
         joinsSent.formIntersection(held)
     }
 
-    /// Drops the join this connection holds, once it closes (a joiner that reconnects sends it again).
+    /// Drops the join this connection holds, once it closes (a joiner that reconnects sends it again), or once it is
+    /// done; after the store holds it, if it was still being stored.
     func dropHeldJoin(space: [UInt8]) {
         guard holdsJoin, let device, let listener else { return }
         holdsJoin = false
-        let (relay, holder) = (self.relay, "\(relay.instance) \(listener)")
+        let (relay, holder, holding) = (self.relay, "\(relay.instance) \(listener)", self.holding)
         Task(executorPreference: relay.executor) {
+            await holding?.value
             do {
                 try await relay.store.dropJoin(space: space, device: device.signing, holder: holder)
             } catch {

@@ -1,6 +1,7 @@
 import BlazeCRDT
 import BlazeCrypto
 import BlazeProtocol
+import BlazeStore
 import BlazeSync
 import NIOCore
 
@@ -49,6 +50,8 @@ final class RelayConnection: ChannelInboundHandler {
         case ops([MembershipOp])
         case acks([Acknowledgement])
         case snapshot(SnapshotManifest, [SnapshotPart])
+        /// An admin's `JOIN_REFUSED`: after the operations sent before it, which may list the joiner.
+        case joinRefused(invite: [UInt8], joiner: [UInt8], reason: InviteRefusal)
     }
     /// Pieces of a snapshot the device is uploading, until its manifest comes; their bytes; and whether this upload
     /// went over `RelayRules.maxSnapshotBytes` (then it is dropped whole).
@@ -60,8 +63,10 @@ final class RelayConnection: ChannelInboundHandler {
     var storing = false
     /// The device at the other end, once it passed the handshake.
     var device: DevicePublicKeys?
-    /// Whether this connection holds a join of its device (dropped when it closes).
+    /// Whether this connection asked for a join of its device (one per connection; dropped when it closes), and
+    /// the task storing it (the drop waits for it).
     var holdsJoin = false
+    var holding: Task<Void, Never>?
     /// The joins passed to this device (invite id and joiner's key), so each goes once; bounded by the space's joins.
     var joinsSent: Set<[UInt8]> = []
 
@@ -443,7 +448,7 @@ final class RelayConnection: ChannelInboundHandler {
         case .join(let id, let joiner, let proof):
             hold(invite: id, joiner: joiner, proof: proof, space: space, context: context)
         case .joinRefused(let id, let joiner, let reason):
-            refuse(invite: id, joiner: joiner, reason: reason, space: space, context: context)
+            receive(.joinRefused(invite: id, joiner: joiner, reason: reason), space: space, context: context)
         }
     }
 
@@ -477,6 +482,9 @@ final class RelayConnection: ChannelInboundHandler {
             return
         case .acks(let acks):
             keep(acks: acks, space: space, context: context)
+            return
+        case .joinRefused(let invite, let joiner, let reason):
+            refuse(invite: invite, joiner: joiner, reason: reason, space: space, context: context)
             return
         case .snapshot(let manifest, let parts):
             keep(snapshot: manifest, parts: parts, space: space, context: context)

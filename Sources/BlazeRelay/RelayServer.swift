@@ -50,6 +50,8 @@ public final class RelayServer: Sendable {
     let executor: EventLoopTaskExecutor
     /// New connections per second per source address.
     let handshakeRate: HandshakeRate
+    /// Proxies whose connections count for the client they forward (`forwardedClient`).
+    let trustedProxies: [AddressRange]
 
     /// Tests only (`@testable`): rewrites every batch as it is about to be sent, to play a relay that tampers with,
     /// drops, reorders, replays or withholds entries. Nil (always, outside tests) sends batches as stored.
@@ -70,12 +72,15 @@ public final class RelayServer: Sendable {
 
     /// A relay over `store`, proving `identity` to devices, admitting connections within `limits` and at most
     /// `handshakesPerSecondPerAddress` new ones per second from one address (0: no such limit), closing a connection whose
-    /// store operation takes longer than `storeTimeout`.
+    /// store operation takes longer than `storeTimeout`; connections from `trustedProxies` count for the client they
+    /// forward.
     public init(
         store: any RelayBackend, identity: DeviceIdentity, group: any EventLoopGroup, logger: Logger,
         timeout: TimeAmount = .seconds(30), limits: SyncListenerLimits = RelayServer.defaultLimits,
-        handshakesPerSecondPerAddress: Int = RelayServer.defaultHandshakeRate, storeTimeout: TimeAmount = .seconds(30)
+        handshakesPerSecondPerAddress: Int = RelayServer.defaultHandshakeRate, storeTimeout: TimeAmount = .seconds(30),
+        trustedProxies: [AddressRange] = []
     ) {
+        self.trustedProxies = trustedProxies
         self.storeTimeout = storeTimeout
         self.gate = ConnectionGate(limits: limits)
         self.handshakeRate = HandshakeRate(perSecond: handshakesPerSecondPerAddress)
@@ -146,20 +151,14 @@ public final class RelayServer: Sendable {
             .serverChannelOption(.socketOption(.so_reuseaddr), value: 1)
             .childChannelOption(.tcpOption(.tcp_nodelay), value: 1)
             .childChannelInitializer { channel in
-                // Limits hold before a byte is read: a flood of connections costs the relay no parsing.
-                let address = channel.remoteAddress?.ipAddress ?? "?"
-                guard relay.handshakeRate.allow(address) else {
-                    relay.metrics.connectionsRefusedRate.increment()
-                    relay.logger.debug("Relay refused a connection over its rate", metadata: ["address": "\(address)"])
-                    return channel.close()
-                }
-                guard relay.gate.admit(address: address) else {
-                    relay.metrics.connectionsRefusedOverLimit.increment()
-                    relay.logger.debug("Relay refused a connection over its limits", metadata: ["address": "\(address)"])
-                    return channel.close()
-                }
+                // Limits hold before a byte is read: a flood of connections costs the relay no parsing. A trusted
+                // proxy's connection counts in the totals only until its request names the client (`configure`).
+                let ip = channel.remoteAddress?.ipAddress ?? "?"
+                let proxy = relay.trustedProxies.contains { $0.contains(ip) } ? ip : nil
+                let address = proxy == nil ? SourceAddress.bucket(ip) : nil
+                guard relay.admit(address: address) else { return channel.close() }
                 return channel.eventLoop.makeCompletedFuture {
-                    try relay.configure(channel, place: GatePlace(gate: relay.gate, address: address), tls: tls)
+                    try relay.configure(channel, place: GatePlace(gate: relay.gate, address: address), proxy: proxy, tls: tls)
                 }
             }
             .bind(host: host, port: port).get()
@@ -168,8 +167,10 @@ public final class RelayServer: Sendable {
     }
 
     /// The handlers of an accepted connection: TLS when configured, HTTP with the WebSocket upgrade on `syncPath`,
-    /// then (once upgraded) the stream adapter, keepalive and silence, and the device's `RelayConnection`.
-    private func configure(_ channel: any Channel, place: GatePlace, tls: NIOSSLContext?) throws {
+    /// then (once upgraded) the stream adapter, keepalive and silence, and the device's `RelayConnection`. A
+    /// connection from the trusted `proxy` is counted for the client its upgrade request names, or closed when that
+    /// client is over its limits.
+    private func configure(_ channel: any Channel, place: GatePlace, proxy: String?, tls: NIOSSLContext?) throws {
         let relay = self
         let ops = channel.pipeline.syncOperations
         if let tls { try ops.addHandler(NIOSSLServerHandler(context: tls)) }
@@ -178,7 +179,12 @@ public final class RelayServer: Sendable {
             maxFrameSize: WebSocketBytes.maxFrameSize,
             shouldUpgrade: { channel, head in
                 let path = head.uri.split(separator: "?", maxSplits: 1).first.map(String.init) ?? head.uri
-                return channel.eventLoop.makeSucceededFuture(path == relay.syncPath ? HTTPHeaders() : nil)
+                guard path == relay.syncPath else { return channel.eventLoop.makeSucceededFuture(nil) }
+                if let proxy, !relay.admit(forwarded: relay.forwardedClient(head.headers, proxy: proxy), place: bound.value) {
+                    channel.close(promise: nil)
+                    return channel.eventLoop.makeSucceededFuture(nil)
+                }
+                return channel.eventLoop.makeSucceededFuture(HTTPHeaders())
             },
             upgradePipelineHandler: { channel, _ in
                 channel.eventLoop.makeCompletedFuture {

@@ -67,8 +67,11 @@ extension RelayStore {
     public func refuseJoin(space: [UInt8], invite: [UInt8], device: [UInt8], reason: InviteRefusal) async throws -> Bool {
         try await pool.write { db in
             try db.execute(
-                sql: "UPDATE relay_joins SET refusal = ? WHERE space = ? AND device = ? AND invite = ?",
-                arguments: [reason.rawValue, Data(space), Data(device), Data(invite)])
+                sql: """
+                    UPDATE relay_joins SET refusal = ? WHERE space = ? AND device = ? AND invite = ? \
+                    AND refusal IS NOT ?
+                    """,
+                arguments: [reason.rawValue, Data(space), Data(device), Data(invite), reason.rawValue])
             return db.changesCount > 0
         }
     }

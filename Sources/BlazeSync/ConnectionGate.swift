@@ -21,15 +21,25 @@ public struct SyncListenerLimits: Sendable, Equatable {
 /// Event-loop bound, like the handlers holding it.
 public final class GatePlace {
     let gate: ConnectionGate
-    /// The source address the gate admitted the connection for.
-    public let address: String
+    /// The source address the gate counts the connection for; nil while it is counted for none (a trusted proxy's
+    /// connection, until the request it forwards says for whom: `rebind`).
+    public private(set) var address: String?
     private var handshaking = true
     private var released = false
 
     /// The place `gate` gave a connection from `address` (`admit` returned true).
-    public init(gate: ConnectionGate, address: String) {
+    public init(gate: ConnectionGate, address: String?) {
         self.gate = gate
         self.address = address
+    }
+
+    /// Counts the connection for `client` from now on (the address a trusted proxy forwards it for); false, and
+    /// counted, when `client` is at its limit already (the connection is then to be closed).
+    public func rebind(to client: String) -> Bool {
+        guard !released, client != address else { return true }
+        guard gate.rebind(from: address, to: client) else { return false }
+        address = client
+        return true
     }
 
     /// The connection finished its handshake: it stops counting as handshaking.
@@ -65,18 +75,36 @@ public final class ConnectionGate: Sendable {
     public init(limits: SyncListenerLimits) { self.limits = limits }
 
     /// Takes a place for a new connection from `address` (handshaking); false, and counted, when a limit is reached.
-    public func admit(address: String) -> Bool {
+    /// A nil address is counted in the totals only (a trusted proxy's connection, until `rebind`).
+    public func admit(address: String?) -> Bool {
         let ok = counts.withLock { c -> Bool in
             guard c.total < limits.maxConnections, c.handshaking < limits.maxHandshakes,
-                c.byAddress[address, default: 0] < limits.maxConnectionsPerAddress
+                address.map({ c.byAddress[$0, default: 0] < limits.maxConnectionsPerAddress }) ?? true
             else { return false }
             c.total += 1
             c.handshaking += 1
-            c.byAddress[address, default: 0] += 1
+            if let address { c.byAddress[address, default: 0] += 1 }
             return true
         }
         if !ok { refused.add(1, ordering: .relaxed) }
         return ok
+    }
+
+    /// Moves a connection's count from `old` (nil: none) to `new`; false, and counted, when `new` is at its limit.
+    func rebind(from old: String?, to new: String) -> Bool {
+        let ok = counts.withLock { c -> Bool in
+            guard c.byAddress[new, default: 0] < limits.maxConnectionsPerAddress else { return false }
+            c.byAddress[new, default: 0] += 1
+            if let old { Self.uncount(old, in: &c) }
+            return true
+        }
+        if !ok { refused.add(1, ordering: .relaxed) }
+        return ok
+    }
+
+    private static func uncount(_ address: String, in c: inout Counts) {
+        let left = c.byAddress[address, default: 1] - 1
+        c.byAddress[address] = left > 0 ? left : nil
     }
 
     /// The connection from `address` finished its handshake: it no longer counts as handshaking.
@@ -84,13 +112,13 @@ public final class ConnectionGate: Sendable {
         counts.withLock { $0.handshaking -= 1 }
     }
 
-    /// The connection from `address` closed; `handshaking` tells whether it had not finished its handshake.
-    public func release(address: String, handshaking: Bool) {
+    /// The connection from `address` (nil: counted for none) closed; `handshaking` tells whether it had not finished
+    /// its handshake.
+    public func release(address: String?, handshaking: Bool) {
         counts.withLock { c in
             c.total -= 1
             if handshaking { c.handshaking -= 1 }
-            let left = c.byAddress[address, default: 1] - 1
-            c.byAddress[address] = left > 0 ? left : nil
+            if let address { Self.uncount(address, in: &c) }
         }
     }
 

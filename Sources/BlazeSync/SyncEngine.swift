@@ -39,6 +39,9 @@ public final class SyncEngine: Sendable {
     let sessionCounter = Atomic<Int>(0)
     /// Invites refused since start, by reason (`InviteRefusal`).
     let invitesRefused = Mutex<[String: Int]>([:])
+    /// Relays (by address) that closed a link on `JOIN_REFUSED` as a message they do not know (an older version):
+    /// they are not sent it again while this process runs, so the joins they hold do not close the link each time.
+    let withoutJoinRefusal = Mutex<Set<String>>([])
     private let listener = Mutex<(any Channel)?>(nil)
     /// The open inbound connections, so that `shutdown` closes them (closing the listener leaves them open); nil once
     /// shutting down, when a connection accepted meanwhile is closed at once.
@@ -104,7 +107,7 @@ public final class SyncEngine: Sendable {
             .childChannelInitializer { channel in
                 // Limits hold before anything else: a connection over them (or arriving while shutting down) is closed
                 // before a byte is read.
-                let address = channel.remoteAddress?.ipAddress ?? "?"
+                let address = SourceAddress.bucket(channel.remoteAddress?.ipAddress ?? "?")
                 let key = ObjectIdentifier(channel)
                 let open = engine.inbound.withLock { inbound in
                     inbound?[key] = channel

@@ -151,27 +151,33 @@ extension SyncSession {
         // A member admits; a device that is not one ignores what a relay passes it.
         guard direct || space.snapshot.membership?.member(engine.identity.nodeID)?.role == .admin else { return }
         let bound = NIOLoopBound((self, context), eventLoop: context.eventLoop)
-        // Nil once admitted; else the refusal, and whether this device issued that invite.
-        engine.pool.runIfActive(eventLoop: context.eventLoop) { () throws -> (InviteRefusal, issuedHere: Bool)? in
+        engine.pool.runIfActive(eventLoop: context.eventLoop) { () throws -> Redemption in
+            // A joiner the log lists with these keys already was admitted: its join came again (it reconnected
+            // before the operation reached it, or a relay passed it on once more). It gets the log like any member.
+            if space.snapshot.membership?.member(device.nodeID)?.keys == device { return .admittedBefore }
             do {
                 _ = try engine.admit(device: device, inviteID: inviteID, proof: proof, space: space)
-                return nil
+                return .admitted
             } catch let refusal as InviteRefusal {
-                return (refusal, try direct || space.db.invites().contains { $0.id == inviteID })
+                return .refused(refusal, issuedHere: try direct || space.db.invites().contains { $0.id == inviteID })
             }
         }.whenComplete { result in
             let (session, context) = bound.value
             switch result {
-            case .success(nil):
+            case .success(.admittedBefore):
+                break
+            case .success(.admitted):
                 engine.logger.info(
                     "Sync admitted a device with an invite", metadata: ["db": "\(space.db.name)", "device": "\(device.nodeIDHex)"])
-            case .success(let (refusal, issuedHere)?) where !direct:
+            case .success(.refused(let refusal, let issuedHere)) where !direct:
                 // Most relayed joins name another admin's invite: only the admin that issued this one counts the
                 // refusal and tells the joiner through the relay (`JOIN_REFUSED`); a wrong proof says nothing.
                 guard issuedHere, refusal == .used || refusal == .expired else { return }
                 engine.countInviteRefusal(refusal.rawValue)
+                guard !engine.withoutJoinRefusal.withLock({ $0.contains(session.report.peer) }) else { return }
+                session.sentJoinRefusal = true
                 session.send(.joinRefused(id: inviteID, device: device.signing, reason: refusal), context: context)
-            case .success(let (refusal, _)?):
+            case .success(.refused(let refusal, _)):
                 engine.countInviteRefusal(refusal.rawValue)
                 engine.logger.warning(
                     "Sync refused an invite",
@@ -194,5 +200,15 @@ extension SyncSession {
         else { return }
         report.update { $0.lastError = "the inviting member refused this device: \(reason.rawValue)" }
         engine.failJoin(link.space, reason: reason.rawValue)
+    }
+
+    /// What became of a join an admin redeemed.
+    enum Redemption: Sendable {
+        /// The log lists the device with these keys already.
+        case admittedBefore
+        /// Added to the log now.
+        case admitted
+        /// Refused, and whether this device issued the invite.
+        case refused(InviteRefusal, issuedHere: Bool)
     }
 }

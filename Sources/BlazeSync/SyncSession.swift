@@ -39,6 +39,8 @@ final class SyncSession: ChannelInboundHandler {
     /// True while the device at the other end is removed in this side's log: it got the proof of its removal and
     /// has until its `STATE` to send operations that change that (a concurrent removal of the remover).
     var peerRemoved = false
+    /// Whether this session sent the peer a `JOIN_REFUSED` (an older relay closes on it as malformed).
+    var sentJoinRefusal = false
     /// The fewest entry keys this side held when it refused a batch it could not open; nil when it refused none.
     var awaitingKeys: Int?
     /// Set by the feed listener (on the writer thread) so that a burst of commits schedules one pump.
@@ -127,6 +129,13 @@ final class SyncSession: ChannelInboundHandler {
             break  // stored by the BatchReceiver before this handler
         case .error(let reason):
             report.update { $0.lastError = "peer closed: \(reason)" }
+            if sentJoinRefusal, reason == SyncRejection.malformed.rawValue {
+                // A relay of an older version, which does not know `JOIN_REFUSED`: it is not sent one again.
+                engine.withoutJoinRefusal.withLock { _ = $0.insert(report.peer) }
+                engine.logger.warning(
+                    "Sync peer does not take join refusals (an older relay): its joiners will wait out their time",
+                    metadata: ["peer": "\(report.peer)"])
+            }
             if let space = link?.space, space.joining.withLock({ $0 != nil }) { engine.failJoin(space, reason: reason) }
             close(context: context)
         case .ping:

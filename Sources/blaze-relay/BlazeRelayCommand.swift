@@ -94,6 +94,13 @@ struct Serve: AsyncParsableCommand {
     @Option(help: "Days a space's data is kept after its last write (0: for good). Devices hand it back when they reconnect.")
     var retentionDays = 0
 
+    @Option(
+        help: """
+            A reverse proxy or load balancer (an address or CIDR block; repeatable) whose connections are counted for \
+            the client its X-Forwarded-For header names, not for the proxy.
+            """)
+    var trustedProxy: [String] = []
+
     func validate() throws {
         for (name, value) in [
             ("--max-connections", maxConnections), ("--max-handshakes", maxHandshakes),
@@ -113,6 +120,9 @@ struct Serve: AsyncParsableCommand {
         }
         if !(0...1_000_000).contains(handshakeRate) {
             throw ValidationError("--handshake-rate must be from 0 to 1000000, got \(handshakeRate)")
+        }
+        for proxy in trustedProxy where AddressRange(proxy) == nil {
+            throw ValidationError("--trusted-proxy must be an IP address or CIDR block (10.0.0.0/8, fd00::/8), got \(proxy)")
         }
     }
 
@@ -147,7 +157,7 @@ struct Serve: AsyncParsableCommand {
         limits.handshakeTimeoutMs = handshakeTimeout * 1000
         let relay = RelayServer(
             store: store, identity: identity, group: MultiThreadedEventLoopGroup.singleton, logger: logger,
-            limits: limits, handshakesPerSecondPerAddress: handshakeRate)
+            limits: limits, handshakesPerSecondPerAddress: handshakeRate, trustedProxies: trustedProxy.compactMap(AddressRange.init))
         let termination = Self.catchTermination()
         let tls = try tlsContext()
         let bound = try await relay.listen(host: address.host, port: port, tls: tls)

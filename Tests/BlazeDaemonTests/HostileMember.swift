@@ -45,12 +45,12 @@ final class HostileMember {
     // MARK: Connection
 
     /// Connects to `127.0.0.1:port` and completes the handshake; throws when the server refuses it. With `webSocket`
-    /// (an HTTP path), the connection is first upgraded to a WebSocket (RFC 6455, as a relay is reached) and every
-    /// byte afterwards travels in masked binary frames.
-    func connect(port: Int, timeoutSeconds: Int = 10, webSocket path: String? = nil) throws {
+    /// (an HTTP path), the connection is first upgraded to a WebSocket (RFC 6455, as a relay is reached), its request
+    /// carrying `headers` ("Name: value") besides, and every byte afterwards travels in masked binary frames.
+    func connect(port: Int, timeoutSeconds: Int = 10, webSocket path: String? = nil, headers: [String] = []) throws {
         close()
         fd = try Self.openSocket(port: port, timeoutSeconds: timeoutSeconds)
-        if let path { try upgrade(port: port, path: path) }
+        if let path { try upgrade(port: port, path: path, headers: headers) }
         var client = Handshake.Client(key: key, identity: identity)
         let hello = try readHandshakeFrame(size: Handshake.helloSize)
         try writeAll(Self.lengthPrefixed(try client.respond(to: hello)))
@@ -172,11 +172,11 @@ final class HostileMember {
     private var inbound: [UInt8] = []
 
     /// Sends the upgrade request and checks the `101` answer and its `Sec-WebSocket-Accept`.
-    private func upgrade(port: Int, path: String) throws {
+    private func upgrade(port: Int, path: String, headers: [String]) throws {
         let key = Data((0..<16).map { _ in UInt8.random(in: 0...255) }).base64EncodedString()
         let request =
             "GET \(path) HTTP/1.1\r\nHost: 127.0.0.1:\(port)\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
-            + "Sec-WebSocket-Key: \(key)\r\nSec-WebSocket-Version: 13\r\n\r\n"
+            + "Sec-WebSocket-Key: \(key)\r\nSec-WebSocket-Version: 13\r\n" + headers.map { $0 + "\r\n" }.joined() + "\r\n"
         try writeRaw(Array(request.utf8))
         var head: [UInt8] = []
         while !head.suffix(4).elementsEqual([13, 10, 13, 10]) {

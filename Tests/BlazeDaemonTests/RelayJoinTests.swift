@@ -214,6 +214,26 @@ final class BackgroundJoin: Sendable {
         relay.stop()
     }
 
+    /// A joiner admitted already that sends its join again (it reconnected before the operation reached it) is not
+    /// refused: it gets the log like any member, and its `db.join` does not fail with `invite_used`.
+    @Test func aJoinSentAgainAfterItsAdmissionIsNotRefused() throws {
+        let a = try syncDaemon(), b = try DaemonProcess()
+        let ca = try a.connect()
+        _ = try ca.call("db.create", ["db": "team"])
+        let token = try ca.invite("team")
+        _ = try b.connect().call("db.join", ["token": .string(token), "db": "team"])
+        // B's own keys, redeeming its invite once more on a new connection to A.
+        let identity = try DeviceIdentity.loadOrCreate(directory: b.dataDir + "/keys")
+        let invite = try InviteToken(text: token)
+        let again = HostileMember(key: try RelayCapability(text: try ca.relayCapability("team")).key, identity: identity)
+        try again.connect(port: Int(try a.syncAddress().split(separator: ":").last!)!, timeoutSeconds: 2)
+        try again.send([6] + invite.id + identity.publicKeys.signing + identity.publicKeys.agreement + invite.joinProof(device: identity.publicKeys))
+        #expect(again.awaitClose(seconds: 4).error == nil, "no ERROR invite_used")
+        #expect(try ca.call("sync.status")["invitesRefused"]?["invite_used"] == nil)
+        again.close()
+        for x in [a, b] { x.stop() }
+    }
+
     /// `RelayServer.maxJoinsPerSpace`, as RELAY.md states it.
     static let maxJoinsPerSpace = 64
 }

@@ -630,6 +630,8 @@ func ownSeq(_ c: BlazeConnection, _ db: String) throws -> Int64 {
         #expect(tls.status != 0 && tls.err.contains("--tls-cert and --tls-key go together"))
         let pg = try run(buildDirectory + "/blaze-relay", ["serve", "--data-dir", dir.path, "--postgres", "mysql://x"])
         #expect(pg.status != 0 && pg.err.contains("--postgres must be a postgres:// URL"))
+        let proxy = try run(buildDirectory + "/blaze-relay", ["serve", "--data-dir", dir.path, "--trusted-proxy", "10.0.0.0/33"])
+        #expect(proxy.status != 0 && proxy.err.contains("--trusted-proxy must be an IP address or CIDR block"))
         // Log lines are blazed's: one JSON object per line with --log-format json.
         let relay = try RelayProcess(arguments: ["--log-format", "json"])
         #expect(eventually { relay.logText.contains("Relay started") })

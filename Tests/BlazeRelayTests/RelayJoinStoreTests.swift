@@ -39,6 +39,9 @@ import Testing
         // A refusal names the invite and the device; a wrong invite refuses nothing.
         #expect(try await !relay.refuseJoin(space: space, invite: SpaceKey.randomBytes(16), device: more[0].device.signing, reason: .used))
         #expect(try await relay.refuseJoin(space: space, invite: more[0].invite, device: more[0].device.signing, reason: .used))
+        #expect(
+            try await !relay.refuseJoin(space: space, invite: more[0].invite, device: more[0].device.signing, reason: .used),
+            "refused for that reason already: nothing changes, nothing is announced")
         #expect(try await relay.joins(space: space, nowMs: 1_000).first?.refusal == .used)
         // Holding it again (the joiner retries with a new invite) clears the refusal.
         var retried = more[0]
