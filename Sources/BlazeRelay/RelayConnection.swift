@@ -49,12 +49,14 @@ final class RelayConnection: ChannelInboundHandler {
         case batch(EntryBatch)
         case ops([MembershipOp])
         case acks([Acknowledgement])
-        case snapshot(SnapshotManifest, [SnapshotPart])
+        /// A piece of a snapshot the device uploads, then the manifest that ends it (`RelayConnection+Snapshots`).
+        case snapshotPart(SnapshotPart)
+        case snapshotEnd(SnapshotManifest)
         /// An admin's `JOIN_REFUSED`: after the operations sent before it, which may list the joiner.
         case joinRefused(invite: [UInt8], joiner: [UInt8], reason: InviteRefusal)
     }
-    /// Pieces of a snapshot the device is uploading, until its manifest comes; their bytes; and whether this upload
-    /// went over `RelayRules.maxSnapshotBytes` (then it is dropped whole).
+    /// Pieces of a snapshot the device is uploading, until its manifest comes; their bytes (reserved in the relay's
+    /// `snapshotBudget` until kept or dropped); and whether this upload was dropped whole.
     var uploadParts: [SnapshotPart] = []
     var uploadBytes = 0
     var uploadDropped = false
@@ -287,85 +289,6 @@ final class RelayConnection: ChannelInboundHandler {
         }
     }
 
-    /// Checks and keeps a snapshot the device uploaded; a snapshot that does not check is refused (`bad_snapshot`).
-    /// The device holds what it covers; devices that lack it get it from now on.
-    func keep(snapshot manifest: SnapshotManifest, parts: [SnapshotPart], space: [UInt8], context: ChannelHandlerContext) {
-        run(context: context, { relay -> Bool in
-            try RelayRules.checkSnapshot(manifest, parts: parts, space: space, membership: try await relay.membership(space))
-            return try await relay.store.keepSnapshot(manifest, parts: parts, space: space)
-        }) { connection, kept, context in
-            connection.storing = false
-            if var v = connection.peerVector {
-                for (origin, head) in manifest.heads { v[NodeID(bytes: origin)] = max(v[NodeID(bytes: origin)] ?? 0, head.seq) }
-                connection.peerVector = v
-            }
-            if kept {
-                connection.relay.record(.snapshotKept)
-                connection.relay.logger.info(
-                    "Relay kept a snapshot",
-                    metadata: ["space": "\(hexString(space))", "pieces": "\(parts.count)", "author": "\(hexString(manifest.author))"])
-                connection.relay.announce(space: space, except: connection.listener, .entries)
-            }
-            connection.resumeReading(context: context)
-            connection.storeNext(space: space, context: context)
-        }
-    }
-
-    /// Sends the device the space's snapshot, piece by piece (each read once the one before is written), then its
-    /// manifest, and pumps again: the device lacks entries the relay holds only as that snapshot. Only one whose
-    /// author the log still lists as a current writing member (else the device would refuse it, again and again).
-    func sendSnapshot(space: [UInt8], context: ChannelHandlerContext) {
-        run(context: context, { relay -> SnapshotManifest? in
-            guard let manifest = try await relay.store.snapshotManifest(space: space),
-                let author = try await relay.membership(space)?.member(manifest.author), author.isCurrent, author.role.writes
-            else { return nil }
-            return manifest
-        }) { connection, manifest, context in
-            guard let manifest else {
-                connection.relay.logger.info(
-                    "Relay holds no snapshot a device lacking compacted entries could take", metadata: ["space": "\(hexString(space))"])
-                // What else it lacks still goes (the snapshot is not tried again on this connection).
-                connection.pumping = false
-                connection.pump(space: space, context: context)
-                return
-            }
-            connection.sendSnapshotPart(0, prev: SealedEntry.genesis, manifest: manifest, space: space, context: context)
-        }
-    }
-
-    func sendSnapshotPart(
-        _ index: UInt32, prev: [UInt8], manifest: SnapshotManifest, space: [UInt8], context: ChannelHandlerContext
-    ) {
-        let bound = NIOLoopBound((self, context), eventLoop: context.eventLoop)
-        guard index < manifest.parts else {
-            let written = send(.snapshot(manifest), context: context)
-            if var v = peerVector {
-                for (origin, head) in manifest.heads { v[NodeID(bytes: origin)] = max(v[NodeID(bytes: origin)] ?? 0, head.seq) }
-                peerVector = v
-            }
-            relay.record(.snapshotSent)
-            written?.whenComplete { _ in
-                let (connection, context) = bound.value
-                connection.pumping = false
-                guard case .established = connection.state else { return }
-                connection.pump(space: space, context: context)
-            }
-            return
-        }
-        run(context: context, { try await $0.store.snapshotPart(space: space, index: index) }) { connection, part, context in
-            // Replaced meanwhile: the device starts again on its next connection.
-            guard let part, part.prev == prev else {
-                connection.close(context: context)
-                return
-            }
-            connection.send(.snapshotPart(part), context: context)?.whenComplete { _ in
-                let (connection, context) = bound.value
-                guard case .established = connection.state else { return }
-                connection.sendSnapshotPart(index + 1, prev: part.hash, manifest: manifest, space: space, context: context)
-            }
-        }
-    }
-
     /// Sends the device the acknowledgements held for its space that are newer than those it holds.
     func sendHeldAcks(space: [UInt8], context: ChannelHandlerContext) {
         run(context: context, { try await $0.store.acks(space: space) }) { connection, acks, context in
@@ -431,18 +354,9 @@ final class RelayConnection: ChannelInboundHandler {
             receive(.acks(acks), space: space, context: context)
         case .snapshotPart(let part):
             // A member fills the relay with a snapshot when the relay lacks entries it compacted away (SYNC.md §11).
-            guard !uploadDropped else { break }
-            uploadBytes += part.bytes.count
-            guard uploadBytes <= RelayRules.maxSnapshotBytes else {
-                (uploadParts, uploadDropped) = ([], true)
-                relay.logger.warning("Relay dropped a snapshot larger than it keeps", metadata: ["bytes": "\(uploadBytes)"])
-                break
-            }
-            uploadParts.append(part)
+            receive(.snapshotPart(part), space: space, context: context)
         case .snapshot(let manifest):
-            let (parts, dropped) = (uploadParts, uploadDropped)
-            (uploadParts, uploadBytes, uploadDropped) = ([], 0, false)
-            if !dropped { receive(.snapshot(manifest, parts), space: space, context: context) }
+            receive(.snapshotEnd(manifest), space: space, context: context)
         case .error:
             close(context: context)
         case .join(let id, let joiner, let proof):
@@ -486,8 +400,11 @@ final class RelayConnection: ChannelInboundHandler {
         case .joinRefused(let invite, let joiner, let reason):
             refuse(invite: invite, joiner: joiner, reason: reason, space: space, context: context)
             return
-        case .snapshot(let manifest, let parts):
-            keep(snapshot: manifest, parts: parts, space: space, context: context)
+        case .snapshotPart(let part):
+            stage(part, space: space, context: context)
+            return
+        case .snapshotEnd(let manifest):
+            finishUpload(manifest, space: space, context: context)
             return
         case .batch(let b):
             batch = b
@@ -650,6 +567,7 @@ final class RelayConnection: ChannelInboundHandler {
 
     func close(context: ChannelHandlerContext) {
         place.release()
+        releaseUpload()
         if case .established(let space, _) = state { dropHeldJoin(space: space) }
         if case .established(let space, _) = state, let listener { relay.unlisten(space: space, id: listener) }
         state = .closed

@@ -99,7 +99,7 @@ final class RelayMetrics: Sendable {
     private let factory: PrometheusMetricsFactory
     let entriesStored, bytesStored, entriesForwarded, bytesForwarded: Metrics.Counter
     let handshakesRefused, connectionsRefusedOverLimit, connectionsRefusedRate, connectionsEstablished: Metrics.Counter
-    let storeErrors, storeTimeouts, acksKept, snapshotsKept, snapshotsSent: Metrics.Counter
+    let storeErrors, storeTimeouts, acksKept, snapshotsKept, snapshotsSent, snapshotsDropped: Metrics.Counter
     private let connections, handshaking, spaces: Metrics.Gauge
     private let rejections = Mutex<[String: Metrics.Counter]>([:])
 
@@ -119,6 +119,7 @@ final class RelayMetrics: Sendable {
         acksKept = Metrics.Counter(label: "blaze_relay_acks_kept_total", factory: f)
         snapshotsKept = Metrics.Counter(label: "blaze_relay_snapshots_kept_total", factory: f)
         snapshotsSent = Metrics.Counter(label: "blaze_relay_snapshots_sent_total", factory: f)
+        snapshotsDropped = Metrics.Counter(label: "blaze_relay_snapshots_dropped_total", factory: f)
         storeErrors = Metrics.Counter(label: "blaze_relay_store_failures_total", dimensions: [("reason", "error")], factory: f)
         storeTimeouts = Metrics.Counter(
             label: "blaze_relay_store_failures_total", dimensions: [("reason", "timeout")], factory: f)

@@ -52,6 +52,10 @@ public final class RelayServer: Sendable {
     let handshakeRate: HandshakeRate
     /// Proxies whose connections count for the client they forward (`forwardedClient`).
     let trustedProxies: [AddressRange]
+    /// Memory that snapshot uploads waiting for their manifests may hold, across connections.
+    let snapshotBudget = MemoryBudget(limit: RelayServer.snapshotMemory)
+    /// The default of `snapshotBudget`: two uploads of the largest size a relay keeps.
+    static let snapshotMemory = 2 * RelayRules.maxSnapshotBytes
 
     /// Tests only (`@testable`): rewrites every batch as it is about to be sent, to play a relay that tampers with,
     /// drops, reorders, replays or withholds entries. Nil (always, outside tests) sends batches as stored.
@@ -311,8 +315,8 @@ public final class RelayServer: Sendable {
         case storeFailed(timedOut: Bool)
         /// Acknowledgements kept (newer than those held of their signers).
         case acksKept(Int)
-        /// A snapshot a member uploaded was kept; one was sent to a device.
-        case snapshotKept, snapshotSent
+        /// A snapshot a member uploaded was kept; one was sent to a device; an upload was dropped before its manifest.
+        case snapshotKept, snapshotSent, snapshotDropped
     }
 
     /// Counts `event`.
@@ -341,6 +345,9 @@ public final class RelayServer: Sendable {
         case .snapshotSent:
             stats.withLock { $0.snapshotsSent += 1 }
             metrics.snapshotsSent.increment()
+        case .snapshotDropped:
+            stats.withLock { $0.snapshotsDropped += 1 }
+            metrics.snapshotsDropped.increment()
         case .acksKept(let n):
             stats.withLock { $0.acksKept += n }
             metrics.acksKept.increment(by: n)
@@ -439,6 +446,7 @@ public struct RelayCounters: Sendable {
     public var storeErrors = 0, storeTimeouts = 0
     /// Acknowledgements kept and passed on (SYNC.md §11).
     public var acksKept = 0
-    /// Snapshots members uploaded that were kept, and snapshots sent to devices (SYNC.md §11).
-    public var snapshotsKept = 0, snapshotsSent = 0
+    /// Snapshots members uploaded that were kept, snapshots sent to devices (SYNC.md §11), and uploads dropped
+    /// before their manifest (not from a current writer, too large, or over the relay's memory for them).
+    public var snapshotsKept = 0, snapshotsSent = 0, snapshotsDropped = 0
 }

@@ -39,7 +39,8 @@ final class BatchReceiver: ChannelInboundHandler {
     private var snapshotRecords: [[UInt8]] = []
     private var snapshotLast = SealedEntry.genesis
     private var snapshotBytes = 0
-    /// The most bytes of snapshot records a session holds before its manifest comes.
+    /// The most bytes of snapshot records a session holds before its manifest comes (all sessions together hold at
+    /// most the engine's `snapshotBudget`).
     static let maxSnapshotBytes = 1 << 30
     /// Entry bytes of the batches in `inbox`.
     private var inboxBytes = 0
@@ -112,11 +113,21 @@ final class BatchReceiver: ChannelInboundHandler {
         context.fireChannelInactive()
     }
 
-    /// Drops what waits: batches received after a refused one are not stored.
+    /// Drops what waits: batches received after a refused one are not stored; the snapshot records held give their
+    /// memory back.
     private func stop() {
         stopped = true
         inbox = []
         inboxBytes = 0
+        dropSnapshotRecords()
+    }
+
+    /// Forgets the snapshot records held and gives back their share of the engine's `snapshotBudget`.
+    private func dropSnapshotRecords() {
+        engine.snapshotBudget.release(snapshotBytes)
+        snapshotRecords = []
+        snapshotLast = SealedEntry.genesis
+        snapshotBytes = 0
     }
 
     /// Stores the next waiting batch once it has verified, then the one after it.
@@ -178,15 +189,19 @@ final class BatchReceiver: ChannelInboundHandler {
             receiver.applying = false
             guard !receiver.stopped else { return }
             switch result {
-            case .success(let records) where receiver.snapshotBytes + records.count <= Self.maxSnapshotBytes:
+            case .success(let records) where receiver.snapshotBytes + records.count > Self.maxSnapshotBytes:
+                receiver.stop()
+                context.fireErrorCaught(SyncRejection.badSnapshot)
+            case .success(let records) where !receiver.engine.snapshotBudget.reserve(records.count):
+                // Other sessions hold the memory snapshots may take: this one ends, and gets one on a later session.
+                receiver.stop()
+                context.fireErrorCaught(LocalFailure(SnapshotMemoryInUse()))
+            case .success(let records):
                 receiver.snapshotRecords.append(records)
                 receiver.snapshotBytes += records.count
                 receiver.snapshotLast = part.hash
                 receiver.resumeReading(context: context)
                 receiver.applyNext(context: context)
-            case .success:
-                receiver.stop()
-                context.fireErrorCaught(SyncRejection.badSnapshot)
             case .failure(let error):
                 receiver.stop()
                 context.fireErrorCaught(error)
@@ -198,9 +213,9 @@ final class BatchReceiver: ChannelInboundHandler {
     private func installSnapshot(_ manifest: SnapshotManifest, link: SyncLinkEstablished, context: ChannelHandlerContext) {
         applying = true
         let (records, last) = (snapshotRecords, snapshotLast)
+        // The records stay reserved until installed (or the session ends): they are in memory until then.
         snapshotRecords = []
         snapshotLast = SealedEntry.genesis
-        snapshotBytes = 0
         let (db, space) = (link.db, link.space.snapshot)
         let bound = NIOLoopBound((self, context), eventLoop: context.eventLoop)
         engine.pool.runIfActive(eventLoop: context.eventLoop) {
@@ -209,6 +224,7 @@ final class BatchReceiver: ChannelInboundHandler {
             let (receiver, context) = bound.value
             receiver.applying = false
             guard !receiver.stopped else { return }
+            receiver.dropSnapshotRecords()
             switch result {
             case .success:
                 receiver.report.update {
@@ -262,4 +278,9 @@ final class BatchReceiver: ChannelInboundHandler {
         resumeReading(context: context)
         applyNext(context: context)
     }
+}
+
+/// Sessions together hold as many snapshot records as the engine allows: one more must wait for a later session.
+struct SnapshotMemoryInUse: Error, CustomStringConvertible {
+    var description: String { "other sessions hold the memory snapshots may take; a later session takes this one" }
 }

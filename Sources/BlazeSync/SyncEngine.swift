@@ -39,6 +39,8 @@ public final class SyncEngine: Sendable {
     let sessionCounter = Atomic<Int>(0)
     /// Invites refused since start, by reason (`InviteRefusal`).
     let invitesRefused = Mutex<[String: Int]>([:])
+    /// Memory the snapshot records sessions receive may take together, until each snapshot is installed.
+    let snapshotBudget = MemoryBudget(limit: BatchReceiver.maxSnapshotBytes)
     /// Relays (by address) that closed a link on `JOIN_REFUSED` as a message they do not know (an older version):
     /// they are not sent it again while this process runs, so the joins they hold do not close the link each time.
     let withoutJoinRefusal = Mutex<Set<String>>([])

@@ -1,10 +1,12 @@
 import BlazeCrypto
 import BlazeTestSupport
+import Crypto
 import Testing
 
-/// Relay limits behind a reverse proxy (Protocol/RELAY.md, "Limits"): a trusted proxy's connections count for the
-/// clients it names, and nobody else can name whom they count for.
-@Suite struct RelayProxyTests {
+/// Relay limits (Protocol/RELAY.md, "Limits", "What it does"): behind a reverse proxy, a trusted proxy's connections
+/// count for the clients it names, and nobody else can name whom they count for; snapshot uploads wait in memory only
+/// from current writers.
+@Suite struct RelayLimitTests {
     /// Opens a device connection through the WebSocket whose request says it forwards for `forwardedFor`; false when
     /// the relay closes it (over a limit).
     static func opens(_ key: SpaceKey, _ relay: RelayProcess, forwardedFor: String, into held: inout [HostileMember]) -> Bool {
@@ -53,5 +55,48 @@ import Testing
         a.stop()
         proxied.stop()
         direct.stop()
+    }
+
+    /// A capability holder the log does not list streams snapshot pieces that no manifest ends, on several
+    /// connections: the relay drops each upload at its first piece (counted) instead of holding up to 256 MiB per
+    /// connection, and goes on serving the space's members.
+    @Test func snapshotPiecesFromOutsideTheLogAreDroppedNotHeld() throws {
+        let relay = try RelayProcess()
+        let (a, ca, capability) = try sharedTeam(servedBy: relay)
+        _ = try ca.call("peer.add", ["db": "team", "address": .string(relay.address)])
+        _ = try ca.call("doc.put", ["db": "team", "collection": "c", "id": "d", "doc": ["v": 1]])
+        let na = try nodeID(ca, "team")
+        #expect(try eventually { try relay.held()[na] != nil }, "the relay holds the space's log once the member brought it")
+        let key = try RelayCapability(text: capability).key
+        var prev = [UInt8](repeating: 0, count: 32)
+        let uploaders = try (0..<4).map { _ -> HostileMember in
+            let h = HostileMember(key: key)
+            try h.connect(port: relay.port, webSocket: "/v1/sync")
+            h.startDraining()
+            return h
+        }
+        for h in uploaders {
+            for index in 0..<8 {
+                // index · prev · epoch · nonce · 64 KiB standing for sealed records · tag: well formed, never opened.
+                var part: [UInt8] = []
+                part.appendBE(UInt32(index))
+                part += prev + [0, 0, 0, 0] + SpaceKey.randomBytes(12) + SpaceKey.randomBytes((64 << 10) + 16)
+                prev = Array(SHA256.hash(data: part))
+                try h.send([8] + part)
+            }
+        }
+        #expect(eventually { Self.metric(relay, "blaze_relay_snapshots_dropped_total") == 4 }, "each upload dropped once")
+        // The member still syncs through it.
+        _ = try ca.call("doc.put", ["db": "team", "collection": "c", "id": "e", "doc": ["v": 2]])
+        #expect(try eventually { try relay.held()[na] == ownSeq(ca, "team") })
+        for h in uploaders { h.close() }
+        a.stop()
+        relay.stop()
+    }
+
+    /// The value of an unlabelled counter on the relay's `/metrics`.
+    static func metric(_ relay: RelayProcess, _ name: String) -> Int? {
+        guard let page = try? httpExchange(port: relay.port, "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n").body else { return nil }
+        return page.split(separator: "\n").first { $0.hasPrefix(name + " ") }.flatMap { Int($0.split(separator: " ").last ?? "") }
     }
 }
