@@ -236,4 +236,35 @@ final class BackgroundJoin: Sendable {
 
     /// `RelayServer.maxJoinsPerSpace`, as RELAY.md states it.
     static let maxJoinsPerSpace = 64
+
+    @Test func aDeviceJoinsThroughTheRelayWithAnInviteNamingIt() throws {
+        let relay = try RelayProcess()
+        let a = try syncDaemon()
+        // B listens nowhere and is never given A's address: the relay is all it knows.
+        let b = try DaemonProcess()
+        let ca = try a.connect(), cb = try b.connect()
+        _ = try ca.call("db.create", ["db": "team"])
+        _ = try ca.call("db.share", ["db": "team"])
+        try relay.addSpace(try ca.relayCapability("team"))
+        _ = try ca.call("peer.add", ["db": "team", "address": .string(relay.address)])
+        _ = try ca.call("doc.put", ["db": "team", "collection": "c", "id": "before", "doc": ["v": 1]])
+        let token = try #require(
+            try ca.call("db.invite", ["db": "team", "role": "writer", "address": .string(relay.address)])["token"]?.stringValue)
+        #expect(try InviteToken(text: token).address == relay.address)
+        // The join goes through the relay to A, which admits B; B's one peer is the relay.
+        let joined = try cb.call("db.join", ["token": .string(token), "db": "team"])
+        #expect(joined["db"] == "team")
+        let peers = try cb.call("peer.list", ["db": "team"])["peers"]?.arrayValue?.compactMap { $0["address"]?.stringValue }
+        #expect(peers == [relay.address])
+        #expect(try members(ca, "team").count == 2)
+        #expect(eventually { (try? cb.call("doc.get", ["db": "team", "collection": "c", "id": "before"])) != nil })
+        _ = try cb.call("doc.put", ["db": "team", "collection": "c", "id": "fromB", "doc": ["v": 2]])
+        #expect(eventually { (try? ca.call("doc.get", ["db": "team", "collection": "c", "id": "fromB"])) != nil })
+        // The secret never reached the relay: only a proof bound to B's keys did.
+        let secret = try InviteToken(text: token).secret
+        let stored = try Data(contentsOf: URL(fileURLWithPath: relay.dataDir + "/relay.db"))
+        #expect(stored.range(of: Data(secret)) == nil)
+        for d in [a, b] { d.stop() }
+        relay.stop()
+    }
 }

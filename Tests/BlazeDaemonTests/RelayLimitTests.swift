@@ -1,7 +1,12 @@
 import BlazeCrypto
 import BlazeTestSupport
 import Crypto
+import Foundation
 import Testing
+
+#if canImport(Glibc)
+import Glibc
+#endif
 
 /// Relay limits (Protocol/RELAY.md, "Limits", "What it does"): behind a reverse proxy, a trusted proxy's connections
 /// count for the clients it names, and nobody else can name whom they count for; snapshot uploads wait in memory only
@@ -98,5 +103,32 @@ import Testing
     static func metric(_ relay: RelayProcess, _ name: String) -> Int? {
         guard let page = try? httpExchange(port: relay.port, "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n").body else { return nil }
         return page.split(separator: "\n").first { $0.hasPrefix(name + " ") }.flatMap { Int($0.split(separator: " ").last ?? "") }
+    }
+
+    @Test func connectionsOverTheLimitsAreClosedBeforeAByteIsRead() throws {
+        let relay = try RelayProcess(arguments: ["--max-connections", "2", "--handshake-timeout", "30"])
+        let (a, _, capability) = try sharedTeam(servedBy: relay)
+        // Two connections that never finish their handshake hold both places; a third is closed at once.
+        let held = try (0..<2).map { _ in try HostileMember.openSocket(port: relay.port) }
+        let third = try HostileMember.openSocket(port: relay.port)
+        var byte: UInt8 = 0
+        #expect(recv(third, &byte, 1, 0) == 0, "closed without a word")
+        Glibc.close(third)
+        // A place freed is a place taken: the member gets through.
+        Glibc.close(held[0])
+        let member = HostileMember(key: try RelayCapability(text: capability).key)
+        #expect(eventually { (try? member.connect(port: relay.port, webSocket: "/v1/sync")) != nil })
+        member.close()
+        Glibc.close(held[1])
+        // A source address reconnecting in a loop: with --handshake-rate 1 (bursts of 2), a third connection within
+        // the second is closed at once, before the gate or a handshake.
+        let slow = try RelayProcess(arguments: ["--handshake-rate", "1"])
+        let burst = try (0..<2).map { _ in try HostileMember.openSocket(port: slow.port) }
+        let over = try HostileMember.openSocket(port: slow.port)
+        #expect(recv(over, &byte, 1, 0) == 0, "closed at once")
+        for fd in burst + [over] { Glibc.close(fd) }
+        a.stop()
+        relay.stop()
+        slow.stop()
     }
 }

@@ -1,0 +1,94 @@
+import BlazeCRDT
+import BlazeCrypto
+import BlazeProtocol
+import BlazeSync
+import NIOCore
+
+/// What the relay sends a device: the membership operations and entries it lacks, a round at a time, and batches
+/// other connections store, forwarded live.
+extension RelayConnection {
+    /// Sends the device the operations it is not known to hold.
+    func sendMembers(space: [UInt8], context: ChannelHandlerContext) {
+        run(context: context, { try await $0.store.ops(space: space) }) { connection, ops, context in
+            let fresh = ops.filter { !connection.opsShared.contains($0.hash) }.sorted { $0.hash.lexicographicallyPrecedes($1.hash) }
+            guard !fresh.isEmpty else { return }
+            for op in fresh { connection.opsShared.insert(op.hash) }
+            connection.send(.members(fresh), context: context)
+        }
+    }
+
+    /// A batch another connection just stored: sent as it is when it is exactly what the device lacks next of its
+    /// origin (live fan-out without reading it back), otherwise the usual round from the store.
+    func forward(_ batch: EntryBatch, space: [UInt8], context: ChannelHandlerContext) {
+        guard !pumping, let theirs = peerVector, let first = batch.entries.first,
+            first.header.seq == (theirs[batch.origin] ?? 0) + 1
+        else {
+            pump(space: space, context: context)
+            return
+        }
+        send(.entries(batch), context: context)
+        peerVector?[batch.origin] = batch.head.seq
+        relay.record(.sent(entries: batch.entries.count, bytes: batch.byteCount))
+    }
+
+    /// Sends the device what it lacks, a round at a time.
+    func pump(space: [UInt8], context: ChannelHandlerContext) {
+        guard let theirs = peerVector else { return }
+        if pumping {
+            pumpAgain = true
+            return
+        }
+        pumping = true
+        pumpAgain = false
+        let sendsSnapshot = !snapshotSent
+        run(context: context, { relay -> (batches: [EntryBatch], needsSnapshot: Bool) in
+            var batches: [EntryBatch] = []
+            var bytes = 0
+            // What a snapshot covers and the device lacks comes with the snapshot, first.
+            let bases = try await relay.store.bases(space: space)
+            let needsSnapshot = bases.contains { origin, base in (theirs[origin] ?? 0) < base.seq }
+            if needsSnapshot && sendsSnapshot { return ([], true) }
+            for (origin, seq) in try await relay.store.vector(space: space).sorted(by: { $0.key < $1.key }) {
+                var after = theirs[origin] ?? 0
+                if let base = bases[origin], after < base.seq { continue }
+                while seq > after, bytes < Self.batchBytes,
+                    let batch = try await relay.store.batch(
+                        space: space, origin: origin, after: after, maxEntries: Self.batchEntries, maxBytes: Self.batchBytes)
+                {
+                    batches.append(batch)
+                    bytes += batch.byteCount
+                    after = batch.head.seq
+                }
+            }
+            return (batches, needsSnapshot)
+        }) { connection, round, context in
+            if round.needsSnapshot && !connection.snapshotSent {
+                connection.snapshotSent = true
+                connection.sendSnapshot(space: space, context: context)
+                return
+            }
+            let batches = round.batches
+            var last: EventLoopFuture<Void>?
+            for batch in batches {
+                last = connection.send(.entries(batch), context: context)
+                connection.peerVector?[batch.origin] = batch.head.seq
+            }
+            connection.relay.record(
+                .sent(entries: batches.reduce(0) { $0 + $1.entries.count }, bytes: batches.reduce(0) { $0 + $1.byteCount }))
+            guard let last else {
+                connection.pumping = false
+                if connection.pumpAgain { connection.pump(space: space, context: context) }
+                return
+            }
+            // The next round is read once this one is written: the socket's buffer, not memory, holds what the device
+            // has not read yet.
+            let bound = NIOLoopBound((connection, context), eventLoop: context.eventLoop)
+            last.whenComplete { _ in
+                let (connection, context) = bound.value
+                connection.pumping = false
+                guard case .established = connection.state else { return }
+                connection.pump(space: space, context: context)
+            }
+        }
+    }
+}

@@ -1,0 +1,111 @@
+import BlazeCRDT
+import BlazeCrypto
+import BlazeProtocol
+import BlazeSync
+import Foundation
+import GRDB
+
+/// Snapshots, bases and acknowledgements in the SQLite store (SYNC.md §11, Protocol/RELAY.md).
+extension RelayStore {
+    // MARK: Snapshots
+
+    static func bases(_ db: Database, _ space: Data) throws -> [NodeID: PrunedHead] {
+        var out: [NodeID: PrunedHead] = [:]
+        for row in try Row.fetchAll(db, sql: "SELECT origin, seq, hash FROM relay_bases WHERE space = ?", arguments: [space]) {
+            out[NodeID(bytes: Array(row[0] as Data))] = PrunedHead(seq: UInt64(row[1] as Int64), hash: Array(row[2] as Data))
+        }
+        return out
+    }
+
+    public func bases(space: [UInt8]) async throws -> [NodeID: PrunedHead] {
+        try await pool.read { db in try Self.bases(db, Data(space)) }
+    }
+
+    public func keepSnapshot(_ manifest: SnapshotManifest, parts: [SnapshotPart], space: [UInt8]) async throws -> Bool {
+        try await pool.write { db in
+            let s = Data(space)
+            let held = try Data.fetchOne(db, sql: "SELECT manifest FROM relay_snapshots WHERE space = ?", arguments: [s])
+                .flatMap { try? SnapshotManifest(bytes: Array($0)) }
+            let bases = try Self.bases(db, s)
+            guard try Data.fetchOne(db, sql: "SELECT space FROM relay_usage WHERE space = ?", arguments: [s]) != nil,
+                RelayRules.supersedes(manifest, held: held, bases: bases)
+            else { return false }
+            var reach: [NodeID: UInt64] = bases.mapValues(\.seq)
+            for row in try Row.fetchAll(
+                db, sql: "SELECT origin, max(seq) FROM relay_entries WHERE space = ? GROUP BY origin", arguments: [s])
+            {
+                let origin = NodeID(bytes: Array(row[0] as Data))
+                reach[origin] = max(reach[origin] ?? 0, UInt64(row[1] as Int64))
+            }
+            for (origin, base) in RelayRules.newBases(manifest, held: reach) {
+                let (o, seq) = (Data(origin.bytes), Int64(base.seq))
+                let gone = try Row.fetchOne(
+                    db, sql: "SELECT count(*), coalesce(sum(length(bytes)), 0) FROM relay_entries WHERE space = ? AND origin = ? AND seq <= ?",
+                    arguments: [s, o, seq])
+                try db.execute(sql: "DELETE FROM relay_entries WHERE space = ? AND origin = ? AND seq <= ?", arguments: [s, o, seq])
+                try db.execute(sql: "DELETE FROM relay_heads WHERE space = ? AND origin = ? AND seq <= ?", arguments: [s, o, seq])
+                try db.execute(
+                    sql: "UPDATE relay_usage SET entries = entries - ?, bytes = bytes - ? WHERE space = ?",
+                    arguments: [gone?[0] as Int? ?? 0, gone?[1] as Int? ?? 0, s])
+                try db.execute(
+                    sql: "INSERT OR REPLACE INTO relay_bases(space, origin, seq, hash) VALUES (?, ?, ?, ?)",
+                    arguments: [s, o, seq, Data(base.hash)])
+            }
+            try db.execute(sql: "DELETE FROM relay_snapshot_parts WHERE space = ?", arguments: [s])
+            for part in parts {
+                try db.execute(
+                    sql: "INSERT INTO relay_snapshot_parts(space, idx, bytes) VALUES (?, ?, ?)",
+                    arguments: [s, Int64(part.index), Data(part.bytes)])
+            }
+            try db.execute(
+                sql: "INSERT OR REPLACE INTO relay_snapshots(space, created_ms, manifest) VALUES (?, ?, ?)",
+                arguments: [s, Int64(clamping: manifest.createdMs), Data(manifest.bytes)])
+            try db.execute(
+                sql: "UPDATE relay_usage SET last_write_ms = ? WHERE space = ?",
+                arguments: [Int64(Date().timeIntervalSince1970 * 1000), s])
+            return true
+        }
+    }
+
+    public func snapshotManifest(space: [UInt8]) async throws -> SnapshotManifest? {
+        try await pool.read { db in
+            try Data.fetchOne(db, sql: "SELECT manifest FROM relay_snapshots WHERE space = ?", arguments: [Data(space)])
+                .map { try SnapshotManifest(bytes: Array($0)) }
+        }
+    }
+
+    public func snapshotPart(space: [UInt8], index: UInt32) async throws -> SnapshotPart? {
+        try await pool.read { db in
+            try Data.fetchOne(
+                db, sql: "SELECT bytes FROM relay_snapshot_parts WHERE space = ? AND idx = ?", arguments: [Data(space), Int64(index)]
+            ).map { try SnapshotPart(bytes: Array($0)) }
+        }
+    }
+
+    // MARK: Acknowledgements
+
+    public func keepAcks(_ acks: [Acknowledgement], space: [UInt8]) async throws -> [Acknowledgement] {
+        guard !acks.isEmpty else { return [] }
+        return try await pool.write { db in
+            var kept: [Acknowledgement] = []
+            for ack in acks where ack.space == space {
+                // Stored as an unsigned value's bits: ordering by it is checked here, not in SQL.
+                let held = try Int64.fetchOne(
+                    db, sql: "SELECT issued_ms FROM relay_acks WHERE space = ? AND node = ?", arguments: [Data(space), Data(ack.node)])
+                if let held, UInt64(bitPattern: held) >= ack.issuedMs { continue }
+                try db.execute(
+                    sql: "INSERT OR REPLACE INTO relay_acks(space, node, issued_ms, bytes) VALUES (?, ?, ?, ?)",
+                    arguments: [Data(space), Data(ack.node), Int64(bitPattern: ack.issuedMs), Data(ack.bytes)])
+                kept.append(ack)
+            }
+            return kept
+        }
+    }
+
+    public func acks(space: [UInt8]) async throws -> [Acknowledgement] {
+        try await pool.read { db in
+            try Data.fetchAll(db, sql: "SELECT bytes FROM relay_acks WHERE space = ? ORDER BY node", arguments: [Data(space)])
+                .compactMap { try? Acknowledgement(bytes: Array($0)) }
+        }
+    }
+}
