@@ -39,6 +39,8 @@ public final class SyncEngine: Sendable {
     let sessionCounter = Atomic<Int>(0)
     /// Invites refused since start, by reason (`InviteRefusal`).
     let invitesRefused = Mutex<[String: Int]>([:])
+    /// Snapshots built for peers, reused for a minute per database.
+    let snapshots = SnapshotCache()
     /// Memory the snapshot records sessions receive may take together, until each snapshot is installed.
     let snapshotBudget = MemoryBudget(limit: BatchReceiver.maxSnapshotBytes)
     /// Relays (by address) that closed a link on `JOIN_REFUSED` as a message they do not know (an older version):
@@ -301,6 +303,7 @@ public final class SyncEngine: Sendable {
         stopFolders(db: name)
         status.forget(db: name)
         served.withLock { $0[name] = nil }
+        snapshots.forget(db: name)
         if let spaceID { SpaceKey.remove(directory: keysDirectory, idHex: spaceID) }
     }
 

@@ -69,17 +69,24 @@ extension SyncSession {
             return
         }
         snapshotSent = true
-        let (db, identity) = (link.db, engine.identity)
+        let (db, identity, cache) = (link.db, engine.identity, engine.snapshots)
         let bound = NIOLoopBound((self, context), eventLoop: context.eventLoop)
-        engine.pool.runIfActive(eventLoop: context.eventLoop) { () -> (SealedSnapshot?, [[UInt8]]) in
-            guard let snapshot = try db.makeSnapshot(key: space.key, identity: identity) else { return (nil, []) }
-            return (snapshot, try snapshot.parts.map { try PeerMessage.snapshotPart($0).encoded() })
+        engine.pool.runIfActive(eventLoop: context.eventLoop) { () -> SnapshotCache.Built? in
+            // One build a minute per database, whoever asks (`SnapshotCache`).
+            try cache.snapshot(db: db.name) {
+                guard let snapshot = try db.makeSnapshot(key: space.key, identity: identity) else { return nil }
+                return SnapshotCache.Built(
+                    manifest: snapshot.manifest, messages: try snapshot.parts.map { try PeerMessage.snapshotPart($0).encoded() },
+                    byteCount: snapshot.byteCount, at: .now)
+            }
         }.whenComplete { result in
             let (session, context) = bound.value
             switch result {
-            case .success((let snapshot?, let messages)):
+            case .success(let snapshot?):
+                // Its memory goes once its minute is over, whether or not another session asks.
+                context.eventLoop.scheduleTask(in: .seconds(61)) { cache.expire() }
                 var last: EventLoopFuture<Void>?
-                for message in messages { last = session.send(bytes: message, context: context) }
+                for message in snapshot.messages { last = session.send(bytes: message, context: context) }
                 last = session.send(.snapshot(snapshot.manifest), context: context)
                 for (origin, head) in snapshot.manifest.heads { session.peerHolds(origin: NodeID(bytes: origin), seq: head.seq) }
                 session.report.update { $0.snapshotsSent += 1 }
@@ -90,7 +97,7 @@ extension SyncSession {
                     session.pumping = false
                     session.pump(context: context)
                 }
-            case .success((nil, _)):
+            case .success(nil):
                 session.report.update { $0.lastError = "the peer lacks entries compacted away here, and this device cannot seal a snapshot" }
                 session.pumping = false
             case .failure(let error):
