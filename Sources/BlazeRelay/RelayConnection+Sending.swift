@@ -7,13 +7,15 @@ import NIOCore
 /// What the relay sends a device: the membership operations and entries it lacks, a round at a time, and batches
 /// other connections store, forwarded live.
 extension RelayConnection {
-    /// Sends the device the operations it is not known to hold.
+    /// Sends the device the operations it is not known to hold, parents first, in messages of bounded size
+    /// (`PeerMessage.members(chunking:order:)`): a log of any size travels in frames a device accepts.
     func sendMembers(space: [UInt8], context: ChannelHandlerContext) {
-        run(context: context, { try await $0.store.ops(space: space) }) { connection, ops, context in
-            let fresh = ops.filter { !connection.opsShared.contains($0.hash) }.sorted { $0.hash.lexicographicallyPrecedes($1.hash) }
-            guard !fresh.isEmpty else { return }
+        run(context: context, { relay in
+            (try await relay.store.ops(space: space), try await relay.membership(space)?.order ?? [])
+        }) { connection, held, context in
+            let fresh = held.0.filter { !connection.opsShared.contains($0.hash) }
             for op in fresh { connection.opsShared.insert(op.hash) }
-            connection.send(.members(fresh), context: context)
+            for message in PeerMessage.members(chunking: fresh, order: held.1) { connection.send(message, context: context) }
         }
     }
 

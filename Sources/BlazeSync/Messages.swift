@@ -40,6 +40,33 @@ public enum PeerMessage: Sendable {
     static let joinRefusedType: UInt8 = 10
     /// Bytes of a peer's `ERROR` reason kept.
     static let maxErrorBytes = 200
+    /// The most bytes of operations one `MEMBERS` message carries (one larger operation goes alone), far below a
+    /// sealed frame's 16 MiB.
+    public static let membersMessageBytes = 1 << 20
+
+    /// `ops` as `MEMBERS` messages of at most `membersMessageBytes` of operations each, parents before children: in
+    /// the log's resolution `order` (hashes), those it does not name last, by hash. A peer keeps an operation only
+    /// once it holds the operation that made its author an admin (`MembershipLog.kept`).
+    public static func members(chunking unordered: [MembershipOp], order: [[UInt8]]) -> [PeerMessage] {
+        let position = Dictionary(order.enumerated().map { ($1, $0) }, uniquingKeysWith: { a, _ in a })
+        let ops = unordered.sorted { a, b in
+            let (pa, pb) = (position[a.hash] ?? Int.max, position[b.hash] ?? Int.max)
+            return pa != pb ? pa < pb : a.hash.lexicographicallyPrecedes(b.hash)
+        }
+        var out: [PeerMessage] = []
+        var chunk: [MembershipOp] = []
+        var bytes = 0
+        for op in ops {
+            if bytes + op.bytes.count > membersMessageBytes && !chunk.isEmpty {
+                out.append(.members(chunk))
+                (chunk, bytes) = ([], 0)
+            }
+            chunk.append(op)
+            bytes += op.bytes.count
+        }
+        if !chunk.isEmpty { out.append(.members(chunk)) }
+        return out
+    }
 
     /// The message's bytes; throws for a batch that is not one origin's linked run (a damaged local log).
     public func encoded() throws(SyncRejection) -> [UInt8] {

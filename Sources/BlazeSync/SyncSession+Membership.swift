@@ -6,9 +6,6 @@ import NIOCore
 /// entries are always checked against a log at least as new as their sender's; a joiner redeems its invite first and
 /// sends its `STATE` only once admitted; a removed device's connection is closed as soon as its removal is known.
 extension SyncSession {
-    /// Bytes of operations per `MEMBERS` message (a long log goes in several).
-    static let membersMessageBytes = 1 << 20
-
     /// Registers for membership changes, then either redeems the invite (joining) or sends the log and `STATE`.
     func startMembership(context: ChannelHandlerContext) {
         guard let link else { return }
@@ -67,30 +64,16 @@ extension SyncSession {
         return true
     }
 
-    /// Sends the operations the peer is not known to hold, in messages of at most `membersMessageBytes`, parents
-    /// before children (the log's resolution order): a peer keeps an operation only once it holds the operation that
-    /// made its author an admin (`MembershipLog.kept`).
+    /// Sends the operations the peer is not known to hold, parents first, in messages of bounded size
+    /// (`PeerMessage.members(chunking:order:)`).
     func sendMembers(context: ChannelHandlerContext) {
         guard let link else { return }
         let snapshot = link.space.snapshot
-        let order = snapshot.membership?.order ?? []
-        let position = Dictionary(order.enumerated().map { ($1, $0) }, uniquingKeysWith: { a, _ in a })
-        let fresh = snapshot.ops.values.filter { !opsShared.contains($0.hash) }.sorted { a, b in
-            let (pa, pb) = (position[a.hash] ?? Int.max, position[b.hash] ?? Int.max)
-            return pa != pb ? pa < pb : a.hash.lexicographicallyPrecedes(b.hash)
+        let fresh = snapshot.ops.values.filter { !opsShared.contains($0.hash) }
+        for op in fresh { opsShared.insert(op.hash) }
+        for message in PeerMessage.members(chunking: Array(fresh), order: snapshot.membership?.order ?? []) {
+            send(message, context: context)
         }
-        var chunk: [MembershipOp] = []
-        var bytes = 0
-        for op in fresh {
-            if bytes + op.bytes.count > Self.membersMessageBytes && !chunk.isEmpty {
-                send(.members(chunk), context: context)
-                (chunk, bytes) = ([], 0)
-            }
-            chunk.append(op)
-            bytes += op.bytes.count
-            opsShared.insert(op.hash)
-        }
-        if !chunk.isEmpty { send(.members(chunk), context: context) }
     }
 
     /// Merges operations the peer sent; new ones are stored, then every session of the database hears of them.

@@ -42,4 +42,29 @@ import Testing
         #expect(throws: SyncRejection.malformed) { try PeerMessage(decoding: bytes + [0]) }
         #expect(throws: SyncRejection.malformed) { try PeerMessage(decoding: Array(bytes.dropLast())) }
     }
+
+    /// A long log goes in several `MEMBERS` messages of at most 1 MiB of operations, parents before children whatever
+    /// order they are given in.
+    @Test func aLongLogTravelsInBoundedMessagesParentsFirst() throws {
+        let admin = DeviceIdentity()
+        let salt = SpaceKey.randomBytes(16)
+        let space = MembershipOp.spaceID(creator: admin.publicKeys, salt: salt)
+        var ops = [try MembershipOp(space: space, author: admin, timeMs: 1, parents: [], action: .create(salt: salt), envelopes: [])]
+        for i in 0..<6_000 {
+            ops.append(
+                try MembershipOp(
+                    space: space, author: admin, timeMs: UInt64(2 + i), parents: [ops.last!.hash],
+                    action: .add(device: DeviceIdentity().publicKeys, role: .reader), envelopes: []))
+        }
+        let order = MembershipState(space: space, ops: ops).order
+        let messages = PeerMessage.members(chunking: ops.shuffled(), order: order)
+        var sent: [MembershipOp] = []
+        for message in messages {
+            guard case .members(let chunk) = message else { throw SyncRejection.malformed }
+            #expect(chunk.reduce(0) { $0 + $1.bytes.count } <= PeerMessage.membersMessageBytes)
+            sent += chunk
+        }
+        #expect(messages.count > 1)
+        #expect(sent.map(\.hash) == ops.map(\.hash), "each operation once, parents first")
+    }
 }
