@@ -60,15 +60,21 @@ final class FolderWatch {
         if inotify >= 0 { close(inotify) }
     }
 
+    /// The most directories one folder link watches.
+    static let maxWatches = 1_024
+
     /// True when inotify is in use.
     var usesInotify: Bool { inotify >= 0 }
 
     /// Watches `directory` for files appearing, growing, being replaced or removed (once per directory: again when
     /// the path names another directory than before).
+    /// At most `maxWatches` directories are watched (the poll paces the rest): every one costs the user's inotify
+    /// watches, which the system bounds (`fs.inotify.max_user_watches`) for every program the user runs.
     func watch(_ directory: String) {
         #if os(Linux)
         var st = stat()
         guard inotify >= 0, stat(directory, &st) == 0, watched[directory] != UInt64(st.st_ino) else { return }
+        guard watched[directory] != nil || watched.count < Self.maxWatches else { return }
         let mask = UInt32(IN_CREATE | IN_MODIFY | IN_CLOSE_WRITE | IN_MOVED_TO | IN_MOVED_FROM | IN_DELETE | IN_ATTRIB)
         if inotify_add_watch(inotify, directory, mask) >= 0 { watched[directory] = UInt64(st.st_ino) }
         #endif

@@ -15,14 +15,35 @@ extension FolderWorker {
     /// The writer directories in the space's directory (32 hex digits, a node id), sorted. A listing that fails
     /// (a network share's hiccup) fails the round: taken for an empty folder, it would make this device write
     /// everything again.
+    /// At most `FolderFiles.maxWriterDirectories`, the rest reported: in a space with a log, those of the devices it
+    /// lists first (names chosen to sort first cannot hide a member), then the others (a device added by an operation
+    /// only its own members file holds yet), each in name order.
     func writerDirectories() throws -> [NodeID] {
-        try listing(spaceDir).compactMap { name in
+        let log = space.snapshot.membership
+        let names = try listing(spaceDir).filter { NodeID(hex: $0) != nil }.sorted { a, b in
+            let (la, lb) = (log?.member(NodeID(hex: a)!.bytes) != nil, log?.member(NodeID(hex: b)!.bytes) != nil)
+            return la != lb ? la : a < b
+        }
+        if names.count > FolderFiles.maxWriterDirectories {
+            overLimit("the space's directory holds \(names.count) writer directories; the first \(FolderFiles.maxWriterDirectories) are read")
+        }
+        return names.prefix(FolderFiles.maxWriterDirectories).compactMap { name in
             // A link in place of a writer's directory is not followed: the daemon reads only inside the folder.
             var st = stat()
             guard let node = NodeID(hex: name), lstat(spaceDir + "/" + name, &st) == 0, (st.st_mode & S_IFMT) == S_IFDIR
             else { return nil }
             return node
-        }.sorted()
+        }
+    }
+
+    /// Reports a folder over one of its limits (as an error of the link: what is past it is not read), counted once
+    /// while it stays the link's last error.
+    func overLimit(_ what: String) {
+        report.update {
+            guard $0.lastError != what else { return }
+            $0.errors += 1
+            $0.lastError = what
+        }
     }
 
     /// The names in a directory.
@@ -136,7 +157,9 @@ extension FolderWorker {
         for _ in 0..<64 {
             var progress = false
             var waiting = false
-            for writer in try writerDirectories() {
+            // In a space with a log, only the segments of devices it lists: anyone else's would be refused.
+            let log = space.snapshot.membership
+            for writer in try writerDirectories() where log == nil || log?.member(writer.bytes) != nil {
                 let dir = spaceDir + "/" + writer.hex
                 if writer != me { watch.watch(dir) }
                 for name in try segmentFiles(dir) {
@@ -154,19 +177,26 @@ extension FolderWorker {
     }
 
     /// The segment files of a directory: those named as writers name them first, in number order, then any other
-    /// name (copies the folder tool renamed), skipping the head, members and acks files and temporary files.
+    /// name (copies the folder tool renamed), skipping the head, members and acks files and temporary files; at most
+    /// `FolderFiles.maxFilesPerDirectory` (the rest reported).
     func segmentFiles(_ dir: String) throws -> [String] {
         let names = try listing(dir)
         let candidates = names.filter {
             $0 != "head" && $0 != "members" && $0 != "acks" && !$0.hasSuffix(".tmp") && !$0.hasPrefix(".")
         }
-        return candidates.sorted { a, b in
-            switch (FolderFiles.segmentNumber(a), FolderFiles.segmentNumber(b)) {
-            case (let x?, let y?): return x < y
-            case (.some, nil): return true
-            case (nil, .some): return false
-            case (nil, nil): return a < b
-            }
+        if candidates.count > FolderFiles.maxFilesPerDirectory {
+            overLimit("\(dir) holds \(candidates.count) files; the first \(FolderFiles.maxFilesPerDirectory) are read")
+        }
+        return Array(candidates.sorted(by: Self.segmentOrder).prefix(FolderFiles.maxFilesPerDirectory))
+    }
+
+    /// Writers' own segment names first, in number order, then other names in name order.
+    static func segmentOrder(_ a: String, _ b: String) -> Bool {
+        switch (FolderFiles.segmentNumber(a), FolderFiles.segmentNumber(b)) {
+        case (let x?, let y?): return x < y
+        case (.some, nil): return true
+        case (nil, .some): return false
+        case (nil, nil): return a < b
         }
     }
 

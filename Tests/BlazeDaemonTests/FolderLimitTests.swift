@@ -31,4 +31,25 @@ import Testing
         })
         team.stopAll()
     }
+
+    /// Directories named to sort before the members' (a folder tool's junk, or a writer hiding others), more than a
+    /// reader takes: the members' writes still arrive, and the device says the folder is over its limit.
+    @Test func writerDirectoriesOverTheLimitHideNoMember() throws {
+        let team = try FolderTeam(count: 2)
+        let folder = TempDir()
+        for c in team.clients { _ = try c.call("folder.add", ["db": "team", "path": .string(folder.path)]) }
+        let space = try spaceOf(team.clients[0])
+        for i in 0..<1_000 {
+            let name = String(format: "%032x", i)  // 0000…0000 onwards: before any real node id
+            try FileManager.default.createDirectory(atPath: folder.path + "/" + space + "/" + name, withIntermediateDirectories: true)
+        }
+        _ = try team.clients[1].call("doc.put", ["db": "team", "collection": "c", "id": "through", "doc": ["v": 1]])
+        #expect(eventually { (try? team.clients[0].call("doc.get", ["db": "team", "collection": "c", "id": "through"])) != nil })
+        #expect(try eventually {
+            let peers = try team.clients[0].call("sync.status", ["db": "team"])["databases"]?.arrayValue?.first?["peers"]?.arrayValue ?? []
+            let status = peers.first { $0["peer"]?.stringValue == "folder:" + folder.path }
+            return status?["lastError"]?.stringValue?.contains("writer directories; the first 1000 are read") == true
+        })
+        team.stopAll()
+    }
 }
