@@ -26,9 +26,9 @@ public enum FolderFiles {
     public static let maxRecordBody = SessionCipher.maxMessage
     /// Largest head or members file read.
     public static let maxSmallFile = 16 << 20
-    /// The most writer directories a reader takes from one space's directory (the first, in name order), and the
-    /// most segment files from one writer's directory: a folder tool or a hostile writer making more cannot make a
-    /// reader list, stat and watch without end (SYNC.md §10, "Limits").
+    /// The most writer directories a reader takes from one space's directory, and the most segment files from one
+    /// writer's directory: a folder tool or a hostile writer making more cannot make a reader open, read and watch
+    /// without end (it still lists every name once a round; SYNC.md §10, "Limits").
     public static let maxWriterDirectories = 1_000, maxFilesPerDirectory = 10_000
 
     /// File name of segment `number`: 16 lowercase hex digits and `.seg`.

@@ -3,6 +3,7 @@ import BlazeCrypto
 import BlazeProtocol
 import BlazeStore
 import BlazeSync
+import NIOCore
 
 /// Where a relay keeps what it serves: one SQLite file (`RelayStore`, the default) or a PostgreSQL database shared by
 /// several relay processes (`PostgresRelayStore`). Both hold the same things and apply the same rules (`RelayRules`);
@@ -200,6 +201,8 @@ enum RelayRules {
     /// The most bytes of snapshot pieces a relay connection holds before their manifest comes (more is dropped, and
     /// counted); a snapshot is about the size of the documents.
     static let maxSnapshotBytes = 256 << 20
+    /// How long an upload may wait for its manifest after its first piece.
+    static let snapshotUploadTimeout: TimeAmount = .minutes(5)
 
     /// The largest acknowledgement a relay keeps (about 10,000 origins); a larger one is passed on by members only.
     static let maxAckBytes = 256 << 10

@@ -18,13 +18,13 @@ extension RelayConnection {
             return member.isCurrent && member.role.writes && member.keys == device
         }) { connection, writer, context in
             connection.storing = false
-            connection.add(part, fromWriter: writer)
+            connection.add(part, fromWriter: writer, space: space, context: context)
             connection.resumeReading(context: context)
             connection.storeNext(space: space, context: context)
         }
     }
 
-    private func add(_ part: SnapshotPart, fromWriter writer: Bool) {
+    private func add(_ part: SnapshotPart, fromWriter writer: Bool, space: [UInt8], context: ChannelHandlerContext) {
         guard !uploadDropped else { return }
         let bytes = part.bytes.count
         let why: String? =
@@ -32,46 +32,70 @@ extension RelayConnection {
             ? "its sender is not a current writing member"
             : uploadBytes + bytes > RelayRules.maxSnapshotBytes
                 ? "it is larger than the relay keeps"
-                : !relay.snapshotBudget.reserve(bytes) ? "the relay's memory for snapshot uploads is in use" : nil
+                : !relay.snapshotBudget.reserve(bytes, for: hexString(space))
+                    ? "the relay's memory for snapshot uploads (of this space, or in all) is in use" : nil
         guard let why else {
+            if uploadParts.isEmpty { armUploadDeadline(space: space, context: context) }
             uploadBytes += bytes
             uploadParts.append(part)
             return
         }
-        releaseUpload()
+        dropUpload(why, space: space)
+    }
+
+    /// Drops the upload under way, giving its memory back; the rest of it is ignored until its manifest.
+    func dropUpload(_ why: String, space: [UInt8]) {
+        releaseUpload(space: space)
         uploadDropped = true
         relay.record(.snapshotDropped)
         relay.logger.warning("Relay dropped a snapshot upload", metadata: ["why": "\(why)"])
     }
 
-    /// The manifest that ends an upload: the snapshot is checked and kept, unless the upload was dropped.
+    /// An upload whose manifest has not come `RelayRules.snapshotUploadTimeout` after its first piece is dropped: a
+    /// connection kept alive with pings cannot hold the memory for good.
+    private func armUploadDeadline(space: [UInt8], context: ChannelHandlerContext) {
+        uploadDeadline?.cancel()
+        let bound = NIOLoopBound((self, context), eventLoop: context.eventLoop)
+        uploadDeadline = context.eventLoop.scheduleTask(in: RelayRules.snapshotUploadTimeout) {
+            let (connection, _) = bound.value
+            guard !connection.uploadParts.isEmpty else { return }
+            connection.dropUpload("its manifest did not come in time", space: space)
+        }
+    }
+
+    /// The manifest that ends an upload: the snapshot is checked and kept, unless the upload was dropped. Its memory
+    /// stays reserved until the check and the store end, even if the connection closes first.
     func finishUpload(_ manifest: SnapshotManifest, space: [UInt8], context: ChannelHandlerContext) {
-        let (parts, dropped) = (uploadParts, uploadDropped)
-        (uploadParts, uploadDropped) = ([], false)
+        let (parts, dropped, reserved) = (uploadParts, uploadDropped, uploadBytes)
+        (uploadParts, uploadDropped, uploadBytes) = ([], false, 0)
+        uploadDeadline?.cancel()
         guard !dropped else {
             storing = false
             resumeReading(context: context)
             storeNext(space: space, context: context)
             return
         }
-        keep(snapshot: manifest, parts: parts, space: space, context: context)
+        keep(snapshot: manifest, parts: parts, reserved: reserved, space: space, context: context)
     }
 
-    /// Gives back the memory an upload reserved (kept, dropped, or its connection closed).
-    func releaseUpload() {
-        relay.snapshotBudget.release(uploadBytes)
+    /// Gives back the memory the upload under way reserved (dropped, or its connection closed).
+    func releaseUpload(space: [UInt8]) {
+        uploadDeadline?.cancel()
+        relay.snapshotBudget.release(uploadBytes, for: hexString(space))
         (uploadParts, uploadBytes) = ([], 0)
     }
 
     /// Checks and keeps a snapshot the device uploaded; a snapshot that does not check is refused (`bad_snapshot`).
     /// The device holds what it covers; devices that lack it get it from now on.
-    func keep(snapshot manifest: SnapshotManifest, parts: [SnapshotPart], space: [UInt8], context: ChannelHandlerContext) {
+    func keep(
+        snapshot manifest: SnapshotManifest, parts: [SnapshotPart], reserved: Int, space: [UInt8], context: ChannelHandlerContext
+    ) {
         run(context: context, { relay -> Bool in
+            defer { relay.snapshotBudget.release(reserved, for: hexString(space)) }
             try RelayRules.checkSnapshot(manifest, parts: parts, space: space, membership: try await relay.membership(space))
             return try await relay.store.keepSnapshot(manifest, parts: parts, space: space)
         }) { connection, kept, context in
             connection.storing = false
-            connection.releaseUpload()
             if var v = connection.peerVector {
                 for (origin, head) in manifest.heads { v[NodeID(bytes: origin)] = max(v[NodeID(bytes: origin)] ?? 0, head.seq) }
                 connection.peerVector = v

@@ -60,6 +60,7 @@ final class RelayConnection: ChannelInboundHandler {
     var uploadParts: [SnapshotPart] = []
     var uploadBytes = 0
     var uploadDropped = false
+    var uploadDeadline: Scheduled<Void>?
     /// Whether this connection sent the device the space's snapshot (once per connection).
     var snapshotSent = false
     var storing = false
@@ -373,7 +374,7 @@ final class RelayConnection: ChannelInboundHandler {
 
     func close(context: ChannelHandlerContext) {
         place.release()
-        releaseUpload()
+        if case .established(let space, _) = state { releaseUpload(space: space) }
         if case .established(let space, _) = state { dropHeldJoin(space: space) }
         if case .established(let space, _) = state, let listener { relay.unlisten(space: space, id: listener) }
         state = .closed

@@ -52,8 +52,9 @@ public final class RelayServer: Sendable {
     let handshakeRate: HandshakeRate
     /// Proxies whose connections count for the client they forward (`forwardedClient`).
     let trustedProxies: [AddressRange]
-    /// Memory that snapshot uploads waiting for their manifests may hold, across connections.
-    let snapshotBudget = MemoryBudget(limit: RelayServer.snapshotMemory)
+    /// Memory that snapshot uploads waiting for their manifests may hold, across connections, and per space (so the
+    /// members of one space cannot take it all).
+    let snapshotBudget = MemoryBudget(limit: RelayServer.snapshotMemory, perKey: RelayRules.maxSnapshotBytes)
     /// The default of `snapshotBudget`: two uploads of the largest size a relay keeps.
     static let snapshotMemory = 2 * RelayRules.maxSnapshotBytes
 

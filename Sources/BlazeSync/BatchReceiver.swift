@@ -212,21 +212,27 @@ final class BatchReceiver: ChannelInboundHandler {
     /// Checks a snapshot's manifest against the pieces received and installs it (SYNC.md §11).
     private func installSnapshot(_ manifest: SnapshotManifest, link: SyncLinkEstablished, context: ChannelHandlerContext) {
         applying = true
-        let (records, last) = (snapshotRecords, snapshotLast)
-        // The records stay reserved until installed (or the session ends): they are in memory until then.
+        let (records, last, reserved) = (snapshotRecords, snapshotLast, snapshotBytes)
+        // The records stay reserved until the install ends, whether or not the session ends first: they are in
+        // memory until then.
         snapshotRecords = []
         snapshotLast = SealedEntry.genesis
+        snapshotBytes = 0
+        let budget = engine.snapshotBudget
         let (db, space) = (link.db, link.space.snapshot)
         let bound = NIOLoopBound((self, context), eventLoop: context.eventLoop)
         engine.pool.runIfActive(eventLoop: context.eventLoop) {
-            try db.install(snapshot: manifest, records: records, lastHash: last, key: space.key, membership: space.membership)
+            defer { budget.release(reserved) }
+            return try db.install(snapshot: manifest, records: records, lastHash: last, key: space.key, membership: space.membership)
         }.whenComplete { result in
             let (receiver, context) = bound.value
             receiver.applying = false
             guard !receiver.stopped else { return }
-            receiver.dropSnapshotRecords()
             switch result {
             case .success:
+                // What this device held below the installed snapshot is gone: a snapshot built before cannot be
+                // followed by it.
+                receiver.engine.snapshots.forget(db: db.name)
                 receiver.report.update {
                     $0.snapshotsInstalled += 1
                     $0.lastSyncMs = nowMs()

@@ -16,24 +16,25 @@ extension FolderWorker {
     /// (a network share's hiccup) fails the round: taken for an empty folder, it would make this device write
     /// everything again.
     /// At most `FolderFiles.maxWriterDirectories`, the rest reported: in a space with a log, those of the devices it
-    /// lists first (names chosen to sort first cannot hide a member), then the others (a device added by an operation
-    /// only its own members file holds yet), each in name order.
+    /// lists first (names chosen to sort first cannot hide a listed member), then the others (a device added by an
+    /// operation only its own members file holds yet), each in name order; only directories count.
     func writerDirectories() throws -> [NodeID] {
         let log = space.snapshot.membership
-        let names = try listing(spaceDir).filter { NodeID(hex: $0) != nil }.sorted { a, b in
-            let (la, lb) = (log?.member(NodeID(hex: a)!.bytes) != nil, log?.member(NodeID(hex: b)!.bytes) != nil)
-            return la != lb ? la : a < b
-        }
-        if names.count > FolderFiles.maxWriterDirectories {
-            overLimit("the space's directory holds \(names.count) writer directories; the first \(FolderFiles.maxWriterDirectories) are read")
-        }
-        return names.prefix(FolderFiles.maxWriterDirectories).compactMap { name in
+        let named = try listing(spaceDir).compactMap { name in NodeID(hex: name).map { (name, $0) } }
+        let ordered = named.map { (name: $0.0, node: $0.1, listed: log?.member($0.1.bytes) != nil) }
+            .sorted { a, b in a.listed != b.listed ? a.listed : a.name < b.name }
+        var out: [NodeID] = []
+        for entry in ordered {
             // A link in place of a writer's directory is not followed: the daemon reads only inside the folder.
             var st = stat()
-            guard let node = NodeID(hex: name), lstat(spaceDir + "/" + name, &st) == 0, (st.st_mode & S_IFMT) == S_IFDIR
-            else { return nil }
-            return node
+            guard lstat(spaceDir + "/" + entry.name, &st) == 0, (st.st_mode & S_IFMT) == S_IFDIR else { continue }
+            guard out.count < FolderFiles.maxWriterDirectories else {
+                overLimit("the space's directory holds more than \(FolderFiles.maxWriterDirectories) writer directories; the first are read")
+                break
+            }
+            out.append(entry.node)
         }
+        return out
     }
 
     /// Reports a folder over one of its limits (as an error of the link: what is past it is not read), counted once

@@ -105,7 +105,8 @@ extension SyncEngine {
     public func compact(db: BlazeDatabase, horizonMs: UInt64 = SyncEngine.defaultHorizonMs, defragment: Bool = false) throws
         -> CompactionOutcome
     {
-        // A snapshot built before may be followed by entries this compaction drops.
+        // A snapshot built before (or while it runs) may be followed by entries this compaction drops.
+        snapshots.forget(db: db.name)
         defer { snapshots.forget(db: db.name) }
         guard let space = try space(db: db) else {
             let stable = try db.versionVector()

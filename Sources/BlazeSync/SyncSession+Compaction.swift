@@ -71,14 +71,12 @@ extension SyncSession {
         snapshotSent = true
         let (db, identity, cache) = (link.db, engine.identity, engine.snapshots)
         let bound = NIOLoopBound((self, context), eventLoop: context.eventLoop)
-        engine.pool.runIfActive(eventLoop: context.eventLoop) { () -> SnapshotCache.Built? in
-            // One build a minute per database, whoever asks (`SnapshotCache`).
-            try cache.snapshot(db: db.name) {
-                guard let snapshot = try db.makeSnapshot(key: space.key, identity: identity) else { return nil }
-                return SnapshotCache.Built(
-                    manifest: snapshot.manifest, messages: try snapshot.parts.map { try PeerMessage.snapshotPart($0).encoded() },
-                    byteCount: snapshot.byteCount, at: .now)
-            }
+        // One build a minute per database, whoever asks (`SnapshotCache`).
+        cache.snapshot(db: db.name, pool: engine.pool, on: context.eventLoop) {
+            guard let snapshot = try db.makeSnapshot(key: space.key, identity: identity) else { return nil }
+            return SnapshotCache.Built(
+                manifest: snapshot.manifest, messages: try snapshot.parts.map { try PeerMessage.snapshotPart($0).encoded() },
+                byteCount: snapshot.byteCount, at: .now)
         }.whenComplete { result in
             let (session, context) = bound.value
             switch result {

@@ -121,8 +121,9 @@ struct Serve: AsyncParsableCommand {
         if !(0...1_000_000).contains(handshakeRate) {
             throw ValidationError("--handshake-rate must be from 0 to 1000000, got \(handshakeRate)")
         }
-        for proxy in trustedProxy where AddressRange(proxy) == nil {
-            throw ValidationError("--trusted-proxy must be an IP address or CIDR block (10.0.0.0/8, fd00::/8), got \(proxy)")
+        for proxy in trustedProxy where AddressRange(proxy) == nil || proxy.hasSuffix("/0") {
+            throw ValidationError(
+                "--trusted-proxy must be an IP address or CIDR block naming proxies only (10.0.0.0/8, fd00::/8; not /0), got \(proxy)")
         }
     }
 

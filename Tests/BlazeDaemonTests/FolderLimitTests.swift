@@ -48,7 +48,7 @@ import Testing
         #expect(try eventually {
             let peers = try team.clients[0].call("sync.status", ["db": "team"])["databases"]?.arrayValue?.first?["peers"]?.arrayValue ?? []
             let status = peers.first { $0["peer"]?.stringValue == "folder:" + folder.path }
-            return status?["lastError"]?.stringValue?.contains("writer directories; the first 1000 are read") == true
+            return status?["lastError"]?.stringValue?.contains("more than 1000 writer directories; the first are read") == true
         })
         team.stopAll()
     }

@@ -93,6 +93,8 @@ import Glibc
         #expect(pg.status != 0 && pg.err.contains("--postgres must be a postgres:// URL"))
         let proxy = try run(buildDirectory + "/blaze-relay", ["serve", "--data-dir", dir.path, "--trusted-proxy", "10.0.0.0/33"])
         #expect(proxy.status != 0 && proxy.err.contains("--trusted-proxy must be an IP address or CIDR block"))
+        let everyone = try run(buildDirectory + "/blaze-relay", ["serve", "--data-dir", dir.path, "--trusted-proxy", "::/0"])
+        #expect(everyone.status != 0 && everyone.err.contains("not /0"), "trusting every address is trusting clients")
         // Log lines are blazed's: one JSON object per line with --log-format json.
         let relay = try RelayProcess(arguments: ["--log-format", "json"])
         #expect(eventually { relay.logText.contains("Relay started") })

@@ -20,4 +20,15 @@ import Testing
         }
         #expect(granted <= 100 && granted == budget.inUse && granted == 98)
     }
+
+    @Test func oneKeyCannotTakeMoreThanItsShare() {
+        let budget = MemoryBudget(limit: 100, perKey: 60)
+        #expect(budget.reserve(60, for: "space a") && !budget.reserve(1, for: "space a"))
+        #expect(budget.reserve(40, for: "space b") && !budget.reserve(1, for: "space c"), "the total still holds")
+        budget.release(30, for: "space a")
+        #expect(budget.reserve(30, for: "space c"))
+        // Giving back more than a key holds gives back only what it holds.
+        budget.release(1_000, for: "space b")
+        #expect(budget.inUse == 60 && budget.reserve(40, for: "space b"))
+    }
 }
