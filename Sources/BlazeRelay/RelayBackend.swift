@@ -70,7 +70,7 @@ public struct HeldJoin: Sendable, Equatable {
     public var invite: [UInt8]
     /// The joiner's device keys, the ones it proved in the handshake.
     public var device: DevicePublicKeys
-    /// The joiner's proof of the invite's secret, bound to its keys (32 bytes).
+    /// The joiner's proof of the invite's secret, bound to its keys (64 bytes; 32 for a version-1 invite).
     public var proof: [UInt8]
     /// The connection holding it: the relay process and its connection number.
     public var holder: String

@@ -21,6 +21,9 @@ final class RelayConnection: ChannelInboundHandler {
         /// The device proved no space in the list held: it is re-read (another process may have added one), then
         /// the same proof is tried once more.
         case rereading(Handshake.Server, auth: [UInt8])
+        /// The device proved its key and a space's capability: the space's log is read to tell whether it lists the
+        /// device (`RelayServer.established`), before anything else it sent is read.
+        case checking
         case established(space: [UInt8], cipher: SessionCipher)
         case closed
     }
@@ -102,10 +105,12 @@ final class RelayConnection: ChannelInboundHandler {
         guard case .handshake(let server) = state, deadline == nil else { return }
         context.writeAndFlush(wrapOutboundOut(HandshakeFrame.encode(server.hello)), promise: nil)
         let bound = NIOLoopBound((self, context), eventLoop: context.eventLoop)
-        deadline = context.eventLoop.scheduleTask(in: .milliseconds(Int64(relay.gate.limits.handshakeTimeoutMs))) {
+        // From the connection's admission: the WebSocket upgrade before it counts.
+        let left = place.remaining(of: .milliseconds(relay.gate.limits.handshakeTimeoutMs))
+        deadline = context.eventLoop.scheduleTask(in: TimeAmount(left)) {
             let (connection, context) = bound.value
             switch connection.state {
-            case .handshake, .rereading: connection.refuseHandshake(context: context)
+            case .handshake, .rereading, .checking: connection.refuseHandshake(context: context)
             case .established, .closed: break
             }
         }
@@ -154,7 +159,7 @@ final class RelayConnection: ChannelInboundHandler {
     func drain(context: ChannelHandlerContext) throws {
         while true {
             switch state {
-            case .closed, .rereading:
+            case .closed, .rereading, .checking:
                 return
             case .handshake(let server):
                 guard let length = pending.getInteger(at: pending.readerIndex, as: UInt32.self) else { return }
@@ -217,9 +222,46 @@ final class RelayConnection: ChannelInboundHandler {
         }
     }
 
+    /// The device proved its key and a space's capability: it takes a place as a device the space's log lists or
+    /// as another one, once the log is known (read first when this process does not hold it).
     func accept(_ accepted: Handshake.Accepted, context: ChannelHandlerContext) {
+        if let membership = relay.cachedMembership(accepted.space.id) {
+            admit(accepted, membership: membership, context: context)
+            return
+        }
+        state = .checking
+        let space = accepted.space.id
+        let bound = NIOLoopBound((self, context, accepted), eventLoop: context.eventLoop)
+        let read = context.eventLoop.makePromise(of: MembershipState?.self)
+        let relay = self.relay
+        Task(executorPreference: relay.executor) {
+            do { read.succeed(try await relay.membership(space)) } catch { read.fail(error) }
+        }
+        read.futureResult.whenComplete { result in
+            let (connection, context, accepted) = bound.value
+            guard case .checking = connection.state else { return }
+            guard case .success(let membership) = result else {
+                connection.relay.record(.storeFailed(timedOut: false))
+                connection.close(context: context)
+                return
+            }
+            connection.admit(accepted, membership: membership, context: context)
+            do {
+                try connection.drain(context: context)
+            } catch let rejection as SyncRejection {
+                connection.refuse(rejection, context: context)
+            } catch {
+                connection.close(context: context)
+            }
+        }
+    }
+
+    func admit(_ accepted: Handshake.Accepted, membership: MembershipState?, context: ChannelHandlerContext) {
+        guard relay.established(place, device: accepted.device, membership: membership) else {
+            refuseHandshake(context: context)
+            return
+        }
         deadline?.cancel()
-        place.established()
         context.writeAndFlush(wrapOutboundOut(HandshakeFrame.encode(accepted.reply)), promise: nil)
         state = .established(space: accepted.space.id, cipher: accepted.session)
         device = accepted.device

@@ -8,7 +8,8 @@ import Synchronization
 
 /// The HTTP side of a relay connection before (or instead of) its WebSocket upgrade: `GET /healthz` and
 /// `GET /metrics` for operators, a clear status for anything else. Every response closes the connection, and a
-/// connection that neither upgrades nor completes a request within the handshake timeout is closed.
+/// connection that neither upgrades nor completes a request within the handshake timeout (from its admission) is
+/// closed.
 final class RelayHTTPFront: ChannelInboundHandler, RemovableChannelHandler {
     typealias InboundIn = HTTPServerRequestPart
     typealias OutboundOut = HTTPServerResponsePart
@@ -27,7 +28,8 @@ final class RelayHTTPFront: ChannelInboundHandler, RemovableChannelHandler {
 
     func handlerAdded(context: ChannelHandlerContext) {
         let bound = NIOLoopBound(context, eventLoop: context.eventLoop)
-        deadline = context.eventLoop.scheduleTask(in: .milliseconds(Int64(relay.gate.limits.handshakeTimeoutMs))) {
+        let left = place.remaining(of: .milliseconds(relay.gate.limits.handshakeTimeoutMs))
+        deadline = context.eventLoop.scheduleTask(in: TimeAmount(left)) {
             bound.value.close(promise: nil)
         }
     }
@@ -60,7 +62,7 @@ final class RelayHTTPFront: ChannelInboundHandler, RemovableChannelHandler {
         let (status, type, body): (HTTPResponseStatus, String, [UInt8])
         switch (head.method, path) {
         case (.GET, "/healthz"):
-            let (total, _) = relay.gate.current
+            let total = relay.gate.current.total
             (status, type, body) = (
                 .ok, "application/json",
                 Array(#"{"status":"ok","spaces":\#(relay.servedCount),"connections":\#(total)}"#.utf8)
@@ -141,7 +143,7 @@ final class RelayMetrics: Sendable {
 
     /// The exposition text, with the gauges read now.
     func render(relay: RelayServer) -> [UInt8] {
-        let (total, shaking) = relay.gate.current
+        let (total, shaking, _) = relay.gate.current
         connections.record(total)
         handshaking.record(shaking)
         spaces.record(relay.servedCount)

@@ -1,5 +1,7 @@
+import BlazeCrypto
 import BlazeSync
 import NIOHTTP1
+import Synchronization
 
 /// Who a connection counts for in the listener limits (Protocol/RELAY.md, "Limits"): its source address (an IPv6
 /// one by its /64), or, behind a trusted proxy, the client the proxy names.
@@ -12,7 +14,7 @@ extension RelayServer {
             logger.debug("Relay refused a connection over its rate", metadata: ["address": "\(address)"])
             return false
         }
-        guard gate.admit(address: address) else {
+        guard gate.admit(address: address, known: address.map(isKnown) ?? true) else {
             metrics.connectionsRefusedOverLimit.increment()
             logger.debug("Relay refused a connection over its limits", metadata: ["address": "\(address ?? "a trusted proxy")"])
             return false
@@ -28,11 +30,29 @@ extension RelayServer {
             logger.debug("Relay refused a forwarded connection over its rate", metadata: ["client": "\(client)"])
             return false
         }
-        guard place.rebind(to: client) else {
+        guard place.rebind(to: client, known: isKnown(client)) else {
             metrics.connectionsRefusedOverLimit.increment()
             logger.debug("Relay refused a forwarded connection over its limits", metadata: ["client": "\(client)"])
             return false
         }
+        return true
+    }
+
+    /// Whether a device its space's log lists proved its key from `address` (a bucket) in the last
+    /// `KnownAddresses.memory`: such an address may take the handshake places reserved for known ones.
+    func isKnown(_ address: String) -> Bool { knownAddresses.contains(address) }
+
+    /// Where a connection stands once its device proved its key: a device the space's log lists as a current
+    /// member (with the keys it proved) may take the connection places reserved for listed devices, and its address
+    /// is remembered as known; another one takes one of the others, or none is left (false: to be closed).
+    func established(_ place: GatePlace, device: DevicePublicKeys, membership: MembershipState?) -> Bool {
+        let listed = membership?.member(device.nodeID).map { $0.isCurrent && $0.keys == device } ?? false
+        guard place.established(listed: listed) else {
+            metrics.connectionsRefusedOverLimit.increment()
+            logger.debug("Relay refused a device its spaces' logs do not list: only reserved places are left")
+            return false
+        }
+        if listed, let address = place.address { knownAddresses.remember(address) }
         return true
     }
 
@@ -49,5 +69,33 @@ extension RelayServer {
             return SourceAddress.bucket(hop)
         }
         return SourceAddress.bucket(proxy)
+    }
+}
+
+/// The source addresses (buckets) listed devices proved their keys from recently: at most `capacity`, each for
+/// `memory` after its last such proof. The oldest is forgotten first when it is full.
+final class KnownAddresses: Sendable {
+    /// How long an address stays known after a listed device's last handshake from it.
+    static let memory: Duration = .seconds(7 * 86_400)
+    /// The most addresses remembered.
+    let capacity: Int
+    private let seen = Mutex<[String: ContinuousClock.Instant]>([:])
+
+    /// An empty set remembering at most `capacity` addresses.
+    init(capacity: Int = 65_536) { self.capacity = capacity }
+
+    /// Whether `address` is remembered, and not for longer than `memory`.
+    func contains(_ address: String) -> Bool {
+        seen.withLock { $0[address].map { ContinuousClock.now - $0 < Self.memory } ?? false }
+    }
+
+    /// Remembers `address` from now, forgetting the one seen longest ago when full.
+    func remember(_ address: String) {
+        seen.withLock { seen in
+            if seen[address] == nil, seen.count >= capacity, let oldest = seen.min(by: { $0.value < $1.value })?.key {
+                seen[oldest] = nil
+            }
+            seen[address] = .now
+        }
     }
 }

@@ -50,6 +50,8 @@ public final class RelayServer: Sendable {
     let executor: EventLoopTaskExecutor
     /// New connections per second per source address.
     let handshakeRate: HandshakeRate
+    /// Addresses listed devices proved their keys from (the handshake places reserved for them).
+    let knownAddresses = KnownAddresses()
     /// Proxies whose connections count for the client they forward (`forwardedClient`).
     let trustedProxies: [AddressRange]
     /// Memory that snapshot uploads waiting for their manifests may hold, across connections, and per space (so the
@@ -68,7 +70,9 @@ public final class RelayServer: Sendable {
         limits.maxConnections = 10_000
         limits.maxHandshakes = 512
         limits.maxConnectionsPerAddress = 64
-        limits.handshakeTimeoutMs = 10_000
+        limits.handshakeTimeoutMs = 5_000
+        limits.reservedHandshakes = limits.maxHandshakes / 4
+        limits.reservedConnections = limits.maxConnections / 5
         return limits
     }
 
@@ -318,6 +322,9 @@ public final class RelayServer: Sendable {
         memberships.withLock { $0[id] = m }
         return m
     }
+
+    /// The resolved log of `space` if this process holds it now (nil: not read yet, or none), without waiting.
+    func cachedMembership(_ space: [UInt8]) -> MembershipState? { memberships.withLock { $0[hexString(space)] } }
 
     /// Stores the operations of `ops` that members keep (`MembershipLog.kept`, SYNC.md §9: anyone holding the
     /// capability, and every device the log ever added, could send others, which could never take effect). Returns

@@ -89,7 +89,7 @@ extension HeldJoin {
     /// A join as a store row holds it; nil for a row that does not decode (keys of the wrong length).
     init?(signing: Data, agreement: Data, invite: Data, proof: Data, holder: String, expiresMs: Int64, refusal: String?) {
         guard let device = DevicePublicKeys(signing: Array(signing), agreement: Array(agreement)), invite.count == 16,
-            proof.count == 32
+            proof.count == 32 || proof.count == 64
         else { return nil }
         self.init(
             invite: Array(invite), device: device, proof: Array(proof), holder: holder, expiresMs: expiresMs,

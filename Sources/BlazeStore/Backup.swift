@@ -158,7 +158,12 @@ extension Store {
                 // indexes are rebuilt from their definitions below.
                 for name in extraIndexes { try db.execute(sql: "DROP INDEX \(name.quotedDatabaseIdentifier)") }
                 try db.execute(sql: "DELETE FROM meta WHERE key = 'space_id'")
-                for table in ["sync_entries", "sync_heads", "sync_peers", "sync_forks", "sync_folders", "sync_folder_heads", "sync_pruned", "sync_acks"] where try db.tableExists(table) {
+                // A restored copy is detached from its space: it keeps none of its sync state, its membership log (so
+                // a new share starts a new log) or the invites it issued (so a copy of the file redeems none).
+                for table in [
+                    "sync_entries", "sync_heads", "sync_peers", "sync_forks", "sync_folders", "sync_folder_heads", "sync_pruned",
+                    "sync_acks", "sync_membership", "sync_invites",
+                ] where try db.tableExists(table) {
                     try db.execute(sql: "DELETE FROM \(table)")
                 }
             }

@@ -52,13 +52,14 @@ extension BlazeDatabase {
         }
     }
 
-    /// Records an invite: its id, a hash of its secret, the role it grants and its expiry.
-    public func addInvite(id: [UInt8], secretHash: [UInt8], role: String, expiresAtMs: Int64) throws {
+    /// Records a version-2 invite: its id, the verifier of its secret (`InviteToken.verifier`: it checks a join proof
+    /// and cannot make one), the role it grants and its expiry.
+    public func addInvite(id: [UInt8], verifier: [UInt8], role: String, expiresAtMs: Int64) throws {
         let now = Int64(Date().timeIntervalSince1970 * 1000)
         try pool.write { db in
             try db.execute(
-                sql: "INSERT INTO sync_invites(id, secret_hash, role, created_at, expires_at) VALUES (?, ?, ?, ?, ?)",
-                arguments: [Data(id), Data(secretHash), role, now, expiresAtMs])
+                sql: "INSERT INTO sync_invites(id, verifier, proof_version, role, created_at, expires_at) VALUES (?, ?, 2, ?, ?, ?)",
+                arguments: [Data(id), Data(verifier), role, now, expiresAtMs])
         }
     }
 
@@ -75,19 +76,19 @@ extension BlazeDatabase {
     }
 
     /// Redeems invite `id` for `device` in one transaction: checks that the joiner proved the secret (`proves`, given
-    /// the stored hash of the secret), that it is unused and unexpired
+    /// what was kept of the secret and the invite's proof version), that it is unused and unexpired
     /// at `nowMs`, asks `admit` for the membership operation that adds the device with the invite's role, stores that
     /// operation and marks the invite used. Throws `InviteRefusal` (nothing changes) when the invite does not hold.
     public func redeemInvite(
-        id: [UInt8], proves: ([UInt8]) -> Bool, device: [UInt8], nowMs: Int64,
+        id: [UInt8], proves: ([UInt8], Int) -> Bool, device: [UInt8], nowMs: Int64,
         admit: (String) throws -> (hash: [UInt8], bytes: [UInt8])
     ) throws -> String {
         try pool.write { db in
             guard
                 let row = try Row.fetchOne(
-                    db, sql: "SELECT secret_hash, role, expires_at, used_at FROM sync_invites WHERE id = ?",
+                    db, sql: "SELECT verifier, role, expires_at, used_at, proof_version FROM sync_invites WHERE id = ?",
                     arguments: [Data(id)]),
-                proves(Array(row[0] as Data))
+                proves(Array(row[0] as Data), row[4])
             else { throw InviteRefusal.unknown }
             guard (row[3] as Int64?) == nil else { throw InviteRefusal.used }
             guard nowMs < row[2] as Int64 else { throw InviteRefusal.expired }

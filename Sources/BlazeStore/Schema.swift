@@ -250,6 +250,14 @@ enum Schema {
                 sql: "ALTER TABLE feed ADD COLUMN change_seq INTEGER; ALTER TABLE feed ADD COLUMN hlc INTEGER; "
                     + "ALTER TABLE feed ADD COLUMN applied_at INTEGER;")
         }
+        m.registerMigration("v14-invite-verifier") { db in
+            // An invite keeps what checks a join proof and cannot make one: the public half of a key derived from its
+            // secret (proof version 2). Invites issued before keep SHA-256 of the secret, their proof's HMAC key
+            // (version 1), until they are used or expire.
+            try db.execute(
+                sql: "ALTER TABLE sync_invites RENAME COLUMN secret_hash TO verifier; "
+                    + "ALTER TABLE sync_invites ADD COLUMN proof_version INTEGER NOT NULL DEFAULT 1;")
+        }
         return m
     }
 }

@@ -11,6 +11,12 @@ public struct SyncListenerLimits: Sendable, Equatable {
     public var maxConnectionsPerAddress = 16
     /// Milliseconds an inbound or outbound handshake may take, much shorter than the silence limit.
     public var handshakeTimeoutMs = 5_000
+    /// Of `maxHandshakes`, places only connections from a known address may take (one a listed device proved its
+    /// key from, `ConnectionGate.admit(address:known:)`): strangers filling the others leave those devices a way in.
+    public var reservedHandshakes = 0
+    /// Of `maxConnections`, places only devices a space's log lists may take once their handshake is done
+    /// (`GatePlace.established(listed:)`): capability holders with fresh keys cannot take them all.
+    public var reservedConnections = 0
 
     /// Default limits.
     public init() {}
@@ -25,7 +31,12 @@ public final class GatePlace {
     /// connection, until the request it forwards says for whom: `rebind`).
     public private(set) var address: String?
     private var handshaking = true
+    /// Whether the connection counts among the established ones of devices no log lists.
+    private var unlisted = false
     private var released = false
+    /// When the gate admitted the connection: its handshake deadline runs from here, whatever comes before the
+    /// handshake itself (TLS, a WebSocket upgrade).
+    public let admitted = ContinuousClock.now
 
     /// The place `gate` gave a connection from `address` (`admit` returned true).
     public init(gate: ConnectionGate, address: String?) {
@@ -33,27 +44,38 @@ public final class GatePlace {
         self.address = address
     }
 
+    /// What is left of `timeout` since the connection was admitted (zero once it passed).
+    public func remaining(of timeout: Duration) -> Duration {
+        max(.zero, timeout - (ContinuousClock.now - admitted))
+    }
+
     /// Counts the connection for `client` from now on (the address a trusted proxy forwards it for); false, and
-    /// counted, when `client` is at its limit already (the connection is then to be closed).
-    public func rebind(to client: String) -> Bool {
+    /// counted, when `client` is at its limit already, or is not `known` and only reserved handshake places are
+    /// left (the connection is then to be closed).
+    public func rebind(to client: String, known: Bool = true) -> Bool {
         guard !released, client != address else { return true }
-        guard gate.rebind(from: address, to: client) else { return false }
+        guard gate.rebind(from: address, to: client, known: known) else { return false }
         address = client
         return true
     }
 
-    /// The connection finished its handshake: it stops counting as handshaking.
-    public func established() {
-        guard handshaking, !released else { return }
+    /// The connection finished its handshake: it stops counting as handshaking. A device no log lists (`listed`
+    /// false) takes one of the places not reserved for listed ones; false, and counted, when none is left (the
+    /// connection is then to be closed).
+    @discardableResult
+    public func established(listed: Bool = true) -> Bool {
+        guard handshaking, !released else { return true }
+        guard gate.established(listed: listed) else { return false }
         handshaking = false
-        gate.established()
+        unlisted = !listed
+        return true
     }
 
     /// Gives the place back (once).
     public func release() {
         guard !released else { return }
         released = true
-        gate.release(address: address, handshaking: handshaking)
+        gate.release(address: address, handshaking: handshaking, unlisted: unlisted)
     }
 }
 
@@ -62,6 +84,8 @@ public final class ConnectionGate: Sendable {
     private struct Counts {
         var total = 0
         var handshaking = 0
+        /// Established connections of devices no log lists.
+        var unlisted = 0
         var byAddress: [String: Int] = [:]
     }
 
@@ -75,10 +99,12 @@ public final class ConnectionGate: Sendable {
     public init(limits: SyncListenerLimits) { self.limits = limits }
 
     /// Takes a place for a new connection from `address` (handshaking); false, and counted, when a limit is reached.
-    /// A nil address is counted in the totals only (a trusted proxy's connection, until `rebind`).
-    public func admit(address: String?) -> Bool {
+    /// Only a `known` address may take the last `reservedHandshakes` places. A nil address is counted in the totals
+    /// only (a trusted proxy's connection, until `rebind` checks the client it forwards for).
+    public func admit(address: String?, known: Bool = true) -> Bool {
+        let handshakes = known ? limits.maxHandshakes : limits.maxHandshakes - limits.reservedHandshakes
         let ok = counts.withLock { c -> Bool in
-            guard c.total < limits.maxConnections, c.handshaking < limits.maxHandshakes,
+            guard c.total < limits.maxConnections, c.handshaking < handshakes,
                 address.map({ c.byAddress[$0, default: 0] < limits.maxConnectionsPerAddress }) ?? true
             else { return false }
             c.total += 1
@@ -90,10 +116,13 @@ public final class ConnectionGate: Sendable {
         return ok
     }
 
-    /// Moves a connection's count from `old` (nil: none) to `new`; false, and counted, when `new` is at its limit.
-    func rebind(from old: String?, to new: String) -> Bool {
+    /// Moves a handshaking connection's count from `old` (nil: none) to `new`; false, and counted, when `new` is at
+    /// its limit, or is not `known` and the handshakes (this one among them) reach into the reserved places.
+    func rebind(from old: String?, to new: String, known: Bool) -> Bool {
+        let handshakes = known ? limits.maxHandshakes : limits.maxHandshakes - limits.reservedHandshakes
         let ok = counts.withLock { c -> Bool in
-            guard c.byAddress[new, default: 0] < limits.maxConnectionsPerAddress else { return false }
+            guard c.byAddress[new, default: 0] < limits.maxConnectionsPerAddress, c.handshaking <= handshakes
+            else { return false }
             c.byAddress[new, default: 0] += 1
             if let old { Self.uncount(old, in: &c) }
             return true
@@ -107,23 +136,35 @@ public final class ConnectionGate: Sendable {
         c.byAddress[address] = left > 0 ? left : nil
     }
 
-    /// The connection from `address` finished its handshake: it no longer counts as handshaking.
-    public func established() {
-        counts.withLock { $0.handshaking -= 1 }
+    /// A connection finished its handshake: it no longer counts as handshaking. One of a device no log lists takes
+    /// a place outside the `reservedConnections`; false, and counted, when none is left.
+    func established(listed: Bool) -> Bool {
+        let ok = counts.withLock { c -> Bool in
+            if !listed {
+                guard c.unlisted < limits.maxConnections - limits.reservedConnections else { return false }
+                c.unlisted += 1
+            }
+            c.handshaking -= 1
+            return true
+        }
+        if !ok { refused.add(1, ordering: .relaxed) }
+        return ok
     }
 
     /// The connection from `address` (nil: counted for none) closed; `handshaking` tells whether it had not finished
-    /// its handshake.
-    public func release(address: String?, handshaking: Bool) {
+    /// its handshake, `unlisted` whether it counted among the established ones of devices no log lists.
+    public func release(address: String?, handshaking: Bool, unlisted: Bool = false) {
         counts.withLock { c in
             c.total -= 1
             if handshaking { c.handshaking -= 1 }
+            if unlisted { c.unlisted -= 1 }
             if let address { Self.uncount(address, in: &c) }
         }
     }
 
-    /// Current counts: all inbound connections and those still handshaking.
-    public var current: (total: Int, handshaking: Int) {
-        counts.withLock { ($0.total, $0.handshaking) }
+    /// Current counts: all inbound connections, those still handshaking, and the established ones of devices no log
+    /// lists.
+    public var current: (total: Int, handshaking: Int, unlisted: Int) {
+        counts.withLock { ($0.total, $0.handshaking, $0.unlisted) }
     }
 }

@@ -158,8 +158,8 @@ public enum PeerMessage: Sendable {
             self = .members(ops)
         case Self.joinType?:
             guard let id = r.read(16), let signing = r.read(32), let agreement = r.read(32),
-                let device = DevicePublicKeys(signing: Array(signing), agreement: Array(agreement)), let proof = r.read(32),
-                r.remaining == 0
+                let device = DevicePublicKeys(signing: Array(signing), agreement: Array(agreement)),
+                r.remaining == 32 || r.remaining == 64, let proof = r.read(r.remaining)
             else { throw .malformed }
             self = .join(id: Array(id), device: device, proof: Array(proof))
         case Self.acksType?:

@@ -193,7 +193,7 @@ extension SyncEngine {
         let secret = SpaceKey.randomSecret()
         let token = try InviteToken(space: space.id, capability: snapshot.key.capability, id: id, secret: secret, address: address)
         let expires = Int64(nowMsUnsigned()) + expiresInMs
-        try db.addInvite(id: id, secretHash: InviteToken.secretHash(secret), role: role.name, expiresAtMs: expires)
+        try db.addInvite(id: id, verifier: InviteToken.verifier(secret), role: role.name, expiresAtMs: expires)
         return (token.text, expires)
     }
 
@@ -210,7 +210,9 @@ extension SyncEngine {
         var made: MembershipOp?
         _ = try space.db.redeemInvite(
             id: inviteID,
-            proves: { InviteToken.checkJoinProof(proof, secretHash: $0, space: space.id, device: device) },
+            proves: { kept, version in
+                InviteToken.checkJoinProof(proof, kept: kept, version: version, space: space.id, invite: inviteID, device: device)
+            },
             device: device.nodeID, nowMs: Int64(nowMsUnsigned())
         ) { roleName in
             let role = MemberRole(name: roleName) ?? .reader

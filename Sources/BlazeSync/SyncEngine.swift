@@ -95,7 +95,10 @@ public final class SyncEngine: Sendable {
     public var refusedOverLimitCount: Int { gate.refused.load(ordering: .relaxed) }
 
     /// Inbound connections now open, and how many of them have not finished their handshake.
-    public var inboundConnections: (total: Int, handshaking: Int) { gate.current }
+    public var inboundConnections: (total: Int, handshaking: Int) {
+        let c = gate.current
+        return (c.total, c.handshaking)
+    }
 
     /// How long a handshake may take.
     var handshakeTimeout: TimeAmount { .milliseconds(Int64(gate.limits.handshakeTimeoutMs)) }
@@ -256,7 +259,7 @@ public final class SyncEngine: Sendable {
     /// Joins the space of `token` as the new database `name` (default: `shared-` and the space id's first 8 hex
     /// digits); fails if a database here already syncs in that space.
     public func join(token: String, name: String?, timeout: TimeAmount = .seconds(20)) throws -> BlazeDatabase {
-        if token.hasPrefix(InviteToken.prefix) {
+        if InviteToken.isInvite(token) {
             let invite: InviteToken
             do { invite = try InviteToken(text: token) } catch {
                 throw StoreError(.invalidArgument, kind: "invalid_token", error.description)

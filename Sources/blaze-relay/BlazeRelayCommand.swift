@@ -85,7 +85,23 @@ struct Serve: AsyncParsableCommand {
     @Option(help: "Most connections from one source address.")
     var maxConnectionsPerAddress = RelayServer.defaultLimits.maxConnectionsPerAddress
 
-    @Option(help: "Seconds a device may take to finish its handshake.")
+    @Option(
+        help: """
+            Of --max-handshakes, places kept for addresses a listed device proved its key from in the last 7 days \
+            (default: a quarter).
+            """)
+    var reservedHandshakes: Int?
+
+    @Option(help: "Of --max-connections, places kept for devices a space's log lists (default: a fifth).")
+    var reservedConnections: Int?
+
+    /// The reserved places of `limits` as given, or the default share of their maximum.
+    func reserving(_ limits: inout SyncListenerLimits) {
+        limits.reservedHandshakes = reservedHandshakes ?? limits.maxHandshakes / 4
+        limits.reservedConnections = reservedConnections ?? limits.maxConnections / 5
+    }
+
+    @Option(help: "Seconds a device may take from connecting to finishing its handshake (WebSocket upgrade included).")
     var handshakeTimeout = RelayServer.defaultLimits.handshakeTimeoutMs / 1000
 
     @Option(help: "New connections per second from one source address, bursts of twice that (0: no limit); more are closed at once.")
@@ -107,6 +123,12 @@ struct Serve: AsyncParsableCommand {
             ("--max-connections-per-address", maxConnectionsPerAddress), ("--handshake-timeout", handshakeTimeout),
         ] where !(1...1_000_000).contains(value) {
             throw ValidationError("\(name) must be from 1 to 1000000, got \(value)")
+        }
+        if let reservedHandshakes, !(0..<maxHandshakes).contains(reservedHandshakes) {
+            throw ValidationError("--reserved-handshakes must be from 0 to below --max-handshakes (\(maxHandshakes)), got \(reservedHandshakes)")
+        }
+        if let reservedConnections, !(0..<maxConnections).contains(reservedConnections) {
+            throw ValidationError("--reserved-connections must be from 0 to below --max-connections (\(maxConnections)), got \(reservedConnections)")
         }
         if (tlsCert == nil) != (tlsKey == nil) { throw ValidationError("--tls-cert and --tls-key go together") }
         guard LineLogHandler.Format(rawValue: logFormat) != nil else {
@@ -156,6 +178,7 @@ struct Serve: AsyncParsableCommand {
         limits.maxHandshakes = maxHandshakes
         limits.maxConnectionsPerAddress = maxConnectionsPerAddress
         limits.handshakeTimeoutMs = handshakeTimeout * 1000
+        reserving(&limits)
         let relay = RelayServer(
             store: store, identity: identity, group: MultiThreadedEventLoopGroup.singleton, logger: logger,
             limits: limits, handshakesPerSecondPerAddress: handshakeRate, trustedProxies: trustedProxy.compactMap(AddressRange.init))

@@ -321,20 +321,40 @@ func randomSecret() -> [UInt8] { SymmetricKey(size: .bits256).withUnsafeBytes { 
     }
 
     @Test func aJoinProofBindsTheInviteToOneDeviceAndNeverShowsTheSecret() throws {
-        let space = SpaceKey.randomBytes(16)
-        let secret = SpaceKey.randomSecret()
-        let hash = InviteToken.secretHash(secret)
+        let space = SpaceKey.randomBytes(16), id = SpaceKey.randomBytes(16)
+        let invite = try InviteToken(
+            space: space, capability: SpaceKey.randomBytes(32), id: id, secret: SpaceKey.randomSecret(), address: "h:1")
+        let kept = InviteToken.verifier(invite.secret)
         let joiner = DeviceIdentity().publicKeys, relay = DeviceIdentity().publicKeys
-        let proof = InviteToken.joinProof(secretHash: hash, space: space, device: joiner)
-        #expect(InviteToken.checkJoinProof(proof, secretHash: hash, space: space, device: joiner))
+        let proof = invite.joinProof(device: joiner)
+        func check(_ proof: [UInt8], kept: [UInt8] = kept, space: [UInt8] = space, invite: [UInt8] = id, device: DevicePublicKeys = joiner) -> Bool {
+            InviteToken.checkJoinProof(proof, kept: kept, version: 2, space: space, invite: invite, device: device)
+        }
+        #expect(check(proof))
         // Whoever carries it cannot move it to another device, another space, or another invite.
-        #expect(!InviteToken.checkJoinProof(proof, secretHash: hash, space: space, device: relay))
-        #expect(!InviteToken.checkJoinProof(proof, secretHash: hash, space: SpaceKey.randomBytes(16), device: joiner))
-        #expect(!InviteToken.checkJoinProof(proof, secretHash: InviteToken.secretHash(SpaceKey.randomSecret()), space: space, device: joiner))
+        #expect(!check(proof, device: relay))
+        #expect(!check(proof, space: SpaceKey.randomBytes(16)))
+        #expect(!check(proof, invite: SpaceKey.randomBytes(16)))
+        #expect(!check(proof, kept: InviteToken.verifier(SpaceKey.randomSecret())))
         var flipped = proof
         flipped[0] ^= 1
-        #expect(!InviteToken.checkJoinProof(flipped, secretHash: hash, space: space, device: joiner))
-        // Neither the secret nor its hash is in it.
-        #expect(proof != secret && proof != hash && proof.count == 32)
+        #expect(!check(flipped))
+        // Neither the secret nor what the member keeps is in it, and what the member keeps makes no proof: the
+        // version-1 scheme's HMAC keyed with the stored value (what a copy of the member's database allows) fails.
+        #expect(proof.count == 64 && proof.firstRange(of: invite.secret) == nil && proof.firstRange(of: kept) == nil)
+        let fromCopy = try InviteToken(
+            space: space, capability: invite.capability, id: id, secret: kept, address: "h:1", version: 1)
+        #expect(!check(fromCopy.joinProof(device: joiner)))
+        #expect(!InviteToken.checkJoinProof(proof, kept: kept, version: 1, space: space, invite: id, device: joiner))
+        // Version-1 tokens (issued before) still prove against SHA-256 of the secret.
+        let legacy = try InviteToken(text: InviteToken.legacyPrefix + String(invite.text.dropFirst(InviteToken.prefix.count)))
+        #expect(legacy.version == 1 && legacy.secret == invite.secret)
+        let old = legacy.joinProof(device: joiner)
+        #expect(InviteToken.checkJoinProof(
+            old, kept: InviteToken.secretHash(invite.secret), version: 1, space: space, invite: id, device: joiner))
+        #expect(!InviteToken.checkJoinProof(
+            old, kept: InviteToken.secretHash(invite.secret), version: 1, space: space, invite: id, device: relay))
+        let reread = try InviteToken(text: invite.text)
+        #expect(invite.text.hasPrefix(InviteToken.prefix) && reread == invite)
     }
 }

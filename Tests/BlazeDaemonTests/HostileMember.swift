@@ -46,13 +46,17 @@ final class HostileMember {
 
     /// Connects to `127.0.0.1:port` and completes the handshake; throws when the server refuses it. With `webSocket`
     /// (an HTTP path), the connection is first upgraded to a WebSocket (RFC 6455, as a relay is reached), its request
-    /// carrying `headers` ("Name: value") besides, and every byte afterwards travels in masked binary frames.
-    func connect(port: Int, timeoutSeconds: Int = 10, webSocket path: String? = nil, headers: [String] = []) throws {
+    /// carrying `headers` ("Name: value") besides, and every byte afterwards travels in masked binary frames. With
+    /// `handshake` false it stops once the server's hello came: a connection admitted that stalls in its handshake.
+    func connect(
+        port: Int, timeoutSeconds: Int = 10, webSocket path: String? = nil, headers: [String] = [], handshake: Bool = true
+    ) throws {
         close()
         fd = try Self.openSocket(port: port, timeoutSeconds: timeoutSeconds)
         if let path { try upgrade(port: port, path: path, headers: headers) }
         var client = Handshake.Client(key: key, identity: identity)
         let hello = try readHandshakeFrame(size: Handshake.helloSize)
+        guard handshake else { return }
         try writeAll(Self.lengthPrefixed(try client.respond(to: hello)))
         let reply = try readHandshakeFrame(size: Handshake.replySize)
         cipher = try client.finish(reply).session

@@ -14,10 +14,15 @@ import Glibc
 @Suite struct RelayLimitTests {
     /// Opens a device connection through the WebSocket whose request says it forwards for `forwardedFor`; false when
     /// the relay closes it (over a limit).
-    static func opens(_ key: SpaceKey, _ relay: RelayProcess, forwardedFor: String, into held: inout [HostileMember]) -> Bool {
+    /// With `handshake` false it stalls once the relay's hello came (true: the relay admitted it).
+    static func opens(
+        _ key: SpaceKey, _ relay: RelayProcess, forwardedFor: String?, into held: inout [HostileMember], handshake: Bool = true
+    ) -> Bool {
         let h = HostileMember(key: key)
         do {
-            try h.connect(port: relay.port, webSocket: "/v1/sync", headers: ["X-Forwarded-For: \(forwardedFor)"])
+            try h.connect(
+                port: relay.port, webSocket: "/v1/sync", headers: forwardedFor.map { ["X-Forwarded-For: \($0)"] } ?? [],
+                handshake: handshake)
             held.append(h)
             return true
         } catch {
@@ -60,6 +65,43 @@ import Glibc
         a.stop()
         proxied.stop()
         direct.stop()
+    }
+
+    /// Places kept for members (RELAY.md, "Limits"): capability holders with fresh keys take every connection place
+    /// not reserved, and strangers' stalled handshakes every handshake place not reserved; a device the log lists
+    /// still gets in and syncs, and an address a listed device came from still gets a handshake place.
+    @Test func placesAreKeptForTheSpacesMembers() throws {
+        let relay = try RelayProcess(arguments: [
+            "--trusted-proxy", "127.0.0.0/8", "--max-connections-per-address", "100", "--max-connections", "10",
+            "--reserved-connections", "5", "--max-handshakes", "4", "--reserved-handshakes", "2", "--handshake-timeout", "60",
+        ])
+        let (a, ca, capability) = try sharedTeam(servedBy: relay)
+        let key = try RelayCapability(text: capability).key
+        _ = try ca.call("peer.add", ["db": "team", "address": .string(relay.address)])
+        _ = try ca.call("doc.put", ["db": "team", "collection": "c", "id": "d", "doc": ["v": 1]])
+        let na = try nodeID(ca, "team")
+        #expect(try eventually { try relay.held()[na] == ownSeq(ca, "team") }, "the member synced: its address is known")
+        _ = try ca.call("peer.remove", ["db": "team", "address": .string(relay.address)])
+
+        // Five capability holders the log does not list take the five places not reserved; a sixth is refused.
+        var held: [HostileMember] = []
+        #expect(eventually { relay.connections() == 0 }, "the member's link closed")
+        for i in 1...5 { #expect(Self.opens(key, relay, forwardedFor: "203.0.113.\(i)", into: &held)) }
+        #expect(!Self.opens(key, relay, forwardedFor: "203.0.113.6", into: &held), "no place left for unlisted devices")
+        // The member still gets in, and syncs.
+        _ = try ca.call("peer.add", ["db": "team", "address": .string(relay.address)])
+        _ = try ca.call("doc.put", ["db": "team", "collection": "c", "id": "e", "doc": ["v": 2]])
+        #expect(try eventually { try relay.held()[na] == ownSeq(ca, "team") }, "the member synced through a reserved place")
+
+        // Strangers stalling in their handshake take the two handshake places not reserved; a third is refused, while
+        // the member's address (the proxy's own, without a header) still gets one.
+        #expect(Self.opens(key, relay, forwardedFor: "198.51.100.1", into: &held, handshake: false))
+        #expect(Self.opens(key, relay, forwardedFor: "198.51.100.2", into: &held, handshake: false))
+        #expect(!Self.opens(key, relay, forwardedFor: "198.51.100.3", into: &held, handshake: false), "unknown: refused")
+        #expect(Self.opens(key, relay, forwardedFor: nil, into: &held, handshake: false), "a known address is admitted")
+        for h in held { h.close() }
+        a.stop()
+        relay.stop()
     }
 
     /// A capability holder the log does not list streams snapshot pieces that no manifest ends, on several

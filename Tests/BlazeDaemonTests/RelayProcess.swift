@@ -102,6 +102,15 @@ final class RelayProcess: @unchecked Sendable {
         }
     }
 
+    /// The connections the relay has open besides the one asking (`GET /healthz` counts itself), nil when it does
+    /// not answer.
+    func connections() -> Int? {
+        guard let body = try? httpExchange(port: port, "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n").body,
+            let health: JSONValue = try? JSONParser().parse(body), let count = health["connections"]?.intValue
+        else { return nil }
+        return Int(count) - 1
+    }
+
     /// Rows of one of the relay's tables.
     func count(_ table: String) throws -> Int {
         try DatabaseQueue(path: dataDir + "/relay.db").read { try Int.fetchOne($0, sql: "SELECT count(*) FROM \(table)") ?? 0 }

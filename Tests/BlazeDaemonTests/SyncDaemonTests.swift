@@ -393,7 +393,7 @@ func replicaState(_ c: BlazeConnection, _ db: String) throws -> (hash: String, d
         #expect(share.status == 0 && share.out == "shared notes as space \(space); this device is its admin: invite devices with 'blazectl db invite notes writer'\n")
         let invite = try run(ctl, ["db", "invite", "notes", "writer", "--expires-in", "600", "--socket", a.socket])
         let token = invite.out.trimmingCharacters(in: .newlines)
-        #expect(invite.status == 0 && token.hasPrefix("blazedb-invite-1.") && invite.err.contains("one-time writer invite into notes"))
+        #expect(invite.status == 0 && token.hasPrefix("blazedb-invite-2.") && invite.err.contains("one-time writer invite into notes"))
         // The token comes on stdin: never in argv (shell history, /proc).
         let join = try run(ctl, ["db", "join", "-", "notes", "--socket", b.socket], input: token + "\n")
         #expect(join.out == "joined space \(space) as database notes\n" && join.status == 0, "\(join)")

@@ -194,14 +194,50 @@ import Testing
             #expect(gate.admit(address: "10.0.0.1") && gate.admit(address: "10.0.0.1"))
             let established = try active([GateTicket(gate: gate, address: "10.0.0.1")])
             let abandoned = try active([GateTicket(gate: gate, address: "10.0.0.1")])
-            #expect(gate.current == (2, 2))
+            #expect(gate.current == (2, 2, 0))
             established.pipeline.fireUserInboundEventTriggered(SyncLinkEstablished(space: s.space(s.a, s.dbA, s.key), device: s.b.identity.publicKeys))
-            #expect(gate.current == (2, 1))
+            #expect(gate.current == (2, 1, 0))
             _ = try abandoned.finish(acceptAlreadyClosed: false)
-            #expect(gate.current == (1, 0))
+            #expect(gate.current == (1, 0, 0))
             _ = try established.finish(acceptAlreadyClosed: false)
-            #expect(gate.current == (0, 0))
+            #expect(gate.current == (0, 0, 0))
         }
+    }
+
+    @Test func reservedPlacesGoOnlyToKnownAddressesAndListedDevices() {
+        var limits = SyncListenerLimits()
+        limits.maxHandshakes = 3
+        limits.reservedHandshakes = 1
+        limits.maxConnections = 6
+        limits.reservedConnections = 3
+        let gate = ConnectionGate(limits: limits)
+        // Two handshakes from unknown addresses take the places not reserved; a third unknown one is refused, a known
+        // one takes the reserved place, and then nobody gets one.
+        let a = GatePlace(gate: gate, address: "10.0.0.1"), b = GatePlace(gate: gate, address: "10.0.0.2")
+        #expect(gate.admit(address: "10.0.0.1", known: false) && gate.admit(address: "10.0.0.2", known: false))
+        #expect(!gate.admit(address: "10.0.0.3", known: false))
+        #expect(gate.admit(address: "10.0.0.4", known: true))
+        let c = GatePlace(gate: gate, address: "10.0.0.4")
+        #expect(!gate.admit(address: "10.0.0.5", known: true))
+        // A proxy's connection (counted for nobody yet) is checked again when it names its client.
+        c.release()
+        #expect(gate.admit(address: nil))
+        let proxied = GatePlace(gate: gate, address: nil)
+        #expect(!proxied.rebind(to: "10.0.0.6", known: false), "the only place left is reserved")
+        #expect(proxied.rebind(to: "10.0.0.6", known: true))
+        proxied.release()
+        // Established: unlisted devices take at most maxConnections − reservedConnections places.
+        #expect(a.established(listed: false) && b.established(listed: false))
+        #expect(gate.admit(address: "10.0.0.7", known: false) && gate.admit(address: "10.0.0.8", known: false))
+        let d = GatePlace(gate: gate, address: "10.0.0.7"), e = GatePlace(gate: gate, address: "10.0.0.8")
+        #expect(d.established(listed: false))
+        #expect(!e.established(listed: false), "no unlisted place left")
+        #expect(e.established(listed: true), "a listed device takes a reserved one")
+        #expect(gate.current == (4, 0, 3))
+        a.release()
+        #expect(gate.current == (3, 0, 2))
+        for p in [b, d, e] { p.release() }
+        #expect(gate.current == (0, 0, 0))
     }
 
     /// A pipeline of `BatchReceiver`, `SyncSession` and a recorder on an `NIOAsyncTestingChannel` (they run storage on

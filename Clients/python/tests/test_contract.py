@@ -160,7 +160,7 @@ def test_every_method_succeeds_and_fails_as_documented(client, daemon):
     assert share["token"] is None and len(share["space"]) == 32
     err(c, "db.share", -32010, "database_not_found", db="missing")
     invite = ok(c, "db.invite", db="app", role="writer", address="127.0.0.1:9", expiresIn=60)
-    assert invite["token"].startswith("blazedb-invite-1.") and invite["role"] == "writer"
+    assert invite["token"].startswith("blazedb-invite-2.") and invite["role"] == "writer"
     err(c, "db.invite", -32020, "not_listening", db="app", role="reader")
     err(c, "db.invite", -32602, "invalid_role", db="app", role="owner")
     err(c, "db.invite", -32010, "database_not_found", db="missing", role="reader")
