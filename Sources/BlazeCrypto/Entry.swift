@@ -9,7 +9,7 @@ public enum SyncRejection: String, Error, Sendable, CaseIterable {
     public var blamesOrigin: Bool {
         switch self {
         case .fork, .quarantined, .unknownEpoch, .badSeal, .badPayload, .invalidChange, .clockAhead, .notMember, .reader,
-            .revoked:
+            .revoked, .tooManyParked:
             return true
         default: return false
         }
@@ -48,6 +48,9 @@ public enum SyncRejection: String, Error, Sendable, CaseIterable {
     /// The entry's origin was removed and the entry lies past its removal's cutoff; on a handshake, the device at
     /// the other end was removed.
     case revoked
+    /// The origin has as many changes parked (waiting for changes they depend on) as a device keeps; refused until
+    /// those arrive.
+    case tooManyParked = "too_many_parked"
     /// A relay refused to store more of the space: its quota of entries or bytes is used up.
     case overQuota = "over_quota"
     /// An acknowledgement's signature does not verify, or it names another space.

@@ -59,6 +59,8 @@ public enum SyncLogConflict: Error, Sendable, Equatable {
     case brokenChain
     /// An entry differs from the one held for the same sequence number.
     case fork
+    /// Storing the batch would leave more of the origin's changes parked than `StoreLimits.maxParkedPerOrigin`.
+    case tooManyParked
 }
 
 /// The database's sync log (DESIGN §8) as storage: its space, sealed entries and signed heads as opaque bytes, fork
@@ -282,6 +284,13 @@ extension BlazeDatabase {
             try db.cachedStatement(sql: "INSERT OR IGNORE INTO sync_heads(origin, seq, head) VALUES (?, ?, ?)")
                 .execute(arguments: [o, Int64(head.seq), Data(head.bytes)])
             if !fresh.isEmpty { outcome.report = try self.receive(fresh, in: db, texts: freshTexts) }
+            // Changes waiting for dependencies are bounded per origin: past the limit the batch is refused whole (the
+            // transaction rolls back), and comes again once what it waits for has arrived.
+            if outcome.report.parked > 0 {
+                let parked = try Int.fetchOne(
+                    db.cachedStatement(sql: "SELECT count(*) FROM parked WHERE origin = ?"), arguments: [origin.hex]) ?? 0
+                if parked > limits.maxParkedPerOrigin { throw SyncLogConflict.tooManyParked }
+            }
             return outcome
         }
     }

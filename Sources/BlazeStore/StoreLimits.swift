@@ -18,6 +18,9 @@ public struct StoreLimits: Sendable, Equatable {
     /// How far ahead of local wall time (milliseconds) the clock of a change from another device may be; a change
     /// further ahead is refused (`clock_ahead` in `sync.status`) until local time catches up.
     public var maxClockAheadMilliseconds: UInt64 = ChangeBounds.defaultMaxClockAheadMilliseconds
+    /// Most changes of one origin parked at once, waiting for changes they depend on; a batch that would park more
+    /// is refused (`too_many_parked` in `sync.status`) and comes again once what it waits for has arrived.
+    public var maxParkedPerOrigin: Int = 100_000
     /// Maximum nesting depth of a document's values, for remote changes as for local writes (the RPC request limit).
     public var maxDepth: Int = 64
 

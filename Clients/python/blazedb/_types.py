@@ -479,7 +479,7 @@ class SyncStatusResultDatabasesItemPeersItem(TypedDict):
     # Failed connection attempts and sessions.
     errors: int
     lastError: Optional[str]
-    # Refused entries, heads and frames by reason: malformed, wrong_space, unknown_epoch, bad_seal, bad_payload, broken_chain, bad_head, fork, rollback, bad_frame, invalid_change, clock_ahead, quarantined (SYNC.md §7); not_a_member, reader, revoked (§9); torn_record, a folder's record whose checksum fails (§10).
+    # Refused entries, heads and frames by reason: malformed, wrong_space, unknown_epoch, bad_seal, bad_payload, broken_chain, bad_head, fork, rollback, bad_frame, invalid_change, clock_ahead, quarantined, too_many_parked (SYNC.md §7); not_a_member, reader, revoked (§9); torn_record, a folder's record whose checksum fails (§10).
     rejected: Dict[str, int]
     # Snapshots sent to this peer because it lacked entries compacted away here (SYNC.md §11).
     snapshotsSent: int
