@@ -308,7 +308,7 @@ public enum EntryRun {
 ///
 /// Carries the origin's Ed25519 public key; the node id is the first 16 bytes of its SHA-256, so the key is checked
 /// against the origin it claims. Binary layout: origin (16) · seq (8) · hash (32) · public key (32) · signature (64).
-public struct SignedHead: Sendable, Equatable {
+public struct SignedHead: Sendable, Hashable {
     /// Encoded size in bytes.
     public static let size = 16 + 8 + 32 + 32 + 64
 

@@ -21,8 +21,9 @@ public struct Member: Sendable, Equatable {
     public let addedAtMs: UInt64
     /// Its rank among admins when concurrent operations are ordered: the creator is 0, then in order of addition.
     public let seniority: Int
-    /// Set once removed: whose removal, when, and the last sequence number of its entries members accept.
-    public var removal: (by: [UInt8], atMs: UInt64, cutoff: UInt64)?
+    /// Set once removed: whose removal, when, the last sequence number of its entries members accept, and (in a log
+    /// that commits to its cutoffs) the hash of its entry at that sequence, which it signed.
+    public var removal: (by: [UInt8], atMs: UInt64, cutoff: UInt64, cutoffHash: [UInt8]?)?
 
     /// True until removed.
     public var isCurrent: Bool { removal == nil }
@@ -31,7 +32,17 @@ public struct Member: Sendable, Equatable {
     public static func == (a: Member, b: Member) -> Bool {
         a.keys == b.keys && a.role == b.role && a.addedBy == b.addedBy && a.addedAtMs == b.addedAtMs
             && a.seniority == b.seniority && a.removal?.by == b.removal?.by && a.removal?.atMs == b.removal?.atMs
-            && a.removal?.cutoff == b.removal?.cutoff
+            && a.removal?.cutoff == b.removal?.cutoff && a.removal?.cutoffHash == b.removal?.cutoffHash
+    }
+
+    /// Whether this member's entries up to `last` are accepted: all of a current member's; a removed one's up to
+    /// its cutoff, and then only the entry it signed there (`hashAt` gives the hash of an entry at a sequence, nil
+    /// when that entry is not at hand; the chain links every earlier one to it).
+    public func acceptsEntries(upTo last: UInt64, hashAt: (UInt64) -> [UInt8]?) -> Bool {
+        guard let removal else { return true }
+        guard last <= removal.cutoff else { return false }
+        guard let expected = removal.cutoffHash, let hash = hashAt(removal.cutoff) else { return true }
+        return hash == expected
     }
 }
 
@@ -67,6 +78,11 @@ public struct MembershipState: Sendable {
     public private(set) var frontier: [EpochKeyID] = []
     /// Envelopes of applied operations, with their key resolved (an envelope naming its own operation resolved to it).
     public private(set) var envelopes: [(envelope: KeyEnvelope, key: EpochKeyID)] = []
+    /// Whether the log commits to its keys and its removals' cutoffs: its create is version 2 (SYNC.md §9,
+    /// "Rotation"). In such a log a remove that does not is void, and a key is taken only as committed.
+    public private(set) var commitsKeys = false
+    /// The commitment of each key whose operation published one (`KeyEnvelope.commitment`).
+    private var commitments: [EpochKeyID: [UInt8]] = [:]
     /// Every set of concurrent latest keys that was ever combined into one epoch (at a rotation made while they were
     /// concurrent, and the current frontier): entries sealed under those combined epochs stay readable.
     public private(set) var combinations: [[EpochKeyID]] = []
@@ -91,6 +107,13 @@ public struct MembershipState: Sendable {
     public func acceptsEntry(origin: [UInt8], seq: UInt64) -> Bool {
         guard let m = member(origin), m.role.writes else { return false }
         return m.removal.map { seq <= $0.cutoff } ?? true
+    }
+
+    /// True when a batch of `origin`'s entries ending at `head` is accepted (`Member.acceptsEntries`): a writing
+    /// member's, or a removed one's up to its cutoff and through the entry it signed there.
+    public func acceptsBatch(origin: [UInt8], head: UInt64, hashAt: (UInt64) -> [UInt8]?) -> Bool {
+        guard let m = member(origin), m.role.writes else { return false }
+        return m.acceptsEntries(upTo: head, hashAt: hashAt)
     }
 
     /// Resolves `ops` (any order, duplicates ignored) for `space`.
@@ -189,6 +212,8 @@ public struct MembershipState: Sendable {
             guard MembershipOp.spaceID(creator: op.author, salt: salt) == space else { return "a create of another space" }
             members[author] = Member(keys: op.author, role: .admin, addedBy: nil, addedAtMs: op.timeMs, seniority: seniority)
             seniority += 1
+            commitsKeys = op.version == 2
+            if let c = op.commitment { commitments[EpochKeyID(epoch: 1, op: op.hash)] = c }
             return nil
         }
         guard let signer = members[author], signer.isCurrent, signer.keys == op.author else { return "author is not a member" }
@@ -206,13 +231,16 @@ public struct MembershipState: Sendable {
             guard var removed = members[target] else { return "device is not a member" }
             let known = Array(knownKeys)
             guard epoch == Self.epoch(of: known) + 1 else { return "epoch is not one past the author's latest" }
+            guard op.version == 2 || !commitsKeys else { return "a rotation without its key's commitment" }
+            if let head = op.cutoffHead, head.publicKey != removed.keys.signing { return "a cutoff its device never signed" }
+            if let c = op.commitment { commitments[EpochKeyID(epoch: epoch, op: op.hash)] = c }
             // A concurrent removal of the same device went first: this one keeps that removal (and its cutoff) and
             // only rotates, so entries its author sealed with the new key stay readable.
             guard removed.isCurrent else { return nil }
             guard members.values.contains(where: { $0.isCurrent && $0.role == .admin && $0.keys != removed.keys }) else {
                 return "it would leave no admin"
             }
-            removed.removal = (signer.keys.nodeID, op.timeMs, cutoff)
+            removed.removal = (signer.keys.nodeID, op.timeMs, cutoff, op.cutoffHead?.hash)
             members[target] = removed
         case .grant:
             break
@@ -239,11 +267,20 @@ public struct MembershipState: Sendable {
     /// epoch 1, which the creator and legacy members hold already).
     public func keys(for identity: DeviceIdentity, initial: [UInt8]? = nil) -> [EpochKeyID: [UInt8]] {
         var out: [EpochKeyID: [UInt8]] = [:]
-        if let initial, let genesis = epochKeys.first(where: { $0.epoch == 1 }) { out[genesis] = initial }
+        if let initial, let genesis = epochKeys.first(where: { $0.epoch == 1 }), commits(initial, to: genesis) {
+            out[genesis] = initial
+        }
         for (envelope, key) in envelopes where envelope.recipient == identity.nodeID && out[key] == nil {
-            if let secret = envelope.open(space: space, identity: identity) { out[key] = secret }
+            // A key its operation committed to is taken only as committed: an envelope sealing another one (an admin
+            // handing this member a key the others do not hold) is ignored, and the key stays missing.
+            if let secret = envelope.open(space: space, identity: identity), commits(secret, to: key) { out[key] = secret }
         }
         return out
+    }
+
+    /// Whether `secret` is the key `key` names, as far as its operation committed to it (true without a commitment).
+    func commits(_ secret: [UInt8], to key: EpochKeyID) -> Bool {
+        commitments[key].map { $0 == KeyEnvelope.commitment(secret: secret, space: space, epoch: key.epoch) } ?? true
     }
 
     /// The secret of the current epoch from `keys`, nil when one of its parts is missing. Concurrent latest keys are

@@ -56,6 +56,15 @@ public struct KeyEnvelope: Sendable, Hashable {
     /// `keyOp` of a key created by the operation that carries it.
     public static let thisOp = [UInt8](repeating: 0, count: 32)
 
+    /// What a version-2 `create` or `remove` publishes of the epoch key it makes (SYNC.md §9, "Rotation"):
+    /// HMAC-SHA256 keyed with the key over a label, the space and the epoch. It shows nothing of the key, and a
+    /// member takes from an envelope only the key it commits to, so an admin cannot hand chosen members another key.
+    public static func commitment(secret: [UInt8], space: [UInt8], epoch: UInt32) -> [UInt8] {
+        var m = Array("blazedb epoch key commitment v1".utf8) + space
+        m.appendBE(epoch)
+        return Array(HMAC<SHA256>.authenticationCode(for: m, using: SymmetricKey(data: secret)))
+    }
+
     static func info(space: [UInt8], recipient: [UInt8], epoch: UInt32, keyOp: [UInt8]) -> Data {
         var info = Array("blazedb epoch key v1".utf8) + space + recipient
         info.appendBE(epoch)
@@ -107,9 +116,12 @@ public struct KeyEnvelope: Sendable, Hashable {
 /// One signed, hash-linked entry of a space's membership log (SYNC.md §9): the space's creation, a device added
 /// with a role, a device removed (with the next epoch's key sealed to the remaining members), or keys granted.
 ///
-/// Encoded: `BLZM` · version 1 · space (16) · author signing key (32) · author agreement key (32) · time (8, Unix ms)
-/// · parent count (1) · parents (32 each, strictly ascending) · kind (1) · body · envelope count (2) · envelopes ·
-/// Ed25519 signature (64) by the author over everything before it. Its hash is SHA-256 of the whole encoding.
+/// Encoded: `BLZM` · version (1) · space (16) · author signing key (32) · author agreement key (32) · time (8, Unix
+/// ms) · parent count (1) · parents (32 each, strictly ascending) · kind (1) · body · [version 2: commitment (32) on a
+/// create or remove · the removed device's signed head (`SignedHead.size`) on a remove whose cutoff is above 0] ·
+/// envelope count (2) · envelopes · Ed25519 signature (64) by the author over everything before it. Its hash is
+/// SHA-256 of the whole encoding. A log whose create is version 2 commits to its keys and its removals' cutoffs
+/// (`MembershipState.commitsKeys`).
 public struct MembershipOp: Sendable, Hashable {
     /// What an operation does.
     public enum Action: Sendable, Hashable {
@@ -137,6 +149,13 @@ public struct MembershipOp: Sendable, Hashable {
     public let action: Action
     /// Keys it delivers.
     public let envelopes: [KeyEnvelope]
+    /// The format version: 1, or 2 for a create or remove that commits to what it makes.
+    public let version: UInt8
+    /// On a version-2 create or remove: the commitment to the epoch key it makes (`KeyEnvelope.commitment`).
+    public let commitment: [UInt8]?
+    /// On a version-2 remove whose cutoff is above 0: the removed device's own signed head at the cutoff, so the
+    /// cutoff is at most what that device signed (checked against its key when the log is resolved).
+    public let cutoffHead: SignedHead?
     /// The whole encoding, signature included.
     public let bytes: [UInt8]
     /// SHA-256 of `bytes`.
@@ -148,16 +167,18 @@ public struct MembershipOp: Sendable, Hashable {
     /// Most envelopes an operation may carry (a space of at most this many members).
     public static let maxEnvelopes = 4096
 
-    /// Makes and signs an operation by `author`.
+    /// Makes and signs an operation by `author`; with `commitment` (a create or remove), in version 2, with
+    /// `cutoffHead` on a remove whose cutoff is above 0.
     public init(
         space: [UInt8], author: DeviceIdentity, timeMs: UInt64, parents: [[UInt8]], action: Action,
-        envelopes: [KeyEnvelope] = []
+        envelopes: [KeyEnvelope] = [], commitment: [UInt8]? = nil, cutoffHead: SignedHead? = nil
     ) throws(MembershipError) {
         let sorted = Array(Set(parents)).sorted { $0.lexicographicallyPrecedes($1) }
         guard space.count == 16, sorted.count <= Self.maxParents, sorted.allSatisfy({ $0.count == 32 }),
-            envelopes.count <= Self.maxEnvelopes
+            envelopes.count <= Self.maxEnvelopes, commitment != nil || cutoffHead == nil
         else { throw MembershipError("malformed membership operation") }
-        var out = Self.magic + [1] + space + author.publicKeys.signing + author.publicKeys.agreement
+        let version: UInt8 = commitment == nil ? 1 : 2
+        var out = Self.magic + [version] + space + author.publicKeys.signing + author.publicKeys.agreement
         out.appendBE(timeMs)
         out.append(UInt8(sorted.count))
         for p in sorted { out += p }
@@ -177,6 +198,19 @@ public struct MembershipOp: Sendable, Hashable {
             out.appendBE(epoch)
         case .grant:
             out.append(4)
+        }
+        if let commitment {
+            guard commitment.count == 32 else { throw MembershipError("malformed membership operation") }
+            switch action {
+            case .create:
+                guard cutoffHead == nil else { throw MembershipError("malformed membership operation") }
+            case .remove(_, let cutoff, _):
+                guard (cutoff == 0) == (cutoffHead == nil) else { throw MembershipError("malformed membership operation") }
+            case .add, .grant:
+                throw MembershipError("malformed membership operation")
+            }
+            out += commitment
+            if let cutoffHead { out += cutoffHead.bytes }
         }
         out.appendBE(UInt16(envelopes.count))
         for e in envelopes { e.encode(into: &out) }
@@ -200,7 +234,7 @@ public struct MembershipOp: Sendable, Hashable {
         let bad = MembershipError("malformed membership operation")
         var r = ByteReader(bytes[...])
         guard bytes.count >= 4 + 1 + 16 + 64 + 8 + 1 + 1 + 2 + 64, r.read(4).map(Array.init) == Self.magic,
-            r.readUInt8() == 1, let space = r.read(16), let signing = r.read(32), let agreement = r.read(32),
+            let version = r.readUInt8(), version == 1 || version == 2, let space = r.read(16), let signing = r.read(32), let agreement = r.read(32),
             let author = DevicePublicKeys(signing: Array(signing), agreement: Array(agreement)),
             let time = r.readUInt64(), let parentCount = r.readUInt8(), Int(parentCount) <= Self.maxParents,
             r.remaining >= Int(parentCount) * 32
@@ -226,6 +260,24 @@ public struct MembershipOp: Sendable, Hashable {
         default:
             throw bad
         }
+        var commitment: [UInt8]?, cutoffHead: SignedHead?
+        if version == 2 {
+            // The commitment, and the removed device's head at a cutoff above 0 (it must sign that seq of that device
+            // in this space; whose key it is, is checked when the log is resolved).
+            switch action {
+            case .create, .remove:
+                guard let c = r.read(32) else { throw bad }
+                commitment = Array(c)
+            case .add, .grant:
+                throw bad
+            }
+            if case .remove(let device, let cutoff, _) = action, cutoff > 0 {
+                guard let h = r.read(SignedHead.size), let head = try? SignedHead(bytes: h), head.origin == device,
+                    head.seq == cutoff, (try? head.verify(space: Array(space))) != nil
+                else { throw bad }
+                cutoffHead = head
+            }
+        }
         guard let count = r.readUInt16(), Int(count) <= Self.maxEnvelopes, r.remaining == Int(count) * KeyEnvelope.size + 64
         else { throw bad }
         var envelopes: [KeyEnvelope] = []
@@ -247,6 +299,9 @@ public struct MembershipOp: Sendable, Hashable {
         self.parents = parents
         self.action = action
         self.envelopes = envelopes
+        self.version = version
+        self.commitment = commitment
+        self.cutoffHead = cutoffHead
         self.bytes = bytes
         self.hash = Array(SHA256.hash(data: bytes))
     }

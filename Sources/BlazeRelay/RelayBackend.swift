@@ -108,14 +108,15 @@ public enum RelayChange: Sendable, Equatable {
 
 /// The rules a relay holds every batch to, whatever its store: what it can check without opening an entry.
 enum RelayRules {
-    /// The batch's origin must be a writing member of `membership` within any removal's cutoff, and the batch well
+    /// The batch's origin must be a writing member of `membership` within any removal's cutoff (through the entry
+    /// it signed there, in a log that commits to its cutoffs), and the batch well
     /// formed; nil membership (no log held yet) is checked by the caller.
     static func checkAuthor(_ batch: EntryBatch, membership: MembershipState?) throws {
         guard batch.head.origin == batch.origin.bytes, !batch.entries.isEmpty else { throw SyncRejection.malformed }
         guard let membership else { return }
         guard let member = membership.member(batch.origin.bytes) else { throw SyncRejection.notMember }
         guard member.role.writes else { throw SyncRejection.reader }
-        if let cutoff = member.removal?.cutoff, batch.head.seq > cutoff { throw SyncRejection.revoked }
+        guard member.acceptsEntries(upTo: batch.head.seq, hashAt: batch.hash(at:)) else { throw SyncRejection.revoked }
     }
 
     /// The seqs the store must show hashes of to check `batch` against `held` (the highest seq it holds of the

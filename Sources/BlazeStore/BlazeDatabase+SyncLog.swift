@@ -89,12 +89,14 @@ extension BlazeDatabase {
     /// Per origin, the highest sequence this replica holds, applied or stored as an entry: what peers need not send.
     public func syncVector() throws -> [NodeID: UInt64] {
         try read { db in
-            var out = try self.makeStorage(db).versionVector().entries
-            // Entries exist only for origins that were applied or parked; one index probe each (a GROUP BY over
-            // sync_entries would scan every entry, on every sync round).
+            // The applied vector, from memory when the writer knows it: every sync round reads this, and a space
+            // with many origins (a legacy space's token holder can mint them) would cost a table read each time.
+            var out = try committedVersions.peek()?.entries ?? self.makeStorage(db).versionVector().entries
+            // An origin's entries go beyond its applied seq only while changes of it are parked (entries are stored
+            // with their changes, which apply or park in the same transaction): one index probe per parked origin.
             let parked = try String.fetchAll(db, sql: "SELECT DISTINCT origin FROM parked").compactMap { NodeID(hex: $0) }
             let probe = try db.cachedStatement(sql: "SELECT max(seq) FROM sync_entries WHERE origin = ?")
-            for origin in Set(Array(out.keys) + parked) {
+            for origin in parked {
                 if let seq = try Int64.fetchOne(probe, arguments: [Data(origin.bytes)]) {
                     out[origin] = max(out[origin] ?? 0, UInt64(seq))
                 }

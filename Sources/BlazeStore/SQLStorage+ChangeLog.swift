@@ -36,6 +36,10 @@ final class CommittedVersions: Sendable {
         }
     }
 
+    /// The committed vector if known, without reading the table (a reader may use it: it is never behind what any
+    /// reader's snapshot sees of a committed transaction, only possibly ahead of it).
+    func peek() -> VersionVector? { vector.withLock { $0 } }
+
     /// Forgets the vector (a snapshot install rewrote the table).
     func forget() { vector.withLock { $0 = nil } }
 }

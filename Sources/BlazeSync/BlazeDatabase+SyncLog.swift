@@ -13,6 +13,12 @@ public struct EntryBatch: Sendable {
     /// The origin's signature over the last entry.
     public var head: SignedHead
 
+    /// The hash of the batch's entry at `seq`, nil when the batch does not hold it (entries are consecutive).
+    public func hash(at seq: UInt64) -> [UInt8]? {
+        guard let first = entries.first?.header.seq, seq >= first, seq - first < UInt64(entries.count) else { return nil }
+        return entries[Int(seq - first)].hash
+    }
+
     /// Creates a batch.
     public init(origin: NodeID, entries: [SealedEntry], head: SignedHead) {
         self.origin = origin
@@ -113,7 +119,7 @@ extension BlazeDatabase {
         if let membership {
             guard let member = membership.member(batch.origin.bytes) else { throw .notMember }
             guard member.role.writes else { throw .reader }
-            if let cutoff = member.removal?.cutoff, batch.head.seq > cutoff { throw .revoked }
+            guard member.acceptsEntries(upTo: batch.head.seq, hashAt: batch.hash(at:)) else { throw .revoked }
         }
         let payloads = try EntryChain.verify(batch.entries, head: batch.head, previousHash: nil, key: key)
         var changes: [Change] = []

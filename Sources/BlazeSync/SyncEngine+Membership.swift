@@ -303,7 +303,9 @@ extension SyncEngine {
 
     /// Removes `device` (node id hex) from `db`'s space: accepts its entries up to what this device holds, starts a
     /// new epoch whose key is sealed to every remaining member, and closes its connections here. Returns the new
-    /// epoch.
+    /// epoch. In a log that commits to its keys, the operation carries the new key's commitment, and the cutoff is the
+    /// latest head of the device held here, which the operation carries (so no admin can set a cutoff past what the
+    /// device signed).
     public func revoke(db: BlazeDatabase, device: String) throws -> UInt32 {
         let (space, _, membership) = try membershipSpace(db)
         try requireAdmin(membership, db: db)
@@ -316,7 +318,8 @@ extension SyncEngine {
         guard membership.current.contains(where: { $0.role == .admin && $0.keys != target.keys }) else {
             throw StoreError(.syncFailure, kind: "last_admin", "device \(device) is the space's last admin")
         }
-        let cutoff = try db.syncVector()[NodeID(bytes: node)] ?? 0
+        let head = membership.commitsKeys ? try db.latestHeadBytes(origin: NodeID(bytes: node)).map { try SignedHead(bytes: $0[...]) } : nil
+        let cutoff = membership.commitsKeys ? head?.seq ?? 0 : try db.syncVector()[NodeID(bytes: node)] ?? 0
         let epoch = membership.currentEpoch + 1
         let secret = SpaceKey.randomSecret()
         let envelopes = try membership.current.filter { $0.keys != target.keys }.map {
@@ -324,7 +327,9 @@ extension SyncEngine {
         }
         let op = try MembershipOp(
             space: space.id, author: identity, timeMs: nowMsUnsigned(), parents: try mergedHeads(space),
-            action: .remove(device: node, cutoff: cutoff, epoch: epoch), envelopes: envelopes)
+            action: .remove(device: node, cutoff: cutoff, epoch: epoch), envelopes: envelopes,
+            commitment: membership.commitsKeys ? KeyEnvelope.commitment(secret: secret, space: space.id, epoch: epoch) : nil,
+            cutoffHead: head)
         try db.addMembershipOps([(op.hash, op.bytes)])
         _ = space.merge([op])
         membershipChanged(db: db.name)

@@ -237,7 +237,7 @@ public final class SyncEngine: Sendable {
             space: id, author: identity, timeMs: nowMsUnsigned(), parents: [], action: .create(salt: salt),
             envelopes: [
                 KeyEnvelope(sealing: genesis, space: id, epoch: 1, keyOp: KeyEnvelope.thisOp, to: identity.publicKeys)
-            ])
+            ], commitment: KeyEnvelope.commitment(secret: genesis, space: id, epoch: 1))
         try db.addMembershipOps([(create.hash, create.bytes)])
         try db.setSpaceID(hexString(id))
         let space = SharedSpace(db: db, id: id, identity: identity, ops: [create], stored: nil, capability: nil)

@@ -1,0 +1,110 @@
+import BlazeCrypto
+import BlazeProtocol
+import Crypto
+import Foundation
+import Testing
+
+/// A log that commits to its keys and its removals' cutoffs (SYNC.md §9, "Rotation"): no admin can hand chosen
+/// members another key than the one the others hold, nor keep a removed device writing past what it signed.
+@Suite struct KeyCommitmentTests {
+    let admin = DeviceIdentity(), member = DeviceIdentity(), removed = DeviceIdentity()
+
+    /// `device`'s own signed head of the entry `hash` at `seq` in `space` (SYNC.md §7).
+    static func head(_ device: DeviceIdentity, space: [UInt8], seq: UInt64, hash: [UInt8]) throws -> SignedHead {
+        var message = Array("blazedb head v1".utf8) + space + device.nodeID
+        message.appendBE(seq)
+        message += hash
+        var bytes = device.nodeID
+        bytes.appendBE(seq)
+        bytes += hash + device.publicKeys.signing + Array(try device.signingKey.signature(for: message))
+        return try SignedHead(bytes: bytes[...])
+    }
+
+    /// A log of `admin` adding `member` and `removed` (a writer), created in version 2 when `commits`; returns the
+    /// space, the operations and the genesis secret.
+    func log(commits: Bool) throws -> (space: [UInt8], ops: [MembershipOp], genesis: [UInt8]) {
+        let salt = SpaceKey.randomBytes(16), genesis = SpaceKey.randomSecret()
+        let space = MembershipOp.spaceID(creator: admin.publicKeys, salt: salt)
+        let create = try MembershipOp(
+            space: space, author: admin, timeMs: 1, parents: [], action: .create(salt: salt),
+            envelopes: [try KeyEnvelope(sealing: genesis, space: space, epoch: 1, keyOp: KeyEnvelope.thisOp, to: admin.publicKeys)],
+            commitment: commits ? KeyEnvelope.commitment(secret: genesis, space: space, epoch: 1) : nil)
+        var ops = [create]
+        for device in [member, removed] {
+            ops.append(try MembershipOp(
+                space: space, author: admin, timeMs: 2, parents: [ops.last!.hash], action: .add(device: device.publicKeys, role: .writer),
+                envelopes: [try KeyEnvelope(sealing: genesis, space: space, epoch: 1, keyOp: create.hash, to: device.publicKeys)]))
+        }
+        return (space, ops, genesis)
+    }
+
+    @Test func anAdminCannotHandAMemberAnotherKeyThanTheOneItCommittedTo() throws {
+        for commits in [true, false] {
+            let (space, ops, genesis) = try log(commits: commits)
+            let state = MembershipState(space: space, ops: ops)
+            #expect(state.commitsKeys == commits)
+            // The genesis key reaches the member as committed.
+            #expect(state.keys(for: member).values.contains(genesis))
+            // A rotation that seals the admin one key and the member another.
+            let real = SpaceKey.randomSecret(), bogus = SpaceKey.randomSecret()
+            let head = try Self.head(removed, space: space, seq: 3, hash: SpaceKey.randomBytes(32))
+            let rotate = try MembershipOp(
+                space: space, author: admin, timeMs: 3, parents: [ops.last!.hash],
+                action: .remove(device: removed.nodeID, cutoff: commits ? 3 : 0, epoch: 2),
+                envelopes: [
+                    try KeyEnvelope(sealing: real, space: space, epoch: 2, keyOp: KeyEnvelope.thisOp, to: admin.publicKeys),
+                    try KeyEnvelope(sealing: bogus, space: space, epoch: 2, keyOp: KeyEnvelope.thisOp, to: member.publicKeys),
+                ],
+                commitment: commits ? KeyEnvelope.commitment(secret: real, space: space, epoch: 2) : nil,
+                cutoffHead: commits ? head : nil)
+            let after = MembershipState(space: space, ops: ops + [rotate])
+            #expect(after.void[rotate.hash] == nil && after.currentEpoch == 2)
+            let key = try #require(after.epochKeys.first { $0.op == rotate.hash })
+            #expect(after.keys(for: admin)[key] == real)
+            // With the commitment the member refuses the other key (it stays missing); a log of version 1 takes it.
+            #expect(after.keys(for: member)[key] == (commits ? nil : bogus))
+        }
+    }
+
+    @Test func aRemovalInACommittingLogCarriesItsKeyAndTheDevicesOwnHead() throws {
+        let (space, ops, _) = try log(commits: true)
+        let secret = SpaceKey.randomSecret()
+        let commitment = KeyEnvelope.commitment(secret: secret, space: space, epoch: 2)
+        func remove(cutoff: UInt64, commitment: [UInt8]?, head: SignedHead?) throws -> MembershipOp {
+            try MembershipOp(
+                space: space, author: admin, timeMs: 3, parents: [ops.last!.hash],
+                action: .remove(device: removed.nodeID, cutoff: cutoff, epoch: 2),
+                envelopes: [try KeyEnvelope(sealing: secret, space: space, epoch: 2, keyOp: KeyEnvelope.thisOp, to: admin.publicKeys)],
+                commitment: commitment, cutoffHead: head)
+        }
+        // A version-1 removal (no commitment) is void in this log.
+        let legacy = try remove(cutoff: 5, commitment: nil, head: nil)
+        #expect(MembershipState(space: space, ops: ops + [legacy]).void[legacy.hash] == "a rotation without its key's commitment")
+        // A cutoff needs the device's own head at that seq: a cutoff of 2^64 − 1, a head of another seq, another
+        // device's head, or none, does not even decode.
+        let signedAt5 = try Self.head(removed, space: space, seq: 5, hash: SpaceKey.randomBytes(32))
+        #expect(throws: MembershipError.self) { try remove(cutoff: .max, commitment: commitment, head: signedAt5) }
+        #expect(throws: MembershipError.self) { try remove(cutoff: 6, commitment: commitment, head: signedAt5) }
+        #expect(throws: MembershipError.self) {
+            try remove(cutoff: 5, commitment: commitment, head: try Self.head(member, space: space, seq: 5, hash: signedAt5.hash))
+        }
+        #expect(throws: MembershipError.self) { try remove(cutoff: 5, commitment: commitment, head: nil) }
+        #expect(throws: MembershipError.self) {
+            try remove(cutoff: 5, commitment: commitment, head: try Self.head(removed, space: SpaceKey.randomBytes(16), seq: 5, hash: signedAt5.hash))
+        }
+        // The real one: the removed device's entries are accepted up to 5, and at 5 only the entry it signed.
+        let op = try remove(cutoff: 5, commitment: commitment, head: signedAt5)
+        let reread = try MembershipOp(bytes: op.bytes)
+        #expect(reread.version == 2 && reread.commitment == commitment && reread.cutoffHead == signedAt5)
+        let state = MembershipState(space: space, ops: ops + [reread])
+        #expect(state.void[op.hash] == nil)
+        let origin = removed.nodeID
+        #expect(state.acceptsBatch(origin: origin, head: 4, hashAt: { _ in nil }))
+        #expect(state.acceptsBatch(origin: origin, head: 5, hashAt: { $0 == 5 ? signedAt5.hash : nil }))
+        #expect(!state.acceptsBatch(origin: origin, head: 5, hashAt: { $0 == 5 ? SpaceKey.randomBytes(32) : nil }), "another entry at 5")
+        #expect(!state.acceptsBatch(origin: origin, head: 6, hashAt: { _ in nil }), "past the cutoff")
+        // Removing a device that wrote nothing needs no head.
+        let none = try remove(cutoff: 0, commitment: commitment, head: nil)
+        #expect(MembershipState(space: space, ops: ops + [none]).void[none.hash] == nil)
+    }
+}
