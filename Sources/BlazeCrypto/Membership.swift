@@ -102,6 +102,23 @@ public struct MembershipState: Sendable {
     /// The member with node id `node`, removed or not.
     public func member(_ node: [UInt8]) -> Member? { members[hexString(node)] }
 
+    /// The operations that prove `device` was removed, from `ops` (this log's, by hash): the applied removal of it and
+    /// all that operation's past, nothing later. Empty when the log does not remove it.
+    public func proofOfRemoval(of device: [UInt8], ops: [[UInt8]: MembershipOp]) -> [MembershipOp] {
+        guard
+            let removal = applied.compactMap({ ops[$0] }).first(where: {
+                if case .remove(let d, _, _) = $0.action { return d == device } else { return false }
+            })
+        else { return [] }
+        var proof: [[UInt8]: MembershipOp] = [:]
+        var next = [removal]
+        while let op = next.popLast() {
+            guard proof.updateValue(op, forKey: op.hash) == nil else { continue }
+            next += op.parents.compactMap { ops[$0] }
+        }
+        return proof.values.sorted { $0.hash.lexicographicallyPrecedes($1.hash) }
+    }
+
     /// True when entries of `origin` up to `seq` are accepted: a writing member, or a removed writing member's entries
     /// up to its removal's cutoff.
     public func acceptsEntry(origin: [UInt8], seq: UInt64) -> Bool {
@@ -270,9 +287,11 @@ public struct MembershipState: Sendable {
         if let initial, let genesis = epochKeys.first(where: { $0.epoch == 1 }), commits(initial, to: genesis) {
             out[genesis] = initial
         }
-        for (envelope, key) in envelopes where envelope.recipient == identity.nodeID && out[key] == nil {
-            // A key its operation committed to is taken only as committed: an envelope sealing another one (an admin
-            // handing this member a key the others do not hold) is ignored, and the key stays missing.
+        let created = Set(epochKeys)
+        for (envelope, key) in envelopes where envelope.recipient == identity.nodeID && out[key] == nil && created.contains(key) {
+            // Only keys an applied operation created are taken (an envelope naming any other operation, or its own
+            // `add` or `grant`, delivers nothing), and a key its operation committed to only as committed: an envelope
+            // sealing another one (an admin handing this member a key the others do not hold) is ignored.
             if let secret = envelope.open(space: space, identity: identity), commits(secret, to: key) { out[key] = secret }
         }
         return out

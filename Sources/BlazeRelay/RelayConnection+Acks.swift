@@ -16,6 +16,7 @@ extension RelayConnection {
 
     /// Sends those of `acks` newer than what the device holds of their signers, in messages of at most 1 MiB.
     func sendAcks(_ acks: [Acknowledgement], context: ChannelHandlerContext) {
+        guard access == .member else { return }
         let fresh = acks.filter { ack in acksShared[ack.node].map { ack.issuedMs > $0 } ?? true }
         guard !fresh.isEmpty else { return }
         var chunk: [Acknowledgement] = []

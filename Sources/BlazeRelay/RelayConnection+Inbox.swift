@@ -28,6 +28,8 @@ extension RelayConnection {
                 connection.storing = false
                 if grew {
                     connection.relay.announce(space: space, except: connection.listener, .members)
+                    // The operations may list this device (one the relay had not seen added), or remove it.
+                    connection.sendMembers(space: space, context: context)
                     // The log decides who is passed joins and whose join is done: every connection looks again.
                     let relay = connection.relay
                     Task(executorPreference: relay.executor) { await relay.joinsChanged(space: space) }

@@ -7,21 +7,10 @@ import NIOCore
 /// What the relay sends a device: the membership operations and entries it lacks, a round at a time, and batches
 /// other connections store, forwarded live.
 extension RelayConnection {
-    /// Sends the device the operations it is not known to hold, parents first, in messages of bounded size
-    /// (`PeerMessage.members(chunking:order:)`): a log of any size travels in frames a device accepts.
-    func sendMembers(space: [UInt8], context: ChannelHandlerContext) {
-        run(context: context, { relay in
-            (try await relay.store.ops(space: space), try await relay.membership(space)?.order ?? [])
-        }) { connection, held, context in
-            let fresh = held.0.filter { !connection.opsShared.contains($0.hash) }
-            for op in fresh { connection.opsShared.insert(op.hash) }
-            for message in PeerMessage.members(chunking: fresh, order: held.1) { connection.send(message, context: context) }
-        }
-    }
-
     /// A batch another connection just stored: sent as it is when it is exactly what the device lacks next of its
     /// origin (live fan-out without reading it back), otherwise the usual round from the store.
     func forward(_ batch: EntryBatch, space: [UInt8], context: ChannelHandlerContext) {
+        guard access == .member else { return }
         guard !pumping, let theirs = peerVector, let first = batch.entries.first,
             first.header.seq == (theirs[batch.origin] ?? 0) + 1
         else {
@@ -35,7 +24,7 @@ extension RelayConnection {
 
     /// Sends the device what it lacks, a round at a time.
     func pump(space: [UInt8], context: ChannelHandlerContext) {
-        guard let theirs = peerVector else { return }
+        guard access == .member, let theirs = peerVector else { return }
         if pumping {
             pumpAgain = true
             return

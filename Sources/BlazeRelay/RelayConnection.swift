@@ -69,6 +69,8 @@ final class RelayConnection: ChannelInboundHandler {
     var storing = false
     /// The device at the other end, once it passed the handshake.
     var device: DevicePublicKeys?
+    /// What it may fetch (`RelayAccess`), as the space's log stands.
+    var access = RelayAccess.outsider
     /// Whether this connection asked for a join of its device (one per connection; dropped when it closes), and
     /// the task storing it (the drop waits for it).
     var holdsJoin = false
@@ -265,6 +267,7 @@ final class RelayConnection: ChannelInboundHandler {
         context.writeAndFlush(wrapOutboundOut(HandshakeFrame.encode(accepted.reply)), promise: nil)
         state = .established(space: accepted.space.id, cipher: accepted.session)
         device = accepted.device
+        access = .of(accepted.device, in: membership)
         established(space: accepted.space.id, context: context)
     }
 
@@ -307,8 +310,8 @@ final class RelayConnection: ChannelInboundHandler {
                 case .entries:
                     connection.pump(space: space, context: context)
                 case .members:
+                    // Pumps once the device's access is known again (it may have been admitted, or removed).
                     connection.sendMembers(space: space, context: context)
-                    connection.pump(space: space, context: context)
                 case .joins(let joins, let membership):
                     connection.passOn(joins, membership: membership, context: context)
                 case .acks(let acks):
@@ -321,14 +324,11 @@ final class RelayConnection: ChannelInboundHandler {
             }
         }
         sendMembers(space: space, context: context)
+        if access == .member { startServing(space: space, context: context) }
         run(context: context, { relay in
             (try await relay.store.joins(space: space, nowMs: RelayServer.nowMs()), try await relay.membership(space))
         }) { connection, held, context in
             connection.passOn(held.0, membership: held.1, context: context)
-        }
-        run(context: context, { try await $0.store.vector(space: space) }) { connection, vector, context in
-            connection.send(.state(vector: vector, ownHead: nil), context: context)
-            connection.sendHeldAcks(space: space, context: context)
         }
     }
 

@@ -52,7 +52,7 @@ extension RelayServer {
             logger.debug("Relay refused a device its spaces' logs do not list: only reserved places are left")
             return false
         }
-        if listed, let address = place.address { knownAddresses.remember(address) }
+        if listed, let address = place.address { knownAddresses.remember(address, device: device.nodeID) }
         return true
     }
 
@@ -73,29 +73,63 @@ extension RelayServer {
 }
 
 /// The source addresses (buckets) listed devices proved their keys from recently: at most `capacity`, each for
-/// `memory` after its last such proof. The oldest is forgotten first when it is full.
+/// `memory` after its last such proof, and at most `perDevice` per device (a device's newest ones), so one member
+/// handshaking from many addresses cannot push every other device's out. When full, the address remembered
+/// longest ago is forgotten first (in constant time: a queue in the order addresses were first remembered).
 final class KnownAddresses: Sendable {
     /// How long an address stays known after a listed device's last handshake from it.
     static let memory: Duration = .seconds(7 * 86_400)
     /// The most addresses remembered.
     let capacity: Int
-    private let seen = Mutex<[String: ContinuousClock.Instant]>([:])
+    /// The most addresses remembered for one device.
+    let perDevice: Int
 
-    /// An empty set remembering at most `capacity` addresses.
-    init(capacity: Int = 65_536) { self.capacity = capacity }
+    private struct State {
+        var seen: [String: ContinuousClock.Instant] = [:]
+        /// Addresses in the order they were first remembered (some forgotten since: skipped when reached).
+        var queue: [String] = []
+        var head = 0
+        /// Each device's addresses, oldest first.
+        var byDevice: [[UInt8]: [String]] = [:]
+    }
+    private let state = Mutex(State())
+
+    /// An empty set remembering at most `capacity` addresses, `perDevice` of one device.
+    init(capacity: Int = 65_536, perDevice: Int = 8) {
+        self.capacity = capacity
+        self.perDevice = perDevice
+    }
 
     /// Whether `address` is remembered, and not for longer than `memory`.
     func contains(_ address: String) -> Bool {
-        seen.withLock { $0[address].map { ContinuousClock.now - $0 < Self.memory } ?? false }
+        state.withLock { $0.seen[address].map { ContinuousClock.now - $0 < Self.memory } ?? false }
     }
 
-    /// Remembers `address` from now, forgetting the one seen longest ago when full.
-    func remember(_ address: String) {
-        seen.withLock { seen in
-            if seen[address] == nil, seen.count >= capacity, let oldest = seen.min(by: { $0.value < $1.value })?.key {
-                seen[oldest] = nil
+    /// Remembers `address` for `device` from now.
+    func remember(_ address: String, device: [UInt8]) {
+        state.withLock { s in
+            var mine = s.byDevice[device, default: []]
+            if let at = mine.firstIndex(of: address) { mine.remove(at: at) }
+            mine.append(address)
+            if mine.count > perDevice { s.seen[mine.removeFirst()] = nil }
+            s.byDevice[device] = mine
+            if s.seen[address] == nil {
+                s.queue.append(address)
+                // Forget the oldest still remembered until there is room.
+                while s.seen.count >= capacity, s.head < s.queue.count {
+                    let oldest = s.queue[s.head]
+                    s.head += 1
+                    if oldest != address { s.seen[oldest] = nil }
+                }
+                if s.head > 4_096, s.head * 2 > s.queue.count {
+                    s.queue.removeFirst(s.head)
+                    s.head = 0
+                }
             }
-            seen[address] = .now
+            s.seen[address] = .now
         }
     }
+
+    /// How many addresses are remembered.
+    var count: Int { state.withLock { $0.seen.count } }
 }

@@ -109,9 +109,7 @@ extension BlazeDatabase {
 
     /// The first half of `receive`: checks a batch's signature, AEAD and links and decodes its changes, without touching
     /// the database (so it can run while the previous batch is being stored). In a space with a membership log, every
-    /// entry's origin must be a writing member, or a removed one within its removal's cutoff, and so must every origin
-    /// a change depends on, up to the seq it names (`dependsOnlyOnWriters`): a change that waits for entries no
-    /// member can ever send would stay parked for good.
+    /// entry's origin must be a writing member, or a removed one within its removal's cutoff.
     public func verify(batch: EntryBatch, key: SpaceKey, membership: MembershipState? = nil) throws(SyncRejection)
         -> VerifiedBatch
     {
@@ -133,7 +131,6 @@ extension BlazeDatabase {
                 let change = try? Change(json: json), change.origin == batch.origin, change.seq == entry.header.seq
             else { throw .badPayload }
             guard (try? checkReceived(change, size: payload.count)) != nil else { throw .invalidChange }
-            if let membership, !Self.dependsOnlyOnWriters(change, membership) { throw .invalidChange }
             do {
                 try ChangeBounds.checkClock(change, now: now, maxAhead: limits.maxClockAheadMilliseconds)
             } catch {
@@ -143,16 +140,6 @@ extension BlazeDatabase {
             texts.append(payload)
         }
         return VerifiedBatch(batch: batch, changes: changes, texts: texts)
-    }
-
-    /// Whether every origin `change` depends on is one the log lists as a writer, and, if removed, within its
-    /// removal's cutoff.
-    static func dependsOnlyOnWriters(_ change: Change, _ membership: MembershipState) -> Bool {
-        change.deps.entries.allSatisfy { origin, seq in
-            guard origin != change.origin else { return true }
-            guard let member = membership.member(origin.bytes), member.role.writes else { return false }
-            return member.removal.map { seq <= $0.cutoff } ?? true
-        }
     }
 
     /// The second half of `receive`: in one transaction, checks the batch continues the log held here, refuses forks,

@@ -51,18 +51,7 @@ public final class SharedSpace: Sendable {
 
         /// The operations that prove `device` was removed: the applied removal of it and all that operation's past.
         func proofOfRemoval(of device: [UInt8]) -> [MembershipOp] {
-            guard let membership,
-                let removal = membership.applied.compactMap({ ops[$0] }).first(where: {
-                    if case .remove(let d, _, _) = $0.action { return d == device } else { return false }
-                })
-            else { return [] }
-            var proof: [[UInt8]: MembershipOp] = [:]
-            var next = [removal]
-            while let op = next.popLast() {
-                guard proof.updateValue(op, forKey: op.hash) == nil else { continue }
-                next += op.parents.compactMap { ops[$0] }
-            }
-            return proof.values.sorted { $0.hash.lexicographicallyPrecedes($1.hash) }
+            membership?.proofOfRemoval(of: device, ops: ops) ?? []
         }
 
         /// Why this device may not write, nil when it may.

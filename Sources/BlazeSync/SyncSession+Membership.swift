@@ -27,9 +27,20 @@ extension SyncSession {
             sendProofOfRemoval(snapshot, context: context)
             return
         }
+        // A device dialing in that the log does not list waits: its join, or its own operations listing it.
+        guard servesPeer else { return }
         sendMembers(context: context)
         sendState(context: context)
         sendAcks(context: context)
+    }
+
+    /// Whether this session serves the peer: in a space with a log, a device that dialed in and that the log does not
+    /// list (a joiner not admitted yet, anyone else holding the capability) gets nothing but the join flow until it is
+    /// listed. A peer this device dialed (a relay, a configured peer) is served as before.
+    var servesPeer: Bool {
+        guard let link else { return false }
+        let snapshot = link.space.snapshot
+        return report.direction != .inbound || snapshot.membership == nil || snapshot.admits(link.device) != .outsider
     }
 
     /// The device at the other end is removed in this side's log: it gets the operations that prove it (its removal
@@ -107,6 +118,7 @@ extension SyncSession {
             guard snapshot.membership?.member(engine.identity.nodeID)?.isCurrent == true else { return }
             engine.finishJoin(link.space)
         }
+        guard servesPeer else { return }
         sendMembers(context: context)
         sendState(context: context)
         sendAcks(context: context)

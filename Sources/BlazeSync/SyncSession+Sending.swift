@@ -31,7 +31,7 @@ extension SyncSession {
     /// Sends the peer what it lacks, one round of batches at a time; a round starts after the previous one is
     /// written, so the socket's buffer, not memory, holds what the peer has not read.
     func pump(context: ChannelHandlerContext) {
-        guard !closed, let peerVector, let link else { return }
+        guard !closed, let peerVector, let link, servesPeer else { return }
         if pumping {
             pumpAgain = true
             return

@@ -63,6 +63,18 @@ import Testing
             #expect(after.keys(for: admin)[key] == real)
             // With the commitment the member refuses the other key (it stays missing); a log of version 1 takes it.
             #expect(after.keys(for: member)[key] == (commits ? nil : bogus))
+            // A key no applied operation created (an envelope naming a made-up operation, or its own grant) is
+            // never taken, in either version.
+            let grant = try MembershipOp(
+                space: space, author: admin, timeMs: 4, parents: [rotate.hash], action: .grant,
+                envelopes: [
+                    try KeyEnvelope(sealing: bogus, space: space, epoch: 9, keyOp: SpaceKey.randomBytes(32), to: member.publicKeys),
+                    try KeyEnvelope(sealing: bogus, space: space, epoch: 9, keyOp: KeyEnvelope.thisOp, to: member.publicKeys),
+                ])
+            let granted = MembershipState(space: space, ops: ops + [rotate, grant])
+            #expect(granted.void[grant.hash] == nil)
+            let held = granted.keys(for: member)
+            #expect(held.keys.allSatisfy { granted.epochKeys.contains($0) } && granted.ring(held).allSatisfy { $0.epoch < 9 })
         }
     }
 

@@ -173,7 +173,7 @@ func sealedEntries(dataDir: String, db: String, origin: String) throws -> [Seale
         b.stop()
     }
 
-    @Test func aRelayCapabilityHolderGetsOnlyCiphertextAndNothingItSignsIsAccepted() throws {
+    @Test func aCapabilityHolderGetsNothingFromAMemberAndNothingItSignsIsAccepted() throws {
         let a = try syncDaemon(), b = try syncDaemon()
         let ca = try a.connect(), cb = try b.connect()
         _ = try ca.call("db.create", ["db": "team"])
@@ -183,43 +183,22 @@ func sealedEntries(dataDir: String, db: String, origin: String) throws -> [Seale
             _ = try cb.call("doc.put", ["db": "team", "collection": "notes", "id": .string("fromB-\(i)"), "doc": ["secretField": .string("confidential \(i)")]])
         }
         #expect(try eventually { try replicaState(ca, "team").docs == 20 && replicaState(ca, "team") == replicaState(cb, "team") })
-        // What a relay is given: the space id and its capability (here read off an invite), nothing that opens entries.
+        // What a relay is given, and what every invite carries: the space id and its capability, nothing that opens
+        // entries. It passes the handshake with a key of its own, and a member that the log does not list it sends
+        // nothing: no STATE, no entries, no log (SYNC.md §9, "Relay capability").
         let invite = try InviteToken(text: try ca.invite("team"))
         let relay = try RelayCapability(text: RelayCapability(key: try SpaceKey(id: invite.space, capability: invite.capability)).text)
         let holder = HostileMember(key: relay.key)
-        try holder.connect(port: try #require(Int(invite.address.split(separator: ":").last ?? "")))
+        try holder.connect(port: try #require(Int(invite.address.split(separator: ":").last ?? "")), timeoutSeconds: 3)
         try holder.send(HostileMember.state([]))
-        var batches: [(head: SignedHead, entries: [SealedEntry])] = []
-        var ops: [MembershipOp] = []
-        var raw: [UInt8] = []
-        let origins = Set([try nodeID(ca, "team"), try nodeID(cb, "team")])
-        let deadline = Date().addingTimeInterval(20)
-        while Date() < deadline, Set(batches.map { hexString($0.head.origin) }) != origins || batches.map(\.entries.count).reduce(0, +) < 20 {
-            guard let message = try holder.receive() else { break }
-            raw += message
-            switch message.first {
-            case 5: ops += try Self.decodeMembers(message)
-            case 2:
-                var r = ByteReader(message[1...])
-                guard let headBytes = r.read(SignedHead.size), let count = r.readUInt32() else { throw HostileError("bad ENTRIES") }
-                batches.append((try SignedHead(bytes: headBytes), try EntryRun.unpack(&r, count: Int(count))))
-            default: break
-            }
-        }
-        // It received every entry of both members, as ciphertext: no key to open any, no content, id or name in clear.
-        #expect(batches.map(\.entries.count).reduce(0, +) >= 20 && Set(batches.map { hexString($0.head.origin) }) == origins)
-        for batch in batches {
-            #expect(throws: SyncRejection.unknownEpoch) { try EntryChain.verify(batch.entries, head: batch.head, previousHash: nil, key: relay.key) }
-        }
-        for needle in ["confidential", "secretField", "fromA-", "notes"] {
-            #expect(raw.count > 0 && !String(decoding: raw, as: UTF8.self).contains(needle), "\(needle) in clear")
-        }
-        // The log is readable (devices and roles are not secret), and it lists the holder nowhere.
-        let view = MembershipState(space: invite.space, ops: ops)
-        #expect(view.current.count == 2 && view.member(holder.identity.nodeID) == nil && view.keys(for: holder.identity).isEmpty)
+        var types: [UInt8] = []
+        let deadline = Date().addingTimeInterval(30)
+        while Date() < deadline, let message = try holder.receive() { types.append(message[0]) }
+        #expect(types.isEmpty, "\(types)")
         // An entry it seals (with a key of its own) and signs is accepted by no member.
+        let epoch = try #require(try ca.call("db.members", ["db": "team"])["epoch"]?.intValue)
         holder.key = try SpaceKey(
-            id: invite.space, capability: invite.capability, epoch: view.currentEpoch, current: SpaceKey.randomSecret(), ring: [])
+            id: invite.space, capability: invite.capability, epoch: UInt32(epoch), current: SpaceKey.randomSecret(), ring: [])
         try holder.send(SyncTarget.change(holder, [HostileMember.docOp("notes", "forged", set: ["v": .int(1)])]))
         #expect(try eventually {
             let peers = try ca.call("sync.status", ["db": "team"])["databases"]?.arrayValue?.first?["peers"]?.arrayValue ?? []
