@@ -46,6 +46,7 @@ extension RelayConnection {
                 connection.send(message, context: context)
             }
             guard connection.access == .member else { return }
+            if membership != nil, let device = connection.device { connection.relay.listed(connection.place, device: device) }
             if before != .member { connection.startServing(space: space, context: context) }
             connection.pump(space: space, context: context)
         }

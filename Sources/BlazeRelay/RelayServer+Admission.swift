@@ -45,8 +45,7 @@ extension RelayServer {
     /// Where a connection stands once its device proved its key: a device the space's log lists as a current
     /// member (with the keys it proved) may take the connection places reserved for listed devices, and its address
     /// is remembered as known; another one takes one of the others, or none is left (false: to be closed).
-    func established(_ place: GatePlace, device: DevicePublicKeys, membership: MembershipState?) -> Bool {
-        let listed = membership?.member(device.nodeID).map { $0.isCurrent && $0.keys == device } ?? false
+    func established(_ place: GatePlace, device: DevicePublicKeys, listed: Bool) -> Bool {
         guard place.established(listed: listed) else {
             metrics.connectionsRefusedOverLimit.increment()
             logger.debug("Relay refused a device its spaces' logs do not list: only reserved places are left")
@@ -54,6 +53,13 @@ extension RelayServer {
         }
         if listed, let address = place.address { knownAddresses.remember(address, device: device.nodeID) }
         return true
+    }
+
+    /// A connection admitted as unlisted turned out to be of a device the log lists as a current member: it moves to
+    /// the reserved places, and its address is remembered as known.
+    func listed(_ place: GatePlace, device: DevicePublicKeys) {
+        place.listed()
+        if let address = place.address { knownAddresses.remember(address, device: device.nodeID) }
     }
 
     /// The client a trusted `proxy` forwards a request for: the last address of its `X-Forwarded-For` that is not

@@ -71,6 +71,14 @@ public final class GatePlace {
         return true
     }
 
+    /// The connection, established as one of a device no log lists, turned out to be of a listed one: it moves to
+    /// the reserved places (once; nothing if it was counted as listed already).
+    public func listed() {
+        guard unlisted, !released else { return }
+        unlisted = false
+        gate.listed()
+    }
+
     /// Gives the place back (once).
     public func release() {
         guard !released else { return }
@@ -149,6 +157,16 @@ public final class ConnectionGate: Sendable {
         }
         if !ok { refused.add(1, ordering: .relaxed) }
         return ok
+    }
+
+    /// An established connection counted among the unlisted ones turned out to be of a listed device.
+    func listed() {
+        counts.withLock { $0.unlisted -= 1 }
+    }
+
+    /// Whether a place not reserved for listed devices is free now (for a device whose listing is not known yet).
+    public var hasUnreservedPlace: Bool {
+        counts.withLock { $0.unlisted < limits.maxConnections - limits.reservedConnections }
     }
 
     /// The connection from `address` (nil: counted for none) closed; `handshaking` tells whether it had not finished
