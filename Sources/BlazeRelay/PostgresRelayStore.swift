@@ -228,8 +228,11 @@ public final class PostgresRelayStore: RelayBackend {
                     }
                 }
                 if !fresh.isEmpty {
+                    // Operations count in the space's bytes (never refused for it: a removal must always get through).
+                    let bytes = Int64(fresh.reduce(0) { $0 + $1.bytes.count })
                     try await conn.query(
-                        "UPDATE relay_usage SET last_write_ms = \(Self.nowMs()) WHERE space = \(s)", logger: self.logger)
+                        "UPDATE relay_usage SET bytes = bytes + \(bytes), last_write_ms = \(Self.nowMs()) WHERE space = \(s)",
+                        logger: self.logger)
                     try await self.notify(conn, "o", space: space)
                 }
                 return fresh

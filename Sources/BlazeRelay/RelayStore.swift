@@ -161,9 +161,11 @@ public final class RelayStore: RelayBackend {
                 }
             }
             if !fresh.isEmpty {
+                // Operations count in the space's bytes (they are never refused for it: a removal must always get
+                // through), so entries meet the quota sooner when the log is large.
                 try db.execute(
-                    sql: "UPDATE relay_usage SET last_write_ms = ? WHERE space = ?",
-                    arguments: [Int64(Date().timeIntervalSince1970 * 1000), Data(space)])
+                    sql: "UPDATE relay_usage SET bytes = bytes + ?, last_write_ms = ? WHERE space = ?",
+                    arguments: [fresh.reduce(0) { $0 + $1.bytes.count }, Int64(Date().timeIntervalSince1970 * 1000), Data(space)])
             }
             return fresh
         }
