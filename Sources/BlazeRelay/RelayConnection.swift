@@ -346,6 +346,7 @@ final class RelayConnection: ChannelInboundHandler {
     }
 
     func close(context: ChannelHandlerContext) {
+        relay.released(place, device: device)
         place.release()
         if case .established(let space, _) = state { releaseUpload(space: space) }
         if case .established(let space, _) = state { dropHeldJoin(space: space) }

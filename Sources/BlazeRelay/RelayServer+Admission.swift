@@ -46,7 +46,10 @@ extension RelayServer {
     /// member (with the keys it proved) may take the connection places reserved for listed devices, and its address
     /// is remembered as known; another one takes one of the others, or none is left (false: to be closed).
     func established(_ place: GatePlace, device: DevicePublicKeys, listed: Bool) -> Bool {
+        // One device takes at most `DevicePlaces.limit` reserved places; more of its connections count as unlisted.
+        let listed = listed && listedPlaces.take(device.nodeID)
         guard place.established(listed: listed) else {
+            if listed { listedPlaces.give(device.nodeID) }
             metrics.connectionsRefusedOverLimit.increment()
             logger.debug("Relay refused a device its spaces' logs do not list: only reserved places are left")
             return false
@@ -58,8 +61,15 @@ extension RelayServer {
     /// A connection admitted as unlisted turned out to be of a device the log lists as a current member: it moves to
     /// the reserved places, and its address is remembered as known.
     func listed(_ place: GatePlace, device: DevicePublicKeys) {
+        guard place.isUnlisted, listedPlaces.take(device.nodeID) else { return }
         place.listed()
         if let address = place.address { knownAddresses.remember(address, device: device.nodeID) }
+    }
+
+    /// A connection closed: its device's reserved place, if it held one, is given back.
+    func released(_ place: GatePlace, device: DevicePublicKeys?) {
+        guard let device, place.isListed else { return }
+        listedPlaces.give(device.nodeID)
     }
 
     /// The client a trusted `proxy` forwards a request for: the last address of its `X-Forwarded-For` that is not
@@ -76,6 +86,37 @@ extension RelayServer {
         }
         return SourceAddress.bucket(proxy)
     }
+}
+
+/// How many reserved places each listed device holds (`RelayServer.established`): at most `limit`, so one member
+/// cannot take all of them.
+final class DevicePlaces: Sendable {
+    /// The most reserved places one device holds (one connection per space it is a member of).
+    let limit: Int
+    private let held = Mutex<[[UInt8]: Int]>([:])
+
+    /// Counts for no device yet, each allowed `limit` places.
+    init(limit: Int = 256) { self.limit = limit }
+
+    /// Takes a place for `device`; false when it holds `limit` already.
+    func take(_ device: [UInt8]) -> Bool {
+        held.withLock { held in
+            guard held[device, default: 0] < limit else { return false }
+            held[device, default: 0] += 1
+            return true
+        }
+    }
+
+    /// Gives one of `device`'s places back.
+    func give(_ device: [UInt8]) {
+        held.withLock { held in
+            let left = held[device, default: 1] - 1
+            held[device] = left > 0 ? left : nil
+        }
+    }
+
+    /// The places `device` holds.
+    func count(_ device: [UInt8]) -> Int { held.withLock { $0[device] ?? 0 } }
 }
 
 /// The source addresses (buckets) listed devices proved their keys from recently: at most `capacity`, each for

@@ -52,6 +52,8 @@ public final class RelayServer: Sendable {
     let handshakeRate: HandshakeRate
     /// Addresses listed devices proved their keys from (the handshake places reserved for them).
     let knownAddresses = KnownAddresses()
+    /// The reserved connection places each listed device holds.
+    let listedPlaces = DevicePlaces()
     /// Proxies whose connections count for the client they forward (`forwardedClient`).
     let trustedProxies: [AddressRange]
     /// Memory that snapshot uploads waiting for their manifests may hold, across connections, and per space (so the

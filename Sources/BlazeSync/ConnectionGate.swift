@@ -44,6 +44,11 @@ public final class GatePlace {
         self.address = address
     }
 
+    /// Whether the connection counts among the established ones of devices no log lists.
+    public var isUnlisted: Bool { unlisted && !released }
+    /// Whether the connection is established as one of a listed device (and not released).
+    public var isListed: Bool { !handshaking && !unlisted && !released }
+
     /// What is left of `timeout` since the connection was admitted (zero once it passed).
     public func remaining(of timeout: Duration) -> Duration {
         max(.zero, timeout - (ContinuousClock.now - admitted))

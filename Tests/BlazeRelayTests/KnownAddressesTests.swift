@@ -2,8 +2,8 @@ import Testing
 
 @testable import BlazeRelay
 
-/// The addresses listed devices came from (Protocol/RELAY.md, "Places kept for members"): bounded in all and per
-/// device, oldest forgotten first.
+/// Places kept for members (Protocol/RELAY.md, "Places kept for members"): the addresses listed devices came from,
+/// bounded in all and per device, oldest forgotten first; and the reserved places one device holds.
 @Suite struct KnownAddressesTests {
     @Test func oneDeviceCannotPushTheOthersOutAndTheOldestGoesFirst() {
         let known = KnownAddresses(capacity: 4, perDevice: 2)
@@ -20,5 +20,18 @@ import Testing
         // Seeing an address again keeps it known.
         known.remember("x99", device: x)
         #expect(known.contains("x99") && !known.contains("unknown"))
+    }
+
+    @Test func oneDeviceHoldsAtMostItsShareOfTheReservedPlaces() {
+        let places = DevicePlaces(limit: 2)
+        let x: [UInt8] = [1], y: [UInt8] = [2]
+        #expect(places.take(x) && places.take(x))
+        #expect(!places.take(x), "a third connection of X counts as unlisted")
+        #expect(places.take(y), "another device is not held back")
+        places.give(x)
+        #expect(places.count(x) == 1 && places.take(x))
+        places.give(y)
+        places.give(y)
+        #expect(places.count(y) == 0, "never below zero")
     }
 }
