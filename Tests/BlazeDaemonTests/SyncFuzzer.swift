@@ -44,6 +44,8 @@ struct SyncFuzzer {
         case 79..<82: (kind, messages) = ("acks", [acknowledgements(over: member)])
         case 82..<85: (kind, messages) = ("snapshot", [snapshotMessage(over: member)])
         case 85..<87: (kind, messages) = ("fork", forkPair())
+        case 87..<91: (kind, messages) = ("members", [membersMessage(over: member)])
+        case 91..<93: (kind, messages) = ("join", [joinMessage()])
         default: (kind, messages) = ("damaged", [damage(anyMessage(over: member))])
         }
         counts[kind, default: 0] += messages.count
@@ -62,6 +64,7 @@ struct SyncFuzzer {
         case 2: return forkPair()[0]
         case 3: return acknowledgements(over: member)
         case 4: return snapshotMessage(over: member)
+        case 5: return membersMessage(over: member)
         default: return hostileChange()
         }
     }
@@ -111,6 +114,50 @@ struct SyncFuzzer {
                 lastPart: random(32), heads: heads, identity: member.identity)
             return [9] + manifest.bytes
         }
+    }
+
+    /// A `MEMBERS` message (SYNC.md §9) of one to three operations signed by the connected member or a throwaway one:
+    /// a create of this space (no creator can derive its id), adds, removes and grants naming parents nobody holds or
+    /// none, with envelopes to the member under made-up keys, or an operation that is not one. None can take effect.
+    private mutating func membersMessage(over member: HostileMember) -> [UInt8] {
+        func random(_ n: Int) -> [UInt8] { (0..<n).map { _ in UInt8.random(in: 0...255, using: &rng) } }
+        var out: [UInt8] = [5]
+        let count = Int.random(in: 1...3, using: &rng)
+        out.appendBE(UInt32(count))
+        for _ in 0..<count {
+            let author = Bool.random(using: &rng) ? member.identity : throwaway[Int.random(in: 0..<throwaway.count, using: &rng)].identity
+            let parents = (0..<Int.random(in: 0...2, using: &rng)).map { _ in random(32) }
+            let time = UInt64(HostileMember.clockNow())
+            let action: MembershipOp.Action
+            switch Int.random(in: 0..<5, using: &rng) {
+            case 0: action = .create(salt: random(16))
+            case 1: action = .add(device: throwaway[Int.random(in: 0..<throwaway.count, using: &rng)].identity.publicKeys, role: MemberRole.allCases.randomElement(using: &rng)!)
+            case 2: action = .remove(device: random(16), cutoff: bigSeq(), epoch: UInt32.random(in: 2...UInt32.max, using: &rng))
+            case 3: action = .grant
+            default:
+                let junk = random(Int.random(in: 0..<300, using: &rng))
+                out.appendBE(UInt32(junk.count))
+                out += junk
+                continue
+            }
+            let envelopes = (0..<Int.random(in: 0...2, using: &rng)).compactMap { _ in
+                try? KeyEnvelope(
+                    sealing: random(32), space: key.id, epoch: UInt32.random(in: 1...9, using: &rng), keyOp: random(32),
+                    to: member.identity.publicKeys)
+            }
+            guard let op = try? MembershipOp(space: key.id, author: author, timeMs: time, parents: parents, action: action, envelopes: envelopes)
+            else { continue }
+            out.appendBE(UInt32(op.bytes.count))
+            out += op.bytes
+        }
+        return out
+    }
+
+    /// A `JOIN` (SYNC.md §9, "Joining") for an invite nobody issued, with a proof of either length made of nothing.
+    private mutating func joinMessage() -> [UInt8] {
+        let joiner = throwaway[Int.random(in: 0..<throwaway.count, using: &rng)].identity.publicKeys
+        let proof = (0..<(Bool.random(using: &rng) ? 64 : 32)).map { _ in UInt8.random(in: 0...255, using: &rng) }
+        return [6] + (0..<16).map { _ in UInt8.random(in: 0...255, using: &rng) } + joiner.signing + joiner.agreement + proof
     }
 
     private mutating func bigSeq() -> UInt64 {
