@@ -1,0 +1,99 @@
+import BlazeCRDT
+import Foundation
+import GRDB
+
+/// The peers a database syncs with (SYNC.md §8): addresses it dials, kept across restarts.
+extension BlazeDatabase {
+    /// Addresses of the peers this database syncs with.
+    public func peers() throws -> [String] {
+        try read { db in try String.fetchAll(db, sql: "SELECT address FROM sync_peers ORDER BY address") }
+    }
+
+    /// Adds a peer address; returns false when it was already there.
+    public func addPeer(_ address: String) throws -> Bool {
+        try pool.write { db in
+            try db.execute(
+                sql: "INSERT OR IGNORE INTO sync_peers(address, added_at) VALUES (?, ?)",
+                arguments: [address, Int64(Date().timeIntervalSince1970 * 1000)])
+            return db.changesCount > 0
+        }
+    }
+
+    /// Removes a peer address; returns false when it was not there.
+    public func removePeer(_ address: String) throws -> Bool {
+        try pool.write { db in
+            try db.execute(sql: "DELETE FROM sync_peers WHERE address = ?", arguments: [address])
+            return db.changesCount > 0
+        }
+    }
+}
+
+/// The shared folders a database syncs through (SYNC.md §10).
+extension BlazeDatabase {
+    /// Paths of the folders this database syncs through.
+    public func folders() throws -> [String] {
+        try read { db in try String.fetchAll(db, sql: "SELECT path FROM sync_folders ORDER BY path") }
+    }
+
+    /// Adds a folder; returns false when it was already there.
+    public func addFolder(_ path: String) throws -> Bool {
+        try pool.write { db in
+            try db.execute(
+                sql: "INSERT OR IGNORE INTO sync_folders(path, added_at) VALUES (?, ?)",
+                arguments: [path, Int64(Date().timeIntervalSince1970 * 1000)])
+            return db.changesCount > 0
+        }
+    }
+
+    /// Removes a folder and what was seen in it; returns false when it was not there.
+    public func removeFolder(_ path: String) throws -> Bool {
+        try pool.write { db in
+            try db.execute(sql: "DELETE FROM sync_folder_heads WHERE path = ?", arguments: [path])
+            try db.execute(sql: "DELETE FROM sync_folders WHERE path = ?", arguments: [path])
+            return db.changesCount > 0
+        }
+    }
+
+    /// The generation of this device's head file in the folder at `path` (0 before the first).
+    public func folderGeneration(_ path: String) throws -> UInt64 {
+        try read { db in
+            UInt64(try Int64.fetchOne(db, sql: "SELECT generation FROM sync_folders WHERE path = ?", arguments: [path]) ?? 0)
+        }
+    }
+
+    /// Records the generation of this device's head file in the folder at `path`.
+    public func setFolderGeneration(_ path: String, _ generation: UInt64) throws {
+        try pool.write { db in
+            try db.execute(
+                sql: "UPDATE sync_folders SET generation = max(generation, ?) WHERE path = ?",
+                arguments: [Int64(clamping: generation), path])
+        }
+    }
+
+    /// The highest generation seen of each writer's head file in the folder at `path`.
+    public func folderHeadsSeen(_ path: String) throws -> [NodeID: UInt64] {
+        try read { db in
+            var out: [NodeID: UInt64] = [:]
+            for row in try Row.fetchAll(
+                db, sql: "SELECT writer, generation FROM sync_folder_heads WHERE path = ?", arguments: [path])
+            {
+                let writer: Data = row[0]
+                let generation: Int64 = row[1]
+                out[NodeID(bytes: Array(writer))] = UInt64(max(0, generation))
+            }
+            return out
+        }
+    }
+
+    /// Records that generation `generation` of `writer`'s head file was seen in the folder at `path`.
+    public func setFolderHeadSeen(_ path: String, writer: NodeID, generation: UInt64) throws {
+        try pool.write { db in
+            try db.execute(
+                sql: """
+                    INSERT INTO sync_folder_heads(path, writer, generation) VALUES (?, ?, ?)
+                    ON CONFLICT(path, writer) DO UPDATE SET generation = max(generation, excluded.generation)
+                    """,
+                arguments: [path, Data(writer.bytes), Int64(clamping: generation)])
+        }
+    }
+}
