@@ -13,13 +13,7 @@ extension RelayConnection {
             return
         }
         accept(accepted, context: context)
-        do {
-            try drain(context: context)
-        } catch let rejection as SyncRejection {
-            refuse(rejection, context: context)
-        } catch {
-            close(context: context)
-        }
+        drainOrClose(context: context)
     }
 
     /// The device proved its key and a space's capability: it takes a place as a device the space's log lists or
@@ -52,13 +46,7 @@ extension RelayConnection {
                 return
             }
             connection.admit(accepted, membership: membership, known: true, context: context)
-            do {
-                try connection.drain(context: context)
-            } catch let rejection as SyncRejection {
-                connection.refuse(rejection, context: context)
-            } catch {
-                connection.close(context: context)
-            }
+            connection.drainOrClose(context: context)
         }
     }
 

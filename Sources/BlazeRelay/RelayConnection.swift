@@ -141,13 +141,7 @@ final class RelayConnection: ChannelInboundHandler {
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
         var bytes = unwrapInboundIn(data)
         pending.writeBuffer(&bytes)
-        do {
-            try drain(context: context)
-        } catch let rejection as SyncRejection {
-            refuse(rejection, context: context)
-        } catch {
-            close(context: context)
-        }
+        drainOrClose(context: context)
         // Frames are taken from the front: drop what was read so a long connection does not keep it.
         if pending.readableBytes == 0 {
             pending.clear()
@@ -157,6 +151,18 @@ final class RelayConnection: ChannelInboundHandler {
     }
 
     // MARK: Frames
+
+    /// Reads every whole frame received (`drain`); a `SyncRejection` is told to the device, any other failure closes
+    /// the connection.
+    func drainOrClose(context: ChannelHandlerContext) {
+        do {
+            try drain(context: context)
+        } catch let rejection as SyncRejection {
+            refuse(rejection, context: context)
+        } catch {
+            close(context: context)
+        }
+    }
 
     func drain(context: ChannelHandlerContext) throws {
         while true {
