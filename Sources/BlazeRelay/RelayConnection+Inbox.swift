@@ -22,18 +22,20 @@ extension RelayConnection {
         let batch: EntryBatch
         switch inbox.removeFirst() {
         case .ops(let ops):
+            let listener = self.listener
             run(context: context, { relay -> Bool in
-                try await relay.merge(ops, space: space)
-            }) { connection, grew, context in
-                connection.storing = false
+                let grew = try await relay.merge(ops, space: space)
+                // Told here, not once this connection hears back: what is merged counts even if it closed meanwhile.
                 if grew {
-                    connection.relay.announce(space: space, except: connection.listener, .members)
-                    // The operations may list this device (one the relay had not seen added), or remove it.
-                    connection.sendMembers(space: space, context: context)
+                    relay.announce(space: space, except: listener, .members)
                     // The log decides who is passed joins and whose join is done: every connection looks again.
-                    let relay = connection.relay
                     Task(executorPreference: relay.executor) { await relay.joinsChanged(space: space) }
                 }
+                return grew
+            }) { connection, grew, context in
+                connection.storing = false
+                // The operations may list this device (one the relay had not seen added), or remove it.
+                if grew { connection.sendMembers(space: space, context: context) }
                 connection.resumeReading(context: context)
                 connection.storeNext(space: space, context: context)
             }
@@ -53,17 +55,21 @@ extension RelayConnection {
         case .batch(let b):
             batch = b
         }
+        let listener = self.listener
         run(context: context, { relay in
             // A space whose log no member has brought yet has no writer: nothing is stored for it.
             guard let membership = try await relay.membership(space) else { throw SyncRejection.notMember }
-            return try await relay.store.store(batch, space: space, membership: membership)
-        }) { connection, added, context in
+            let added = try await relay.store.store(batch, space: space, membership: membership)
+            // Counted and passed on here, not once this connection hears back: a batch stored after the device closed
+            // its connection still reaches the other connections now, not at their next round.
+            if added > 0 {
+                relay.record(.stored(entries: added, bytes: batch.byteCount))
+                relay.announce(space: space, except: listener, .batch(batch))
+            }
+            return added
+        }) { connection, _, context in
             connection.storing = false
             if var v = connection.peerVector { v[batch.origin] = max(v[batch.origin] ?? 0, batch.head.seq); connection.peerVector = v }
-            if added > 0 {
-                connection.relay.record(.stored(entries: added, bytes: batch.byteCount))
-                connection.relay.announce(space: space, except: connection.listener, .batch(batch))
-            }
             connection.resumeReading(context: context)
             connection.storeNext(space: space, context: context)
         }

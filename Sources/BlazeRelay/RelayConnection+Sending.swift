@@ -58,7 +58,8 @@ extension RelayConnection {
                 connection.sendSnapshot(space: space, context: context)
                 return
             }
-            let batches = round.batches
+            // Entries the device sent while the round was read (its uploads, stored meanwhile) are not sent back.
+            let batches = round.batches.compactMap { $0.after(connection.peerVector?[$0.origin] ?? 0) }
             var last: EventLoopFuture<Void>?
             for batch in batches {
                 last = connection.send(.entries(batch), context: context)

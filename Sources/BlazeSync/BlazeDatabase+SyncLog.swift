@@ -26,6 +26,16 @@ public struct EntryBatch: Sendable {
         self.head = head
     }
 
+    /// The batch's entries after `seq` with the same head (still a valid batch: the head signs the last entry), or nil
+    /// when it holds none after `seq`.
+    public func after(_ seq: UInt64) -> EntryBatch? {
+        guard let first = entries.first?.header.seq, head.seq > seq else { return nil }
+        guard seq >= first else { return self }
+        let drop = Int(seq - first) + 1
+        guard drop < entries.count else { return nil }
+        return EntryBatch(origin: origin, entries: Array(entries[drop...]), head: head)
+    }
+
     /// Bytes of its entries.
     public var byteCount: Int { entries.reduce(0) { $0 + $1.bytes.count } }
 }

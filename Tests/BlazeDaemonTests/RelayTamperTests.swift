@@ -135,6 +135,12 @@ enum Tampering: String, CaseIterable, CustomStringConvertible, Sendable {
         _ = try cb.call("peer.remove", ["db": "team", "address": .string(relay.address)])
         _ = try cb.call("peer.add", ["db": "team", "address": .string(relay.address)])
         #expect(try await waitUntil { try replicaState(ca, "team") == replicaState(cb, "team") && replicaState(cb, "team").docs == 30 })
+        // The relay never sent A back what A uploaded (not even while storing it), so A had nothing to refuse.
+        let aLink = try ca.call("sync.status", ["db": "team"])["databases"]?.arrayValue?.first?["peers"]?.arrayValue?.first {
+            $0["peer"]?.stringValue == relay.address
+        }
+        let (received, refused) = (aLink?["receivedEntries"]?.intValue, aLink?["rejected"]?.objectValue ?? [:])
+        #expect(received == 0 && refused.isEmpty, "\(String(describing: aLink))")
         a.stop()
         b.stop()
         await relay.stop()
@@ -189,6 +195,10 @@ extension TamperingRelay {
 final class StallingBackend: RelayBackend {
     let inner: RelayStore
     let stalled = Atomic<Bool>(false)
+    /// While set, each `store` waits until it is cleared (or its task is cancelled): a store that answers late.
+    let storesHeld = Atomic<Bool>(false)
+    /// `store` calls that waited on `storesHeld`.
+    let storesWaiting = Atomic<Int>(0)
 
     init(_ inner: RelayStore) { self.inner = inner }
 
@@ -218,6 +228,10 @@ final class StallingBackend: RelayBackend {
     }
     func store(_ batch: EntryBatch, space: [UInt8], membership: MembershipState?) async throws -> Int {
         try await gate()
+        if storesHeld.load(ordering: .relaxed) {
+            storesWaiting.add(1, ordering: .relaxed)
+            while storesHeld.load(ordering: .relaxed) { try await Task.sleep(for: .milliseconds(5)) }
+        }
         return try await inner.store(batch, space: space, membership: membership)
     }
     func keepAcks(_ acks: [Acknowledgement], space: [UInt8]) async throws -> [Acknowledgement] {
@@ -295,6 +309,43 @@ final class StallingBackend: RelayBackend {
         // The store answers again: the devices' next connections carry everything.
         backend.stalled.store(false, ordering: .relaxed)
         #expect(try await waitUntil { try replicaState(ca, "team") == replicaState(cb, "team") && replicaState(cb, "team").docs == 6 })
+        a.stop()
+        b.stop()
+        await server.shutdown()
+    }
+
+    /// A batch the relay stores after the device that sent it closed its connection is counted and passed on to the
+    /// other devices at once, not at their next round.
+    @Test func aBatchStoredAfterItsSenderLeftStillReachesTheOthers() async throws {
+        let dir = TempDir()
+        let backend = StallingBackend(try RelayStore(path: dir.path + "/relay.db"))
+        var logger = Logger(label: "late-relay")
+        logger.logLevel = .critical
+        let server = RelayServer(
+            store: backend, identity: DeviceIdentity(), group: MultiThreadedEventLoopGroup.singleton, logger: logger)
+        let address = "ws://127.0.0.1:\(try await server.listen(host: "127.0.0.1", port: 0))/v1/sync"
+        let a = try syncDaemon(), b = try syncDaemon()
+        let ca = try a.connect(), cb = try b.connect()
+        _ = try ca.call("db.create", ["db": "team"])
+        _ = try cb.call("db.join", ["token": .string(try ca.invite("team")), "db": "team"])
+        _ = try await server.add(try RelayCapability(text: try ca.relayCapability("team")))
+        _ = try cb.call("peer.remove", ["db": "team", "address": .string(try a.syncAddress())])
+        for c in [ca, cb] { _ = try c.call("peer.add", ["db": "team", "address": .string(address)]) }
+        _ = try ca.call("doc.put", ["db": "team", "collection": "c", "id": "before", "doc": ["v": 1]])
+        #expect(await waitUntil { (try? cb.call("doc.get", ["db": "team", "collection": "c", "id": "before"])) != nil })
+        #expect(await waitUntil { server.gate.current.total == 2 })
+        let stored = server.counters.entriesStored
+
+        // A's next batch waits on the store, and A leaves meanwhile: the relay sees its connection close first.
+        backend.storesHeld.store(true, ordering: .relaxed)
+        _ = try ca.call("doc.put", ["db": "team", "collection": "c", "id": "late", "doc": ["v": 2]])
+        #expect(await waitUntil { backend.storesWaiting.load(ordering: .relaxed) >= 1 })
+        _ = try ca.call("peer.remove", ["db": "team", "address": .string(address)])
+        #expect(await waitUntil { server.gate.current.total == 1 })
+        backend.storesHeld.store(false, ordering: .relaxed)
+        // B asks for nothing new meanwhile: only the relay passing the batch on brings it.
+        #expect(await waitUntil { (try? cb.call("doc.get", ["db": "team", "collection": "c", "id": "late"])) != nil })
+        #expect(server.counters.entriesStored > stored)
         a.stop()
         b.stop()
         await server.shutdown()

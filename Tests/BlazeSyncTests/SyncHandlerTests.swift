@@ -345,6 +345,21 @@ import Testing
         await s.close()
     }
 
+    @Test func theRestOfABatchAfterASequenceStillVerifies() async throws {
+        let s = try SharedPair(documents: 5)
+        try s.dbA.sealLocal(key: s.key, identity: s.a.identity)
+        let batch = try #require(try s.dbA.entryBatch(origin: s.dbA.node, after: 0, maxEntries: 10))
+        #expect(batch.entries.map(\.header.seq) == [1, 2, 3, 4, 5])
+        #expect(batch.after(0)?.entries.count == 5)
+        let rest = try #require(batch.after(3))
+        #expect(rest.entries.map(\.header.seq) == [4, 5] && rest.head.seq == 5)
+        #expect(batch.after(5) == nil && batch.after(9) == nil)
+        // The head still signs the last entry, so the rest verifies on its own (its link to seq 3 is checked on store).
+        let verified = try s.dbB.verify(batch: rest, key: s.key)
+        #expect(verified.changes.count == 2)
+        await s.close()
+    }
+
     @Test func aQuietSessionPingsAndAPeerErrorCloses() async throws {
         let s = try SharedPair()
         let channel = try await session(s.a, db: s.dbA, key: s.key)
