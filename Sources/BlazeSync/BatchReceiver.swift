@@ -71,6 +71,9 @@ final class BatchReceiver: ChannelInboundHandler {
         switch unwrapInboundIn(data) {
         case .entries(let batch):
             guard let link, !stopped else { return }
+            // The peer holds what it sends, stored here or not: nothing of it goes back to the peer, even from a round
+            // being read right now.
+            context.fireUserInboundEventTriggered(PeerHoldsBatch(origin: batch.origin, seq: batch.head.seq))
             // The space as it is now: membership operations received before this batch already count.
             let (db, snapshot) = (link.db, link.space.snapshot)
             let verified = engine.pool.runIfActive(eventLoop: context.eventLoop) {
@@ -160,7 +163,6 @@ final class BatchReceiver: ChannelInboundHandler {
                         $0.receivedEntries += outcome.stored
                         $0.lastSyncMs = nowMs()
                     }
-                    context.fireUserInboundEventTriggered(PeerHoldsBatch(origin: batch.origin, seq: batch.head.seq))
                     receiver.noteMissing(parked: outcome.report.parked > 0, db: db, context: context)
                     receiver.resumeReading(context: context)
                     receiver.applyNext(context: context)

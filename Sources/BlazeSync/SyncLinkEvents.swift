@@ -14,7 +14,8 @@ struct SyncLinkEstablished {
     var key: SpaceKey { space.key }
 }
 
-/// Fired by `BatchReceiver` once a received batch is stored: the peer holds `origin`'s entries up to `seq`.
+/// Fired by `BatchReceiver` as a batch arrives, before it is verified or stored: the peer holds `origin`'s entries up
+/// to `seq` (what it claims only stops this side sending it those entries).
 struct PeerHoldsBatch {
     let origin: NodeID
     let seq: UInt64

@@ -62,11 +62,14 @@ extension SyncSession {
     /// and a commit arrived meanwhile).
     private func send(_ round: Round, context: ChannelHandlerContext) {
         var last: EventLoopFuture<Void>?
+        var sent = 0
         for (batch, message) in round.batches {
+            // The peer sent it while the round was read: it holds it already.
+            if let theirs = peerVector?[batch.origin], theirs >= batch.head.seq { continue }
+            sent += batch.entries.count
             last = send(bytes: message, context: context)
             peerHolds(origin: batch.origin, seq: batch.head.seq)
         }
-        let sent = round.batches.reduce(0) { $0 + $1.batch.entries.count }
         report.update {
             $0.sentEntries += sent
             $0.peerBehind = max(0, round.ahead - sent)

@@ -197,8 +197,10 @@ final class StallingBackend: RelayBackend {
     let stalled = Atomic<Bool>(false)
     /// While set, each `store` waits until it is cleared (or its task is cancelled): a store that answers late.
     let storesHeld = Atomic<Bool>(false)
-    /// `store` calls that waited on `storesHeld`.
-    let storesWaiting = Atomic<Int>(0)
+    /// The origins of the batches whose `store` waited on `storesHeld`.
+    let heldOrigins = Mutex<[NodeID]>([])
+    /// `store` calls that added nothing (the batch was held already).
+    let storesAddingNothing = Atomic<Int>(0)
 
     init(_ inner: RelayStore) { self.inner = inner }
 
@@ -229,10 +231,12 @@ final class StallingBackend: RelayBackend {
     func store(_ batch: EntryBatch, space: [UInt8], membership: MembershipState?) async throws -> Int {
         try await gate()
         if storesHeld.load(ordering: .relaxed) {
-            storesWaiting.add(1, ordering: .relaxed)
+            heldOrigins.withLock { $0.append(batch.origin) }
             while storesHeld.load(ordering: .relaxed) { try await Task.sleep(for: .milliseconds(5)) }
         }
-        return try await inner.store(batch, space: space, membership: membership)
+        let added = try await inner.store(batch, space: space, membership: membership)
+        if added == 0 { storesAddingNothing.add(1, ordering: .relaxed) }
+        return added
     }
     func keepAcks(_ acks: [Acknowledgement], space: [UInt8]) async throws -> [Acknowledgement] {
         try await gate()
@@ -339,13 +343,16 @@ final class StallingBackend: RelayBackend {
         // A's next batch waits on the store, and A leaves meanwhile: the relay sees its connection close first.
         backend.storesHeld.store(true, ordering: .relaxed)
         _ = try ca.call("doc.put", ["db": "team", "collection": "c", "id": "late", "doc": ["v": 2]])
-        #expect(await waitUntil { backend.storesWaiting.load(ordering: .relaxed) >= 1 })
+        let na = try #require(NodeID(hex: try nodeID(ca, "team")))
+        #expect(await waitUntil { backend.heldOrigins.withLock { $0.contains(na) } })
         _ = try ca.call("peer.remove", ["db": "team", "address": .string(address)])
         #expect(await waitUntil { server.gate.current.total == 1 })
         backend.storesHeld.store(false, ordering: .relaxed)
         // B asks for nothing new meanwhile: only the relay passing the batch on brings it.
         #expect(await waitUntil { (try? cb.call("doc.get", ["db": "team", "collection": "c", "id": "late"])) != nil })
         #expect(server.counters.entriesStored > stored)
+        // Neither device sent the relay back what the relay had sent it.
+        #expect(backend.storesAddingNothing.load(ordering: .relaxed) == 0)
         a.stop()
         b.stop()
         await server.shutdown()
