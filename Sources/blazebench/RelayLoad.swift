@@ -292,6 +292,8 @@ final class RelayChild {
                 "serve", "--data-dir", dataDir, "--listen", "127.0.0.1:0", "--log-level", "error",
                 "--max-connections", "\(connections)", "--max-handshakes", "\(connections)",
                 "--max-connections-per-address", "\(connections)", "--handshake-rate", "0",
+                // Every simulated device is on loopback and in a space without a log: nothing is reserved for members.
+                "--reserved-handshakes", "0", "--reserved-connections", "0",
             ] + (postgres.map { ["--postgres", $0] } ?? [])
         let out = Pipe()
         process.standardOutput = out
