@@ -11,6 +11,16 @@ public enum SyncRejection: String, Error, Sendable, CaseIterable {
         }
     }
 
+    /// True for a refusal of an origin's batch that may not hold later: local time catches up with its clock
+    /// (`clock_ahead`), what its parked changes wait for arrives (`too_many_parked`), or operations adding its origin
+    /// or raising its role arrive (`not_a_member`, `reader`). Such a batch is worth fetching again.
+    public var mayClear: Bool {
+        switch self {
+        case .clockAhead, .tooManyParked, .notMember, .reader: return true
+        default: return false
+        }
+    }
+
     /// Not a well-formed entry or head.
     case malformed
     /// The entry names another space.

@@ -11,7 +11,8 @@ import NIOCore
 /// `maxInboxBytes` of them wait, so a fast sender cannot make memory grow; while it is paused or storing, a read-idle
 /// event is not the peer's silence and is not passed on. A batch refused for what its origin signed
 /// (`SyncRejection.blamesOrigin`) is counted and that origin skipped for the rest of the session (a fork is also kept
-/// as evidence); any other refusal fails the connection. Every other message passes through.
+/// as evidence; a refusal that may clear ends the session a while later, `RefusedForNow`); any other refusal fails the
+/// connection. Every other message passes through.
 final class BatchReceiver: ChannelInboundHandler {
     typealias InboundIn = PeerMessage
     typealias InboundOut = PeerMessage
@@ -279,6 +280,7 @@ final class BatchReceiver: ChannelInboundHandler {
             metadata: [
                 "db": "\(report.db ?? "-")", "peer": "\(report.peer)", "origin": "\(batch.origin)", "reason": "\(reason.rawValue)",
             ])
+        if reason.mayClear { context.fireUserInboundEventTriggered(RefusedForNow(reason: reason)) }
         if reason == .fork {
             let (db, key) = (link.db, link.key)
             _ = engine.pool.runIfActive(eventLoop: context.eventLoop) { try db.recordFork(batch: batch, key: key) }

@@ -31,6 +31,9 @@ struct FileCursor {
         case done
         case gap(NodeID, UInt64)
         case keys(Int)
+        /// Refused for a reason that may clear (`SyncRejection.mayClear`): read again from `after`, for the `tries`th
+        /// time.
+        case later(after: ContinuousClock.Instant, tries: Int)
     }
 
     /// True when an unchanged file has a waiting record that what is held now (or the keys) may let through.
@@ -40,6 +43,7 @@ struct FileCursor {
             switch $0 {
             case .gap(let origin, let first): return first <= (held[origin] ?? 0) + 1
             case .keys(let count): return keys > count
+            case .later(let after, _): return ContinuousClock.now >= after
             case .done: return false
             }
         }

@@ -279,6 +279,7 @@ extension FolderWorker {
             case .done: return .done(stored: false)
             case .gap(let origin, let first) where first > (held[origin] ?? 0) + 1: return .waiting
             case .keys(let count) where space.snapshot.key.entryKeyCount <= count: return .waiting
+            case .later(let after, _) where ContinuousClock.now < after: return .waiting
             default: break
             }
         }
@@ -327,6 +328,14 @@ extension FolderWorker {
             }
             if reason == .unknownEpoch || reason == .badSeal {
                 cursor.memo[offset] = .keys(snapshot.key.entryKeyCount)
+                return .waiting
+            }
+            if reason.mayClear {
+                // Read again later (5 s, doubling up to 30 min); counted the first time.
+                var tries = 0
+                if case .later(_, let t)? = cursor.memo[offset] { tries = t } else { report.reject(reason) }
+                let wait = min(Duration.seconds(1800), Duration.seconds(5) * (1 << min(tries, 20)))
+                cursor.memo[offset] = .later(after: .now + wait, tries: tries + 1)
                 return .waiting
             }
             if reason == .fork { _ = try? db.recordFork(batch: batch, key: snapshot.key) }

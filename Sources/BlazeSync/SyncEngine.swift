@@ -25,12 +25,12 @@ public final class SyncEngine: Sendable {
     let status = StatusBook()
     /// Inbound connections refused because the peer proved no key served here (or none in time).
     let strangersRefused = Atomic<Int>(0)
-    private let links = Mutex<[LinkKey: OutboundLink]>([:])
+    let links = Mutex<[LinkKey: OutboundLink]>([:])
     /// The running folder links, by database and folder path.
     let folderLinks = Mutex<[LinkKey: FolderLink]>([:])
     /// How folder links read and write.
     public let folderOptions: FolderOptions
-    private let paused = Mutex<Set<String>>([])
+    let paused = Mutex<Set<String>>([])
     /// Every shared database by name, with its space: what inbound handshakes are checked against, kept in memory so
     /// that accepting a peer lists no directory and opens no database on the event loop.
     let served = Mutex<[String: SharedSpace]>([:])
@@ -46,6 +46,9 @@ public final class SyncEngine: Sendable {
     /// Relays (by address) that closed a link on `JOIN_REFUSED` as a message they do not know (an older version):
     /// they are not sent it again while this process runs, so the joins they hold do not close the link each time.
     let withoutJoinRefusal = Mutex<Set<String>>([])
+    /// For each link (database, peer, device), how many sessions in a row ended to fetch again what they refused for a
+    /// reason that may clear (`SyncSession.refetchLater`).
+    let refetchBackoff = Mutex<[String: Int]>([:])
     private let listener = Mutex<(any Channel)?>(nil)
     /// The open inbound connections, so that `shutdown` closes them (closing the listener leaves them open); nil once
     /// shutting down, when a connection accepted meanwhile is closed at once.
@@ -308,62 +311,6 @@ public final class SyncEngine: Sendable {
         served.withLock { $0[name] = nil }
         snapshots.forget(db: name)
         if let spaceID { SpaceKey.remove(directory: keysDirectory, idHex: spaceID) }
-    }
-
-    // MARK: Peers
-
-    /// Adds `address` as a peer of `db` (which must be shared) and connects to it.
-    public func addPeer(db: BlazeDatabase, address: PeerAddress) throws -> Bool {
-        guard try space(db: db) != nil else {
-            throw StoreError(
-                .syncFailure, kind: "not_shared", "database \(db.name) is not shared; run db.share or db.join first")
-        }
-        let added = try db.addPeer(address.description)
-        refreshLinks(db: db.name)
-        return added
-    }
-
-    /// Removes a peer of `db` and closes its link.
-    public func removePeer(db: BlazeDatabase, address: PeerAddress) throws -> Bool {
-        let removed = try db.removePeer(address.description)
-        let link = links.withLock { $0.removeValue(forKey: LinkKey(db: db.name, address: address.description)) }
-        link?.stop()
-        status.forget(db: db.name, peer: address.description)
-        return removed
-    }
-
-    /// Makes the running links of `db` match its configured peers (none while paused).
-    func refreshLinks(db name: String) {
-        refreshFolders(db: name)
-        guard let db = try? store.database(name), let space = try? space(db: db), let peers = try? db.peers() else { return }
-        let isPaused = paused.withLock { $0.contains(name) }
-        var toStart: [OutboundLink] = []
-        var toStop: [OutboundLink] = []
-        links.withLock { l in
-            let wanted = isPaused ? Set<String>() : Set(peers)
-            for (k, link) in l where k.db == name && !wanted.contains(k.address) {
-                toStop.append(link)
-                l[k] = nil
-            }
-            for address in wanted where l[LinkKey(db: name, address: address)] == nil {
-                guard let parsed = PeerAddress(address) else { continue }
-                let link = OutboundLink(engine: self, space: space, address: parsed)
-                l[LinkKey(db: name, address: address)] = link
-                toStart.append(link)
-                status.update(db: name, peer: address, direction: .outbound) { _ in }
-            }
-        }
-        for link in toStop { link.stop() }
-        for link in toStart { link.connect() }
-    }
-
-    func stopLinks(db name: String) {
-        let stopped = links.withLock { l in
-            let mine = l.filter { $0.key.db == name }
-            for k in mine.keys { l[k] = nil }
-            return Array(mine.values)
-        }
-        for link in stopped { link.stop() }
     }
 
     // MARK: Control

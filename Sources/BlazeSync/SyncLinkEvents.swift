@@ -21,6 +21,12 @@ struct PeerHoldsBatch {
     let seq: UInt64
 }
 
+/// Fired by `BatchReceiver` when it refused a batch for a reason that may clear (`SyncRejection.mayClear`): the
+/// session ends a while later, so that the link's next connection fetches it again.
+struct RefusedForNow {
+    let reason: SyncRejection
+}
+
 /// Fired by `BatchReceiver` when it refused a batch it could not open (`unknown_epoch`, `bad_seal`) with `held` entry
 /// keys: should more keys arrive (a `grant` for a rotation this device missed), the session reconnects to fetch it
 /// again.

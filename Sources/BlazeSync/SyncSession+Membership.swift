@@ -125,6 +125,36 @@ extension SyncSession {
         reconnectForNewKeys(context: context)
     }
 
+    /// The first wait before a session that refused a batch for a reason that may clear ends, and the longest.
+    static let refetchFirst: TimeAmount = .seconds(5), refetchMost: TimeAmount = .minutes(30)
+
+    /// The link this session belongs to, as `SyncEngine.refetchBackoff` counts it.
+    var refetchKey: String { "\(report.db ?? "-")\u{0}\(report.peer)\u{0}\(link?.device.nodeIDHex ?? "-")" }
+
+    /// This side refused a batch for a reason that may clear (`SyncRejection.mayClear`) and skips its origin for the
+    /// rest of the session, while the peer counts it as delivered: the session ends after a wait (5 s, doubling with
+    /// each such end in a row on this link, at most 30 min), and the link's next connection exchanges `STATE` afresh,
+    /// so the peer sends the batch again.
+    func refetchLater(_ reason: SyncRejection, context: ChannelHandlerContext) {
+        refusedForNow = true
+        guard refetch == nil, !closed else { return }
+        let ends = engine.refetchBackoff.withLock { b -> Int in
+            defer { b[refetchKey, default: 0] += 1 }
+            return b[refetchKey] ?? 0
+        }
+        let wait = min(Self.refetchMost.nanoseconds, Self.refetchFirst.nanoseconds << min(ends, 20))
+        let bound = NIOLoopBound((self, context), eventLoop: context.eventLoop)
+        refetch = context.eventLoop.scheduleTask(in: .nanoseconds(wait)) {
+            let (session, context) = bound.value
+            guard !session.closed else { return }
+            session.report.update { $0.lastError = "reconnecting to fetch again entries refused for now (\(reason.rawValue))" }
+            session.engine.logger.info(
+                "Sync reconnects for entries refused for now",
+                metadata: ["db": "\(session.report.db ?? "-")", "peer": "\(session.report.peer)", "reason": "\(reason.rawValue)"])
+            session.close(context: context)
+        }
+    }
+
     /// This side refused batches it could not open and has received keys since (a `grant`): the peer counts those
     /// entries as delivered, so the session closes and the link's next connection exchanges `STATE` afresh.
     func reconnectForNewKeys(context: ChannelHandlerContext) {

@@ -43,6 +43,10 @@ final class SyncSession: ChannelInboundHandler {
     var sentJoinRefusal = false
     /// The fewest entry keys this side held when it refused a batch it could not open; nil when it refused none.
     var awaitingKeys: Int?
+    /// The end of this session scheduled after a refusal that may clear (`SyncSession.refetchLater`).
+    var refetch: Scheduled<Void>?
+    /// Whether this session refused a batch for a reason that may clear.
+    var refusedForNow = false
     /// Set by the feed listener (on the writer thread) so that a burst of commits schedules one pump.
     private let wake = WakeFlag()
 
@@ -58,6 +62,8 @@ final class SyncSession: ChannelInboundHandler {
             establish(established, context: context)
         case let holds as PeerHoldsBatch:
             peerHolds(origin: holds.origin, seq: holds.seq)
+        case let refused as RefusedForNow:
+            refetchLater(refused.reason, context: context)
         case let awaiting as AwaitingKeys:
             awaitingKeys = min(awaitingKeys ?? .max, awaiting.held)
             reconnectForNewKeys(context: context)
@@ -230,6 +236,10 @@ final class SyncSession: ChannelInboundHandler {
 
     func channelInactive(context: ChannelHandlerContext) {
         closed = true
+        refetch?.cancel()
+        refetch = nil
+        // A session that refused nothing for now ends the link's run of such ends: the next one waits the least.
+        if !refusedForNow { engine.refetchBackoff.withLock { $0[refetchKey] = nil } }
         if let feedToken, let link { link.db.feed.detach(feedToken) }
         feedToken = nil
         if let registration { engine.unregister(registration) }

@@ -1,4 +1,6 @@
 import BlazeClient
+import BlazeCRDT
+import BlazeCrypto
 import BlazeProtocol
 import BlazeTestSupport
 import Foundation
@@ -51,5 +53,31 @@ import Testing
             return status?["lastError"]?.stringValue?.contains("more than 1000 writer directories; the first are read") == true
         })
         team.stopAll()
+    }
+
+    /// A record refused for a reason that may clear (here a clock just past what the device accepts) is read again a
+    /// while later, not skipped for good: once local time catches up, its change is applied.
+    @Test func aRecordRefusedOnlyForNowIsReadAgainLater() throws {
+        let d = try DaemonProcess(arguments: ["--folder-poll-interval", "0.05"])
+        let c = try d.connect()
+        let token = legacyToken()
+        _ = try c.call("db.join", ["token": .string(token), "db": "team"])
+        let folder = TempDir()
+        _ = try c.call("folder.add", ["db": "team", "path": .string(folder.path)])
+        let m = HostileMember(key: try SpaceKey(token: token))
+        let limit = Int64(ChangeBounds.defaultMaxClockAheadMilliseconds)
+        let soon = SyncTarget.change(
+            m, hlc: HostileMember.clockNow(plusMilliseconds: limit + 3_000), [HostileMember.docOp("notes", "soon", set: ["a": 1])])
+        let dir = folder.path + "/" + (try spaceOf(c)) + "/" + m.originHex
+        try FileManager.default.createDirectory(atPath: dir, withIntermediateDirectories: true)
+        let segment = FolderFiles.segmentHeader(space: m.key.id, writer: m.origin, number: 1) + FolderFiles.record(soon)
+        #expect(FileManager.default.createFile(atPath: dir + "/" + FolderFiles.segmentName(1), contents: Data(segment)))
+        _ = try c.call("sync.now", ["db": "team"])
+        #expect(try eventually { (try folderStatus(c, folder.path)["rejected"]?["clock_ahead"]?.intValue ?? 0) == 1 })
+        #expect(eventually(timeout: .seconds(40)) {
+            (try? c.call("doc.get", ["db": "team", "collection": "notes", "id": "soon"])) != nil
+        })
+        #expect(try folderStatus(c, folder.path)["rejected"]?["clock_ahead"]?.intValue == 1, "counted once")
+        d.stop()
     }
 }

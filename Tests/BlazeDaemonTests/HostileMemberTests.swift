@@ -1,3 +1,4 @@
+import BlazeCRDT
 import BlazeClient
 import BlazeCrypto
 import BlazeDaemon
@@ -177,6 +178,26 @@ final class SyncTarget {
         // The member is served again after the restart, and its refused change stays refused.
         let again = try t.member(m.identity)
         try t.expectRefusal(change, over: again, "invalid_change", closes: false)
+        t.daemon.stop()
+    }
+
+    @Test func aChangeRefusedOnlyForNowIsFetchedAgainOnALaterConnection() throws {
+        let t = try SyncTarget()
+        let m = try t.member()
+        // 3 s past what the daemon accepts: refused now, and fine 3 s later.
+        let limit = Int64(ChangeBounds.defaultMaxClockAheadMilliseconds)
+        let soon = SyncTarget.change(
+            m, hlc: HostileMember.clockNow(plusMilliseconds: limit + 3_000), [HostileMember.docOp("notes", "soon", set: ["a": 1])])
+        try m.send(soon)
+        #expect(try t.awaitRejection("clock_ahead"))
+        // The member counts it as delivered, so the daemon ends the session (well before the 30 s a silent peer gets)
+        // for the member's next connection to send it again.
+        #expect(m.awaitClose(seconds: 20).closed)
+        #expect(eventually { t.daemon.logText.contains("Sync reconnects for entries refused for now") }, "not the idle timeout")
+        let again = try t.member(m.identity)
+        try again.send(soon)
+        #expect(try eventually { try t.has("soon") })
+        try t.expectServing()
         t.daemon.stop()
     }
 
