@@ -7,6 +7,7 @@ import BlazeSync
 import BlazeTestSupport
 import Foundation
 import Logging
+import NIOCore
 import NIOPosix
 import Synchronization
 import Testing
@@ -282,27 +283,44 @@ final class StallingBackend: RelayBackend {
     func watch(_ onChange: @escaping @Sendable (RelayChange) -> Void) async {}
 }
 
-/// A relay whose store stops answering closes the connections waiting on it once `storeTimeout` passes, so devices
-/// reconnect instead of waiting on a link that sends nothing (Protocol/RELAY.md, "Metrics").
-@Suite struct RelayStallTests {
-    @Test func aStoreThatStopsAnsweringClosesTheConnectionsWaitingOnItAndDevicesCatchUpAfter() async throws {
-        let dir = TempDir()
-        let backend = StallingBackend(try RelayStore(path: dir.path + "/relay.db"))
+/// Two daemons of one space whose only path is an in-process relay on a `StallingBackend`; A's first document has
+/// reached B through it.
+struct StallingTeam {
+    let dir = TempDir()
+    let backend: StallingBackend
+    let server: RelayServer
+    let address: String
+    let a: DaemonProcess, b: DaemonProcess
+    let ca: BlazeConnection, cb: BlazeConnection
+
+    init(storeTimeout: TimeAmount) async throws {
+        backend = StallingBackend(try RelayStore(path: dir.path + "/relay.db"))
         var logger = Logger(label: "stalling-relay")
         logger.logLevel = .critical
-        let server = RelayServer(
+        server = RelayServer(
             store: backend, identity: DeviceIdentity(), group: MultiThreadedEventLoopGroup.singleton, logger: logger,
-            storeTimeout: .milliseconds(500))
-        let address = "ws://127.0.0.1:\(try await server.listen(host: "127.0.0.1", port: 0))/v1/sync"
-        let a = try syncDaemon(), b = try syncDaemon()
-        let ca = try a.connect(), cb = try b.connect()
+            storeTimeout: storeTimeout)
+        address = "ws://127.0.0.1:\(try await server.listen(host: "127.0.0.1", port: 0))/v1/sync"
+        (a, b) = (try syncDaemon(), try syncDaemon())
+        (ca, cb) = (try a.connect(), try b.connect())
         _ = try ca.call("db.create", ["db": "team"])
         _ = try cb.call("db.join", ["token": .string(try ca.invite("team")), "db": "team"])
         _ = try await server.add(try RelayCapability(text: try ca.relayCapability("team")))
         _ = try cb.call("peer.remove", ["db": "team", "address": .string(try a.syncAddress())])
         for c in [ca, cb] { _ = try c.call("peer.add", ["db": "team", "address": .string(address)]) }
         _ = try ca.call("doc.put", ["db": "team", "collection": "c", "id": "before", "doc": ["v": 1]])
-        #expect(await waitUntil { (try? cb.call("doc.get", ["db": "team", "collection": "c", "id": "before"])) != nil })
+        let receiver = cb
+        let arrived = await waitUntil { (try? receiver.call("doc.get", ["db": "team", "collection": "c", "id": "before"])) != nil }
+        #expect(arrived)
+    }
+}
+
+/// A relay whose store stops answering closes the connections waiting on it once `storeTimeout` passes, so devices
+/// reconnect instead of waiting on a link that sends nothing (Protocol/RELAY.md, "Metrics").
+@Suite struct RelayStallTests {
+    @Test func aStoreThatStopsAnsweringClosesTheConnectionsWaitingOnItAndDevicesCatchUpAfter() async throws {
+        let t = try await StallingTeam(storeTimeout: .milliseconds(500))
+        let (backend, server, a, b, ca, cb) = (t.backend, t.server, t.a, t.b, t.ca, t.cb)
 
         // The store stops answering while A writes: what A sends waits on it, and so would A's link, for good.
         backend.stalled.store(true, ordering: .relaxed)
@@ -321,22 +339,8 @@ final class StallingBackend: RelayBackend {
     /// A batch the relay stores after the device that sent it closed its connection is counted and passed on to the
     /// other devices at once, not at their next round.
     @Test func aBatchStoredAfterItsSenderLeftStillReachesTheOthers() async throws {
-        let dir = TempDir()
-        let backend = StallingBackend(try RelayStore(path: dir.path + "/relay.db"))
-        var logger = Logger(label: "late-relay")
-        logger.logLevel = .critical
-        let server = RelayServer(
-            store: backend, identity: DeviceIdentity(), group: MultiThreadedEventLoopGroup.singleton, logger: logger)
-        let address = "ws://127.0.0.1:\(try await server.listen(host: "127.0.0.1", port: 0))/v1/sync"
-        let a = try syncDaemon(), b = try syncDaemon()
-        let ca = try a.connect(), cb = try b.connect()
-        _ = try ca.call("db.create", ["db": "team"])
-        _ = try cb.call("db.join", ["token": .string(try ca.invite("team")), "db": "team"])
-        _ = try await server.add(try RelayCapability(text: try ca.relayCapability("team")))
-        _ = try cb.call("peer.remove", ["db": "team", "address": .string(try a.syncAddress())])
-        for c in [ca, cb] { _ = try c.call("peer.add", ["db": "team", "address": .string(address)]) }
-        _ = try ca.call("doc.put", ["db": "team", "collection": "c", "id": "before", "doc": ["v": 1]])
-        #expect(await waitUntil { (try? cb.call("doc.get", ["db": "team", "collection": "c", "id": "before"])) != nil })
+        let t = try await StallingTeam(storeTimeout: .seconds(30))
+        let (backend, server, address, a, b, ca, cb) = (t.backend, t.server, t.address, t.a, t.b, t.ca, t.cb)
         #expect(await waitUntil { server.gate.current.total == 2 })
         let stored = server.counters.entriesStored
 
