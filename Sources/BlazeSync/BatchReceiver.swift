@@ -6,6 +6,9 @@ import NIOCore
 
 /// Stores the batches a peer sends, strictly in arrival order, and keeps memory bounded while it does.
 ///
+/// Membership operations are merged in the same order, on the I/O pool: a batch that arrives after them verifies
+/// once they count, and any other message that arrives while they wait is passed on after them.
+///
 /// Verifying a batch (signatures, AEAD, decoding) needs no database, so it starts on the I/O pool as soon as the batch
 /// arrives and overlaps with storing the batches before it. Reading pauses while `maxInbox` batches or
 /// `maxInboxBytes` of them wait, so a fast sender cannot make memory grow; while it is paused or storing, a read-idle
@@ -23,18 +26,30 @@ final class BatchReceiver: ChannelInboundHandler {
     /// What waits to be stored, in arrival order: batches (each already being verified on the I/O pool, with how
     /// many entry keys the space held when that began) and the pieces and manifest of a snapshot.
     private enum Item {
-        case batch(EntryBatch, verified: EventLoopFuture<VerifiedBatch>, keys: Int)
+        /// A batch, with its verification once started (nil: it starts when the batch's turn comes, after the
+        /// membership operations received before it are merged).
+        case batch(EntryBatch, verified: EventLoopFuture<VerifiedBatch>?, keys: Int)
         case part(SnapshotPart)
         case manifest(SnapshotManifest)
+        /// Membership operations, merged on the I/O pool.
+        case ops([MembershipOp])
+        /// Any other message received while operations wait to be merged: passed on in its turn, so the session sees
+        /// it after the log those operations make (a `STATE` after the operations that undo a removal).
+        case passOn(PeerMessage)
 
         var byteCount: Int {
             switch self {
             case .batch(let b, _, _): return b.byteCount
             case .part(let p): return p.bytes.count
             case .manifest(let m): return m.bytes.count
+            case .ops(let ops): return ops.reduce(0) { $0 + $1.bytes.count }
+            case .passOn: return 0
             }
         }
     }
+    /// Operations messages queued or being merged: while any are, batches verify in their turn and other messages
+    /// wait in the inbox.
+    private var opsPending = 0
     private var inbox: [Item] = []
     /// The opened pieces of the snapshot being received, the last piece's hash, and their bytes.
     private var snapshotRecords: [[UInt8]] = []
@@ -75,18 +90,25 @@ final class BatchReceiver: ChannelInboundHandler {
             // The peer holds what it sends, stored here or not: nothing of it goes back to the peer, even from a round
             // being read right now.
             context.fireUserInboundEventTriggered(PeerHoldsBatch(origin: batch.origin, seq: batch.head.seq))
-            // The space as it is now: membership operations received before this batch already count.
-            let (db, snapshot) = (link.db, link.space.snapshot)
-            let verified = engine.pool.runIfActive(eventLoop: context.eventLoop) {
-                try db.verify(batch: batch, key: snapshot.key, membership: snapshot.membership)
+            if opsPending > 0 {
+                item = .batch(batch, verified: nil, keys: 0)
+            } else {
+                let (verified, keys) = verify(batch, link: link, context: context)
+                item = .batch(batch, verified: verified, keys: keys)
             }
-            item = .batch(batch, verified: verified, keys: snapshot.key.entryKeyCount)
+        case .members(let ops):
+            guard link != nil, !stopped else { return }
+            opsPending += 1
+            item = .ops(ops)
         case .snapshotPart(let part):
             guard link != nil, !stopped else { return }
             item = .part(part)
         case .snapshot(let manifest):
             guard link != nil, !stopped else { return }
             item = .manifest(manifest)
+        case let other where opsPending > 0:
+            guard !stopped else { return }
+            item = .passOn(other)
         default:
             context.fireChannelRead(data)
             return
@@ -121,6 +143,7 @@ final class BatchReceiver: ChannelInboundHandler {
     /// memory back.
     private func stop() {
         stopped = true
+        opsPending = 0
         inbox = []
         inboxBytes = 0
         dropSnapshotRecords()
@@ -141,9 +164,17 @@ final class BatchReceiver: ChannelInboundHandler {
         inboxBytes -= item.byteCount
         let batch: EntryBatch, verified: EventLoopFuture<VerifiedBatch>, keys: Int
         switch item {
-        case .batch(let b, let v, let k): (batch, verified, keys) = (b, v, k)
+        case .batch(let b, let v?, let k): (batch, verified, keys) = (b, v, k)
+        case .batch(let b, nil, _):
+            batch = b
+            (verified, keys) = verify(b, link: link, context: context)
         case .part(let part): return applySnapshotPart(part, link: link, context: context)
         case .manifest(let manifest): return installSnapshot(manifest, link: link, context: context)
+        case .ops(let ops): return merge(ops, link: link, context: context)
+        case .passOn(let message):
+            context.fireChannelRead(wrapInboundOut(message))
+            resumeReading(context: context)
+            return applyNext(context: context)
         }
         guard !refusedOrigins.contains(batch.origin) else {
             resumeReading(context: context)
@@ -178,6 +209,41 @@ final class BatchReceiver: ChannelInboundHandler {
                     context.fireErrorCaught(error)
                 }
             }
+    }
+
+    /// Starts verifying `batch` on the I/O pool against the space as it is now (membership operations received before
+    /// it merged); returns the verification and how many entry keys the space held.
+    private func verify(_ batch: EntryBatch, link: SyncLinkEstablished, context: ChannelHandlerContext)
+        -> (EventLoopFuture<VerifiedBatch>, Int)
+    {
+        let (db, snapshot) = (link.db, link.space.snapshot)
+        let verified = engine.pool.runIfActive(eventLoop: context.eventLoop) {
+            try db.verify(batch: batch, key: snapshot.key, membership: snapshot.membership)
+        }
+        return (verified, snapshot.key.entryKeyCount)
+    }
+
+    /// Merges membership operations into the space on the I/O pool (resolving the log takes time that the event loop's
+    /// other connections should not wait), then tells the session which were new (`MergedOps`).
+    private func merge(_ ops: [MembershipOp], link: SyncLinkEstablished, context: ChannelHandlerContext) {
+        applying = true
+        let space = link.space
+        let bound = NIOLoopBound((self, context), eventLoop: context.eventLoop)
+        engine.pool.runIfActive(eventLoop: context.eventLoop) { space.merge(ops) }.whenComplete { result in
+            let (receiver, context) = bound.value
+            receiver.applying = false
+            guard !receiver.stopped else { return }
+            receiver.opsPending -= 1
+            switch result {
+            case .success(let fresh):
+                context.fireUserInboundEventTriggered(MergedOps(received: ops, fresh: fresh))
+                receiver.resumeReading(context: context)
+                receiver.applyNext(context: context)
+            case .failure(let error):
+                receiver.stop()
+                context.fireErrorCaught(LocalFailure(error))
+            }
+        }
     }
 
     /// Opens the next piece of a snapshot (its chain checked) and keeps its records until the manifest comes.

@@ -21,6 +21,12 @@ struct PeerHoldsBatch {
     let seq: UInt64
 }
 
+/// Fired by `BatchReceiver` once it merged membership operations the peer sent into the space: those `fresh` were new.
+struct MergedOps {
+    let received: [MembershipOp]
+    let fresh: [MembershipOp]
+}
+
 /// Fired by `BatchReceiver` when it refused a batch for a reason that may clear (`SyncRejection.mayClear`): the
 /// session ends a while later, so that the link's next connection fetches it again.
 struct RefusedForNow {

@@ -87,12 +87,12 @@ extension SyncSession {
         }
     }
 
-    /// Merges operations the peer sent; new ones are stored, then every session of the database hears of them.
-    func received(ops: [MembershipOp], context: ChannelHandlerContext) {
+    /// Operations the peer sent were merged (`BatchReceiver`): the peer holds them, and new ones are stored, then
+    /// every session of the database hears of them.
+    func merged(_ merged: MergedOps) {
         guard let link else { return }
-        for op in ops { opsShared.insert(op.hash) }
-        let fresh = link.space.merge(ops)
-        if !fresh.isEmpty { engine.persist(fresh, space: link.space) }
+        for op in merged.received { opsShared.insert(op.hash) }
+        if !merged.fresh.isEmpty { engine.persist(merged.fresh, space: link.space) }
     }
 
     /// The space's log changed: close if the peer (or this device) was removed, finish joining once admitted, and

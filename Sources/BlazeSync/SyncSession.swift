@@ -62,6 +62,8 @@ final class SyncSession: ChannelInboundHandler {
             establish(established, context: context)
         case let holds as PeerHoldsBatch:
             peerHolds(origin: holds.origin, seq: holds.seq)
+        case let ops as MergedOps:
+            merged(ops)
         case let refused as RefusedForNow:
             refetchLater(refused.reason, context: context)
         case let awaiting as AwaitingKeys:
@@ -146,8 +148,8 @@ final class SyncSession: ChannelInboundHandler {
             close(context: context)
         case .ping:
             break
-        case .members(let ops):
-            received(ops: ops, context: context)
+        case .members:
+            break  // merged by the BatchReceiver before this handler (`MergedOps`)
         case .join(let id, let device, let proof):
             redeem(inviteID: id, device: device, proof: proof, context: context)
         case .acks(let acks):
