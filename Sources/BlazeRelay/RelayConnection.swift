@@ -277,6 +277,8 @@ final class RelayConnection: ChannelInboundHandler {
             peerVector = known
             pump(space: space, context: context)
         case .entries(let batch):
+            // The device holds what it sends: no round sends it back, even one read before this batch is stored.
+            if var v = peerVector { v[batch.origin] = max(v[batch.origin] ?? 0, batch.head.seq); peerVector = v }
             receive(.batch(batch), space: space, context: context)
         case .members(let ops):
             for op in ops { opsShared.insert(op.hash) }

@@ -87,9 +87,6 @@ final class BatchReceiver: ChannelInboundHandler {
         switch unwrapInboundIn(data) {
         case .entries(let batch):
             guard let link, !stopped else { return }
-            // The peer holds what it sends, stored here or not: nothing of it goes back to the peer, even from a round
-            // being read right now.
-            context.fireUserInboundEventTriggered(PeerHoldsBatch(origin: batch.origin, seq: batch.head.seq))
             if opsPending > 0 {
                 item = .batch(batch, verified: nil, keys: 0)
             } else {
@@ -219,6 +216,12 @@ final class BatchReceiver: ChannelInboundHandler {
         let (db, snapshot) = (link.db, link.space.snapshot)
         let verified = engine.pool.runIfActive(eventLoop: context.eventLoop) {
             try db.verify(batch: batch, key: snapshot.key, membership: snapshot.membership)
+        }
+        // Once verified the peer provably holds it, stored here or not: nothing of it goes back to the peer, even from
+        // a round being read right now. (This runs before the store begins, and so before the commit wakes a round.)
+        let bound = NIOLoopBound(context, eventLoop: context.eventLoop)
+        verified.whenSuccess { _ in
+            bound.value.fireUserInboundEventTriggered(PeerHoldsBatch(origin: batch.origin, seq: batch.head.seq))
         }
         return (verified, snapshot.key.entryKeyCount)
     }

@@ -49,6 +49,8 @@ public final class SyncEngine: Sendable {
     /// For each link (database, peer, device), how many sessions in a row ended to fetch again what they refused for a
     /// reason that may clear (`SyncSession.refetchLater`).
     let refetchBackoff = Mutex<[String: Int]>([:])
+    /// Most links `refetchBackoff` remembers; past it the map starts over (only waits get shorter).
+    static let maxRefetchLinks = 4_096
     private let listener = Mutex<(any Channel)?>(nil)
     /// The open inbound connections, so that `shutdown` closes them (closing the listener leaves them open); nil once
     /// shutting down, when a connection accepted meanwhile is closed at once.

@@ -14,8 +14,8 @@ struct SyncLinkEstablished {
     var key: SpaceKey { space.key }
 }
 
-/// Fired by `BatchReceiver` as a batch arrives, before it is verified or stored: the peer holds `origin`'s entries up
-/// to `seq` (what it claims only stops this side sending it those entries).
+/// Fired by `BatchReceiver` once a received batch verified, before it is stored: the peer holds `origin`'s entries up
+/// to `seq`.
 struct PeerHoldsBatch {
     let origin: NodeID
     let seq: UInt64

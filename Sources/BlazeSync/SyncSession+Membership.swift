@@ -137,8 +137,11 @@ extension SyncSession {
     /// so the peer sends the batch again.
     func refetchLater(_ reason: SyncRejection, context: ChannelHandlerContext) {
         refusedForNow = true
-        guard refetch == nil, !closed else { return }
+        // Only for a peer this side serves: anyone else's sessions are not worth ending, or remembering.
+        guard refetch == nil, !closed, servesPeer else { return }
         let ends = engine.refetchBackoff.withLock { b -> Int in
+            // Links are few; a map this large means keys that never come back, and forgetting them only shortens waits.
+            if b.count >= SyncEngine.maxRefetchLinks && b[refetchKey] == nil { b = [:] }
             defer { b[refetchKey, default: 0] += 1 }
             return b[refetchKey] ?? 0
         }

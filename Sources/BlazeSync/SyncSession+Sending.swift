@@ -62,17 +62,20 @@ extension SyncSession {
     /// and a commit arrived meanwhile).
     private func send(_ round: Round, context: ChannelHandlerContext) {
         var last: EventLoopFuture<Void>?
-        var sent = 0
+        var sent = 0, held = 0
         for (batch, message) in round.batches {
             // The peer sent it while the round was read: it holds it already.
-            if let theirs = peerVector?[batch.origin], theirs >= batch.head.seq { continue }
+            if let theirs = peerVector?[batch.origin], theirs >= batch.head.seq {
+                held += batch.entries.count
+                continue
+            }
             sent += batch.entries.count
             last = send(bytes: message, context: context)
             peerHolds(origin: batch.origin, seq: batch.head.seq)
         }
         report.update {
             $0.sentEntries += sent
-            $0.peerBehind = max(0, round.ahead - sent)
+            $0.peerBehind = max(0, round.ahead - sent - held)
             $0.selfBehind = round.behind
             if sent > 0 { $0.lastSyncMs = nowMs() }
         }
