@@ -5,19 +5,10 @@ import GRDB
 /// The peers a database syncs with (SYNC.md §8): addresses it dials, kept across restarts.
 extension BlazeDatabase {
     /// Addresses of the peers this database syncs with.
-    public func peers() throws -> [String] {
-        try read { db in try String.fetchAll(db, sql: "SELECT address FROM sync_peers ORDER BY address") }
-    }
+    public func peers() throws -> [String] { try entries("address", of: "sync_peers") }
 
     /// Adds a peer address; returns false when it was already there.
-    public func addPeer(_ address: String) throws -> Bool {
-        try pool.write { db in
-            try db.execute(
-                sql: "INSERT OR IGNORE INTO sync_peers(address, added_at) VALUES (?, ?)",
-                arguments: [address, Int64(Date().timeIntervalSince1970 * 1000)])
-            return db.changesCount > 0
-        }
-    }
+    public func addPeer(_ address: String) throws -> Bool { try add(address, as: "address", to: "sync_peers") }
 
     /// Removes a peer address; returns false when it was not there.
     public func removePeer(_ address: String) throws -> Bool {
@@ -26,24 +17,30 @@ extension BlazeDatabase {
             return db.changesCount > 0
         }
     }
+
+    /// The values of `column` in `table` (a list of addresses or paths), in order.
+    private func entries(_ column: String, of table: String) throws -> [String] {
+        try read { db in try String.fetchAll(db, sql: "SELECT \(column) FROM \(table) ORDER BY \(column)") }
+    }
+
+    /// Adds `value` to the list `table` (its `column`, with when it was added); false when it was there.
+    private func add(_ value: String, as column: String, to table: String) throws -> Bool {
+        try pool.write { db in
+            try db.execute(
+                sql: "INSERT OR IGNORE INTO \(table)(\(column), added_at) VALUES (?, ?)",
+                arguments: [value, Int64(Date().timeIntervalSince1970 * 1000)])
+            return db.changesCount > 0
+        }
+    }
 }
 
 /// The shared folders a database syncs through (SYNC.md §10).
 extension BlazeDatabase {
     /// Paths of the folders this database syncs through.
-    public func folders() throws -> [String] {
-        try read { db in try String.fetchAll(db, sql: "SELECT path FROM sync_folders ORDER BY path") }
-    }
+    public func folders() throws -> [String] { try entries("path", of: "sync_folders") }
 
     /// Adds a folder; returns false when it was already there.
-    public func addFolder(_ path: String) throws -> Bool {
-        try pool.write { db in
-            try db.execute(
-                sql: "INSERT OR IGNORE INTO sync_folders(path, added_at) VALUES (?, ?)",
-                arguments: [path, Int64(Date().timeIntervalSince1970 * 1000)])
-            return db.changesCount > 0
-        }
-    }
+    public func addFolder(_ path: String) throws -> Bool { try add(path, as: "path", to: "sync_folders") }
 
     /// Removes a folder and what was seen in it; returns false when it was not there.
     public func removeFolder(_ path: String) throws -> Bool {
