@@ -34,6 +34,8 @@ let package = Package(
     ],
     targets: [
         .target(name: "BlazeProtocol", swiftSettings: strict),
+        // Every setting of blazed and blaze-relay, with its default: the libraries read their defaults here.
+        .target(name: "BlazeSettings", dependencies: ["BlazeProtocol"], swiftSettings: strict),
         .target(name: "BlazeCRDT", dependencies: ["BlazeProtocol"], swiftSettings: strict),
         .target(
             name: "BlazeCrypto",
@@ -45,14 +47,14 @@ let package = Package(
         .target(
             name: "BlazeStore",
             dependencies: [
-                "BlazeProtocol", "BlazeCRDT", .product(name: "GRDB", package: "GRDB.swift"),
+                "BlazeProtocol", "BlazeCRDT", "BlazeSettings", .product(name: "GRDB", package: "GRDB.swift"),
                 .product(name: "GRDBSQLite", package: "GRDB.swift"), .product(name: "Crypto", package: "swift-crypto"),
             ],
             swiftSettings: strict),
         .target(
             name: "BlazeDaemon",
             dependencies: [
-                "BlazeProtocol", "BlazeStore", "BlazeCRDT", "BlazeCrypto", "BlazeSync", "BlazeConfig",
+                "BlazeProtocol", "BlazeStore", "BlazeCRDT", "BlazeCrypto", "BlazeSync", "BlazeConfig", "BlazeSettings",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "NIOExtras", package: "swift-nio-extras"),
@@ -65,7 +67,7 @@ let package = Package(
         .target(
             name: "BlazeSync",
             dependencies: [
-                "BlazeProtocol", "BlazeStore", "BlazeCRDT", "BlazeCrypto",
+                "BlazeProtocol", "BlazeStore", "BlazeCRDT", "BlazeCrypto", "BlazeSettings",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "NIOHTTP1", package: "swift-nio"),
@@ -77,7 +79,7 @@ let package = Package(
         .target(
             name: "BlazeRelay",
             dependencies: [
-                "BlazeProtocol", "BlazeCRDT", "BlazeCrypto", "BlazeStore", "BlazeSync",
+                "BlazeProtocol", "BlazeCRDT", "BlazeCrypto", "BlazeStore", "BlazeSync", "BlazeSettings",
                 .product(name: "GRDB", package: "GRDB.swift"),
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
@@ -93,10 +95,11 @@ let package = Package(
         .executableTarget(
             name: "blaze-relay",
             dependencies: [
-                "BlazeRelay", "BlazeSync", "BlazeCrypto", "BlazeProtocol",
+                "BlazeRelay", "BlazeSync", "BlazeCrypto", "BlazeProtocol", "BlazeConfig", "BlazeSettings",
                 // For blazed's structured log lines (LineLogHandler).
                 "BlazeDaemon",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "NIOSSL", package: "swift-nio-ssl"),
                 .product(name: "PostgresNIO", package: "postgres-nio"),
@@ -105,12 +108,12 @@ let package = Package(
             swiftSettings: strict),
         .target(name: "BlazeClient", dependencies: ["BlazeProtocol"], swiftSettings: strict),
         .target(
-            name: "BlazeConfig", dependencies: ["BlazeProtocol", .product(name: "Yams", package: "Yams")],
+            name: "BlazeConfig", dependencies: ["BlazeProtocol", "BlazeSettings", .product(name: "Yams", package: "Yams")],
             swiftSettings: strict),
         .executableTarget(
             name: "blazed",
             dependencies: [
-                "BlazeDaemon", "BlazeConfig", "BlazeProtocol",
+                "BlazeDaemon", "BlazeConfig", "BlazeSettings", "BlazeProtocol",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
@@ -133,7 +136,7 @@ let package = Package(
         .executableTarget(
             name: "blazectl",
             dependencies: [
-                "BlazeProtocol", "BlazeClient", "BlazeConfig",
+                "BlazeProtocol", "BlazeClient", "BlazeConfig", "BlazeSettings",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
             ],
             swiftSettings: strict),
@@ -177,7 +180,7 @@ let package = Package(
             name: "BlazeDaemonTests",
             dependencies: [
                 "BlazeDaemon", "BlazeClient", "BlazeProtocol", "BlazeStore", "BlazeCRDT", "BlazeCrypto", "BlazeSync", "BlazeTestSupport",
-                "BlazeConfig", "BlazeRelay",
+                "BlazeConfig", "BlazeSettings", "BlazeRelay",
                 // Not imported: the tests run these executables, so they must be built first.
                 "blazed", "blazectl", "blaze-relay",
                 .product(name: "Crypto", package: "swift-crypto"),

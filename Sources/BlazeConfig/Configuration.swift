@@ -1,4 +1,5 @@
 import BlazeProtocol
+import BlazeSettings
 import Foundation
 import Yams
 
@@ -24,132 +25,6 @@ public enum ConfigSource: Sendable, Equatable, CustomStringConvertible {
     }
 }
 
-/// A setting's typed value.
-public enum ConfigValue: Sendable, Equatable, CustomStringConvertible {
-    /// An integer.
-    case int(Int)
-    /// A number.
-    case double(Double)
-    /// Text.
-    case string(String)
-    /// A switch.
-    case bool(Bool)
-    /// Not set (only for optional settings).
-    case none
-
-    /// The value as it would be written in the configuration file.
-    public var description: String {
-        switch self {
-        case .int(let v): String(v)
-        case .double(let v): v == v.rounded() && abs(v) < 1e15 ? String(Int(v)) : String(v)
-        case .string(let v): v
-        case .bool(let v): v ? "true" : "false"
-        case .none: "(none)"
-        }
-    }
-
-    /// The value as JSON (null for `none`).
-    public var json: JSONValue {
-        switch self {
-        case .int(let v): .int(Int64(v))
-        case .double(let v): .double(v)
-        case .string(let v): .string(v)
-        case .bool(let v): .bool(v)
-        case .none: .null
-        }
-    }
-}
-
-/// The configuration cannot be used; names the setting, where the bad value came from and what is wrong.
-public struct ConfigError: Error, Sendable, Equatable, CustomStringConvertible {
-    /// The whole message.
-    public var description: String
-
-    /// Creates an error with its message.
-    public init(_ description: String) { self.description = description }
-}
-
-/// One setting of `blazed`: its name (the flag without `--`, the file key), type, default and rule.
-public struct ConfigKey: Sendable {
-    /// The kinds of value a setting takes.
-    public enum Kind: Sendable {
-        /// An integer from `min` on.
-        case int(min: Int)
-        /// A number in a closed range.
-        case double(ClosedRange<Double>)
-        /// One of these words.
-        case choice([String])
-        /// Text, checked by `check` (nil when it is fine, else what is wrong).
-        case text(check: @Sendable (String) -> String?)
-        /// `true` or `false`.
-        case bool
-    }
-
-    /// The name: file key and flag (`--name`).
-    public let name: String
-    /// The type and rule.
-    public let kind: Kind
-    /// Whether the setting may be absent (`none`).
-    public let optional: Bool
-    /// One line for `--help`, `config show` and the docs.
-    public let summary: String
-    /// The built-in default, given the environment (paths depend on it).
-    public let builtIn: @Sendable ([String: String]) -> ConfigValue
-
-    /// The environment variable that sets it: `BLAZEDB_` and the name in capitals with `_` for `-`.
-    public var environmentVariable: String {
-        "BLAZEDB_" + name.uppercased().replacingOccurrences(of: "-", with: "_")
-    }
-
-    /// Creates a setting.
-    public init(
-        _ name: String, _ kind: Kind, optional: Bool = false, _ summary: String,
-        builtIn: @escaping @Sendable ([String: String]) -> ConfigValue
-    ) {
-        self.name = name
-        self.kind = kind
-        self.optional = optional
-        self.summary = summary
-        self.builtIn = builtIn
-    }
-
-    /// Parses `text` (from a flag, the environment or a file scalar) into this setting's value.
-    public func parse(_ text: String) -> Result<ConfigValue, ConfigError> {
-        let trimmed = text.trimmingCharacters(in: .whitespaces)
-        if optional && (trimmed.isEmpty || trimmed == "none") { return .success(.none) }
-        switch kind {
-        case .int(let min):
-            guard let v = Int(trimmed.replacingOccurrences(of: "_", with: "")) else {
-                return .failure(ConfigError("must be a whole number, got \"\(text)\""))
-            }
-            guard v >= min else { return .failure(ConfigError("must be at least \(min), got \(v)")) }
-            return .success(.int(v))
-        case .double(let range):
-            guard let v = Double(trimmed), v.isFinite else { return .failure(ConfigError("must be a number, got \"\(text)\"")) }
-            guard range.contains(v) else {
-                return .failure(
-                    ConfigError("must be from \(ConfigValue.double(range.lowerBound)) to \(ConfigValue.double(range.upperBound)), got \(trimmed)"))
-            }
-            return .success(.double(v))
-        case .choice(let words):
-            guard words.contains(trimmed) else {
-                return .failure(ConfigError("must be one of \(words.joined(separator: ", ")), got \"\(text)\""))
-            }
-            return .success(.string(trimmed))
-        case .text(let check):
-            guard !trimmed.isEmpty else { return .failure(ConfigError("must not be empty")) }
-            if let problem = check(trimmed) { return .failure(ConfigError(problem)) }
-            return .success(.string(trimmed))
-        case .bool:
-            switch trimmed.lowercased() {
-            case "true", "yes", "on", "1": return .success(.bool(true))
-            case "false", "no", "off", "0": return .success(.bool(false))
-            default: return .failure(ConfigError("must be true or false, got \"\(text)\""))
-            }
-        }
-    }
-}
-
 /// The effective value of every setting, with where each came from.
 public struct ResolvedConfig: Sendable {
     /// One setting's effective value and its source.
@@ -166,6 +41,9 @@ public struct ResolvedConfig: Sendable {
     public let entries: [Entry]
     /// The configuration file that was read, nil when none exists at the default path.
     public let file: String?
+
+    /// The effective value of `setting` (which must be one of the resolved keys).
+    public subscript<Value>(_ setting: Setting<Value>) -> Value { setting.value(self[setting.name]) }
 
     /// The value of setting `name` (which must exist).
     public subscript(name: String) -> ConfigValue {
@@ -205,7 +83,7 @@ public struct ResolvedConfig: Sendable {
         .init(
             file: file,
             settings: entries.map { e in
-                .init(key: e.key.name, value: e.value.json, source: e.source.description, env: e.key.environmentVariable)
+                .init(key: e.key.name, value: e.key.shown(e.value).json, source: e.source.description, env: e.key.environmentVariable)
             })
     }
 }
@@ -214,23 +92,33 @@ public struct ResolvedConfig: Sendable {
 public struct ConfigResolver: Sendable {
     /// The settings.
     public let keys: [ConfigKey]
+    /// The configuration file's name under `$XDG_CONFIG_HOME/blazedb/` (`blazed.yaml`).
+    public let fileName: String
+    /// The environment variable naming another configuration file (`BLAZEDB_CONFIG`).
+    public let fileVariable: String
 
-    /// Creates a resolver over `keys`.
-    public init(keys: [ConfigKey]) { self.keys = keys }
+    /// Creates a resolver over `keys`, reading `$XDG_CONFIG_HOME/blazedb/<fileName>` unless `fileVariable` names another.
+    public init(keys: [ConfigKey], fileName: String = "blazed.yaml", fileVariable: String = "BLAZEDB_CONFIG") {
+        precondition(Set(keys.map(\.name)).count == keys.count, "a setting is listed twice")
+        self.keys = keys
+        self.fileName = fileName
+        self.fileVariable = fileVariable
+    }
 
-    /// `--config`, else `$BLAZEDB_CONFIG`, else `$XDG_CONFIG_HOME/blazedb/blazed.yaml` (`~/.config` when unset).
-    /// The second value is true when the path was given explicitly (then it must exist).
-    public static func configFilePath(flag: String?, environment: [String: String]) -> (path: String, explicit: Bool) {
+    /// `--config`, else `$BLAZEDB_CONFIG` (`fileVariable`), else `$XDG_CONFIG_HOME/blazedb/blazed.yaml` (`fileName`;
+    /// `~/.config` when unset). The second value is true when the path was given explicitly (then it must exist).
+    public func configFilePath(flag: String?, environment: [String: String]) -> (path: String, explicit: Bool) {
         if let flag, !flag.isEmpty { return (flag, true) }
-        if let env = environment["BLAZEDB_CONFIG"], !env.isEmpty { return (env, true) }
+        if let env = environment[fileVariable], !env.isEmpty { return (env, true) }
         let base =
             environment["XDG_CONFIG_HOME"].flatMap { $0.isEmpty ? nil : $0 }
             ?? ((environment["HOME"].flatMap { $0.isEmpty ? nil : $0 } ?? NSHomeDirectory()) + "/.config")
-        return (base + "/blazedb/blazed.yaml", false)
+        return (base + "/blazedb/" + fileName, false)
     }
 
     /// The settings given on a command line as `--name value`, `--name=value`, `--name` (a switch: true) or
-    /// `--no-name` (a switch: false), by setting name; anything else is an error naming the argument.
+    /// `--no-name` (a switch: false), by setting name; anything else is an error naming the argument. A list setting may
+    /// be given more than once: its items are kept as one text, comma-separated.
     public func flags(_ arguments: [String]) throws(ConfigError) -> [String: String] {
         var out: [String: String] = [:]
         var i = 0
@@ -265,6 +153,10 @@ public struct ConfigResolver: Sendable {
                     throw ConfigError("--\(name) needs a value")
                 }
             }
+            if case .list = key.kind, let earlier = out[name], let value {
+                out[name] = earlier + "," + value
+                continue
+            }
             guard out[name] == nil else { throw ConfigError("--\(name) is given twice") }
             out[name] = value
         }
@@ -281,6 +173,7 @@ public struct ConfigResolver: Sendable {
             case .double: value = "--\(key.name) SECONDS"
             case .choice(let words): value = "--\(key.name) \(words.joined(separator: "|"))"
             case .text: value = "--\(key.name) TEXT"
+            case .list: value = "--\(key.name) TEXT (repeatable)"
             }
             return "\(value)  [env \(key.environmentVariable)]\n    \(key.summary)"
         }.joined(separator: "\n")
@@ -290,7 +183,7 @@ public struct ConfigResolver: Sendable {
     public func resolve(flags: [String: String], environment: [String: String], configFile: String?) throws(ConfigError)
         -> ResolvedConfig
     {
-        let (path, explicit) = Self.configFilePath(flag: configFile, environment: environment)
+        let (path, explicit) = configFilePath(flag: configFile, environment: environment)
         var fileValues: [String: ConfigValue] = [:]
         var fileUsed: String?
         if FileManager.default.fileExists(atPath: path) {
@@ -350,6 +243,17 @@ public struct ConfigResolver: Sendable {
                 throw ConfigError("invalid configuration: \(path)\(line): unknown setting \"\(name)\" (known: \(names))")
             }
             guard out[name] == nil else { throw ConfigError("invalid configuration: \(path)\(line): \(name) is set twice") }
+            if case .list = key.kind, let sequence = v.sequence {
+                let items = sequence.compactMap { $0.scalar?.string }
+                guard items.count == sequence.count else {
+                    throw ConfigError("invalid configuration: \(name) (from file \(path)\(line)) must be a list of texts")
+                }
+                switch key.parse(items: items) {
+                case .success(let value): out[name] = value
+                case .failure(let e): throw ConfigError("invalid configuration: \(name) (from file \(path)\(line)) \(e.description)")
+                }
+                continue
+            }
             guard let scalar = v.scalar else {
                 throw ConfigError("invalid configuration: \(name) (from file \(path)\(line)) must be a single value")
             }

@@ -37,7 +37,7 @@ public enum TextTable {
 public enum ConfigTable {
     /// One row per setting: name, effective value, source; then the file read.
     public static func render(_ config: ResolvedConfig) -> String {
-        let rows = config.entries.map { [$0.key.name, $0.value.description, $0.source.description] }
+        let rows = config.entries.map { [$0.key.name, $0.key.shown($0.value).description, $0.source.description] }
         return TextTable.render(["SETTING", "VALUE", "SOURCE"], rows) + "\nconfiguration file: "
             + (config.file ?? "(none)")
     }

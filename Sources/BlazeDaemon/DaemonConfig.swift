@@ -1,25 +1,25 @@
 import BlazeProtocol
+import BlazeSettings
 import BlazeStore
 import BlazeSync
 import NIOCore
 
-/// Limits of the RPC server (DESIGN §6); all configurable, all enforced.
+/// Limits of the RPC server; all configurable (defaults from `BlazedSettings`), all enforced. The JSON depth limit is
+/// `StoreLimits.maxDepth`, shared with every other parser of outside JSON.
 public struct ServerLimits: Sendable, Equatable {
     /// Maximum bytes in one request line; a longer line gets an error and the connection is closed.
-    public var maxLineBytes: Int = 8 << 20
-    /// Maximum nesting depth of a request's JSON.
-    public var maxDepth: Int = 64
+    public var maxLineBytes = BlazedSettings.maxLineBytes.defaultValue
     /// Maximum number of requests in one batch.
-    public var maxBatch: Int = 256
+    public var maxBatch = BlazedSettings.maxBatch.defaultValue
     /// Maximum simultaneous client connections; extra ones get an error and are closed.
-    public var maxConnections: Int = 256
+    public var maxConnections = BlazedSettings.maxConnections.defaultValue
     /// Seconds a connection may stay silent before it is closed; 0 disables the timeout.
-    public var idleTimeoutSeconds: Int = 600
+    public var idleTimeoutSeconds = BlazedSettings.idleTimeout.defaultValue
     /// Maximum subscriptions one connection may hold.
-    public var maxSubscriptionsPerConnection: Int = 1000
+    public var maxSubscriptionsPerConnection = BlazedSettings.maxSubscriptions.defaultValue
     /// Bytes a connection may have waiting to be sent before a live subscription that adds more is dropped
     /// (with a final `subscriber_too_slow` error notification).
-    public var maxSubscriberBacklogBytes: Int = 8 << 20
+    public var maxSubscriberBacklogBytes = BlazedSettings.maxSubscriberBacklogBytes.defaultValue
 
     /// Default limits.
     public init() {}
@@ -37,12 +37,17 @@ public struct DaemonConfig: Sendable {
     public var storeLimits: StoreLimits
     /// Name of the database created on first start (nil: none).
     public var defaultDatabase: String?
+    /// The least severe log level `blazed` writes (`log-level`; the logger is made before the daemon, from the same
+    /// setting).
+    public var logLevel = BlazedSettings.logLevel.defaultValue
+    /// The log line format, `text` or `json` (`log-format`).
+    public var logFormat = BlazedSettings.logFormat.defaultValue
     /// `host:port` to accept sync peers on; nil (the default) accepts none (outbound peers still work).
     public var syncListen: String?
     /// Milliseconds a sync peer may stay silent before its connection is closed (handshakes: `syncListenerLimits`).
-    public var syncTimeoutMs: Int = 30_000
+    public var syncTimeoutMs = BlazedSettings.syncTimeout.defaultValue
     /// Most milliseconds between attempts to reach a sync peer (`sync-retry-max`).
-    public var syncRetryMaxMs: Int = 5_000
+    public var syncRetryMaxMs = BlazedSettings.syncRetryMax.defaultValue
     /// Limits on inbound sync connections: handshakes, totals, per source address, handshake deadline.
     public var syncListenerLimits = SyncListenerLimits()
     /// A PEM file of certificates to trust for `wss://` relays besides the system's; nil trusts the system's only.
@@ -50,9 +55,9 @@ public struct DaemonConfig: Sendable {
     /// How sync folders are watched and written (`folder-poll-interval`, `folder-inotify`).
     public var folderOptions = FolderOptions()
     /// Milliseconds between background compactions of every database (`compaction-interval`; 0: only `db.compact`).
-    public var compactionIntervalMs = 600_000
+    public var compactionIntervalMs = BlazedSettings.compactionInterval.defaultValue
     /// Milliseconds a member may stay silent before stability stops waiting for it (`compaction-horizon`).
-    public var compactionHorizonMs = 30 * 24 * 3_600_000
+    public var compactionHorizonMs = BlazedSettings.compactionHorizon.defaultValue
     /// A listening socket passed by systemd socket activation; when set, it is served instead of binding
     /// `socketPath` (which then names where it is bound), and it is left in place at shutdown.
     public var inheritedSocket: Systemd.InheritedSocket?

@@ -13,8 +13,8 @@ struct Dispatcher: Sendable {
 
     /// Decodes a line (on the event loop; cheap).
     func prepare(line: some Collection<UInt8>) -> RPCIncoming {
-        let limits = context.config.limits
-        return RPCCodec.decode(line: line, maxDepth: limits.maxDepth, maxBatch: limits.maxBatch)
+        let config = context.config
+        return RPCCodec.decode(line: line, maxDepth: config.storeLimits.maxDepth, maxBatch: config.limits.maxBatch)
     }
 
     /// True when the line may start on the event loop: every method it calls only reads a little, or it is one

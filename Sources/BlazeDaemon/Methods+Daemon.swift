@@ -22,7 +22,7 @@ extension Methods {
             databases: try ctx.store.count(), connections: ctx.connections.count,
             subscriptions: ctx.connections.subscriptions.load(ordering: .relaxed),
             limits: .init(
-                maxLineBytes: l.maxLineBytes, maxDepth: l.maxDepth, maxBatch: l.maxBatch, maxConnections: l.maxConnections,
+                maxLineBytes: l.maxLineBytes, maxDepth: s.maxDepth, maxBatch: l.maxBatch, maxConnections: l.maxConnections,
                 idleTimeoutSeconds: l.idleTimeoutSeconds, maxDocumentBytes: s.maxDocumentBytes,
                 maxTransactionOps: s.maxTransactionOps, maxQueryLimit: s.maxQueryLimit,
                 maxSubscriptionsPerConnection: l.maxSubscriptionsPerConnection,

@@ -11,7 +11,7 @@ extension PostgresRelayStore {
 
     public func watch(_ onChange: @escaping @Sendable (RelayChange) -> Void) async {
         var listenedBefore = false
-        while !Task.isCancelled {
+        while !Task.isCancelled && !closed.load(ordering: .relaxed) {
             let listening = ListenState()
             // What others wrote while this process was not listening is caught up on.
             let resync = listenedBefore
@@ -28,7 +28,7 @@ extension PostgresRelayStore {
                         }
                     }
                 } catch {
-                    if !Task.isCancelled {
+                    if !Task.isCancelled && !self.closed.load(ordering: .relaxed) {
                         logger.warning("Relay lost its PostgreSQL notifications; reconnecting", metadata: ["error": "\(error)"])
                     }
                 }
@@ -40,7 +40,7 @@ extension PostgresRelayStore {
                 try? await Task.sleep(for: .milliseconds(50))
             }
             if listening.began { listenedBefore = true }
-            if listening.waiting && !Task.isCancelled {
+            if listening.waiting && !Task.isCancelled && !closed.load(ordering: .relaxed) {
                 logger.warning("Relay's PostgreSQL notifications did not start in time; asking again")
                 attempt.cancel()
             } else {

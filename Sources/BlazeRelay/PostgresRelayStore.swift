@@ -17,6 +17,8 @@ import Synchronization
 public final class PostgresRelayStore: RelayBackend {
     let client: PostgresClient
     private let runner: Task<Void, Never>
+    /// Set by `close()`: a connection failing from then on is the store closing, not something to warn about.
+    let closed = Atomic<Bool>(false)
     /// Per-space limits.
     public let limits: RelayLimits
     let logger: Logger
@@ -55,6 +57,7 @@ public final class PostgresRelayStore: RelayBackend {
 
     /// Closes every connection.
     public func close() {
+        closed.store(true, ordering: .relaxed)
         runner.cancel()
     }
 
@@ -64,7 +67,7 @@ public final class PostgresRelayStore: RelayBackend {
     /// libpq has it) reaches the server on its Unix socket in that directory, `?sslmode=require` asks for TLS.
     public static func configuration(url text: String) throws -> PostgresClient.Configuration {
         guard let url = URLComponents(string: text), ["postgres", "postgresql"].contains(url.scheme ?? "") else {
-            throw RelayError("--postgres must be a postgres:// URL, got \(text)")
+            throw RelayError("postgres must be a postgres:// URL (not repeated here: it may hold a password)")
         }
         let query = Dictionary((url.queryItems ?? []).map { ($0.name, $0.value ?? "") }, uniquingKeysWith: { $1 })
         let user = url.percentEncodedUser.flatMap { $0.removingPercentEncoding } ?? "postgres"

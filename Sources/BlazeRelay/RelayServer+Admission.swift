@@ -1,4 +1,5 @@
 import BlazeCrypto
+import BlazeProtocol
 import BlazeSync
 import NIOHTTP1
 import Synchronization

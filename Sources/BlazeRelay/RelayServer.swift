@@ -1,6 +1,7 @@
 import BlazeCRDT
 import BlazeCrypto
 import BlazeProtocol
+import BlazeSettings
 import BlazeSync
 import Foundation
 import Logging
@@ -66,20 +67,26 @@ public final class RelayServer: Sendable {
     /// drops, reorders, replays or withholds entries. Nil (always, outside tests) sends batches as stored.
     let tamper = Mutex<(@Sendable (EntryBatch) -> [EntryBatch])?>(nil)
 
-    /// The defaults of a relay's listener limits: far more devices than one daemon's peers.
+    /// The defaults of a relay's listener limits (`RelaySettings`): far more devices than one daemon's peers.
     public static var defaultLimits: SyncListenerLimits {
         var limits = SyncListenerLimits()
-        limits.maxConnections = 10_000
-        limits.maxHandshakes = 512
-        limits.maxConnectionsPerAddress = 64
-        limits.handshakeTimeoutMs = 5_000
-        limits.reservedHandshakes = limits.maxHandshakes / 4
-        limits.reservedConnections = limits.maxConnections / 5
+        limits.maxConnections = RelaySettings.maxConnections.defaultValue
+        limits.maxHandshakes = RelaySettings.maxHandshakes.defaultValue
+        limits.maxConnectionsPerAddress = RelaySettings.maxConnectionsPerAddress.defaultValue
+        limits.handshakeTimeoutMs = RelaySettings.handshakeTimeout.defaultValue
+        reserveDefaultShares(&limits)
         return limits
     }
 
+    /// Sets the reserved places of `limits` to their default shares of the maxima: a quarter of the handshakes, a fifth
+    /// of the connections (`reserved-handshakes` and `reserved-connections` left unset).
+    public static func reserveDefaultShares(_ limits: inout SyncListenerLimits) {
+        limits.reservedHandshakes = limits.maxHandshakes / 4
+        limits.reservedConnections = limits.maxConnections / 5
+    }
+
     /// The default of new connections per second per source address (bursts of twice that).
-    public static let defaultHandshakeRate = 50
+    public static let defaultHandshakeRate = RelaySettings.handshakeRate.defaultValue
 
     /// A relay over `store`, proving `identity` to devices, admitting connections within `limits` and at most
     /// `handshakesPerSecondPerAddress` new ones per second from one address (0: no such limit), closing a connection whose

@@ -285,7 +285,16 @@ enum RestoreCheck {
                 // Reads hand a stored body out as it is (spliced into responses): it must be the canonical text of
                 // the document it holds, one line, keys sorted, nothing around it.
                 if let body {
-                    guard case .object(let doc)? = try? JSONParser(maxDepth: 10_000).parse(body), JSONValue.object(doc).jsonText == body
+                    let parsed: JSONValue
+                    do {
+                        parsed = try JSONParser(maxDepth: limits.maxDepth + 4).parse(body)
+                    } catch {
+                        throw invalid(
+                            error.kind == "depth"
+                                ? "a document nested deeper than this daemon's max-depth (\(limits.maxDepth)) in \(where_)"
+                                : "a document body that is not JSON in \(where_)")
+                    }
+                    guard case .object(let doc) = parsed, JSONValue.object(doc).jsonText == body
                     else { throw invalid("a document body that is not its canonical JSON text in \(where_)") }
                 }
             }

@@ -1,9 +1,10 @@
 import BlazeCRDT
+import BlazeSettings
 
 /// Limits the store enforces on every write and query; all configurable through the daemon.
 public struct StoreLimits: Sendable, Equatable {
     /// Maximum size of one document's canonical JSON in bytes.
-    public var maxDocumentBytes: Int = 1 << 20
+    public var maxDocumentBytes = BlazedSettings.maxDocumentBytes.defaultValue
     /// Maximum number of operations in one `tx.commit`.
     public var maxTransactionOps: Int = 10_000
     /// Maximum `limit` of one `query.find` page.
@@ -21,11 +22,12 @@ public struct StoreLimits: Sendable, Equatable {
     /// Most changes of one origin parked at once, waiting for changes they depend on; a batch that would park more
     /// is refused (`too_many_parked` in `sync.status`) and comes again once what it waits for has arrived.
     public var maxParkedPerOrigin: Int = 100_000
-    /// Maximum nesting depth of a document's values, for remote changes as for local writes (the RPC request limit).
-    public var maxDepth: Int = 64
+    /// Maximum nesting depth of JSON from outside: requests, a document's values (remote changes as local writes),
+    /// snapshots and restored backups (`max-depth`).
+    public var maxDepth = BlazedSettings.maxDepth.defaultValue
 
     /// Changes kept in the durable change feed for `subscribe` with `since`; older ones are pruned.
-    public var feedRetention: Int = 10_000
+    public var feedRetention = BlazedSettings.feedRetention.defaultValue
 
     /// WAL size in pages after which a commit asks for a background checkpoint (see `Checkpointer`).
     var walCheckpointPages: Int32 = 4000

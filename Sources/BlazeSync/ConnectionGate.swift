@@ -1,16 +1,17 @@
+import BlazeSettings
 import Synchronization
 
 /// Limits on inbound sync connections (SYNC.md §8, "Listener limits"): they hold before a byte is parsed, so a
 /// stranger with no key cannot use up the daemon's file descriptors or starve its local clients.
 public struct SyncListenerLimits: Sendable, Equatable {
     /// Inbound connections that have not finished their handshake.
-    public var maxHandshakes = 64
+    public var maxHandshakes = BlazedSettings.syncMaxHandshakes.defaultValue
     /// Inbound connections in all (handshaking or established).
-    public var maxConnections = 256
+    public var maxConnections = BlazedSettings.syncMaxPeers.defaultValue
     /// Inbound connections from one source address.
-    public var maxConnectionsPerAddress = 16
+    public var maxConnectionsPerAddress = BlazedSettings.syncMaxPeersPerAddress.defaultValue
     /// Milliseconds an inbound or outbound handshake may take, much shorter than the silence limit.
-    public var handshakeTimeoutMs = 5_000
+    public var handshakeTimeoutMs = BlazedSettings.syncHandshakeTimeout.defaultValue
     /// Of `maxHandshakes`, places only connections from a known address may take (one a listed device proved its
     /// key from, `ConnectionGate.admit(address:known:)`): strangers filling the others leave those devices a way in.
     public var reservedHandshakes = 0
@@ -18,7 +19,7 @@ public struct SyncListenerLimits: Sendable, Equatable {
     /// (`GatePlace.established(listed:)`): capability holders with fresh keys cannot take them all.
     public var reservedConnections = 0
 
-    /// Default limits.
+    /// A daemon's default limits (`BlazedSettings`; a relay's are `RelayServer.defaultLimits`).
     public init() {}
 }
 

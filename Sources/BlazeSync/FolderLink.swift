@@ -1,6 +1,7 @@
 import BlazeCRDT
 import BlazeCrypto
 import BlazeProtocol
+import BlazeSettings
 import BlazeStore
 import Foundation
 import Logging
@@ -20,8 +21,12 @@ public struct FolderOptions: Sendable, Equatable {
     /// Bytes after which a segment file is finished and the next one started.
     public var segmentBytes: Int
 
-    /// Options with the defaults: inotify, a 2 s poll, 4 MiB segments.
-    public init(pollIntervalMs: Int = 2000, inotify: Bool = true, segmentBytes: Int = 4 << 20) {
+    /// Options with the defaults of `BlazedSettings`: inotify, a 2 s poll, 4 MiB segments.
+    public init(
+        pollIntervalMs: Int = BlazedSettings.folderPollInterval.defaultValue,
+        inotify: Bool = BlazedSettings.folderInotify.defaultValue,
+        segmentBytes: Int = BlazedSettings.folderSegmentBytes.defaultValue
+    ) {
         self.pollIntervalMs = pollIntervalMs
         self.inotify = inotify
         self.segmentBytes = segmentBytes

@@ -2,6 +2,7 @@ import ArgumentParser
 import BlazeClient
 import BlazeConfig
 import BlazeProtocol
+import BlazeSettings
 import Foundation
 
 #if canImport(Glibc)

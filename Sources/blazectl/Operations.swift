@@ -2,6 +2,7 @@ import ArgumentParser
 import BlazeClient
 import BlazeConfig
 import BlazeProtocol
+import BlazeSettings
 import Foundation
 import Synchronization
 
@@ -240,7 +241,7 @@ struct Config: ParsableCommand {
         static let configuration = CommandConfiguration(abstract: "Print the path of the configuration file blazed reads.")
         @OptionGroup var global: Global
         func run() throws {
-            let (path, _) = ConfigResolver.configFilePath(flag: nil, environment: ProcessInfo.processInfo.environment)
+            let (path, _) = BlazedSettings.resolver.configFilePath(flag: nil, environment: ProcessInfo.processInfo.environment)
             let exists = FileManager.default.fileExists(atPath: path)
             global.output(["path": .string(path), "exists": .bool(exists)]) { _ in
                 print(path + (exists ? "" : "  (does not exist; blazed uses its defaults)"))

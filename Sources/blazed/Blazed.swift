@@ -2,6 +2,7 @@ import ArgumentParser
 import BlazeConfig
 import BlazeDaemon
 import BlazeProtocol
+import BlazeSettings
 import Foundation
 import Logging
 import ServiceLifecycle
@@ -53,8 +54,9 @@ struct Blazed: AsyncParsableCommand {
             print(json ? settings.json.jsonText : ConfigTable.render(settings))
             return
         }
-        let level = Logger.Level(rawValue: settings.string("log-level")!)!
-        let format = LineLogHandler.Format(rawValue: settings.string("log-format")!)!
+        var daemonConfig = DaemonConfig(settings: settings, environment: environment)
+        let level = Logger.Level(rawValue: daemonConfig.logLevel) ?? .info
+        let format = LineLogHandler.Format(rawValue: daemonConfig.logFormat) ?? .text
         LoggingSystem.bootstrap { label in LineLogHandler(label: label, level: level, format: format) }
         let logger = Logger(label: "blazed")
         // Everything blazed creates (databases and their WAL, backups, keys, directories) is for this user alone,
@@ -64,7 +66,6 @@ struct Blazed: AsyncParsableCommand {
         // limit is 1,024), so connection limits, not descriptors, decide what is refused.
         let files = ProcessLimits.raiseOpenFiles()
         logger.debug("Open file limit", metadata: ["limit.soft": "\(files.soft)", "limit.hard": "\(files.hard)"])
-        var daemonConfig = DaemonConfig(settings: settings, environment: environment)
         do {
             if let inherited = try Systemd.inheritedSocket(environment: environment) {
                 daemonConfig.inheritedSocket = inherited

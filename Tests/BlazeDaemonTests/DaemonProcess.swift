@@ -134,7 +134,7 @@ final class DaemonProcess: @unchecked Sendable {
 /// This process's environment without BlazeDB settings or systemd's variables, with `XDG_CONFIG_HOME` at `config`.
 func isolatedEnvironment(config: String) -> [String: String] {
     var env = ProcessInfo.processInfo.environment.filter {
-        !$0.key.hasPrefix("BLAZEDB_") && !["NOTIFY_SOCKET", "LISTEN_PID", "LISTEN_FDS", "LISTEN_FDNAMES"].contains($0.key)
+        !$0.key.hasPrefix("BLAZEDB_") && !$0.key.hasPrefix("BLAZE_RELAY_") && !["NOTIFY_SOCKET", "LISTEN_PID", "LISTEN_FDS", "LISTEN_FDNAMES"].contains($0.key)
     }
     env["XDG_CONFIG_HOME"] = config
     return env

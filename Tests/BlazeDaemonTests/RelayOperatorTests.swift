@@ -1,6 +1,7 @@
 import BlazeClient
 import BlazeCrypto
 import BlazeProtocol
+import BlazeSettings
 import BlazeTestSupport
 import Foundation
 import GRDB
@@ -82,17 +83,17 @@ import Glibc
         let bad = try run(buildDirectory + "/blaze-relay", ["add-space", "--data-dir", dir.path, "not-a-token"])
         #expect(bad.status != 0 && bad.err.contains("not a relay capability"))
         let limits = try run(buildDirectory + "/blaze-relay", ["serve", "--data-dir", dir.path, "--max-connections", "0"])
-        #expect(limits.status != 0 && limits.err.contains("--max-connections must be from 1"))
+        #expect(limits.status != 0 && limits.err.contains("max-connections (from flag --max-connections) must be at least 1, got 0"))
         let help = try run(buildDirectory + "/blaze-relay", ["--help"])
         #expect(help.status == 0 && help.out.contains("add-space") && help.out.contains("serve"))
         let format = try run(buildDirectory + "/blaze-relay", ["serve", "--data-dir", dir.path, "--log-format", "xml"])
-        #expect(format.status != 0 && format.err.contains("--log-format must be text or json"))
+        #expect(format.status != 0 && format.err.contains("log-format (from flag --log-format) must be one of text, json"))
         let tls = try run(buildDirectory + "/blaze-relay", ["serve", "--data-dir", dir.path, "--tls-cert", "/nonexistent.pem"])
-        #expect(tls.status != 0 && tls.err.contains("--tls-cert and --tls-key go together"))
+        #expect(tls.status != 0 && tls.err.contains("tls-cert and tls-key go together"))
         let pg = try run(buildDirectory + "/blaze-relay", ["serve", "--data-dir", dir.path, "--postgres", "mysql://x"])
-        #expect(pg.status != 0 && pg.err.contains("--postgres must be a postgres:// URL"))
+        #expect(pg.status != 0 && pg.err.contains("postgres (from flag --postgres) must be a postgres:// URL"))
         let proxy = try run(buildDirectory + "/blaze-relay", ["serve", "--data-dir", dir.path, "--trusted-proxy", "10.0.0.0/33"])
-        #expect(proxy.status != 0 && proxy.err.contains("--trusted-proxy must be an IP address or CIDR block"))
+        #expect(proxy.status != 0 && proxy.err.contains("trusted-proxy (from flag --trusted-proxy) must be an IP address or CIDR block"))
         let everyone = try run(buildDirectory + "/blaze-relay", ["serve", "--data-dir", dir.path, "--trusted-proxy", "::/0"])
         #expect(everyone.status != 0 && everyone.err.contains("not /0"), "trusting every address is trusting clients")
         // Log lines are blazed's: one JSON object per line with --log-format json.
@@ -102,5 +103,53 @@ import Glibc
         let first = try #require(relay.logText.split(separator: "\n").first)
         let object = try JSONSerialization.jsonObject(with: Data(first.utf8)) as? [String: Any]
         #expect(object?["msg"] as? String == "Relay started" && object?["level"] as? String == "info")
+    }
+
+    /// The relay's settings work as blazed's: flags over environment over its configuration file over the defaults,
+    /// each with its source in `blaze-relay config`, lists from a YAML sequence, a password never shown.
+    @Test func aRelayReadsItsSettingsFromFlagsEnvironmentAndFile() throws {
+        let dir = TempDir()
+        try FileManager.default.createDirectory(atPath: dir.path + "/config/blazedb", withIntermediateDirectories: true)
+        let file = dir.path + "/config/blazedb/relay.yaml"
+        try """
+            log-format: json
+            handshake-rate: 3
+            max-handshakes: 40
+            trusted-proxy:
+              - 10.0.0.0/8
+              - fd00::/8
+            postgres: postgres://relay:hunter2@localhost/relay
+            """.write(toFile: file, atomically: true, encoding: .utf8)
+        var env = isolatedEnvironment(config: dir.path + "/config")
+        env["BLAZE_RELAY_HANDSHAKE_RATE"] = "5"
+        env["BLAZE_RELAY_MAX_HANDSHAKES"] = "30"
+        let shown = try run(buildDirectory + "/blaze-relay", ["config", "--json", "--max-handshakes", "20"], environment: env)
+        #expect(shown.status == 0, "\(shown.err)")
+        let report = try JSONParser().parse(shown.out)
+        #expect(report["file"] == .string(file))
+        var rows: [String: (JSONValue, String)] = [:]
+        for s in report["settings"]?.arrayValue ?? [] { rows[s["key"]?.stringValue ?? ""] = (s["value"] ?? .null, s["source"]?.stringValue ?? "") }
+        #expect(rows["max-handshakes"]?.0 == 20 && rows["max-handshakes"]?.1 == "flag --max-handshakes")
+        #expect(rows["handshake-rate"]?.0 == 5 && rows["handshake-rate"]?.1 == "env BLAZE_RELAY_HANDSHAKE_RATE")
+        #expect(rows["log-format"]?.0 == "json" && rows["log-format"]?.1 == "file \(file)")
+        #expect(rows["trusted-proxy"]?.0 == ["10.0.0.0/8", "fd00::/8"])
+        #expect(rows["max-connections"]?.0 == 10_000 && rows["max-connections"]?.1 == "default")
+        #expect(rows["postgres"]?.0 == "postgres://relay:***@localhost/relay", "the password is masked")
+        #expect(!shown.out.contains("hunter2"))
+        #expect(rows.count == RelaySettings.keys.count)
+        let help = try run(buildDirectory + "/blaze-relay", ["--help"], environment: env)
+        #expect(RelaySettings.keys.allSatisfy { help.out.contains("--\($0.name)") && help.out.contains($0.environmentVariable) })
+
+        // A relay started with that file (less the PostgreSQL URL) applies it: its log lines are JSON.
+        try "log-format: json\nmax-handshakes: 40\n".write(toFile: file, atomically: true, encoding: .utf8)
+        let relay = try RelayProcess(dir: dir)
+        #expect(eventually { relay.logText.contains("Relay started") })
+        #expect(relay.logText.split(separator: "\n").allSatisfy { $0.hasPrefix("{") }, "\(relay.logText)")
+        relay.stop()
+        // A bad value names the setting and where it came from, and nothing starts.
+        env["BLAZE_RELAY_RETENTION_DAYS"] = "forever"
+        let bad = try run(buildDirectory + "/blaze-relay", ["serve", "--data-dir", dir.path + "/bad"], environment: env)
+        #expect(bad.status != 0 && bad.err.contains("retention-days (from env BLAZE_RELAY_RETENTION_DAYS) must be a whole number"))
+        #expect(!FileManager.default.fileExists(atPath: dir.path + "/bad"))
     }
 }

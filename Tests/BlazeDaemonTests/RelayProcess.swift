@@ -32,7 +32,8 @@ final class RelayProcess: @unchecked Sendable {
     let postgres: PostgresServer?
 
     init(
-        dir: TempDir = TempDir(), arguments: [String] = [], listen: String = "127.0.0.1:0", postgres: PostgresServer? = nil
+        dir: TempDir = TempDir(), arguments: [String] = [], listen: String = "127.0.0.1:0", postgres: PostgresServer? = nil,
+        environment: [String: String] = [:]
     ) throws {
         self.dir = dir
         self.postgres = postgres
@@ -40,6 +41,8 @@ final class RelayProcess: @unchecked Sendable {
         process.arguments =
             ["serve", "--data-dir", dir.path + "/relay", "--listen", listen] + (postgres.map { ["--postgres", $0.url] } ?? [])
             + arguments
+        // No settings from this machine's environment or configuration file; its own empty XDG_CONFIG_HOME.
+        process.environment = isolatedEnvironment(config: dir.path + "/config").merging(environment) { $1 }
         let stdout = Pipe(), stderr = Pipe()
         process.standardOutput = stdout
         process.standardError = stderr

@@ -1,6 +1,5 @@
+import BlazeProtocol
 import Testing
-
-@testable import BlazeSync
 
 /// How listener limits count source addresses, and the address blocks a relay trusts.
 @Suite struct SourceAddressTests {
