@@ -94,6 +94,12 @@ public final class BlazeConnection {
         }
     }
 
+    /// Calls `P`'s method and waits for its success, leaving the result unread: for loops that only need the call
+    /// done (benchmarks measuring the daemon, not the decoding).
+    public func perform<P: RPCParameters>(_ params: P) throws {
+        _ = try call(P.method.rawValue, params.jsonObject)
+    }
+
     /// Calls a method and returns its result; an error response is thrown as `RPCError`.
     public func call(_ method: String, _ params: [String: JSONValue] = [:]) throws -> JSONValue {
         let id = nextID
@@ -132,6 +138,19 @@ public final class BlazeConnection {
         while true {
             let message = try readMessage()
             if message["id"] == nil, message["method"] != nil { return message }
+        }
+    }
+
+    /// The next notification of kind `N` (others are skipped), read as the protocol document declares it.
+    public func nextNotification<N: RPCNotificationParams>(_ type: N.Type) throws -> N {
+        while true {
+            let message = try nextNotification()
+            guard message["method"]?.stringValue == N.method, let params = message["params"] else { continue }
+            do {
+                return try N(json: params)
+            } catch {
+                throw ClientError("a \(N.method) notification does not match the protocol document: \(error)")
+            }
         }
     }
 

@@ -90,7 +90,9 @@ final class Subscription: Sendable {
 
     /// The notification carrying events of `entries`, or nil when none concerns this subscription.
     func notification(_ entries: some Sequence<FeedEntry>) -> [UInt8]? {
-        var out = "{\"jsonrpc\":\"2.0\",\"method\":\"subscription\",\"params\":{\"events\":["
+        // Spliced, not built as `RPCNotification.Subscription`: a document's stored text goes out as it is, never
+        // parsed for a notification (SubscriptionWireTests decode these lines as the generated type).
+        var out = "{\"jsonrpc\":\"2.0\",\"method\":\"" + RPCNotification.Subscription.method + "\",\"params\":{\"events\":["
         var count = 0
         for entry in entries { count += render(entry, into: &out) }
         guard count > 0 else { return nil }
@@ -100,9 +102,10 @@ final class Subscription: Sendable {
 
     /// The last notification of a subscription that ends because of `error`.
     func finalNotification(_ error: RPCError) -> [UInt8] {
-        let n = RPCCodec.notification(
-            method: "subscription", params: ["error": error.jsonValue, "subscription": .string(id)])
-        return n.jsonBytes + [0x0A]
+        let params = RPCNotification.Subscription(
+            subscription: id,
+            error: .init(code: error.code, message: error.message, data: error.jsonValue["data"] ?? .object(["kind": .string(error.kind)])))
+        return RPCCodec.notification(method: RPCNotification.Subscription.method, params: params.json).jsonBytes + [0x0A]
     }
 }
 

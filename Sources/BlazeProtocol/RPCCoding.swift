@@ -25,6 +25,13 @@ public protocol RPCObject: Sendable {
     var json: JSONValue { get }
 }
 
+/// The params of a notification the daemon sends (no id, no reply), generated from the protocol document's
+/// `x-notifications`.
+public protocol RPCNotificationParams: RPCObject {
+    /// The notification's method name.
+    static var method: String { get }
+}
+
 /// A JSON value that does not have the shape the protocol document declares; `path` leads to it from the top.
 public struct RPCShapeError: Error, Sendable, Equatable, CustomStringConvertible {
     /// Members and indexes from the outside in: `["ids", "[3]"]`.

@@ -134,17 +134,17 @@ enum Workloads {
         }
         let c = connection!
         for start in stride(from: 0, to: documents, by: 1000) {
-            let ops: [JSONValue] = (start..<min(documents, start + 1000)).map { i in
+            let ops: [[String: JSONValue]] = (start..<min(documents, start + 1000)).map { i in
                 ["op": "insert", "collection": "c", "doc": .object(documentValue(i))]
             }
-            _ = try c.call("tx.commit", ["db": "default", "ops": .array(ops)])
+            try c.perform(RPC.TxCommit(db: "default", ops: ops))
         }
-        let held = try c.call("db.info", ["db": "default"])["documents"]?.intValue
-        guard held == Int64(documents) else { throw ClientError("RSS: the daemon holds \(held ?? -1) documents") }
+        let held = try c.call(RPC.DbInfo(db: "default")).documents
+        guard held == documents else { throw ClientError("RSS: the daemon holds \(held) documents") }
         var rng = SystemRandomNumberGenerator()
         for _ in 0..<1000 {
             let id = String(format: "doc-%08d", Int.random(in: 0..<documents, using: &rng))
-            _ = try c.call("doc.get", ["db": "default", "collection": "c", "id": .string(id)])
+            try c.perform(RPC.DocGet(db: "default", collection: "c", id: id))
         }
         let status = (try? String(contentsOfFile: "/proc/\(child.processIdentifier)/status", encoding: .utf8)) ?? ""
         func kib(_ field: String) -> Double {
@@ -189,8 +189,8 @@ enum Workloads {
         }
     }
 
-    static func params(_ i: Int, _ docs: [[String: JSONValue]]) -> [String: JSONValue] {
-        ["db": "default", "collection": "c", "doc": .object(docs[i])]
+    static func params(_ i: Int, _ docs: [[String: JSONValue]]) -> RPC.DocInsert {
+        RPC.DocInsert(db: "default", collection: "c", doc: docs[i])
     }
 
     /// W2 and W3: inserts and reads over the socket, single client and 8 clients.
@@ -200,49 +200,48 @@ enum Workloads {
         let socket = d.socket
         let setup: @Sendable (Int) throws -> Any = { _ in try BlazeConnection(socketPath: socket, timeoutSeconds: 60) }
         let prep = try BlazeConnection(socketPath: socket, timeoutSeconds: 60)
-        _ = try prep.call("index.create", ["db": "default", "collection": "c", "fields": ["email"]])
-        _ = try prep.call("index.create", ["db": "default", "collection": "c", "fields": ["age"]])
+        try prep.perform(RPC.IndexCreate(db: "default", collection: "c", fields: ["email"]))
+        try prep.perform(RPC.IndexCreate(db: "default", collection: "c", fields: ["age"]))
         let shared = docs
         var out: [Result] = []
 
         let single = try onThreads(1, count: n, setup: setup) { c, i in
-            _ = try (c as! BlazeConnection).call("doc.insert", params(i, shared))
+            try (c as! BlazeConnection).perform(params(i, shared))
         }
         out.append(Result(name: "W2.insert.1client", unit: "µs", samples: single.latencies, better: "lower", baseline: "B_echo",
             target: "p50 ≤ B_echo + 30 µs", note: String(format: "%.0f docs/s", Double(n) / single.wall)))
         let eight = try onThreads(8, count: n, setup: setup) { c, i in
-            _ = try (c as! BlazeConnection).call("doc.insert", params(n + i, shared))
+            try (c as! BlazeConnection).perform(params(n + i, shared))
         }
         out.append(Result(name: "W2.insert.8clients", unit: "docs/s", samples: [Double(eight.latencies.count) / eight.wall],
             better: "higher", baseline: "B_auto", target: "≥ 10,000 docs/s"))
         let batches = max(1, n / 500)
         let tx = try seconds {
             for b in 0..<batches {
-                let ops: [JSONValue] = (0..<500).map { k in
+                let ops: [[String: JSONValue]] = (0..<500).map { k in
                     ["op": "insert", "collection": "c", "doc": .object(shared[2 * n + b * 500 + k])]
                 }
-                _ = try prep.call("tx.commit", ["db": "default", "ops": .array(ops)])
+                try prep.perform(RPC.TxCommit(db: "default", ops: ops))
             }
         }
         out.append(Result(name: "W2.tx500", unit: "docs/s", samples: [Double(batches * 500) / tx], better: "higher",
             baseline: "B_ins", target: "≥ 0.5×"))
 
         let gets = try onThreads(1, count: n, setup: setup) { c, i in
-            _ = try (c as! BlazeConnection).call(
-                "doc.get", ["db": "default", "collection": "c", "id": shared[(i * 7919) % n]["_id"]!])
+            try (c as! BlazeConnection).perform(
+                RPC.DocGet(db: "default", collection: "c", id: shared[(i * 7919) % n]["_id"]!.stringValue!))
         }
         out.append(Result(name: "W3.get.1client", unit: "µs", samples: gets.latencies, better: "lower", baseline: "B_echo",
             target: "p50 ≤ B_echo + 20 µs"))
         let finds = try onThreads(1, count: n, setup: setup) { c, i in
             let email = shared[(i * 7919) % n]["email"]!
-            _ = try (c as! BlazeConnection).call(
-                "query.find", ["db": "default", "collection": "c", "where": ["email": email], "limit": 10])
+            try (c as! BlazeConnection).perform(RPC.QueryFind(db: "default", collection: "c", where: ["email": email], limit: 10))
         }
         out.append(Result(name: "W3.find.1client", unit: "µs", samples: finds.latencies, better: "lower", baseline: "B_echo",
             target: "p50 ≤ B_echo + 20 µs", note: "indexed equality"))
         let parallel = try onThreads(8, count: n, setup: setup) { c, i in
-            _ = try (c as! BlazeConnection).call(
-                "doc.get", ["db": "default", "collection": "c", "id": shared[(i * 7919) % n]["_id"]!])
+            try (c as! BlazeConnection).perform(
+                RPC.DocGet(db: "default", collection: "c", id: shared[(i * 7919) % n]["_id"]!.stringValue!))
         }
         out.append(Result(name: "W3.get.8clients", unit: "req/s", samples: [Double(parallel.latencies.count) / parallel.wall],
             better: "higher", target: "≥ 50,000 req/s"))
@@ -265,14 +264,14 @@ enum Workloads {
                 var times = [UInt64](repeating: 0, count: writes)
                 do {
                     let c = try BlazeConnection(socketPath: socket, timeoutSeconds: 60)
-                    _ = try c.call("subscribe", ["db": "default", "collection": "fan"])
+                    _ = try c.call(RPC.Subscribe(db: "default", collection: "fan"))
                     ready.signal()
                     var received = 0
                     while received < writes {
-                        let n = try c.nextNotification()
+                        let n = try c.nextNotification(RPCNotification.Subscription.self)
                         let now = DispatchTime.now().uptimeNanoseconds
-                        for e in n["params"]?["events"]?.arrayValue ?? [] {
-                            if let i = e["doc"]?["i"]?.intValue { times[Int(i)] = now }
+                        for e in n.events ?? [] {
+                            if let i = e.doc?["i"]?.intValue { times[Int(i)] = now }
                             received += 1
                         }
                     }
@@ -291,9 +290,9 @@ enum Workloads {
         var sent = [UInt64](repeating: 0, count: writes)
         for i in 0..<writes {
             sent[i] = DispatchTime.now().uptimeNanoseconds
-            _ = try writer.call("doc.put", ["db": "default", "collection": "fan", "id": .string("d\(i % 100)"), "doc": ["i": .int(Int64(i))]])
+            try writer.perform(RPC.DocPut(db: "default", collection: "fan", doc: ["i": .int(Int64(i))], id: "d\(i % 100)"))
         }
-        while arrivals.withLock({ $0.count }) < subscribers { _ = try writer.call("daemon.info") }
+        while arrivals.withLock({ $0.count }) < subscribers { try writer.perform(RPC.DaemonInfo()) }
         if let failure = failures.withLock({ $0.first }) { throw ClientError("fan-out subscriber failed: \(failure)") }
         let latencies = arrivals.withLock { all in
             all.flatMap { times in zip(times, sent).map { Double($0 &- $1) / 1000 } }

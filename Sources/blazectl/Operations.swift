@@ -74,8 +74,8 @@ func withProgress<T>(_ label: String, watching: String, total: Int64, _ body: ()
 }
 
 /// "1 document", "3 documents".
-func documents(_ n: JSONValue?) -> String {
-    n?.intValue == 1 ? "1 document" : "\(text(n)) documents"
+func documents(_ n: Int) -> String {
+    n == 1 ? "1 document" : "\(n) documents"
 }
 
 /// `path` made absolute against the current directory (the daemon has its own).
@@ -95,14 +95,14 @@ extension DB {
         @Argument(help: "The backup file to create (relative to the current directory).") var path: String
         func run() throws {
             let target = absolutePath(path)
-            let result = global.withConnection { c -> JSONValue in
-                let size = (try c.call("db.info", ["db": .string(name)]))["sizeBytes"]?.intValue ?? 0
-                return try withProgress("backing up \(name)", watching: target + ".partial", total: size) {
-                    try c.call("db.backup", ["db": .string(name), "path": .string(target)])
+            let result = global.withConnection { c in
+                let size = try c.call(RPC.DbInfo(db: name)).sizeBytes
+                return try withProgress("backing up \(name)", watching: target + ".partial", total: Int64(size)) {
+                    try c.call(RPC.DbBackup(db: name, path: target))
                 }
             }
-            global.output(result) { r in
-                print("backed up \(name) to \(path): \(documents(r["documents"])), state \(text(r["stateHash"]).prefix(16))")
+            global.output(result.json) { _ in
+                print("backed up \(name) to \(path): \(documents(result.documents)), state \(result.stateHash.prefix(16))")
             }
         }
     }
@@ -120,14 +120,14 @@ extension DB {
         func run() throws {
             let source = absolutePath(path)
             let size = ((try? FileManager.default.attributesOfItem(atPath: source))?[.size] as? NSNumber)?.int64Value ?? 0
-            let result = global.withConnection { c -> JSONValue in
-                let dataDir = text(try c.call("daemon.info", [:])["dataDir"])
+            let result = global.withConnection { c in
+                let dataDir = try c.call(RPC.DaemonInfo()).dataDir
                 return try withProgress("restoring \(name)", watching: dataDir + "/databases/\(name).db.partial", total: size) {
-                    try c.call("db.restore", ["path": .string(source), "db": .string(name)])
+                    try c.call(RPC.DbRestore(path: source, db: name))
                 }
             }
-            global.output(result) { r in
-                print("restored \(text(r["db"])) from \(path): \(documents(r["documents"])), state \(text(r["stateHash"]).prefix(16))")
+            global.output(result.json) { _ in
+                print("restored \(result.db) from \(path): \(documents(result.documents)), state \(result.stateHash.prefix(16))")
             }
         }
     }
@@ -142,21 +142,19 @@ struct Status: ParsableCommand {
 
     func run() throws {
         let overview = global.withConnection { c -> JSONValue in
-            let info = try c.call("daemon.info", [:])
-            let sync = try c.call("sync.status", [:])
-            var shared: [String: JSONValue] = [:]
-            for d in sync["databases"]?.arrayValue ?? [] { shared[text(d["db"])] = d }
+            let info = try c.call(RPC.DaemonInfo())
+            let sync = try c.call(RPC.SyncStatus())
+            let shared = Dictionary(sync.databases.map { ($0.db, $0.json) }) { first, _ in first }
             var databases: [JSONValue] = []
-            for entry in try c.call("db.list", [:])["databases"]?.arrayValue ?? [] {
-                let name = text(entry["name"])
-                let db = try c.call("db.info", ["db": .string(name)])
+            for entry in try c.call(RPC.DbList()).databases {
+                let db = try c.call(RPC.DbInfo(db: entry.name))
                 databases.append([
-                    "name": .string(name), "collections": db["collections"] ?? .null, "documents": db["documents"] ?? .null,
-                    "sizeBytes": db["sizeBytes"] ?? .null, "sync": shared[name] ?? .null,
-                    "lastCompaction": db["lastCompaction"] ?? .null,
+                    "name": .string(entry.name), "collections": .int(Int64(db.collections)), "documents": .int(Int64(db.documents)),
+                    "sizeBytes": .int(Int64(db.sizeBytes)), "sync": shared[entry.name] ?? .null,
+                    "lastCompaction": db.lastCompaction?.json ?? .null,
                 ])
             }
-            return ["daemon": info, "listen": sync["listen"] ?? .null, "databases": .array(databases)]
+            return ["daemon": info.json, "listen": sync.listen.map { .string($0) } ?? .null, "databases": .array(databases)]
         }
         global.output(overview) { r in
             let d = r["daemon"] ?? .null
@@ -213,7 +211,7 @@ struct Config: ParsableCommand {
             do {
                 let connection = try BlazeConnection(socketPath: global.socketPath)
                 defer { connection.close() }
-                result = try connection.call("daemon.config", [:])
+                result = try connection.call(RPC.DaemonConfig()).json
             } catch let e as RPCError {
                 fail(describe(e))
             } catch {

@@ -173,23 +173,23 @@ struct Service: ParsableCommand {
             }
             let service = (try? String(contentsOfFile: dir + "/" + ServiceUnits.serviceName, encoding: .utf8)) ?? ""
             let execStart = service.split(separator: "\n").first { $0.hasPrefix("ExecStart=") }.map { String($0.dropFirst(10)) }
-            var daemon: JSONValue = .null
+            var daemon: RPC.DaemonInfo.Result?
             if let c = try? BlazeConnection(socketPath: global.socketPath, timeoutSeconds: 5) {
-                daemon = (try? c.call("daemon.info", [:])) ?? .null
+                daemon = try? c.call(RPC.DaemonInfo())
                 c.close()
             }
             let result: JSONValue = [
                 "unitDir": .string(dir), "socketUnit": unitInfo[ServiceUnits.socketName] ?? .null,
                 "serviceUnit": unitInfo[ServiceUnits.serviceName] ?? .null, "execStart": execStart.map { .string($0) } ?? .null,
-                "socket": .string(global.socketPath), "running": .bool(daemon != .null),
-                "pid": daemon["pid"] ?? .null,
+                "socket": .string(global.socketPath), "running": .bool(daemon != nil),
+                "pid": daemon.map { .int(Int64($0.pid)) } ?? .null,
             ]
             global.output(result) { r in
                 let installed = r["socketUnit"] != .null && r["serviceUnit"] != .null
                 print("units     \(installed ? Colour.green("installed") : Colour.yellow("not installed")) in \(dir)")
                 if let execStart { print("runs      \(execStart)") }
                 print("socket    \(global.socketPath)")
-                print("daemon    " + (daemon == .null ? Colour.yellow("not answering") : Colour.green("running") + ", pid \(text(daemon["pid"]))"))
+                print("daemon    " + (daemon.map { Colour.green("running") + ", pid \($0.pid)" } ?? Colour.yellow("not answering")))
                 if !installed { print("Install the units with: blazectl service install") }
             }
         }

@@ -18,29 +18,32 @@ struct Watch: ParsableCommand {
 
     func run() throws {
         if let count, count < 1 { fail("--count must be at least 1") }
-        var p: [String: JSONValue] = ["db": .string(db)]
-        if let collection { p["collection"] = .string(collection) }
-        if let filter { p["where"] = parseJSON(filter, "filter") }
-        if let since { p["since"] = .int(since) }
+        var filterObject: [String: JSONValue]?
+        if let filter {
+            guard case .object(let object) = parseJSON(filter, "filter") else { fail("the filter must be a JSON object") }
+            filterObject = object
+        }
         global.withConnection { connection in
-            let started = try connection.call("subscribe", p)
+            let started = try connection.call(
+                RPC.Subscribe(db: db, collection: collection, where: filterObject, since: since.map { Int($0) }))
             if !global.json {
-                printError("watching \(db)\(collection.map { "/" + $0 } ?? "") after seq \(text(started["seq"]))\n")
+                printError("watching \(db)\(collection.map { "/" + $0 } ?? "") after seq \(started.seq)\n")
             }
             var printed = 0
             while true {
-                let n = try connection.nextNotification()
-                guard n["method"] == "subscription" else { continue }
-                if let err = n["params"]?["error"], let e = RPCError(json: err) {
+                let n = try connection.nextNotification(RPCNotification.Subscription.self)
+                guard n.subscription == started.subscription else { continue }
+                if let error = n.error {
+                    let e = RPCError(json: error.json) ?? RPCError(code: error.code, kind: "unknown", message: error.message)
                     fail("subscription ended: " + describe(e))
                 }
-                for event in n["params"]?["events"]?.arrayValue ?? [] {
+                for event in n.events ?? [] {
                     // Unbuffered: a watcher piped into another program sees each event as it happens.
                     if global.json {
-                        emit(event.jsonText)
+                        emit(event.json.jsonText)
                     } else {
-                        let doc = event["doc"].map { " " + $0.jsonText } ?? ""
-                        emit("\(text(event["seq"]))  \(pad(text(event["type"]), 6))  \(text(event["collection"]))/\(text(event["id"]))\(doc)")
+                        let doc = event.doc.map { " " + $0.jsonText } ?? ""
+                        emit("\(event.seq)  \(pad(event.type.rawValue, 6))  \(event.collection)/\(event.id)\(doc)")
                     }
                     printed += 1
                     if let count, printed >= count { return }

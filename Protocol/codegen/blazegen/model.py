@@ -77,6 +77,10 @@ class Model:
     errors: Dict[str, Dict[str, Any]]
     notifications: Dict[str, Dict[str, Any]]
 
+    def notification_type(self, name: str) -> Type:
+        """The params of notification `name` as a model type."""
+        return _Reader(self.doc).type(self.notifications[name]["params"]["schema"])
+
     @property
     def version(self) -> str:
         return self.doc["info"]["version"]

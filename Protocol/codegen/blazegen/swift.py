@@ -338,6 +338,15 @@ class Writer:
                "public enum RPC {"]
         for m in self.model.methods:
             out += self.params_struct(m)
+        out += ["}", "", "/// The params of each notification the daemon sends, named after it: `RPCNotification.Subscription` is",
+                "/// `subscription`.", "public enum RPCNotification {"]
+        for name, n in self.model.notifications.items():
+            t = self.model.notification_type(name)
+            lines = self.struct(camel_type(name), t, "    ", f"The params of `{name}`: {n['summary']}", True,
+                                "RPCNotificationParams")
+            # The method name the struct answers to: after its opening line.
+            lines[2:2] = ["        /// The notification's method name.", f"        public static let method = {json.dumps(name)}", ""]
+            out += lines
         out += ["}", "", "/// The closed objects the protocol document declares once and results share.", "public enum RPCSchema {"]
         for name, t in self.model.components.items():
             if t.kind == "struct":

@@ -4574,6 +4574,92 @@ public enum RPC {
 
 }
 
+/// The params of each notification the daemon sends, named after it: `RPCNotification.Subscription` is
+/// `subscription`.
+public enum RPCNotification {
+    /// The params of `subscription`: Events of a subscription, or its final error.
+    public struct Subscription: RPCNotificationParams {
+        /// The notification's method name.
+        public static let method = "subscription"
+
+        /// One element of `error`.
+        public struct Error: RPCObject {
+            /// `code`.
+            public var code: Int
+            /// `message`.
+            public var message: String
+            /// `data`.
+            public var data: JSONValue
+
+            /// A value from its members.
+            public init(code: Int, message: String, data: JSONValue) {
+                self.code = code
+                self.message = message
+                self.data = data
+            }
+
+            /// Reads the value from JSON.
+            public init(json: JSONValue) throws(RPCShapeError) {
+                let o = try RPCDecode.object(json)
+                self.code = try RPCDecode.member(o, "code", RPCDecode.int)
+                self.message = try RPCDecode.member(o, "message", RPCDecode.string)
+                self.data = try RPCDecode.member(o, "data", RPCDecode.objectValue)
+            }
+
+            /// The value's JSON form.
+            public var json: JSONValue {
+                .object(jsonObject)
+            }
+
+            /// The members of the JSON form.
+            public var jsonObject: [String: JSONValue] {
+                var o = [String: JSONValue](minimumCapacity: 3)
+                o["code"] = .int(Int64(self.code))
+                o["message"] = .string(self.message)
+                o["data"] = self.data
+                return o
+            }
+        }
+
+        /// `subscription`.
+        public var subscription: String
+        /// `events`.
+        public var events: [RPCSchema.Event]?
+        /// `error`.
+        public var error: Error?
+
+        /// A value from its members.
+        public init(subscription: String, events: [RPCSchema.Event]? = nil, error: Error? = nil) {
+            self.subscription = subscription
+            self.events = events
+            self.error = error
+        }
+
+        /// Reads the value from JSON.
+        public init(json: JSONValue) throws(RPCShapeError) {
+            let o = try RPCDecode.object(json)
+            self.subscription = try RPCDecode.member(o, "subscription", RPCDecode.string)
+            self.events = try RPCDecode.optionalMember(o, "events", { v throws(RPCShapeError) -> [RPCSchema.Event] in try RPCDecode.array(v, RPCSchema.Event.init(json:)) })
+            self.error = try RPCDecode.optionalMember(o, "error", Error.init(json:))
+        }
+
+        /// The value's JSON form.
+        public var json: JSONValue {
+            .object(jsonObject)
+        }
+
+        /// The members of the JSON form.
+        public var jsonObject: [String: JSONValue] {
+            var o = [String: JSONValue](minimumCapacity: 3)
+            o["subscription"] = .string(self.subscription)
+            if let v = self.events { o["events"] = .array(v.map { x0 in x0.json }) }
+            if let v = self.error { o["error"] = v.json }
+            return o
+        }
+    }
+
+}
+
 /// The closed objects the protocol document declares once and results share.
 public enum RPCSchema {
     /// The `IndexInfo` schema.
