@@ -54,7 +54,7 @@ let package = Package(
         .target(
             name: "BlazeDaemon",
             dependencies: [
-                "BlazeProtocol", "BlazeStore", "BlazeCRDT", "BlazeCrypto", "BlazeSync", "BlazeConfig", "BlazeSettings",
+                "BlazeProtocol", "BlazeStore", "BlazeCRDT", "BlazeCrypto", "BlazeSync", "BlazeConfig", "BlazeSettings", "BlazeWire",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "NIOExtras", package: "swift-nio-extras"),
@@ -64,10 +64,21 @@ let package = Package(
             swiftSettings: strict, plugins: ["EmbedProtocolDocument"]),
         .executableTarget(name: "EmbedDocument", path: "Sources/EmbedDocument", swiftSettings: strict),
         .plugin(name: "EmbedProtocolDocument", capability: .buildTool(), dependencies: ["EmbedDocument"]),
+        // The peer wire both ends compose: messages, handshake and sealed-frame handlers, WebSocket bytes, listener
+        // admission. The daemon's sync engine, the relay and blazebench's simulated devices all use it.
+        .target(
+            name: "BlazeWire",
+            dependencies: [
+                "BlazeProtocol", "BlazeCRDT", "BlazeCrypto", "BlazeSettings",
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOHTTP1", package: "swift-nio"),
+                .product(name: "NIOWebSocket", package: "swift-nio"),
+            ],
+            swiftSettings: strict),
         .target(
             name: "BlazeSync",
             dependencies: [
-                "BlazeProtocol", "BlazeStore", "BlazeCRDT", "BlazeCrypto", "BlazeSettings",
+                "BlazeProtocol", "BlazeStore", "BlazeCRDT", "BlazeCrypto", "BlazeSettings", "BlazeWire",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "NIOHTTP1", package: "swift-nio"),
@@ -79,7 +90,7 @@ let package = Package(
         .target(
             name: "BlazeRelay",
             dependencies: [
-                "BlazeProtocol", "BlazeCRDT", "BlazeCrypto", "BlazeStore", "BlazeSync", "BlazeSettings",
+                "BlazeProtocol", "BlazeCRDT", "BlazeCrypto", "BlazeStore", "BlazeSync", "BlazeSettings", "BlazeWire",
                 .product(name: "GRDB", package: "GRDB.swift"),
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
@@ -95,7 +106,7 @@ let package = Package(
         .executableTarget(
             name: "blaze-relay",
             dependencies: [
-                "BlazeRelay", "BlazeSync", "BlazeCrypto", "BlazeProtocol", "BlazeConfig", "BlazeSettings",
+                "BlazeRelay", "BlazeSync", "BlazeCrypto", "BlazeProtocol", "BlazeConfig", "BlazeSettings", "BlazeWire",
                 // For blazed's structured log lines (LineLogHandler).
                 "BlazeDaemon",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
@@ -122,7 +133,7 @@ let package = Package(
         .executableTarget(
             name: "blazebench",
             dependencies: [
-                "BlazeDaemon", "BlazeStore", "BlazeSync", "BlazeCRDT", "BlazeCrypto", "BlazeClient", "BlazeProtocol", "BlazeRelay",
+                "BlazeDaemon", "BlazeStore", "BlazeSync", "BlazeCRDT", "BlazeCrypto", "BlazeClient", "BlazeProtocol", "BlazeRelay", "BlazeWire",
                 // Throwaway PostgreSQL servers for the RELAY load on PostgreSQL.
                 "BlazeTestSupport",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
@@ -153,14 +164,14 @@ let package = Package(
             dependencies: [
                 "BlazeStore", "BlazeProtocol", "BlazeCRDT", "BlazeCrypto", "BlazeTestSupport",
                 // The sync log's tests: its storage is the store's, its sealing and verification BlazeSync's.
-                "BlazeSync",
+                "BlazeSync", "BlazeWire",
                 .product(name: "GRDB", package: "GRDB.swift"),
             ],
             swiftSettings: strict),
         .testTarget(
             name: "BlazeSyncTests",
             dependencies: [
-                "BlazeSync", "BlazeStore", "BlazeCRDT", "BlazeCrypto", "BlazeProtocol", "BlazeTestSupport",
+                "BlazeSync", "BlazeStore", "BlazeCRDT", "BlazeCrypto", "BlazeProtocol", "BlazeTestSupport", "BlazeWire",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "NIOEmbedded", package: "swift-nio"),
@@ -171,7 +182,7 @@ let package = Package(
         .testTarget(
             name: "BlazeRelayTests",
             dependencies: [
-                "BlazeRelay", "BlazeSync", "BlazeStore", "BlazeCRDT", "BlazeCrypto", "BlazeProtocol", "BlazeTestSupport",
+                "BlazeRelay", "BlazeSync", "BlazeStore", "BlazeCRDT", "BlazeCrypto", "BlazeProtocol", "BlazeTestSupport", "BlazeWire",
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "NIOPosix", package: "swift-nio"),
             ],
@@ -180,7 +191,7 @@ let package = Package(
             name: "BlazeDaemonTests",
             dependencies: [
                 "BlazeDaemon", "BlazeClient", "BlazeProtocol", "BlazeStore", "BlazeCRDT", "BlazeCrypto", "BlazeSync", "BlazeTestSupport",
-                "BlazeConfig", "BlazeSettings", "BlazeRelay",
+                "BlazeConfig", "BlazeSettings", "BlazeRelay", "BlazeWire",
                 // Not imported: the tests run these executables, so they must be built first.
                 "blazed", "blazectl", "blaze-relay",
                 .product(name: "Crypto", package: "swift-crypto"),

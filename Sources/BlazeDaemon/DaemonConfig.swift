@@ -2,6 +2,7 @@ import BlazeProtocol
 import BlazeSettings
 import BlazeStore
 import BlazeSync
+import BlazeWire
 import NIOCore
 
 /// Limits of the RPC server; all configurable (defaults from `BlazedSettings`), all enforced. The JSON depth limit is

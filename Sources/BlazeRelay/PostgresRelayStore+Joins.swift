@@ -1,4 +1,5 @@
 import BlazeCrypto
+import BlazeProtocol
 import BlazeStore
 import Foundation
 import PostgresNIO

@@ -3,6 +3,7 @@ import BlazeCrypto
 import BlazeProtocol
 import BlazeStore
 import BlazeSync
+import BlazeWire
 import NIOCore
 
 /// Where a relay keeps what it serves: one SQLite file (`RelayStore`, the default) or a PostgreSQL database shared by

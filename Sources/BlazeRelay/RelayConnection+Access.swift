@@ -1,5 +1,6 @@
 import BlazeCrypto
 import BlazeSync
+import BlazeWire
 import NIOCore
 
 /// What a device may fetch from the relay (Protocol/RELAY.md, "Who fetches what"). The capability only lets a device

@@ -1,5 +1,6 @@
 import BlazeCrypto
 import BlazeSync
+import BlazeWire
 import NIOCore
 
 /// The end of a device's handshake with the relay: its proof tried again once the served spaces were re-read, then

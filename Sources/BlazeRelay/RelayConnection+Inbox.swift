@@ -2,6 +2,7 @@ import BlazeCRDT
 import BlazeCrypto
 import BlazeProtocol
 import BlazeSync
+import BlazeWire
 import NIOCore
 
 /// What a device sends that the relay stores, in the order it was sent: batches, membership operations,

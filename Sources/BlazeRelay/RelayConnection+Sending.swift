@@ -2,6 +2,7 @@ import BlazeCRDT
 import BlazeCrypto
 import BlazeProtocol
 import BlazeSync
+import BlazeWire
 import NIOCore
 
 /// What the relay sends a device: the membership operations and entries it lacks, a round at a time, and batches

@@ -3,6 +3,7 @@ import BlazeCrypto
 import BlazeProtocol
 import BlazeStore
 import BlazeSync
+import BlazeWire
 import NIOCore
 
 /// One device's connection to a relay: the peer handshake as its server side (the device proves a served space's

@@ -1,4 +1,5 @@
 import BlazeSync
+import BlazeWire
 import Metrics
 import NIOCore
 import NIOHTTP1

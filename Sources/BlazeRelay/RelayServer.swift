@@ -3,6 +3,7 @@ import BlazeCrypto
 import BlazeProtocol
 import BlazeSettings
 import BlazeSync
+import BlazeWire
 import Foundation
 import Logging
 import NIOCore

@@ -2,6 +2,7 @@ import BlazeCRDT
 import BlazeCrypto
 import BlazeProtocol
 import BlazeStore
+import BlazeWire
 import NIOCore
 
 /// Stores the batches a peer sends, strictly in arrival order, and keeps memory bounded while it does.

@@ -2,6 +2,7 @@ import BlazeCRDT
 import BlazeCrypto
 import BlazeProtocol
 import BlazeStore
+import BlazeWire
 import Foundation
 import Logging
 import Synchronization

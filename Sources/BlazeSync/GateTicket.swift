@@ -1,3 +1,4 @@
+import BlazeWire
 import NIOCore
 
 /// Holds an inbound connection's place in the listener's limits (`ConnectionGate`) for as long as the connection

@@ -1,4 +1,5 @@
 import BlazeCrypto
+import BlazeWire
 
 /// What one sync connection tells the engine's status book: the database and peer it serves, and the wire bytes
 /// counted since they were last added. The handlers of one channel share it, on that channel's event loop only.
@@ -42,4 +43,15 @@ final class LinkReport {
         guard let db else { return }
         book.reject(db: db, peer: peer, direction: direction, reason)
     }
+}
+
+extension LinkReport: WireCounters {
+    /// Counts a frame received (added to the status with the next update).
+    func received(_ bytes: Int) { unreported.received += bytes }
+
+    /// Counts a frame sent (added to the status with the next update).
+    func sent(_ bytes: Int) { unreported.sent += bytes }
+
+    /// Counts the connection ending inside a frame as an error.
+    func lostMidFrame() { update { $0.errors += 1; $0.lastError = "connection lost mid-frame" } }
 }

@@ -1,6 +1,7 @@
 import BlazeCrypto
 import BlazeProtocol
 import BlazeStore
+import BlazeWire
 import NIOCore
 import NIOPosix
 import Synchronization

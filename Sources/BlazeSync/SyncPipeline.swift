@@ -1,5 +1,6 @@
 import BlazeCrypto
 import BlazeStore
+import BlazeWire
 import NIOCore
 
 /// The handlers of a peer sync connection, in pipeline order.
@@ -37,8 +38,8 @@ enum SyncPipeline {
         [
             IdleStateHandler(
                 readTimeout: engine.timeout, writeTimeout: .nanoseconds(engine.timeout.nanoseconds / 3)),
-            ByteToMessageHandler(SealedFrameDecoder(opener: cipher.opener, report: report)),
-            MessageToByteHandler(SealedFrameEncoder(sealer: cipher.sealer, report: report)),
+            ByteToMessageHandler(SealedFrameDecoder(opener: cipher.opener, counters: report)),
+            MessageToByteHandler(SealedFrameEncoder(sealer: cipher.sealer, counters: report)),
             PeerMessageDecoder(),
         ]
     }

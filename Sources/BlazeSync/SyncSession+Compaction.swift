@@ -1,6 +1,7 @@
 import BlazeCRDT
 import BlazeCrypto
 import BlazeStore
+import BlazeWire
 import NIOCore
 
 /// Acknowledgements and snapshots on a session (SYNC.md §11).

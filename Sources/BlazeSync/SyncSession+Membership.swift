@@ -1,5 +1,7 @@
 import BlazeCrypto
+import BlazeProtocol
 import BlazeStore
+import BlazeWire
 import NIOCore
 
 /// Membership on a session (SYNC.md §9): each side sends the log operations the other lacks before its `STATE`, so

@@ -1,6 +1,7 @@
 import BlazeCRDT
 import BlazeCrypto
 import BlazeStore
+import BlazeWire
 import NIOCore
 
 /// Sending: this side's `STATE`, then what the peer lacks.

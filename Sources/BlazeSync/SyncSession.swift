@@ -1,6 +1,7 @@
 import BlazeCRDT
 import BlazeCrypto
 import BlazeStore
+import BlazeWire
 import NIOCore
 import Synchronization
 

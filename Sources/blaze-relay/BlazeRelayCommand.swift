@@ -6,6 +6,7 @@ import BlazeProtocol
 import BlazeRelay
 import BlazeSettings
 import BlazeSync
+import BlazeWire
 import Foundation
 import Logging
 import NIOPosix

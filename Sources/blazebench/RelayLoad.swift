@@ -3,6 +3,7 @@ import BlazeCrypto
 import BlazeProtocol
 import BlazeSync
 import BlazeTestSupport
+import BlazeWire
 import Foundation
 import NIOCore
 import NIOPosix

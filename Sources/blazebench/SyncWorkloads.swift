@@ -5,6 +5,7 @@ import BlazeDaemon
 import BlazeProtocol
 import BlazeStore
 import BlazeSync
+import BlazeWire
 import Foundation
 import GRDB
 import Synchronization

@@ -5,6 +5,7 @@ import BlazeProtocol
 import BlazeStore
 import BlazeSync
 import BlazeTestSupport
+import BlazeWire
 import Foundation
 import Logging
 import NIOCore

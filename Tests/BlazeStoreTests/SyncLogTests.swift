@@ -2,6 +2,7 @@ import BlazeCRDT
 import BlazeCrypto
 import BlazeProtocol
 import BlazeSync
+import BlazeWire
 import Foundation
 import GRDB
 import Testing

@@ -1,3 +1,4 @@
+import BlazeWire
 import Testing
 
 @testable import BlazeSync

@@ -1,5 +1,7 @@
 import BlazeCrypto
+import BlazeProtocol
 import BlazeStore
+import BlazeWire
 import Testing
 
 @testable import BlazeSync

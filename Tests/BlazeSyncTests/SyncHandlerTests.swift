@@ -2,6 +2,7 @@ import BlazeCRDT
 import BlazeCrypto
 import BlazeStore
 import BlazeTestSupport
+import BlazeWire
 import NIOCore
 import NIOEmbedded
 import NIOWebSocket
@@ -142,7 +143,7 @@ import Testing
         var (sender, receiver) = try cipherPair()
         let report = LinkReport(book: StatusBook(), peer: "p", direction: .outbound, db: "d")
         let seen = Recorder<[UInt8]>()
-        let channel = try active([ByteToMessageHandler(SealedFrameDecoder(opener: receiver.opener, report: report)), seen])
+        let channel = try active([ByteToMessageHandler(SealedFrameDecoder(opener: receiver.opener, counters: report)), seen])
         let messages: [[UInt8]] = [Array("one".utf8), [], Array(repeating: 7, count: 5000)]
         var wire = ByteBuffer(bytes: messages.flatMap { sender.seal($0) })
         let total = wire.readableBytes
@@ -150,7 +151,7 @@ import Testing
         #expect(seen.messages == messages)
         #expect(report.unreported.received == total)
 
-        let encoder = try active([MessageToByteHandler(SealedFrameEncoder(sealer: receiver.sealer, report: report))])
+        let encoder = try active([MessageToByteHandler(SealedFrameEncoder(sealer: receiver.sealer, counters: report))])
         try encoder.writeOutbound(Array("back".utf8))
         let frame = try #require(try encoder.readOutbound(as: ByteBuffer.self))
         #expect(try sender.openFrame(Array(buffer: frame)[...]) == Array("back".utf8))
@@ -161,7 +162,7 @@ import Testing
     @Test func aDamagedLengthIsRefusedBeforeItsBodyArrives() throws {
         var (sender, receiver) = try cipherPair()
         let report = LinkReport(book: StatusBook(), peer: "p", direction: .outbound, db: "d")
-        let channel = try active([ByteToMessageHandler(SealedFrameDecoder(opener: receiver.opener, report: report))])
+        let channel = try active([ByteToMessageHandler(SealedFrameDecoder(opener: receiver.opener, counters: report))])
         var frame = sender.seal(Array("x".utf8))
         frame[0] ^= 1
         #expect(throws: SyncRejection.badFrame) { try channel.writeInbound(ByteBuffer(bytes: frame.prefix(SessionCipher.headerSize))) }
@@ -171,7 +172,7 @@ import Testing
         var (sender, receiver) = try cipherPair()
         let book = StatusBook()
         let report = LinkReport(book: book, peer: "p", direction: .outbound, db: "d")
-        let channel = try active([ByteToMessageHandler(SealedFrameDecoder(opener: receiver.opener, report: report))])
+        let channel = try active([ByteToMessageHandler(SealedFrameDecoder(opener: receiver.opener, counters: report))])
         try channel.writeInbound(ByteBuffer(bytes: sender.seal(Array("whole".utf8)) + sender.seal(Array("cut".utf8)).prefix(25)))
         #expect(try channel.readInbound(as: [UInt8].self) == Array("whole".utf8))
         _ = try channel.finish(acceptAlreadyClosed: false)

@@ -1,3 +1,4 @@
+import BlazeWire
 import NIOCore
 import NIOEmbedded
 import NIOWebSocket

@@ -1,7 +1,6 @@
 import BlazeCRDT
 import BlazeCrypto
 import BlazeProtocol
-import BlazeStore
 
 /// The messages peers exchange after the handshake (SYNC.md, "Peer protocol"), each sealed in one frame.
 public enum PeerMessage: Sendable {
