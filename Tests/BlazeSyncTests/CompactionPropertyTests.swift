@@ -1,5 +1,5 @@
-// The convergence property of compaction at the level of sealed entries and snapshots. The store-level property
-// and the compaction helpers are in CompactionTests.swift.
+// The convergence property of compaction at the level of sealed entries and snapshots. The store-level property is
+// in BlazeStoreTests; the helpers shared with it are copied in StoreSupport.swift.
 
 import BlazeCRDT
 import BlazeCrypto

@@ -1,5 +1,5 @@
 // Snapshots and the sealed log under compaction: pruned entries leave chain heads, and devices that lack what was
-// pruned catch up from a snapshot. Compaction itself is tested in CompactionTests.swift.
+// pruned catch up from a snapshot. Compaction of the store itself is tested in BlazeStoreTests.
 
 import BlazeCRDT
 import BlazeCrypto
