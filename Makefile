@@ -8,9 +8,11 @@ run:
 	swift build -c release --product blazectl
 	.build/release/blazed
 
-# Build everything (daemon, CLI, tests) and run the whole test suite: Swift, a blazebench smoke
-# run (no timing assertions), then the Python and Node clients.
+# Check the code's shape (file length, declared imports, test layering: .ci/check-code-shape), build everything
+# (daemon, CLI, tests) and run the whole test suite: Swift, a blazebench smoke run (no timing assertions), then the
+# Python and Node clients.
 test:
+	.ci/check-code-shape
 	swift build --build-tests
 	@# The log is kept, and on failure the failing tests and their issues are printed again at the end, where a
 	@# truncated CI log still shows them.

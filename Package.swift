@@ -163,8 +163,6 @@ let package = Package(
             name: "BlazeStoreTests",
             dependencies: [
                 "BlazeStore", "BlazeProtocol", "BlazeCRDT", "BlazeCrypto", "BlazeTestSupport",
-                // The sync log's tests: its storage is the store's, its sealing and verification BlazeSync's.
-                "BlazeSync", "BlazeWire",
                 .product(name: "GRDB", package: "GRDB.swift"),
             ],
             swiftSettings: strict),
@@ -177,6 +175,8 @@ let package = Package(
                 .product(name: "NIOEmbedded", package: "swift-nio"),
                 .product(name: "NIOWebSocket", package: "swift-nio"),
                 .product(name: "Logging", package: "swift-log"),
+                // The sync log, snapshot and compaction tests check the store's tables (rows, CRDT states).
+                .product(name: "GRDB", package: "GRDB.swift"),
             ],
             swiftSettings: strict),
         .testTarget(

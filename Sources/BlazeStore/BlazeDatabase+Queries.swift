@@ -1,6 +1,5 @@
 import BlazeCRDT
 import BlazeProtocol
-import Crypto
 import Foundation
 import GRDB
 import Synchronization
