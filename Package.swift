@@ -90,7 +90,8 @@ let package = Package(
         .target(
             name: "BlazeRelay",
             dependencies: [
-                "BlazeProtocol", "BlazeCRDT", "BlazeCrypto", "BlazeStore", "BlazeSync", "BlazeSettings", "BlazeWire",
+                // Blind: the wire and the crypto it checks, never the store or the sync engine of a device.
+                "BlazeProtocol", "BlazeCRDT", "BlazeCrypto", "BlazeSettings", "BlazeWire",
                 .product(name: "GRDB", package: "GRDB.swift"),
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
@@ -106,9 +107,7 @@ let package = Package(
         .executableTarget(
             name: "blaze-relay",
             dependencies: [
-                "BlazeRelay", "BlazeSync", "BlazeCrypto", "BlazeProtocol", "BlazeConfig", "BlazeSettings", "BlazeWire",
-                // For blazed's structured log lines (LineLogHandler).
-                "BlazeDaemon",
+                "BlazeRelay", "BlazeCrypto", "BlazeProtocol", "BlazeConfig", "BlazeSettings", "BlazeWire", "BlazeLog",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
                 .product(name: "NIOPosix", package: "swift-nio"),
@@ -118,13 +117,17 @@ let package = Package(
             ],
             swiftSettings: strict),
         .target(name: "BlazeClient", dependencies: ["BlazeProtocol"], swiftSettings: strict),
+        // blazed's and blaze-relay's structured log lines.
+        .target(
+            name: "BlazeLog", dependencies: ["BlazeProtocol", .product(name: "Logging", package: "swift-log")],
+            swiftSettings: strict),
         .target(
             name: "BlazeConfig", dependencies: ["BlazeProtocol", "BlazeSettings", .product(name: "Yams", package: "Yams")],
             swiftSettings: strict),
         .executableTarget(
             name: "blazed",
             dependencies: [
-                "BlazeDaemon", "BlazeConfig", "BlazeSettings", "BlazeProtocol",
+                "BlazeDaemon", "BlazeConfig", "BlazeSettings", "BlazeProtocol", "BlazeLog",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),

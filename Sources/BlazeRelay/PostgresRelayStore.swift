@@ -1,7 +1,6 @@
 import BlazeCRDT
 import BlazeCrypto
 import BlazeProtocol
-import BlazeSync
 import BlazeWire
 import Foundation
 import Logging

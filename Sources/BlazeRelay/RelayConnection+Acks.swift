@@ -1,7 +1,6 @@
 import BlazeCRDT
 import BlazeCrypto
 import BlazeProtocol
-import BlazeSync
 import NIOCore
 
 /// Acknowledgements through the relay (SYNC.md §11): kept when the log vouches for their signers, passed on to the

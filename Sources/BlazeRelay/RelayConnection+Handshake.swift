@@ -1,5 +1,4 @@
 import BlazeCrypto
-import BlazeSync
 import BlazeWire
 import NIOCore
 

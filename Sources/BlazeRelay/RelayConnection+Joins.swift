@@ -1,7 +1,5 @@
 import BlazeCrypto
 import BlazeProtocol
-import BlazeStore
-import BlazeSync
 import NIOCore
 
 /// A connection's part in joins through the relay (Protocol/RELAY.md, "Joins"). A relay admits no one: it holds a

@@ -1,7 +1,6 @@
 import BlazeCRDT
 import BlazeCrypto
 import BlazeProtocol
-import BlazeSync
 import NIOCore
 
 /// Snapshots through the relay (SYNC.md §11, Protocol/RELAY.md "What it does"): a member's upload, held in memory

@@ -1,8 +1,6 @@
 import BlazeCRDT
 import BlazeCrypto
 import BlazeProtocol
-import BlazeStore
-import BlazeSync
 import BlazeWire
 import NIOCore
 

@@ -1,4 +1,3 @@
-import BlazeSync
 import BlazeWire
 import Metrics
 import NIOCore

@@ -1,6 +1,5 @@
 import BlazeCrypto
 import BlazeProtocol
-import BlazeSync
 import BlazeWire
 import NIOHTTP1
 import Synchronization

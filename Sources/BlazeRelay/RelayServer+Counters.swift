@@ -1,4 +1,3 @@
-import BlazeSync
 import Synchronization
 
 /// What a relay counts, for `counters` (tests, operators) and `GET /metrics`.

@@ -1,6 +1,5 @@
 import BlazeCrypto
 import BlazeProtocol
-import BlazeStore
 import Foundation
 
 /// Joins through a relay (Protocol/RELAY.md, "Joins"): a joiner's `JOIN` is held in the store, where every relay

@@ -2,7 +2,6 @@ import BlazeCRDT
 import BlazeCrypto
 import BlazeProtocol
 import BlazeSettings
-import BlazeSync
 import BlazeWire
 import Foundation
 import Logging

@@ -1,6 +1,5 @@
 import BlazeCrypto
 import BlazeProtocol
-import BlazeStore
 import Foundation
 import GRDB
 

@@ -1,7 +1,6 @@
 import BlazeCRDT
 import BlazeCrypto
 import BlazeProtocol
-import BlazeSync
 import Foundation
 import GRDB
 

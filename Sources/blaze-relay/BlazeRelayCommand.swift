@@ -1,11 +1,10 @@
 import ArgumentParser
 import BlazeConfig
 import BlazeCrypto
-import BlazeDaemon
+import BlazeLog
 import BlazeProtocol
 import BlazeRelay
 import BlazeSettings
-import BlazeSync
 import BlazeWire
 import Foundation
 import Logging

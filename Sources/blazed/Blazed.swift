@@ -1,6 +1,7 @@
 import ArgumentParser
 import BlazeConfig
 import BlazeDaemon
+import BlazeLog
 import BlazeProtocol
 import BlazeSettings
 import Foundation
