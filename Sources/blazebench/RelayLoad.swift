@@ -56,7 +56,7 @@ enum RelayLoad {
                                 try WebSocketClient.configure(
                                     channel, host: "127.0.0.1", port: port, path: WebSocketBytes.defaultPath,
                                     refused: { _ in progress.fail() },
-                                    upgraded: { channel in try channel.pipeline.syncOperations.addHandler(handler) })
+                                    upgraded: { channel in try channel.pipeline.syncOperations.addHandlers(handler.handlers()) })
                             }
                         }
                         .connect(host: "127.0.0.1", port: port).get()
@@ -155,17 +155,17 @@ final class LoadProgress: Sendable {
     }
 }
 
-/// One simulated device on its WebSocket: the handshake's client side, then (on `go`) its log operations if it is the
-/// admin, its state and its batches; it counts the entries of others the relay forwards to it.
-final class LoadDevice: ChannelInboundHandler, @unchecked Sendable {
+/// One simulated device on its WebSocket: the handshake's client side (`HandshakeHandler`, as a daemon's links run it),
+/// then, on `go`, its log operations if it is the admin, its state and its batches through the same sealed-frame
+/// handlers; it counts the entries of others the relay forwards to it.
+final class LoadDevice: ChannelInboundHandler, HandshakeDelegate, @unchecked Sendable {
     // @unchecked Sendable: every member is touched on the channel's event loop only (`go` is sent there).
-    typealias InboundIn = ByteBuffer
-    typealias OutboundOut = ByteBuffer
+    typealias InboundIn = PeerMessage
+    typealias OutboundOut = [UInt8]
 
-    private var client: Handshake.Client
-    private var cipher: SessionCipher?
-    private var pending = ByteBuffer()
-    private var bodyLength: Int?
+    let key: SpaceKey
+    let identity: DeviceIdentity
+    private var established = false
     private var context: ChannelHandlerContext?
     private let ops: [MembershipOp]?
     private let batches: [EntryBatch]
@@ -178,11 +178,17 @@ final class LoadDevice: ChannelInboundHandler, @unchecked Sendable {
     private var finished = false
 
     init(key: SpaceKey, identity: DeviceIdentity, ops: [MembershipOp]?, batches: [EntryBatch], expected: Int, progress: LoadProgress) {
-        client = Handshake.Client(key: key, identity: identity)
+        self.key = key
+        self.identity = identity
         self.ops = ops
         self.batches = batches
         self.expected = expected
         self.progress = progress
+    }
+
+    /// The handlers of its connection once the WebSocket is up: the handshake, then this device.
+    func handlers() -> [any ChannelHandler] {
+        [HandshakeHandler(client: key, identity: identity, timeout: .seconds(60), delegate: self), self]
     }
 
     func handlerAdded(context: ChannelHandlerContext) { self.context = context }
@@ -193,10 +199,37 @@ final class LoadDevice: ChannelInboundHandler, @unchecked Sendable {
         context.fireChannelInactive()
     }
 
+    func errorCaught(context: ChannelHandlerContext, error: any Error) {
+        progress.fail()
+        context.close(promise: nil)
+    }
+
+    // MARK: Handshake
+
+    func accept(_ auth: [UInt8], with server: Handshake.Server, context: ChannelHandlerContext) -> HandshakeVerdict { .refused }
+
+    func established(_ link: EstablishedLink, context: ChannelHandlerContext) throws -> [any ChannelHandler] {
+        [
+            ByteToMessageHandler(SealedFrameDecoder(opener: link.cipher.opener, counters: nil)),
+            MessageToByteHandler(SealedFrameEncoder(sealer: link.cipher.sealer, counters: nil)),
+            PeerMessageDecoder(),
+        ]
+    }
+
+    func started(_ link: EstablishedLink, context: ChannelHandlerContext) {
+        established = true
+        progress.established()
+        if started { go() }
+    }
+
+    func failed(_ failure: HandshakeFailure, context: ChannelHandlerContext) { progress.fail() }
+
+    // MARK: Session
+
     /// Starts writing: the admin sends the log and its entries at once, the others once the log reached them.
     func go() {
         started = true
-        guard let context, cipher != nil else { return }
+        guard let context, established else { return }
         if let ops { send(.members(ops), context: context) }
         send(.state(vector: [:], ownHead: nil), context: context)
         if ops != nil || membersSeen { sendEntries(context: context) }
@@ -210,62 +243,24 @@ final class LoadDevice: ChannelInboundHandler, @unchecked Sendable {
     }
 
     private func send(_ message: PeerMessage, context: ChannelHandlerContext) {
-        guard var c = cipher, let bytes = try? message.encoded() else { return }
-        let sealed = c.seal(bytes)
-        cipher = c
-        context.writeAndFlush(wrapOutboundOut(ByteBuffer(bytes: sealed)), promise: nil)
+        guard let bytes = try? message.encoded() else { return }
+        context.writeAndFlush(wrapOutboundOut(bytes), promise: nil)
     }
 
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
-        var bytes = unwrapInboundIn(data)
-        pending.writeBuffer(&bytes)
-        do {
-            try drain(context: context)
-        } catch {
+        switch unwrapInboundIn(data) {
+        case .entries(let batch):
+            received += batch.entries.count
+            checkDone()
+        case .members(let ops) where !ops.isEmpty:
+            membersSeen = true
+            if started { sendEntries(context: context) }
+        case .error:
+            // The relay refused this device's data.
             progress.fail()
             context.close(promise: nil)
-        }
-        if pending.readableBytes == 0 { pending.clear() }
-    }
-
-    private func drain(context: ChannelHandlerContext) throws {
-        while true {
-            guard var c = cipher else {
-                // Handshake frames: 4-byte length, then HELLO (then AUTH_OK).
-                guard let length = pending.getInteger(at: pending.readerIndex, as: UInt32.self),
-                    pending.readableBytes >= 4 + Int(length)
-                else { return }
-                pending.moveReaderIndex(forwardBy: 4)
-                let body = pending.readBytes(length: Int(length))!
-                if Int(length) == Handshake.helloSize {
-                    context.writeAndFlush(wrapOutboundOut(HandshakeFrame.encode(try client.respond(to: body))), promise: nil)
-                } else {
-                    cipher = try client.finish(body).session
-                    progress.established()
-                    if started { go() }
-                }
-                continue
-            }
-            if bodyLength == nil {
-                guard let header = pending.readBytes(length: SessionCipher.headerSize) else { return }
-                bodyLength = try c.openLength(header[...])
-            }
-            guard let length = bodyLength, let body = pending.readBytes(length: length) else { return }
-            bodyLength = nil
-            let message = try PeerMessage(decoding: try c.open(body[...]))
-            cipher = c
-            switch message {
-            case .entries(let batch):
-                received += batch.entries.count
-                checkDone()
-            case .members(let ops) where !ops.isEmpty:
-                membersSeen = true
-                if started { sendEntries(context: context) }
-            case .error(let reason):
-                throw BenchFailure("relay refused: \(reason)")
-            default:
-                break
-            }
+        default:
+            break
         }
     }
 
