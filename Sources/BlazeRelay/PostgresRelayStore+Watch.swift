@@ -28,7 +28,7 @@ extension PostgresRelayStore {
                         }
                     }
                 } catch {
-                    if !Task.isCancelled && !self.closed.load(ordering: .relaxed) {
+                    if !Task.isCancelled && !listening.stopped && !self.closed.load(ordering: .relaxed) {
                         logger.warning("Relay lost its PostgreSQL notifications; reconnecting", metadata: ["error": "\(error)"])
                     }
                 }
@@ -44,9 +44,16 @@ extension PostgresRelayStore {
                 logger.warning("Relay's PostgreSQL notifications did not start in time; asking again")
                 attempt.cancel()
             } else {
-                await withTaskCancellationHandler { await attempt.value } onCancel: { attempt.cancel() }
+                await withTaskCancellationHandler { await attempt.value } onCancel: {
+                    listening.stop()
+                    attempt.cancel()
+                }
             }
-            if Task.isCancelled { attempt.cancel(); return }
+            if Task.isCancelled {
+                listening.stop()
+                attempt.cancel()
+                return
+            }
             // Not a tight loop while the server is down.
             try? await Task.sleep(for: .milliseconds(500))
         }
@@ -71,6 +78,11 @@ extension PostgresRelayStore {
 /// Where one attempt of `PostgresRelayStore.watch` to listen is: waiting for its connection, listening, or ended.
 private final class ListenState: Sendable {
     private let state = Mutex<(began: Bool, ended: Bool)>((false, false))
+    private let stopping = Atomic<Bool>(false)
+    /// The watch is being stopped: the attempt's connection failing now is that, not a lost connection.
+    func stop() { stopping.store(true, ordering: .sequentiallyConsistent) }
+    /// Whether `stop()` was called.
+    var stopped: Bool { stopping.load(ordering: .sequentiallyConsistent) }
     /// The LISTEN is in place.
     func begin() { state.withLock { $0.began = true } }
     /// The attempt ended (its connection failed or the task was cancelled).

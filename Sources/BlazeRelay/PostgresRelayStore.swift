@@ -44,7 +44,10 @@ public final class PostgresRelayStore: RelayBackend {
         configuration.options.connectTimeout = .seconds(5)
         let client = PostgresClient(configuration: configuration, backgroundLogger: logger)
         self.client = client
-        self.runner = Task { await client.run() }
+        // Detached: the client must not inherit a caller's graceful-shutdown context (swift-service-lifecycle's task
+        // locals). It would close its connections as soon as shutdown begins, before the relay is done with them;
+        // `close()` ends it once the relay has stopped.
+        self.runner = Task.detached { await client.run() }
         self.limits = limits
         self.logger = logger
         do {

@@ -2,74 +2,96 @@ import BlazeCrypto
 import BlazeWire
 import NIOCore
 
-/// The end of a device's handshake with the relay: its proof tried again once the served spaces were re-read, then
-/// its place (as a device the space's log lists, or another one) taken once the log is known.
-extension RelayConnection {
-    /// Tries the device's proof again once the spaces were re-read.
-    func retryHandshake(context: ChannelHandlerContext) {
-        guard case .rereading(let server, let auth) = state else { return }
-        guard let accepted = try? server.accept(auth, spaces: relay.servedKeys()) else {
-            refuseHandshake(context: context)
-            return
+/// The relay's side of a device's handshake, as the shared `HandshakeHandler`'s delegate: which served space the
+/// device's proof is for (re-reading the list once when it names none: another process may have added the space),
+/// then the device's place (as a device the space's log lists, or another one), taken before the reply is sent.
+extension RelayConnection: HandshakeDelegate {
+    func accept(_ auth: [UInt8], with server: Handshake.Server, context: ChannelHandlerContext) -> HandshakeVerdict {
+        if let accepted = try? server.accept(auth, spaces: relay.servedKeys()) { return takePlace(accepted, loop: context.eventLoop) }
+        guard let reread = relay.rereadForHandshake() else {
+            // A re-read may have ended between the check above and now: the list as it is now decides.
+            guard let accepted = try? server.accept(auth, spaces: relay.servedKeys()) else { return .refused }
+            return takePlace(accepted, loop: context.eventLoop)
         }
-        accept(accepted, context: context)
-        drainOrClose(context: context)
+        let done = context.eventLoop.makePromise(of: Void.self)
+        Task(executorPreference: relay.executor) {
+            await reread.value
+            done.succeed()
+        }
+        let bound = NIOLoopBound(self, eventLoop: context.eventLoop)
+        let loop = context.eventLoop
+        return .later(
+            done.futureResult.map {
+                let connection = bound.value
+                guard case .handshake = connection.state,
+                    let accepted = try? server.accept(auth, spaces: connection.relay.servedKeys())
+                else { return .refused }
+                return connection.takePlace(accepted, loop: loop)
+            })
     }
 
     /// The device proved its key and a space's capability: it takes a place as a device the space's log lists or
     /// as another one. When this process does not hold the log, the device is admitted at once to a place not
     /// reserved (and moved to a reserved one once the log lists it, `listed()`), so a handshake waits for no store;
     /// only when no such place is left is the log read first.
-    func accept(_ accepted: Handshake.Accepted, context: ChannelHandlerContext) {
+    func takePlace(_ accepted: Handshake.Accepted, loop: any EventLoop) -> HandshakeVerdict {
         if let membership = relay.cachedMembership(accepted.space.id) {
-            admit(accepted, membership: membership, known: true, context: context)
-            return
+            return admit(accepted, membership: membership, known: true)
         }
-        if relay.gate.hasUnreservedPlace {
-            admit(accepted, membership: nil, known: false, context: context)
-            return
-        }
-        state = .checking
+        if relay.gate.hasUnreservedPlace { return admit(accepted, membership: nil, known: false) }
         let space = accepted.space.id
-        let bound = NIOLoopBound((self, context, accepted), eventLoop: context.eventLoop)
-        let read = context.eventLoop.makePromise(of: MembershipState?.self)
+        let read = loop.makePromise(of: MembershipState?.self)
         let relay = self.relay
         Task(executorPreference: relay.executor) {
             do { read.succeed(try await relay.membership(space)) } catch { read.fail(error) }
         }
-        read.futureResult.whenComplete { result in
-            let (connection, context, accepted) = bound.value
-            guard case .checking = connection.state else { return }
-            guard case .success(let membership) = result else {
-                connection.relay.record(.storeFailed(timedOut: false))
-                connection.close(context: context)
-                return
-            }
-            connection.admit(accepted, membership: membership, known: true, context: context)
-            connection.drainOrClose(context: context)
-        }
+        let bound = NIOLoopBound(self, eventLoop: loop)
+        return .later(
+            read.futureResult.map { membership in
+                let connection = bound.value
+                guard case .handshake = connection.state else { return .refused }
+                return connection.admit(accepted, membership: membership, known: true)
+            }.flatMapErrorThrowing { _ in
+                bound.value.storeFailed = true
+                bound.value.relay.record(.storeFailed(timedOut: false))
+                return .refused
+            })
     }
 
-    /// Takes the device's place as `membership` lists it (closing the connection when no such place is left), then
-    /// answers the handshake and starts the session. Without the log `known`, the device counts as unlisted and
-    /// fetches nothing until `sendMembers` has read the log and found what it may fetch.
-    func admit(_ accepted: Handshake.Accepted, membership: MembershipState?, known: Bool, context: ChannelHandlerContext) {
+    /// Takes the device's place as `membership` lists it (refused when no such place is left). Without the log
+    /// `known`, the device counts as unlisted and fetches nothing until `sendMembers` has read the log and found what
+    /// it may fetch.
+    func admit(_ accepted: Handshake.Accepted, membership: MembershipState?, known: Bool) -> HandshakeVerdict {
         let listed = known && RelayAccess.of(accepted.device, in: membership) == .member && membership != nil
-        guard relay.established(place, device: accepted.device, listed: listed) else {
-            refuseHandshake(context: context)
-            return
-        }
-        deadline?.cancel()
-        context.writeAndFlush(wrapOutboundOut(HandshakeFrame.encode(accepted.reply)), promise: nil)
-        state = .established(space: accepted.space.id, cipher: accepted.session)
+        guard relay.established(place, device: accepted.device, listed: listed) else { return .refused }
         device = accepted.device
         access = known ? .of(accepted.device, in: membership) : .outsider
-        established(space: accepted.space.id, context: context)
+        return .accepted(accepted)
     }
 
-    /// Closes a connection whose handshake failed or timed out, counted.
-    func refuseHandshake(context: ChannelHandlerContext) {
-        relay.record(.refusedHandshake)
-        close(context: context)
+    func established(_ link: EstablishedLink, context: ChannelHandlerContext) throws -> [any ChannelHandler] {
+        [
+            ByteToMessageHandler(SealedFrameDecoder(opener: link.cipher.opener, counters: nil)),
+            MessageToByteHandler(SealedFrameEncoder(sealer: link.cipher.sealer, counters: nil)),
+            PeerMessageDecoder(),
+        ]
+    }
+
+    func started(_ link: EstablishedLink, context: ChannelHandlerContext) {
+        guard case .handshake = state, let own = ownContext else { return }
+        state = .established(space: link.space.id)
+        startSession(space: link.space.id, context: own)
+    }
+
+    /// A handshake that failed or timed out is counted (a frame that is not one as the reason it gives; a store that
+    /// failed to answer as that), and the connection's place released.
+    func failed(_ failure: HandshakeFailure, context: ChannelHandlerContext) {
+        switch failure {
+        case .rejected(let reason, _): relay.record(.rejected(reason.rawValue))
+        case .refused where storeFailed: break
+        case .refused, .timedOut: relay.record(.refusedHandshake)
+        case .closedByPeer: break
+        }
+        if let own = ownContext { close(context: own) }
     }
 }

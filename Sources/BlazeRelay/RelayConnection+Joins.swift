@@ -50,7 +50,7 @@ extension RelayConnection {
     /// list; a joiner is sent the refusal of its own, which is then dropped, and a joiner the log lists now drops its
     /// join.
     func passOn(_ joins: [HeldJoin], membership: MembershipState?, context: ChannelHandlerContext) {
-        guard let device, case .established(let space, _) = state else { return }
+        guard let device, case .established(let space) = state else { return }
         if holdsJoin, membership?.member(device.nodeID) != nil {
             // Admitted: its join is done.
             dropHeldJoin(space: space)

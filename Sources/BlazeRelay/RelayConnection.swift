@@ -12,27 +12,24 @@ import NIOCore
 /// within their bounds, batches link to what is held and end at a head their origin signed, their origin is a
 /// writing member of the space's log. A refusal is told to the device (`ERROR`) and closes the connection.
 final class RelayConnection: ChannelInboundHandler {
-    typealias InboundIn = ByteBuffer
-    typealias OutboundOut = ByteBuffer
+    typealias InboundIn = PeerMessage
+    typealias OutboundOut = [UInt8]
 
     enum State {
-        case handshake(Handshake.Server)
-        /// The device proved no space in the list held: it is re-read (another process may have added one), then
-        /// the same proof is tried once more.
-        case rereading(Handshake.Server, auth: [UInt8])
-        /// The device proved its key and a space's capability: the space's log is read to tell whether it lists the
-        /// device (`RelayServer.established`), before anything else it sent is read.
-        case checking
-        case established(space: [UInt8], cipher: SessionCipher)
+        /// The shared `HandshakeHandler` runs the handshake, asking this connection (its delegate) which space a
+        /// proof is for and whether the device gets a place (`RelayConnection+Handshake`).
+        case handshake
+        /// The sealed-frame handlers carry the session: messages arrive here decoded.
+        case established(space: [UInt8])
         case closed
     }
 
     let relay: RelayServer
-    var state: State
-    var pending = ByteBuffer()
-    /// The sealed body length of the frame being read, once its header opened.
-    var bodyLength: Int?
-    var deadline: Scheduled<Void>?
+    var state = State.handshake
+    /// This handler's own context (the handshake's delegate calls come with the handshake handler's).
+    var ownContext: ChannelHandlerContext?
+    /// The space's log could not be read for the handshake (counted as a store failure, not a refusal).
+    var storeFailed = false
     var listener: Int?
     /// What the device holds, as far as the relay knows.
     var peerVector: [NodeID: UInt64]?
@@ -88,34 +85,17 @@ final class RelayConnection: ChannelInboundHandler {
     init(relay: RelayServer, place: GatePlace) {
         self.relay = relay
         self.place = place
-        self.state = .handshake(Handshake.Server(identity: relay.identity))
     }
 
-    func handlerAdded(context: ChannelHandlerContext) {
-        // Added once the WebSocket upgrade is done: the connection is up already.
-        if context.channel.isActive { start(context: context) }
-    }
-
-    func channelActive(context: ChannelHandlerContext) {
-        start(context: context)
-        context.fireChannelActive()
-    }
-
-    /// Sends the relay's hello and arms the handshake deadline, once.
-    func start(context: ChannelHandlerContext) {
-        guard case .handshake(let server) = state, deadline == nil else { return }
-        context.writeAndFlush(wrapOutboundOut(HandshakeFrame.encode(server.hello)), promise: nil)
-        let bound = NIOLoopBound((self, context), eventLoop: context.eventLoop)
-        // From the connection's admission: the WebSocket upgrade before it counts.
+    /// The handlers of a device's connection once its WebSocket is up: the shared handshake (within what is left of
+    /// the handshake deadline since the connection's admission: the upgrade counts), then the connection.
+    static func handlers(relay: RelayServer, place: GatePlace) -> [any ChannelHandler] {
+        let connection = RelayConnection(relay: relay, place: place)
         let left = place.remaining(of: .milliseconds(relay.gate.limits.handshakeTimeoutMs))
-        deadline = context.eventLoop.scheduleTask(in: TimeAmount(left)) {
-            let (connection, context) = bound.value
-            switch connection.state {
-            case .handshake, .rereading, .checking: connection.refuseHandshake(context: context)
-            case .established, .closed: break
-            }
-        }
+        return [HandshakeHandler(server: relay.identity, timeout: TimeAmount(left), delegate: connection), connection]
     }
+
+    func handlerAdded(context: ChannelHandlerContext) { ownContext = context }
 
     func channelInactive(context: ChannelHandlerContext) {
         close(context: context)
@@ -133,82 +113,24 @@ final class RelayConnection: ChannelInboundHandler {
         }
     }
 
+    /// A frame that does not open or a message that does not decode (the shared decoders' errors) is told to the
+    /// device; anything else closes the connection.
     func errorCaught(context: ChannelHandlerContext, error: any Error) {
-        close(context: context)
-    }
-
-    func channelRead(context: ChannelHandlerContext, data: NIOAny) {
-        var bytes = unwrapInboundIn(data)
-        pending.writeBuffer(&bytes)
-        drainOrClose(context: context)
-        // Frames are taken from the front: drop what was read so a long connection does not keep it.
-        if pending.readableBytes == 0 {
-            pending.clear()
-        } else if pending.readerIndex >= 1 << 20 {
-            pending.discardReadBytes()
-        }
-    }
-
-    // MARK: Frames
-
-    /// Reads every whole frame received (`drain`); a `SyncRejection` is told to the device, any other failure closes
-    /// the connection.
-    func drainOrClose(context: ChannelHandlerContext) {
-        do {
-            try drain(context: context)
-        } catch let rejection as SyncRejection {
+        if let rejection = error as? SyncRejection, case .established = state {
             refuse(rejection, context: context)
-        } catch {
+        } else {
             close(context: context)
         }
     }
 
-    func drain(context: ChannelHandlerContext) throws {
-        while true {
-            switch state {
-            case .closed, .rereading, .checking:
-                return
-            case .handshake(let server):
-                guard let length = pending.getInteger(at: pending.readerIndex, as: UInt32.self) else { return }
-                guard Int(length) == Handshake.authSize else { throw SyncRejection.badFrame }
-                guard pending.readableBytes >= 4 + Handshake.authSize else { return }
-                pending.moveReaderIndex(forwardBy: 4)
-                let auth = pending.readBytes(length: Handshake.authSize)!
-                guard let accepted = try? server.accept(auth, spaces: relay.servedKeys()) else {
-                    guard let reread = relay.rereadForHandshake() else {
-                        // A re-read may have ended between the check above and now: the list as it is now decides.
-                        guard let accepted = try? server.accept(auth, spaces: relay.servedKeys()) else {
-                            refuseHandshake(context: context)
-                            return
-                        }
-                        accept(accepted, context: context)
-                        continue
-                    }
-                    state = .rereading(server, auth: auth)
-                    let bound = NIOLoopBound((self, context), eventLoop: context.eventLoop)
-                    let done = context.eventLoop.makePromise(of: Void.self)
-                    Task(executorPreference: relay.executor) {
-                        await reread.value
-                        done.succeed()
-                    }
-                    done.futureResult.whenComplete { _ in
-                        let (connection, context) = bound.value
-                        connection.retryHandshake(context: context)
-                    }
-                    return
-                }
-                accept(accepted, context: context)
-            case .established(let space, var cipher):
-                if bodyLength == nil {
-                    guard let header = pending.readBytes(length: SessionCipher.headerSize) else { return }
-                    bodyLength = try cipher.openLength(header[...])
-                }
-                guard let length = bodyLength, let body = pending.readBytes(length: length) else { return }
-                bodyLength = nil
-                let message = try PeerMessage(decoding: try cipher.open(body[...]))
-                state = .established(space: space, cipher: cipher)
-                try handle(message, space: space, context: context)
-            }
+    func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+        guard case .established(let space) = state else { return }
+        do {
+            try handle(unwrapInboundIn(data), space: space, context: context)
+        } catch let rejection as SyncRejection {
+            refuse(rejection, context: context)
+        } catch {
+            close(context: context)
         }
     }
 
@@ -223,16 +145,16 @@ final class RelayConnection: ChannelInboundHandler {
         return sendSealed(message, context: context)
     }
 
+    /// Writes `message` for the sealed-frame encoder to seal.
     func sendSealed(_ message: PeerMessage, context: ChannelHandlerContext) -> EventLoopFuture<Void>? {
-        guard case .established(let space, var cipher) = state, let bytes = try? message.encoded() else { return nil }
-        let sealed = cipher.seal(bytes)
-        state = .established(space: space, cipher: cipher)
-        return context.writeAndFlush(wrapOutboundOut(ByteBuffer(bytes: sealed)))
+        guard case .established = state, let bytes = try? message.encoded() else { return nil }
+        return context.writeAndFlush(wrapOutboundOut(bytes))
     }
 
     // MARK: Protocol
 
-    func established(space: [UInt8], context: ChannelHandlerContext) {
+    /// The session starts: the device hears what the space's log lets it, and is sent what it may fetch.
+    func startSession(space: [UInt8], context: ChannelHandlerContext) {
         relay.record(.established)
         let bound = NIOLoopBound((self, context), eventLoop: context.eventLoop)
         let loop = context.eventLoop
@@ -355,11 +277,10 @@ final class RelayConnection: ChannelInboundHandler {
     func close(context: ChannelHandlerContext) {
         relay.released(place, device: device)
         place.release()
-        if case .established(let space, _) = state { releaseUpload(space: space) }
-        if case .established(let space, _) = state { dropHeldJoin(space: space) }
-        if case .established(let space, _) = state, let listener { relay.unlisten(space: space, id: listener) }
+        if case .established(let space) = state { releaseUpload(space: space) }
+        if case .established(let space) = state { dropHeldJoin(space: space) }
+        if case .established(let space) = state, let listener { relay.unlisten(space: space, id: listener) }
         state = .closed
-        deadline?.cancel()
         inbox = []
         context.close(promise: nil)
     }

@@ -211,8 +211,7 @@ public final class RelayServer: Sendable {
                             WebSocketBytes(role: .server),
                             IdleStateHandler(
                                 readTimeout: relay.timeout, writeTimeout: .nanoseconds(relay.timeout.nanoseconds / 3)),
-                            RelayConnection(relay: relay, place: bound.value),
-                        ])
+                        ] + RelayConnection.handlers(relay: relay, place: bound.value))
                     } catch {
                         bound.value.release()
                         throw error
