@@ -96,7 +96,7 @@ public enum CRDTOp: Hashable, Sendable {
     case index(name: String, collection: String, fields: [String]?)
 }
 
-/// A change: one local write transaction, the unit of replication (DESIGN §3).
+/// A change: one local write transaction, the unit of replication (ARCHITECTURE.md, "Changes and the CRDT").
 public struct Change: Hashable, Sendable {
     /// The author.
     public let origin: NodeID

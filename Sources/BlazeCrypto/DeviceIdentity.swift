@@ -8,7 +8,7 @@ public struct KeystoreError: Error, Sendable, CustomStringConvertible {
     public var description: String
 }
 
-/// This device's long-lived keys: Ed25519 for signing, X25519 for key agreement (DESIGN §8).
+/// This device's long-lived keys: Ed25519 for signing, X25519 for key agreement (ARCHITECTURE.md, "Security model").
 ///
 /// Created on the daemon's first start, before any database, so op logs never need re-keying when sync arrives.
 /// The node id is the first 16 bytes of SHA-256 of the Ed25519 public key.

@@ -2,7 +2,8 @@ import BlazeProtocol
 import Crypto
 import Foundation
 
-/// The plaintext header of an entry, authenticated as the AEAD's associated data (DESIGN §8).
+/// The plaintext header of an entry, authenticated as the AEAD's associated data (ARCHITECTURE.md, "Sync and
+/// transports").
 ///
 /// Binary layout, big-endian: version (1) · space id (16) · origin (16) · seq (8) · prev (32) · epoch (4) · nonce (12).
 /// Version 2 (what is sealed now) pads the plaintext to a size bucket (`EntryPadding`); version 1 (entries sealed

@@ -1,7 +1,7 @@
 import BlazeProtocol
 import BlazeStore
 
-/// Operations: backup, restore and compaction (DESIGN §9).
+/// Operations: backup, restore and compaction (ARCHITECTURE.md, "Operations").
 extension Methods {
     static let dbCompact = MethodHandler(RPC.DbCompact.self) { p, ctx in
         let db = try ctx.database(p.db)

@@ -10,7 +10,7 @@ public struct ListenError: Error, CustomStringConvertible, Sendable {
     public var description: String
 }
 
-/// Creates the daemon's listening Unix socket safely (DESIGN §7).
+/// Creates the daemon's listening Unix socket safely (ARCHITECTURE.md, "Local security").
 ///
 /// The parent directory is created 0700 and must be owned by us and writable by nobody else. A live socket at the path means another daemon
 /// runs, so we refuse; a stale socket is replaced; a symlink or anything owned by another user is refused. The

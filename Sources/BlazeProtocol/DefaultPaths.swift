@@ -4,7 +4,8 @@ import Glibc
 import Darwin
 #endif
 
-/// Where the daemon's socket and data live by default (DESIGN §7), shared by `blazed`, `blazectl` and clients.
+/// Where the daemon's socket and data live by default (ARCHITECTURE.md, "Local security"), shared by `blazed`,
+/// `blazectl` and clients.
 public enum DefaultPaths {
     /// Environment variable that overrides the socket path for clients and the daemon.
     public static let socketEnvironmentVariable = "BLAZEDB_SOCKET"

@@ -63,10 +63,10 @@ public enum SyncLogConflict: Error, Sendable, Equatable {
     case tooManyParked
 }
 
-/// The database's sync log (DESIGN §8) as storage: its space, sealed entries and signed heads as opaque bytes, fork
-/// evidence and peers. Sealing, signing and verifying are BlazeSync's (`BlazeDatabase+SyncLog` there); the store only
-/// keeps the bytes, and stores received entries in the same transaction that applies their changes, so a crash
-/// never separates an entry from its change.
+/// The database's sync log (ARCHITECTURE.md, "Sync and transports") as storage: its space, sealed entries and signed
+/// heads as opaque bytes, fork evidence and peers. Sealing, signing and verifying are BlazeSync's
+/// (`BlazeDatabase+SyncLog` there); the store only keeps the bytes, and stores received entries in the same
+/// transaction that applies their changes, so a crash never separates an entry from its change.
 extension BlazeDatabase {
     /// The space this database syncs in (hex), nil while it is not shared.
     public func spaceID() throws -> String? {

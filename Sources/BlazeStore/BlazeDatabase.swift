@@ -56,8 +56,9 @@ public final class BlazeDatabase: Sendable {
         pool = try DatabasePool(path: path, configuration: config)
         readers = ReadConnections(path: path, maxStatements: Self.maxCachedQueryShapes + 8)
         try Self.enableIncrementalVacuum(pool)
-        // Acknowledged writes are durable: fsync the WAL on every commit (DESIGN §4). Set on the single writer
-        // connection after the pool exists, because GRDB switches WAL databases to NORMAL while setting up.
+        // Acknowledged writes are durable: fsync the WAL on every commit (ARCHITECTURE.md, "Storage"). Set on the
+        // single writer connection after the pool exists, because GRDB switches WAL databases to NORMAL while setting
+        // up.
         try pool.writeWithoutTransaction { db in
             try db.execute(sql: "PRAGMA synchronous = FULL; PRAGMA analysis_limit = \(Self.analysisLimit)")
         }

@@ -32,7 +32,8 @@ public enum CompareOp: String, Sendable {
     case eq = "$eq", gt = "$gt", gte = "$gte", lt = "$lt", lte = "$lte"
 }
 
-/// A parsed query filter (DESIGN §5). Semantics are defined by `matches(_:)` and documented in Protocol/QUERIES.md.
+/// A parsed query filter (ARCHITECTURE.md, "Queries"). Semantics are defined by `matches(_:)` and documented in
+/// Protocol/QUERIES.md.
 public indirect enum Filter: Sendable, Equatable {
     /// Matches every document.
     case all

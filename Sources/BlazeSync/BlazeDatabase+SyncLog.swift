@@ -16,7 +16,8 @@ public struct VerifiedBatch: Sendable {
 }
 
 /// The cryptographic side of a database's sync log: sealing local changes into entries and signing heads, reading
-/// batches back as sealed entries, verifying received batches before the store records them (DESIGN §8).
+/// batches back as sealed entries, verifying received batches before the store records them (ARCHITECTURE.md, "Sync
+/// and transports").
 ///
 /// Local changes are sealed lazily, when sync first needs them, in order and once: the hash chain of this replica's
 /// origin is fixed the moment an entry is stored. Entries of other origins are stored exactly as received, after

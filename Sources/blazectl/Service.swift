@@ -7,8 +7,8 @@ import Foundation
 import Glibc
 #endif
 
-/// The systemd user units (DESIGN §9). `Packaging/systemd/` holds them as rendered for `/usr/local/bin/blazed`; a
-/// test keeps the two equal.
+/// The systemd user units (ARCHITECTURE.md, "Operations"). `Packaging/systemd/` holds them as rendered for
+/// `/usr/local/bin/blazed`; a test keeps the two equal.
 enum ServiceUnits {
     static let socketName = "blazed.socket"
     static let serviceName = "blazed.service"
