@@ -26,7 +26,8 @@ public struct StoreLimits: Sendable, Equatable {
     /// snapshots and restored backups (`max-depth`).
     public var maxDepth = BlazedSettings.maxDepth.defaultValue
 
-    /// Changes kept in the durable change feed for `subscribe` with `since`; older ones are pruned.
+    /// Document events (inserts, updates, deletes) kept in the durable change feed for `subscribe` with `since`;
+    /// older ones are pruned (`feed-retention`).
     public var feedRetention = BlazedSettings.feedRetention.defaultValue
 
     /// WAL size in pages after which a commit asks for a background checkpoint (see `Checkpointer`).
