@@ -52,8 +52,10 @@ extension RelayConnection: HandshakeDelegate {
                 guard case .handshake = connection.state else { return .refused }
                 return connection.admit(accepted, membership: membership, known: true)
             }.flatMapErrorThrowing { _ in
-                bound.value.storeFailed = true
-                bound.value.relay.record(.storeFailed(timedOut: false))
+                let connection = bound.value
+                guard case .handshake = connection.state else { return .refused }
+                connection.storeFailed = true
+                connection.relay.record(.storeFailed(timedOut: false))
                 return .refused
             })
     }
@@ -87,11 +89,15 @@ extension RelayConnection: HandshakeDelegate {
     /// failed to answer as that), and the connection's place released.
     func failed(_ failure: HandshakeFailure, context: ChannelHandlerContext) {
         switch failure {
-        case .rejected(let reason, _): relay.record(.rejected(reason.rawValue))
+        case .rejected(let reason, _):
+            relay.record(.rejected(reason.rawValue))
+            relay.logger.info("Relay refused a device's data", metadata: ["reason": "\(reason.rawValue)"])
         case .refused where storeFailed: break
         case .refused, .timedOut: relay.record(.refusedHandshake)
         case .closedByPeer: break
         }
-        if let own = ownContext { close(context: own) }
+        // Released here even before this handler is in the pipeline (a hello that failed to write closes the channel
+        // while the handlers are being added); the handshake handler closes the channel.
+        release()
     }
 }

@@ -85,7 +85,10 @@ final class RelayConnection: ChannelInboundHandler {
     init(relay: RelayServer, place: GatePlace) {
         self.relay = relay
         self.place = place
+        relay.connectionHandlers.add(1, ordering: .relaxed)
     }
+
+    deinit { relay.connectionHandlers.subtract(1, ordering: .relaxed) }
 
     /// The handlers of a device's connection once its WebSocket is up: the shared handshake (within what is left of
     /// the handshake deadline since the connection's admission: the upgrade counts), then the connection.
@@ -96,6 +99,13 @@ final class RelayConnection: ChannelInboundHandler {
     }
 
     func handlerAdded(context: ChannelHandlerContext) { ownContext = context }
+
+    /// Out of the pipeline (the channel closed, however it ended): nothing stays held, and the context it kept is let
+    /// go (it refers back to this handler).
+    func handlerRemoved(context: ChannelHandlerContext) {
+        release()
+        ownContext = nil
+    }
 
     func channelInactive(context: ChannelHandlerContext) {
         close(context: context)
@@ -274,7 +284,9 @@ final class RelayConnection: ChannelInboundHandler {
         close(context: context)
     }
 
-    func close(context: ChannelHandlerContext) {
+    /// Releases what the connection holds (its gate place, upload reservation, held join, listener), once.
+    func release() {
+        if case .closed = state { return }
         relay.released(place, device: device)
         place.release()
         if case .established(let space) = state { releaseUpload(space: space) }
@@ -282,6 +294,10 @@ final class RelayConnection: ChannelInboundHandler {
         if case .established(let space) = state, let listener { relay.unlisten(space: space, id: listener) }
         state = .closed
         inbox = []
+    }
+
+    func close(context: ChannelHandlerContext) {
+        release()
         context.close(promise: nil)
     }
 }

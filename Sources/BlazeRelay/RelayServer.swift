@@ -63,6 +63,9 @@ public final class RelayServer: Sendable {
     /// The default of `snapshotBudget`: two uploads of the largest size a relay keeps.
     static let snapshotMemory = 2 * RelayRules.maxSnapshotBytes
 
+    /// Connection handlers alive (made and not yet freed): back to what it was once connections end, or they leak.
+    let connectionHandlers = Atomic<Int>(0)
+
     /// Tests only (`@testable`): rewrites every batch as it is about to be sent, to play a relay that tampers with,
     /// drops, reorders, replays or withholds entries. Nil (always, outside tests) sends batches as stored.
     let tamper = Mutex<(@Sendable (EntryBatch) -> [EntryBatch])?>(nil)

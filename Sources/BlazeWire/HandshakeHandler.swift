@@ -24,7 +24,7 @@ public enum HandshakeFailure: Sendable, Equatable {
 }
 
 /// A server's answer to a client's proof: now, refused, or once something it waits for (a store read) is done.
-public enum HandshakeVerdict {
+public enum HandshakeVerdict: Sendable {
     /// Accepted: the reply goes to the client and the session starts.
     case accepted(Handshake.Accepted)
     /// Refused: the connection closes without a word.
@@ -145,7 +145,9 @@ public final class HandshakeHandler: ChannelDuplexHandler, RemovableChannelHandl
             // Established and not yet out of the pipeline: kept for the session. Closed: dropped.
             if context.channel.isActive { pending.writeBuffer(&bytes) }
         case .deciding:
-            pending.writeBuffer(&bytes)
+            // A client cannot seal anything before the server's reply: bytes past its proof while the server decides
+            // are not a client's, and are not kept (a stranger could otherwise fill memory while a store is read).
+            guard bytes.readableBytes == 0 else { return fail(.rejected(.badFrame, .awaitingAuth), context: context) }
         case .awaitingHello, .awaitingReply, .awaitingAuth:
             pending.writeBuffer(&bytes)
             drain(context: context)
@@ -190,7 +192,7 @@ public final class HandshakeHandler: ChannelDuplexHandler, RemovableChannelHandl
             fail(.refused, context: context)
         case .later(let future):
             let bound = NIOLoopBound((self, context), eventLoop: context.eventLoop)
-            future.whenComplete { result in
+            future.hop(to: context.eventLoop).whenComplete { result in
                 let (handler, context) = bound.value
                 switch result {
                 case .success(let verdict): handler.decide(verdict, context: context)
