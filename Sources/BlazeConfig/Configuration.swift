@@ -51,30 +51,6 @@ public struct ResolvedConfig: Sendable {
         return entry.value
     }
 
-    /// The integer setting `name`.
-    public func int(_ name: String) -> Int {
-        if case .int(let v) = self[name] { return v }
-        preconditionFailure("\(name) is not an integer setting")
-    }
-
-    /// The number setting `name`.
-    public func double(_ name: String) -> Double {
-        if case .double(let v) = self[name] { return v }
-        preconditionFailure("\(name) is not a number setting")
-    }
-
-    /// The text setting `name`, nil when unset.
-    public func string(_ name: String) -> String? {
-        if case .string(let v) = self[name] { return v }
-        return nil
-    }
-
-    /// The switch `name`.
-    public func bool(_ name: String) -> Bool {
-        if case .bool(let v) = self[name] { return v }
-        preconditionFailure("\(name) is not a switch")
-    }
-
     /// `{"config": file, "settings": [{key, value, source, env}]}` for `daemon.config` and `--json` output.
     public var json: JSONValue { report.json }
 

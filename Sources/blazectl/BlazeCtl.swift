@@ -36,7 +36,7 @@ struct Global: ParsableArguments {
         do {
             let settings = try BlazedSettings.resolver.resolve(
                 flags: [:], environment: ProcessInfo.processInfo.environment, configFile: nil)
-            return settings.string("socket")!
+            return settings[BlazedSettings.socket]
         } catch {
             fail("\(error)")
         }

@@ -30,7 +30,7 @@ import Glibc
         #expect(fromSettings.syncRetryMaxMs == library.syncRetryMaxMs && library.syncRetryMaxMs == 5_000)
         #expect(fromSettings.socketPath == library.socketPath && fromSettings.dataDirectory == library.dataDirectory)
         #expect(fromSettings.defaultDatabase == library.defaultDatabase && fromSettings.syncListen == nil)
-        #expect(settings.string("data-dir") == "/h/.local/share/blazedb")
+        #expect(settings[BlazedSettings.dataDir] == "/h/.local/share/blazedb")
     }
 
     /// Setting flags are read from the setting list itself: every key is a flag, switches also as --no-NAME.
