@@ -55,6 +55,8 @@ final class OutboundLink: Sendable {
         }
         guard go else { return }
         let peer = address.description
+        // Relays speak only WebSocket; a daemon's sync port only TCP.
+        let relay = if case .webSocket = address.transport { true } else { false }
         let link = self
         ClientBootstrap(group: loop)
             .connectTimeout(.seconds(5))
@@ -64,7 +66,7 @@ final class OutboundLink: Sendable {
                 channel.eventLoop.makeCompletedFuture {
                     let sync: @Sendable (any Channel) throws -> Void = { channel in
                         try channel.pipeline.syncOperations.addHandlers(
-                            SyncPipeline.outbound(engine: link.engine, space: link.space, peer: peer) {
+                            SyncPipeline.outbound(engine: link.engine, space: link.space, peer: peer, relay: relay) {
                                 link.state.withLock { $0.established = .now }
                             })
                     }

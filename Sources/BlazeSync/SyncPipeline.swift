@@ -21,15 +21,16 @@ enum SyncPipeline {
         ]
     }
 
-    /// The handlers of an outbound link to `peer` serving `space`.
+    /// The handlers of an outbound link to `peer` serving `space`; `relay` when the peer is reached over a WebSocket
+    /// (a relay, which the log never lists, is served as a member is).
     static func outbound(
-        engine: SyncEngine, space: SharedSpace, peer: String, onEstablished: (() -> Void)? = nil
+        engine: SyncEngine, space: SharedSpace, peer: String, relay: Bool, onEstablished: (() -> Void)? = nil
     ) -> [any ChannelHandler] {
         let report = LinkReport(book: engine.status, peer: peer, direction: .outbound, db: space.db.name)
         return [
             HandshakeHandler(engine: engine, report: report, space: space, onEstablished: onEstablished),
             BatchReceiver(engine: engine, report: report),
-            SyncSession(engine: engine, report: report),
+            SyncSession(engine: engine, report: report, servesUnlisted: relay),
         ]
     }
 

@@ -36,13 +36,13 @@ extension SyncSession {
         sendAcks(context: context)
     }
 
-    /// Whether this session serves the peer: in a space with a log, a device that dialed in and that the log does not
-    /// list (a joiner not admitted yet, anyone else holding the capability) gets nothing but the join flow until it is
-    /// listed. A peer this device dialed (a relay, a configured peer) is served as before.
+    /// Whether this session serves the peer: in a space with a log, a device that the log does not list (a joiner not
+    /// admitted yet, anyone else holding the capability), whichever side dialed, gets nothing but the join flow until
+    /// it is listed. A relay this device dialed (over a WebSocket: relays are never listed) is served.
     var servesPeer: Bool {
         guard let link else { return false }
         let snapshot = link.space.snapshot
-        return report.direction != .inbound || snapshot.membership == nil || snapshot.admits(link.device) != .outsider
+        return servesUnlisted || snapshot.membership == nil || snapshot.admits(link.device) != .outsider
     }
 
     /// The device at the other end is removed in this side's log: it gets the operations that prove it (its removal

@@ -51,10 +51,14 @@ final class SyncSession: ChannelInboundHandler {
     /// Set by the feed listener (on the writer thread) so that a burst of commits schedules one pump.
     private let wake = WakeFlag()
 
-    /// A session for one connection, reporting on `report`.
-    init(engine: SyncEngine, report: LinkReport) {
+    /// Whether the peer is served even when the log does not list it: a relay this device dialed.
+    let servesUnlisted: Bool
+
+    /// A session for one connection, reporting on `report`; `servesUnlisted` for a relay this device dialed.
+    init(engine: SyncEngine, report: LinkReport, servesUnlisted: Bool = false) {
         self.engine = engine
         self.report = report
+        self.servesUnlisted = servesUnlisted
     }
 
     func userInboundEventTriggered(context: ChannelHandlerContext, event: Any) {

@@ -25,8 +25,8 @@ final class HostileMember {
     /// Derived once: `DeviceIdentity.signingKey` rebuilds the key (and its public half) on every use.
     private let signingKey: Curve25519.Signing.PrivateKey
     private let publicKey: [UInt8]
-    private var fd: Int32 = -1
-    private var cipher: SessionCipher?
+    var fd: Int32 = -1
+    var cipher: SessionCipher?
 
     /// Message type bytes (SYNC.md §8).
     static let stateType: UInt8 = 1, entriesType: UInt8 = 2, errorType: UInt8 = 3, pingType: UInt8 = 4
@@ -162,7 +162,7 @@ final class HostileMember {
         return (false, reason)
     }
 
-    private func readHandshakeFrame(size: Int) throws -> [UInt8] {
+    func readHandshakeFrame(size: Int) throws -> [UInt8] {
         let length = try readExactly(4)
         let n = Int(length[0]) << 24 | Int(length[1]) << 16 | Int(length[2]) << 8 | Int(length[3])
         guard n == size else { throw HostileError("handshake frame of \(n) bytes, expected \(size)") }

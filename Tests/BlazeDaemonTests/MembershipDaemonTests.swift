@@ -6,6 +6,10 @@ import Foundation
 import GRDB
 import Testing
 
+#if canImport(Glibc)
+import Glibc
+#endif
+
 /// The node id of a daemon's device (as `db.info` reports it for `db`).
 func nodeID(_ c: BlazeConnection, _ db: String) throws -> String {
     try #require(try c.call("db.info", ["db": .string(db)])["nodeId"]?.stringValue)
@@ -209,6 +213,37 @@ func sealedEntries(dataDir: String, db: String, origin: String) throws -> [Seale
         }
         holder.close()
         a.stop()
+        b.stop()
+    }
+
+    @Test func aPeerAMemberDialsGetsNothingUntilTheLogListsIt() throws {
+        let a = try syncDaemon(), b = try syncDaemon()
+        let ca = try a.connect(), cb = try b.connect()
+        _ = try ca.call("db.create", ["db": "team"])
+        _ = try cb.call("db.join", ["token": .string(try ca.invite("team")), "db": "team"])
+        _ = try ca.call("doc.put", ["db": "team", "collection": "notes", "id": "n1", "doc": ["secretField": "confidential"]])
+        #expect(try eventually { try replicaState(cb, "team").docs == 1 })
+        // A capability holder (anyone who saw an invite) listens with a key of its own, and a member is configured
+        // to dial it: the member sends it nothing, as to one that dialed in (SYNC.md §9, "Relay capability").
+        let invite = try InviteToken(text: try ca.invite("team"))
+        let holder = HostileMember(key: try SpaceKey(id: invite.space, capability: invite.capability))
+        let listener = try HostileMember.listen()
+        defer { Glibc.close(listener.fd) }
+        _ = try ca.call("peer.add", ["db": "team", "address": .string("127.0.0.1:\(listener.port)")])
+        try holder.accept(listener: listener.fd, timeoutSeconds: 3)
+        try holder.send(HostileMember.state([]))
+        var types: [UInt8] = []
+        let deadline = Date().addingTimeInterval(30)
+        while Date() < deadline, let message = try holder.receive() {
+            if message[0] != HostileMember.pingType { types.append(message[0]) }
+        }
+        #expect(types.isEmpty, "\(types)")
+        holder.close()
+        // A member it dials is served as ever: B, listed, gets A's next write over a link A dials.
+        _ = try ca.call("peer.add", ["db": "team", "address": .string(try b.syncAddress())])
+        _ = try ca.call("doc.put", ["db": "team", "collection": "notes", "id": "n2", "doc": ["v": 2]])
+        #expect(try eventually { try replicaState(cb, "team") == replicaState(ca, "team") })
+        a.stop(expectErrors: false)
         b.stop()
     }
 

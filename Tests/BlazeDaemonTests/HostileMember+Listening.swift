@@ -1,0 +1,50 @@
+import BlazeCrypto
+import Foundation
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// A hostile member that a daemon dials: it listens on loopback and answers the handshake as its server side.
+extension HostileMember {
+    /// A loopback TCP listener on a free port: its descriptor and the port.
+    static func listen() throws -> (fd: Int32, port: Int) {
+        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        guard fd >= 0 else { throw HostileError("socket: \(String(cString: strerror(errno)))") }
+        var addr = sockaddr_in()
+        addr.sin_family = sa_family_t(AF_INET)
+        inet_pton(AF_INET, "127.0.0.1", &addr.sin_addr)
+        var size = socklen_t(MemoryLayout<sockaddr_in>.size)
+        let bound = withUnsafePointer(to: &addr) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, size) }
+        }
+        guard bound == 0, Glibc.listen(fd, 4) == 0 else {
+            Glibc.close(fd)
+            throw HostileError("bind/listen: \(String(cString: strerror(errno)))")
+        }
+        _ = withUnsafeMutablePointer(to: &addr) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { getsockname(fd, $0, &size) }
+        }
+        return (fd, Int(UInt16(bigEndian: addr.sin_port)))
+    }
+
+    /// Waits up to `timeoutSeconds` for a connection on `listener`, then answers its handshake as the server with
+    /// this member's key; every later read is bounded by `timeoutSeconds` too. Throws when none came or the dialer
+    /// failed the handshake.
+    func accept(listener: Int32, timeoutSeconds: Int = 10) throws {
+        close()
+        var poller = pollfd(fd: listener, events: Int16(POLLIN), revents: 0)
+        guard poll(&poller, 1, Int32(timeoutSeconds * 1000)) == 1 else { throw HostileError("no connection came") }
+        let connection = Glibc.accept(listener, nil, nil)
+        guard connection >= 0 else { throw HostileError("accept: \(String(cString: strerror(errno)))") }
+        var tv = timeval(tv_sec: timeoutSeconds, tv_usec: 0)
+        setsockopt(connection, SOL_SOCKET, SO_RCVTIMEO, &tv, socklen_t(MemoryLayout<timeval>.size))
+        setsockopt(connection, SOL_SOCKET, SO_SNDTIMEO, &tv, socklen_t(MemoryLayout<timeval>.size))
+        fd = connection
+        let server = Handshake.Server(identity: identity)
+        try writeAll(Self.lengthPrefixed(server.hello))
+        let accepted = try server.accept(try readHandshakeFrame(size: Handshake.authSize), spaces: [key])
+        try writeAll(Self.lengthPrefixed(accepted.reply))
+        cipher = accepted.session
+    }
+}
