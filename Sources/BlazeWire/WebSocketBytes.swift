@@ -106,15 +106,15 @@ public final class WebSocketBytes: ChannelDuplexHandler {
 
 /// Opens a WebSocket from a client channel: sends the upgrade request for `path` on `host` once connected, and, when
 /// the server accepts, puts `WebSocketBytes` in the HTTP handlers' place and runs `upgraded` to add the handlers above
-/// it. A refusal (any other response) runs `refused` with the status and closes the connection.
+/// it. `headers` are added to the request (a load test naming a client behind a proxy). A refusal (any other response) runs `refused` with the status and closes the connection.
 public enum WebSocketClient {
     /// Adds the HTTP client handlers and the upgrade request for `path` on `host:port` to a new `channel`.
     public static func configure(
-        _ channel: any Channel, host: String, port: Int, path: String,
+        _ channel: any Channel, host: String, port: Int, path: String, headers: [(String, String)] = [],
         refused: @escaping @Sendable (String) -> Void,
         upgraded: @escaping @Sendable (any Channel) throws -> Void
     ) throws {
-        let request = UpgradeRequest(host: host, port: port, path: path, refused: refused)
+        let request = UpgradeRequest(host: host, port: port, path: path, headers: headers, refused: refused)
         let upgrader = NIOWebSocketClientUpgrader(maxFrameSize: WebSocketBytes.maxFrameSize) { channel, _ in
             channel.eventLoop.makeCompletedFuture {
                 try channel.pipeline.syncOperations.addHandler(WebSocketBytes(role: .client))
@@ -141,13 +141,15 @@ public enum WebSocketClient {
         typealias OutboundOut = HTTPClientRequestPart
 
         let host: String, port: Int, path: String
+        let extraHeaders: [(String, String)]
         let refused: @Sendable (String) -> Void
         private var sent = false
 
-        init(host: String, port: Int, path: String, refused: @escaping @Sendable (String) -> Void) {
+        init(host: String, port: Int, path: String, headers: [(String, String)], refused: @escaping @Sendable (String) -> Void) {
             self.host = host
             self.port = port
             self.path = path
+            self.extraHeaders = headers
             self.refused = refused
         }
 
@@ -166,6 +168,7 @@ public enum WebSocketClient {
             var headers = HTTPHeaders()
             headers.add(name: "Host", value: host.contains(":") ? "[\(host)]:\(port)" : "\(host):\(port)")
             headers.add(name: "Content-Length", value: "0")
+            for (name, value) in extraHeaders { headers.add(name: name, value: value) }
             let head = HTTPRequestHead(version: .http1_1, method: .GET, uri: path, headers: headers)
             context.write(wrapOutboundOut(.head(head)), promise: nil)
             context.writeAndFlush(wrapOutboundOut(.end(nil)), promise: nil)

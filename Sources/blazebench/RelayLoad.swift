@@ -278,19 +278,25 @@ final class RelayChild {
     let dataDir: String
     let postgres: String?
 
-    init(dataDir: String, postgres: String?, connections: Int) throws {
+    /// Starts the relay; with `connections`, its limits let that many devices connect from loopback at once,
+    /// else it keeps its defaults. `arguments` are added to `serve`'s.
+    init(dataDir: String, postgres: String?, connections: Int? = nil, arguments: [String] = []) throws {
         self.dataDir = dataDir
         self.postgres = postgres
         let binary = URL(fileURLWithPath: CommandLine.arguments[0]).deletingLastPathComponent().appendingPathComponent("blaze-relay")
         process.executableURL = binary
+        let limits =
+            connections.map { connections in
+                [
+                    "--max-connections", "\(connections)", "--max-handshakes", "\(connections)",
+                    "--max-connections-per-address", "\(connections)", "--handshake-rate", "0",
+                    // Every simulated device is on loopback: nothing is reserved for members.
+                    "--reserved-handshakes", "0", "--reserved-connections", "0",
+                ]
+            } ?? []
         process.arguments =
-            [
-                "serve", "--data-dir", dataDir, "--listen", "127.0.0.1:0", "--log-level", "error",
-                "--max-connections", "\(connections)", "--max-handshakes", "\(connections)",
-                "--max-connections-per-address", "\(connections)", "--handshake-rate", "0",
-                // Every simulated device is on loopback and in a space without a log: nothing is reserved for members.
-                "--reserved-handshakes", "0", "--reserved-connections", "0",
-            ] + (postgres.map { ["--postgres", $0] } ?? [])
+            ["serve", "--data-dir", dataDir, "--listen", "127.0.0.1:0", "--log-level", "error"] + limits + arguments
+            + (postgres.map { ["--postgres", $0] } ?? [])
         let out = Pipe()
         process.standardOutput = out
         try process.run()
