@@ -20,7 +20,7 @@ struct BlazeBench: AsyncParsableCommand {
     @Option(help: "Repeats of the throughput measurements (default 3; 1 with --quick).")
     var repeats: Int?
 
-    @Option(help: "Only these groups, comma-separated: baselines, W1, RPC (W2 and W3), W4 (with W5 and W7), RELAY, FOLDER, W6, STORAGE, JOIN, W8, M1, M2, RSS; ABUSE (hostile devices against a relay and a daemon) and PEERS (blazed against PostgreSQL and Redis, only when named; PEERS: `make bench-peers`).")
+    @Option(help: "Only these groups, comma-separated: baselines, W1, RPC (W2 and W3), W4 (with W5 and W7), RELAY, FOLDER, W6, STORAGE, JOIN, W8, M1, M2, RSS, ABUSE (hostile devices against a relay and a daemon); PEERS (blazed against PostgreSQL and Redis, only when named: `make bench-peers`).")
     var only: String?
 
     @Option(help: "PEERS rows to run, comma-separated prefixes (get, trivial, insert, find, tx500); all by default.")
@@ -105,7 +105,7 @@ struct BlazeBench: AsyncParsableCommand {
                 dir: dir, preload: n, operations: max(200, n / 4), repeats: reps,
                 rows: peerRows.map { $0.split(separator: ",").map { String($0) } })
         }
-        if only != nil && wants("ABUSE") {
+        if wants("ABUSE") {
             results += try await AbuseWorkloads.run(dir: dir, quick: quick)
         }
         if wants("RSS") {
