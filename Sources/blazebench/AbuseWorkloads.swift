@@ -74,12 +74,14 @@ enum AbuseWorkloads {
     static func run(dir: String, quick: Bool) async throws -> [Result] {
         let relay = try await relayRuns(
             dir: dir + "/abuse-relay", readerOps: quick ? 1_000 : 10_000, partConnections: quick ? 10 : 100,
-            proxyConnections: quick ? 100 : 1_000)
+            proxyConnections: quick ? 100 : 1_000, partsEach: quick ? 8 : 64)
         let daemon = try await AbuseDaemon.run(dir: dir + "/abuse-daemon", readerOps: quick ? 1_000 : 10_000)
         return relay + daemon
     }
 
-    static func relayRuns(dir: String, readerOps: Int, partConnections: Int, proxyConnections: Int) async throws -> [Result] {
+    static func relayRuns(
+        dir: String, readerOps: Int, partConnections: Int, proxyConnections: Int, partsEach: Int
+    ) async throws -> [Result] {
         let admin = DeviceIdentity(), writer = DeviceIdentity(), reader = DeviceIdentity()
         let log = try makeLog(admin: admin, members: [(writer, .writer), (reader, .reader)])
         let relay = try RelayChild(dataDir: dir, postgres: nil, arguments: ["--trusted-proxy", "127.0.0.1/32"])
@@ -127,7 +129,7 @@ enum AbuseWorkloads {
         var holders: [(ProbeDevice, any Channel)] = []
         var unanswered = 0
         for i in 0..<partConnections {
-            let probe = ProbeDevice(key: holderKey, identity: DeviceIdentity(), encoded: [state] + Array(repeating: part, count: 64))
+            let probe = ProbeDevice(key: holderKey, identity: DeviceIdentity(), encoded: [state] + Array(repeating: part, count: partsEach))
             // A relay busy reading may not accept within the connect timeout: that connection counts as cut off.
             guard let channel = try? await probe.connect(port: relay.port, path: path, forwardedFor: "198.51.100.\(i % 250)") else {
                 unanswered += 1
@@ -136,13 +138,13 @@ enum AbuseWorkloads {
             holders.append((probe, channel))
             partsPeak = max(partsPeak, memoryMiB(pid))
         }
-        let deadline = ContinuousClock.now + .seconds(60)
-        while ContinuousClock.now < deadline, !holders.allSatisfy({ $0.0.state.closed }) {
+        let deadline = ContinuousClock.now + .seconds(20)
+        while ContinuousClock.now < deadline, !holders.allSatisfy({ $0.0.state.closed || $0.0.state.written == partsEach + 1 }) {
             partsPeak = max(partsPeak, memoryMiB(pid))
             usleep(20_000)
         }
         let cutOff = holders.filter { $0.0.state.closed }.count + unanswered
-        let sentAll = holders.filter { $0.0.state.written == 65 }.count
+        let sentAll = holders.filter { $0.0.state.written == partsEach + 1 }.count
         for (_, channel) in holders { channel.close(promise: nil) }
 
         // The admin writes under the new epoch; the writer gets it.
@@ -188,7 +190,7 @@ enum AbuseWorkloads {
                     readerOps, start, revoke)),
             Result(
                 name: "ABUSE.relay.partsFlood", unit: "MiB", samples: [partsPeak], better: "lower",
-                note: "relay RSS at its highest while a capability holder sent up to 64 MiB of snapshot pieces without a manifest on each of \(partConnections) connections (\(cutOff) cut off, \(sentAll) sent all); the writer still synced"),
+                note: "relay RSS at its highest while a capability holder sent up to \(partsEach) MiB of snapshot pieces without a manifest on each of \(partConnections) connections (\(cutOff) cut off, \(sentAll) sent all); the writer still synced"),
             Result(
                 name: "ABUSE.relay.proxyCrowd", unit: "MiB", samples: [crowdMemory], better: "lower",
                 note: String(
