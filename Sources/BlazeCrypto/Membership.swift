@@ -7,6 +7,12 @@ public struct EpochKeyID: Sendable, Hashable {
     public let epoch: UInt32
     /// Hash of the operation that created the key.
     public let op: [UInt8]
+
+    /// The key of `epoch` that the operation hashed `op` created.
+    public init(epoch: UInt32, op: [UInt8]) {
+        self.epoch = epoch
+        self.op = op
+    }
 }
 
 /// A device of a space's membership as the log resolves it.

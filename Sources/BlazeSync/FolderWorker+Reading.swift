@@ -99,6 +99,7 @@ extension FolderWorker {
             do {
                 let acks = try FolderFiles.decodeAcks(bytes, space: space.id).compactMap { try? Acknowledgement(bytes: $0) }
                 if try db.keep(acks, space: space.id, membership: membership) { kept = true }
+                if try engine.resealLacking(space: space, acks: acks) { kept = true }
             } catch let rejection as SyncRejection {
                 report.reject(rejection)
             }

@@ -60,7 +60,8 @@ extension FolderWorker {
     func writeAcks(_ snapshot: SharedSpace.Snapshot) throws {
         guard let membership = snapshot.membership else { return }
         guard acksWritten == nil || !exists(at: ownFD, "acks") || uptimeMs() >= acksWrittenAt + 1000 else { return }
-        if try db.issueAcknowledgement(space: space.id, identity: engine.identity, nowMs: UInt64(max(0, nowMs()))) {
+        let lacking = engine.lackingKeys(snapshot)
+        if try db.issueAcknowledgement(space: space.id, identity: engine.identity, nowMs: UInt64(max(0, nowMs())), lacking: lacking) {
             engine.membershipChanged(db: db.name)
         }
         let held = try db.acknowledgements().filter { membership.member($0.node) != nil }

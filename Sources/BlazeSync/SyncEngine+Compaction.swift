@@ -19,17 +19,17 @@ public struct CompactionOutcome: Sendable {
 extension BlazeDatabase {
     /// Signs and keeps this device's acknowledgement when what it applied changed since its last one; true when it
     /// issued one.
-    public func issueAcknowledgement(space: [UInt8], identity: DeviceIdentity, nowMs: UInt64) throws -> Bool {
+    public func issueAcknowledgement(
+        space: [UInt8], identity: DeviceIdentity, nowMs: UInt64, lacking: [EpochKeyID] = []
+    ) throws -> Bool {
         let applied = try versionVector()
         let mine = try acknowledgements().first { $0.node == identity.nodeID }
-        if let mine, let ack = try? Acknowledgement(bytes: mine.bytes),
-            ack.vector == Dictionary(uniqueKeysWithValues: applied.entries.map { ($0.key.bytes, $0.value) })
-        {
+        let vector = Dictionary(uniqueKeysWithValues: applied.entries.map { ($0.key.bytes, $0.value) })
+        let ack = Acknowledgement(
+            space: space, vector: vector, issuedMs: max(nowMs, (mine?.issuedMs ?? 0) + 1), identity: identity, lacking: lacking)
+        if let mine, let held = try? Acknowledgement(bytes: mine.bytes), held.vector == vector, held.lacking == ack.lacking {
             return false
         }
-        let ack = Acknowledgement(
-            space: space, vector: Dictionary(uniqueKeysWithValues: applied.entries.map { ($0.key.bytes, $0.value) }),
-            issuedMs: max(nowMs, (mine?.issuedMs ?? 0) + 1), identity: identity)
         return try storeAcknowledgement(node: ack.node, issuedMs: ack.issuedMs, bytes: ack.bytes)
     }
 
@@ -116,7 +116,9 @@ extension SyncEngine {
         let now = nowMsUnsigned()
         // Sealed, this device's changes can be pruned like any other's (their entries then go once stable).
         try db.sealLocal(key: snapshot.key, identity: identity)
-        if try db.issueAcknowledgement(space: space.id, identity: identity, nowMs: now) { membershipChanged(db: db.name) }
+        if try db.issueAcknowledgement(space: space.id, identity: identity, nowMs: now, lacking: lackingKeys(snapshot)) {
+            membershipChanged(db: db.name)
+        }
         guard let membership = snapshot.membership else {
             return CompactionOutcome(report: try db.compact(stable: VersionVector(), defragment: defragment), stable: VersionVector())
         }

@@ -11,10 +11,11 @@ extension SyncSession {
     func sendAcks(context: ChannelHandlerContext) {
         guard let link, stateSent, !closed else { return }
         let (db, space, identity) = (link.db, link.space.id, engine.identity)
+        let lacking = engine.lackingKeys(link.space.snapshot)
         let known = acksShared
         let bound = NIOLoopBound((self, context), eventLoop: context.eventLoop)
         engine.pool.runIfActive(eventLoop: context.eventLoop) { () -> [Acknowledgement] in
-            _ = try db.issueAcknowledgement(space: space, identity: identity, nowMs: nowMsUnsigned())
+            _ = try db.issueAcknowledgement(space: space, identity: identity, nowMs: nowMsUnsigned(), lacking: lacking)
             return try db.acknowledgements().filter { held in known[held.node].map { held.issuedMs > $0 } ?? true }
                 .compactMap { try? Acknowledgement(bytes: $0.bytes) }
         }.whenComplete { result in
@@ -48,9 +49,12 @@ extension SyncSession {
             guard let member = snapshot.membership?.member(ack.node), member.keys.signing == ack.deviceKey else { continue }
             acksShared[ack.node] = max(acksShared[ack.node] ?? 0, ack.issuedMs)
         }
-        let space = link.space.id
+        let (space, shared) = (link.space.id, link.space)
         _ = engine.pool.runIfActive(eventLoop: context.eventLoop) {
-            if try db.keep(acks, space: space, membership: snapshot.membership) { engine.membershipChanged(db: db.name) }
+            let kept = try db.keep(acks, space: space, membership: snapshot.membership)
+            // An admin seals again what a member says it was sealed wrong (SYNC.md §9, "Keys sealed wrong").
+            let resealed = try engine.resealLacking(space: shared, acks: acks)
+            if kept || resealed { engine.membershipChanged(db: db.name) }
         }
     }
 

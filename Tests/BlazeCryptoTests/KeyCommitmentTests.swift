@@ -78,6 +78,43 @@ import Testing
         }
     }
 
+    @Test func aMemberSealedAnotherKeyNamesItInASignedAcknowledgement() throws {
+        let (space, ops, _) = try log(commits: true)
+        let real = SpaceKey.randomSecret(), bogus = SpaceKey.randomSecret()
+        let head = try Self.head(removed, space: space, seq: 3, hash: SpaceKey.randomBytes(32))
+        let rotate = try MembershipOp(
+            space: space, author: admin, timeMs: 3, parents: [ops.last!.hash],
+            action: .remove(device: removed.nodeID, cutoff: 3, epoch: 2),
+            envelopes: [
+                try KeyEnvelope(sealing: real, space: space, epoch: 2, keyOp: KeyEnvelope.thisOp, to: admin.publicKeys),
+                try KeyEnvelope(sealing: bogus, space: space, epoch: 2, keyOp: KeyEnvelope.thisOp, to: member.publicKeys),
+            ],
+            commitment: KeyEnvelope.commitment(secret: real, space: space, epoch: 2), cutoffHead: head)
+        let state = MembershipState(space: space, ops: ops + [rotate])
+        let key = EpochKeyID(epoch: 2, op: rotate.hash)
+        // The member lacks exactly the key it was sealed wrong; the admin lacks nothing; the removed device was
+        // sealed no new key, so it may ask for none.
+        #expect(state.keysSealedWrong(to: member.nodeID, held: state.keys(for: member)) == [key])
+        #expect(state.keysSealedWrong(to: admin.nodeID, held: state.keys(for: admin)).isEmpty)
+        #expect(state.sealed(key, to: member.nodeID) && !state.sealed(key, to: removed.nodeID))
+
+        // The acknowledgement carries the list under its signature (version 2); without one it is version 1.
+        let ack = Acknowledgement(space: space, vector: [member.nodeID: 4], issuedMs: 9, identity: member, lacking: [key, key])
+        let decoded = try Acknowledgement(bytes: ack.bytes)
+        #expect(decoded.lacking == [key] && decoded.vector == [member.nodeID: 4] && decoded == ack)
+        let plain = Acknowledgement(space: space, vector: [member.nodeID: 4], issuedMs: 9, identity: member)
+        #expect(try Acknowledgement(bytes: plain.bytes).lacking.isEmpty && plain.bytes.count + 2 + 36 == ack.bytes.count)
+        // Any byte of the list changed, or the list cut off, fails.
+        var flipped = ack.bytes
+        flipped[flipped.count - 64 - 1] ^= 1
+        #expect(throws: SyncRejection.self) { try Acknowledgement(bytes: flipped) }
+        #expect(throws: SyncRejection.self) { try Acknowledgement(bytes: Array(ack.bytes.prefix(plain.bytes.count - 64)) + ack.bytes.suffix(64)) }
+        // At most `maxLacking` keys are named.
+        let many = (0..<100).map { EpochKeyID(epoch: UInt32($0), op: SpaceKey.randomBytes(32)) }
+        let capped = Acknowledgement(space: space, vector: [:], issuedMs: 1, identity: member, lacking: many)
+        #expect(try Acknowledgement(bytes: capped.bytes).lacking.count == Acknowledgement.maxLacking)
+    }
+
     @Test func aRemovalInACommittingLogCarriesItsKeyAndTheDevicesOwnHead() throws {
         let (space, ops, _) = try log(commits: true)
         let secret = SpaceKey.randomSecret()
