@@ -8,11 +8,13 @@ run:
 	swift build -c release --product blazectl
 	.build/release/blazed
 
-# Check the code's shape (file length, declared imports, test layering: .ci/check-code-shape), build everything
+# Check the code's shape (file length, declared imports, test layering: .ci/check-code-shape) and that every
+# reference to a protocol document's section names one that exists (.ci/check-doc-refs), build everything
 # (daemon, CLI, tests) and run the whole test suite: Swift, a blazebench smoke run (no timing assertions), then the
 # Python and Node clients.
 test:
 	.ci/check-code-shape
+	.ci/check-doc-refs
 	swift build --build-tests
 	@# The log is kept, and on failure the failing tests and their issues are printed again at the end, where a
 	@# truncated CI log still shows them.

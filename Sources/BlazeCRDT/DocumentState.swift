@@ -49,9 +49,11 @@ public struct DocumentState: Hashable, Sendable {
     public struct CreatedStateText: Sendable {
         /// The text up to the stamp's operation index.
         private let prefix: [UInt8]
-        /// The change: its origin, sequence and clock.
+        /// The change's origin.
         public let origin: NodeID
+        /// The change's sequence number at its origin.
         public let seq: UInt64
+        /// The change's clock.
         public let hlc: HLC
 
         /// The texts for stamps of `stamp`'s change, origins as `coding` writes them.

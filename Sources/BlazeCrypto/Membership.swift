@@ -85,7 +85,7 @@ public struct MembershipState: Sendable {
     /// Envelopes of applied operations, with their key resolved (an envelope naming its own operation resolved to it).
     public private(set) var envelopes: [(envelope: KeyEnvelope, key: EpochKeyID)] = []
     /// Whether the log commits to its keys and its removals' cutoffs: its create is version 2 (SYNC.md §9,
-    /// "Rotation"). In such a log a remove that does not is void, and a key is taken only as committed.
+    /// "Logs that commit"). In such a log a remove that does not is void, and a key is taken only as committed.
     public private(set) var commitsKeys = false
     /// The commitment of each key whose operation published one (`KeyEnvelope.commitment`).
     private var commitments: [EpochKeyID: [UInt8]] = [:]

@@ -56,7 +56,7 @@ public struct KeyEnvelope: Sendable, Hashable {
     /// `keyOp` of a key created by the operation that carries it.
     public static let thisOp = [UInt8](repeating: 0, count: 32)
 
-    /// What a version-2 `create` or `remove` publishes of the epoch key it makes (SYNC.md §9, "Rotation"):
+    /// What a version-2 `create` or `remove` publishes of the epoch key it makes (SYNC.md §9, "Logs that commit"):
     /// HMAC-SHA256 keyed with the key over a label, the space and the epoch. It shows nothing of the key, and a
     /// member takes from an envelope only the key it commits to, so an admin cannot hand chosen members another key.
     public static func commitment(secret: [UInt8], space: [UInt8], epoch: UInt32) -> [UInt8] {

@@ -91,7 +91,7 @@ public struct InviteToken: Sendable, Equatable {
         Array(label.utf8) + space + (invite ?? []) + device.signing + device.agreement
     }
 
-    /// What a joining device sends instead of the secret (SYNC.md §9, "Joining"). Version 2: an Ed25519 signature
+    /// What a joining device sends instead of the secret (SYNC.md §9, "Invites"). Version 2: an Ed25519 signature
     /// (64 bytes) by the secret's proof key over the space, the invite id and the joiner's device keys. Version 1:
     /// HMAC-SHA256 keyed with the secret's hash over the space and the keys (32 bytes). Either proves the secret is
     /// held and binds the invite to that device, so whoever carries the message — a relay — can neither learn the

@@ -4,7 +4,7 @@ import BlazeProtocol
 import BlazeStore
 import BlazeSync
 
-/// The sync surface: sharing, peers and sync control (Protocol/SYNC.md, "Sharing and peers").
+/// The sync surface: sharing, peers and sync control (Protocol/RPC.md, "Methods"; Protocol/SYNC.md §5, §8).
 extension Methods {
     static func peerAddress(_ text: String) throws -> PeerAddress {
         guard let a = PeerAddress(text) else {

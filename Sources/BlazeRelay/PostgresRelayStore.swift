@@ -13,7 +13,7 @@ import Synchronization
 /// The relay's store in PostgreSQL (`blaze-relay serve --postgres URL`), shared by any number of relay processes:
 /// the same tables and rules as `RelayStore`, writes of one space serialized by a row lock on its usage, and every
 /// change announced on the `blaze_relay` notification channel so that the devices of one space on different relay
-/// processes see each other's entries live (Protocol/RELAY.md, "Several relay processes").
+/// processes see each other's entries live (Protocol/RELAY.md, "Storage").
 public final class PostgresRelayStore: RelayBackend {
     let client: PostgresClient
     private let runner: Task<Void, Never>

@@ -116,6 +116,7 @@ public enum FeedAttachment: Sendable, Equatable {
 /// Publication happens on the writer's thread right after each commit, under the same lock that `attach` takes, so
 /// a listener attached "after sequence S" sees exactly the changes after S: no gap, no duplicate.
 public final class ChangeFeed: Sendable {
+    /// What `attach` calls with each signal, on the writer's thread: it must return quickly.
     public typealias Listener = @Sendable (FeedSignal) -> Void
 
     struct State {

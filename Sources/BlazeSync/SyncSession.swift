@@ -5,7 +5,7 @@ import BlazeWire
 import NIOCore
 import Synchronization
 
-/// The anti-entropy protocol of one established sync connection (SYNC.md, "Peer protocol"), whatever carries it.
+/// The anti-entropy protocol of one established sync connection (SYNC.md §8), whatever carries it.
 ///
 /// Once the link is established both sides send `STATE` (what they hold per origin, and their own signed head), then
 /// each sends the other exactly the entries it lacks, per origin in sequence order, in batches that end at signed

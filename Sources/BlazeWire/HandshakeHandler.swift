@@ -59,7 +59,7 @@ public protocol HandshakeDelegate: AnyObject {
     func failed(_ failure: HandshakeFailure, context: ChannelHandlerContext)
 }
 
-/// Runs the peer handshake (SYNC.md, "Peer handshake") over length-prefixed frames within a deadline, then steps
+/// Runs the peer handshake (SYNC.md §8, "Handshake") over length-prefixed frames within a deadline, then steps
 /// aside for the session's handlers: the one definition both ends use (a daemon's links, the relay, blazebench's
 /// simulated devices).
 ///

@@ -2,7 +2,7 @@ import BlazeCRDT
 import BlazeCrypto
 import BlazeProtocol
 
-/// The messages peers exchange after the handshake (SYNC.md, "Peer protocol"), each sealed in one frame.
+/// The messages peers exchange after the handshake (SYNC.md §8), each sealed in one frame.
 public enum PeerMessage: Sendable {
     /// What the sender holds per origin, and the sender's own latest signed head (if it has any entries).
     case state(vector: [NodeID: UInt64], ownHead: SignedHead?)

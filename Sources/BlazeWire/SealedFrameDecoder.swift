@@ -12,7 +12,7 @@ public protocol WireCounters: AnyObject {
     func lostMidFrame()
 }
 
-/// Opens the sealed frames of an established sync connection into message bytes (SYNC.md, "Frames").
+/// Opens the sealed frames of an established sync connection into message bytes (SYNC.md §8, "Framing").
 ///
 /// A frame's length is sealed and opened before the decoder waits for its body, so damage anywhere in the stream is
 /// refused (`SyncRejection.badFrame`) as soon as it arrives, and a peer can make it buffer at most one sealed body

@@ -1,7 +1,7 @@
 import BlazeCrypto
 import NIOCore
 
-/// Seals each outgoing message into the next frame of an established sync connection (SYNC.md, "Frames"). A class:
+/// Seals each outgoing message into the next frame of an established sync connection (SYNC.md §8, "Framing"). A class:
 /// `MessageToByteEncoder.encode` is not mutating, and the sealer counts frames.
 public final class SealedFrameEncoder: MessageToByteEncoder {
     public typealias OutboundIn = [UInt8]

@@ -4,7 +4,7 @@ import Crypto
 import Foundation
 import Testing
 
-/// A log that commits to its keys and its removals' cutoffs (SYNC.md §9, "Rotation"): no admin can hand chosen
+/// A log that commits to its keys and its removals' cutoffs (SYNC.md §9, "Logs that commit"): no admin can hand chosen
 /// members another key than the one the others hold, nor keep a removed device writing past what it signed.
 @Suite struct KeyCommitmentTests {
     let admin = DeviceIdentity(), member = DeviceIdentity(), removed = DeviceIdentity()

@@ -153,7 +153,7 @@ struct SyncFuzzer {
         return out
     }
 
-    /// A `JOIN` (SYNC.md §9, "Joining") for an invite nobody issued, with a proof of either length made of nothing.
+    /// A `JOIN` (SYNC.md §9, "Invites") for an invite nobody issued, with a proof of either length made of nothing.
     private mutating func joinMessage() -> [UInt8] {
         let joiner = throwaway[Int.random(in: 0..<throwaway.count, using: &rng)].identity.publicKeys
         let proof = (0..<(Bool.random(using: &rng) ? 64 : 32)).map { _ in UInt8.random(in: 0...255, using: &rng) }
