@@ -154,7 +154,10 @@ let package = Package(
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
             ],
             swiftSettings: strict),
-        .target(name: "BlazeTestSupport", path: "Tests/BlazeTestSupport", swiftSettings: strict),
+        .target(
+            name: "BlazeTestSupport",
+            dependencies: [.product(name: "NIOCore", package: "swift-nio"), .product(name: "NIOEmbedded", package: "swift-nio")],
+            path: "Tests/BlazeTestSupport", swiftSettings: strict),
         .testTarget(
             name: "BlazeCRDTTests", dependencies: ["BlazeCRDT", "BlazeProtocol", "BlazeTestSupport"], swiftSettings: strict),
         .testTarget(
@@ -169,6 +172,16 @@ let package = Package(
                 .product(name: "GRDB", package: "GRDB.swift"),
             ],
             swiftSettings: strict),
+        .testTarget(
+            name: "BlazeWireTests",
+            dependencies: [
+                "BlazeWire", "BlazeCrypto", "BlazeProtocol", "BlazeTestSupport",
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOEmbedded", package: "swift-nio"),
+                .product(name: "NIOWebSocket", package: "swift-nio"),
+            ],
+            swiftSettings: strict
+        ),
         .testTarget(
             name: "BlazeSyncTests",
             dependencies: [

@@ -9,17 +9,7 @@ import Testing
 
 @testable import BlazeSync
 
-/// Records what reaches the end of a pipeline: messages, events and errors.
-final class Recorder<Message>: ChannelInboundHandler {
-    typealias InboundIn = Message
-    var messages: [Message] = []
-    var events: [Any] = []
-    var errors: [any Error] = []
-
-    func channelRead(context: ChannelHandlerContext, data: NIOAny) { messages.append(unwrapInboundIn(data)) }
-    func userInboundEventTriggered(context: ChannelHandlerContext, event: Any) { events.append(event) }
-    func errorCaught(context: ChannelHandlerContext, error: any Error) { errors.append(error) }
-
+extension Recorder {
     /// The established events seen, as database names.
     var established: [String] { events.compactMap { ($0 as? SyncLinkEstablished)?.db.name } }
     /// The remote devices of the established events seen.
@@ -63,27 +53,4 @@ func withSharedSpace(documents: Int = 0, _ body: (SharedPair) throws -> Void) as
         throw error
     }
     await s.close()
-}
-
-func active(_ handlers: [any ChannelHandler]) throws -> EmbeddedChannel {
-    let channel = EmbeddedChannel()
-    try channel.pipeline.syncOperations.addHandlers(handlers)
-    try channel.connect(to: SocketAddress(ipAddress: "127.0.0.1", port: 1)).wait()
-    return channel
-}
-
-/// Moves every written byte between two embedded channels until both are quiet; `chunk` splits each write.
-func shuttle(_ x: EmbeddedChannel, _ y: EmbeddedChannel, chunk: Int = .max) throws {
-    var moved = true
-    while moved {
-        moved = false
-        for (from, to) in [(x, y), (y, x)] {
-            while var out = try from.readOutbound(as: ByteBuffer.self) {
-                moved = true
-                while out.readableBytes > 0, to.isActive {
-                    try to.writeInbound(out.readSlice(length: min(chunk, out.readableBytes))!)
-                }
-            }
-        }
-    }
 }

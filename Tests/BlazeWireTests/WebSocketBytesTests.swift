@@ -1,10 +1,10 @@
-import BlazeWire
 import NIOCore
 import NIOEmbedded
 import NIOWebSocket
+import BlazeTestSupport
 import Testing
 
-@testable import BlazeSync
+@testable import BlazeWire
 
 /// `WebSocketBytes`, the stream adapter that carries the peer protocol over a WebSocket (Protocol/RELAY.md,
 /// "Transport").

@@ -1,10 +1,8 @@
 import BlazeCrypto
 import BlazeProtocol
-import BlazeStore
-import BlazeWire
 import Testing
 
-@testable import BlazeSync
+@testable import BlazeWire
 
 /// The join messages' encodings (SYNC.md §8, "Messages"): what decodes, and what is refused before use.
 @Suite struct MessageTests {

@@ -1,7 +1,6 @@
-import BlazeWire
 import Testing
 
-@testable import BlazeSync
+@testable import BlazeWire
 
 /// `MemoryBudget`: what connections together may hold for snapshot pieces waiting for their manifests.
 @Suite struct MemoryBudgetTests {

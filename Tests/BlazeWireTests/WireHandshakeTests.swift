@@ -2,6 +2,7 @@ import BlazeCrypto
 import BlazeWire
 import NIOCore
 import NIOEmbedded
+import BlazeTestSupport
 import Testing
 
 /// Records what a `HandshakeHandler` reports; as a server, it answers a proof with a verdict the test gives later
