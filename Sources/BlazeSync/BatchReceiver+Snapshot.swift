@@ -20,9 +20,9 @@ extension BatchReceiver {
             return
         }
         applying = true
-        let db = link.db
+        let (db, budget) = (link.db, engine.stagingBudget)
         let bound = NIOLoopBound((self, context), eventLoop: context.eventLoop)
-        engine.pool.runIfActive(eventLoop: context.eventLoop) { try SnapshotStaging(manifest: manifest, db: db) }
+        engine.pool.runIfActive(eventLoop: context.eventLoop) { try SnapshotStaging(manifest: manifest, db: db, budget: budget) }
             .whenComplete { result in
                 let (receiver, context) = bound.value
                 receiver.applying = false
@@ -34,6 +34,7 @@ extension BatchReceiver {
                 case .success(let staging):
                     staging.remove()
                 case .failure(let error):
+                    // No room to stage it now (or no disk): a local failure; a later session takes it.
                     receiver.refuseSnapshot(LocalFailure(error), context: context)
                 }
             }

@@ -60,6 +60,9 @@ final class BatchReceiver: ChannelInboundHandler {
     /// The most bytes of snapshot pieces being opened and staged at once, across sessions (the engine's
     /// `snapshotBudget`): only pieces in flight are in memory.
     static let maxSnapshotBytesInFlight = 1 << 30
+    /// The most bytes of snapshots sessions stage on disk at once (their manifests' declared sizes; at most
+    /// `maxSnapshotBytes` per database).
+    static let maxStagedBytes = 4 << 30
     /// Entry bytes of the batches in `inbox`.
     private var inboxBytes = 0
     var applying = false

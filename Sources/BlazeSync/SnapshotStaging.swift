@@ -1,6 +1,7 @@
 import BlazeCrypto
 import BlazeProtocol
 import BlazeStore
+import BlazeWire
 import Foundation
 import Synchronization
 
@@ -10,27 +11,39 @@ import Synchronization
 /// Each piece is checked as it comes: its index is the next one, it names the hash of the piece before, there are no
 /// more than the manifest counts, their bytes stay within the manifest's declared size, and the last one's hash is the
 /// one the manifest names. The file is removed when the install ends, when the session ends, and at the database's
-/// next open after a crash.
+/// next open after a crash. Its declared size stays reserved in the engine's `stagingBudget` (per database and in all)
+/// until then, so sessions together stage a bounded amount on disk.
 final class SnapshotStaging: Sendable {
     /// The accepted manifest.
     let manifest: SnapshotManifest
     /// The staging file.
     let path: String
+    private let budget: MemoryBudget
+    private let budgetKey: String
     private struct State {
         var file: FileHandle?
         var next: UInt32 = 0
         var last = SealedEntry.genesis
         var bytes: UInt64 = 0
+        /// Whether the declared size is still reserved in the budget.
+        var reserved = true
     }
     private let state: Mutex<State>
 
-    /// Creates an empty staging file for `manifest` beside `db`'s file.
-    init(manifest: SnapshotManifest, db: BlazeDatabase) throws {
+    /// Reserves `manifest`'s declared size in `budget` (for `db`) and creates an empty staging file beside `db`'s
+    /// file; throws `StagingFull` when the budget has no room.
+    init(manifest: SnapshotManifest, db: BlazeDatabase, budget: MemoryBudget) throws {
         self.manifest = manifest
+        self.budget = budget
+        budgetKey = db.name
         path = db.path + BlazeDatabase.snapshotStagingPrefix + UUID().uuidString
+        guard budget.reserve(Int(manifest.size), for: budgetKey) else { throw StagingFull() }
         guard FileManager.default.createFile(atPath: path, contents: nil, attributes: [.posixPermissions: 0o600]),
             let file = FileHandle(forWritingAtPath: path)
-        else { throw StagingFailure(path: path) }
+        else {
+            budget.release(Int(manifest.size), for: budgetKey)
+            throw StagingFailure(path: path)
+        }
         state = Mutex(State(file: file))
     }
 
@@ -83,14 +96,15 @@ final class SnapshotStaging: Sendable {
         }
     }
 
-    /// Closes and deletes the staging file (again: nothing happens).
+    /// Closes and deletes the staging file and gives its reservation back (again: nothing happens).
     func remove() {
-        let file = state.withLock { state -> FileHandle? in
-            defer { state.file = nil }
-            return state.file
+        let (file, reserved) = state.withLock { state -> (FileHandle?, Bool) in
+            defer { (state.file, state.reserved) = (nil, false) }
+            return (state.file, state.reserved)
         }
         try? file?.close()
         try? FileManager.default.removeItem(atPath: path)
+        if reserved { budget.release(Int(manifest.size), for: budgetKey) }
     }
 }
 
@@ -98,4 +112,10 @@ final class SnapshotStaging: Sendable {
 struct StagingFailure: Error, CustomStringConvertible {
     let path: String
     var description: String { "the snapshot staging file \(path) could not be written or read" }
+}
+
+/// Sessions together stage as many snapshot bytes on disk as the engine allows (`SyncEngine.stagingBudget`): one more
+/// must wait for a later session.
+struct StagingFull: Error, CustomStringConvertible {
+    var description: String { "other sessions stage as many snapshot bytes as this device allows; a later session takes this one" }
 }
