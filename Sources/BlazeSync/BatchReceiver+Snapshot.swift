@@ -1,3 +1,4 @@
+import BlazeCRDT
 import BlazeCrypto
 import BlazeProtocol
 import BlazeStore
@@ -8,7 +9,8 @@ import NIOCore
 /// time. A piece with no accepted manifest before it, or out of place, is refused (`bad_snapshot`) and ends the session.
 extension BatchReceiver {
     /// Accepts a snapshot's manifest: of this space, within `maxSnapshotBytes`, from a current writer (the peer
-    /// itself, when the log lists the peer), with no other snapshot under way; then opens its staging file.
+    /// itself, when the log lists the peer), covering something this replica lacks, with no other snapshot under way;
+    /// then opens its staging file.
     func accept(_ manifest: SnapshotManifest, link: SyncLinkEstablished, context: ChannelHandlerContext) {
         let space = link.space.snapshot
         do {
@@ -22,8 +24,15 @@ extension BatchReceiver {
         applying = true
         let (db, budget) = (link.db, engine.stagingBudget)
         let bound = NIOLoopBound((self, context), eventLoop: context.eventLoop)
-        engine.pool.runIfActive(eventLoop: context.eventLoop) { try SnapshotStaging(manifest: manifest, db: db, budget: budget) }
-            .whenComplete { result in
+        engine.pool.runIfActive(eventLoop: context.eventLoop) { () -> SnapshotStaging in
+            // One that covers nothing this replica lacks would be refused at the install: nothing of it is taken.
+            let applied = try db.versionVector()
+            guard manifest.heads.contains(where: { $0.value.seq > applied[NodeID(bytes: $0.key)] }) else {
+                throw SyncRejection.badSnapshot
+            }
+            return try SnapshotStaging(manifest: manifest, db: db, budget: budget)
+        }
+        .whenComplete { result in
                 let (receiver, context) = bound.value
                 receiver.applying = false
                 switch result {
@@ -33,6 +42,8 @@ extension BatchReceiver {
                     receiver.applyNext(context: context)
                 case .success(let staging):
                     staging.remove()
+                case .failure(let error as SyncRejection):
+                    receiver.refuseSnapshot(error, context: context)
                 case .failure(let error):
                     // No room to stage it now (or no disk): a local failure; a later session takes it.
                     receiver.refuseSnapshot(LocalFailure(error), context: context)

@@ -23,10 +23,11 @@ import Testing
         return parts
     }
 
+    /// A manifest signed by `m`, covering entries of its own the daemon lacks.
     static func manifest(_ m: HostileMember, _ key: SpaceKey, parts: UInt32, size: Int, last: [UInt8]) -> [UInt8] {
         let manifest = SnapshotManifest(
             space: key.id, createdMs: UInt64(HostileMember.clockNow()), parts: parts, size: UInt64(size), lastPart: last,
-            heads: [:], identity: m.identity)
+            heads: [m.identity.nodeID: (seq: 5, hash: SpaceKey.randomBytes(32))], identity: m.identity)
         return [9] + manifest.bytes
     }
 
@@ -75,6 +76,20 @@ import Testing
             #expect(eventually(timeout: .seconds(20)) { Self.staged(t).isEmpty }, "the staging file is deleted")
         }
         try t.expectServing()
+    }
+
+    /// A manifest covering nothing the daemon lacks is refused before any piece is taken.
+    @Test func aManifestCoveringNothingNewIsRefusedBeforeAnyPiece() throws {
+        let t = try SyncTarget()
+        let m = try t.member()
+        let manifest = SnapshotManifest(
+            space: t.key.id, createdMs: UInt64(HostileMember.clockNow()), parts: 1, size: 1_000, lastPart: SpaceKey.randomBytes(32),
+            heads: [:], identity: m.identity)
+        try m.send([9] + manifest.bytes)
+        let end = m.awaitClose(seconds: 20)
+        #expect(end.closed && end.error == "bad_snapshot")
+        #expect(Self.staged(t).isEmpty)
+        m.close()
     }
 
     /// A staging file a crash left is deleted when the database next opens.
