@@ -19,6 +19,8 @@ public struct SnapshotPart: Sendable, Equatable {
     public let hash: [UInt8]
 
     static let headerSize = 4 + 32 + 4 + 12
+    /// The smallest piece: the framing of an empty one.
+    public static let minBytes = headerSize + 16
     /// The largest piece accepted: 4 MiB of records and the framing.
     public static let maxBytes = (4 << 20) + headerSize + 16
 
@@ -80,7 +82,8 @@ public struct SnapshotPart: Sendable, Equatable {
 /// The signed description of a state snapshot (SYNC.md §11): who made it, in which space, how many pieces and the
 /// last one's hash, and per origin what it covers with the hash of that origin's entry there.
 ///
-/// Layout: space (16) · author Ed25519 key (32) · created (8, Unix ms) · pieces (4) · last piece hash (32) · count (4)
+/// Layout: space (16) · author Ed25519 key (32) · created (8, Unix ms) · pieces (4) · size (8, the pieces' bytes in
+/// all) · last piece hash (32) · count (4)
 /// · count × (origin (16) · seq (8) · hash (32)), origins ascending · signature (64) over `"blazedb snapshot v1"` ·
 /// everything before it.
 public struct SnapshotManifest: Sendable, Equatable {
@@ -92,6 +95,8 @@ public struct SnapshotManifest: Sendable, Equatable {
     public let createdMs: UInt64
     /// How many pieces.
     public let parts: UInt32
+    /// The pieces' encoded bytes in all: a receiver bounds what it takes by it before the first piece comes.
+    public let size: UInt64
     /// The last piece's hash.
     public let lastPart: [UInt8]
     /// Per origin (node id), the sequence the snapshot covers and the hash of that entry (zeros: the origin's chain
@@ -105,13 +110,14 @@ public struct SnapshotManifest: Sendable, Equatable {
 
     /// Signs a manifest with `identity`.
     public init(
-        space: [UInt8], createdMs: UInt64, parts: UInt32, lastPart: [UInt8], heads: [[UInt8]: (seq: UInt64, hash: [UInt8])],
-        identity: DeviceIdentity
+        space: [UInt8], createdMs: UInt64, parts: UInt32, size: UInt64, lastPart: [UInt8],
+        heads: [[UInt8]: (seq: UInt64, hash: [UInt8])], identity: DeviceIdentity
     ) {
         let key = Array(identity.signingKey.publicKey.rawRepresentation)
         var body = space + key
         body.appendBE(createdMs)
         body.appendBE(parts)
+        body.appendBE(size)
         body += lastPart
         body.appendBE(UInt32(heads.count))
         for (origin, head) in heads.sorted(by: { $0.key.lexicographicallyPrecedes($1.key) }) {
@@ -125,6 +131,7 @@ public struct SnapshotManifest: Sendable, Equatable {
         self.authorKey = key
         self.createdMs = createdMs
         self.parts = parts
+        self.size = size
         self.lastPart = lastPart
         self.heads = heads
         self.bytes = body + signature
@@ -134,7 +141,7 @@ public struct SnapshotManifest: Sendable, Equatable {
     public init(bytes: [UInt8]) throws(SyncRejection) {
         var r = ByteReader(bytes[...])
         guard let space = r.read(16), let key = r.read(32), let created = r.readUInt64(), let parts = r.readUInt32(),
-            parts > 0, let last = r.read(32), let n = r.readUInt32(), Int(n) * 56 + 64 == r.remaining
+            parts > 0, let size = r.readUInt64(), let last = r.read(32), let n = r.readUInt32(), Int(n) * 56 + 64 == r.remaining
         else { throw .malformed }
         var heads: [[UInt8]: (seq: UInt64, hash: [UInt8])] = [:]
         var previous: [UInt8]?
@@ -152,6 +159,7 @@ public struct SnapshotManifest: Sendable, Equatable {
         self.authorKey = Array(key)
         self.createdMs = created
         self.parts = parts
+        self.size = size
         self.lastPart = Array(last)
         self.heads = heads
         self.bytes = bytes

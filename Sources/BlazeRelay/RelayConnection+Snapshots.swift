@@ -3,46 +3,72 @@ import BlazeCrypto
 import BlazeProtocol
 import NIOCore
 
-/// Snapshots through the relay (SYNC.md §11, Protocol/RELAY.md "What it does"): a member's upload, held in memory
-/// only within bounds until its manifest comes, and the snapshot sent to a device that lacks what it covers.
+/// Snapshots through the relay (SYNC.md §11, Protocol/RELAY.md "What it does"): a member's upload (its signed manifest
+/// first, checked before any piece is taken, then its pieces, each checked as it comes and held in memory only within
+/// bounds until the last), and the snapshot sent to a device that lacks what it covers (manifest first, too).
 extension RelayConnection {
-    /// One piece of a snapshot the device uploads, in order with what it sent before. Kept until its manifest comes
-    /// only when the device is a current writing member the log lists with the key it proved (only such a member's
-    /// snapshot is kept), within `RelayRules.maxSnapshotBytes` per upload and the relay's `snapshotBudget` across
-    /// connections; otherwise the upload is dropped whole (not refused: a member leaves another one next time).
-    func stage(_ part: SnapshotPart, space: [UInt8], context: ChannelHandlerContext) {
+    /// The manifest that opens an upload: accepted only from a current writing member the log lists with the key this
+    /// connection proved, as the snapshot's author, declaring at most `RelayRules.maxSnapshotBytes`, with no other
+    /// upload under way. Refused (`bad_snapshot`, and the connection closed) otherwise.
+    func beginUpload(_ manifest: SnapshotManifest, space: [UInt8], context: ChannelHandlerContext) {
+        guard uploadManifest == nil else {
+            refuse(.badSnapshot, context: context)
+            return
+        }
         let device = self.device
-        run(context: context, { relay -> Bool in
-            guard let device, let member = try await relay.membership(space)?.member(device.nodeID) else { return false }
-            return member.isCurrent && member.role.writes && member.keys == device
-        }) { connection, writer, context in
+        run(context: context, { relay in
+            try RelayRules.checkManifest(manifest, space: space, membership: try await relay.membership(space), device: device)
+        }) { connection, _, context in
             connection.storing = false
-            connection.add(part, fromWriter: writer, space: space, context: context)
+            connection.uploadManifest = manifest
+            (connection.uploadNext, connection.uploadLast, connection.uploadSeen) = (0, SealedEntry.genesis, 0)
+            connection.uploadDropped = false
+            connection.armUploadDeadline(space: space, context: context)
             connection.resumeReading(context: context)
             connection.storeNext(space: space, context: context)
         }
     }
 
-    private func add(_ part: SnapshotPart, fromWriter writer: Bool, space: [UInt8], context: ChannelHandlerContext) {
-        guard !uploadDropped else { return }
+    /// One piece of the upload under way, checked against its manifest and the pieces before it: the next index,
+    /// naming the previous piece's hash, no more than the manifest counts, within its declared size, the last the one
+    /// it names. A piece with no accepted manifest, or out of place, is refused (`bad_snapshot`) and the connection
+    /// closed. Kept in memory within `RelayRules.maxSnapshotBytes` and the relay's `snapshotBudget` across
+    /// connections; past them the upload is dropped whole (its other pieces are checked and ignored); the snapshot is
+    /// checked and kept after its last piece.
+    func stage(_ part: SnapshotPart, space: [UInt8], context: ChannelHandlerContext) {
         let bytes = part.bytes.count
-        let why: String? =
-            !writer
-            ? "its sender is not a current writing member"
-            : uploadBytes + bytes > RelayRules.maxSnapshotBytes
-                ? "it is larger than the relay keeps"
-                : !relay.snapshotBudget.reserve(bytes, for: hexString(space))
-                    ? "the relay's memory for snapshot uploads (of this space, or in all) is in use" : nil
-        guard let why else {
-            if uploadParts.isEmpty { armUploadDeadline(space: space, context: context) }
-            uploadBytes += bytes
-            uploadParts.append(part)
+        guard let manifest = uploadManifest, uploadNext < manifest.parts, part.index == uploadNext, part.prev == uploadLast,
+            uploadSeen + UInt64(bytes) <= manifest.size
+        else {
+            refuse(.badSnapshot, context: context)
             return
         }
-        dropUpload(why, space: space)
+        let isLast = uploadNext + 1 == manifest.parts
+        guard !isLast || (part.hash == manifest.lastPart && uploadSeen + UInt64(bytes) == manifest.size) else {
+            refuse(.badSnapshot, context: context)
+            return
+        }
+        (uploadNext, uploadLast, uploadSeen) = (uploadNext + 1, part.hash, uploadSeen + UInt64(bytes))
+        if !uploadDropped {
+            if uploadBytes + bytes > RelayRules.maxSnapshotBytes {
+                dropUpload("it is larger than the relay keeps", space: space)
+            } else if !relay.snapshotBudget.reserve(bytes, for: hexString(space)) {
+                dropUpload("the relay's memory for snapshot uploads (of this space, or in all) is in use", space: space)
+            } else {
+                uploadBytes += bytes
+                uploadParts.append(part)
+            }
+        }
+        guard isLast else {
+            storing = false
+            resumeReading(context: context)
+            storeNext(space: space, context: context)
+            return
+        }
+        finishUpload(manifest, space: space, context: context)
     }
 
-    /// Drops the upload under way, giving its memory back; the rest of it is ignored until its manifest.
+    /// Drops the upload under way, giving its memory back; the rest of its pieces are checked and ignored.
     func dropUpload(_ why: String, space: [UInt8]) {
         releaseUpload(space: space)
         uploadDropped = true
@@ -50,23 +76,25 @@ extension RelayConnection {
         relay.logger.warning("Relay dropped a snapshot upload", metadata: ["why": "\(why)"])
     }
 
-    /// An upload whose manifest has not come `RelayRules.snapshotUploadTimeout` after its first piece is dropped: a
-    /// connection kept alive with pings cannot hold the memory for good.
+    /// An upload whose last piece has not come `RelayRules.snapshotUploadTimeout` after its manifest is dropped, and
+    /// its manifest forgotten (a piece after that is refused): a connection kept alive with pings cannot hold the
+    /// memory for good.
     private func armUploadDeadline(space: [UInt8], context: ChannelHandlerContext) {
         uploadDeadline?.cancel()
         let bound = NIOLoopBound((self, context), eventLoop: context.eventLoop)
         uploadDeadline = context.eventLoop.scheduleTask(in: RelayRules.snapshotUploadTimeout) {
             let (connection, _) = bound.value
-            guard !connection.uploadParts.isEmpty else { return }
-            connection.dropUpload("its manifest did not come in time", space: space)
+            guard connection.uploadManifest != nil else { return }
+            connection.dropUpload("its last piece did not come in time", space: space)
+            connection.uploadManifest = nil
         }
     }
 
-    /// The manifest that ends an upload: the snapshot is checked and kept, unless the upload was dropped. Its memory
-    /// stays reserved until the check and the store end, even if the connection closes first.
-    func finishUpload(_ manifest: SnapshotManifest, space: [UInt8], context: ChannelHandlerContext) {
+    /// The last piece came: the snapshot is checked and kept, unless the upload was dropped. Its memory stays
+    /// reserved until the check and the store end, even if the connection closes first.
+    private func finishUpload(_ manifest: SnapshotManifest, space: [UInt8], context: ChannelHandlerContext) {
         let (parts, dropped, reserved) = (uploadParts, uploadDropped, uploadBytes)
-        (uploadParts, uploadDropped, uploadBytes) = ([], false, 0)
+        (uploadParts, uploadDropped, uploadBytes, uploadManifest) = ([], false, 0, nil)
         uploadDeadline?.cancel()
         guard !dropped else {
             storing = false
@@ -111,8 +139,8 @@ extension RelayConnection {
         }
     }
 
-    /// Sends the device the space's snapshot, piece by piece (each read once the one before is written), then its
-    /// manifest, and pumps again: the device lacks entries the relay holds only as that snapshot. Only one whose
+    /// Sends the device the space's snapshot, its manifest then piece by piece (each read once the one before is
+    /// written), and pumps again: the device lacks entries the relay holds only as that snapshot. Only one whose
     /// author the log still lists as a current writing member (else the device would refuse it, again and again).
     func sendSnapshot(space: [UInt8], context: ChannelHandlerContext) {
         run(context: context, { relay -> SnapshotManifest? in
@@ -129,6 +157,8 @@ extension RelayConnection {
                 connection.pump(space: space, context: context)
                 return
             }
+            // The signed manifest first: the device checks it before it takes any piece.
+            connection.send(.snapshot(manifest), context: context)
             connection.sendSnapshotPart(0, prev: SealedEntry.genesis, manifest: manifest, space: space, context: context)
         }
     }
@@ -138,18 +168,13 @@ extension RelayConnection {
     ) {
         let bound = NIOLoopBound((self, context), eventLoop: context.eventLoop)
         guard index < manifest.parts else {
-            let written = send(.snapshot(manifest), context: context)
             if var v = peerVector {
                 for (origin, head) in manifest.heads { v[NodeID(bytes: origin)] = max(v[NodeID(bytes: origin)] ?? 0, head.seq) }
                 peerVector = v
             }
             relay.record(.snapshotSent)
-            written?.whenComplete { _ in
-                let (connection, context) = bound.value
-                connection.pumping = false
-                guard case .established = connection.state else { return }
-                connection.pump(space: space, context: context)
-            }
+            pumping = false
+            pump(space: space, context: context)
             return
         }
         run(context: context, { try await $0.store.snapshotPart(space: space, index: index) }) { connection, part, context in

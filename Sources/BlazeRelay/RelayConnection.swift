@@ -48,14 +48,20 @@ final class RelayConnection: ChannelInboundHandler {
         case batch(EntryBatch)
         case ops([MembershipOp])
         case acks([Acknowledgement])
-        /// A piece of a snapshot the device uploads, then the manifest that ends it (`RelayConnection+Snapshots`).
+        /// The manifest that opens a snapshot the device uploads, then its pieces (`RelayConnection+Snapshots`).
+        case snapshotManifest(SnapshotManifest)
         case snapshotPart(SnapshotPart)
-        case snapshotEnd(SnapshotManifest)
         /// An admin's `JOIN_REFUSED`: after the operations sent before it, which may list the joiner.
         case joinRefused(invite: [UInt8], joiner: [UInt8], reason: InviteRefusal)
     }
-    /// Pieces of a snapshot the device is uploading, until its manifest comes; their bytes (reserved in the relay's
-    /// `snapshotBudget` until kept or dropped); and whether this upload was dropped whole.
+    /// The accepted manifest of the snapshot the device is uploading (nil: none under way, and a piece is refused),
+    /// the next piece's index, the hash it must name, and the pieces' bytes so far.
+    var uploadManifest: SnapshotManifest?
+    var uploadNext: UInt32 = 0
+    var uploadLast = SealedEntry.genesis
+    var uploadSeen: UInt64 = 0
+    /// Pieces of that upload held until its last comes; their bytes (reserved in the relay's `snapshotBudget` until
+    /// kept or dropped); and whether this upload was dropped whole.
     var uploadParts: [SnapshotPart] = []
     var uploadBytes = 0
     var uploadDropped = false
@@ -223,7 +229,8 @@ final class RelayConnection: ChannelInboundHandler {
             // A member fills the relay with a snapshot when the relay lacks entries it compacted away (SYNC.md §11).
             receive(.snapshotPart(part), space: space, context: context)
         case .snapshot(let manifest):
-            receive(.snapshotEnd(manifest), space: space, context: context)
+            // Its manifest comes first (SYNC.md §11).
+            receive(.snapshotManifest(manifest), space: space, context: context)
         case .error:
             close(context: context)
         case .join(let id, let joiner, let proof):

@@ -50,6 +50,7 @@ public final class BlazeDatabase: Sendable {
         self.limits = limits
         self.node = node
         WALWriteBuffer.install()
+        Self.removeLeftoverStaging(path: path)
         var config = Configuration()
         config.label = "blazedb.\(name)"
         config.busyMode = .timeout(10)

@@ -52,19 +52,23 @@ final class BatchReceiver: ChannelInboundHandler {
     /// wait in the inbox.
     private var opsPending = 0
     private var inbox: [Item] = []
-    /// The opened pieces of the snapshot being received, the last piece's hash, and their bytes.
-    private var snapshotRecords: [[UInt8]] = []
-    private var snapshotLast = SealedEntry.genesis
-    private var snapshotBytes = 0
-    /// The most bytes of snapshot records a session holds before its manifest comes (all sessions together hold at
-    /// most the engine's `snapshotBudget`).
+    /// The snapshot being received: its manifest, accepted before any piece, and the pieces so far, on disk
+    /// (`BatchReceiver+Snapshot`).
+    var staging: SnapshotStaging?
+    /// The largest snapshot a session takes (the pieces' bytes its manifest declares, staged on disk).
     static let maxSnapshotBytes = 1 << 30
+    /// The most bytes of snapshot pieces being opened and staged at once, across sessions (the engine's
+    /// `snapshotBudget`): only pieces in flight are in memory.
+    static let maxSnapshotBytesInFlight = 1 << 30
+    /// The most bytes of snapshots sessions stage on disk at once (their manifests' declared sizes; at most
+    /// `maxSnapshotBytes` per database).
+    static let maxStagedBytes = 4 << 30
     /// Entry bytes of the batches in `inbox`.
     private var inboxBytes = 0
-    private var applying = false
+    var applying = false
     private var readPaused = false
     /// Set once the connection failed or closed: nothing more is stored.
-    private var stopped = false
+    var stopped = false
     /// Origins whose batches this session refuses: later batches of theirs could not link to anything stored here.
     private var refusedOrigins: Set<NodeID> = []
 
@@ -137,26 +141,17 @@ final class BatchReceiver: ChannelInboundHandler {
         context.fireChannelInactive()
     }
 
-    /// Drops what waits: batches received after a refused one are not stored; the snapshot records held give their
-    /// memory back.
-    private func stop() {
+    /// Drops what waits: batches received after a refused one are not stored; the snapshot being staged is deleted.
+    func stop() {
         stopped = true
         opsPending = 0
         inbox = []
         inboxBytes = 0
-        dropSnapshotRecords()
-    }
-
-    /// Forgets the snapshot records held and gives back their share of the engine's `snapshotBudget`.
-    private func dropSnapshotRecords() {
-        engine.snapshotBudget.release(snapshotBytes)
-        snapshotRecords = []
-        snapshotLast = SealedEntry.genesis
-        snapshotBytes = 0
+        dropStaging()
     }
 
     /// Stores the next waiting batch once it has verified, then the one after it.
-    private func applyNext(context: ChannelHandlerContext) {
+    func applyNext(context: ChannelHandlerContext) {
         guard !applying, !stopped, !inbox.isEmpty, let link else { return }
         let item = inbox.removeFirst()
         inboxBytes -= item.byteCount
@@ -167,7 +162,7 @@ final class BatchReceiver: ChannelInboundHandler {
             batch = b
             (verified, keys) = verify(b, link: link, context: context)
         case .part(let part): return applySnapshotPart(part, link: link, context: context)
-        case .manifest(let manifest): return installSnapshot(manifest, link: link, context: context)
+        case .manifest(let manifest): return accept(manifest, link: link, context: context)
         case .ops(let ops): return merge(ops, link: link, context: context)
         case .passOn(let message):
             context.fireChannelRead(wrapInboundOut(message))
@@ -250,78 +245,6 @@ final class BatchReceiver: ChannelInboundHandler {
         }
     }
 
-    /// Opens the next piece of a snapshot (its chain checked) and keeps its records until the manifest comes.
-    private func applySnapshotPart(_ part: SnapshotPart, link: SyncLinkEstablished, context: ChannelHandlerContext) {
-        applying = true
-        let (expected, prev, key) = (UInt32(snapshotRecords.count), snapshotLast, link.key)
-        let bound = NIOLoopBound((self, context), eventLoop: context.eventLoop)
-        engine.pool.runIfActive(eventLoop: context.eventLoop) {
-            try BlazeDatabase.openSnapshotPart(part, expected: expected, prev: prev, key: key)
-        }.whenComplete { result in
-            let (receiver, context) = bound.value
-            receiver.applying = false
-            guard !receiver.stopped else { return }
-            switch result {
-            case .success(let records) where receiver.snapshotBytes + records.count > Self.maxSnapshotBytes:
-                receiver.stop()
-                context.fireErrorCaught(SyncRejection.badSnapshot)
-            case .success(let records) where !receiver.engine.snapshotBudget.reserve(records.count):
-                // Other sessions hold the memory snapshots may take: this one ends, and gets one on a later session.
-                receiver.stop()
-                context.fireErrorCaught(LocalFailure(SnapshotMemoryInUse()))
-            case .success(let records):
-                receiver.snapshotRecords.append(records)
-                receiver.snapshotBytes += records.count
-                receiver.snapshotLast = part.hash
-                receiver.resumeReading(context: context)
-                receiver.applyNext(context: context)
-            case .failure(let error):
-                receiver.stop()
-                context.fireErrorCaught(error)
-            }
-        }
-    }
-
-    /// Checks a snapshot's manifest against the pieces received and installs it (SYNC.md §11).
-    private func installSnapshot(_ manifest: SnapshotManifest, link: SyncLinkEstablished, context: ChannelHandlerContext) {
-        applying = true
-        let (records, last, reserved) = (snapshotRecords, snapshotLast, snapshotBytes)
-        // The records stay reserved until the install ends, whether or not the session ends first: they are in
-        // memory until then.
-        snapshotRecords = []
-        snapshotLast = SealedEntry.genesis
-        snapshotBytes = 0
-        let budget = engine.snapshotBudget
-        let (db, space) = (link.db, link.space.snapshot)
-        let bound = NIOLoopBound((self, context), eventLoop: context.eventLoop)
-        engine.pool.runIfActive(eventLoop: context.eventLoop) {
-            defer { budget.release(reserved) }
-            return try db.install(snapshot: manifest, records: records, lastHash: last, key: space.key, membership: space.membership)
-        }.whenComplete { result in
-            let (receiver, context) = bound.value
-            receiver.applying = false
-            guard !receiver.stopped else { return }
-            switch result {
-            case .success:
-                // What this device held below the installed snapshot is gone: a snapshot built before cannot be
-                // followed by it.
-                receiver.engine.snapshots.forget(db: db.name)
-                receiver.report.update {
-                    $0.snapshotsInstalled += 1
-                    $0.lastSyncMs = nowMs()
-                }
-                receiver.engine.logger.info(
-                    "Sync installed a snapshot",
-                    metadata: ["db": "\(db.name)", "peer": "\(receiver.report.peer)", "author": "\(hexString(manifest.author))"])
-                receiver.resumeReading(context: context)
-                receiver.applyNext(context: context)
-            case .failure(let error):
-                receiver.stop()
-                context.fireErrorCaught(error)
-            }
-        }
-    }
-
     /// Re-reads what changes received depend on and this device lacks, when this batch parked changes or something
     /// was missing before (it may have arrived): `sync.status` `waiting` (SYNC.md §8, "Withheld entries").
     private func noteMissing(parked: Bool, db: BlazeDatabase, context: ChannelHandlerContext) {
@@ -334,7 +257,7 @@ final class BatchReceiver: ChannelInboundHandler {
     }
 
     /// Turns reading back on once the backlog is below its limits.
-    private func resumeReading(context: ChannelHandlerContext) {
+    func resumeReading(context: ChannelHandlerContext) {
         guard readPaused && inbox.count < Self.maxInbox && inboxBytes < Self.maxInboxBytes else { return }
         readPaused = false
         context.channel.setOption(ChannelOptions.autoRead, value: true).whenFailure { _ in }
@@ -358,9 +281,4 @@ final class BatchReceiver: ChannelInboundHandler {
         resumeReading(context: context)
         applyNext(context: context)
     }
-}
-
-/// Sessions together hold as many snapshot records as the engine allows: one more must wait for a later session.
-struct SnapshotMemoryInUse: Error, CustomStringConvertible {
-    var description: String { "other sessions hold the memory snapshots may take; a later session takes this one" }
 }

@@ -31,7 +31,7 @@ extension BlazeDatabase {
         }
         let manifest = SnapshotManifest(
             space: key.id, createdMs: UInt64(max(0, Date().timeIntervalSince1970 * 1000)), parts: UInt32(parts.count),
-            lastPart: parts.last!.hash,
+            size: UInt64(parts.reduce(0) { $0 + $1.bytes.count }), lastPart: parts.last!.hash,
             heads: Dictionary(uniqueKeysWithValues: heads.map { ($0.key.bytes, (seq: $0.value.seq, hash: $0.value.hash)) }),
             identity: identity)
         return SealedSnapshot(parts: parts, manifest: manifest)
@@ -46,6 +46,26 @@ extension BlazeDatabase {
         return try part.open(with: key)
     }
 
+    /// Checks a snapshot's manifest before any of its pieces is taken (SYNC.md §11): of `space`, at most
+    /// `maxBytes` declared, as many pieces as that size can hold, and its author a current writing member of
+    /// `membership` with the key it signed with (when the space has a log). When `peer` (the key the connection
+    /// proved) is a member the log lists, the author must be that peer: a member sends only its own snapshots; an
+    /// unlisted peer (a relay) passes on a writer's. `badSnapshot` otherwise.
+    public static func checkSnapshotManifest(
+        _ manifest: SnapshotManifest, space: [UInt8], membership: MembershipState?, peer: DevicePublicKeys?, maxBytes: Int
+    ) throws(SyncRejection) {
+        guard manifest.space == space, manifest.size <= UInt64(maxBytes),
+            UInt64(manifest.parts) * UInt64(SnapshotPart.minBytes) <= manifest.size
+        else { throw .badSnapshot }
+        guard let membership else { return }
+        guard let author = membership.member(manifest.author), author.isCurrent, author.role.writes,
+            author.keys.signing == manifest.authorKey
+        else { throw .badSnapshot }
+        if let peer, let listed = membership.member(peer.nodeID), listed.keys.signing == peer.signing {
+            guard manifest.authorKey == peer.signing else { throw .badSnapshot }
+        }
+    }
+
     /// Checks a snapshot's manifest against the pieces received (`count` of them, the last with hash `lastHash`),
     /// its space, and its author (a current writing member of `membership`, when the space has a log), then installs
     /// it with `records` (the opened pieces). Refuses (`badSnapshot`) a snapshot that covers nothing this replica
@@ -53,9 +73,23 @@ extension BlazeDatabase {
     public func install(
         snapshot manifest: SnapshotManifest, records: [[UInt8]], lastHash: [UInt8], key: SpaceKey, membership: MembershipState?
     ) throws -> ReceiveReport {
-        guard manifest.space == key.id, manifest.parts == records.count, manifest.lastPart == lastHash else {
-            throw SyncRejection.badSnapshot
+        guard manifest.parts == records.count, manifest.lastPart == lastHash else { throw SyncRejection.badSnapshot }
+        var next = 0
+        return try install(snapshot: manifest, key: key, membership: membership) {
+            defer { next += 1 }
+            return next < records.count ? records[next] : nil
         }
+    }
+
+    /// Installs a snapshot whose pieces were checked against `manifest` as they came (`SnapshotStaging`), reading
+    /// their opened records one at a time from `records` (nil after the last): the snapshot is never held whole.
+    /// Checks the manifest's space and author again (the log may have changed while the pieces came); refuses
+    /// (`badSnapshot`) a snapshot that covers nothing this replica lacks. Returns what replaying this replica's own
+    /// later changes did.
+    public func install(
+        snapshot manifest: SnapshotManifest, key: SpaceKey, membership: MembershipState?, records: () throws -> [UInt8]?
+    ) throws -> ReceiveReport {
+        guard manifest.space == key.id else { throw SyncRejection.badSnapshot }
         if let membership {
             guard let author = membership.member(manifest.author), author.isCurrent, author.role.writes,
                 author.keys.signing == manifest.authorKey
@@ -65,15 +99,11 @@ extension BlazeDatabase {
         for (origin, head) in manifest.heads { heads[NodeID(bytes: origin)] = PrunedHead(seq: head.seq, hash: head.hash) }
         let applied = try versionVector()
         guard heads.contains(where: { $0.value.seq > applied[$0.key] }) else { throw SyncRejection.badSnapshot }
-        var next = 0
         let maxDepth = limits.maxDepth
         do {
             return try installSnapshot(
                 heads: heads,
-                parts: {
-                    defer { next += 1 }
-                    return next < records.count ? records[next] : nil
-                },
+                parts: records,
                 openEntry: { bytes in
                     let entry = try SealedEntry(bytes: bytes)
                     let payload = try entry.open(with: key)

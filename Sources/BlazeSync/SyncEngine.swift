@@ -42,8 +42,10 @@ public final class SyncEngine: Sendable {
     let invitesRefused = Mutex<[String: Int]>([:])
     /// Snapshots built for peers, reused for a minute per database.
     let snapshots = SnapshotCache()
-    /// Memory the snapshot records sessions receive may take together, until each snapshot is installed.
-    let snapshotBudget = MemoryBudget(limit: BatchReceiver.maxSnapshotBytes)
+    /// Memory the snapshot pieces sessions are opening and staging may take together (a staged piece is on disk).
+    let snapshotBudget = MemoryBudget(limit: BatchReceiver.maxSnapshotBytesInFlight)
+    /// Disk the snapshots sessions are staging may take together (their declared sizes), and per database.
+    let stagingBudget = MemoryBudget(limit: BatchReceiver.maxStagedBytes, perKey: BatchReceiver.maxSnapshotBytes)
     /// Relays (by address) that closed a link on `JOIN_REFUSED` as a message they do not know (an older version):
     /// they are not sent it again while this process runs, so the joins they hold do not close the link each time.
     let withoutJoinRefusal = Mutex<Set<String>>([])

@@ -58,8 +58,8 @@ extension SyncSession {
         }
     }
 
-    /// Sends the peer a snapshot of this replica, because it lacks entries compacted away here, then what follows
-    /// it; one per session. A current member installs it; a relay (a device the log does not list) keeps it for the
+    /// Sends the peer a snapshot of this replica (its signed manifest, then its pieces), because it lacks entries
+    /// compacted away here, then what follows it; one per session. A current member installs it; a relay (a device the log does not list) keeps it for the
     /// devices that reach only the relay (RELAY.md): it is sealed with the space's key, which a relay never holds. A
     /// member that was removed gets none.
     func sendSnapshot(context: ChannelHandlerContext) {
@@ -88,14 +88,14 @@ extension SyncSession {
             case .success(let snapshot?):
                 // Its memory goes once its minute is over, whether or not another session asks.
                 context.eventLoop.scheduleTask(in: .seconds(61)) { cache.expire() }
-                var last: EventLoopFuture<Void>?
+                // The signed manifest first: the peer checks it before it takes any piece (SYNC.md §11).
+                var last = session.send(.snapshot(snapshot.manifest), context: context)
                 for message in snapshot.messages { last = session.send(bytes: message, context: context) }
-                last = session.send(.snapshot(snapshot.manifest), context: context)
                 for (origin, head) in snapshot.manifest.heads { session.peerHolds(origin: NodeID(bytes: origin), seq: head.seq) }
                 session.report.update { $0.snapshotsSent += 1 }
                 session.engine.logger.info(
                     "Sync sent a snapshot", metadata: ["db": "\(db.name)", "peer": "\(session.report.peer)", "bytes": "\(snapshot.byteCount)"])
-                last?.whenComplete { _ in
+                last.whenComplete { _ in
                     let (session, context) = bound.value
                     session.pumping = false
                     session.pump(context: context)

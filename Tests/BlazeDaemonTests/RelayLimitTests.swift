@@ -9,8 +9,8 @@ import Glibc
 #endif
 
 /// Relay limits (Protocol/RELAY.md, "Limits", "What it does"): behind a reverse proxy, a trusted proxy's connections
-/// count for the clients it names, and nobody else can name whom they count for; snapshot uploads wait in memory only
-/// from current writers.
+/// count for the clients it names, and nobody else can name whom they count for; snapshot pieces are taken only after
+/// a current writer's manifest.
 @Suite struct RelayLimitTests {
     /// Opens a device connection through the WebSocket whose request says it forwards for `forwardedFor`; false when
     /// the relay closes it (over a limit).
@@ -104,10 +104,10 @@ import Glibc
         relay.stop()
     }
 
-    /// A capability holder the log does not list streams snapshot pieces that no manifest ends, on several
-    /// connections: the relay drops each upload at its first piece (counted) instead of holding up to 256 MiB per
-    /// connection, and goes on serving the space's members.
-    @Test func snapshotPiecesFromOutsideTheLogAreDroppedNotHeld() throws {
+    /// A capability holder the log does not list streams snapshot pieces with no manifest before them, on several
+    /// connections: the relay refuses each connection at its first piece (`bad_snapshot`) instead of holding any of
+    /// it; a manifest it signs is refused before any piece is taken; the space's members go on syncing through it.
+    @Test func relayRefusesPiecesWithoutAManifest() throws {
         let relay = try RelayProcess()
         let (a, ca, capability) = try sharedTeam(servedBy: relay)
         _ = try ca.call("peer.add", ["db": "team", "address": .string(relay.address)])
@@ -115,28 +115,33 @@ import Glibc
         let na = try nodeID(ca, "team")
         #expect(try eventually { try relay.held()[na] != nil }, "the relay holds the space's log once the member brought it")
         let key = try RelayCapability(text: capability).key
-        var prev = [UInt8](repeating: 0, count: 32)
-        let uploaders = try (0..<4).map { _ -> HostileMember in
+        for _ in 0..<4 {
             let h = HostileMember(key: key)
             try h.connect(port: relay.port, webSocket: "/v1/sync")
-            h.startDraining()
-            return h
+            // index · prev · epoch · nonce · 64 KiB standing for sealed records · tag: well formed, never opened.
+            var part: [UInt8] = []
+            part.appendBE(UInt32(0))
+            part += [UInt8](repeating: 0, count: 32) + [0, 0, 0, 0] + SpaceKey.randomBytes(12) + SpaceKey.randomBytes((64 << 10) + 16)
+            try h.send([8] + part)
+            // Whatever follows is not read: the connection ends at the first piece.
+            for _ in 0..<4 { try? h.send([8] + part) }
+            let end = h.awaitClose(seconds: 20)
+            #expect(end.closed && end.error == "bad_snapshot", "refused at the first piece")
+            h.close()
         }
-        for h in uploaders {
-            for index in 0..<8 {
-                // index · prev · epoch · nonce · 64 KiB standing for sealed records · tag: well formed, never opened.
-                var part: [UInt8] = []
-                part.appendBE(UInt32(index))
-                part += prev + [0, 0, 0, 0] + SpaceKey.randomBytes(12) + SpaceKey.randomBytes((64 << 10) + 16)
-                prev = Array(SHA256.hash(data: part))
-                try h.send([8] + part)
-            }
-        }
-        #expect(eventually { Self.metric(relay, "blaze_relay_snapshots_dropped_total") == 4 }, "each upload dropped once")
+        // A manifest of its own, before any piece: not a writing member, refused.
+        let h = HostileMember(key: key)
+        try h.connect(port: relay.port, webSocket: "/v1/sync")
+        let manifest = SnapshotManifest(
+            space: key.id, createdMs: 1, parts: 1, size: 1_000, lastPart: SpaceKey.randomBytes(32), heads: [:], identity: h.identity)
+        try h.send([9] + manifest.bytes)
+        let end = h.awaitClose(seconds: 20)
+        #expect(end.closed && end.error == "bad_snapshot", "a stranger's manifest is refused")
+        h.close()
+        #expect(Self.metric(relay, "blaze_relay_snapshots_dropped_total") ?? 0 == 0, "nothing was held to drop")
         // The member still syncs through it.
         _ = try ca.call("doc.put", ["db": "team", "collection": "c", "id": "e", "doc": ["v": 2]])
         #expect(try eventually { try relay.held()[na] == ownSeq(ca, "team") })
-        for h in uploaders { h.close() }
         a.stop()
         relay.stop()
     }

@@ -111,7 +111,7 @@ struct SyncFuzzer {
             for _ in 0..<Int.random(in: 0..<4, using: &rng) { heads[random(16)] = (bigSeq(), random(32)) }
             let manifest = SnapshotManifest(
                 space: key.id, createdMs: UInt64(HostileMember.clockNow()), parts: UInt32.random(in: 0..<4, using: &rng),
-                lastPart: random(32), heads: heads, identity: member.identity)
+                size: UInt64.random(in: 0..<(1 << 31), using: &rng), lastPart: random(32), heads: heads, identity: member.identity)
             return [9] + manifest.bytes
         }
     }

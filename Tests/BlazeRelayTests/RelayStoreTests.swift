@@ -250,16 +250,26 @@ final class TempRelay {
         let p1 = SnapshotPart.seal(random(200), index: 1, prev: p0.hash, key: key)
         let head20: [[UInt8]: (seq: UInt64, hash: [UInt8])] = [admin.origin.bytes: (20, upTo20.entries.last!.hash)]
         let manifest = SnapshotManifest(
-            space: key.id, createdMs: 1_000, parts: 2, lastPart: p1.hash, heads: head20, identity: admin.identity)
+            space: key.id, createdMs: 1_000, parts: 2, size: UInt64(p0.bytes.count + p1.bytes.count), lastPart: p1.hash, heads: head20, identity: admin.identity)
         // What the relay checks: a current writing member's, of this space, its pieces whole and in order.
         let byStranger = SnapshotManifest(
-            space: key.id, createdMs: 1_000, parts: 2, lastPart: p1.hash, heads: head20, identity: stranger.identity)
+            space: key.id, createdMs: 1_000, parts: 2, size: UInt64(p0.bytes.count + p1.bytes.count), lastPart: p1.hash, heads: head20, identity: stranger.identity)
         #expect(throws: SyncRejection.badSnapshot) { try RelayRules.checkSnapshot(byStranger, parts: [p0, p1], space: key.id, membership: log) }
         #expect(throws: SyncRejection.badSnapshot) { try RelayRules.checkSnapshot(manifest, parts: [p1, p0], space: key.id, membership: log) }
         #expect(throws: SyncRejection.badSnapshot) { try RelayRules.checkSnapshot(manifest, parts: [p0], space: key.id, membership: log) }
         #expect(throws: SyncRejection.badSnapshot) { try RelayRules.checkSnapshot(manifest, parts: [p0, p1], space: random(16), membership: log) }
         #expect(throws: SyncRejection.badSnapshot) { try RelayRules.checkSnapshot(manifest, parts: [p0, p1], space: key.id, membership: nil) }
         try RelayRules.checkSnapshot(manifest, parts: [p0, p1], space: key.id, membership: log)
+        // Its manifest, before any piece: signed by the writer the connection proved, within the relay's size.
+        let adminKeys = admin.identity.publicKeys, strangerKeys = stranger.identity.publicKeys
+        try RelayRules.checkManifest(manifest, space: key.id, membership: log, device: adminKeys)
+        #expect(throws: SyncRejection.badSnapshot) { try RelayRules.checkManifest(byStranger, space: key.id, membership: log, device: strangerKeys) }
+        #expect(throws: SyncRejection.badSnapshot) { try RelayRules.checkManifest(manifest, space: key.id, membership: log, device: strangerKeys) }
+        #expect(throws: SyncRejection.badSnapshot) { try RelayRules.checkManifest(manifest, space: key.id, membership: log, device: nil) }
+        let huge = SnapshotManifest(
+            space: key.id, createdMs: 1_000, parts: 2, size: UInt64(RelayRules.maxSnapshotBytes) + 1, lastPart: p1.hash, heads: head20,
+            identity: admin.identity)
+        #expect(throws: SyncRejection.badSnapshot) { try RelayRules.checkManifest(huge, space: key.id, membership: log, device: adminKeys) }
         #expect(try await relay.keepSnapshot(manifest, parts: [p0, p1], space: key.id))
         // The entries held below what it covers are gone; the base stands for them.
         #expect(try await relay.bases(space: key.id) == [admin.origin: PrunedHead(seq: 20, hash: upTo20.entries.last!.hash)])
@@ -282,7 +292,7 @@ final class TempRelay {
         #expect(try await !relay.keepSnapshot(manifest, parts: [p0, p1], space: key.id))
         let q0 = SnapshotPart.seal(random(100), index: 0, prev: SealedEntry.genesis, key: key)
         let lower = SnapshotManifest(
-            space: key.id, createdMs: 2_000, parts: 1, lastPart: q0.hash,
+            space: key.id, createdMs: 2_000, parts: 1, size: UInt64(q0.bytes.count), lastPart: q0.hash,
             heads: [admin.origin.bytes: (10, try batch(after: 0).entries.last!.hash)], identity: admin.identity)
         #expect(try await !relay.keepSnapshot(lower, parts: [q0], space: key.id))
         #expect(try await relay.snapshotManifest(space: key.id) == manifest)

@@ -1,0 +1,64 @@
+import BlazeCrypto
+import BlazeStore
+import BlazeSync
+import Testing
+
+/// A snapshot's manifest comes first and is checked before any piece is taken (SYNC.md §11): its space, its declared
+/// size and piece count, and its author — a current writing member, and the peer itself when the log lists the peer.
+@Suite struct SnapshotManifestTests {
+    let admin = DeviceIdentity()
+    let writer = DeviceIdentity()
+    let reader = DeviceIdentity()
+    let space: [UInt8]
+    let log: MembershipState
+
+    init() throws {
+        let salt = SpaceKey.randomBytes(16)
+        space = MembershipOp.spaceID(creator: admin.publicKeys, salt: salt)
+        let create = try MembershipOp(space: space, author: admin, timeMs: 1, parents: [], action: .create(salt: salt), envelopes: [])
+        let addWriter = try MembershipOp(
+            space: space, author: admin, timeMs: 2, parents: [create.hash], action: .add(device: writer.publicKeys, role: .writer),
+            envelopes: [])
+        let addReader = try MembershipOp(
+            space: space, author: admin, timeMs: 3, parents: [addWriter.hash], action: .add(device: reader.publicKeys, role: .reader),
+            envelopes: [])
+        log = MembershipState(space: space, ops: [create, addWriter, addReader])
+    }
+
+    func manifest(by author: DeviceIdentity, space: [UInt8]? = nil, parts: UInt32 = 2, size: UInt64 = 4_000) -> SnapshotManifest {
+        SnapshotManifest(
+            space: space ?? self.space, createdMs: 1, parts: parts, size: size, lastPart: SpaceKey.randomBytes(32), heads: [:],
+            identity: author)
+    }
+
+    func check(_ m: SnapshotManifest, peer: DevicePublicKeys?, maxBytes: Int = 1 << 20) throws {
+        try BlazeDatabase.checkSnapshotManifest(m, space: space, membership: log, peer: peer, maxBytes: maxBytes)
+    }
+
+    @Test func aManifestFromANonWriterIsRefusedBeforeAnyPiece() throws {
+        #expect(log.member(writer.nodeID)?.role.writes == true && log.member(reader.nodeID)?.role.writes == false)
+        // A writer's own, over its connection, or passed on by an unlisted peer (a relay).
+        try check(manifest(by: writer), peer: writer.publicKeys)
+        try check(manifest(by: writer), peer: DeviceIdentity().publicKeys)
+        // A reader's, or a stranger's, whoever passes it on.
+        #expect(throws: SyncRejection.badSnapshot) { try check(manifest(by: reader), peer: reader.publicKeys) }
+        #expect(throws: SyncRejection.badSnapshot) { try check(manifest(by: reader), peer: DeviceIdentity().publicKeys) }
+        let stranger = DeviceIdentity()
+        #expect(throws: SyncRejection.badSnapshot) { try check(manifest(by: stranger), peer: stranger.publicKeys) }
+        // A listed member passes on no one else's snapshot, not even a writer's.
+        #expect(throws: SyncRejection.badSnapshot) { try check(manifest(by: writer), peer: reader.publicKeys) }
+        #expect(throws: SyncRejection.badSnapshot) { try check(manifest(by: writer), peer: admin.publicKeys) }
+    }
+
+    @Test func aManifestDeclaringTooMuchOrAnotherSpaceIsRefused() throws {
+        // Over the receiver's limit, more pieces than the declared size can hold, another space.
+        #expect(throws: SyncRejection.badSnapshot) { try check(manifest(by: writer, size: (1 << 20) + 1), peer: nil) }
+        #expect(throws: SyncRejection.badSnapshot) { try check(manifest(by: writer, parts: 100, size: 1_000), peer: nil) }
+        #expect(throws: SyncRejection.badSnapshot) {
+            try check(manifest(by: writer, space: SpaceKey.randomBytes(16)), peer: nil)
+        }
+        try check(manifest(by: writer, size: 1 << 20), peer: nil)
+        // The declared size travels signed.
+        #expect(try SnapshotManifest(bytes: manifest(by: writer, size: 12_345).bytes).size == 12_345)
+    }
+}
