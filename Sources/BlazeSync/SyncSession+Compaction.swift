@@ -89,17 +89,12 @@ extension SyncSession {
                 // Its memory goes once its minute is over, whether or not another session asks.
                 context.eventLoop.scheduleTask(in: .seconds(61)) { cache.expire() }
                 // The signed manifest first: the peer checks it before it takes any piece (SYNC.md §11).
-                var last = session.send(.snapshot(snapshot.manifest), context: context)
-                for message in snapshot.messages { last = session.send(bytes: message, context: context) }
+                session.send(.snapshot(snapshot.manifest), context: context)
+                session.sendPieces(snapshot.messages[...], context: context)
                 for (origin, head) in snapshot.manifest.heads { session.peerHolds(origin: NodeID(bytes: origin), seq: head.seq) }
                 session.report.update { $0.snapshotsSent += 1 }
                 session.engine.logger.info(
                     "Sync sent a snapshot", metadata: ["db": "\(db.name)", "peer": "\(session.report.peer)", "bytes": "\(snapshot.byteCount)"])
-                last.whenComplete { _ in
-                    let (session, context) = bound.value
-                    session.pumping = false
-                    session.pump(context: context)
-                }
             case .success(nil):
                 session.report.update { $0.lastError = "the peer lacks entries compacted away here, and this device cannot seal a snapshot" }
                 session.pumping = false
@@ -107,6 +102,26 @@ extension SyncSession {
                 session.pumping = false
                 session.errorCaught(context: context, error: LocalFailure(error))
             }
+        }
+    }
+
+    /// Writes a snapshot's encoded `pieces` one after another, each once the one before it was written, then goes on
+    /// pumping: a peer that reads slowly holds this session to one sealed piece in memory, while the pieces
+    /// themselves are held once for every session (`SnapshotCache`).
+    func sendPieces(_ pieces: ArraySlice<[UInt8]>, context: ChannelHandlerContext) {
+        guard let piece = pieces.first, !closed else {
+            pumping = false
+            if !closed { pump(context: context) }
+            return
+        }
+        let bound = NIOLoopBound((self, context), eventLoop: context.eventLoop)
+        send(bytes: piece, context: context).whenComplete { result in
+            let (session, context) = bound.value
+            guard case .success = result else {
+                session.pumping = false
+                return
+            }
+            session.sendPieces(pieces.dropFirst(), context: context)
         }
     }
 }
