@@ -36,11 +36,7 @@ extension SyncEngine {
             }
         }
         guard !envelopes.isEmpty else { return false }
-        let op = try MembershipOp(
-            space: space.id, author: identity, timeMs: nowMsUnsigned(), parents: try mergedHeads(space), action: .grant,
-            envelopes: envelopes)
-        try space.db.addMembershipOps([(op.hash, op.bytes)])
-        _ = space.merge([op])
+        try recordGrant(envelopes, space: space)
         logger.warning(
             "Sync sealed epoch keys again to members that could not take the ones another admin sealed them",
             metadata: ["db": "\(space.db.name)", "envelopes": "\(envelopes.count)"])

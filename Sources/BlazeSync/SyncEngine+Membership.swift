@@ -89,14 +89,19 @@ extension SyncEngine {
             }
         }
         guard !envelopes.isEmpty else { return }
+        try recordGrant(envelopes, space: space)
+        logger.info(
+            "Sync granted epoch keys to members that missed a rotation",
+            metadata: ["db": "\(space.db.name)", "envelopes": "\(envelopes.count)"])
+    }
+
+    /// Signs a `grant` of `envelopes` by this device, stores it and merges it into `space`.
+    func recordGrant(_ envelopes: [KeyEnvelope], space: SharedSpace) throws {
         let op = try MembershipOp(
             space: space.id, author: identity, timeMs: nowMsUnsigned(), parents: try mergedHeads(space), action: .grant,
             envelopes: envelopes)
         try space.db.addMembershipOps([(op.hash, op.bytes)])
         _ = space.merge([op])
-        logger.info(
-            "Sync granted epoch keys to members that missed a rotation",
-            metadata: ["db": "\(space.db.name)", "envelopes": "\(envelopes.count)"])
     }
 
     /// The parents of this device's next operation: the log's heads, first joined by `grant`s naming at most

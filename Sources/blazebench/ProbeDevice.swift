@@ -10,7 +10,7 @@ import Synchronization
 /// One scripted device for the ABUSE workloads: the handshake's client side (`HandshakeHandler`, as a daemon's links
 /// run it), then the messages it is given, each written once the one before it was (so a peer that stops reading
 /// holds at most one of them), and a record of what came back.
-final class ProbeDevice: ChannelInboundHandler, HandshakeDelegate, @unchecked Sendable {
+final class ProbeDevice: ChannelInboundHandler, DialingDevice, @unchecked Sendable {
     // @unchecked Sendable: the mutable members are touched on the channel's event loop only; `seen` is a Mutex.
     typealias InboundIn = PeerMessage
     typealias OutboundOut = [UInt8]
@@ -100,16 +100,6 @@ final class ProbeDevice: ChannelInboundHandler, HandshakeDelegate, @unchecked Se
 
     // MARK: Handshake
 
-    func accept(_ auth: [UInt8], with server: Handshake.Server, context: ChannelHandlerContext) -> HandshakeVerdict { .refused }
-
-    func established(_ link: EstablishedLink, context: ChannelHandlerContext) throws -> [any ChannelHandler] {
-        [
-            ByteToMessageHandler(SealedFrameDecoder(opener: link.cipher.opener, counters: nil)),
-            MessageToByteHandler(SealedFrameEncoder(sealer: link.cipher.sealer, counters: nil)),
-            PeerMessageDecoder(),
-        ]
-    }
-
     func started(_ link: EstablishedLink, context: ChannelHandlerContext) {
         seen.withLock { $0.established = true }
         // `context` is the handshake handler's: this device writes from its own, above the sealed-frame encoder.
@@ -149,6 +139,22 @@ final class ProbeDevice: ChannelInboundHandler, HandshakeDelegate, @unchecked Se
         case .error(let reason): seen.withLock { $0.error = reason }
         default: break
         }
+    }
+}
+
+/// A simulated device that only dials: it answers no handshake, and its session is the sealed framing and message
+/// decoding every end runs.
+protocol DialingDevice: HandshakeDelegate {}
+
+extension DialingDevice {
+    func accept(_ auth: [UInt8], with server: Handshake.Server, context: ChannelHandlerContext) -> HandshakeVerdict { .refused }
+
+    func established(_ link: EstablishedLink, context: ChannelHandlerContext) throws -> [any ChannelHandler] {
+        [
+            ByteToMessageHandler(SealedFrameDecoder(opener: link.cipher.opener, counters: nil)),
+            MessageToByteHandler(SealedFrameEncoder(sealer: link.cipher.sealer, counters: nil)),
+            PeerMessageDecoder(),
+        ]
     }
 }
 

@@ -90,22 +90,8 @@ enum RelayLoad {
     /// signed in batches of at most 50.
     static func makeSpace(devices: Int, entries: Int) throws -> Space {
         let identities = (0..<devices).map { _ in DeviceIdentity() }
-        let admin = identities[0]
-        let salt = SpaceKey.randomBytes(16)
-        let space = MembershipOp.spaceID(creator: admin.publicKeys, salt: salt)
-        let genesis = SpaceKey.randomSecret()
-        let create = try MembershipOp(
-            space: space, author: admin, timeMs: 1_000, parents: [], action: .create(salt: salt),
-            envelopes: [try KeyEnvelope(sealing: genesis, space: space, epoch: 1, keyOp: KeyEnvelope.thisOp, to: admin.publicKeys)])
-        var ops = [create]
-        for device in identities.dropFirst() {
-            ops.append(
-                try MembershipOp(
-                    space: space, author: admin, timeMs: 1_000 + UInt64(ops.count), parents: [ops.last!.hash],
-                    action: .add(device: device.publicKeys, role: .writer),
-                    envelopes: [try KeyEnvelope(sealing: genesis, space: space, epoch: 1, keyOp: create.hash, to: device.publicKeys)]))
-        }
-        let key = try SpaceKey(id: space, epoch: 1, secrets: [1: genesis])
+        let log = try AbuseWorkloads.makeLog(admin: identities[0], members: identities.dropFirst().map { ($0, .writer) })
+        let (ops, key) = (log.ops, log.key)
         let payload = [UInt8](repeating: 0x7B, count: 200)
         let built = identities.map { identity -> (DeviceIdentity, [EntryBatch]) in
             var batches: [EntryBatch] = []
@@ -158,7 +144,7 @@ final class LoadProgress: Sendable {
 /// One simulated device on its WebSocket: the handshake's client side (`HandshakeHandler`, as a daemon's links run it),
 /// then, on `go`, its log operations if it is the admin, its state and its batches through the same sealed-frame
 /// handlers; it counts the entries of others the relay forwards to it.
-final class LoadDevice: ChannelInboundHandler, HandshakeDelegate, @unchecked Sendable {
+final class LoadDevice: ChannelInboundHandler, DialingDevice, @unchecked Sendable {
     // @unchecked Sendable: every member is touched on the channel's event loop only (`go` is sent there).
     typealias InboundIn = PeerMessage
     typealias OutboundOut = [UInt8]
@@ -205,16 +191,6 @@ final class LoadDevice: ChannelInboundHandler, HandshakeDelegate, @unchecked Sen
     }
 
     // MARK: Handshake
-
-    func accept(_ auth: [UInt8], with server: Handshake.Server, context: ChannelHandlerContext) -> HandshakeVerdict { .refused }
-
-    func established(_ link: EstablishedLink, context: ChannelHandlerContext) throws -> [any ChannelHandler] {
-        [
-            ByteToMessageHandler(SealedFrameDecoder(opener: link.cipher.opener, counters: nil)),
-            MessageToByteHandler(SealedFrameEncoder(sealer: link.cipher.sealer, counters: nil)),
-            PeerMessageDecoder(),
-        ]
-    }
 
     func started(_ link: EstablishedLink, context: ChannelHandlerContext) {
         established = true

@@ -48,3 +48,22 @@ extension HostileMember {
         cipher = accepted.session
     }
 }
+
+/// A hostile member that joins with an invite, as a device does (SYNC.md §9, "Invites").
+extension HostileMember {
+    /// Connects to the member that issued `invite` (on loopback), sends `JOIN` and reads until the log it is sent
+    /// lists this member, or `seconds` pass; returns the operations read.
+    func join(_ invite: InviteToken, seconds: Double = 30) throws -> [MembershipOp] {
+        guard let port = Int(invite.address.split(separator: ":").last ?? "") else { throw HostileError("no port in the invite") }
+        try connect(port: port)
+        let me = identity.publicKeys
+        try send([6] + invite.id + me.signing + me.agreement + invite.joinProof(device: me))
+        var ops: [MembershipOp] = []
+        let deadline = Date().addingTimeInterval(seconds)
+        while Date() < deadline, MembershipState(space: invite.space, ops: ops).member(identity.nodeID) == nil {
+            guard let message = try receive() else { break }
+            if message.first == 5 { ops += try MembershipDaemonTests.decodeMembers(message) }
+        }
+        return ops
+    }
+}

@@ -150,16 +150,8 @@ func sealedEntries(dataDir: String, db: String, origin: String) throws -> [Seale
         expectRPCError(cb, "tx.commit", ["db": "team", "ops": [["op": "insert", "collection": "n", "doc": ["v": 1]]]], code: -32020, kind: "read_only")
         // A harness joins as a reader with its own invite, then signs a write with its key and forces it onto the wire.
         let invite = try InviteToken(text: try ca.invite("team", role: "reader"))
-        let port = try #require(Int(invite.address.split(separator: ":").last ?? ""))
         let reader = HostileMember(key: try SpaceKey(id: invite.space, capability: invite.capability))
-        try reader.connect(port: port)
-        try reader.send([6] + invite.id + reader.identity.publicKeys.signing + reader.identity.publicKeys.agreement + invite.joinProof(device: reader.identity.publicKeys))
-        var ops: [MembershipOp] = []
-        let deadline = Date().addingTimeInterval(10)
-        while Date() < deadline, MembershipState(space: invite.space, ops: ops).member(reader.identity.nodeID) == nil {
-            guard let message = try reader.receive() else { break }
-            if message.first == 5 { ops += try Self.decodeMembers(message) }
-        }
+        let ops = try reader.join(invite, seconds: 10)
         let view = MembershipState(space: invite.space, ops: ops)
         #expect(view.member(reader.identity.nodeID)?.role == .reader)
         let held = view.keys(for: reader.identity)
