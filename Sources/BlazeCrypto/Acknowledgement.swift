@@ -33,10 +33,13 @@ public struct Acknowledgement: Sendable, Equatable {
     /// The signing device's node id.
     public var node: [UInt8] { Array(SHA256.hash(data: deviceKey).prefix(16)) }
 
-    /// Signs what `identity` holds in `space`, and the keys sealed to it that it lacks (at most `maxLacking`).
+    /// Signs what `identity` holds in `space`, and the keys sealed to it that it lacks (the newest `maxLacking`).
     public init(space: [UInt8], vector: [[UInt8]: UInt64], issuedMs: UInt64, identity: DeviceIdentity, lacking: [EpochKeyID] = []) {
         let key = Array(identity.signingKey.publicKey.rawRepresentation)
-        let lacking = Array(Set(lacking).sorted(by: Self.precedes).prefix(Self.maxLacking))
+        // The newest keys when there are more than fit: the current epoch's are the ones a member needs most, and an
+        // admin sealing dead keys wrong cannot push them out.
+        let lacking = Set(lacking).sorted { $0.epoch != $1.epoch ? $0.epoch > $1.epoch : $0.op.lexicographicallyPrecedes($1.op) }
+            .prefix(Self.maxLacking).sorted(by: Self.precedes)
         var body = Self.body(space: space, deviceKey: key, issuedMs: issuedMs, vector: vector)
         if !lacking.isEmpty {
             body.appendBE(UInt16(lacking.count))

@@ -17,3 +17,27 @@ extension MembershipState {
         envelopes.contains { $0.envelope.recipient == node && $0.key == key }
     }
 }
+
+/// What a device shows a peer that does not list it yet (SYNC.md §9, "Relay capability").
+extension MembershipState {
+    /// The operations that prove `device` was added, from `ops` (this log's, by hash): the applied `add` of it (or the
+    /// `create`, for the creator) and all that operation's past, nothing later. Empty when the log does not list it.
+    public func proofOfMembership(of device: [UInt8], ops: [[UInt8]: MembershipOp]) -> [MembershipOp] {
+        guard
+            let added = applied.compactMap({ ops[$0] }).first(where: {
+                switch $0.action {
+                case .add(let d, _): return d.nodeID == device
+                case .create: return $0.author.nodeID == device
+                default: return false
+                }
+            })
+        else { return [] }
+        var proof: [[UInt8]: MembershipOp] = [:]
+        var next = [added]
+        while let op = next.popLast() {
+            guard proof.updateValue(op, forKey: op.hash) == nil else { continue }
+            next += op.parents.compactMap { ops[$0] }
+        }
+        return proof.values.sorted { $0.hash.lexicographicallyPrecedes($1.hash) }
+    }
+}

@@ -77,6 +77,10 @@ extension SyncEngine {
     /// sealed to that member (`MembershipState.missingKeys`: an add concurrent with a rotation) and records them as one
     /// `grant`. Several admins may grant the same key; the copies are harmless.
     func grantMissingKeys(space: SharedSpace) throws {
+        try grantLock.withLock { _ in try grantMissingKeysNow(space: space) }
+    }
+
+    private func grantMissingKeysNow(space: SharedSpace) throws {
         let snapshot = space.snapshot
         guard let membership = snapshot.membership, let me = membership.member(identity.nodeID), me.isCurrent,
             me.role == .admin

@@ -42,6 +42,8 @@ public final class SyncEngine: Sendable {
     let invitesRefused = Mutex<[String: Int]>([:])
     /// Snapshots built for peers, reused for a minute per database.
     let snapshots = SnapshotCache()
+    /// Held while this device computes and records a `grant` of keys: two computed at once would seal a key twice.
+    let grantLock = Mutex(())
     /// Memory the snapshot pieces sessions are opening and staging may take together (a staged piece is on disk).
     let snapshotBudget = MemoryBudget(limit: BatchReceiver.maxSnapshotBytesInFlight)
     /// Disk the snapshots sessions are staging may take together (their declared sizes), and per database.

@@ -41,7 +41,8 @@ extension SyncSession {
     /// Keeps the peer's acknowledgements that are newer than those held, then lets every session of the database
     /// pass them on.
     func received(acks: [Acknowledgement], context: ChannelHandlerContext) {
-        guard let link else { return }
+        // A peer this side does not serve (the log does not list it) has no acknowledgements worth keeping or acting on.
+        guard let link, servesPeer else { return }
         let (db, snapshot, engine) = (link.db, link.space.snapshot, self.engine)
         // Only signers the log lists are remembered, so what a session keeps is bounded by the log, however many keys
         // a peer signs with.

@@ -30,7 +30,10 @@ extension SyncSession {
             return
         }
         // A device dialing in that the log does not list waits: its join, or its own operations listing it.
-        guard servesPeer else { return }
+        guard servesPeer else {
+            sendProofOfMembership(context: context)
+            return
+        }
         sendMembers(context: context)
         sendState(context: context)
         sendAcks(context: context)
@@ -43,6 +46,16 @@ extension SyncSession {
         guard let link else { return false }
         let snapshot = link.space.snapshot
         return servesUnlisted || snapshot.membership == nil || snapshot.admits(link.device) != .outsider
+    }
+
+    /// To a peer this device dialed that its log does not list: the operations that add this device, and nothing
+    /// else of the log. That peer may be a member another admin added concurrently with this device, whose log does
+    /// not list this one either; each would otherwise wait for the other forever on a link that is their only path.
+    func sendProofOfMembership(context: ChannelHandlerContext) {
+        guard let link, report.direction == .outbound, let membership = link.space.snapshot.membership else { return }
+        let proof = membership.proofOfMembership(of: engine.identity.nodeID, ops: link.space.snapshot.ops)
+            .filter { opsShared.insert($0.hash).inserted }
+        for message in PeerMessage.members(chunking: proof, order: membership.order) { send(message, context: context) }
     }
 
     /// The device at the other end is removed in this side's log: it gets the operations that prove it (its removal

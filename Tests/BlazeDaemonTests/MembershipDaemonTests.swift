@@ -225,11 +225,15 @@ func sealedEntries(dataDir: String, db: String, origin: String) throws -> [Seale
         try holder.accept(listener: listener.fd, timeoutSeconds: 3)
         try holder.send(HostileMember.state([]))
         var types: [UInt8] = []
+        var shown: [MembershipOp] = []
         let deadline = Date().addingTimeInterval(30)
         while Date() < deadline, let message = try holder.receive() {
-            if message[0] != HostileMember.pingType { types.append(message[0]) }
+            if message[0] == 5 { shown += try Self.decodeMembers(message) } else if message[0] != HostileMember.pingType { types.append(message[0]) }
         }
+        // Only how A was added (its create: it made the space) — no STATE, entries, acknowledgements, or the rest of
+        // the log.
         #expect(types.isEmpty, "\(types)")
+        #expect(shown.count == 1 && shown.allSatisfy { if case .create = $0.action { true } else { false } }, "\(shown.map(\.action))")
         holder.close()
         // A member it dials is served as ever: B, listed, gets A's next write over a link A dials.
         _ = try ca.call("peer.add", ["db": "team", "address": .string(try b.syncAddress())])
@@ -237,6 +241,26 @@ func sealedEntries(dataDir: String, db: String, origin: String) throws -> [Seale
         #expect(try eventually { try replicaState(cb, "team") == replicaState(ca, "team") })
         a.stop(expectErrors: false)
         b.stop()
+    }
+
+    @Test func twoMembersAddedApartByTwoAdminsFindEachOtherOnTheLinkOneDials() throws {
+        let a = try syncDaemon(), b = try syncDaemon(), c = try syncDaemon(), d = try syncDaemon()
+        let ca = try a.connect(), cb = try b.connect(), cc = try c.connect(), cd = try d.connect()
+        _ = try ca.call("db.create", ["db": "team"])
+        _ = try cb.call("db.join", ["token": .string(try ca.invite("team", role: "admin")), "db": "team"])
+        #expect(try eventually { try members(cb, "team").count == 2 })
+        // The two admins part: each admits a device the other never hears of.
+        _ = try cb.call("peer.remove", ["db": "team", "address": .string(try a.syncAddress())])
+        _ = try cc.call("db.join", ["token": .string(try ca.invite("team")), "db": "team"])
+        _ = try cd.call("db.join", ["token": .string(try cb.invite("team")), "db": "team"])
+        let (seenByC, seenByD) = (try members(cc, "team").count, try members(cd, "team").count)
+        #expect(seenByC == 3 && seenByD == 3)
+        // C dials D, which neither log lists: C shows how it was added, D then serves it, and they sync.
+        _ = try cc.call("peer.add", ["db": "team", "address": .string(try d.syncAddress())])
+        _ = try cc.call("doc.put", ["db": "team", "collection": "n", "id": "fromC", "doc": ["v": 1]])
+        for conn in [cc, cd] { #expect(try eventually { try members(conn, "team").count == 4 }) }
+        #expect(eventually { (try? cd.call("doc.get", ["db": "team", "collection": "n", "id": "fromC"])) != nil })
+        for daemon in [a, b, c, d] { daemon.stop(expectErrors: false) }
     }
 
     @Test func twoAdminsRevokingEachOtherWhilePartitionedConvergeOnTheSeniorOne() throws {
