@@ -43,11 +43,13 @@ extension MembershipWorkloads {
             var held = ops
             var state = MembershipState(space: space, ops: held)
             var samples: [Double] = []
+            var opened: [KeyEnvelope: [UInt8]] = [:]
+            _ = state.keys(for: member, opened: &opened)
             for i in 0..<merges {
                 let op = try MembershipOp(space: space, author: admin, timeMs: UInt64(n + 10 + i), parents: state.heads, action: .grant)
                 samples.append(
                     try seconds {
-                        let keys = takeIn([op], held: &held, state: &state, space: space, member: member)
+                        let keys = takeIn([op], held: &held, state: &state, space: space, member: member, opened: &opened)
                         guard keys == Int(epoch), state.applied.count == n + i + 1 else { throw MembershipBenchFailure() }
                     } * 1000)
             }
@@ -59,14 +61,15 @@ extension MembershipWorkloads {
         return results
     }
 
-    /// What a member does with operations that arrive: keeps what the log keeps, resolves, opens its keys; returns
-    /// how many keys it holds.
+    /// What a member does with operations that arrive (`SharedSpace.merge`): keeps what the log keeps, with the log
+    /// resolved once, and opens the envelopes it did not open before; returns how many keys it holds.
     static func takeIn(
-        _ incoming: [MembershipOp], held: inout [MembershipOp], state: inout MembershipState, space: [UInt8], member: DeviceIdentity
+        _ incoming: [MembershipOp], held: inout [MembershipOp], state: inout MembershipState, space: [UInt8], member: DeviceIdentity,
+        opened: inout [KeyEnvelope: [UInt8]]
     ) -> Int {
-        let kept = MembershipLog.kept(incoming, held: held, space: space, resolvedHeld: state)
+        let (kept, resolved) = MembershipLog.taken(incoming, held: held, space: space, resolvedHeld: state)
         held += kept
-        state = MembershipState(space: space, ops: held)
-        return state.keys(for: member).count
+        state = resolved ?? state
+        return state.keys(for: member, opened: &opened).count
     }
 }
