@@ -289,6 +289,13 @@ public struct MembershipState: Sendable {
     /// The epoch keys `identity` can open from the envelopes addressed to it, plus `initial` (the space's secret at
     /// epoch 1, which the creator and legacy members hold already).
     public func keys(for identity: DeviceIdentity, initial: [UInt8]? = nil) -> [EpochKeyID: [UInt8]] {
+        var opened: [KeyEnvelope: [UInt8]] = [:]
+        return keys(for: identity, initial: initial, opened: &opened)
+    }
+
+    /// `keys(for:initial:)` with the envelopes `identity` opened before, each with what it opened to (empty when it
+    /// did not open): an envelope is opened with HPKE once, however often the log is resolved again.
+    public func keys(for identity: DeviceIdentity, initial: [UInt8]? = nil, opened: inout [KeyEnvelope: [UInt8]]) -> [EpochKeyID: [UInt8]] {
         var out: [EpochKeyID: [UInt8]] = [:]
         if let initial, let genesis = epochKeys.first(where: { $0.epoch == 1 }), commits(initial, to: genesis) {
             out[genesis] = initial
@@ -298,7 +305,9 @@ public struct MembershipState: Sendable {
             // Only keys an applied operation created are taken (an envelope naming any other operation, or its own
             // `add` or `grant`, delivers nothing), and a key its operation committed to only as committed: an envelope
             // sealing another one (an admin handing this member a key the others do not hold) is ignored.
-            if let secret = envelope.open(space: space, identity: identity), commits(secret, to: key) { out[key] = secret }
+            let secret = opened[envelope] ?? envelope.open(space: space, identity: identity) ?? []
+            opened[envelope] = secret
+            if !secret.isEmpty, commits(secret, to: key) { out[key] = secret }
         }
         return out
     }

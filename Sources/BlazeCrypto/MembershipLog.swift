@@ -29,10 +29,18 @@ public enum MembershipLog {
     public static func kept(
         _ incoming: [MembershipOp], held: [MembershipOp], space: [UInt8], resolvedHeld: MembershipState? = nil
     ) -> [MembershipOp] {
+        taken(incoming, held: held, space: space, resolvedHeld: resolvedHeld).kept
+    }
+
+    /// `kept(_:held:space:resolvedHeld:)`, with the log resolved once the kept operations are added (nil when none
+    /// is): the resolution made to decide is reused when every candidate was kept, so a merge resolves once, not twice.
+    public static func taken(
+        _ incoming: [MembershipOp], held: [MembershipOp], space: [UInt8], resolvedHeld: MembershipState? = nil
+    ) -> (kept: [MembershipOp], resolved: MembershipState?) {
         var known = Set(held.map(\.hash))
         var arrived: [MembershipOp] = []
         for op in incoming where op.space == space && known.insert(op.hash).inserted { arrived.append(op) }
-        guard !arrived.isEmpty else { return [] }
+        guard !arrived.isEmpty else { return ([], nil) }
         let before = resolvedHeld ?? MembershipState(space: space, ops: held)
         var promoted = Set<[UInt8]>()
         for op in arrived {
@@ -62,7 +70,7 @@ public enum MembershipLog {
         let candidates = arrived.filter(mayBeAdmin)
         let pulled = past(of: candidates.map(\.hash) + before.waiting)
         let fresh = arrived.filter { mayBeAdmin($0) || pulled.contains($0.hash) }
-        guard !fresh.isEmpty else { return [] }
+        guard !fresh.isEmpty else { return ([], nil) }
         let resolved = MembershipState(space: space, ops: held + fresh)
         func isAdmin(_ op: MembershipOp) -> Bool {
             guard let m = resolved.member(op.author.nodeID) else { return false }
@@ -104,6 +112,7 @@ public enum MembershipLog {
             count += 1
             kept.append(op)
         }
-        return kept
+        guard !kept.isEmpty else { return ([], nil) }
+        return (kept, kept.count == fresh.count ? resolved : MembershipState(space: space, ops: held + kept))
     }
 }

@@ -41,6 +41,9 @@ public final class SharedSpace: Sendable {
         let stored: SpaceKey?
         /// This device's node id.
         let node: [UInt8]
+        /// Every envelope to this device opened so far, with what it opened to (empty when it did not open): a later
+        /// resolution opens only the new ones.
+        var opened: [KeyEnvelope: [UInt8]] = [:]
 
         /// What the space allows `device`.
         func admits(_ device: DevicePublicKeys) -> Admission {
@@ -91,15 +94,17 @@ public final class SharedSpace: Sendable {
 
     /// Resolves the log into keys and membership.
     static func resolve(
-        id: [UInt8], identity: DeviceIdentity, ops: [[UInt8]: MembershipOp], stored: SpaceKey?, capability: [UInt8]?
+        id: [UInt8], identity: DeviceIdentity, ops: [[UInt8]: MembershipOp], stored: SpaceKey?, capability: [UInt8]?,
+        resolved: MembershipState? = nil, opened: [KeyEnvelope: [UInt8]] = [:]
     ) -> Snapshot {
         guard !ops.isEmpty else {
             let key = stored ?? (try? SpaceKey(id: id, capability: capability ?? [UInt8](repeating: 0, count: 32)))!
             return Snapshot(key: key, membership: nil, ops: ops, held: [:], stored: stored, node: identity.nodeID)
         }
-        let membership = MembershipState(space: id, ops: Array(ops.values))
+        let membership = resolved ?? MembershipState(space: id, ops: Array(ops.values))
         let genesisID = membership.epochKeys.first { $0.epoch == 1 }
-        let held = membership.keys(for: identity)
+        var opened = opened
+        let held = membership.keys(for: identity, opened: &opened)
         let genesis = genesisID.flatMap { held[$0] }
         let cap = genesis.map { SpaceKey.capability(id: id, genesis: $0) } ?? capability ?? stored?.capability
         let me = membership.member(identity.nodeID)
@@ -116,7 +121,7 @@ public final class SharedSpace: Sendable {
         let key =
             (try? SpaceKey(id: id, capability: cap ?? [UInt8](repeating: 0, count: 32), epoch: epoch, current: current, ring: ring))
             ?? (try! SpaceKey(id: id, capability: [UInt8](repeating: 0, count: 32)))
-        return Snapshot(key: key, membership: membership, ops: ops, held: held, stored: stored, node: identity.nodeID)
+        return Snapshot(key: key, membership: membership, ops: ops, held: held, stored: stored, node: identity.nodeID, opened: opened)
     }
 
     /// Adds verified operations of this space; returns those that were new and kept (`MembershipLog.kept`: only
@@ -124,11 +129,14 @@ public final class SharedSpace: Sendable {
     /// the capability, and every device the log ever added, could send others; they could never take effect.
     func merge(_ incoming: [MembershipOp]) -> [MembershipOp] {
         state.withLock { s in
-            let fresh = MembershipLog.kept(incoming, held: Array(s.ops.values), space: id, resolvedHeld: s.membership)
+            // The resolution `taken` decides with is the new log's (one resolution a merge), and envelopes opened
+            // before are not opened again.
+            let (fresh, resolved) = MembershipLog.taken(incoming, held: Array(s.ops.values), space: id, resolvedHeld: s.membership)
             guard !fresh.isEmpty else { return [] }
             var ops = s.ops
             for op in fresh { ops[op.hash] = op }
-            s = Self.resolve(id: id, identity: identity, ops: ops, stored: s.stored, capability: s.key.capability)
+            s = Self.resolve(
+                id: id, identity: identity, ops: ops, stored: s.stored, capability: s.key.capability, resolved: resolved, opened: s.opened)
             return fresh
         }
     }
