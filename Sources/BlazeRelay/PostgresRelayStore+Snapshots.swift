@@ -130,7 +130,8 @@ extension PostgresRelayStore {
     public func snapshotManifest(space: [UInt8]) async throws -> SnapshotManifest? {
         try await bounded { [self] in
             try await client.query("SELECT manifest FROM relay_snapshots WHERE space = \(Data(space))", logger: logger)
-                .decode(Data.self).all().first.map { try SnapshotManifest(bytes: Array($0)) }
+                // One stored by an earlier layout (before manifests declared their size) is as none.
+                .decode(Data.self).all().first.flatMap { try? SnapshotManifest(bytes: Array($0)) }
         }
     }
 

@@ -170,7 +170,8 @@ enum RelayRules {
         _ manifest: SnapshotManifest, space: [UInt8], membership: MembershipState?, device: DevicePublicKeys?
     ) throws(SyncRejection) {
         guard manifest.space == space, manifest.size <= UInt64(maxSnapshotBytes),
-            UInt64(manifest.parts) * UInt64(SnapshotPart.minBytes) <= manifest.size, let device,
+            UInt64(manifest.parts) * UInt64(SnapshotPart.minBytes) <= manifest.size,
+            manifest.size <= UInt64(manifest.parts) * UInt64(SnapshotPart.maxBytes), let device,
             manifest.authorKey == device.signing, let membership, let author = membership.member(device.nodeID),
             author.isCurrent, author.role.writes, author.keys == device
         else { throw .badSnapshot }

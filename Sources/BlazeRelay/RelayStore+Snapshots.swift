@@ -69,7 +69,9 @@ extension RelayStore {
     public func snapshotManifest(space: [UInt8]) async throws -> SnapshotManifest? {
         try await pool.read { db in
             try Data.fetchOne(db, sql: "SELECT manifest FROM relay_snapshots WHERE space = ?", arguments: [Data(space)])
-                .map { try SnapshotManifest(bytes: Array($0)) }
+                // One stored by an earlier layout (before manifests declared their size) is as none: the next upload
+                // replaces it.
+                .flatMap { try? SnapshotManifest(bytes: Array($0)) }
         }
     }
 

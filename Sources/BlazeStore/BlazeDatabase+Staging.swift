@@ -12,7 +12,8 @@ extension BlazeDatabase {
         let prefix = url.lastPathComponent + snapshotStagingPrefix
         let dir = url.deletingLastPathComponent().path
         guard let names = try? FileManager.default.contentsOfDirectory(atPath: dir) else { return }
-        for name in names where name.hasPrefix(prefix) {
+        // Exactly a staging file's name (the prefix, then a UUID): never another database whose name starts so.
+        for name in names where name.hasPrefix(prefix) && UUID(uuidString: String(name.dropFirst(prefix.count))) != nil {
             try? FileManager.default.removeItem(atPath: (dir as NSString).appendingPathComponent(name))
         }
     }

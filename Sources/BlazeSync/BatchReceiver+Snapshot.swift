@@ -15,6 +15,11 @@ extension BatchReceiver {
         let space = link.space.snapshot
         do {
             guard staging == nil else { throw SyncRejection.badSnapshot }
+            // A peer the log does not list passes on a snapshot only when it is a relay this device dialed: any other
+            // (a capability holder, a removed member under a fresh key) could replay a stale one.
+            if !relay, let membership = space.membership, membership.member(link.device.nodeID)?.keys != link.device {
+                throw SyncRejection.badSnapshot
+            }
             try BlazeDatabase.checkSnapshotManifest(
                 manifest, space: space.key.id, membership: space.membership, peer: link.device, maxBytes: Self.maxSnapshotBytes)
         } catch {

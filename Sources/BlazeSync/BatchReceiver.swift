@@ -79,10 +79,15 @@ final class BatchReceiver: ChannelInboundHandler {
     static let maxInboxBytes = 8 << 20
 
     /// A receiver storing through `engine`'s I/O pool and counting on `report`.
-    init(engine: SyncEngine, report: LinkReport) {
+    init(engine: SyncEngine, report: LinkReport, relay: Bool = false) {
         self.engine = engine
         self.report = report
+        self.relay = relay
     }
+
+    /// Whether the peer is a relay this device dialed: the only peer the log does not list that may pass on a
+    /// writer's snapshot.
+    let relay: Bool
 
     /// True while nothing received waits: reading is on and no batch is queued or being stored.
     private var idle: Bool { !readPaused && !applying && inbox.isEmpty }

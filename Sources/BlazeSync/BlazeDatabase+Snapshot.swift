@@ -55,7 +55,8 @@ extension BlazeDatabase {
         _ manifest: SnapshotManifest, space: [UInt8], membership: MembershipState?, peer: DevicePublicKeys?, maxBytes: Int
     ) throws(SyncRejection) {
         guard manifest.space == space, manifest.size <= UInt64(maxBytes),
-            UInt64(manifest.parts) * UInt64(SnapshotPart.minBytes) <= manifest.size
+            UInt64(manifest.parts) * UInt64(SnapshotPart.minBytes) <= manifest.size,
+            manifest.size <= UInt64(manifest.parts) * UInt64(SnapshotPart.maxBytes)
         else { throw .badSnapshot }
         guard let membership else { return }
         guard let author = membership.member(manifest.author), author.isCurrent, author.role.writes,

@@ -29,7 +29,7 @@ enum SyncPipeline {
         let report = LinkReport(book: engine.status, peer: peer, direction: .outbound, db: space.db.name)
         return [
             HandshakeHandler(engine: engine, report: report, space: space, onEstablished: onEstablished),
-            BatchReceiver(engine: engine, report: report),
+            BatchReceiver(engine: engine, report: report, relay: relay),
             SyncSession(engine: engine, report: report, servesUnlisted: relay),
         ]
     }

@@ -54,6 +54,11 @@ import Testing
         // Over the receiver's limit, more pieces than the declared size can hold, another space.
         #expect(throws: SyncRejection.badSnapshot) { try check(manifest(by: writer, size: (1 << 20) + 1), peer: nil) }
         #expect(throws: SyncRejection.badSnapshot) { try check(manifest(by: writer, parts: 100, size: 1_000), peer: nil) }
+        // Fewer pieces than the declared size needs: it would hold a staging reservation no piece could fill.
+        #expect(throws: SyncRejection.badSnapshot) {
+            try check(manifest(by: writer, parts: 1, size: UInt64(SnapshotPart.maxBytes) + 1), peer: nil, maxBytes: 1 << 30)
+        }
+        try check(manifest(by: writer, parts: 2, size: UInt64(SnapshotPart.maxBytes) + 1), peer: nil, maxBytes: 1 << 30)
         #expect(throws: SyncRejection.badSnapshot) {
             try check(manifest(by: writer, space: SpaceKey.randomBytes(16)), peer: nil)
         }
