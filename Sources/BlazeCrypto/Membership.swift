@@ -116,13 +116,7 @@ public struct MembershipState: Sendable {
                 if case .remove(let d, _, _) = $0.action { return d == device } else { return false }
             })
         else { return [] }
-        var proof: [[UInt8]: MembershipOp] = [:]
-        var next = [removal]
-        while let op = next.popLast() {
-            guard proof.updateValue(op, forKey: op.hash) == nil else { continue }
-            next += op.parents.compactMap { ops[$0] }
-        }
-        return proof.values.sorted { $0.hash.lexicographicallyPrecedes($1.hash) }
+        return Self.withPast(removal, ops: ops)
     }
 
     /// True when entries of `origin` up to `seq` are accepted: a writing member, or a removed writing member's entries

@@ -32,8 +32,13 @@ extension MembershipState {
                 }
             })
         else { return [] }
+        return Self.withPast(added, ops: ops)
+    }
+
+    /// `root` and every operation of `ops` in its past, by hash: what proves it took effect.
+    static func withPast(_ root: MembershipOp, ops: [[UInt8]: MembershipOp]) -> [MembershipOp] {
         var proof: [[UInt8]: MembershipOp] = [:]
-        var next = [added]
+        var next = [root]
         while let op = next.popLast() {
             guard proof.updateValue(op, forKey: op.hash) == nil else { continue }
             next += op.parents.compactMap { ops[$0] }
