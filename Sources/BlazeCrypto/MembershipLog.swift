@@ -34,14 +34,31 @@ public enum MembershipLog {
 
     /// `kept(_:held:space:resolvedHeld:)`, with the log resolved once the kept operations are added (nil when none
     /// is): the resolution made to decide is reused when every candidate was kept, so a merge resolves once, not twice.
+    ///
+    /// `aside` holds operations the same sender sent before that were not kept then (`dropped`): one that an arrived
+    /// operation, or a held one still waiting, has in its past is taken again as if it arrived now. A sender marks
+    /// what it sent as held by the receiver, so within one exchange it never sends those again; an admin's operation
+    /// naming one (a log written before this rule) would otherwise wait for it until the next connection.
     public static func taken(
-        _ incoming: [MembershipOp], held: [MembershipOp], space: [UInt8], resolvedHeld: MembershipState? = nil
-    ) -> (kept: [MembershipOp], resolved: MembershipState?) {
+        _ incoming: [MembershipOp], held: [MembershipOp], space: [UInt8], resolvedHeld: MembershipState? = nil,
+        aside: [[UInt8]: MembershipOp] = [:]
+    ) -> (kept: [MembershipOp], resolved: MembershipState?, dropped: [MembershipOp]) {
         var known = Set(held.map(\.hash))
         var arrived: [MembershipOp] = []
         for op in incoming where op.space == space && known.insert(op.hash).inserted { arrived.append(op) }
-        guard !arrived.isEmpty else { return ([], nil) }
+        guard !arrived.isEmpty else { return ([], nil, []) }
         let before = resolvedHeld ?? MembershipState(space: space, ops: held)
+        if !aside.isEmpty {
+            let waitingHeld = before.waiting.isEmpty ? [] : held.filter { before.waiting.contains($0.hash) }
+            var stack = (arrived + waitingHeld).flatMap(\.parents)
+            var again: [MembershipOp] = []
+            while let hash = stack.popLast() {
+                guard let op = aside[hash], op.space == space, known.insert(hash).inserted else { continue }
+                again.append(op)
+                stack += op.parents
+            }
+            arrived = again.reversed() + arrived
+        }
         var promoted = Set<[UInt8]>()
         for op in arrived {
             switch op.action {
@@ -70,7 +87,7 @@ public enum MembershipLog {
         let candidates = arrived.filter(mayBeAdmin)
         let pulled = past(of: candidates.map(\.hash) + before.waiting)
         let fresh = arrived.filter { mayBeAdmin($0) || pulled.contains($0.hash) }
-        guard !fresh.isEmpty else { return ([], nil) }
+        guard !fresh.isEmpty else { return ([], nil, arrived) }
         let resolved = MembershipState(space: space, ops: held + fresh)
         func isAdmin(_ op: MembershipOp) -> Bool {
             guard let m = resolved.member(op.author.nodeID) else { return false }
@@ -112,7 +129,49 @@ public enum MembershipLog {
             count += 1
             kept.append(op)
         }
-        guard !kept.isEmpty else { return ([], nil) }
-        return (kept, kept.count == fresh.count ? resolved : MembershipState(space: space, ops: held + kept))
+        let keptHashes = Set(kept.map(\.hash))
+        let dropped = arrived.filter { !keptHashes.contains($0.hash) }
+        guard !kept.isEmpty else { return ([], nil, dropped) }
+        return (kept, kept.count == fresh.count ? resolved : MembershipState(space: space, ops: held + kept), dropped)
+    }
+}
+
+/// The operations one sender sent that a log did not keep, held for the rest of the exchange so that a later operation
+/// naming one takes it (`MembershipLog.taken(_:held:space:resolvedHeld:aside:)`). Bounded: the oldest go first, and
+/// a new connection sends everything again anyway.
+public struct SetAsideOps: Sendable {
+    /// Most operations held.
+    public static let maxOps = 1_024
+    /// Most bytes of operations held.
+    public static let maxBytes = 4 << 20
+
+    /// The operations held, by hash.
+    public private(set) var ops: [[UInt8]: MembershipOp] = [:]
+    /// Hashes in the order they were set aside, oldest first (may name operations taken since).
+    private var order: [[UInt8]] = []
+    /// Bytes of the operations held.
+    private var bytes = 0
+
+    /// None held.
+    public init() {}
+
+    /// Forgets what a merge kept and holds what it dropped, evicting the oldest past the bounds.
+    public mutating func update(kept: [MembershipOp], dropped: [MembershipOp]) {
+        for op in kept {
+            if let gone = ops.removeValue(forKey: op.hash) { bytes -= gone.bytes.count }
+        }
+        for op in dropped where op.bytes.count <= Self.maxBytes && ops[op.hash] == nil {
+            ops[op.hash] = op
+            order.append(op.hash)
+            bytes += op.bytes.count
+        }
+        var first = 0
+        while ops.count > Self.maxOps || bytes > Self.maxBytes, first < order.count {
+            if let gone = ops.removeValue(forKey: order[first]) { bytes -= gone.bytes.count }
+            first += 1
+        }
+        if first > 0 || order.count > 2 * Self.maxOps {
+            order = order[first...].filter { ops[$0] != nil }
+        }
     }
 }

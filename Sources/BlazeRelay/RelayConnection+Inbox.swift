@@ -23,16 +23,19 @@ extension RelayConnection {
         switch inbox.removeFirst() {
         case .ops(let ops):
             let listener = self.listener
-            run(context: context, { relay -> Bool in
-                let grew = try await relay.merge(ops, space: space)
+            let aside = opsSetAside
+            run(context: context, { relay -> (Bool, SetAsideOps) in
+                let (grew, left) = try await relay.merge(ops, space: space, aside: aside)
                 // Told here, not once this connection hears back: what is merged counts even if it closed meanwhile.
                 if grew {
                     relay.announce(space: space, except: listener, .members)
                     // The log decides who is passed joins and whose join is done: every connection looks again.
                     Task(executorPreference: relay.executor) { await relay.joinsChanged(space: space) }
                 }
-                return grew
-            }) { connection, grew, context in
+                return (grew, left)
+            }) { connection, merged, context in
+                let (grew, left) = merged
+                connection.opsSetAside = left
                 connection.storing = false
                 // The operations may list this device (one the relay had not seen added), or remove it.
                 if grew { connection.sendMembers(space: space, context: context) }

@@ -35,6 +35,9 @@ final class RelayConnection: ChannelInboundHandler {
     var peerVector: [NodeID: UInt64]?
     /// Operations the device holds (sent to it or received from it).
     var opsShared: Set<[UInt8]> = []
+    /// Operations the device sent on this connection that the log did not keep (`SetAsideOps`): it counts them as
+    /// held here, so a later operation naming one takes it from here.
+    var opsSetAside = SetAsideOps()
     /// Per signer, the latest acknowledgement the device holds (sent to it or received from it): only signers the log
     /// lists, so it is bounded by the log.
     var acksShared: [[UInt8]: UInt64] = [:]

@@ -339,14 +339,17 @@ public final class RelayServer: Sendable {
 
     /// Stores the operations of `ops` that members keep (`MembershipLog.kept`, SYNC.md §9: anyone holding the
     /// capability, and every device the log ever added, could send others, which could never take effect). Returns
-    /// whether the log grew.
-    func merge(_ ops: [MembershipOp], space: [UInt8]) async throws -> Bool {
+    /// whether the log grew, and `aside` (what the connection's device sent and was not kept) updated.
+    func merge(_ ops: [MembershipOp], space: [UInt8], aside: SetAsideOps) async throws -> (grew: Bool, aside: SetAsideOps) {
         let held = try await store.ops(space: space)
-        let kept = MembershipLog.kept(ops, held: held, space: space, resolvedHeld: try await membership(space))
+        let (kept, _, dropped) = MembershipLog.taken(
+            ops, held: held, space: space, resolvedHeld: try await membership(space), aside: aside.ops)
+        var aside = aside
+        aside.update(kept: kept, dropped: dropped)
         let fresh = try await store.addOps(kept, space: space)
-        guard !fresh.isEmpty else { return false }
+        guard !fresh.isEmpty else { return (false, aside) }
         memberships.withLock { $0[hexString(space)] = nil }
-        return true
+        return (true, aside)
     }
 
     /// What a connection is told another one (of this process or another) stored in its space.

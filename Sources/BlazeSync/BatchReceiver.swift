@@ -51,6 +51,9 @@ final class BatchReceiver: ChannelInboundHandler {
     /// Operations messages queued or being merged: while any are, batches verify in their turn and other messages
     /// wait in the inbox.
     private var opsPending = 0
+    /// Membership operations the peer sent in this session that the log did not keep: the peer counts them as held
+    /// here and never sends them again on this connection, so a later operation naming one takes it from here.
+    private var opsSetAside = SetAsideOps()
     private var inbox: [Item] = []
     /// The snapshot being received: its manifest, accepted before any piece, and the pieces so far, on disk
     /// (`BatchReceiver+Snapshot`).
@@ -233,13 +236,18 @@ final class BatchReceiver: ChannelInboundHandler {
         applying = true
         let space = link.space
         let bound = NIOLoopBound((self, context), eventLoop: context.eventLoop)
-        engine.pool.runIfActive(eventLoop: context.eventLoop) { space.merge(ops) }.whenComplete { result in
+        let before = opsSetAside
+        engine.pool.runIfActive(eventLoop: context.eventLoop) { () -> ([MembershipOp], SetAsideOps) in
+            var aside = before
+            return (space.merge(ops, aside: &aside), aside)
+        }.whenComplete { result in
             let (receiver, context) = bound.value
             receiver.applying = false
             guard !receiver.stopped else { return }
             receiver.opsPending -= 1
             switch result {
-            case .success(let fresh):
+            case .success(let (fresh, aside)):
+                receiver.opsSetAside = aside
                 context.fireUserInboundEventTriggered(MergedOps(received: ops, fresh: fresh))
                 receiver.resumeReading(context: context)
                 receiver.applyNext(context: context)

@@ -128,17 +128,28 @@ public final class SharedSpace: Sendable {
     /// operations an admin signed, or that an admin's operation names, within each author's quota). Anyone holding
     /// the capability, and every device the log ever added, could send others; they could never take effect.
     func merge(_ incoming: [MembershipOp]) -> [MembershipOp] {
-        state.withLock { s in
+        var aside = SetAsideOps()
+        return merge(incoming, aside: &aside)
+    }
+
+    /// `merge(_:)` for one sender's exchange: `aside` holds what the sender sent before and was not kept, and is
+    /// updated with this merge (`MembershipLog.taken(_:held:space:resolvedHeld:aside:)`).
+    func merge(_ incoming: [MembershipOp], aside: inout SetAsideOps) -> [MembershipOp] {
+        let held = aside
+        let (fresh, dropped): ([MembershipOp], [MembershipOp]) = state.withLock { s in
             // The resolution `taken` decides with is the new log's (one resolution a merge), and envelopes opened
             // before are not opened again.
-            let (fresh, resolved) = MembershipLog.taken(incoming, held: Array(s.ops.values), space: id, resolvedHeld: s.membership)
-            guard !fresh.isEmpty else { return [] }
+            let (fresh, resolved, dropped) = MembershipLog.taken(
+                incoming, held: Array(s.ops.values), space: id, resolvedHeld: s.membership, aside: held.ops)
+            guard !fresh.isEmpty else { return ([], dropped) }
             var ops = s.ops
             for op in fresh { ops[op.hash] = op }
             s = Self.resolve(
                 id: id, identity: identity, ops: ops, stored: s.stored, capability: s.key.capability, resolved: resolved, opened: s.opened)
-            return fresh
+            return (fresh, dropped)
         }
+        aside.update(kept: fresh, dropped: dropped)
+        return fresh
     }
 }
 

@@ -67,7 +67,7 @@ extension MembershipWorkloads {
         _ incoming: [MembershipOp], held: inout [MembershipOp], state: inout MembershipState, space: [UInt8], member: DeviceIdentity,
         opened: inout [KeyEnvelope: [UInt8]]
     ) -> Int {
-        let (kept, resolved) = MembershipLog.taken(incoming, held: held, space: space, resolvedHeld: state)
+        let (kept, resolved, _) = MembershipLog.taken(incoming, held: held, space: space, resolvedHeld: state)
         held += kept
         state = resolved ?? state
         return state.keys(for: member, opened: &opened).count

@@ -50,6 +50,40 @@ import Testing
         #expect(s.log.state.member(s.r.nodeID)?.isCurrent == false && s.log.state.void[revocation.hash] == nil)
     }
 
+    /// Operations dropped when they came alone are held aside for the sender's exchange (`SetAsideOps`): one that a
+    /// later admin operation names (or that a held operation waiting for a parent names) is taken then, the rest stay
+    /// out, and the set aside stays within its bounds.
+    @Test func operationsSetAsideAreTakenWhenALaterOneNamesThem() throws {
+        let s = try Space()
+        let junk = try s.junk(by: s.w, count: 3, chained: true)
+        var aside = SetAsideOps()
+        let first = MembershipLog.taken(junk, held: s.log.ops, space: s.log.space)
+        #expect(first.kept.isEmpty && first.dropped.map(\.hash) == junk.map(\.hash))
+        aside.update(kept: first.kept, dropped: first.dropped)
+        // An admin operation naming the last of the chain, sent alone.
+        let grant = try MembershipOp(
+            space: s.log.space, author: s.a, timeMs: 9_000, parents: s.log.state.heads + [junk[2].hash], action: .grant)
+        let without = MembershipLog.taken([grant], held: s.log.ops, space: s.log.space)
+        #expect(without.kept.map(\.hash) == [grant.hash] && without.resolved?.waiting == [grant.hash], "waits without the set-aside")
+        let with = MembershipLog.taken([grant], held: s.log.ops, space: s.log.space, aside: aside.ops)
+        #expect(Set(with.kept.map(\.hash)) == Set((junk + [grant]).map(\.hash)))
+        #expect(with.resolved?.applied.last == grant.hash && with.resolved?.waiting.isEmpty == true)
+        aside.update(kept: with.kept, dropped: with.dropped)
+        #expect(aside.ops.isEmpty)
+        // Held waiting (it came before on another connection), it takes the set-aside operations at the next merge.
+        var again = SetAsideOps()
+        again.update(kept: [], dropped: junk)
+        let other = try s.junk(by: s.r, count: 1)
+        let waiting = MembershipLog.taken(other, held: s.log.ops + [grant], space: s.log.space, aside: again.ops)
+        #expect(Set(waiting.kept.map(\.hash)) == Set(junk.map(\.hash)) && waiting.resolved?.waiting.isEmpty == true)
+        #expect(waiting.dropped.map(\.hash) == other.map(\.hash))
+        // Bounded: the oldest go first.
+        var bounded = SetAsideOps()
+        let many = try s.junk(by: s.r, count: SetAsideOps.maxOps + 10)
+        bounded.update(kept: [], dropped: many)
+        #expect(bounded.ops.count == SetAsideOps.maxOps && bounded.ops[many[0].hash] == nil && bounded.ops[many.last!.hash] != nil)
+    }
+
     /// A removed admin's operations are kept (one concurrent with its removal may still take effect), up to its
     /// quota; an admin's operations beyond it are dropped while every other admin's still go in.
     @Test func eachAuthorHasAQuota() throws {

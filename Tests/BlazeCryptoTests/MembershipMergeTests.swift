@@ -53,7 +53,7 @@ import Testing
         while !arrivals.isEmpty {
             let batch = Array(arrivals.prefix(1 + Int(rng.next() % 8)))
             arrivals.removeFirst(batch.count)
-            let (kept, resolved) = MembershipLog.taken(batch, held: held, space: log.space, resolvedHeld: state)
+            let (kept, resolved, _) = MembershipLog.taken(batch, held: held, space: log.space, resolvedHeld: state)
             #expect(kept.map(\.hash) == MembershipLog.kept(batch, held: held, space: log.space, resolvedHeld: state).map(\.hash))
             #expect((resolved == nil) == kept.isEmpty, "seed \(seed)")
             held += kept
