@@ -84,8 +84,9 @@ public struct SnapshotPart: Sendable, Equatable {
 ///
 /// Layout: space (16) · author Ed25519 key (32) · created (8, Unix ms) · pieces (4) · size (8, the pieces' bytes in
 /// all) · last piece hash (32) · count (4)
-/// · count × (origin (16) · seq (8) · hash (32)), origins ascending · signature (64) over `"blazedb snapshot v1"` ·
-/// everything before it.
+/// · count × (origin (16) · seq (8) · hash (32)), origins ascending · signed count (4) · signed count × the
+/// origin's `SignedHead` (152) of exactly that entry, origins ascending · signature (64) over
+/// `"blazedb snapshot v2"` · everything before it.
 public struct SnapshotManifest: Sendable, Equatable {
     /// The space.
     public let space: [UInt8]
@@ -102,6 +103,10 @@ public struct SnapshotManifest: Sendable, Equatable {
     /// Per origin (node id), the sequence the snapshot covers and the hash of that entry (zeros: the origin's chain
     /// starts after it).
     public let heads: [[UInt8]: (seq: UInt64, hash: [UInt8])]
+    /// For some of those origins, the head the origin itself signed over exactly that entry (what the author holds):
+    /// a device installing the snapshot keeps them, so it can later remove such an origin with a cutoff it proves.
+    /// Decoding checks that each names an origin of `heads` at its seq and hash; `verify` checks the signatures.
+    public let signedHeads: [SignedHead]
     /// The encoded, signed manifest.
     public let bytes: [UInt8]
 
@@ -111,8 +116,10 @@ public struct SnapshotManifest: Sendable, Equatable {
     /// Signs a manifest with `identity`.
     public init(
         space: [UInt8], createdMs: UInt64, parts: UInt32, size: UInt64, lastPart: [UInt8],
-        heads: [[UInt8]: (seq: UInt64, hash: [UInt8])], identity: DeviceIdentity
+        heads: [[UInt8]: (seq: UInt64, hash: [UInt8])], signedHeads: [SignedHead] = [], identity: DeviceIdentity
     ) {
+        let signed = signedHeads.filter { h in heads[h.origin].map { $0.seq == h.seq && $0.hash == h.hash } ?? false }
+            .sorted { $0.origin.lexicographicallyPrecedes($1.origin) }
         let key = Array(identity.signingKey.publicKey.rawRepresentation)
         var body = space + key
         body.appendBE(createdMs)
@@ -125,8 +132,10 @@ public struct SnapshotManifest: Sendable, Equatable {
             body.appendBE(head.seq)
             body += head.hash
         }
+        body.appendBE(UInt32(signed.count))
+        for head in signed { body += head.bytes }
         // Signing with a valid key cannot fail.
-        let signature = Array(try! identity.signingKey.signature(for: Array("blazedb snapshot v1".utf8) + body))
+        let signature = Array(try! identity.signingKey.signature(for: Self.domain + body))
         self.space = space
         self.authorKey = key
         self.createdMs = createdMs
@@ -134,14 +143,18 @@ public struct SnapshotManifest: Sendable, Equatable {
         self.size = size
         self.lastPart = lastPart
         self.heads = heads
+        self.signedHeads = signed
         self.bytes = body + signature
     }
+
+    /// What the signature covers before the body (the layout's version).
+    static let domain = Array("blazedb snapshot v2".utf8)
 
     /// Decodes and verifies a manifest: bounds, origins strictly ascending, the signature.
     public init(bytes: [UInt8]) throws(SyncRejection) {
         var r = ByteReader(bytes[...])
         guard let space = r.read(16), let key = r.read(32), let created = r.readUInt64(), let parts = r.readUInt32(),
-            parts > 0, let size = r.readUInt64(), let last = r.read(32), let n = r.readUInt32(), Int(n) * 56 + 64 == r.remaining
+            parts > 0, let size = r.readUInt64(), let last = r.read(32), let n = r.readUInt32(), Int(n) * 56 + 68 <= r.remaining
         else { throw .malformed }
         var heads: [[UInt8]: (seq: UInt64, hash: [UInt8])] = [:]
         var previous: [UInt8]?
@@ -152,8 +165,18 @@ public struct SnapshotManifest: Sendable, Equatable {
             heads[o] = (s, Array(h))
             previous = o
         }
+        guard let m = r.readUInt32(), m <= n, Int(m) * SignedHead.size + 64 == r.remaining else { throw .malformed }
+        var signed: [SignedHead] = []
+        for _ in 0..<m {
+            guard let b = r.read(SignedHead.size) else { throw .malformed }
+            let head = try SignedHead(bytes: b)
+            guard let covered = heads[head.origin], covered.seq == head.seq, covered.hash == head.hash,
+                signed.last.map({ $0.origin.lexicographicallyPrecedes(head.origin) }) ?? true
+            else { throw .malformed }
+            signed.append(head)
+        }
         guard let signature = r.read(64), let publicKey = try? Curve25519.Signing.PublicKey(rawRepresentation: key),
-            publicKey.isValidSignature(signature, for: Array("blazedb snapshot v1".utf8) + bytes[..<(bytes.count - 64)])
+            publicKey.isValidSignature(signature, for: Self.domain + bytes[..<(bytes.count - 64)])
         else { throw .badSnapshot }
         self.space = Array(space)
         self.authorKey = Array(key)
@@ -162,7 +185,17 @@ public struct SnapshotManifest: Sendable, Equatable {
         self.size = size
         self.lastPart = Array(last)
         self.heads = heads
+        self.signedHeads = signed
         self.bytes = bytes
+    }
+
+    /// Checks each signed head's signature in this manifest's space, and that its key is `keyOf` its origin when
+    /// that gives one (the key the log lists): `badHead` otherwise.
+    public func verifySignedHeads(keyOf: ([UInt8]) -> [UInt8]?) throws(SyncRejection) {
+        for head in signedHeads {
+            try head.verify(space: space)
+            if let listed = keyOf(head.origin), listed != head.publicKey { throw .badHead }
+        }
     }
 
     /// Equal when the encoded bytes are.

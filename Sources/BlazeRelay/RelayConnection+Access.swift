@@ -26,10 +26,8 @@ extension RelayConnection {
     /// Sends what the device may have of the log as it is now (the operations it lacks, or the proof of its removal)
     /// and, when it has just become a member (admitted, or the operations it sent list it), starts serving it.
     func sendMembers(space: [UInt8], context: ChannelHandlerContext) {
-        run(context: context, { relay in
-            (try await relay.store.ops(space: space), try await relay.membership(space))
-        }) { connection, held, context in
-            let (ops, membership) = held
+        run(context: context, { relay in try await relay.heldLog(space) }) { connection, held, context in
+            let (ops, membership) = (held?.ops ?? [], held?.state)
             let before = connection.access
             connection.access = .of(connection.device, in: membership)
             let fresh: [MembershipOp]

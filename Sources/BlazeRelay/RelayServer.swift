@@ -29,8 +29,11 @@ public final class RelayServer: Sendable {
     /// Every open connection by space (hex), to tell each about what another one stored.
     private let listeners = Mutex<[String: [Int: @Sendable (Announcement) -> Void]]>([:])
     private let listenerCounter = Atomic<Int>(0)
-    /// Each space's resolved membership log, rebuilt when it grows.
-    private let memberships = Mutex<[String: MembershipState]>([:])
+    /// Each space's membership log as this process holds it (`HeldLog`), and how many times one was forgotten: a
+    /// log read or merged while one was forgotten is not kept (it may be older than what another process stored).
+    let logs = Mutex<(held: [String: HeldLog], forgotten: UInt64)>(([:], 0))
+    /// Numbers the held logs, so a merge replaces only the log it started from.
+    let logVersions = Atomic<UInt64>(0)
     private let channel = Mutex<(any Channel)?>(nil)
     /// Counters for operators (`RelayServer.counters`).
     let stats = Mutex<RelayCounters>(RelayCounters())
@@ -243,7 +246,7 @@ public final class RelayServer: Sendable {
                 case .entries(let space):
                     relay.announce(space: space, except: nil, .entries)
                 case .ops(let space):
-                    relay.memberships.withLock { $0[hexString(space)] = nil }
+                    relay.forgetLog(space)
                     relay.announce(space: space, except: nil, .members)
                     Task(executorPreference: relay.executor) { await relay.joinsChanged(space: space) }
                 case .acks(let space):
@@ -255,7 +258,7 @@ public final class RelayServer: Sendable {
                 case .expired(let space):
                     relay.dropped(space: space)
                 case .resync:
-                    relay.memberships.withLock { $0 = [:] }
+                    relay.logs.withLock { $0 = ([:], $0.forgotten + 1) }
                     Task(executorPreference: relay.executor) { await relay.rereadSpaces() }
                     for space in relay.listeners.withLock({ Array($0.keys) }) {
                         guard let id = hexBytes(space) else { continue }
@@ -303,7 +306,7 @@ public final class RelayServer: Sendable {
 
     /// A space's data was dropped: its resolved log is forgotten and its devices reconnect, handing back what they hold.
     func dropped(space: [UInt8]) {
-        memberships.withLock { $0[hexString(space)] = nil }
+        forgetLog(space)
         announce(space: space, except: nil, .expired)
     }
 
@@ -322,35 +325,6 @@ public final class RelayServer: Sendable {
     }
 
     // MARK: Spaces
-
-    /// The resolved log of `space`, nil while it holds none.
-    func membership(_ space: [UInt8]) async throws -> MembershipState? {
-        let id = hexString(space)
-        if let m = memberships.withLock({ $0[id] }) { return m }
-        let ops = try await store.ops(space: space)
-        guard !ops.isEmpty else { return nil }
-        let m = MembershipState(space: space, ops: ops)
-        memberships.withLock { $0[id] = m }
-        return m
-    }
-
-    /// The resolved log of `space` if this process holds it now (nil: not read yet, or none), without waiting.
-    func cachedMembership(_ space: [UInt8]) -> MembershipState? { memberships.withLock { $0[hexString(space)] } }
-
-    /// Stores the operations of `ops` that members keep (`MembershipLog.kept`, SYNC.md §9: anyone holding the
-    /// capability, and every device the log ever added, could send others, which could never take effect). Returns
-    /// whether the log grew, and `aside` (what the connection's device sent and was not kept) updated.
-    func merge(_ ops: [MembershipOp], space: [UInt8], aside: SetAsideOps) async throws -> (grew: Bool, aside: SetAsideOps) {
-        let held = try await store.ops(space: space)
-        let (kept, _, dropped) = MembershipLog.taken(
-            ops, held: held, space: space, resolvedHeld: try await membership(space), aside: aside.ops)
-        var aside = aside
-        aside.update(kept: kept, dropped: dropped)
-        let fresh = try await store.addOps(kept, space: space)
-        guard !fresh.isEmpty else { return (false, aside) }
-        memberships.withLock { $0[hexString(space)] = nil }
-        return (true, aside)
-    }
 
     /// What a connection is told another one (of this process or another) stored in its space.
     enum Announcement: Sendable {
@@ -391,3 +365,4 @@ public final class RelayServer: Sendable {
         for notify in all { notify(what) }
     }
 }
+

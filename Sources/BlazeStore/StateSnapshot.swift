@@ -81,7 +81,8 @@ extension BlazeDatabase {
     /// Afterwards the origins' chains continue from `heads` (`sync_pruned`), entries the snapshot covers are
     /// dropped, and the feed starts again after its last sequence: subscribers must read the state again.
     public func installSnapshot(
-        heads: [NodeID: PrunedHead], parts: () throws -> [UInt8]?, openEntry: ([UInt8]) throws -> Change
+        heads: [NodeID: PrunedHead], signedHeads: [(origin: NodeID, seq: UInt64, bytes: [UInt8])] = [], parts: () throws -> [UInt8]?,
+        openEntry: ([UInt8]) throws -> Change
     ) throws -> ReceiveReport {
         let feed = self.feed
         return try pool.write { db in
@@ -217,6 +218,13 @@ extension BlazeDatabase {
                 try db.execute(
                     sql: "DELETE FROM sync_heads WHERE origin = ?1 AND seq <= ?2 AND seq < (SELECT max(seq) FROM sync_heads WHERE origin = ?1)",
                     arguments: [o, Int64(head.seq)])
+            }
+            // The heads origins signed over the entries the snapshot ends at (checked by the caller): what proves a
+            // cutoff when this replica removes one of them.
+            for head in signedHeads where installed[head.origin]?.seq == head.seq {
+                try db.execute(
+                    sql: "INSERT OR IGNORE INTO sync_heads(origin, seq, head) VALUES (?, ?, ?)",
+                    arguments: [Data(head.origin.bytes), Int64(head.seq), Data(head.bytes)])
             }
             // The feed's rows describe the replaced state: it starts again after its last sequence.
             let last = max(feed.lastSequence, try Int64.fetchOne(db, sql: "SELECT max(seq) FROM feed") ?? 0)

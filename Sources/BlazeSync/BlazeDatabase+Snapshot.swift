@@ -29,11 +29,17 @@ extension BlazeDatabase {
         let heads = try exportSnapshot(partBytes: partBytes) { records in
             parts.append(SnapshotPart.seal(records, index: UInt32(parts.count), prev: parts.last?.hash ?? SealedEntry.genesis, key: key))
         }
+        // The heads origins signed over exactly the entries the snapshot ends at, where this replica holds them: the
+        // receiver can then remove such an origin with a cutoff it proves (SYNC.md §11, "Snapshots").
+        let signed = try heads.compactMap { origin, head -> SignedHead? in
+            guard let held = try latestHead(origin: origin), held.seq == head.seq, held.hash == head.hash else { return nil }
+            return held
+        }
         let manifest = SnapshotManifest(
             space: key.id, createdMs: UInt64(max(0, Date().timeIntervalSince1970 * 1000)), parts: UInt32(parts.count),
             size: UInt64(parts.reduce(0) { $0 + $1.bytes.count }), lastPart: parts.last!.hash,
             heads: Dictionary(uniqueKeysWithValues: heads.map { ($0.key.bytes, (seq: $0.value.seq, hash: $0.value.hash)) }),
-            identity: identity)
+            signedHeads: signed, identity: identity)
         return SealedSnapshot(parts: parts, manifest: manifest)
     }
 
@@ -50,7 +56,8 @@ extension BlazeDatabase {
     /// `maxBytes` declared, as many pieces as that size can hold, and its author a current writing member of
     /// `membership` with the key it signed with (when the space has a log). When `peer` (the key the connection
     /// proved) is a member the log lists, the author must be that peer: a member sends only its own snapshots; an
-    /// unlisted peer (a relay) passes on a writer's. `badSnapshot` otherwise.
+    /// unlisted peer (a relay) passes on a writer's. `badSnapshot` otherwise, as for a signed head that does not
+    /// verify or is signed with another key than the one the log lists for its origin.
     public static func checkSnapshotManifest(
         _ manifest: SnapshotManifest, space: [UInt8], membership: MembershipState?, peer: DevicePublicKeys?, maxBytes: Int
     ) throws(SyncRejection) {
@@ -58,6 +65,11 @@ extension BlazeDatabase {
             UInt64(manifest.parts) * UInt64(SnapshotPart.minBytes) <= manifest.size,
             manifest.size <= UInt64(manifest.parts) * UInt64(SnapshotPart.maxBytes)
         else { throw .badSnapshot }
+        do {
+            try manifest.verifySignedHeads { membership?.member($0)?.keys.signing }
+        } catch {
+            throw .badSnapshot
+        }
         guard let membership else { return }
         guard let author = membership.member(manifest.author), author.isCurrent, author.role.writes,
             author.keys.signing == manifest.authorKey
@@ -90,7 +102,8 @@ extension BlazeDatabase {
     public func install(
         snapshot manifest: SnapshotManifest, key: SpaceKey, membership: MembershipState?, records: () throws -> [UInt8]?
     ) throws -> ReceiveReport {
-        guard manifest.space == key.id else { throw SyncRejection.badSnapshot }
+        guard manifest.space == key.id, (try? manifest.verifySignedHeads(keyOf: { membership?.member($0)?.keys.signing })) != nil
+        else { throw SyncRejection.badSnapshot }
         if let membership {
             guard let author = membership.member(manifest.author), author.isCurrent, author.role.writes,
                 author.keys.signing == manifest.authorKey
@@ -104,6 +117,7 @@ extension BlazeDatabase {
         do {
             return try installSnapshot(
                 heads: heads,
+                signedHeads: manifest.signedHeads.map { (NodeID(bytes: $0.origin), $0.seq, $0.bytes) },
                 parts: records,
                 openEntry: { bytes in
                     let entry = try SealedEntry(bytes: bytes)

@@ -1,4 +1,5 @@
 import BlazeClient
+import BlazeCrypto
 import BlazeProtocol
 import BlazeTestSupport
 import Foundation
@@ -85,6 +86,34 @@ func joinAndCompactEverything(_ ca: BlazeConnection, _ cb: BlazeConnection) thro
             let vectors = try [ca, cb, cc].map { try versionVector($0) }
             return states[0].docs == 196 && states.allSatisfy { $0 == states[0] } && vectors.allSatisfy { $0 == vectors[0] }
         })
+        for daemon in [a, b, c] { daemon.stop() }
+    }
+
+    /// An admin that joined from a snapshot removes a member whose entries it holds only through that snapshot: the
+    /// manifest carried the head that member signed over the last entry it covers, so the removal's cutoff is that
+    /// entry, proven, and every member keeps what the removed one wrote. Before, the admin held no signed head of it
+    /// and the cutoff was 0: members not holding those entries yet would have refused them for good.
+    @Test func anAdminJoinedFromASnapshotRemovesAMemberWithTheCutoffItHolds() throws {
+        let a = try syncDaemon(), b = try syncDaemon(), c = try syncDaemon()
+        let ca = try a.connect(), cb = try b.connect(), cc = try c.connect()
+        _ = try ca.call("db.create", ["db": "team"])
+        try writeHistory(ca, "team", deleting: 0, from: 0)
+        for i in 0..<20 { _ = try ca.call("doc.delete", ["db": "team", "collection": "c", "id": .string("d\(i + 100)")]) }
+        #expect(try joinAndCompactEverything(ca, cb))
+        _ = try cc.call("db.join", ["token": .string(try ca.invite("team", role: "admin")), "db": "team"])
+        #expect(try eventually { try replicaState(cc, "team") == replicaState(ca, "team") })
+        #expect(try peerCounter(cc, "team", "snapshotsInstalled") >= 1)
+        let nb = try nodeID(cb, "team")
+        let held = try #require(try versionVector(cc)?[nb]?.intValue)
+        #expect(held > 0)
+        _ = try cc.call("db.revoke", ["db": "team", "device": .string(nb)])
+        let removal = try membershipOps(dataDir: c.dataDir, db: "team").compactMap { op -> (UInt64, SignedHead?)? in
+            if case .remove(let device, let cutoff, _) = op.action, hexString(device) == nb { return (cutoff, op.cutoffHead) }
+            return nil
+        }.first
+        #expect(removal?.0 == UInt64(held) && removal?.1?.seq == UInt64(held), "the cutoff is the entry the snapshot ends at")
+        #expect(try eventually { try members(ca, "team").contains { $0.device == nb && $0.removed } })
+        #expect(try ca.call("doc.get", ["db": "team", "collection": "c", "id": "fromB"])["doc"]?["b"] == true)
         for daemon in [a, b, c] { daemon.stop() }
     }
 

@@ -66,4 +66,34 @@ import Testing
         // The declared size travels signed.
         #expect(try SnapshotManifest(bytes: manifest(by: writer, size: 12_345).bytes).size == 12_345)
     }
+
+    /// The heads an origin signed over the entries a snapshot ends at travel signed in the manifest; one that names
+    /// another entry than the snapshot covers is malformed, and one signed with another key than the log lists for
+    /// its origin (or not signed by it at all) refuses the snapshot before any piece.
+    @Test func signedHeadsInAManifestMustBeTheOriginsOwn() throws {
+        let key = try SpaceKey(id: space, epoch: 1, secrets: [1: SpaceKey.randomSecret()])
+        let entry = SealedEntry.seal(Array("x".utf8), space: key, origin: writer.nodeID, seq: 3, prev: SealedEntry.genesis)
+        let head = SignedHead(signing: entry, identity: writer)
+        func signed(_ heads: [SignedHead], covering seq: UInt64 = 3) -> SnapshotManifest {
+            SnapshotManifest(
+                space: space, createdMs: 1, parts: 2, size: 4_000, lastPart: SpaceKey.randomBytes(32),
+                heads: [writer.nodeID: (seq, entry.hash)], signedHeads: heads, identity: writer)
+        }
+        let good = try SnapshotManifest(bytes: signed([head]).bytes)
+        #expect(good.signedHeads == [head])
+        try check(good, peer: writer.publicKeys)
+        // Naming another entry than the one covered: left out when signing, malformed when decoding.
+        #expect(signed([head], covering: 4).signedHeads.isEmpty)
+        var bytes = signed([head]).bytes
+        let at = bytes.count - 64 - SignedHead.size + 16
+        bytes[at + 7] ^= 1
+        #expect(throws: SyncRejection.self) { try SnapshotManifest(bytes: bytes) }
+        // Another device's key over the writer's origin id cannot verify; a valid signature under a key the log does
+        // not list for the origin refuses the snapshot.
+        let forged = try SignedHead(bytes: (head.bytes.prefix(56) + DeviceIdentity().publicKeys.signing + head.signature)[...])
+        #expect(throws: SyncRejection.badSnapshot) { try check(signed([forged]), peer: writer.publicKeys) }
+        var tampered = head.bytes
+        tampered[tampered.count - 1] ^= 1
+        #expect(throws: SyncRejection.badSnapshot) { try check(signed([try SignedHead(bytes: tampered[...])]), peer: writer.publicKeys) }
+    }
 }
