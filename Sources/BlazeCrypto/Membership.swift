@@ -92,6 +92,17 @@ public struct MembershipState: Sendable {
     /// Every set of concurrent latest keys that was ever combined into one epoch (at a rotation made while they were
     /// concurrent, and the current frontier): entries sealed under those combined epochs stay readable.
     public private(set) var combinations: [[EpochKeyID]] = []
+    /// The sets combined at rotations, in order (`combinations` without the current frontier).
+    private var rotationCombinations: [[EpochKeyID]] = []
+    /// Per operation processed, the latest epoch keys known after it (the key it created, for a rotation).
+    private var latestAfter: [[UInt8]: Set<EpochKeyID>] = [:]
+    /// Per epoch key, every key created before it in its creator's knowledge.
+    private var ancestors: [EpochKeyID: Set<EpochKeyID>] = [:]
+    /// The next member's seniority.
+    private var seniorityCounter = 0
+    /// The operations processed (applied or void) that no processed operation names: every other one is in their
+    /// past, so an operation naming all of them ranks after everything (`extended(by:)`).
+    private var tips: Set<[UInt8]> = []
 
     /// The epoch new entries are sealed with: the single latest key's, or one past the latest when concurrent
     /// rotations are combined.
@@ -151,42 +162,17 @@ public struct MembershipState: Sendable {
             missing[hash] = op.parents.count
             for p in op.parents { children[p, default: []].append(hash) }
         }
-        // Rotation knowledge per operation: the latest epoch keys in its past (after it, for a rotation itself).
-        var latestAfter: [[UInt8]: Set<EpochKeyID>] = [:]
-        var ancestors: [EpochKeyID: Set<EpochKeyID>] = [:]
         var done = Set<[UInt8]>()
-        var seniorityCounter = 0
         // Each author's node id once (hashing it in every comparison made the choice quadratic in concurrent ops).
         let authors = byHash.mapValues { $0.author.nodeIDHex }
         var choice = ReadyOps(linear: linearChoice)
         for op in byHash.values where op.parents.isEmpty { choice.add(op.hash, author: authors[op.hash]!, members: members) }
 
-        func maximal(_ keys: Set<EpochKeyID>) -> Set<EpochKeyID> {
-            keys.filter { k in !keys.contains { other in other != k && ancestors[other]?.contains(k) == true } }
-        }
-
         while let hash = choice.next(members: members, done: done) {
             let op = byHash[hash]!
             done.insert(op.hash)
             let memberCount = members.count
-            order.append(op.hash)
-            let before = maximal(op.parents.reduce(into: Set<EpochKeyID>()) { $0.formUnion(latestAfter[$1] ?? []) })
-            var after = before
-            if let reason = apply(op, knownKeys: before, seniority: &seniorityCounter) {
-                void[op.hash] = reason
-            } else {
-                applied.append(op.hash)
-                if let created = createdKey(op) {
-                    if before.count > 1 { combinations.append(before.sorted { $0.op.lexicographicallyPrecedes($1.op) }) }
-                    ancestors[created] = before.reduce(into: before) { $0.formUnion(ancestors[$1] ?? []) }
-                    epochKeys.append(created)
-                    after = [created]
-                }
-                for e in op.envelopes {
-                    envelopes.append((e, EpochKeyID(epoch: e.epoch, op: e.keyOp == KeyEnvelope.thisOp ? op.hash : e.keyOp)))
-                }
-            }
-            latestAfter[op.hash] = after
+            process(op)
             // A member added here ranks its waiting operations from now on.
             if members.count != memberCount, let added = Self.addedDevice(op) { choice.ranked(added, members: members) }
             for child in children[op.hash] ?? [] {
@@ -196,11 +182,71 @@ public struct MembershipState: Sendable {
         }
         let namedByApplied = Set(applied.flatMap { byHash[$0]?.parents ?? [] })
         heads = applied.filter { !namedByApplied.contains($0) }.sorted { $0.lexicographicallyPrecedes($1) }
+        let namedByProcessed = Set(order.flatMap { byHash[$0]?.parents ?? [] })
+        tips = Set(order.filter { !namedByProcessed.contains($0) })
         waiting = Set(byHash.keys).subtracting(done)
+        finish()
+    }
+
+    /// This resolution with `ops` added, computed from it without resolving the log again, or nil when that cannot be
+    /// done: some operation waits for its parents, or one of `ops` (taken in order) does not name every operation
+    /// processed so far that nothing names yet. Such an operation has everything held in its past, so every
+    /// topological order puts it last, whatever the rules among concurrent ones: applying it to this state gives
+    /// exactly the full resolution of the log with it (`anExtendedResolutionIsTheFullOne`). The common case: an
+    /// admin's operation, naming the log's heads, arriving at a member that holds the rest.
+    public func extended(by ops: [MembershipOp]) -> MembershipState? {
+        guard waiting.isEmpty, !order.isEmpty else { return nil }
+        var s = self
+        for op in ops {
+            guard op.space == space, s.latestAfter[op.hash] == nil, s.tips.isSubset(of: op.parents),
+                op.parents.allSatisfy({ s.latestAfter[$0] != nil })
+            else { return nil }
+            s.process(op)
+            s.tips.subtract(op.parents)
+            s.tips.insert(op.hash)
+            if s.void[op.hash] == nil {
+                s.heads = (s.heads.filter { !op.parents.contains($0) } + [op.hash]).sorted { $0.lexicographicallyPrecedes($1) }
+            }
+        }
+        s.finish()
+        return s
+    }
+
+    /// The latest keys among `keys`: those no other one of them was created knowing.
+    private func maximal(_ keys: Set<EpochKeyID>) -> Set<EpochKeyID> {
+        keys.filter { k in !keys.contains { other in other != k && ancestors[other]?.contains(k) == true } }
+    }
+
+    /// Processes the next operation of the order: applies it, or records why it is void.
+    private mutating func process(_ op: MembershipOp) {
+        order.append(op.hash)
+        let before = maximal(op.parents.reduce(into: Set<EpochKeyID>()) { $0.formUnion(latestAfter[$1] ?? []) })
+        var after = before
+        var seniority = seniorityCounter
+        let refused = apply(op, knownKeys: before, seniority: &seniority)
+        seniorityCounter = seniority
+        if let reason = refused {
+            void[op.hash] = reason
+        } else {
+            applied.append(op.hash)
+            if let created = createdKey(op) {
+                if before.count > 1 { rotationCombinations.append(before.sorted { $0.op.lexicographicallyPrecedes($1.op) }) }
+                ancestors[created] = before.reduce(into: before) { $0.formUnion(ancestors[$1] ?? []) }
+                epochKeys.append(created)
+                after = [created]
+            }
+            for e in op.envelopes {
+                envelopes.append((e, EpochKeyID(epoch: e.epoch, op: e.keyOp == KeyEnvelope.thisOp ? op.hash : e.keyOp)))
+            }
+        }
+        latestAfter[op.hash] = after
+    }
+
+    /// The latest keys and the combinations, once the operations are processed.
+    private mutating func finish() {
         frontier = maximal(Set(epochKeys)).sorted { $0.op.lexicographicallyPrecedes($1.op) }
-        if frontier.count > 1 { combinations.append(frontier) }
         var seen = Set<[EpochKeyID]>()
-        combinations = combinations.filter { seen.insert($0).inserted }
+        combinations = (rotationCombinations + (frontier.count > 1 ? [frontier] : [])).filter { seen.insert($0).inserted }
     }
 
     /// The node id (hex) of the device an operation adds to the members when it applies: the creator, or the added one.

@@ -88,7 +88,8 @@ public enum MembershipLog {
         let pulled = past(of: candidates.map(\.hash) + before.waiting)
         let fresh = arrived.filter { mayBeAdmin($0) || pulled.contains($0.hash) }
         guard !fresh.isEmpty else { return ([], nil, arrived) }
-        let resolved = MembershipState(space: space, ops: held + fresh)
+        // Usually an admin's operations extend the log at its end: then the resolution is the held one's, extended.
+        let resolved = before.extended(by: fresh) ?? MembershipState(space: space, ops: held + fresh)
         func isAdmin(_ op: MembershipOp) -> Bool {
             guard let m = resolved.member(op.author.nodeID) else { return false }
             return m.keys == op.author && m.role == .admin
@@ -132,7 +133,8 @@ public enum MembershipLog {
         let keptHashes = Set(kept.map(\.hash))
         let dropped = arrived.filter { !keptHashes.contains($0.hash) }
         guard !kept.isEmpty else { return ([], nil, dropped) }
-        return (kept, kept.count == fresh.count ? resolved : MembershipState(space: space, ops: held + kept), dropped)
+        let resolvedKept = kept.count == fresh.count ? resolved : before.extended(by: kept) ?? MembershipState(space: space, ops: held + kept)
+        return (kept, resolvedKept, dropped)
     }
 }
 

@@ -66,6 +66,58 @@ import Testing
         }
     }
 
+    /// A resolution extended by operations that name every operation processed so far that nothing names yet
+    /// (`MembershipState.extended(by:)`) is field by field the full resolution of the log with them, for admins'
+    /// adds, rotations and grants, and for operations that are void (a reader's, a stranger's, a removed admin's).
+    /// Operations naming only the heads or random ones are not extended (nil), and then resolved in full.
+    @Test func anExtendedResolutionIsTheFullOne() throws {
+        let base = testSeed("membership extend")
+        for run in 0..<6 {
+            let seed = base &+ UInt64(run)
+            var rng = SeededRandom(seed: seed)
+            var log = LogBuilder()
+            let a = DeviceIdentity(), b = DeviceIdentity(), w = DeviceIdentity(), r = DeviceIdentity(), stranger = DeviceIdentity()
+            try log.add(a, .create(salt: log.salt))
+            var devices = [a, b, w, r, stranger]
+            var state = log.state
+            var extended = 0, refused = 0
+            for step in 0..<80 {
+                // Parents: every tip (extends), the heads (extends only while no void operation is a tip), random ones.
+                let named = Set(log.ops.flatMap(\.parents))
+                let tips = log.ops.map(\.hash).filter { !named.contains($0) }
+                let choice = rng.next() % 4
+                let parents = choice < 2 ? tips : choice == 2 ? state.heads : [log.ops[Int(rng.next() % UInt64(log.ops.count))].hash]
+                let author = step < 3 ? a : devices[Int(rng.next() % UInt64(devices.count))]
+                let op: MembershipOp
+                switch step < 3 ? 0 : rng.next() % 10 {
+                case 0, 1:
+                    let device = step == 0 ? b : step == 1 ? w : step == 2 ? r : DeviceIdentity()
+                    if step > 2 { devices.append(device) }
+                    let role: MemberRole = step == 0 ? .admin : step == 1 ? .writer : step == 2 ? .reader : [.admin, .writer, .reader][Int(rng.next() % 3)]
+                    op = try log.add(author, .add(device: device.publicKeys, role: role), parents: parents)
+                case 2, 3:
+                    let target = devices[Int(rng.next() % UInt64(devices.count))]
+                    let (remove, envelopes) = try log.removal(
+                        author, removing: target, epoch: state.currentEpoch + 1, to: [a, b, w, r], secret: randomSecret())
+                    op = try log.add(author, remove, parents: parents, envelopes: envelopes)
+                default:
+                    op = try log.add(author, .grant, parents: parents)
+                }
+                let full = log.state
+                if let next = state.extended(by: [op]) {
+                    extended += 1
+                    #expect(Self.describe(next) == Self.describe(full), "seed \(seed), step \(step)")
+                    for device in [a, b, w, r] { #expect(next.keys(for: device) == full.keys(for: device), "seed \(seed)") }
+                } else {
+                    refused += 1
+                    #expect(!Set(tips).isSubset(of: op.parents) || !state.waiting.isEmpty, "seed \(seed), step \(step)")
+                }
+                state = full
+            }
+            #expect(extended >= 20 && refused >= 5, "seed \(seed): \(extended) extended, \(refused) not")
+        }
+    }
+
     /// Everything a resolution decides, as comparable text.
     static func describe(_ s: MembershipState) -> String {
         let members = s.members.sorted { $0.key < $1.key }.map {
