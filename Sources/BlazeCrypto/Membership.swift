@@ -212,6 +212,12 @@ public struct MembershipState: Sendable {
         return s
     }
 
+    /// Whether the operation hashed `hash` was resolved here (applied or void) or waits for its parents.
+    public func holds(_ hash: [UInt8]) -> Bool { latestAfter[hash] != nil || waiting.contains(hash) }
+
+    /// Whether the operation hashed `hash` took effect here.
+    public func isApplied(_ hash: [UInt8]) -> Bool { latestAfter[hash] != nil && void[hash] == nil }
+
     /// The latest keys among `keys`: those no other one of them was created knowing.
     private func maximal(_ keys: Set<EpochKeyID>) -> Set<EpochKeyID> {
         keys.filter { k in !keys.contains { other in other != k && ancestors[other]?.contains(k) == true } }
@@ -341,13 +347,22 @@ public struct MembershipState: Sendable {
             out[genesis] = initial
         }
         let created = Set(epochKeys)
-        for (envelope, key) in envelopes where envelope.recipient == identity.nodeID && out[key] == nil && created.contains(key) {
+        let me = identity.nodeID
+        for (envelope, key) in envelopes where envelope.recipient == me && out[key] == nil && created.contains(key) {
             // Only keys an applied operation created are taken (an envelope naming any other operation, or its own
             // `add` or `grant`, delivers nothing), and a key its operation committed to only as committed: an envelope
-            // sealing another one (an admin handing this member a key the others do not hold) is ignored.
-            let secret = opened[envelope] ?? envelope.open(space: space, identity: identity) ?? []
-            opened[envelope] = secret
-            if !secret.isEmpty, commits(secret, to: key) { out[key] = secret }
+            // sealing another one (an admin handing this member a key the others do not hold) is ignored. What an
+            // envelope opens to is recorded once checked (empty when it does not open or commit): the key it names
+            // and that key's commitment are its operation's, so the check gives the same answer in every resolution.
+            let secret: [UInt8]
+            if let recorded = opened[envelope] {
+                secret = recorded
+            } else {
+                let fresh = envelope.open(space: space, identity: identity) ?? []
+                secret = !fresh.isEmpty && commits(fresh, to: key) ? fresh : []
+                opened[envelope] = secret
+            }
+            if !secret.isEmpty { out[key] = secret }
         }
         return out
     }

@@ -43,9 +43,14 @@ public enum MembershipLog {
         _ incoming: [MembershipOp], held: [MembershipOp], space: [UInt8], resolvedHeld: MembershipState? = nil,
         aside: [[UInt8]: MembershipOp] = [:]
     ) -> (kept: [MembershipOp], resolved: MembershipState?, dropped: [MembershipOp]) {
-        var known = Set(held.map(\.hash))
+        // Whether an operation is held: the resolution of `held` says so, without hashing the whole log again.
+        let heldHashes = resolvedHeld == nil ? Set(held.map(\.hash)) : nil
+        var seen = Set<[UInt8]>()
+        func isNew(_ hash: [UInt8]) -> Bool {
+            !(heldHashes?.contains(hash) ?? resolvedHeld!.holds(hash)) && seen.insert(hash).inserted
+        }
         var arrived: [MembershipOp] = []
-        for op in incoming where op.space == space && known.insert(op.hash).inserted { arrived.append(op) }
+        for op in incoming where op.space == space && isNew(op.hash) { arrived.append(op) }
         guard !arrived.isEmpty else { return ([], nil, []) }
         let before = resolvedHeld ?? MembershipState(space: space, ops: held)
         if !aside.isEmpty {
@@ -53,7 +58,7 @@ public enum MembershipLog {
             var stack = (arrived + waitingHeld).flatMap(\.parents)
             var again: [MembershipOp] = []
             while let hash = stack.popLast() {
-                guard let op = aside[hash], op.space == space, known.insert(hash).inserted else { continue }
+                guard let op = aside[hash], op.space == space, isNew(hash) else { continue }
                 again.append(op)
                 stack += op.parents
             }
@@ -94,32 +99,33 @@ public enum MembershipLog {
             guard let m = resolved.member(op.author.nodeID) else { return false }
             return m.keys == op.author && m.role == .admin
         }
-        let applied = Set(resolved.applied)
-        let needed = past(of: resolved.applied.filter { arrivedByHash[$0] != nil } + before.waiting)
+        let needed = past(of: arrived.lazy.map(\.hash).filter(resolved.isApplied) + before.waiting)
         // The remaining admin operations, each with the arrived past only it brings (charged to its author).
         // One walk over them all: an operation reached first from one admin's operation is on that admin's account.
         var account: [[UInt8]: [UInt8]] = [:]
-        for op in fresh where isAdmin(op) && !applied.contains(op.hash) && !needed.contains(op.hash) {
+        for op in fresh where isAdmin(op) && !resolved.isApplied(op.hash) && !needed.contains(op.hash) {
             guard account[op.hash] == nil else { continue }
             account[op.hash] = op.author.signing
             var stack = op.parents
             while let hash = stack.popLast() {
-                guard let parent = arrivedByHash[hash], account[hash] == nil, !applied.contains(hash), !needed.contains(hash)
+                guard let parent = arrivedByHash[hash], account[hash] == nil, !resolved.isApplied(hash), !needed.contains(hash)
                 else { continue }
                 account[hash] = op.author.signing
                 stack += parent.parents
             }
         }
-        // What held operations that do not take effect already use.
+        // What held operations that do not take effect already use (read only when some operation is on an account).
         var count = before.void.count + before.waiting.count
         var usage: [[UInt8]: (ops: Int, bytes: Int)] = [:]
-        for op in held where before.void[op.hash] != nil || before.waiting.contains(op.hash) {
-            usage[op.author.signing, default: (0, 0)].ops += 1
-            usage[op.author.signing]!.bytes += op.bytes.count
+        if !account.isEmpty {
+            for op in held where before.void[op.hash] != nil || before.waiting.contains(op.hash) {
+                usage[op.author.signing, default: (0, 0)].ops += 1
+                usage[op.author.signing]!.bytes += op.bytes.count
+            }
         }
         var kept: [MembershipOp] = []
         for op in fresh {
-            if applied.contains(op.hash) || needed.contains(op.hash) {
+            if resolved.isApplied(op.hash) || needed.contains(op.hash) {
                 kept.append(op)
                 continue
             }

@@ -42,11 +42,17 @@ extension MembershipWorkloads {
             }
             var held = ops
             var state = MembershipState(space: space, ops: held)
-            var samples: [Double] = []
+            var samples: [Double] = [], full: [Double] = []
             var opened: [KeyEnvelope: [UInt8]] = [:]
             _ = state.keys(for: member, opened: &opened)
             for i in 0..<merges {
                 let op = try MembershipOp(space: space, author: admin, timeMs: UInt64(n + 10 + i), parents: state.heads, action: .grant)
+                // The baseline: the same operation taken in with the log resolved in full, as before resolutions extended.
+                full.append(
+                    try seconds {
+                        let kept = MembershipLog.kept([op], held: held, space: space, resolvedHeld: state)
+                        guard MembershipState(space: space, ops: held + kept).applied.count == n + i + 1 else { throw MembershipBenchFailure() }
+                    } * 1000)
                 samples.append(
                     try seconds {
                         let keys = takeIn([op], held: &held, state: &state, space: space, member: member, opened: &opened)
@@ -57,6 +63,10 @@ extension MembershipWorkloads {
                 Result(
                     name: "M3.take\(n)", unit: "ms", samples: samples, better: "lower",
                     note: "one admin operation taken in on a log of \(n) (\(epoch) keys sealed to the member): keep, resolve, open keys"))
+            results.append(
+                Result(
+                    name: "B_full\(n)", unit: "ms", samples: full, better: "lower",
+                    note: "the same operation kept, then the log with it resolved in full (no envelope opened)"))
         }
         return results
     }
