@@ -1,4 +1,5 @@
 import Foundation
+import Synchronization
 import Testing
 
 @testable import BlazeSync
@@ -32,5 +33,54 @@ import Testing
         #expect(readWhole(outside + "/head", beneath: root, limit: 1 << 20) == nil)
         // Over the limit.
         #expect(readWhole(root + "/space/writer/head", beneath: root, limit: 3) == nil)
+    }
+
+    /// While another thread keeps swapping a writer's directory for a link to a directory outside the folder, and
+    /// its head file for a link to a file outside, every read gives the file inside the folder or nothing: never
+    /// what is outside, whichever step of the swap it meets (the descriptor-relative opens refuse a link at any
+    /// component, so there is no window between a check and the open).
+    @Test func filesSwappedForLinksMidReadNeverLeadOutside() throws {
+        let base = NSTemporaryDirectory() + "blaze-folderswap-\(UUID().uuidString)"
+        defer { try? FileManager.default.removeItem(atPath: base) }
+        let fm = FileManager.default
+        let root = base + "/folder", outside = base + "/outside"
+        let writer = root + "/space/writer"
+        try fm.createDirectory(atPath: writer, withIntermediateDirectories: true)
+        try fm.createDirectory(atPath: outside + "/writer", withIntermediateDirectories: true)
+        let inside = Array("inside".utf8), secret = Array("outside".utf8)
+        try Data(inside).write(to: URL(fileURLWithPath: writer + "/head"))
+        for path in [outside + "/head", outside + "/writer/head"] { try Data(secret).write(to: URL(fileURLWithPath: path)) }
+        let stop = Atomic<Bool>(false)
+        let swaps = Atomic<Int>(0)
+        let done = DispatchSemaphore(value: 0)
+        let swapper = Thread {
+            defer { done.signal() }
+            while !stop.load(ordering: .relaxed) {
+                // The head file becomes a link to a file outside, atomically, and back.
+                _ = symlink(outside + "/head", writer + "/head.link")
+                _ = rename(writer + "/head.link", writer + "/head")
+                _ = FileManager.default.createFile(atPath: writer + "/head.new", contents: Data(inside))
+                _ = rename(writer + "/head.new", writer + "/head")
+                // The directory moves away and a link to a directory outside takes its place, then it comes back.
+                _ = rename(writer, writer + ".real")
+                _ = symlink(outside + "/writer", writer)
+                _ = unlink(writer)
+                _ = rename(writer + ".real", writer)
+                swaps.add(1, ordering: .relaxed)
+            }
+        }
+        swapper.start()
+        var reads = 0, gotInside = 0, leaked = 0
+        let deadline = Date().addingTimeInterval(5)
+        while reads < 20_000 && Date() < deadline {
+            if let bytes = readWhole(writer + "/head", beneath: root, limit: 1 << 20) {
+                if bytes == inside { gotInside += 1 } else { leaked += 1 }
+            }
+            reads += 1
+        }
+        stop.store(true, ordering: .relaxed)
+        #expect(done.wait(timeout: .now() + 10) == .success)
+        #expect(leaked == 0, "\(leaked) of \(reads) reads gave something other than the file inside")
+        #expect(gotInside > 0 && swaps.load(ordering: .relaxed) > 0, "\(gotInside) reads inside, \(swaps.load(ordering: .relaxed)) swaps")
     }
 }
