@@ -32,11 +32,20 @@ public protocol RelayBackend: Sendable {
     func keepAcks(_ acks: [Acknowledgement], space: [UInt8]) async throws -> [Acknowledgement]
     /// The latest acknowledgement held of each signer of `space`.
     func acks(space: [UInt8]) async throws -> [Acknowledgement]
-    /// Keeps `manifest` and its `parts` (checked by the caller, `RelayRules.checkSnapshot`) as the space's snapshot,
-    /// unless the one held is as recent or this one covers less than a base (below) of some origin. For each origin
-    /// whose held entries end below what it covers, those entries and heads go and the manifest's head becomes the
-    /// origin's base: the next entry must link to it. Returns whether it was kept.
-    func keepSnapshot(_ manifest: SnapshotManifest, parts: [SnapshotPart], space: [UInt8]) async throws -> Bool
+    /// Writes `part` (checked by the caller against its manifest and the pieces before it, `SnapshotUpload`) as a
+    /// piece of upload `upload` of `space`, begun at `startedMs` (Unix ms): staged until the upload is kept or dropped.
+    func stageSnapshotPart(_ part: SnapshotPart, upload: [UInt8], space: [UInt8], startedMs: Int64) async throws
+    /// Drops what upload `upload` staged (declined, or its connection closed).
+    func dropSnapshotUpload(_ upload: [UInt8]) async throws
+    /// Drops what uploads begun before `cutoffMs` (Unix ms) staged: a relay process that stopped mid-upload left them.
+    /// Returns how many pieces went.
+    func dropSnapshotUploads(startedBefore cutoffMs: Int64) async throws -> Int
+    /// Keeps `manifest` with the pieces upload `upload` staged (every one it counts, each checked by the caller as it
+    /// came) as the space's snapshot, in one transaction, unless they are not all staged, the one held is as recent
+    /// or this one covers less than a base (below) of some origin. For each origin whose held entries end below what
+    /// it covers, those entries and heads go and the manifest's head becomes the origin's base: the next entry must
+    /// link to it. The staged pieces go either way. Returns whether it was kept.
+    func keepSnapshot(_ manifest: SnapshotManifest, upload: [UInt8], space: [UInt8]) async throws -> Bool
     /// The manifest of the space's snapshot, nil when none is held.
     func snapshotManifest(space: [UInt8]) async throws -> SnapshotManifest?
     /// Piece `index` of the space's snapshot.

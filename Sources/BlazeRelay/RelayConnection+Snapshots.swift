@@ -120,7 +120,14 @@ extension RelayConnection {
         run(context: context, { relay -> Bool in
             defer { relay.snapshotBudget.release(reserved, for: hexString(space)) }
             try RelayRules.checkSnapshot(manifest, parts: parts, space: space, membership: try await relay.membership(space))
-            return try await relay.store.keepSnapshot(manifest, parts: parts, space: space)
+            let (upload, startedMs) = (SpaceKey.randomBytes(16), RelayServer.nowMs())
+            do {
+                for part in parts { try await relay.store.stageSnapshotPart(part, upload: upload, space: space, startedMs: startedMs) }
+                return try await relay.store.keepSnapshot(manifest, upload: upload, space: space)
+            } catch {
+                try? await relay.store.dropSnapshotUpload(upload)
+                throw error
+            }
         }) { connection, kept, context in
             connection.storing = false
             if var v = connection.peerVector {

@@ -166,6 +166,8 @@ public final class RelayServer: Sendable {
         let relay = self
         let keys = try await store.spaces()
         served.withLock { $0 = keys }
+        // What uploads of a process that stopped mid-way staged (by age: other processes may share the store).
+        _ = try await store.dropSnapshotUploads(startedBefore: Self.nowMs() - SnapshotUploadLimits().staleAfterMs)
         startWatching()
         let ch = try await ServerBootstrap(group: group)
             .serverChannelOption(.backlog, value: 256)
