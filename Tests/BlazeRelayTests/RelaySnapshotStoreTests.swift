@@ -35,7 +35,7 @@ extension RelayStoreTests {
         let manifest = self.manifest([p0, p1], createdMs: 1_000, heads: head20, by: admin.identity)
         let byStranger = self.manifest([p0, p1], createdMs: 1_000, heads: head20, by: stranger.identity)
         // Its manifest, before any piece: signed by the writer the connection proved, declaring a size its pieces can
-        // hold.
+        // hold (the relay's size limit is the connection's to apply: a larger one is declined, not refused).
         let adminKeys = admin.identity.publicKeys, strangerKeys = stranger.identity.publicKeys
         try RelayRules.checkManifest(manifest, space: key.id, membership: log, device: adminKeys)
         #expect(throws: SyncRejection.badSnapshot) { try RelayRules.checkManifest(byStranger, space: key.id, membership: log, device: strangerKeys) }
