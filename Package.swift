@@ -201,6 +201,9 @@ let package = Package(
                 "BlazeRelay", "BlazeSync", "BlazeStore", "BlazeCRDT", "BlazeCrypto", "BlazeProtocol", "BlazeTestSupport", "BlazeWire",
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "NIOPosix", package: "swift-nio"),
+                // Tests of the relay's stores upgrade databases of either kind made before a migration.
+                .product(name: "GRDB", package: "GRDB.swift"),
+                .product(name: "PostgresNIO", package: "postgres-nio"),
             ],
             swiftSettings: strict),
         .testTarget(

@@ -66,18 +66,63 @@ extension PostgresRelayStore {
         }
     }
 
-    public func keepSnapshot(_ manifest: SnapshotManifest, parts: [SnapshotPart], space: [UInt8]) async throws -> Bool {
+    public func stageSnapshotPart(_ part: SnapshotPart, upload: [UInt8], space: [UInt8], startedMs: Int64) async throws {
         try await bounded { [self] in
-            let s = Data(space)
+            let (u, idx, s, bytes) = (Data(upload), Int64(part.index), Data(space), Data(part.bytes))
+            _ = try await client.query(
+                """
+                INSERT INTO relay_snapshot_uploads(upload, idx, space, started_ms, bytes) \
+                VALUES (\(u), \(idx), \(s), \(startedMs), \(bytes))
+                """, logger: logger)
+        }
+    }
+
+    public func dropSnapshotUpload(_ upload: [UInt8]) async throws {
+        try await bounded { [self] in
+            _ = try await client.query("DELETE FROM relay_snapshot_uploads WHERE upload = \(Data(upload))", logger: logger)
+        }
+    }
+
+    public func dropSnapshotUploads(startedBefore cutoffMs: Int64) async throws -> Int {
+        try await bounded { [self] in
+            // Other relay processes share the table: only what no upload under way can own goes (by age).
+            let gone = try await client.query(
+                """
+                WITH gone AS (DELETE FROM relay_snapshot_uploads WHERE started_ms < \(cutoffMs) RETURNING 1) \
+                SELECT count(*) FROM gone
+                """, logger: logger
+            ).decode(Int64.self).all().first
+            return Int(gone ?? 0)
+        }
+    }
+
+    public func keepSnapshot(_ manifest: SnapshotManifest, upload: [UInt8], space: [UInt8]) async throws -> Bool {
+        try await bounded { [self] in
+            let (s, u) = (Data(space), Data(upload))
             return try await transaction { conn in
+                // The staged pieces go whatever the outcome; kept, they are copied in the server, never read here.
+                func done(_ kept: Bool) async throws -> Bool {
+                    try await conn.query("DELETE FROM relay_snapshot_uploads WHERE upload = \(u)", logger: self.logger)
+                    return kept
+                }
                 // The usage row is the space's lock.
                 guard try await conn.query("SELECT 1 FROM relay_usage WHERE space = \(s) FOR UPDATE", logger: self.logger)
                     .decode(Int32.self).all().first != nil
-                else { return false }
+                else { return try await done(false) }
+                // Every piece the manifest counts, once each (the key makes indexes unique), and the bytes it declares.
+                let staged = try await conn.query(
+                    """
+                    SELECT count(*), coalesce(max(idx), -1), coalesce(sum(octet_length(bytes)), 0)::bigint \
+                    FROM relay_snapshot_uploads WHERE upload = \(u) AND space = \(s)
+                    """, logger: self.logger
+                ).decode((Int64, Int64, Int64).self).all().first
+                guard let staged, staged.0 == Int64(manifest.parts), staged.1 == Int64(manifest.parts) - 1,
+                    UInt64(staged.2) == manifest.size
+                else { return try await done(false) }
                 let held = try await conn.query("SELECT manifest FROM relay_snapshots WHERE space = \(s)", logger: self.logger)
                     .decode(Data.self).all().first.flatMap { try? SnapshotManifest(bytes: Array($0)) }
                 let bases = try await self.bases(conn, s)
-                guard RelayRules.supersedes(manifest, held: held, bases: bases) else { return false }
+                guard RelayRules.supersedes(manifest, held: held, bases: bases) else { return try await done(false) }
                 var reach: [NodeID: UInt64] = bases.mapValues(\.seq)
                 for (origin, seq) in try await conn.query(
                     "SELECT origin, max(seq) FROM relay_entries WHERE space = \(s) GROUP BY origin", logger: self.logger
@@ -107,11 +152,11 @@ extension PostgresRelayStore {
                         """, logger: self.logger)
                 }
                 try await conn.query("DELETE FROM relay_snapshot_parts WHERE space = \(s)", logger: self.logger)
-                for part in parts {
-                    let (idx, bytes) = (Int64(part.index), Data(part.bytes))
-                    try await conn.query(
-                        "INSERT INTO relay_snapshot_parts(space, idx, bytes) VALUES (\(s), \(idx), \(bytes))", logger: self.logger)
-                }
+                try await conn.query(
+                    """
+                    INSERT INTO relay_snapshot_parts(space, idx, bytes) \
+                    SELECT space, idx, bytes FROM relay_snapshot_uploads WHERE upload = \(u)
+                    """, logger: self.logger)
                 let (created, bytes) = (Int64(clamping: manifest.createdMs), Data(manifest.bytes))
                 try await conn.query(
                     """
@@ -122,7 +167,7 @@ extension PostgresRelayStore {
                     "UPDATE relay_usage SET last_write_ms = \(Self.nowMs()) WHERE space = \(s)", logger: self.logger)
                 // Other processes' devices may need it: they pump again.
                 try await self.notify(conn, "e", space: space)
-                return true
+                return try await done(true)
             }
         }
     }

@@ -92,6 +92,10 @@ public final class PostgresRelayStore: RelayBackend {
                 bytes BYTEA NOT NULL, PRIMARY KEY(space, idx))
                 """,
                 """
+                CREATE TABLE IF NOT EXISTS relay_snapshot_uploads(upload BYTEA NOT NULL, idx BIGINT NOT NULL, \
+                space BYTEA NOT NULL, started_ms BIGINT NOT NULL, bytes BYTEA NOT NULL, PRIMARY KEY(upload, idx))
+                """,
+                """
                 CREATE TABLE IF NOT EXISTS relay_bases(space BYTEA NOT NULL, origin BYTEA NOT NULL, seq BIGINT NOT NULL, \
                 hash BYTEA NOT NULL, PRIMARY KEY(space, origin))
                 """,
@@ -352,6 +356,7 @@ public final class PostgresRelayStore: RelayBackend {
                     try await conn.query("DELETE FROM relay_snapshots WHERE space = \(space)", logger: self.logger)
                     try await conn.query("DELETE FROM relay_snapshot_parts WHERE space = \(space)", logger: self.logger)
                     try await conn.query("DELETE FROM relay_bases WHERE space = \(space)", logger: self.logger)
+                    try await conn.query("DELETE FROM relay_snapshot_uploads WHERE space = \(space)", logger: self.logger)
                     try await conn.query(
                         "UPDATE relay_usage SET entries = 0, bytes = 0, last_write_ms = 0 WHERE space = \(space)",
                         logger: self.logger)

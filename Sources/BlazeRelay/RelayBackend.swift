@@ -32,11 +32,20 @@ public protocol RelayBackend: Sendable {
     func keepAcks(_ acks: [Acknowledgement], space: [UInt8]) async throws -> [Acknowledgement]
     /// The latest acknowledgement held of each signer of `space`.
     func acks(space: [UInt8]) async throws -> [Acknowledgement]
-    /// Keeps `manifest` and its `parts` (checked by the caller, `RelayRules.checkSnapshot`) as the space's snapshot,
-    /// unless the one held is as recent or this one covers less than a base (below) of some origin. For each origin
-    /// whose held entries end below what it covers, those entries and heads go and the manifest's head becomes the
-    /// origin's base: the next entry must link to it. Returns whether it was kept.
-    func keepSnapshot(_ manifest: SnapshotManifest, parts: [SnapshotPart], space: [UInt8]) async throws -> Bool
+    /// Writes `part` (checked by the caller against its manifest and the pieces before it, `SnapshotUpload`) as a
+    /// piece of upload `upload` of `space`, begun at `startedMs` (Unix ms): staged until the upload is kept or dropped.
+    func stageSnapshotPart(_ part: SnapshotPart, upload: [UInt8], space: [UInt8], startedMs: Int64) async throws
+    /// Drops what upload `upload` staged (declined, or its connection closed).
+    func dropSnapshotUpload(_ upload: [UInt8]) async throws
+    /// Drops what uploads begun before `cutoffMs` (Unix ms) staged: a relay process that stopped mid-upload left them.
+    /// Returns how many pieces went.
+    func dropSnapshotUploads(startedBefore cutoffMs: Int64) async throws -> Int
+    /// Keeps `manifest` with the pieces upload `upload` staged (every one it counts, each checked by the caller as it
+    /// came) as the space's snapshot, in one transaction, unless they are not all staged, the one held is as recent
+    /// or this one covers less than a base (below) of some origin. For each origin whose held entries end below what
+    /// it covers, those entries and heads go and the manifest's head becomes the origin's base: the next entry must
+    /// link to it. The staged pieces go either way. Returns whether it was kept.
+    func keepSnapshot(_ manifest: SnapshotManifest, upload: [UInt8], space: [UInt8]) async throws -> Bool
     /// The manifest of the space's snapshot, nil when none is held.
     func snapshotManifest(space: [UInt8]) async throws -> SnapshotManifest?
     /// Piece `index` of the space's snapshot.
@@ -163,36 +172,18 @@ enum RelayRules {
         return latest.values.sorted { $0.node.lexicographicallyPrecedes($1.node) }
     }
 
-    /// Checks the manifest that opens an upload before any piece is taken (SYNC.md §11): of this space, declaring at
-    /// most `maxSnapshotBytes` and as many pieces as that size can hold, signed by the device this connection proved
-    /// (`device`), which the log lists with that key as a current writing member. `badSnapshot` otherwise.
+    /// Checks the manifest that opens an upload before any piece is taken (SYNC.md §11): of this space, declaring as
+    /// many pieces as its size can hold (and no fewer than it needs), signed by the device this connection proved
+    /// (`device`), which the log lists with that key as a current writing member. `badSnapshot` otherwise. Its size
+    /// against the relay's limit is the caller's (`SnapshotUploadLimits`): a larger one is declined, not refused.
     static func checkManifest(
         _ manifest: SnapshotManifest, space: [UInt8], membership: MembershipState?, device: DevicePublicKeys?
     ) throws(SyncRejection) {
-        guard manifest.space == space, manifest.size <= UInt64(maxSnapshotBytes),
-            UInt64(manifest.parts) * UInt64(SnapshotPart.minBytes) <= manifest.size,
+        guard manifest.space == space, UInt64(manifest.parts) * UInt64(SnapshotPart.minBytes) <= manifest.size,
             manifest.size <= UInt64(manifest.parts) * UInt64(SnapshotPart.maxBytes), let device,
             manifest.authorKey == device.signing, let membership, let author = membership.member(device.nodeID),
             author.isCurrent, author.role.writes, author.keys == device
         else { throw .badSnapshot }
-    }
-
-    /// Checks an uploaded snapshot as far as a relay can without opening it (SYNC.md §11): of this space, signed by
-    /// a current writing member the log lists with that key, its pieces numbered from 0, each naming the hash of the
-    /// one before (zeros for the first), as many as the manifest says, the last the one it names. `badSnapshot`
-    /// otherwise.
-    static func checkSnapshot(
-        _ manifest: SnapshotManifest, parts: [SnapshotPart], space: [UInt8], membership: MembershipState?
-    ) throws(SyncRejection) {
-        guard manifest.space == space, let membership, let author = membership.member(manifest.author), author.isCurrent,
-            author.role.writes, author.keys.signing == manifest.authorKey, !parts.isEmpty, parts.count == Int(manifest.parts),
-            parts.last?.hash == manifest.lastPart
-        else { throw .badSnapshot }
-        var prev = SealedEntry.genesis
-        for (i, part) in parts.enumerated() {
-            guard part.index == UInt32(i), part.prev == prev else { throw .badSnapshot }
-            prev = part.hash
-        }
     }
 
     /// Whether `manifest` may replace `held` given the bases it would keep: more recent, and covering every base.
@@ -211,12 +202,6 @@ enum RelayRules {
         }
         return out
     }
-
-    /// The largest snapshot upload a relay takes (its manifest's declared size), held in memory until its last
-    /// piece comes; a snapshot is about the size of the documents.
-    static let maxSnapshotBytes = 256 << 20
-    /// How long an upload may wait for its last piece after its manifest.
-    static let snapshotUploadTimeout: TimeAmount = .minutes(5)
 
     /// The largest acknowledgement a relay keeps (about 10,000 origins); a larger one is passed on by members only.
     static let maxAckBytes = 256 << 10

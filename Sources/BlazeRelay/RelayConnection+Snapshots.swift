@@ -4,139 +4,147 @@ import BlazeProtocol
 import NIOCore
 
 /// Snapshots through the relay (SYNC.md §11, Protocol/RELAY.md "What it does"): a member's upload (its signed manifest
-/// first, checked before any piece is taken, then its pieces, each checked as it comes and held in memory only within
-/// bounds until the last), and the snapshot sent to a device that lacks what it covers (manifest first, too).
+/// first, checked before any piece is taken, then its pieces, each checked as it comes and staged in the store, kept in
+/// one transaction after the last), and the snapshot sent to a device that lacks what it covers (manifest first, too).
+/// Only the piece at hand is in memory.
 extension RelayConnection {
     /// The manifest that opens an upload: accepted only from a current writing member the log lists with the key this
-    /// connection proved, as the snapshot's author, declaring at most `RelayRules.maxSnapshotBytes`, with no other
-    /// upload under way. Refused (`bad_snapshot`, and the connection closed) otherwise.
+    /// connection proved, as the snapshot's author, with no other upload under way; refused (`bad_snapshot`, and the
+    /// connection closed) otherwise. One over the relay's `SnapshotUploadLimits`, or for which the staging room is in
+    /// use, is declined: its pieces are checked and ignored, and the connection serves on.
     func beginUpload(_ manifest: SnapshotManifest, space: [UInt8], context: ChannelHandlerContext) {
-        guard uploadManifest == nil else {
+        guard upload == nil else {
             refuse(.badSnapshot, context: context)
             return
         }
         let device = self.device
+        let stale = RelayServer.nowMs() - relay.snapshotUploads.staleAfterMs
         run(context: context, { relay in
             try RelayRules.checkManifest(manifest, space: space, membership: try await relay.membership(space), device: device)
+            // What uploads of a process that stopped mid-way staged goes as new ones begin.
+            _ = try await relay.store.dropSnapshotUploads(startedBefore: stale)
         }) { connection, _, context in
             connection.storing = false
-            connection.uploadManifest = manifest
-            (connection.uploadNext, connection.uploadLast, connection.uploadSeen) = (0, SealedEntry.genesis, 0)
-            connection.uploadDropped = false
-            connection.armUploadDeadline(space: space, context: context)
+            let relay = connection.relay
+            var upload = SnapshotUpload(manifest: manifest, startedMs: RelayServer.nowMs())
+            // Compared before it is converted: a manifest's size is the device's word.
+            let fits = manifest.size <= UInt64(relay.snapshotUploads.maxBytes)
+            if fits, relay.snapshotStaging.reserve(Int(manifest.size), for: hexString(space)) { upload.reserved = Int(manifest.size) }
+            connection.upload = upload
+            if !fits {
+                connection.decline("it is larger than the relay takes", space: space)
+            } else if upload.reserved == 0 {
+                connection.decline("the relay's room for snapshot uploads (of this space, or in all) is in use", space: space)
+            } else {
+                connection.armUploadDeadline(space: space, context: context)
+            }
             connection.resumeReading(context: context)
             connection.storeNext(space: space, context: context)
         }
     }
 
-    /// One piece of the upload under way, checked against its manifest and the pieces before it: the next index,
-    /// naming the previous piece's hash, no more than the manifest counts, within its declared size, the last the one
-    /// it names. A piece with no accepted manifest, or out of place, is refused (`bad_snapshot`) and the connection
-    /// closed. Kept in memory within `RelayRules.maxSnapshotBytes` and the relay's `snapshotBudget` across
-    /// connections; past them the upload is dropped whole (its other pieces are checked and ignored); the snapshot is
-    /// checked and kept after its last piece.
+    /// One piece of the upload under way, checked against its manifest and the pieces before it (`SnapshotUpload`)
+    /// before anything is written; a piece with no accepted manifest, or out of place, is refused (`bad_snapshot`) and
+    /// the connection closed. Staged in the store as it comes (ignored once the upload is declined); the last one keeps
+    /// the snapshot.
     func stage(_ part: SnapshotPart, space: [UInt8], context: ChannelHandlerContext) {
-        let bytes = part.bytes.count
-        guard let manifest = uploadManifest, uploadNext < manifest.parts, part.index == uploadNext, part.prev == uploadLast,
-            uploadSeen + UInt64(bytes) <= manifest.size
-        else {
+        guard var upload else {
             refuse(.badSnapshot, context: context)
             return
         }
-        let isLast = uploadNext + 1 == manifest.parts
-        guard !isLast || (part.hash == manifest.lastPart && uploadSeen + UInt64(bytes) == manifest.size) else {
-            refuse(.badSnapshot, context: context)
+        let last: Bool
+        do { last = try upload.take(part) } catch {
+            refuse(error, context: context)
             return
         }
-        (uploadNext, uploadLast, uploadSeen) = (uploadNext + 1, part.hash, uploadSeen + UInt64(bytes))
-        if !uploadDropped {
-            if uploadBytes + bytes > RelayRules.maxSnapshotBytes {
-                dropUpload("it is larger than the relay keeps", space: space)
-            } else if !relay.snapshotBudget.reserve(bytes, for: hexString(space)) {
-                dropUpload("the relay's memory for snapshot uploads (of this space, or in all) is in use", space: space)
-            } else {
-                uploadBytes += bytes
-                uploadParts.append(part)
+        guard upload.declined == nil else {
+            self.upload = last ? nil : upload
+            storing = false
+            resumeReading(context: context)
+            storeNext(space: space, context: context)
+            return
+        }
+        self.upload = upload
+        let (id, startedMs, ended, manifest) = (upload.id, upload.startedMs, upload.ended, upload.manifest)
+        run(context: context, { relay -> Bool? in
+            try await relay.store.stageSnapshotPart(part, upload: id, space: space, startedMs: startedMs)
+            // Declined or closed while it was written: what it staged goes (again, for this piece).
+            guard !ended.isSet else {
+                try await relay.store.dropSnapshotUpload(id)
+                return nil
             }
-        }
-        guard isLast else {
-            storing = false
-            resumeReading(context: context)
-            storeNext(space: space, context: context)
-            return
-        }
-        finishUpload(manifest, space: space, context: context)
-    }
-
-    /// Drops the upload under way, giving its memory back; the rest of its pieces are checked and ignored.
-    func dropUpload(_ why: String, space: [UInt8]) {
-        releaseUpload(space: space)
-        uploadDropped = true
-        relay.record(.snapshotDropped)
-        relay.logger.warning("Relay dropped a snapshot upload", metadata: ["why": "\(why)"])
-    }
-
-    /// An upload whose last piece has not come `RelayRules.snapshotUploadTimeout` after its manifest is dropped, and
-    /// its manifest forgotten (a piece after that is refused): a connection kept alive with pings cannot hold the
-    /// memory for good.
-    private func armUploadDeadline(space: [UInt8], context: ChannelHandlerContext) {
-        uploadDeadline?.cancel()
-        let bound = NIOLoopBound((self, context), eventLoop: context.eventLoop)
-        uploadDeadline = context.eventLoop.scheduleTask(in: RelayRules.snapshotUploadTimeout) {
-            let (connection, _) = bound.value
-            guard connection.uploadManifest != nil else { return }
-            connection.dropUpload("its last piece did not come in time", space: space)
-            connection.uploadManifest = nil
-        }
-    }
-
-    /// The last piece came: the snapshot is checked and kept, unless the upload was dropped. Its memory stays
-    /// reserved until the check and the store end, even if the connection closes first.
-    private func finishUpload(_ manifest: SnapshotManifest, space: [UInt8], context: ChannelHandlerContext) {
-        let (parts, dropped, reserved) = (uploadParts, uploadDropped, uploadBytes)
-        (uploadParts, uploadDropped, uploadBytes, uploadManifest) = ([], false, 0, nil)
-        uploadDeadline?.cancel()
-        guard !dropped else {
-            storing = false
-            resumeReading(context: context)
-            storeNext(space: space, context: context)
-            return
-        }
-        keep(snapshot: manifest, parts: parts, reserved: reserved, space: space, context: context)
-    }
-
-    /// Gives back the memory the upload under way reserved (dropped, or its connection closed).
-    func releaseUpload(space: [UInt8]) {
-        uploadDeadline?.cancel()
-        relay.snapshotBudget.release(uploadBytes, for: hexString(space))
-        (uploadParts, uploadBytes) = ([], 0)
-    }
-
-    /// Checks and keeps a snapshot the device uploaded; a snapshot that does not check is refused (`bad_snapshot`).
-    /// The device holds what it covers; devices that lack it get it from now on.
-    func keep(
-        snapshot manifest: SnapshotManifest, parts: [SnapshotPart], reserved: Int, space: [UInt8], context: ChannelHandlerContext
-    ) {
-        run(context: context, { relay -> Bool in
-            defer { relay.snapshotBudget.release(reserved, for: hexString(space)) }
-            try RelayRules.checkSnapshot(manifest, parts: parts, space: space, membership: try await relay.membership(space))
-            return try await relay.store.keepSnapshot(manifest, parts: parts, space: space)
+            guard last else { return nil }
+            do {
+                return try await relay.store.keepSnapshot(manifest, upload: id, space: space)
+            } catch {
+                try? await relay.store.dropSnapshotUpload(id)
+                throw error
+            }
         }) { connection, kept, context in
             connection.storing = false
-            if var v = connection.peerVector {
-                for (origin, head) in manifest.heads { v[NodeID(bytes: origin)] = max(v[NodeID(bytes: origin)] ?? 0, head.seq) }
-                connection.peerVector = v
-            }
-            if kept {
-                connection.relay.record(.snapshotKept)
-                connection.relay.logger.info(
-                    "Relay kept a snapshot",
-                    metadata: ["space": "\(hexString(space))", "pieces": "\(parts.count)", "author": "\(hexString(manifest.author))"])
-                connection.relay.announce(space: space, except: connection.listener, .entries)
-            }
+            if last { connection.finishUpload(manifest, kept: kept ?? false, space: space) }
             connection.resumeReading(context: context)
             connection.storeNext(space: space, context: context)
         }
+    }
+
+    /// Declines the upload under way: what it staged goes and its room is given back; the rest of its pieces, no more
+    /// than its manifest declares, are checked and ignored. Counted (`blaze_relay_snapshots_dropped_total`).
+    func decline(_ why: String, space: [UInt8]) {
+        guard var upload, upload.declined == nil, !upload.complete else { return }
+        uploadDeadline?.cancel()
+        relay.snapshotStaging.release(upload.reserved, for: hexString(space))
+        let staged = upload.reserved > 0
+        (upload.reserved, upload.declined) = (0, why)
+        upload.ended.set()
+        self.upload = upload
+        if staged {
+            let (store, id) = (relay.store, upload.id)
+            Task(executorPreference: relay.executor) { try? await store.dropSnapshotUpload(id) }
+        }
+        relay.record(.snapshotDropped)
+        relay.logger.warning("Relay declined a snapshot upload", metadata: ["why": "\(why)", "space": "\(hexString(space))"])
+    }
+
+    /// An upload whose last piece has not come within the relay's window after its manifest is declined: a connection
+    /// kept alive with pings cannot hold the staging room for good.
+    private func armUploadDeadline(space: [UInt8], context: ChannelHandlerContext) {
+        uploadDeadline?.cancel()
+        let bound = NIOLoopBound(self, eventLoop: context.eventLoop)
+        uploadDeadline = context.eventLoop.scheduleTask(in: relay.snapshotUploads.window) {
+            bound.value.decline("its last piece did not come in time", space: space)
+        }
+    }
+
+    /// The last piece was staged and the snapshot kept or not: the upload's room is given back; the device holds what
+    /// it covers, and devices that lack it get it from now on.
+    private func finishUpload(_ manifest: SnapshotManifest, kept: Bool, space: [UInt8]) {
+        uploadDeadline?.cancel()
+        if let upload { relay.snapshotStaging.release(upload.reserved, for: hexString(space)) }
+        upload = nil
+        if var v = peerVector {
+            for (origin, head) in manifest.heads { v[NodeID(bytes: origin)] = max(v[NodeID(bytes: origin)] ?? 0, head.seq) }
+            peerVector = v
+        }
+        guard kept else { return }
+        relay.record(.snapshotKept)
+        relay.logger.info(
+            "Relay kept a snapshot",
+            metadata: ["space": "\(hexString(space))", "pieces": "\(manifest.parts)", "author": "\(hexString(manifest.author))"])
+        relay.announce(space: space, except: listener, .entries)
+    }
+
+    /// Gives back what the upload under way holds (its connection closed): its room, and what it staged, unless its
+    /// last piece is in (the keep under way drops the staged pieces either way).
+    func releaseUpload(space: [UInt8]) {
+        uploadDeadline?.cancel()
+        guard let upload else { return }
+        self.upload = nil
+        relay.snapshotStaging.release(upload.reserved, for: hexString(space))
+        guard upload.declined == nil, !upload.complete else { return }
+        upload.ended.set()
+        let (store, id) = (relay.store, upload.id)
+        Task(executorPreference: relay.executor) { try? await store.dropSnapshotUpload(id) }
     }
 
     /// Sends the device the space's snapshot, its manifest then piece by piece (each read once the one before is

@@ -57,17 +57,9 @@ final class RelayConnection: ChannelInboundHandler {
         /// An admin's `JOIN_REFUSED`: after the operations sent before it, which may list the joiner.
         case joinRefused(invite: [UInt8], joiner: [UInt8], reason: InviteRefusal)
     }
-    /// The accepted manifest of the snapshot the device is uploading (nil: none under way, and a piece is refused),
-    /// the next piece's index, the hash it must name, and the pieces' bytes so far.
-    var uploadManifest: SnapshotManifest?
-    var uploadNext: UInt32 = 0
-    var uploadLast = SealedEntry.genesis
-    var uploadSeen: UInt64 = 0
-    /// Pieces of that upload held until its last comes; their bytes (reserved in the relay's `snapshotBudget` until
-    /// kept or dropped); and whether this upload was dropped whole.
-    var uploadParts: [SnapshotPart] = []
-    var uploadBytes = 0
-    var uploadDropped = false
+    /// The snapshot the device is uploading, from its accepted manifest to its last piece (nil: none under way, and a
+    /// piece is refused), and the end of its window.
+    var upload: SnapshotUpload?
     var uploadDeadline: Scheduled<Void>?
     /// Whether this connection sent the device the space's snapshot (once per connection).
     var snapshotSent = false

@@ -12,7 +12,7 @@ extension RelayServer {
         case storeFailed(timedOut: Bool)
         /// Acknowledgements kept (newer than those held of their signers).
         case acksKept(Int)
-        /// A snapshot a member uploaded was kept; one was sent to a device; an upload was dropped before its manifest.
+        /// A snapshot a member uploaded was kept; one was sent to a device; an upload was declined (its pieces ignored).
         case snapshotKept, snapshotSent, snapshotDropped
     }
 
@@ -79,7 +79,7 @@ public struct RelayCounters: Sendable {
     public var storeErrors = 0, storeTimeouts = 0
     /// Acknowledgements kept and passed on (SYNC.md §11).
     public var acksKept = 0
-    /// Snapshots members uploaded that were kept, snapshots sent to devices (SYNC.md §11), and uploads dropped
-    /// before their manifest (not from a current writer, too large, or over the relay's memory for them).
+    /// Snapshots members uploaded that were kept, snapshots sent to devices (SYNC.md §11), and uploads declined (too
+    /// large, over the relay's staging room, or slower than its window).
     public var snapshotsKept = 0, snapshotsSent = 0, snapshotsDropped = 0
 }

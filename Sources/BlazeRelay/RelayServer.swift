@@ -60,11 +60,10 @@ public final class RelayServer: Sendable {
     let listedPlaces = DevicePlaces()
     /// Proxies whose connections count for the client they forward (`forwardedClient`).
     let trustedProxies: [AddressRange]
-    /// Memory that snapshot uploads waiting for their manifests may hold, across connections, and per space (so the
-    /// members of one space cannot take it all).
-    let snapshotBudget = MemoryBudget(limit: RelayServer.snapshotMemory, perKey: RelayRules.maxSnapshotBytes)
-    /// The default of `snapshotBudget`: two uploads of the largest size a relay keeps.
-    static let snapshotMemory = 2 * RelayRules.maxSnapshotBytes
+    /// Bounds on snapshot uploads, and the store room their manifests declared, reserved while they are staged: within
+    /// `stagedBytes` across connections and `maxBytes` per space (so the members of one space cannot take it all).
+    let snapshotUploads: SnapshotUploadLimits
+    let snapshotStaging: MemoryBudget
 
     /// Connection handlers alive (made and not yet freed): back to what it was once connections end, or they leak.
     let connectionHandlers = Atomic<Int>(0)
@@ -97,13 +96,15 @@ public final class RelayServer: Sendable {
     /// A relay over `store`, proving `identity` to devices, admitting connections within `limits` and at most
     /// `handshakesPerSecondPerAddress` new ones per second from one address (0: no such limit), closing a connection whose
     /// store operation takes longer than `storeTimeout`; connections from `trustedProxies` count for the client they
-    /// forward.
+    /// forward; snapshot uploads are held to `snapshotUploads`.
     public init(
         store: any RelayBackend, identity: DeviceIdentity, group: any EventLoopGroup, logger: Logger,
         timeout: TimeAmount = .seconds(30), limits: SyncListenerLimits = RelayServer.defaultLimits,
         handshakesPerSecondPerAddress: Int = RelayServer.defaultHandshakeRate, storeTimeout: TimeAmount = .seconds(30),
-        trustedProxies: [AddressRange] = []
+        trustedProxies: [AddressRange] = [], snapshotUploads: SnapshotUploadLimits = SnapshotUploadLimits()
     ) {
+        self.snapshotUploads = snapshotUploads
+        snapshotStaging = MemoryBudget(limit: snapshotUploads.stagedBytes, perKey: snapshotUploads.maxBytes)
         self.trustedProxies = trustedProxies
         self.storeTimeout = storeTimeout
         self.gate = ConnectionGate(limits: limits)
@@ -169,6 +170,8 @@ public final class RelayServer: Sendable {
         let relay = self
         let keys = try await store.spaces()
         served.withLock { $0 = keys }
+        // What uploads of a process that stopped mid-way staged (by age: other processes may share the store).
+        _ = try await store.dropSnapshotUploads(startedBefore: Self.nowMs() - snapshotUploads.staleAfterMs)
         startWatching()
         let ch = try await ServerBootstrap(group: group)
             .serverChannelOption(.backlog, value: 256)

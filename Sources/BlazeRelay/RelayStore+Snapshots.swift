@@ -20,50 +20,88 @@ extension RelayStore {
         try await pool.read { db in try Self.bases(db, Data(space)) }
     }
 
-    public func keepSnapshot(_ manifest: SnapshotManifest, parts: [SnapshotPart], space: [UInt8]) async throws -> Bool {
+    public func stageSnapshotPart(_ part: SnapshotPart, upload: [UInt8], space: [UInt8], startedMs: Int64) async throws {
         try await pool.write { db in
-            let s = Data(space)
-            let held = try Data.fetchOne(db, sql: "SELECT manifest FROM relay_snapshots WHERE space = ?", arguments: [s])
-                .flatMap { try? SnapshotManifest(bytes: Array($0)) }
-            let bases = try Self.bases(db, s)
-            guard try Data.fetchOne(db, sql: "SELECT space FROM relay_usage WHERE space = ?", arguments: [s]) != nil,
-                RelayRules.supersedes(manifest, held: held, bases: bases)
-            else { return false }
-            var reach: [NodeID: UInt64] = bases.mapValues(\.seq)
-            for row in try Row.fetchAll(
-                db, sql: "SELECT origin, max(seq) FROM relay_entries WHERE space = ? GROUP BY origin", arguments: [s])
-            {
-                let origin = NodeID(bytes: Array(row[0] as Data))
-                reach[origin] = max(reach[origin] ?? 0, UInt64(row[1] as Int64))
-            }
-            for (origin, base) in RelayRules.newBases(manifest, held: reach) {
-                let (o, seq) = (Data(origin.bytes), Int64(base.seq))
-                let gone = try Row.fetchOne(
-                    db, sql: "SELECT count(*), coalesce(sum(length(bytes)), 0) FROM relay_entries WHERE space = ? AND origin = ? AND seq <= ?",
-                    arguments: [s, o, seq])
-                try db.execute(sql: "DELETE FROM relay_entries WHERE space = ? AND origin = ? AND seq <= ?", arguments: [s, o, seq])
-                try db.execute(sql: "DELETE FROM relay_heads WHERE space = ? AND origin = ? AND seq <= ?", arguments: [s, o, seq])
-                try db.execute(
-                    sql: "UPDATE relay_usage SET entries = entries - ?, bytes = bytes - ? WHERE space = ?",
-                    arguments: [gone?[0] as Int? ?? 0, gone?[1] as Int? ?? 0, s])
-                try db.execute(
-                    sql: "INSERT OR REPLACE INTO relay_bases(space, origin, seq, hash) VALUES (?, ?, ?, ?)",
-                    arguments: [s, o, seq, Data(base.hash)])
-            }
-            try db.execute(sql: "DELETE FROM relay_snapshot_parts WHERE space = ?", arguments: [s])
-            for part in parts {
-                try db.execute(
-                    sql: "INSERT INTO relay_snapshot_parts(space, idx, bytes) VALUES (?, ?, ?)",
-                    arguments: [s, Int64(part.index), Data(part.bytes)])
-            }
             try db.execute(
-                sql: "INSERT OR REPLACE INTO relay_snapshots(space, created_ms, manifest) VALUES (?, ?, ?)",
-                arguments: [s, Int64(clamping: manifest.createdMs), Data(manifest.bytes)])
-            try db.execute(
-                sql: "UPDATE relay_usage SET last_write_ms = ? WHERE space = ?",
-                arguments: [Int64(Date().timeIntervalSince1970 * 1000), s])
-            return true
+                sql: "INSERT INTO relay_snapshot_uploads(upload, idx, space, started_ms, bytes) VALUES (?, ?, ?, ?, ?)",
+                arguments: [Data(upload), Int64(part.index), Data(space), startedMs, Data(part.bytes)])
         }
+    }
+
+    public func dropSnapshotUpload(_ upload: [UInt8]) async throws {
+        try await pool.write { db in
+            try db.execute(sql: "DELETE FROM relay_snapshot_uploads WHERE upload = ?", arguments: [Data(upload)])
+        }
+    }
+
+    public func dropSnapshotUploads(startedBefore cutoffMs: Int64) async throws -> Int {
+        try await pool.write { db in
+            try db.execute(sql: "DELETE FROM relay_snapshot_uploads WHERE started_ms < ?", arguments: [cutoffMs])
+            return db.changesCount
+        }
+    }
+
+    public func keepSnapshot(_ manifest: SnapshotManifest, upload: [UInt8], space: [UInt8]) async throws -> Bool {
+        try await pool.write { db in
+            let u = Data(upload)
+            let kept = try Self.keepSnapshot(db, manifest, upload: u, space: Data(space))
+            try db.execute(sql: "DELETE FROM relay_snapshot_uploads WHERE upload = ?", arguments: [u])
+            return kept
+        }
+    }
+
+    /// Promotes the staged upload `u` to the space's snapshot within the caller's transaction (`keepSnapshot`).
+    private static func keepSnapshot(_ db: Database, _ manifest: SnapshotManifest, upload u: Data, space s: Data) throws -> Bool {
+        // Every piece the manifest counts, once each (the key makes indexes unique), and the bytes it declares.
+        let staged = try Row.fetchOne(
+            db,
+            sql: """
+                SELECT count(*), coalesce(max(idx), -1), coalesce(sum(length(bytes)), 0) FROM relay_snapshot_uploads
+                WHERE upload = ? AND space = ?
+                """,
+            arguments: [u, s])
+        guard let staged, staged[0] as Int64 == Int64(manifest.parts), staged[1] as Int64 == Int64(manifest.parts) - 1,
+            UInt64(staged[2] as Int64) == manifest.size
+        else { return false }
+        let held = try Data.fetchOne(db, sql: "SELECT manifest FROM relay_snapshots WHERE space = ?", arguments: [s])
+            .flatMap { try? SnapshotManifest(bytes: Array($0)) }
+        let bases = try Self.bases(db, s)
+        guard try Data.fetchOne(db, sql: "SELECT space FROM relay_usage WHERE space = ?", arguments: [s]) != nil,
+            RelayRules.supersedes(manifest, held: held, bases: bases)
+        else { return false }
+        var reach: [NodeID: UInt64] = bases.mapValues(\.seq)
+        for row in try Row.fetchAll(
+            db, sql: "SELECT origin, max(seq) FROM relay_entries WHERE space = ? GROUP BY origin", arguments: [s])
+        {
+            let origin = NodeID(bytes: Array(row[0] as Data))
+            reach[origin] = max(reach[origin] ?? 0, UInt64(row[1] as Int64))
+        }
+        for (origin, base) in RelayRules.newBases(manifest, held: reach) {
+            let (o, seq) = (Data(origin.bytes), Int64(base.seq))
+            let gone = try Row.fetchOne(
+                db, sql: "SELECT count(*), coalesce(sum(length(bytes)), 0) FROM relay_entries WHERE space = ? AND origin = ? AND seq <= ?",
+                arguments: [s, o, seq])
+            try db.execute(sql: "DELETE FROM relay_entries WHERE space = ? AND origin = ? AND seq <= ?", arguments: [s, o, seq])
+            try db.execute(sql: "DELETE FROM relay_heads WHERE space = ? AND origin = ? AND seq <= ?", arguments: [s, o, seq])
+            try db.execute(
+                sql: "UPDATE relay_usage SET entries = entries - ?, bytes = bytes - ? WHERE space = ?",
+                arguments: [gone?[0] as Int? ?? 0, gone?[1] as Int? ?? 0, s])
+            try db.execute(
+                sql: "INSERT OR REPLACE INTO relay_bases(space, origin, seq, hash) VALUES (?, ?, ?, ?)",
+                arguments: [s, o, seq, Data(base.hash)])
+        }
+        // Copied within SQLite, a page at a time: the pieces never come into the relay's memory.
+        try db.execute(sql: "DELETE FROM relay_snapshot_parts WHERE space = ?", arguments: [s])
+        try db.execute(
+            sql: "INSERT INTO relay_snapshot_parts(space, idx, bytes) SELECT space, idx, bytes FROM relay_snapshot_uploads WHERE upload = ?",
+            arguments: [u])
+        try db.execute(
+            sql: "INSERT OR REPLACE INTO relay_snapshots(space, created_ms, manifest) VALUES (?, ?, ?)",
+            arguments: [s, Int64(clamping: manifest.createdMs), Data(manifest.bytes)])
+        try db.execute(
+            sql: "UPDATE relay_usage SET last_write_ms = ? WHERE space = ?",
+            arguments: [Int64(Date().timeIntervalSince1970 * 1000), s])
+        return true
     }
 
     public func snapshotManifest(space: [UInt8]) async throws -> SnapshotManifest? {

@@ -100,6 +100,21 @@ public final class RelayStore: RelayBackend {
                     """)
         }
         m.registerMigration("v5") { db in try db.execute(sql: RelayStore.joinsTable) }
+        m.registerMigration("v6") { db in
+            // Pieces of snapshots being uploaded, staged as they come until the last one is in (SYNC.md §11); an
+            // ordinary rowid table, as its rows are large.
+            try db.execute(
+                sql: """
+                    CREATE TABLE relay_snapshot_uploads(
+                        upload BLOB NOT NULL,
+                        idx INTEGER NOT NULL,
+                        space BLOB NOT NULL,
+                        started_ms INTEGER NOT NULL,
+                        bytes BLOB NOT NULL,
+                        PRIMARY KEY(upload, idx)
+                    )
+                    """)
+        }
         try m.migrate(pool)
     }
 
@@ -270,7 +285,7 @@ public final class RelayStore: RelayBackend {
             for space in idle {
                 for table in [
                     "relay_entries", "relay_heads", "relay_ops", "relay_acks", "relay_snapshots", "relay_snapshot_parts",
-                    "relay_bases",
+                    "relay_bases", "relay_snapshot_uploads",
                 ] {
                     try db.execute(sql: "DELETE FROM \(table) WHERE space = ?", arguments: [space])
                 }

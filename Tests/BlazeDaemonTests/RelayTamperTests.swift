@@ -248,9 +248,21 @@ final class StallingBackend: RelayBackend {
         try await gate()
         return try await inner.acks(space: space)
     }
-    func keepSnapshot(_ manifest: SnapshotManifest, parts: [SnapshotPart], space: [UInt8]) async throws -> Bool {
+    func stageSnapshotPart(_ part: SnapshotPart, upload: [UInt8], space: [UInt8], startedMs: Int64) async throws {
         try await gate()
-        return try await inner.keepSnapshot(manifest, parts: parts, space: space)
+        try await inner.stageSnapshotPart(part, upload: upload, space: space, startedMs: startedMs)
+    }
+    func dropSnapshotUpload(_ upload: [UInt8]) async throws {
+        try await gate()
+        try await inner.dropSnapshotUpload(upload)
+    }
+    func dropSnapshotUploads(startedBefore cutoffMs: Int64) async throws -> Int {
+        try await gate()
+        return try await inner.dropSnapshotUploads(startedBefore: cutoffMs)
+    }
+    func keepSnapshot(_ manifest: SnapshotManifest, upload: [UInt8], space: [UInt8]) async throws -> Bool {
+        try await gate()
+        return try await inner.keepSnapshot(manifest, upload: upload, space: space)
     }
     func snapshotManifest(space: [UInt8]) async throws -> SnapshotManifest? {
         try await gate()

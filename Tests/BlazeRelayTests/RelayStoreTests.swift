@@ -64,7 +64,8 @@ final class TempRelay {
     let store: any RelayBackend
     /// The directory of the SQLite store (its `-wal` and `-shm` files included), removed whole.
     private let directory: String?
-    private let server: PostgresServer?
+    /// The PostgreSQL server of a `.postgres` store.
+    let server: PostgresServer?
 
     init(_ backend: Backend, limits: RelayLimits = RelayLimits()) async throws {
         switch backend {
@@ -228,79 +229,6 @@ final class TempRelay {
         _ = try await relay.store(try #require(try w.db.entryBatch(origin: w.origin, after: 0, maxEntries: 10)), space: key.id, membership: nil)
         #expect(try await relay.expire(idleBefore: Int64(Date().timeIntervalSince1970 * 1000) + 60_000) == [key.id])
         #expect(try await relay.acks(space: key.id).isEmpty)
-    }
-
-    @Test(arguments: Backend.allCases) func aMembersSnapshotBecomesTheBaseLaterEntriesLinkToAndIsServedAsUploaded(
-        backend: Backend
-    ) async throws {
-        let temp = try await TempRelay(backend)
-        let relay = temp.store
-        _ = try await relay.add(RelayCapability(key: key))
-        let admin = try Writer(key: key), stranger = try Writer(key: key)
-        let log = try adminLog(admin.identity)
-        try admin.write(30, key: key)
-        func batch(after: UInt64) throws -> EntryBatch {
-            try #require(try admin.db.entryBatch(origin: admin.origin, after: after, maxEntries: 10))
-        }
-        #expect(try await relay.store(try batch(after: 0), space: key.id, membership: log) == 10)
-        let upTo20 = try batch(after: 10)
-        // The relay cannot open the pieces: any sealed bytes stand for the documents.
-        func random(_ n: Int) -> [UInt8] { (0..<n).map { _ in UInt8.random(in: 0...255) } }
-        let p0 = SnapshotPart.seal(random(300), index: 0, prev: SealedEntry.genesis, key: key)
-        let p1 = SnapshotPart.seal(random(200), index: 1, prev: p0.hash, key: key)
-        let head20: [[UInt8]: (seq: UInt64, hash: [UInt8])] = [admin.origin.bytes: (20, upTo20.entries.last!.hash)]
-        let manifest = SnapshotManifest(
-            space: key.id, createdMs: 1_000, parts: 2, size: UInt64(p0.bytes.count + p1.bytes.count), lastPart: p1.hash, heads: head20, identity: admin.identity)
-        // What the relay checks: a current writing member's, of this space, its pieces whole and in order.
-        let byStranger = SnapshotManifest(
-            space: key.id, createdMs: 1_000, parts: 2, size: UInt64(p0.bytes.count + p1.bytes.count), lastPart: p1.hash, heads: head20, identity: stranger.identity)
-        #expect(throws: SyncRejection.badSnapshot) { try RelayRules.checkSnapshot(byStranger, parts: [p0, p1], space: key.id, membership: log) }
-        #expect(throws: SyncRejection.badSnapshot) { try RelayRules.checkSnapshot(manifest, parts: [p1, p0], space: key.id, membership: log) }
-        #expect(throws: SyncRejection.badSnapshot) { try RelayRules.checkSnapshot(manifest, parts: [p0], space: key.id, membership: log) }
-        #expect(throws: SyncRejection.badSnapshot) { try RelayRules.checkSnapshot(manifest, parts: [p0, p1], space: random(16), membership: log) }
-        #expect(throws: SyncRejection.badSnapshot) { try RelayRules.checkSnapshot(manifest, parts: [p0, p1], space: key.id, membership: nil) }
-        try RelayRules.checkSnapshot(manifest, parts: [p0, p1], space: key.id, membership: log)
-        // Its manifest, before any piece: signed by the writer the connection proved, within the relay's size.
-        let adminKeys = admin.identity.publicKeys, strangerKeys = stranger.identity.publicKeys
-        try RelayRules.checkManifest(manifest, space: key.id, membership: log, device: adminKeys)
-        #expect(throws: SyncRejection.badSnapshot) { try RelayRules.checkManifest(byStranger, space: key.id, membership: log, device: strangerKeys) }
-        #expect(throws: SyncRejection.badSnapshot) { try RelayRules.checkManifest(manifest, space: key.id, membership: log, device: strangerKeys) }
-        #expect(throws: SyncRejection.badSnapshot) { try RelayRules.checkManifest(manifest, space: key.id, membership: log, device: nil) }
-        let huge = SnapshotManifest(
-            space: key.id, createdMs: 1_000, parts: 2, size: UInt64(RelayRules.maxSnapshotBytes) + 1, lastPart: p1.hash, heads: head20,
-            identity: admin.identity)
-        #expect(throws: SyncRejection.badSnapshot) { try RelayRules.checkManifest(huge, space: key.id, membership: log, device: adminKeys) }
-        #expect(try await relay.keepSnapshot(manifest, parts: [p0, p1], space: key.id))
-        // The entries held below what it covers are gone; the base stands for them.
-        #expect(try await relay.bases(space: key.id) == [admin.origin: PrunedHead(seq: 20, hash: upTo20.entries.last!.hash)])
-        #expect(try await relay.vector(space: key.id) == [admin.origin: 20])
-        #expect(try await relay.usage(space: key.id).entries == 0)
-        #expect(try await relay.batch(space: key.id, origin: admin.origin, after: 0, maxEntries: 100, maxBytes: 1 << 20) == nil)
-        // Entries at or below the base cannot be checked: refused. The next ones link to it.
-        await #expect(throws: SyncRejection.brokenChain) { try await relay.store(upTo20, space: key.id, membership: log) }
-        let after20 = try batch(after: 20)
-        #expect(try await relay.store(after20, space: key.id, membership: log) == 10)
-        #expect(try await relay.vector(space: key.id) == [admin.origin: 30])
-        let served = try await relay.batch(space: key.id, origin: admin.origin, after: 20, maxEntries: 100, maxBytes: 1 << 20)
-        #expect(served?.entries.map(\.hash) == after20.entries.map(\.hash))
-        // Served exactly as uploaded.
-        #expect(try await relay.snapshotManifest(space: key.id) == manifest)
-        #expect(try await relay.snapshotPart(space: key.id, index: 0) == p0)
-        #expect(try await relay.snapshotPart(space: key.id, index: 1) == p1)
-        #expect(try await relay.snapshotPart(space: key.id, index: 2) == nil)
-        // Not replaced by one as old, nor by one covering less than the base.
-        #expect(try await !relay.keepSnapshot(manifest, parts: [p0, p1], space: key.id))
-        let q0 = SnapshotPart.seal(random(100), index: 0, prev: SealedEntry.genesis, key: key)
-        let lower = SnapshotManifest(
-            space: key.id, createdMs: 2_000, parts: 1, size: UInt64(q0.bytes.count), lastPart: q0.hash,
-            heads: [admin.origin.bytes: (10, try batch(after: 0).entries.last!.hash)], identity: admin.identity)
-        #expect(try await !relay.keepSnapshot(lower, parts: [q0], space: key.id))
-        #expect(try await relay.snapshotManifest(space: key.id) == manifest)
-        // Retention drops it with the rest.
-        #expect(try await relay.expire(idleBefore: Int64(Date().timeIntervalSince1970 * 1000) + 60_000) == [key.id])
-        #expect(try await relay.snapshotManifest(space: key.id) == nil)
-        #expect(try await relay.bases(space: key.id).isEmpty)
-        #expect(try await relay.snapshotPart(space: key.id, index: 0) == nil)
     }
 
     @Test(arguments: Backend.allCases) func idleSpacesAreDroppedWholeAndFillAgain(backend: Backend) async throws {
