@@ -89,9 +89,12 @@ public enum MembershipLog {
             }
             return seen
         }
-        let candidates = arrived.filter(mayBeAdmin)
+        // Signatures are checked here, for what could be kept only (`MembershipOp(unverified:)`): an operation
+        // claiming an admin's key that does not verify pulls nothing in.
+        let candidates = arrived.filter { mayBeAdmin($0) && $0.signaturesVerify }
+        let candidateHashes = Set(candidates.map(\.hash))
         let pulled = past(of: candidates.map(\.hash) + before.waiting)
-        let fresh = arrived.filter { mayBeAdmin($0) || pulled.contains($0.hash) }
+        let fresh = arrived.filter { candidateHashes.contains($0.hash) || (pulled.contains($0.hash) && $0.signaturesVerify) }
         guard !fresh.isEmpty else { return ([], nil, arrived) }
         // Usually an admin's operations extend the log at its end: then the resolution is the held one's, extended.
         let resolved = before.extended(by: fresh) ?? MembershipState(space: space, ops: held + fresh)

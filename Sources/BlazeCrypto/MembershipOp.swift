@@ -231,6 +231,20 @@ public struct MembershipOp: Sendable, Hashable {
 
     /// Decodes and checks an operation received from anywhere: structure, bounds and the author's signature.
     public init(bytes: [UInt8]) throws(MembershipError) {
+        try self.init(unverified: bytes)
+        guard signaturesVerify else { throw MembershipError("membership operation signature does not verify") }
+    }
+
+    /// Whether the author's signature, and the removed device's signed head a cutoff carries, verify.
+    public var signaturesVerify: Bool {
+        guard author.isValidSignature(bytes.suffix(64), for: Self.signed(Array(bytes.dropLast(64)))) else { return false }
+        return cutoffHead.map { (try? $0.verify(space: space)) != nil } ?? true
+    }
+
+    /// Decodes an operation, checking its structure and bounds but no signature: what a peer sends is decoded so, and
+    /// only the operations a log could keep are verified (`MembershipLog.taken`), so a flood of operations nobody
+    /// keeps costs a parse each, not a signature check on the event loop.
+    public init(unverified bytes: [UInt8]) throws(MembershipError) {
         let bad = MembershipError("malformed membership operation")
         var r = ByteReader(bytes[...])
         guard bytes.count >= 4 + 1 + 16 + 64 + 8 + 1 + 1 + 2 + 64, r.read(4).map(Array.init) == Self.magic,
@@ -272,8 +286,7 @@ public struct MembershipOp: Sendable, Hashable {
                 throw bad
             }
             if case .remove(let device, let cutoff, _) = action, cutoff > 0 {
-                guard let h = r.read(SignedHead.size), let head = try? SignedHead(bytes: h), head.origin == device,
-                    head.seq == cutoff, (try? head.verify(space: Array(space))) != nil
+                guard let h = r.read(SignedHead.size), let head = try? SignedHead(bytes: h), head.origin == device, head.seq == cutoff
                 else { throw bad }
                 cutoffHead = head
             }
@@ -288,10 +301,6 @@ public struct MembershipOp: Sendable, Hashable {
             guard epoch >= 1 else { throw bad }
             envelopes.append(
                 KeyEnvelope(recipient: recipient, epoch: epoch, keyOp: keyOp, encapsulated: encapsulated, ciphertext: ciphertext))
-        }
-        let body = Array(bytes.dropLast(64))
-        guard author.isValidSignature(bytes.suffix(64), for: Self.signed(body)) else {
-            throw MembershipError("membership operation signature does not verify")
         }
         self.space = Array(space)
         self.author = author

@@ -149,7 +149,7 @@ public enum PeerMessage: Sendable {
             var ops: [MembershipOp] = []
             for _ in 0..<n {
                 guard let length = r.readUInt32(), let bytes = r.read(Int(length)),
-                    let op = try? MembershipOp(bytes: Array(bytes))
+                    let op = try? MembershipOp(unverified: Array(bytes))
                 else { throw .malformed }
                 ops.append(op)
             }

@@ -84,6 +84,25 @@ import Testing
         #expect(bounded.ops.count == SetAsideOps.maxOps && bounded.ops[many[0].hash] == nil && bounded.ops[many.last!.hash] != nil)
     }
 
+    /// What a peer sends is decoded without its signature checked (`MembershipOp(unverified:)`); the log checks the
+    /// signatures of what it could keep: an operation claiming an admin's key that does not verify is not kept, and
+    /// the reader's operations it names are not pulled in with it.
+    @Test func anOperationWhoseSignatureDoesNotVerifyIsNotKeptNorPullsItsPast() throws {
+        let s = try Space()
+        let junk = try s.junk(by: s.r, count: 2, chained: true)
+        let real = try MembershipOp(
+            space: s.log.space, author: s.a, timeMs: 9_000, parents: s.log.state.heads + [junk[1].hash], action: .grant)
+        var bytes = real.bytes
+        bytes[bytes.count - 1] ^= 1
+        let forged = try MembershipOp(unverified: bytes)
+        #expect(throws: MembershipError.self) { try MembershipOp(bytes: bytes) }
+        #expect(!forged.signaturesVerify && real.signaturesVerify)
+        let taken = MembershipLog.taken(junk + [forged], held: s.log.ops, space: s.log.space, resolvedHeld: s.log.state)
+        #expect(taken.kept.isEmpty && taken.dropped.count == 3)
+        // The genuine one is kept with the past it names.
+        #expect(Set(MembershipLog.kept(junk + [real], held: s.log.ops, space: s.log.space).map(\.hash)) == Set((junk + [real]).map(\.hash)))
+    }
+
     /// A removed admin's operations are kept (one concurrent with its removal may still take effect), up to its
     /// quota; an admin's operations beyond it are dropped while every other admin's still go in.
     @Test func eachAuthorHasAQuota() throws {
