@@ -149,15 +149,8 @@ func sealedEntries(dataDir: String, db: String, origin: String) throws -> [Seale
         expectRPCError(cb, "doc.put", ["db": "team", "collection": "n", "id": "x", "doc": ["v": 1]], code: -32020, kind: "read_only")
         expectRPCError(cb, "tx.commit", ["db": "team", "ops": [["op": "insert", "collection": "n", "doc": ["v": 1]]]], code: -32020, kind: "read_only")
         // A harness joins as a reader with its own invite, then signs a write with its key and forces it onto the wire.
-        let invite = try InviteToken(text: try ca.invite("team", role: "reader"))
-        let reader = HostileMember(key: try SpaceKey(id: invite.space, capability: invite.capability))
-        let ops = try reader.join(invite, seconds: 10)
-        let view = MembershipState(space: invite.space, ops: ops)
+        let (reader, _, view) = try HostileMember.admitted(try ca.invite("team", role: "reader"), seconds: 10)
         #expect(view.member(reader.identity.nodeID)?.role == .reader)
-        let held = view.keys(for: reader.identity)
-        reader.key = try SpaceKey(
-            id: invite.space, capability: invite.capability, epoch: view.currentEpoch, current: view.currentSecret(held),
-            ring: view.ring(held))
         try reader.send(SyncTarget.change(reader, [HostileMember.docOp("n", "forged", set: ["v": .int(1)])]))
         #expect(try eventually {
             let peers = try ca.call("sync.status", ["db": "team"])["databases"]?.arrayValue?.first?["peers"]?.arrayValue ?? []
