@@ -287,6 +287,35 @@ func sealedEntries(dataDir: String, db: String, origin: String) throws -> [Seale
         c.stop()
     }
 
+    /// An operation's time is the author's clock, shown and never trusted: an admin's add and removal stamped 2^64 − 1
+    /// ms are listed (clamped to the largest integer JSON carries exactly) instead of trapping the daemon in
+    /// `db.members` (found by the membership fuzzer, issue #49).
+    @Test func operationsStampedPastTheLargestIntegerAreListedWithoutCrashing() throws {
+        let a = try syncDaemon()
+        let ca = try a.connect()
+        _ = try ca.call("db.create", ["db": "team"])
+        let (admin, ops, view) = try HostileMember.admitted(try ca.invite("team", role: "admin"))
+        let space = view.space, extra = DeviceIdentity()
+        let add = try MembershipOp(
+            space: space, author: admin.identity, timeMs: .max, parents: view.heads, action: .add(device: extra.publicKeys, role: .reader))
+        // A valid rotation that removes the device again: its key committed to and sealed to both remaining members.
+        let secret = SpaceKey.randomSecret(), epoch = view.currentEpoch + 1
+        let remove = try MembershipOp(
+            space: space, author: admin.identity, timeMs: .max, parents: [add.hash], action: .remove(device: extra.nodeID, cutoff: 0, epoch: epoch),
+            envelopes: try MembershipState(space: space, ops: ops).current.map {
+                try KeyEnvelope(sealing: secret, space: space, epoch: epoch, keyOp: KeyEnvelope.thisOp, to: $0.keys)
+            },
+            commitment: KeyEnvelope.commitment(secret: secret, space: space, epoch: epoch))
+        try admin.send(HostileMember.members([add, remove]))
+        admin.startDraining()
+        let listed = { try ca.call("db.members", ["db": "team"])["members"]?.arrayValue?.first { $0["device"]?.stringValue == hexString(extra.nodeID) } }
+        #expect(try eventually { try listed()?["removedAtMs"] != nil && listed()?["removedAtMs"] != .null })
+        #expect(try listed()?["addedAtMs"]?.intValue == Int64.max && listed()?["removedAtMs"]?.intValue == Int64.max)
+        try a.expectServing(db: "team")
+        admin.close()
+        a.stop()
+    }
+
     /// The operations of a `MEMBERS` message (SYNC.md §8).
     static func decodeMembers(_ message: [UInt8]) throws -> [MembershipOp] {
         var r = ByteReader(message[1...])
