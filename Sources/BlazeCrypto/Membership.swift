@@ -295,7 +295,9 @@ public struct MembershipState: Sendable {
             out[genesis] = initial
         }
         let created = Set(epochKeys)
-        for (envelope, key) in envelopes where envelope.recipient == identity.nodeID && out[key] == nil && created.contains(key) {
+        // Once: a device identity derives its node id from its private key (an Ed25519 scalar multiplication).
+        let me = identity.nodeID
+        for (envelope, key) in envelopes where envelope.recipient == me && out[key] == nil && created.contains(key) {
             // Only keys an applied operation created are taken (an envelope naming any other operation, or its own
             // `add` or `grant`, delivers nothing), and a key its operation committed to only as committed: an envelope
             // sealing another one (an admin handing this member a key the others do not hold) is ignored.
