@@ -64,9 +64,7 @@ struct MembershipFuzzer {
     private let bogusKeyOps: [[UInt8]]
 
     /// Envelope bytes (SYNC.md §9) and the most an operation carries.
-    static let envelopeSize = 16 + 4 + 32 + 32 + 48, maxEnvelopes = 4096
-    /// Most bytes of a message after the handshake (SYNC.md §8).
-    static let frameLimit = 16 << 20
+    static let envelopeSize = 16 + 4 + 32 + 32 + 48, maxEnvelopes = MembershipOp.maxEnvelopes
 
     init(seed: UInt64, space: [UInt8], key: SpaceKey, identities: [FuzzRole: DeviceIdentity]) {
         rng = SeededRandom(seed: seed)
@@ -109,7 +107,7 @@ struct MembershipFuzzer {
         let roll = Int.random(in: 0..<1000, using: &rng)
         let (kind, message): (String, [UInt8])
         switch roll {
-        case 0..<2: (kind, message) = ("limit", bulk(as: role, upTo: Self.frameLimit - 4096))
+        case 0..<2: (kind, message) = ("limit", bulk(as: role, upTo: SessionCipher.maxMessage - 4096))
         case 2..<12: (kind, message) = ("bulk", bulk(as: role, upTo: [1 << 16, 1 << 19, 1 << 20, 2 << 20].randomElement(using: &rng)!))
         case 12..<560: (kind, message) = ("members", members(as: role))
         case 560..<660: (kind, message) = ("ping", [HostileMember.pingType])
