@@ -27,7 +27,9 @@ enum FuzzRole: String, CaseIterable, Sendable {
 /// operations are ordered by their authors' seniority only once both are ready.) It signs at most `adminBudget` fresh
 /// operations (an admin's operations stay in the log, which every member is sent on each connection); then it replays.
 struct MembershipFuzzer {
+    /// Every choice is drawn from it.
     var rng: SeededRandom
+    /// The daemon's space.
     let space: [UInt8]
     /// A key of the space (the reader's), which snapshot pieces are sealed with.
     let key: SpaceKey
@@ -54,6 +56,7 @@ struct MembershipFuzzer {
     private var adminBudget = 300
     /// Made-up recipients of envelopes.
     private let madeUp: [DevicePublicKeys]
+    /// The role devices' public and signing keys, derived once.
     private let publicKeys: [FuzzRole: DevicePublicKeys]
     private let signingKeys: [FuzzRole: Curve25519.Signing.PrivateKey]
     /// Encoded envelopes of random bytes (epochs of at least 1): the bulk of the largest operations, taken in runs.
@@ -66,6 +69,7 @@ struct MembershipFuzzer {
     /// Envelope bytes (SYNC.md §9) and the most an operation carries.
     static let envelopeSize = 16 + 4 + 32 + 32 + 48, maxEnvelopes = MembershipOp.maxEnvelopes
 
+    /// A fuzzer for `space` speaking as the role devices `identities`, its choices drawn from `seed`.
     init(seed: UInt64, space: [UInt8], key: SpaceKey, identities: [FuzzRole: DeviceIdentity]) {
         rng = SeededRandom(seed: seed)
         self.space = space
