@@ -22,7 +22,8 @@ import Testing
         // ends while the operation merges.
         let extra = DeviceIdentity()
         let add = try MembershipOp(
-            space: view.space, author: admin.identity, timeMs: 1, parents: view.heads, action: .add(device: extra.publicKeys, role: .reader))
+            space: view.space, author: admin.identity, timeMs: 1, parents: view.heads,
+            action: .add(device: extra.publicKeys, role: .reader))
         var cipher = try #require(admin.cipher)
         let frames = cipher.seal(HostileMember.members([add])) + cipher.seal([0xEE])
         admin.cipher = cipher

@@ -163,7 +163,8 @@ import Testing
         let roleOf = Dictionary(uniqueKeysWithValues: hex.map { ($0.value, $0.key.rawValue) })
         let strayShown = stray.prefix(5).map { op in
             let namedBy = held.filter { $0.parents.contains(op.hash) }.map { roleOf[$0.author.nodeIDHex] ?? $0.author.nodeIDHex }
-            return "\(roleOf[op.author.nodeIDHex]!) \(op.action) parents \(op.parents.count) held \(op.parents.filter { byHash[$0] != nil }.count) "
+            let parentsHeld = op.parents.filter { byHash[$0] != nil }.count
+            return "\(roleOf[op.author.nodeIDHex]!) \(op.action) parents \(op.parents.count) held \(parentsHeld) "
                 + "void \(log.void[op.hash] ?? "-") waiting \(log.waiting.contains(op.hash)) named by \(namedBy)"
         }
         #expect(stray.count == 0, "kept \(stray.count) operations of non-admins that no admin's operation names: \(strayShown)")

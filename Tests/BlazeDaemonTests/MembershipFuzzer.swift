@@ -283,7 +283,8 @@ struct MembershipFuzzer {
             let signer = signers[FuzzRole.allCases.randomElement(using: &rng)!]!
             return (signer.origin, signer)
         case 4:
-            let (identity, keys) = (adminPool.map { ($0.identity, $0.keys) } + otherPool.map { ($0.identity, $0.keys) }).randomElement(using: &rng)!
+            let pool = adminPool.map { ($0.identity, $0.keys) } + otherPool.map { ($0.identity, $0.keys) }
+            let (identity, keys) = pool.randomElement(using: &rng)!
             let signer = poolSigners[keys.nodeID] ?? HostileMember(key: key, identity: identity)
             poolSigners[keys.nodeID] = signer
             return (keys.nodeID, signer)
