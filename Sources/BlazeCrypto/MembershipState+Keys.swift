@@ -19,6 +19,7 @@ extension MembershipState {
             out[genesis] = initial
         }
         let created = Set(epochKeys)
+        // Once: a device identity derives its node id from its private key (an Ed25519 scalar multiplication).
         let me = identity.nodeID
         for (envelope, key) in envelopes where envelope.recipient == me && out[key] == nil && created.contains(key) {
             // Only keys an applied operation created are taken (an envelope naming any other operation, or its own

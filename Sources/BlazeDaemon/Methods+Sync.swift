@@ -86,10 +86,11 @@ extension Methods {
         return .init(
             db: db.name, epoch: Int(try ctx.sync.spaceKey(db: db)?.epoch ?? 0),
             members: members.map {
+                // Times are the authoring admin's clock, any 64-bit value an operation carries: shown clamped.
                 .init(
                     device: $0.device, role: RPCSchema.Member.Role(rawValue: $0.role) ?? .reader, addedBy: $0.addedBy,
-                    addedAtMs: Int($0.addedAtMs), removedBy: $0.removedBy, removedAtMs: $0.removedAtMs.map { Int($0) },
-                    thisDevice: $0.isSelf)
+                    addedAtMs: Int(clamping: $0.addedAtMs), removedBy: $0.removedBy,
+                    removedAtMs: $0.removedAtMs.map { Int(clamping: $0) }, thisDevice: $0.isSelf)
             })
     }
 

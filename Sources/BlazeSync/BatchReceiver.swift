@@ -243,7 +243,12 @@ final class BatchReceiver: ChannelInboundHandler {
         }.whenComplete { result in
             let (receiver, context) = bound.value
             receiver.applying = false
-            guard !receiver.stopped else { return }
+            guard !receiver.stopped else {
+                // The session ended while they merged (a message refused right after them): the space holds them now,
+                // and this device's next operations may name them, so they are stored and announced all the same.
+                if case .success(let (fresh, _)) = result, !fresh.isEmpty { receiver.engine.persist(fresh, space: space) }
+                return
+            }
             receiver.opsPending -= 1
             switch result {
             case .success(let (fresh, aside)):

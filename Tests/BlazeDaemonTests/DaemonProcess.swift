@@ -111,6 +111,18 @@ final class DaemonProcess: @unchecked Sendable {
         }
     }
 
+    /// The daemon runs and serves local clients: a write, a read and a delete succeed on `db`.
+    func expectServing(db: String, sourceLocation: SourceLocation = #_sourceLocation) throws {
+        #expect(process.isRunning, "blazed stopped", sourceLocation: sourceLocation)
+        let c = try connect(timeout: 20)
+        let id = "probe-\(UUID().uuidString.prefix(8))"
+        _ = try c.call("doc.insert", ["db": .string(db), "collection": "notes", "doc": ["_id": .string(id), "v": 1]])
+        _ = try c.call("doc.patch", ["db": .string(db), "collection": "notes", "id": .string(id), "incr": ["v": 1]])
+        #expect(try c.call("doc.get", ["db": .string(db), "collection": "notes", "id": .string(id)])["doc"]?["v"] == 2,
+            sourceLocation: sourceLocation)
+        _ = try c.call("doc.delete", ["db": .string(db), "collection": "notes", "id": .string(id)])
+    }
+
     /// The error-level lines of the log.
     var loggedErrors: [Substring] {
         logText.split(separator: "\n").filter { $0.contains("level=error") || $0.contains("level=critical") }

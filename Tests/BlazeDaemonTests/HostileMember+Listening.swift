@@ -66,4 +66,32 @@ extension HostileMember {
         }
         return ops
     }
+
+    /// A device admitted with the invite `token` through the real path (`JOIN`, then the admin's `add`), as `identity`,
+    /// holding every key the log it was sent seals to it; returns it connected (served as a member) with that log,
+    /// as sent and resolved.
+    static func admitted(
+        _ token: String, identity: DeviceIdentity = DeviceIdentity(), seconds: Double = 30
+    ) throws -> (member: HostileMember, ops: [MembershipOp], view: MembershipState) {
+        let invite = try InviteToken(text: token)
+        let m = HostileMember(key: try SpaceKey(id: invite.space, capability: invite.capability), identity: identity)
+        let ops = try m.join(invite, seconds: seconds)
+        let view = MembershipState(space: invite.space, ops: ops)
+        let held = view.keys(for: identity)
+        m.key = try SpaceKey(
+            id: invite.space, capability: invite.capability, epoch: view.currentEpoch, current: view.currentSecret(held),
+            ring: view.ring(held))
+        return (m, ops, view)
+    }
+
+    /// A `MEMBERS` message (SYNC.md §8) carrying `ops`.
+    static func members(_ ops: [MembershipOp]) -> [UInt8] {
+        var out: [UInt8] = [5]
+        out.appendBE(UInt32(ops.count))
+        for op in ops {
+            out.appendBE(UInt32(op.bytes.count))
+            out += op.bytes
+        }
+        return out
+    }
 }

@@ -60,14 +60,7 @@ final class SyncTarget {
 
     /// The daemon runs and serves local clients: a write, a read and a delete succeed on the shared database.
     func expectServing(sourceLocation: SourceLocation = #_sourceLocation) throws {
-        #expect(daemon.process.isRunning, "blazed stopped", sourceLocation: sourceLocation)
-        let c = try daemon.connect(timeout: 20)
-        let id = "probe-\(UUID().uuidString.prefix(8))"
-        _ = try c.call("doc.insert", ["db": "team", "collection": "notes", "doc": ["_id": .string(id), "v": 1]])
-        _ = try c.call("doc.patch", ["db": "team", "collection": "notes", "id": .string(id), "incr": ["v": 1]])
-        #expect(try c.call("doc.get", ["db": "team", "collection": "notes", "id": .string(id)])["doc"]?["v"] == 2,
-            sourceLocation: sourceLocation)
-        _ = try c.call("doc.delete", ["db": "team", "collection": "notes", "id": .string(id)])
+        try daemon.expectServing(db: "team", sourceLocation: sourceLocation)
     }
 
     /// Sends `message` over `member`, then checks the daemon refused it for `reason` (closing the connection when

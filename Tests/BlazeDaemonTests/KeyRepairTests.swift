@@ -18,10 +18,9 @@ import Testing
         #expect(try eventually { try replicaState(cb, "team").docs == 1 })
 
         // A hostile admin joins A with an admin invite and reads the log.
-        let invite = try InviteToken(text: try ca.invite("team", role: "admin"))
-        let hostile = HostileMember(key: try SpaceKey(id: invite.space, capability: invite.capability))
-        let ops = try hostile.join(invite)
-        let view = MembershipState(space: invite.space, ops: ops)
+        let token = try ca.invite("team", role: "admin")
+        let invite = try InviteToken(text: token)
+        let (hostile, ops, view) = try HostileMember.admitted(token)
         #expect(view.member(hostile.identity.nodeID)?.role == .admin && view.commitsKeys)
         let held = view.keys(for: hostile.identity)
         let current = try #require(view.frontier.first)
@@ -46,13 +45,7 @@ import Testing
                     to: m.keys)
             },
             commitment: KeyEnvelope.commitment(secret: real, space: invite.space, epoch: epoch))
-        var members: [UInt8] = [5]
-        members.appendBE(UInt32(2))
-        for op in [add, rotate] {
-            members.appendBE(UInt32(op.bytes.count))
-            members += op.bytes
-        }
-        try hostile.send(members)
+        try hostile.send(HostileMember.members([add, rotate]))
         hostile.startDraining()
 
         // Both apply the rotation; A writes under the new epoch, and B reads it once A sealed it the right key.

@@ -149,15 +149,8 @@ func sealedEntries(dataDir: String, db: String, origin: String) throws -> [Seale
         expectRPCError(cb, "doc.put", ["db": "team", "collection": "n", "id": "x", "doc": ["v": 1]], code: -32020, kind: "read_only")
         expectRPCError(cb, "tx.commit", ["db": "team", "ops": [["op": "insert", "collection": "n", "doc": ["v": 1]]]], code: -32020, kind: "read_only")
         // A harness joins as a reader with its own invite, then signs a write with its key and forces it onto the wire.
-        let invite = try InviteToken(text: try ca.invite("team", role: "reader"))
-        let reader = HostileMember(key: try SpaceKey(id: invite.space, capability: invite.capability))
-        let ops = try reader.join(invite, seconds: 10)
-        let view = MembershipState(space: invite.space, ops: ops)
+        let (reader, _, view) = try HostileMember.admitted(try ca.invite("team", role: "reader"), seconds: 10)
         #expect(view.member(reader.identity.nodeID)?.role == .reader)
-        let held = view.keys(for: reader.identity)
-        reader.key = try SpaceKey(
-            id: invite.space, capability: invite.capability, epoch: view.currentEpoch, current: view.currentSecret(held),
-            ring: view.ring(held))
         try reader.send(SyncTarget.change(reader, [HostileMember.docOp("n", "forged", set: ["v": .int(1)])]))
         #expect(try eventually {
             let peers = try ca.call("sync.status", ["db": "team"])["databases"]?.arrayValue?.first?["peers"]?.arrayValue ?? []
@@ -292,6 +285,35 @@ func sealedEntries(dataDir: String, db: String, origin: String) throws -> [Seale
         a.stop()
         b.stop(expectErrors: false)
         c.stop()
+    }
+
+    /// An operation's time is the author's clock, shown and never trusted: an admin's add and removal stamped 2^64 − 1
+    /// ms are listed (clamped to the largest integer JSON carries exactly) instead of trapping the daemon in
+    /// `db.members` (found by the membership fuzzer, issue #49).
+    @Test func operationsStampedPastTheLargestIntegerAreListedWithoutCrashing() throws {
+        let a = try syncDaemon()
+        let ca = try a.connect()
+        _ = try ca.call("db.create", ["db": "team"])
+        let (admin, ops, view) = try HostileMember.admitted(try ca.invite("team", role: "admin"))
+        let space = view.space, extra = DeviceIdentity()
+        let add = try MembershipOp(
+            space: space, author: admin.identity, timeMs: .max, parents: view.heads, action: .add(device: extra.publicKeys, role: .reader))
+        // A valid rotation that removes the device again: its key committed to and sealed to both remaining members.
+        let secret = SpaceKey.randomSecret(), epoch = view.currentEpoch + 1
+        let remove = try MembershipOp(
+            space: space, author: admin.identity, timeMs: .max, parents: [add.hash], action: .remove(device: extra.nodeID, cutoff: 0, epoch: epoch),
+            envelopes: try MembershipState(space: space, ops: ops).current.map {
+                try KeyEnvelope(sealing: secret, space: space, epoch: epoch, keyOp: KeyEnvelope.thisOp, to: $0.keys)
+            },
+            commitment: KeyEnvelope.commitment(secret: secret, space: space, epoch: epoch))
+        try admin.send(HostileMember.members([add, remove]))
+        admin.startDraining()
+        let listed = { try ca.call("db.members", ["db": "team"])["members"]?.arrayValue?.first { $0["device"]?.stringValue == hexString(extra.nodeID) } }
+        #expect(try eventually { try listed()?["removedAtMs"] != nil && listed()?["removedAtMs"] != .null })
+        #expect(try listed()?["addedAtMs"]?.intValue == Int64.max && listed()?["removedAtMs"]?.intValue == Int64.max)
+        try a.expectServing(db: "team")
+        admin.close()
+        a.stop()
     }
 
     /// The operations of a `MEMBERS` message (SYNC.md §8).

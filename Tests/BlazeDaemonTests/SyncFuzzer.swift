@@ -94,9 +94,14 @@ struct SyncFuzzer {
         return out
     }
 
-    /// An unrequested `SNAPSHOT_PART` (sealed with the space's key, or random bytes) or `SNAPSHOT` manifest (signed
-    /// by the connected member, naming pieces and heads that were never sent).
+    /// An unrequested snapshot message (`snapshotMessage(signer:key:rng:)`) signed by the connected member.
     private mutating func snapshotMessage(over member: HostileMember) -> [UInt8] {
+        Self.snapshotMessage(signer: member.identity, key: key, rng: &rng)
+    }
+
+    /// An unrequested `SNAPSHOT_PART` (sealed with `key`, or random bytes) or `SNAPSHOT` manifest (signed by
+    /// `signer`, naming pieces and heads that were never sent).
+    static func snapshotMessage(signer: DeviceIdentity, key: SpaceKey, rng: inout SeededRandom) -> [UInt8] {
         func random(_ n: Int) -> [UInt8] { (0..<n).map { _ in UInt8.random(in: 0...255, using: &rng) } }
         switch Int.random(in: 0..<3, using: &rng) {
         case 0:
@@ -108,10 +113,10 @@ struct SyncFuzzer {
             return [8] + random(Int.random(in: 0..<128, using: &rng))
         default:
             var heads: [[UInt8]: (seq: UInt64, hash: [UInt8])] = [:]
-            for _ in 0..<Int.random(in: 0..<4, using: &rng) { heads[random(16)] = (bigSeq(), random(32)) }
+            for _ in 0..<Int.random(in: 0..<4, using: &rng) { heads[random(16)] = (bigSeq(&rng), random(32)) }
             let manifest = SnapshotManifest(
                 space: key.id, createdMs: UInt64(HostileMember.clockNow()), parts: UInt32.random(in: 0..<4, using: &rng),
-                size: UInt64.random(in: 0..<(1 << 31), using: &rng), lastPart: random(32), heads: heads, identity: member.identity)
+                size: UInt64.random(in: 0..<(1 << 31), using: &rng), lastPart: random(32), heads: heads, identity: signer)
             return [9] + manifest.bytes
         }
     }
@@ -153,14 +158,24 @@ struct SyncFuzzer {
         return out
     }
 
-    /// A `JOIN` (SYNC.md §9, "Invites") for an invite nobody issued, with a proof of either length made of nothing.
+    /// A `JOIN` of a throwaway device for an invite nobody issued.
     private mutating func joinMessage() -> [UInt8] {
-        let joiner = throwaway[Int.random(in: 0..<throwaway.count, using: &rng)].identity.publicKeys
-        let proof = (0..<(Bool.random(using: &rng) ? 64 : 32)).map { _ in UInt8.random(in: 0...255, using: &rng) }
-        return [6] + (0..<16).map { _ in UInt8.random(in: 0...255, using: &rng) } + joiner.signing + joiner.agreement + proof
+        Self.joinMessage(joiner: throwaway[Int.random(in: 0..<throwaway.count, using: &rng)].identity.publicKeys, rng: &rng)
     }
 
-    private mutating func bigSeq() -> UInt64 {
+    /// A `JOIN` (SYNC.md §9, "Invites") of `joiner` for `invite` (default: one nobody issued), with a proof of either
+    /// length made of nothing.
+    static func joinMessage(joiner: DevicePublicKeys, invite: [UInt8]? = nil, rng: inout SeededRandom) -> [UInt8] {
+        let proof = (0..<(Bool.random(using: &rng) ? 64 : 32)).map { _ in UInt8.random(in: 0...255, using: &rng) }
+        let id = invite ?? (0..<16).map { _ in UInt8.random(in: 0...255, using: &rng) }
+        return [6] + id + joiner.signing + joiner.agreement + proof
+    }
+
+    /// `bigSeq(_:)` from this fuzzer's generator.
+    private mutating func bigSeq() -> UInt64 { Self.bigSeq(&rng) }
+
+    /// A sequence number near zero, just below `SyncBounds.maxSeq`, or anywhere below it.
+    static func bigSeq(_ rng: inout SeededRandom) -> UInt64 {
         switch Int.random(in: 0..<4, using: &rng) {
         case 0: return UInt64.random(in: 0..<50, using: &rng)
         case 1: return SyncBounds.maxSeq - UInt64.random(in: 1..<3, using: &rng)
@@ -263,8 +278,11 @@ struct SyncFuzzer {
         }
     }
 
+    /// `damage(_:rng:)` from this fuzzer's generator.
+    private mutating func damage(_ message: [UInt8]) -> [UInt8] { Self.damage(message, rng: &rng) }
+
     /// Flips, truncates, extends or rewrites parts of a message.
-    private mutating func damage(_ message: [UInt8]) -> [UInt8] {
+    static func damage(_ message: [UInt8], rng: inout SeededRandom) -> [UInt8] {
         var m = message
         switch Int.random(in: 0..<6, using: &rng) {
         case 0:
