@@ -237,9 +237,9 @@ final class BatchReceiver: ChannelInboundHandler {
         let space = link.space
         let bound = NIOLoopBound((self, context), eventLoop: context.eventLoop)
         let before = opsSetAside
-        engine.pool.runIfActive(eventLoop: context.eventLoop) { () -> ([MembershipOp], SetAsideOps) in
+        engine.pool.runIfActive(eventLoop: context.eventLoop) { () throws -> ([MembershipOp], SetAsideOps) in
             var aside = before
-            return (space.merge(ops, aside: &aside), aside)
+            return (try space.merge(ops, aside: &aside, storing: true), aside)
         }.whenComplete { result in
             let (receiver, context) = bound.value
             receiver.applying = false

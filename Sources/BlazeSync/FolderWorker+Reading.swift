@@ -80,13 +80,16 @@ extension FolderWorker {
     func readMembers() throws {
         guard space.snapshot.membership != nil else { return }
         for bytes in try changedFiles("members") {
+            let ops: [MembershipOp]
             do {
-                let ops = try FolderFiles.decodeMembers(bytes, space: space.id).compactMap { try? MembershipOp(bytes: $0) }
-                let fresh = space.merge(ops)
-                if !fresh.isEmpty { engine.persist(fresh, space: space) }
+                ops = try FolderFiles.decodeMembers(bytes, space: space.id).compactMap { try? MembershipOp(bytes: $0) }
             } catch {
                 report.reject(error)
+                continue
             }
+            var aside = SetAsideOps()
+            let fresh = try space.merge(ops, aside: &aside, storing: true)
+            if !fresh.isEmpty { engine.persist(fresh, space: space) }
         }
     }
 

@@ -135,13 +135,24 @@ public final class SharedSpace: Sendable {
     /// `merge(_:)` for one sender's exchange: `aside` holds what the sender sent before and was not kept, and is
     /// updated with this merge (`MembershipLog.taken(_:held:space:resolvedHeld:aside:)`).
     func merge(_ incoming: [MembershipOp], aside: inout SetAsideOps) -> [MembershipOp] {
+        // Storing inside `merge(_:aside:storing:)` cannot fail when nothing is stored.
+        (try? merge(incoming, aside: &aside, storing: false)) ?? []
+    }
+
+    /// `merge(_:aside:)` for what a peer or a folder sent: with `storing`, the new operations are stored durably
+    /// before the space takes them, under its lock. So no operation of this device's that names one (it takes its
+    /// parents from the space) can be stored before it: after a crash the log never holds an operation waiting for a
+    /// parent only a hostile peer had. Throws, taking nothing, when they cannot be stored.
+    func merge(_ incoming: [MembershipOp], aside: inout SetAsideOps, storing: Bool) throws -> [MembershipOp] {
         let held = aside
-        let (fresh, dropped): ([MembershipOp], [MembershipOp]) = state.withLock { s in
+        let db = self.db
+        let (fresh, dropped): ([MembershipOp], [MembershipOp]) = try state.withLock { s in
             // The resolution `taken` decides with is the new log's (one resolution a merge), and envelopes opened
             // before are not opened again.
             let (fresh, resolved, dropped) = MembershipLog.taken(
                 incoming, held: Array(s.ops.values), space: id, resolvedHeld: s.membership, aside: held.ops)
             guard !fresh.isEmpty else { return ([], dropped) }
+            if storing { _ = try db.addMembershipOps(fresh.map { ($0.hash, $0.bytes) }) }
             var ops = s.ops
             for op in fresh { ops[op.hash] = op }
             s = Self.resolve(
