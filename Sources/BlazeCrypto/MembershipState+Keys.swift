@@ -25,17 +25,11 @@ extension MembershipState {
             // Only keys an applied operation created are taken (an envelope naming any other operation, or its own
             // `add` or `grant`, delivers nothing), and a key its operation committed to only as committed: an envelope
             // sealing another one (an admin handing this member a key the others do not hold) is ignored. What an
-            // envelope opens to is recorded once checked (empty when it does not open or commit): the key it names
-            // and that key's commitment are its operation's, so the check gives the same answer in every resolution.
-            let secret: [UInt8]
-            if let recorded = opened[envelope] {
-                secret = recorded
-            } else {
-                let fresh = envelope.open(space: space, identity: identity) ?? []
-                secret = !fresh.isEmpty && commits(fresh, to: key) ? fresh : []
-                opened[envelope] = secret
-            }
-            if !secret.isEmpty { out[key] = secret }
+            // envelope opened to is recorded, not whether it committed: the same envelope bytes (one naming its own
+            // operation binds no operation hash) can sit in two operations committing to different keys.
+            let secret = opened[envelope] ?? envelope.open(space: space, identity: identity) ?? []
+            opened[envelope] = secret
+            if !secret.isEmpty, commits(secret, to: key) { out[key] = secret }
         }
         return out
     }

@@ -24,6 +24,9 @@ public final class SharedSpace: Sendable {
     public let id: [UInt8]
     let identity: DeviceIdentity
     private let state: Mutex<Snapshot>
+    /// Held by a merge from reading the state to replacing it, so merges do not overlap; the state's own lock is held
+    /// only to read or swap it, never while operations are stored or the log resolved (readers on event loops).
+    private let merging = Mutex<Void>(())
     /// The invite this device is joining with, until it is a member.
     let joining: Mutex<JoinWait?>
 
@@ -140,13 +143,14 @@ public final class SharedSpace: Sendable {
     }
 
     /// `merge(_:aside:)` for what a peer or a folder sent: with `storing`, the new operations are stored durably
-    /// before the space takes them, under its lock. So no operation of this device's that names one (it takes its
-    /// parents from the space) can be stored before it: after a crash the log never holds an operation waiting for a
-    /// parent only a hostile peer had. Throws, taking nothing, when they cannot be stored.
+    /// before the space takes them. So no operation of this device's that names one (it takes its parents from the
+    /// space) can be stored before it: after a crash the log never holds an operation waiting for a parent only a
+    /// hostile peer had. Throws, taking nothing, when they cannot be stored.
     func merge(_ incoming: [MembershipOp], aside: inout SetAsideOps, storing: Bool) throws -> [MembershipOp] {
         let held = aside
-        let db = self.db
-        let (fresh, dropped): ([MembershipOp], [MembershipOp]) = try state.withLock { s in
+        let (db, id, identity) = (self.db, self.id, self.identity)
+        let (fresh, dropped): ([MembershipOp], [MembershipOp]) = try merging.withLock { _ in
+            let s = state.withLock { $0 }
             // The resolution `taken` decides with is the new log's (one resolution a merge), and envelopes opened
             // before are not opened again.
             let (fresh, resolved, dropped) = MembershipLog.taken(
@@ -155,8 +159,9 @@ public final class SharedSpace: Sendable {
             if storing { _ = try db.addMembershipOps(fresh.map { ($0.hash, $0.bytes) }) }
             var ops = s.ops
             for op in fresh { ops[op.hash] = op }
-            s = Self.resolve(
+            let next = Self.resolve(
                 id: id, identity: identity, ops: ops, stored: s.stored, capability: s.key.capability, resolved: resolved, opened: s.opened)
+            state.withLock { $0 = next }
             return (fresh, dropped)
         }
         aside.update(kept: fresh, dropped: dropped)

@@ -38,6 +38,36 @@ import Testing
         return (space, ops, genesis)
     }
 
+    /// An envelope naming its own operation binds no operation hash, so its bytes open inside any operation of its
+    /// epoch: an admin copying the member's envelope of one rotation into a concurrent rotation committing to another
+    /// key must not hand the member the first key under the second's name, even once the member opened the envelope
+    /// (and recorded what it opened to) for the first.
+    @Test func aCopiedEnvelopeIsCheckedAgainstTheKeyOfTheOperationCarryingIt() throws {
+        let (space, ops, _) = try log(commits: true)
+        let first = SpaceKey.randomSecret(), second = SpaceKey.randomSecret()
+        func rotation(_ secret: [UInt8], removing device: DeviceIdentity, time: UInt64, memberEnvelope: KeyEnvelope? = nil) throws -> MembershipOp {
+            try MembershipOp(
+                space: space, author: admin, timeMs: time, parents: [ops.last!.hash], action: .remove(device: device.nodeID, cutoff: 0, epoch: 2),
+                envelopes: [
+                    try KeyEnvelope(sealing: secret, space: space, epoch: 2, keyOp: KeyEnvelope.thisOp, to: admin.publicKeys),
+                    try memberEnvelope ?? KeyEnvelope(sealing: secret, space: space, epoch: 2, keyOp: KeyEnvelope.thisOp, to: member.publicKeys),
+                ],
+                commitment: KeyEnvelope.commitment(secret: secret, space: space, epoch: 2))
+        }
+        let op1 = try rotation(first, removing: removed, time: 3)
+        let copied = try #require(op1.envelopes.first { $0.recipient == member.nodeID })
+        let op2 = try rotation(second, removing: removed, time: 4, memberEnvelope: copied)
+        var opened: [KeyEnvelope: [UInt8]] = [:]
+        let before = MembershipState(space: space, ops: ops + [op1]).keys(for: member, opened: &opened)
+        #expect(before[EpochKeyID(epoch: 2, op: op1.hash)] == first)
+        let both = MembershipState(space: space, ops: ops + [op1, op2])
+        #expect(both.epochKeys.contains(EpochKeyID(epoch: 2, op: op2.hash)), "both rotations create a key")
+        let after = both.keys(for: member, opened: &opened)
+        #expect(after[EpochKeyID(epoch: 2, op: op2.hash)] == nil, "the copied envelope does not deliver the second key")
+        #expect(after[EpochKeyID(epoch: 2, op: op1.hash)] == first)
+        #expect(both.keys(for: member)[EpochKeyID(epoch: 2, op: op2.hash)] == nil)
+    }
+
     @Test func anAdminCannotHandAMemberAnotherKeyThanTheOneItCommittedTo() throws {
         for commits in [true, false] {
             let (space, ops, genesis) = try log(commits: commits)
