@@ -64,18 +64,24 @@ public enum MembershipLog {
             }
             arrived = again.reversed() + arrived
         }
+        // Keys an arrived operation may make an admin: the creator of this very space (only while the log holds no
+        // one: its id binds the creator's key), and a device an admin (or such a key) adds as one, in arrival order
+        // (parents come first). Anything else claiming to promote a key is ignored here, so a stranger's own
+        // operations never become candidates whose signatures and past are checked.
         var promoted = Set<[UInt8]>()
-        for op in arrived {
-            switch op.action {
-            case .create: promoted.insert(op.author.signing)
-            case .add(let device, .admin): promoted.insert(device.signing)
-            default: break
-            }
-        }
         func mayBeAdmin(_ op: MembershipOp) -> Bool {
             if promoted.contains(op.author.signing) { return true }
             guard let m = before.member(op.author.nodeID) else { return false }
             return m.keys == op.author && m.role == .admin
+        }
+        for op in arrived {
+            switch op.action {
+            case .create(let salt) where before.members.isEmpty && MembershipOp.spaceID(creator: op.author, salt: salt) == space:
+                promoted.insert(op.author.signing)
+            case .add(let device, .admin) where mayBeAdmin(op):
+                promoted.insert(device.signing)
+            default: break
+            }
         }
         let arrivedByHash = Dictionary(arrived.map { ($0.hash, $0) }, uniquingKeysWith: { a, _ in a })
         let heldByHash = before.waiting.isEmpty ? [:] : Dictionary(held.map { ($0.hash, $0) }, uniquingKeysWith: { a, _ in a })
@@ -151,9 +157,9 @@ public enum MembershipLog {
 /// naming one takes it (`MembershipLog.taken(_:held:space:resolvedHeld:aside:)`). Bounded: the oldest go first, and
 /// a new connection sends everything again anyway.
 public struct SetAsideOps: Sendable {
-    /// Most operations held.
+    /// Most operations held, by default.
     public static let maxOps = 1_024
-    /// Most bytes of operations held.
+    /// Most bytes of operations held, by default.
     public static let maxBytes = 4 << 20
 
     /// The operations held, by hash.
@@ -162,26 +168,36 @@ public struct SetAsideOps: Sendable {
     private var order: [[UInt8]] = []
     /// Bytes of the operations held.
     private var bytes = 0
+    /// This one's bounds.
+    private let most: (ops: Int, bytes: Int)
 
-    /// None held.
-    public init() {}
+    /// None held, at most `maxOps` operations and `maxBytes` bytes.
+    public init(maxOps: Int = SetAsideOps.maxOps, maxBytes: Int = SetAsideOps.maxBytes) {
+        most = (maxOps, maxBytes)
+    }
 
-    /// Forgets what a merge kept and holds what it dropped, evicting the oldest past the bounds.
+    /// Forgets what a merge kept and holds what it dropped, evicting the oldest past the bounds. An operation held
+    /// already that a merge took again and dropped again goes: each is tried again once, so operations that name a
+    /// chain of them cost its checks once, not at every message.
     public mutating func update(kept: [MembershipOp], dropped: [MembershipOp]) {
         for op in kept {
             if let gone = ops.removeValue(forKey: op.hash) { bytes -= gone.bytes.count }
         }
-        for op in dropped where op.bytes.count <= Self.maxBytes && ops[op.hash] == nil {
+        for op in dropped where op.bytes.count <= most.bytes {
+            if let gone = ops.removeValue(forKey: op.hash) {
+                bytes -= gone.bytes.count
+                continue
+            }
             ops[op.hash] = op
             order.append(op.hash)
             bytes += op.bytes.count
         }
         var first = 0
-        while ops.count > Self.maxOps || bytes > Self.maxBytes, first < order.count {
+        while ops.count > most.ops || bytes > most.bytes, first < order.count {
             if let gone = ops.removeValue(forKey: order[first]) { bytes -= gone.bytes.count }
             first += 1
         }
-        if first > 0 || order.count > 2 * Self.maxOps {
+        if first > 0 || order.count > 2 * most.ops {
             order = order[first...].filter { ops[$0] != nil }
         }
     }

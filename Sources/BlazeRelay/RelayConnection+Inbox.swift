@@ -35,7 +35,9 @@ extension RelayConnection {
                 return (grew, left)
             }) { connection, merged, context in
                 let (grew, left) = merged
-                connection.opsSetAside = left
+                // Held aside for a listed member's connection only: strangers and capability holders hold nothing here.
+                connection.opsSetAside = connection.access == .member && connection.device != nil ? left
+                    : SetAsideOps(maxOps: RelayConnection.setAsideOps, maxBytes: RelayConnection.setAsideBytes)
                 connection.storing = false
                 // The operations may list this device (one the relay had not seen added), or remove it.
                 if grew { connection.sendMembers(space: space, context: context) }

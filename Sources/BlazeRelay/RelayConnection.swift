@@ -37,7 +37,9 @@ final class RelayConnection: ChannelInboundHandler {
     var opsShared: Set<[UInt8]> = []
     /// Operations the device sent on this connection that the log did not keep (`SetAsideOps`): it counts them as
     /// held here, so a later operation naming one takes it from here.
-    var opsSetAside = SetAsideOps()
+    var opsSetAside = SetAsideOps(maxOps: RelayConnection.setAsideOps, maxBytes: RelayConnection.setAsideBytes)
+    /// Bounds of `opsSetAside` on a relay, which serves many more connections than a device.
+    static let setAsideOps = 256, setAsideBytes = 1 << 20
     /// Per signer, the latest acknowledgement the device holds (sent to it or received from it): only signers the log
     /// lists, so it is bounded by the log.
     var acksShared: [[UInt8]: UInt64] = [:]

@@ -36,6 +36,7 @@ extension RelayServer {
     /// off the event loops. Returns whether the log grew, and `aside` (what the connection's device sent and was not
     /// kept) updated. The log held here becomes the grown one when nothing else changed it meanwhile.
     func merge(_ ops: [MembershipOp], space: [UInt8], aside: SetAsideOps) async throws -> (grew: Bool, aside: SetAsideOps) {
+        let forgotten = logs.withLock { $0.forgotten }
         let base = try await heldLog(space)
         let held = base?.ops ?? [], state = base?.state, setAside = aside.ops
         let (kept, resolved, dropped) = try await NIOThreadPool.singleton.runIfActive {
@@ -48,7 +49,7 @@ extension RelayServer {
         let id = hexString(space)
         let grown = resolved.map { HeldLog(ops: held + kept, state: $0, version: logVersions.add(1, ordering: .relaxed).newValue) }
         logs.withLock { l in
-            if fresh.count == kept.count, let grown, l.held[id]?.version == base?.version {
+            if fresh.count == kept.count, let grown, l.held[id]?.version == base?.version, base != nil || l.forgotten == forgotten {
                 l.held[id] = grown
             } else {
                 l = (l.held.filter { $0.key != id }, l.forgotten + 1)

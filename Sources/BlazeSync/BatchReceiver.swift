@@ -252,7 +252,8 @@ final class BatchReceiver: ChannelInboundHandler {
             receiver.opsPending -= 1
             switch result {
             case .success(let (fresh, aside)):
-                receiver.opsSetAside = aside
+                // Held aside for a peer the log lists only: anyone else's connections are many and cheap.
+                if case .member = space.snapshot.admits(link.device) { receiver.opsSetAside = aside } else { receiver.opsSetAside = SetAsideOps() }
                 context.fireUserInboundEventTriggered(MergedOps(received: ops, fresh: fresh))
                 receiver.resumeReading(context: context)
                 receiver.applyNext(context: context)

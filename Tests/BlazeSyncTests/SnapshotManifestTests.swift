@@ -92,8 +92,21 @@ import Testing
         // not list for the origin refuses the snapshot.
         let forged = try SignedHead(bytes: (head.bytes.prefix(56) + DeviceIdentity().publicKeys.signing + head.signature)[...])
         #expect(throws: SyncRejection.badSnapshot) { try check(signed([forged]), peer: writer.publicKeys) }
+        // A signature that does not verify passes the cheap checks made before any piece, and fails the install's.
         var tampered = head.bytes
         tampered[tampered.count - 1] ^= 1
-        #expect(throws: SyncRejection.badSnapshot) { try check(signed([try SignedHead(bytes: tampered[...])]), peer: writer.publicKeys) }
+        let bad = signed([try SignedHead(bytes: tampered[...])])
+        try check(bad, peer: writer.publicKeys)
+        #expect(throws: SyncRejection.badHead) { try bad.verifySignedHeads { log.member($0)?.keys.signing } }
+        try good.verifySignedHeads { log.member($0)?.keys.signing }
+        // A head of an origin the log does not list is refused before any piece.
+        let stranger = DeviceIdentity()
+        let strangerEntry = SealedEntry.seal(Array("y".utf8), space: key, origin: stranger.nodeID, seq: 1, prev: SealedEntry.genesis)
+        let strangers = SnapshotManifest(
+            space: space, createdMs: 1, parts: 2, size: 4_000, lastPart: SpaceKey.randomBytes(32),
+            heads: [stranger.nodeID: (1, strangerEntry.hash)], signedHeads: [SignedHead(signing: strangerEntry, identity: stranger)],
+            identity: writer)
+        #expect(strangers.signedHeads.count == 1)
+        #expect(throws: SyncRejection.badSnapshot) { try check(strangers, peer: writer.publicKeys) }
     }
 }
