@@ -82,7 +82,7 @@ import Testing
         // Far fewer pages than SQLite's own automatic checkpoint waits for, and the writer copies no page itself with
         // these limits: only the background connection copies pages into the database file. Wait (bounded)
         // until it has copied most of them.
-        let deadline = Date().addingTimeInterval(30)
+        let deadline = Date().addingTimeInterval(180)
         while sizes(db).main < pages * page / 2 && Date() < deadline { usleep(10_000) }
         #expect(sizes(db).main >= pages * page / 2, "database file \(sizes(db).main) bytes of \(pages * page)")
         #expect(try db.summary().documents == 120)
@@ -112,10 +112,12 @@ import Testing
         defer { t.store.closeAll() }
         let written = try pageCount(db)
         // No hard limit: only the writer finishing what background checkpoints left lets the log restart while
-        // transactions follow each other without a pause. Without it, the WAL file would hold every page written
-        // (more than all the database's pages); with it, the file is reused from its start.
+        // transactions follow each other without a pause. Without it, the WAL file holds every page written (4,360
+        // to 6,050 frames for 2,515 database pages, measured); with it, the file is reused from its start (170 to
+        // 300 frames on a quiet machine, 1,413 in a CI run where the background checkpoints were starved). So the
+        // bound is that the log restarted at all, not how often: how often depends on the machine's load.
         let frames = try walFrames(db)
-        #expect(frames > 0 && frames < written / 2, "the WAL grew to \(frames) pages for \(written) database pages")
+        #expect(frames > 0 && frames < written, "the WAL grew to \(frames) pages for \(written) database pages")
         #expect(try db.summary().documents == 1600)
     }
 }
