@@ -44,6 +44,11 @@ let package = Package(
                 .product(name: "HeapModule", package: "swift-collections"),
             ],
             swiftSettings: strict),
+        // Blobs: content-defined chunking, chunk ids and sealing, the chunk files on disk.
+        .target(
+            name: "BlazeBlob",
+            dependencies: ["BlazeProtocol", .product(name: "Crypto", package: "swift-crypto")],
+            swiftSettings: strict),
         .target(
             name: "BlazeStore",
             dependencies: [
@@ -164,6 +169,8 @@ let package = Package(
             name: "BlazeCryptoTests",
             dependencies: ["BlazeCrypto", "BlazeProtocol", "BlazeTestSupport", .product(name: "Crypto", package: "swift-crypto")],
             swiftSettings: strict),
+        .testTarget(
+            name: "BlazeBlobTests", dependencies: ["BlazeBlob", "BlazeTestSupport"], swiftSettings: strict),
         .testTarget(name: "BlazeProtocolTests", dependencies: ["BlazeProtocol", "BlazeTestSupport"], swiftSettings: strict),
         .testTarget(
             name: "BlazeStoreTests",
