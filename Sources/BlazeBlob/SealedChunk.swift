@@ -1,0 +1,198 @@
+import Crypto
+import Foundation
+
+/// A chunk's id: HMAC-SHA256 of its content under its space's chunk-id key, so equal content has one id within a
+/// space, and nobody without that key can tell which content an id names or link equal files across spaces.
+public struct ChunkID: Hashable, Comparable, Sendable, CustomStringConvertible {
+    /// The id's bytes.
+    public let bytes: [UInt8]
+    /// Length of an id in bytes.
+    public static let count = 32
+
+    /// An id from bytes that came from outside (a document, a peer, a file name); nil unless they are 32 bytes.
+    public init?(bytes: [UInt8]) {
+        guard bytes.count == Self.count else { return nil }
+        self.bytes = bytes
+    }
+
+    /// An id from 64 lowercase hex digits; nil for anything else.
+    public init?(hex: String) {
+        guard hex.utf8.count == Self.count * 2, let bytes = Self.unhex(hex) else { return nil }
+        self.bytes = bytes
+    }
+
+    /// The id as 64 lowercase hex digits (how it appears in file names and documents).
+    public var hex: String { bytes.map { String(format: "%02x", $0) }.joined() }
+
+    /// The id as hex.
+    public var description: String { hex }
+
+    /// Orders ids by their bytes.
+    public static func < (a: ChunkID, b: ChunkID) -> Bool { a.bytes.lexicographicallyPrecedes(b.bytes) }
+
+    /// The bytes of lowercase hex digits; nil for an odd count or any other character.
+    private static func unhex(_ hex: String) -> [UInt8]? {
+        var out: [UInt8] = []
+        out.reserveCapacity(hex.utf8.count / 2)
+        var high: UInt8?
+        for c in hex.utf8 {
+            let v: UInt8
+            switch c {
+            case UInt8(ascii: "0")...UInt8(ascii: "9"): v = c - UInt8(ascii: "0")
+            case UInt8(ascii: "a")...UInt8(ascii: "f"): v = c - UInt8(ascii: "a") + 10
+            default: return nil
+            }
+            if let h = high {
+                out.append(h << 4 | v)
+                high = nil
+            } else {
+                high = v
+            }
+        }
+        return high == nil ? out : nil
+    }
+}
+
+/// The keys the blobs of one space are chunked and named with, derived from the space's epoch-1 secret (which every
+/// member holds and a relay never does). They do not change when the space's key rotates, so a file put before and
+/// after a revocation shares its chunks; the chunks' contents are sealed with the epoch keys (`SealedChunk`).
+public struct BlobKeys: Sendable {
+    /// The space's 16-byte id.
+    public let space: [UInt8]
+    /// The space's chunker (its gear table keyed by the space).
+    public let chunker: Chunker
+    /// The key chunk ids are computed with (its bytes: `SymmetricKey` is not `Sendable`).
+    private let idKey: [UInt8]
+
+    /// The keys of space `space` (16 bytes) whose epoch-1 secret is `genesis` (32 bytes).
+    public init(space: [UInt8], genesis: [UInt8], sizes: Chunker.Sizes = .standard) throws(ChunkError) {
+        guard space.count == 16, genesis.count == 32 else { throw ChunkError("blob keys need a 16-byte space id and a 32-byte secret") }
+        self.space = space
+        let secret = SymmetricKey(data: genesis)
+        func derive(_ label: String) -> [UInt8] {
+            HKDF<SHA256>.deriveKey(inputKeyMaterial: secret, salt: space, info: Array(label.utf8), outputByteCount: 32)
+                .withUnsafeBytes { Array($0) }
+        }
+        do {
+            chunker = try Chunker(key: derive("blazedb blob chunking v1"), sizes: sizes)
+        } catch {
+            throw ChunkError(error.description)
+        }
+        idKey = derive("blazedb blob chunk id v1")
+    }
+
+    /// The id of a chunk with `content`.
+    public func id(of content: UnsafeRawBufferPointer) -> ChunkID {
+        ChunkID(checked: Array(HMAC<SHA256>.authenticationCode(for: content, using: SymmetricKey(data: idKey))))
+    }
+
+    /// The id of a chunk with `content`.
+    public func id(of content: [UInt8]) -> ChunkID { content.withUnsafeBytes { id(of: $0) } }
+}
+
+extension ChunkID {
+    /// An id from 32 bytes this process computed.
+    fileprivate init(checked bytes: [UInt8]) {
+        precondition(bytes.count == Self.count)
+        self.bytes = bytes
+    }
+}
+
+/// A chunk as it travels and as relays and folders hold it: its content sealed with an epoch key of its space.
+///
+/// Layout: `"BZC1"`, the epoch (4 bytes, big-endian), a 12-byte nonce, then the ChaCha20-Poly1305 box of the content's
+/// length (4 bytes, big-endian), the content and zero bytes up to a multiple of `padding`, with its 16-byte tag. The
+/// header, the space id and the chunk id are authenticated with it, so a sealed chunk opens only as the chunk it was
+/// sealed as. The nonce is derived from the chunk id under the epoch's chunk key: sealing equal content twice gives
+/// the same bytes, and one (key, nonce) pair only ever seals one content.
+public enum SealedChunk {
+    /// The first four bytes of every sealed chunk.
+    static let magic = Array("BZC1".utf8)
+    /// Bytes before the box: magic, epoch, nonce.
+    static let headerCount = 4 + 4 + 12
+    /// The sealed content is padded to a multiple of this many bytes, so a sealed chunk's size tells its content's
+    /// size only to within 4 KiB.
+    public static let padding = 4096
+
+    /// The largest sealed chunk of content up to `maximum` bytes: larger ones are refused before any allocation.
+    public static func maxSealedCount(content maximum: Int) -> Int {
+        headerCount + padded(maximum) + 16
+    }
+
+    /// Bytes of the box's plaintext for content of `count` bytes: the length field, the content and the padding.
+    static func padded(_ count: Int) -> Int { (4 + count + padding - 1) / padding * padding }
+
+    /// The key an epoch's secret seals chunks with.
+    static func chunkKey(space: [UInt8], epoch: UInt32, secret: [UInt8]) -> SymmetricKey {
+        var info = Array("blazedb chunk key v1".utf8)
+        withUnsafeBytes(of: epoch.bigEndian) { info += $0 }
+        return HKDF<SHA256>.deriveKey(inputKeyMaterial: SymmetricKey(data: secret), salt: space, info: info, outputByteCount: 32)
+    }
+
+    /// The authenticated data: the header, the space and the chunk id.
+    static func aad(header: ArraySlice<UInt8>, space: [UInt8], id: ChunkID) -> [UInt8] {
+        Array(header) + space + id.bytes
+    }
+
+    /// `content` (the chunk `id` of `space`) sealed under the epoch `epoch` whose secret is `secret`.
+    public static func seal(_ content: UnsafeRawBufferPointer, id: ChunkID, space: [UInt8], epoch: UInt32, secret: [UInt8]) -> [UInt8] {
+        let key = chunkKey(space: space, epoch: epoch, secret: secret)
+        let nonceBytes = Array(HMAC<SHA256>.authenticationCode(for: id.bytes, using: key).prefix(12))
+        var header = magic
+        withUnsafeBytes(of: epoch.bigEndian) { header += $0 }
+        header += nonceBytes
+        var plain = [UInt8](repeating: 0, count: padded(content.count))
+        withUnsafeBytes(of: UInt32(content.count).bigEndian) { plain.replaceSubrange(0..<4, with: $0) }
+        plain.withUnsafeMutableBytes { $0.baseAddress!.advanced(by: 4).copyMemory(from: content.baseAddress!, byteCount: content.count) }
+        let box = try! ChaChaPoly.seal(
+            plain, using: key, nonce: try! ChaChaPoly.Nonce(data: nonceBytes),
+            authenticating: aad(header: header[...], space: space, id: id))
+        return header + box.ciphertext + box.tag
+    }
+
+    /// The epoch `sealed` says it is sealed under; nil when it is not a sealed chunk's header.
+    public static func epoch(of sealed: [UInt8]) -> UInt32? {
+        guard sealed.count >= headerCount + 16, sealed.starts(with: magic) else { return nil }
+        return sealed[4..<8].reduce(0) { $0 << 8 | UInt32($1) }
+    }
+
+    /// The content of `sealed`, which must be the chunk `id` of `keys.space`, opened with one of `secrets` (the
+    /// secrets this device holds for the epoch the chunk names), at most `maximum` bytes long; its id is checked
+    /// against the content, so nothing but the chunk asked for is ever returned.
+    public static func open(
+        _ sealed: [UInt8], id: ChunkID, keys: BlobKeys, secrets: [[UInt8]], maximum: Int
+    ) throws(ChunkError) -> [UInt8] {
+        guard sealed.count <= maxSealedCount(content: maximum) else {
+            throw ChunkError("a sealed chunk of \(sealed.count) bytes is over the \(maxSealedCount(content: maximum))-byte limit")
+        }
+        guard let epoch = epoch(of: sealed), (sealed.count - headerCount - 16) % padding == 0 else {
+            throw ChunkError("not a sealed chunk")
+        }
+        let header = sealed[..<headerCount]
+        let nonce = try! ChaChaPoly.Nonce(data: sealed[8..<headerCount])
+        guard let box = try? ChaChaPoly.SealedBox(nonce: nonce, ciphertext: sealed[headerCount..<(sealed.count - 16)], tag: sealed[(sealed.count - 16)...])
+        else { throw ChunkError("not a sealed chunk") }
+        let aad = aad(header: header, space: keys.space, id: id)
+        for secret in secrets {
+            guard let plain = try? ChaChaPoly.open(box, using: chunkKey(space: keys.space, epoch: epoch, secret: secret), authenticating: aad)
+            else { continue }
+            let length = plain.prefix(4).reduce(0) { $0 << 8 | Int($1) }
+            guard length <= plain.count - 4, padded(length) == plain.count, plain[(4 + length)...].allSatisfy({ $0 == 0 }) else {
+                throw ChunkError("a sealed chunk's length field does not match its size")
+            }
+            let content = Array(plain[4..<(4 + length)])
+            guard keys.id(of: content) == id else { throw ChunkError("a chunk's content does not match its id \(id)") }
+            return content
+        }
+        throw ChunkError("no key held for epoch \(epoch) opens chunk \(id)")
+    }
+}
+
+/// A chunk or its keys refused.
+public struct ChunkError: Error, Sendable, CustomStringConvertible {
+    /// What was wrong.
+    public let description: String
+
+    /// An error saying `description`.
+    init(_ description: String) { self.description = description }
+}
