@@ -1,0 +1,173 @@
+import Foundation
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// A database's chunks on disk, one file per chunk, beside the database file and outside its pages.
+///
+/// Layout: `<directory>/<first two hex digits of the id>/<the id in hex>`, holding the chunk's content as it is on
+/// this device (the database file itself is not encrypted at rest; chunks are sealed when they leave, by
+/// `SealedChunk`). A chunk is written to a temporary file in its directory, synced, renamed into place and the
+/// directory synced, so it is durable before `put` returns: a document that references it commits after. A file
+/// present under a chunk's name is always the whole chunk. Files only this process writes are trusted on read; what
+/// comes from elsewhere is checked against its id before `put`.
+public final class ChunkStore: Sendable {
+    /// The store's directory.
+    public let directory: String
+
+    /// The chunk store in `directory`, created if missing (with its parents, mode 0700).
+    public init(directory: String) throws(ChunkStoreError) {
+        self.directory = directory
+        do {
+            try FileManager.default.createDirectory(
+                atPath: directory, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o700])
+        } catch {
+            throw ChunkStoreError("cannot create the chunk directory \(directory): \(error.localizedDescription)")
+        }
+        Self.removeLeftovers(in: directory)
+    }
+
+    /// The path of chunk `id`'s file.
+    public func path(of id: ChunkID) -> String {
+        let hex = id.hex
+        return "\(directory)/\(hex.prefix(2))/\(hex)"
+    }
+
+    /// Whether chunk `id` is held here.
+    public func contains(_ id: ChunkID) -> Bool {
+        var info = stat()
+        return lstat(path(of: id), &info) == 0 && (info.st_mode & S_IFMT) == S_IFREG
+    }
+
+    /// The size in bytes of chunk `id`, nil when it is not held.
+    public func size(of id: ChunkID) -> Int? {
+        var info = stat()
+        guard lstat(path(of: id), &info) == 0, (info.st_mode & S_IFMT) == S_IFREG else { return nil }
+        return Int(info.st_size)
+    }
+
+    /// Stores `content` as chunk `id` durably; returns false (and writes nothing) when it is held already. The caller
+    /// has checked that `id` is the content's id.
+    @discardableResult
+    public func put(_ id: ChunkID, _ content: UnsafeRawBufferPointer) throws(ChunkStoreError) -> Bool {
+        if contains(id) { return false }
+        let final = path(of: id)
+        let parent = String(final[..<final.lastIndex(of: "/")!])
+        if mkdir(parent, 0o700) != 0 && errno != EEXIST { throw .system("create \(parent)", errno) }
+        let temporary = "\(parent)/.tmp-\(id.hex)-\(UInt64.random(in: 0...UInt64.max))"
+        let fd = open(temporary, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0o600)
+        guard fd >= 0 else { throw .system("create \(temporary)", errno) }
+        var written = 0
+        while written < content.count {
+            let n = write(fd, content.baseAddress!.advanced(by: written), content.count - written)
+            if n < 0 && errno == EINTR { continue }
+            guard n > 0 else {
+                let code = errno
+                close(fd)
+                unlink(temporary)
+                throw .system("write \(temporary)", code)
+            }
+            written += n
+        }
+        guard fsync(fd) == 0 else {
+            let code = errno
+            close(fd)
+            unlink(temporary)
+            throw .system("sync \(temporary)", code)
+        }
+        close(fd)
+        guard rename(temporary, final) == 0 else {
+            let code = errno
+            unlink(temporary)
+            throw .system("rename \(temporary)", code)
+        }
+        try Self.syncDirectory(parent)
+        return true
+    }
+
+    /// Stores `content` as chunk `id` durably (see `put(_:_:)`).
+    @discardableResult
+    public func put(_ id: ChunkID, _ content: [UInt8]) throws(ChunkStoreError) -> Bool {
+        let result = content.withUnsafeBytes { raw in Result { () throws(ChunkStoreError) -> Bool in try put(id, raw) } }
+        return try result.get()
+    }
+
+    /// Up to `length` bytes of chunk `id` from `offset` (fewer at its end); nil when the chunk is not held.
+    public func read(_ id: ChunkID, offset: Int = 0, length: Int = .max) throws(ChunkStoreError) -> [UInt8]? {
+        // Non-blocking: a FIFO planted under a chunk's name must not hang the open (regular files ignore the flag).
+        let fd = open(path(of: id), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK)
+        guard fd >= 0 else {
+            if errno == ENOENT { return nil }
+            throw .system("open chunk \(id)", errno)
+        }
+        defer { close(fd) }
+        var info = stat()
+        guard fstat(fd, &info) == 0, (info.st_mode & S_IFMT) == S_IFREG else { throw ChunkStoreError("chunk \(id) is not a regular file") }
+        let size = Int(info.st_size)
+        guard offset >= 0, length >= 0 else { throw ChunkStoreError("a read needs a non-negative offset and length") }
+        let count = offset >= size ? 0 : min(length, size - offset)
+        var out = [UInt8](repeating: 0, count: count)
+        var done = 0
+        while done < count {
+            let n = out.withUnsafeMutableBytes { pread(fd, $0.baseAddress!.advanced(by: done), count - done, off_t(offset + done)) }
+            if n < 0 && errno == EINTR { continue }
+            guard n > 0 else { throw .system("read chunk \(id)", n < 0 ? errno : EIO) }
+            done += n
+        }
+        return out
+    }
+
+    /// Removes chunk `id`; false when it was not held.
+    @discardableResult
+    public func remove(_ id: ChunkID) -> Bool { unlink(path(of: id)) == 0 }
+
+    /// Every chunk held, in no particular order (file names that are not chunk ids are skipped).
+    public func all() -> [ChunkID] {
+        var out: [ChunkID] = []
+        let fm = FileManager.default
+        for shard in (try? fm.contentsOfDirectory(atPath: directory)) ?? [] where shard.utf8.count == 2 {
+            for name in (try? fm.contentsOfDirectory(atPath: "\(directory)/\(shard)")) ?? [] {
+                if let id = ChunkID(hex: name), name.hasPrefix(shard) { out.append(id) }
+            }
+        }
+        return out
+    }
+
+    /// Syncs directory `path`, so that a rename into it is durable.
+    static func syncDirectory(_ path: String) throws(ChunkStoreError) {
+        let fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
+        guard fd >= 0 else { throw .system("open \(path)", errno) }
+        defer { close(fd) }
+        guard fsync(fd) == 0 else { throw .system("sync \(path)", errno) }
+    }
+
+    /// Removes temporary files a crash left behind (a put that never renamed its file).
+    static func removeLeftovers(in directory: String) {
+        let fm = FileManager.default
+        for shard in (try? fm.contentsOfDirectory(atPath: directory)) ?? [] where shard.utf8.count == 2 {
+            for name in (try? fm.contentsOfDirectory(atPath: "\(directory)/\(shard)")) ?? [] where name.hasPrefix(".tmp-") {
+                unlink("\(directory)/\(shard)/\(name)")
+            }
+        }
+    }
+}
+
+/// A chunk store operation that failed.
+public struct ChunkStoreError: Error, Sendable, CustomStringConvertible {
+    /// What failed and why.
+    public let description: String
+    /// The system error number, when a system call failed (`ENOSPC` when the disk is full).
+    public let code: Int32?
+
+    /// An error saying `description`.
+    init(_ description: String, code: Int32? = nil) {
+        self.description = description
+        self.code = code
+    }
+
+    /// The failure of a system call doing `what`, with its error number.
+    static func system(_ what: String, _ code: Int32) -> ChunkStoreError {
+        ChunkStoreError("cannot \(what): \(String(cString: strerror(code)))", code: code)
+    }
+}
