@@ -1,0 +1,47 @@
+/// Reads a blob out of a chunk store: its manifest, then ranges of its content a chunk at a time.
+public struct BlobReader: Sendable {
+    /// The space's keys.
+    public let keys: BlobKeys
+    /// Where the chunks are.
+    public let store: ChunkStore
+    /// The largest blob accepted, in bytes.
+    public let maxSize: Int
+
+    /// A reader of the blobs in `store`, refusing manifests of blobs over `maxSize` bytes.
+    public init(keys: BlobKeys, store: ChunkStore, maxSize: Int) {
+        self.keys = keys
+        self.store = store
+        self.maxSize = maxSize
+    }
+
+    /// The manifest of blob `id`; nil when its manifest chunk is not held here.
+    public func manifest(_ id: ChunkID) throws(ChunkStoreError) -> BlobManifest? {
+        let maximum = keys.chunker.sizes.maximum
+        guard let size = store.size(of: id) else { return nil }
+        guard size <= maximum else { throw ChunkStoreError("blob \(id)'s manifest is \(size) bytes, over \(maximum)") }
+        guard let bytes = try store.read(id) else { return nil }
+        do {
+            return try BlobManifest(decoding: bytes, chunkMaximum: maximum, maxSize: maxSize)
+        } catch {
+            throw ChunkStoreError("blob \(id) has a bad manifest: \(error.description)")
+        }
+    }
+
+    /// The chunks of `manifest` not held here, in order, without repeats.
+    public func missing(_ manifest: BlobManifest) -> [ChunkID] {
+        var seen = Set<ChunkID>()
+        return manifest.pieces.compactMap { seen.insert($0.id).inserted && !store.contains($0.id) ? $0.id : nil }
+    }
+
+    /// Calls `body` with the blob's bytes from `offset` for `length` bytes (to its end when shorter), one chunk's part
+    /// at a time, in order. Throws when a chunk it needs is not held (`missing` names them).
+    public func read(
+        _ manifest: BlobManifest, offset: Int, length: Int, _ body: ([UInt8]) throws(ChunkStoreError) -> Void
+    ) throws(ChunkStoreError) {
+        for (piece, range) in manifest.pieces(overlapping: offset, length: length) {
+            guard let part = try store.read(piece.id, offset: range.lowerBound, length: range.count), part.count == range.count
+            else { throw ChunkStoreError("chunk \(piece.id) of the blob is not held here", code: nil) }
+            try body(part)
+        }
+    }
+}

@@ -1,0 +1,139 @@
+import BlazeTestSupport
+import Foundation
+import Testing
+
+@testable import BlazeBlob
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// Blobs put a piece at a time and read back by range; manifests decoded as hostile input.
+@Suite struct BlobTests {
+    let keys = try! BlobKeys(
+        space: [UInt8](repeating: 5, count: 16), genesis: [UInt8](repeating: 6, count: 32),
+        sizes: try! Chunker.Sizes(minimum: 2 << 10, average: 8 << 10, maximum: 32 << 10))
+
+    /// A chunk store in a fresh temporary directory, removed by the caller.
+    func store() throws -> ChunkStore {
+        try ChunkStore(directory: NSTemporaryDirectory() + "blaze-blobs-\(UUID().uuidString)")
+    }
+
+    func bytes(_ count: Int, _ random: inout SeededRandom) -> [UInt8] {
+        (0..<count).map { _ in UInt8(truncatingIfNeeded: random.next()) }
+    }
+
+    /// Puts `content` appended in pieces of random sizes; returns the blob's id, manifest and new bytes stored.
+    func put(_ content: [UInt8], _ store: ChunkStore, _ random: inout SeededRandom) throws -> (ChunkID, BlobManifest, Int) {
+        var writer = BlobWriter(keys: keys, store: store, maxSize: 1 << 30)
+        var start = 0
+        while start < content.count {
+            let n = min(content.count - start, Int(random.next() % 100_000) + 1)
+            try writer.append(Array(content[start..<(start + n)]))
+            start += n
+        }
+        let put = try writer.finish()
+        return (put.id, put.manifest, put.storedBytes)
+    }
+
+    @Test func aBlobPutInPiecesReadsBackWholeAndByRange() throws {
+        var random = SeededRandom(seed: testSeed("blob put"))
+        let store = try store()
+        defer { try? FileManager.default.removeItem(atPath: store.directory) }
+        let content = bytes(600_000, &random)
+        let (id, manifest, stored) = try put(content, store, &random)
+        #expect(manifest.size == content.count && stored == content.count)
+        #expect(manifest.pieces.map(\.length) == keys.chunker.cuts(of: content))
+        let reader = BlobReader(keys: keys, store: store, maxSize: 1 << 30)
+        #expect(try reader.manifest(id) == manifest)
+        #expect(reader.missing(manifest).isEmpty)
+        var whole: [UInt8] = []
+        try reader.read(manifest, offset: 0, length: .max) { whole += $0 }
+        #expect(whole == content)
+        for _ in 0..<50 {
+            let offset = Int(random.next() % UInt64(content.count + 10))
+            let length = Int(random.next() % 100_000)
+            var part: [UInt8] = []
+            try reader.read(manifest, offset: offset, length: length) { part += $0 }
+            let end = min(content.count, offset + length)
+            #expect(part == (offset < end ? Array(content[offset..<end]) : []), "offset \(offset) length \(length)")
+        }
+    }
+
+    @Test func theSameFileAgainStoresNothingAndAnEditStoresOnlyItsChunks() throws {
+        var random = SeededRandom(seed: testSeed("blob dedup"))
+        let store = try store()
+        defer { try? FileManager.default.removeItem(atPath: store.directory) }
+        let content = bytes(1 << 20, &random)
+        let (id, manifest, _) = try put(content, store, &random)
+        let (again, _, storedAgain) = try put(content, store, &random)
+        #expect(again == id && storedAgain == 0)
+        var edited = content
+        edited.replaceSubrange(500_000..<500_100, with: bytes(100, &random))
+        let (editedID, editedManifest, storedEdit) = try put(edited, store, &random)
+        #expect(editedID != id)
+        // One chunk, or a few when the cuts around the edit moved: far less than the file (~120 chunks of ~9 KiB).
+        #expect(storedEdit > 0 && storedEdit <= 8 * keys.chunker.sizes.maximum, "\(storedEdit) bytes stored again")
+        let reader = BlobReader(keys: keys, store: store, maxSize: 1 << 30)
+        var back: [UInt8] = []
+        try reader.read(editedManifest, offset: 0, length: .max) { back += $0 }
+        #expect(back == edited)
+        // A chunk gone: reading names it, and `missing` lists it.
+        let lost = manifest.pieces[3].id
+        #expect(store.remove(lost))
+        #expect(reader.missing(manifest) == [lost])
+        #expect(throws: ChunkStoreError.self) { try reader.read(manifest, offset: 0, length: .max) { _ in } }
+    }
+
+    @Test func aBlobIsReadFromAFileDescriptorAndHeldToItsLimit() throws {
+        var random = SeededRandom(seed: testSeed("blob file"))
+        let store = try store()
+        defer { try? FileManager.default.removeItem(atPath: store.directory) }
+        let path = store.directory + "-input"
+        let content = bytes(300_000, &random)
+        #expect(FileManager.default.createFile(atPath: path, contents: Data(content)))
+        defer { unlink(path) }
+        let fd = open(path, O_RDONLY)
+        defer { close(fd) }
+        var writer = BlobWriter(keys: keys, store: store, maxSize: 1 << 30)
+        var reported: [Int] = []
+        try writer.append(reading: fd) { reported.append($0) }
+        let (id, manifest, _) = try writer.finish()
+        #expect(reported.last == content.count && manifest.size == content.count)
+        #expect(try BlobReader(keys: keys, store: store, maxSize: 1 << 30).manifest(id) == manifest)
+        // Over the limit: refused as it grows.
+        var small = BlobWriter(keys: keys, store: store, maxSize: 1000)
+        try small.append([UInt8](repeating: 1, count: 1000))
+        #expect(throws: ChunkStoreError.self) { try small.append([1]) }
+        // An empty blob is a manifest of no chunks.
+        let empty = try BlobWriter(keys: keys, store: store, maxSize: 10).finish()
+        #expect(empty.manifest.size == 0 && empty.manifest.pieces.isEmpty)
+    }
+
+    @Test func hostileManifestsAreRefusedBeforeAllocating() throws {
+        let id = keys.id(of: [1])
+        let good = BlobManifest(pieces: [.init(id: id, length: 10), .init(id: id, length: 20)])
+        let maximum = keys.chunker.sizes.maximum
+        #expect(try BlobManifest(decoding: good.encoded, chunkMaximum: maximum, maxSize: 100) == good)
+        var bytes = good.encoded
+        // Size over the limit, a count that does not match the bytes, a count far past what fits, lengths that do
+        // not add up, a zero-length or oversize chunk, the wrong magic, truncated.
+        #expect(throws: ChunkError.self) { try BlobManifest(decoding: bytes, chunkMaximum: maximum, maxSize: 29) }
+        bytes[15] = 3
+        #expect(throws: ChunkError.self) { try BlobManifest(decoding: bytes, chunkMaximum: maximum, maxSize: 100) }
+        bytes[12] = 0xFF
+        #expect(throws: ChunkError.self) { try BlobManifest(decoding: bytes, chunkMaximum: maximum, maxSize: 100) }
+        var sizes = good.encoded
+        sizes[11] = 31
+        #expect(throws: ChunkError.self) { try BlobManifest(decoding: sizes, chunkMaximum: maximum, maxSize: 100) }
+        let zero = BlobManifest(pieces: [.init(id: id, length: 0)]).encoded
+        #expect(throws: ChunkError.self) { try BlobManifest(decoding: zero, chunkMaximum: maximum, maxSize: 100) }
+        let oversize = BlobManifest(pieces: [.init(id: id, length: maximum + 1)]).encoded
+        #expect(throws: ChunkError.self) { try BlobManifest(decoding: oversize, chunkMaximum: maximum, maxSize: 1 << 30) }
+        var magic = good.encoded
+        magic[0] = 0
+        #expect(throws: ChunkError.self) { try BlobManifest(decoding: magic, chunkMaximum: maximum, maxSize: 100) }
+        #expect(throws: ChunkError.self) { try BlobManifest(decoding: Array(good.encoded.dropLast()), chunkMaximum: maximum, maxSize: 100) }
+        #expect(throws: ChunkError.self) { try BlobManifest(decoding: [], chunkMaximum: maximum, maxSize: 100) }
+    }
+}
