@@ -142,6 +142,7 @@ let package = Package(
             name: "blazebench",
             dependencies: [
                 "BlazeDaemon", "BlazeStore", "BlazeSync", "BlazeCRDT", "BlazeCrypto", "BlazeClient", "BlazeProtocol", "BlazeRelay", "BlazeWire",
+                "BlazeBlob",
                 // Throwaway PostgreSQL servers for the RELAY load on PostgreSQL.
                 "BlazeTestSupport",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),

@@ -161,7 +161,7 @@ public struct ChunkStoreError: Error, Sendable, CustomStringConvertible {
     public let code: Int32?
 
     /// An error saying `description`.
-    init(_ description: String, code: Int32? = nil) {
+    public init(_ description: String, code: Int32? = nil) {
         self.description = description
         self.code = code
     }

@@ -1,0 +1,105 @@
+import BlazeBlob
+import Foundation
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// BLOB: putting a file into a chunk store and reading it back, against `cp` of the same file on the same disk.
+enum BlobWorkloads {
+    /// Runs the group on a file of `megabytes` MiB of random bytes, `repeats` times; each repeat's ratio is taken
+    /// against the `cp` run just before it.
+    static func run(dir: String, megabytes: Int, repeats: Int) throws -> [Result] {
+        let work = dir + "/blob"
+        try FileManager.default.createDirectory(atPath: work, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(atPath: work) }
+        let source = work + "/source"
+        try writeRandomFile(source, bytes: megabytes << 20)
+        let keys = try BlobKeys(space: [UInt8](repeating: 1, count: 16), genesis: (0..<32).map { _ in UInt8.random(in: 0...255) })
+        let mib = Double(megabytes)
+
+        var cpPut: [Double] = [], cpGet: [Double] = [], put: [Double] = [], putAgain: [Double] = [], get: [Double] = []
+        var chunkCount = 0
+        for r in 0..<repeats {
+            // Durable copies on both sides: `cp` then an fsync of the copy, as a put syncs every chunk.
+            let copy = work + "/copy-\(r)"
+            cpPut.append(mib / (try seconds { try shell("cp '\(source)' '\(copy)' && sync '\(copy)'") }))
+            let store = try ChunkStore(directory: work + "/chunks-\(r)")
+            var blob: (id: ChunkID, manifest: BlobManifest, storedBytes: Int)?
+            put.append(mib / (try seconds { blob = try putFile(source, keys: keys, store: store) }))
+            putAgain.append(mib / (try seconds { _ = try putFile(source, keys: keys, store: store) }))
+            guard let blob, blob.storedBytes == megabytes << 20 else { throw BenchFailure("BLOB: the put stored \(blob?.storedBytes ?? 0) bytes") }
+            chunkCount = blob.manifest.pieces.count
+            // Reads from the page cache on both sides (the file and the chunks were just written), into a new file.
+            let out = work + "/out-\(r)"
+            cpGet.append(mib / (try seconds { try shell("cp '\(copy)' '\(out)-cp'") }))
+            get.append(mib / (try seconds { try getFile(blob.manifest, to: out, keys: keys, store: store) }))
+            guard FileManager.default.contentsEqual(atPath: out, andPath: source) else { throw BenchFailure("BLOB: the blob read back differs") }
+            for path in [copy, out, out + "-cp"] { unlink(path) }
+            try? FileManager.default.removeItem(atPath: store.directory)
+        }
+        func paired(_ mine: [Double], _ theirs: [Double]) -> [Double] { zip(mine, theirs).map { $0 / $1 } }
+        var rows = [
+            Result(name: "B0.cpDurable", unit: "MiB/s", samples: cpPut, better: "higher", note: "cp of a \(megabytes) MiB file, then sync of the copy"),
+            Result(name: "B0.cpCached", unit: "MiB/s", samples: cpGet, better: "higher", note: "cp of the same file from the page cache"),
+            Result(
+                name: "B1.put", unit: "MiB/s", samples: put, better: "higher", baseline: "B0.cpDurable", target: "≥ 0.5× cp",
+                note: "\(chunkCount) chunks: chunked, named (HMAC-SHA256) and each synced to its own file"),
+            Result(
+                name: "B1.putAgain", unit: "MiB/s", samples: putAgain, better: "higher", baseline: "B0.cpDurable",
+                note: "the same file again: every chunk held already, nothing written"),
+            Result(
+                name: "B2.get", unit: "MiB/s", samples: get, better: "higher", baseline: "B0.cpCached", target: "≥ 0.5× cp",
+                note: "the blob read chunk by chunk into a new file"),
+        ]
+        rows[2].paired["B0.cpDurable"] = paired(put, cpPut)
+        rows[3].paired["B0.cpDurable"] = paired(putAgain, cpPut)
+        rows[4].paired["B0.cpCached"] = paired(get, cpGet)
+        return rows
+    }
+
+    /// Puts the file at `path` as one blob.
+    static func putFile(_ path: String, keys: BlobKeys, store: ChunkStore) throws -> (id: ChunkID, manifest: BlobManifest, storedBytes: Int) {
+        let fd = open(path, O_RDONLY | O_CLOEXEC)
+        guard fd >= 0 else { throw BenchFailure("BLOB: cannot open \(path)") }
+        defer { close(fd) }
+        var writer = BlobWriter(keys: keys, store: store, maxSize: 1 << 40)
+        try writer.append(reading: fd)
+        return try writer.finish()
+    }
+
+    /// Writes the blob of `manifest` to a new file at `path`.
+    static func getFile(_ manifest: BlobManifest, to path: String, keys: BlobKeys, store: ChunkStore) throws {
+        let fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o600)
+        guard fd >= 0 else { throw BenchFailure("BLOB: cannot create \(path)") }
+        defer { close(fd) }
+        try BlobReader(keys: keys, store: store, maxSize: 1 << 40).read(manifest, offset: 0, length: .max) { (part) throws(ChunkStoreError) in
+            let n = part.withUnsafeBytes { write(fd, $0.baseAddress!, $0.count) }
+            guard n == part.count else { throw ChunkStoreError("short write to \(path)") }
+        }
+    }
+
+    /// Writes `bytes` random bytes to a new file at `path`, 1 MiB at a time.
+    static func writeRandomFile(_ path: String, bytes: Int) throws {
+        guard FileManager.default.createFile(atPath: path, contents: nil), let handle = FileHandle(forWritingAtPath: path) else {
+            throw BenchFailure("BLOB: cannot create \(path)")
+        }
+        defer { try? handle.close() }
+        var generator = SystemRandomNumberGenerator()
+        for _ in 0..<(bytes >> 20) {
+            var block = [UInt64](repeating: 0, count: (1 << 20) / 8)
+            for i in block.indices { block[i] = generator.next() }
+            try handle.write(contentsOf: block.withUnsafeBytes { Data($0) })
+        }
+    }
+
+    /// Runs `command` with `/bin/sh -c`; throws when it fails.
+    static func shell(_ command: String) throws {
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: "/bin/sh")
+        process.arguments = ["-c", command]
+        try process.run()
+        process.waitUntilExit()
+        guard process.terminationStatus == 0 else { throw BenchFailure("BLOB: `\(command)` failed") }
+    }
+}
