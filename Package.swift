@@ -83,7 +83,7 @@ let package = Package(
         .target(
             name: "BlazeSync",
             dependencies: [
-                "BlazeProtocol", "BlazeStore", "BlazeCRDT", "BlazeCrypto", "BlazeSettings", "BlazeWire",
+                "BlazeProtocol", "BlazeStore", "BlazeCRDT", "BlazeCrypto", "BlazeSettings", "BlazeWire", "BlazeBlob",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "NIOHTTP1", package: "swift-nio"),

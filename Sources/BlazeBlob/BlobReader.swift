@@ -1,29 +1,31 @@
 /// Reads a blob out of a chunk store: its manifest, then ranges of its content a chunk at a time.
 public struct BlobReader: Sendable {
-    /// The space's keys.
-    public let keys: BlobKeys
     /// Where the chunks are.
     public let store: ChunkStore
     /// The largest blob accepted, in bytes.
     public let maxSize: Int
 
-    /// A reader of the blobs in `store`, refusing manifests of blobs over `maxSize` bytes.
-    public init(keys: BlobKeys, store: ChunkStore, maxSize: Int) {
-        self.keys = keys
+    /// The largest chunk accepted, in bytes (a manifest is a chunk too).
+    public let chunkMaximum: Int
+
+    /// A reader of the blobs in `store`, refusing manifests of blobs over `maxSize` bytes or listing chunks over
+    /// `chunkMaximum` bytes. Reading needs no key: chunks are held here by id.
+    public init(store: ChunkStore, maxSize: Int, chunkMaximum: Int = Chunker.Sizes.standard.maximum) {
         self.store = store
         self.maxSize = maxSize
+        self.chunkMaximum = chunkMaximum
     }
 
     /// The manifest of blob `id`; nil when its manifest chunk is not held here.
     public func manifest(_ id: ChunkID) throws(ChunkStoreError) -> BlobManifest? {
-        let maximum = keys.chunker.sizes.maximum
+        let maximum = chunkMaximum
         guard let size = store.size(of: id) else { return nil }
-        guard size <= maximum else { throw ChunkStoreError("blob \(id)'s manifest is \(size) bytes, over \(maximum)") }
+        guard size <= maximum else { throw ChunkStoreError("blob \(id)'s manifest is \(size) bytes, over \(maximum)", reason: .invalid) }
         guard let bytes = try store.read(id) else { return nil }
         do {
             return try BlobManifest(decoding: bytes, chunkMaximum: maximum, maxSize: maxSize)
         } catch {
-            throw ChunkStoreError("blob \(id) has a bad manifest: \(error.description)")
+            throw ChunkStoreError("blob \(id) has a bad manifest: \(error.description)", reason: .invalid)
         }
     }
 
@@ -40,7 +42,7 @@ public struct BlobReader: Sendable {
     ) throws(ChunkStoreError) {
         for (piece, range) in manifest.pieces(overlapping: offset, length: length) {
             guard let part = try store.read(piece.id, offset: range.lowerBound, length: range.count), part.count == range.count
-            else { throw ChunkStoreError("chunk \(piece.id) of the blob is not held here", code: nil) }
+            else { throw ChunkStoreError("chunk \(piece.id) of the blob is not held here", reason: .missing) }
             try body(part)
         }
     }

@@ -34,7 +34,7 @@ public struct BlobWriter: ~Copyable {
     /// Appends `bytes` to the blob, storing every chunk they complete.
     public mutating func append(_ bytes: UnsafeRawBufferPointer) throws(ChunkStoreError) {
         guard bytes.count <= maxSize - size else {
-            throw ChunkStoreError("the blob is over the \(maxSize)-byte limit")
+            throw ChunkStoreError("the blob is over the \(maxSize)-byte limit", reason: .limit)
         }
         size += bytes.count
         var rest = bytes
@@ -104,7 +104,7 @@ public struct BlobWriter: ~Copyable {
         try cut(atEnd: true)
         let manifest = BlobManifest(pieces: pieces)
         guard manifest.pieces.count <= BlobManifest.maxPieces(chunkMaximum: keys.chunker.sizes.maximum) else {
-            throw ChunkStoreError("the blob has more chunks than one manifest can list")
+            throw ChunkStoreError("the blob has more chunks than one manifest can list", reason: .limit)
         }
         let encoded = manifest.encoded
         let id = keys.id(of: encoded)

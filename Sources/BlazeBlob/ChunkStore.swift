@@ -23,7 +23,7 @@ public final class ChunkStore: Sendable {
             try FileManager.default.createDirectory(
                 atPath: directory, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o700])
         } catch {
-            throw ChunkStoreError("cannot create the chunk directory \(directory): \(error.localizedDescription)")
+            throw ChunkStoreError("cannot create the chunk directory \(directory): \(error.localizedDescription)", reason: .invalid)
         }
         Self.removeLeftovers(in: directory)
     }
@@ -103,9 +103,9 @@ public final class ChunkStore: Sendable {
         }
         defer { close(fd) }
         var info = stat()
-        guard fstat(fd, &info) == 0, (info.st_mode & S_IFMT) == S_IFREG else { throw ChunkStoreError("chunk \(id) is not a regular file") }
+        guard fstat(fd, &info) == 0, (info.st_mode & S_IFMT) == S_IFREG else { throw ChunkStoreError("chunk \(id) is not a regular file", reason: .invalid) }
         let size = Int(info.st_size)
-        guard offset >= 0, length >= 0 else { throw ChunkStoreError("a read needs a non-negative offset and length") }
+        guard offset >= 0, length >= 0 else { throw ChunkStoreError("a read needs a non-negative offset and length", reason: .invalid) }
         let count = offset >= size ? 0 : min(length, size - offset)
         var out = [UInt8](repeating: 0, count: count)
         var done = 0
@@ -155,19 +155,31 @@ public final class ChunkStore: Sendable {
 
 /// A chunk store operation that failed.
 public struct ChunkStoreError: Error, Sendable, CustomStringConvertible {
+    /// Why an operation failed.
+    public enum Reason: Sendable, Equatable {
+        /// A system call failed with this error number (`ENOSPC` when the disk is full).
+        case system(Int32)
+        /// A limit was reached (a blob over its maximum size).
+        case limit
+        /// A chunk needed is not held here.
+        case missing
+        /// Stored or given bytes are not what they should be (a manifest that does not decode, a file of the wrong type).
+        case invalid
+    }
+
     /// What failed and why.
     public let description: String
-    /// The system error number, when a system call failed (`ENOSPC` when the disk is full).
-    public let code: Int32?
+    /// Why, as a value.
+    public let reason: Reason
 
     /// An error saying `description`.
-    public init(_ description: String, code: Int32? = nil) {
+    public init(_ description: String, reason: Reason) {
         self.description = description
-        self.code = code
+        self.reason = reason
     }
 
     /// The failure of a system call doing `what`, with its error number.
-    static func system(_ what: String, _ code: Int32) -> ChunkStoreError {
-        ChunkStoreError("cannot \(what): \(String(cString: strerror(code)))", code: code)
+    public static func system(_ what: String, _ code: Int32) -> ChunkStoreError {
+        ChunkStoreError("cannot \(what): \(String(cString: strerror(code)))", reason: .system(code))
     }
 }

@@ -230,6 +230,11 @@ public final class SyncEngine: Sendable {
     /// (members then join with `invite`). Returns the space id, and for a space shared before membership its secret
     /// token, which still lets another device join it.
     public func share(db: BlazeDatabase) throws -> (space: String, token: String?) {
+        try choosingSpace { try shareChosen(db: db) }
+    }
+
+    /// `share`, with blob keys not being chosen meanwhile.
+    private func shareChosen(db: BlazeDatabase) throws -> (space: String, token: String?) {
         if let space = try space(db: db) {
             return (hexString(space.id), space.snapshot.membership == nil ? space.snapshot.stored?.token : nil)
         }
@@ -240,9 +245,9 @@ public final class SyncEngine: Sendable {
                     + "database); only those devices can sign them, so it cannot start a new space: join the original "
                     + "space with db.join instead")
         }
-        let salt = SpaceKey.randomBytes(16)
+        // The secret blobs were named under when some were put before sharing (`blobKeys(db:)`), else fresh ones.
+        let (salt, genesis) = try spaceSecrets(db: db)
         let id = MembershipOp.spaceID(creator: identity.publicKeys, salt: salt)
-        let genesis = SpaceKey.randomSecret()
         let create = try MembershipOp(
             space: id, author: identity, timeMs: nowMsUnsigned(), parents: [], action: .create(salt: salt),
             envelopes: [
@@ -252,6 +257,7 @@ public final class SyncEngine: Sendable {
         try db.setSpaceID(hexString(id))
         let space = SharedSpace(db: db, id: id, identity: identity, ops: [create], stored: nil, capability: nil)
         served.withLock { $0[db.name] = space }
+        PendingSpace.remove(directory: keysDirectory, db: db.name)
         return (hexString(id), nil)
     }
 
@@ -318,6 +324,7 @@ public final class SyncEngine: Sendable {
         served.withLock { $0[name] = nil }
         snapshots.forget(db: name)
         if let spaceID { SpaceKey.remove(directory: keysDirectory, idHex: spaceID) }
+        PendingSpace.remove(directory: keysDirectory, db: name)
     }
 
     // MARK: Control

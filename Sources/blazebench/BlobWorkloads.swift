@@ -73,9 +73,9 @@ enum BlobWorkloads {
         let fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o600)
         guard fd >= 0 else { throw BenchFailure("BLOB: cannot create \(path)") }
         defer { close(fd) }
-        try BlobReader(keys: keys, store: store, maxSize: 1 << 40).read(manifest, offset: 0, length: .max) { (part) throws(ChunkStoreError) in
+        try BlobReader(store: store, maxSize: 1 << 40, chunkMaximum: keys.chunker.sizes.maximum).read(manifest, offset: 0, length: .max) { (part) throws(ChunkStoreError) in
             let n = part.withUnsafeBytes { write(fd, $0.baseAddress!, $0.count) }
-            guard n == part.count else { throw ChunkStoreError("short write to \(path)") }
+            guard n == part.count else { throw ChunkStoreError("short write to \(path)", reason: .system(EIO)) }
         }
     }
 

@@ -44,7 +44,7 @@ import Glibc
         let (id, manifest, stored) = try put(content, store, &random)
         #expect(manifest.size == content.count && stored == content.count)
         #expect(manifest.pieces.map(\.length) == keys.chunker.cuts(of: content))
-        let reader = BlobReader(keys: keys, store: store, maxSize: 1 << 30)
+        let reader = BlobReader(store: store, maxSize: 1 << 30, chunkMaximum: keys.chunker.sizes.maximum)
         #expect(try reader.manifest(id) == manifest)
         #expect(reader.missing(manifest).isEmpty)
         var whole: [UInt8] = []
@@ -74,7 +74,7 @@ import Glibc
         #expect(editedID != id)
         // One chunk, or a few when the cuts around the edit moved: far less than the file (~120 chunks of ~9 KiB).
         #expect(storedEdit > 0 && storedEdit <= 8 * keys.chunker.sizes.maximum, "\(storedEdit) bytes stored again")
-        let reader = BlobReader(keys: keys, store: store, maxSize: 1 << 30)
+        let reader = BlobReader(store: store, maxSize: 1 << 30, chunkMaximum: keys.chunker.sizes.maximum)
         var back: [UInt8] = []
         try reader.read(editedManifest, offset: 0, length: .max) { back += $0 }
         #expect(back == edited)
@@ -100,7 +100,7 @@ import Glibc
         try writer.append(reading: fd) { reported.append($0) }
         let (id, manifest, _) = try writer.finish()
         #expect(reported.last == content.count && manifest.size == content.count)
-        #expect(try BlobReader(keys: keys, store: store, maxSize: 1 << 30).manifest(id) == manifest)
+        #expect(try BlobReader(store: store, maxSize: 1 << 30, chunkMaximum: keys.chunker.sizes.maximum).manifest(id) == manifest)
         // Over the limit: refused as it grows.
         var small = BlobWriter(keys: keys, store: store, maxSize: 1000)
         try small.append([UInt8](repeating: 1, count: 1000))

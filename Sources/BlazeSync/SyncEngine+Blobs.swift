@@ -1,0 +1,59 @@
+import BlazeBlob
+import BlazeCrypto
+import BlazeStore
+import Synchronization
+
+/// Serializes choosing a database's blob keys against sharing it, so that a blob put while the database is shared is
+/// named under the secret the new space keeps.
+private let blobKeyChoice = Mutex(())
+
+extension SyncEngine {
+    /// The keys `db`'s blobs are chunked and named with: derived from its space's epoch-1 secret, or for a database
+    /// not shared yet from the secret its space will have (`PendingSpace`, chosen now if it has none).
+    ///
+    /// Throws `blob_keys_missing` while a joining database does not hold its space's epoch-1 secret yet.
+    public func blobKeys(db: BlazeDatabase) throws -> BlobKeys {
+        try blobKeyChoice.withLock { _ in
+            if let space = try space(db: db) {
+                let snapshot = space.snapshot
+                let genesisID = snapshot.membership?.epochKeys.first { $0.epoch == 1 }
+                guard let genesis = genesisID.flatMap({ snapshot.held[$0] }) ?? snapshot.stored?.secrets[1] else {
+                    throw StoreError(
+                        .syncFailure, kind: "blob_keys_missing",
+                        "database \(db.name) does not hold its space's first key yet (it is still joining): blobs are named with keys derived from it")
+                }
+                return try Self.blobKeys(space: space.id, genesis: genesis)
+            }
+            let pending: PendingSpace
+            if let held = try PendingSpace.load(directory: keysDirectory, db: db.name) {
+                pending = held
+            } else {
+                pending = PendingSpace.generate()
+                try pending.save(directory: keysDirectory, db: db.name)
+            }
+            return try Self.blobKeys(space: MembershipOp.spaceID(creator: identity.publicKeys, salt: pending.salt), genesis: pending.genesis)
+        }
+    }
+
+    /// The salt and epoch-1 secret `share` creates `db`'s space with: its pending space's when blobs chose one.
+    func spaceSecrets(db: BlazeDatabase) throws -> (salt: [UInt8], genesis: [UInt8]) {
+        guard let pending = try PendingSpace.load(directory: keysDirectory, db: db.name) else {
+            return (SpaceKey.randomBytes(16), SpaceKey.randomSecret())
+        }
+        return (pending.salt, pending.genesis)
+    }
+
+    /// Runs `body` (a share) with blob keys not being chosen meanwhile.
+    func choosingSpace<T>(_ body: () throws -> T) throws -> T {
+        try blobKeyChoice.withLock { _ in try body() }
+    }
+
+    /// Blob keys from parts this device holds, as a store error.
+    static func blobKeys(space: [UInt8], genesis: [UInt8]) throws -> BlobKeys {
+        do {
+            return try BlobKeys(space: space, genesis: genesis)
+        } catch {
+            throw StoreError(.internalFailure, kind: "internal", "blob keys: \(error.description)")
+        }
+    }
+}
