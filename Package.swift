@@ -59,7 +59,7 @@ let package = Package(
         .target(
             name: "BlazeDaemon",
             dependencies: [
-                "BlazeProtocol", "BlazeStore", "BlazeCRDT", "BlazeCrypto", "BlazeSync", "BlazeConfig", "BlazeSettings", "BlazeWire",
+                "BlazeProtocol", "BlazeStore", "BlazeCRDT", "BlazeCrypto", "BlazeSync", "BlazeConfig", "BlazeSettings", "BlazeWire", "BlazeBlob",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "NIOExtras", package: "swift-nio-extras"),

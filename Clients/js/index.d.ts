@@ -29,6 +29,9 @@ export type MemberRole = "admin" | "writer" | "reader";
 export type Member = { "device": NodeId; "role": MemberRole; "addedBy": string | null; "addedAtMs": number; "removedBy": string | null; "removedAtMs": number | null; "thisDevice": boolean };
 export type FolderPath = string;
 export type CompactionSummary = { "finishedAtMs": number; "durationMs": number; "changes": number; "tombstones": number; "entries": number; "heads": number; "folded": number; "pagesFreed": number };
+export type BlobId = string;
+export type BlobInfo = { "id": BlobId; "size": number; "type": string };
+export type BlobPutResult = { "blob": BlobInfo; "ref": Record<string, unknown>; "chunks": number; "storedBytes": number };
 
 /** Parameters of `rpc.discover`: Returns this OpenRPC document. */
 export type RpcDiscoverParams = Record<string, never>;
@@ -187,6 +190,35 @@ export interface ConflictResolveParams { "db": DatabaseName; "collection": Colle
 /** Result of `conflict.resolve`. */
 export type ConflictResolveResult = { "id": DocumentId; "field": string; "value": unknown; "present": boolean };
 
+/** Parameters of `blob.put`: Stores the file at a path as a blob of a database, reading it in the daemon. */
+export interface BlobPutParams { "db": DatabaseName; "path": string; "type"?: string }
+/** Result of `blob.put`. */
+export type BlobPutResult = BlobPutResult;
+/** Parameters of `blob.upload`: Starts putting a blob whose bytes the caller sends (blob.append, then blob.finish). */
+export interface BlobUploadParams { "db": DatabaseName; "type"?: string }
+/** Result of `blob.upload`. */
+export type BlobUploadResult = { "upload": string };
+/** Parameters of `blob.append`: Appends bytes to an upload. */
+export interface BlobAppendParams { "db": DatabaseName; "upload": string; "data": string }
+/** Result of `blob.append`. */
+export type BlobAppendResult = { "size": number };
+/** Parameters of `blob.finish`: Ends an upload: stores its last chunk and its manifest, and returns the blob. */
+export interface BlobFinishParams { "db": DatabaseName; "upload": string }
+/** Result of `blob.finish`. */
+export type BlobFinishResult = BlobPutResult;
+/** Parameters of `blob.read`: Reads a range of a blob's bytes, in-band. */
+export interface BlobReadParams { "db": DatabaseName; "blob": BlobId; "offset"?: number; "length"?: number }
+/** Result of `blob.read`. */
+export type BlobReadResult = { "data": string; "offset": number; "bytes": number; "size": number };
+/** Parameters of `blob.get`: Writes a blob's content to a new file at a path. */
+export interface BlobGetParams { "db": DatabaseName; "blob": BlobId; "path": string }
+/** Result of `blob.get`. */
+export type BlobGetResult = { "path": string; "bytes": number };
+/** Parameters of `blob.stat`: A blob's size and chunks, and which of them this device holds. */
+export interface BlobStatParams { "db": DatabaseName; "blob": BlobId }
+/** Result of `blob.stat`. */
+export type BlobStatResult = { "id": BlobId; "size": number; "chunks": number; "heldChunks": number; "heldBytes": number };
+
 /** Parameters of `peer.add`: Adds a peer to sync a shared database with, and connects to it. */
 export interface PeerAddParams { "db": DatabaseName; "address": PeerAddress }
 /** Result of `peer.add`. */
@@ -266,6 +298,7 @@ export declare class BlazeClient {
   readonly query: { find(params: QueryFindParams): Promise<QueryFindResult>; count(params: QueryCountParams): Promise<QueryCountResult>; explain(params: QueryExplainParams): Promise<QueryExplainResult>; aggregate(params: QueryAggregateParams): Promise<QueryAggregateResult>; delete(params: QueryDeleteParams): Promise<QueryDeleteResult>; update(params: QueryUpdateParams): Promise<QueryUpdateResult> };
   readonly index: { create(params: IndexCreateParams): Promise<IndexCreateResult>; drop(params: IndexDropParams): Promise<IndexDropResult>; list(params: IndexListParams): Promise<IndexListResult> };
   readonly conflict: { list(params: ConflictListParams): Promise<ConflictListResult>; resolve(params: ConflictResolveParams): Promise<ConflictResolveResult> };
+  readonly blob: { put(params: BlobPutParams): Promise<BlobPutResult>; upload(params: BlobUploadParams): Promise<BlobUploadResult>; append(params: BlobAppendParams): Promise<BlobAppendResult>; finish(params: BlobFinishParams): Promise<BlobFinishResult>; read(params: BlobReadParams): Promise<BlobReadResult>; get(params: BlobGetParams): Promise<BlobGetResult>; stat(params: BlobStatParams): Promise<BlobStatResult> };
   readonly peer: { add(params: PeerAddParams): Promise<PeerAddResult>; remove(params: PeerRemoveParams): Promise<PeerRemoveResult>; list(params: PeerListParams): Promise<PeerListResult> };
   readonly folder: { add(params: FolderAddParams): Promise<FolderAddResult>; remove(params: FolderRemoveParams): Promise<FolderRemoveResult>; list(params: FolderListParams): Promise<FolderListResult> };
   readonly sync: { status(params?: SyncStatusParams): Promise<SyncStatusResult>; now(params: SyncNowParams): Promise<SyncNowResult>; pause(params: SyncPauseParams): Promise<SyncPauseResult>; resume(params: SyncResumeParams): Promise<SyncResumeResult> };

@@ -6,8 +6,8 @@ import Glibc
 /// appended as they come (from a file or from a client's in-band pieces), cut into chunks by the space's chunker,
 /// each chunk stored durably under its id, and `finish` stores the manifest and returns it with the blob's id.
 ///
-/// Not thread-safe: one writer per put.
-public struct BlobWriter: ~Copyable {
+/// One writer per blob, used by one thread at a time; call `finish` once.
+public struct BlobWriter: Sendable {
     /// The space's keys.
     public let keys: BlobKeys
     /// Where the chunks go.
@@ -100,7 +100,7 @@ public struct BlobWriter: ~Copyable {
 
     /// Stores the last chunk and the manifest; returns the blob's id, its manifest and the bytes of chunks that were
     /// new to the store (the manifest's own chunk not counted).
-    public consuming func finish() throws(ChunkStoreError) -> (id: ChunkID, manifest: BlobManifest, storedBytes: Int) {
+    public mutating func finish() throws(ChunkStoreError) -> (id: ChunkID, manifest: BlobManifest, storedBytes: Int) {
         try cut(atEnd: true)
         let manifest = BlobManifest(pieces: pieces)
         guard manifest.pieces.count <= BlobManifest.maxPieces(chunkMaximum: keys.chunker.sizes.maximum) else {

@@ -36,6 +36,11 @@ final class ConnectionTable: Sendable {
         _ = state.withLock { $0.open.remove(id) }
     }
 
+    /// Whether connection `id` is open.
+    func isOpen(_ id: Int) -> Bool {
+        state.withLock { $0.open.contains(id) }
+    }
+
     /// Refuses new connections from now on (those already open are quiesced by `ServerQuiescingHelper`).
     func beginShutdown() {
         state.withLock { $0.closing = true }

@@ -33,6 +33,8 @@ public final class Daemon: Service, Sendable {
     let pool = NIOThreadPool(numberOfThreads: max(2, System.coreCount))
     /// Sync with other devices.
     public let sync: SyncEngine
+    /// Each database's blobs and the uploads in progress.
+    let blobs: Blobs
 
     /// Opens the data directory (creating the default database on first start).
     public init(config: DaemonConfig, logger: Logger) throws {
@@ -48,6 +50,7 @@ public final class Daemon: Service, Sendable {
             timeout: .milliseconds(Int64(config.syncTimeoutMs)), retryMaxMs: config.syncRetryMaxMs,
             listenerLimits: config.syncListenerLimits,
             tlsTrustRoots: config.syncTLSTrustRoots, folderOptions: config.folderOptions)
+        self.blobs = Blobs(maxBlobBytes: config.maxBlobBytes) { [connections] in connections.isOpen($0) }
         if let name = config.defaultDatabase, (try? store.database(name)) == nil {
             _ = try store.create(name)
         }
@@ -63,7 +66,7 @@ public final class Daemon: Service, Sendable {
         let fd = try config.inheritedSocket?.descriptor ?? SocketListener.listen(path: config.socketPath)
         let context = RequestContext(
             store: store, config: config, logger: logger, startedAt: .now, connections: connections,
-            sync: sync)
+            sync: sync, blobs: blobs)
         let pool = self.pool
         pool.start()
         let dispatcher = Dispatcher(context: context, pool: pool)

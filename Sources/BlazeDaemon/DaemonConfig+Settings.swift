@@ -41,6 +41,7 @@ extension DaemonConfig {
             Landing(S.maxConnections, \.limits.maxConnections),
             Landing(S.idleTimeout, \.limits.idleTimeoutSeconds),
             Landing(S.maxDocumentBytes, \.storeLimits.maxDocumentBytes),
+            Landing(S.maxBlobBytes, \.maxBlobBytes),
             Landing(S.maxSubscriptions, \.limits.maxSubscriptionsPerConnection),
             Landing(S.maxSubscriberBacklogBytes, \.limits.maxSubscriberBacklogBytes),
             Landing(S.feedRetention, \.storeLimits.feedRetention),

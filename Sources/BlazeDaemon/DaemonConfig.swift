@@ -43,6 +43,8 @@ public struct DaemonConfig: Sendable {
     public var logLevel = BlazedSettings.logLevel.defaultValue
     /// The log line format, `text` or `json` (`log-format`).
     public var logFormat = BlazedSettings.logFormat.defaultValue
+    /// The largest blob `blob.put` and `blob.upload` accept, in bytes (`max-blob-bytes`).
+    public var maxBlobBytes = BlazedSettings.maxBlobBytes.defaultValue
     /// `host:port` to accept sync peers on; nil (the default) accepts none (outbound peers still work).
     public var syncListen: String?
     /// Milliseconds a sync peer may stay silent before its connection is closed (handshakes: `syncListenerLimits`).

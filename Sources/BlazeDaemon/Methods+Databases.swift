@@ -28,8 +28,10 @@ extension Methods {
     }
 
     static let dbDrop = MethodHandler(RPC.DbDrop.self) { p, ctx in
-        let space = try? ctx.store.database(p.db).spaceID()
+        let dropped = try? ctx.store.database(p.db)
+        let space = try? dropped?.spaceID()
         try ctx.store.drop(p.db)
+        if let dropped { ctx.blobs.forget(db: p.db, directory: Blobs.directory(of: dropped)) }
         ctx.sync.forget(db: p.db, spaceID: space ?? nil)
         return .init(db: p.db)
     }

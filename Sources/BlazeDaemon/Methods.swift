@@ -39,6 +39,13 @@ enum Methods {
         case .indexList: return indexList
         case .conflictList: return conflictList
         case .conflictResolve: return conflictResolve
+        case .blobPut: return blobPut
+        case .blobUpload: return blobUpload
+        case .blobAppend: return blobAppend
+        case .blobFinish: return blobFinish
+        case .blobRead: return blobRead
+        case .blobGet: return blobGet
+        case .blobStat: return blobStat
         case .subscribe: return subscribe
         case .unsubscribe: return unsubscribe
         case .dbShare: return dbShare

@@ -13,10 +13,15 @@ struct RequestContext: Sendable {
     let connections: ConnectionTable
     /// Sync: sharing, peers, status.
     let sync: SyncEngine
+    /// Blobs: each database's chunks and the uploads in progress.
+    let blobs: Blobs
     /// The connection the request came on (set per call).
     var connection: ConnectionHandle?
     /// How much a budgeted read may do (`MethodHandler.budgeted`): `.inline` on an event loop.
     var readBudget: ReadBudget = .unbounded
+
+    /// The id of the connection the request came on (0 outside one: a test calling a handler directly).
+    var connectionID: Int { connection?.id ?? 0 }
 
     /// The open database named `name`, or `not_found`.
     func database(_ name: String) throws -> BlazeDatabase {

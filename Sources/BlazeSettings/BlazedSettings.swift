@@ -42,6 +42,9 @@ public enum BlazedSettings {
     /// `max-document-bytes`.
     public static let maxDocumentBytes = Setting.int(
         "max-document-bytes", min: 1, "Maximum size of one document in bytes", default: 1 << 20)
+    /// `max-blob-bytes`.
+    public static let maxBlobBytes = Setting.int(
+        "max-blob-bytes", min: 1, "Maximum size of one blob in bytes (blob.put, blob.upload)", default: 64 << 30)
     /// `max-subscriptions`.
     public static let maxSubscriptions = Setting.int(
         "max-subscriptions", min: 1, "Maximum subscriptions per connection", default: 1000)
@@ -104,7 +107,7 @@ public enum BlazedSettings {
     /// The settings, in the order `config show` lists them.
     public static let keys: [ConfigKey] = [
         socket.key, dataDir.key, defaultDatabase.key, logLevel.key, logFormat.key, maxLineBytes.key, maxDepth.key,
-        maxBatch.key, maxConnections.key, idleTimeout.key, maxDocumentBytes.key, maxSubscriptions.key,
+        maxBatch.key, maxConnections.key, idleTimeout.key, maxDocumentBytes.key, maxBlobBytes.key, maxSubscriptions.key,
         maxSubscriberBacklogBytes.key, feedRetention.key, syncListen.key, syncTimeout.key, syncHandshakeTimeout.key,
         syncRetryMax.key, syncMaxPeers.key, syncMaxPeersPerAddress.key, syncMaxHandshakes.key, syncTLSCAFile.key,
         folderPollInterval.key, folderInotify.key, folderSegmentBytes.key, compactionInterval.key, compactionHorizon.key,

@@ -106,7 +106,8 @@ import Glibc
         try small.append([UInt8](repeating: 1, count: 1000))
         #expect(throws: ChunkStoreError.self) { try small.append([1]) }
         // An empty blob is a manifest of no chunks.
-        let empty = try BlobWriter(keys: keys, store: store, maxSize: 10).finish()
+        var emptyWriter = BlobWriter(keys: keys, store: store, maxSize: 10)
+        let empty = try emptyWriter.finish()
         #expect(empty.manifest.size == 0 && empty.manifest.pieces.isEmpty)
     }
 

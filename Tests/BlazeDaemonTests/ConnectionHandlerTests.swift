@@ -74,7 +74,7 @@ import Testing
         let daemon = try Daemon(config: config, logger: Logger(label: "test"))
         let context = RequestContext(
             store: daemon.store, config: config, logger: daemon.logger, startedAt: .now, connections: daemon.connections,
-            sync: daemon.sync)
+            sync: daemon.sync, blobs: daemon.blobs)
         let connection = ConnectionHandle(id: 1, maxSubscriptions: 4, table: daemon.connections)
         let handler = RPCHandler(
             connection: connection, dispatcher: Dispatcher(context: context, pool: daemon.pool), limits: config.limits,

@@ -35,6 +35,13 @@ from ._types import (
     IndexListResult,
     ConflictListResult,
     ConflictResolveResult,
+    BlobPutResult,
+    BlobUploadResult,
+    BlobAppendResult,
+    BlobFinishResult,
+    BlobReadResult,
+    BlobGetResult,
+    BlobStatResult,
     UnsubscribeResult,
     DbShareResult,
     DbJoinResult,
@@ -55,7 +62,7 @@ from ._types import (
 )
 from ._types import *  # noqa: F401,F403 (the result types, for users)
 
-__all__ = ["Client", "Subscription", "BlazeError", "default_socket_path", "ParseError", "InvalidRequestError", "MethodNotFoundError", "InvalidParamsError", "InternalError", "NotFoundError", "ConflictError", "LimitExceededError", "UnavailableError", "SyncError", "RpcDiscoverResult", "DaemonInfoResult", "DaemonConfigResult", "DbCreateResult", "DbListResult", "DbInfoResult", "DbDropResult", "DbBackupResult", "DbRestoreResult", "DbCompactResult", "CollectionListResult", "CollectionDropResult", "DocInsertResult", "DocGetResult", "DocGetManyResult", "DocHistoryResult", "DocPutResult", "DocPatchResult", "DocDeleteResult", "TxCommitResult", "QueryFindResult", "QueryCountResult", "QueryExplainResult", "QueryAggregateResult", "QueryDeleteResult", "QueryUpdateResult", "IndexCreateResult", "IndexDropResult", "IndexListResult", "ConflictListResult", "ConflictResolveResult", "UnsubscribeResult", "DbShareResult", "DbJoinResult", "DbInviteResult", "DbMembersResult", "DbRevokeResult", "DbRelayCapabilityResult", "PeerAddResult", "PeerRemoveResult", "PeerListResult", "FolderAddResult", "FolderRemoveResult", "FolderListResult", "SyncStatusResult", "SyncNowResult", "SyncPauseResult", "SyncResumeResult"]
+__all__ = ["Client", "Subscription", "BlazeError", "default_socket_path", "ParseError", "InvalidRequestError", "MethodNotFoundError", "InvalidParamsError", "InternalError", "NotFoundError", "ConflictError", "LimitExceededError", "UnavailableError", "SyncError", "RpcDiscoverResult", "DaemonInfoResult", "DaemonConfigResult", "DbCreateResult", "DbListResult", "DbInfoResult", "DbDropResult", "DbBackupResult", "DbRestoreResult", "DbCompactResult", "CollectionListResult", "CollectionDropResult", "DocInsertResult", "DocGetResult", "DocGetManyResult", "DocHistoryResult", "DocPutResult", "DocPatchResult", "DocDeleteResult", "TxCommitResult", "QueryFindResult", "QueryCountResult", "QueryExplainResult", "QueryAggregateResult", "QueryDeleteResult", "QueryUpdateResult", "IndexCreateResult", "IndexDropResult", "IndexListResult", "ConflictListResult", "ConflictResolveResult", "BlobPutResult", "BlobUploadResult", "BlobAppendResult", "BlobFinishResult", "BlobReadResult", "BlobGetResult", "BlobStatResult", "UnsubscribeResult", "DbShareResult", "DbJoinResult", "DbInviteResult", "DbMembersResult", "DbRevokeResult", "DbRelayCapabilityResult", "PeerAddResult", "PeerRemoveResult", "PeerListResult", "FolderAddResult", "FolderRemoveResult", "FolderListResult", "SyncStatusResult", "SyncNowResult", "SyncPauseResult", "SyncResumeResult"]
 
 
 class ParseError(BlazeError):
@@ -702,6 +709,104 @@ class _Conflict:
         return cast(ConflictResolveResult, self._client.call("conflict.resolve", params))
 
 
+class _Blob:
+    """Methods `blob.*`."""
+
+    def __init__(self, client: "Client"):
+        self._client = client
+
+    def put(self, *, db: str, path: str, type: str = MISSING) -> BlobPutResult:
+        """Stores the file at a path as a blob of a database, reading it in the daemon.
+
+        db: Database name.
+        path: Absolute path of the file to store.
+        type: Media type of the content (e.g. image/jpeg), at most 255 printable ASCII characters; application/octet-stream when omitted.
+        """
+        params: Dict[str, Any] = {}
+        params["db"] = db
+        params["path"] = path
+        if type is not MISSING:
+            params["type"] = type
+        return cast(BlobPutResult, self._client.call("blob.put", params))
+
+    def upload(self, *, db: str, type: str = MISSING) -> BlobUploadResult:
+        """Starts putting a blob whose bytes the caller sends (blob.append, then blob.finish).
+
+        db: Database name.
+        type: Media type of the content (e.g. image/jpeg), at most 255 printable ASCII characters; application/octet-stream when omitted.
+        """
+        params: Dict[str, Any] = {}
+        params["db"] = db
+        if type is not MISSING:
+            params["type"] = type
+        return cast(BlobUploadResult, self._client.call("blob.upload", params))
+
+    def append(self, *, db: str, upload: str, data: str) -> BlobAppendResult:
+        """Appends bytes to an upload.
+
+        db: Database name.
+        upload: The upload's id (blob.upload).
+        data: Base64 of the next bytes.
+        """
+        params: Dict[str, Any] = {}
+        params["db"] = db
+        params["upload"] = upload
+        params["data"] = data
+        return cast(BlobAppendResult, self._client.call("blob.append", params))
+
+    def finish(self, *, db: str, upload: str) -> BlobFinishResult:
+        """Ends an upload: stores its last chunk and its manifest, and returns the blob.
+
+        db: Database name.
+        upload: The upload's id (blob.upload).
+        """
+        params: Dict[str, Any] = {}
+        params["db"] = db
+        params["upload"] = upload
+        return cast(BlobFinishResult, self._client.call("blob.finish", params))
+
+    def read(self, *, db: str, blob: str, offset: int = MISSING, length: int = MISSING) -> BlobReadResult:
+        """Reads a range of a blob's bytes, in-band.
+
+        db: Database name.
+        blob: The blob's id (BlobInfo.id).
+        offset: First byte to read (default 0).
+        length: Bytes to read, at most 4 MiB (default 4 MiB).
+        """
+        params: Dict[str, Any] = {}
+        params["db"] = db
+        params["blob"] = blob
+        if offset is not MISSING:
+            params["offset"] = offset
+        if length is not MISSING:
+            params["length"] = length
+        return cast(BlobReadResult, self._client.call("blob.read", params))
+
+    def get(self, *, db: str, blob: str, path: str) -> BlobGetResult:
+        """Writes a blob's content to a new file at a path.
+
+        db: Database name.
+        blob: The blob's id (BlobInfo.id).
+        path: Absolute path of the file to create, in an existing directory; it must not exist.
+        """
+        params: Dict[str, Any] = {}
+        params["db"] = db
+        params["blob"] = blob
+        params["path"] = path
+        return cast(BlobGetResult, self._client.call("blob.get", params))
+
+    def stat(self, *, db: str, blob: str) -> BlobStatResult:
+        """A blob's size and chunks, and which of them this device holds.
+
+        db: Database name.
+        blob: The blob's id (BlobInfo.id).
+        """
+        params: Dict[str, Any] = {}
+        params["db"] = db
+        params["blob"] = blob
+        return cast(BlobStatResult, self._client.call("blob.stat", params))
+
+
 class _Peer:
     """Methods `peer.*`."""
 
@@ -836,6 +941,7 @@ class Client(Connection):
         self.query = _Query(self)
         self.index = _Index(self)
         self.conflict = _Conflict(self)
+        self.blob = _Blob(self)
         self.peer = _Peer(self)
         self.folder = _Folder(self)
         self.sync = _Sync(self)

@@ -335,6 +335,73 @@ class ConflictResolveResult(TypedDict):
     present: bool
 
 
+class BlobPutResultBlob(TypedDict):
+    id: str
+    size: int
+    # Media type given at the put (application/octet-stream when none was).
+    type: str
+
+
+class BlobPutResult(TypedDict):
+    blob: BlobPutResultBlob
+    # The value a document holds to refer to the blob: {"$blob": BlobInfo}. Queries filter on its fields (field.$blob.size, field.$blob.type).
+    ref: Dict[str, Any]
+    # Chunks the content was cut into.
+    chunks: int
+    # Bytes of chunks that were new to this database (the rest were held already).
+    storedBytes: int
+
+
+class BlobUploadResult(TypedDict):
+    # The upload's id, for blob.append and blob.finish.
+    upload: str
+
+
+class BlobAppendResult(TypedDict):
+    # Bytes appended so far.
+    size: int
+
+
+class BlobFinishResultBlob(TypedDict):
+    id: str
+    size: int
+    # Media type given at the put (application/octet-stream when none was).
+    type: str
+
+
+class BlobFinishResult(TypedDict):
+    blob: BlobFinishResultBlob
+    # The value a document holds to refer to the blob: {"$blob": BlobInfo}. Queries filter on its fields (field.$blob.size, field.$blob.type).
+    ref: Dict[str, Any]
+    # Chunks the content was cut into.
+    chunks: int
+    # Bytes of chunks that were new to this database (the rest were held already).
+    storedBytes: int
+
+
+class BlobReadResult(TypedDict):
+    # Base64 of the bytes read.
+    data: str
+    offset: int
+    # Bytes read.
+    bytes: int
+    # The blob's size.
+    size: int
+
+
+class BlobGetResult(TypedDict):
+    path: str
+    bytes: int
+
+
+class BlobStatResult(TypedDict):
+    id: str
+    size: int
+    chunks: int
+    heldChunks: int
+    heldBytes: int
+
+
 class UnsubscribeResult(TypedDict):
     subscription: str
     unsubscribed: Literal[True]
@@ -549,4 +616,4 @@ class SyncResumeResult(TypedDict):
     paused: Literal[False]
 
 
-__all__ = ["RpcDiscoverResult", "DaemonInfoResult", "DaemonConfigResult", "DbCreateResult", "DbListResult", "DbInfoResult", "DbDropResult", "DbBackupResult", "DbRestoreResult", "DbCompactResult", "CollectionListResult", "CollectionDropResult", "DocInsertResult", "DocGetResult", "DocGetManyResult", "DocHistoryResult", "DocPutResult", "DocPatchResult", "DocDeleteResult", "TxCommitResult", "QueryFindResult", "QueryCountResult", "QueryExplainResult", "QueryAggregateResult", "QueryDeleteResult", "QueryUpdateResult", "IndexCreateResult", "IndexDropResult", "IndexListResult", "ConflictListResult", "ConflictResolveResult", "UnsubscribeResult", "DbShareResult", "DbJoinResult", "DbInviteResult", "DbMembersResult", "DbRevokeResult", "DbRelayCapabilityResult", "PeerAddResult", "PeerRemoveResult", "PeerListResult", "FolderAddResult", "FolderRemoveResult", "FolderListResult", "SyncStatusResult", "SyncNowResult", "SyncPauseResult", "SyncResumeResult"]
+__all__ = ["RpcDiscoverResult", "DaemonInfoResult", "DaemonConfigResult", "DbCreateResult", "DbListResult", "DbInfoResult", "DbDropResult", "DbBackupResult", "DbRestoreResult", "DbCompactResult", "CollectionListResult", "CollectionDropResult", "DocInsertResult", "DocGetResult", "DocGetManyResult", "DocHistoryResult", "DocPutResult", "DocPatchResult", "DocDeleteResult", "TxCommitResult", "QueryFindResult", "QueryCountResult", "QueryExplainResult", "QueryAggregateResult", "QueryDeleteResult", "QueryUpdateResult", "IndexCreateResult", "IndexDropResult", "IndexListResult", "ConflictListResult", "ConflictResolveResult", "BlobPutResult", "BlobUploadResult", "BlobAppendResult", "BlobFinishResult", "BlobReadResult", "BlobGetResult", "BlobStatResult", "UnsubscribeResult", "DbShareResult", "DbJoinResult", "DbInviteResult", "DbMembersResult", "DbRevokeResult", "DbRelayCapabilityResult", "PeerAddResult", "PeerRemoveResult", "PeerListResult", "FolderAddResult", "FolderRemoveResult", "FolderListResult", "SyncStatusResult", "SyncNowResult", "SyncPauseResult", "SyncResumeResult"]

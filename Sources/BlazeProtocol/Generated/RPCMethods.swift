@@ -65,6 +65,20 @@ public enum RPCMethod: String, Sendable, CaseIterable {
     case conflictList = "conflict.list"
     /// Resolves a field's conflict by writing value (or keeping the current value); replicates.
     case conflictResolve = "conflict.resolve"
+    /// Stores the file at a path as a blob of a database, reading it in the daemon.
+    case blobPut = "blob.put"
+    /// Starts putting a blob whose bytes the caller sends (blob.append, then blob.finish).
+    case blobUpload = "blob.upload"
+    /// Appends bytes to an upload.
+    case blobAppend = "blob.append"
+    /// Ends an upload: stores its last chunk and its manifest, and returns the blob.
+    case blobFinish = "blob.finish"
+    /// Reads a range of a blob's bytes, in-band.
+    case blobRead = "blob.read"
+    /// Writes a blob's content to a new file at a path.
+    case blobGet = "blob.get"
+    /// A blob's size and chunks, and which of them this device holds.
+    case blobStat = "blob.stat"
     /// Reports changes as `subscription` notifications; with `where`, a live query (enter/leave).
     case subscribe = "subscribe"
     /// Ends a subscription of this connection.
@@ -136,6 +150,13 @@ public enum RPCMethod: String, Sendable, CaseIterable {
         case .indexList: return "Lists indexes of a database or of one collection."
         case .conflictList: return "Lists fields where a concurrent write lost, with both sides."
         case .conflictResolve: return "Resolves a field's conflict by writing value (or keeping the current value); replicates."
+        case .blobPut: return "Stores the file at a path as a blob of a database, reading it in the daemon."
+        case .blobUpload: return "Starts putting a blob whose bytes the caller sends (blob.append, then blob.finish)."
+        case .blobAppend: return "Appends bytes to an upload."
+        case .blobFinish: return "Ends an upload: stores its last chunk and its manifest, and returns the blob."
+        case .blobRead: return "Reads a range of a blob's bytes, in-band."
+        case .blobGet: return "Writes a blob's content to a new file at a path."
+        case .blobStat: return "A blob's size and chunks, and which of them this device holds."
         case .subscribe: return "Reports changes as `subscription` notifications; with `where`, a live query (enter/leave)."
         case .unsubscribe: return "Ends a subscription of this connection."
         case .dbShare: return "Shares a database: creates its space with a membership log that makes this device the first admin."
@@ -191,6 +212,13 @@ public enum RPCMethod: String, Sendable, CaseIterable {
         case .indexList: return ["db", "collection"]
         case .conflictList: return ["db", "collection", "id", "limit"]
         case .conflictResolve: return ["db", "collection", "id", "field", "value"]
+        case .blobPut: return ["db", "path", "type"]
+        case .blobUpload: return ["db", "type"]
+        case .blobAppend: return ["db", "upload", "data"]
+        case .blobFinish: return ["db", "upload"]
+        case .blobRead: return ["db", "blob", "offset", "length"]
+        case .blobGet: return ["db", "blob", "path"]
+        case .blobStat: return ["db", "blob"]
         case .subscribe: return ["db", "collection", "where", "since"]
         case .unsubscribe: return ["subscription"]
         case .dbShare: return ["db"]
@@ -3010,6 +3038,509 @@ public enum RPC {
         }
     }
 
+    /// Parameters of `blob.put`: Stores the file at a path as a blob of a database, reading it in the daemon.
+    public struct BlobPut: RPCParameters {
+        public static let method = RPCMethod.blobPut
+
+        /// The result of `blob.put`.
+        public typealias Result = RPCSchema.BlobPutResult
+
+        /// Database name.
+        public var db: String
+        /// Absolute path of the file to store.
+        public var path: String
+        /// Media type of the content (e.g. image/jpeg), at most 255 printable ASCII characters; application/octet-stream when omitted.
+        public var type: String?
+
+        /// Parameters from their values (optional ones default to absent).
+        public init(db: String, path: String, type: String? = nil) {
+            self.db = db
+            self.path = path
+            self.type = type
+        }
+
+        /// Checks a request's params: names, presence and JSON types.
+        public init(validating params: [String: JSONValue]) throws(RPCError) {
+            try RPCParam.rejectUnknown(params, accepted: ["db", "path", "type"], method: Self.method)
+            self.db = try RPCParam.required(params, "db", of: Self.method, RPCDecode.string)
+            self.path = try RPCParam.required(params, "path", of: Self.method, RPCDecode.string)
+            self.type = try RPCParam.optional(params, "type", of: Self.method, RPCDecode.string)
+        }
+
+        /// The params as a request carries them.
+        public var jsonObject: [String: JSONValue] {
+            var o = [String: JSONValue](minimumCapacity: 3)
+            o["db"] = .string(self.db)
+            o["path"] = .string(self.path)
+            if let v = self.type { o["type"] = .string(v) }
+            return o
+        }
+
+        /// The JSON form of a result.
+        public static func encode(_ result: Result) -> JSONValue {
+            result.json
+        }
+
+        /// Reads a result a daemon sent.
+        public static func decode(_ result: JSONValue) throws(RPCShapeError) -> Result {
+            try RPCDecode.value(result, RPCSchema.BlobPutResult.init(json:))
+        }
+    }
+
+    /// Parameters of `blob.upload`: Starts putting a blob whose bytes the caller sends (blob.append, then blob.finish).
+    public struct BlobUpload: RPCParameters {
+        public static let method = RPCMethod.blobUpload
+
+        /// The result of `blob.upload`.
+        public struct Result: RPCObject {
+            /// The upload's id, for blob.append and blob.finish.
+            public var upload: String
+
+            /// A value from its members.
+            public init(upload: String) {
+                self.upload = upload
+            }
+
+            /// Reads the value from JSON.
+            public init(json: JSONValue) throws(RPCShapeError) {
+                let o = try RPCDecode.object(json)
+                self.upload = try RPCDecode.member(o, "upload", RPCDecode.string)
+            }
+
+            /// The value's JSON form.
+            public var json: JSONValue {
+                .object(jsonObject)
+            }
+
+            /// The members of the JSON form.
+            public var jsonObject: [String: JSONValue] {
+                var o = [String: JSONValue](minimumCapacity: 1)
+                o["upload"] = .string(self.upload)
+                return o
+            }
+        }
+
+        /// Database name.
+        public var db: String
+        /// Media type of the content (e.g. image/jpeg), at most 255 printable ASCII characters; application/octet-stream when omitted.
+        public var type: String?
+
+        /// Parameters from their values (optional ones default to absent).
+        public init(db: String, type: String? = nil) {
+            self.db = db
+            self.type = type
+        }
+
+        /// Checks a request's params: names, presence and JSON types.
+        public init(validating params: [String: JSONValue]) throws(RPCError) {
+            try RPCParam.rejectUnknown(params, accepted: ["db", "type"], method: Self.method)
+            self.db = try RPCParam.required(params, "db", of: Self.method, RPCDecode.string)
+            self.type = try RPCParam.optional(params, "type", of: Self.method, RPCDecode.string)
+        }
+
+        /// The params as a request carries them.
+        public var jsonObject: [String: JSONValue] {
+            var o = [String: JSONValue](minimumCapacity: 2)
+            o["db"] = .string(self.db)
+            if let v = self.type { o["type"] = .string(v) }
+            return o
+        }
+
+        /// The JSON form of a result.
+        public static func encode(_ result: Result) -> JSONValue {
+            result.json
+        }
+
+        /// Reads a result a daemon sent.
+        public static func decode(_ result: JSONValue) throws(RPCShapeError) -> Result {
+            try RPCDecode.value(result, Result.init(json:))
+        }
+    }
+
+    /// Parameters of `blob.append`: Appends bytes to an upload.
+    public struct BlobAppend: RPCParameters {
+        public static let method = RPCMethod.blobAppend
+
+        /// The result of `blob.append`.
+        public struct Result: RPCObject {
+            /// Bytes appended so far.
+            public var size: Int
+
+            /// A value from its members.
+            public init(size: Int) {
+                self.size = size
+            }
+
+            /// Reads the value from JSON.
+            public init(json: JSONValue) throws(RPCShapeError) {
+                let o = try RPCDecode.object(json)
+                self.size = try RPCDecode.member(o, "size", RPCDecode.int)
+            }
+
+            /// The value's JSON form.
+            public var json: JSONValue {
+                .object(jsonObject)
+            }
+
+            /// The members of the JSON form.
+            public var jsonObject: [String: JSONValue] {
+                var o = [String: JSONValue](minimumCapacity: 1)
+                o["size"] = .int(Int64(self.size))
+                return o
+            }
+        }
+
+        /// Database name.
+        public var db: String
+        /// The upload's id (blob.upload).
+        public var upload: String
+        /// Base64 of the next bytes.
+        public var data: String
+
+        /// Parameters from their values (optional ones default to absent).
+        public init(db: String, upload: String, data: String) {
+            self.db = db
+            self.upload = upload
+            self.data = data
+        }
+
+        /// Checks a request's params: names, presence and JSON types.
+        public init(validating params: [String: JSONValue]) throws(RPCError) {
+            try RPCParam.rejectUnknown(params, accepted: ["db", "upload", "data"], method: Self.method)
+            self.db = try RPCParam.required(params, "db", of: Self.method, RPCDecode.string)
+            self.upload = try RPCParam.required(params, "upload", of: Self.method, RPCDecode.string)
+            self.data = try RPCParam.required(params, "data", of: Self.method, RPCDecode.string)
+        }
+
+        /// The params as a request carries them.
+        public var jsonObject: [String: JSONValue] {
+            var o = [String: JSONValue](minimumCapacity: 3)
+            o["db"] = .string(self.db)
+            o["upload"] = .string(self.upload)
+            o["data"] = .string(self.data)
+            return o
+        }
+
+        /// The JSON form of a result.
+        public static func encode(_ result: Result) -> JSONValue {
+            result.json
+        }
+
+        /// Reads a result a daemon sent.
+        public static func decode(_ result: JSONValue) throws(RPCShapeError) -> Result {
+            try RPCDecode.value(result, Result.init(json:))
+        }
+    }
+
+    /// Parameters of `blob.finish`: Ends an upload: stores its last chunk and its manifest, and returns the blob.
+    public struct BlobFinish: RPCParameters {
+        public static let method = RPCMethod.blobFinish
+
+        /// The result of `blob.finish`.
+        public typealias Result = RPCSchema.BlobPutResult
+
+        /// Database name.
+        public var db: String
+        /// The upload's id (blob.upload).
+        public var upload: String
+
+        /// Parameters from their values (optional ones default to absent).
+        public init(db: String, upload: String) {
+            self.db = db
+            self.upload = upload
+        }
+
+        /// Checks a request's params: names, presence and JSON types.
+        public init(validating params: [String: JSONValue]) throws(RPCError) {
+            try RPCParam.rejectUnknown(params, accepted: ["db", "upload"], method: Self.method)
+            self.db = try RPCParam.required(params, "db", of: Self.method, RPCDecode.string)
+            self.upload = try RPCParam.required(params, "upload", of: Self.method, RPCDecode.string)
+        }
+
+        /// The params as a request carries them.
+        public var jsonObject: [String: JSONValue] {
+            var o = [String: JSONValue](minimumCapacity: 2)
+            o["db"] = .string(self.db)
+            o["upload"] = .string(self.upload)
+            return o
+        }
+
+        /// The JSON form of a result.
+        public static func encode(_ result: Result) -> JSONValue {
+            result.json
+        }
+
+        /// Reads a result a daemon sent.
+        public static func decode(_ result: JSONValue) throws(RPCShapeError) -> Result {
+            try RPCDecode.value(result, RPCSchema.BlobPutResult.init(json:))
+        }
+    }
+
+    /// Parameters of `blob.read`: Reads a range of a blob's bytes, in-band.
+    public struct BlobRead: RPCParameters {
+        public static let method = RPCMethod.blobRead
+
+        /// The result of `blob.read`.
+        public struct Result: RPCObject {
+            /// Base64 of the bytes read.
+            public var data: String
+            /// `offset`.
+            public var offset: Int
+            /// Bytes read.
+            public var bytes: Int
+            /// The blob's size.
+            public var size: Int
+
+            /// A value from its members.
+            public init(data: String, offset: Int, bytes: Int, size: Int) {
+                self.data = data
+                self.offset = offset
+                self.bytes = bytes
+                self.size = size
+            }
+
+            /// Reads the value from JSON.
+            public init(json: JSONValue) throws(RPCShapeError) {
+                let o = try RPCDecode.object(json)
+                self.data = try RPCDecode.member(o, "data", RPCDecode.string)
+                self.offset = try RPCDecode.member(o, "offset", RPCDecode.int)
+                self.bytes = try RPCDecode.member(o, "bytes", RPCDecode.int)
+                self.size = try RPCDecode.member(o, "size", RPCDecode.int)
+            }
+
+            /// The value's JSON form.
+            public var json: JSONValue {
+                .object(jsonObject)
+            }
+
+            /// The members of the JSON form.
+            public var jsonObject: [String: JSONValue] {
+                var o = [String: JSONValue](minimumCapacity: 4)
+                o["data"] = .string(self.data)
+                o["offset"] = .int(Int64(self.offset))
+                o["bytes"] = .int(Int64(self.bytes))
+                o["size"] = .int(Int64(self.size))
+                return o
+            }
+        }
+
+        /// Database name.
+        public var db: String
+        /// The blob's id (BlobInfo.id).
+        public var blob: String
+        /// First byte to read (default 0).
+        public var offset: Int?
+        /// Bytes to read, at most 4 MiB (default 4 MiB).
+        public var length: Int?
+
+        /// Parameters from their values (optional ones default to absent).
+        public init(db: String, blob: String, offset: Int? = nil, length: Int? = nil) {
+            self.db = db
+            self.blob = blob
+            self.offset = offset
+            self.length = length
+        }
+
+        /// Checks a request's params: names, presence and JSON types.
+        public init(validating params: [String: JSONValue]) throws(RPCError) {
+            try RPCParam.rejectUnknown(params, accepted: ["db", "blob", "offset", "length"], method: Self.method)
+            self.db = try RPCParam.required(params, "db", of: Self.method, RPCDecode.string)
+            self.blob = try RPCParam.required(params, "blob", of: Self.method, RPCDecode.string)
+            self.offset = try RPCParam.optional(params, "offset", of: Self.method, RPCDecode.int)
+            self.length = try RPCParam.optional(params, "length", of: Self.method, RPCDecode.int)
+        }
+
+        /// The params as a request carries them.
+        public var jsonObject: [String: JSONValue] {
+            var o = [String: JSONValue](minimumCapacity: 4)
+            o["db"] = .string(self.db)
+            o["blob"] = .string(self.blob)
+            if let v = self.offset { o["offset"] = .int(Int64(v)) }
+            if let v = self.length { o["length"] = .int(Int64(v)) }
+            return o
+        }
+
+        /// The JSON form of a result.
+        public static func encode(_ result: Result) -> JSONValue {
+            result.json
+        }
+
+        /// Reads a result a daemon sent.
+        public static func decode(_ result: JSONValue) throws(RPCShapeError) -> Result {
+            try RPCDecode.value(result, Result.init(json:))
+        }
+    }
+
+    /// Parameters of `blob.get`: Writes a blob's content to a new file at a path.
+    public struct BlobGet: RPCParameters {
+        public static let method = RPCMethod.blobGet
+
+        /// The result of `blob.get`.
+        public struct Result: RPCObject {
+            /// `path`.
+            public var path: String
+            /// `bytes`.
+            public var bytes: Int
+
+            /// A value from its members.
+            public init(path: String, bytes: Int) {
+                self.path = path
+                self.bytes = bytes
+            }
+
+            /// Reads the value from JSON.
+            public init(json: JSONValue) throws(RPCShapeError) {
+                let o = try RPCDecode.object(json)
+                self.path = try RPCDecode.member(o, "path", RPCDecode.string)
+                self.bytes = try RPCDecode.member(o, "bytes", RPCDecode.int)
+            }
+
+            /// The value's JSON form.
+            public var json: JSONValue {
+                .object(jsonObject)
+            }
+
+            /// The members of the JSON form.
+            public var jsonObject: [String: JSONValue] {
+                var o = [String: JSONValue](minimumCapacity: 2)
+                o["path"] = .string(self.path)
+                o["bytes"] = .int(Int64(self.bytes))
+                return o
+            }
+        }
+
+        /// Database name.
+        public var db: String
+        /// The blob's id (BlobInfo.id).
+        public var blob: String
+        /// Absolute path of the file to create, in an existing directory; it must not exist.
+        public var path: String
+
+        /// Parameters from their values (optional ones default to absent).
+        public init(db: String, blob: String, path: String) {
+            self.db = db
+            self.blob = blob
+            self.path = path
+        }
+
+        /// Checks a request's params: names, presence and JSON types.
+        public init(validating params: [String: JSONValue]) throws(RPCError) {
+            try RPCParam.rejectUnknown(params, accepted: ["db", "blob", "path"], method: Self.method)
+            self.db = try RPCParam.required(params, "db", of: Self.method, RPCDecode.string)
+            self.blob = try RPCParam.required(params, "blob", of: Self.method, RPCDecode.string)
+            self.path = try RPCParam.required(params, "path", of: Self.method, RPCDecode.string)
+        }
+
+        /// The params as a request carries them.
+        public var jsonObject: [String: JSONValue] {
+            var o = [String: JSONValue](minimumCapacity: 3)
+            o["db"] = .string(self.db)
+            o["blob"] = .string(self.blob)
+            o["path"] = .string(self.path)
+            return o
+        }
+
+        /// The JSON form of a result.
+        public static func encode(_ result: Result) -> JSONValue {
+            result.json
+        }
+
+        /// Reads a result a daemon sent.
+        public static func decode(_ result: JSONValue) throws(RPCShapeError) -> Result {
+            try RPCDecode.value(result, Result.init(json:))
+        }
+    }
+
+    /// Parameters of `blob.stat`: A blob's size and chunks, and which of them this device holds.
+    public struct BlobStat: RPCParameters {
+        public static let method = RPCMethod.blobStat
+
+        /// The result of `blob.stat`.
+        public struct Result: RPCObject {
+            /// `id`.
+            public var id: String
+            /// `size`.
+            public var size: Int
+            /// `chunks`.
+            public var chunks: Int
+            /// `heldChunks`.
+            public var heldChunks: Int
+            /// `heldBytes`.
+            public var heldBytes: Int
+
+            /// A value from its members.
+            public init(id: String, size: Int, chunks: Int, heldChunks: Int, heldBytes: Int) {
+                self.id = id
+                self.size = size
+                self.chunks = chunks
+                self.heldChunks = heldChunks
+                self.heldBytes = heldBytes
+            }
+
+            /// Reads the value from JSON.
+            public init(json: JSONValue) throws(RPCShapeError) {
+                let o = try RPCDecode.object(json)
+                self.id = try RPCDecode.member(o, "id", RPCDecode.string)
+                self.size = try RPCDecode.member(o, "size", RPCDecode.int)
+                self.chunks = try RPCDecode.member(o, "chunks", RPCDecode.int)
+                self.heldChunks = try RPCDecode.member(o, "heldChunks", RPCDecode.int)
+                self.heldBytes = try RPCDecode.member(o, "heldBytes", RPCDecode.int)
+            }
+
+            /// The value's JSON form.
+            public var json: JSONValue {
+                .object(jsonObject)
+            }
+
+            /// The members of the JSON form.
+            public var jsonObject: [String: JSONValue] {
+                var o = [String: JSONValue](minimumCapacity: 5)
+                o["id"] = .string(self.id)
+                o["size"] = .int(Int64(self.size))
+                o["chunks"] = .int(Int64(self.chunks))
+                o["heldChunks"] = .int(Int64(self.heldChunks))
+                o["heldBytes"] = .int(Int64(self.heldBytes))
+                return o
+            }
+        }
+
+        /// Database name.
+        public var db: String
+        /// The blob's id (BlobInfo.id).
+        public var blob: String
+
+        /// Parameters from their values (optional ones default to absent).
+        public init(db: String, blob: String) {
+            self.db = db
+            self.blob = blob
+        }
+
+        /// Checks a request's params: names, presence and JSON types.
+        public init(validating params: [String: JSONValue]) throws(RPCError) {
+            try RPCParam.rejectUnknown(params, accepted: ["db", "blob"], method: Self.method)
+            self.db = try RPCParam.required(params, "db", of: Self.method, RPCDecode.string)
+            self.blob = try RPCParam.required(params, "blob", of: Self.method, RPCDecode.string)
+        }
+
+        /// The params as a request carries them.
+        public var jsonObject: [String: JSONValue] {
+            var o = [String: JSONValue](minimumCapacity: 2)
+            o["db"] = .string(self.db)
+            o["blob"] = .string(self.blob)
+            return o
+        }
+
+        /// The JSON form of a result.
+        public static func encode(_ result: Result) -> JSONValue {
+            result.json
+        }
+
+        /// Reads a result a daemon sent.
+        public static func decode(_ result: JSONValue) throws(RPCShapeError) -> Result {
+            try RPCDecode.value(result, Result.init(json:))
+        }
+    }
+
     /// Parameters of `subscribe`: Reports changes as `subscription` notifications; with `where`, a live query (enter/leave).
     public struct Subscribe: RPCParameters {
         public static let method = RPCMethod.subscribe
@@ -5252,6 +5783,89 @@ public enum RPCSchema {
             o["heads"] = .int(Int64(self.heads))
             o["folded"] = .int(Int64(self.folded))
             o["pagesFreed"] = .int(Int64(self.pagesFreed))
+            return o
+        }
+    }
+
+    /// A blob as a document refers to it: its id, size in bytes and media type.
+    public struct BlobInfo: RPCObject {
+        /// `id`.
+        public var id: String
+        /// `size`.
+        public var size: Int
+        /// Media type given at the put (application/octet-stream when none was).
+        public var type: String
+
+        /// A value from its members.
+        public init(id: String, size: Int, type: String) {
+            self.id = id
+            self.size = size
+            self.type = type
+        }
+
+        /// Reads the value from JSON.
+        public init(json: JSONValue) throws(RPCShapeError) {
+            let o = try RPCDecode.object(json)
+            self.id = try RPCDecode.member(o, "id", RPCDecode.string)
+            self.size = try RPCDecode.member(o, "size", RPCDecode.int)
+            self.type = try RPCDecode.member(o, "type", RPCDecode.string)
+        }
+
+        /// The value's JSON form.
+        public var json: JSONValue {
+            .object(jsonObject)
+        }
+
+        /// The members of the JSON form.
+        public var jsonObject: [String: JSONValue] {
+            var o = [String: JSONValue](minimumCapacity: 3)
+            o["id"] = .string(self.id)
+            o["size"] = .int(Int64(self.size))
+            o["type"] = .string(self.type)
+            return o
+        }
+    }
+
+    /// What blob.put and blob.finish return.
+    public struct BlobPutResult: RPCObject {
+        /// `blob`.
+        public var blob: RPCSchema.BlobInfo
+        /// The value a document holds to refer to the blob: {"$blob": BlobInfo}. Queries filter on its fields (field.$blob.size, field.$blob.type).
+        public var ref: JSONValue
+        /// Chunks the content was cut into.
+        public var chunks: Int
+        /// Bytes of chunks that were new to this database (the rest were held already).
+        public var storedBytes: Int
+
+        /// A value from its members.
+        public init(blob: RPCSchema.BlobInfo, ref: JSONValue, chunks: Int, storedBytes: Int) {
+            self.blob = blob
+            self.ref = ref
+            self.chunks = chunks
+            self.storedBytes = storedBytes
+        }
+
+        /// Reads the value from JSON.
+        public init(json: JSONValue) throws(RPCShapeError) {
+            let o = try RPCDecode.object(json)
+            self.blob = try RPCDecode.member(o, "blob", RPCSchema.BlobInfo.init(json:))
+            self.ref = try RPCDecode.member(o, "ref", RPCDecode.objectValue)
+            self.chunks = try RPCDecode.member(o, "chunks", RPCDecode.int)
+            self.storedBytes = try RPCDecode.member(o, "storedBytes", RPCDecode.int)
+        }
+
+        /// The value's JSON form.
+        public var json: JSONValue {
+            .object(jsonObject)
+        }
+
+        /// The members of the JSON form.
+        public var jsonObject: [String: JSONValue] {
+            var o = [String: JSONValue](minimumCapacity: 4)
+            o["blob"] = self.blob.json
+            o["ref"] = self.ref
+            o["chunks"] = .int(Int64(self.chunks))
+            o["storedBytes"] = .int(Int64(self.storedBytes))
             return o
         }
     }

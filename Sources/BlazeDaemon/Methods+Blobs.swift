@@ -1,0 +1,123 @@
+import BlazeBlob
+import BlazeProtocol
+import BlazeStore
+import Foundation
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// Blobs: files put into a database as content-defined chunks, read back whole or by range (ARCHITECTURE.md, "Blobs").
+extension Methods {
+    static let blobPut = MethodHandler(RPC.BlobPut.self) { p, ctx in
+        let db = try ctx.writableDatabase(p.db)
+        let put = try ctx.blobs.put(db: db, keys: try ctx.sync.blobKeys(db: db), path: p.path, type: p.type)
+        ctx.logger.info("Blob put", metadata: ["db": "\(db.name)", "blob": "\(put.id)", "bytes": "\(put.size)", "stored": "\(put.storedBytes)"])
+        return putResult(put)
+    }
+
+    static let blobUpload = MethodHandler(RPC.BlobUpload.self) { p, ctx in
+        let db = try ctx.writableDatabase(p.db)
+        let id = try ctx.blobs.startUpload(db: db, keys: try ctx.sync.blobKeys(db: db), connection: ctx.connectionID, type: p.type)
+        return .init(upload: id)
+    }
+
+    static let blobAppend = MethodHandler(RPC.BlobAppend.self) { p, ctx in
+        _ = try ctx.database(p.db)
+        return .init(size: try ctx.blobs.append(upload: p.upload, db: p.db, connection: ctx.connectionID, data: p.data))
+    }
+
+    static let blobFinish = MethodHandler(RPC.BlobFinish.self) { p, ctx in
+        _ = try ctx.database(p.db)
+        return putResult(try ctx.blobs.finish(upload: p.upload, db: p.db, connection: ctx.connectionID))
+    }
+
+    static let blobRead = MethodHandler(RPC.BlobRead.self) { p, ctx in
+        let db = try ctx.database(p.db)
+        let (_, manifest, reader) = try ctx.blobs.manifest(db: db, blob: p.blob)
+        let offset = p.offset ?? 0
+        let length = p.length ?? Blobs.maxReadBytes
+        guard offset >= 0, length >= 0 else {
+            throw StoreError(.invalidArgument, kind: "invalid_range", "offset and length must not be negative")
+        }
+        guard length <= Blobs.maxReadBytes else {
+            throw StoreError(.limitExceeded, kind: "too_large", "blob.read returns at most \(Blobs.maxReadBytes) bytes per call")
+        }
+        var data: [UInt8] = []
+        do {
+            try reader.read(manifest, offset: offset, length: length) { data += $0 }
+        } catch {
+            throw Blobs.storeError(error)
+        }
+        return .init(data: Data(data).base64EncodedString(), offset: offset, bytes: data.count, size: manifest.size)
+    }
+
+    static let blobGet = MethodHandler(RPC.BlobGet.self) { p, ctx in
+        let db = try ctx.database(p.db)
+        let (_, manifest, reader) = try ctx.blobs.manifest(db: db, blob: p.blob)
+        try writeNewFile(p.path) { fd in
+            try reader.read(manifest, offset: 0, length: .max) { (part) throws(ChunkStoreError) in
+                var done = 0
+                while done < part.count {
+                    let n = part.withUnsafeBytes { Glibc.write(fd, $0.baseAddress! + done, part.count - done) }
+                    if n < 0 && errno == EINTR { continue }
+                    guard n > 0 else { throw ChunkStoreError.system("write \(p.path).partial", errno) }
+                    done += n
+                }
+            }
+        }
+        return .init(path: p.path, bytes: manifest.size)
+    }
+
+    static let blobStat = MethodHandler(RPC.BlobStat.self) { p, ctx in
+        let db = try ctx.database(p.db)
+        let (id, manifest, reader) = try ctx.blobs.manifest(db: db, blob: p.blob)
+        var held = 0
+        var heldBytes = 0
+        for piece in manifest.pieces where reader.store.contains(piece.id) {
+            held += 1
+            heldBytes += piece.length
+        }
+        return .init(id: id.hex, size: manifest.size, chunks: manifest.pieces.count, heldChunks: held, heldBytes: heldBytes)
+    }
+
+    /// The result of `blob.put` and `blob.finish`.
+    static func putResult(_ put: Blobs.Put) -> RPCSchema.BlobPutResult {
+        let info = RPCSchema.BlobInfo(id: put.id.hex, size: put.size, type: put.type)
+        let ref: JSONValue = .object(["$blob": .object(["id": .string(put.id.hex), "size": .int(Int64(put.size)), "type": .string(put.type)])])
+        return .init(blob: info, ref: ref, chunks: put.chunks, storedBytes: put.storedBytes)
+    }
+
+    /// Creates the file at `path` (absolute, in an existing directory, not existing) with what `body` writes to its
+    /// descriptor: written to `path.partial`, synced, then linked to `path`, so it appears only complete and nothing
+    /// is overwritten.
+    static func writeNewFile(_ path: String, _ body: (Int32) throws -> Void) throws {
+        guard path.hasPrefix("/") else { throw StoreError(.invalidArgument, kind: "invalid_path", "path must be absolute, got \(path)") }
+        let partial = path + ".partial"
+        let fd = open(partial, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0o600)
+        guard fd >= 0 else {
+            let code = errno
+            throw StoreError(
+                code == EEXIST ? .alreadyExists : .invalidArgument, kind: code == EEXIST ? "file_exists" : "invalid_path",
+                "cannot create \(partial): \(String(cString: strerror(code)))")
+        }
+        var closed = false
+        defer { if !closed { close(fd) } }
+        do {
+            try body(fd)
+            guard fsync(fd) == 0 else { throw ChunkStoreError.system("sync \(partial)", errno) }
+            closed = true
+            close(fd)
+            guard link(partial, path) == 0 else {
+                let code = errno
+                throw StoreError(
+                    code == EEXIST ? .alreadyExists : .invalidArgument, kind: code == EEXIST ? "file_exists" : "invalid_path",
+                    "cannot create \(path): \(String(cString: strerror(code)))")
+            }
+            unlink(partial)
+        } catch {
+            unlink(partial)
+            throw Blobs.storeError(error)
+        }
+    }
+}
