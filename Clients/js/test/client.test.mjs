@@ -7,6 +7,9 @@ import os from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { BlazeClient, BlazeError, ErrorCodes, defaultSocketPath } from '../index.js';
+import { blobReadStream, uploadBlob } from '../blobs.js';
+import crypto from 'node:crypto';
+import { Readable } from 'node:stream';
 import { checkEveryResult, resultProblems } from '../test-support/schema.mjs';
 
 // Every result any test receives is checked against its schema in the protocol document.
@@ -201,6 +204,31 @@ test('nested patches, bulk writes, aggregation, history and collection drop', as
     assert.deepEqual((await client.query.find({ ...base })).docs, []);
     await assert.rejects(client.doc.patch({ ...base, id: 'k1', set: { 'a..b': 1 } }), (e) => e instanceof BlazeError);
     await assert.rejects(client.query.aggregate({ ...base, aggregates: { x: { $median: 'n' } } }), (e) => e.kind === 'invalid_aggregate');
+  } finally {
+    client.close();
+  }
+});
+
+test('blobs: put from a path, upload a stream, read back as a stream', async () => {
+  const client = await BlazeClient.connect({ socketPath });
+  try {
+    const content = crypto.randomBytes(2_500_000);
+    const file = path.join(dir, 'song.ogg');
+    fs.writeFileSync(file, content);
+    const put = await client.blob.put({ db: 'default', path: file, type: 'audio/ogg' });
+    assert.equal(put.blob.size, content.length);
+    assert.deepEqual(put.ref, { $blob: put.blob });
+    const sent = await uploadBlob(client, { db: 'default', type: 'audio/ogg', piece: 700_000 }, Readable.from([content.subarray(0, 5), content.subarray(5)]));
+    assert.equal(sent.blob.id, put.blob.id);
+    assert.equal(sent.storedBytes, 0);
+    const parts = [];
+    for await (const part of blobReadStream(client, { db: 'default', blob: put.blob.id, piece: 1_000_000 })) parts.push(part);
+    assert.ok(Buffer.concat(parts).equals(content));
+    const tail = [];
+    for await (const part of blobReadStream(client, { db: 'default', blob: put.blob.id, start: content.length - 3 })) tail.push(part);
+    assert.ok(Buffer.concat(tail).equals(content.subarray(content.length - 3)));
+    await assert.rejects(client.blob.stat({ db: 'default', blob: 'ab'.repeat(32) }), (err) => err.kind === 'blob_not_found');
+    assert.throws(() => blobReadStream(client, { db: 'default', blob: put.blob.id, piece: 0 }), RangeError);
   } finally {
     client.close();
   }
