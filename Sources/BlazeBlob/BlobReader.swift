@@ -35,6 +35,16 @@ public struct BlobReader: Sendable {
         return manifest.pieces.compactMap { seen.insert($0.id).inserted && !store.contains($0.id) ? $0.id : nil }
     }
 
+    /// Writes the blob's bytes from `offset` for `length` bytes (to its end when shorter) to file descriptor
+    /// `output`, copied in the kernel chunk by chunk. Throws when a chunk it needs is not held.
+    public func copy(_ manifest: BlobManifest, offset: Int = 0, length: Int = .max, to output: Int32) throws(ChunkStoreError) {
+        for (piece, range) in manifest.pieces(overlapping: offset, length: length) {
+            guard try store.copy(piece.id, offset: range.lowerBound, length: range.count, to: output) else {
+                throw ChunkStoreError("chunk \(piece.id) of the blob is not held here", reason: .missing)
+            }
+        }
+    }
+
     /// Calls `body` with the blob's bytes from `offset` for `length` bytes (to its end when shorter), one chunk's part
     /// at a time, in order. Throws when a chunk it needs is not held (`missing` names them).
     public func read(

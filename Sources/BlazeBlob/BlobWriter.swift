@@ -1,8 +1,9 @@
+import Dispatch
 #if canImport(Glibc)
 import Glibc
 #endif
 
-/// Puts a blob into a chunk store a piece at a time, never holding more than two maximum chunks of it: bytes are
+/// Puts a blob into a chunk store a piece at a time, never holding more than `window` maximum chunks of it: bytes are
 /// appended as they come (from a file or from a client's in-band pieces), cut into chunks by the space's chunker,
 /// each chunk stored durably under its id, and `finish` stores the manifest and returns it with the blob's id.
 ///
@@ -23,12 +24,15 @@ public struct BlobWriter: Sendable {
     /// Bytes of chunks that were new to the store (the rest were held already).
     public private(set) var storedBytes = 0
 
+    /// Maximum chunks a writer holds at once (16 MiB with the standard sizes).
+    static let window = 4
+
     /// A writer of one blob into `store`, of at most `maxSize` bytes.
     public init(keys: BlobKeys, store: ChunkStore, maxSize: Int) {
         self.keys = keys
         self.store = store
         self.maxSize = maxSize
-        pending.reserveCapacity(2 * keys.chunker.sizes.maximum)
+        pending.reserveCapacity(Self.window * keys.chunker.sizes.maximum)
     }
 
     /// Appends `bytes` to the blob, storing every chunk they complete.
@@ -40,11 +44,12 @@ public struct BlobWriter: Sendable {
         var rest = bytes
         let maximum = keys.chunker.sizes.maximum
         while !rest.isEmpty {
-            // Fill up to two maximum chunks, so that a cut is always decided inside the pending bytes.
-            let take = min(rest.count, 2 * maximum - pending.count)
+            // Fill a window of several maximum chunks, so that cuts are decided inside the pending bytes and several
+            // chunks are stored at once.
+            let take = min(rest.count, Self.window * maximum - pending.count)
             pending.append(contentsOf: UnsafeRawBufferPointer(rebasing: rest[..<take]))
             rest = UnsafeRawBufferPointer(rebasing: rest[take...])
-            if pending.count == 2 * maximum { try cut(atEnd: false) }
+            if pending.count == Self.window * maximum { try cut(atEnd: false) }
         }
     }
 
@@ -72,30 +77,74 @@ public struct BlobWriter: Sendable {
     }
 
     /// Stores the chunks of the pending bytes up to where the chunker cuts (all of them at the end).
+    ///
+    /// The cuts are found first (one pass, cheap), then the chunks are named and stored on `lanes` threads at once:
+    /// naming (HMAC-SHA256) and the synced write of each chunk's file are most of a put's time, and independent.
     private mutating func cut(atEnd: Bool) throws(ChunkStoreError) {
-        var start = 0
         let count = pending.count
-        let result = pending.withUnsafeBytes { raw -> Result<[BlobManifest.Piece], ChunkStoreError> in
-            var cuts: [BlobManifest.Piece] = []
-            var stored = 0
-            while let n = keys.chunker.firstCut(in: UnsafeRawBufferPointer(rebasing: raw[start..<count]), atEnd: atEnd) {
-                let chunk = UnsafeRawBufferPointer(rebasing: raw[start..<(start + n)])
-                let id = keys.id(of: chunk)
-                do throws(ChunkStoreError) {
-                    if try store.put(id, chunk) { stored += n }
-                } catch {
-                    return .failure(error)
-                }
-                cuts.append(BlobManifest.Piece(id: id, length: n))
+        let chunker = keys.chunker
+        let maximum = chunker.sizes.maximum
+        var lengths: [Int] = []
+        var start = 0
+        pending.withUnsafeBytes { raw in
+            while let n = chunker.firstCut(in: UnsafeRawBufferPointer(rebasing: raw[start..<count]), atEnd: atEnd) {
+                lengths.append(n)
                 start += n
                 // Not at the end, stop while a whole maximum chunk is left: the next cut needs the bytes after it.
-                if !atEnd && count - start < keys.chunker.sizes.maximum { break }
+                if !atEnd && count - start < maximum { break }
             }
-            storedBytes += stored
-            return .success(cuts)
         }
-        pieces += try result.get()
+        guard !lengths.isEmpty else { return }
+        var offsets: [Int] = []
+        offsets.reserveCapacity(lengths.count)
+        var offset = 0
+        for n in lengths {
+            offsets.append(offset)
+            offset += n
+        }
+        let outcomes = Outcomes(count: lengths.count)
+        let (keys, store) = (self.keys, self.store)
+        let (cutLengths, cutOffsets) = (lengths, offsets)
+        pending.withUnsafeBytes { raw in
+            let window = Window(bytes: raw)
+            DispatchQueue.concurrentPerform(iterations: min(Self.lanes, cutLengths.count)) { lane in
+                let base = window.bytes
+                let (lengths, offsets) = (cutLengths, cutOffsets)
+                for k in stride(from: lane, to: lengths.count, by: Self.lanes) {
+                    let chunk = UnsafeRawBufferPointer(rebasing: base[offsets[k]..<(offsets[k] + lengths[k])])
+                    let id = keys.id(of: chunk)
+                    do throws(ChunkStoreError) {
+                        outcomes.set(k, .success((id, try store.put(id, chunk))))
+                    } catch {
+                        outcomes.set(k, .failure(error))
+                    }
+                }
+            }
+        }
+        for (k, outcome) in outcomes.all.enumerated() {
+            let (id, new) = try outcome!.get()
+            if new { storedBytes += lengths[k] }
+            pieces.append(BlobManifest.Piece(id: id, length: lengths[k]))
+        }
         pending.removeFirst(start)
+    }
+
+    /// Threads that name and store a window's chunks at once.
+    static let lanes = 2
+
+    /// The pending bytes, shared read-only with the threads that store their chunks.
+    private struct Window: @unchecked Sendable {
+        // @unchecked: the buffer is only read, and only inside the `withUnsafeBytes` call that lends it.
+        let bytes: UnsafeRawBufferPointer
+    }
+
+    /// Each chunk's outcome, written by the thread that handled it.
+    private final class Outcomes: @unchecked Sendable {
+        // @unchecked: each index is written by exactly one thread of a `concurrentPerform`, read after it returns.
+        private var values: [Result<(ChunkID, Bool), ChunkStoreError>?]
+        init(count: Int) { values = Array(repeating: nil, count: count) }
+        func set(_ k: Int, _ value: Result<(ChunkID, Bool), ChunkStoreError>) { values[k] = value }
+        var all: [Result<(ChunkID, Bool), ChunkStoreError>?] { values }
     }
 
     /// Stores the last chunk and the manifest; returns the blob's id, its manifest and the bytes of chunks that were

@@ -107,15 +107,60 @@ public final class ChunkStore: Sendable {
         let size = Int(info.st_size)
         guard offset >= 0, length >= 0 else { throw ChunkStoreError("a read needs a non-negative offset and length", reason: .invalid) }
         let count = offset >= size ? 0 : min(length, size - offset)
-        var out = [UInt8](repeating: 0, count: count)
-        var done = 0
-        while done < count {
-            let n = out.withUnsafeMutableBytes { pread(fd, $0.baseAddress!.advanced(by: done), count - done, off_t(offset + done)) }
-            if n < 0 && errno == EINTR { continue }
-            guard n > 0 else { throw .system("read chunk \(id)", n < 0 ? errno : EIO) }
-            done += n
+        var failure: Int32 = 0
+        // Uninitialized: every byte is read into before the array is used (or the read throws).
+        let out = [UInt8](unsafeUninitializedCapacity: count) { buffer, initialized in
+            var done = 0
+            while done < count {
+                let n = pread(fd, buffer.baseAddress!.advanced(by: done), count - done, off_t(offset + done))
+                if n < 0 && errno == EINTR { continue }
+                guard n > 0 else {
+                    failure = n < 0 ? errno : EIO
+                    break
+                }
+                done += n
+            }
+            initialized = done
         }
+        guard failure == 0 else { throw .system("read chunk \(id)", failure) }
         return out
+    }
+
+    /// Copies `length` bytes of chunk `id` from `offset` to file descriptor `output` (at its position) in the kernel
+    /// (`sendfile`, or reads and writes where it is not available); false when the chunk is not held.
+    public func copy(_ id: ChunkID, offset: Int, length: Int, to output: Int32) throws(ChunkStoreError) -> Bool {
+        let fd = open(path(of: id), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK)
+        guard fd >= 0 else {
+            if errno == ENOENT { return false }
+            throw .system("open chunk \(id)", errno)
+        }
+        defer { close(fd) }
+        var info = stat()
+        guard fstat(fd, &info) == 0, (info.st_mode & S_IFMT) == S_IFREG else { throw ChunkStoreError("chunk \(id) is not a regular file", reason: .invalid) }
+        guard offset >= 0, length >= 0, offset + length <= Int(info.st_size) else {
+            throw ChunkStoreError("chunk \(id) holds \(info.st_size) bytes, not \(offset + length)", reason: .invalid)
+        }
+        var from = off_t(offset)
+        var left = length
+        while left > 0 {
+            let n = sendfile(output, fd, &from, left)
+            if n < 0 && errno == EINTR { continue }
+            if n < 0 && (errno == ENOSYS || errno == EINVAL) {
+                // A descriptor it cannot copy to: plain reads and writes.
+                guard let part = try read(id, offset: Int(from), length: left) else { return false }
+                var done = 0
+                while done < part.count {
+                    let w = part.withUnsafeBytes { write(output, $0.baseAddress!.advanced(by: done), part.count - done) }
+                    if w < 0 && errno == EINTR { continue }
+                    guard w > 0 else { throw .system("write a copy of chunk \(id)", w < 0 ? errno : EIO) }
+                    done += w
+                }
+                return true
+            }
+            guard n > 0 else { throw .system("copy chunk \(id)", n < 0 ? errno : EIO) }
+            left -= n
+        }
+        return true
     }
 
     /// Removes chunk `id`; false when it was not held.

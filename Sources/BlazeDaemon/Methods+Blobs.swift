@@ -55,17 +55,7 @@ extension Methods {
     static let blobGet = MethodHandler(RPC.BlobGet.self) { p, ctx in
         let db = try ctx.database(p.db)
         let (_, manifest, reader) = try ctx.blobs.manifest(db: db, blob: p.blob)
-        try writeNewFile(p.path) { fd in
-            try reader.read(manifest, offset: 0, length: .max) { (part) throws(ChunkStoreError) in
-                var done = 0
-                while done < part.count {
-                    let n = part.withUnsafeBytes { Glibc.write(fd, $0.baseAddress! + done, part.count - done) }
-                    if n < 0 && errno == EINTR { continue }
-                    guard n > 0 else { throw ChunkStoreError.system("write \(p.path).partial", errno) }
-                    done += n
-                }
-            }
-        }
+        try writeNewFile(p.path) { fd in try reader.copy(manifest, to: fd) }
         return .init(path: p.path, bytes: manifest.size)
     }
 
