@@ -39,16 +39,8 @@ extension BlazeDatabase {
         return false
     }
 
-    /// Prunes the durable feed to exactly its retention (`feedRetention` document events; writes trim it in steps).
-    func trimFeed() throws {
-        let feed = self.feed
-        try pool.write { db in
-            let (total, floorTotal) = feed.totals
-            let (floor, newTotal) = try self.pruneFeed(db, total: total, floor: feed.floor, floorTotal: floorTotal)
-            guard floor > feed.floor else { return }
-            db.afterNextTransaction(onCommit: { _ in feed.raiseFloor(floor, total: newTotal) })
-        }
-    }
+    /// Prunes the durable feed to exactly its retention (`FeedPruner.trim`).
+    func trimFeed() throws { try feedPruner.trim(pool) }
 
     /// Returns free pages to the file system, `stepPages` per transaction.
     func vacuumFreePages(stepPages: Int) throws -> Int {
