@@ -20,7 +20,7 @@ import GRDB
 /// no state of its own beyond the database's tables: a value made on demand (`BlazeDatabase.compactor`).
 public struct Compactor: Sendable {
     /// The database this compacts.
-    let database: BlazeDatabase
+    public let database: BlazeDatabase
 
     /// The compactor of `database`.
     init(_ database: BlazeDatabase) { self.database = database }
