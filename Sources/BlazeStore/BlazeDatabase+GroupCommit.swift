@@ -2,12 +2,6 @@ import BlazeCRDT
 import Foundation
 import GRDB
 
-/// A single-operation write waiting for a group commit, and who to tell when it is durable.
-struct PendingWrite: Sendable {
-    let op: WriteOp
-    let completion: @Sendable (Result<WriteResult, any Error>) -> Void
-}
-
 /// Group commit: single-operation writes from many callers that arrive while a commit is in flight are committed
 /// together, in one SQLite transaction and one WAL fsync, each still its own replicated change.
 ///
@@ -16,11 +10,9 @@ struct PendingWrite: Sendable {
 /// and only the changes kept publish their feed entries: a group is first committed without savepoints
 /// (`commitChained`), and when one of its writes fails it is rolled back and redone with each operation in
 /// its own savepoint, so the failing one is rolled back alone. Nothing is acknowledged before the commit that covers
-/// it returns (`synchronous = FULL`: after its fsync).
+/// it returns (`synchronous = FULL`: after its fsync). The queue, the scheduling state, the savepoint fallback and the
+/// statistics are `GroupCommitter`'s (`groupCommitter`); this extension runs the commits it decides on.
 extension BlazeDatabase {
-    /// Writes in one group commit at most; more wait for the next.
-    static let maxGroupSize = 1024
-
     /// Queues `op` as one change for the next group commit; `completion` runs once it is durable (or failed), on the
     /// writer's thread, so it must only hand the result on. With `here`, when no group commit is queued or running,
     /// `op` commits on the calling thread instead (blocking it through the fsync) and `completion` runs before this
@@ -29,13 +21,7 @@ extension BlazeDatabase {
         _ op: WriteOp, here: Bool = false, completion: @escaping @Sendable (Result<WriteResult, any Error>) -> Void
     ) {
         if here, let result = commitAlone(op) { return completion(result) }
-        let schedule = pendingWrites.withLock { state -> Bool in
-            state.queue.append(PendingWrite(op: op, completion: completion))
-            guard !state.scheduled else { return false }
-            state.scheduled = true
-            return true
-        }
-        if schedule { scheduleGroupCommit() }
+        if groupCommitter.enqueue(PendingWrite(op: op, completion: completion)) { scheduleGroupCommit() }
     }
 
     /// Runs `op` on the calling thread when no group commit is queued or running (one caller alone pays no thread
@@ -43,35 +29,22 @@ extension BlazeDatabase {
     ///
     /// A write that commits alone cannot share its commit: one that arrives a moment later waits for it, then commits
     /// in the next group. That is the price of the saved hop for a lone writer; with several writers it would halve
-    /// their groups. So once a write arrives while one commits alone, the next `groupsAfterContention` group commits
+    /// their groups. So once a write arrives while one commits alone, the next `GroupCommitter.groupsAfterContention` group commits
     /// run on the writer (where writes arriving together share one) before a write may commit alone again.
     func commitAlone(_ op: WriteOp) -> Result<WriteResult, any Error>? {
-        let alone = pendingWrites.withLock { state -> Bool in
-            guard !state.scheduled, state.queue.isEmpty, state.groupsBeforeAlone == 0 else { return false }
-            state.scheduled = true
-            return true
-        }
-        guard alone else { return nil }
+        guard groupCommitter.claimLone() else { return nil }
         let result = pool.writeWithoutTransaction { db in commitGroup(db, [op])[0] }
-        groupCommits.withLock { $0 = ($0.groups + 1, $0.writes + 1) }
+        groupCommitter.count(writes: 1)
         finishGroup(afterLone: true)
         return result
     }
 
-    /// Group commits run on the writer after another write arrived during a lone one, before the next lone one.
-    static let groupsAfterContention = 64
-
     private func scheduleGroupCommit() {
         pool.asyncWriteWithoutTransaction { [self] db in
-            let group = pendingWrites.withLock { state -> [PendingWrite] in
-                let taken = Array(state.queue.prefix(Self.maxGroupSize))
-                state.queue.removeFirst(taken.count)
-                state.groupsBeforeAlone = max(0, state.groupsBeforeAlone - 1)
-                return taken
-            }
+            let group = groupCommitter.takeGroup()
             let results = commitGroup(db, group.map(\.op))
             // Counted before anyone learns the outcome, so a caller that saw its write done sees it counted.
-            groupCommits.withLock { $0 = ($0.groups + 1, $0.writes + group.count) }
+            groupCommitter.count(writes: group.count)
             for (pending, result) in zip(group, results) { pending.completion(result) }
             finishGroup()
         }
@@ -80,16 +53,11 @@ extension BlazeDatabase {
     /// After a group: writes that arrived during its commit form the next one; other writers' work may run between.
     /// After a lone commit (`afterLone`), writes that arrived during it also keep the next ones on the writer.
     private func finishGroup(afterLone: Bool = false) {
-        let again = pendingWrites.withLock { state -> Bool in
-            state.scheduled = !state.queue.isEmpty
-            if afterLone && state.scheduled { state.groupsBeforeAlone = Self.groupsAfterContention }
-            return state.scheduled
-        }
-        if again { scheduleGroupCommit() }
+        if groupCommitter.finish(afterLone: afterLone) { scheduleGroupCommit() }
     }
 
     /// Group commits run and the writes they carried since the database was opened.
-    public var groupCommitCounts: (groups: Int, writes: Int) { groupCommits.withLock { $0 } }
+    public var groupCommitCounts: GroupCommitCounts { groupCommitter.statistics }
 
     /// Commits each of `ops` as its own change in one transaction; returns each one's outcome (all fail alike when the
     /// transaction cannot commit).
@@ -103,18 +71,13 @@ extension BlazeDatabase {
                 return [.failure(error)]
             }
         }
-        let optimistic = savepointGroupsLeft.withLock { left -> Bool in
-            guard left > 0 else { return true }
-            left -= 1
-            return false
-        }
-        if optimistic {
+        if groupCommitter.nextGroupWithoutSavepoints() {
             switch commitChained(db, ops, savepoints: false) {
             case .committed(let results): return results
             case .failed(let error): return ops.map { _ in .failure(error) }
             case .opFailed:
                 // Redone with a savepoint per op; the next groups too, as failures tend to come in runs.
-                savepointGroupsLeft.withLock { $0 = Self.savepointGroupsAfterFailure }
+                groupCommitter.writeFailedWithoutSavepoints()
             }
         }
         switch commitChained(db, ops, savepoints: true) {
@@ -123,9 +86,6 @@ extension BlazeDatabase {
         case .opFailed: preconditionFailure("with savepoints a failing op fails alone")
         }
     }
-
-    /// Groups committed with a savepoint per write after one whose writes, committed without, had one fail.
-    static let savepointGroupsAfterFailure = 16
 
     /// How `commitChained` ended.
     enum GroupOutcome {

@@ -1,29 +1,11 @@
-// Giving space back: the file-level steps compaction ends with (incremental vacuum, a rewrite of a fragmented file,
-// emptying the write-ahead log, trimming the feed), and where a database's bytes are. Compaction itself is in
-// Compaction.swift.
+// Emptying the write-ahead log, trimming the feed, and where a database's bytes are. Compaction (and the vacuum it
+// ends with) is `Compactor`'s: Compactor.swift, Compactor+Space.swift.
 
 import Foundation
 import GRDB
 
-/// Returning free space to the file system once compaction removed rows.
+/// The write-ahead log emptied and the feed trimmed, as compaction and admin calls need.
 extension BlazeDatabase {
-    /// Rewrites the file when more than a quarter of it, and over 1 MiB, is unused space inside pages; returns the
-    /// pages that gave back.
-    func rewriteIfFragmented() throws -> Int {
-        let (unused, total) = try read { db in
-            let row = try Row.fetchOne(db, sql: "SELECT coalesce(sum(unused), 0), coalesce(sum(pgsize), 0) FROM dbstat")
-            return (row?[0] as Int64? ?? 0, row?[1] as Int64? ?? 0)
-        }
-        guard total > 0, unused > 1 << 20, unused * 4 > total else { return 0 }
-        let freed = try pool.writeWithoutTransaction { db in
-            let before = try Int.fetchOne(db, sql: "PRAGMA page_count") ?? 0
-            try db.execute(sql: "VACUUM")
-            return max(0, before - (try Int.fetchOne(db, sql: "PRAGMA page_count") ?? 0))
-        }
-        try truncateLog()
-        return freed
-    }
-
     /// Copies the whole write-ahead log into the file and empties it, which is when the file shrinks to its pages
     /// (after `VACUUM` or incremental vacuum in WAL mode). The background checkpointer may be copying at that moment
     /// (SQLite then reports the checkpoint busy): retried for up to a second. Returns whether it completed.
@@ -39,34 +21,8 @@ extension BlazeDatabase {
         return false
     }
 
-    /// Prunes the durable feed to exactly its retention (`feedRetention` document events; writes trim it in steps).
-    func trimFeed() throws {
-        let feed = self.feed
-        try pool.write { db in
-            let (total, floorTotal) = feed.totals
-            let (floor, newTotal) = try self.pruneFeed(db, total: total, floor: feed.floor, floorTotal: floorTotal)
-            guard floor > feed.floor else { return }
-            db.afterNextTransaction(onCommit: { _ in feed.raiseFloor(floor, total: newTotal) })
-        }
-    }
-
-    /// Returns free pages to the file system, `stepPages` per transaction.
-    func vacuumFreePages(stepPages: Int) throws -> Int {
-        var freed = 0
-        while true {
-            let n = try pool.writeWithoutTransaction { db -> Int in
-                let free = try Int.fetchOne(db, sql: "PRAGMA freelist_count") ?? 0
-                guard free > 0 else { return 0 }
-                try db.execute(sql: "PRAGMA incremental_vacuum(\(min(free, stepPages)))")
-                return free - (try Int.fetchOne(db, sql: "PRAGMA freelist_count") ?? 0)
-            }
-            freed += n
-            if n <= 0 {
-                if freed > 0 { try truncateLog() }
-                return freed
-            }
-        }
-    }
+    /// Prunes the durable feed to exactly its retention (`FeedPruner.trim`).
+    func trimFeed() throws { try feedPruner.trim(pool) }
 }
 
 /// Where a database's bytes are.

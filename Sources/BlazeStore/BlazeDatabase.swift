@@ -28,19 +28,13 @@ public final class BlazeDatabase: Sendable {
     /// The highest causal length of a tombstone compaction dropped here (0: none): a document this replica creates
     /// where no state exists starts above it, so it never starts below a tombstone another replica still holds.
     let droppedCausalLength: Mutex<Int64>
-    /// Single-operation writes waiting for the next group commit, whether one is scheduled, and how many group commits
-    /// must run before a write may commit alone again (`commitAlone`).
-    let pendingWrites = Mutex<(queue: [PendingWrite], scheduled: Bool, groupsBeforeAlone: Int)>(([], false, 0))
+    /// Group commit's state: the writes waiting for the next group, the scheduling, the savepoint fallback and the
+    /// statistics (`BlazeDatabase+GroupCommit` runs the commits).
+    let groupCommitter = GroupCommitter()
     /// The query texts `queryStatement` keeps prepared.
     let cachedQueryShapes = Mutex<Set<String>>([])
-    /// Group commits run and the writes they carried (kept or failed) since the database was opened.
-    let groupCommits = Mutex<(groups: Int, writes: Int)>((0, 0))
-    /// How many more groups commit with a savepoint per write (set after a group had a failing write).
-    let savepointGroupsLeft = Mutex(0)
-    /// The feed event total below which a prune cannot move the floor (0: unknown). A change of a bulk transaction is
-    /// one feed row of many events, and the floor only moves by whole rows: until the total passes the first row
-    /// after the floor by the retention, every search for a new floor finds none.
-    let feedPruneNotBefore = Mutex<Int64>(0)
+    /// The durable feed's retention: prunes its rows and moves the floor.
+    let feedPruner: FeedPruner
     /// The committed version vector, so that a local write need not read `versions`.
     let committedVersions = CommittedVersions()
 
@@ -101,6 +95,7 @@ public final class BlazeDatabase: Sendable {
             return (max(floor, try Int64.fetchOne(db, sql: "SELECT max(seq) FROM feed") ?? 0), floor, max(floorTotal, lastTotal), floorTotal)
         }
         feed = ChangeFeed(last: feedLast, floor: feedFloor, lastTotal: lastTotal, floorTotal: floorTotal)
+        feedPruner = FeedPruner(feed: feed, retention: limits.feedRetention)
         try pool.write { db in
             if try Int.fetchOne(db, sql: "SELECT count(*) FROM indexes") ?? 0 > 0 { try Self.analyze(db) }
         }
@@ -137,7 +132,7 @@ public final class BlazeDatabase: Sendable {
     static let analysisLimit = 1000
 
     /// Changes since the last `ANALYZE`, and the threshold at which statistics count as stale.
-    private let statistics = Mutex<(changes: Int, threshold: Int)>((0, 1000))
+    private let statistics = Mutex(PlannerStatistics())
 
     /// Refreshes the planner statistics. Without them SQLite takes `collection = ?` for a selective term and
     /// prefers the (collection, id) key over a matching user index, scanning the whole collection.
@@ -154,7 +149,7 @@ public final class BlazeDatabase: Sendable {
         guard due else { return }
         try Self.analyze(db)
         let rows = try Int.fetchOne(db, sql: "SELECT count(*) FROM docs") ?? 0
-        statistics.withLock { $0 = (0, max(1000, rows)) }
+        statistics.withLock { $0 = PlannerStatistics(changes: 0, threshold: max(1000, rows)) }
     }
 
     /// Runs `body` in one write transaction; everything it applies commits together, as one replicated change.
@@ -193,64 +188,15 @@ public final class BlazeDatabase: Sendable {
             committedVersions: committedVersions, startVersions: startVersions)
     }
 
-    /// Prunes the durable feed to its retention and publishes this transaction's entries once it commits.
+    /// Prunes the durable feed to its retention (`FeedPruner`) and publishes this transaction's entries once it
+    /// commits.
     func finishFeed(_ storage: SQLStorage, _ db: Database) throws {
         let entries = storage.entries
         guard !entries.isEmpty else { return }
-        var (floor, floorTotal) = (feed.floor, feed.totals.floor)
-        // Prune in steps, not on every commit: one range delete per `pruneStep` events.
-        if storage.feedTotal - floorTotal > Int64(limits.feedRetention) + Self.pruneStep,
-            storage.feedTotal >= feedPruneNotBefore.withLock({ $0 })
-        {
-            (floor, floorTotal) = try pruneFeed(db, total: storage.feedTotal, floor: floor, floorTotal: floorTotal)
-            if floor == feed.floor {
-                // Nothing to prune yet: not before the first row above the floor is past the retention.
-                // (Rows from before totals were kept have none and come first.)
-                if let next = try Int64.fetchOne(
-                    db.cachedStatement(sql: "SELECT total FROM feed WHERE seq > ? AND total IS NOT NULL ORDER BY seq LIMIT 1"),
-                    arguments: [floor])
-                {
-                    let notBefore = next + Int64(limits.feedRetention)
-                    storage.onCommit { [self] in feedPruneNotBefore.withLock { $0 = max($0, notBefore) } }
-                }
-            }
-        }
-        let (feed, total, newFloor, newFloorTotal) = (self.feed, storage.feedTotal, floor, floorTotal)
-        storage.onCommit { feed.publish(entries, floor: newFloor, total: total, floorTotal: newFloorTotal) }
+        let (floor, floorTotal) = try feedPruner.pruneIfDue(storage, db)
+        let (feed, total) = (self.feed, storage.feedTotal)
+        storage.onCommit { feed.publish(entries, floor: floor, total: total, floorTotal: floorTotal) }
     }
-
-    /// Deletes the feed rows before the last `feedRetention` document events (the last change is always kept whole)
-    /// in the caller's transaction; returns the new floor and its event total.
-    func pruneFeed(_ db: Database, total: Int64, floor: Int64, floorTotal: Int64) throws -> (Int64, Int64) {
-        let target = total - Int64(limits.feedRetention)
-        // `total` grows with `seq` (rows from before it was kept have none and come first): the last row at or below
-        // the target is found by binary search over `seq`, a few rowid lookups, with no index on `total`.
-        let probe = try db.cachedStatement(sql: "SELECT seq, total FROM feed WHERE seq >= ? ORDER BY seq LIMIT 1")
-        var best: (seq: Int64, total: Int64)?
-        var (lo, hi) = (floor + 1, try Int64.fetchOne(db.cachedStatement(sql: "SELECT max(seq) FROM feed")) ?? floor)
-        while lo <= hi {
-            let mid = lo + (hi - lo) / 2
-            guard let row = try Row.fetchOne(probe, arguments: [mid]), let seq = row[0] as Int64? else {
-                hi = mid - 1
-                continue
-            }
-            if let t = row[1] as Int64?, t > target {
-                hi = mid - 1
-            } else {
-                if let t = row[1] as Int64? { best = (seq, t) }
-                lo = seq + 1
-            }
-        }
-        guard let (seq, upTo) = best, seq > floor else { return (floor, floorTotal) }
-        try db.cachedStatement(sql: "DELETE FROM feed WHERE seq <= ?").execute(arguments: [seq])
-        try db.cachedStatement(
-            sql: "INSERT INTO meta(key, value) VALUES ('feed_floor', ?), ('feed_floor_total', ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value"
-        ).execute(arguments: [String(seq), String(upTo)])
-        return (seq, upTo)
-    }
-
-    /// Feed events beyond the retention that may accumulate before a prune.
-    static let pruneStep: Int64 = 256
 
     /// Applies one operation as its own change, durable when this returns. Alone, it commits on the calling thread;
     /// while a commit is queued or running it joins the next group commit (`submit`). Blocks the calling thread.
@@ -302,6 +248,14 @@ public final class BlazeDatabase: Sendable {
         try pool.close()
         try checkpointer.close()
     }
+}
+
+/// How stale the planner statistics are: changes since the last `ANALYZE`, and the count at which they are due again.
+struct PlannerStatistics {
+    /// Changes since the last `ANALYZE`.
+    var changes = 0
+    /// Changes after which `ANALYZE` runs again (the rows counted then, at least 1000: the data may have doubled).
+    var threshold = 1000
 }
 
 /// Collection names known to exist in the committed database, so writes skip re-registering them.

@@ -18,7 +18,7 @@ extension BlazeDatabase {
     public func exportSnapshot(partBytes: Int = 1 << 20, _ part: ([UInt8]) throws -> Void) throws -> [NodeID: PrunedHead] {
         try read { db in
             let applied = try self.makeStorage(db).versionVector()
-            let pruned = try Self.prunedHeads(db)
+            let pruned = try Compactor.prunedHeads(db)
             var heads: [NodeID: PrunedHead] = [:]
             let entry = try db.cachedStatement(sql: "SELECT hash FROM sync_entries WHERE origin = ? AND seq = ?")
             for (origin, seq) in applied.entries {
@@ -146,7 +146,7 @@ extension BlazeDatabase {
                             dropped % 2 == 0, dropped < ChangeBounds.maxCausalLength
                         else { throw bad("no header first") }
                         // The author dropped tombstones up to this causal length: so does this replica, in effect.
-                        try self.raiseDroppedCausalLength(dropped, db)
+                        try self.compactor.raiseDroppedCausalLength(dropped, db)
                         var node: NodeID?
                         if case .string(let text) = h {
                             guard let n = NodeID(hex: text) else { throw bad("a malformed header") }

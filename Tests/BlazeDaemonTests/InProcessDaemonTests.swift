@@ -69,7 +69,7 @@ import Testing
                 insertDone.signal()
             }
             // The insert is queued for the writer, not committing on the loop (where it would wait for the writer).
-            let queued = eventually { db.pendingWrites.withLock { $0.queue.count } == 1 }
+            let queued = eventually { db.groupCommitter.queuedCount == 1 }
             // Meanwhile the loop still answers the other connection.
             let read = try? reader.call("doc.get", ["db": "main", "collection": "c", "id": "r"])
             let insertedMeanwhile = inserted.withLock { $0 } != nil

@@ -309,7 +309,7 @@ func summary(_ entries: [FeedEntry]) -> [String] {
         store2.closeAll()
     }
 
-    static let pruneStep = BlazeDatabase.pruneStep
+    static let pruneStep = FeedPruner.pruneStep
 
     /// The retention counts document events: bulk transactions go once newer events fill it,
     /// and a change larger than the whole retention is still kept whole while it is the last.
@@ -351,7 +351,7 @@ func summary(_ entries: [FeedEntry]) -> [String] {
         for i in 0..<99 { _ = try db.apply(.put(collection: "c", id: "s\(i)", doc: [:])) }
         // 1,099 events: pruning was due (past the retention and a step) but the bulk row ends at 1,000 > 999.
         #expect(db.feed.floor == 0)
-        #expect(db.feedPruneNotBefore.withLock { $0 } == 1100)
+        #expect(db.feedPruner.pruneNotBefore == 1100)
         _ = try db.apply(.put(collection: "c", id: "s99", doc: [:]))
         #expect(db.feed.floor == 1)
         #expect(try db.feedEntries(after: 1, limit: 1_000).count == 100)

@@ -96,10 +96,10 @@ import Testing
         let t = try TempStore()
         let db = try t.store.create("g")
         guard let rec = FeedRecorder.attached(to: db) else { return }
-        #expect(db.savepointGroupsLeft.withLock { $0 } == 0)
+        #expect(db.groupCommitter.savepointGroupsRemaining == 0)
         let ok = Self.submitTogether(db, [.insert(collection: "c", doc: ["_id": "a"]), .insert(collection: "c", doc: ["_id": "b"])])
         #expect(ok.map { (try? $0.get())?.id } == ["a", "b"])
-        #expect(db.savepointGroupsLeft.withLock { $0 } == 0)
+        #expect(db.groupCommitter.savepointGroupsRemaining == 0)
         // Generated ids, a new collection and a change before the failing write: all rolled back, then redone.
         let mixed = Self.submitTogether(
             db,
@@ -108,19 +108,19 @@ import Testing
                 .insert(collection: "c", doc: ["n": 2]),
             ])
         #expect(mixed.map { (try? $0.get()) != nil } == [true, false, true])
-        #expect(db.savepointGroupsLeft.withLock { $0 } == BlazeDatabase.savepointGroupsAfterFailure)
+        #expect(db.groupCommitter.savepointGroupsRemaining == GroupCommitter.savepointGroupsAfterFailure)
         let generated = mixed.compactMap { try? $0.get().id }
         #expect(try db.changes(since: VersionVector()).map(\.seq) == [1, 2, 3, 4])
         #expect(summary(rec.entries) == ["insert c/a", "insert c/b", "insert new/\(generated[0])", "insert c/\(generated[1])"])
         #expect(try db.collections().map(\.name) == ["c", "new"])
         #expect(try db.count(collection: "new", filter: try Filter.parse(nil)) == 1)
-        for i in 0..<BlazeDatabase.savepointGroupsAfterFailure {
+        for i in 0..<GroupCommitter.savepointGroupsAfterFailure {
             let pair = Self.submitTogether(
                 db, [.put(collection: "c", id: "p\(i)", doc: [:]), .patch(collection: "c", id: "p\(i)", set: ["v": 1])])
             #expect(pair.allSatisfy { (try? $0.get()) != nil })
         }
-        #expect(db.savepointGroupsLeft.withLock { $0 } == 0)
-        let total = 4 + 2 * BlazeDatabase.savepointGroupsAfterFailure
+        #expect(db.groupCommitter.savepointGroupsRemaining == 0)
+        let total = 4 + 2 * GroupCommitter.savepointGroupsAfterFailure
         #expect(try db.changes(since: VersionVector()).map(\.seq) == (1...total).map(UInt64.init))
         #expect(try db.committedVersionsMatchTheTable())
     }
@@ -189,7 +189,7 @@ import Testing
                 db.submit(.insert(collection: "c", doc: ["_id": "lone"]), here: true) { _ in done.leave() }
                 loneAnswered.signal()
             }
-            #expect(eventually { db.pendingWrites.withLock { $0.scheduled } })
+            #expect(eventually { db.groupCommitter.isScheduled })
             // A write from elsewhere arrives during that lone commit.
             done.enter()
             db.submit(.insert(collection: "c", doc: ["_id": "meanwhile"])) { _ in done.leave() }
@@ -210,11 +210,11 @@ import Testing
             #expect(finished.wait(timeout: .now() + 60) == .success)
             return before
         }
-        for i in 1..<BlazeDatabase.groupsAfterContention { #expect(!committedHere("q\(i)")) }
+        for i in 1..<GroupCommitter.groupsAfterContention { #expect(!committedHere("q\(i)")) }
         // Then writes commit alone again (once the last group has finished: its writes learn their outcome first).
-        #expect(eventually { !db.pendingWrites.withLock { $0.scheduled } })
+        #expect(eventually { !db.groupCommitter.isScheduled })
         #expect(committedHere("again"))
-        #expect(try db.changes(since: VersionVector()).count == BlazeDatabase.groupsAfterContention + 2)
+        #expect(try db.changes(since: VersionVector()).count == GroupCommitter.groupsAfterContention + 2)
     }
 
     @Test func concurrentWritersEachGetOneDurableChange() throws {

@@ -15,7 +15,7 @@ public struct VerifiedBatch: Sendable {
     public var texts: [[UInt8]] = []
 }
 
-/// The cryptographic side of a database's sync log: sealing local changes into entries and signing heads, reading
+/// The cryptographic side of a database's sync log, over the store's `SyncLogStore` (which keeps the bytes): sealing local changes into entries and signing heads, reading
 /// batches back as sealed entries, verifying received batches before the store records them (ARCHITECTURE.md, "Sync
 /// and transports").
 ///
@@ -33,7 +33,7 @@ extension BlazeDatabase {
         // A device holding no key to seal with (a reader, a removed member, a joiner) publishes nothing.
         guard key.canSeal else { return 0 }
         let node = self.node
-        return try sealPending(batch: batch) { lastSeq, lastHash, bodies in
+        return try syncLog.sealPending(batch: batch) { lastSeq, lastHash, bodies in
             var seq = lastSeq
             var prev = lastHash ?? SealedEntry.genesis
             var entries: [SyncLogEntry] = []
@@ -62,13 +62,13 @@ extension BlazeDatabase {
 
     /// The latest head held for `origin`, nil when none.
     public func latestHead(origin: NodeID) throws -> SignedHead? {
-        try latestHeadBytes(origin: origin).map { try SignedHead(bytes: $0[...]) }
+        try syncLog.latestHeadBytes(origin: origin).map { try SignedHead(bytes: $0[...]) }
     }
 
     /// The next batch of `origin`'s entries after `after`: up to the furthest head within `maxEntries` entries and
     /// `maxBytes` bytes, or to the nearest head when that is further. Nil when no head lies beyond `after`.
     public func entryBatch(origin: NodeID, after: UInt64, maxEntries: Int, maxBytes: Int = 4 << 20) throws -> EntryBatch? {
-        guard let range = try entryRange(origin: origin, after: after, maxEntries: maxEntries, maxBytes: maxBytes) else {
+        guard let range = try syncLog.entryRange(origin: origin, after: after, maxEntries: maxEntries, maxBytes: maxBytes) else {
             return nil
         }
         return EntryBatch(
@@ -106,7 +106,7 @@ extension BlazeDatabase {
             guard let json = try? JSONParser(maxDepth: limits.maxDepth + 4).parse(payload),
                 let change = try? Change(json: json), change.origin == batch.origin, change.seq == entry.header.seq
             else { throw .badPayload }
-            guard (try? checkReceived(change, size: payload.count)) != nil else { throw .invalidChange }
+            guard (try? syncLog.checkReceived(change, size: payload.count)) != nil else { throw .invalidChange }
             do {
                 try ChangeBounds.checkClock(change, now: now, maxAhead: limits.maxClockAheadMilliseconds)
             } catch {
@@ -124,7 +124,7 @@ extension BlazeDatabase {
         let batch = verified.batch
         let entries = batch.entries.map { SyncLogEntry(seq: $0.header.seq, hash: $0.hash, bytes: $0.bytes) }
         do {
-            return try recordEntries(
+            return try syncLog.recordEntries(
                 origin: batch.origin, entries, firstPrev: batch.entries[0].header.prev, changes: verified.changes,
                 texts: verified.texts.count == verified.changes.count ? verified.texts : nil,
                 head: (batch.head.seq, batch.head.bytes))
@@ -144,7 +144,7 @@ extension BlazeDatabase {
     @discardableResult
     public func recordFork(head: SignedHead, seq: UInt64, hash: [UInt8], key: SpaceKey) throws -> Bool {
         try head.verify(space: key.id)
-        return try recordForkEvidence(origin: NodeID(bytes: head.origin), seq: seq, hash: hash, otherHead: head.bytes)
+        return try syncLog.recordForkEvidence(origin: NodeID(bytes: head.origin), seq: seq, hash: hash, otherHead: head.bytes)
     }
 
     /// Stores the fork evidence a verified batch carries: its first entry that differs from the one held for the same
@@ -162,7 +162,7 @@ extension BlazeDatabase {
     public func checkOwnHead(_ head: SignedHead, key: SpaceKey) throws {
         try head.verify(space: key.id)
         let origin = NodeID(bytes: head.origin)
-        if let held = try heldHash(origin: origin, seq: head.seq), held != head.hash { throw SyncRejection.fork }
-        if let latest = try latestHeadSeq(origin: origin), latest > head.seq { throw SyncRejection.rollback }
+        if let held = try syncLog.heldHash(origin: origin, seq: head.seq), held != head.hash { throw SyncRejection.fork }
+        if let latest = try syncLog.latestHeadSeq(origin: origin), latest > head.seq { throw SyncRejection.rollback }
     }
 }

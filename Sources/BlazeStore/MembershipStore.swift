@@ -16,12 +16,20 @@ public struct InviteRecord: Sendable, Equatable {
     public let usedAtMs: Int64?
 }
 
-/// The database's membership log and issued invites as storage (SYNC.md §9): operations are opaque signed bytes that
-/// BlazeSync decodes, checks and resolves; the store only keeps them, deduplicated by hash.
-extension BlazeDatabase {
+/// The owner of a database's membership log and issued invites as storage (SYNC.md §9): the `sync_membership` and
+/// `sync_invites` tables. Operations are opaque signed bytes that BlazeSync decodes, checks and resolves; the store
+/// only keeps them, deduplicated by hash. It holds no state of its own beyond those tables: a value made on demand
+/// (`BlazeDatabase.membershipStore`).
+public struct MembershipStore: Sendable {
+    /// The database whose membership log this is.
+    let database: BlazeDatabase
+
+    /// The membership log of `database`.
+    init(_ database: BlazeDatabase) { self.database = database }
+
     /// Every membership operation held, as received (any order).
     public func membershipOps() throws -> [[UInt8]] {
-        try read { db in try Data.fetchAll(db, sql: "SELECT bytes FROM sync_membership").map { Array($0) } }
+        try database.read { db in try Data.fetchAll(db, sql: "SELECT bytes FROM sync_membership").map { Array($0) } }
     }
 
     /// Stores operations (already verified by the caller) by hash; returns how many were new.
@@ -29,7 +37,7 @@ extension BlazeDatabase {
     public func addMembershipOps(_ ops: [(hash: [UInt8], bytes: [UInt8])]) throws -> Int {
         guard !ops.isEmpty else { return 0 }
         let now = Int64(Date().timeIntervalSince1970 * 1000)
-        return try pool.write { db in
+        return try database.pool.write { db in
             var added = 0
             let insert = try db.cachedStatement(
                 sql: "INSERT OR IGNORE INTO sync_membership(hash, bytes, received_at) VALUES (?, ?, ?)")
@@ -45,7 +53,7 @@ extension BlazeDatabase {
     /// and cannot make one), the role it grants and its expiry.
     public func addInvite(id: [UInt8], verifier: [UInt8], role: String, expiresAtMs: Int64) throws {
         let now = Int64(Date().timeIntervalSince1970 * 1000)
-        try pool.write { db in
+        try database.pool.write { db in
             try db.execute(
                 sql: "INSERT INTO sync_invites(id, verifier, proof_version, role, created_at, expires_at) VALUES (?, ?, 2, ?, ?, ?)",
                 arguments: [Data(id), Data(verifier), role, now, expiresAtMs])
@@ -54,7 +62,7 @@ extension BlazeDatabase {
 
     /// Every invite issued here, newest first.
     public func invites() throws -> [InviteRecord] {
-        try read { db in
+        try database.read { db in
             try Row.fetchAll(
                 db, sql: "SELECT id, role, created_at, expires_at, used_at FROM sync_invites ORDER BY created_at DESC, id"
             ).map { row in
@@ -72,7 +80,7 @@ extension BlazeDatabase {
         id: [UInt8], proves: ([UInt8], Int) -> Bool, device: [UInt8], nowMs: Int64,
         admit: (String) throws -> (hash: [UInt8], bytes: [UInt8])
     ) throws -> String {
-        try pool.write { db in
+        try database.pool.write { db in
             guard
                 let row = try Row.fetchOne(
                     db, sql: "SELECT verifier, role, expires_at, used_at, proof_version FROM sync_invites WHERE id = ?",
@@ -91,5 +99,36 @@ extension BlazeDatabase {
                 arguments: [nowMs, Data(device), Data(id)])
             return role
         }
+    }
+}
+
+/// The membership log's owner, and the calls BlazeSync makes through the database (forwarded to `MembershipStore`).
+extension BlazeDatabase {
+    /// The database's membership log and invites as storage.
+    public var membershipStore: MembershipStore { MembershipStore(self) }
+
+    /// Every membership operation held, as received (`MembershipStore.membershipOps`).
+    public func membershipOps() throws -> [[UInt8]] { try membershipStore.membershipOps() }
+
+    /// Stores verified operations by hash; returns how many were new (`MembershipStore.addMembershipOps`).
+    @discardableResult
+    public func addMembershipOps(_ ops: [(hash: [UInt8], bytes: [UInt8])]) throws -> Int {
+        try membershipStore.addMembershipOps(ops)
+    }
+
+    /// Records a version-2 invite (`MembershipStore.addInvite`).
+    public func addInvite(id: [UInt8], verifier: [UInt8], role: String, expiresAtMs: Int64) throws {
+        try membershipStore.addInvite(id: id, verifier: verifier, role: role, expiresAtMs: expiresAtMs)
+    }
+
+    /// Every invite issued here, newest first (`MembershipStore.invites`).
+    public func invites() throws -> [InviteRecord] { try membershipStore.invites() }
+
+    /// Redeems invite `id` for `device` in one transaction (`MembershipStore.redeemInvite`).
+    public func redeemInvite(
+        id: [UInt8], proves: ([UInt8], Int) -> Bool, device: [UInt8], nowMs: Int64,
+        admit: (String) throws -> (hash: [UInt8], bytes: [UInt8])
+    ) throws -> String {
+        try membershipStore.redeemInvite(id: id, proves: proves, device: device, nowMs: nowMs, admit: admit)
     }
 }

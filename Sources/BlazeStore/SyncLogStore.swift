@@ -3,82 +3,30 @@ import BlazeProtocol
 import Foundation
 import GRDB
 
-/// Two entries one origin signed for the same sequence number: proof that its log forked.
-public struct ForkEvidence: Sendable, Equatable {
-    /// The forked origin (quarantined).
-    public var origin: NodeID
-    /// The sequence number with two entries.
-    public var seq: UInt64
-    /// Hash of the entry held here.
-    public var heldHash: [UInt8]
-    /// Hash of the other entry, which a head signed by the origin covers.
-    public var otherHash: [UInt8]
-    /// When it was found (Unix milliseconds).
-    public var detectedAtMs: Int64
-}
+/// The owner of a database's sync log as storage (ARCHITECTURE.md, "Sync and transports"): its space binding, sealed
+/// entries and signed heads as opaque bytes (`sync_entries`, `sync_heads`, `sync_pruned`) and fork evidence
+/// (`sync_forks`). Sealing, signing and verifying are BlazeSync's (`BlazeDatabase+EntrySealing` there); the store only
+/// keeps the bytes, and stores received entries in the same transaction that applies their changes, so a crash never
+/// separates an entry from its change. It holds no state of its own beyond those tables: a value made on demand
+/// (`BlazeDatabase.syncLog`).
+public struct SyncLogStore: Sendable {
+    /// The database whose sync log this is.
+    let database: BlazeDatabase
 
-/// What storing a batch of entries did.
-public struct BatchOutcome: Sendable, Equatable {
-    /// Entries stored for the first time.
-    public var stored = 0
-    /// Entries already held (same hash).
-    public var duplicates = 0
-    /// What applying their changes did.
-    public var report = ReceiveReport()
+    /// The sync log of `database`.
+    init(_ database: BlazeDatabase) { self.database = database }
 
-    /// An outcome (all counts zero by default).
-    public init(stored: Int = 0, duplicates: Int = 0, report: ReceiveReport = ReceiveReport()) {
-        self.stored = stored
-        self.duplicates = duplicates
-        self.report = report
-    }
-}
-
-/// One entry of a sync log as the store keeps it: opaque sealed bytes and their hash (BlazeSync seals and verifies).
-public struct SyncLogEntry: Sendable, Equatable {
-    /// The origin's sequence number.
-    public var seq: UInt64
-    /// The entry's hash (what the next entry links to).
-    public var hash: [UInt8]
-    /// The sealed bytes.
-    public var bytes: [UInt8]
-
-    /// An entry.
-    public init(seq: UInt64, hash: [UInt8], bytes: [UInt8]) {
-        self.seq = seq
-        self.hash = hash
-        self.bytes = bytes
-    }
-}
-
-/// Why `recordEntries` stored nothing: the batch contradicts the log held here.
-public enum SyncLogConflict: Error, Sendable, Equatable {
-    /// The origin has forked before; nothing more of it is accepted.
-    case quarantined
-    /// The first entry does not continue the log held here (a gap, or another previous entry).
-    case brokenChain
-    /// An entry differs from the one held for the same sequence number.
-    case fork
-    /// Storing the batch would leave more of the origin's changes parked than `StoreLimits.maxParkedPerOrigin`.
-    case tooManyParked
-}
-
-/// The database's sync log (ARCHITECTURE.md, "Sync and transports") as storage: its space, sealed entries and signed
-/// heads as opaque bytes, fork evidence and peers. Sealing, signing and verifying are BlazeSync's
-/// (`BlazeDatabase+SyncLog` there); the store only keeps the bytes, and stores received entries in the same
-/// transaction that applies their changes, so a crash never separates an entry from its change.
-extension BlazeDatabase {
     /// The space this database syncs in (hex), nil while it is not shared.
     public func spaceID() throws -> String? {
-        try read { db in try String.fetchOne(db, sql: "SELECT value FROM meta WHERE key = 'space_id'") }
+        try database.read { db in try String.fetchOne(db, sql: "SELECT value FROM meta WHERE key = 'space_id'") }
     }
 
     /// Binds the database to a space; refuses to change an existing binding.
     public func setSpaceID(_ idHex: String) throws {
-        try pool.write { db in
+        try database.pool.write { db in
             if let current = try String.fetchOne(db, sql: "SELECT value FROM meta WHERE key = 'space_id'") {
                 guard current == idHex else {
-                    throw StoreError(.alreadyExists, kind: "already_shared", "database \(name) already syncs in space \(current)")
+                    throw StoreError(.alreadyExists, kind: "already_shared", "database \(database.name) already syncs in space \(current)")
                 }
                 return
             }
@@ -88,10 +36,10 @@ extension BlazeDatabase {
 
     /// Per origin, the highest sequence this replica holds, applied or stored as an entry: what peers need not send.
     public func syncVector() throws -> [NodeID: UInt64] {
-        try read { db in
+        try database.read { db in
             // The applied vector, from memory when the writer knows it: every sync round reads this, and a space
             // with many origins (a legacy space's token holder can mint them) would cost a table read each time.
-            var out = try committedVersions.peek()?.entries ?? self.makeStorage(db).versionVector().entries
+            var out = try database.committedVersions.peek()?.entries ?? database.makeStorage(db).versionVector().entries
             // An origin's entries go beyond its applied seq only while changes of it are parked (entries are stored
             // with their changes, which apply or park in the same transaction): one index probe per parked origin.
             let parked = try String.fetchAll(db, sql: "SELECT DISTINCT origin FROM parked").compactMap { NodeID(hex: $0) }
@@ -114,11 +62,12 @@ extension BlazeDatabase {
             entries: [SyncLogEntry], heads: [(seq: UInt64, bytes: [UInt8])]
         )
     ) throws -> Int {
+        let node = database.node
         let origin = Data(node.bytes)
         var sealed = 0
         while true {
             // One transaction per batch: the writer is never held for a whole backlog.
-            let n = try pool.write { db -> Int in
+            let n = try database.pool.write { db -> Int in
                 // The chain continues from the last entry held, or from the last one pruned.
                 let last =
                     try Row.fetchOne(
@@ -162,7 +111,7 @@ extension BlazeDatabase {
 
     /// The latest head held for `origin` (its bytes), nil when none.
     public func latestHeadBytes(origin: NodeID) throws -> [UInt8]? {
-        try read { db in
+        try database.read { db in
             try Data.fetchOne(
                 db, sql: "SELECT head FROM sync_heads WHERE origin = ? ORDER BY seq DESC LIMIT 1", arguments: [Data(origin.bytes)]
             ).map { Array($0) }
@@ -175,7 +124,7 @@ extension BlazeDatabase {
     public func entryRange(origin: NodeID, after: UInt64, maxEntries: Int, maxBytes: Int) throws
         -> (entries: [(bytes: [UInt8], hash: [UInt8])], head: [UInt8])?
     {
-        try read { db in
+        try database.read { db in
             // Cached statements read in place: a round reads a batch every few hundred entries, and preparing these
             // five statements again for each batch cost the sender more than reading the entries.
             let o = Blob(bytes: origin.bytes)
@@ -238,7 +187,7 @@ extension BlazeDatabase {
         precondition(texts.map { $0.count == changes.count } ?? true, "one text per change")
         let o = Data(origin.bytes)
         let firstSeq = entries[0].seq
-        return try pool.write { db in
+        return try database.pool.write { db in
             var outcome = BatchOutcome()
             var fresh: [Change] = []
             var freshTexts: [ChangeID: [UInt8]] = [:]
@@ -285,13 +234,13 @@ extension BlazeDatabase {
             }
             try db.cachedStatement(sql: "INSERT OR IGNORE INTO sync_heads(origin, seq, head) VALUES (?, ?, ?)")
                 .execute(arguments: [o, Int64(head.seq), Data(head.bytes)])
-            if !fresh.isEmpty { outcome.report = try self.receive(fresh, in: db, texts: freshTexts) }
+            if !fresh.isEmpty { outcome.report = try database.receive(fresh, in: db, texts: freshTexts) }
             // Changes waiting for dependencies are bounded per origin: past the limit the batch is refused whole (the
             // transaction rolls back), and comes again once what it waits for has arrived.
             if outcome.report.parked > 0 {
                 let parked = try Int.fetchOne(
                     db.cachedStatement(sql: "SELECT count(*) FROM parked WHERE origin = ?"), arguments: [origin.hex]) ?? 0
-                if parked > limits.maxParkedPerOrigin { throw SyncLogConflict.tooManyParked }
+                if parked > database.limits.maxParkedPerOrigin { throw SyncLogConflict.tooManyParked }
             }
             return outcome
         }
@@ -307,7 +256,7 @@ extension BlazeDatabase {
     /// seq, or the same entry). The first evidence per origin is kept; from then on the origin is quarantined.
     public func recordForkEvidence(origin: NodeID, seq: UInt64, hash: [UInt8], otherHead: [UInt8]) throws -> Bool {
         let o = Data(origin.bytes)
-        return try pool.write { db in
+        return try database.pool.write { db in
             guard SyncBounds.isValidSeq(seq),
                 let held = try Data.fetchOne(
                     db, sql: "SELECT hash FROM sync_entries WHERE origin = ? AND seq = ?", arguments: [o, Int64(seq)]),
@@ -323,7 +272,7 @@ extension BlazeDatabase {
 
     /// Evidence of the forks found in this database's space, one per quarantined origin.
     public func forks() throws -> [ForkEvidence] {
-        try read { db in
+        try database.read { db in
             try Row.fetchAll(
                 db, sql: "SELECT origin, seq, held_hash, other_hash, detected_at FROM sync_forks ORDER BY origin"
             ).map { row in
@@ -336,7 +285,7 @@ extension BlazeDatabase {
 
     /// The hash of the entry held for `origin` at `seq` (or pruned last, at `seq`), nil when none.
     public func heldHash(origin: NodeID, seq: UInt64) throws -> [UInt8]? {
-        try read { db in
+        try database.read { db in
             let o = Data(origin.bytes)
             if let hash = try Data.fetchOne(
                 db, sql: "SELECT hash FROM sync_entries WHERE origin = ? AND seq = ?", arguments: [o, Int64(seq)])
@@ -352,7 +301,7 @@ extension BlazeDatabase {
 
     /// The sequence of the latest head held for `origin`, nil when none.
     public func latestHeadSeq(origin: NodeID) throws -> UInt64? {
-        try read { db in
+        try database.read { db in
             try Int64.fetchOne(db, sql: "SELECT max(seq) FROM sync_heads WHERE origin = ?", arguments: [Data(origin.bytes)])
                 .map { UInt64($0) }
         }
@@ -360,6 +309,30 @@ extension BlazeDatabase {
 
     /// Checks a received change against this database's limits (document size, depth, names), as a local write is.
     public func checkReceived(_ change: Change, size: Int) throws {
-        try validate(change, size: size)
+        try database.validate(change, size: size)
     }
+}
+
+/// The sync log's owner, and the calls other modules make through the database (forwarded to `SyncLogStore`).
+extension BlazeDatabase {
+    /// The database's sync log as storage.
+    public var syncLog: SyncLogStore { SyncLogStore(self) }
+
+    /// The space this database syncs in (hex), nil while it is not shared (`SyncLogStore.spaceID`).
+    public func spaceID() throws -> String? { try syncLog.spaceID() }
+
+    /// Binds the database to a space; refuses to change an existing binding (`SyncLogStore.setSpaceID`).
+    public func setSpaceID(_ idHex: String) throws { try syncLog.setSpaceID(idHex) }
+
+    /// Per origin, the highest sequence this replica holds (`SyncLogStore.syncVector`).
+    public func syncVector() throws -> [NodeID: UInt64] { try syncLog.syncVector() }
+
+    /// The latest head held for `origin` (its bytes), nil when none (`SyncLogStore.latestHeadBytes`).
+    public func latestHeadBytes(origin: NodeID) throws -> [UInt8]? { try syncLog.latestHeadBytes(origin: origin) }
+
+    /// Evidence of the forks found in this database's space (`SyncLogStore.forks`).
+    public func forks() throws -> [ForkEvidence] { try syncLog.forks() }
+
+    /// The hash of the entry held for `origin` at `seq`, nil when none (`SyncLogStore.heldHash`).
+    public func heldHash(origin: NodeID, seq: UInt64) throws -> [UInt8]? { try syncLog.heldHash(origin: origin, seq: seq) }
 }

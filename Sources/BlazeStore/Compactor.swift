@@ -3,65 +3,6 @@ import BlazeProtocol
 import Foundation
 import GRDB
 
-/// What a compaction removed (Protocol/SYNC.md §11).
-public struct CompactionReport: Sendable, Equatable {
-    /// Op-log rows (`changes`) dropped.
-    public var changes = 0
-    /// Tombstones dropped.
-    public var tombstones = 0
-    /// Sealed entries dropped.
-    public var entries = 0
-    /// Signed heads dropped.
-    public var heads = 0
-    /// Live documents whose strictly stable history was folded into one stamp (`DocumentState.folded`).
-    public var folded = 0
-    /// Pages returned to the file system by incremental vacuum.
-    public var pagesFreed = 0
-    /// Write transactions it took.
-    public var steps = 0
-    /// When it finished (Unix milliseconds).
-    public var finishedAtMs: Int64 = 0
-    /// How long it took (milliseconds).
-    public var durationMs: Int64 = 0
-
-    /// An empty report.
-    public init() {}
-
-    /// Rows removed in all.
-    public var rows: Int { changes + tombstones + entries + heads }
-
-    mutating func add(_ other: CompactionReport) {
-        changes += other.changes
-        tombstones += other.tombstones
-        entries += other.entries
-        heads += other.heads
-        folded += other.folded
-        pagesFreed += other.pagesFreed
-        steps += other.steps
-    }
-
-    /// The report as stored in `meta` and shown by `db.info`.
-    public var jsonValue: JSONValue {
-        .object([
-            "changes": .int(Int64(changes)), "tombstones": .int(Int64(tombstones)), "entries": .int(Int64(entries)),
-            "heads": .int(Int64(heads)), "folded": .int(Int64(folded)), "pagesFreed": .int(Int64(pagesFreed)), "steps": .int(Int64(steps)),
-            "finishedAtMs": .int(finishedAtMs), "durationMs": .int(durationMs),
-        ])
-    }
-
-    /// Reads a stored report; nil when malformed.
-    public init?(json: JSONValue) {
-        guard case .object(let o) = json else { return nil }
-        func int(_ k: String) -> Int64? { if case .int(let v)? = o[k] { return v } else { return nil } }
-        guard let c = int("changes"), let t = int("tombstones"), let e = int("entries"), let h = int("heads"),
-            let p = int("pagesFreed"), let s = int("steps"), let f = int("finishedAtMs"), let d = int("durationMs")
-        else { return nil }
-        (changes, tombstones, entries, heads, pagesFreed, steps) = (Int(c), Int(t), Int(e), Int(h), Int(p), Int(s))
-        (finishedAtMs, durationMs) = (f, d)
-        folded = int("folded").map(Int.init) ?? 0  // absent in reports stored before it was counted
-    }
-}
-
 /// Compaction (Protocol/SYNC.md §11): dropping history that no replica can need any more, in bounded steps.
 ///
 /// `stable` is the database's causally stable vector: every change it covers is held by every current member, and
@@ -73,12 +14,23 @@ public struct CompactionReport: Sendable, Equatable {
 /// - sealed entries and signed heads of stable changes, keeping per origin the last pruned entry's hash
 ///   (`sync_pruned`) so later entries still link and forks are still found, and each origin's latest head.
 /// A device that needs what was pruned gets a snapshot instead (§11).
-extension BlazeDatabase {
+///
+/// The owner of compaction: its steps, folding, the tombstone floor it raises (`droppedCausalLength`, which the
+/// database keeps for every write to read) and the file-level steps it ends with (`Compactor+Space.swift`). It holds
+/// no state of its own beyond the database's tables: a value made on demand (`BlazeDatabase.compactor`).
+public struct Compactor: Sendable {
+    /// The database this compacts.
+    public let database: BlazeDatabase
+
+    /// The compactor of `database`.
+    init(_ database: BlazeDatabase) { self.database = database }
+
     /// Per origin, the last entry pruned here.
     public func prunedHeads() throws -> [NodeID: PrunedHead] {
-        try read { db in try Self.prunedHeads(db) }
+        try database.read { db in try Self.prunedHeads(db) }
     }
 
+    /// Per origin, the last entry pruned here, read in the caller's transaction.
     static func prunedHeads(_ db: Database) throws -> [NodeID: PrunedHead] {
         var out: [NodeID: PrunedHead] = [:]
         for row in try Row.fetchAll(db, sql: "SELECT origin, seq, hash FROM sync_pruned") {
@@ -91,7 +43,7 @@ extension BlazeDatabase {
 
     /// The report of the last compaction that removed anything, nil before the first.
     public func lastCompaction() throws -> CompactionReport? {
-        try read { db in
+        try database.read { db in
             try String.fetchOne(db, sql: "SELECT value FROM meta WHERE key = 'last_compaction'")
                 .flatMap { try? JSONParser().parse($0) }.flatMap(CompactionReport.init(json:))
         }
@@ -113,10 +65,10 @@ extension BlazeDatabase {
         // The feed is trimmed to its retention exactly (writes trim it in steps). Its rows hold reverse deltas and
         // need no change, except rows of earlier versions that point into the op log: per origin, the changes from the
         // first one those need are kept. Read once: the feed only moves forward while this runs.
-        try trimFeed()
+        try database.trimFeed()
         // The changes recorded after this read may have feed rows it did not see: none of them is pruned.
-        let (feedNeeds, seen) = try read { db in
-            let seen = try self.makeStorage(db).versionVector()
+        let (feedNeeds, seen) = try database.read { db in
+            let seen = try database.makeStorage(db).versionVector()
             var out: [String: Int64] = [:]
             for row in try Row.fetchAll(
                 db,
@@ -129,7 +81,7 @@ extension BlazeDatabase {
             return (out, seen)
         }
         while true {
-            let step = try pool.write { db in
+            let step = try database.pool.write { db in
                 try self.compactionStep(
                     db, stable: stable, tombstonesStable: tombstonesStable ?? stable, seen: seen, feedNeeds: feedNeeds, limit: stepRows)
             }
@@ -141,9 +93,9 @@ extension BlazeDatabase {
         let strict = tombstonesStable ?? stable
         var cursor: Int64 = 0
         while true {
-            let (folds, next) = try read { db in try self.foldCandidates(db, stable: strict, after: cursor, scan: stepRows * 4) }
+            let (folds, next) = try database.read { db in try self.foldCandidates(db, stable: strict, after: cursor, scan: stepRows * 4) }
             if !folds.isEmpty {
-                total.folded += try pool.write { db in
+                total.folded += try database.pool.write { db in
                     var n = 0
                     for f in folds {
                         try db.execute(
@@ -163,7 +115,7 @@ extension BlazeDatabase {
         total.durationMs = Int64(Date().timeIntervalSince(started) * 1000)
         if total.rows > 0 || total.folded > 0 || total.pagesFreed > 0 {
             let text = total.jsonValue.jsonText
-            try pool.write { db in
+            try database.pool.write { db in
                 try db.execute(
                     sql: "INSERT INTO meta(key, value) VALUES ('last_compaction', ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value",
                     arguments: [text])
@@ -186,9 +138,9 @@ extension BlazeDatabase {
             // Folded already (`{"l":…,"t":…}`), or no state yet: nothing to do.
             guard let state = row[1] as String?, state.contains("\"p\":") || state.contains("\"f\":") || state.contains("\"u\":")
             else { continue }
-            let decoded = try SQLStorage.decode(state: state, body: row[2], coding)
+            let decoded = try SQLStorage.decode(state: state, body: row[2], database.coding)
             if let folded = decoded.folded(stable: stable) {
-                let text = folded.compactText(coding)
+                let text = folded.compactText(database.coding)
                 if text != state { out.append((row[0], state, text)) }
             }
         }
@@ -202,7 +154,7 @@ extension BlazeDatabase {
         try db.execute(
             sql: "INSERT INTO meta(key, value) VALUES ('tombstone_cl_floor', ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value",
             arguments: [String(cl)])
-        db.afterNextTransaction(onCommit: { [self] _ in droppedCausalLength.withLock { $0 = max($0, cl) } })
+        db.afterNextTransaction(onCommit: { [database] _ in database.droppedCausalLength.withLock { $0 = max($0, cl) } })
     }
 
     /// One bounded step inside the caller's write transaction.
@@ -212,11 +164,11 @@ extension BlazeDatabase {
     ) throws -> CompactionReport {
         var report = CompactionReport()
         report.steps = 1
-        let applied = try makeStorage(db).versionVector()
+        let applied = try database.makeStorage(db).versionVector()
         let shared = try String.fetchOne(db, sql: "SELECT value FROM meta WHERE key = 'space_id'") != nil
         let forked = Set(try Data.fetchAll(db, sql: "SELECT origin FROM sync_forks").map { Array($0) })
         // The clock must stay ahead of every change ever made here, pruned ones included.
-        let keepClock = clock.withLock { $0.last.raw }
+        let keepClock = database.clock.withLock { $0.last.raw }
         try db.execute(
             sql: "INSERT INTO meta(key, value) VALUES ('hlc_floor', ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value",
             arguments: [String(keepClock)])
@@ -226,7 +178,7 @@ extension BlazeDatabase {
             let maxEntry = shared ? try Int64.fetchOne(db, sql: "SELECT max(seq) FROM sync_entries WHERE origin = ?", arguments: [o]) : nil
             // Op-log bodies: stable ones, and (shared) those whose entry is held, which is the same change.
             var changesUpTo = min(max(stableSeq, min(maxEntry ?? 0, Int64(held))), Int64(seen[origin]))
-            if shared && origin == node {
+            if shared && origin == database.node {
                 // This device's changes are sealed from their bodies: none goes before its entry exists.
                 let pruned = try Int64.fetchOne(db, sql: "SELECT seq FROM sync_pruned WHERE origin = ?", arguments: [o]) ?? 0
                 changesUpTo = min(changesUpTo, max(maxEntry ?? 0, pruned))
@@ -280,5 +232,25 @@ extension BlazeDatabase {
             report.heads += db.changesCount
         }
         return report
+    }
+}
+
+/// Compaction's owner, and the calls other modules make through the database (forwarded to `Compactor`).
+extension BlazeDatabase {
+    /// The database's compactor.
+    public var compactor: Compactor { Compactor(self) }
+
+    /// Per origin, the last entry pruned here (`Compactor.prunedHeads`).
+    public func prunedHeads() throws -> [NodeID: PrunedHead] { try compactor.prunedHeads() }
+
+    /// The report of the last compaction that removed anything, nil before the first (`Compactor.lastCompaction`).
+    public func lastCompaction() throws -> CompactionReport? { try compactor.lastCompaction() }
+
+    /// Compacts up to `stable` (tombstones up to `tombstonesStable`) in steps of `stepRows` rows (`Compactor.compact`).
+    @discardableResult
+    public func compact(
+        stable: VersionVector, tombstonesStable: VersionVector? = nil, stepRows: Int = 1000, defragment: Bool = false
+    ) throws -> CompactionReport {
+        try compactor.compact(stable: stable, tombstonesStable: tombstonesStable, stepRows: stepRows, defragment: defragment)
     }
 }
