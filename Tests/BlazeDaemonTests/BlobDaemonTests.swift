@@ -164,4 +164,33 @@ import Glibc
         expectRPCError(c, "blob.append", ["db": "default", "upload": upload], code: -32602, kind: "invalid_params")
         expectRPCError(c, "blob.finish", ["db": "default"], code: -32602, kind: "invalid_params")
     }
+
+    @Test func blazectlPutsStatsAndGetsABlob() throws {
+        let d = try DaemonProcess()
+        defer { d.stop() }
+        var env = isolatedEnvironment(config: d.dir.path + "/config")
+        env["BLAZEDB_SOCKET"] = d.socket
+        let file = d.dir.path + "/notes.pdf"
+        let bytes = content(700_000, seed: 9)
+        #expect(FileManager.default.createFile(atPath: file, contents: Data(bytes)))
+        let ctl = buildDirectory + "/blazectl"
+        let put = try run(ctl, ["blob", "put", "default", file, "--type", "application/pdf", "--json"], environment: env)
+        #expect(put.status == 0, "\(put.err)")
+        let result = try JSONParser().parse(put.out)
+        let id = result["blob"]!["id"]!.stringValue!
+        #expect(result["blob"]!["type"] == "application/pdf" && result["blob"]!["size"] == 700_000)
+        let human = try run(ctl, ["blob", "put", "default", file], environment: env)
+        #expect(human.out.hasPrefix("stored \(file) as blob \(id): 683.6 KiB") && human.out.contains("0 B new"), "\(human.out)")
+        #expect(human.out.contains("reference: {\"$blob\":"), "\(human.out)")
+        let stat = try run(ctl, ["blob", "stat", "default", id], environment: env)
+        #expect(stat.out.hasPrefix("blob \(id): 683.6 KiB in ") && stat.out.contains("held here (683.6 KiB)"), "\(stat.out)")
+        let out = d.dir.path + "/back.pdf"
+        let get = try run(ctl, ["blob", "get", "default", id, out], environment: env)
+        #expect(get.status == 0 && get.out == "wrote \(out): 683.6 KiB\n", "\(get.out) \(get.err)")
+        #expect(FileManager.default.contents(atPath: out).map(Array.init) == bytes)
+        let again = try run(ctl, ["blob", "get", "default", id, out], environment: env)
+        #expect(again.status == 1 && again.err.hasPrefix("blazectl: error: ") && again.err.contains("file_exists"), "\(again.err)")
+        let unknown = try run(ctl, ["blob", "stat", "default", "nothex"], environment: env)
+        #expect(unknown.status == 1 && unknown.err.contains("invalid_blob") && unknown.err.split(separator: "\n").count == 1, "\(unknown.err)")
+    }
 }

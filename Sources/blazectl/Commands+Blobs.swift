@@ -1,0 +1,63 @@
+import ArgumentParser
+import BlazeClient
+import BlazeProtocol
+import Foundation
+
+/// `blazectl blob`: files stored in a database (ARCHITECTURE.md, "Blobs").
+struct Blob: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Store files in a database and read them back.",
+        discussion: """
+            A blob is stored once per database however often it is put, and an edited file stores only the chunks \
+            around the edit. Put prints the reference a document holds ({"$blob": ...}).
+            """,
+        subcommands: [Put.self, Get.self, Stat.self])
+
+    struct Put: ParsableCommand {
+        static let configuration = CommandConfiguration(abstract: "Store a file as a blob (the daemon reads it).")
+        @OptionGroup var global: Global
+        @Argument var db: String
+        @Argument(help: "The file to store (relative to the current directory).") var file: String
+        @Option(help: "Media type, e.g. image/jpeg (default application/octet-stream).") var type: String?
+        func run() throws {
+            let source = absolutePath(file)
+            let result = global.withConnection { c in try c.call(RPC.BlobPut(db: db, path: source, type: type)) }
+            global.output(result.json) { _ in
+                print("stored \(file) as blob \(result.blob.id): \(byteCount(Int64(result.blob.size))), \(result.chunks) chunks, \(byteCount(Int64(result.storedBytes))) new")
+                print("reference: \(result.ref.jsonText)")
+            }
+        }
+    }
+
+    struct Get: ParsableCommand {
+        static let configuration = CommandConfiguration(
+            abstract: "Write a blob to a new file.", discussion: "The file appears only when complete and is never overwritten.")
+        @OptionGroup var global: Global
+        @Argument var db: String
+        @Argument(help: "The blob's id.") var blob: String
+        @Argument(help: "The file to create (relative to the current directory).") var path: String
+        func run() throws {
+            let target = absolutePath(path)
+            let result = global.withConnection { c in
+                let size = try c.call(RPC.BlobStat(db: db, blob: blob)).size
+                return try withProgress("writing \(path)", watching: target + ".partial", total: Int64(size)) {
+                    try c.call(RPC.BlobGet(db: db, blob: blob, path: target))
+                }
+            }
+            global.output(result.json) { _ in print("wrote \(path): \(byteCount(Int64(result.bytes)))") }
+        }
+    }
+
+    struct Stat: ParsableCommand {
+        static let configuration = CommandConfiguration(abstract: "Show a blob's size and which of its chunks this device holds.")
+        @OptionGroup var global: Global
+        @Argument var db: String
+        @Argument(help: "The blob's id.") var blob: String
+        func run() throws {
+            let result = global.withConnection { c in try c.call(RPC.BlobStat(db: db, blob: blob)) }
+            global.output(result.json) { _ in
+                print("blob \(result.id): \(byteCount(Int64(result.size))) in \(result.chunks) chunks, \(result.heldChunks) held here (\(byteCount(Int64(result.heldBytes))))")
+            }
+        }
+    }
+}
