@@ -31,6 +31,8 @@ public final class Daemon: Service, Sendable {
     let connections = ConnectionTable()
     /// Runs writes, queries and sync work off the event loops.
     let pool = NIOThreadPool(numberOfThreads: max(2, System.coreCount))
+    /// Runs long transfers (blob puts and gets), two at a time, beside the I/O pool.
+    let transferPool = NIOThreadPool(numberOfThreads: 2)
     /// Sync with other devices.
     public let sync: SyncEngine
     /// Each database's blobs and the uploads in progress.
@@ -69,7 +71,8 @@ public final class Daemon: Service, Sendable {
             sync: sync, blobs: blobs)
         let pool = self.pool
         pool.start()
-        let dispatcher = Dispatcher(context: context, pool: pool)
+        transferPool.start()
+        let dispatcher = Dispatcher(context: context, pool: pool, transferPool: transferPool)
         let limits = config.limits
         let connections = self.connections
         let logger = self.logger
@@ -110,6 +113,7 @@ public final class Daemon: Service, Sendable {
             try? await server.close()
             await sync.shutdown()
             try? await pool.shutdownGracefully()
+            try? await transferPool.shutdownGracefully()
             try? await clientLoops.group.shutdownGracefully()
             if config.inheritedSocket == nil { unlink(config.socketPath) }
             throw error
@@ -149,6 +153,7 @@ public final class Daemon: Service, Sendable {
         _ = await compactor?.result
         await sync.shutdown()
         try? await pool.shutdownGracefully()
+        try? await transferPool.shutdownGracefully()
         try? await clientLoops.group.shutdownGracefully()
         if config.inheritedSocket == nil { unlink(config.socketPath) }  // systemd owns an inherited socket's path
         store.closeAll()

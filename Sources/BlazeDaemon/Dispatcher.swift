@@ -8,8 +8,23 @@ struct Dispatcher: Sendable {
     let context: RequestContext
     /// Where requests that may block (writes, queries) run.
     let pool: NIOThreadPool
+    /// Where long transfers run (`MethodHandler.transfers`); nil: on `pool`.
+    let transferPool: NIOThreadPool?
     /// The handler of every method.
     let methods = MethodTable()
+
+    /// A dispatcher running blocking requests on `pool`, and long transfers on `transferPool` (nil: on `pool`).
+    init(context: RequestContext, pool: NIOThreadPool, transferPool: NIOThreadPool? = nil) {
+        self.context = context
+        self.pool = pool
+        self.transferPool = transferPool
+    }
+
+    /// The pool a line that does not run inline runs on: the transfer pool for one request to a transfer method.
+    func pool(for incoming: RPCIncoming) -> NIOThreadPool {
+        guard let transferPool, case .single(.success(let req)) = incoming, methods[req.method]?.transfers == true else { return pool }
+        return transferPool
+    }
 
     /// Decodes a line (on the event loop; cheap).
     func prepare(line: some Collection<UInt8>) -> RPCIncoming {

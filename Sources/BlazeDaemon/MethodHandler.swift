@@ -10,6 +10,9 @@ struct MethodHandler: Sendable {
     /// to the I/O pool (unbounded) when that budget runs out: an indexed page is answered with no thread hop, a scan
     /// of a large collection does not hold the loop.
     var budgeted = false
+    /// True for methods that move a file's worth of bytes (`blob.put`, `blob.get`): they run on the transfer pool, so
+    /// a few long transfers never hold the I/O pool that writes and queries need.
+    var transfers = false
     /// Validates the params against the method's declaration, runs it and encodes its result.
     let run: @Sendable ([String: JSONValue], RequestContext) throws -> JSONValue
     /// For single-operation writes: validates the params (on the event loop) and queues the write for its database's
@@ -79,6 +82,15 @@ struct MethodHandler: Sendable {
 }
 
 /// The handlers of every method, by wire name.
+extension MethodHandler {
+    /// This handler, run on the transfer pool (`transfers`).
+    func onTransferPool() -> MethodHandler {
+        var copy = self
+        copy.transfers = true
+        return copy
+    }
+}
+
 struct MethodTable: Sendable {
     private let handlers: [String: MethodHandler]
 

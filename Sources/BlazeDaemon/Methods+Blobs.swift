@@ -14,7 +14,7 @@ extension Methods {
         let put = try ctx.blobs.put(db: db, keys: try ctx.sync.blobKeys(db: db), path: p.path, type: p.type)
         ctx.logger.info("Blob put", metadata: ["db": "\(db.name)", "blob": "\(put.id)", "bytes": "\(put.size)", "stored": "\(put.storedBytes)"])
         return putResult(put)
-    }
+    }.onTransferPool()
 
     static let blobUpload = MethodHandler(RPC.BlobUpload.self) { p, ctx in
         let db = try ctx.writableDatabase(p.db)
@@ -57,7 +57,7 @@ extension Methods {
         let (_, manifest, reader) = try ctx.blobs.manifest(db: db, blob: p.blob)
         try writeNewFile(p.path) { fd in try reader.copy(manifest, to: fd) }
         return .init(path: p.path, bytes: manifest.size)
-    }
+    }.onTransferPool()
 
     static let blobStat = MethodHandler(RPC.BlobStat.self) { p, ctx in
         let db = try ctx.database(p.db)

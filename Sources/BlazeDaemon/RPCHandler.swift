@@ -186,7 +186,7 @@ final class RPCHandler: ChannelDuplexHandler {
                 let loopBound = NIOLoopBound((self, context), eventLoop: context.eventLoop)
                 let connection = self.connection
                 let dispatcher = self.dispatcher
-                dispatcher.pool.runIfActive(eventLoop: context.eventLoop) {
+                dispatcher.pool(for: prepared).runIfActive(eventLoop: context.eventLoop) {
                     dispatcher.execute(prepared, connection: connection)
                 }.whenComplete { result in
                     let (handler, context) = loopBound.value

@@ -1,6 +1,7 @@
 import BlazeClient
 import BlazeProtocol
 import Foundation
+import Synchronization
 import Testing
 
 #if canImport(Glibc)
@@ -192,5 +193,56 @@ import Glibc
         #expect(again.status == 1 && again.err.hasPrefix("blazectl: error: ") && again.err.contains("file_exists"), "\(again.err)")
         let unknown = try run(ctl, ["blob", "stat", "default", "nothex"], environment: env)
         #expect(unknown.status == 1 && unknown.err.contains("invalid_blob") && unknown.err.split(separator: "\n").count == 1, "\(unknown.err)")
+    }
+
+    @Test func writesAndQueriesAreAnsweredWhileTwoLongPutsRun() throws {
+        let d = try DaemonProcess()
+        defer { d.stop() }
+        // Two files of 192 MiB of random bytes: each put takes seconds in a debug build (chunking and naming every
+        // byte, a synced file per chunk), far longer than a write.
+        var files: [String] = []
+        for k in 0..<2 {
+            let file = d.dir.path + "/big-\(k)"
+            let r = try run("/bin/sh", ["-c", "head -c 201326592 /dev/urandom > '\(file)'"])
+            #expect(r.status == 0, "\(r.err)")
+            files.append(file)
+        }
+        let done = Mutex<[Bool]>([false, false])
+        let failures = Mutex<[String]>([])
+        let group = DispatchGroup()
+        for (k, file) in files.enumerated() {
+            // Used by its thread alone from here on.
+            nonisolated(unsafe) let c = try d.connect()
+            group.enter()
+            Thread {
+                defer { group.leave() }
+                do {
+                    _ = try c.call("blob.put", ["db": "default", "path": .string(file)])
+                } catch {
+                    failures.withLock { $0.append("\(error)") }
+                }
+                done.withLock { $0[k] = true }
+            }.start()
+        }
+        // Once both puts are storing chunks (their first chunk files appear), a write and a query are answered
+        // before either put ends: the puts hold the transfer pool, not the I/O pool.
+        let chunks = d.dataDir + "/databases/default.blobs"
+        let deadline = Date().addingTimeInterval(120)
+        func chunkFiles() -> Int {
+            ((try? FileManager.default.contentsOfDirectory(atPath: chunks)) ?? []).reduce(0) { n, shard in
+                n + ((try? FileManager.default.contentsOfDirectory(atPath: chunks + "/" + shard))?.count ?? 0)
+            }
+        }
+        while chunkFiles() < 4 && Date() < deadline && !done.withLock({ $0.contains(true) }) { usleep(2000) }
+        let c = try d.connect()
+        // tx.commit and db.info run on the I/O pool (a single-document write may commit on the event loop).
+        for i in 0..<20 {
+            _ = try c.call("tx.commit", ["db": "default", "ops": [["op": "insert", "collection": "c", "doc": ["_id": .string("d\(i)"), "n": .int(Int64(i))]]]])
+        }
+        #expect(try c.call("db.info", ["db": "default"])["documents"] == 20)
+        let answeredDuringPuts = done.withLock { !$0.contains(true) }
+        group.wait()
+        #expect(failures.withLock { $0 }.isEmpty)
+        #expect(answeredDuringPuts, "the writes waited for a put to end")
     }
 }
