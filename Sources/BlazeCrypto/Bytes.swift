@@ -1,3 +1,5 @@
+import BlazeProtocol
+
 /// Big-endian writing helpers for the binary sync formats.
 extension Array where Element == UInt8 {
     /// Appends `value` as 8 big-endian bytes.
@@ -74,6 +76,12 @@ public struct ByteReader {
         }
         return nil
     }
+
+    /// The next 16 bytes as a space id, or nil when fewer remain.
+    public mutating func readSpaceID() -> SpaceID? { read(SpaceID.size).map { SpaceID(computed: Array($0)) } }
+
+    /// The next 32 bytes as a hash, or nil when fewer remain.
+    public mutating func readEntryHash() -> EntryHash? { read(EntryHash.size).map { EntryHash(computed: Array($0)) } }
 
     /// A single byte, or nil at the end.
     public mutating func readUInt8() -> UInt8? { read(1)?.first }

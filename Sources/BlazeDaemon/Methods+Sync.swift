@@ -107,7 +107,7 @@ extension Methods {
     static let dbRelayCapability = MethodHandler(RPC.DbRelayCapability.self) { p, ctx in
         let db = try ctx.database(p.db)
         let capability = try ctx.sync.relayCapability(db: db)
-        return .init(db: db.name, space: hexString(capability.space), capability: capability.text)
+        return .init(db: db.name, space: capability.space.hex, capability: capability.text)
     }
 
     static let peerAdd = MethodHandler(RPC.PeerAdd.self) { p, ctx in

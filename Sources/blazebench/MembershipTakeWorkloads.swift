@@ -1,4 +1,5 @@
 import BlazeCrypto
+import BlazeProtocol
 import Foundation
 
 /// M3: what a member spends to take in one new operation on top of a log of `n` it holds (SYNC.md §9): keep it
@@ -74,7 +75,7 @@ extension MembershipWorkloads {
     /// What a member does with operations that arrive (`SharedSpace.merge`): keeps what the log keeps, with the log
     /// resolved once, and opens the envelopes it did not open before; returns how many keys it holds.
     static func takeIn(
-        _ incoming: [MembershipOp], held: inout [MembershipOp], state: inout MembershipState, space: [UInt8], member: DeviceIdentity,
+        _ incoming: [MembershipOp], held: inout [MembershipOp], state: inout MembershipState, space: SpaceID, member: DeviceIdentity,
         opened: inout [KeyEnvelope: [UInt8]]
     ) -> Int {
         let (kept, resolved, _) = MembershipLog.taken(incoming, held: held, space: space, resolvedHeld: state)

@@ -200,7 +200,7 @@ import Testing
         var rng = SeededRandom(seed: testSeed("membership choice"))
         for _ in 0..<20 {
             let devices = (0..<6).map { _ in DeviceIdentity() }
-            let salt = Array(SpaceKey.generate().id)
+            let salt = SpaceKey.generate().id.bytes
             let space = MembershipOp.spaceID(creator: devices[0].publicKeys, salt: salt)
             var all = [try MembershipOp(space: space, author: devices[0], timeMs: 1, parents: [], action: .create(salt: salt))]
             for step in 0..<40 {

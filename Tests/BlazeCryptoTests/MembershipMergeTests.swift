@@ -123,11 +123,11 @@ import Testing
         let members = s.members.sorted { $0.key < $1.key }.map {
             "\($0.key) \($0.value.role) \($0.value.seniority) \($0.value.removal.map { "\(hexString($0.by)) \($0.cutoff)" } ?? "-")"
         }
-        let keys = { (k: [EpochKeyID]) in k.map { "\($0.epoch):\(hexString($0.op))" } }
+        let keys = { (k: [EpochKeyID]) in k.map { "\($0.epoch):\($0.op.hex)" } }
         return [
-            members.joined(separator: ","), s.applied.map(hexString).joined(separator: ","), s.order.map(hexString).joined(separator: ","),
-            s.void.keys.map(hexString).sorted().joined(separator: ","), s.waiting.map(hexString).sorted().joined(separator: ","),
-            s.heads.map(hexString).joined(separator: ","), keys(s.epochKeys).joined(separator: ","), keys(s.frontier).joined(separator: ","),
+            members.joined(separator: ","), s.applied.map(\.hex).joined(separator: ","), s.order.map(\.hex).joined(separator: ","),
+            s.void.keys.map(\.hex).sorted().joined(separator: ","), s.waiting.map(\.hex).sorted().joined(separator: ","),
+            s.heads.map(\.hex).joined(separator: ","), keys(s.epochKeys).joined(separator: ","), keys(s.frontier).joined(separator: ","),
             s.combinations.map { keys($0).joined(separator: "+") }.joined(separator: ","), "\(s.currentEpoch)",
         ].joined(separator: "\n")
     }
