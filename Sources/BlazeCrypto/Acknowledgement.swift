@@ -95,7 +95,7 @@ public struct Acknowledgement: Sendable, Equatable {
         if r.remaining > 64 {
             guard let m = r.readUInt16(), m >= 1, Int(m) <= Self.maxLacking, Int(m) * 36 + 64 == r.remaining else { throw .malformed }
             for _ in 0..<m {
-                guard let epoch = r.readUInt32(), let op = r.readEntryHash() else { throw .malformed }
+                guard let epoch = r.readEpoch(), let op = r.readEntryHash() else { throw .malformed }
                 let k = EpochKeyID(epoch: epoch, op: op)
                 guard lacking.last.map({ Self.precedes($0, k) }) ?? true else { throw .malformed }
                 lacking.append(k)

@@ -27,7 +27,7 @@ public struct EntryHeader: Sendable, Equatable {
     /// SHA-256 of the origin's previous entry; 32 zero bytes for seq 1.
     public var prev: [UInt8]
     /// Key epoch the entry is sealed with.
-    public var epoch: UInt32
+    public var epoch: Epoch
     /// AEAD nonce (random).
     public var nonce: [UInt8]
 
@@ -48,7 +48,7 @@ public struct EntryHeader: Sendable, Equatable {
     public init(decoding bytes: ArraySlice<UInt8>) throws(SyncRejection) {
         var r = ByteReader(bytes)
         guard let version = r.readUInt8(), Self.versions.contains(version), let space = r.readSpaceID(), let origin = r.read(16),
-            let seq = r.readUInt64(), SyncBounds.isValidSeq(seq), let prev = r.read(32), let epoch = r.readUInt32(),
+            let seq = r.readUInt64(), SyncBounds.isValidSeq(seq), let prev = r.read(32), let epoch = r.readEpoch(),
             let nonce = r.read(12)
         else { throw .malformed }
         self.init(
@@ -58,7 +58,7 @@ public struct EntryHeader: Sendable, Equatable {
 
     /// Creates a header (of the current version unless told).
     public init(
-        version: UInt8 = EntryHeader.version, space: SpaceID, origin: [UInt8], seq: UInt64, prev: [UInt8], epoch: UInt32,
+        version: UInt8 = EntryHeader.version, space: SpaceID, origin: [UInt8], seq: UInt64, prev: [UInt8], epoch: Epoch,
         nonce: [UInt8]
     ) {
         self.version = version
@@ -214,7 +214,7 @@ public enum EntryRun {
             else { throw .malformed }
             out.append(e.header.version)
             out += e.header.nonce
-            out.appendVarint(UInt64(e.header.epoch))
+            out.appendVarint(UInt64(e.header.epoch.value))
             out.appendVarint(UInt64(e.bytes.count - EntryHeader.size))
             out += e.sealedPart
             prev = e.hash
@@ -238,7 +238,7 @@ public enum EntryRun {
             else { throw .malformed }
             let header = EntryHeader(
                 version: version, space: space, origin: Array(origin), seq: firstSeq + UInt64(i), prev: prev,
-                epoch: UInt32(epoch), nonce: Array(nonce))
+                epoch: Epoch(UInt32(epoch)), nonce: Array(nonce))
             let bytes = header.bytes + sealed
             let entry = SealedEntry(bytes: bytes, header: header, hash: Array(SHA256.hash(data: bytes)))
             prev = entry.hash

@@ -4,12 +4,12 @@ import Crypto
 /// A key of one epoch, named by the operation that created it (the log's `create` for epoch 1, else a `remove`).
 public struct EpochKeyID: Sendable, Hashable {
     /// The epoch number entries carry in their header.
-    public let epoch: UInt32
+    public let epoch: Epoch
     /// Hash of the operation that created the key.
     public let op: EntryHash
 
     /// The key of `epoch` that the operation hashed `op` created.
-    public init(epoch: UInt32, op: EntryHash) {
+    public init(epoch: Epoch, op: EntryHash) {
         self.epoch = epoch
         self.op = op
     }
@@ -106,11 +106,11 @@ public struct MembershipState: Sendable {
 
     /// The epoch new entries are sealed with: the single latest key's, or one past the latest when concurrent
     /// rotations are combined.
-    public var currentEpoch: UInt32 { Self.epoch(of: frontier) }
+    public var currentEpoch: Epoch { Self.epoch(of: frontier) }
 
     /// The epoch a set of latest keys seals under: the key's own, or one past the highest when they are combined.
-    static func epoch(of keys: [EpochKeyID]) -> UInt32 {
-        keys.count == 1 ? keys[0].epoch : (keys.map(\.epoch).max() ?? 0) + 1
+    static func epoch(of keys: [EpochKeyID]) -> Epoch {
+        keys.count == 1 ? keys[0].epoch : (keys.map(\.epoch).max() ?? 0).next
     }
 
     /// The current members (not removed).
@@ -299,7 +299,7 @@ public struct MembershipState: Sendable {
             let target = hexString(device)
             guard var removed = members[target] else { return "device is not a member" }
             let known = Array(knownKeys)
-            guard epoch == Self.epoch(of: known) + 1 else { return "epoch is not one past the author's latest" }
+            guard epoch == Self.epoch(of: known).next else { return "epoch is not one past the author's latest" }
             guard op.version == 2 || !commitsKeys else { return "a rotation without its key's commitment" }
             if let head = op.cutoffHead, head.publicKey != removed.keys.signing { return "a cutoff its device never signed" }
             if let c = op.commitment { commitments[EpochKeyID(epoch: epoch, op: op.hash)] = c }

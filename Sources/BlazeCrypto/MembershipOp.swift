@@ -43,7 +43,7 @@ public struct KeyEnvelope: Sendable, Hashable {
     /// Node id of the member who can open it.
     public let recipient: [UInt8]
     /// The epoch the key seals entries of.
-    public let epoch: UInt32
+    public let epoch: Epoch
     /// Hash of the operation that created the key; all zeros for the operation carrying the envelope.
     public let keyOp: EntryHash
     /// HPKE encapsulated key (32 bytes).
@@ -59,13 +59,13 @@ public struct KeyEnvelope: Sendable, Hashable {
     /// What a version-2 `create` or `remove` publishes of the epoch key it makes (SYNC.md §9, "Logs that commit"):
     /// HMAC-SHA256 keyed with the key over a label, the space and the epoch. It shows nothing of the key, and a
     /// member takes from an envelope only the key it commits to, so an admin cannot hand chosen members another key.
-    public static func commitment(secret: [UInt8], space: SpaceID, epoch: UInt32) -> [UInt8] {
+    public static func commitment(secret: [UInt8], space: SpaceID, epoch: Epoch) -> [UInt8] {
         var m = Array("blazedb epoch key commitment v1".utf8) + space.bytes
         m.appendBE(epoch)
         return Array(HMAC<SHA256>.authenticationCode(for: m, using: SymmetricKey(data: secret)))
     }
 
-    static func info(space: SpaceID, recipient: [UInt8], epoch: UInt32, keyOp: EntryHash) -> Data {
+    static func info(space: SpaceID, recipient: [UInt8], epoch: Epoch, keyOp: EntryHash) -> Data {
         var info = Array("blazedb epoch key v1".utf8) + space.bytes + recipient
         info.appendBE(epoch)
         return Data(info + keyOp.bytes)
@@ -73,7 +73,7 @@ public struct KeyEnvelope: Sendable, Hashable {
 
     /// Seals `secret` (the key of `epoch` created by `keyOp`) to `recipient`.
     public init(
-        sealing secret: [UInt8], space: SpaceID, epoch: UInt32, keyOp: EntryHash, to recipient: DevicePublicKeys
+        sealing secret: [UInt8], space: SpaceID, epoch: Epoch, keyOp: EntryHash, to recipient: DevicePublicKeys
     ) throws {
         let key = try Curve25519.KeyAgreement.PublicKey(rawRepresentation: recipient.agreement)
         var sender = try HPKE.Sender(
@@ -86,7 +86,7 @@ public struct KeyEnvelope: Sendable, Hashable {
         self.ciphertext = Array(try sender.seal(secret))
     }
 
-    init(recipient: [UInt8], epoch: UInt32, keyOp: EntryHash, encapsulated: [UInt8], ciphertext: [UInt8]) {
+    init(recipient: [UInt8], epoch: Epoch, keyOp: EntryHash, encapsulated: [UInt8], ciphertext: [UInt8]) {
         self.recipient = recipient
         self.epoch = epoch
         self.keyOp = keyOp
@@ -132,7 +132,7 @@ public struct MembershipOp: Sendable, Hashable {
         /// Adds `device` with `role`.
         case add(device: DevicePublicKeys, role: MemberRole)
         /// Removes the device with node id `device`, accepting its entries up to `cutoff`, and starts `epoch`.
-        case remove(device: [UInt8], cutoff: UInt64, epoch: UInt32)
+        case remove(device: [UInt8], cutoff: UInt64, epoch: Epoch)
         /// Only delivers keys (its envelopes).
         case grant
     }
@@ -267,7 +267,7 @@ public struct MembershipOp: Sendable, Hashable {
             else { throw bad }
             action = .add(device: device, role: role)
         case 3:
-            guard let device = r.read(16), let cutoff = r.readUInt64(), let epoch = r.readUInt32(), epoch >= 2 else { throw bad }
+            guard let device = r.read(16), let cutoff = r.readUInt64(), let epoch = r.readEpoch(), epoch >= 2 else { throw bad }
             action = .remove(device: Array(device), cutoff: cutoff, epoch: epoch)
         case 4:
             action = .grant
@@ -296,7 +296,7 @@ public struct MembershipOp: Sendable, Hashable {
         var envelopes: [KeyEnvelope] = []
         envelopes.reserveCapacity(Int(count))
         for _ in 0..<count {
-            let recipient = Array(r.read(16)!), epoch = r.readUInt32()!, keyOp = r.readEntryHash()!
+            let recipient = Array(r.read(16)!), epoch = r.readEpoch()!, keyOp = r.readEntryHash()!
             let encapsulated = Array(r.read(32)!), ciphertext = Array(r.read(48)!)
             guard epoch >= 1 else { throw bad }
             envelopes.append(

@@ -62,7 +62,7 @@ extension MembershipState {
     }
 
     /// Every (epoch, secret) that opens entries, from `keys`: each key, and each combination whose parts are all held.
-    public func ring(_ keys: [EpochKeyID: [UInt8]]) -> [(epoch: UInt32, secret: [UInt8])] {
+    public func ring(_ keys: [EpochKeyID: [UInt8]]) -> [(epoch: Epoch, secret: [UInt8])] {
         var out = keys.sorted { $0.key.op < $1.key.op }.map { ($0.key.epoch, $0.value) }
         for set in combinations {
             if let secret = combined(set, keys) { out.append((Self.epoch(of: set), secret)) }

@@ -61,7 +61,7 @@ public struct SnapshotPart: Sendable, Equatable {
     public func open(with key: SpaceKey) throws(SyncRejection) -> [UInt8] {
         var r = ByteReader(bytes[...])
         _ = r.read(36)
-        guard let epoch = r.readUInt32(), let nonceBytes = r.read(12), let nonce = try? ChaChaPoly.Nonce(data: nonceBytes) else {
+        guard let epoch = r.readEpoch(), let nonceBytes = r.read(12), let nonce = try? ChaChaPoly.Nonce(data: nonceBytes) else {
             throw .malformed
         }
         let n = Self.headerSize

@@ -20,16 +20,16 @@ public struct SpaceKey: Sendable, Equatable {
     public let id: SpaceID
     /// The epoch new entries are sealed with; 0 when this device holds no key to seal with (a relay, or a joiner
     /// not admitted yet).
-    public let epoch: UInt32
+    public let epoch: Epoch
     /// The 32-byte secret of each epoch as a legacy token or the keystore carries it (one per epoch).
-    public let secrets: [UInt32: [UInt8]]
+    public let secrets: [Epoch: [UInt8]]
     /// The derived entry keys of each epoch, computed once (HKDF costs more than an AEAD opening of a small entry).
-    private let entryKeys: [UInt32: [[UInt8]]]
+    private let entryKeys: [Epoch: [[UInt8]]]
     /// The entry key new entries are sealed with.
     private let sealingKey: [UInt8]?
     private let authKeyBytes: [UInt8]
 
-    static func derive(_ label: String, id: SpaceID, epoch: UInt32, _ secret: [UInt8]) -> [UInt8] {
+    static func derive(_ label: String, id: SpaceID, epoch: Epoch, _ secret: [UInt8]) -> [UInt8] {
         var info = Array(label.utf8)
         info.appendBE(epoch)
         return HKDF<SHA256>.deriveKey(inputKeyMaterial: SymmetricKey(data: secret), salt: id.bytes, info: info, outputByteCount: 32)
@@ -43,7 +43,7 @@ public struct SpaceKey: Sendable, Equatable {
 
     /// Creates a space key from parts (a legacy token or the keystore); the current epoch's secret must be present.
     /// The capability comes from the epoch-1 secret when held, else from the current one (as legacy versions did).
-    public init(id: SpaceID, epoch: UInt32, secrets: [UInt32: [UInt8]]) throws(KeystoreError) {
+    public init(id: SpaceID, epoch: Epoch, secrets: [Epoch: [UInt8]]) throws(KeystoreError) {
         guard let current = secrets[epoch], current.count == 32, secrets.values.allSatisfy({ $0.count == 32 })
         else { throw KeystoreError(description: "malformed space key") }
         self.id = id
@@ -58,15 +58,15 @@ public struct SpaceKey: Sendable, Equatable {
     /// A key of a space with a membership log: `capability` for the handshake, every epoch key held (`ring`, possibly
     /// several per epoch), and the secret new entries are sealed with at `epoch` (nil: this device cannot seal).
     public init(
-        id: SpaceID, capability: [UInt8], epoch: UInt32, current: [UInt8]?, ring: [(epoch: UInt32, secret: [UInt8])]
+        id: SpaceID, capability: [UInt8], epoch: Epoch, current: [UInt8]?, ring: [(epoch: Epoch, secret: [UInt8])]
     ) throws(KeystoreError) {
         guard capability.count == 32, current.map({ $0.count == 32 }) ?? true,
             ring.allSatisfy({ $0.secret.count == 32 })
         else { throw KeystoreError(description: "malformed space key") }
         self.id = id
         self.authKeyBytes = capability
-        var keys: [UInt32: [[UInt8]]] = [:]
-        var secrets: [UInt32: [UInt8]] = [:]
+        var keys: [Epoch: [[UInt8]]] = [:]
+        var secrets: [Epoch: [UInt8]] = [:]
         for (e, secret) in ring {
             let k = Self.derive("blazedb entry key v1", id: id, epoch: e, secret)
             if !(keys[e]?.contains(k) ?? false) { keys[e, default: []].append(k) }
@@ -126,7 +126,7 @@ public struct SpaceKey: Sendable, Equatable {
     public var idHex: String { id.hex }
 
     /// The AEAD keys held for entries of `epoch` (several after concurrent rotations), empty for an unknown epoch.
-    public func entryKeys(epoch: UInt32) -> [SymmetricKey] {
+    public func entryKeys(epoch: Epoch) -> [SymmetricKey] {
         (entryKeys[epoch] ?? []).map { SymmetricKey(data: $0) }
     }
 
@@ -161,7 +161,7 @@ public struct SpaceKey: Sendable, Equatable {
         }
         var r = ByteReader(data[...])
         let id = SpaceID(computed: Array(r.read(16)!))
-        let epoch = r.readUInt32()!
+        let epoch = r.readEpoch()!
         try self.init(id: id, epoch: epoch, secrets: [epoch: Array(r.rest())])
     }
 
@@ -169,8 +169,8 @@ public struct SpaceKey: Sendable, Equatable {
 
     /// Stores the key as `<directory>/<space id>.json` (directory 0700, file 0600, written atomically).
     public func save(directory: String) throws {
-        let secrets = self.secrets.keys.sorted().map { "\"\($0)\":\"\(Data(self.secrets[$0]!).base64EncodedString())\"" }
-        let json = "{\"id\":\"\(idHex)\",\"epoch\":\(epoch),\"secrets\":{\(secrets.joined(separator: ","))}}"
+        let secrets = self.secrets.keys.sorted().map { "\"\($0.value)\":\"\(Data(self.secrets[$0]!).base64EncodedString())\"" }
+        let json = "{\"id\":\"\(idHex)\",\"epoch\":\(epoch.value),\"secrets\":{\(secrets.joined(separator: ","))}}"
         try KeyFile.write(json, to: directory + "/\(idHex).json")
     }
 
@@ -179,11 +179,11 @@ public struct SpaceKey: Sendable, Equatable {
         let path = directory + "/\(idHex).json"
         guard let text = try KeyFile.read(path) else { return nil }
         guard case .object(let o) = try JSONParser().parse(text), case .string(let hex)? = o["id"], let id = SpaceID(hex: hex),
-            case .int(let epoch)? = o["epoch"], let epoch32 = UInt32(exactly: epoch), case .object(let s)? = o["secrets"]
+            case .int(let epoch)? = o["epoch"], let epoch32 = UInt32(exactly: epoch).map({ Epoch($0) }), case .object(let s)? = o["secrets"]
         else { throw KeystoreError(description: "\(path) is not a BlazeDB space key") }
-        var secrets: [UInt32: [UInt8]] = [:]
+        var secrets: [Epoch: [UInt8]] = [:]
         for (k, v) in s {
-            guard let e = UInt32(k), case .string(let b64) = v, let bytes = Data(base64Encoded: b64) else {
+            guard let e = UInt32(k).map({ Epoch($0) }), case .string(let b64) = v, let bytes = Data(base64Encoded: b64) else {
                 throw KeystoreError(description: "\(path) is not a BlazeDB space key")
             }
             secrets[e] = Array(bytes)

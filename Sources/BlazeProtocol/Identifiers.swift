@@ -80,3 +80,26 @@ public struct EntryHash: Hashable, Comparable, Sendable, CustomStringConvertible
     /// Orders by bytes.
     public static func < (a: EntryHash, b: EntryHash) -> Bool { a.bytes.lexicographicallyPrecedes(b.bytes) }
 }
+
+/// A key epoch: the number an entry's header carries (4 bytes, big-endian) to name the keys it is sealed with. 1 is a
+/// space's first key; each revocation starts the next, and concurrent rotations are combined one past the highest.
+/// Every 32-bit value is a well-formed epoch (whether a log reaches it is decided where it is resolved).
+public struct Epoch: Hashable, Comparable, Sendable, CustomStringConvertible, ExpressibleByIntegerLiteral {
+    /// The number.
+    public let value: UInt32
+
+    /// The epoch numbered `value`.
+    public init(_ value: UInt32) { self.value = value }
+
+    /// The epoch numbered by a literal.
+    public init(integerLiteral value: UInt32) { self.value = value }
+
+    /// The epoch after this one (traps past `UInt32.max`, as the counting it replaces did).
+    public var next: Epoch { Epoch(value + 1) }
+
+    /// The number in decimal.
+    public var description: String { String(value) }
+
+    /// Orders by number.
+    public static func < (a: Epoch, b: Epoch) -> Bool { a.value < b.value }
+}

@@ -54,7 +54,7 @@ extension SyncEngine {
         }
     }
 
-    private static func sealing(_ recipient: [UInt8], _ epoch: UInt32, _ keyOp: EntryHash) -> [UInt8] {
+    private static func sealing(_ recipient: [UInt8], _ epoch: Epoch, _ keyOp: EntryHash) -> [UInt8] {
         var out = recipient
         out.appendBE(epoch)
         return out + keyOp.bytes

@@ -315,7 +315,7 @@ extension SyncEngine {
     /// epoch. In a log that commits to its keys, the operation carries the new key's commitment, and the cutoff is the
     /// latest head of the device held here, which the operation carries (so no admin can set a cutoff past what the
     /// device signed).
-    public func revoke(db: BlazeDatabase, device: String) throws -> UInt32 {
+    public func revoke(db: BlazeDatabase, device: String) throws -> Epoch {
         let (space, _, membership) = try membershipSpace(db)
         try requireAdmin(membership, db: db)
         guard let node = hexBytes(device), node.count == 16, let target = membership.member(node) else {
@@ -329,7 +329,7 @@ extension SyncEngine {
         }
         let head = membership.commitsKeys ? try db.latestHeadBytes(origin: NodeID(bytes: node)).map { try SignedHead(bytes: $0[...]) } : nil
         let cutoff = membership.commitsKeys ? head?.seq ?? 0 : try db.syncVector()[NodeID(bytes: node)] ?? 0
-        let epoch = membership.currentEpoch + 1
+        let epoch = membership.currentEpoch.next
         let secret = SpaceKey.randomSecret()
         let envelopes = try membership.current.filter { $0.keys != target.keys }.map {
             try KeyEnvelope(sealing: secret, space: space.id, epoch: epoch, keyOp: KeyEnvelope.thisOp, to: $0.keys)

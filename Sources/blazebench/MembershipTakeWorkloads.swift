@@ -12,7 +12,7 @@ extension MembershipWorkloads {
             let admin = DeviceIdentity(), member = DeviceIdentity()
             let salt = SpaceKey.randomBytes(16)
             let space = MembershipOp.spaceID(creator: admin.publicKeys, salt: salt)
-            func seal(_ secret: [UInt8], epoch: UInt32, to: [DeviceIdentity]) throws -> [KeyEnvelope] {
+            func seal(_ secret: [UInt8], epoch: Epoch, to: [DeviceIdentity]) throws -> [KeyEnvelope] {
                 try to.map { try KeyEnvelope(sealing: secret, space: space, epoch: epoch, keyOp: KeyEnvelope.thisOp, to: $0.publicKeys) }
             }
             let genesis = SpaceKey.randomSecret()
@@ -21,14 +21,14 @@ extension MembershipWorkloads {
             ops.append(try MembershipOp(space: space, author: admin, timeMs: 2, parents: [ops[0].hash],
                 action: .add(device: member.publicKeys, role: .writer),
                 envelopes: [try KeyEnvelope(sealing: genesis, space: space, epoch: 1, keyOp: ops[0].hash, to: member.publicKeys)]))
-            var epoch: UInt32 = 1
+            var epoch: Epoch = 1
             var passing: DeviceIdentity?
             while ops.count < n {
                 let time = UInt64(ops.count + 1)
                 let action: MembershipOp.Action
                 var envelopes: [KeyEnvelope] = []
                 if let device = passing {
-                    epoch += 1
+                    epoch = epoch.next
                     action = .remove(device: device.nodeID, cutoff: 0, epoch: epoch)
                     envelopes = try seal(SpaceKey.randomSecret(), epoch: epoch, to: [admin, member])
                     passing = nil
@@ -57,7 +57,7 @@ extension MembershipWorkloads {
                 samples.append(
                     try seconds {
                         let keys = takeIn([op], held: &held, state: &state, space: space, member: member, opened: &opened)
-                        guard keys == Int(epoch), state.applied.count == n + i + 1 else { throw MembershipBenchFailure() }
+                        guard keys == Int(epoch.value), state.applied.count == n + i + 1 else { throw MembershipBenchFailure() }
                     } * 1000)
             }
             results.append(

@@ -140,7 +140,7 @@ import Testing
         #expect(throws: SyncRejection.self) { try Acknowledgement(bytes: flipped) }
         #expect(throws: SyncRejection.self) { try Acknowledgement(bytes: Array(ack.bytes.prefix(plain.bytes.count - 64)) + ack.bytes.suffix(64)) }
         // At most `maxLacking` keys are named.
-        let many = (0..<100).map { EpochKeyID(epoch: UInt32($0), op: EntryHash(bytes: SpaceKey.randomBytes(32))!) }
+        let many = (0..<100).map { EpochKeyID(epoch: Epoch(UInt32($0)), op: EntryHash(bytes: SpaceKey.randomBytes(32))!) }
         let capped = Acknowledgement(space: space, vector: [:], issuedMs: 1, identity: member, lacking: many)
         // The newest of them: the current epoch's key is never pushed out by older ones sealed wrong.
         let kept = try Acknowledgement(bytes: capped.bytes).lacking

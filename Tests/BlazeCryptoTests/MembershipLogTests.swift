@@ -213,7 +213,7 @@ import Testing
                 if view.member(target.nodeID) == nil {
                     action = .add(device: target.publicKeys, role: MemberRole.allCases.randomElement(using: &rng)!)
                 } else if view.member(target.nodeID)?.isCurrent == true, Bool.random(using: &rng) {
-                    let epoch = view.currentEpoch + 1
+                    let epoch = view.currentEpoch.next
                     action = .remove(device: target.nodeID, cutoff: UInt64(step), epoch: epoch)
                     envelopes = try view.current.filter { $0.keys != target.publicKeys }.map {
                         try KeyEnvelope(sealing: randomSecret(), space: space, epoch: epoch, keyOp: KeyEnvelope.thisOp, to: $0.keys)

@@ -25,7 +25,7 @@ import Testing
         try log.add(a, .add(device: w.publicKeys, role: .writer))
         try log.add(a, .add(device: r.publicKeys, role: .reader))
         var devices = [a, b, w, r, stranger]
-        var epoch: UInt32 = 1
+        var epoch: Epoch = 1
         for _ in 0..<60 {
             let author = devices[Int(rng.next() % UInt64(devices.count))]
             // Parents: the heads, or one to three random operations (a concurrent branch).
@@ -36,7 +36,7 @@ import Testing
                 devices.append(device)
                 try log.add(author, .add(device: device.publicKeys, role: [.admin, .writer, .reader][Int(rng.next() % 3)]), parents: parents)
             case 2, 3:
-                epoch += 1
+                epoch = epoch.next
                 let target = devices[Int(rng.next() % UInt64(devices.count))]
                 let (remove, envelopes) = try log.removal(author, removing: target, epoch: epoch, to: [a, b, w, r], secret: randomSecret())
                 try log.add(author, remove, parents: parents, envelopes: envelopes)
@@ -98,7 +98,7 @@ import Testing
                 case 2, 3:
                     let target = devices[Int(rng.next() % UInt64(devices.count))]
                     let (remove, envelopes) = try log.removal(
-                        author, removing: target, epoch: state.currentEpoch + 1, to: [a, b, w, r], secret: randomSecret())
+                        author, removing: target, epoch: state.currentEpoch.next, to: [a, b, w, r], secret: randomSecret())
                     op = try log.add(author, remove, parents: parents, envelopes: envelopes)
                 default:
                     op = try log.add(author, .grant, parents: parents)

@@ -31,7 +31,7 @@ struct LogBuilder {
 
     /// A removal of `device` by `author` starting the next epoch, its fresh key sealed to `to`.
     func removal(
-        _ author: DeviceIdentity, removing device: DeviceIdentity, epoch: UInt32, to: [DeviceIdentity], secret: [UInt8]
+        _ author: DeviceIdentity, removing device: DeviceIdentity, epoch: Epoch, to: [DeviceIdentity], secret: [UInt8]
     ) throws -> (MembershipOp.Action, [KeyEnvelope]) {
         let envelopes = try to.map {
             try KeyEnvelope(sealing: secret, space: space, epoch: epoch, keyOp: KeyEnvelope.thisOp, to: $0.publicKeys)
@@ -244,7 +244,7 @@ func randomSecret() -> [UInt8] { SymmetricKey(size: .bits256).withUnsafeBytes { 
                     let role = i == 0 && target == 1 ? .admin : MemberRole.allCases.randomElement(using: &rng)!
                     action = .add(device: devices[target].publicKeys, role: role)
                 } else if view.member(devices[target].nodeID)?.isCurrent == true {
-                    let epoch = view.currentEpoch + 1
+                    let epoch = view.currentEpoch.next
                     action = .remove(device: devices[target].nodeID, cutoff: UInt64(step), epoch: epoch)
                     let secret = randomSecret()
                     for m in view.current where m.keys != devices[target].publicKeys {

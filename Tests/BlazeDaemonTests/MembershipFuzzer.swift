@@ -62,7 +62,7 @@ struct MembershipFuzzer {
     /// Encoded envelopes of random bytes (epochs of at least 1): the bulk of the largest operations, taken in runs.
     private let envelopePool: [UInt8]
     /// Envelopes sealed so far, by space, recipient, key operation and epoch; the fuzzer's secret of each epoch.
-    private var envelopeCache: [[UInt8]: KeyEnvelope] = [:], epochSecrets: [UInt32: [UInt8]] = [:]
+    private var envelopeCache: [[UInt8]: KeyEnvelope] = [:], epochSecrets: [Epoch: [UInt8]] = [:]
     /// Key operations no log holds, which envelopes name.
     private let bogusKeyOps: [EntryHash]
 
@@ -216,13 +216,13 @@ struct MembershipFuzzer {
         case 3, 4, 5:
             let (target, signer) = removalTarget()
             var cutoff = [0, UInt64.random(in: 1..<50, using: &rng), SyncFuzzer.bigSeq(&rng), .max].randomElement(using: &rng)!
-            let epoch: UInt32
-            let current = log.currentEpoch
+            let epoch: Epoch
+            let current = log.currentEpoch.value
             if role == .admin {
                 // Void by construction: no log reaches such an epoch.
-                epoch = [1 << 20, 1 << 31, .max - 1, .max].randomElement(using: &rng)!
+                epoch = Epoch([1 << 20, 1 << 31, .max - 1, .max].randomElement(using: &rng)!)
             } else {
-                epoch = max(2, [2, current, current &+ 1, UInt32.random(in: 2..<64, using: &rng), .max].randomElement(using: &rng)!)
+                epoch = Epoch(max(2, [2, current, current &+ 1, UInt32.random(in: 2..<64, using: &rng), .max].randomElement(using: &rng)!))
             }
             let secret = secret(for: epoch)
             envelopes = someMembers().compactMap { envelope(to: $0, space: opSpace, epoch: epoch, keyOp: KeyEnvelope.thisOp) }
@@ -306,13 +306,13 @@ struct MembershipFuzzer {
             let real = log.epochKeys.randomElement(using: &rng)
             let keyOp = [real?.op ?? KeyEnvelope.thisOp, KeyEnvelope.thisOp, bogusKeyOps.randomElement(using: &rng)!]
                 .randomElement(using: &rng)!
-            return envelope(to: recipient, space: space, epoch: real?.epoch ?? UInt32.random(in: 1...9, using: &rng), keyOp: keyOp)
+            return envelope(to: recipient, space: space, epoch: real?.epoch ?? Epoch(UInt32.random(in: 1...9, using: &rng)), keyOp: keyOp)
         }
     }
 
     /// An envelope to `recipient` sealing the fuzzer's secret for `epoch` as the key `keyOp` names; each is sealed
     /// once and reused (HPKE is the costliest thing the fuzzer does).
-    private mutating func envelope(to recipient: DevicePublicKeys, space: SpaceID, epoch: UInt32, keyOp: EntryHash) -> KeyEnvelope? {
+    private mutating func envelope(to recipient: DevicePublicKeys, space: SpaceID, epoch: Epoch, keyOp: EntryHash) -> KeyEnvelope? {
         var id = space.bytes + recipient.nodeID + keyOp.bytes
         id.appendBE(epoch)
         if let cached = envelopeCache[id] { return cached }
@@ -323,7 +323,7 @@ struct MembershipFuzzer {
     }
 
     /// The fuzzer's secret for `epoch`, one for each epoch.
-    private mutating func secret(for epoch: UInt32) -> [UInt8] {
+    private mutating func secret(for epoch: Epoch) -> [UInt8] {
         if let secret = epochSecrets[epoch] { return secret }
         let secret = random(32)
         epochSecrets[epoch] = secret

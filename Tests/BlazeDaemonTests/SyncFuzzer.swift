@@ -137,7 +137,7 @@ struct SyncFuzzer {
             switch Int.random(in: 0..<5, using: &rng) {
             case 0: action = .create(salt: random(16))
             case 1: action = .add(device: throwaway[Int.random(in: 0..<throwaway.count, using: &rng)].identity.publicKeys, role: MemberRole.allCases.randomElement(using: &rng)!)
-            case 2: action = .remove(device: random(16), cutoff: bigSeq(), epoch: UInt32.random(in: 2...UInt32.max, using: &rng))
+            case 2: action = .remove(device: random(16), cutoff: bigSeq(), epoch: Epoch(UInt32.random(in: 2...UInt32.max, using: &rng)))
             case 3: action = .grant
             default:
                 let junk = random(Int.random(in: 0..<300, using: &rng))
@@ -147,7 +147,7 @@ struct SyncFuzzer {
             }
             let envelopes = (0..<Int.random(in: 0...2, using: &rng)).compactMap { _ in
                 try? KeyEnvelope(
-                    sealing: random(32), space: key.id, epoch: UInt32.random(in: 1...9, using: &rng), keyOp: EntryHash(bytes: random(32))!,
+                    sealing: random(32), space: key.id, epoch: Epoch(UInt32.random(in: 1...9, using: &rng)), keyOp: EntryHash(bytes: random(32))!,
                     to: member.identity.publicKeys)
             }
             guard let op = try? MembershipOp(space: key.id, author: author, timeMs: time, parents: parents, action: action, envelopes: envelopes)

@@ -2,7 +2,7 @@ import Testing
 
 @testable import BlazeProtocol
 
-/// `SpaceID` and `EntryHash`: bytes of any other length are refused (never trapped on), and the bytes and hex text
+/// `SpaceID`, `EntryHash` and `Epoch`: bytes of any other length are refused (never trapped on), and the bytes and hex text
 /// round-trip unchanged.
 @Suite struct IdentifiersTests {
     @Test func aSpaceIDTakesExactly16Bytes() throws {
@@ -22,5 +22,11 @@ import Testing
         for length in [0, 16, 31, 33] { #expect(EntryHash(bytes: [UInt8](repeating: 1, count: length)) == nil) }
         #expect(EntryHash.zero.bytes == [UInt8](repeating: 0, count: 32) && EntryHash.zero < hash)
         #expect([hash, EntryHash.zero].sorted() == [EntryHash.zero, hash])
+    }
+
+    @Test func epochsCountAndOrderByNumber() {
+        let first: Epoch = 1
+        #expect(first.next == Epoch(2) && first < first.next && first.next.value == 2 && "\(Epoch(41).next)" == "42")
+        #expect([Epoch(9), 3, Epoch(UInt32.max)].max() == Epoch(UInt32.max))
     }
 }
