@@ -171,7 +171,7 @@ let package = Package(
             dependencies: ["BlazeCrypto", "BlazeProtocol", "BlazeTestSupport", .product(name: "Crypto", package: "swift-crypto")],
             swiftSettings: strict),
         .testTarget(
-            name: "BlazeBlobTests", dependencies: ["BlazeBlob", "BlazeTestSupport"], swiftSettings: strict),
+            name: "BlazeBlobTests", dependencies: ["BlazeBlob", "BlazeProtocol", "BlazeTestSupport"], swiftSettings: strict),
         .testTarget(name: "BlazeProtocolTests", dependencies: ["BlazeProtocol", "BlazeTestSupport"], swiftSettings: strict),
         .testTarget(
             name: "BlazeStoreTests",

@@ -1,3 +1,4 @@
+import BlazeProtocol
 import Crypto
 import Foundation
 
@@ -57,20 +58,20 @@ public struct ChunkID: Hashable, Comparable, Sendable, CustomStringConvertible {
 /// member holds and a relay never does). They do not change when the space's key rotates, so a file put before and
 /// after a revocation shares its chunks; the chunks' contents are sealed with the epoch keys (`SealedChunk`).
 public struct BlobKeys: Sendable {
-    /// The space's 16-byte id.
-    public let space: [UInt8]
+    /// The space's id.
+    public let space: SpaceID
     /// The space's chunker (its gear table keyed by the space).
     public let chunker: Chunker
     /// The key chunk ids are computed with (its bytes: `SymmetricKey` is not `Sendable`).
     private let idKey: [UInt8]
 
-    /// The keys of space `space` (16 bytes) whose epoch-1 secret is `genesis` (32 bytes).
-    public init(space: [UInt8], genesis: [UInt8], sizes: Chunker.Sizes = .standard) throws(ChunkError) {
-        guard space.count == 16, genesis.count == 32 else { throw ChunkError("blob keys need a 16-byte space id and a 32-byte secret") }
+    /// The keys of space `space` whose epoch-1 secret is `genesis` (32 bytes).
+    public init(space: SpaceID, genesis: [UInt8], sizes: Chunker.Sizes = .standard) throws(ChunkError) {
+        guard genesis.count == 32 else { throw ChunkError("blob keys need a 32-byte secret") }
         self.space = space
         let secret = SymmetricKey(data: genesis)
         func derive(_ label: String) -> [UInt8] {
-            HKDF<SHA256>.deriveKey(inputKeyMaterial: secret, salt: space, info: Array(label.utf8), outputByteCount: 32)
+            HKDF<SHA256>.deriveKey(inputKeyMaterial: secret, salt: space.bytes, info: Array(label.utf8), outputByteCount: 32)
                 .withUnsafeBytes { Array($0) }
         }
         do {
@@ -123,19 +124,19 @@ public enum SealedChunk {
     static func padded(_ count: Int) -> Int { (4 + count + padding - 1) / padding * padding }
 
     /// The key an epoch's secret seals chunks with.
-    static func chunkKey(space: [UInt8], epoch: UInt32, secret: [UInt8]) -> SymmetricKey {
+    static func chunkKey(space: SpaceID, epoch: UInt32, secret: [UInt8]) -> SymmetricKey {
         var info = Array("blazedb chunk key v1".utf8)
         withUnsafeBytes(of: epoch.bigEndian) { info += $0 }
-        return HKDF<SHA256>.deriveKey(inputKeyMaterial: SymmetricKey(data: secret), salt: space, info: info, outputByteCount: 32)
+        return HKDF<SHA256>.deriveKey(inputKeyMaterial: SymmetricKey(data: secret), salt: space.bytes, info: info, outputByteCount: 32)
     }
 
     /// The authenticated data: the header, the space and the chunk id.
-    static func aad(header: ArraySlice<UInt8>, space: [UInt8], id: ChunkID) -> [UInt8] {
-        Array(header) + space + id.bytes
+    static func aad(header: ArraySlice<UInt8>, space: SpaceID, id: ChunkID) -> [UInt8] {
+        Array(header) + space.bytes + id.bytes
     }
 
     /// `content` (the chunk `id` of `space`) sealed under the epoch `epoch` whose secret is `secret`.
-    public static func seal(_ content: UnsafeRawBufferPointer, id: ChunkID, space: [UInt8], epoch: UInt32, secret: [UInt8]) -> [UInt8] {
+    public static func seal(_ content: UnsafeRawBufferPointer, id: ChunkID, space: SpaceID, epoch: UInt32, secret: [UInt8]) -> [UInt8] {
         let key = chunkKey(space: space, epoch: epoch, secret: secret)
         let nonceBytes = Array(HMAC<SHA256>.authenticationCode(for: id.bytes, using: key).prefix(12))
         var header = magic

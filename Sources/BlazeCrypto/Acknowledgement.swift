@@ -12,7 +12,7 @@ import Foundation
 /// (32)), in ascending order, and signs with `"blazedb ack v2"` instead.
 public struct Acknowledgement: Sendable, Equatable {
     /// The space.
-    public let space: [UInt8]
+    public let space: SpaceID
     /// The signing device's Ed25519 public key.
     public let deviceKey: [UInt8]
     /// When it was issued, by the device's clock (Unix milliseconds): a later one replaces an earlier one.
@@ -34,18 +34,18 @@ public struct Acknowledgement: Sendable, Equatable {
     public var node: [UInt8] { Array(SHA256.hash(data: deviceKey).prefix(16)) }
 
     /// Signs what `identity` holds in `space`, and the keys sealed to it that it lacks (the newest `maxLacking`).
-    public init(space: [UInt8], vector: [[UInt8]: UInt64], issuedMs: UInt64, identity: DeviceIdentity, lacking: [EpochKeyID] = []) {
+    public init(space: SpaceID, vector: [[UInt8]: UInt64], issuedMs: UInt64, identity: DeviceIdentity, lacking: [EpochKeyID] = []) {
         let key = Array(identity.signingKey.publicKey.rawRepresentation)
         // The newest keys when there are more than fit: the current epoch's are the ones a member needs most, and an
         // admin sealing dead keys wrong cannot push them out.
-        let lacking = Set(lacking).sorted { $0.epoch != $1.epoch ? $0.epoch > $1.epoch : $0.op.lexicographicallyPrecedes($1.op) }
+        let lacking = Set(lacking).sorted { $0.epoch != $1.epoch ? $0.epoch > $1.epoch : $0.op < $1.op }
             .prefix(Self.maxLacking).sorted(by: Self.precedes)
         var body = Self.body(space: space, deviceKey: key, issuedMs: issuedMs, vector: vector)
         if !lacking.isEmpty {
             body.appendBE(UInt16(lacking.count))
             for k in lacking {
                 body.appendBE(k.epoch)
-                body += k.op
+                body += k.op.bytes
             }
         }
         // Signing with a valid key cannot fail.
@@ -61,11 +61,11 @@ public struct Acknowledgement: Sendable, Equatable {
     private static func label(_ plain: Bool) -> [UInt8] { Array((plain ? "blazedb ack v1" : "blazedb ack v2").utf8) }
 
     private static func precedes(_ a: EpochKeyID, _ b: EpochKeyID) -> Bool {
-        a.epoch != b.epoch ? a.epoch < b.epoch : a.op.lexicographicallyPrecedes(b.op)
+        a.epoch != b.epoch ? a.epoch < b.epoch : a.op < b.op
     }
 
-    private static func body(space: [UInt8], deviceKey: [UInt8], issuedMs: UInt64, vector: [[UInt8]: UInt64]) -> [UInt8] {
-        var out = space + deviceKey
+    private static func body(space: SpaceID, deviceKey: [UInt8], issuedMs: UInt64, vector: [[UInt8]: UInt64]) -> [UInt8] {
+        var out = space.bytes + deviceKey
         out.appendBE(issuedMs)
         let entries = vector.filter { $0.value > 0 }.sorted { $0.key.lexicographicallyPrecedes($1.key) }
         out.appendBE(UInt32(entries.count))
@@ -79,7 +79,7 @@ public struct Acknowledgement: Sendable, Equatable {
     /// Decodes and verifies one: the layout's bounds, origins strictly ascending, and the signature.
     public init(bytes: [UInt8]) throws(SyncRejection) {
         var r = ByteReader(bytes[...])
-        guard let space = r.read(16), let key = r.read(32), let issued = r.readUInt64(), let n = r.readUInt32(),
+        guard let space = r.readSpaceID(), let key = r.read(32), let issued = r.readUInt64(), let n = r.readUInt32(),
             Int(n) <= Self.maxOrigins, Int(n) * 24 + 64 <= r.remaining
         else { throw .malformed }
         var vector: [[UInt8]: UInt64] = [:]
@@ -95,8 +95,8 @@ public struct Acknowledgement: Sendable, Equatable {
         if r.remaining > 64 {
             guard let m = r.readUInt16(), m >= 1, Int(m) <= Self.maxLacking, Int(m) * 36 + 64 == r.remaining else { throw .malformed }
             for _ in 0..<m {
-                guard let epoch = r.readUInt32(), let op = r.read(32) else { throw .malformed }
-                let k = EpochKeyID(epoch: epoch, op: Array(op))
+                guard let epoch = r.readEpoch(), let op = r.readEntryHash() else { throw .malformed }
+                let k = EpochKeyID(epoch: epoch, op: op)
                 guard lacking.last.map({ Self.precedes($0, k) }) ?? true else { throw .malformed }
                 lacking.append(k)
             }
@@ -105,7 +105,7 @@ public struct Acknowledgement: Sendable, Equatable {
             publicKey.isValidSignature(signature, for: Self.label(lacking.isEmpty) + bytes[..<(bytes.count - 64)])
         else { throw .badAck }
         self.lacking = lacking
-        self.space = Array(space)
+        self.space = space
         self.deviceKey = Array(key)
         self.issuedMs = issued
         self.vector = vector

@@ -1,3 +1,5 @@
+import BlazeProtocol
+
 /// Big-endian writing helpers for the binary sync formats.
 extension Array where Element == UInt8 {
     /// Appends `value` as 8 big-endian bytes.
@@ -19,6 +21,9 @@ extension Array where Element == UInt8 {
     public mutating func appendBE(_ value: UInt32) {
         for shift in stride(from: 24, through: 0, by: -8) { append(UInt8(truncatingIfNeeded: value >> UInt32(shift))) }
     }
+
+    /// Appends `epoch` as its 4 big-endian bytes.
+    public mutating func appendBE(_ epoch: Epoch) { appendBE(epoch.value) }
 
     /// Appends `value` as 2 big-endian bytes.
     public mutating func appendBE(_ value: UInt16) {
@@ -74,6 +79,15 @@ public struct ByteReader {
         }
         return nil
     }
+
+    /// The next 16 bytes as a space id, or nil when fewer remain.
+    public mutating func readSpaceID() -> SpaceID? { read(SpaceID.size).map { SpaceID(computed: Array($0)) } }
+
+    /// The next 32 bytes as a hash, or nil when fewer remain.
+    public mutating func readEntryHash() -> EntryHash? { read(EntryHash.size).map { EntryHash(computed: Array($0)) } }
+
+    /// A big-endian 4-byte epoch, or nil when fewer than 4 bytes remain.
+    public mutating func readEpoch() -> Epoch? { readUInt32().map { Epoch($0) } }
 
     /// A single byte, or nil at the end.
     public mutating func readUInt8() -> UInt8? { read(1)?.first }

@@ -19,7 +19,7 @@ public struct EntryHeader: Sendable, Equatable {
     /// This entry's format version.
     public var version: UInt8
     /// The space (database) the entry belongs to.
-    public var space: [UInt8]
+    public var space: SpaceID
     /// The authoring device's node id.
     public var origin: [UInt8]
     /// The change's sequence number within its origin (from 1).
@@ -27,7 +27,7 @@ public struct EntryHeader: Sendable, Equatable {
     /// SHA-256 of the origin's previous entry; 32 zero bytes for seq 1.
     public var prev: [UInt8]
     /// Key epoch the entry is sealed with.
-    public var epoch: UInt32
+    public var epoch: Epoch
     /// AEAD nonce (random).
     public var nonce: [UInt8]
 
@@ -35,7 +35,7 @@ public struct EntryHeader: Sendable, Equatable {
     public var bytes: [UInt8] {
         var out: [UInt8] = [version]
         out.reserveCapacity(Self.size)
-        out += space
+        out += space.bytes
         out += origin
         out.appendBE(seq)
         out += prev
@@ -47,18 +47,18 @@ public struct EntryHeader: Sendable, Equatable {
     /// Decodes a header from the start of `bytes`.
     public init(decoding bytes: ArraySlice<UInt8>) throws(SyncRejection) {
         var r = ByteReader(bytes)
-        guard let version = r.readUInt8(), Self.versions.contains(version), let space = r.read(16), let origin = r.read(16),
-            let seq = r.readUInt64(), SyncBounds.isValidSeq(seq), let prev = r.read(32), let epoch = r.readUInt32(),
+        guard let version = r.readUInt8(), Self.versions.contains(version), let space = r.readSpaceID(), let origin = r.read(16),
+            let seq = r.readUInt64(), SyncBounds.isValidSeq(seq), let prev = r.read(32), let epoch = r.readEpoch(),
             let nonce = r.read(12)
         else { throw .malformed }
         self.init(
-            version: version, space: Array(space), origin: Array(origin), seq: seq, prev: Array(prev), epoch: epoch,
+            version: version, space: space, origin: Array(origin), seq: seq, prev: Array(prev), epoch: epoch,
             nonce: Array(nonce))
     }
 
     /// Creates a header (of the current version unless told).
     public init(
-        version: UInt8 = EntryHeader.version, space: [UInt8], origin: [UInt8], seq: UInt64, prev: [UInt8], epoch: UInt32,
+        version: UInt8 = EntryHeader.version, space: SpaceID, origin: [UInt8], seq: UInt64, prev: [UInt8], epoch: Epoch,
         nonce: [UInt8]
     ) {
         self.version = version
@@ -203,7 +203,7 @@ public enum EntryRun {
     /// Appends the packed form of `entries`, which must be one origin's consecutive, linked entries.
     public static func pack(_ entries: [SealedEntry], into out: inout [UInt8]) throws(SyncRejection) {
         guard let first = entries.first else { throw .malformed }
-        out += first.header.space
+        out += first.header.space.bytes
         out += first.header.origin
         out.appendBE(first.header.seq)
         out += first.header.prev
@@ -214,7 +214,7 @@ public enum EntryRun {
             else { throw .malformed }
             out.append(e.header.version)
             out += e.header.nonce
-            out.appendVarint(UInt64(e.header.epoch))
+            out.appendVarint(UInt64(e.header.epoch.value))
             out.appendVarint(UInt64(e.bytes.count - EntryHeader.size))
             out += e.sealedPart
             prev = e.hash
@@ -224,7 +224,7 @@ public enum EntryRun {
     /// Reads `count` packed entries, rebuilding each full entry and its hash.
     public static func unpack(_ r: inout ByteReader, count: Int) throws(SyncRejection) -> [SealedEntry] {
         // Bounds before arithmetic: the run's last seq (`firstSeq + count - 1`) stays below `SyncBounds.maxSeq`.
-        guard count > 0, let space = r.read(16), let origin = r.read(16), let firstSeq = r.readUInt64(),
+        guard count > 0, let space = r.readSpaceID(), let origin = r.read(16), let firstSeq = r.readUInt64(),
             SyncBounds.isValidSeq(firstSeq), UInt64(count) <= SyncBounds.maxSeq - firstSeq,
             let firstPrev = r.read(32), count <= r.remaining / (1 + 12 + 1 + 1 + 16)
         else { throw .malformed }
@@ -237,8 +237,8 @@ public enum EntryRun {
                 let length = r.readVarint(), length >= 16, length <= UInt64(r.remaining), let sealed = r.read(Int(length))
             else { throw .malformed }
             let header = EntryHeader(
-                version: version, space: Array(space), origin: Array(origin), seq: firstSeq + UInt64(i), prev: prev,
-                epoch: UInt32(epoch), nonce: Array(nonce))
+                version: version, space: space, origin: Array(origin), seq: firstSeq + UInt64(i), prev: prev,
+                epoch: Epoch(UInt32(epoch)), nonce: Array(nonce))
             let bytes = header.bytes + sealed
             let entry = SealedEntry(bytes: bytes, header: header, hash: Array(SHA256.hash(data: bytes)))
             prev = entry.hash
@@ -267,8 +267,8 @@ public struct SignedHead: Sendable, Hashable {
     /// Ed25519 signature of `message(space:)`.
     public let signature: [UInt8]
 
-    static func message(space: [UInt8], origin: [UInt8], seq: UInt64, hash: [UInt8]) -> [UInt8] {
-        var m = Array("blazedb head v1".utf8) + space + origin
+    static func message(space: SpaceID, origin: [UInt8], seq: UInt64, hash: [UInt8]) -> [UInt8] {
+        var m = Array("blazedb head v1".utf8) + space.bytes + origin
         m.appendBE(seq)
         return m + hash
     }
@@ -305,7 +305,7 @@ public struct SignedHead: Sendable, Hashable {
     }
 
     /// Checks that the key belongs to the origin and the signature covers this head in `space`.
-    public func verify(space: [UInt8]) throws(SyncRejection) {
+    public func verify(space: SpaceID) throws(SyncRejection) {
         guard Array(SHA256.hash(data: publicKey).prefix(16)) == origin,
             let key = try? Curve25519.Signing.PublicKey(rawRepresentation: publicKey),
             key.isValidSignature(signature, for: Self.message(space: space, origin: origin, seq: seq, hash: hash))
@@ -333,14 +333,14 @@ public enum EntryChain {
     /// opening of each entry — the head's signature, and that the entries are consecutive entries of its origin in
     /// `space`, linked to each other (and to `previousHash`), ending at the entry the head signs.
     public static func verifyLinks(
-        _ entries: [SealedEntry], head: SignedHead, previousHash: [UInt8]?, space: [UInt8]
+        _ entries: [SealedEntry], head: SignedHead, previousHash: [UInt8]?, space: SpaceID
     ) throws(SyncRejection) {
         try walk(entries, head: head, previousHash: previousHash, space: space) { _ throws(SyncRejection) in }
     }
 
     /// Checks the head and the links, calling `each` on every entry in order once its place in the chain is checked.
     private static func walk(
-        _ entries: [SealedEntry], head: SignedHead, previousHash: [UInt8]?, space: [UInt8],
+        _ entries: [SealedEntry], head: SignedHead, previousHash: [UInt8]?, space: SpaceID,
         _ each: (SealedEntry) throws(SyncRejection) -> Void
     ) throws(SyncRejection) {
         guard let first = entries.first, let last = entries.last else { throw .malformed }

@@ -47,17 +47,17 @@ public enum FolderFiles {
     }
 
     /// A segment file's header.
-    public static func segmentHeader(space: [UInt8], writer: [UInt8], number: UInt64) -> [UInt8] {
-        var out = segmentMagic + [version] + space + writer
+    public static func segmentHeader(space: SpaceID, writer: [UInt8], number: UInt64) -> [UInt8] {
+        var out = segmentMagic + [version] + space.bytes + writer
         out.appendBE(number)
         return out
     }
 
     /// Checks a segment file's header against the space and the directory it lies in.
-    public static func checkSegmentHeader(_ bytes: ArraySlice<UInt8>, space: [UInt8], writer: [UInt8]) -> Bool {
+    public static func checkSegmentHeader(_ bytes: ArraySlice<UInt8>, space: SpaceID, writer: [UInt8]) -> Bool {
         var r = ByteReader(bytes)
         guard let magic = r.read(4), Array(magic) == segmentMagic, r.readUInt8() == version,
-            let s = r.read(16), Array(s) == space, let w = r.read(16), Array(w) == writer, r.readUInt64() != nil
+            let s = r.read(16), Array(s) == space.bytes, let w = r.read(16), Array(w) == writer, r.readUInt64() != nil
         else { return false }
         return true
     }
@@ -104,7 +104,7 @@ public enum FolderFiles {
     /// own latest signed head, and what the writer holds. `generation` only grows: a lower one than seen before is a rolled-back copy.
     public struct Head: Sendable, Equatable {
         /// The space.
-        public let space: [UInt8]
+        public let space: SpaceID
         /// The writer's Ed25519 public key; its node id names the directory.
         public let writerKey: [UInt8]
         /// Grows by one each time the writer replaces the file.
@@ -125,10 +125,10 @@ public enum FolderFiles {
         public var writer: [UInt8] { Array(SHA256.hash(data: writerKey).prefix(16)) }
 
         static func signed(
-            space: [UInt8], key: [UInt8], generation: UInt64, timeMs: UInt64, segment: UInt64, ownHead: SignedHead?,
+            space: SpaceID, key: [UInt8], generation: UInt64, timeMs: UInt64, segment: UInt64, ownHead: SignedHead?,
             held: [[UInt8]: UInt64]
         ) -> [UInt8] {
-            var out = headMagic + [version] + space + key
+            var out = headMagic + [version] + space.bytes + key
             out.appendBE(generation)
             out.appendBE(timeMs)
             out.appendBE(segment)
@@ -143,7 +143,7 @@ public enum FolderFiles {
 
         /// Signs a head file with the device's key.
         public static func encode(
-            space: [UInt8], identity: DeviceIdentity, generation: UInt64, timeMs: UInt64, segment: UInt64,
+            space: SpaceID, identity: DeviceIdentity, generation: UInt64, timeMs: UInt64, segment: UInt64,
             ownHead: SignedHead?, held: [[UInt8]: UInt64] = [:]
         ) -> [UInt8] {
             let key = Array(identity.signingKey.publicKey.rawRepresentation)
@@ -156,13 +156,13 @@ public enum FolderFiles {
 
         /// Decodes a head file and checks its signature, its space and that its key is the one of `writer` (the
         /// directory it lies in); the own head inside is checked too.
-        public init(bytes: [UInt8], space: [UInt8], writer: [UInt8]) throws(SyncRejection) {
+        public init(bytes: [UInt8], space: SpaceID, writer: [UInt8]) throws(SyncRejection) {
             var r = ByteReader(bytes[...])
             guard let magic = r.read(4), Array(magic) == FolderFiles.headMagic, r.readUInt8() == FolderFiles.version,
                 let s = r.read(16), let k = r.read(32), let g = r.readUInt64(), let t = r.readUInt64(), let seg = r.readUInt64(),
                 let flag = r.readUInt8(), flag <= 1
             else { throw .malformed }
-            guard Array(s) == space else { throw .wrongSpace }
+            guard Array(s) == space.bytes else { throw .wrongSpace }
             var own: SignedHead?
             if flag == 1 {
                 guard let h = r.read(SignedHead.size) else { throw .malformed }
@@ -198,25 +198,25 @@ public enum FolderFiles {
     }
 
     /// A members file: membership operations, each signed by its author (checked when decoded by `MembershipOp`).
-    public static func members(space: [UInt8], ops: [[UInt8]]) -> [UInt8] { list(membersMagic, space: space, items: ops) }
+    public static func members(space: SpaceID, ops: [[UInt8]]) -> [UInt8] { list(membersMagic, space: space, items: ops) }
 
     /// The operations of a members file, undecoded; throws for a file that is not one of `space`.
-    public static func decodeMembers(_ bytes: [UInt8], space: [UInt8]) throws(SyncRejection) -> [[UInt8]] {
+    public static func decodeMembers(_ bytes: [UInt8], space: SpaceID) throws(SyncRejection) -> [[UInt8]] {
         try decodeList(membersMagic, bytes, space: space)
     }
 
     /// An acknowledgements file (SYNC.md §10, §11): the latest acknowledgement the writer holds of each member, its own
     /// among them, each signed by its member (checked when decoded by `Acknowledgement`).
-    public static func acks(space: [UInt8], acks: [[UInt8]]) -> [UInt8] { list(acksMagic, space: space, items: acks) }
+    public static func acks(space: SpaceID, acks: [[UInt8]]) -> [UInt8] { list(acksMagic, space: space, items: acks) }
 
     /// The acknowledgements of an acknowledgements file, undecoded; throws for a file that is not one of `space`.
-    public static func decodeAcks(_ bytes: [UInt8], space: [UInt8]) throws(SyncRejection) -> [[UInt8]] {
+    public static func decodeAcks(_ bytes: [UInt8], space: SpaceID) throws(SyncRejection) -> [[UInt8]] {
         try decodeList(acksMagic, bytes, space: space)
     }
 
     /// `magic` · version · space (16) · count (4) · count × (length (4) · item).
-    private static func list(_ magic: [UInt8], space: [UInt8], items: [[UInt8]]) -> [UInt8] {
-        var out = magic + [version] + space
+    private static func list(_ magic: [UInt8], space: SpaceID, items: [[UInt8]]) -> [UInt8] {
+        var out = magic + [version] + space.bytes
         out.appendBE(UInt32(items.count))
         for item in items {
             out.appendBE(UInt32(item.count))
@@ -226,12 +226,12 @@ public enum FolderFiles {
     }
 
     /// The items of a `list` file that starts with `magic`; throws for another file or one of another space.
-    private static func decodeList(_ magic: [UInt8], _ bytes: [UInt8], space: [UInt8]) throws(SyncRejection) -> [[UInt8]] {
+    private static func decodeList(_ magic: [UInt8], _ bytes: [UInt8], space: SpaceID) throws(SyncRejection) -> [[UInt8]] {
         var r = ByteReader(bytes[...])
         guard let m = r.read(4), Array(m) == magic, r.readUInt8() == version, let s = r.read(16),
             let n = r.readUInt32(), Int(n) <= r.remaining / 4
         else { throw .malformed }
-        guard Array(s) == space else { throw .wrongSpace }
+        guard Array(s) == space.bytes else { throw .wrongSpace }
         var items: [[UInt8]] = []
         for _ in 0..<n {
             guard let length = r.readUInt32(), let item = r.read(Int(length)) else { throw .malformed }

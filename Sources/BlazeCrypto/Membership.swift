@@ -4,12 +4,12 @@ import Crypto
 /// A key of one epoch, named by the operation that created it (the log's `create` for epoch 1, else a `remove`).
 public struct EpochKeyID: Sendable, Hashable {
     /// The epoch number entries carry in their header.
-    public let epoch: UInt32
+    public let epoch: Epoch
     /// Hash of the operation that created the key.
-    public let op: [UInt8]
+    public let op: EntryHash
 
     /// The key of `epoch` that the operation hashed `op` created.
-    public init(epoch: UInt32, op: [UInt8]) {
+    public init(epoch: Epoch, op: EntryHash) {
         self.epoch = epoch
         self.op = op
     }
@@ -62,21 +62,21 @@ public struct Member: Sendable, Equatable {
 /// So when two admins remove each other concurrently, the senior one's removal applies and the junior one's is void.
 public struct MembershipState: Sendable {
     /// The space.
-    public let space: [UInt8]
+    public let space: SpaceID
     /// Every device ever added (removed ones stay, with their removal), by node id hex.
     public private(set) var members: [String: Member] = [:]
     /// Hashes of the operations that took effect, in the order applied.
-    public private(set) var applied: [[UInt8]] = []
+    public private(set) var applied: [EntryHash] = []
     /// Hashes of every operation processed (applied or void), in order.
-    public private(set) var order: [[UInt8]] = []
+    public private(set) var order: [EntryHash] = []
     /// Operations that were void, with the reason.
-    public private(set) var void: [[UInt8]: String] = [:]
+    public private(set) var void: [EntryHash: String] = [:]
     /// Operations waiting for a parent not held yet.
-    public private(set) var waiting: Set<[UInt8]> = []
+    public private(set) var waiting: Set<EntryHash> = []
     /// The applied operations no other applied operation names as a parent: the parents of the next operation made
     /// here. A void operation is never a head, so operations nobody could apply (a reader's, a removed admin's after
     /// its removal) cannot grow the parents of every later admin operation past `MembershipOp.maxParents`.
-    public private(set) var heads: [[UInt8]] = []
+    public private(set) var heads: [EntryHash] = []
     /// Every epoch key created by an applied operation.
     public private(set) var epochKeys: [EpochKeyID] = []
     /// The latest epoch keys: those no later key was created with knowledge of. One in a quiet log; several after
@@ -95,22 +95,22 @@ public struct MembershipState: Sendable {
     /// The sets combined at rotations, in order (`combinations` without the current frontier).
     private var rotationCombinations: [[EpochKeyID]] = []
     /// Per operation processed, the latest epoch keys known after it (the key it created, for a rotation).
-    private var latestAfter: [[UInt8]: Set<EpochKeyID>] = [:]
+    private var latestAfter: [EntryHash: Set<EpochKeyID>] = [:]
     /// Per epoch key, every key created before it in its creator's knowledge.
     private var ancestors: [EpochKeyID: Set<EpochKeyID>] = [:]
     /// The next member's seniority.
     private var seniorityCounter = 0
     /// The operations processed (applied or void) that no processed operation names: every other one is in their
     /// past, so an operation naming all of them ranks after everything (`extended(by:)`).
-    private var tips: Set<[UInt8]> = []
+    private var tips: Set<EntryHash> = []
 
     /// The epoch new entries are sealed with: the single latest key's, or one past the latest when concurrent
     /// rotations are combined.
-    public var currentEpoch: UInt32 { Self.epoch(of: frontier) }
+    public var currentEpoch: Epoch { Self.epoch(of: frontier) }
 
     /// The epoch a set of latest keys seals under: the key's own, or one past the highest when they are combined.
-    static func epoch(of keys: [EpochKeyID]) -> UInt32 {
-        keys.count == 1 ? keys[0].epoch : (keys.map(\.epoch).max() ?? 0) + 1
+    static func epoch(of keys: [EpochKeyID]) -> Epoch {
+        keys.count == 1 ? keys[0].epoch : (keys.map(\.epoch).max() ?? 0).next
     }
 
     /// The current members (not removed).
@@ -121,7 +121,7 @@ public struct MembershipState: Sendable {
 
     /// The operations that prove `device` was removed, from `ops` (this log's, by hash): the applied removal of it and
     /// all that operation's past, nothing later. Empty when the log does not remove it.
-    public func proofOfRemoval(of device: [UInt8], ops: [[UInt8]: MembershipOp]) -> [MembershipOp] {
+    public func proofOfRemoval(of device: [UInt8], ops: [EntryHash: MembershipOp]) -> [MembershipOp] {
         guard
             let removal = applied.compactMap({ ops[$0] }).first(where: {
                 if case .remove(let d, _, _) = $0.action { return d == device } else { return false }
@@ -145,24 +145,24 @@ public struct MembershipState: Sendable {
     }
 
     /// Resolves `ops` (any order, duplicates ignored) for `space`.
-    public init(space: [UInt8], ops: [MembershipOp]) {
+    public init(space: SpaceID, ops: [MembershipOp]) {
         self.init(space: space, ops: ops, linearChoice: false)
     }
 
     /// Among operations ready at the same time, the next is the one whose author ranks first (seniority; not a member
     /// yet ranks last), then the lowest hash. With `linearChoice` each choice scans every ready operation, as
     /// versions before the heap did: the tests' reference for the order every version must agree on.
-    package init(space: [UInt8], ops: [MembershipOp], linearChoice: Bool) {
+    package init(space: SpaceID, ops: [MembershipOp], linearChoice: Bool) {
         self.space = space
-        var byHash: [[UInt8]: MembershipOp] = [:]
+        var byHash: [EntryHash: MembershipOp] = [:]
         for op in ops where op.space == space { byHash[op.hash] = op }
-        var children: [[UInt8]: [[UInt8]]] = [:]
-        var missing: [[UInt8]: Int] = [:]
+        var children: [EntryHash: [EntryHash]] = [:]
+        var missing: [EntryHash: Int] = [:]
         for (hash, op) in byHash {
             missing[hash] = op.parents.count
             for p in op.parents { children[p, default: []].append(hash) }
         }
-        var done = Set<[UInt8]>()
+        var done = Set<EntryHash>()
         // Each author's node id once (hashing it in every comparison made the choice quadratic in concurrent ops).
         let authors = byHash.mapValues { $0.author.nodeIDHex }
         var choice = ReadyOps(linear: linearChoice)
@@ -181,7 +181,7 @@ public struct MembershipState: Sendable {
             }
         }
         let namedByApplied = Set(applied.flatMap { byHash[$0]?.parents ?? [] })
-        heads = applied.filter { !namedByApplied.contains($0) }.sorted { $0.lexicographicallyPrecedes($1) }
+        heads = applied.filter { !namedByApplied.contains($0) }.sorted()
         let namedByProcessed = Set(order.flatMap { byHash[$0]?.parents ?? [] })
         tips = Set(order.filter { !namedByProcessed.contains($0) })
         waiting = Set(byHash.keys).subtracting(done)
@@ -205,7 +205,7 @@ public struct MembershipState: Sendable {
             s.tips.subtract(op.parents)
             s.tips.insert(op.hash)
             if s.void[op.hash] == nil {
-                s.heads = (s.heads.filter { !op.parents.contains($0) } + [op.hash]).sorted { $0.lexicographicallyPrecedes($1) }
+                s.heads = (s.heads.filter { !op.parents.contains($0) } + [op.hash]).sorted()
             }
         }
         s.finish()
@@ -213,10 +213,10 @@ public struct MembershipState: Sendable {
     }
 
     /// Whether the operation hashed `hash` was resolved here (applied or void) or waits for its parents.
-    public func holds(_ hash: [UInt8]) -> Bool { latestAfter[hash] != nil || waiting.contains(hash) }
+    public func holds(_ hash: EntryHash) -> Bool { latestAfter[hash] != nil || waiting.contains(hash) }
 
     /// Whether the operation hashed `hash` took effect here.
-    public func isApplied(_ hash: [UInt8]) -> Bool { latestAfter[hash] != nil && void[hash] == nil }
+    public func isApplied(_ hash: EntryHash) -> Bool { latestAfter[hash] != nil && void[hash] == nil }
 
     /// The latest keys among `keys`: those no other one of them was created knowing.
     private func maximal(_ keys: Set<EpochKeyID>) -> Set<EpochKeyID> {
@@ -236,7 +236,7 @@ public struct MembershipState: Sendable {
         } else {
             applied.append(op.hash)
             if let created = createdKey(op) {
-                if before.count > 1 { rotationCombinations.append(before.sorted { $0.op.lexicographicallyPrecedes($1.op) }) }
+                if before.count > 1 { rotationCombinations.append(before.sorted { $0.op < $1.op }) }
                 ancestors[created] = before.reduce(into: before) { $0.formUnion(ancestors[$1] ?? []) }
                 epochKeys.append(created)
                 after = [created]
@@ -250,7 +250,7 @@ public struct MembershipState: Sendable {
 
     /// The latest keys and the combinations, once the operations are processed.
     private mutating func finish() {
-        frontier = maximal(Set(epochKeys)).sorted { $0.op.lexicographicallyPrecedes($1.op) }
+        frontier = maximal(Set(epochKeys)).sorted { $0.op < $1.op }
         var seen = Set<[EpochKeyID]>()
         combinations = (rotationCombinations + (frontier.count > 1 ? [frontier] : [])).filter { seen.insert($0).inserted }
     }
@@ -299,7 +299,7 @@ public struct MembershipState: Sendable {
             let target = hexString(device)
             guard var removed = members[target] else { return "device is not a member" }
             let known = Array(knownKeys)
-            guard epoch == Self.epoch(of: known) + 1 else { return "epoch is not one past the author's latest" }
+            guard epoch == Self.epoch(of: known).next else { return "epoch is not one past the author's latest" }
             guard op.version == 2 || !commitsKeys else { return "a rotation without its key's commitment" }
             if let head = op.cutoffHead, head.publicKey != removed.keys.signing { return "a cutoff its device never signed" }
             if let c = op.commitment { commitments[EpochKeyID(epoch: epoch, op: op.hash)] = c }

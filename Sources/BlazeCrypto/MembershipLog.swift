@@ -27,7 +27,7 @@ public enum MembershipLog {
     /// candidate or waiting operation has in its past, are set aside before the log is resolved: a flood of them costs
     /// a hash each, not a resolution.
     public static func kept(
-        _ incoming: [MembershipOp], held: [MembershipOp], space: [UInt8], resolvedHeld: MembershipState? = nil
+        _ incoming: [MembershipOp], held: [MembershipOp], space: SpaceID, resolvedHeld: MembershipState? = nil
     ) -> [MembershipOp] {
         taken(incoming, held: held, space: space, resolvedHeld: resolvedHeld).kept
     }
@@ -40,13 +40,13 @@ public enum MembershipLog {
     /// what it sent as held by the receiver, so within one exchange it never sends those again; an admin's operation
     /// naming one (a log written before this rule) would otherwise wait for it until the next connection.
     public static func taken(
-        _ incoming: [MembershipOp], held: [MembershipOp], space: [UInt8], resolvedHeld: MembershipState? = nil,
-        aside: [[UInt8]: MembershipOp] = [:]
+        _ incoming: [MembershipOp], held: [MembershipOp], space: SpaceID, resolvedHeld: MembershipState? = nil,
+        aside: [EntryHash: MembershipOp] = [:]
     ) -> (kept: [MembershipOp], resolved: MembershipState?, dropped: [MembershipOp]) {
         // Whether an operation is held: the resolution of `held` says so, without hashing the whole log again.
         let heldHashes = resolvedHeld == nil ? Set(held.map(\.hash)) : nil
-        var seen = Set<[UInt8]>()
-        func isNew(_ hash: [UInt8]) -> Bool {
+        var seen = Set<EntryHash>()
+        func isNew(_ hash: EntryHash) -> Bool {
             !(heldHashes?.contains(hash) ?? resolvedHeld!.holds(hash)) && seen.insert(hash).inserted
         }
         var arrived: [MembershipOp] = []
@@ -86,8 +86,8 @@ public enum MembershipLog {
         let arrivedByHash = Dictionary(arrived.map { ($0.hash, $0) }, uniquingKeysWith: { a, _ in a })
         let heldByHash = before.waiting.isEmpty ? [:] : Dictionary(held.map { ($0.hash, $0) }, uniquingKeysWith: { a, _ in a })
         /// The arrived operations in the past of `roots` (through arrived operations: held ones have their past held).
-        func past(of roots: some Sequence<[UInt8]>) -> Set<[UInt8]> {
-            var seen = Set<[UInt8]>()
+        func past(of roots: some Sequence<EntryHash>) -> Set<EntryHash> {
+            var seen = Set<EntryHash>()
             var stack = roots.flatMap { (arrivedByHash[$0] ?? heldByHash[$0])?.parents ?? [] }
             while let hash = stack.popLast() {
                 guard let op = arrivedByHash[hash], seen.insert(hash).inserted else { continue }
@@ -111,7 +111,7 @@ public enum MembershipLog {
         let needed = past(of: arrived.lazy.map(\.hash).filter(resolved.isApplied) + before.waiting)
         // The remaining admin operations, each with the arrived past only it brings (charged to its author).
         // One walk over them all: an operation reached first from one admin's operation is on that admin's account.
-        var account: [[UInt8]: [UInt8]] = [:]
+        var account: [EntryHash: [UInt8]] = [:]
         for op in fresh where isAdmin(op) && !resolved.isApplied(op.hash) && !needed.contains(op.hash) {
             guard account[op.hash] == nil else { continue }
             account[op.hash] = op.author.signing
@@ -163,9 +163,9 @@ public struct SetAsideOps: Sendable {
     public static let maxBytes = 4 << 20
 
     /// The operations held, by hash.
-    public private(set) var ops: [[UInt8]: MembershipOp] = [:]
+    public private(set) var ops: [EntryHash: MembershipOp] = [:]
     /// Hashes in the order they were set aside, oldest first (may name operations taken since).
-    private var order: [[UInt8]] = []
+    private var order: [EntryHash] = []
     /// Bytes of the operations held.
     private var bytes = 0
     /// This one's bounds.

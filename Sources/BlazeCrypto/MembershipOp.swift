@@ -43,9 +43,9 @@ public struct KeyEnvelope: Sendable, Hashable {
     /// Node id of the member who can open it.
     public let recipient: [UInt8]
     /// The epoch the key seals entries of.
-    public let epoch: UInt32
+    public let epoch: Epoch
     /// Hash of the operation that created the key; all zeros for the operation carrying the envelope.
-    public let keyOp: [UInt8]
+    public let keyOp: EntryHash
     /// HPKE encapsulated key (32 bytes).
     public let encapsulated: [UInt8]
     /// The sealed 32-byte key and its tag.
@@ -54,26 +54,26 @@ public struct KeyEnvelope: Sendable, Hashable {
     /// Bytes of one encoded envelope.
     static let size = 16 + 4 + 32 + 32 + 48
     /// `keyOp` of a key created by the operation that carries it.
-    public static let thisOp = [UInt8](repeating: 0, count: 32)
+    public static let thisOp = EntryHash.zero
 
     /// What a version-2 `create` or `remove` publishes of the epoch key it makes (SYNC.md §9, "Logs that commit"):
     /// HMAC-SHA256 keyed with the key over a label, the space and the epoch. It shows nothing of the key, and a
     /// member takes from an envelope only the key it commits to, so an admin cannot hand chosen members another key.
-    public static func commitment(secret: [UInt8], space: [UInt8], epoch: UInt32) -> [UInt8] {
-        var m = Array("blazedb epoch key commitment v1".utf8) + space
+    public static func commitment(secret: [UInt8], space: SpaceID, epoch: Epoch) -> [UInt8] {
+        var m = Array("blazedb epoch key commitment v1".utf8) + space.bytes
         m.appendBE(epoch)
         return Array(HMAC<SHA256>.authenticationCode(for: m, using: SymmetricKey(data: secret)))
     }
 
-    static func info(space: [UInt8], recipient: [UInt8], epoch: UInt32, keyOp: [UInt8]) -> Data {
-        var info = Array("blazedb epoch key v1".utf8) + space + recipient
+    static func info(space: SpaceID, recipient: [UInt8], epoch: Epoch, keyOp: EntryHash) -> Data {
+        var info = Array("blazedb epoch key v1".utf8) + space.bytes + recipient
         info.appendBE(epoch)
-        return Data(info + keyOp)
+        return Data(info + keyOp.bytes)
     }
 
     /// Seals `secret` (the key of `epoch` created by `keyOp`) to `recipient`.
     public init(
-        sealing secret: [UInt8], space: [UInt8], epoch: UInt32, keyOp: [UInt8], to recipient: DevicePublicKeys
+        sealing secret: [UInt8], space: SpaceID, epoch: Epoch, keyOp: EntryHash, to recipient: DevicePublicKeys
     ) throws {
         let key = try Curve25519.KeyAgreement.PublicKey(rawRepresentation: recipient.agreement)
         var sender = try HPKE.Sender(
@@ -86,7 +86,7 @@ public struct KeyEnvelope: Sendable, Hashable {
         self.ciphertext = Array(try sender.seal(secret))
     }
 
-    init(recipient: [UInt8], epoch: UInt32, keyOp: [UInt8], encapsulated: [UInt8], ciphertext: [UInt8]) {
+    init(recipient: [UInt8], epoch: Epoch, keyOp: EntryHash, encapsulated: [UInt8], ciphertext: [UInt8]) {
         self.recipient = recipient
         self.epoch = epoch
         self.keyOp = keyOp
@@ -95,7 +95,7 @@ public struct KeyEnvelope: Sendable, Hashable {
     }
 
     /// Opens the envelope with this device's key; nil when it is not for `identity` or does not open.
-    public func open(space: [UInt8], identity: DeviceIdentity) -> [UInt8]? {
+    public func open(space: SpaceID, identity: DeviceIdentity) -> [UInt8]? {
         guard recipient == identity.nodeID,
             var r = try? HPKE.Recipient(
                 privateKey: identity.agreementKey, ciphersuite: .Curve25519_SHA256_ChachaPoly,
@@ -109,7 +109,7 @@ public struct KeyEnvelope: Sendable, Hashable {
     func encode(into out: inout [UInt8]) {
         out += recipient
         out.appendBE(epoch)
-        out += keyOp + encapsulated + ciphertext
+        out += keyOp.bytes + encapsulated + ciphertext
     }
 }
 
@@ -132,19 +132,19 @@ public struct MembershipOp: Sendable, Hashable {
         /// Adds `device` with `role`.
         case add(device: DevicePublicKeys, role: MemberRole)
         /// Removes the device with node id `device`, accepting its entries up to `cutoff`, and starts `epoch`.
-        case remove(device: [UInt8], cutoff: UInt64, epoch: UInt32)
+        case remove(device: [UInt8], cutoff: UInt64, epoch: Epoch)
         /// Only delivers keys (its envelopes).
         case grant
     }
 
     /// The space the log belongs to.
-    public let space: [UInt8]
+    public let space: SpaceID
     /// The admin (or creator) who signed it.
     public let author: DevicePublicKeys
     /// When the author made it (Unix ms, the author's clock; shown, never trusted for order).
     public let timeMs: UInt64
     /// Hashes of the log's latest operations the author had seen, ascending.
-    public let parents: [[UInt8]]
+    public let parents: [EntryHash]
     /// What it does.
     public let action: Action
     /// Keys it delivers.
@@ -159,7 +159,7 @@ public struct MembershipOp: Sendable, Hashable {
     /// The whole encoding, signature included.
     public let bytes: [UInt8]
     /// SHA-256 of `bytes`.
-    public let hash: [UInt8]
+    public let hash: EntryHash
 
     static let magic = Array("BLZM".utf8)
     /// Most parents an operation may name.
@@ -170,18 +170,18 @@ public struct MembershipOp: Sendable, Hashable {
     /// Makes and signs an operation by `author`; with `commitment` (a create or remove), in version 2, with
     /// `cutoffHead` on a remove whose cutoff is above 0.
     public init(
-        space: [UInt8], author: DeviceIdentity, timeMs: UInt64, parents: [[UInt8]], action: Action,
+        space: SpaceID, author: DeviceIdentity, timeMs: UInt64, parents: [EntryHash], action: Action,
         envelopes: [KeyEnvelope] = [], commitment: [UInt8]? = nil, cutoffHead: SignedHead? = nil
     ) throws(MembershipError) {
-        let sorted = Array(Set(parents)).sorted { $0.lexicographicallyPrecedes($1) }
-        guard space.count == 16, sorted.count <= Self.maxParents, sorted.allSatisfy({ $0.count == 32 }),
+        let sorted = Array(Set(parents)).sorted()
+        guard sorted.count <= Self.maxParents,
             envelopes.count <= Self.maxEnvelopes, commitment != nil || cutoffHead == nil
         else { throw MembershipError("malformed membership operation") }
         let version: UInt8 = commitment == nil ? 1 : 2
-        var out = Self.magic + [version] + space + author.publicKeys.signing + author.publicKeys.agreement
+        var out = Self.magic + [version] + space.bytes + author.publicKeys.signing + author.publicKeys.agreement
         out.appendBE(timeMs)
         out.append(UInt8(sorted.count))
-        for p in sorted { out += p }
+        for p in sorted { out += p.bytes }
         switch action {
         case .create(let salt):
             guard salt.count == 16 else { throw MembershipError("malformed membership operation") }
@@ -225,8 +225,8 @@ public struct MembershipOp: Sendable, Hashable {
 
     /// The id of the space whose log `creator` creates with `salt`: SHA-256 of a label, the creator's signing key and
     /// the salt, first 16 bytes.
-    public static func spaceID(creator: DevicePublicKeys, salt: [UInt8]) -> [UInt8] {
-        Array(SHA256.hash(data: Array("blazedb space v1".utf8) + creator.signing + salt).prefix(16))
+    public static func spaceID(creator: DevicePublicKeys, salt: [UInt8]) -> SpaceID {
+        SpaceID(computed: Array(SHA256.hash(data: Array("blazedb space v1".utf8) + creator.signing + salt).prefix(16)))
     }
 
     /// Decodes and checks an operation received from anywhere: structure, bounds and the author's signature.
@@ -248,14 +248,14 @@ public struct MembershipOp: Sendable, Hashable {
         let bad = MembershipError("malformed membership operation")
         var r = ByteReader(bytes[...])
         guard bytes.count >= 4 + 1 + 16 + 64 + 8 + 1 + 1 + 2 + 64, r.read(4).map(Array.init) == Self.magic,
-            let version = r.readUInt8(), version == 1 || version == 2, let space = r.read(16), let signing = r.read(32), let agreement = r.read(32),
+            let version = r.readUInt8(), version == 1 || version == 2, let space = r.readSpaceID(), let signing = r.read(32), let agreement = r.read(32),
             let author = DevicePublicKeys(signing: Array(signing), agreement: Array(agreement)),
             let time = r.readUInt64(), let parentCount = r.readUInt8(), Int(parentCount) <= Self.maxParents,
             r.remaining >= Int(parentCount) * 32
         else { throw bad }
-        var parents: [[UInt8]] = []
-        for _ in 0..<parentCount { parents.append(Array(r.read(32)!)) }
-        for i in parents.indices.dropFirst() where !parents[i - 1].lexicographicallyPrecedes(parents[i]) { throw bad }
+        var parents: [EntryHash] = []
+        for _ in 0..<parentCount { parents.append(r.readEntryHash()!) }
+        for i in parents.indices.dropFirst() where !(parents[i - 1] < parents[i]) { throw bad }
         let action: Action
         switch r.readUInt8() {
         case 1:
@@ -267,7 +267,7 @@ public struct MembershipOp: Sendable, Hashable {
             else { throw bad }
             action = .add(device: device, role: role)
         case 3:
-            guard let device = r.read(16), let cutoff = r.readUInt64(), let epoch = r.readUInt32(), epoch >= 2 else { throw bad }
+            guard let device = r.read(16), let cutoff = r.readUInt64(), let epoch = r.readEpoch(), epoch >= 2 else { throw bad }
             action = .remove(device: Array(device), cutoff: cutoff, epoch: epoch)
         case 4:
             action = .grant
@@ -296,13 +296,13 @@ public struct MembershipOp: Sendable, Hashable {
         var envelopes: [KeyEnvelope] = []
         envelopes.reserveCapacity(Int(count))
         for _ in 0..<count {
-            let recipient = Array(r.read(16)!), epoch = r.readUInt32()!, keyOp = Array(r.read(32)!)
+            let recipient = Array(r.read(16)!), epoch = r.readEpoch()!, keyOp = r.readEntryHash()!
             let encapsulated = Array(r.read(32)!), ciphertext = Array(r.read(48)!)
             guard epoch >= 1 else { throw bad }
             envelopes.append(
                 KeyEnvelope(recipient: recipient, epoch: epoch, keyOp: keyOp, encapsulated: encapsulated, ciphertext: ciphertext))
         }
-        self.space = Array(space)
+        self.space = space
         self.author = author
         self.timeMs = time
         self.parents = parents
@@ -312,6 +312,6 @@ public struct MembershipOp: Sendable, Hashable {
         self.commitment = commitment
         self.cutoffHead = cutoffHead
         self.bytes = bytes
-        self.hash = Array(SHA256.hash(data: bytes))
+        self.hash = EntryHash(computed: Array(SHA256.hash(data: bytes)))
     }
 }

@@ -1,3 +1,5 @@
+import BlazeProtocol
+
 /// Keys sealed wrong (SYNC.md §9, "Keys sealed wrong"): a member that an envelope sealed a key it cannot take says
 /// so in its acknowledgement, and any current admin holding the key seals it to that member again.
 extension MembershipState {
@@ -22,7 +24,7 @@ extension MembershipState {
 extension MembershipState {
     /// The operations that prove `device` was added, from `ops` (this log's, by hash): the applied `add` of it (or the
     /// `create`, for the creator) and all that operation's past, nothing later. Empty when the log does not list it.
-    public func proofOfMembership(of device: [UInt8], ops: [[UInt8]: MembershipOp]) -> [MembershipOp] {
+    public func proofOfMembership(of device: [UInt8], ops: [EntryHash: MembershipOp]) -> [MembershipOp] {
         guard
             let added = applied.compactMap({ ops[$0] }).first(where: {
                 switch $0.action {
@@ -36,13 +38,13 @@ extension MembershipState {
     }
 
     /// `root` and every operation of `ops` in its past, by hash: what proves it took effect.
-    static func withPast(_ root: MembershipOp, ops: [[UInt8]: MembershipOp]) -> [MembershipOp] {
-        var proof: [[UInt8]: MembershipOp] = [:]
+    static func withPast(_ root: MembershipOp, ops: [EntryHash: MembershipOp]) -> [MembershipOp] {
+        var proof: [EntryHash: MembershipOp] = [:]
         var next = [root]
         while let op = next.popLast() {
             guard proof.updateValue(op, forKey: op.hash) == nil else { continue }
             next += op.parents.compactMap { ops[$0] }
         }
-        return proof.values.sorted { $0.hash.lexicographicallyPrecedes($1.hash) }
+        return proof.values.sorted { $0.hash < $1.hash }
     }
 }

@@ -57,13 +57,13 @@ extension MembershipState {
         if latest.count == 1 { return parts }
         var info = Array("blazedb combined epoch v1".utf8)
         info.appendBE(Self.epoch(of: latest))
-        return HKDF<SHA256>.deriveKey(inputKeyMaterial: SymmetricKey(data: parts), salt: space, info: info, outputByteCount: 32)
+        return HKDF<SHA256>.deriveKey(inputKeyMaterial: SymmetricKey(data: parts), salt: space.bytes, info: info, outputByteCount: 32)
             .withUnsafeBytes { Array($0) }
     }
 
     /// Every (epoch, secret) that opens entries, from `keys`: each key, and each combination whose parts are all held.
-    public func ring(_ keys: [EpochKeyID: [UInt8]]) -> [(epoch: UInt32, secret: [UInt8])] {
-        var out = keys.sorted { $0.key.op.lexicographicallyPrecedes($1.key.op) }.map { ($0.key.epoch, $0.value) }
+    public func ring(_ keys: [EpochKeyID: [UInt8]]) -> [(epoch: Epoch, secret: [UInt8])] {
+        var out = keys.sorted { $0.key.op < $1.key.op }.map { ($0.key.epoch, $0.value) }
         for set in combinations {
             if let secret = combined(set, keys) { out.append((Self.epoch(of: set), secret)) }
         }

@@ -1,3 +1,4 @@
+import BlazeProtocol
 import HeapModule
 
 /// The operations ready to be applied while a log resolves, and the choice of the next (`MembershipState`): the
@@ -7,20 +8,20 @@ import HeapModule
 struct ReadyOps {
     private struct Key: Comparable {
         let rank: Int
-        let hash: [UInt8]
-        static func < (a: Key, b: Key) -> Bool { a.rank != b.rank ? a.rank < b.rank : a.hash.lexicographicallyPrecedes(b.hash) }
+        let hash: EntryHash
+        static func < (a: Key, b: Key) -> Bool { a.rank != b.rank ? a.rank < b.rank : a.hash < b.hash }
     }
 
     private let linear: Bool
     private var heap = Heap<Key>()
     /// Ready operations whose author was not a member when they became ready, by author.
-    private var unranked: [String: [[UInt8]]] = [:]
+    private var unranked: [String: [EntryHash]] = [:]
     /// Linear mode: every ready operation with its author.
-    private var all: [(hash: [UInt8], author: String)] = []
+    private var all: [(hash: EntryHash, author: String)] = []
 
     init(linear: Bool) { self.linear = linear }
 
-    mutating func add(_ hash: [UInt8], author: String, members: [String: Member]) {
+    mutating func add(_ hash: EntryHash, author: String, members: [String: Member]) {
         if linear { return all.append((hash, author)) }
         if let m = members[author] {
             heap.insert(Key(rank: m.seniority, hash: hash))
@@ -37,7 +38,7 @@ struct ReadyOps {
     }
 
     /// Takes the next operation to apply, nil when none is ready.
-    mutating func next(members: [String: Member], done: Set<[UInt8]>) -> [UInt8]? {
+    mutating func next(members: [String: Member], done: Set<EntryHash>) -> EntryHash? {
         if linear {
             func key(_ i: Int) -> Key { Key(rank: members[all[i].author]?.seniority ?? Int.max, hash: all[i].hash) }
             guard let i = all.indices.min(by: { key($0) < key($1) }) else { return nil }

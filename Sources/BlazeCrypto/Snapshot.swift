@@ -45,8 +45,8 @@ public struct SnapshotPart: Sendable, Equatable {
         self.hash = hash
     }
 
-    private static func aad(_ space: [UInt8], _ header: some Collection<UInt8>) -> [UInt8] {
-        Array("blazedb snapshot part v1".utf8) + space + header
+    private static func aad(_ space: SpaceID, _ header: some Collection<UInt8>) -> [UInt8] {
+        Array("blazedb snapshot part v1".utf8) + space.bytes + header
     }
 
     /// Parses a piece (its bounds only; `open` authenticates it).
@@ -61,7 +61,7 @@ public struct SnapshotPart: Sendable, Equatable {
     public func open(with key: SpaceKey) throws(SyncRejection) -> [UInt8] {
         var r = ByteReader(bytes[...])
         _ = r.read(36)
-        guard let epoch = r.readUInt32(), let nonceBytes = r.read(12), let nonce = try? ChaChaPoly.Nonce(data: nonceBytes) else {
+        guard let epoch = r.readEpoch(), let nonceBytes = r.read(12), let nonce = try? ChaChaPoly.Nonce(data: nonceBytes) else {
             throw .malformed
         }
         let n = Self.headerSize
@@ -89,7 +89,7 @@ public struct SnapshotPart: Sendable, Equatable {
 /// `"blazedb snapshot v2"` · everything before it.
 public struct SnapshotManifest: Sendable, Equatable {
     /// The space.
-    public let space: [UInt8]
+    public let space: SpaceID
     /// The author's Ed25519 public key.
     public let authorKey: [UInt8]
     /// When it was made (author's clock).
@@ -115,13 +115,13 @@ public struct SnapshotManifest: Sendable, Equatable {
 
     /// Signs a manifest with `identity`.
     public init(
-        space: [UInt8], createdMs: UInt64, parts: UInt32, size: UInt64, lastPart: [UInt8],
+        space: SpaceID, createdMs: UInt64, parts: UInt32, size: UInt64, lastPart: [UInt8],
         heads: [[UInt8]: (seq: UInt64, hash: [UInt8])], signedHeads: [SignedHead] = [], identity: DeviceIdentity
     ) {
         let signed = signedHeads.filter { h in heads[h.origin].map { $0.seq == h.seq && $0.hash == h.hash } ?? false }
             .sorted { $0.origin.lexicographicallyPrecedes($1.origin) }
         let key = Array(identity.signingKey.publicKey.rawRepresentation)
-        var body = space + key
+        var body = space.bytes + key
         body.appendBE(createdMs)
         body.appendBE(parts)
         body.appendBE(size)
@@ -153,7 +153,7 @@ public struct SnapshotManifest: Sendable, Equatable {
     /// Decodes and verifies a manifest: bounds, origins strictly ascending, the signature.
     public init(bytes: [UInt8]) throws(SyncRejection) {
         var r = ByteReader(bytes[...])
-        guard let space = r.read(16), let key = r.read(32), let created = r.readUInt64(), let parts = r.readUInt32(),
+        guard let space = r.readSpaceID(), let key = r.read(32), let created = r.readUInt64(), let parts = r.readUInt32(),
             parts > 0, let size = r.readUInt64(), let last = r.read(32), let n = r.readUInt32(), Int(n) * 56 + 68 <= r.remaining
         else { throw .malformed }
         var heads: [[UInt8]: (seq: UInt64, hash: [UInt8])] = [:]
@@ -178,7 +178,7 @@ public struct SnapshotManifest: Sendable, Equatable {
         guard let signature = r.read(64), let publicKey = try? Curve25519.Signing.PublicKey(rawRepresentation: key),
             publicKey.isValidSignature(signature, for: Self.domain + bytes[..<(bytes.count - 64)])
         else { throw .badSnapshot }
-        self.space = Array(space)
+        self.space = space
         self.authorKey = Array(key)
         self.createdMs = created
         self.parts = parts

@@ -16,35 +16,35 @@ import Glibc
 /// epoch; a space with a membership log has a new epoch per revocation, and concurrent revocations can give two keys
 /// the same epoch number, so an epoch maps to every key this device holds for it.
 public struct SpaceKey: Sendable, Equatable {
-    /// 16 random bytes naming the space (safe to show to relays).
-    public let id: [UInt8]
+    /// The space's id (safe to show to relays).
+    public let id: SpaceID
     /// The epoch new entries are sealed with; 0 when this device holds no key to seal with (a relay, or a joiner
     /// not admitted yet).
-    public let epoch: UInt32
+    public let epoch: Epoch
     /// The 32-byte secret of each epoch as a legacy token or the keystore carries it (one per epoch).
-    public let secrets: [UInt32: [UInt8]]
+    public let secrets: [Epoch: [UInt8]]
     /// The derived entry keys of each epoch, computed once (HKDF costs more than an AEAD opening of a small entry).
-    private let entryKeys: [UInt32: [[UInt8]]]
+    private let entryKeys: [Epoch: [[UInt8]]]
     /// The entry key new entries are sealed with.
     private let sealingKey: [UInt8]?
     private let authKeyBytes: [UInt8]
 
-    static func derive(_ label: String, id: [UInt8], epoch: UInt32, _ secret: [UInt8]) -> [UInt8] {
+    static func derive(_ label: String, id: SpaceID, epoch: Epoch, _ secret: [UInt8]) -> [UInt8] {
         var info = Array(label.utf8)
         info.appendBE(epoch)
-        return HKDF<SHA256>.deriveKey(inputKeyMaterial: SymmetricKey(data: secret), salt: id, info: info, outputByteCount: 32)
+        return HKDF<SHA256>.deriveKey(inputKeyMaterial: SymmetricKey(data: secret), salt: id.bytes, info: info, outputByteCount: 32)
             .withUnsafeBytes { Array($0) }
     }
 
     /// The capability of a space whose epoch-1 secret is `genesis`.
-    public static func capability(id: [UInt8], genesis: [UInt8]) -> [UInt8] {
+    public static func capability(id: SpaceID, genesis: [UInt8]) -> [UInt8] {
         derive("blazedb peer auth v1", id: id, epoch: 1, genesis)
     }
 
     /// Creates a space key from parts (a legacy token or the keystore); the current epoch's secret must be present.
     /// The capability comes from the epoch-1 secret when held, else from the current one (as legacy versions did).
-    public init(id: [UInt8], epoch: UInt32, secrets: [UInt32: [UInt8]]) throws(KeystoreError) {
-        guard id.count == 16, let current = secrets[epoch], current.count == 32, secrets.values.allSatisfy({ $0.count == 32 })
+    public init(id: SpaceID, epoch: Epoch, secrets: [Epoch: [UInt8]]) throws(KeystoreError) {
+        guard let current = secrets[epoch], current.count == 32, secrets.values.allSatisfy({ $0.count == 32 })
         else { throw KeystoreError(description: "malformed space key") }
         self.id = id
         self.epoch = epoch
@@ -58,15 +58,15 @@ public struct SpaceKey: Sendable, Equatable {
     /// A key of a space with a membership log: `capability` for the handshake, every epoch key held (`ring`, possibly
     /// several per epoch), and the secret new entries are sealed with at `epoch` (nil: this device cannot seal).
     public init(
-        id: [UInt8], capability: [UInt8], epoch: UInt32, current: [UInt8]?, ring: [(epoch: UInt32, secret: [UInt8])]
+        id: SpaceID, capability: [UInt8], epoch: Epoch, current: [UInt8]?, ring: [(epoch: Epoch, secret: [UInt8])]
     ) throws(KeystoreError) {
-        guard id.count == 16, capability.count == 32, current.map({ $0.count == 32 }) ?? true,
+        guard capability.count == 32, current.map({ $0.count == 32 }) ?? true,
             ring.allSatisfy({ $0.secret.count == 32 })
         else { throw KeystoreError(description: "malformed space key") }
         self.id = id
         self.authKeyBytes = capability
-        var keys: [UInt32: [[UInt8]]] = [:]
-        var secrets: [UInt32: [UInt8]] = [:]
+        var keys: [Epoch: [[UInt8]]] = [:]
+        var secrets: [Epoch: [UInt8]] = [:]
         for (e, secret) in ring {
             let k = Self.derive("blazedb entry key v1", id: id, epoch: e, secret)
             if !(keys[e]?.contains(k) ?? false) { keys[e, default: []].append(k) }
@@ -86,7 +86,7 @@ public struct SpaceKey: Sendable, Equatable {
     }
 
     /// A key that only proves membership of space `id` (a relay's, or a joiner's before it is admitted).
-    public init(id: [UInt8], capability: [UInt8]) throws(KeystoreError) {
+    public init(id: SpaceID, capability: [UInt8]) throws(KeystoreError) {
         try self.init(id: id, capability: capability, epoch: 0, current: nil, ring: [])
     }
 
@@ -102,7 +102,7 @@ public struct SpaceKey: Sendable, Equatable {
     /// A fresh space: random id and secret, epoch 1.
     public static func generate() -> SpaceKey {
         var rng = SystemRandomNumberGenerator()
-        let id = (0..<16).map { _ in UInt8.random(in: .min ... .max, using: &rng) }
+        let id = SpaceID(computed: (0..<16).map { _ in UInt8.random(in: .min ... .max, using: &rng) })
         let secret = SymmetricKey(size: .bits256).withUnsafeBytes { Array($0) }
         return try! SpaceKey(id: id, epoch: 1, secrets: [1: secret])
     }
@@ -123,10 +123,10 @@ public struct SpaceKey: Sendable, Equatable {
     public var capability: [UInt8] { authKeyBytes }
 
     /// The space id as 32 hex digits.
-    public var idHex: String { hexString(id) }
+    public var idHex: String { id.hex }
 
     /// The AEAD keys held for entries of `epoch` (several after concurrent rotations), empty for an unknown epoch.
-    public func entryKeys(epoch: UInt32) -> [SymmetricKey] {
+    public func entryKeys(epoch: Epoch) -> [SymmetricKey] {
         (entryKeys[epoch] ?? []).map { SymmetricKey(data: $0) }
     }
 
@@ -145,7 +145,7 @@ public struct SpaceKey: Sendable, Equatable {
     /// Nil for a key that cannot seal (it holds no current secret to hand out).
     public var token: String? {
         guard let secret = secrets[epoch] else { return nil }
-        var bytes = id
+        var bytes = id.bytes
         bytes.appendBE(epoch)
         bytes += secret
         return Self.tokenPrefix + base64URL(bytes)
@@ -160,8 +160,8 @@ public struct SpaceKey: Sendable, Equatable {
             throw KeystoreError(description: "share token is damaged (wrong length or characters)")
         }
         var r = ByteReader(data[...])
-        let id = Array(r.read(16)!)
-        let epoch = r.readUInt32()!
+        let id = SpaceID(computed: Array(r.read(16)!))
+        let epoch = r.readEpoch()!
         try self.init(id: id, epoch: epoch, secrets: [epoch: Array(r.rest())])
     }
 
@@ -169,8 +169,8 @@ public struct SpaceKey: Sendable, Equatable {
 
     /// Stores the key as `<directory>/<space id>.json` (directory 0700, file 0600, written atomically).
     public func save(directory: String) throws {
-        let secrets = self.secrets.keys.sorted().map { "\"\($0)\":\"\(Data(self.secrets[$0]!).base64EncodedString())\"" }
-        let json = "{\"id\":\"\(idHex)\",\"epoch\":\(epoch),\"secrets\":{\(secrets.joined(separator: ","))}}"
+        let secrets = self.secrets.keys.sorted().map { "\"\($0.value)\":\"\(Data(self.secrets[$0]!).base64EncodedString())\"" }
+        let json = "{\"id\":\"\(idHex)\",\"epoch\":\(epoch.value),\"secrets\":{\(secrets.joined(separator: ","))}}"
         try KeyFile.write(json, to: directory + "/\(idHex).json")
     }
 
@@ -178,12 +178,12 @@ public struct SpaceKey: Sendable, Equatable {
     public static func load(directory: String, idHex: String) throws -> SpaceKey? {
         let path = directory + "/\(idHex).json"
         guard let text = try KeyFile.read(path) else { return nil }
-        guard case .object(let o) = try JSONParser().parse(text), case .string(let hex)? = o["id"], let id = hexBytes(hex),
-            case .int(let epoch)? = o["epoch"], let epoch32 = UInt32(exactly: epoch), case .object(let s)? = o["secrets"]
+        guard case .object(let o) = try JSONParser().parse(text), case .string(let hex)? = o["id"], let id = SpaceID(hex: hex),
+            case .int(let epoch)? = o["epoch"], let epoch32 = UInt32(exactly: epoch).map({ Epoch($0) }), case .object(let s)? = o["secrets"]
         else { throw KeystoreError(description: "\(path) is not a BlazeDB space key") }
-        var secrets: [UInt32: [UInt8]] = [:]
+        var secrets: [Epoch: [UInt8]] = [:]
         for (k, v) in s {
-            guard let e = UInt32(k), case .string(let b64) = v, let bytes = Data(base64Encoded: b64) else {
+            guard let e = UInt32(k).map({ Epoch($0) }), case .string(let b64) = v, let bytes = Data(base64Encoded: b64) else {
                 throw KeystoreError(description: "\(path) is not a BlazeDB space key")
             }
             secrets[e] = Array(bytes)

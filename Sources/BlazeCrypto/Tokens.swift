@@ -23,7 +23,7 @@ public struct InviteToken: Sendable, Equatable {
     public static let legacyPrefix = "blazedb-invite-1."
 
     /// The space.
-    public let space: [UInt8]
+    public let space: SpaceID
     /// The space's capability.
     public let capability: [UInt8]
     /// The invite's id.
@@ -37,9 +37,9 @@ public struct InviteToken: Sendable, Equatable {
 
     /// Creates a token from parts.
     public init(
-        space: [UInt8], capability: [UInt8], id: [UInt8], secret: [UInt8], address: String, version: Int = 2
+        space: SpaceID, capability: [UInt8], id: [UInt8], secret: [UInt8], address: String, version: Int = 2
     ) throws(KeystoreError) {
-        guard space.count == 16, capability.count == 32, id.count == 16, secret.count == 32, !address.isEmpty,
+        guard capability.count == 32, id.count == 16, secret.count == 32, !address.isEmpty,
             address.utf8.count <= 255, version == 1 || version == 2
         else { throw KeystoreError(description: "malformed invite") }
         self.space = space
@@ -63,13 +63,13 @@ public struct InviteToken: Sendable, Equatable {
             let address = String(validating: bytes[96...], as: UTF8.self)
         else { throw KeystoreError(description: "invite is damaged (wrong length or characters)") }
         try self.init(
-            space: Array(bytes[0..<16]), capability: Array(bytes[16..<48]), id: Array(bytes[48..<64]),
+            space: SpaceID(computed: Array(bytes[0..<16])), capability: Array(bytes[16..<48]), id: Array(bytes[48..<64]),
             secret: Array(bytes[64..<96]), address: address, version: version)
     }
 
     /// The token's text.
     public var text: String {
-        (version == 2 ? Self.prefix : Self.legacyPrefix) + base64URL(space + capability + id + secret + Array(address.utf8))
+        (version == 2 ? Self.prefix : Self.legacyPrefix) + base64URL(space.bytes + capability + id + secret + Array(address.utf8))
     }
 
     /// The signing key a version-2 secret stands for (HKDF-SHA256 of the secret, as an Ed25519 seed).
@@ -87,8 +87,8 @@ public struct InviteToken: Sendable, Equatable {
     public static func secretHash(_ secret: [UInt8]) -> [UInt8] { Array(SHA256.hash(data: secret)) }
 
     /// What a proof covers: the space, the invite and the joiner's device keys.
-    static func proofMessage(_ label: String, space: [UInt8], invite: [UInt8]?, device: DevicePublicKeys) -> [UInt8] {
-        Array(label.utf8) + space + (invite ?? []) + device.signing + device.agreement
+    static func proofMessage(_ label: String, space: SpaceID, invite: [UInt8]?, device: DevicePublicKeys) -> [UInt8] {
+        Array(label.utf8) + space.bytes + (invite ?? []) + device.signing + device.agreement
     }
 
     /// What a joining device sends instead of the secret (SYNC.md §9, "Invites"). Version 2: an Ed25519 signature
@@ -108,7 +108,7 @@ public struct InviteToken: Sendable, Equatable {
     /// Whether `proof` is a version-`version` join proof for invite `invite` of `space` and `device`, given what the
     /// inviting member kept (`verifier` for version 2, `secretHash` for version 1).
     public static func checkJoinProof(
-        _ proof: [UInt8], kept: [UInt8], version: Int, space: [UInt8], invite: [UInt8], device: DevicePublicKeys
+        _ proof: [UInt8], kept: [UInt8], version: Int, space: SpaceID, invite: [UInt8], device: DevicePublicKeys
     ) -> Bool {
         switch version {
         case 2:
@@ -129,7 +129,7 @@ public struct RelayCapability: Sendable, Equatable {
     /// Token prefix.
     public static let prefix = "blazedb-relay-1."
     /// The space.
-    public let space: [UInt8]
+    public let space: SpaceID
     /// The space's capability.
     public let capability: [UInt8]
 
@@ -143,12 +143,12 @@ public struct RelayCapability: Sendable, Equatable {
     public init(text: String) throws(KeystoreError) {
         guard text.hasPrefix(Self.prefix), let bytes = base64URLDecoded(text.dropFirst(Self.prefix.count)), bytes.count == 48
         else { throw KeystoreError(description: "not a BlazeDB relay capability") }
-        space = Array(bytes[0..<16])
+        space = SpaceID(computed: Array(bytes[0..<16]))
         capability = Array(bytes[16...])
     }
 
     /// The token's text.
-    public var text: String { Self.prefix + base64URL(space + capability) }
+    public var text: String { Self.prefix + base64URL(space.bytes + capability) }
 
     /// A key that proves the capability in the handshake and opens nothing.
     public var key: SpaceKey { try! SpaceKey(id: space, capability: capability) }

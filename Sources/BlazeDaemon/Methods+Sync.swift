@@ -84,7 +84,7 @@ extension Methods {
         let db = try ctx.database(p.db)
         let members = try ctx.sync.members(db: db)
         return .init(
-            db: db.name, epoch: Int(try ctx.sync.spaceKey(db: db)?.epoch ?? 0),
+            db: db.name, epoch: Int(try ctx.sync.spaceKey(db: db)?.epoch.value ?? 0),
             members: members.map {
                 // Times are the authoring admin's clock, any 64-bit value an operation carries: shown clamped.
                 .init(
@@ -101,13 +101,13 @@ extension Methods {
                 "device must be a node id (32 hex digits), got \(JSONValue.string(p.device).jsonText)", kind: "invalid_device")
         }
         let epoch = try ctx.sync.revoke(db: db, device: p.device.lowercased())
-        return .init(db: db.name, device: p.device.lowercased(), epoch: Int(epoch))
+        return .init(db: db.name, device: p.device.lowercased(), epoch: Int(epoch.value))
     }
 
     static let dbRelayCapability = MethodHandler(RPC.DbRelayCapability.self) { p, ctx in
         let db = try ctx.database(p.db)
         let capability = try ctx.sync.relayCapability(db: db)
-        return .init(db: db.name, space: hexString(capability.space), capability: capability.text)
+        return .init(db: db.name, space: capability.space.hex, capability: capability.text)
     }
 
     static let peerAdd = MethodHandler(RPC.PeerAdd.self) { p, ctx in

@@ -14,9 +14,9 @@ extension PostgresRelayStore {
         PRIMARY KEY(space, device))
         """
 
-    public func holdJoin(_ join: HeldJoin, space: [UInt8], limit: Int, nowMs: Int64) async throws {
+    public func holdJoin(_ join: HeldJoin, space: SpaceID, limit: Int, nowMs: Int64) async throws {
         try await bounded { [self] in
-            let s = Data(space), device = Data(join.device.signing)
+            let s = Data(space.bytes), device = Data(join.device.signing)
             try await transaction { conn in
                 // The space's row is its lock for joins: the count below holds across processes.
                 try await conn.query("SELECT 1 FROM relay_spaces WHERE id = \(s) FOR UPDATE", logger: self.logger)
@@ -45,12 +45,12 @@ extension PostgresRelayStore {
         }
     }
 
-    public func joins(space: [UInt8], nowMs: Int64) async throws -> [HeldJoin] {
+    public func joins(space: SpaceID, nowMs: Int64) async throws -> [HeldJoin] {
         try await bounded { [self] in
             try await client.query(
                 """
                 SELECT device, agreement, invite, proof, holder, expires_ms, refusal FROM relay_joins \
-                WHERE space = \(Data(space)) AND expires_ms > \(nowMs) ORDER BY expires_ms
+                WHERE space = \(Data(space.bytes)) AND expires_ms > \(nowMs) ORDER BY expires_ms
                 """, logger: logger
             ).decode((Data, Data, Data, Data, String, Int64, String?).self).all().compactMap { row in
                 HeldJoin(
@@ -59,12 +59,12 @@ extension PostgresRelayStore {
         }
     }
 
-    public func refuseJoin(space: [UInt8], invite: [UInt8], device: [UInt8], reason: InviteRefusal) async throws -> Bool {
+    public func refuseJoin(space: SpaceID, invite: [UInt8], device: [UInt8], reason: InviteRefusal) async throws -> Bool {
         try await bounded { [self] in
             try await transaction { conn in
                 let changed = try await conn.query(
                     """
-                    UPDATE relay_joins SET refusal = \(reason.rawValue) WHERE space = \(Data(space)) \
+                    UPDATE relay_joins SET refusal = \(reason.rawValue) WHERE space = \(Data(space.bytes)) \
                     AND device = \(Data(device)) AND invite = \(Data(invite)) AND refusal IS DISTINCT FROM \(reason.rawValue) \
                     RETURNING device
                     """, logger: self.logger
@@ -75,10 +75,10 @@ extension PostgresRelayStore {
         }
     }
 
-    public func dropJoin(space: [UInt8], device: [UInt8], holder: String) async throws {
+    public func dropJoin(space: SpaceID, device: [UInt8], holder: String) async throws {
         try await bounded { [self] in
             _ = try await client.query(
-                "DELETE FROM relay_joins WHERE space = \(Data(space)) AND device = \(Data(device)) AND holder = \(holder)",
+                "DELETE FROM relay_joins WHERE space = \(Data(space.bytes)) AND device = \(Data(device)) AND holder = \(holder)",
                 logger: logger)
         }
     }

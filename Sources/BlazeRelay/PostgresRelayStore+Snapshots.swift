@@ -8,11 +8,11 @@ import PostgresNIO
 extension PostgresRelayStore {
     // MARK: Acknowledgements
 
-    public func keepAcks(_ acks: [Acknowledgement], space: [UInt8]) async throws -> [Acknowledgement] {
+    public func keepAcks(_ acks: [Acknowledgement], space: SpaceID) async throws -> [Acknowledgement] {
         let mine = acks.filter { $0.space == space }
         guard !mine.isEmpty else { return [] }
         return try await bounded { [self] in
-            let s = Data(space)
+            let s = Data(space.bytes)
             return try await transaction { conn in
                 // The usage row is the space's lock: "newer than held" holds across processes.
                 guard try await conn.query("SELECT 1 FROM relay_usage WHERE space = \(s) FOR UPDATE", logger: self.logger)
@@ -40,9 +40,9 @@ extension PostgresRelayStore {
         }
     }
 
-    public func acks(space: [UInt8]) async throws -> [Acknowledgement] {
+    public func acks(space: SpaceID) async throws -> [Acknowledgement] {
         try await bounded { [self] in
-            try await client.query("SELECT bytes FROM relay_acks WHERE space = \(Data(space)) ORDER BY node", logger: logger)
+            try await client.query("SELECT bytes FROM relay_acks WHERE space = \(Data(space.bytes)) ORDER BY node", logger: logger)
                 .decode(Data.self).all()
                 .compactMap { try? Acknowledgement(bytes: Array($0)) }
         }
@@ -60,15 +60,15 @@ extension PostgresRelayStore {
         return out
     }
 
-    public func bases(space: [UInt8]) async throws -> [NodeID: PrunedHead] {
+    public func bases(space: SpaceID) async throws -> [NodeID: PrunedHead] {
         try await bounded { [self] in
-            try await client.withConnection { conn in try await self.bases(conn, Data(space)) }
+            try await client.withConnection { conn in try await self.bases(conn, Data(space.bytes)) }
         }
     }
 
-    public func stageSnapshotPart(_ part: SnapshotPart, upload: [UInt8], space: [UInt8], startedMs: Int64) async throws {
+    public func stageSnapshotPart(_ part: SnapshotPart, upload: [UInt8], space: SpaceID, startedMs: Int64) async throws {
         try await bounded { [self] in
-            let (u, idx, s, bytes) = (Data(upload), Int64(part.index), Data(space), Data(part.bytes))
+            let (u, idx, s, bytes) = (Data(upload), Int64(part.index), Data(space.bytes), Data(part.bytes))
             _ = try await client.query(
                 """
                 INSERT INTO relay_snapshot_uploads(upload, idx, space, started_ms, bytes) \
@@ -96,9 +96,9 @@ extension PostgresRelayStore {
         }
     }
 
-    public func keepSnapshot(_ manifest: SnapshotManifest, upload: [UInt8], space: [UInt8]) async throws -> Bool {
+    public func keepSnapshot(_ manifest: SnapshotManifest, upload: [UInt8], space: SpaceID) async throws -> Bool {
         try await bounded { [self] in
-            let (s, u) = (Data(space), Data(upload))
+            let (s, u) = (Data(space.bytes), Data(upload))
             return try await transaction { conn in
                 // The staged pieces go whatever the outcome; kept, they are copied in the server, never read here.
                 func done(_ kept: Bool) async throws -> Bool {
@@ -172,19 +172,19 @@ extension PostgresRelayStore {
         }
     }
 
-    public func snapshotManifest(space: [UInt8]) async throws -> SnapshotManifest? {
+    public func snapshotManifest(space: SpaceID) async throws -> SnapshotManifest? {
         try await bounded { [self] in
-            try await client.query("SELECT manifest FROM relay_snapshots WHERE space = \(Data(space))", logger: logger)
+            try await client.query("SELECT manifest FROM relay_snapshots WHERE space = \(Data(space.bytes))", logger: logger)
                 // One stored by an earlier layout (before manifests declared their size) is as none.
                 .decode(Data.self).all().first.flatMap { try? SnapshotManifest(bytes: Array($0)) }
         }
     }
 
-    public func snapshotPart(space: [UInt8], index: UInt32) async throws -> SnapshotPart? {
+    public func snapshotPart(space: SpaceID, index: UInt32) async throws -> SnapshotPart? {
         try await bounded { [self] in
             let idx = Int64(index)
             return try await client.query(
-                "SELECT bytes FROM relay_snapshot_parts WHERE space = \(Data(space)) AND idx = \(idx)", logger: logger
+                "SELECT bytes FROM relay_snapshot_parts WHERE space = \(Data(space.bytes)) AND idx = \(idx)", logger: logger
             ).decode(Data.self).all().first.map { try SnapshotPart(bytes: Array($0)) }
         }
     }

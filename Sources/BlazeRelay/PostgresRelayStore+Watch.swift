@@ -62,7 +62,7 @@ extension PostgresRelayStore {
     /// The change a notification of another process announces; nil for this process's own or a malformed one.
     private func change(from payload: String) -> RelayChange? {
         let parts = payload.split(separator: " ")
-        guard parts.count == 3, parts[0] != instance, let space = hexBytes(String(parts[2])) else { return nil }
+        guard parts.count == 3, parts[0] != instance, let space = SpaceID(hex: String(parts[2])) else { return nil }
         switch parts[1] {
         case "e": return .entries(space: space)
         case "o": return .ops(space: space)

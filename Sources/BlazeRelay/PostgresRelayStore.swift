@@ -128,8 +128,8 @@ public final class PostgresRelayStore: RelayBackend {
     }
 
     /// Announces a change to the other relay processes (delivered when the transaction commits).
-    func notify(_ conn: PostgresConnection, _ kind: String, space: [UInt8]) async throws {
-        let payload = "\(instance) \(kind) \(hexString(space))"
+    func notify(_ conn: PostgresConnection, _ kind: String, space: SpaceID) async throws {
+        let payload = "\(instance) \(kind) \(space.hex)"
         try await conn.query("SELECT pg_notify(\(Self.channel), \(payload))", logger: logger)
     }
 
@@ -137,7 +137,7 @@ public final class PostgresRelayStore: RelayBackend {
 
     public func add(_ capability: RelayCapability) async throws -> Bool {
         try await bounded { [self] in
-            let id = Data(capability.space), cap = Data(capability.capability)
+            let id = Data(capability.space.bytes), cap = Data(capability.capability)
             let now = Int64(Date().timeIntervalSince1970 * 1000)
             return try await transaction { conn in
                 let inserted = try await conn.query(
@@ -148,7 +148,7 @@ public final class PostgresRelayStore: RelayBackend {
                     let held = try await conn.query("SELECT capability FROM relay_spaces WHERE id = \(id)", logger: self.logger)
                         .decode(Data.self).all()
                     guard held.first == cap else {
-                        throw RelayError("space \(hexString(capability.space)) is served here with another capability")
+                        throw RelayError("space \(capability.space.hex) is served here with another capability")
                     }
                     return false
                 }
@@ -164,13 +164,13 @@ public final class PostgresRelayStore: RelayBackend {
         try await bounded { [self] in
             try await client.query("SELECT id, capability FROM relay_spaces ORDER BY id", logger: logger)
                 .decode((Data, Data).self).all()
-                .map { try SpaceKey(id: Array($0.0), capability: Array($0.1)) }
+                .map { try SpaceKey(id: try RelayError.storedSpace($0.0), capability: Array($0.1)) }
         }
     }
 
-    public func usage(space: [UInt8]) async throws -> (entries: Int, bytes: Int) {
+    public func usage(space: SpaceID) async throws -> (entries: Int, bytes: Int) {
         try await bounded { [self] in
-            let rows = try await client.query("SELECT entries, bytes FROM relay_usage WHERE space = \(Data(space))", logger: logger)
+            let rows = try await client.query("SELECT entries, bytes FROM relay_usage WHERE space = \(Data(space.bytes))", logger: logger)
                 .decode((Int64, Int64).self).all()
             return rows.first.map { (Int($0.0), Int($0.1)) } ?? (0, 0)
         }
@@ -178,17 +178,17 @@ public final class PostgresRelayStore: RelayBackend {
 
     // MARK: Membership log
 
-    public func ops(space: [UInt8]) async throws -> [MembershipOp] {
+    public func ops(space: SpaceID) async throws -> [MembershipOp] {
         try await bounded { [self] in
-            try await client.query("SELECT bytes FROM relay_ops WHERE space = \(Data(space))", logger: logger)
+            try await client.query("SELECT bytes FROM relay_ops WHERE space = \(Data(space.bytes))", logger: logger)
                 .decode(Data.self).all()
                 .map { try MembershipOp(bytes: Array($0)) }
         }
     }
 
-    public func addOps(_ ops: [MembershipOp], space: [UInt8]) async throws -> [MembershipOp] {
+    public func addOps(_ ops: [MembershipOp], space: SpaceID) async throws -> [MembershipOp] {
         try await bounded { [self] in
-            let s = Data(space)
+            let s = Data(space.bytes)
             let mine = ops.filter { $0.space == space }
             guard !mine.isEmpty else { return [] }
             return try await transaction { conn in
@@ -201,7 +201,7 @@ public final class PostgresRelayStore: RelayBackend {
                 for op in mine where count < self.limits.maxOps {
                     let added = try await conn.query(
                         """
-                        INSERT INTO relay_ops(space, hash, bytes) VALUES (\(s), \(Data(op.hash)), \(Data(op.bytes))) \
+                        INSERT INTO relay_ops(space, hash, bytes) VALUES (\(s), \(Data(op.hash.bytes)), \(Data(op.bytes))) \
                         ON CONFLICT DO NOTHING RETURNING hash
                         """, logger: self.logger
                     ).all().count
@@ -225,26 +225,26 @@ public final class PostgresRelayStore: RelayBackend {
 
     // MARK: Entries
 
-    public func vector(space: [UInt8]) async throws -> [NodeID: UInt64] {
+    public func vector(space: SpaceID) async throws -> [NodeID: UInt64] {
         try await bounded { [self] in
             try await client.withConnection { conn in
                 var out: [NodeID: UInt64] = [:]
                 for (origin, seq) in try await conn.query(
-                    "SELECT origin, max(seq) FROM relay_heads WHERE space = \(Data(space)) GROUP BY origin", logger: self.logger
+                    "SELECT origin, max(seq) FROM relay_heads WHERE space = \(Data(space.bytes)) GROUP BY origin", logger: self.logger
                 ).decode((Data, Int64).self).all() {
                     out[NodeID(bytes: Array(origin))] = UInt64(seq)
                 }
                 // What a snapshot covers counts as held: a device needing it gets the snapshot.
-                for (origin, base) in try await self.bases(conn, Data(space)) { out[origin] = max(out[origin] ?? 0, base.seq) }
+                for (origin, base) in try await self.bases(conn, Data(space.bytes)) { out[origin] = max(out[origin] ?? 0, base.seq) }
                 return out
             }
         }
     }
 
-    public func batch(space: [UInt8], origin: NodeID, after: UInt64, maxEntries: Int, maxBytes: Int) async throws -> EntryBatch? {
+    public func batch(space: SpaceID, origin: NodeID, after: UInt64, maxEntries: Int, maxBytes: Int) async throws -> EntryBatch? {
         try await bounded { [self] in
             guard RelayRules.readable(after: after, maxEntries: maxEntries) else { return nil }
-            let (s, o, a) = (Data(space), Data(origin.bytes), Int64(after))
+            let (s, o, a) = (Data(space.bytes), Data(origin.bytes), Int64(after))
             let reach = a + Int64(maxEntries)
             return try await client.withConnection { conn in
                 // Not held: what a snapshot covers comes with the snapshot.
@@ -285,10 +285,10 @@ public final class PostgresRelayStore: RelayBackend {
         }
     }
 
-    public func store(_ batch: EntryBatch, space: [UInt8], membership: MembershipState?) async throws -> Int {
+    public func store(_ batch: EntryBatch, space: SpaceID, membership: MembershipState?) async throws -> Int {
         try await bounded { [self] in
             try RelayRules.checkAuthor(batch, membership: membership)
-            let (s, o) = (Data(space), Data(batch.origin.bytes))
+            let (s, o) = (Data(space.bytes), Data(batch.origin.bytes))
             return try await transaction { conn in
                 // One writer per space at a time, across processes: the usage row is the lock.
                 guard let usage = try await conn.query(
@@ -341,7 +341,7 @@ public final class PostgresRelayStore: RelayBackend {
         }
     }
 
-    public func expire(idleBefore cutoffMs: Int64) async throws -> [[UInt8]] {
+    public func expire(idleBefore cutoffMs: Int64) async throws -> [SpaceID] {
         try await bounded { [self] in
             try await transaction { conn in
                 let idle = try await conn.query(
@@ -360,9 +360,9 @@ public final class PostgresRelayStore: RelayBackend {
                     try await conn.query(
                         "UPDATE relay_usage SET entries = 0, bytes = 0, last_write_ms = 0 WHERE space = \(space)",
                         logger: self.logger)
-                    try await self.notify(conn, "x", space: Array(space))
+                    if let id = SpaceID(bytes: space) { try await self.notify(conn, "x", space: id) }
                 }
-                return idle.map { Array($0) }
+                return idle.compactMap { SpaceID(bytes: $0) }
             }
         }
     }

@@ -13,28 +13,28 @@ public protocol RelayBackend: Sendable {
     /// The capabilities of every space served, as handshake keys.
     func spaces() async throws -> [SpaceKey]
     /// Entries and bytes stored for `space`.
-    func usage(space: [UInt8]) async throws -> (entries: Int, bytes: Int)
+    func usage(space: SpaceID) async throws -> (entries: Int, bytes: Int)
     /// Every membership operation held for `space`.
-    func ops(space: [UInt8]) async throws -> [MembershipOp]
+    func ops(space: SpaceID) async throws -> [MembershipOp]
     /// Stores operations (verified when decoded) of `space`; returns those that were new.
-    func addOps(_ ops: [MembershipOp], space: [UInt8]) async throws -> [MembershipOp]
+    func addOps(_ ops: [MembershipOp], space: SpaceID) async throws -> [MembershipOp]
     /// The highest seq held per origin of `space`.
-    func vector(space: [UInt8]) async throws -> [NodeID: UInt64]
+    func vector(space: SpaceID) async throws -> [NodeID: UInt64]
     /// The entries of `origin` after `after` up to the furthest head within `maxEntries` and `maxBytes` (or the
     /// nearest head past them), as one batch; nil when nothing is held after `after`.
-    func batch(space: [UInt8], origin: NodeID, after: UInt64, maxEntries: Int, maxBytes: Int) async throws -> EntryBatch?
+    func batch(space: SpaceID, origin: NodeID, after: UInt64, maxEntries: Int, maxBytes: Int) async throws -> EntryBatch?
     /// Checks a received batch as far as a relay can (`RelayRules`) and stores what is new of it; returns how many
     /// entries were new. Throws a `SyncRejection` for what the batch's origin signed, any other error for a local
     /// failure.
-    func store(_ batch: EntryBatch, space: [UInt8], membership: MembershipState?) async throws -> Int
+    func store(_ batch: EntryBatch, space: SpaceID, membership: MembershipState?) async throws -> Int
     /// Keeps each acknowledgement (verified when decoded, its signer checked against the log by the caller) that is
     /// newer, by `issuedMs`, than the one held of its signer in `space`; returns those kept.
-    func keepAcks(_ acks: [Acknowledgement], space: [UInt8]) async throws -> [Acknowledgement]
+    func keepAcks(_ acks: [Acknowledgement], space: SpaceID) async throws -> [Acknowledgement]
     /// The latest acknowledgement held of each signer of `space`.
-    func acks(space: [UInt8]) async throws -> [Acknowledgement]
+    func acks(space: SpaceID) async throws -> [Acknowledgement]
     /// Writes `part` (checked by the caller against its manifest and the pieces before it, `SnapshotUpload`) as a
     /// piece of upload `upload` of `space`, begun at `startedMs` (Unix ms): staged until the upload is kept or dropped.
-    func stageSnapshotPart(_ part: SnapshotPart, upload: [UInt8], space: [UInt8], startedMs: Int64) async throws
+    func stageSnapshotPart(_ part: SnapshotPart, upload: [UInt8], space: SpaceID, startedMs: Int64) async throws
     /// Drops what upload `upload` staged (declined, or its connection closed).
     func dropSnapshotUpload(_ upload: [UInt8]) async throws
     /// Drops what uploads begun before `cutoffMs` (Unix ms) staged: a relay process that stopped mid-upload left them.
@@ -45,27 +45,27 @@ public protocol RelayBackend: Sendable {
     /// or this one covers less than a base (below) of some origin. For each origin whose held entries end below what
     /// it covers, those entries and heads go and the manifest's head becomes the origin's base: the next entry must
     /// link to it. The staged pieces go either way. Returns whether it was kept.
-    func keepSnapshot(_ manifest: SnapshotManifest, upload: [UInt8], space: [UInt8]) async throws -> Bool
+    func keepSnapshot(_ manifest: SnapshotManifest, upload: [UInt8], space: SpaceID) async throws -> Bool
     /// The manifest of the space's snapshot, nil when none is held.
-    func snapshotManifest(space: [UInt8]) async throws -> SnapshotManifest?
+    func snapshotManifest(space: SpaceID) async throws -> SnapshotManifest?
     /// Piece `index` of the space's snapshot.
-    func snapshotPart(space: [UInt8], index: UInt32) async throws -> SnapshotPart?
+    func snapshotPart(space: SpaceID, index: UInt32) async throws -> SnapshotPart?
     /// Per origin of `space`, the entry its held entries follow when a snapshot covers what is not held.
-    func bases(space: [UInt8]) async throws -> [NodeID: PrunedHead]
+    func bases(space: SpaceID) async throws -> [NodeID: PrunedHead]
     /// Drops everything held of each space whose last write (entries or operations) is older than `cutoffMs` (Unix
     /// ms) — entries, heads, operations, usage — keeping the space served; returns those spaces. Devices hold all of it
     /// and hand it back when they next connect (the relay's `STATE` then shows nothing held).
-    func expire(idleBefore cutoffMs: Int64) async throws -> [[UInt8]]
+    func expire(idleBefore cutoffMs: Int64) async throws -> [SpaceID]
     /// Holds `join` for `space` until `join.expiresMs`, replacing what was held for its device; a space holds at
     /// most `limit` unexpired joins, the oldest going first to make room (`RelayServer.maxJoinsPerSpace`).
-    func holdJoin(_ join: HeldJoin, space: [UInt8], limit: Int, nowMs: Int64) async throws
+    func holdJoin(_ join: HeldJoin, space: SpaceID, limit: Int, nowMs: Int64) async throws
     /// The joins of `space` not expired at `nowMs`.
-    func joins(space: [UInt8], nowMs: Int64) async throws -> [HeldJoin]
+    func joins(space: SpaceID, nowMs: Int64) async throws -> [HeldJoin]
     /// Marks the join of the device whose Ed25519 key is `device`, for invite `invite`, refused for `reason`; false
     /// when no such join is held, or it was refused for that reason already.
-    func refuseJoin(space: [UInt8], invite: [UInt8], device: [UInt8], reason: InviteRefusal) async throws -> Bool
+    func refuseJoin(space: SpaceID, invite: [UInt8], device: [UInt8], reason: InviteRefusal) async throws -> Bool
     /// Drops the join of `device` (Ed25519 key) held by `holder`: its connection closed, or it was told its refusal.
-    func dropJoin(space: [UInt8], device: [UInt8], holder: String) async throws
+    func dropJoin(space: SpaceID, device: [UInt8], holder: String) async throws
     /// Runs `onChange` for every change another relay process makes, until the task is cancelled; returns at once
     /// when no other process can share the store.
     func watch(_ onChange: @escaping @Sendable (RelayChange) -> Void) async
@@ -99,17 +99,17 @@ public struct HeldJoin: Sendable, Equatable {
 /// A change another relay process made to a shared store.
 public enum RelayChange: Sendable, Equatable {
     /// New entries of `space`.
-    case entries(space: [UInt8])
+    case entries(space: SpaceID)
     /// New membership operations of `space`.
-    case ops(space: [UInt8])
+    case ops(space: SpaceID)
     /// New acknowledgements of `space`.
-    case acks(space: [UInt8])
+    case acks(space: SpaceID)
     /// A join of `space` was held or refused.
-    case joins(space: [UInt8])
+    case joins(space: SpaceID)
     /// A space was added.
     case spaces
     /// What `space` held was dropped for retention (`expire`).
-    case expired(space: [UInt8])
+    case expired(space: SpaceID)
     /// Changes may have been missed (the notification link was down): anything may be new.
     case resync
 }
@@ -142,7 +142,7 @@ enum RelayRules {
 
     /// The entries of `batch` to store: it links to `hashes[first - 1]` and repeats held entries exactly (else
     /// `fork`); throws what `EntryChain.verifyLinks` throws.
-    static func fresh(_ batch: EntryBatch, space: [UInt8], held: UInt64, hashes: [UInt64: [UInt8]]) throws -> [SealedEntry] {
+    static func fresh(_ batch: EntryBatch, space: SpaceID, held: UInt64, hashes: [UInt64: [UInt8]]) throws -> [SealedEntry] {
         let first = batch.entries[0].header.seq
         let previous = first == 1 ? nil : hashes[first - 1]
         if first > 1, previous == nil { throw SyncRejection.brokenChain }
@@ -161,7 +161,7 @@ enum RelayRules {
     /// The acknowledgements of `acks` a relay keeps for `space`: of this space, signed by a key the log lists for
     /// their node (only a log names members: a space without one keeps none, as nothing is stable there, SYNC.md
     /// §11), and at most `maxAckBytes` each. The latest per signer is kept, so what a space holds is bounded by its log.
-    static func acceptableAcks(_ acks: [Acknowledgement], space: [UInt8], membership: MembershipState?) -> [Acknowledgement] {
+    static func acceptableAcks(_ acks: [Acknowledgement], space: SpaceID, membership: MembershipState?) -> [Acknowledgement] {
         guard let membership else { return [] }
         var latest: [[UInt8]: Acknowledgement] = [:]
         for ack in acks where ack.space == space && ack.bytes.count <= maxAckBytes {
@@ -177,7 +177,7 @@ enum RelayRules {
     /// (`device`), which the log lists with that key as a current writing member. `badSnapshot` otherwise. Its size
     /// against the relay's limit is the caller's (`SnapshotUploadLimits`): a larger one is declined, not refused.
     static func checkManifest(
-        _ manifest: SnapshotManifest, space: [UInt8], membership: MembershipState?, device: DevicePublicKeys?
+        _ manifest: SnapshotManifest, space: SpaceID, membership: MembershipState?, device: DevicePublicKeys?
     ) throws(SyncRejection) {
         guard manifest.space == space, UInt64(manifest.parts) * UInt64(SnapshotPart.minBytes) <= manifest.size,
             manifest.size <= UInt64(manifest.parts) * UInt64(SnapshotPart.maxBytes), let device,

@@ -1,3 +1,4 @@
+import BlazeProtocol
 import BlazeCrypto
 import BlazeWire
 import NIOCore
@@ -25,7 +26,7 @@ enum RelayAccess: Equatable {
 extension RelayConnection {
     /// Sends what the device may have of the log as it is now (the operations it lacks, or the proof of its removal)
     /// and, when it has just become a member (admitted, or the operations it sent list it), starts serving it.
-    func sendMembers(space: [UInt8], context: ChannelHandlerContext) {
+    func sendMembers(space: SpaceID, context: ChannelHandlerContext) {
         run(context: context, { relay in try await relay.heldLog(space) }) { connection, held, context in
             let (ops, membership) = (held?.ops ?? [], held?.state)
             let before = connection.access
@@ -51,7 +52,7 @@ extension RelayConnection {
     }
 
     /// Starts serving a member: the relay's `STATE`, then the acknowledgements it holds.
-    func startServing(space: [UInt8], context: ChannelHandlerContext) {
+    func startServing(space: SpaceID, context: ChannelHandlerContext) {
         run(context: context, { try await $0.store.vector(space: space) }) { connection, vector, context in
             connection.send(.state(vector: vector, ownHead: nil), context: context)
             connection.sendHeldAcks(space: space, context: context)

@@ -7,7 +7,7 @@ import NIOCore
 /// space's other devices, and sent to each device that lacks them.
 extension RelayConnection {
     /// Sends the device the acknowledgements held for its space that are newer than those it holds.
-    func sendHeldAcks(space: [UInt8], context: ChannelHandlerContext) {
+    func sendHeldAcks(space: SpaceID, context: ChannelHandlerContext) {
         run(context: context, { try await $0.store.acks(space: space) }) { connection, acks, context in
             connection.sendAcks(acks, context: context)
         }
@@ -35,7 +35,7 @@ extension RelayConnection {
     /// Keeps the device's acknowledgements that the log vouches for and that are newer than those held, and passes
     /// them on to the space's other devices (SYNC.md §11): members that meet only through the relay learn what each
     /// other holds.
-    func keep(acks: [Acknowledgement], space: [UInt8], context: ChannelHandlerContext) {
+    func keep(acks: [Acknowledgement], space: SpaceID, context: ChannelHandlerContext) {
         run(context: context, { relay -> (accepted: [Acknowledgement], kept: [Acknowledgement]) in
             let accepted = RelayRules.acceptableAcks(acks, space: space, membership: try await relay.membership(space))
             return (accepted, try await relay.store.keepAcks(accepted, space: space))

@@ -9,14 +9,14 @@ import NIOCore
 /// handled one at a time, so operations count for the entries that follow them.
 extension RelayConnection {
     /// Queues what the device sent for storing, pausing reads while the queue is full.
-    func receive(_ received: Received, space: [UInt8], context: ChannelHandlerContext) {
+    func receive(_ received: Received, space: SpaceID, context: ChannelHandlerContext) {
         inbox.append(received)
         if inbox.count >= Self.maxInbox { context.channel.setOption(ChannelOptions.autoRead, value: false).whenFailure { _ in } }
         storeNext(space: space, context: context)
     }
 
     /// Stores the next received item, then the one after it; a refusal closes the connection.
-    func storeNext(space: [UInt8], context: ChannelHandlerContext) {
+    func storeNext(space: SpaceID, context: ChannelHandlerContext) {
         guard !storing, !inbox.isEmpty else { return }
         storing = true
         let batch: EntryBatch

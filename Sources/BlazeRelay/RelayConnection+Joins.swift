@@ -10,7 +10,7 @@ extension RelayConnection {
     /// The device asks to join: held for as long as this connection stays open. Once per connection, only for the
     /// key the device proved in the handshake (a connection cannot ask for another device), and only while the log
     /// does not list it.
-    func hold(invite: [UInt8], joiner: DevicePublicKeys, proof: [UInt8], space: [UInt8], context: ChannelHandlerContext) {
+    func hold(invite: [UInt8], joiner: DevicePublicKeys, proof: [UInt8], space: SpaceID, context: ChannelHandlerContext) {
         guard let device, joiner == device, let listener, !holdsJoin else { return }
         let join = HeldJoin(
             invite: invite, device: joiner, proof: proof, holder: "\(relay.instance) \(listener)",
@@ -31,7 +31,7 @@ extension RelayConnection {
     /// whichever process holds it, when the device is a current admin the log lists with the key it proved, the
     /// reason is one only the issuing admin gives (a used or expired invite), and the log does not list the joiner
     /// (admitted meanwhile). Otherwise it is ignored. Reading goes on once it is handled.
-    func refuse(invite: [UInt8], joiner: [UInt8], reason: InviteRefusal, space: [UInt8], context: ChannelHandlerContext) {
+    func refuse(invite: [UInt8], joiner: [UInt8], reason: InviteRefusal, space: SpaceID, context: ChannelHandlerContext) {
         let device = self.device
         run(context: context, { relay -> Bool in
             guard reason == .used || reason == .expired, let device, let membership = try await relay.membership(space),
@@ -74,7 +74,7 @@ extension RelayConnection {
 
     /// Drops the join this connection holds, once it closes (a joiner that reconnects sends it again), or once it is
     /// done; after the store holds it, if it was still being stored.
-    func dropHeldJoin(space: [UInt8]) {
+    func dropHeldJoin(space: SpaceID) {
         guard holdsJoin, let device, let listener else { return }
         holdsJoin = false
         let (relay, holder, holding) = (self.relay, "\(relay.instance) \(listener)", self.holding)

@@ -9,7 +9,7 @@ import NIOCore
 extension RelayConnection {
     /// A batch another connection just stored: sent as it is when it is exactly what the device lacks next of its
     /// origin (live fan-out without reading it back), otherwise the usual round from the store.
-    func forward(_ batch: EntryBatch, space: [UInt8], context: ChannelHandlerContext) {
+    func forward(_ batch: EntryBatch, space: SpaceID, context: ChannelHandlerContext) {
         guard access == .member else { return }
         guard !pumping, let theirs = peerVector, let first = batch.entries.first,
             first.header.seq == (theirs[batch.origin] ?? 0) + 1
@@ -23,7 +23,7 @@ extension RelayConnection {
     }
 
     /// Sends the device what it lacks, a round at a time.
-    func pump(space: [UInt8], context: ChannelHandlerContext) {
+    func pump(space: SpaceID, context: ChannelHandlerContext) {
         guard access == .member, let theirs = peerVector else { return }
         if pumping {
             pumpAgain = true

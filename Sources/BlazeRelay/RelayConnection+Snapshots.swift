@@ -12,7 +12,7 @@ extension RelayConnection {
     /// connection proved, as the snapshot's author, with no other upload under way; refused (`bad_snapshot`, and the
     /// connection closed) otherwise. One over the relay's `SnapshotUploadLimits`, or for which the staging room is in
     /// use, is declined: its pieces are checked and ignored, and the connection serves on.
-    func beginUpload(_ manifest: SnapshotManifest, space: [UInt8], context: ChannelHandlerContext) {
+    func beginUpload(_ manifest: SnapshotManifest, space: SpaceID, context: ChannelHandlerContext) {
         guard upload == nil else {
             refuse(.badSnapshot, context: context)
             return
@@ -29,7 +29,7 @@ extension RelayConnection {
             var upload = SnapshotUpload(manifest: manifest, startedMs: RelayServer.nowMs())
             // Compared before it is converted: a manifest's size is the device's word.
             let fits = manifest.size <= UInt64(relay.snapshotUploads.maxBytes)
-            if fits, relay.snapshotStaging.reserve(Int(manifest.size), for: hexString(space)) { upload.reserved = Int(manifest.size) }
+            if fits, relay.snapshotStaging.reserve(Int(manifest.size), for: space.hex) { upload.reserved = Int(manifest.size) }
             connection.upload = upload
             if !fits {
                 connection.decline("it is larger than the relay takes", space: space)
@@ -47,7 +47,7 @@ extension RelayConnection {
     /// before anything is written; a piece with no accepted manifest, or out of place, is refused (`bad_snapshot`) and
     /// the connection closed. Staged in the store as it comes (ignored once the upload is declined); the last one keeps
     /// the snapshot.
-    func stage(_ part: SnapshotPart, space: [UInt8], context: ChannelHandlerContext) {
+    func stage(_ part: SnapshotPart, space: SpaceID, context: ChannelHandlerContext) {
         guard var upload else {
             refuse(.badSnapshot, context: context)
             return
@@ -90,10 +90,10 @@ extension RelayConnection {
 
     /// Declines the upload under way: what it staged goes and its room is given back; the rest of its pieces, no more
     /// than its manifest declares, are checked and ignored. Counted (`blaze_relay_snapshots_dropped_total`).
-    func decline(_ why: String, space: [UInt8]) {
+    func decline(_ why: String, space: SpaceID) {
         guard var upload, upload.declined == nil, !upload.complete else { return }
         uploadDeadline?.cancel()
-        relay.snapshotStaging.release(upload.reserved, for: hexString(space))
+        relay.snapshotStaging.release(upload.reserved, for: space.hex)
         let staged = upload.reserved > 0
         (upload.reserved, upload.declined) = (0, why)
         upload.ended.set()
@@ -103,12 +103,12 @@ extension RelayConnection {
             Task(executorPreference: relay.executor) { try? await store.dropSnapshotUpload(id) }
         }
         relay.record(.snapshotDropped)
-        relay.logger.warning("Relay declined a snapshot upload", metadata: ["why": "\(why)", "space": "\(hexString(space))"])
+        relay.logger.warning("Relay declined a snapshot upload", metadata: ["why": "\(why)", "space": "\(space.hex)"])
     }
 
     /// An upload whose last piece has not come within the relay's window after its manifest is declined: a connection
     /// kept alive with pings cannot hold the staging room for good.
-    private func armUploadDeadline(space: [UInt8], context: ChannelHandlerContext) {
+    private func armUploadDeadline(space: SpaceID, context: ChannelHandlerContext) {
         uploadDeadline?.cancel()
         let bound = NIOLoopBound(self, eventLoop: context.eventLoop)
         uploadDeadline = context.eventLoop.scheduleTask(in: relay.snapshotUploads.window) {
@@ -118,9 +118,9 @@ extension RelayConnection {
 
     /// The last piece was staged and the snapshot kept or not: the upload's room is given back; the device holds what
     /// it covers, and devices that lack it get it from now on.
-    private func finishUpload(_ manifest: SnapshotManifest, kept: Bool, space: [UInt8]) {
+    private func finishUpload(_ manifest: SnapshotManifest, kept: Bool, space: SpaceID) {
         uploadDeadline?.cancel()
-        if let upload { relay.snapshotStaging.release(upload.reserved, for: hexString(space)) }
+        if let upload { relay.snapshotStaging.release(upload.reserved, for: space.hex) }
         upload = nil
         if var v = peerVector {
             for (origin, head) in manifest.heads { v[NodeID(bytes: origin)] = max(v[NodeID(bytes: origin)] ?? 0, head.seq) }
@@ -130,17 +130,17 @@ extension RelayConnection {
         relay.record(.snapshotKept)
         relay.logger.info(
             "Relay kept a snapshot",
-            metadata: ["space": "\(hexString(space))", "pieces": "\(manifest.parts)", "author": "\(hexString(manifest.author))"])
+            metadata: ["space": "\(space.hex)", "pieces": "\(manifest.parts)", "author": "\(hexString(manifest.author))"])
         relay.announce(space: space, except: listener, .entries)
     }
 
     /// Gives back what the upload under way holds (its connection closed): its room, and what it staged, unless its
     /// last piece is in (the keep under way drops the staged pieces either way).
-    func releaseUpload(space: [UInt8]) {
+    func releaseUpload(space: SpaceID) {
         uploadDeadline?.cancel()
         guard let upload else { return }
         self.upload = nil
-        relay.snapshotStaging.release(upload.reserved, for: hexString(space))
+        relay.snapshotStaging.release(upload.reserved, for: space.hex)
         guard upload.declined == nil, !upload.complete else { return }
         upload.ended.set()
         let (store, id) = (relay.store, upload.id)
@@ -150,7 +150,7 @@ extension RelayConnection {
     /// Sends the device the space's snapshot, its manifest then piece by piece (each read once the one before is
     /// written), and pumps again: the device lacks entries the relay holds only as that snapshot. Only one whose
     /// author the log still lists as a current writing member (else the device would refuse it, again and again).
-    func sendSnapshot(space: [UInt8], context: ChannelHandlerContext) {
+    func sendSnapshot(space: SpaceID, context: ChannelHandlerContext) {
         run(context: context, { relay -> SnapshotManifest? in
             guard let manifest = try await relay.store.snapshotManifest(space: space),
                 let author = try await relay.membership(space)?.member(manifest.author), author.isCurrent, author.role.writes
@@ -159,7 +159,7 @@ extension RelayConnection {
         }) { connection, manifest, context in
             guard let manifest else {
                 connection.relay.logger.info(
-                    "Relay holds no snapshot a device lacking compacted entries could take", metadata: ["space": "\(hexString(space))"])
+                    "Relay holds no snapshot a device lacking compacted entries could take", metadata: ["space": "\(space.hex)"])
                 // What else it lacks still goes (the snapshot is not tried again on this connection).
                 connection.pumping = false
                 connection.pump(space: space, context: context)
@@ -172,7 +172,7 @@ extension RelayConnection {
     }
 
     func sendSnapshotPart(
-        _ index: UInt32, prev: [UInt8], manifest: SnapshotManifest, space: [UInt8], context: ChannelHandlerContext
+        _ index: UInt32, prev: [UInt8], manifest: SnapshotManifest, space: SpaceID, context: ChannelHandlerContext
     ) {
         let bound = NIOLoopBound((self, context), eventLoop: context.eventLoop)
         guard index < manifest.parts else {

@@ -20,7 +20,7 @@ final class RelayConnection: ChannelInboundHandler {
         /// proof is for and whether the device gets a place (`RelayConnection+Handshake`).
         case handshake
         /// The sealed-frame handlers carry the session: messages arrive here decoded.
-        case established(space: [UInt8])
+        case established(space: SpaceID)
         case closed
     }
 
@@ -34,7 +34,7 @@ final class RelayConnection: ChannelInboundHandler {
     /// What the device holds, as far as the relay knows.
     var peerVector: [NodeID: UInt64]?
     /// Operations the device holds (sent to it or received from it).
-    var opsShared: Set<[UInt8]> = []
+    var opsShared: Set<EntryHash> = []
     /// Operations the device sent on this connection that the log did not keep (`SetAsideOps`): it counts them as
     /// held here, so a later operation naming one takes it from here.
     var opsSetAside = SetAsideOps(maxOps: RelayConnection.setAsideOps, maxBytes: RelayConnection.setAsideBytes)
@@ -167,7 +167,7 @@ final class RelayConnection: ChannelInboundHandler {
     // MARK: Protocol
 
     /// The session starts: the device hears what the space's log lets it, and is sent what it may fetch.
-    func startSession(space: [UInt8], context: ChannelHandlerContext) {
+    func startSession(space: SpaceID, context: ChannelHandlerContext) {
         relay.record(.established)
         let bound = NIOLoopBound((self, context), eventLoop: context.eventLoop)
         let loop = context.eventLoop
@@ -203,7 +203,7 @@ final class RelayConnection: ChannelInboundHandler {
         }
     }
 
-    func handle(_ message: PeerMessage, space: [UInt8], context: ChannelHandlerContext) throws {
+    func handle(_ message: PeerMessage, space: SpaceID, context: ChannelHandlerContext) throws {
         switch message {
         case .state(let vector, _):
             var known = peerVector ?? [:]

@@ -15,26 +15,26 @@ extension RelayServer {
 
     /// Holds `join` where every process sees it, then tells the space's connections here (other processes are told by
     /// the store).
-    func hold(_ join: HeldJoin, space: [UInt8]) async throws {
+    func hold(_ join: HeldJoin, space: SpaceID) async throws {
         try await store.holdJoin(join, space: space, limit: Self.maxJoinsPerSpace, nowMs: Self.nowMs())
         await joinsChanged(space: space)
     }
 
     /// Marks a held join refused, then tells the space's connections here; false when no such join is held.
-    func refuse(invite: [UInt8], device: [UInt8], reason: InviteRefusal, space: [UInt8]) async throws -> Bool {
+    func refuse(invite: [UInt8], device: [UInt8], reason: InviteRefusal, space: SpaceID) async throws -> Bool {
         guard try await store.refuseJoin(space: space, invite: invite, device: device, reason: reason) else { return false }
         await joinsChanged(space: space)
         return true
     }
 
     /// Reads the space's joins once and hands them, with its log, to every connection of the space in this process.
-    func joinsChanged(space: [UInt8]) async {
+    func joinsChanged(space: SpaceID) async {
         guard isListened(space: space) else { return }
         do {
             let joins = try await store.joins(space: space, nowMs: Self.nowMs())
             announce(space: space, except: nil, .joins(joins, try await membership(space)))
         } catch {
-            logger.warning("Relay could not read the joins of a space", metadata: ["space": "\(hexString(space))", "error": "\(error)"])
+            logger.warning("Relay could not read the joins of a space", metadata: ["space": "\(space.hex)", "error": "\(error)"])
         }
     }
 

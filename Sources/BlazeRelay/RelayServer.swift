@@ -264,7 +264,7 @@ public final class RelayServer: Sendable {
                     relay.logs.withLock { $0 = ([:], $0.forgotten + 1) }
                     Task(executorPreference: relay.executor) { await relay.rereadSpaces() }
                     for space in relay.listeners.withLock({ Array($0.keys) }) {
-                        guard let id = hexBytes(space) else { continue }
+                        guard let id = SpaceID(hex: space) else { continue }
                         relay.announce(space: id, except: nil, .members)
                         relay.announce(space: id, except: nil, .acksChanged)
                         Task(executorPreference: relay.executor) { await relay.joinsChanged(space: id) }
@@ -297,7 +297,7 @@ public final class RelayServer: Sendable {
         do {
             let spaces = try await store.expire(idleBefore: cutoff)
             for space in spaces {
-                logger.info("Relay dropped an idle space's data (retention)", metadata: ["space": "\(hexString(space))"])
+                logger.info("Relay dropped an idle space's data (retention)", metadata: ["space": "\(space.hex)"])
                 dropped(space: space)
             }
             return spaces.count
@@ -308,7 +308,7 @@ public final class RelayServer: Sendable {
     }
 
     /// A space's data was dropped: its resolved log is forgotten and its devices reconnect, handing back what they hold.
-    func dropped(space: [UInt8]) {
+    func dropped(space: SpaceID) {
         forgetLog(space)
         announce(space: space, except: nil, .expired)
     }
@@ -348,23 +348,23 @@ public final class RelayServer: Sendable {
     }
 
     /// Registers a connection of `space`; `notify` runs whenever another connection stored something.
-    func listen(space: [UInt8], notify: @escaping @Sendable (Announcement) -> Void) -> Int {
+    func listen(space: SpaceID, notify: @escaping @Sendable (Announcement) -> Void) -> Int {
         let id = listenerCounter.add(1, ordering: .relaxed).newValue
-        listeners.withLock { $0[hexString(space), default: [:]][id] = notify }
+        listeners.withLock { $0[space.hex, default: [:]][id] = notify }
         return id
     }
 
     /// Forgets a closed connection.
-    func unlisten(space: [UInt8], id: Int) {
-        listeners.withLock { $0[hexString(space)]?[id] = nil }
+    func unlisten(space: SpaceID, id: Int) {
+        listeners.withLock { $0[space.hex]?[id] = nil }
     }
 
     /// Whether any connection of `space` is open in this process.
-    func isListened(space: [UInt8]) -> Bool { listeners.withLock { !($0[hexString(space)] ?? [:]).isEmpty } }
+    func isListened(space: SpaceID) -> Bool { listeners.withLock { !($0[space.hex] ?? [:]).isEmpty } }
 
     /// Tells every connection of `space` but `except` that something new is stored.
-    func announce(space: [UInt8], except: Int?, _ what: Announcement) {
-        let all = listeners.withLock { ($0[hexString(space)] ?? [:]).filter { $0.key != except }.map(\.value) }
+    func announce(space: SpaceID, except: Int?, _ what: Announcement) {
+        let all = listeners.withLock { ($0[space.hex] ?? [:]).filter { $0.key != except }.map(\.value) }
         for notify in all { notify(what) }
     }
 }

@@ -20,9 +20,9 @@ extension RelayStore {
         ) WITHOUT ROWID
         """
 
-    public func holdJoin(_ join: HeldJoin, space: [UInt8], limit: Int, nowMs: Int64) async throws {
+    public func holdJoin(_ join: HeldJoin, space: SpaceID, limit: Int, nowMs: Int64) async throws {
         try await pool.write { db in
-            let s = Data(space)
+            let s = Data(space.bytes)
             try db.execute(sql: "DELETE FROM relay_joins WHERE space = ? AND expires_ms <= ?", arguments: [s, nowMs])
             let others = try Int.fetchOne(
                 db, sql: "SELECT COUNT(*) FROM relay_joins WHERE space = ? AND device <> ?",
@@ -47,7 +47,7 @@ extension RelayStore {
         }
     }
 
-    public func joins(space: [UInt8], nowMs: Int64) async throws -> [HeldJoin] {
+    public func joins(space: SpaceID, nowMs: Int64) async throws -> [HeldJoin] {
         try await pool.read { db in
             try Row.fetchAll(
                 db,
@@ -55,7 +55,7 @@ extension RelayStore {
                     SELECT device, agreement, invite, proof, holder, expires_ms, refusal FROM relay_joins \
                     WHERE space = ? AND expires_ms > ? ORDER BY expires_ms
                     """,
-                arguments: [Data(space), nowMs]
+                arguments: [Data(space.bytes), nowMs]
             ).compactMap { row in
                 HeldJoin(
                     signing: row[0], agreement: row[1], invite: row[2], proof: row[3], holder: row[4], expiresMs: row[5],
@@ -64,23 +64,23 @@ extension RelayStore {
         }
     }
 
-    public func refuseJoin(space: [UInt8], invite: [UInt8], device: [UInt8], reason: InviteRefusal) async throws -> Bool {
+    public func refuseJoin(space: SpaceID, invite: [UInt8], device: [UInt8], reason: InviteRefusal) async throws -> Bool {
         try await pool.write { db in
             try db.execute(
                 sql: """
                     UPDATE relay_joins SET refusal = ? WHERE space = ? AND device = ? AND invite = ? \
                     AND refusal IS NOT ?
                     """,
-                arguments: [reason.rawValue, Data(space), Data(device), Data(invite), reason.rawValue])
+                arguments: [reason.rawValue, Data(space.bytes), Data(device), Data(invite), reason.rawValue])
             return db.changesCount > 0
         }
     }
 
-    public func dropJoin(space: [UInt8], device: [UInt8], holder: String) async throws {
+    public func dropJoin(space: SpaceID, device: [UInt8], holder: String) async throws {
         try await pool.write { db in
             try db.execute(
                 sql: "DELETE FROM relay_joins WHERE space = ? AND device = ? AND holder = ?",
-                arguments: [Data(space), Data(device), holder])
+                arguments: [Data(space.bytes), Data(device), holder])
         }
     }
 }

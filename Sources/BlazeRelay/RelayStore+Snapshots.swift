@@ -16,15 +16,15 @@ extension RelayStore {
         return out
     }
 
-    public func bases(space: [UInt8]) async throws -> [NodeID: PrunedHead] {
-        try await pool.read { db in try Self.bases(db, Data(space)) }
+    public func bases(space: SpaceID) async throws -> [NodeID: PrunedHead] {
+        try await pool.read { db in try Self.bases(db, Data(space.bytes)) }
     }
 
-    public func stageSnapshotPart(_ part: SnapshotPart, upload: [UInt8], space: [UInt8], startedMs: Int64) async throws {
+    public func stageSnapshotPart(_ part: SnapshotPart, upload: [UInt8], space: SpaceID, startedMs: Int64) async throws {
         try await pool.write { db in
             try db.execute(
                 sql: "INSERT INTO relay_snapshot_uploads(upload, idx, space, started_ms, bytes) VALUES (?, ?, ?, ?, ?)",
-                arguments: [Data(upload), Int64(part.index), Data(space), startedMs, Data(part.bytes)])
+                arguments: [Data(upload), Int64(part.index), Data(space.bytes), startedMs, Data(part.bytes)])
         }
     }
 
@@ -41,10 +41,10 @@ extension RelayStore {
         }
     }
 
-    public func keepSnapshot(_ manifest: SnapshotManifest, upload: [UInt8], space: [UInt8]) async throws -> Bool {
+    public func keepSnapshot(_ manifest: SnapshotManifest, upload: [UInt8], space: SpaceID) async throws -> Bool {
         try await pool.write { db in
             let u = Data(upload)
-            let kept = try Self.keepSnapshot(db, manifest, upload: u, space: Data(space))
+            let kept = try Self.keepSnapshot(db, manifest, upload: u, space: Data(space.bytes))
             try db.execute(sql: "DELETE FROM relay_snapshot_uploads WHERE upload = ?", arguments: [u])
             return kept
         }
@@ -104,46 +104,46 @@ extension RelayStore {
         return true
     }
 
-    public func snapshotManifest(space: [UInt8]) async throws -> SnapshotManifest? {
+    public func snapshotManifest(space: SpaceID) async throws -> SnapshotManifest? {
         try await pool.read { db in
-            try Data.fetchOne(db, sql: "SELECT manifest FROM relay_snapshots WHERE space = ?", arguments: [Data(space)])
+            try Data.fetchOne(db, sql: "SELECT manifest FROM relay_snapshots WHERE space = ?", arguments: [Data(space.bytes)])
                 // One stored by an earlier layout (before manifests declared their size) is as none: the next upload
                 // replaces it.
                 .flatMap { try? SnapshotManifest(bytes: Array($0)) }
         }
     }
 
-    public func snapshotPart(space: [UInt8], index: UInt32) async throws -> SnapshotPart? {
+    public func snapshotPart(space: SpaceID, index: UInt32) async throws -> SnapshotPart? {
         try await pool.read { db in
             try Data.fetchOne(
-                db, sql: "SELECT bytes FROM relay_snapshot_parts WHERE space = ? AND idx = ?", arguments: [Data(space), Int64(index)]
+                db, sql: "SELECT bytes FROM relay_snapshot_parts WHERE space = ? AND idx = ?", arguments: [Data(space.bytes), Int64(index)]
             ).map { try SnapshotPart(bytes: Array($0)) }
         }
     }
 
     // MARK: Acknowledgements
 
-    public func keepAcks(_ acks: [Acknowledgement], space: [UInt8]) async throws -> [Acknowledgement] {
+    public func keepAcks(_ acks: [Acknowledgement], space: SpaceID) async throws -> [Acknowledgement] {
         guard !acks.isEmpty else { return [] }
         return try await pool.write { db in
             var kept: [Acknowledgement] = []
             for ack in acks where ack.space == space {
                 // Stored as an unsigned value's bits: ordering by it is checked here, not in SQL.
                 let held = try Int64.fetchOne(
-                    db, sql: "SELECT issued_ms FROM relay_acks WHERE space = ? AND node = ?", arguments: [Data(space), Data(ack.node)])
+                    db, sql: "SELECT issued_ms FROM relay_acks WHERE space = ? AND node = ?", arguments: [Data(space.bytes), Data(ack.node)])
                 if let held, UInt64(bitPattern: held) >= ack.issuedMs { continue }
                 try db.execute(
                     sql: "INSERT OR REPLACE INTO relay_acks(space, node, issued_ms, bytes) VALUES (?, ?, ?, ?)",
-                    arguments: [Data(space), Data(ack.node), Int64(bitPattern: ack.issuedMs), Data(ack.bytes)])
+                    arguments: [Data(space.bytes), Data(ack.node), Int64(bitPattern: ack.issuedMs), Data(ack.bytes)])
                 kept.append(ack)
             }
             return kept
         }
     }
 
-    public func acks(space: [UInt8]) async throws -> [Acknowledgement] {
+    public func acks(space: SpaceID) async throws -> [Acknowledgement] {
         try await pool.read { db in
-            try Data.fetchAll(db, sql: "SELECT bytes FROM relay_acks WHERE space = ? ORDER BY node", arguments: [Data(space)])
+            try Data.fetchAll(db, sql: "SELECT bytes FROM relay_acks WHERE space = ? ORDER BY node", arguments: [Data(space.bytes)])
                 .compactMap { try? Acknowledgement(bytes: Array($0)) }
         }
     }

@@ -122,16 +122,16 @@ public final class RelayStore: RelayBackend {
 
     public func add(_ capability: RelayCapability) async throws -> Bool {
         try await pool.write { db in
-            if let held = try Data.fetchOne(db, sql: "SELECT capability FROM relay_spaces WHERE id = ?", arguments: [Data(capability.space)]) {
+            if let held = try Data.fetchOne(db, sql: "SELECT capability FROM relay_spaces WHERE id = ?", arguments: [Data(capability.space.bytes)]) {
                 guard Array(held) == capability.capability else {
-                    throw RelayError("space \(hexString(capability.space)) is served here with another capability")
+                    throw RelayError("space \(capability.space.hex) is served here with another capability")
                 }
                 return false
             }
             try db.execute(
                 sql: "INSERT INTO relay_spaces(id, capability, added_at) VALUES (?, ?, ?)",
-                arguments: [Data(capability.space), Data(capability.capability), Int64(Date().timeIntervalSince1970 * 1000)])
-            try db.execute(sql: "INSERT INTO relay_usage(space, entries, bytes) VALUES (?, 0, 0)", arguments: [Data(capability.space)])
+                arguments: [Data(capability.space.bytes), Data(capability.capability), Int64(Date().timeIntervalSince1970 * 1000)])
+            try db.execute(sql: "INSERT INTO relay_usage(space, entries, bytes) VALUES (?, 0, 0)", arguments: [Data(capability.space.bytes)])
             return true
         }
     }
@@ -139,37 +139,37 @@ public final class RelayStore: RelayBackend {
     public func spaces() async throws -> [SpaceKey] {
         try await pool.read { db in
             try Row.fetchAll(db, sql: "SELECT id, capability FROM relay_spaces ORDER BY id").map {
-                try SpaceKey(id: Array($0[0] as Data), capability: Array($0[1] as Data))
+                try SpaceKey(id: try RelayError.storedSpace($0[0] as Data), capability: Array($0[1] as Data))
             }
         }
     }
 
-    public func usage(space: [UInt8]) async throws -> (entries: Int, bytes: Int) {
+    public func usage(space: SpaceID) async throws -> (entries: Int, bytes: Int) {
         try await pool.read { db in
-            let row = try Row.fetchOne(db, sql: "SELECT entries, bytes FROM relay_usage WHERE space = ?", arguments: [Data(space)])
+            let row = try Row.fetchOne(db, sql: "SELECT entries, bytes FROM relay_usage WHERE space = ?", arguments: [Data(space.bytes)])
             return (row?[0] ?? 0, row?[1] ?? 0)
         }
     }
 
     // MARK: Membership log
 
-    public func ops(space: [UInt8]) async throws -> [MembershipOp] {
+    public func ops(space: SpaceID) async throws -> [MembershipOp] {
         try await pool.read { db in
-            try Data.fetchAll(db, sql: "SELECT bytes FROM relay_ops WHERE space = ?", arguments: [Data(space)]).map {
+            try Data.fetchAll(db, sql: "SELECT bytes FROM relay_ops WHERE space = ?", arguments: [Data(space.bytes)]).map {
                 try MembershipOp(bytes: Array($0))
             }
         }
     }
 
-    public func addOps(_ ops: [MembershipOp], space: [UInt8]) async throws -> [MembershipOp] {
+    public func addOps(_ ops: [MembershipOp], space: SpaceID) async throws -> [MembershipOp] {
         let maxOps = limits.maxOps
         return try await pool.write { db in
-            var count = try Int.fetchOne(db, sql: "SELECT count(*) FROM relay_ops WHERE space = ?", arguments: [Data(space)]) ?? 0
+            var count = try Int.fetchOne(db, sql: "SELECT count(*) FROM relay_ops WHERE space = ?", arguments: [Data(space.bytes)]) ?? 0
             var fresh: [MembershipOp] = []
             for op in ops where op.space == space && count < maxOps {
                 try db.execute(
                     sql: "INSERT OR IGNORE INTO relay_ops(space, hash, bytes) VALUES (?, ?, ?)",
-                    arguments: [Data(space), Data(op.hash), Data(op.bytes)])
+                    arguments: [Data(space.bytes), Data(op.hash.bytes), Data(op.bytes)])
                 if db.changesCount > 0 {
                     fresh.append(op)
                     count += 1
@@ -180,7 +180,7 @@ public final class RelayStore: RelayBackend {
                 // through), so entries meet the quota sooner when the log is large.
                 try db.execute(
                     sql: "UPDATE relay_usage SET bytes = bytes + ?, last_write_ms = ? WHERE space = ?",
-                    arguments: [fresh.reduce(0) { $0 + $1.bytes.count }, Int64(Date().timeIntervalSince1970 * 1000), Data(space)])
+                    arguments: [fresh.reduce(0) { $0 + $1.bytes.count }, Int64(Date().timeIntervalSince1970 * 1000), Data(space.bytes)])
             }
             return fresh
         }
@@ -188,24 +188,24 @@ public final class RelayStore: RelayBackend {
 
     // MARK: Entries
 
-    public func vector(space: [UInt8]) async throws -> [NodeID: UInt64] {
+    public func vector(space: SpaceID) async throws -> [NodeID: UInt64] {
         try await pool.read { db in
             var out: [NodeID: UInt64] = [:]
             for row in try Row.fetchAll(
-                db, sql: "SELECT origin, max(seq) FROM relay_heads WHERE space = ? GROUP BY origin", arguments: [Data(space)])
+                db, sql: "SELECT origin, max(seq) FROM relay_heads WHERE space = ? GROUP BY origin", arguments: [Data(space.bytes)])
             {
                 out[NodeID(bytes: Array(row[0] as Data))] = UInt64(row[1] as Int64)
             }
             // What a snapshot covers counts as held: a device needing it gets the snapshot.
-            for (origin, base) in try Self.bases(db, Data(space)) { out[origin] = max(out[origin] ?? 0, base.seq) }
+            for (origin, base) in try Self.bases(db, Data(space.bytes)) { out[origin] = max(out[origin] ?? 0, base.seq) }
             return out
         }
     }
 
-    public func batch(space: [UInt8], origin: NodeID, after: UInt64, maxEntries: Int, maxBytes: Int) async throws -> EntryBatch? {
+    public func batch(space: SpaceID, origin: NodeID, after: UInt64, maxEntries: Int, maxBytes: Int) async throws -> EntryBatch? {
         guard RelayRules.readable(after: after, maxEntries: maxEntries) else { return nil }
         return try await pool.read { db in
-            let (s, o) = (Data(space), Data(origin.bytes))
+            let (s, o) = (Data(space.bytes), Data(origin.bytes))
             // Not held: what a snapshot covers comes with the snapshot.
             if let base = try Self.bases(db, s)[origin], after < base.seq { return nil }
             // The heads within reach, and the nearest one (which may lie beyond it).
@@ -236,11 +236,11 @@ public final class RelayStore: RelayBackend {
         }
     }
 
-    public func store(_ batch: EntryBatch, space: [UInt8], membership: MembershipState?) async throws -> Int {
+    public func store(_ batch: EntryBatch, space: SpaceID, membership: MembershipState?) async throws -> Int {
         try RelayRules.checkAuthor(batch, membership: membership)
         let limits = self.limits
         return try await pool.write { db -> Int in
-            let (s, o) = (Data(space), Data(batch.origin.bytes))
+            let (s, o) = (Data(space.bytes), Data(batch.origin.bytes))
             let base = try Self.bases(db, s)[batch.origin]
             let held = max(
                 base?.seq ?? 0,
@@ -278,7 +278,7 @@ public final class RelayStore: RelayBackend {
         }
     }
 
-    public func expire(idleBefore cutoffMs: Int64) async throws -> [[UInt8]] {
+    public func expire(idleBefore cutoffMs: Int64) async throws -> [SpaceID] {
         try await pool.write { db in
             let idle = try Data.fetchAll(
                 db, sql: "SELECT space FROM relay_usage WHERE last_write_ms > 0 AND last_write_ms < ?", arguments: [cutoffMs])
@@ -292,7 +292,7 @@ public final class RelayStore: RelayBackend {
                 try db.execute(
                     sql: "UPDATE relay_usage SET entries = 0, bytes = 0, last_write_ms = 0 WHERE space = ?", arguments: [space])
             }
-            return idle.map { Array($0) }
+            return idle.compactMap { SpaceID(bytes: $0) }
         }
     }
 
@@ -319,4 +319,10 @@ public struct RelayError: Error, CustomStringConvertible {
     public let description: String
     /// An error saying `description`.
     public init(_ description: String) { self.description = description }
+
+    /// The space id a row holds; throws for one of another length (a damaged store), never traps.
+    static func storedSpace(_ bytes: Data) throws(RelayError) -> SpaceID {
+        guard let id = SpaceID(bytes: bytes) else { throw RelayError("a stored space id has \(bytes.count) bytes, not 16") }
+        return id
+    }
 }

@@ -9,7 +9,7 @@ extension Compactor {
     /// Signs and keeps this device's acknowledgement when what it applied changed since its last one; true when it
     /// issued one.
     public func issueAcknowledgement(
-        space: [UInt8], identity: DeviceIdentity, nowMs: UInt64, lacking: [EpochKeyID] = []
+        space: SpaceID, identity: DeviceIdentity, nowMs: UInt64, lacking: [EpochKeyID] = []
     ) throws -> Bool {
         let applied = try database.versionVector()
         let mine = try database.acknowledgements().first { $0.node == identity.nodeID }
@@ -25,7 +25,7 @@ extension Compactor {
     /// Keeps the acknowledgements of `space` signed by devices its log lists; true when any was newer than the one
     /// held. A space without a log keeps none: nothing is stable there (SYNC.md §11), and any holder of its capability
     /// could sign them under keys of its own, without bound.
-    public func keep(_ acks: [Acknowledgement], space: [UInt8], membership: MembershipState?) throws -> Bool {
+    public func keep(_ acks: [Acknowledgement], space: SpaceID, membership: MembershipState?) throws -> Bool {
         guard let membership else { return false }
         var kept = false
         for ack in acks where ack.space == space {
@@ -86,13 +86,13 @@ extension Compactor {
 extension BlazeDatabase {
     /// Signs and keeps this device's acknowledgement when what it applied changed (`Compactor.issueAcknowledgement`).
     public func issueAcknowledgement(
-        space: [UInt8], identity: DeviceIdentity, nowMs: UInt64, lacking: [EpochKeyID] = []
+        space: SpaceID, identity: DeviceIdentity, nowMs: UInt64, lacking: [EpochKeyID] = []
     ) throws -> Bool {
         try compactor.issueAcknowledgement(space: space, identity: identity, nowMs: nowMs, lacking: lacking)
     }
 
     /// Keeps the acknowledgements of `space` signed by listed devices (`Compactor.keep`).
-    public func keep(_ acks: [Acknowledgement], space: [UInt8], membership: MembershipState?) throws -> Bool {
+    public func keep(_ acks: [Acknowledgement], space: SpaceID, membership: MembershipState?) throws -> Bool {
         try compactor.keep(acks, space: space, membership: membership)
     }
 

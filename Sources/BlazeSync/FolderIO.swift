@@ -93,7 +93,7 @@ struct OwnSegment {
 
     /// Opens this device's latest segment, cutting off a torn record at its end (a crash while appending), or
     /// starts the first one.
-    static func open(dirFD: Int32, dir: String, space: [UInt8], writer: [UInt8], logger: Logger) throws -> OwnSegment {
+    static func open(dirFD: Int32, dir: String, space: SpaceID, writer: [UInt8], logger: Logger) throws -> OwnSegment {
         let names = (try? FileManager.default.contentsOfDirectory(atPath: dir)) ?? []
         guard let number = names.compactMap(FolderFiles.segmentNumber).max() else {
             return try create(dirFD: dirFD, dir: dir, number: 1, space: space, writer: writer)
@@ -129,7 +129,7 @@ struct OwnSegment {
     }
 
     /// Starts segment `number`: its header is written to a temporary file, synced and renamed into place.
-    static func create(dirFD: Int32, dir: String, number: UInt64, space: [UInt8], writer: [UInt8]) throws -> OwnSegment {
+    static func create(dirFD: Int32, dir: String, number: UInt64, space: SpaceID, writer: [UInt8]) throws -> OwnSegment {
         let name = FolderFiles.segmentName(number)
         let path = dir + "/" + name
         try replaceFile(at: dirFD, name, with: FolderFiles.segmentHeader(space: space, writer: writer, number: number))

@@ -131,7 +131,7 @@ final class FolderWorker {
         self.options = options
         self.control = control
         me = NodeID(bytes: engine.identity.nodeID)
-        spaceDir = root + "/" + hexString(space.id)
+        spaceDir = root + "/" + space.id.hex
         ownDir = spaceDir + "/" + me.hex
         watch = FolderWatch(signal: signal, useInotify: options.inotify)
         report = LinkReport(book: engine.status, peer: "folder:" + root, direction: .folder, db: space.db.name)
@@ -217,7 +217,7 @@ final class FolderWorker {
         let rootFD = open(root, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
         guard rootFD >= 0 else { throw FolderProblem("cannot open the folder \(root): \(errnoText())") }
         defer { close(rootFD) }
-        let spaceFD = try openDirectory(at: rootFD, hexString(space.id), path: spaceDir)
+        let spaceFD = try openDirectory(at: rootFD, space.id.hex, path: spaceDir)
         defer { close(spaceFD) }
         return try openDirectory(at: spaceFD, me.hex, path: ownDir)
     }

@@ -142,7 +142,7 @@ extension FolderWorker {
         guard snapshot.membership != nil, snapshot.ops.count != membersWritten || !exists(at: ownFD, "members") else {
             return
         }
-        let ops = snapshot.ops.values.sorted { $0.hash.lexicographicallyPrecedes($1.hash) }.map(\.bytes)
+        let ops = snapshot.ops.values.sorted { $0.hash < $1.hash }.map(\.bytes)
         try replaceFile(at: ownFD, "members", with: FolderFiles.members(space: space.id, ops: ops))
         membersWritten = snapshot.ops.count
     }

@@ -21,7 +21,7 @@ public final class SharedSpace: Sendable {
     /// The database.
     public let db: BlazeDatabase
     /// The space id.
-    public let id: [UInt8]
+    public let id: SpaceID
     let identity: DeviceIdentity
     private let state: Mutex<Snapshot>
     /// Held by a merge from reading the state to replacing it, so merges do not overlap; the state's own lock is held
@@ -37,7 +37,7 @@ public final class SharedSpace: Sendable {
         /// The resolved log; nil for a legacy space (shared with a secret token, no log).
         public let membership: MembershipState?
         /// Every operation held, by hash.
-        let ops: [[UInt8]: MembershipOp]
+        let ops: [EntryHash: MembershipOp]
         /// The epoch keys this device opened from the log's envelopes.
         let held: [EpochKeyID: [UInt8]]
         /// The legacy key (a space without a log), when held.
@@ -79,7 +79,7 @@ public final class SharedSpace: Sendable {
 
     /// Builds the space of `db` from its stored log (every key this device holds is sealed to it there), its legacy
     /// key (a space shared before membership), or the capability alone while joining.
-    init(db: BlazeDatabase, id: [UInt8], identity: DeviceIdentity, ops: [MembershipOp], stored: SpaceKey?, capability: [UInt8]?) {
+    init(db: BlazeDatabase, id: SpaceID, identity: DeviceIdentity, ops: [MembershipOp], stored: SpaceKey?, capability: [UInt8]?) {
         self.db = db
         self.id = id
         self.identity = identity
@@ -97,7 +97,7 @@ public final class SharedSpace: Sendable {
 
     /// Resolves the log into keys and membership.
     static func resolve(
-        id: [UInt8], identity: DeviceIdentity, ops: [[UInt8]: MembershipOp], stored: SpaceKey?, capability: [UInt8]?,
+        id: SpaceID, identity: DeviceIdentity, ops: [EntryHash: MembershipOp], stored: SpaceKey?, capability: [UInt8]?,
         resolved: MembershipState? = nil, opened: [KeyEnvelope: [UInt8]] = [:]
     ) -> Snapshot {
         guard !ops.isEmpty else {
@@ -156,7 +156,7 @@ public final class SharedSpace: Sendable {
             let (fresh, resolved, dropped) = MembershipLog.taken(
                 incoming, held: Array(s.ops.values), space: id, resolvedHeld: s.membership, aside: held.ops)
             guard !fresh.isEmpty else { return ([], dropped) }
-            if storing { _ = try db.addMembershipOps(fresh.map { ($0.hash, $0.bytes) }) }
+            if storing { _ = try db.addMembershipOps(fresh) }
             var ops = s.ops
             for op in fresh { ops[op.hash] = op }
             let next = Self.resolve(

@@ -1,5 +1,6 @@
 import BlazeBlob
 import BlazeCrypto
+import BlazeProtocol
 import BlazeStore
 import Synchronization
 
@@ -49,7 +50,7 @@ extension SyncEngine {
     }
 
     /// Blob keys from parts this device holds, as a store error.
-    static func blobKeys(space: [UInt8], genesis: [UInt8]) throws -> BlobKeys {
+    static func blobKeys(space: SpaceID, genesis: [UInt8]) throws -> BlobKeys {
         do {
             return try BlobKeys(space: space, genesis: genesis)
         } catch {

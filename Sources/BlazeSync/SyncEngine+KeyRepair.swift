@@ -54,9 +54,9 @@ extension SyncEngine {
         }
     }
 
-    private static func sealing(_ recipient: [UInt8], _ epoch: UInt32, _ keyOp: [UInt8]) -> [UInt8] {
+    private static func sealing(_ recipient: [UInt8], _ epoch: Epoch, _ keyOp: EntryHash) -> [UInt8] {
         var out = recipient
         out.appendBE(epoch)
-        return out + keyOp
+        return out + keyOp.bytes
     }
 }

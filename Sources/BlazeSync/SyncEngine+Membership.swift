@@ -61,7 +61,7 @@ extension SyncEngine {
         let db = space.db
         pool.submit { _ in
             do {
-                try db.addMembershipOps(ops.map { ($0.hash, $0.bytes) })
+                try db.addMembershipOps(ops)
                 try engine.grantMissingKeys(space: space)
             } catch {
                 engine.logger.error("Cannot store membership operations", metadata: ["db": "\(db.name)", "error": "\(error)"])
@@ -104,7 +104,7 @@ extension SyncEngine {
         let op = try MembershipOp(
             space: space.id, author: identity, timeMs: nowMsUnsigned(), parents: try mergedHeads(space), action: .grant,
             envelopes: envelopes)
-        try space.db.addMembershipOps([(op.hash, op.bytes)])
+        try space.db.addMembershipOps([op])
         _ = space.merge([op])
     }
 
@@ -112,14 +112,14 @@ extension SyncEngine {
     /// `MembershipOp.maxParents` of them each while there are more (a senior admin's operations made concurrently
     /// with its removal take effect, and can leave that many heads). Call outside a transaction of the database: the
     /// joining grants are stored.
-    func mergedHeads(_ space: SharedSpace) throws -> [[UInt8]] {
+    func mergedHeads(_ space: SharedSpace) throws -> [EntryHash] {
         while true {
             let heads = space.snapshot.membership?.heads ?? []
             guard heads.count > MembershipOp.maxParents else { return heads }
             let join = try MembershipOp(
                 space: space.id, author: identity, timeMs: nowMsUnsigned(), parents: Array(heads.prefix(MembershipOp.maxParents)),
                 action: .grant)
-            try space.db.addMembershipOps([(join.hash, join.bytes)])
+            try space.db.addMembershipOps([join])
             guard space.merge([join]).count == 1 else {
                 throw StoreError(.syncFailure, kind: "log_full", "the membership log of database \(space.db.name) took no more operations")
             }
@@ -225,14 +225,14 @@ extension SyncEngine {
             device: device.nodeID, nowMs: Int64(nowMsUnsigned())
         ) { roleName in
             let role = MemberRole(name: roleName) ?? .reader
-            let envelopes = try snapshot.held.sorted { $0.key.op.lexicographicallyPrecedes($1.key.op) }.map {
+            let envelopes = try snapshot.held.sorted { $0.key.op < $1.key.op }.map {
                 try KeyEnvelope(sealing: $0.value, space: space.id, epoch: $0.key.epoch, keyOp: $0.key.op, to: device)
             }
             let op = try MembershipOp(
                 space: space.id, author: identity, timeMs: nowMsUnsigned(), parents: parents,
                 action: .add(device: device, role: role), envelopes: envelopes)
             made = op
-            return (op.hash, op.bytes)
+            return (op.hash.bytes, op.bytes)
         }
         let op = made!
         _ = space.merge([op])
@@ -243,7 +243,7 @@ extension SyncEngine {
     /// Joins a space with an invite as the new database `name`: connects to the inviting member, redeems the
     /// invite, and returns once this device is a member holding the space's keys (or throws, leaving nothing behind).
     func join(invite: InviteToken, name: String?, timeout: TimeAmount) throws -> BlazeDatabase {
-        let idHex = hexString(invite.space)
+        let idHex = invite.space.hex
         let name = name ?? "shared-" + idHex.prefix(8)
         guard let address = PeerAddress(invite.address) else {
             throw StoreError(.invalidArgument, kind: "invalid_token", "the invite names no usable address")
@@ -315,7 +315,7 @@ extension SyncEngine {
     /// epoch. In a log that commits to its keys, the operation carries the new key's commitment, and the cutoff is the
     /// latest head of the device held here, which the operation carries (so no admin can set a cutoff past what the
     /// device signed).
-    public func revoke(db: BlazeDatabase, device: String) throws -> UInt32 {
+    public func revoke(db: BlazeDatabase, device: String) throws -> Epoch {
         let (space, _, membership) = try membershipSpace(db)
         try requireAdmin(membership, db: db)
         guard let node = hexBytes(device), node.count == 16, let target = membership.member(node) else {
@@ -329,7 +329,7 @@ extension SyncEngine {
         }
         let head = membership.commitsKeys ? try db.latestHeadBytes(origin: NodeID(bytes: node)).map { try SignedHead(bytes: $0[...]) } : nil
         let cutoff = membership.commitsKeys ? head?.seq ?? 0 : try db.syncVector()[NodeID(bytes: node)] ?? 0
-        let epoch = membership.currentEpoch + 1
+        let epoch = membership.currentEpoch.next
         let secret = SpaceKey.randomSecret()
         let envelopes = try membership.current.filter { $0.keys != target.keys }.map {
             try KeyEnvelope(sealing: secret, space: space.id, epoch: epoch, keyOp: KeyEnvelope.thisOp, to: $0.keys)
@@ -339,7 +339,7 @@ extension SyncEngine {
             action: .remove(device: node, cutoff: cutoff, epoch: epoch), envelopes: envelopes,
             commitment: membership.commitsKeys ? KeyEnvelope.commitment(secret: secret, space: space.id, epoch: epoch) : nil,
             cutoffHead: head)
-        try db.addMembershipOps([(op.hash, op.bytes)])
+        try db.addMembershipOps([op])
         _ = space.merge([op])
         membershipChanged(db: db.name)
         return space.snapshot.membership?.currentEpoch ?? epoch

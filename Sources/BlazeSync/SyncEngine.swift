@@ -193,7 +193,10 @@ public final class SyncEngine: Sendable {
     /// The space of `db`, nil when the database is not shared; loaded from its log and keystore on first use.
     public func space(db: BlazeDatabase) throws -> SharedSpace? {
         if let cached = served.withLock({ $0[db.name] }), cached.db === db { return cached }
-        guard let idHex = try db.spaceID(), let id = hexBytes(idHex) else { return nil }
+        guard let idHex = try db.spaceID() else { return nil }
+        guard let id = SpaceID(hex: idHex) else {
+            throw StoreError(.syncFailure, kind: "space_key_unusable", "database \(db.name) names a malformed space id \(idHex)")
+        }
         let ops: [MembershipOp]
         let stored: SpaceKey?
         do {
@@ -236,7 +239,7 @@ public final class SyncEngine: Sendable {
     /// `share`, with blob keys not being chosen meanwhile.
     private func shareChosen(db: BlazeDatabase) throws -> (space: String, token: String?) {
         if let space = try space(db: db) {
-            return (hexString(space.id), space.snapshot.membership == nil ? space.snapshot.stored?.token : nil)
+            return (space.id.hex, space.snapshot.membership == nil ? space.snapshot.stored?.token : nil)
         }
         guard try !db.holdsChangesOfOtherDevices() else {
             throw StoreError(
@@ -253,12 +256,12 @@ public final class SyncEngine: Sendable {
             envelopes: [
                 KeyEnvelope(sealing: genesis, space: id, epoch: 1, keyOp: KeyEnvelope.thisOp, to: identity.publicKeys)
             ], commitment: KeyEnvelope.commitment(secret: genesis, space: id, epoch: 1))
-        try db.addMembershipOps([(create.hash, create.bytes)])
-        try db.setSpaceID(hexString(id))
+        try db.addMembershipOps([create])
+        try db.setSpaceID(id.hex)
         let space = SharedSpace(db: db, id: id, identity: identity, ops: [create], stored: nil, capability: nil)
         served.withLock { $0[db.name] = space }
         PendingSpace.remove(directory: keysDirectory, db: db.name)
-        return (hexString(id), nil)
+        return (id.hex, nil)
     }
 
     /// Shares `db` the way databases were shared before membership: a space whose secret token anyone holding it

@@ -1,5 +1,6 @@
 import BlazeCRDT
 import BlazeCrypto
+import BlazeProtocol
 import BlazeStore
 import BlazeWire
 import NIOCore
@@ -30,7 +31,7 @@ final class SyncSession: ChannelInboundHandler {
     /// This session's registration with the engine (membership changes reach it through it).
     var registration: Int?
     /// Membership operations the peer holds, as far as this side knows (sent to it, or received from it).
-    var opsShared: Set<[UInt8]> = []
+    var opsShared: Set<EntryHash> = []
     /// Acknowledgements the peer holds, as far as this side knows: node id → when issued (SYNC.md §11).
     var acksShared: [[UInt8]: UInt64] = [:]
     /// True once this session sent a snapshot (one per session: a peer that still lacks entries reconnects).

@@ -46,11 +46,11 @@ public enum PeerMessage: Sendable {
     /// `ops` as `MEMBERS` messages of at most `membersMessageBytes` of operations each, parents before children: in
     /// the log's resolution `order` (hashes), those it does not name last, by hash. A peer keeps an operation only
     /// once it holds the operation that made its author an admin (`MembershipLog.kept`).
-    public static func members(chunking unordered: [MembershipOp], order: [[UInt8]]) -> [PeerMessage] {
+    public static func members(chunking unordered: [MembershipOp], order: [EntryHash]) -> [PeerMessage] {
         let position = Dictionary(order.enumerated().map { ($1, $0) }, uniquingKeysWith: { a, _ in a })
         let ops = unordered.sorted { a, b in
             let (pa, pb) = (position[a.hash] ?? Int.max, position[b.hash] ?? Int.max)
-            return pa != pb ? pa < pb : a.hash.lexicographicallyPrecedes(b.hash)
+            return pa != pb ? pa < pb : a.hash < b.hash
         }
         var out: [PeerMessage] = []
         var chunk: [MembershipOp] = []

@@ -221,7 +221,7 @@ struct AddSpace: AsyncParsableCommand {
         defer { (store as? PostgresRelayStore)?.close() }
         for cap in caps {
             let added = try await store.add(cap)
-            print(added ? "serving space \(hexString(cap.space))" : "space \(hexString(cap.space)) was served already")
+            print(added ? "serving space \(cap.space.hex)" : "space \(cap.space.hex) was served already")
         }
     }
 }

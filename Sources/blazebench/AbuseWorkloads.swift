@@ -16,7 +16,7 @@ import NIOCore
 enum AbuseWorkloads {
     /// A log made by `admin`, adding each of `members` with its role, and the space key of epoch 1.
     struct Log {
-        let space: [UInt8]
+        let space: SpaceID
         let genesis: [UInt8]
         let ops: [MembershipOp]
         var key: SpaceKey { try! SpaceKey(id: space, epoch: 1, secrets: [1: genesis]) }
@@ -41,7 +41,7 @@ enum AbuseWorkloads {
     }
 
     /// `count` operations signed by `author` (a reader: every one void), naming `parents`, in `MEMBERS` messages.
-    static func flood(space: [UInt8], author: DeviceIdentity, parents: [[UInt8]], count: Int) throws -> [PeerMessage] {
+    static func flood(space: SpaceID, author: DeviceIdentity, parents: [EntryHash], count: Int) throws -> [PeerMessage] {
         let ops = try (0..<count).map { i in
             try MembershipOp(space: space, author: author, timeMs: 10_000 + UInt64(i), parents: parents, action: .grant)
         }

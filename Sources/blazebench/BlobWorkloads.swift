@@ -1,4 +1,5 @@
 import BlazeBlob
+import BlazeProtocol
 import Foundation
 
 #if canImport(Glibc)
@@ -15,7 +16,7 @@ enum BlobWorkloads {
         defer { try? FileManager.default.removeItem(atPath: work) }
         let source = work + "/source"
         try writeRandomFile(source, bytes: megabytes << 20)
-        let keys = try BlobKeys(space: [UInt8](repeating: 1, count: 16), genesis: (0..<32).map { _ in UInt8.random(in: 0...255) })
+        let keys = try BlobKeys(space: SpaceID(bytes: [UInt8](repeating: 1, count: 16))!, genesis: (0..<32).map { _ in UInt8.random(in: 0...255) })
         let mib = Double(megabytes)
 
         var cpPut: [Double] = [], cpGet: [Double] = [], put: [Double] = [], putAgain: [Double] = [], get: [Double] = []

@@ -1,4 +1,5 @@
 import BlazeCrypto
+import BlazeProtocol
 import Foundation
 
 /// M3: what a member spends to take in one new operation on top of a log of `n` it holds (SYNC.md §9): keep it
@@ -11,7 +12,7 @@ extension MembershipWorkloads {
             let admin = DeviceIdentity(), member = DeviceIdentity()
             let salt = SpaceKey.randomBytes(16)
             let space = MembershipOp.spaceID(creator: admin.publicKeys, salt: salt)
-            func seal(_ secret: [UInt8], epoch: UInt32, to: [DeviceIdentity]) throws -> [KeyEnvelope] {
+            func seal(_ secret: [UInt8], epoch: Epoch, to: [DeviceIdentity]) throws -> [KeyEnvelope] {
                 try to.map { try KeyEnvelope(sealing: secret, space: space, epoch: epoch, keyOp: KeyEnvelope.thisOp, to: $0.publicKeys) }
             }
             let genesis = SpaceKey.randomSecret()
@@ -20,14 +21,14 @@ extension MembershipWorkloads {
             ops.append(try MembershipOp(space: space, author: admin, timeMs: 2, parents: [ops[0].hash],
                 action: .add(device: member.publicKeys, role: .writer),
                 envelopes: [try KeyEnvelope(sealing: genesis, space: space, epoch: 1, keyOp: ops[0].hash, to: member.publicKeys)]))
-            var epoch: UInt32 = 1
+            var epoch: Epoch = 1
             var passing: DeviceIdentity?
             while ops.count < n {
                 let time = UInt64(ops.count + 1)
                 let action: MembershipOp.Action
                 var envelopes: [KeyEnvelope] = []
                 if let device = passing {
-                    epoch += 1
+                    epoch = epoch.next
                     action = .remove(device: device.nodeID, cutoff: 0, epoch: epoch)
                     envelopes = try seal(SpaceKey.randomSecret(), epoch: epoch, to: [admin, member])
                     passing = nil
@@ -56,7 +57,7 @@ extension MembershipWorkloads {
                 samples.append(
                     try seconds {
                         let keys = takeIn([op], held: &held, state: &state, space: space, member: member, opened: &opened)
-                        guard keys == Int(epoch), state.applied.count == n + i + 1 else { throw MembershipBenchFailure() }
+                        guard keys == Int(epoch.value), state.applied.count == n + i + 1 else { throw MembershipBenchFailure() }
                     } * 1000)
             }
             results.append(
@@ -74,7 +75,7 @@ extension MembershipWorkloads {
     /// What a member does with operations that arrive (`SharedSpace.merge`): keeps what the log keeps, with the log
     /// resolved once, and opens the envelopes it did not open before; returns how many keys it holds.
     static func takeIn(
-        _ incoming: [MembershipOp], held: inout [MembershipOp], state: inout MembershipState, space: [UInt8], member: DeviceIdentity,
+        _ incoming: [MembershipOp], held: inout [MembershipOp], state: inout MembershipState, space: SpaceID, member: DeviceIdentity,
         opened: inout [KeyEnvelope: [UInt8]]
     ) -> Int {
         let (kept, resolved, _) = MembershipLog.taken(incoming, held: held, space: space, resolvedHeld: state)

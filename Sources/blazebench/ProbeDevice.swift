@@ -19,7 +19,7 @@ final class ProbeDevice: ChannelInboundHandler, DialingDevice, @unchecked Sendab
     /// the first 10,000 whole) and entries the other end sent, its `ERROR` reason, and how many messages it wrote.
     struct Seen: Sendable {
         var established = false, closed = false
-        var ops = Set<[UInt8]>()
+        var ops = Set<EntryHash>()
         var log: [MembershipOp] = []
         var entries = 0
         var error: String?

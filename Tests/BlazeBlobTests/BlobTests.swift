@@ -1,3 +1,4 @@
+import BlazeProtocol
 import BlazeTestSupport
 import Foundation
 import Testing
@@ -11,7 +12,7 @@ import Glibc
 /// Blobs put a piece at a time and read back by range; manifests decoded as hostile input.
 @Suite struct BlobTests {
     let keys = try! BlobKeys(
-        space: [UInt8](repeating: 5, count: 16), genesis: [UInt8](repeating: 6, count: 32),
+        space: SpaceID(bytes: [UInt8](repeating: 5, count: 16))!, genesis: [UInt8](repeating: 6, count: 32),
         sizes: try! Chunker.Sizes(minimum: 2 << 10, average: 8 << 10, maximum: 32 << 10))
 
     /// A chunk store in a fresh temporary directory, removed by the caller.

@@ -1,3 +1,4 @@
+import BlazeProtocol
 import BlazeTestSupport
 import Foundation
 import Testing
@@ -16,7 +17,7 @@ import Glibc
         return dir
     }
 
-    let keys = try! BlobKeys(space: [UInt8](repeating: 5, count: 16), genesis: [UInt8](repeating: 6, count: 32))
+    let keys = try! BlobKeys(space: SpaceID(bytes: [UInt8](repeating: 5, count: 16))!, genesis: [UInt8](repeating: 6, count: 32))
 
     @Test func putReadRangeAndRemove() throws {
         let dir = temporaryDirectory()

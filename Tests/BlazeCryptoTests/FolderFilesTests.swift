@@ -109,7 +109,7 @@ import Testing
             #expect(throws: SyncRejection.self) { try FolderFiles.decodeMembers(Array(bytes.prefix(cut)), space: key.id) }
         }
         // A count no file of this size can hold is refused before anything is allocated.
-        var lying = FolderFiles.membersMagic + [FolderFiles.version] + key.id
+        var lying = FolderFiles.membersMagic + [FolderFiles.version] + key.id.bytes
         lying.appendBE(UInt32.max)
         #expect(throws: SyncRejection.malformed) { try FolderFiles.decodeMembers(lying, space: key.id) }
     }

@@ -10,8 +10,8 @@ import Testing
     let admin = DeviceIdentity(), member = DeviceIdentity(), removed = DeviceIdentity()
 
     /// `device`'s own signed head of the entry `hash` at `seq` in `space` (SYNC.md §7).
-    static func head(_ device: DeviceIdentity, space: [UInt8], seq: UInt64, hash: [UInt8]) throws -> SignedHead {
-        var message = Array("blazedb head v1".utf8) + space + device.nodeID
+    static func head(_ device: DeviceIdentity, space: SpaceID, seq: UInt64, hash: [UInt8]) throws -> SignedHead {
+        var message = Array("blazedb head v1".utf8) + space.bytes + device.nodeID
         message.appendBE(seq)
         message += hash
         var bytes = device.nodeID
@@ -22,7 +22,7 @@ import Testing
 
     /// A log of `admin` adding `member` and `removed` (a writer), created in version 2 when `commits`; returns the
     /// space, the operations and the genesis secret.
-    func log(commits: Bool) throws -> (space: [UInt8], ops: [MembershipOp], genesis: [UInt8]) {
+    func log(commits: Bool) throws -> (space: SpaceID, ops: [MembershipOp], genesis: [UInt8]) {
         let salt = SpaceKey.randomBytes(16), genesis = SpaceKey.randomSecret()
         let space = MembershipOp.spaceID(creator: admin.publicKeys, salt: salt)
         let create = try MembershipOp(
@@ -98,7 +98,7 @@ import Testing
             let grant = try MembershipOp(
                 space: space, author: admin, timeMs: 4, parents: [rotate.hash], action: .grant,
                 envelopes: [
-                    try KeyEnvelope(sealing: bogus, space: space, epoch: 9, keyOp: SpaceKey.randomBytes(32), to: member.publicKeys),
+                    try KeyEnvelope(sealing: bogus, space: space, epoch: 9, keyOp: EntryHash(bytes: SpaceKey.randomBytes(32))!, to: member.publicKeys),
                     try KeyEnvelope(sealing: bogus, space: space, epoch: 9, keyOp: KeyEnvelope.thisOp, to: member.publicKeys),
                 ])
             let granted = MembershipState(space: space, ops: ops + [rotate, grant])
@@ -140,7 +140,7 @@ import Testing
         #expect(throws: SyncRejection.self) { try Acknowledgement(bytes: flipped) }
         #expect(throws: SyncRejection.self) { try Acknowledgement(bytes: Array(ack.bytes.prefix(plain.bytes.count - 64)) + ack.bytes.suffix(64)) }
         // At most `maxLacking` keys are named.
-        let many = (0..<100).map { EpochKeyID(epoch: UInt32($0), op: SpaceKey.randomBytes(32)) }
+        let many = (0..<100).map { EpochKeyID(epoch: Epoch(UInt32($0)), op: EntryHash(bytes: SpaceKey.randomBytes(32))!) }
         let capped = Acknowledgement(space: space, vector: [:], issuedMs: 1, identity: member, lacking: many)
         // The newest of them: the current epoch's key is never pushed out by older ones sealed wrong.
         let kept = try Acknowledgement(bytes: capped.bytes).lacking
@@ -171,7 +171,7 @@ import Testing
         }
         #expect(throws: MembershipError.self) { try remove(cutoff: 5, commitment: commitment, head: nil) }
         #expect(throws: MembershipError.self) {
-            try remove(cutoff: 5, commitment: commitment, head: try Self.head(removed, space: SpaceKey.randomBytes(16), seq: 5, hash: signedAt5.hash))
+            try remove(cutoff: 5, commitment: commitment, head: try Self.head(removed, space: SpaceID(bytes: SpaceKey.randomBytes(16))!, seq: 5, hash: signedAt5.hash))
         }
         // The real one: the removed device's entries are accepted up to 5, and at 5 only the entry it signed.
         let op = try remove(cutoff: 5, commitment: commitment, head: signedAt5)

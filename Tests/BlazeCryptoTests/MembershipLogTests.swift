@@ -200,7 +200,7 @@ import Testing
         var rng = SeededRandom(seed: testSeed("membership choice"))
         for _ in 0..<20 {
             let devices = (0..<6).map { _ in DeviceIdentity() }
-            let salt = Array(SpaceKey.generate().id)
+            let salt = SpaceKey.generate().id.bytes
             let space = MembershipOp.spaceID(creator: devices[0].publicKeys, salt: salt)
             var all = [try MembershipOp(space: space, author: devices[0], timeMs: 1, parents: [], action: .create(salt: salt))]
             for step in 0..<40 {
@@ -213,7 +213,7 @@ import Testing
                 if view.member(target.nodeID) == nil {
                     action = .add(device: target.publicKeys, role: MemberRole.allCases.randomElement(using: &rng)!)
                 } else if view.member(target.nodeID)?.isCurrent == true, Bool.random(using: &rng) {
-                    let epoch = view.currentEpoch + 1
+                    let epoch = view.currentEpoch.next
                     action = .remove(device: target.nodeID, cutoff: UInt64(step), epoch: epoch)
                     envelopes = try view.current.filter { $0.keys != target.publicKeys }.map {
                         try KeyEnvelope(sealing: randomSecret(), space: space, epoch: epoch, keyOp: KeyEnvelope.thisOp, to: $0.keys)

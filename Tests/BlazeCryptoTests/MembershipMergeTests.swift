@@ -25,7 +25,7 @@ import Testing
         try log.add(a, .add(device: w.publicKeys, role: .writer))
         try log.add(a, .add(device: r.publicKeys, role: .reader))
         var devices = [a, b, w, r, stranger]
-        var epoch: UInt32 = 1
+        var epoch: Epoch = 1
         for _ in 0..<60 {
             let author = devices[Int(rng.next() % UInt64(devices.count))]
             // Parents: the heads, or one to three random operations (a concurrent branch).
@@ -36,7 +36,7 @@ import Testing
                 devices.append(device)
                 try log.add(author, .add(device: device.publicKeys, role: [.admin, .writer, .reader][Int(rng.next() % 3)]), parents: parents)
             case 2, 3:
-                epoch += 1
+                epoch = epoch.next
                 let target = devices[Int(rng.next() % UInt64(devices.count))]
                 let (remove, envelopes) = try log.removal(author, removing: target, epoch: epoch, to: [a, b, w, r], secret: randomSecret())
                 try log.add(author, remove, parents: parents, envelopes: envelopes)
@@ -98,7 +98,7 @@ import Testing
                 case 2, 3:
                     let target = devices[Int(rng.next() % UInt64(devices.count))]
                     let (remove, envelopes) = try log.removal(
-                        author, removing: target, epoch: state.currentEpoch + 1, to: [a, b, w, r], secret: randomSecret())
+                        author, removing: target, epoch: state.currentEpoch.next, to: [a, b, w, r], secret: randomSecret())
                     op = try log.add(author, remove, parents: parents, envelopes: envelopes)
                 default:
                     op = try log.add(author, .grant, parents: parents)
@@ -123,11 +123,11 @@ import Testing
         let members = s.members.sorted { $0.key < $1.key }.map {
             "\($0.key) \($0.value.role) \($0.value.seniority) \($0.value.removal.map { "\(hexString($0.by)) \($0.cutoff)" } ?? "-")"
         }
-        let keys = { (k: [EpochKeyID]) in k.map { "\($0.epoch):\(hexString($0.op))" } }
+        let keys = { (k: [EpochKeyID]) in k.map { "\($0.epoch):\($0.op.hex)" } }
         return [
-            members.joined(separator: ","), s.applied.map(hexString).joined(separator: ","), s.order.map(hexString).joined(separator: ","),
-            s.void.keys.map(hexString).sorted().joined(separator: ","), s.waiting.map(hexString).sorted().joined(separator: ","),
-            s.heads.map(hexString).joined(separator: ","), keys(s.epochKeys).joined(separator: ","), keys(s.frontier).joined(separator: ","),
+            members.joined(separator: ","), s.applied.map(\.hex).joined(separator: ","), s.order.map(\.hex).joined(separator: ","),
+            s.void.keys.map(\.hex).sorted().joined(separator: ","), s.waiting.map(\.hex).sorted().joined(separator: ","),
+            s.heads.map(\.hex).joined(separator: ","), keys(s.epochKeys).joined(separator: ","), keys(s.frontier).joined(separator: ","),
             s.combinations.map { keys($0).joined(separator: "+") }.joined(separator: ","), "\(s.currentEpoch)",
         ].joined(separator: "\n")
     }

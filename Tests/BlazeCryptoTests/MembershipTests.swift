@@ -9,8 +9,8 @@ import Testing
 /// A membership log being written by hand: its ops so far and the parents of the next one.
 struct LogBuilder {
     /// The salt of the space's create; the space id follows from it and the first author.
-    let salt = Array(SpaceKey.generate().id)
-    var space: [UInt8] = []
+    let salt = SpaceKey.generate().id.bytes
+    var space = SpaceID(bytes: [UInt8](repeating: 0, count: 16))!
     var ops: [MembershipOp] = []
     var time: UInt64 = 1_000
 
@@ -19,10 +19,10 @@ struct LogBuilder {
     /// Appends an op by `author` on top of `parents` (default: the current heads).
     @discardableResult
     mutating func add(
-        _ author: DeviceIdentity, _ action: MembershipOp.Action, parents: [[UInt8]]? = nil, envelopes: [KeyEnvelope] = []
+        _ author: DeviceIdentity, _ action: MembershipOp.Action, parents: [EntryHash]? = nil, envelopes: [KeyEnvelope] = []
     ) throws -> MembershipOp {
         time += 1
-        if case .create(let salt) = action, space.isEmpty { space = MembershipOp.spaceID(creator: author.publicKeys, salt: salt) }
+        if case .create(let salt) = action, ops.isEmpty { space = MembershipOp.spaceID(creator: author.publicKeys, salt: salt) }
         let op = try MembershipOp(
             space: space, author: author, timeMs: time, parents: parents ?? state.heads, action: action, envelopes: envelopes)
         ops.append(op)
@@ -31,7 +31,7 @@ struct LogBuilder {
 
     /// A removal of `device` by `author` starting the next epoch, its fresh key sealed to `to`.
     func removal(
-        _ author: DeviceIdentity, removing device: DeviceIdentity, epoch: UInt32, to: [DeviceIdentity], secret: [UInt8]
+        _ author: DeviceIdentity, removing device: DeviceIdentity, epoch: Epoch, to: [DeviceIdentity], secret: [UInt8]
     ) throws -> (MembershipOp.Action, [KeyEnvelope]) {
         let envelopes = try to.map {
             try KeyEnvelope(sealing: secret, space: space, epoch: epoch, keyOp: KeyEnvelope.thisOp, to: $0.publicKeys)
@@ -63,13 +63,13 @@ func randomSecret() -> [UInt8] { SymmetricKey(size: .bits256).withUnsafeBytes { 
     }
 
     @Test func anEnvelopeOpensOnlyForItsRecipient() throws {
-        let space = Array(SpaceKey.generate().id)
+        let space = SpaceKey.generate().id
         let b = DeviceIdentity(), c = DeviceIdentity()
         let secret = randomSecret()
         let e = try KeyEnvelope(sealing: secret, space: space, epoch: 2, keyOp: KeyEnvelope.thisOp, to: b.publicKeys)
         #expect(e.open(space: space, identity: b) == secret)
         #expect(e.open(space: space, identity: c) == nil)
-        #expect(e.open(space: Array(SpaceKey.generate().id), identity: b) == nil)
+        #expect(e.open(space: SpaceKey.generate().id, identity: b) == nil)
         // An envelope re-addressed to another epoch or key does not open: both are bound into its HPKE info.
         let moved = KeyEnvelope(recipient: e.recipient, epoch: 3, keyOp: e.keyOp, encapsulated: e.encapsulated, ciphertext: e.ciphertext)
         #expect(moved.open(space: space, identity: b) == nil)
@@ -213,8 +213,8 @@ func randomSecret() -> [UInt8] { SymmetricKey(size: .bits256).withUnsafeBytes { 
         #expect(log.state.applied == [root.hash] || log.state.applied == [second.hash])
         #expect(log.state.void.count == 1)
         let orphan = try MembershipOp(
-            space: log.space, author: a, timeMs: 5, parents: [[UInt8](repeating: 7, count: 32)], action: .grant)
-        let foreign = try MembershipOp(space: Array(SpaceKey.generate().id), author: a, timeMs: 5, parents: [], action: .create(salt: log.salt))
+            space: log.space, author: a, timeMs: 5, parents: [EntryHash(bytes: [UInt8](repeating: 7, count: 32))!], action: .grant)
+        let foreign = try MembershipOp(space: SpaceKey.generate().id, author: a, timeMs: 5, parents: [], action: .create(salt: log.salt))
         let s = MembershipState(space: log.space, ops: log.ops + [orphan, foreign])
         #expect(s.waiting == [orphan.hash] && !s.applied.contains(foreign.hash))
     }
@@ -227,7 +227,7 @@ func randomSecret() -> [UInt8] { SymmetricKey(size: .bits256).withUnsafeBytes { 
         var (voided, removals, combined) = (0, 0, 0)
         for _ in 0..<12 {
             let devices = (0..<6).map { _ in DeviceIdentity() }
-            let salt = Array(SpaceKey.generate().id)
+            let salt = SpaceKey.generate().id.bytes
             let space = MembershipOp.spaceID(creator: devices[0].publicKeys, salt: salt)
             let create = try MembershipOp(space: space, author: devices[0], timeMs: 1, parents: [], action: .create(salt: salt))
             var views: [[MembershipOp]] = Array(repeating: [], count: devices.count)
@@ -244,7 +244,7 @@ func randomSecret() -> [UInt8] { SymmetricKey(size: .bits256).withUnsafeBytes { 
                     let role = i == 0 && target == 1 ? .admin : MemberRole.allCases.randomElement(using: &rng)!
                     action = .add(device: devices[target].publicKeys, role: role)
                 } else if view.member(devices[target].nodeID)?.isCurrent == true {
-                    let epoch = view.currentEpoch + 1
+                    let epoch = view.currentEpoch.next
                     action = .remove(device: devices[target].nodeID, cutoff: UInt64(step), epoch: epoch)
                     let secret = randomSecret()
                     for m in view.current where m.keys != devices[target].publicKeys {
@@ -321,19 +321,19 @@ func randomSecret() -> [UInt8] { SymmetricKey(size: .bits256).withUnsafeBytes { 
     }
 
     @Test func aJoinProofBindsTheInviteToOneDeviceAndNeverShowsTheSecret() throws {
-        let space = SpaceKey.randomBytes(16), id = SpaceKey.randomBytes(16)
+        let space = SpaceID(bytes: SpaceKey.randomBytes(16))!, id = SpaceKey.randomBytes(16)
         let invite = try InviteToken(
             space: space, capability: SpaceKey.randomBytes(32), id: id, secret: SpaceKey.randomSecret(), address: "h:1")
         let kept = InviteToken.verifier(invite.secret)
         let joiner = DeviceIdentity().publicKeys, relay = DeviceIdentity().publicKeys
         let proof = invite.joinProof(device: joiner)
-        func check(_ proof: [UInt8], kept: [UInt8] = kept, space: [UInt8] = space, invite: [UInt8] = id, device: DevicePublicKeys = joiner) -> Bool {
+        func check(_ proof: [UInt8], kept: [UInt8] = kept, space: SpaceID = space, invite: [UInt8] = id, device: DevicePublicKeys = joiner) -> Bool {
             InviteToken.checkJoinProof(proof, kept: kept, version: 2, space: space, invite: invite, device: device)
         }
         #expect(check(proof))
         // Whoever carries it cannot move it to another device, another space, or another invite.
         #expect(!check(proof, device: relay))
-        #expect(!check(proof, space: SpaceKey.randomBytes(16)))
+        #expect(!check(proof, space: SpaceID(bytes: SpaceKey.randomBytes(16))!))
         #expect(!check(proof, invite: SpaceKey.randomBytes(16)))
         #expect(!check(proof, kept: InviteToken.verifier(SpaceKey.randomSecret())))
         var flipped = proof

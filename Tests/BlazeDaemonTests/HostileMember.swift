@@ -305,14 +305,14 @@ final class HostileMember {
 
     /// The start of a packed run of this origin's entries (SYNC.md §6): space, origin, first seq, first `prev`.
     func runPrefix(firstSeq: UInt64, prev: [UInt8] = SealedEntry.genesis) -> [UInt8] {
-        var out = key.id + origin
+        var out = key.id.bytes + origin
         out.appendBE(firstSeq)
         return out + prev
     }
 
     /// A head of this member's origin at `seq` over `hash`, signed for the space (valid or not for any entry).
     func head(seq: UInt64, hash: [UInt8]) -> [UInt8] {
-        var message = Array("blazedb head v1".utf8) + key.id + origin
+        var message = Array("blazedb head v1".utf8) + key.id.bytes + origin
         message.appendBE(seq)
         message += hash
         var out = origin

@@ -35,7 +35,7 @@ import Testing
         let port = try #require(Int(invite.address.split(separator: ":").last ?? ""))
         let me = thief.identity.publicKeys
         let forged = Array(HMAC<SHA256>.authenticationCode(
-            for: Array("blazedb join v1".utf8) + invite.space + me.signing + me.agreement, using: SymmetricKey(data: stored)))
+            for: Array("blazedb join v1".utf8) + invite.space.bytes + me.signing + me.agreement, using: SymmetricKey(data: stored)))
         for proof in [forged, Array(repeating: 0, count: 64)] {
             try thief.connect(port: port)
             try thief.send([6] + invite.id + me.signing + me.agreement + proof)

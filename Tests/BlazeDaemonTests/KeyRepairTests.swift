@@ -33,7 +33,7 @@ import Testing
             action: .add(device: extra.publicKeys, role: .writer),
             envelopes: [try KeyEnvelope(sealing: secret, space: invite.space, epoch: current.epoch, keyOp: current.op, to: extra.publicKeys)])
         let real = SpaceKey.randomSecret(), bogus = SpaceKey.randomSecret()
-        let epoch = current.epoch + 1
+        let epoch = current.epoch.next
         let nb = try nodeID(cb, "team")
         let listed = MembershipState(space: invite.space, ops: ops + [add]).current
         let rotate = try MembershipOp(
@@ -50,7 +50,7 @@ import Testing
 
         // Both apply the rotation; A writes under the new epoch, and B reads it once A sealed it the right key.
         for conn in [ca, cb] {
-            #expect(try eventually { try conn.call("db.members", ["db": "team"])["epoch"]?.intValue == Int64(epoch) })
+            #expect(try eventually { try conn.call("db.members", ["db": "team"])["epoch"]?.intValue == Int64(epoch.value) })
         }
         _ = try ca.call("doc.put", ["db": "team", "collection": "n", "id": "after", "doc": ["v": 2]])
         let read = eventually(timeout: .seconds(60)) {

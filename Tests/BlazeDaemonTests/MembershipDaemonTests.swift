@@ -187,7 +187,7 @@ func sealedEntries(dataDir: String, db: String, origin: String) throws -> [Seale
         // An entry it seals (with a key of its own) and signs is accepted by no member.
         let epoch = try #require(try ca.call("db.members", ["db": "team"])["epoch"]?.intValue)
         holder.key = try SpaceKey(
-            id: invite.space, capability: invite.capability, epoch: UInt32(epoch), current: SpaceKey.randomSecret(), ring: [])
+            id: invite.space, capability: invite.capability, epoch: Epoch(UInt32(epoch)), current: SpaceKey.randomSecret(), ring: [])
         try holder.send(SyncTarget.change(holder, [HostileMember.docOp("notes", "forged", set: ["v": .int(1)])]))
         #expect(try eventually {
             let peers = try ca.call("sync.status", ["db": "team"])["databases"]?.arrayValue?.first?["peers"]?.arrayValue ?? []
@@ -299,7 +299,7 @@ func sealedEntries(dataDir: String, db: String, origin: String) throws -> [Seale
         let add = try MembershipOp(
             space: space, author: admin.identity, timeMs: .max, parents: view.heads, action: .add(device: extra.publicKeys, role: .reader))
         // A valid rotation that removes the device again: its key committed to and sealed to both remaining members.
-        let secret = SpaceKey.randomSecret(), epoch = view.currentEpoch + 1
+        let secret = SpaceKey.randomSecret(), epoch = view.currentEpoch.next
         let remove = try MembershipOp(
             space: space, author: admin.identity, timeMs: .max, parents: [add.hash], action: .remove(device: extra.nodeID, cutoff: 0, epoch: epoch),
             envelopes: try MembershipState(space: space, ops: ops).current.map {

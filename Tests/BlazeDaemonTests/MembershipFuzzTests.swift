@@ -152,7 +152,7 @@ import Testing
         let idle = held.filter { $0.author.nodeIDHex == na && !applied.contains($0.hash) }
         #expect(idle.count == 0, "\(idle.count) operations of the admin do not take effect in the stored log")
         let admins = Set(log.members.values.filter { $0.role == .admin }.map(\.keys.nodeIDHex))
-        var named = Set<[UInt8]>()
+        var named = Set<EntryHash>()
         var stack = held.filter { admins.contains($0.author.nodeIDHex) }.flatMap(\.parents)
         while let hash = stack.popLast() {
             if named.insert(hash).inserted, let op = byHash[hash] { stack += op.parents }

@@ -30,7 +30,7 @@ struct MembershipFuzzer {
     /// Every choice is drawn from it.
     var rng: SeededRandom
     /// The daemon's space.
-    let space: [UInt8]
+    let space: SpaceID
     /// A key of the space (the reader's), which snapshot pieces are sealed with.
     let key: SpaceKey
     /// The role devices, unconnected: they sign operations, manifests and heads.
@@ -51,7 +51,7 @@ struct MembershipFuzzer {
     /// Operations signed so far, by role, for replays (the latest 512 of each; every one of the admin's).
     private var sent: [FuzzRole: [MembershipOp]] = [:]
     /// Hashes of the latest 1,024 operations signed, of any role: parents of later ones.
-    private var recent: [[UInt8]] = []
+    private var recent: [EntryHash] = []
     /// Fresh operations the fuzzer's admin may still sign.
     private var adminBudget = 300
     /// Made-up recipients of envelopes.
@@ -62,15 +62,15 @@ struct MembershipFuzzer {
     /// Encoded envelopes of random bytes (epochs of at least 1): the bulk of the largest operations, taken in runs.
     private let envelopePool: [UInt8]
     /// Envelopes sealed so far, by space, recipient, key operation and epoch; the fuzzer's secret of each epoch.
-    private var envelopeCache: [[UInt8]: KeyEnvelope] = [:], epochSecrets: [UInt32: [UInt8]] = [:]
+    private var envelopeCache: [[UInt8]: KeyEnvelope] = [:], epochSecrets: [Epoch: [UInt8]] = [:]
     /// Key operations no log holds, which envelopes name.
-    private let bogusKeyOps: [[UInt8]]
+    private let bogusKeyOps: [EntryHash]
 
     /// Envelope bytes (SYNC.md §9) and the most an operation carries.
     static let envelopeSize = 16 + 4 + 32 + 32 + 48, maxEnvelopes = MembershipOp.maxEnvelopes
 
     /// A fuzzer for `space` speaking as the role devices `identities`, its choices drawn from `seed`.
-    init(seed: UInt64, space: [UInt8], key: SpaceKey, identities: [FuzzRole: DeviceIdentity]) {
+    init(seed: UInt64, space: SpaceID, key: SpaceKey, identities: [FuzzRole: DeviceIdentity]) {
         rng = SeededRandom(seed: seed)
         self.space = space
         self.key = key
@@ -97,7 +97,7 @@ struct MembershipFuzzer {
             pool += envelope
         }
         envelopePool = pool
-        bogusKeyOps = (0..<4).map { _ in (0..<32).map { _ in UInt8.random(in: 0...255, using: &r) } }
+        bogusKeyOps = (0..<4).map { _ in EntryHash(bytes: (0..<32).map { _ in UInt8.random(in: 0...255, using: &r) })! }
     }
 
     /// Takes the daemon's log as it holds it now.
@@ -183,13 +183,13 @@ struct MembershipFuzzer {
 
     /// Parents of a new operation: the log's heads, earlier operations of the fuzzer (any role's), random hashes,
     /// none, or up to the most an operation may name.
-    private mutating func parents() -> [[UInt8]] {
+    private mutating func parents() -> [EntryHash] {
         switch Int.random(in: 0..<10, using: &rng) {
         case 0..<4: return Array(log.heads.prefix(MembershipOp.maxParents))
         case 4, 5:
             let picked = (0..<Int.random(in: 1...3, using: &rng)).compactMap { _ in recent.randomElement(using: &rng) }
             return Bool.random(using: &rng) ? picked : Array((picked + log.heads).prefix(MembershipOp.maxParents))
-        case 6: return (0..<Int.random(in: 1...3, using: &rng)).map { _ in random(32) }
+        case 6: return (0..<Int.random(in: 1...3, using: &rng)).map { _ in EntryHash(bytes: random(32))! }
         case 7, 8: return []
         default:
             let all = log.order + recent
@@ -200,7 +200,7 @@ struct MembershipFuzzer {
     /// One operation of any kind signed by `role`; nil when the choices made one that does not encode.
     private mutating func operation(as role: FuzzRole) -> MembershipOp? {
         let author = signers[role]!.identity
-        let opSpace = Int.random(in: 0..<25, using: &rng) == 0 ? random(16) : space
+        let opSpace = Int.random(in: 0..<25, using: &rng) == 0 ? SpaceID(bytes: random(16))! : space
         let time = [UInt64(Date().timeIntervalSince1970 * 1000), 0, .max].randomElement(using: &rng)!
         let parents = parents()
         var commitment: [UInt8]?, head: SignedHead?
@@ -216,13 +216,13 @@ struct MembershipFuzzer {
         case 3, 4, 5:
             let (target, signer) = removalTarget()
             var cutoff = [0, UInt64.random(in: 1..<50, using: &rng), SyncFuzzer.bigSeq(&rng), .max].randomElement(using: &rng)!
-            let epoch: UInt32
-            let current = log.currentEpoch
+            let epoch: Epoch
+            let current = log.currentEpoch.value
             if role == .admin {
                 // Void by construction: no log reaches such an epoch.
-                epoch = [1 << 20, 1 << 31, .max - 1, .max].randomElement(using: &rng)!
+                epoch = Epoch([1 << 20, 1 << 31, .max - 1, .max].randomElement(using: &rng)!)
             } else {
-                epoch = max(2, [2, current, current &+ 1, UInt32.random(in: 2..<64, using: &rng), .max].randomElement(using: &rng)!)
+                epoch = Epoch(max(2, [2, current, current &+ 1, UInt32.random(in: 2..<64, using: &rng), .max].randomElement(using: &rng)!))
             }
             let secret = secret(for: epoch)
             envelopes = someMembers().compactMap { envelope(to: $0, space: opSpace, epoch: epoch, keyOp: KeyEnvelope.thisOp) }
@@ -239,7 +239,7 @@ struct MembershipFuzzer {
             action = .grant
             envelopes = sealed(to: Array(madeUp.prefix(Int.random(in: 0...2, using: &rng))) + someMembers())
         }
-        let named = Set(parents).sorted { $0.lexicographicallyPrecedes($1) }.prefix(MembershipOp.maxParents)
+        let named = Set(parents).sorted().prefix(MembershipOp.maxParents)
         guard
             let op = try? MembershipOp(
                 space: opSpace, author: author, timeMs: time, parents: Array(named), action: action, envelopes: envelopes,
@@ -306,14 +306,14 @@ struct MembershipFuzzer {
             let real = log.epochKeys.randomElement(using: &rng)
             let keyOp = [real?.op ?? KeyEnvelope.thisOp, KeyEnvelope.thisOp, bogusKeyOps.randomElement(using: &rng)!]
                 .randomElement(using: &rng)!
-            return envelope(to: recipient, space: space, epoch: real?.epoch ?? UInt32.random(in: 1...9, using: &rng), keyOp: keyOp)
+            return envelope(to: recipient, space: space, epoch: real?.epoch ?? Epoch(UInt32.random(in: 1...9, using: &rng)), keyOp: keyOp)
         }
     }
 
     /// An envelope to `recipient` sealing the fuzzer's secret for `epoch` as the key `keyOp` names; each is sealed
     /// once and reused (HPKE is the costliest thing the fuzzer does).
-    private mutating func envelope(to recipient: DevicePublicKeys, space: [UInt8], epoch: UInt32, keyOp: [UInt8]) -> KeyEnvelope? {
-        var id = space + recipient.nodeID + keyOp
+    private mutating func envelope(to recipient: DevicePublicKeys, space: SpaceID, epoch: Epoch, keyOp: EntryHash) -> KeyEnvelope? {
+        var id = space.bytes + recipient.nodeID + keyOp.bytes
         id.appendBE(epoch)
         if let cached = envelopeCache[id] { return cached }
         if envelopeCache.count >= 4_096 { envelopeCache = [:] }
@@ -323,7 +323,7 @@ struct MembershipFuzzer {
     }
 
     /// The fuzzer's secret for `epoch`, one for each epoch.
-    private mutating func secret(for epoch: UInt32) -> [UInt8] {
+    private mutating func secret(for epoch: Epoch) -> [UInt8] {
         if let secret = epochSecrets[epoch] { return secret }
         let secret = random(32)
         epochSecrets[epoch] = secret
@@ -360,9 +360,9 @@ struct MembershipFuzzer {
     /// to make.
     private mutating func rawOperation(by role: FuzzRole, envelopes: Int) -> [UInt8] {
         let me = publicKeys[role]!
-        var out = Array("BLZM".utf8) + [1] + space + me.signing + me.agreement
+        var out = Array("BLZM".utf8) + [1] + space.bytes + me.signing + me.agreement
         out.appendBE(UInt64(Date().timeIntervalSince1970 * 1000))
-        let parents = Set((0..<Int.random(in: 0...2, using: &rng)).map { _ in random(32) } + log.heads.prefix(2)).sorted {
+        let parents = Set((0..<Int.random(in: 0...2, using: &rng)).map { _ in random(32) } + log.heads.prefix(2).map(\.bytes)).sorted {
             $0.lexicographicallyPrecedes($1)
         }
         out.append(UInt8(parents.count))

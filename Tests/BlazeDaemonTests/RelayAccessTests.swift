@@ -26,7 +26,7 @@ import Testing
     }
 
     /// The relay's log of the space, resolved, as its database holds it.
-    static func relayLog(_ relay: RelayProcess, space: [UInt8]) throws -> MembershipState {
+    static func relayLog(_ relay: RelayProcess, space: SpaceID) throws -> MembershipState {
         let ops = try DatabaseQueue(path: relay.dataDir + "/relay.db").read { db in
             try Data.fetchAll(db, sql: "SELECT bytes FROM relay_ops")
         }.map { try MembershipOp(bytes: Array($0)) }

@@ -189,7 +189,7 @@ enum Tampering: String, CaseIterable, CustomStringConvertible, Sendable {
 
 extension TamperingRelay {
     /// The space id of `capability`.
-    func space(_ capability: String) throws -> [UInt8] { try RelayCapability(text: capability).space }
+    func space(_ capability: String) throws -> SpaceID { try RelayCapability(text: capability).space }
 }
 
 /// A relay store that stops answering while `stalled` is set: each call made meanwhile waits until it is cancelled,
@@ -213,24 +213,24 @@ final class StallingBackend: RelayBackend {
 
     func add(_ capability: RelayCapability) async throws -> Bool { try await inner.add(capability) }
     func spaces() async throws -> [SpaceKey] { try await inner.spaces() }
-    func usage(space: [UInt8]) async throws -> (entries: Int, bytes: Int) { try await inner.usage(space: space) }
-    func ops(space: [UInt8]) async throws -> [MembershipOp] {
+    func usage(space: SpaceID) async throws -> (entries: Int, bytes: Int) { try await inner.usage(space: space) }
+    func ops(space: SpaceID) async throws -> [MembershipOp] {
         try await gate()
         return try await inner.ops(space: space)
     }
-    func addOps(_ ops: [MembershipOp], space: [UInt8]) async throws -> [MembershipOp] {
+    func addOps(_ ops: [MembershipOp], space: SpaceID) async throws -> [MembershipOp] {
         try await gate()
         return try await inner.addOps(ops, space: space)
     }
-    func vector(space: [UInt8]) async throws -> [NodeID: UInt64] {
+    func vector(space: SpaceID) async throws -> [NodeID: UInt64] {
         try await gate()
         return try await inner.vector(space: space)
     }
-    func batch(space: [UInt8], origin: NodeID, after: UInt64, maxEntries: Int, maxBytes: Int) async throws -> EntryBatch? {
+    func batch(space: SpaceID, origin: NodeID, after: UInt64, maxEntries: Int, maxBytes: Int) async throws -> EntryBatch? {
         try await gate()
         return try await inner.batch(space: space, origin: origin, after: after, maxEntries: maxEntries, maxBytes: maxBytes)
     }
-    func store(_ batch: EntryBatch, space: [UInt8], membership: MembershipState?) async throws -> Int {
+    func store(_ batch: EntryBatch, space: SpaceID, membership: MembershipState?) async throws -> Int {
         try await gate()
         if storesHeld.load(ordering: .relaxed) {
             heldOrigins.withLock { $0.append(batch.origin) }
@@ -240,15 +240,15 @@ final class StallingBackend: RelayBackend {
         if added == 0 { storesAddingNothing.add(1, ordering: .relaxed) }
         return added
     }
-    func keepAcks(_ acks: [Acknowledgement], space: [UInt8]) async throws -> [Acknowledgement] {
+    func keepAcks(_ acks: [Acknowledgement], space: SpaceID) async throws -> [Acknowledgement] {
         try await gate()
         return try await inner.keepAcks(acks, space: space)
     }
-    func acks(space: [UInt8]) async throws -> [Acknowledgement] {
+    func acks(space: SpaceID) async throws -> [Acknowledgement] {
         try await gate()
         return try await inner.acks(space: space)
     }
-    func stageSnapshotPart(_ part: SnapshotPart, upload: [UInt8], space: [UInt8], startedMs: Int64) async throws {
+    func stageSnapshotPart(_ part: SnapshotPart, upload: [UInt8], space: SpaceID, startedMs: Int64) async throws {
         try await gate()
         try await inner.stageSnapshotPart(part, upload: upload, space: space, startedMs: startedMs)
     }
@@ -260,39 +260,39 @@ final class StallingBackend: RelayBackend {
         try await gate()
         return try await inner.dropSnapshotUploads(startedBefore: cutoffMs)
     }
-    func keepSnapshot(_ manifest: SnapshotManifest, upload: [UInt8], space: [UInt8]) async throws -> Bool {
+    func keepSnapshot(_ manifest: SnapshotManifest, upload: [UInt8], space: SpaceID) async throws -> Bool {
         try await gate()
         return try await inner.keepSnapshot(manifest, upload: upload, space: space)
     }
-    func snapshotManifest(space: [UInt8]) async throws -> SnapshotManifest? {
+    func snapshotManifest(space: SpaceID) async throws -> SnapshotManifest? {
         try await gate()
         return try await inner.snapshotManifest(space: space)
     }
-    func snapshotPart(space: [UInt8], index: UInt32) async throws -> SnapshotPart? {
+    func snapshotPart(space: SpaceID, index: UInt32) async throws -> SnapshotPart? {
         try await gate()
         return try await inner.snapshotPart(space: space, index: index)
     }
-    func bases(space: [UInt8]) async throws -> [NodeID: PrunedHead] {
+    func bases(space: SpaceID) async throws -> [NodeID: PrunedHead] {
         try await gate()
         return try await inner.bases(space: space)
     }
-    func holdJoin(_ join: HeldJoin, space: [UInt8], limit: Int, nowMs: Int64) async throws {
+    func holdJoin(_ join: HeldJoin, space: SpaceID, limit: Int, nowMs: Int64) async throws {
         try await gate()
         try await inner.holdJoin(join, space: space, limit: limit, nowMs: nowMs)
     }
-    func joins(space: [UInt8], nowMs: Int64) async throws -> [HeldJoin] {
+    func joins(space: SpaceID, nowMs: Int64) async throws -> [HeldJoin] {
         try await gate()
         return try await inner.joins(space: space, nowMs: nowMs)
     }
-    func refuseJoin(space: [UInt8], invite: [UInt8], device: [UInt8], reason: InviteRefusal) async throws -> Bool {
+    func refuseJoin(space: SpaceID, invite: [UInt8], device: [UInt8], reason: InviteRefusal) async throws -> Bool {
         try await gate()
         return try await inner.refuseJoin(space: space, invite: invite, device: device, reason: reason)
     }
-    func dropJoin(space: [UInt8], device: [UInt8], holder: String) async throws {
+    func dropJoin(space: SpaceID, device: [UInt8], holder: String) async throws {
         try await gate()
         try await inner.dropJoin(space: space, device: device, holder: holder)
     }
-    func expire(idleBefore cutoffMs: Int64) async throws -> [[UInt8]] { try await inner.expire(idleBefore: cutoffMs) }
+    func expire(idleBefore cutoffMs: Int64) async throws -> [SpaceID] { try await inner.expire(idleBefore: cutoffMs) }
     func watch(_ onChange: @escaping @Sendable (RelayChange) -> Void) async {}
 }
 

@@ -41,7 +41,7 @@ import Testing
         }
         #expect(listed, "the admin's operation applies on the connection that brought it")
         // The operations are stored after they apply: wait for the admin's in the file.
-        var held = Set<[UInt8]>()
+        var held = Set<EntryHash>()
         #expect(eventually(timeout: .seconds(30)) {
             held = Set(((try? membershipOps(dataDir: a.dataDir, db: "team")) ?? []).map(\.hash))
             return held.contains(add.hash)

@@ -84,7 +84,7 @@ struct SyncFuzzer {
                 vector[origin] = bigSeq()
             }
             let signer = Bool.random(using: &rng) ? member : throwaway.randomElement(using: &rng)!
-            let space = Int.random(in: 0..<5, using: &rng) == 0 ? (0..<16).map { _ in UInt8.random(in: 0...255, using: &rng) } : key.id
+            let space = Int.random(in: 0..<5, using: &rng) == 0 ? SpaceID(bytes: (0..<16).map { _ in UInt8.random(in: 0...255, using: &rng) })! : key.id
             let issued: UInt64 = [0, UInt64(HostileMember.clockNow()), UInt64.max / 2, UInt64.random(in: 0...UInt64.max, using: &rng)]
                 .randomElement(using: &rng)!
             let ack = Acknowledgement(space: space, vector: vector, issuedMs: issued, identity: signer.identity)
@@ -131,13 +131,13 @@ struct SyncFuzzer {
         out.appendBE(UInt32(count))
         for _ in 0..<count {
             let author = Bool.random(using: &rng) ? member.identity : throwaway[Int.random(in: 0..<throwaway.count, using: &rng)].identity
-            let parents = (0..<Int.random(in: 0...2, using: &rng)).map { _ in random(32) }
+            let parents = (0..<Int.random(in: 0...2, using: &rng)).map { _ in EntryHash(bytes: random(32))! }
             let time = UInt64(HostileMember.clockNow())
             let action: MembershipOp.Action
             switch Int.random(in: 0..<5, using: &rng) {
             case 0: action = .create(salt: random(16))
             case 1: action = .add(device: throwaway[Int.random(in: 0..<throwaway.count, using: &rng)].identity.publicKeys, role: MemberRole.allCases.randomElement(using: &rng)!)
-            case 2: action = .remove(device: random(16), cutoff: bigSeq(), epoch: UInt32.random(in: 2...UInt32.max, using: &rng))
+            case 2: action = .remove(device: random(16), cutoff: bigSeq(), epoch: Epoch(UInt32.random(in: 2...UInt32.max, using: &rng)))
             case 3: action = .grant
             default:
                 let junk = random(Int.random(in: 0..<300, using: &rng))
@@ -147,7 +147,7 @@ struct SyncFuzzer {
             }
             let envelopes = (0..<Int.random(in: 0...2, using: &rng)).compactMap { _ in
                 try? KeyEnvelope(
-                    sealing: random(32), space: key.id, epoch: UInt32.random(in: 1...9, using: &rng), keyOp: random(32),
+                    sealing: random(32), space: key.id, epoch: Epoch(UInt32.random(in: 1...9, using: &rng)), keyOp: EntryHash(bytes: random(32))!,
                     to: member.identity.publicKeys)
             }
             guard let op = try? MembershipOp(space: key.id, author: author, timeMs: time, parents: parents, action: action, envelopes: envelopes)

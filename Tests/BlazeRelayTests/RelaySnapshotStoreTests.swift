@@ -41,7 +41,7 @@ extension RelayStoreTests {
         #expect(throws: SyncRejection.badSnapshot) { try RelayRules.checkManifest(byStranger, space: key.id, membership: log, device: strangerKeys) }
         #expect(throws: SyncRejection.badSnapshot) { try RelayRules.checkManifest(manifest, space: key.id, membership: log, device: strangerKeys) }
         #expect(throws: SyncRejection.badSnapshot) { try RelayRules.checkManifest(manifest, space: key.id, membership: log, device: nil) }
-        #expect(throws: SyncRejection.badSnapshot) { try RelayRules.checkManifest(manifest, space: random(16), membership: log, device: adminKeys) }
+        #expect(throws: SyncRejection.badSnapshot) { try RelayRules.checkManifest(manifest, space: SpaceID(bytes: random(16))!, membership: log, device: adminKeys) }
         let overstated = SnapshotManifest(
             space: key.id, createdMs: 1_000, parts: 2, size: 2 * UInt64(SnapshotPart.maxBytes) + 1, lastPart: p1.hash, heads: head20,
             identity: admin.identity)
@@ -218,7 +218,7 @@ extension RelayStoreTests {
     }
 
     /// Stages `parts` as a new upload of `space`; returns its id.
-    func stage(_ parts: [SnapshotPart], space: [UInt8], in relay: any RelayBackend, startedMs: Int64) async throws -> [UInt8] {
+    func stage(_ parts: [SnapshotPart], space: SpaceID, in relay: any RelayBackend, startedMs: Int64) async throws -> [UInt8] {
         let upload = SpaceKey.randomBytes(16)
         for part in parts { try await relay.stageSnapshotPart(part, upload: upload, space: space, startedMs: startedMs) }
         return upload

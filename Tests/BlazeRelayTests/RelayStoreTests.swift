@@ -207,7 +207,7 @@ final class TempRelay {
         _ = try await relay.add(RelayCapability(key: other))
         let admin = DeviceIdentity(), reader = DeviceIdentity(), stranger = DeviceIdentity()
         let log = try adminLog(admin, readers: [reader])
-        func ack(_ who: DeviceIdentity, _ issued: UInt64, in space: [UInt8]? = nil) -> Acknowledgement {
+        func ack(_ who: DeviceIdentity, _ issued: UInt64, in space: SpaceID? = nil) -> Acknowledgement {
             Acknowledgement(space: space ?? key.id, vector: [[UInt8](repeating: 7, count: 16): issued], issuedMs: issued, identity: who)
         }
         // Listed signers only (readers acknowledge too), the latest of each, this space only; none without a log.

@@ -41,12 +41,12 @@ final class SpaceNode: @unchecked Sendable {
         try engine.members(db: db).contains { $0.isSelf && $0.role == "admin" && $0.removedBy == nil }
     }
     /// The hashes of the membership operations this device authored, from what it holds.
-    func authoredOps() -> Set<[UInt8]> {
+    func authoredOps() -> Set<EntryHash> {
         guard let space = try? engine.space(db: db) else { return [] }
         return Set(space.snapshot.ops.values.filter { $0.author.nodeID == node }.map(\.hash))
     }
     /// The hashes of every membership operation this device holds.
-    func heldOps() -> Set<[UInt8]> {
+    func heldOps() -> Set<EntryHash> {
         guard let space = try? engine.space(db: db) else { return [] }
         return Set(space.snapshot.ops.keys)
     }

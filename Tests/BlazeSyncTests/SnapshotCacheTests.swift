@@ -11,7 +11,7 @@ import Testing
 /// build wait for that one.
 @Suite struct SnapshotCacheTests {
     let manifest = SnapshotManifest(
-        space: SpaceKey.randomBytes(16), createdMs: 1, parts: 1, size: 1000, lastPart: SpaceKey.randomBytes(32), heads: [:],
+        space: SpaceKey.generate().id, createdMs: 1, parts: 1, size: 1000, lastPart: SpaceKey.randomBytes(32), heads: [:],
         identity: DeviceIdentity())
 
     @Test func aSnapshotIsBuiltOnceAMinutePerDatabaseAndForgottenWhenCompacted() async throws {

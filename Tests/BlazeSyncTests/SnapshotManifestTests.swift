@@ -1,4 +1,5 @@
 import BlazeCrypto
+import BlazeProtocol
 import BlazeStore
 import BlazeSync
 import Testing
@@ -9,7 +10,7 @@ import Testing
     let admin = DeviceIdentity()
     let writer = DeviceIdentity()
     let reader = DeviceIdentity()
-    let space: [UInt8]
+    let space: SpaceID
     let log: MembershipState
 
     init() throws {
@@ -25,14 +26,14 @@ import Testing
         log = MembershipState(space: space, ops: [create, addWriter, addReader])
     }
 
-    func manifest(by author: DeviceIdentity, space: [UInt8]? = nil, parts: UInt32 = 2, size: UInt64 = 4_000) -> SnapshotManifest {
+    func manifest(by author: DeviceIdentity, space: SpaceID? = nil, parts: UInt32 = 2, size: UInt64 = 4_000) -> SnapshotManifest {
         SnapshotManifest(
             space: space ?? self.space, createdMs: 1, parts: parts, size: size, lastPart: SpaceKey.randomBytes(32), heads: [:],
             identity: author)
     }
 
     func check(_ m: SnapshotManifest, peer: DevicePublicKeys?, maxBytes: Int = 1 << 20) throws {
-        try BlazeDatabase.checkSnapshotManifest(m, space: space, membership: log, peer: peer, maxBytes: maxBytes)
+        try BlazeDatabase.checkSnapshotManifest(m, space: space.bytes, membership: log, peer: peer, maxBytes: maxBytes)
     }
 
     @Test func aManifestFromANonWriterIsRefusedBeforeAnyPiece() throws {
@@ -60,7 +61,7 @@ import Testing
         }
         try check(manifest(by: writer, parts: 2, size: UInt64(SnapshotPart.maxBytes) + 1), peer: nil, maxBytes: 1 << 30)
         #expect(throws: SyncRejection.badSnapshot) {
-            try check(manifest(by: writer, space: SpaceKey.randomBytes(16)), peer: nil)
+            try check(manifest(by: writer, space: SpaceID(bytes: SpaceKey.randomBytes(16))!), peer: nil)
         }
         try check(manifest(by: writer, size: 1 << 20), peer: nil)
         // The declared size travels signed.

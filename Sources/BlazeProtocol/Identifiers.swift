@@ -1,0 +1,105 @@
+/// A space's id: 16 bytes (random for a legacy space, derived from the creator's key and a salt for a space with a
+/// membership log), written as 32 hex digits. Safe to show to relays.
+///
+/// Ordered by bytes, which is also the order of the hex text. The bytes are exactly what every format encodes.
+public struct SpaceID: Hashable, Comparable, Sendable, CustomStringConvertible {
+    /// The 16 bytes.
+    public let bytes: [UInt8]
+
+    /// How many bytes an id has.
+    public static let size = 16
+
+    /// Takes `bytes` as an id; nil unless there are exactly 16 (bytes read from a peer, a relay, a file).
+    public init?(bytes: some Sequence<UInt8>) {
+        let b = Array(bytes)
+        guard b.count == Self.size else { return nil }
+        self.bytes = b
+    }
+
+    /// Takes an id this package computed or generated (always 16 bytes).
+    package init(computed id: [UInt8]) {
+        precondition(id.count == Self.size, "a space id has 16 bytes")
+        self.bytes = id
+    }
+
+    /// Parses 32 lowercase hex digits; nil for anything else.
+    public init?(hex: String) {
+        guard hex.utf8.count == 2 * Self.size, let b = hexBytes(hex) else { return nil }
+        self.bytes = b
+    }
+
+    /// Lowercase hex of the 16 bytes.
+    public var hex: String { hexString(bytes) }
+
+    /// The hex text.
+    public var description: String { hex }
+
+    /// Orders by bytes.
+    public static func < (a: SpaceID, b: SpaceID) -> Bool { a.bytes.lexicographicallyPrecedes(b.bytes) }
+}
+
+/// The hash of a membership operation: 32 bytes (SHA-256 of its encoding), how operations name their parents and
+/// how the log's order, heads and epoch keys refer to them.
+///
+/// Ordered by bytes (operations list their parents ascending).
+public struct EntryHash: Hashable, Comparable, Sendable, CustomStringConvertible {
+    /// The 32 bytes.
+    public let bytes: [UInt8]
+
+    /// How many bytes a hash has.
+    public static let size = 32
+
+    /// Takes `bytes` as a hash; nil unless there are exactly 32 (bytes read from a peer, a relay, a file).
+    public init?(bytes: some Sequence<UInt8>) {
+        let b = Array(bytes)
+        guard b.count == Self.size else { return nil }
+        self.bytes = b
+    }
+
+    /// Parses 64 lowercase hex digits; nil for anything else.
+    public init?(hex: String) {
+        guard hex.utf8.count == 2 * Self.size, let b = hexBytes(hex) else { return nil }
+        self.bytes = b
+    }
+
+    /// Takes a digest this package computed (always 32 bytes).
+    package init(computed digest: [UInt8]) {
+        precondition(digest.count == Self.size, "a hash has 32 bytes")
+        self.bytes = digest
+    }
+
+    /// 32 zero bytes: what a key envelope names for the key of the operation carrying it.
+    public static let zero = EntryHash(computed: [UInt8](repeating: 0, count: size))
+
+    /// Lowercase hex of the 32 bytes.
+    public var hex: String { hexString(bytes) }
+
+    /// The hex text.
+    public var description: String { hex }
+
+    /// Orders by bytes.
+    public static func < (a: EntryHash, b: EntryHash) -> Bool { a.bytes.lexicographicallyPrecedes(b.bytes) }
+}
+
+/// A key epoch: the number an entry's header carries (4 bytes, big-endian) to name the keys it is sealed with. 1 is a
+/// space's first key; each revocation starts the next, and concurrent rotations are combined one past the highest.
+/// Every 32-bit value is a well-formed epoch (whether a log reaches it is decided where it is resolved).
+public struct Epoch: Hashable, Comparable, Sendable, CustomStringConvertible, ExpressibleByIntegerLiteral {
+    /// The number.
+    public let value: UInt32
+
+    /// The epoch numbered `value`.
+    public init(_ value: UInt32) { self.value = value }
+
+    /// The epoch numbered by a literal.
+    public init(integerLiteral value: UInt32) { self.value = value }
+
+    /// The epoch after this one (traps past `UInt32.max`, as the counting it replaces did).
+    public var next: Epoch { Epoch(value + 1) }
+
+    /// The number in decimal.
+    public var description: String { String(value) }
+
+    /// Orders by number.
+    public static func < (a: Epoch, b: Epoch) -> Bool { a.value < b.value }
+}
