@@ -21,7 +21,7 @@ extension BatchReceiver {
                 throw SyncRejection.badSnapshot
             }
             try BlazeDatabase.checkSnapshotManifest(
-                manifest, space: space.key.id.bytes, membership: space.membership, peer: link.device, maxBytes: Self.maxSnapshotBytes)
+                manifest, space: space.key.id, membership: space.membership, peer: link.device, maxBytes: Self.maxSnapshotBytes)
         } catch {
             refuseSnapshot(error, context: context)
             return

@@ -59,7 +59,7 @@ extension BlazeDatabase {
     /// unlisted peer (a relay) passes on a writer's. `badSnapshot` otherwise, as for a signed head of an origin the
     /// log does not list, or under another key than the one it lists (signatures are checked at the install).
     public static func checkSnapshotManifest(
-        _ manifest: SnapshotManifest, space: [UInt8], membership: MembershipState?, peer: DevicePublicKeys?, maxBytes: Int
+        _ manifest: SnapshotManifest, space: SpaceID, membership: MembershipState?, peer: DevicePublicKeys?, maxBytes: Int
     ) throws(SyncRejection) {
         guard manifest.space == space, manifest.size <= UInt64(maxBytes),
             UInt64(manifest.parts) * UInt64(SnapshotPart.minBytes) <= manifest.size,

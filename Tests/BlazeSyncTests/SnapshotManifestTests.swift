@@ -33,7 +33,7 @@ import Testing
     }
 
     func check(_ m: SnapshotManifest, peer: DevicePublicKeys?, maxBytes: Int = 1 << 20) throws {
-        try BlazeDatabase.checkSnapshotManifest(m, space: space.bytes, membership: log, peer: peer, maxBytes: maxBytes)
+        try BlazeDatabase.checkSnapshotManifest(m, space: space, membership: log, peer: peer, maxBytes: maxBytes)
     }
 
     @Test func aManifestFromANonWriterIsRefusedBeforeAnyPiece() throws {
