@@ -93,18 +93,27 @@ public final class ChunkStore: Sendable {
         return try result.get()
     }
 
-    /// Up to `length` bytes of chunk `id` from `offset` (fewer at its end); nil when the chunk is not held.
-    public func read(_ id: ChunkID, offset: Int = 0, length: Int = .max) throws(ChunkStoreError) -> [UInt8]? {
-        // Non-blocking: a FIFO planted under a chunk's name must not hang the open (regular files ignore the flag).
+    /// Chunk `id`'s file opened for reading, with its size; nil when it is not held. Only a regular file is opened:
+    /// no symbolic link is followed, and the open does not block (a FIFO planted under a chunk's name must not hang
+    /// it; regular files ignore the flag). The caller closes the descriptor.
+    private func openChunk(_ id: ChunkID) throws(ChunkStoreError) -> (Int32, Int)? {
         let fd = open(path(of: id), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK)
         guard fd >= 0 else {
             if errno == ENOENT { return nil }
             throw .system("open chunk \(id)", errno)
         }
-        defer { close(fd) }
         var info = stat()
-        guard fstat(fd, &info) == 0, (info.st_mode & S_IFMT) == S_IFREG else { throw ChunkStoreError("chunk \(id) is not a regular file", reason: .invalid) }
-        let size = Int(info.st_size)
+        guard fstat(fd, &info) == 0, (info.st_mode & S_IFMT) == S_IFREG else {
+            close(fd)
+            throw ChunkStoreError("chunk \(id) is not a regular file", reason: .invalid)
+        }
+        return (fd, Int(info.st_size))
+    }
+
+    /// Up to `length` bytes of chunk `id` from `offset` (fewer at its end); nil when the chunk is not held.
+    public func read(_ id: ChunkID, offset: Int = 0, length: Int = .max) throws(ChunkStoreError) -> [UInt8]? {
+        guard let (fd, size) = try openChunk(id) else { return nil }
+        defer { close(fd) }
         guard offset >= 0, length >= 0 else { throw ChunkStoreError("a read needs a non-negative offset and length", reason: .invalid) }
         let count = offset >= size ? 0 : min(length, size - offset)
         var failure: Int32 = 0
@@ -129,16 +138,10 @@ public final class ChunkStore: Sendable {
     /// Copies `length` bytes of chunk `id` from `offset` to file descriptor `output` (at its position) in the kernel
     /// (`sendfile`, or reads and writes where it is not available); false when the chunk is not held.
     public func copy(_ id: ChunkID, offset: Int, length: Int, to output: Int32) throws(ChunkStoreError) -> Bool {
-        let fd = open(path(of: id), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK)
-        guard fd >= 0 else {
-            if errno == ENOENT { return false }
-            throw .system("open chunk \(id)", errno)
-        }
+        guard let (fd, size) = try openChunk(id) else { return false }
         defer { close(fd) }
-        var info = stat()
-        guard fstat(fd, &info) == 0, (info.st_mode & S_IFMT) == S_IFREG else { throw ChunkStoreError("chunk \(id) is not a regular file", reason: .invalid) }
-        guard offset >= 0, length >= 0, offset + length <= Int(info.st_size) else {
-            throw ChunkStoreError("chunk \(id) holds \(info.st_size) bytes, not \(offset + length)", reason: .invalid)
+        guard offset >= 0, length >= 0, offset + length <= size else {
+            throw ChunkStoreError("chunk \(id) holds \(size) bytes, not \(offset + length)", reason: .invalid)
         }
         var from = off_t(offset)
         var left = length
