@@ -7,7 +7,8 @@ import Glibc
 /// appended as they come (from a file or from a client's in-band pieces), cut into chunks by the space's chunker,
 /// each chunk stored durably under its id, and `finish` stores the manifest and returns it with the blob's id.
 ///
-/// One writer per blob, used by one thread at a time; call `finish` once.
+/// One writer per blob, used by one thread at a time; call `finish` once. Any failure ends the writer: every later
+/// call throws the same error, so a failed put never goes on to name content it did not store whole.
 public struct BlobWriter: Sendable {
     /// The space's keys.
     public let keys: BlobKeys
@@ -23,6 +24,8 @@ public struct BlobWriter: Sendable {
     public private(set) var size = 0
     /// Bytes of chunks that were new to the store (the rest were held already).
     public private(set) var storedBytes = 0
+    /// The failure that ended this writer, if any.
+    private var failure: ChunkStoreError?
 
     /// Maximum chunks a writer holds at once (16 MiB with the standard sizes).
     static let window = 4
@@ -32,14 +35,17 @@ public struct BlobWriter: Sendable {
         self.keys = keys
         self.store = store
         self.maxSize = maxSize
-        pending.reserveCapacity(Self.window * keys.chunker.sizes.maximum)
     }
 
     /// Appends `bytes` to the blob, storing every chunk they complete.
     public mutating func append(_ bytes: UnsafeRawBufferPointer) throws(ChunkStoreError) {
+        if let failure { throw failure }
         guard bytes.count <= maxSize - size else {
-            throw ChunkStoreError("the blob is over the \(maxSize)-byte limit", reason: .limit)
+            throw ended(ChunkStoreError("the blob is over the \(maxSize)-byte limit", reason: .limit))
         }
+        // The window is allocated with the first bytes, not when the writer is made (an upload that never sends
+        // holds nothing).
+        if pending.capacity == 0 { pending.reserveCapacity(Self.window * keys.chunker.sizes.maximum) }
         size += bytes.count
         var rest = bytes
         let maximum = keys.chunker.sizes.maximum
@@ -66,7 +72,7 @@ public struct BlobWriter: Sendable {
         while true {
             let n = buffer.withUnsafeMutableBytes { read(fd, $0.baseAddress!, $0.count) }
             if n < 0 && errno == EINTR { continue }
-            if n < 0 { throw .system("read the blob's file", errno) }
+            if n < 0 { throw ended(.system("read the blob's file", errno)) }
             if n == 0 { return }
             let result = buffer.withUnsafeBytes { raw in
                 Result { () throws(ChunkStoreError) in try append(UnsafeRawBufferPointer(rebasing: raw[..<n])) }
@@ -81,6 +87,22 @@ public struct BlobWriter: Sendable {
     /// The cuts are found first (one pass, cheap), then the chunks are named and stored on `lanes` threads at once:
     /// naming (HMAC-SHA256) and the synced write of each chunk's file are most of a put's time, and independent.
     private mutating func cut(atEnd: Bool) throws(ChunkStoreError) {
+        do throws(ChunkStoreError) {
+            try cutWindow(atEnd: atEnd)
+        } catch {
+            throw ended(error)
+        }
+    }
+
+    /// Records `error` as the one that ended this writer, and returns it.
+    private mutating func ended(_ error: ChunkStoreError) -> ChunkStoreError {
+        failure = error
+        pending = []
+        return error
+    }
+
+    /// `cut(atEnd:)`'s work.
+    private mutating func cutWindow(atEnd: Bool) throws(ChunkStoreError) {
         let count = pending.count
         let chunker = keys.chunker
         let maximum = chunker.sizes.maximum
@@ -95,6 +117,10 @@ public struct BlobWriter: Sendable {
             }
         }
         guard !lengths.isEmpty else { return }
+        // A manifest lists a bounded number of chunks: refused as the blob grows, not after storing all of it.
+        guard pieces.count + lengths.count <= BlobManifest.maxPieces(chunkMaximum: maximum) else {
+            throw ChunkStoreError("the blob has more chunks than one manifest can list", reason: .limit)
+        }
         var offsets: [Int] = []
         offsets.reserveCapacity(lengths.count)
         var offset = 0
@@ -140,16 +166,25 @@ public struct BlobWriter: Sendable {
 
     /// Each chunk's outcome, written by the thread that handled it.
     private final class Outcomes: @unchecked Sendable {
-        // @unchecked: each index is written by exactly one thread of a `concurrentPerform`, read after it returns.
-        private var values: [Result<(ChunkID, Bool), ChunkStoreError>?]
-        init(count: Int) { values = Array(repeating: nil, count: count) }
+        // @unchecked: each slot is written by exactly one thread of a `concurrentPerform` (distinct indexes of a
+        // buffer allocated up front, so no write touches shared array storage), and read after it returns.
+        private let values: UnsafeMutableBufferPointer<Result<(ChunkID, Bool), ChunkStoreError>?>
+        init(count: Int) {
+            values = .allocate(capacity: count)
+            values.initialize(repeating: nil)
+        }
+        deinit {
+            values.deinitialize()
+            values.deallocate()
+        }
         func set(_ k: Int, _ value: Result<(ChunkID, Bool), ChunkStoreError>) { values[k] = value }
-        var all: [Result<(ChunkID, Bool), ChunkStoreError>?] { values }
+        var all: [Result<(ChunkID, Bool), ChunkStoreError>?] { Array(values) }
     }
 
     /// Stores the last chunk and the manifest; returns the blob's id, its manifest and the bytes of chunks that were
     /// new to the store (the manifest's own chunk not counted).
     public mutating func finish() throws(ChunkStoreError) -> (id: ChunkID, manifest: BlobManifest, storedBytes: Int) {
+        if let failure { throw failure }
         try cut(atEnd: true)
         let manifest = BlobManifest(pieces: pieces)
         guard manifest.pieces.count <= BlobManifest.maxPieces(chunkMaximum: keys.chunker.sizes.maximum) else {

@@ -140,7 +140,7 @@ public final class ChunkStore: Sendable {
     public func copy(_ id: ChunkID, offset: Int, length: Int, to output: Int32) throws(ChunkStoreError) -> Bool {
         guard let (fd, size) = try openChunk(id) else { return false }
         defer { close(fd) }
-        guard offset >= 0, length >= 0, offset + length <= size else {
+        guard offset >= 0, length >= 0, offset <= size, length <= size - offset else {
             throw ChunkStoreError("chunk \(id) holds \(size) bytes, not \(offset + length)", reason: .invalid)
         }
         var from = off_t(offset)

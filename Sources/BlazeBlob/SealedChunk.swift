@@ -104,8 +104,9 @@ extension ChunkID {
 /// Layout: `"BZC1"`, the epoch (4 bytes, big-endian), a 12-byte nonce, then the ChaCha20-Poly1305 box of the content's
 /// length (4 bytes, big-endian), the content and zero bytes up to a multiple of `padding`, with its 16-byte tag. The
 /// header, the space id and the chunk id are authenticated with it, so a sealed chunk opens only as the chunk it was
-/// sealed as. The nonce is derived from the chunk id under the epoch's chunk key: sealing equal content twice gives
-/// the same bytes, and one (key, nonce) pair only ever seals one content.
+/// sealed as. The nonce is synthetic (as in SIV): an HMAC, under a nonce key of its own, of the chunk id and the padded
+/// plaintext itself, so sealing equal content twice gives the same bytes, and two different plaintexts (even one
+/// given under another content's id by mistake) never share a (key, nonce) pair. Opening checks the nonce again.
 public enum SealedChunk {
     /// The first four bytes of every sealed chunk.
     static let magic = Array("BZC1".utf8)
@@ -123,9 +124,10 @@ public enum SealedChunk {
     /// Bytes of the box's plaintext for content of `count` bytes: the length field, the content and the padding.
     static func padded(_ count: Int) -> Int { (4 + count + padding - 1) / padding * padding }
 
-    /// The key an epoch's secret seals chunks with.
-    static func chunkKey(space: SpaceID, epoch: UInt32, secret: [UInt8]) -> SymmetricKey {
-        var info = Array("blazedb chunk key v1".utf8)
+    /// The key an epoch's secret seals chunks with (`label` "blazedb chunk key v1"), or derives their nonces with
+    /// ("blazedb chunk nonce v1").
+    static func chunkKey(space: SpaceID, epoch: UInt32, secret: [UInt8], label: String = "blazedb chunk key v1") -> SymmetricKey {
+        var info = Array(label.utf8)
         withUnsafeBytes(of: epoch.bigEndian) { info += $0 }
         return HKDF<SHA256>.deriveKey(inputKeyMaterial: SymmetricKey(data: secret), salt: space.bytes, info: info, outputByteCount: 32)
     }
@@ -135,16 +137,28 @@ public enum SealedChunk {
         Array(header) + space.bytes + id.bytes
     }
 
-    /// `content` (the chunk `id` of `space`) sealed under the epoch `epoch` whose secret is `secret`.
+    /// The synthetic nonce of the padded plaintext `plain` of chunk `id`.
+    static func nonce(_ plain: some ContiguousBytes, id: ChunkID, space: SpaceID, epoch: UInt32, secret: [UInt8]) -> [UInt8] {
+        var mac = HMAC<SHA256>(key: chunkKey(space: space, epoch: epoch, secret: secret, label: "blazedb chunk nonce v1"))
+        mac.update(data: id.bytes)
+        plain.withUnsafeBytes { mac.update(data: $0) }
+        return Array(mac.finalize().prefix(12))
+    }
+
+    /// `content` (the chunk `id` of `space`, at most 1 GiB: chunks are at most `Chunker.Sizes` allow) sealed under
+    /// the epoch `epoch` whose secret is `secret`.
     public static func seal(_ content: UnsafeRawBufferPointer, id: ChunkID, space: SpaceID, epoch: UInt32, secret: [UInt8]) -> [UInt8] {
+        precondition(content.count <= 1 << 30, "a chunk is at most 1 GiB")
         let key = chunkKey(space: space, epoch: epoch, secret: secret)
-        let nonceBytes = Array(HMAC<SHA256>.authenticationCode(for: id.bytes, using: key).prefix(12))
+        var plain = [UInt8](repeating: 0, count: padded(content.count))
+        withUnsafeBytes(of: UInt32(content.count).bigEndian) { plain.replaceSubrange(0..<4, with: $0) }
+        if let source = content.baseAddress, content.count > 0 {
+            plain.withUnsafeMutableBytes { $0.baseAddress!.advanced(by: 4).copyMemory(from: source, byteCount: content.count) }
+        }
+        let nonceBytes = nonce(plain, id: id, space: space, epoch: epoch, secret: secret)
         var header = magic
         withUnsafeBytes(of: epoch.bigEndian) { header += $0 }
         header += nonceBytes
-        var plain = [UInt8](repeating: 0, count: padded(content.count))
-        withUnsafeBytes(of: UInt32(content.count).bigEndian) { plain.replaceSubrange(0..<4, with: $0) }
-        plain.withUnsafeMutableBytes { $0.baseAddress!.advanced(by: 4).copyMemory(from: content.baseAddress!, byteCount: content.count) }
         let box = try! ChaChaPoly.seal(
             plain, using: key, nonce: try! ChaChaPoly.Nonce(data: nonceBytes),
             authenticating: aad(header: header[...], space: space, id: id))
@@ -175,8 +189,12 @@ public enum SealedChunk {
         else { throw ChunkError("not a sealed chunk") }
         let aad = aad(header: header, space: keys.space, id: id)
         for secret in secrets {
-            guard let plain = try? ChaChaPoly.open(box, using: chunkKey(space: keys.space, epoch: epoch, secret: secret), authenticating: aad)
+            guard let opened = try? ChaChaPoly.open(box, using: chunkKey(space: keys.space, epoch: epoch, secret: secret), authenticating: aad)
             else { continue }
+            let plain = Array(opened)
+            guard Self.nonce(plain, id: id, space: keys.space, epoch: epoch, secret: secret)[...] == sealed[8..<headerCount] else {
+                throw ChunkError("chunk \(id)'s nonce is not the one its content gives")
+            }
             let length = plain.prefix(4).reduce(0) { $0 << 8 | Int($1) }
             guard length <= plain.count - 4, padded(length) == plain.count, plain[(4 + length)...].allSatisfy({ $0 == 0 }) else {
                 throw ChunkError("a sealed chunk's length field does not match its size")

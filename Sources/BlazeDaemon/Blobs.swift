@@ -17,7 +17,8 @@ final class Blobs: Sendable {
     static let maxReadBytes = 4 << 20
     /// Uploads one connection may have open at once.
     static let maxUploadsPerConnection = 4
-    /// Uploads open at once over all connections (each holds up to two chunks, 8 MiB, in memory).
+    /// Uploads open at once over all connections (each holds up to a window of four chunks, 16 MiB, in memory once
+    /// it has received bytes).
     static let maxUploads = 64
     /// Longest media type accepted.
     static let maxTypeLength = 255
@@ -26,8 +27,10 @@ final class Blobs: Sendable {
 
     /// The largest blob accepted, in bytes.
     let maxBlobBytes: Int
-    /// Whether a connection is still open (uploads of closed connections are dropped).
+    /// Whether a connection is still open (an upload is only started for an open one).
     private let isOpen: @Sendable (Int) -> Bool
+    /// Whether a database handle is still the open one under its name (a dropped one gets no chunk store).
+    private let isCurrent: @Sendable (BlazeDatabase) -> Bool
     /// Chunk stores by database name, with the database they were opened for.
     private let stores = Mutex<[String: (db: ObjectIdentifier, store: ChunkStore)]>([:])
     /// Uploads in progress by id.
@@ -59,10 +62,12 @@ final class Blobs: Sendable {
         let storedBytes: Int
     }
 
-    /// Blobs of at most `maxBlobBytes` bytes; `isOpen` tells whether a connection id is still open.
-    init(maxBlobBytes: Int, isOpen: @escaping @Sendable (Int) -> Bool) {
+    /// Blobs of at most `maxBlobBytes` bytes; `isOpen` tells whether a connection id is still open, `isCurrent`
+    /// whether a database handle is still the open one under its name.
+    init(maxBlobBytes: Int, isOpen: @escaping @Sendable (Int) -> Bool, isCurrent: @escaping @Sendable (BlazeDatabase) -> Bool) {
         self.maxBlobBytes = maxBlobBytes
         self.isOpen = isOpen
+        self.isCurrent = isCurrent
     }
 
     /// The directory of `db`'s chunks.
@@ -71,20 +76,36 @@ final class Blobs: Sendable {
     }
 
     /// The chunk store of `db`, opened (and created) on first use.
+    ///
+    /// Made under the lock, once per database: opening a store removes the temporary files a crashed put left, which
+    /// must never be those of a put running now. A database dropped meanwhile gets none (its directory is gone).
     func store(for db: BlazeDatabase) throws -> ChunkStore {
         let key = ObjectIdentifier(db)
-        if let held = stores.withLock({ $0[db.name] }), held.db == key { return held.store }
-        let store: ChunkStore
-        do { store = try ChunkStore(directory: Self.directory(of: db)) } catch { throw Self.storeError(error) }
-        stores.withLock { $0[db.name] = (key, store) }
-        return store
+        return try stores.withLock { stores in
+            if let held = stores[db.name], held.db == key { return held.store }
+            guard isCurrent(db) else {
+                throw StoreError(.notFound, kind: "database_not_found", "database \(db.name) was dropped")
+            }
+            let store: ChunkStore
+            do { store = try ChunkStore(directory: Self.directory(of: db)) } catch { throw Self.storeError(error) }
+            stores[db.name] = (key, store)
+            return store
+        }
+    }
+
+    /// Ends the uploads of connection `connection` (it closed).
+    func dropUploads(connection: Int) {
+        uploads.withLock { $0 = $0.filter { $0.value.connection != connection } }
     }
 
     /// Forgets database `name` and removes its chunks (it was dropped).
     func forget(db name: String, directory: String) {
-        stores.withLock { $0[name] = nil }
+        stores.withLock { stores in
+            stores[name] = nil
+            // Under the lock: no store is made for the dropped handle meanwhile (`store(for:)` checks it is current).
+            try? FileManager.default.removeItem(atPath: directory)
+        }
         uploads.withLock { $0 = $0.filter { $0.value.db != name } }
-        try? FileManager.default.removeItem(atPath: directory)
     }
 
     /// A media type checked: printable ASCII, at most `maxTypeLength` characters; the default when nil.
@@ -136,7 +157,8 @@ final class Blobs: Sendable {
         let id = "u\(nextUpload.add(1, ordering: .relaxed).oldValue)"
         let upload = Upload(connection: connection, db: db.name, type: type, writer: writer)
         try uploads.withLock { uploads in
-            // Uploads of connections that closed since are dropped before counting.
+            // Uploads of connections that closed are dropped when they close; this catches a close that raced
+            // this start.
             uploads = uploads.filter { isOpen($0.value.connection) }
             guard uploads.values.filter({ $0.connection == connection }).count < Self.maxUploadsPerConnection else {
                 throw StoreError(.limitExceeded, kind: "too_many_uploads", "a connection may have \(Self.maxUploadsPerConnection) uploads open at once: finish one first")
@@ -167,14 +189,20 @@ final class Blobs: Sendable {
         guard let bytes = Data(base64Encoded: data) else {
             throw StoreError(.invalidArgument, kind: "invalid_data", "data must be base64 (RFC 4648, with padding)")
         }
-        return try upload.writer.withLock { writer in
-            guard writer != nil else { throw StoreError(.notFound, kind: "upload_not_found", "upload \(id) is finished") }
-            do {
-                try writer!.append([UInt8](bytes))
-            } catch {
-                throw Self.storeError(error)
+        do {
+            return try upload.writer.withLock { writer in
+                guard writer != nil else { throw StoreError(.notFound, kind: "upload_not_found", "upload \(id) is finished") }
+                do {
+                    try writer!.append([UInt8](bytes))
+                } catch {
+                    throw Self.storeError(error)
+                }
+                return writer!.size
             }
-            return writer!.size
+        } catch {
+            // A failed append ends the upload (the writer refuses everything after a failure): start again.
+            uploads.withLock { $0[id] = nil }
+            throw error
         }
     }
 

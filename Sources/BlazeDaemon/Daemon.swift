@@ -52,7 +52,9 @@ public final class Daemon: Service, Sendable {
             timeout: .milliseconds(Int64(config.syncTimeoutMs)), retryMaxMs: config.syncRetryMaxMs,
             listenerLimits: config.syncListenerLimits,
             tlsTrustRoots: config.syncTLSTrustRoots, folderOptions: config.folderOptions)
-        self.blobs = Blobs(maxBlobBytes: config.maxBlobBytes) { [connections] in connections.isOpen($0) }
+        self.blobs = Blobs(
+            maxBlobBytes: config.maxBlobBytes, isOpen: { [connections] in connections.isOpen($0) },
+            isCurrent: { [store] in store.isCurrent($0) })
         if let name = config.defaultDatabase, (try? store.database(name)) == nil {
             _ = try store.create(name)
         }
@@ -221,6 +223,8 @@ public final class Daemon: Service, Sendable {
             logger.debug("Connection opened", metadata: ["connection.id": "\(id)", "peer.pid": "\(cred.pid)"])
             channel.closeFuture.whenComplete { _ in
                 connections.remove(id)
+                // Its uploads end with it (each may hold a window of chunks in memory).
+                dispatcher.context.blobs.dropUploads(connection: id)
                 logger.debug("Connection closed", metadata: ["connection.id": "\(id)"])
             }
             let connection = ConnectionHandle(

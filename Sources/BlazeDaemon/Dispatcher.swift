@@ -20,10 +20,19 @@ struct Dispatcher: Sendable {
         self.transferPool = transferPool
     }
 
-    /// The pool a line that does not run inline runs on: the transfer pool for one request to a transfer method.
+    /// The pool a line that does not run inline runs on: the transfer pool for a request to a transfer method, or a
+    /// batch holding one (a batch of transfers must not hold the I/O pool either).
     func pool(for incoming: RPCIncoming) -> NIOThreadPool {
-        guard let transferPool, case .single(.success(let req)) = incoming, methods[req.method]?.transfers == true else { return pool }
-        return transferPool
+        guard let transferPool else { return pool }
+        func transfers(_ r: Result<RPCRequest, RPCFailure>) -> Bool {
+            guard case .success(let req) = r else { return false }
+            return methods[req.method]?.transfers == true
+        }
+        switch incoming {
+        case .single(let r): return transfers(r) ? transferPool : pool
+        case .batch(let items): return items.contains(where: transfers) ? transferPool : pool
+        case .failure: return pool
+        }
     }
 
     /// Decodes a line (on the event loop; cheap).

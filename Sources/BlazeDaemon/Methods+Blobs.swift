@@ -105,6 +105,13 @@ extension Methods {
                     "cannot create \(path): \(String(cString: strerror(code)))")
             }
             unlink(partial)
+            // The new name is durable once its directory is synced.
+            let directory = (path as NSString).deletingLastPathComponent
+            let dir = open(directory.isEmpty ? "/" : directory, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
+            if dir >= 0 {
+                fsync(dir)
+                close(dir)
+            }
         } catch {
             unlink(partial)
             throw Blobs.storeError(error)

@@ -25,8 +25,12 @@ extension SyncEngine {
                 }
                 return try Self.blobKeys(space: space.id, genesis: genesis)
             }
+            // A dropped database's handle must not leave a secret behind for a later database of its name.
+            guard store.isCurrent(db) else {
+                throw StoreError(.notFound, kind: "database_not_found", "database \(db.name) was dropped")
+            }
             let pending: PendingSpace
-            if let held = try PendingSpace.load(directory: keysDirectory, db: db.name) {
+            if let held = try loadPending(db: db) {
                 pending = held
             } else {
                 pending = PendingSpace.generate()
@@ -38,10 +42,26 @@ extension SyncEngine {
 
     /// The salt and epoch-1 secret `share` creates `db`'s space with: its pending space's when blobs chose one.
     func spaceSecrets(db: BlazeDatabase) throws -> (salt: [UInt8], genesis: [UInt8]) {
-        guard let pending = try PendingSpace.load(directory: keysDirectory, db: db.name) else {
+        guard let pending = try loadPending(db: db) else {
             return (SpaceKey.randomBytes(16), SpaceKey.randomSecret())
         }
         return (pending.salt, pending.genesis)
+    }
+
+    /// The pending space of `db`; an unreadable file is named in the error, for a person to look at.
+    private func loadPending(db: BlazeDatabase) throws -> PendingSpace? {
+        do {
+            return try PendingSpace.load(directory: keysDirectory, db: db.name)
+        } catch {
+            throw StoreError(
+                .syncFailure, kind: "pending_space_unusable",
+                "the secret database \(db.name)'s blobs are named with cannot be read (\(error)); it is in \(keysDirectory)")
+        }
+    }
+
+    /// Removes the pending space of database `name` (dropped), with no blob keys being chosen meanwhile.
+    func forgetPendingSpace(db name: String) {
+        blobKeyChoice.withLock { _ in PendingSpace.remove(directory: keysDirectory, db: name) }
     }
 
     /// Runs `body` (a share) with blob keys not being chosen meanwhile.

@@ -327,7 +327,7 @@ public final class SyncEngine: Sendable {
         served.withLock { $0[name] = nil }
         snapshots.forget(db: name)
         if let spaceID { SpaceKey.remove(directory: keysDirectory, idHex: spaceID) }
-        PendingSpace.remove(directory: keysDirectory, db: name)
+        forgetPendingSpace(db: name)
     }
 
     // MARK: Control

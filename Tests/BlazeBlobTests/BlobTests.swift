@@ -138,4 +138,20 @@ import Glibc
         #expect(throws: ChunkError.self) { try BlobManifest(decoding: Array(good.encoded.dropLast()), chunkMaximum: maximum, maxSize: 100) }
         #expect(throws: ChunkError.self) { try BlobManifest(decoding: [], chunkMaximum: maximum, maxSize: 100) }
     }
+
+    @Test func aFailedPutEndsTheWriter() throws {
+        var random = SeededRandom(seed: testSeed("blob failure"))
+        let store = try store()
+        defer { try? FileManager.default.removeItem(atPath: store.directory) }
+        // A file where every shard directory would go: storing any chunk fails.
+        for shard in 0..<256 {
+            #expect(FileManager.default.createFile(atPath: store.directory + "/" + String(format: "%02x", shard), contents: Data()))
+        }
+        var writer = BlobWriter(keys: keys, store: store, maxSize: 1 << 30)
+        #expect(throws: ChunkStoreError.self) { try writer.append(bytes(300_000, &random)) }
+        // Every later call fails the same way: nothing more is stored or named.
+        #expect(throws: ChunkStoreError.self) { try writer.append([1]) }
+        #expect(throws: ChunkStoreError.self) { try writer.finish() }
+        #expect(store.all().isEmpty)
+    }
 }

@@ -67,6 +67,10 @@ import Testing
             SealedChunk.seal($0, id: wanted, space: space, epoch: 1, secret: epochSecret)
         }
         #expect(throws: ChunkError.self) { try SealedChunk.open(forged, id: wanted, keys: keys, secrets: [epochSecret], maximum: 1 << 20) }
+        // The nonce comes from the plaintext too: two contents sealed under one id never share a nonce (no keystream
+        // is reused, whatever id a caller gives).
+        let real = Array("the real chunk".utf8).withUnsafeBytes { SealedChunk.seal($0, id: wanted, space: space, epoch: 1, secret: epochSecret) }
+        #expect(real[8..<20] != forged[8..<20])
     }
 
     @Test func oversizeAndMalformedAreRefusedBeforeOpening() throws {

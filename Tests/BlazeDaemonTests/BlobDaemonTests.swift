@@ -155,9 +155,12 @@ import Glibc
         let big = try c.call("blob.upload", ["db": "default"])["upload"]!
         _ = try c.call("blob.append", ["db": "default", "upload": big, "data": .string(Data(bytes).base64EncodedString())])
         expectRPCError(c, "blob.append", ["db": "default", "upload": big, "data": .string(Data(bytes).base64EncodedString())], code: -32012, kind: "blob_too_large")
-        for _ in 0..<3 { _ = try c.call("blob.upload", ["db": "default"]) }
+        // A failed append ends its upload: nothing more is appended to a blob that lost bytes.
+        expectRPCError(c, "blob.append", ["db": "default", "upload": big, "data": "AAAA"], code: -32010, kind: "upload_not_found")
+        expectRPCError(c, "blob.finish", ["db": "default", "upload": big], code: -32010, kind: "upload_not_found")
+        for _ in 0..<4 { _ = try c.call("blob.upload", ["db": "default"]) }
         expectRPCError(c, "blob.upload", ["db": "default"], code: -32012, kind: "too_many_uploads")
-        // Uploads end with their connection: a new connection may open its own.
+        // The limit is per connection: another connection may open its own.
         _ = try other.call("blob.upload", ["db": "default"])
         expectRPCError(c, "blob.upload", ["db": "default", "type": "bad type"], code: -32602, kind: "invalid_type")
         expectRPCError(c, "blob.upload", ["db": "nope"], code: -32010, kind: "database_not_found")
