@@ -93,15 +93,20 @@ final class ReadConnections: Sendable {
         return result!
     }
 
-    /// Runs `body` through a connection's GRDB queue in a read transaction of its own (the raw snapshot is ended
-    /// first: GRDB begins its own transaction, and one begun after the read was asked for has every acknowledged
-    /// commit).
+    /// Runs `body` through a connection's GRDB queue in a read transaction of its own, one snapshot throughout (the
+    /// raw snapshot is ended first: GRDB begins its own transaction, and one begun after the read was asked for has
+    /// every acknowledged commit).
     func read<T>(_ body: (Database) throws -> T) throws -> T {
         var result: T?
         try withConnection(wait: true) { connection in
             connection.endSnapshot()
             connection.remaining = Int.max
-            result = try connection.queue.read(body)
+            result = try connection.queue.read { db in
+                // Takes the snapshot now, as GRDB's reader pool does: `BEGIN DEFERRED` alone takes none, and work
+                // that opens and closes its own (an online backup) would otherwise see another commit than the rest.
+                _ = try Int.fetchOne(db.cachedStatement(sql: "SELECT rootpage FROM sqlite_master LIMIT 1"))
+                return try body(db)
+            }
         }
         return result!
     }
