@@ -35,7 +35,7 @@ extension BlazeDatabase {
         }
         var report = BackupReport(path: path, bytes: 0, documents: 0, stateHash: "")
         do {
-            try pool.read { db in
+            try connections.read { db in
                 let target = try DatabaseQueue(path: partial)
                 try target.writeWithoutTransaction { targetDB in
                     try db.backup(to: targetDB)

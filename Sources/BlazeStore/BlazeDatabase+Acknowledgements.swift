@@ -19,7 +19,7 @@ extension BlazeDatabase {
 
     /// Keeps `bytes` as `node`'s acknowledgement unless one issued later is held; true when it was kept.
     public func storeAcknowledgement(node: [UInt8], issuedMs: UInt64, bytes: [UInt8]) throws -> Bool {
-        try pool.write { db in
+        try connections.write { db in
             try db.execute(
                 sql: """
                     INSERT INTO sync_acks(node, issued_at, bytes) VALUES (?, ?, ?)
@@ -50,7 +50,7 @@ extension BlazeDatabase {
     public func recordStableVector(_ stable: VersionVector, key: String = "stable_vector") throws -> VersionVector {
         let merged = VersionVector(try lastStableVector(key: key).entries.merging(stable.entries, uniquingKeysWith: max))
         let text = JSONValue.object(Dictionary(uniqueKeysWithValues: merged.entries.map { ($0.key.hex, JSONValue.int(Int64($0.value))) })).jsonText
-        try pool.write { db in
+        try connections.write { db in
             try db.execute(
                 sql: "INSERT INTO meta(key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value",
                 arguments: [key, text])

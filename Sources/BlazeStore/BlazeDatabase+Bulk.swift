@@ -84,7 +84,7 @@ extension BlazeDatabase {
     /// neither documents nor indexes.
     public func dropCollection(_ collection: String) throws -> DropReport {
         try Names.validateCollection(collection)
-        return try pool.writeWithoutTransaction { db in
+        return try connections.writeWithoutTransaction { db in
             var afterCommit: [@Sendable () -> Void] = []
             var report = DropReport(deleted: 0, indexes: 0, changes: 0)
             try Self.inWriteTransaction(db) {

@@ -33,14 +33,14 @@ extension BlazeDatabase {
     /// run on the writer (where writes arriving together share one) before a write may commit alone again.
     func commitAlone(_ op: WriteOp) -> Result<WriteResult, any Error>? {
         guard groupCommitter.claimLone() else { return nil }
-        let result = pool.writeWithoutTransaction { db in commitGroup(db, [op])[0] }
+        let result = connections.writeWithoutTransaction { db in commitGroup(db, [op])[0] }
         groupCommitter.count(writes: 1)
         finishGroup(afterLone: true)
         return result
     }
 
     private func scheduleGroupCommit() {
-        pool.asyncWriteWithoutTransaction { [self] db in
+        connections.asyncWriteWithoutTransaction { [self] db in
             let group = groupCommitter.takeGroup()
             let results = commitGroup(db, group.map(\.op))
             // Counted before anyone learns the outcome, so a caller that saw its write done sees it counted.

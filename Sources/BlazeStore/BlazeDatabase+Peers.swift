@@ -12,7 +12,7 @@ extension BlazeDatabase {
 
     /// Removes a peer address; returns false when it was not there.
     public func removePeer(_ address: String) throws -> Bool {
-        try pool.write { db in
+        try connections.write { db in
             try db.execute(sql: "DELETE FROM sync_peers WHERE address = ?", arguments: [address])
             return db.changesCount > 0
         }
@@ -25,7 +25,7 @@ extension BlazeDatabase {
 
     /// Adds `value` to the list `table` (its `column`, with when it was added); false when it was there.
     private func add(_ value: String, as column: String, to table: String) throws -> Bool {
-        try pool.write { db in
+        try connections.write { db in
             try db.execute(
                 sql: "INSERT OR IGNORE INTO \(table)(\(column), added_at) VALUES (?, ?)",
                 arguments: [value, Int64(Date().timeIntervalSince1970 * 1000)])
@@ -44,7 +44,7 @@ extension BlazeDatabase {
 
     /// Removes a folder and what was seen in it; returns false when it was not there.
     public func removeFolder(_ path: String) throws -> Bool {
-        try pool.write { db in
+        try connections.write { db in
             try db.execute(sql: "DELETE FROM sync_folder_heads WHERE path = ?", arguments: [path])
             try db.execute(sql: "DELETE FROM sync_folders WHERE path = ?", arguments: [path])
             return db.changesCount > 0
@@ -60,7 +60,7 @@ extension BlazeDatabase {
 
     /// Records the generation of this device's head file in the folder at `path`.
     public func setFolderGeneration(_ path: String, _ generation: UInt64) throws {
-        try pool.write { db in
+        try connections.write { db in
             try db.execute(
                 sql: "UPDATE sync_folders SET generation = max(generation, ?) WHERE path = ?",
                 arguments: [Int64(clamping: generation), path])
@@ -84,7 +84,7 @@ extension BlazeDatabase {
 
     /// Records that generation `generation` of `writer`'s head file was seen in the folder at `path`.
     public func setFolderHeadSeen(_ path: String, writer: NodeID, generation: UInt64) throws {
-        try pool.write { db in
+        try connections.write { db in
             try db.execute(
                 sql: """
                     INSERT INTO sync_folder_heads(path, writer, generation) VALUES (?, ?, ?)

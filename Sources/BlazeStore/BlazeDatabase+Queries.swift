@@ -83,28 +83,17 @@ extension BlazeDatabase {
     /// The stored canonical JSON text of one document (what `get` without `fields` returns, as written); throws
     /// `document_not_found` for an unknown id, as `get`.
     ///
-    /// One statement on a reader with no transaction around it (a single statement reads one consistent snapshot).
+    /// One statement on a fast read connection (`ReadConnections`), in its kept snapshot when nothing committed since.
     public func getText(collection: String, id: String) throws -> [UInt8] {
         try Names.validateCollection(collection)
         try Names.validateID(id)
-        let found = try readers.read(budget: .unbounded) { c -> [UInt8]? in
-            if let text = try c.first(Self.documentSQL, [collection.databaseValue, id.databaseValue], { $0.textBytes(0) }),
+        let found = try connections.read(budget: .unbounded) { c -> [UInt8]? in
+            guard let text = try c.first(Self.documentSQL, [collection.databaseValue, id.databaseValue], { $0.textBytes(0) }),
                 let text
-            {
-                return try Self.spliceable(text)
-            }
-            return nil
+            else { return nil }
+            return try Self.spliceable(text)
         }
-        if case .some(.some(let text)) = found { return text }
-        if found == nil {
-            // Every fast connection was busy: GRDB's pool.
-            let text = try pool.unsafeRead { db -> [UInt8]? in
-                let stmt = try RawStatement(db, Self.documentSQL)
-                if let text = try stmt.firstRow(collection, id, { $0.textBytes(0) }), let text { return try Self.spliceable(text) }
-                return nil
-            }
-            if let text { return text }
-        }
+        if let found { return found }
         throw StoreError(.notFound, kind: "document_not_found", "no document \(Names.quoted(id)) in collection \(collection)")
     }
 
@@ -177,33 +166,10 @@ extension BlazeDatabase {
     func findTexts(_ query: FindQuery, budget: ReadBudget = .unbounded) throws -> (texts: [[UInt8]], cursor: String?) {
         try validate(query)
         let compiled = QueryCompiler.find(query, limit: query.limit + 1)
-        if let page = try readers.read(budget: budget, { c in try Self.findPage(c, query, compiled) }) { return page }
-        // Every fast connection is busy; GRDB's pool has no budget, so a bounded read goes where it may take long.
-        if budget == .inline { throw ReadBudgetExceeded() }
-        return try read { db in
-            let statement = try queryStatement(db, compiled.sql)
-            let rows = try Row.fetchCursor(statement, arguments: compiled.arguments)
-            var texts: [[UInt8]] = []
-            texts.reserveCapacity(min(query.limit, 256))
-            var next: String?
-            var last: Row?
-            while let row = try rows.next() {
-                guard texts.count < query.limit else {
-                    // One row more than the page: there is a next page, which starts after the page's last row.
-                    if let last {
-                        let keys = (0..<(2 * query.sort.count)).map { Self.jsonValue(last[2 + $0] as DatabaseValue) }
-                        next = QueryCursor(keys: keys, id: last[0], shape: query.shape).token
-                    }
-                    break
-                }
-                texts.append(try Self.spliceable(try row.withUnsafeData(atIndex: 1) { data in data.map { [UInt8]($0) } } ?? []))
-                last = texts.count == query.limit ? row.copy() : nil
-            }
-            return (texts, next)
-        }
+        return try connections.read(budget: budget) { c in try Self.findPage(c, query, compiled) }
     }
 
-    /// One page of a find query on a fast read connection (what `findTexts` reads through GRDB otherwise).
+    /// One page of a find query on a fast read connection.
     static func findPage(
         _ c: ReadConnection, _ query: FindQuery, _ compiled: CompiledSQL
     ) throws -> (texts: [[UInt8]], cursor: String?) {
@@ -240,18 +206,6 @@ extension BlazeDatabase {
         return JSONValue.object(try decodeBody(String(decoding: text, as: UTF8.self))).jsonBytes
     }
 
-    /// Query shapes whose statements stay prepared on each connection (at most `maxCachedQueryShapes`; others are
-    /// prepared per run), so that repeating a query re-plans nothing.
-    func queryStatement(_ db: Database, _ sql: String) throws -> Statement {
-        let cached = cachedQueryShapes.withLock { shapes -> Bool in
-            if shapes.contains(sql) { return true }
-            guard shapes.count < Self.maxCachedQueryShapes else { return false }
-            shapes.insert(sql)
-            return true
-        }
-        return cached ? try db.cachedStatement(sql: sql) : try db.makeStatement(sql: sql)
-    }
-
     /// Distinct query texts kept prepared per connection.
     static let maxCachedQueryShapes = 256
 
@@ -271,13 +225,8 @@ extension BlazeDatabase {
     public func count(collection: String, filter: Filter, budget: ReadBudget = .unbounded) throws -> Int {
         try Names.validateCollection(collection)
         let compiled = QueryCompiler.count(collection: collection, filter: filter)
-        let fast = try readers.read(budget: budget) { c -> Int in
-            return Int(try c.first(compiled.sql, compiled.values) { $0.int64(0) } ?? 0)
-        }
-        if let fast { return fast }
-        if budget == .inline { throw ReadBudgetExceeded() }
-        return try read { db in
-            try Int.fetchOne(try queryStatement(db, compiled.sql), arguments: compiled.arguments) ?? 0
+        return try connections.read(budget: budget) { c -> Int in
+            Int(try c.first(compiled.sql, compiled.values) { $0.int64(0) } ?? 0)
         }
     }
 

@@ -12,7 +12,7 @@ extension BlazeDatabase {
     /// Changes whose dependencies are missing are parked until those arrive. A malformed change rejects the batch.
     public func receive(_ changes: [Change]) throws -> ReceiveReport {
         for change in changes { try validate(change) }
-        return try pool.write { db in try self.receive(changes, in: db) }
+        return try connections.write { db in try self.receive(changes, in: db) }
     }
 
     /// `receive` inside the caller's write transaction (the changes are validated). `texts` holds, for changes that

@@ -12,7 +12,7 @@ extension BlazeDatabase {
     @discardableResult
     func truncateLog() throws -> Bool {
         for attempt in 0..<200 {
-            let busy = try pool.writeWithoutTransaction { db in
+            let busy = try connections.writeWithoutTransaction { db in
                 try Int.fetchOne(db, sql: "PRAGMA wal_checkpoint(TRUNCATE)") ?? 0
             }
             if busy == 0 { return true }
@@ -22,7 +22,7 @@ extension BlazeDatabase {
     }
 
     /// Prunes the durable feed to exactly its retention (`FeedPruner.trim`).
-    func trimFeed() throws { try feedPruner.trim(pool) }
+    func trimFeed() throws { try feedPruner.trim(connections) }
 }
 
 /// Where a database's bytes are.

@@ -4,7 +4,7 @@ import Foundation
 import GRDB
 import Synchronization
 
-/// One database: a SQLite file in WAL mode served through a GRDB `DatabasePool` (one writer, concurrent readers).
+/// One database: a SQLite file in WAL mode, talked to through its `DatabaseConnections` (one writer, one read pool).
 public final class BlazeDatabase: Sendable {
     /// The database name.
     public let name: String
@@ -14,15 +14,12 @@ public final class BlazeDatabase: Sendable {
     public let limits: StoreLimits
     /// This replica's node id (the author of its local changes).
     public let node: NodeID
-    let pool: DatabasePool
-    /// The connections request-path reads run on (GRDB's pool serves them when all are busy).
-    let readers: ReadConnections
+    /// The writer, the read connections and the checkpointer: every access to the SQLite file goes through it.
+    let connections: DatabaseConnections
     let clock: Mutex<HybridClock>
     let knownCollections = KnownCollections()
     /// The live change feed: committed changes, in commit order, for subscribers.
     public let feed: ChangeFeed
-    /// Runs WAL checkpoints off the writer's commit path.
-    let checkpointer: Checkpointer
     /// How stored states write stamp origins: the database's home node (kept in `meta`) as `0`.
     let coding: StampCoding
     /// The highest causal length of a tombstone compaction dropped here (0: none): a document this replica creates
@@ -31,8 +28,6 @@ public final class BlazeDatabase: Sendable {
     /// Group commit's state: the writes waiting for the next group, the scheduling, the savepoint fallback and the
     /// statistics (`BlazeDatabase+GroupCommit` runs the commits).
     let groupCommitter = GroupCommitter()
-    /// The query texts `queryStatement` keeps prepared.
-    let cachedQueryShapes = Mutex<Set<String>>([])
     /// The durable feed's retention: prunes its rows and moves the floor.
     let feedPruner: FeedPruner
     /// The committed version vector, so that a local write need not read `versions`.
@@ -43,27 +38,14 @@ public final class BlazeDatabase: Sendable {
         self.path = path
         self.limits = limits
         self.node = node
-        WALWriteBuffer.install()
         Self.removeLeftoverStaging(path: path)
-        var config = Configuration()
-        config.label = "blazedb.\(name)"
-        config.busyMode = .timeout(10)
-        pool = try DatabasePool(path: path, configuration: config)
-        readers = ReadConnections(path: path, maxStatements: Self.maxCachedQueryShapes + 8)
-        try Self.enableIncrementalVacuum(pool)
-        // Acknowledged writes are durable: fsync the WAL on every commit (ARCHITECTURE.md, "Storage"). Set on the
-        // single writer connection after the pool exists, because GRDB switches WAL databases to NORMAL while setting
-        // up.
-        try pool.writeWithoutTransaction { db in
-            try db.execute(sql: "PRAGMA synchronous = FULL; PRAGMA analysis_limit = \(Self.analysisLimit)")
-        }
-        try Schema.migrator.migrate(pool)
-        // The writer's commits sync the WAL (above), so its WAL writes may be gathered until that sync.
-        _ = pool.writeWithoutTransaction { db in WALWriteBuffer.enable(on: db.sqliteConnection!) }
+        connections = try DatabaseConnections(
+            path: path, label: "blazedb.\(name)", limits: limits, migrator: Schema.migrator, analysisLimit: Self.analysisLimit)
+        let connections = self.connections
         // The home origin is the node that first opened the database, kept with it: a copy of the file elsewhere
         // reads its states the same.
-        let stored = try pool.read { db in try String.fetchOne(db, sql: "SELECT value FROM meta WHERE key = 'stamp_home'") }
-        let home = try stored ?? pool.write { db -> String? in
+        let stored = try connections.read { db in try String.fetchOne(db, sql: "SELECT value FROM meta WHERE key = 'stamp_home'") }
+        let home = try stored ?? connections.write { db -> String? in
             try db.execute(sql: "INSERT OR IGNORE INTO meta(key, value) VALUES ('stamp_home', ?)", arguments: [node.hex])
             return try String.fetchOne(db, sql: "SELECT value FROM meta WHERE key = 'stamp_home'")
         }
@@ -72,22 +54,17 @@ public final class BlazeDatabase: Sendable {
         }
         coding = StampCoding(home: home)
         droppedCausalLength = Mutex(
-            try pool.read { db in
+            try connections.read { db in
                 try String.fetchOne(db, sql: "SELECT value FROM meta WHERE key = 'tombstone_cl_floor'").flatMap { Int64($0) } ?? 0
             })
-        let checkpointer = try Checkpointer(
-            path: path, threshold: limits.walCheckpointPages, hardLimit: limits.walMaxPages,
-            finishLimit: limits.walFinishPages, readers: readers)
-        self.checkpointer = checkpointer
-        pool.writeWithoutTransaction { checkpointer.install(on: $0) }
-        let last = try pool.read { db in
+        let last = try connections.read { db in
             // Compaction keeps the clock it had in `hlc_floor`: the changes that set it may be gone.
             let floor = try String.fetchOne(db, sql: "SELECT value FROM meta WHERE key = 'hlc_floor'").flatMap { UInt64($0) } ?? 0
             let logged = UInt64(bitPattern: try Int64.fetchOne(db, sql: "SELECT max(hlc) FROM changes WHERE hlc >= 0") ?? 0)
             return max(floor, logged)
         }
         clock = Mutex(HybridClock(last: HLC(raw: last)))
-        let (feedLast, feedFloor, lastTotal, floorTotal) = try pool.read { db in
+        let (feedLast, feedFloor, lastTotal, floorTotal) = try connections.read { db in
             let floor = try String.fetchOne(db, sql: "SELECT value FROM meta WHERE key = 'feed_floor'").flatMap { Int64($0) } ?? 0
             let floorTotal =
                 try String.fetchOne(db, sql: "SELECT value FROM meta WHERE key = 'feed_floor_total'").flatMap { Int64($0) } ?? 0
@@ -96,20 +73,10 @@ public final class BlazeDatabase: Sendable {
         }
         feed = ChangeFeed(last: feedLast, floor: feedFloor, lastTotal: lastTotal, floorTotal: floorTotal)
         feedPruner = FeedPruner(feed: feed, retention: limits.feedRetention)
-        try pool.write { db in
+        try connections.write { db in
             if try Int.fetchOne(db, sql: "SELECT count(*) FROM indexes") ?? 0 > 0 { try Self.analyze(db) }
         }
         try adoptUnreplicatedData()
-    }
-
-    /// Makes freed pages returnable (`PRAGMA auto_vacuum = INCREMENTAL`, which compaction uses): set before the first
-    /// table of a new file, and by one `VACUUM` for a file from before it.
-    static func enableIncrementalVacuum(_ pool: DatabasePool) throws {
-        try pool.writeWithoutTransaction { db in
-            guard try Int.fetchOne(db, sql: "PRAGMA auto_vacuum") != 2 else { return }
-            try db.execute(sql: "PRAGMA auto_vacuum = INCREMENTAL")
-            if try Int.fetchOne(db, sql: "PRAGMA page_count") ?? 0 > 0 { try db.execute(sql: "VACUUM") }
-        }
     }
 
     /// Wall-clock milliseconds.
@@ -157,7 +124,7 @@ public final class BlazeDatabase: Sendable {
     /// Blocks the calling thread until the commit (the daemon calls it from its I/O thread pool, never from an event
     /// loop).
     public func write<T>(_ body: (WriteTransaction) throws -> T) throws -> T {
-        try pool.writeWithoutTransaction { db in try localTransaction(db, body) }
+        try connections.writeWithoutTransaction { db in try localTransaction(db, body) }
     }
 
     /// Records what `body` writes as one local change in `storage`'s transaction, with its feed entry.
@@ -238,15 +205,13 @@ public final class BlazeDatabase: Sendable {
 
     /// Runs `body` on a read-only snapshot (WAL readers never wait for the writer).
     public func read<T>(_ body: (Database) throws -> T) throws -> T {
-        try pool.read(body)
+        try connections.read(body)
     }
 
-    /// Closes the connection pool; further use fails.
+    /// Closes the database's connections; further use fails.
     public func close() throws {
         feed.end(StoreError(.unavailable, kind: "shutting_down", "the daemon is shutting down"))
-        readers.close()
-        try pool.close()
-        try checkpointer.close()
+        try connections.close()
     }
 }
 

@@ -14,7 +14,7 @@ extension Compactor {
             return (row?[0] as Int64? ?? 0, row?[1] as Int64? ?? 0)
         }
         guard total > 0, unused > 1 << 20, unused * 4 > total else { return 0 }
-        let freed = try database.pool.writeWithoutTransaction { db in
+        let freed = try database.connections.writeWithoutTransaction { db in
             let before = try Int.fetchOne(db, sql: "PRAGMA page_count") ?? 0
             try db.execute(sql: "VACUUM")
             return max(0, before - (try Int.fetchOne(db, sql: "PRAGMA page_count") ?? 0))
@@ -27,7 +27,7 @@ extension Compactor {
     func vacuumFreePages(stepPages: Int) throws -> Int {
         var freed = 0
         while true {
-            let n = try database.pool.writeWithoutTransaction { db -> Int in
+            let n = try database.connections.writeWithoutTransaction { db -> Int in
                 let free = try Int.fetchOne(db, sql: "PRAGMA freelist_count") ?? 0
                 guard free > 0 else { return 0 }
                 try db.execute(sql: "PRAGMA incremental_vacuum(\(min(free, stepPages)))")

@@ -81,7 +81,7 @@ public struct Compactor: Sendable {
             return (out, seen)
         }
         while true {
-            let step = try database.pool.write { db in
+            let step = try database.connections.write { db in
                 try self.compactionStep(
                     db, stable: stable, tombstonesStable: tombstonesStable ?? stable, seen: seen, feedNeeds: feedNeeds, limit: stepRows)
             }
@@ -95,7 +95,7 @@ public struct Compactor: Sendable {
         while true {
             let (folds, next) = try database.read { db in try self.foldCandidates(db, stable: strict, after: cursor, scan: stepRows * 4) }
             if !folds.isEmpty {
-                total.folded += try database.pool.write { db in
+                total.folded += try database.connections.write { db in
                     var n = 0
                     for f in folds {
                         try db.execute(
@@ -115,7 +115,7 @@ public struct Compactor: Sendable {
         total.durationMs = Int64(Date().timeIntervalSince(started) * 1000)
         if total.rows > 0 || total.folded > 0 || total.pagesFreed > 0 {
             let text = total.jsonValue.jsonText
-            try database.pool.write { db in
+            try database.connections.write { db in
                 try db.execute(
                     sql: "INSERT INTO meta(key, value) VALUES ('last_compaction', ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value",
                     arguments: [text])

@@ -81,11 +81,11 @@ final class FeedPruner: Sendable {
         return (seq, upTo)
     }
 
-    /// Prunes the durable feed to exactly its retention in one write on `pool` (writes prune it in steps), and raises
-    /// the live feed's floor once that commits.
-    func trim(_ pool: DatabasePool) throws {
+    /// Prunes the durable feed to exactly its retention in one write on `connections` (writes prune it in steps), and
+    /// raises the live feed's floor once that commits.
+    func trim(_ connections: DatabaseConnections) throws {
         let feed = self.feed
-        try pool.write { db in
+        try connections.write { db in
             let (total, floorTotal) = feed.totals
             let (floor, newTotal) = try self.prune(db, total: total, floor: feed.floor, floorTotal: floorTotal)
             guard floor > feed.floor else { return }

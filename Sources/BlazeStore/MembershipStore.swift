@@ -37,7 +37,7 @@ public struct MembershipStore: Sendable {
     public func addMembershipOps(_ ops: [(hash: [UInt8], bytes: [UInt8])]) throws -> Int {
         guard !ops.isEmpty else { return 0 }
         let now = Int64(Date().timeIntervalSince1970 * 1000)
-        return try database.pool.write { db in
+        return try database.connections.write { db in
             var added = 0
             let insert = try db.cachedStatement(
                 sql: "INSERT OR IGNORE INTO sync_membership(hash, bytes, received_at) VALUES (?, ?, ?)")
@@ -53,7 +53,7 @@ public struct MembershipStore: Sendable {
     /// and cannot make one), the role it grants and its expiry.
     public func addInvite(id: [UInt8], verifier: [UInt8], role: String, expiresAtMs: Int64) throws {
         let now = Int64(Date().timeIntervalSince1970 * 1000)
-        try database.pool.write { db in
+        try database.connections.write { db in
             try db.execute(
                 sql: "INSERT INTO sync_invites(id, verifier, proof_version, role, created_at, expires_at) VALUES (?, ?, 2, ?, ?, ?)",
                 arguments: [Data(id), Data(verifier), role, now, expiresAtMs])
@@ -80,7 +80,7 @@ public struct MembershipStore: Sendable {
         id: [UInt8], proves: ([UInt8], Int) -> Bool, device: [UInt8], nowMs: Int64,
         admit: (String) throws -> (hash: [UInt8], bytes: [UInt8])
     ) throws -> String {
-        try database.pool.write { db in
+        try database.connections.write { db in
             guard
                 let row = try Row.fetchOne(
                     db, sql: "SELECT verifier, role, expires_at, used_at, proof_version FROM sync_invites WHERE id = ?",

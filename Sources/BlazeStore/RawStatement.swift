@@ -59,7 +59,7 @@ struct Blob: RawArgument {
 ///
 /// GRDB's argument boxing and per-statement bookkeeping cost about as much as SQLite's own work on a small row.
 /// These statements only insert, update or read rows inside a transaction that GRDB opened and will end (a write, or
-/// the sync log's read on the pool);
+/// the sync log's read through `DatabaseConnections.read`);
 /// the database has no GRDB observers of row changes (only commit hooks, which SQLite calls itself), so nothing
 /// that GRDB tracks is bypassed. Arguments are bound in place (SQLite copies none of them) for one run, which leaves
 /// the statement reset with no bindings, so no binding outlives the buffer it points into. Its SQL text must not

@@ -19,20 +19,26 @@ public enum ReadBudget: Sendable {
     case inline
 }
 
-/// The read-only connections that answer the request-path reads of one database (`doc.get`, `query.find`,
-/// `query.count`), opened and run through SQLite's C API.
+/// The read connections of one database: its one read pool, `slotCount` read-only GRDB `DatabaseQueue`s in slots.
 ///
-/// GRDB's reader pool hands a connection over through a dispatch queue and semaphores on every read; with two event
-/// loops reading at once that costs futex waits and context switches per request (measured: 2.4 futex calls per
-/// `doc.get` under 8 clients). Here each connection sits in a slot behind its own lock; a thread takes the first slot
-/// it finds free, starting from one chosen by its identity, so the threads that read all the time (the event loops)
-/// keep to their own connection without waiting. When every slot is busy the caller falls back to GRDB's pool.
+/// Request-path reads (`doc.get`, `query.find`, `query.count`: `read(budget:)`) use a slot's raw SQLite handle
+/// directly, with prepared statements, while holding the slot's lock. Handing a connection over through a dispatch
+/// queue and semaphores on every read, as GRDB's `read` does, cost futex waits and context switches per request with
+/// two event loops reading at once (measured: 2.4 futex calls per `doc.get` under 8 clients). A thread takes the first
+/// slot it finds free, starting from one chosen by its identity, so the threads that read all the time (the event
+/// loops) keep to their own connection without waiting. Other reads (`read { Database in … }`) run through the same
+/// slot's GRDB queue, in a transaction of their own. When every slot is busy a read waits for one to be freed (an
+/// inline-budgeted read throws `ReadBudgetExceeded` instead, for its caller to run it where it may wait).
+///
+/// GRDB does not mind its handle being used between its own calls: it keeps no transaction state of its own
+/// (`isInsideTransaction` asks SQLite) and checks only that no transaction is left open at the end of its own calls,
+/// which a GRDB read ensures by ending the raw snapshot first. The slot's lock serializes both uses.
 ///
 /// The connections map the database file into memory (`mmap_size`), so reading a page is a memory access instead of a
 /// `pread` into each connection's private cache. Each keeps its prepared statements (at most
-/// `BlazeDatabase.maxCachedQueryShapes` query shapes; others are prepared per run). They only read (`query_only`).
+/// `BlazeDatabase.maxCachedQueryShapes` query shapes; others are prepared per run). They only read (read-only open).
 ///
-/// Snapshots outlive one read while nothing commits. Starting and ending a read transaction takes and drops a WAL
+/// Snapshots outlive one fast read while nothing commits. Starting and ending a read transaction takes and drops a WAL
 /// read lock (two `fcntl` calls and a lock shared by every connection of the file): a connection instead keeps its
 /// read transaction open across reads, tagged with the database's commit count (`committed()`, called by the
 /// writer's WAL hook after every commit) when it began. A read whose tag is still the current count sees everything
@@ -43,7 +49,7 @@ public enum ReadBudget: Sendable {
 /// Every write is acknowledged after its commit returns, so after the WAL hook: a client that was told its write
 /// is done reads it, whichever connection answers.
 final class ReadConnections: Sendable {
-    /// Connection slots; more threads than this reading at once fall back to GRDB's pool.
+    /// Connection slots: the most reads that run at once on one database; more wait for a slot.
     static let slotCount = 6
     /// SQLite virtual-machine steps between two checks of a read's budget.
     static let progressPeriod: Int32 = 100
@@ -58,6 +64,10 @@ final class ReadConnections: Sendable {
     private let closed = Atomic<Bool>(false)
     /// Commits of the database since it was opened (`committed()`).
     private let commits = Atomic<UInt64>(0)
+    /// Reads waiting for a slot; a read that frees its slot wakes them when there are any.
+    private let waiting = Atomic<Int>(0)
+    /// Signalled when a slot is freed while reads wait.
+    private let freed = SlotSignal()
 
     /// Slots for the database file at `path` (opened lazily, on each slot's first use).
     init(path: String, maxStatements: Int) {
@@ -66,44 +76,74 @@ final class ReadConnections: Sendable {
         slots = (0..<Self.slotCount).map { _ in Slot() }
     }
 
-    /// Runs `body` on a free connection within `budget`; nil when every slot is busy (or the database is closed), for
-    /// the caller to read through GRDB's pool instead.
-    func read<T: Sendable>(budget: ReadBudget, _ body: (ReadConnection) throws -> T) throws -> T? {
-        guard !closed.load(ordering: .acquiring) else { return nil }
-        let first = Self.preferredSlot()
-        for k in 0..<slots.count {
-            let outcome = slots[(first + k) % slots.count].connection.withLockIfAvailable {
-                slot -> Result<T, any Error>? in
-                if closed.load(ordering: .acquiring) { return nil }
-                do {
-                    let connection: ReadConnection
-                    if let open = slot {
-                        connection = open
-                    } else {
-                        connection = try ReadConnection(path: path, maxStatements: maxStatements)
-                        slot = connection
-                    }
-                    connection.remaining = budget == .inline ? Self.inlineOpcodes / Int(Self.progressPeriod) : Int.max
-                    try connection.snapshot(current: commits.load(ordering: .acquiring))
-                    let result = Result { try body(connection) }
-                    if case .failure = result {
-                        connection.endSnapshot()
-                    } else {
-                        connection.endSnapshot(unlessCurrent: commits.load(ordering: .acquiring))
-                    }
-                    return result
-                } catch {
-                    return .failure(error)
-                }
+    /// Runs `body` on a connection's raw handle within `budget`, in a snapshot that has every acknowledged commit.
+    func read<T>(budget: ReadBudget, _ body: (ReadConnection) throws -> T) throws -> T {
+        var result: T?
+        try withConnection(wait: budget != .inline) { connection in
+            connection.remaining = budget == .inline ? Self.inlineOpcodes / Int(Self.progressPeriod) : Int.max
+            try connection.snapshot(current: commits.load(ordering: .acquiring))
+            do {
+                result = try body(connection)
+            } catch {
+                connection.endSnapshot()
+                throw error
             }
-            switch outcome {
-            case nil: continue  // busy: try the next slot
-            case .some(nil): return nil
-            case .some(.some(let result)): return try result.get()
+            connection.endSnapshot(unlessCurrent: commits.load(ordering: .acquiring))
+        }
+        return result!
+    }
+
+    /// Runs `body` through a connection's GRDB queue in a read transaction of its own, one snapshot throughout (the
+    /// raw snapshot is ended first: GRDB begins its own transaction, and one begun after the read was asked for has
+    /// every acknowledged commit).
+    func read<T>(_ body: (Database) throws -> T) throws -> T {
+        var result: T?
+        try withConnection(wait: true) { connection in
+            connection.endSnapshot()
+            connection.remaining = Int.max
+            result = try connection.queue.read { db in
+                // Takes the snapshot now, as GRDB's reader pool does: `BEGIN DEFERRED` alone takes none, and work
+                // that opens and closes its own (an online backup) would otherwise see another commit than the rest.
+                _ = try Int.fetchOne(db.cachedStatement(sql: "SELECT rootpage FROM sqlite_master LIMIT 1"))
+                return try body(db)
             }
         }
-        return nil
+        return result!
     }
+
+    /// Runs `body` with a free connection, opening it on first use; waits for a slot when every one is busy (unless
+    /// `wait` is false: then `ReadBudgetExceeded`).
+    private func withConnection(wait: Bool, _ body: (ReadConnection) throws -> Void) throws {
+        let first = Self.preferredSlot()
+        var waited = false
+        defer { if waited { waiting.subtract(1, ordering: .relaxed) } }
+        while true {
+            guard !closed.load(ordering: .acquiring) else { throw Self.closedError }
+            for k in 0..<slots.count {
+                let outcome = slots[(first + k) % slots.count].connection.withLockIfAvailable {
+                    slot -> Result<Void, any Error> in
+                    if closed.load(ordering: .acquiring) { return .failure(Self.closedError) }
+                    return Result {
+                        let connection = try slot ?? ReadConnection(path: path, maxStatements: maxStatements)
+                        slot = connection
+                        try body(connection)
+                    }
+                }
+                guard let outcome else { continue }  // busy: try the next slot
+                if waiting.load(ordering: .relaxed) > 0 { freed.signal() }
+                return try outcome.get()
+            }
+            guard wait else { throw ReadBudgetExceeded() }
+            if !waited {
+                waited = true
+                waiting.add(1, ordering: .relaxed)
+            }
+            freed.wait()
+        }
+    }
+
+    /// The error of a read after `close()`.
+    private static var closedError: DatabaseError { DatabaseError(resultCode: .SQLITE_MISUSE, message: "Connection is closed") }
 
     /// Counts a commit of the database (called by the writer after each one, before it is acknowledged).
     func committed() {
@@ -115,7 +155,7 @@ final class ReadConnections: Sendable {
         for slot in slots { slot.connection.withLockIfAvailable { $0?.endSnapshot() } }
     }
 
-    /// Closes every connection; later reads return nil (and the caller's pool reports the database closed).
+    /// Closes every connection; later reads fail.
     func close() {
         closed.store(true, ordering: .releasing)
         for slot in slots {
@@ -124,6 +164,7 @@ final class ReadConnections: Sendable {
                 connection = nil
             }
         }
+        freed.signal()
     }
 
     deinit {
@@ -139,11 +180,34 @@ final class ReadConnections: Sendable {
     private static func preferredSlot() -> Int { threadShard(slotCount) }
 }
 
+/// Wakes the reads that wait for a slot (they also look again every few milliseconds, so a wake-up that comes
+/// between a look and the wait costs that long at most).
+private final class SlotSignal: @unchecked Sendable {
+    private let condition = NSCondition()
+
+    /// Wakes every waiting read.
+    func signal() {
+        condition.lock()
+        condition.broadcast()
+        condition.unlock()
+    }
+
+    /// Waits until a slot is freed, or a few milliseconds.
+    func wait() {
+        condition.lock()
+        _ = condition.wait(until: Date(timeIntervalSinceNow: 0.002))
+        condition.unlock()
+    }
+}
+
 /// One read-only SQLite connection and its prepared statements.
 ///
 /// `@unchecked Sendable`: it lives in a `ReadConnections` slot and is used only while that slot's lock is held (the
 /// lock is the synchronization; the type system cannot see that a closure given the connection does not keep it).
 final class ReadConnection: @unchecked Sendable {
+    /// The GRDB queue that owns the connection: GRDB-style reads run through it.
+    let queue: DatabaseQueue
+    /// The queue's SQLite handle, used directly by the fast reads (only while the slot's lock is held).
     private var handle: OpaquePointer?
     private var statements: [String: OpaquePointer] = [:]
     private let maxStatements: Int
@@ -152,21 +216,20 @@ final class ReadConnection: @unchecked Sendable {
     /// Progress-handler calls left before the running statement is interrupted.
     fileprivate var remaining = Int.max
 
+    /// Opens a read-only connection to the database file at `path`.
     init(path: String, maxStatements: Int) throws {
         self.maxStatements = maxStatements
-        var db: OpaquePointer?
-        // Without SQLITE_OPEN_CREATE: opening never creates the file (a request still holding a dropped database
-        // must not bring it back). `query_only` below keeps the connection from writing.
-        let code = sqlite3_open_v2(path, &db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_NOMUTEX, nil)
-        guard code == SQLITE_OK, let db else {
-            let message = db.map { String(cString: sqlite3_errmsg($0)) } ?? "out of memory"
-            sqlite3_close_v2(db)
-            throw DatabaseError(resultCode: ResultCode(rawValue: code), message: message)
-        }
-        handle = db
+        var config = Configuration()
+        // Read-only: opening never creates the file (a request still holding a dropped database must not bring it
+        // back), and the connection cannot write.
+        config.readonly = true
+        config.label = "blazedb.read"
         // The writer waits at most this long for a lock; a reader in WAL mode waits only while the log restarts.
-        sqlite3_busy_timeout(db, 10_000)
-        try execute("PRAGMA query_only = 1; PRAGMA mmap_size = \(ReadConnections.mmapBytes)")
+        config.busyMode = .timeout(10)
+        queue = try DatabaseQueue(path: path, configuration: config)
+        let db = queue.inDatabase { $0.sqliteConnection }
+        handle = db
+        try execute("PRAGMA mmap_size = \(ReadConnections.mmapBytes)")
         sqlite3_progress_handler(db, ReadConnections.progressPeriod, progressCheck, Unmanaged.passUnretained(self).toOpaque())
     }
 
@@ -190,10 +253,12 @@ final class ReadConnection: @unchecked Sendable {
         _ = try? execute("COMMIT")
     }
 
+    /// Finalizes the prepared statements, ends the snapshot and closes the connection.
     fileprivate func close() {
         for (_, statement) in statements { sqlite3_finalize(statement) }
         statements = [:]
-        if let handle { sqlite3_close_v2(handle) }
+        endSnapshot()
+        if handle != nil { try? queue.close() }
         handle = nil
     }
 

@@ -85,7 +85,7 @@ extension BlazeDatabase {
         openEntry: ([UInt8]) throws -> Change
     ) throws -> ReceiveReport {
         let feed = self.feed
-        return try pool.write { db in
+        return try connections.write { db in
             func bad(_ what: String) -> StoreError { StoreError.invalid("bad_snapshot", "the snapshot holds \(what)") }
             // A chain head must agree with the entry held here at that place.
             for (origin, head) in heads {

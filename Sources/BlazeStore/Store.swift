@@ -131,7 +131,7 @@ public final class Store: Sendable {
                 dropped.feed.end(
                     StoreError(.notFound, kind: "database_dropped", "database \(Names.quoted(name)) was dropped"))
                 // No checkpoint may write into the files once they are gone.
-                try? dropped.checkpointer.close()
+                try? dropped.connections.checkpointer.close()
             }
             defer { listing.withLock { $0 = nil } }
             for suffix in ["", "-wal", "-shm"] where FileManager.default.fileExists(atPath: path + suffix) {

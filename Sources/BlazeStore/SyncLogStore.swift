@@ -23,7 +23,7 @@ public struct SyncLogStore: Sendable {
 
     /// Binds the database to a space; refuses to change an existing binding.
     public func setSpaceID(_ idHex: String) throws {
-        try database.pool.write { db in
+        try database.connections.write { db in
             if let current = try String.fetchOne(db, sql: "SELECT value FROM meta WHERE key = 'space_id'") {
                 guard current == idHex else {
                     throw StoreError(.alreadyExists, kind: "already_shared", "database \(database.name) already syncs in space \(current)")
@@ -67,7 +67,7 @@ public struct SyncLogStore: Sendable {
         var sealed = 0
         while true {
             // One transaction per batch: the writer is never held for a whole backlog.
-            let n = try database.pool.write { db -> Int in
+            let n = try database.connections.write { db -> Int in
                 // The chain continues from the last entry held, or from the last one pruned.
                 let last =
                     try Row.fetchOne(
@@ -187,7 +187,7 @@ public struct SyncLogStore: Sendable {
         precondition(texts.map { $0.count == changes.count } ?? true, "one text per change")
         let o = Data(origin.bytes)
         let firstSeq = entries[0].seq
-        return try database.pool.write { db in
+        return try database.connections.write { db in
             var outcome = BatchOutcome()
             var fresh: [Change] = []
             var freshTexts: [ChangeID: [UInt8]] = [:]
@@ -256,7 +256,7 @@ public struct SyncLogStore: Sendable {
     /// seq, or the same entry). The first evidence per origin is kept; from then on the origin is quarantined.
     public func recordForkEvidence(origin: NodeID, seq: UInt64, hash: [UInt8], otherHead: [UInt8]) throws -> Bool {
         let o = Data(origin.bytes)
-        return try database.pool.write { db in
+        return try database.connections.write { db in
             guard SyncBounds.isValidSeq(seq),
                 let held = try Data.fetchOne(
                     db, sql: "SELECT hash FROM sync_entries WHERE origin = ? AND seq = ?", arguments: [o, Int64(seq)]),

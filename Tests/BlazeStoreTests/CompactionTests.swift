@@ -169,7 +169,7 @@ func documentStates(_ db: BlazeDatabase, tombstones: Bool) throws -> [String: Do
         let report = try db.compact(stable: VersionVector([node: 6]))
         #expect(report.tombstones == 2)
         #expect(try db.read { try String.fetchAll($0, sql: "SELECT id FROM tombstones ORDER BY id") } == ["d2", "d3"])
-        try db.pool.write { try $0.execute(sql: "UPDATE tombstones SET del_origin = NULL, del_seq = NULL WHERE id = 'd2'") }
+        try db.connections.write { try $0.execute(sql: "UPDATE tombstones SET del_origin = NULL, del_seq = NULL WHERE id = 'd2'") }
         #expect(try db.compact(stable: try db.versionVector()).tombstones == 1)
         #expect(try db.read { try String.fetchAll($0, sql: "SELECT id FROM tombstones") } == ["d2"])
     }

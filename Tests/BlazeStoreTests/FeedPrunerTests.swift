@@ -29,7 +29,7 @@ import Testing
         let t = try TempStore(limits: Self.limits)
         let db = try Self.database(t, writes: 100)
         let pruner = db.feedPruner
-        let (floor, floorTotal) = try db.pool.write { try pruner.prune($0, total: 100, floor: 0, floorTotal: 0) }
+        let (floor, floorTotal) = try db.connections.write { try pruner.prune($0, total: 100, floor: 0, floorTotal: 0) }
         #expect(floor == 90 && floorTotal == 90)
         #expect(try db.read { try Int.fetchOne($0, sql: "SELECT count(*) FROM feed") } == 10)
         #expect(try db.read { try String.fetchOne($0, sql: "SELECT value FROM meta WHERE key = 'feed_floor'") } == "90")
@@ -43,7 +43,7 @@ import Testing
         let t = try TempStore(limits: Self.limits)
         let db = try Self.database(t, writes: 8)
         let pruner = db.feedPruner
-        let (floor, floorTotal) = try db.pool.write { try pruner.prune($0, total: 8, floor: 0, floorTotal: 0) }
+        let (floor, floorTotal) = try db.connections.write { try pruner.prune($0, total: 8, floor: 0, floorTotal: 0) }
         #expect(floor == 0 && floorTotal == 0)
         #expect(try db.read { try Int.fetchOne($0, sql: "SELECT count(*) FROM feed") } == 8)
     }
@@ -55,10 +55,10 @@ import Testing
         _ = try db.commit((0..<50).map { i in .insert(collection: "c", doc: ["_id": .string("b\(i)")]) })
         for i in 0..<5 { _ = try db.apply(.put(collection: "c", id: "s\(i)", doc: [:])) }
         let pruner = db.feedPruner
-        let kept = try db.pool.write { try pruner.prune($0, total: 55, floor: 0, floorTotal: 0) }
+        let kept = try db.connections.write { try pruner.prune($0, total: 55, floor: 0, floorTotal: 0) }
         #expect(kept.0 == 0 && kept.1 == 0)
         for i in 5..<10 { _ = try db.apply(.put(collection: "c", id: "s\(i)", doc: [:])) }
-        let moved = try db.pool.write { try pruner.prune($0, total: 60, floor: 0, floorTotal: 0) }
+        let moved = try db.connections.write { try pruner.prune($0, total: 60, floor: 0, floorTotal: 0) }
         #expect(moved.0 == 1 && moved.1 == 50)
     }
 
@@ -66,7 +66,7 @@ import Testing
     @Test func trimRaisesTheLiveFloor() throws {
         let t = try TempStore(limits: Self.limits)
         let db = try Self.database(t, writes: 40)
-        try db.feedPruner.trim(db.pool)
+        try db.feedPruner.trim(db.connections)
         #expect(db.feed.floor == 30 && db.feed.totals.floor == 30)
         #expect(try db.feedEntries(after: 30, limit: 100).count == 10)
     }

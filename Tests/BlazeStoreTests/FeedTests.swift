@@ -260,7 +260,7 @@ func summary(_ entries: [FeedEntry]) -> [String] {
         _ = try db.apply(.insert(collection: "c", doc: doc))
         _ = try db.apply(.patch(collection: "c", id: "a", set: ["v": 2]))
         // As earlier versions wrote them: pointing into the op log, and self-contained.
-        try db.pool.write {
+        try db.connections.write {
             try $0.execute(sql: #"UPDATE feed SET events = '{"e":[{"t":"insert","x":0}],"s":1}' WHERE seq = 1"#)
             try $0.execute(sql: #"UPDATE feed SET events = '[{"a":{"_id":"a","v":2},"b":{"_id":"a","v":1},"c":"c","i":"a","t":"update"}]' WHERE seq = 2"#)
         }
@@ -278,9 +278,9 @@ func summary(_ entries: [FeedEntry]) -> [String] {
         ]
         let good = try db.read { try String.fetchAll($0, sql: "SELECT events FROM feed ORDER BY seq") }
         for (seq, text) in bad {
-            try db.pool.write { try $0.execute(sql: "UPDATE feed SET events = ? WHERE seq = ?", arguments: [text, seq]) }
+            try db.connections.write { try $0.execute(sql: "UPDATE feed SET events = ? WHERE seq = ?", arguments: [text, seq]) }
             expectStoreError("corrupt_feed") { _ = try db.feedEntries(after: 0) }
-            try db.pool.write { try $0.execute(sql: "UPDATE feed SET events = ? WHERE seq = ?", arguments: [good[Int(seq) - 1], seq]) }
+            try db.connections.write { try $0.execute(sql: "UPDATE feed SET events = ? WHERE seq = ?", arguments: [good[Int(seq) - 1], seq]) }
         }
         #expect(try db.feedEntries(after: 0).count == 2)
     }

@@ -14,7 +14,7 @@ import Testing
     static func submitTogether(_ db: BlazeDatabase, _ ops: [WriteOp]) -> [Result<WriteResult, any Error>] {
         let outcomes = Mutex<[Int: Result<WriteResult, any Error>]>([:])
         let done = DispatchGroup()
-        db.pool.writeWithoutTransaction { _ in
+        db.connections.writeWithoutTransaction { _ in
             for (i, op) in ops.enumerated() {
                 done.enter()
                 db.submit(op) { r in
@@ -150,7 +150,7 @@ import Testing
         let results = Mutex<[String: Result<WriteResult, any Error>]>([:])
         let returned = DispatchSemaphore(value: 0)
         let answeredBeforeReturning = Mutex(false)
-        db.pool.writeWithoutTransaction { _ in
+        db.connections.writeWithoutTransaction { _ in
             // The writer is held here: this write's group commit is queued behind it.
             done.enter()
             db.submit(.insert(collection: "c", doc: ["_id": "queued"])) { r in
@@ -182,7 +182,7 @@ import Testing
         let db = try t.store.create("g")
         let done = DispatchGroup()
         let loneAnswered = DispatchSemaphore(value: 0)
-        db.pool.writeWithoutTransaction { _ in
+        db.connections.writeWithoutTransaction { _ in
             // With the writer held here, a write submitted "here" starts committing alone and waits for the writer.
             done.enter()
             Thread.detachNewThread {
@@ -277,7 +277,7 @@ import Testing
 extension BlazeDatabase {
     /// Whether the in-memory committed version vector is the `versions` table's.
     func committedVersionsMatchTheTable() throws -> Bool {
-        try pool.writeWithoutTransaction { db in
+        try connections.writeWithoutTransaction { db in
             let table = try Row.fetchAll(db, sql: "SELECT origin, seq FROM versions").map { (NodeID(hex: $0[0])!, UInt64($0[1] as Int64)) }
             return try committedVersions.value(db) == VersionVector(Dictionary(uniqueKeysWithValues: table))
         }

@@ -152,7 +152,7 @@ import Testing
         // The third change of `da` alone waits for the first two: it is parked.
         let fromA = try da.changes(since: VersionVector())
         #expect(try db.receive([fromA[2]]).parked == 1)
-        try db.pool.write { c in
+        try db.connections.write { c in
             try c.execute(
                 sql: "INSERT INTO sync_entries(origin, seq, hash, bytes) VALUES (?, 1, ?, ?)",
                 arguments: [Data(repeating: 1, count: 16), Data(repeating: 2, count: 32), Data(repeating: 3, count: 9000)])

@@ -1,13 +1,14 @@
 import BlazeCRDT
 import BlazeProtocol
 import Foundation
+import GRDB
 import Synchronization
 import Testing
 
 @testable import BlazeStore
 
-/// The request path's read connections: snapshots kept across reads see every acknowledged write, release before
-/// checkpoints, budgets that move long reads off the caller, and the fallback to GRDB's pool.
+/// The read connections (the database's one read pool): snapshots kept across reads see every acknowledged write,
+/// release before checkpoints, budgets that move long reads off the caller, and reads that wait for a busy pool.
 @Suite struct ReadConnectionTests {
     func text(_ db: BlazeDatabase, _ id: String) throws -> JSONValue {
         try JSONParser().parse(try db.getText(collection: "c", id: id))
@@ -123,7 +124,7 @@ import Testing
         #expect(try text(db, "d2-7")["n"] == .int(5007))
     }
 
-    @Test func whenEveryConnectionIsBusyReadsGoThroughThePool() throws {
+    @Test func whenEveryConnectionIsBusyReadsWaitForOne() throws {
         let t = try TempStore()
         let db = try t.store.create("r")
         _ = try db.apply(.put(collection: "c", id: "a", doc: ["v": .int(1)]))
@@ -133,7 +134,7 @@ import Testing
         for _ in 0..<ReadConnections.slotCount {
             holders.enter()
             Thread.detachNewThread {
-                _ = try? db.readers.read(budget: .unbounded) { _ in
+                _ = try? db.connections.read(budget: .unbounded) { _ in
                     inside.signal()
                     release.wait()
                 }
@@ -141,15 +142,94 @@ import Testing
             }
         }
         for _ in 0..<ReadConnections.slotCount { inside.wait() }
-        // Every slot is held: the fast path declines, the pool answers, and an inline-budgeted query is refused for
-        // its caller to run elsewhere.
-        #expect(try db.readers.read(budget: .unbounded) { _ in 1 } == nil)
-        #expect(try text(db, "a")["v"] == .int(1))
-        #expect(try db.count(collection: "c", filter: .all) == 1)
+        // Every slot is held: an inline-budgeted query is refused for its caller to run elsewhere, and the other reads
+        // wait until a slot is freed.
         #expect(throws: ReadBudgetExceeded.self) { _ = try db.count(collection: "c", filter: .all, budget: .inline) }
-        for _ in 0..<ReadConnections.slotCount { release.signal() }
+        let answered = Atomic<Int>(0)
+        let waiters = DispatchGroup()
+        waiters.enter()
+        Thread.detachNewThread {
+            defer { waiters.leave() }
+            if (try? db.getText(collection: "c", id: "a")) != nil { answered.add(1, ordering: .relaxed) }
+            if (try? db.read { try Int.fetchOne($0, sql: "SELECT count(*) FROM docs") }) == 1 { answered.add(1, ordering: .relaxed) }
+        }
+        Thread.sleep(forTimeInterval: 0.05)
+        #expect(answered.load(ordering: .relaxed) == 0)
+        release.signal()
+        waiters.wait()
+        #expect(answered.load(ordering: .relaxed) == 2)
+        for _ in 1..<ReadConnections.slotCount { release.signal() }
         holders.wait()
-        #expect(try db.readers.read(budget: .unbounded) { _ in 1 } == 1)
+        #expect(try db.connections.read(budget: .unbounded) { _ in 1 } == 1)
+    }
+
+    @Test func oneReadPoolServesMoreConcurrentReadsThanSlotsAndSeesEveryAcknowledgedWrite() throws {
+        let t = try TempStore()
+        let db = try t.store.create("r")
+        _ = try db.apply(.put(collection: "c", id: "a", doc: ["v": .int(0)]))
+        // Four times as many threads as slots read through GRDB and the fast path at once, while this thread writes:
+        // every read completes, and none misses a write acknowledged before it started.
+        let acknowledged = Atomic<Int64>(0)
+        let stop = Atomic<Bool>(false)
+        let stale = Atomic<Int>(0)
+        let failed = Atomic<Int>(0)
+        let reads = Atomic<Int>(0)
+        let readers = DispatchGroup()
+        for n in 0..<(4 * ReadConnections.slotCount) {
+            readers.enter()
+            Thread.detachNewThread {
+                defer { readers.leave() }
+                while !stop.load(ordering: .acquiring) {
+                    let floor = acknowledged.load(ordering: .acquiring)
+                    do {
+                        let v: Int64
+                        if n % 2 == 0 {
+                            v = try db.read { d in
+                                try String.fetchOne(d, sql: "SELECT body FROM docs WHERE id = 'a'")
+                                    .flatMap { try JSONParser().parse($0)["v"]?.intValue } ?? -1
+                            }
+                        } else {
+                            v = try JSONParser().parse(try db.getText(collection: "c", id: "a"))["v"]?.intValue ?? -1
+                        }
+                        if v < floor { stale.add(1, ordering: .relaxed) }
+                        reads.add(1, ordering: .relaxed)
+                    } catch {
+                        failed.add(1, ordering: .relaxed)
+                    }
+                }
+            }
+        }
+        for i in 1...100 {
+            _ = try db.apply(.put(collection: "c", id: "a", doc: ["v": .int(Int64(i))]))
+            acknowledged.store(Int64(i), ordering: .releasing)
+        }
+        stop.store(true, ordering: .releasing)
+        readers.wait()
+        #expect(stale.load(ordering: .relaxed) == 0)
+        #expect(failed.load(ordering: .relaxed) == 0)
+        #expect(reads.load(ordering: .relaxed) >= 4 * ReadConnections.slotCount)
+        // After the last acknowledged write, a read on every slot (each held in turn while the others are) sees it.
+        let seen = Mutex<[Int64]>([])
+        let hold = DispatchSemaphore(value: 0)
+        let held = DispatchSemaphore(value: 0)
+        let all = DispatchGroup()
+        for _ in 0..<ReadConnections.slotCount {
+            all.enter()
+            Thread.detachNewThread {
+                defer { all.leave() }
+                _ = try? db.connections.read(budget: .unbounded) { c in
+                    let text = try c.first(BlazeDatabase.documentSQL, ["c".databaseValue, "a".databaseValue]) { $0.textBytes(0) }
+                    let v = text.flatMap { $0 }.flatMap { try? JSONParser().parse($0)["v"]?.intValue } ?? -1
+                    seen.withLock { $0.append(v) }
+                    held.signal()
+                    hold.wait()
+                }
+            }
+        }
+        for _ in 0..<ReadConnections.slotCount { held.wait() }
+        for _ in 0..<ReadConnections.slotCount { hold.signal() }
+        all.wait()
+        #expect(seen.withLock { $0 } == Array(repeating: 100, count: ReadConnections.slotCount))
     }
 
     @Test func aReadOnADroppedDatabaseDoesNotBringItsFileBack() throws {
@@ -171,7 +251,8 @@ import Testing
         _ = try db.apply(.put(collection: "c", id: "a", doc: ["v": .int(1)]))
         #expect(try text(db, "a")["v"] == .int(1))
         try db.close()
-        #expect(try db.readers.read(budget: .unbounded) { _ in 1 } == nil)
+        #expect(throws: (any Error).self) { _ = try db.connections.read(budget: .unbounded) { _ in 1 } }
+        #expect(throws: (any Error).self) { _ = try db.read { _ in 1 } }
         #expect(throws: (any Error).self) { _ = try db.getText(collection: "c", id: "a") }
     }
 }

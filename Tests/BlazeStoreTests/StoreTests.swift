@@ -95,7 +95,7 @@ func expectStoreError(_ kind: String, _ body: () throws -> Void) {
         let t = try TempStore()
         let db = try t.store.create("db")
         // A synchronous closure, so that GRDB's synchronous write is chosen inside this async test.
-        let pragmas: () throws -> (String?, Int?) = { try db.pool.write { db in
+        let pragmas: () throws -> (String?, Int?) = { try db.connections.write { db in
             (try String.fetchOne(db, sql: "PRAGMA journal_mode"), try Int.fetchOne(db, sql: "PRAGMA synchronous"))
         } }
         let (mode, sync) = try pragmas()

@@ -124,7 +124,7 @@ enum StoreReplication {
 extension BlazeDatabase {
     /// Whether the in-memory committed version vector is the `versions` table's.
     func committedVersionsMatchTheTable() throws -> Bool {
-        try pool.writeWithoutTransaction { db in
+        try connections.writeWithoutTransaction { db in
             let table = try Row.fetchAll(db, sql: "SELECT origin, seq FROM versions").map { (NodeID(hex: $0[0])!, UInt64($0[1] as Int64)) }
             return try committedVersions.value(db) == VersionVector(Dictionary(uniqueKeysWithValues: table))
         }
