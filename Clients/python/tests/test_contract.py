@@ -224,6 +224,26 @@ def test_every_method_succeeds_and_fails_as_documented(client, daemon):
     err(c, "db.compact", -32010, "database_not_found", db="missing")
     err(c, "db.compact", -32602, db=5)
     err(c, "db.info", -32602, "invalid_name", db="../x")
+    blob_path = os.path.join(daemon.dir, "blob.bin")
+    with open(blob_path, "wb") as f:
+        f.write(os.urandom(300_000))
+    put = ok(c, "blob.put", db="app", path=blob_path, type="application/octet-stream")
+    blob = put["blob"]["id"]
+    err(c, "blob.put", -32602, "invalid_path", db="app", path="relative")
+    err(c, "blob.put", -32010, "file_not_found", db="app", path=blob_path + ".none")
+    upload = ok(c, "blob.upload", db="app")["upload"]
+    err(c, "blob.upload", -32010, "database_not_found", db="missing")
+    assert ok(c, "blob.append", db="app", upload=upload, data=base64.b64encode(b"hello").decode())["size"] == 5
+    err(c, "blob.append", -32602, "invalid_data", db="app", upload=upload, data="not base64!")
+    assert ok(c, "blob.finish", db="app", upload=upload)["blob"]["size"] == 5
+    err(c, "blob.finish", -32010, "upload_not_found", db="app", upload=upload)
+    assert base64.b64decode(ok(c, "blob.read", db="app", blob=blob, offset=10, length=4)["data"]) == open(blob_path, "rb").read()[10:14]
+    err(c, "blob.read", -32012, "too_large", db="app", blob=blob, length=5 << 20)
+    assert ok(c, "blob.stat", db="app", blob=blob)["heldBytes"] == 300_000
+    err(c, "blob.stat", -32010, "blob_not_found", db="app", blob="ab" * 32)
+    copy_path = os.path.join(daemon.dir, "blob.copy")
+    assert ok(c, "blob.get", db="app", blob=blob, path=copy_path)["bytes"] == 300_000
+    err(c, "blob.get", -32011, "file_exists", db="app", blob=blob, path=copy_path)
     ok(c, "db.drop", db="app")
     err(c, "db.drop", -32010, "database_not_found", db="app")
     err(c, "daemon.info", -32602, bogus=1)
