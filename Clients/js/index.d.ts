@@ -23,7 +23,7 @@ export type Event = { "seq": FeedSequence; "collection": CollectionName; "id": D
 export type SpaceId = string;
 export type ShareToken = string;
 export type PeerAddress = string;
-export type PeerStatus = { "peer": string; "direction": "outbound" | "inbound" | "folder"; "connected": boolean; "connections": number; "devices": Array<NodeId>; "lastDevice": string | null; "lastSyncMs": number | null; "sentEntries": number; "receivedEntries": number; "sentBytes": number; "receivedBytes": number; "peerBehind": number; "selfBehind": number; "errors": number; "lastError": string | null; "rejected": Record<string, number>; "snapshotsSent": number; "snapshotsInstalled": number };
+export type PeerStatus = { "peer": string; "direction": "outbound" | "inbound" | "folder"; "connected": boolean; "connections": number; "devices": Array<NodeId>; "lastDevice": string | null; "lastSyncMs": number | null; "sentEntries": number; "receivedEntries": number; "sentBytes": number; "receivedBytes": number; "peerBehind": number; "selfBehind": number; "errors": number; "lastError": string | null; "rejected": Record<string, number>; "snapshotsSent": number; "snapshotsInstalled": number; "chunksSent": number; "chunksReceived": number; "chunkBytesReceived": number };
 export type ForkEvidence = { "origin": NodeId; "seq": number; "heldHash": string; "otherHash": string; "detectedAtMs": number };
 export type MemberRole = "admin" | "writer" | "reader";
 export type Member = { "device": NodeId; "role": MemberRole; "addedBy": string | null; "addedAtMs": number; "removedBy": string | null; "removedAtMs": number | null; "thisDevice": boolean };
@@ -214,10 +214,10 @@ export type BlobReadResult = { "data": string; "offset": number; "bytes": number
 export interface BlobGetParams { "db": DatabaseName; "blob": BlobId; "path": string }
 /** Result of `blob.get`. */
 export type BlobGetResult = { "path": string; "bytes": number };
-/** Parameters of `blob.stat`: A blob's size and chunks, and which of them this device holds. */
+/** Parameters of `blob.stat`: A blob's size and chunks, which of them this device holds, and how many are being fetched. */
 export interface BlobStatParams { "db": DatabaseName; "blob": BlobId }
 /** Result of `blob.stat`. */
-export type BlobStatResult = { "id": BlobId; "size": number; "chunks": number; "heldChunks": number; "heldBytes": number };
+export type BlobStatResult = { "id": BlobId; "size": number; "chunks": number; "heldChunks": number; "heldBytes": number; "fetchingChunks": number };
 
 /** Parameters of `peer.add`: Adds a peer to sync a shared database with, and connects to it. */
 export interface PeerAddParams { "db": DatabaseName; "address": PeerAddress }

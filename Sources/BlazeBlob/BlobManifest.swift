@@ -1,3 +1,5 @@
+import BlazeProtocol
+
 /// The list of a blob's chunks, in order, with their lengths: what a blob is, stored and sent as a chunk of its own.
 ///
 /// A blob's id is the id of its manifest chunk, so it is keyed per space like every chunk, names the whole content

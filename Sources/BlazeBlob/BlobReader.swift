@@ -1,3 +1,5 @@
+import BlazeProtocol
+
 /// Reads a blob out of a chunk store: its manifest, then ranges of its content a chunk at a time.
 public struct BlobReader: Sendable {
     /// Where the chunks are.

@@ -1,3 +1,4 @@
+import BlazeProtocol
 import Dispatch
 #if canImport(Glibc)
 import Glibc

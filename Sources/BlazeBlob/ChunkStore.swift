@@ -1,3 +1,4 @@
+import BlazeProtocol
 import Foundation
 
 #if canImport(Glibc)

@@ -2,58 +2,6 @@ import BlazeProtocol
 import Crypto
 import Foundation
 
-/// A chunk's id: HMAC-SHA256 of its content under its space's chunk-id key, so equal content has one id within a
-/// space, and nobody without that key can tell which content an id names or link equal files across spaces.
-public struct ChunkID: Hashable, Comparable, Sendable, CustomStringConvertible {
-    /// The id's bytes.
-    public let bytes: [UInt8]
-    /// Length of an id in bytes.
-    public static let count = 32
-
-    /// An id from bytes that came from outside (a document, a peer, a file name); nil unless they are 32 bytes.
-    public init?(bytes: [UInt8]) {
-        guard bytes.count == Self.count else { return nil }
-        self.bytes = bytes
-    }
-
-    /// An id from 64 lowercase hex digits; nil for anything else.
-    public init?(hex: String) {
-        guard hex.utf8.count == Self.count * 2, let bytes = Self.unhex(hex) else { return nil }
-        self.bytes = bytes
-    }
-
-    /// The id as 64 lowercase hex digits (how it appears in file names and documents).
-    public var hex: String { bytes.map { String(format: "%02x", $0) }.joined() }
-
-    /// The id as hex.
-    public var description: String { hex }
-
-    /// Orders ids by their bytes.
-    public static func < (a: ChunkID, b: ChunkID) -> Bool { a.bytes.lexicographicallyPrecedes(b.bytes) }
-
-    /// The bytes of lowercase hex digits; nil for an odd count or any other character.
-    private static func unhex(_ hex: String) -> [UInt8]? {
-        var out: [UInt8] = []
-        out.reserveCapacity(hex.utf8.count / 2)
-        var high: UInt8?
-        for c in hex.utf8 {
-            let v: UInt8
-            switch c {
-            case UInt8(ascii: "0")...UInt8(ascii: "9"): v = c - UInt8(ascii: "0")
-            case UInt8(ascii: "a")...UInt8(ascii: "f"): v = c - UInt8(ascii: "a") + 10
-            default: return nil
-            }
-            if let h = high {
-                out.append(h << 4 | v)
-                high = nil
-            } else {
-                high = v
-            }
-        }
-        return high == nil ? out : nil
-    }
-}
-
 /// The keys the blobs of one space are chunked and named with, derived from the space's epoch-1 secret (which every
 /// member holds and a relay never does). They do not change when the space's key rotates, so a file put before and
 /// after a revocation shares its chunks; the chunks' contents are sealed with the epoch keys (`SealedChunk`).
@@ -84,20 +32,13 @@ public struct BlobKeys: Sendable {
 
     /// The id of a chunk with `content`.
     public func id(of content: UnsafeRawBufferPointer) -> ChunkID {
-        ChunkID(checked: Array(HMAC<SHA256>.authenticationCode(for: content, using: SymmetricKey(data: idKey))))
+        ChunkID(bytes: Array(HMAC<SHA256>.authenticationCode(for: content, using: SymmetricKey(data: idKey))))!
     }
 
     /// The id of a chunk with `content`.
     public func id(of content: [UInt8]) -> ChunkID { content.withUnsafeBytes { id(of: $0) } }
 }
 
-extension ChunkID {
-    /// An id from 32 bytes this process computed.
-    fileprivate init(checked bytes: [UInt8]) {
-        precondition(bytes.count == Self.count)
-        self.bytes = bytes
-    }
-}
 
 /// A chunk as it travels and as relays and folders hold it: its content sealed with an epoch key of its space.
 ///

@@ -27,6 +27,10 @@ public struct SpaceKey: Sendable, Equatable {
     private let entryKeys: [Epoch: [[UInt8]]]
     /// The entry key new entries are sealed with.
     private let sealingKey: [UInt8]?
+    /// Every secret held per epoch (several after concurrent rotations): what chunks are opened with.
+    private let ring: [Epoch: [[UInt8]]]
+    /// The secret of the epoch new entries and chunks are sealed with; nil when this device holds none.
+    public let sealingSecret: [UInt8]?
     private let authKeyBytes: [UInt8]
 
     static func derive(_ label: String, id: SpaceID, epoch: Epoch, _ secret: [UInt8]) -> [UInt8] {
@@ -52,6 +56,8 @@ public struct SpaceKey: Sendable, Equatable {
         self.entryKeys = Dictionary(
             uniqueKeysWithValues: secrets.map { ($0.key, [Self.derive("blazedb entry key v1", id: id, epoch: $0.key, $0.value)]) })
         self.sealingKey = entryKeys[epoch]![0]
+        self.ring = secrets.mapValues { [$0] }
+        self.sealingSecret = current
         self.authKeyBytes = Self.derive("blazedb peer auth v1", id: id, epoch: secrets[1] == nil ? epoch : 1, secrets[1] ?? current)
     }
 
@@ -67,20 +73,25 @@ public struct SpaceKey: Sendable, Equatable {
         self.authKeyBytes = capability
         var keys: [Epoch: [[UInt8]]] = [:]
         var secrets: [Epoch: [UInt8]] = [:]
+        var held: [Epoch: [[UInt8]]] = [:]
         for (e, secret) in ring {
             let k = Self.derive("blazedb entry key v1", id: id, epoch: e, secret)
             if !(keys[e]?.contains(k) ?? false) { keys[e, default: []].append(k) }
             if secrets[e] == nil { secrets[e] = secret }
+            if !(held[e]?.contains(secret) ?? false) { held[e, default: []].append(secret) }
         }
         if let current {
             let k = Self.derive("blazedb entry key v1", id: id, epoch: epoch, current)
             if !(keys[epoch]?.contains(k) ?? false) { keys[epoch, default: []].insert(k, at: 0) }
+            if !(held[epoch]?.contains(current) ?? false) { held[epoch, default: []].insert(current, at: 0) }
             self.sealingKey = k
             self.epoch = epoch
         } else {
             self.sealingKey = nil
             self.epoch = 0
         }
+        self.ring = held
+        self.sealingSecret = current
         self.secrets = secrets
         self.entryKeys = keys
     }
@@ -129,6 +140,16 @@ public struct SpaceKey: Sendable, Equatable {
     public func entryKeys(epoch: Epoch) -> [SymmetricKey] {
         (entryKeys[epoch] ?? []).map { SymmetricKey(data: $0) }
     }
+
+    /// The epoch and secret chunks are sealed with when they leave this device: the current one, or for a device that
+    /// cannot seal entries (a reader) the newest it holds; nil when it holds none.
+    public var chunkSealing: (epoch: Epoch, secret: [UInt8])? {
+        if let sealingSecret { return (epoch, sealingSecret) }
+        return ring.max { $0.key < $1.key }.flatMap { e in e.value.first.map { (e.key, $0) } }
+    }
+
+    /// Every secret this device holds for `epoch` (several after concurrent rotations), empty for an unknown epoch.
+    public func secrets(epoch: Epoch) -> [[UInt8]] { ring[epoch] ?? [] }
 
     /// How many entry keys this key ring holds, over all epochs (it grows when keys are delivered).
     public var entryKeyCount: Int { entryKeys.values.reduce(0) { $0 + $1.count } }

@@ -63,4 +63,6 @@ public enum SyncRejection: String, Error, Sendable, CaseIterable {
     case badAck = "bad_ack"
     /// A snapshot's signature, author, parts or content do not verify (SYNC.md §11).
     case badSnapshot = "bad_snapshot"
+    /// A blob chunk that was not asked for, or whose seal, size or content does not match its id.
+    case badChunk = "bad_chunk"
 }

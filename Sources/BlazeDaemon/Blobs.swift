@@ -1,7 +1,9 @@
 import BlazeBlob
 import BlazeProtocol
 import BlazeStore
+import BlazeSync
 import Foundation
+import NIOPosix
 import Synchronization
 
 #if canImport(Glibc)
@@ -29,10 +31,10 @@ final class Blobs: Sendable {
     let maxBlobBytes: Int
     /// Whether a connection is still open (an upload is only started for an open one).
     private let isOpen: @Sendable (Int) -> Bool
-    /// Whether a database handle is still the open one under its name (a dropped one gets no chunk store).
-    private let isCurrent: @Sendable (BlazeDatabase) -> Bool
-    /// Chunk stores by database name, with the database they were opened for.
-    private let stores = Mutex<[String: (db: ObjectIdentifier, store: ChunkStore)]>([:])
+    /// Every database's chunk store (the sync engine's: sessions serve and fetch chunks from the same stores).
+    let stores: ChunkStores
+    /// The I/O pool, where reads that waited for chunks run.
+    let pool: NIOThreadPool
     /// Uploads in progress by id.
     private let uploads = Mutex<[String: Upload]>([:])
     /// The number of the next upload id.
@@ -62,36 +64,17 @@ final class Blobs: Sendable {
         let storedBytes: Int
     }
 
-    /// Blobs of at most `maxBlobBytes` bytes; `isOpen` tells whether a connection id is still open, `isCurrent`
-    /// whether a database handle is still the open one under its name.
-    init(maxBlobBytes: Int, isOpen: @escaping @Sendable (Int) -> Bool, isCurrent: @escaping @Sendable (BlazeDatabase) -> Bool) {
+    /// Blobs of at most `maxBlobBytes` bytes kept in `stores`, read on `pool`; `isOpen` tells whether a connection id
+    /// is still open.
+    init(maxBlobBytes: Int, stores: ChunkStores, pool: NIOThreadPool, isOpen: @escaping @Sendable (Int) -> Bool) {
         self.maxBlobBytes = maxBlobBytes
+        self.stores = stores
+        self.pool = pool
         self.isOpen = isOpen
-        self.isCurrent = isCurrent
-    }
-
-    /// The directory of `db`'s chunks.
-    static func directory(of db: BlazeDatabase) -> String {
-        (db.path.hasSuffix(Store.fileSuffix) ? String(db.path.dropLast(Store.fileSuffix.count)) : db.path) + ".blobs"
     }
 
     /// The chunk store of `db`, opened (and created) on first use.
-    ///
-    /// Made under the lock, once per database: opening a store removes the temporary files a crashed put left, which
-    /// must never be those of a put running now. A database dropped meanwhile gets none (its directory is gone).
-    func store(for db: BlazeDatabase) throws -> ChunkStore {
-        let key = ObjectIdentifier(db)
-        return try stores.withLock { stores in
-            if let held = stores[db.name], held.db == key { return held.store }
-            guard isCurrent(db) else {
-                throw StoreError(.notFound, kind: "database_not_found", "database \(db.name) was dropped")
-            }
-            let store: ChunkStore
-            do { store = try ChunkStore(directory: Self.directory(of: db)) } catch { throw Self.storeError(error) }
-            stores[db.name] = (key, store)
-            return store
-        }
-    }
+    func store(for db: BlazeDatabase) throws -> ChunkStore { try stores.store(for: db) }
 
     /// Ends the uploads of connection `connection` (it closed).
     func dropUploads(connection: Int) {
@@ -100,11 +83,7 @@ final class Blobs: Sendable {
 
     /// Forgets database `name` and removes its chunks (it was dropped).
     func forget(db name: String, directory: String) {
-        stores.withLock { stores in
-            stores[name] = nil
-            // Under the lock: no store is made for the dropped handle meanwhile (`store(for:)` checks it is current).
-            try? FileManager.default.removeItem(atPath: directory)
-        }
+        stores.forget(db: name, directory: directory)
         uploads.withLock { $0 = $0.filter { $0.value.db != name } }
     }
 
@@ -221,32 +200,6 @@ final class Blobs: Sendable {
         }
     }
 
-    /// The manifest of blob `id` of `db`, or `blob_not_found`.
-    func manifest(db: BlazeDatabase, blob id: String) throws -> (ChunkID, BlobManifest, BlobReader) {
-        guard let chunk = ChunkID(hex: id) else {
-            throw StoreError(.invalidArgument, kind: "invalid_blob", "a blob id is 64 lowercase hex digits, got \"\(id.prefix(80))\"")
-        }
-        let reader = BlobReader(store: try store(for: db), maxSize: maxBlobBytes)
-        do {
-            guard let manifest = try reader.manifest(chunk) else {
-                throw StoreError(.notFound, kind: "blob_not_found", "no blob \(id) in database \(db.name)")
-            }
-            return (chunk, manifest, reader)
-        } catch {
-            throw Self.storeError(error)
-        }
-    }
-
     /// A chunk store failure as a store error: a full disk says so.
-    static func storeError(_ error: any Error) -> StoreError {
-        if let error = error as? StoreError { return error }
-        guard let error = error as? ChunkStoreError else { return StoreError(.internalFailure, kind: "internal", "\(error)") }
-        switch error.reason {
-        case .system(let code) where code == ENOSPC || code == EDQUOT:
-            return StoreError(.limitExceeded, kind: "disk_full", error.description)
-        case .limit: return StoreError(.limitExceeded, kind: "blob_too_large", error.description)
-        case .missing: return StoreError(.notFound, kind: "chunk_not_held", error.description)
-        case .invalid, .system: return StoreError(.internalFailure, kind: "internal", error.description)
-        }
-    }
+    static func storeError(_ error: any Error) -> StoreError { ChunkStores.storeError(error) }
 }

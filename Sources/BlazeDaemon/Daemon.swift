@@ -51,10 +51,9 @@ public final class Daemon: Service, Sendable {
             group: MultiThreadedEventLoopGroup.singleton, pool: pool, logger: logger,
             timeout: .milliseconds(Int64(config.syncTimeoutMs)), retryMaxMs: config.syncRetryMaxMs,
             listenerLimits: config.syncListenerLimits,
-            tlsTrustRoots: config.syncTLSTrustRoots, folderOptions: config.folderOptions)
+            tlsTrustRoots: config.syncTLSTrustRoots, folderOptions: config.folderOptions, chunkPool: transferPool)
         self.blobs = Blobs(
-            maxBlobBytes: config.maxBlobBytes, isOpen: { [connections] in connections.isOpen($0) },
-            isCurrent: { [store] in store.isCurrent($0) })
+            maxBlobBytes: config.maxBlobBytes, stores: sync.chunkStores, pool: pool, isOpen: { [connections] in connections.isOpen($0) })
         if let name = config.defaultDatabase, (try? store.database(name)) == nil {
             _ = try store.create(name)
         }

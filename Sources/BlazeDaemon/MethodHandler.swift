@@ -1,5 +1,7 @@
 import BlazeProtocol
 import BlazeStore
+import Dispatch
+import Synchronization
 
 /// How the daemon runs one method: its typed parameters in, its typed result out (types generated from the
 /// protocol document, `RPC.*`), and whether it may run on the event loop.
@@ -59,6 +61,33 @@ struct MethodHandler: Sendable {
         }
         self.text = text
         self.run = { raw, context in try JSONParser(maxDepth: 10_000).parse(try text(raw, context)) }
+    }
+
+    /// A method that may answer later without holding a thread meanwhile (a blob read waiting for chunks from peers):
+    /// `body` checks the params on the event loop and calls its reply exactly once, from any thread. Inside a batch
+    /// the pool thread running the batch waits for the reply, and `body` is told to answer on it
+    /// (`RequestContext.answersInline`).
+    init<P: RPCParameters>(
+        deferred params: P.Type,
+        _ body: @escaping @Sendable (P, RequestContext, @escaping @Sendable (Result<P.Result, any Error>) -> Void) throws -> Void
+    ) {
+        self.runsInline = false
+        self.text = nil
+        self.run = { raw, context in
+            let outcome = Mutex<Result<P.Result, any Error>?>(nil)
+            let answered = DispatchSemaphore(value: 0)
+            var inline = context
+            inline.answersInline = true
+            try body(try P(validating: raw), inline) { result in
+                outcome.withLock { $0 = result }
+                answered.signal()
+            }
+            answered.wait()
+            return P.encode(try outcome.withLock { $0! }.get())
+        }
+        self.submit = { raw, context, _, reply in
+            try body(try P(validating: raw), context) { result in reply(result.map { P.encode($0) }) }
+        }
     }
 
     /// A single-operation write: `body` names the database and the operation and turns the store's result into the

@@ -32,9 +32,8 @@ extension Methods {
         return putResult(try ctx.blobs.finish(upload: p.upload, db: p.db, connection: ctx.connectionID))
     }
 
-    static let blobRead = MethodHandler(RPC.BlobRead.self) { p, ctx in
+    static let blobRead = MethodHandler(deferred: RPC.BlobRead.self) { p, ctx, reply in
         let db = try ctx.database(p.db)
-        let (_, manifest, reader) = try ctx.blobs.manifest(db: db, blob: p.blob)
         let offset = p.offset ?? 0
         let length = p.length ?? Blobs.maxReadBytes
         guard offset >= 0, length >= 0 else {
@@ -43,32 +42,45 @@ extension Methods {
         guard length <= Blobs.maxReadBytes else {
             throw StoreError(.limitExceeded, kind: "too_large", "blob.read returns at most \(Blobs.maxReadBytes) bytes per call")
         }
-        var data: [UInt8] = []
-        do {
-            try reader.read(manifest, offset: offset, length: length) { data += $0 }
-        } catch {
-            throw Blobs.storeError(error)
-        }
-        return .init(data: Data(data).base64EncodedString(), offset: offset, bytes: data.count, size: manifest.size)
+        // The chunks the range covers are fetched from peers when this device lacks them; no thread waits meanwhile.
+        ctx.blobs.whenHeld(
+            db: db, blob: p.blob, sync: ctx.sync, inline: ctx.answersInline,
+            needed: { manifest in manifest.pieces(overlapping: offset, length: length).map { $0.piece.id } }
+        ) { _, manifest, reader in
+            var data: [UInt8] = []
+            try Blobs.mapped { try reader.read(manifest, offset: offset, length: length) { data += $0 } }
+            return RPC.BlobRead.Result(data: Data(data).base64EncodedString(), offset: offset, bytes: data.count, size: manifest.size)
+        } done: { reply($0) }
     }
 
     static let blobGet = MethodHandler(RPC.BlobGet.self) { p, ctx in
         let db = try ctx.database(p.db)
-        let (_, manifest, reader) = try ctx.blobs.manifest(db: db, blob: p.blob)
+        // Every chunk this device lacks is fetched (and kept) before the file is written.
+        let (_, manifest, reader) = try ctx.blobs.fetchWhole(db: db, blob: p.blob, sync: ctx.sync)
         try writeNewFile(p.path) { fd in try reader.copy(manifest, to: fd) }
         return .init(path: p.path, bytes: manifest.size)
     }.onTransferPool()
 
-    static let blobStat = MethodHandler(RPC.BlobStat.self) { p, ctx in
+    static let blobStat = MethodHandler(deferred: RPC.BlobStat.self) { p, ctx, reply in
         let db = try ctx.database(p.db)
-        let (id, manifest, reader) = try ctx.blobs.manifest(db: db, blob: p.blob)
-        var held = 0
-        var heldBytes = 0
-        for piece in manifest.pieces where reader.store.contains(piece.id) {
-            held += 1
-            heldBytes += piece.length
-        }
-        return .init(id: id.hex, size: manifest.size, chunks: manifest.pieces.count, heldChunks: held, heldBytes: heldBytes)
+        // The manifest is fetched when this device lacks it; the chunks are not.
+        let sync = ctx.sync
+        ctx.blobs.whenHeld(db: db, blob: p.blob, sync: sync, inline: ctx.answersInline, needed: { _ in [] }) { id, manifest, reader in
+            var held = 0
+            var heldBytes = 0
+            var missing: [ChunkID] = []
+            for piece in manifest.pieces {
+                if reader.store.contains(piece.id) {
+                    held += 1
+                    heldBytes += piece.length
+                } else {
+                    missing.append(piece.id)
+                }
+            }
+            return RPC.BlobStat.Result(
+                id: id.hex, size: manifest.size, chunks: manifest.pieces.count, heldChunks: held, heldBytes: heldBytes,
+                fetchingChunks: sync.chunksBeingFetched(db: db, among: missing))
+        } done: { reply($0) }
     }
 
     /// The result of `blob.put` and `blob.finish`.

@@ -1,5 +1,6 @@
 import BlazeProtocol
 import BlazeStore
+import BlazeSync
 
 /// Databases and collections.
 extension Methods {
@@ -31,7 +32,7 @@ extension Methods {
         let dropped = try? ctx.store.database(p.db)
         let space = try? dropped?.spaceID()
         try ctx.store.drop(p.db)
-        if let dropped { ctx.blobs.forget(db: p.db, directory: Blobs.directory(of: dropped)) }
+        if let dropped { ctx.blobs.forget(db: p.db, directory: ChunkStores.directory(of: dropped)) }
         ctx.sync.forget(db: p.db, spaceID: space ?? nil)
         return .init(db: p.db)
     }

@@ -21,7 +21,8 @@ extension Methods {
             connections: s.connections, devices: s.devices, lastDevice: s.lastDevice, lastSyncMs: s.lastSyncMs.map { Int($0) }, sentEntries: s.sentEntries,
             receivedEntries: s.receivedEntries, sentBytes: s.sentBytes, receivedBytes: s.receivedBytes,
             peerBehind: s.peerBehind, selfBehind: s.selfBehind, errors: s.errors, lastError: s.lastError,
-            rejected: s.rejected.mapValues { Int($0) }, snapshotsSent: s.snapshotsSent, snapshotsInstalled: s.snapshotsInstalled)
+            rejected: s.rejected.mapValues { Int($0) }, snapshotsSent: s.snapshotsSent, snapshotsInstalled: s.snapshotsInstalled,
+            chunksSent: s.chunksSent, chunksReceived: s.chunksReceived, chunkBytesReceived: s.chunkBytesReceived)
     }
 
     static func forkEvidence(_ f: ForkEvidence) -> RPCSchema.ForkEvidence {

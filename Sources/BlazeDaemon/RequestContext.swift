@@ -19,6 +19,9 @@ struct RequestContext: Sendable {
     var connection: ConnectionHandle?
     /// How much a budgeted read may do (`MethodHandler.budgeted`): `.inline` on an event loop.
     var readBudget: ReadBudget = .unbounded
+    /// True when a deferred method runs inside a batch, on a pool thread that waits for its reply: it must do its work
+    /// on that thread (handing it to the pool could leave every pool thread waiting for work none of them runs).
+    var answersInline = false
 
     /// The id of the connection the request came on (0 outside one: a test calling a handler directly).
     var connectionID: Int { connection?.id ?? 0 }

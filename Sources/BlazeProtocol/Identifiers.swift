@@ -103,3 +103,34 @@ public struct Epoch: Hashable, Comparable, Sendable, CustomStringConvertible, Ex
     /// Orders by number.
     public static func < (a: Epoch, b: Epoch) -> Bool { a.value < b.value }
 }
+
+/// A chunk's id (a blob's chunk or manifest): HMAC-SHA256 of its content under its space's chunk-id key, so equal
+/// content has one id within a space, and nobody without that key can tell which content an id names or link equal
+/// files across spaces. Written as 64 hex digits in documents, file names and RPC.
+public struct ChunkID: Hashable, Comparable, Sendable, CustomStringConvertible {
+    /// The id's bytes.
+    public let bytes: [UInt8]
+    /// Length of an id in bytes.
+    public static let count = 32
+
+    /// An id from bytes that came from outside (a document, a peer, a file name); nil unless they are 32 bytes.
+    public init?(bytes: some Collection<UInt8>) {
+        guard bytes.count == Self.count else { return nil }
+        self.bytes = Array(bytes)
+    }
+
+    /// An id from 64 lowercase hex digits; nil for anything else.
+    public init?(hex: String) {
+        guard hex.utf8.count == Self.count * 2, let bytes = hexBytes(hex) else { return nil }
+        self.bytes = bytes
+    }
+
+    /// The id as 64 lowercase hex digits.
+    public var hex: String { hexString(bytes) }
+
+    /// The id as hex.
+    public var description: String { hex }
+
+    /// Orders ids by their bytes.
+    public static func < (a: ChunkID, b: ChunkID) -> Bool { a.bytes.lexicographicallyPrecedes(b.bytes) }
+}

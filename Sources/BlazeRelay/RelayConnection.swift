@@ -234,6 +234,12 @@ final class RelayConnection: ChannelInboundHandler {
             hold(invite: id, joiner: joiner, proof: proof, space: space, context: context)
         case .joinRefused(let id, let joiner, let reason):
             receive(.joinRefused(invite: id, joiner: joiner, reason: reason), space: space, context: context)
+        case .chunkWant(let ids):
+            // This relay holds no blob chunks: the device asks its other sources.
+            _ = send(.chunkMissing(ids), context: context)
+        case .chunk, .chunkMissing:
+            // Never asked for: a relay sends no `CHUNK_WANT`.
+            throw SyncRejection.malformed
         }
     }
 

@@ -2,6 +2,8 @@ import BlazeBlob
 import BlazeCrypto
 import BlazeProtocol
 import BlazeStore
+import Dispatch
+import NIOCore
 import Synchronization
 
 /// Serializes choosing a database's blob keys against sharing it, so that a blob put while the database is shared is
@@ -39,6 +41,40 @@ extension SyncEngine {
             return try Self.blobKeys(space: MembershipOp.spaceID(creator: identity.publicKeys, salt: pending.salt), genesis: pending.genesis)
         }
     }
+
+    /// Fetches chunks `ids` that `db` lacks from the devices its sessions reach; `done` runs (on any thread) once all
+    /// are stored, when one cannot be had (`blob_unavailable`), or after `timeout`. With `waitForSource`, chunks wait
+    /// while no session is established (a link reconnecting); without, they fail at once. A database that is not
+    /// shared has nowhere to fetch from: `blob_unavailable` at once.
+    public func fetchChunks(
+        db: BlazeDatabase, ids: [ChunkID], timeout: TimeAmount, waitForSource: Bool,
+        done: @escaping @Sendable (Result<Void, StoreError>) -> Void
+    ) {
+        guard !ids.isEmpty else { return done(.success(())) }
+        guard (try? space(db: db)) != nil else {
+            return done(.failure(StoreError(
+                .notFound, kind: "blob_unavailable", "database \(db.name) is not shared: its blobs are only what this device holds")))
+        }
+        chunks.fetch(db: db.name, ids: ids, timeout: timeout, waitForSource: waitForSource, done: done)
+    }
+
+    /// Fetches chunks `ids` that `db` lacks and waits for them (see `fetchChunks`), on a thread that may block.
+    public func fetchChunksAndWait(db: BlazeDatabase, ids: [ChunkID], timeout: TimeAmount, waitForSource: Bool) throws {
+        let outcome = Mutex<Result<Void, StoreError>?>(nil)
+        let arrived = DispatchSemaphore(value: 0)
+        fetchChunks(db: db, ids: ids, timeout: timeout, waitForSource: waitForSource) { result in
+            outcome.withLock { $0 = result }
+            arrived.signal()
+        }
+        arrived.wait()
+        try outcome.withLock { $0! }.get()
+    }
+
+    /// How many of `ids` (chunks of `db`) are being fetched from peers now.
+    public func chunksBeingFetched(db: BlazeDatabase, among ids: [ChunkID]) -> Int { chunks.wanted(db: db.name, among: ids) }
+
+    /// Blob chunks wanted from peers and not yet stored, over every database.
+    public var chunksWanted: Int { chunks.wanted }
 
     /// The salt and epoch-1 secret `share` creates `db`'s space with: its pending space's when blobs chose one.
     func spaceSecrets(db: BlazeDatabase) throws -> (salt: [UInt8], genesis: [UInt8]) {

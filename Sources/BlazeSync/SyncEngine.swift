@@ -40,6 +40,12 @@ public final class SyncEngine: Sendable {
     let sessionCounter = Atomic<Int>(0)
     /// Invites refused since start, by reason (`InviteRefusal`).
     let invitesRefused = Mutex<[String: Int]>([:])
+    /// Every database's chunk store, shared with the blob methods.
+    public let chunkStores: ChunkStores
+    /// Fetches the blob chunks databases lack from their sessions.
+    let chunks: ChunkFetcher
+    /// Where chunks are read, sealed, opened and stored for sessions (the daemon's transfer pool).
+    let chunkPool: NIOThreadPool
     /// Snapshots built for peers, reused for a minute per database.
     let snapshots = SnapshotCache()
     /// Held while this device computes and records a `grant` of keys: two computed at once would seal a key twice.
@@ -73,13 +79,17 @@ public final class SyncEngine: Sendable {
     }
 
     /// Creates an engine; nothing runs until `listen` or `start`. `retryMaxMs` bounds the delay between attempts to
-    /// reach a peer; `tlsTrustRoots` is a PEM file of certificates to trust for `wss://` relays besides the system's.
+    /// reach a peer; `tlsTrustRoots` is a PEM file of certificates to trust for `wss://` relays besides the system's;
+    /// `chunkPool` is where blob chunks are sealed, opened and stored for sessions (nil: `pool`).
     public init(
         store: Store, identity: DeviceIdentity, keysDirectory: String, group: any EventLoopGroup, pool: NIOThreadPool,
         logger: Logger, timeout: TimeAmount = .seconds(30), retryMaxMs: Int = 5_000,
         listenerLimits: SyncListenerLimits = SyncListenerLimits(), tlsTrustRoots: String? = nil,
-        folderOptions: FolderOptions = FolderOptions()
+        folderOptions: FolderOptions = FolderOptions(), chunkPool: NIOThreadPool? = nil
     ) {
+        self.chunkStores = ChunkStores(isCurrent: { [store] in store.isCurrent($0) })
+        self.chunks = ChunkFetcher(group: group, askTimeout: timeout)
+        self.chunkPool = chunkPool ?? pool
         self.retryMaxMs = max(100, retryMaxMs)
         self.folderOptions = folderOptions
         self.tls = TLSClient(extraTrustRoots: tlsTrustRoots)

@@ -49,6 +49,12 @@ final class SyncSession: ChannelInboundHandler {
     var refetch: Scheduled<Void>?
     /// Whether this session refused a batch for a reason that may clear.
     var refusedForNow = false
+    /// This session's token as a chunk source of the engine's fetcher, once established.
+    var chunkSource: Int?
+    /// Chunks the peer asked for and this side has not started serving.
+    var chunkQueue: [ChunkID] = []
+    /// Chunks being read, sealed or written for the peer now.
+    var chunksServing = 0
     /// Set by the feed listener (on the writer thread) so that a burst of commits schedules one pump.
     private let wake = WakeFlag()
 
@@ -125,6 +131,7 @@ final class SyncSession: ChannelInboundHandler {
             break
         }
         startMembership(context: context)
+        attachChunkSource(context: context)
     }
 
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
@@ -164,6 +171,12 @@ final class SyncSession: ChannelInboundHandler {
             break  // installed by the BatchReceiver before this handler
         case .joinRefused(let id, let device, let reason):
             refusedJoin(inviteID: id, device: device, reason: reason, context: context)
+        case .chunkWant(let ids):
+            wanted(ids, context: context)
+        case .chunk(let id, let sealed):
+            received(chunk: id, sealed: sealed, context: context)
+        case .chunkMissing(let ids):
+            peerLacks(ids)
         }
     }
 
@@ -252,6 +265,7 @@ final class SyncSession: ChannelInboundHandler {
         feedToken = nil
         if let registration { engine.unregister(registration) }
         registration = nil
+        detachChunkSource()
         if let device = link?.device.nodeIDHex { report.update { $0.disconnect(device: device) } }
         link = nil
         context.fireChannelInactive()

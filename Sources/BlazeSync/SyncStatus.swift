@@ -35,6 +35,12 @@ public struct PeerStatus: Sendable, Equatable {
     public var snapshotsSent = 0
     /// Snapshots received and installed, since the daemon started.
     public var snapshotsInstalled = 0
+    /// Blob chunks sent because the peer asked for them, since the daemon started.
+    public var chunksSent = 0
+    /// Blob chunks received, checked and stored, since the daemon started.
+    public var chunksReceived = 0
+    /// Bytes of blob content those chunks held.
+    public var chunkBytesReceived = 0
     /// Bytes sent on the wire after the handshake (framing and every message included), since the daemon started.
     public var sentBytes = 0
     /// Bytes received on the wire after the handshake, since the daemon started.

@@ -26,6 +26,13 @@ public enum PeerMessage: Sendable {
     /// The member that issued an invite refuses a join passed on by a relay (`InviteRefusal`): the invite id, the
     /// joiner's Ed25519 key and why. A relay passes it to the joiner's connection only.
     case joinRefused(id: [UInt8], device: [UInt8], reason: InviteRefusal)
+    /// Blob chunks the sender lacks and asks the receiver for, at most `maxChunkWants` ids.
+    case chunkWant([ChunkID])
+    /// One chunk the receiver asked for, sealed under an epoch key of the space (`SealedChunk`): the receiver opens it
+    /// and checks its content against the id.
+    case chunk(id: ChunkID, sealed: [UInt8])
+    /// Chunks the receiver asked for that the sender does not hold.
+    case chunkMissing([ChunkID])
 
     static let stateType: UInt8 = 1
     static let entriesType: UInt8 = 2
@@ -37,6 +44,14 @@ public enum PeerMessage: Sendable {
     static let snapshotPartType: UInt8 = 8
     static let snapshotType: UInt8 = 9
     static let joinRefusedType: UInt8 = 10
+    static let chunkWantType: UInt8 = 11
+    static let chunkType: UInt8 = 12
+    static let chunkMissingType: UInt8 = 13
+    /// The most chunk ids one `CHUNK_WANT` or `CHUNK_MISSING` names.
+    public static let maxChunkWants = 64
+    /// The most bytes of a sealed chunk in a `CHUNK`: a chunk is at most 4 MiB (`Chunker.Sizes.standard`), sealed it
+    /// gains a 20-byte header, up to 4 KiB of padding and length field, and a 16-byte tag.
+    public static let maxSealedChunkBytes = (4 << 20) + 8192
     /// Bytes of a peer's `ERROR` reason kept.
     static let maxErrorBytes = 200
     /// The most bytes of operations one `MEMBERS` message carries (one larger operation goes alone), far below a
@@ -113,7 +128,41 @@ public enum PeerMessage: Sendable {
             return [Self.snapshotType] + manifest.bytes
         case .joinRefused(let id, let device, let reason):
             return [Self.joinRefusedType] + id + device + Array(reason.rawValue.utf8)
+        case .chunkWant(let ids):
+            return Self.encode(ids, type: Self.chunkWantType)
+        case .chunk(let id, let sealed):
+            var out: [UInt8] = [Self.chunkType]
+            out.reserveCapacity(1 + ChunkID.count + sealed.count)
+            out += id.bytes
+            out += sealed
+            return out
+        case .chunkMissing(let ids):
+            return Self.encode(ids, type: Self.chunkMissingType)
         }
+    }
+
+    /// A list of chunk ids as a message of `type`: its count (2 bytes, big-endian), then the ids.
+    private static func encode(_ ids: [ChunkID], type: UInt8) -> [UInt8] {
+        var out: [UInt8] = [type]
+        out.appendBE(UInt16(ids.count))
+        for id in ids { out += id.bytes }
+        return out
+    }
+
+    /// A list of 1 to `maxChunkWants` distinct chunk ids filling the rest of the message, or `malformed`.
+    private static func chunkIDs(_ r: inout ByteReader) throws(SyncRejection) -> [ChunkID] {
+        guard let n = r.readUInt16(), n > 0, Int(n) <= maxChunkWants, r.remaining == Int(n) * ChunkID.count else {
+            throw .malformed
+        }
+        var ids: [ChunkID] = []
+        var seen: Set<ChunkID> = []
+        for _ in 0..<n {
+            guard let bytes = r.read(ChunkID.count), let id = ChunkID(bytes: bytes), seen.insert(id).inserted else {
+                throw .malformed
+            }
+            ids.append(id)
+        }
+        return ids
     }
 
     /// Decodes one message, refusing anything malformed or out of bounds (SYNC.md §8).
@@ -180,6 +229,15 @@ public enum PeerMessage: Sendable {
                 let reason = InviteRefusal(rawValue: String(decoding: r.rest(), as: UTF8.self))
             else { throw .malformed }
             self = .joinRefused(id: Array(id), device: Array(device), reason: reason)
+        case Self.chunkWantType?:
+            self = .chunkWant(try Self.chunkIDs(&r))
+        case Self.chunkType?:
+            guard let bytes = r.read(ChunkID.count), let id = ChunkID(bytes: bytes), r.remaining > 0,
+                r.remaining <= Self.maxSealedChunkBytes
+            else { throw .malformed }
+            self = .chunk(id: id, sealed: Array(r.rest()))
+        case Self.chunkMissingType?:
+            self = .chunkMissing(try Self.chunkIDs(&r))
         default:
             throw .malformed
         }

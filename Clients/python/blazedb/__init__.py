@@ -114,7 +114,7 @@ class LimitExceededError(BlazeError):
 
 
 class UnavailableError(BlazeError):
-    """The daemon is shutting down."""
+    """The daemon is shutting down, or what the call needs cannot be reached now (a blob's chunks held only by devices that are not connected)."""
 
     code = -32014
 
@@ -796,7 +796,7 @@ class _Blob:
         return cast(BlobGetResult, self._client.call("blob.get", params))
 
     def stat(self, *, db: str, blob: str) -> BlobStatResult:
-        """A blob's size and chunks, and which of them this device holds.
+        """A blob's size and chunks, which of them this device holds, and how many are being fetched.
 
         db: Database name.
         blob: The blob's id (BlobInfo.id).

@@ -398,8 +398,12 @@ class BlobStatResult(TypedDict):
     id: str
     size: int
     chunks: int
+    # Chunks held on this device.
     heldChunks: int
+    # Bytes of the blob those chunks hold.
     heldBytes: int
+    # Chunks of the blob this device is fetching from peers now (a read or get waiting for them).
+    fetchingChunks: int
 
 
 class UnsubscribeResult(TypedDict):
@@ -546,12 +550,18 @@ class SyncStatusResultDatabasesItemPeersItem(TypedDict):
     # Failed connection attempts and sessions.
     errors: int
     lastError: Optional[str]
-    # Refused entries, heads and frames by reason: malformed, wrong_space, unknown_epoch, bad_seal, bad_payload, broken_chain, bad_head, fork, rollback, bad_frame, invalid_change, clock_ahead, quarantined, too_many_parked (SYNC.md §7); not_a_member, reader, revoked (§9); torn_record, a folder's record whose checksum fails (§10).
+    # Refused entries, heads and frames by reason: malformed, wrong_space, unknown_epoch, bad_seal, bad_payload, broken_chain, bad_head, fork, rollback, bad_frame, invalid_change, clock_ahead, quarantined, too_many_parked (SYNC.md §7); not_a_member, reader, revoked (§9); torn_record, a folder's record whose checksum fails (§10); bad_chunk, a blob chunk not asked for or not opening as its id.
     rejected: Dict[str, int]
     # Snapshots sent to this peer because it lacked entries compacted away here (SYNC.md §11).
     snapshotsSent: int
     # Snapshots received from this peer and installed.
     snapshotsInstalled: int
+    # Blob chunks sent to this peer because it asked for them, since the daemon started.
+    chunksSent: int
+    # Blob chunks received from this peer, checked against their ids and stored, since the daemon started.
+    chunksReceived: int
+    # Bytes of blob content those chunks held.
+    chunkBytesReceived: int
 
 
 class SyncStatusResultDatabasesItemForksItem(TypedDict):

@@ -744,7 +744,7 @@ class _Blob:
         return cast(BlobGetResult, await self._client.call("blob.get", params))
 
     async def stat(self, *, db: str, blob: str) -> BlobStatResult:
-        """A blob's size and chunks, and which of them this device holds.
+        """A blob's size and chunks, which of them this device holds, and how many are being fetched.
 
         db: Database name.
         blob: The blob's id (BlobInfo.id).

@@ -77,7 +77,7 @@ public enum RPCMethod: String, Sendable, CaseIterable {
     case blobRead = "blob.read"
     /// Writes a blob's content to a new file at a path.
     case blobGet = "blob.get"
-    /// A blob's size and chunks, and which of them this device holds.
+    /// A blob's size and chunks, which of them this device holds, and how many are being fetched.
     case blobStat = "blob.stat"
     /// Reports changes as `subscription` notifications; with `where`, a live query (enter/leave).
     case subscribe = "subscribe"
@@ -156,7 +156,7 @@ public enum RPCMethod: String, Sendable, CaseIterable {
         case .blobFinish: return "Ends an upload: stores its last chunk and its manifest, and returns the blob."
         case .blobRead: return "Reads a range of a blob's bytes, in-band."
         case .blobGet: return "Writes a blob's content to a new file at a path."
-        case .blobStat: return "A blob's size and chunks, and which of them this device holds."
+        case .blobStat: return "A blob's size and chunks, which of them this device holds, and how many are being fetched."
         case .subscribe: return "Reports changes as `subscription` notifications; with `where`, a live query (enter/leave)."
         case .unsubscribe: return "Ends a subscription of this connection."
         case .dbShare: return "Shares a database: creates its space with a membership log that makes this device the first admin."
@@ -3451,7 +3451,7 @@ public enum RPC {
         }
     }
 
-    /// Parameters of `blob.stat`: A blob's size and chunks, and which of them this device holds.
+    /// Parameters of `blob.stat`: A blob's size and chunks, which of them this device holds, and how many are being fetched.
     public struct BlobStat: RPCParameters {
         public static let method = RPCMethod.blobStat
 
@@ -3463,18 +3463,21 @@ public enum RPC {
             public var size: Int
             /// `chunks`.
             public var chunks: Int
-            /// `heldChunks`.
+            /// Chunks held on this device.
             public var heldChunks: Int
-            /// `heldBytes`.
+            /// Bytes of the blob those chunks hold.
             public var heldBytes: Int
+            /// Chunks of the blob this device is fetching from peers now (a read or get waiting for them).
+            public var fetchingChunks: Int
 
             /// A value from its members.
-            public init(id: String, size: Int, chunks: Int, heldChunks: Int, heldBytes: Int) {
+            public init(id: String, size: Int, chunks: Int, heldChunks: Int, heldBytes: Int, fetchingChunks: Int) {
                 self.id = id
                 self.size = size
                 self.chunks = chunks
                 self.heldChunks = heldChunks
                 self.heldBytes = heldBytes
+                self.fetchingChunks = fetchingChunks
             }
 
             /// Reads the value from JSON.
@@ -3485,6 +3488,7 @@ public enum RPC {
                 self.chunks = try RPCDecode.member(o, "chunks", RPCDecode.int)
                 self.heldChunks = try RPCDecode.member(o, "heldChunks", RPCDecode.int)
                 self.heldBytes = try RPCDecode.member(o, "heldBytes", RPCDecode.int)
+                self.fetchingChunks = try RPCDecode.member(o, "fetchingChunks", RPCDecode.int)
             }
 
             /// The value's JSON form.
@@ -3494,12 +3498,13 @@ public enum RPC {
 
             /// The members of the JSON form.
             public var jsonObject: [String: JSONValue] {
-                var o = [String: JSONValue](minimumCapacity: 5)
+                var o = [String: JSONValue](minimumCapacity: 6)
                 o["id"] = .string(self.id)
                 o["size"] = .int(Int64(self.size))
                 o["chunks"] = .int(Int64(self.chunks))
                 o["heldChunks"] = .int(Int64(self.heldChunks))
                 o["heldBytes"] = .int(Int64(self.heldBytes))
+                o["fetchingChunks"] = .int(Int64(self.fetchingChunks))
                 return o
             }
         }
@@ -5526,15 +5531,21 @@ public enum RPCSchema {
         public var errors: Int
         /// `lastError`.
         public var lastError: String?
-        /// Refused entries, heads and frames by reason: malformed, wrong_space, unknown_epoch, bad_seal, bad_payload, broken_chain, bad_head, fork, rollback, bad_frame, invalid_change, clock_ahead, quarantined, too_many_parked (SYNC.md §7); not_a_member, reader, revoked (§9); torn_record, a folder's record whose checksum fails (§10).
+        /// Refused entries, heads and frames by reason: malformed, wrong_space, unknown_epoch, bad_seal, bad_payload, broken_chain, bad_head, fork, rollback, bad_frame, invalid_change, clock_ahead, quarantined, too_many_parked (SYNC.md §7); not_a_member, reader, revoked (§9); torn_record, a folder's record whose checksum fails (§10); bad_chunk, a blob chunk not asked for or not opening as its id.
         public var rejected: [String: Int]
         /// Snapshots sent to this peer because it lacked entries compacted away here (SYNC.md §11).
         public var snapshotsSent: Int
         /// Snapshots received from this peer and installed.
         public var snapshotsInstalled: Int
+        /// Blob chunks sent to this peer because it asked for them, since the daemon started.
+        public var chunksSent: Int
+        /// Blob chunks received from this peer, checked against their ids and stored, since the daemon started.
+        public var chunksReceived: Int
+        /// Bytes of blob content those chunks held.
+        public var chunkBytesReceived: Int
 
         /// A value from its members.
-        public init(peer: String, direction: Direction, connected: Bool, connections: Int, devices: [String], lastDevice: String?, lastSyncMs: Int?, sentEntries: Int, receivedEntries: Int, sentBytes: Int, receivedBytes: Int, peerBehind: Int, selfBehind: Int, errors: Int, lastError: String?, rejected: [String: Int], snapshotsSent: Int, snapshotsInstalled: Int) {
+        public init(peer: String, direction: Direction, connected: Bool, connections: Int, devices: [String], lastDevice: String?, lastSyncMs: Int?, sentEntries: Int, receivedEntries: Int, sentBytes: Int, receivedBytes: Int, peerBehind: Int, selfBehind: Int, errors: Int, lastError: String?, rejected: [String: Int], snapshotsSent: Int, snapshotsInstalled: Int, chunksSent: Int, chunksReceived: Int, chunkBytesReceived: Int) {
             self.peer = peer
             self.direction = direction
             self.connected = connected
@@ -5553,6 +5564,9 @@ public enum RPCSchema {
             self.rejected = rejected
             self.snapshotsSent = snapshotsSent
             self.snapshotsInstalled = snapshotsInstalled
+            self.chunksSent = chunksSent
+            self.chunksReceived = chunksReceived
+            self.chunkBytesReceived = chunkBytesReceived
         }
 
         /// Reads the value from JSON.
@@ -5576,6 +5590,9 @@ public enum RPCSchema {
             self.rejected = try RPCDecode.member(o, "rejected", { v throws(RPCShapeError) -> [String: Int] in try RPCDecode.map(v, RPCDecode.int) })
             self.snapshotsSent = try RPCDecode.member(o, "snapshotsSent", RPCDecode.int)
             self.snapshotsInstalled = try RPCDecode.member(o, "snapshotsInstalled", RPCDecode.int)
+            self.chunksSent = try RPCDecode.member(o, "chunksSent", RPCDecode.int)
+            self.chunksReceived = try RPCDecode.member(o, "chunksReceived", RPCDecode.int)
+            self.chunkBytesReceived = try RPCDecode.member(o, "chunkBytesReceived", RPCDecode.int)
         }
 
         /// The value's JSON form.
@@ -5585,7 +5602,7 @@ public enum RPCSchema {
 
         /// The members of the JSON form.
         public var jsonObject: [String: JSONValue] {
-            var o = [String: JSONValue](minimumCapacity: 18)
+            var o = [String: JSONValue](minimumCapacity: 21)
             o["peer"] = .string(self.peer)
             o["direction"] = .string(self.direction.rawValue)
             o["connected"] = .bool(self.connected)
@@ -5604,6 +5621,9 @@ public enum RPCSchema {
             o["rejected"] = .object(self.rejected.mapValues { x0 in .int(Int64(x0)) })
             o["snapshotsSent"] = .int(Int64(self.snapshotsSent))
             o["snapshotsInstalled"] = .int(Int64(self.snapshotsInstalled))
+            o["chunksSent"] = .int(Int64(self.chunksSent))
+            o["chunksReceived"] = .int(Int64(self.chunksReceived))
+            o["chunkBytesReceived"] = .int(Int64(self.chunkBytesReceived))
             return o
         }
     }

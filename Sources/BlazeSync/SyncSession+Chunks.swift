@@ -1,0 +1,156 @@
+import BlazeBlob
+import BlazeCrypto
+import BlazeProtocol
+import BlazeStore
+import BlazeWire
+import NIOCore
+
+/// Blob chunks over a session (ARCHITECTURE.md, "Blobs"): the session is a source the engine's `ChunkFetcher` asks
+/// for chunks its database lacks (`CHUNK_WANT`), and it serves the chunks the peer asks for, sealed under the space's
+/// current epoch key (`CHUNK`, or `CHUNK_MISSING` for those it does not hold).
+///
+/// Serving reads and seals at most `servingAtOnce` chunks at a time, the next once the last was written, so a peer
+/// that reads slowly holds at most that many sealed chunks here. A peer may have `maxQueuedWants` chunks asked and
+/// not yet served; more is refused. Received chunks are opened, checked against their id and stored off the event
+/// loop; one this session did not ask for, or one that does not open as its id, is refused (`bad_chunk`).
+extension SyncSession {
+    /// Chunks read and sealed for the peer at once.
+    static let servingAtOnce = 2
+    /// Chunks the peer may have asked for and not been served (a fetcher asks for at most 4 at a time).
+    static let maxQueuedWants = 2 * PeerMessage.maxChunkWants
+
+    /// Attaches this session to the engine's fetcher as a source for its database.
+    func attachChunkSource(context: ChannelHandlerContext) {
+        guard let link, chunkSource == nil else { return }
+        let bound = NIOLoopBound((self, context), eventLoop: context.eventLoop)
+        let loop = context.eventLoop
+        chunkSource = engine.chunks.attach(db: link.db.name) { ids in
+            loop.execute {
+                let (session, context) = bound.value
+                guard !session.closed else { return }
+                session.send(.chunkWant(ids), context: context)
+            }
+        }
+    }
+
+    /// Detaches this session from the fetcher: what it was asked goes to other sources.
+    func detachChunkSource() {
+        if let chunkSource { engine.chunks.detach(chunkSource) }
+        chunkSource = nil
+    }
+
+    /// The peer asks for `ids`.
+    func wanted(_ ids: [ChunkID], context: ChannelHandlerContext) {
+        guard link != nil else { return }
+        guard chunkQueue.count + ids.count <= Self.maxQueuedWants else {
+            errorCaught(context: context, error: SyncRejection.malformed)
+            return
+        }
+        chunkQueue.append(contentsOf: ids)
+        serveChunks(context: context)
+    }
+
+    /// Reads, seals and sends queued chunks, `servingAtOnce` at a time.
+    private func serveChunks(context: ChannelHandlerContext) {
+        guard let link else { return }
+        while chunksServing < Self.servingAtOnce, !chunkQueue.isEmpty, !closed {
+            let id = chunkQueue.removeFirst()
+            chunksServing += 1
+            let (db, key, stores) = (link.db, link.key, engine.chunkStores)
+            let bound = NIOLoopBound((self, context), eventLoop: context.eventLoop)
+            engine.chunkPool.runIfActive(eventLoop: context.eventLoop) { () throws -> [UInt8]? in
+                guard let sealing = key.chunkSealing,
+                    let content = try stores.store(for: db).read(id)
+                else { return nil }
+                let sealed = content.withUnsafeBytes {
+                    SealedChunk.seal($0, id: id, space: key.id, epoch: sealing.epoch.value, secret: sealing.secret)
+                }
+                return try PeerMessage.chunk(id: id, sealed: sealed).encoded()
+            }
+            .whenComplete { result in
+                let (session, context) = bound.value
+                guard !session.closed else { return }
+                let sent: EventLoopFuture<Void>
+                switch result {
+                case .success(let bytes?):
+                    session.report.update { $0.chunksSent += 1 }
+                    sent = session.send(bytes: bytes, context: context)
+                case .success(nil), .failure:
+                    sent = session.send(.chunkMissing([id]), context: context)
+                }
+                sent.whenComplete { _ in
+                    let (session, context) = bound.value
+                    session.chunksServing -= 1
+                    session.serveChunks(context: context)
+                }
+            }
+        }
+    }
+
+    /// The peer sent chunk `id`: opened, checked and stored off the loop, then the fetcher learns it arrived.
+    func received(chunk id: ChunkID, sealed: [UInt8], context: ChannelHandlerContext) {
+        guard let link, let source = chunkSource else { return }
+        guard engine.chunks.expects(source, id) else {
+            // Not asked for (or asked of another source and answered already): a peer cannot fill a device's disk.
+            errorCaught(context: context, error: SyncRejection.badChunk)
+            return
+        }
+        let (engine, db, key) = (self.engine, link.db, link.key)
+        let bound = NIOLoopBound((self, context), eventLoop: context.eventLoop)
+        engine.chunkPool.runIfActive(eventLoop: context.eventLoop) { () -> ChunkOutcome in
+            let keys = try engine.blobKeys(db: db)
+            guard let epoch = SealedChunk.epoch(of: sealed) else { return .refused }
+            let secrets = key.secrets(epoch: Epoch(epoch))
+            // A chunk sealed under an epoch this device holds no key for is not the peer's fault (keys may be on
+            // their way): another source is asked.
+            guard !secrets.isEmpty else { return .noKey }
+            let content: [UInt8]
+            do {
+                content = try SealedChunk.open(sealed, id: id, keys: keys, secrets: secrets, maximum: keys.chunker.sizes.maximum)
+            } catch {
+                return .refused
+            }
+            do {
+                _ = try engine.chunkStores.store(for: db).put(id, content)
+            } catch {
+                return .storeFailed(ChunkStores.storeError(error))
+            }
+            return .stored(content.count)
+        }
+        .whenComplete { result in
+            let (session, context) = bound.value
+            switch result {
+            case .success(.stored(let bytes)):
+                session.report.update { $0.chunksReceived += 1; $0.chunkBytesReceived += bytes }
+                engine.chunks.arrived(source, id)
+            case .success(.noKey):
+                engine.chunks.lacks(source, [id])
+            case .success(.refused):
+                engine.chunks.lacks(source, [id])
+                session.errorCaught(context: context, error: SyncRejection.badChunk)
+            case .success(.storeFailed(let error)):
+                engine.chunks.failed(db: db.name, id, source: source, error: error)
+            case .failure(let error):
+                engine.chunks.failed(db: db.name, id, source: source, error: ChunkStores.storeError(error))
+            }
+        }
+    }
+
+    /// The peer lacks `ids` it was asked for.
+    func peerLacks(_ ids: [ChunkID]) {
+        guard let chunkSource else { return }
+        engine.chunks.lacks(chunkSource, ids)
+    }
+}
+
+/// What became of a received chunk.
+enum ChunkOutcome: Sendable {
+    /// Stored; its content's length.
+    case stored(Int)
+    /// This device holds no key for the epoch it is sealed under.
+    case noKey
+    /// It does not open as the chunk asked for.
+    case refused
+    /// Storing it failed here.
+    case storeFailed(StoreError)
+}

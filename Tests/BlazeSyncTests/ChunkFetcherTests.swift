@@ -1,0 +1,142 @@
+import BlazeCrypto
+import BlazeProtocol
+import BlazeStore
+import BlazeTestSupport
+import NIOCore
+import NIOPosix
+import Synchronization
+import Testing
+
+@testable import BlazeSync
+
+/// The fetcher on its own: which source is asked for which chunk, and what happens when sources lack, fail, leave or
+/// stay silent.
+@Suite struct ChunkFetcherTests {
+    /// A source that records what it was asked.
+    final class Asked: Sendable {
+        let ids = Mutex<[ChunkID]>([])
+        var ask: @Sendable ([ChunkID]) -> Void { { ids in self.ids.withLock { $0 += ids } } }
+        var count: Int { ids.withLock { $0.count } }
+        func take() -> [ChunkID] {
+            ids.withLock { held in
+                defer { held = [] }
+                return held
+            }
+        }
+    }
+
+    /// What a fetch ended with.
+    final class Outcome: Sendable {
+        let result = Mutex<Result<Void, StoreError>?>(nil)
+        var done: @Sendable (Result<Void, StoreError>) -> Void { { r in self.result.withLock { $0 = r } } }
+        var kind: String? {
+            result.withLock { r in
+                switch r {
+                case .failure(let e)?: return e.kind
+                case .success?: return "ok"
+                case nil: return nil
+                }
+            }
+        }
+    }
+
+    func ids(_ n: Int) -> [ChunkID] { (0..<n).map { _ in ChunkID(bytes: SpaceKey.randomBytes(32))! } }
+    let group = MultiThreadedEventLoopGroup.singleton
+
+    @Test func chunksAreSpreadOverSourcesWithinTheirRoomAndCompleteTheFetch() {
+        let fetcher = ChunkFetcher(group: group, askTimeout: .seconds(60))
+        let (a, b, other) = (Asked(), Asked(), Asked())
+        let ta = fetcher.attach(db: "d", ask: a.ask), tb = fetcher.attach(db: "d", ask: b.ask)
+        _ = fetcher.attach(db: "e", ask: other.ask)
+        let wanted = ids(10)
+        let outcome = Outcome()
+        fetcher.fetch(db: "d", ids: wanted, timeout: .seconds(60), waitForSource: false, done: outcome.done)
+        // Four each at most; the rest wait; another database's source is never asked.
+        #expect(a.count == ChunkFetcher.maxInFlightPerSource && b.count == ChunkFetcher.maxInFlightPerSource && other.count == 0)
+        var asked = a.take().map { (ta, $0) } + b.take().map { (tb, $0) }
+        var served = Set<ChunkID>()
+        while let (source, id) = asked.popLast() {
+            #expect(fetcher.expects(source, id) && !fetcher.expects(source == ta ? tb : ta, id))
+            fetcher.arrived(source, id)
+            served.insert(id)
+            asked += a.take().map { (ta, $0) } + b.take().map { (tb, $0) }
+        }
+        #expect(served == Set(wanted) && outcome.kind == "ok" && fetcher.wanted == 0)
+    }
+
+    @Test func aChunkOneSourceLacksIsAskedOfAnotherAndOneAllLackFails() {
+        let fetcher = ChunkFetcher(group: group, askTimeout: .seconds(60))
+        let (a, b) = (Asked(), Asked())
+        let ta = fetcher.attach(db: "d", ask: a.ask), tb = fetcher.attach(db: "d", ask: b.ask)
+        let id = ids(1)[0]
+        let outcome = Outcome()
+        fetcher.fetch(db: "d", ids: [id], timeout: .seconds(60), waitForSource: true, done: outcome.done)
+        let (first, second, tFirst, tSecond) = a.count == 1 ? (a, b, ta, tb) : (b, a, tb, ta)
+        #expect(first.take() == [id] && second.count == 0)
+        fetcher.lacks(tFirst, [id])
+        #expect(second.take() == [id] && outcome.kind == nil)
+        // A source's answer for a chunk it was not asked for changes nothing.
+        fetcher.lacks(tFirst, [id])
+        #expect(outcome.kind == nil)
+        fetcher.lacks(tSecond, [id])
+        #expect(outcome.kind == "blob_unavailable" && fetcher.wanted == 0)
+    }
+
+    @Test func aSourceThatLeavesHandsItsChunksOnAndWithNoSourceAFetchWaitsOrFails() {
+        let fetcher = ChunkFetcher(group: group, askTimeout: .seconds(60))
+        let wanted = ids(3)
+        // Nothing attached: one that waits for a source waits, one that does not fails at once.
+        let waits = Outcome(), fails = Outcome()
+        fetcher.fetch(db: "d", ids: wanted, timeout: .seconds(60), waitForSource: true, done: waits.done)
+        fetcher.fetch(db: "d", ids: ids(1), timeout: .seconds(60), waitForSource: false, done: fails.done)
+        #expect(waits.kind == nil && fails.kind == "blob_unavailable")
+        let a = Asked()
+        let ta = fetcher.attach(db: "d", ask: a.ask)
+        #expect(Set(a.take()) == Set(wanted))
+        fetcher.arrived(ta, wanted[0])
+        fetcher.detach(ta)
+        // Its two unanswered chunks go to the next source to attach.
+        let b = Asked()
+        let tb = fetcher.attach(db: "d", ask: b.ask)
+        #expect(Set(b.take()) == Set(wanted[1...]))
+        for id in wanted[1...] { fetcher.arrived(tb, id) }
+        #expect(waits.kind == "ok")
+    }
+
+    @Test func aSilentSourceIsPassedOverAndAFetchEndsAtItsDeadline() {
+        let fetcher = ChunkFetcher(group: group, askTimeout: .milliseconds(50))
+        let (a, b) = (Asked(), Asked())
+        _ = fetcher.attach(db: "d", ask: a.ask)
+        let id = ids(1)[0]
+        let outcome = Outcome()
+        fetcher.fetch(db: "d", ids: [id], timeout: .seconds(60), waitForSource: true, done: outcome.done)
+        #expect(a.take() == [id])
+        let tb = fetcher.attach(db: "d", ask: b.ask)
+        // A never answers: after its time the chunk is asked of B.
+        #expect(eventually(timeout: .seconds(30)) { b.ids.withLock { $0 == [id] } })
+        fetcher.arrived(tb, id)
+        #expect(outcome.kind == "ok")
+        // A fetch nobody can serve ends at its deadline, and its chunks are no longer wanted.
+        let late = Outcome()
+        let (c, silent) = (ids(1)[0], ChunkFetcher(group: group, askTimeout: .seconds(60)))
+        _ = silent.attach(db: "d", ask: Asked().ask)
+        silent.fetch(db: "d", ids: [c], timeout: .milliseconds(100), waitForSource: true, done: late.done)
+        #expect(eventually(timeout: .seconds(30)) { late.kind == "blob_unavailable" })
+        #expect(silent.wanted(db: "d", among: [c]) == 1, "asked already: it may still arrive and is stored")
+    }
+
+    @Test func aCancelledFetchDropsWhatNobodyElseWaitsFor() {
+        let fetcher = ChunkFetcher(group: group, askTimeout: .seconds(60))
+        let wanted = ids(2)
+        let (first, second) = (Outcome(), Outcome())
+        let t1 = fetcher.fetch(db: "d", ids: wanted, timeout: .seconds(60), waitForSource: true, done: first.done)
+        fetcher.fetch(db: "d", ids: [wanted[1]], timeout: .seconds(60), waitForSource: true, done: second.done)
+        fetcher.cancel(t1)
+        #expect(fetcher.wanted(db: "d", among: wanted) == 1 && first.kind == nil)
+        let a = Asked()
+        let ta = fetcher.attach(db: "d", ask: a.ask)
+        #expect(a.take() == [wanted[1]])
+        fetcher.arrived(ta, wanted[1])
+        #expect(second.kind == "ok" && first.kind == nil)
+    }
+}
