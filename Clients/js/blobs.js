@@ -27,7 +27,8 @@ export function blobReadStream(client, { db, blob, start = 0, piece = READ_MAX }
 /**
  * Stores what `source` (a Readable or any async iterable of Buffers or Uint8Arrays) yields as a blob of `db`,
  * in blob.append calls of at most `piece` bytes; resolves to what blob.finish returns (its `ref` is what a
- * document holds to refer to the blob).
+ * document holds to refer to the blob). If reading `source` or a call fails, the upload is aborted (blob.abort)
+ * before the error is thrown, so its slot is free at once.
  */
 export async function uploadBlob(client, { db, type, piece = 1 << 20 }, source) {
   if (!(piece > 0 && piece <= READ_MAX)) throw new RangeError(`piece must be 1 to ${READ_MAX} bytes`);
@@ -43,12 +44,18 @@ export async function uploadBlob(client, { db, type, piece = 1 << 20 }, source) 
       await client.blob.append({ db, upload, data: data.subarray(i, i + piece).toString('base64') });
     }
   };
-  for await (const chunk of source) {
-    const buffer = Buffer.isBuffer(chunk) ? chunk : Buffer.from(chunk);
-    pending.push(buffer);
-    size += buffer.length;
-    if (size >= piece) await flush();
+  try {
+    for await (const chunk of source) {
+      const buffer = Buffer.isBuffer(chunk) ? chunk : Buffer.from(chunk);
+      pending.push(buffer);
+      size += buffer.length;
+      if (size >= piece) await flush();
+    }
+    await flush();
+    return await client.blob.finish({ db, upload });
+  } catch (error) {
+    // Ended already (a failed append ends it) or the connection is gone (which ends it too): nothing to add.
+    await client.blob.abort({ db, upload }).catch(() => {});
+    throw error;
   }
-  await flush();
-  return client.blob.finish({ db, upload });
 }

@@ -6,16 +6,17 @@ import NIOCore
 import NIOPosix
 
 /// Blobs this device lacks, fetched from the devices its database syncs with when they are read (ARCHITECTURE.md,
-/// "Blobs"): the manifest first, then the chunks the read needs, each stored as it arrives.
+/// "Blobs"): the manifest first, then the chunks the read needs, a window at a time, each stored as it arrives.
 extension Blobs {
-    /// How long a read waits for the chunks it lacks, and a get for each window of them.
+    /// How long a read waits for each window of chunks it lacks.
     static let fetchTimeout: TimeAmount = .seconds(120)
-    /// Chunks a get asks for at once (then the next window, so its wait is bounded per window, not per blob).
+    /// Chunks asked for at once (then the next window, so a wait is bounded per window, not per blob).
     static let fetchWindow = 32
 
     /// Runs `body` on the I/O pool once `db` holds blob `blob`'s manifest and the chunks `needed` picks out of it,
     /// fetching what it lacks from the devices the database syncs with; `done` gets the outcome. No thread waits
-    /// meanwhile, unless `inline`: then all of it runs on the calling thread, which waits for the chunks.
+    /// meanwhile. With `inline` (a call inside a batch, on a pool thread that waits for it) nothing is fetched: it
+    /// runs at once on what this device holds (`blob_not_held` for the rest).
     func whenHeld<T: Sendable>(
         db: BlazeDatabase, blob: String, sync: SyncEngine, inline: Bool,
         needed: @escaping @Sendable (BlobManifest) -> [ChunkID],
@@ -26,7 +27,9 @@ extension Blobs {
         do { id = try Self.blobID(blob) } catch { return done(.failure(error)) }
         if inline {
             return done(Result {
-                let (_, manifest, reader) = try fetch(db: db, id: id, sync: sync, needed: needed)
+                let reader = BlobReader(store: try store(for: db), maxSize: maxBlobBytes)
+                guard let manifest = try Self.mapped({ try reader.manifest(id) }) else { throw Self.notHeld(id, db: db) }
+                guard needed(manifest).allSatisfy(reader.store.contains) else { throw Self.notHeld(id, db: db) }
                 return try body(id, manifest, reader)
             })
         }
@@ -44,7 +47,7 @@ extension Blobs {
         let pool = self.pool
         do {
             let reader = BlobReader(store: try store(for: db), maxSize: maxBlobBytes)
-            guard let manifest = try reader.manifest(id) else {
+            guard let manifest = try Self.mapped({ try reader.manifest(id) }) else {
                 guard !fetchedManifest else { throw Self.notFound(id, db: db) }
                 sync.fetchChunks(db: db, ids: [id], timeout: Self.fetchTimeout, waitForSource: false) { result in
                     switch result {
@@ -52,18 +55,15 @@ extension Blobs {
                         pool.submit { _ in
                             self.whenHeld(db: db, id: id, sync: sync, fetchedManifest: true, needed: needed, body, done: done)
                         }
-                    case .failure(let error) where error.kind == "blob_unavailable":
-                        done(.failure(Self.notFound(id, db: db)))
                     case .failure(let error):
-                        done(.failure(error))
+                        done(.failure(Self.manifestFailure(error, id: id, db: db)))
                     }
                 }
                 return
             }
             var seen = Set<ChunkID>()
             let missing = needed(manifest).filter { seen.insert($0).inserted && !reader.store.contains($0) }
-            guard !missing.isEmpty else { return done(Result { try body(id, manifest, reader) }) }
-            sync.fetchChunks(db: db, ids: missing, timeout: Self.fetchTimeout, waitForSource: true) { result in
+            fetchWindows(db: db, missing: missing[...], sync: sync) { result in
                 switch result {
                 case .success: pool.submit { _ in done(Result { try body(id, manifest, reader) }) }
                 case .failure(let error): done(.failure(error))
@@ -74,30 +74,38 @@ extension Blobs {
         }
     }
 
-    /// Blob `blob` of `db` with every chunk held, fetching what it lacks window by window; blocks (for the transfer
-    /// pool).
-    func fetchWhole(db: BlazeDatabase, blob: String, sync: SyncEngine) throws -> (ChunkID, BlobManifest, BlobReader) {
-        try fetch(db: db, id: try Self.blobID(blob), sync: sync) { $0.pieces.map(\.id) }
+    /// Fetches `missing` a window at a time; `done` once all are held or one window failed.
+    private func fetchWindows(
+        db: BlazeDatabase, missing: ArraySlice<ChunkID>, sync: SyncEngine,
+        done: @escaping @Sendable (Result<Void, StoreError>) -> Void
+    ) {
+        guard !missing.isEmpty else { return done(.success(())) }
+        let window = Array(missing.prefix(Self.fetchWindow))
+        let rest = missing.dropFirst(Self.fetchWindow)
+        sync.fetchChunks(db: db, ids: window, timeout: Self.fetchTimeout, waitForSource: true) { result in
+            switch result {
+            case .success: self.fetchWindows(db: db, missing: rest, sync: sync, done: done)
+            case .failure(let error): done(.failure(error))
+            }
+        }
     }
 
-    /// Blob `id` of `db` with its manifest and the chunks `needed` picks held, fetching what it lacks window by window;
-    /// blocks.
-    private func fetch(
-        db: BlazeDatabase, id: ChunkID, sync: SyncEngine, needed: (BlobManifest) -> [ChunkID]
-    ) throws -> (ChunkID, BlobManifest, BlobReader) {
+    /// Blob `blob` of `db` with every chunk held, fetching what it lacks window by window; blocks (for the transfer
+    /// pool, which the chunks it waits for never need: sessions store them on the engine's chunk pool).
+    func fetchWhole(db: BlazeDatabase, blob: String, sync: SyncEngine) throws -> (ChunkID, BlobManifest, BlobReader) {
+        let id = try Self.blobID(blob)
         let reader = BlobReader(store: try store(for: db), maxSize: maxBlobBytes)
         var manifest = try Self.mapped { try reader.manifest(id) }
         if manifest == nil {
             do {
                 try sync.fetchChunksAndWait(db: db, ids: [id], timeout: Self.fetchTimeout, waitForSource: false)
-            } catch let error as StoreError where error.kind == "blob_unavailable" {
-                throw Self.notFound(id, db: db)
+            } catch {
+                throw Self.manifestFailure(error, id: id, db: db)
             }
             manifest = try Self.mapped { try reader.manifest(id) }
         }
         guard let manifest else { throw Self.notFound(id, db: db) }
-        var seen = Set<ChunkID>()
-        let missing = needed(manifest).filter { seen.insert($0).inserted && !reader.store.contains($0) }
+        let missing = reader.missing(manifest)
         for start in stride(from: 0, to: missing.count, by: Self.fetchWindow) {
             let window = Array(missing[start..<min(missing.count, start + Self.fetchWindow)])
             try sync.fetchChunksAndWait(db: db, ids: window, timeout: Self.fetchTimeout, waitForSource: true)
@@ -113,9 +121,23 @@ extension Blobs {
         return id
     }
 
+    /// What a failed fetch of blob `id`'s manifest means: no connected device has it (`blob_not_found`), or the
+    /// failure as it is (a timeout, a full disk, shutting down).
+    static func manifestFailure(_ error: any Error, id: ChunkID, db: BlazeDatabase) -> any Error {
+        guard let error = error as? StoreError, error.kind == "blob_unavailable" else { return error }
+        return notFound(id, db: db)
+    }
+
     /// `blob_not_found` for blob `id` of `db`.
     static func notFound(_ id: ChunkID, db: BlazeDatabase) -> StoreError {
         StoreError(.notFound, kind: "blob_not_found", "no blob \(id) in database \(db.name), here or on a device it syncs with now")
+    }
+
+    /// `blob_not_held`: inside a batch, a blob read uses only what this device holds.
+    static func notHeld(_ id: ChunkID, db: BlazeDatabase) -> StoreError {
+        StoreError(
+            .notFound, kind: "blob_not_held",
+            "this device does not hold all of blob \(id) of database \(db.name), and inside a batch a read does not fetch from peers: call it alone")
     }
 
     /// `body`'s chunk store failure as a store error.

@@ -185,6 +185,12 @@ final class Blobs: Sendable {
         }
     }
 
+    /// Ends upload `id` without a blob (the chunks it stored stay: other blobs may share them).
+    func abort(upload id: String, db: String, connection: Int) throws {
+        _ = try upload(id, db: db, connection: connection)
+        uploads.withLock { $0[id] = nil }
+    }
+
     /// Finishes upload `id`: stores its last chunk and manifest.
     func finish(upload id: String, db: String, connection: Int) throws -> Put {
         let upload = try upload(id, db: db, connection: connection)

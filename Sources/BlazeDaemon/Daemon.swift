@@ -33,6 +33,9 @@ public final class Daemon: Service, Sendable {
     let pool = NIOThreadPool(numberOfThreads: max(2, System.coreCount))
     /// Runs long transfers (blob puts and gets), two at a time, beside the I/O pool.
     let transferPool = NIOThreadPool(numberOfThreads: 2)
+    /// Reads, seals, opens and stores blob chunks for sync sessions, two at a time: never the transfer pool, whose
+    /// threads a get may hold while it waits for the chunks this pool stores.
+    let chunkPool = NIOThreadPool(numberOfThreads: 2)
     /// Sync with other devices.
     public let sync: SyncEngine
     /// Each database's blobs and the uploads in progress.
@@ -51,7 +54,7 @@ public final class Daemon: Service, Sendable {
             group: MultiThreadedEventLoopGroup.singleton, pool: pool, logger: logger,
             timeout: .milliseconds(Int64(config.syncTimeoutMs)), retryMaxMs: config.syncRetryMaxMs,
             listenerLimits: config.syncListenerLimits,
-            tlsTrustRoots: config.syncTLSTrustRoots, folderOptions: config.folderOptions, chunkPool: transferPool)
+            tlsTrustRoots: config.syncTLSTrustRoots, folderOptions: config.folderOptions, chunkPool: chunkPool)
         self.blobs = Blobs(
             maxBlobBytes: config.maxBlobBytes, stores: sync.chunkStores, pool: pool, isOpen: { [connections] in connections.isOpen($0) })
         if let name = config.defaultDatabase, (try? store.database(name)) == nil {
@@ -73,6 +76,7 @@ public final class Daemon: Service, Sendable {
         let pool = self.pool
         pool.start()
         transferPool.start()
+        chunkPool.start()
         let dispatcher = Dispatcher(context: context, pool: pool, transferPool: transferPool)
         let limits = config.limits
         let connections = self.connections
@@ -115,6 +119,7 @@ public final class Daemon: Service, Sendable {
             await sync.shutdown()
             try? await pool.shutdownGracefully()
             try? await transferPool.shutdownGracefully()
+            try? await chunkPool.shutdownGracefully()
             try? await clientLoops.group.shutdownGracefully()
             if config.inheritedSocket == nil { unlink(config.socketPath) }
             throw error
@@ -155,6 +160,7 @@ public final class Daemon: Service, Sendable {
         await sync.shutdown()
         try? await pool.shutdownGracefully()
         try? await transferPool.shutdownGracefully()
+        try? await chunkPool.shutdownGracefully()
         try? await clientLoops.group.shutdownGracefully()
         if config.inheritedSocket == nil { unlink(config.socketPath) }  // systemd owns an inherited socket's path
         store.closeAll()

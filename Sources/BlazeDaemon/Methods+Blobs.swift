@@ -32,6 +32,12 @@ extension Methods {
         return putResult(try ctx.blobs.finish(upload: p.upload, db: p.db, connection: ctx.connectionID))
     }
 
+    static let blobAbort = MethodHandler(RPC.BlobAbort.self) { p, ctx in
+        _ = try ctx.database(p.db)
+        try ctx.blobs.abort(upload: p.upload, db: p.db, connection: ctx.connectionID)
+        return .init(aborted: true)
+    }
+
     static let blobRead = MethodHandler(deferred: RPC.BlobRead.self) { p, ctx, reply in
         let db = try ctx.database(p.db)
         let offset = p.offset ?? 0

@@ -43,6 +43,7 @@ enum Methods {
         case .blobUpload: return blobUpload
         case .blobAppend: return blobAppend
         case .blobFinish: return blobFinish
+        case .blobAbort: return blobAbort
         case .blobRead: return blobRead
         case .blobGet: return blobGet
         case .blobStat: return blobStat

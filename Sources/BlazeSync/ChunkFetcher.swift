@@ -9,11 +9,13 @@ import Synchronization
 /// A session attaches as a **source** for its database once established. Callers ask for chunks they found missing
 /// (`fetch`); each chunk wanted is asked of one source at a time, the least busy one that has not failed it, with at
 /// most `maxInFlightPerSource` chunks outstanding per source, so a blob comes from several peers at once and a source
-/// moves at most that many chunks' memory. A source that says it lacks a chunk, sends a bad one, closes, or does not
-/// answer within `askTimeout` is not asked for that chunk again; the chunk goes to the next source. A chunk every
-/// attached source lacks fails its callers (`blob_unavailable`); while no source is attached (a link reconnecting)
-/// chunks wait, up to their caller's deadline. Chunks arrive one by one and are stored as they come, so a fetch cut
-/// off by a disconnect or a restart asks only for what is still missing.
+/// moves at most that many chunks' memory. A source that says it lacks a chunk, sends a bad one or closes is not asked
+/// for that chunk again; the chunk goes to the next source. One that does not answer within `askTimeout` loses the
+/// chunk to another source too, but its slot stays taken until it answers (its late answer is still taken), so a slow
+/// peer is never asked for more than it can serve. A chunk every attached source lacks fails its callers
+/// (`blob_unavailable`); while no source is attached (a link reconnecting) chunks wait, up to their caller's deadline
+/// (`blob_fetch_timeout`). Chunks arrive one by one and are stored as they come, so a fetch cut off by a disconnect or
+/// a restart asks only for what is still missing.
 final class ChunkFetcher: Sendable {
     /// Chunks outstanding per source (a chunk is at most 4 MiB).
     static let maxInFlightPerSource = 4
@@ -43,7 +45,10 @@ final class ChunkFetcher: Sendable {
     private struct Source {
         let db: String
         let ask: @Sendable ([ChunkID]) -> Void
+        /// Chunks asked of it and not answered (including those given to another source after a timeout).
         var inFlight: Set<ChunkID> = []
+        /// Chunks of it being opened and stored now: a second copy of one is not taken.
+        var receiving: Set<ChunkID> = []
     }
 
     private struct Caller {
@@ -101,6 +106,17 @@ final class ChunkFetcher: Sendable {
         run(effects)
     }
 
+    /// Takes source `token`'s answer for chunk `id` for opening and storing: true once per asking (a copy sent again
+    /// while the first is being stored, or a chunk never asked of it, is not taken).
+    func accept(_ token: Int, _ id: ChunkID) -> Bool {
+        state.withLock { s in
+            guard var source = s.sources[token], source.inFlight.contains(id), !source.receiving.contains(id) else { return false }
+            source.receiving.insert(id)
+            s.sources[token] = source
+            return true
+        }
+    }
+
     /// Whether source `token` was asked for chunk `id` and has not answered it.
     func expects(_ token: Int, _ id: ChunkID) -> Bool {
         state.withLock { $0.sources[token]?.inFlight.contains(id) ?? false }
@@ -121,6 +137,11 @@ final class ChunkFetcher: Sendable {
             s.next += 1
             guard !ids.isEmpty else {
                 effects.done.append((done, .success(())))
+                return token
+            }
+            guard ids.count <= Self.maxPerFetch else {
+                effects.done.append((done, .failure(StoreError(
+                    .internalFailure, kind: "internal", "a fetch of \(ids.count) chunks: callers fetch at most \(Self.maxPerFetch) at once"))))
                 return token
             }
             s.callers[token] = Caller(db: db, left: Set(ids), done: done)
@@ -156,14 +177,16 @@ final class ChunkFetcher: Sendable {
         }
     }
 
-    /// Chunk `id` arrived from source `token` and is stored.
-    func arrived(_ token: Int, _ id: ChunkID) {
+    /// Chunk `id` of database `db` arrived from source `token` and is stored (its callers complete even when the
+    /// source left meanwhile).
+    func arrived(_ token: Int, db: String, _ id: ChunkID) {
         var effects = Effects()
         state.withLock { s in
-            guard let db = s.sources[token]?.db else { return }
-            s.sources[token]!.inFlight.remove(id)
+            s.sources[token]?.inFlight.remove(id)
+            s.sources[token]?.receiving.remove(id)
             let key = Key(db: db, id: id)
             if let want = s.wants.removeValue(forKey: key) {
+                s.unassigned.removeAll { $0 == key }
                 for c in want.callers {
                     guard var caller = s.callers[c] else { continue }
                     caller.left.remove(id)
@@ -189,6 +212,7 @@ final class ChunkFetcher: Sendable {
             guard let db = s.sources[token]?.db else { return }
             for id in ids where s.sources[token]!.inFlight.contains(id) {
                 s.sources[token]!.inFlight.remove(id)
+                s.sources[token]!.receiving.remove(id)
                 release(Key(db: db, id: id), from: token, &s)
             }
             schedule(&s, &effects)
@@ -201,10 +225,27 @@ final class ChunkFetcher: Sendable {
         var effects = Effects()
         state.withLock { s in
             s.sources[token]?.inFlight.remove(id)
+            s.sources[token]?.receiving.remove(id)
             fail(Key(db: db, id: id), error, &s, &effects)
             schedule(&s, &effects)
         }
         run(effects)
+    }
+
+    /// Fails every caller with `error` and forgets every want (the engine is shutting down).
+    func endAll(_ error: StoreError) {
+        let ended: [Caller] = state.withLock { s in
+            defer {
+                s.callers = [:]
+                s.wants = [:]
+                s.unassigned = []
+            }
+            return Array(s.callers.values)
+        }
+        for caller in ended {
+            caller.timeout?.cancel()
+            caller.done(.failure(error))
+        }
     }
 
     /// How many of `ids` (chunks of database `db`) are wanted and not yet stored.
@@ -217,9 +258,14 @@ final class ChunkFetcher: Sendable {
 
     // MARK: Under the lock
 
-    /// Puts a want asked of `source` back to be asked of another.
+    /// Puts a want asked of `source` back to be asked of another (nothing when it is asked of another already).
     private func release(_ key: Key, from source: Int, _ s: inout State) {
-        guard var want = s.wants[key], want.asked?.source == source else { return }
+        guard var want = s.wants[key] else { return }
+        guard want.asked?.source == source else {
+            want.tried.insert(source)
+            s.wants[key] = want
+            return
+        }
         guard !want.callers.isEmpty else {
             s.wants[key] = nil  // nobody waits for it any more
             return
@@ -238,14 +284,17 @@ final class ChunkFetcher: Sendable {
         var waiting: [Key] = []
         for key in s.unassigned {
             guard var want = s.wants[key], want.asked == nil else { continue }
-            let candidates = s.sources.filter { $0.value.db == key.db && !want.tried.contains($0.key) }
+            let candidates = s.sources.filter {
+                $0.value.db == key.db && !want.tried.contains($0.key) && !$0.value.inFlight.contains(key.id)
+            }
             if candidates.isEmpty {
                 if want.waitsForSource && !s.sources.contains(where: { $0.value.db == key.db }) {
                     waiting.append(key)  // no source now: a link may reconnect before the caller's deadline
                 } else {
                     fail(key, StoreError(
                         .notFound, kind: "blob_unavailable",
-                        "no connected device holds chunk \(key.id) of database \(key.db)"), &s, &effects)
+                        "no connected device of database \(key.db) holds chunk \(key.id) (each lacked it, sent a bad copy or did not answer in time)"),
+                        &s, &effects)
                 }
                 continue
             }
@@ -272,7 +321,7 @@ final class ChunkFetcher: Sendable {
     /// Fails every caller of `key` with `error` and drops the want.
     private func fail(_ key: Key, _ error: StoreError, _ s: inout State, _ effects: inout Effects) {
         guard let want = s.wants.removeValue(forKey: key) else { return }
-        if let asked = want.asked { s.sources[asked.source]?.inFlight.remove(key.id) }
+        s.unassigned.removeAll { $0 == key }
         for c in want.callers {
             guard let caller = s.callers.removeValue(forKey: c) else { continue }
             caller.timeout?.cancel()
@@ -318,7 +367,8 @@ final class ChunkFetcher: Sendable {
         var effects = Effects()
         state.withLock { s in
             guard let want = s.wants[key], let asked = want.asked, asked.source == source, asked.round == round else { return }
-            s.sources[source]?.inFlight.remove(key.id)
+            // The source keeps the chunk in flight (it owes an answer, which is still taken when it comes), so it is
+            // not asked for more meanwhile; the chunk goes to another source.
             release(key, from: source, &s)
             schedule(&s, &effects)
         }
@@ -333,7 +383,7 @@ final class ChunkFetcher: Sendable {
             return caller.done
         }
         done?(.failure(StoreError(
-            .unavailable, kind: "blob_unavailable",
+            .unavailable, kind: "blob_fetch_timeout",
             "the blob's chunks did not arrive within \(seconds) s: no connected device sent them (is a peer holding them online?)")))
     }
 }

@@ -119,6 +119,15 @@ final class FolderWorker {
     var acksWrittenAt: UInt64 = 0
     /// Whether the last step failed, and how (counted once per distinct failure).
     var lastFailure: String?
+    /// Chunks known to be in some device's `assets/` (written by this link, or found there).
+    var assetsKnown: Set<ChunkID> = []
+    /// Chunks of the store still to look for in the folder, and when (uptime ms) the store was last listed.
+    var pendingAssets: [ChunkID] = []
+    var assetsScannedAt: UInt64 = 0
+    /// This link's token as a chunk source of the engine's fetcher, while it runs.
+    var chunkSource: Int?
+    /// Chunks the fetcher asked of this link.
+    let assetAsks = AssetAsks()
 
     init(
         engine: SyncEngine, space: SharedSpace, root: String, options: FolderOptions, signal: WakeSignal,
@@ -153,9 +162,15 @@ final class FolderWorker {
             }
         }
         let registration = engine.register(db: db.name) { signal.wake() }
+        let asks = assetAsks
+        chunkSource = engine.chunks.attach(db: db.name) { ids in
+            asks.add(ids)
+            signal.wake()
+        }
         defer {
             if let feedToken { db.feed.detach(feedToken) }
             engine.unregister(registration)
+            if let chunkSource { engine.chunks.detach(chunkSource) }
             segment?.close()
             report.update { $0.connectionsByDevice = [:]; $0.connections = 0 }
         }
@@ -202,6 +217,8 @@ final class FolderWorker {
             try readAcks()
             try scan()
             try publish()
+            serveAssetAsks()
+            try publishAssets()
             if lastFailure != nil {
                 lastFailure = nil
                 report.update { $0.lastError = nil }

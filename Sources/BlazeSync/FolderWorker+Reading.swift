@@ -183,12 +183,13 @@ extension FolderWorker {
     }
 
     /// The segment files of a directory: those named as writers name them first, in number order, then any other
-    /// name (copies the folder tool renamed), skipping the head, members and acks files and temporary files; at most
+    /// name (copies the folder tool renamed), skipping the head, members and acks files, the assets directory and
+    /// temporary files; at most
     /// `FolderFiles.maxFilesPerDirectory` (the rest reported).
     func segmentFiles(_ dir: String) throws -> [String] {
         let names = try listing(dir)
         let candidates = names.filter {
-            $0 != "head" && $0 != "members" && $0 != "acks" && !$0.hasSuffix(".tmp") && !$0.hasPrefix(".")
+            $0 != "head" && $0 != "members" && $0 != "acks" && $0 != "assets" && !$0.hasSuffix(".tmp") && !$0.hasPrefix(".")
         }
         if candidates.count > FolderFiles.maxFilesPerDirectory {
             overLimit("\(dir) holds \(candidates.count) files; the first \(FolderFiles.maxFilesPerDirectory) are read")

@@ -57,6 +57,9 @@ public final class SyncEngine: Sendable {
     /// Relays (by address) that closed a link on `JOIN_REFUSED` as a message they do not know (an older version):
     /// they are not sent it again while this process runs, so the joins they hold do not close the link each time.
     let withoutJoinRefusal = Mutex<Set<String>>([])
+    /// Devices (node id hex) that closed a session on `CHUNK_WANT` as a message they do not know (an older version):
+    /// they are not asked for chunks again while this process runs.
+    let withoutChunks = Mutex<Set<String>>([])
     /// For each link (database, peer, device), how many sessions in a row ended to fetch again what they refused for a
     /// reason that may clear (`SyncSession.refetchLater`).
     let refetchBackoff = Mutex<[String: Int]>([:])
@@ -190,6 +193,8 @@ public final class SyncEngine: Sendable {
         }
         for link in all { link.stop() }
         stopFolders(db: nil)
+        // Reads and gets waiting for chunks end now instead of at their deadlines.
+        chunks.endAll(StoreError(.unavailable, kind: "shutting_down", "the daemon is shutting down"))
         if let channel = listener.withLock({ $0 }) { try? await channel.close() }
         let open = inbound.withLock { inbound in
             defer { inbound = nil }

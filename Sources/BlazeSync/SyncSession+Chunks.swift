@@ -9,25 +9,37 @@ import NIOCore
 /// for chunks its database lacks (`CHUNK_WANT`), and it serves the chunks the peer asks for, sealed under the space's
 /// current epoch key (`CHUNK`, or `CHUNK_MISSING` for those it does not hold).
 ///
-/// Serving reads and seals at most `servingAtOnce` chunks at a time, the next once the last was written, so a peer
-/// that reads slowly holds at most that many sealed chunks here. A peer may have `maxQueuedWants` chunks asked and
-/// not yet served; more is refused. Received chunks are opened, checked against their id and stored off the event
-/// loop; one this session did not ask for, or one that does not open as its id, is refused (`bad_chunk`).
+/// Only a member device of the space takes part: a relay, a device not (or no longer) in the log, or one of an older
+/// version is neither asked nor served. Serving reads and seals at most `servingAtOnce` chunks at a time, the next
+/// once the last was written, so a peer that reads slowly holds at most that many sealed chunks here. A peer may have
+/// `maxQueuedWants` chunks asked and not yet served; more is refused. Received chunks are opened, checked against
+/// their id and stored off the event loop, each asked chunk once; one this session did not ask for (or a copy of one
+/// being stored), or one that does not open as its id, is refused (`bad_chunk`).
 extension SyncSession {
     /// Chunks read and sealed for the peer at once.
     static let servingAtOnce = 2
     /// Chunks the peer may have asked for and not been served (a fetcher asks for at most 4 at a time).
     static let maxQueuedWants = 2 * PeerMessage.maxChunkWants
 
+    /// Whether the device at the other end may ask for chunks and be asked: a current member of the space, not a
+    /// relay this device dialed.
+    var chunkPeer: Bool {
+        guard let link, !servesUnlisted, !peerRemoved else { return false }
+        if case .member = link.space.snapshot.admits(link.device) { return true }
+        return false
+    }
+
     /// Attaches this session to the engine's fetcher as a source for its database.
     func attachChunkSource(context: ChannelHandlerContext) {
-        guard let link, chunkSource == nil else { return }
+        guard let link, chunkSource == nil, chunkPeer else { return }
+        guard !engine.withoutChunks.withLock({ $0.contains(link.device.nodeIDHex) }) else { return }
         let bound = NIOLoopBound((self, context), eventLoop: context.eventLoop)
         let loop = context.eventLoop
         chunkSource = engine.chunks.attach(db: link.db.name) { ids in
             loop.execute {
                 let (session, context) = bound.value
                 guard !session.closed else { return }
+                session.sentChunkWant = true
                 session.send(.chunkWant(ids), context: context)
             }
         }
@@ -42,6 +54,11 @@ extension SyncSession {
     /// The peer asks for `ids`.
     func wanted(_ ids: [ChunkID], context: ChannelHandlerContext) {
         guard link != nil else { return }
+        guard chunkPeer else {
+            // Not a member's device (a relay, one not admitted yet or removed): it learns nothing of what is held here.
+            send(.chunkMissing(ids), context: context)
+            return
+        }
         guard chunkQueue.count + ids.count <= Self.maxQueuedWants else {
             errorCaught(context: context, error: SyncRejection.malformed)
             return
@@ -89,9 +106,8 @@ extension SyncSession {
 
     /// The peer sent chunk `id`: opened, checked and stored off the loop, then the fetcher learns it arrived.
     func received(chunk id: ChunkID, sealed: [UInt8], context: ChannelHandlerContext) {
-        guard let link, let source = chunkSource else { return }
-        guard engine.chunks.expects(source, id) else {
-            // Not asked for (or asked of another source and answered already): a peer cannot fill a device's disk.
+        guard let link, let source = chunkSource, engine.chunks.accept(source, id) else {
+            // Not asked of this session, or a copy of one being stored: a peer cannot fill a device's disk or memory.
             errorCaught(context: context, error: SyncRejection.badChunk)
             return
         }
@@ -122,7 +138,7 @@ extension SyncSession {
             switch result {
             case .success(.stored(let bytes)):
                 session.report.update { $0.chunksReceived += 1; $0.chunkBytesReceived += bytes }
-                engine.chunks.arrived(source, id)
+                engine.chunks.arrived(source, db: db.name, id)
             case .success(.noKey):
                 engine.chunks.lacks(source, [id])
             case .success(.refused):

@@ -55,6 +55,8 @@ final class SyncSession: ChannelInboundHandler {
     var chunkQueue: [ChunkID] = []
     /// Chunks being read, sealed or written for the peer now.
     var chunksServing = 0
+    /// Whether this session asked the peer for chunks (an older version closes on it as malformed).
+    var sentChunkWant = false
     /// Set by the feed listener (on the writer thread) so that a burst of commits schedules one pump.
     private let wake = WakeFlag()
 
@@ -156,6 +158,13 @@ final class SyncSession: ChannelInboundHandler {
                 engine.logger.warning(
                     "Sync peer does not take join refusals (an older relay): its joiners will wait out their time",
                     metadata: ["peer": "\(report.peer)"])
+            }
+            if sentChunkWant, reason == SyncRejection.malformed.rawValue, let device = link?.device.nodeIDHex {
+                // A device of an older version, which does not know `CHUNK_WANT`: it is not asked for chunks again.
+                engine.withoutChunks.withLock { _ = $0.insert(device) }
+                engine.logger.warning(
+                    "Sync peer does not serve blob chunks (an older version): it is not asked for them again",
+                    metadata: ["peer": "\(report.peer)", "device": "\(device)"])
             }
             if let space = link?.space, space.joining.withLock({ $0 != nil }) { engine.failJoin(space, reason: reason) }
             close(context: context)

@@ -158,7 +158,16 @@ import Glibc
         // A failed append ends its upload: nothing more is appended to a blob that lost bytes.
         expectRPCError(c, "blob.append", ["db": "default", "upload": big, "data": "AAAA"], code: -32010, kind: "upload_not_found")
         expectRPCError(c, "blob.finish", ["db": "default", "upload": big], code: -32010, kind: "upload_not_found")
-        for _ in 0..<4 { _ = try c.call("blob.upload", ["db": "default"]) }
+        let open = try (0..<4).map { _ in try c.call("blob.upload", ["db": "default"])["upload"]! }
+        expectRPCError(c, "blob.upload", ["db": "default"], code: -32012, kind: "too_many_uploads")
+        // An aborted upload frees its slot at once; only its own connection may abort it, once.
+        expectRPCError(other, "blob.abort", ["db": "default", "upload": open[0]], code: -32010, kind: "upload_not_found")
+        #expect(try c.call("blob.abort", ["db": "default", "upload": open[0]]) == ["aborted": true])
+        expectRPCError(c, "blob.abort", ["db": "default", "upload": open[0]], code: -32010, kind: "upload_not_found")
+        expectRPCError(c, "blob.append", ["db": "default", "upload": open[0], "data": "AAAA"], code: -32010, kind: "upload_not_found")
+        expectRPCError(c, "blob.abort", ["db": "default"], code: -32602, kind: "invalid_params")
+        expectRPCError(c, "blob.abort", ["db": "nope", "upload": open[1]], code: -32010, kind: "database_not_found")
+        _ = try c.call("blob.upload", ["db": "default"])
         expectRPCError(c, "blob.upload", ["db": "default"], code: -32012, kind: "too_many_uploads")
         // The limit is per connection: another connection may open its own.
         _ = try other.call("blob.upload", ["db": "default"])

@@ -155,4 +155,38 @@ import Testing
         #expect(after - before <= Int64(chunks) - held + 4, "\(after - before) chunks for \(Int64(chunks) - held) missing")
         #expect(try cb.call("blob.stat", ["db": "notes", "blob": id])["heldChunks"] == .int(Int64(chunks)))
     }
+
+    /// Two devices that meet only in a shared folder: a blob put on A is written there sealed (no plaintext of it in
+    /// any file), and B reads it from there; each chunk is written once however many devices hold it.
+    @Test func aBlobTravelsThroughASharedFolderSealed() throws {
+        let team = try FolderTeam(count: 2, arguments: ["--folder-poll-interval", "0.1"])
+        defer { team.stopAll() }
+        let folder = TempDir()
+        let (a, b) = (team.clients[0], team.clients[1])
+        for c in team.clients { _ = try c.call("folder.add", ["db": "team", "path": .string(folder.path)]) }
+        // A marker repeated through the file: its plaintext must appear in no file of the folder.
+        let marker = Array("PLAINTEXT-MARKER-7f3a".utf8)
+        var bytes = BlobDaemonTests().content(3_000_000, seed: 5)
+        for i in stride(from: 0, to: bytes.count - marker.count, by: 4096) { bytes.replaceSubrange(i..<(i + marker.count), with: marker) }
+        let file = team.dirs[0].path + "/doc.bin"
+        #expect(FileManager.default.createFile(atPath: file, contents: Data(bytes)))
+        let put = try a.call("blob.put", ["db": "team", "path": .string(file)])
+        let id = put["blob"]!["id"]!
+        let chunks = try #require(put["chunks"]?.intValue)
+        _ = try a.call("doc.put", ["db": "team", "collection": "files", "id": "doc", "doc": ["file": put["ref"]!]])
+        #expect(eventually { (try? b.call("doc.get", ["db": "team", "collection": "files", "id": "doc"])) != nil })
+        // A writes the manifest and every chunk to its own assets directory.
+        let assets = folder.path + "/" + (try spaceOf(a)) + "/" + team.nodes[0] + "/assets"
+        #expect(eventually(timeout: .seconds(30)) { filesUnder(assets).count == Int(chunks) + 1 })
+        let out = team.dirs[1].path + "/doc.out"
+        #expect(try b.call("blob.get", ["db": "team", "blob": id, "path": .string(out)])["bytes"] == 3_000_000)
+        #expect(FileManager.default.contents(atPath: out).map(Array.init) == bytes)
+        let link = try folderStatus(b, folder.path)
+        #expect(link["chunksReceived"] == .int(chunks + 1) && link["rejected"] == [:])
+        // B holds them now too, and writes none of them again (over several of its once-a-second looks).
+        let bAssets = folder.path + "/" + (try spaceOf(b)) + "/" + team.nodes[1] + "/assets"
+        #expect(eventually(quiet: .milliseconds(3_000), limit: .seconds(30)) { (filesUnder(bAssets).count, holds: true) })
+        #expect(filesUnder(bAssets).isEmpty)
+        #expect(!folderText(folder.path).contains("PLAINTEXT-MARKER-7f3a"))
+    }
 }

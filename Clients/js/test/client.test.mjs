@@ -229,6 +229,16 @@ test('blobs: put from a path, upload a stream, read back as a stream', async () 
     assert.ok(Buffer.concat(tail).equals(content.subarray(content.length - 3)));
     await assert.rejects(client.blob.stat({ db: 'default', blob: 'ab'.repeat(32) }), (err) => err.kind === 'blob_not_found');
     assert.throws(() => blobReadStream(client, { db: 'default', blob: put.blob.id, piece: 0 }), RangeError);
+    // A source that fails aborts its upload: five in a row fit in the four uploads a connection may hold.
+    async function* broken() {
+      yield Buffer.alloc(1000);
+      throw new Error('the source went away');
+    }
+    for (let i = 0; i < 5; i++) {
+      await assert.rejects(uploadBlob(client, { db: 'default', piece: 100 }, broken()), /the source went away/);
+    }
+    const opened = await Promise.all([0, 1, 2, 3].map(() => client.blob.upload({ db: 'default' })));
+    assert.equal(new Set(opened.map((o) => o.upload)).size, 4);
   } finally {
     client.close();
   }

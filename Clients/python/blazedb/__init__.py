@@ -39,6 +39,7 @@ from ._types import (
     BlobUploadResult,
     BlobAppendResult,
     BlobFinishResult,
+    BlobAbortResult,
     BlobReadResult,
     BlobGetResult,
     BlobStatResult,
@@ -62,7 +63,7 @@ from ._types import (
 )
 from ._types import *  # noqa: F401,F403 (the result types, for users)
 
-__all__ = ["Client", "Subscription", "BlazeError", "default_socket_path", "ParseError", "InvalidRequestError", "MethodNotFoundError", "InvalidParamsError", "InternalError", "NotFoundError", "ConflictError", "LimitExceededError", "UnavailableError", "SyncError", "RpcDiscoverResult", "DaemonInfoResult", "DaemonConfigResult", "DbCreateResult", "DbListResult", "DbInfoResult", "DbDropResult", "DbBackupResult", "DbRestoreResult", "DbCompactResult", "CollectionListResult", "CollectionDropResult", "DocInsertResult", "DocGetResult", "DocGetManyResult", "DocHistoryResult", "DocPutResult", "DocPatchResult", "DocDeleteResult", "TxCommitResult", "QueryFindResult", "QueryCountResult", "QueryExplainResult", "QueryAggregateResult", "QueryDeleteResult", "QueryUpdateResult", "IndexCreateResult", "IndexDropResult", "IndexListResult", "ConflictListResult", "ConflictResolveResult", "BlobPutResult", "BlobUploadResult", "BlobAppendResult", "BlobFinishResult", "BlobReadResult", "BlobGetResult", "BlobStatResult", "UnsubscribeResult", "DbShareResult", "DbJoinResult", "DbInviteResult", "DbMembersResult", "DbRevokeResult", "DbRelayCapabilityResult", "PeerAddResult", "PeerRemoveResult", "PeerListResult", "FolderAddResult", "FolderRemoveResult", "FolderListResult", "SyncStatusResult", "SyncNowResult", "SyncPauseResult", "SyncResumeResult"]
+__all__ = ["Client", "Subscription", "BlazeError", "default_socket_path", "ParseError", "InvalidRequestError", "MethodNotFoundError", "InvalidParamsError", "InternalError", "NotFoundError", "ConflictError", "LimitExceededError", "UnavailableError", "SyncError", "RpcDiscoverResult", "DaemonInfoResult", "DaemonConfigResult", "DbCreateResult", "DbListResult", "DbInfoResult", "DbDropResult", "DbBackupResult", "DbRestoreResult", "DbCompactResult", "CollectionListResult", "CollectionDropResult", "DocInsertResult", "DocGetResult", "DocGetManyResult", "DocHistoryResult", "DocPutResult", "DocPatchResult", "DocDeleteResult", "TxCommitResult", "QueryFindResult", "QueryCountResult", "QueryExplainResult", "QueryAggregateResult", "QueryDeleteResult", "QueryUpdateResult", "IndexCreateResult", "IndexDropResult", "IndexListResult", "ConflictListResult", "ConflictResolveResult", "BlobPutResult", "BlobUploadResult", "BlobAppendResult", "BlobFinishResult", "BlobAbortResult", "BlobReadResult", "BlobGetResult", "BlobStatResult", "UnsubscribeResult", "DbShareResult", "DbJoinResult", "DbInviteResult", "DbMembersResult", "DbRevokeResult", "DbRelayCapabilityResult", "PeerAddResult", "PeerRemoveResult", "PeerListResult", "FolderAddResult", "FolderRemoveResult", "FolderListResult", "SyncStatusResult", "SyncNowResult", "SyncPauseResult", "SyncResumeResult"]
 
 
 class ParseError(BlazeError):
@@ -114,7 +115,7 @@ class LimitExceededError(BlazeError):
 
 
 class UnavailableError(BlazeError):
-    """The daemon is shutting down, or what the call needs cannot be reached now (a blob's chunks held only by devices that are not connected)."""
+    """The daemon is shutting down, or what the call needs cannot be reached now (blob_fetch_timeout: a blob's chunks did not arrive in time)."""
 
     code = -32014
 
@@ -764,6 +765,17 @@ class _Blob:
         params["db"] = db
         params["upload"] = upload
         return cast(BlobFinishResult, self._client.call("blob.finish", params))
+
+    def abort(self, *, db: str, upload: str) -> BlobAbortResult:
+        """Ends an upload without storing a blob: its slot is free at once.
+
+        db: Database name.
+        upload: The upload's id (blob.upload).
+        """
+        params: Dict[str, Any] = {}
+        params["db"] = db
+        params["upload"] = upload
+        return cast(BlobAbortResult, self._client.call("blob.abort", params))
 
     def read(self, *, db: str, blob: str, offset: int = MISSING, length: int = MISSING) -> BlobReadResult:
         """Reads a range of a blob's bytes, in-band.

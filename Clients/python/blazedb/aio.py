@@ -48,6 +48,7 @@ from ._types import (
     BlobUploadResult,
     BlobAppendResult,
     BlobFinishResult,
+    BlobAbortResult,
     BlobReadResult,
     BlobGetResult,
     BlobStatResult,
@@ -712,6 +713,17 @@ class _Blob:
         params["db"] = db
         params["upload"] = upload
         return cast(BlobFinishResult, await self._client.call("blob.finish", params))
+
+    async def abort(self, *, db: str, upload: str) -> BlobAbortResult:
+        """Ends an upload without storing a blob: its slot is free at once.
+
+        db: Database name.
+        upload: The upload's id (blob.upload).
+        """
+        params: Dict[str, Any] = {}
+        params["db"] = db
+        params["upload"] = upload
+        return cast(BlobAbortResult, await self._client.call("blob.abort", params))
 
     async def read(self, *, db: str, blob: str, offset: int = MISSING, length: int = MISSING) -> BlobReadResult:
         """Reads a range of a blob's bytes, in-band.

@@ -65,14 +65,22 @@ def open_blob(client: Any, db: str, blob: str, buffer_size: int = READ_MAX) -> i
 
 def upload(client: Any, db: str, file: BinaryIO, type: Optional[str] = None, piece: int = 1 << 20) -> Dict[str, Any]:
     """Stores what `file` reads (to its end) as a blob of `db`, `piece` bytes per blob.append (at most 4 MiB);
-    returns what blob.finish returns. The upload ends with this client's connection if it is interrupted."""
+    returns what blob.finish returns. If reading `file` or a call fails, the upload is aborted (blob.abort) before the
+    error is raised, so its slot is free at once."""
     if not 0 < piece <= READ_MAX:
         raise ValueError(f"piece must be 1 to {READ_MAX} bytes")
     upload_id = client.blob.upload(db=db, type=MISSING if type is None else type)["upload"]
-    while True:
-        data = file.read(piece)
-        if not data:
-            break
-        client.blob.append(db=db, upload=upload_id, data=base64.b64encode(data).decode("ascii"))
-    result: Dict[str, Any] = client.blob.finish(db=db, upload=upload_id)
-    return result
+    try:
+        while True:
+            data = file.read(piece)
+            if not data:
+                break
+            client.blob.append(db=db, upload=upload_id, data=base64.b64encode(data).decode("ascii"))
+        result: Dict[str, Any] = client.blob.finish(db=db, upload=upload_id)
+        return result
+    except BaseException:
+        try:
+            client.blob.abort(db=db, upload=upload_id)
+        except Exception:
+            pass  # ended already (a failed append ends it), or the connection is gone, which ends it too
+        raise

@@ -41,3 +41,29 @@ def test_blob_errors_are_typed(daemon):
         assert e.value.kind == "invalid_path"
         with pytest.raises(ValueError):
             upload(client, "default", io.BytesIO(b"x"), piece=0)
+
+
+class _Broken(io.RawIOBase):
+    """A file that yields one piece, then fails as a disk or a network would."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def read(self, size: int = -1) -> bytes:
+        self.calls += 1
+        if self.calls > 1:
+            raise OSError("the source went away")
+        return b"x" * 1000
+
+
+def test_an_upload_whose_source_fails_is_aborted_and_frees_its_slot(daemon):
+    with blazedb.Client(daemon.socket) as client:
+        # A connection holds at most 4 uploads: five failing uploads in a row work only if each one is aborted.
+        for _ in range(5):
+            with pytest.raises(OSError):
+                upload(client, "default", _Broken())
+        opened = [client.blob.upload(db="default")["upload"] for _ in range(4)]
+        assert len(set(opened)) == 4

@@ -237,6 +237,9 @@ def test_every_method_succeeds_and_fails_as_documented(client, daemon):
     err(c, "blob.append", -32602, "invalid_data", db="app", upload=upload, data="not base64!")
     assert ok(c, "blob.finish", db="app", upload=upload)["blob"]["size"] == 5
     err(c, "blob.finish", -32010, "upload_not_found", db="app", upload=upload)
+    aborted = ok(c, "blob.upload", db="app")["upload"]
+    assert ok(c, "blob.abort", db="app", upload=aborted) == {"aborted": True}
+    err(c, "blob.abort", -32010, "upload_not_found", db="app", upload=aborted)
     assert base64.b64decode(ok(c, "blob.read", db="app", blob=blob, offset=10, length=4)["data"]) == open(blob_path, "rb").read()[10:14]
     err(c, "blob.read", -32012, "too_large", db="app", blob=blob, length=5 << 20)
     assert ok(c, "blob.stat", db="app", blob=blob)["heldBytes"] == 300_000

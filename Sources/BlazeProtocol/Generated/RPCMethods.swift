@@ -73,6 +73,8 @@ public enum RPCMethod: String, Sendable, CaseIterable {
     case blobAppend = "blob.append"
     /// Ends an upload: stores its last chunk and its manifest, and returns the blob.
     case blobFinish = "blob.finish"
+    /// Ends an upload without storing a blob: its slot is free at once.
+    case blobAbort = "blob.abort"
     /// Reads a range of a blob's bytes, in-band.
     case blobRead = "blob.read"
     /// Writes a blob's content to a new file at a path.
@@ -154,6 +156,7 @@ public enum RPCMethod: String, Sendable, CaseIterable {
         case .blobUpload: return "Starts putting a blob whose bytes the caller sends (blob.append, then blob.finish)."
         case .blobAppend: return "Appends bytes to an upload."
         case .blobFinish: return "Ends an upload: stores its last chunk and its manifest, and returns the blob."
+        case .blobAbort: return "Ends an upload without storing a blob: its slot is free at once."
         case .blobRead: return "Reads a range of a blob's bytes, in-band."
         case .blobGet: return "Writes a blob's content to a new file at a path."
         case .blobStat: return "A blob's size and chunks, which of them this device holds, and how many are being fetched."
@@ -216,6 +219,7 @@ public enum RPCMethod: String, Sendable, CaseIterable {
         case .blobUpload: return ["db", "type"]
         case .blobAppend: return ["db", "upload", "data"]
         case .blobFinish: return ["db", "upload"]
+        case .blobAbort: return ["db", "upload"]
         case .blobRead: return ["db", "blob", "offset", "length"]
         case .blobGet: return ["db", "blob", "path"]
         case .blobStat: return ["db", "blob"]
@@ -3273,6 +3277,76 @@ public enum RPC {
         /// Reads a result a daemon sent.
         public static func decode(_ result: JSONValue) throws(RPCShapeError) -> Result {
             try RPCDecode.value(result, RPCSchema.BlobPutResult.init(json:))
+        }
+    }
+
+    /// Parameters of `blob.abort`: Ends an upload without storing a blob: its slot is free at once.
+    public struct BlobAbort: RPCParameters {
+        public static let method = RPCMethod.blobAbort
+
+        /// The result of `blob.abort`.
+        public struct Result: RPCObject {
+            /// Always true: the upload is gone.
+            public var aborted: Bool
+
+            /// A value from its members.
+            public init(aborted: Bool) {
+                self.aborted = aborted
+            }
+
+            /// Reads the value from JSON.
+            public init(json: JSONValue) throws(RPCShapeError) {
+                let o = try RPCDecode.object(json)
+                self.aborted = try RPCDecode.member(o, "aborted", RPCDecode.bool)
+            }
+
+            /// The value's JSON form.
+            public var json: JSONValue {
+                .object(jsonObject)
+            }
+
+            /// The members of the JSON form.
+            public var jsonObject: [String: JSONValue] {
+                var o = [String: JSONValue](minimumCapacity: 1)
+                o["aborted"] = .bool(self.aborted)
+                return o
+            }
+        }
+
+        /// Database name.
+        public var db: String
+        /// The upload's id (blob.upload).
+        public var upload: String
+
+        /// Parameters from their values (optional ones default to absent).
+        public init(db: String, upload: String) {
+            self.db = db
+            self.upload = upload
+        }
+
+        /// Checks a request's params: names, presence and JSON types.
+        public init(validating params: [String: JSONValue]) throws(RPCError) {
+            try RPCParam.rejectUnknown(params, accepted: ["db", "upload"], method: Self.method)
+            self.db = try RPCParam.required(params, "db", of: Self.method, RPCDecode.string)
+            self.upload = try RPCParam.required(params, "upload", of: Self.method, RPCDecode.string)
+        }
+
+        /// The params as a request carries them.
+        public var jsonObject: [String: JSONValue] {
+            var o = [String: JSONValue](minimumCapacity: 2)
+            o["db"] = .string(self.db)
+            o["upload"] = .string(self.upload)
+            return o
+        }
+
+        /// The JSON form of a result.
+        public static func encode(_ result: Result) -> JSONValue {
+            result.json
+        }
+
+        /// Reads a result a daemon sent.
+        public static func decode(_ result: JSONValue) throws(RPCShapeError) -> Result {
+            try RPCDecode.value(result, Result.init(json:))
         }
     }
 
