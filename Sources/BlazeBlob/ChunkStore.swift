@@ -1,5 +1,6 @@
 import BlazeProtocol
 import Foundation
+import Synchronization
 
 #if canImport(Glibc)
 import Glibc
@@ -16,6 +17,11 @@ import Glibc
 public final class ChunkStore: Sendable {
     /// The store's directory.
     public let directory: String
+    /// Counts chunks added and removed through this store: a reader that lists the store can tell whether it changed.
+    private let changes = Atomic<Int>(0)
+
+    /// Changes so far (chunks added or removed since this store was opened).
+    public var generation: Int { changes.load(ordering: .acquiring) }
 
     /// The chunk store in `directory`, created if missing (with its parents, mode 0700).
     public init(directory: String) throws(ChunkStoreError) {
@@ -78,6 +84,7 @@ public final class ChunkStore: Sendable {
             throw .system("sync \(temporary)", code)
         }
         close(fd)
+        defer { changes.add(1, ordering: .releasing) }
         guard rename(temporary, final) == 0 else {
             let code = errno
             unlink(temporary)
@@ -169,7 +176,11 @@ public final class ChunkStore: Sendable {
 
     /// Removes chunk `id`; false when it was not held.
     @discardableResult
-    public func remove(_ id: ChunkID) -> Bool { unlink(path(of: id)) == 0 }
+    public func remove(_ id: ChunkID) -> Bool {
+        guard unlink(path(of: id)) == 0 else { return false }
+        changes.add(1, ordering: .releasing)
+        return true
+    }
 
     /// Every chunk held, in no particular order (file names that are not chunk ids are skipped).
     public func all() -> [ChunkID] {

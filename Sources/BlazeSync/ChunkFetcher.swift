@@ -4,24 +4,28 @@ import BlazeWire
 import NIOCore
 import Synchronization
 
-/// Fetches the blob chunks a database lacks from the sync sessions serving it (ARCHITECTURE.md, "Blobs").
+/// Fetches the blob chunks a database lacks from the sources serving it (ARCHITECTURE.md, "Blobs"; SYNC.md §12).
 ///
-/// A session attaches as a **source** for its database once established. Callers ask for chunks they found missing
-/// (`fetch`); each chunk wanted is asked of one source at a time, the least busy one that has not failed it, with at
-/// most `maxInFlightPerSource` chunks outstanding per source, so a blob comes from several peers at once and a source
-/// moves at most that many chunks' memory. A source that says it lacks a chunk, sends a bad one or closes is not asked
-/// for that chunk again; the chunk goes to the next source. One that does not answer within `askTimeout` loses the
-/// chunk to another source too, but its slot stays taken until it answers (its late answer is still taken), so a slow
-/// peer is never asked for more than it can serve. A chunk every attached source lacks fails its callers
-/// (`blob_unavailable`); while no source is attached (a link reconnecting) chunks wait, up to their caller's deadline
-/// (`blob_fetch_timeout`). Chunks arrive one by one and are stored as they come, so a fetch cut off by a disconnect or
-/// a restart asks only for what is still missing.
+/// Sources are a database's sessions with member devices (peers) and its folder links. Callers ask for chunks they
+/// found missing (`fetch`), at most `maxPerFetch` at once; each chunk wanted is asked of one source at a time, the
+/// least busy one that has not lacked it, with at most `maxInFlightPerSource` chunks outstanding per source, so a blob
+/// comes from several sources at once and a source moves at most that many chunks' memory.
+///
+/// - A source that says it lacks a chunk, sends a bad one or closes is not asked for that chunk again; the chunk goes
+///   to the next source. A chunk that no attached source can still give fails its callers (`blob_unavailable`).
+/// - A source that does not answer within `askTimeout` is asked for nothing more meanwhile: the chunk stays owed by it
+///   (its late answer is still taken, and a new caller of the chunk waits for it) and is asked of another source too.
+/// - While no peer is attached (a link reconnecting), callers that wait for a source wait, up to their deadline
+///   (`blob_fetch_timeout`).
+///
+/// Chunks arrive one by one and are stored as they come, so a fetch cut off by a disconnect or a restart asks only for
+/// what is still missing.
 final class ChunkFetcher: Sendable {
     /// Chunks outstanding per source (a chunk is at most 4 MiB).
     static let maxInFlightPerSource = 4
-    /// Chunks one caller may wait for at once (callers fetch large blobs in windows of this many).
+    /// Chunks one caller may wait for at once (callers fetch large blobs in windows).
     static let maxPerFetch = 256
-    /// How long a source has to answer for a chunk before it is asked of another.
+    /// How long a source has to answer for a chunk before it is asked of another as well.
     let askTimeout: TimeAmount
     private let group: any EventLoopGroup
     private let state = Mutex(State())
@@ -34,18 +38,20 @@ final class ChunkFetcher: Sendable {
     private struct Want {
         /// The source it is asked of now, and which asking this is (a late timer of an earlier one does nothing).
         var asked: (source: Int, round: Int)?
-        /// Sources that lacked it, failed it or timed out.
+        /// Sources that lacked it or failed it: never asked for it again.
         var tried: Set<Int> = []
         /// The callers waiting for it.
         var callers: Set<Int> = []
-        /// Whether a caller waits while no source is attached (else it fails at once).
+        /// Whether a caller waits while no peer is attached (else it fails at once).
         var waitsForSource = false
     }
 
     private struct Source {
         let db: String
+        /// A folder link: it does not count as a peer a reconnecting link would bring back.
+        let folder: Bool
         let ask: @Sendable ([ChunkID]) -> Void
-        /// Chunks asked of it and not answered (including those given to another source after a timeout).
+        /// Chunks asked of it and not answered (those it timed out on included: it still owes them).
         var inFlight: Set<ChunkID> = []
         /// Chunks of it being opened and stored now: a second copy of one is not taken.
         var receiving: Set<ChunkID> = []
@@ -60,12 +66,14 @@ final class ChunkFetcher: Sendable {
 
     private struct State {
         var wants: [Key: Want] = [:]
-        /// Wants not asked of any source, oldest first.
+        /// Wants not asked of any source now, oldest first.
         var unassigned: [Key] = []
         var sources: [Int: Source] = [:]
         var callers: [Int: Caller] = [:]
         var next = 1
         var round = 0
+        /// Asks that sources did not answer in time, since start.
+        var timeouts = 0
     }
 
     /// Work to do once the lock is released: asks to send, callers to complete, timers to start.
@@ -81,13 +89,14 @@ final class ChunkFetcher: Sendable {
         self.askTimeout = askTimeout
     }
 
-    /// Attaches a source for database `db`: `ask` sends it a `CHUNK_WANT` (from any thread). Returns its token.
-    func attach(db: String, ask: @escaping @Sendable ([ChunkID]) -> Void) -> Int {
+    /// Attaches a source for database `db` (`folder` for a folder link): `ask` asks it for chunks (from any thread).
+    /// Returns its token.
+    func attach(db: String, folder: Bool = false, ask: @escaping @Sendable ([ChunkID]) -> Void) -> Int {
         var effects = Effects()
         let token = state.withLock { s in
             let token = s.next
             s.next += 1
-            s.sources[token] = Source(db: db, ask: ask)
+            s.sources[token] = Source(db: db, folder: folder, ask: ask)
             schedule(&s, &effects)
             return token
         }
@@ -95,12 +104,13 @@ final class ChunkFetcher: Sendable {
         return token
     }
 
-    /// Detaches source `token` (its session ended): what it was asked goes to other sources.
+    /// Detaches source `token` (its session ended): what it owes goes to other sources, except chunks being stored
+    /// now (their outcome still comes, by `arrived`, `lacks` or `failed`).
     func detach(_ token: Int) {
         var effects = Effects()
         state.withLock { s in
             guard let source = s.sources.removeValue(forKey: token) else { return }
-            for id in source.inFlight { release(Key(db: source.db, id: id), from: token, &s) }
+            for id in source.inFlight.subtracting(source.receiving) { release(Key(db: source.db, id: id), from: token, &s) }
             schedule(&s, &effects)
         }
         run(effects)
@@ -117,14 +127,9 @@ final class ChunkFetcher: Sendable {
         }
     }
 
-    /// Whether source `token` was asked for chunk `id` and has not answered it.
-    func expects(_ token: Int, _ id: ChunkID) -> Bool {
-        state.withLock { $0.sources[token]?.inFlight.contains(id) ?? false }
-    }
-
-    /// Fetches `ids` (chunks of database `db` the caller found missing); `done` runs once every one is stored, when
-    /// one cannot be had, or after `timeout`, on any thread. With `waitForSource` a chunk waits while no source is
-    /// attached (a link reconnecting); without, it fails at once. Returns a token for `cancel`.
+    /// Fetches `ids` (at most `maxPerFetch` chunks of database `db` the caller found missing); `done` runs once every
+    /// one is stored, when one cannot be had, or after `timeout`, on any thread. With `waitForSource` a chunk waits
+    /// while no peer is attached (a link reconnecting); without, it fails at once. Returns a token for `cancel`.
     @discardableResult
     func fetch(
         db: String, ids: [ChunkID], timeout: TimeAmount, waitForSource: Bool,
@@ -167,8 +172,7 @@ final class ChunkFetcher: Sendable {
         return token
     }
 
-    /// Caller `token` no longer waits: its wants no other caller shares are dropped (those asked already still arrive
-    /// and are stored).
+    /// Caller `token` no longer waits: its wants no other caller shares and no source owes are dropped.
     func cancel(_ token: Int) {
         state.withLock { s in
             guard let caller = s.callers.removeValue(forKey: token) else { return }
@@ -204,15 +208,18 @@ final class ChunkFetcher: Sendable {
         run(effects)
     }
 
-    /// Source `token` does not hold `ids`, or failed them (a bad chunk, no key for its epoch): each goes to another
-    /// source.
-    func lacks(_ token: Int, _ ids: [ChunkID]) {
+    /// Source `token` does not hold `ids` of database `db`, or failed them (a bad chunk, no key for its epoch): each
+    /// goes to another source.
+    func lacks(_ token: Int, db: String, _ ids: [ChunkID]) {
         var effects = Effects()
         state.withLock { s in
-            guard let db = s.sources[token]?.db else { return }
-            for id in ids where s.sources[token]!.inFlight.contains(id) {
-                s.sources[token]!.inFlight.remove(id)
-                s.sources[token]!.receiving.remove(id)
+            for id in ids {
+                if var source = s.sources[token] {
+                    guard source.inFlight.contains(id) else { continue }
+                    source.inFlight.remove(id)
+                    source.receiving.remove(id)
+                    s.sources[token] = source
+                }
                 release(Key(db: db, id: id), from: token, &s)
             }
             schedule(&s, &effects)
@@ -253,63 +260,69 @@ final class ChunkFetcher: Sendable {
         state.withLock { s in ids.reduce(0) { $0 + (s.wants[Key(db: db, id: $1)] == nil ? 0 : 1) } }
     }
 
+    /// Asks that sources did not answer within `askTimeout`, since start.
+    var asksTimedOut: Int { state.withLock { $0.timeouts } }
+
     /// How many chunks are wanted and not yet stored (all databases).
     var wanted: Int { state.withLock { $0.wants.count } }
 
-    // MARK: Under the lock
-
-    /// Puts a want asked of `source` back to be asked of another (nothing when it is asked of another already).
-    private func release(_ key: Key, from source: Int, _ s: inout State) {
-        guard var want = s.wants[key] else { return }
-        guard want.asked?.source == source else {
-            want.tried.insert(source)
-            s.wants[key] = want
-            return
-        }
-        guard !want.callers.isEmpty else {
-            s.wants[key] = nil  // nobody waits for it any more
-            return
-        }
-        want.asked = nil
-        want.tried.insert(source)
-        s.wants[key] = want
-        s.unassigned.append(key)
+    /// Whether source `token` was asked for chunk `id` and has not answered it (it owes it).
+    func expects(_ token: Int, _ id: ChunkID) -> Bool {
+        state.withLock { $0.sources[token]?.inFlight.contains(id) ?? false }
     }
 
-    /// Asks sources for unassigned wants, as their room allows; fails wants every attached source of their database
-    /// lacks.
+    // MARK: Under the lock
+
+    /// Puts a want back to be asked of another source than `source`, which lacked it or left (nothing changes when
+    /// it is asked of another already but `source`).
+    private func release(_ key: Key, from source: Int, _ s: inout State) {
+        guard var want = s.wants[key] else { return }
+        want.tried.insert(source)
+        if want.asked?.source == source {
+            want.asked = nil
+            if want.callers.isEmpty {
+                s.wants[key] = nil  // nobody waits for it any more
+                return
+            }
+            s.unassigned.append(key)
+        }
+        s.wants[key] = want
+    }
+
+    /// Asks sources for unassigned wants, as their room allows; fails wants no attached source can still give.
     private func schedule(_ s: inout State, _ effects: inout Effects) {
         guard !s.unassigned.isEmpty else { return }
+        var byDB: [String: [Int]] = [:]
+        for (token, source) in s.sources { byDB[source.db, default: []].append(token) }
         var asks: [Int: [ChunkID]] = [:]
         var waiting: [Key] = []
         for key in s.unassigned {
             guard var want = s.wants[key], want.asked == nil else { continue }
-            let candidates = s.sources.filter {
-                $0.value.db == key.db && !want.tried.contains($0.key) && !$0.value.inFlight.contains(key.id)
-            }
-            if candidates.isEmpty {
-                if want.waitsForSource && !s.sources.contains(where: { $0.value.db == key.db }) {
-                    waiting.append(key)  // no source now: a link may reconnect before the caller's deadline
-                } else {
-                    fail(key, StoreError(
-                        .notFound, kind: "blob_unavailable",
-                        "no connected device of database \(key.db) holds chunk \(key.id) (each lacked it, sent a bad copy or did not answer in time)"),
-                        &s, &effects)
-                }
+            let sources = byDB[key.db] ?? []
+            // Sources that may still give it: not lacking it. One that owes it already is waited for, not asked again.
+            let open = sources.filter { !want.tried.contains($0) }
+            let owing = open.contains { s.sources[$0]!.inFlight.contains(key.id) }
+            let free = open.filter { s.sources[$0]!.inFlight.count < Self.maxInFlightPerSource && !s.sources[$0]!.inFlight.contains(key.id) }
+            if let token = free.min(by: { s.sources[$0]!.inFlight.count < s.sources[$1]!.inFlight.count }) {
+                s.round += 1
+                want.asked = (token, s.round)
+                s.wants[key] = want
+                s.sources[token]!.inFlight.insert(key.id)
+                asks[token, default: []].append(key.id)
+                effects.timers.append((key, token, s.round))
                 continue
             }
-            guard let (token, _) = candidates.filter({ $0.value.inFlight.count < Self.maxInFlightPerSource })
-                .min(by: { $0.value.inFlight.count < $1.value.inFlight.count })
-            else {
+            let peers = sources.contains { !s.sources[$0]!.folder }
+            if owing || !open.isEmpty || (want.waitsForSource && !peers) {
+                // A source owes it, every source that may give it is busy, or no peer is attached (a link may come
+                // back before the caller's deadline).
                 waiting.append(key)
-                continue
+            } else {
+                fail(key, StoreError(
+                    .notFound, kind: "blob_unavailable",
+                    "no connected device of database \(key.db) holds chunk \(key.id) (each lacked it or sent a bad copy)"),
+                    &s, &effects)
             }
-            s.round += 1
-            want.asked = (token, s.round)
-            s.wants[key] = want
-            s.sources[token]!.inFlight.insert(key.id)
-            asks[token, default: []].append(key.id)
-            effects.timers.append((key, token, s.round))
         }
         s.unassigned = waiting
         for (token, ids) in asks {
@@ -362,14 +375,15 @@ final class ChunkFetcher: Sendable {
         }
     }
 
-    /// Source `source` did not answer for `key` in time: it goes to another source.
+    /// Source `source` did not answer for `key` in time: it still owes the chunk, which is asked of another source.
     private func timedOut(_ key: Key, source: Int, round: Int) {
         var effects = Effects()
         state.withLock { s in
-            guard let want = s.wants[key], let asked = want.asked, asked.source == source, asked.round == round else { return }
-            // The source keeps the chunk in flight (it owes an answer, which is still taken when it comes), so it is
-            // not asked for more meanwhile; the chunk goes to another source.
-            release(key, from: source, &s)
+            guard var want = s.wants[key], let asked = want.asked, asked.source == source, asked.round == round else { return }
+            s.timeouts += 1
+            want.asked = nil
+            s.wants[key] = want
+            s.unassigned.append(key)
             schedule(&s, &effects)
         }
         run(effects)
@@ -384,6 +398,6 @@ final class ChunkFetcher: Sendable {
         }
         done?(.failure(StoreError(
             .unavailable, kind: "blob_fetch_timeout",
-            "the blob's chunks did not arrive within \(seconds) s: no connected device sent them (is a peer holding them online?)")))
+            "the blob's chunks did not arrive within \(seconds) s from the devices connected now (is a peer holding them online?)")))
     }
 }

@@ -247,11 +247,13 @@ func exists(at dirFD: Int32, _ name: String) -> Bool {
     return fstatat(dirFD, name, &st, AT_SYMLINK_NOFOLLOW) == 0
 }
 
-/// Replaces file `name` of the directory `dirFD` atomically and durably: a temporary file beside it (never through a
-/// link), synced, renamed over it, the directory synced.
+/// Replaces file `name` of the directory `dirFD` atomically and durably: a temporary file beside it, synced, renamed
+/// over it, the directory synced. Whatever lies at the temporary name is removed first and the file is created anew
+/// (never opened through a link, never blocking on a FIFO someone planted there).
 func replaceFile(at dirFD: Int32, _ name: String, with bytes: [UInt8]) throws {
     let tmp = name + ".tmp"
-    let fd = openat(dirFD, tmp, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0o644)
+    _ = unlinkat(dirFD, tmp, 0)
+    let fd = openat(dirFD, tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0o644)
     guard fd >= 0 else { throw FolderProblem("cannot create \(tmp): \(errnoText())") }
     var done = 0
     while done < bytes.count {

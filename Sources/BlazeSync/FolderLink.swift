@@ -121,9 +121,12 @@ final class FolderWorker {
     var lastFailure: String?
     /// Chunks known to be in some device's `assets/` (written by this link, or found there).
     var assetsKnown: Set<ChunkID> = []
-    /// Chunks of the store still to look for in the folder, and when (uptime ms) the store was last listed.
+    /// Chunks of the store still to write to the folder, the chunks other members' `assets/` held at the last look,
+    /// and when (uptime ms) and at which generation the store was last listed.
     var pendingAssets: [ChunkID] = []
+    var elsewhere: Set<ChunkID> = []
     var assetsScannedAt: UInt64 = 0
+    var assetsGeneration = -1
     /// This link's token as a chunk source of the engine's fetcher, while it runs.
     var chunkSource: Int?
     /// Chunks the fetcher asked of this link.
@@ -163,7 +166,7 @@ final class FolderWorker {
         }
         let registration = engine.register(db: db.name) { signal.wake() }
         let asks = assetAsks
-        chunkSource = engine.chunks.attach(db: db.name) { ids in
+        chunkSource = engine.chunks.attach(db: db.name, folder: true) { ids in
             asks.add(ids)
             signal.wake()
         }
@@ -211,19 +214,21 @@ final class FolderWorker {
                 ownFD = -1
             }
             watch.watch(spaceDir)
+            // Chunks asked for are answered first: a reader waits for them.
+            serveAssetAsks()
             held = try db.syncVector()
             try readMembers()
             try readHeads()
             try readAcks()
             try scan()
             try publish()
-            serveAssetAsks()
             try publishAssets()
             if lastFailure != nil {
                 lastFailure = nil
                 report.update { $0.lastError = nil }
             }
         } catch {
+            refuseAssetAsks()
             fail("\(error)")
         }
     }

@@ -10,41 +10,48 @@ import Glibc
 #endif
 
 /// Blob chunks in a shared folder (SYNC.md §10, "Assets"): each device writes the chunks its database holds, sealed as
-/// on the wire, to its own `<space>/<device>/assets/<chunk id>` when no device's `assets/` has them yet, and the link
-/// is a source the engine's `ChunkFetcher` asks for chunks: it looks for them in every listed writer's `assets/` and
-/// stores those that open as their id.
+/// on the wire, to its own `<space>/<device>/assets/<chunk id>` when no listed member's `assets/` has them yet, and the
+/// link is a source the engine's `ChunkFetcher` asks for chunks: it looks for them in every listed writer's `assets/`
+/// and stores those that open as their id.
 extension FolderWorker {
     /// Chunks written to the folder per round at most (each a durable file; the next round goes on).
     static let assetsPerRound = 64
-    /// Milliseconds between looks at the chunk store for chunks the folder lacks.
+    /// Milliseconds between looks at a chunk store that changed, for chunks the folder lacks.
     static let assetsScanIntervalMs: UInt64 = 1_000
 
-    /// Writes sealed chunks of this database that no device's `assets/` holds yet (at most `assetsPerRound`).
+    /// Writes sealed chunks of this database that no listed member's `assets/` holds yet (at most `assetsPerRound`).
+    /// The store is listed again only once it changed; each other writer's `assets/` is listed once per look.
     func publishAssets() throws {
-        let now = uptimeMs()
-        guard pendingAssets.isEmpty == false || now >= assetsScannedAt + Self.assetsScanIntervalMs else { return }
-        guard let sealing = space.snapshot.key.chunkSealing else { return }
         let store = try engine.chunkStores.store(for: db)
+        let now = uptimeMs()
         if pendingAssets.isEmpty {
-            assetsScannedAt = now
+            guard store.generation != assetsGeneration, now >= assetsScannedAt + Self.assetsScanIntervalMs else { return }
+            (assetsGeneration, assetsScannedAt) = (store.generation, now)
             pendingAssets = store.all().filter { !assetsKnown.contains($0) }
             guard !pendingAssets.isEmpty else { return }
+            elsewhere = heldElsewhere()
         }
-        let writers = try writerDirectories()
+        guard let sealing = space.snapshot.key.chunkSealing else { return }
         let assetsFD = try openDirectory(at: ownFD, "assets", path: ownDir + "/assets")
         defer { close(assetsFD) }
         var written = 0
         while written < Self.assetsPerRound, let id = pendingAssets.popLast(), !control.stopping.load(ordering: .acquiring) {
-            let name = id.hex
-            if writers.contains(where: { Self.present(spaceDir + "/" + $0.hex + "/assets/" + name) }) {
+            if elsewhere.contains(id) {
                 assetsKnown.insert(id)
                 continue
             }
-            guard let content = try store.read(id) else { continue }
+            guard let content = try? store.read(id) else { continue }
             let sealed = content.withUnsafeBytes {
                 SealedChunk.seal($0, id: id, space: space.id, epoch: sealing.epoch.value, secret: sealing.secret)
             }
-            try replaceFile(at: assetsFD, name, with: sealed)
+            do {
+                try replaceFile(at: assetsFD, id.hex, with: sealed)
+            } catch {
+                // One chunk that cannot be written (a full folder, something in the way) does not stop the others;
+                // the next look at the store tries it again.
+                fail("cannot write chunk \(id) to the folder: \(error)")
+                continue
+            }
             assetsKnown.insert(id)
             written += 1
         }
@@ -52,10 +59,22 @@ extension FolderWorker {
         if !pendingAssets.isEmpty { watch.signal.wake() }
     }
 
-    /// Whether something is at `path` (a link counts; it is not followed).
-    static func present(_ path: String) -> Bool {
-        var st = stat()
-        return lstat(path, &st) == 0
+    /// The chunks whose regular files lie in the `assets/` of the space's other listed members.
+    func heldElsewhere() -> Set<ChunkID> {
+        let log = space.snapshot.membership
+        var held = Set<ChunkID>()
+        for writer in (try? writerDirectories()) ?? [] where writer != me && (log == nil || log?.member(writer.bytes) != nil) {
+            let dir = spaceDir + "/" + writer.hex + "/assets"
+            for name in (try? FileManager.default.contentsOfDirectory(atPath: dir)) ?? [] {
+                guard let id = ChunkID(hex: name) else { continue }
+                var st = stat()
+                guard lstat(dir + "/" + name, &st) == 0, (st.st_mode & S_IFMT) == S_IFREG,
+                    Int(st.st_size) <= PeerMessage.maxSealedChunkBytes
+                else { continue }
+                held.insert(id)
+            }
+        }
+        return held
     }
 
     /// Answers the fetcher's asks: each chunk from the first listed writer's `assets/` whose file opens as its id.
@@ -70,29 +89,41 @@ extension FolderWorker {
             var stored = false
             for writer in writers where writer != me && (log == nil || log?.member(writer.bytes) != nil) {
                 let path = spaceDir + "/" + writer.hex + "/assets/" + id.hex
-                guard let sealed = readWhole(path, beneath: root, limit: PeerMessage.maxSealedChunkBytes) else { continue }
-                do {
-                    let keys = try engine.blobKeys(db: db)
-                    guard let epoch = SealedChunk.epoch(of: sealed) else { throw ChunkOpenFailure() }
-                    let content = try SealedChunk.open(
-                        sealed, id: id, keys: keys, secrets: key.secrets(epoch: Epoch(epoch)), maximum: keys.chunker.sizes.maximum)
-                    _ = try engine.chunkStores.store(for: db).put(id, content)
-                    report.update { $0.chunksReceived += 1; $0.chunkBytesReceived += content.count }
-                    stored = true
-                    break
-                } catch {
-                    // A file that does not open as its id (altered, or another chunk under its name) is counted and
-                    // skipped; another writer's copy may be whole.
+                guard let sealed = readWhole(path, beneath: root, limit: PeerMessage.maxSealedChunkBytes),
+                    let epoch = SealedChunk.epoch(of: sealed)
+                else { continue }
+                let secrets = key.secrets(epoch: Epoch(epoch))
+                // Sealed under an epoch this device holds no key for (yet): not the writer's fault.
+                guard !secrets.isEmpty, let keys = try? engine.blobKeys(db: db) else { continue }
+                guard let content = try? SealedChunk.open(sealed, id: id, keys: keys, secrets: secrets, maximum: keys.chunker.sizes.maximum)
+                else {
+                    // Altered, or another chunk under its name: counted and skipped; another writer's copy may be whole.
                     report.reject(.badChunk)
+                    continue
                 }
+                do {
+                    _ = try engine.chunkStores.store(for: db).put(id, content)
+                } catch {
+                    engine.chunks.failed(db: db.name, id, source: source, error: ChunkStores.storeError(error))
+                    stored = true  // answered: the callers have failed
+                    break
+                }
+                report.update { $0.chunksReceived += 1; $0.chunkBytesReceived += content.count }
+                engine.chunks.arrived(source, db: db.name, id)
+                stored = true
+                break
             }
-            if stored { engine.chunks.arrived(source, db: db.name, id) } else { engine.chunks.lacks(source, [id]) }
+            if !stored { engine.chunks.lacks(source, db: db.name, [id]) }
         }
     }
-}
 
-/// A sealed chunk that did not name its epoch.
-struct ChunkOpenFailure: Error {}
+    /// Answers every chunk asked with "lacks" (the round failed: the folder is missing or unreadable).
+    func refuseAssetAsks() {
+        guard let source = chunkSource else { return }
+        let asked = assetAsks.take()
+        if !asked.isEmpty { engine.chunks.lacks(source, db: db.name, asked) }
+    }
+}
 
 /// Chunks the fetcher asked of a folder link, taken by its thread.
 final class AssetAsks: Sendable {

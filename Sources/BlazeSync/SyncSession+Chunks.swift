@@ -45,6 +45,11 @@ extension SyncSession {
         }
     }
 
+    /// Attaches or detaches this session as a chunk source as the peer's membership now says.
+    func refreshChunkSource(context: ChannelHandlerContext) {
+        if chunkPeer { attachChunkSource(context: context) } else { detachChunkSource() }
+    }
+
     /// Detaches this session from the fetcher: what it was asked goes to other sources.
     func detachChunkSource() {
         if let chunkSource { engine.chunks.detach(chunkSource) }
@@ -106,6 +111,7 @@ extension SyncSession {
 
     /// The peer sent chunk `id`: opened, checked and stored off the loop, then the fetcher learns it arrived.
     func received(chunk id: ChunkID, sealed: [UInt8], context: ChannelHandlerContext) {
+        answeredChunks = true
         guard let link, let source = chunkSource, engine.chunks.accept(source, id) else {
             // Not asked of this session, or a copy of one being stored: a peer cannot fill a device's disk or memory.
             errorCaught(context: context, error: SyncRejection.badChunk)
@@ -140,9 +146,9 @@ extension SyncSession {
                 session.report.update { $0.chunksReceived += 1; $0.chunkBytesReceived += bytes }
                 engine.chunks.arrived(source, db: db.name, id)
             case .success(.noKey):
-                engine.chunks.lacks(source, [id])
+                engine.chunks.lacks(source, db: db.name, [id])
             case .success(.refused):
-                engine.chunks.lacks(source, [id])
+                engine.chunks.lacks(source, db: db.name, [id])
                 session.errorCaught(context: context, error: SyncRejection.badChunk)
             case .success(.storeFailed(let error)):
                 engine.chunks.failed(db: db.name, id, source: source, error: error)
@@ -154,8 +160,9 @@ extension SyncSession {
 
     /// The peer lacks `ids` it was asked for.
     func peerLacks(_ ids: [ChunkID]) {
-        guard let chunkSource else { return }
-        engine.chunks.lacks(chunkSource, ids)
+        answeredChunks = true
+        guard let chunkSource, let db = link?.db.name else { return }
+        engine.chunks.lacks(chunkSource, db: db, ids)
     }
 }
 

@@ -114,6 +114,8 @@ extension SyncSession {
     /// send the peer what it lacks.
     func membershipChanged(context: ChannelHandlerContext) {
         guard let link, !closed else { return }
+        // The peer may have become a member (it is asked for chunks from now on) or stopped being one.
+        refreshChunkSource(context: context)
         let snapshot = link.space.snapshot
         if snapshot.admits(link.device) == .revoked {
             sendProofOfRemoval(snapshot, context: context)

@@ -55,8 +55,10 @@ final class SyncSession: ChannelInboundHandler {
     var chunkQueue: [ChunkID] = []
     /// Chunks being read, sealed or written for the peer now.
     var chunksServing = 0
-    /// Whether this session asked the peer for chunks (an older version closes on it as malformed).
+    /// Whether this session asked the peer for chunks (an older version closes on it as malformed), and whether the
+    /// peer answered any (then it knows the chunk messages).
     var sentChunkWant = false
+    var answeredChunks = false
     /// Set by the feed listener (on the writer thread) so that a burst of commits schedules one pump.
     private let wake = WakeFlag()
 
@@ -159,7 +161,7 @@ final class SyncSession: ChannelInboundHandler {
                     "Sync peer does not take join refusals (an older relay): its joiners will wait out their time",
                     metadata: ["peer": "\(report.peer)"])
             }
-            if sentChunkWant, reason == SyncRejection.malformed.rawValue, let device = link?.device.nodeIDHex {
+            if sentChunkWant, !answeredChunks, reason == SyncRejection.malformed.rawValue, let device = link?.device.nodeIDHex {
                 // A device of an older version, which does not know `CHUNK_WANT`: it is not asked for chunks again.
                 engine.withoutChunks.withLock { _ = $0.insert(device) }
                 engine.logger.warning(

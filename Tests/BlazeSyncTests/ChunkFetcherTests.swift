@@ -75,12 +75,12 @@ import Testing
         fetcher.fetch(db: "d", ids: [id], timeout: .seconds(60), waitForSource: true, done: outcome.done)
         let (first, second, tFirst, tSecond) = a.count == 1 ? (a, b, ta, tb) : (b, a, tb, ta)
         #expect(first.take() == [id] && second.count == 0)
-        fetcher.lacks(tFirst, [id])
+        fetcher.lacks(tFirst, db: "d", [id])
         #expect(second.take() == [id] && outcome.kind == nil)
         // A source's answer for a chunk it was not asked for changes nothing.
-        fetcher.lacks(tFirst, [id])
+        fetcher.lacks(tFirst, db: "d", [id])
         #expect(outcome.kind == nil)
-        fetcher.lacks(tSecond, [id])
+        fetcher.lacks(tSecond, db: "d", [id])
         #expect(outcome.kind == "blob_unavailable" && fetcher.wanted == 0)
     }
 
@@ -164,5 +164,39 @@ import Testing
         fetcher.detach(ta)
         fetcher.arrived(ta, db: "d", id)
         #expect(outcome.kind == "ok" && fetcher.wanted == 0)
+    }
+
+    @Test func aLoneSlowSourceIsWaitedForAndAFolderThatLacksAChunkDoesNotEndTheWaitForAPeer() {
+        let fetcher = ChunkFetcher(group: group, askTimeout: .milliseconds(50))
+        let a = Asked()
+        let ta = fetcher.attach(db: "d", ask: a.ask)
+        let id = ids(1)[0]
+        let outcome = Outcome(), again = Outcome()
+        fetcher.fetch(db: "d", ids: [id], timeout: .seconds(60), waitForSource: true, done: outcome.done)
+        #expect(a.take() == [id])
+        // A is slow: its time passes, nobody else can give the chunk, and the caller waits for A's answer; a second
+        // caller of the same chunk waits for it too, without A being asked again.
+        #expect(eventually(timeout: .seconds(30)) { fetcher.asksTimedOut >= 1 })
+        #expect(fetcher.wanted(db: "d", among: [id]) == 1 && outcome.kind == nil && fetcher.expects(ta, id))
+        fetcher.fetch(db: "d", ids: [id], timeout: .seconds(60), waitForSource: true, done: again.done)
+        #expect(outcome.kind == nil && again.kind == nil && a.count == 0)
+        #expect(fetcher.accept(ta, id))
+        fetcher.arrived(ta, db: "d", id)
+        #expect(outcome.kind == "ok" && again.kind == "ok")
+
+        // Only a folder is attached, and it lacks the chunk: a caller that waits for a source keeps waiting for a peer.
+        let folder = Asked(), peer = Asked()
+        let tf = fetcher.attach(db: "e", folder: true, ask: folder.ask)
+        let other = ids(1)[0]
+        let waits = Outcome(), quick = Outcome()
+        fetcher.fetch(db: "e", ids: [other], timeout: .seconds(60), waitForSource: true, done: waits.done)
+        fetcher.fetch(db: "e", ids: [ids(1)[0]], timeout: .seconds(60), waitForSource: false, done: quick.done)
+        for asked in folder.take() { fetcher.lacks(tf, db: "e", [asked]) }
+        #expect(waits.kind == nil && quick.kind == "blob_unavailable")
+        let tp = fetcher.attach(db: "e", ask: peer.ask)
+        #expect(peer.take() == [other])
+        #expect(fetcher.accept(tp, other))
+        fetcher.arrived(tp, db: "e", other)
+        #expect(waits.kind == "ok")
     }
 }
