@@ -30,10 +30,8 @@ final class ChunkFetcher: Sendable {
     private let group: any EventLoopGroup
     private let state = Mutex(State())
 
-    private struct Key: Hashable {
-        let db: String
-        let id: ChunkID
-    }
+    /// A chunk of a database.
+    private struct Key: Hashable { let db: String, id: ChunkID }
 
     private struct Want {
         /// The source it is asked of now, and which asking this is (a late timer of an earlier one does nothing).
@@ -70,8 +68,7 @@ final class ChunkFetcher: Sendable {
         var unassigned: [Key] = []
         var sources: [Int: Source] = [:]
         var callers: [Int: Caller] = [:]
-        var next = 1
-        var round = 0
+        var next = 1, round = 0
         /// Asks that sources did not answer in time, since start.
         var timeouts = 0
     }
@@ -265,7 +262,6 @@ final class ChunkFetcher: Sendable {
 
     /// How many chunks are wanted and not yet stored (all databases).
     var wanted: Int { state.withLock { $0.wants.count } }
-
     /// Whether source `token` was asked for chunk `id` and has not answered it (it owes it).
     func expects(_ token: Int, _ id: ChunkID) -> Bool {
         state.withLock { $0.sources[token]?.inFlight.contains(id) ?? false }
