@@ -20,7 +20,7 @@ struct BlazeBench: AsyncParsableCommand {
     @Option(help: "Repeats of the throughput measurements (default 3; 1 with --quick).")
     var repeats: Int?
 
-    @Option(help: "Only these groups, comma-separated: baselines, W1, RPC (W2 and W3), W4 (with W5 and W7), RELAY, FOLDER, W6, STORAGE, JOIN, W8, M1, M2, M3, RSS, ABUSE (hostile devices against a relay and a daemon), BLOB (chunked files against cp); PEERS (blazed against PostgreSQL and Redis, only when named: `make bench-peers`).")
+    @Option(help: "Only these groups, comma-separated: baselines, W1, RPC (W2 and W3), W4 (with W5 and W7), RELAY, FOLDER, W6, STORAGE, JOIN, W8, M1, M2, M3, RSS, ABUSE (hostile devices against a relay and a daemon), BLOB (chunked files against cp, and fetched by a peer against rsync); PEERS (blazed against PostgreSQL and Redis, only when named: `make bench-peers`).")
     var only: String?
 
     @Option(help: "PEERS rows to run, comma-separated prefixes (get, trivial, insert, find, tx500); all by default.")
@@ -111,7 +111,10 @@ struct BlazeBench: AsyncParsableCommand {
         if wants("RSS") {
             results.append(try Workloads.residentMemory(dir: dir + "/rss", documents: quick ? 10_000 : 1_000_000))
         }
-        if wants("BLOB") { results += try BlobWorkloads.run(dir: dir, megabytes: quick ? 16 : 512, repeats: reps) }
+        if wants("BLOB") {
+            results += try BlobWorkloads.run(dir: dir, megabytes: quick ? 16 : 512, repeats: reps)
+            results += try await BlobPeerWorkloads.run(dir: dir, megabytes: quick ? 16 : 512, repeats: reps)
+        }
         if wants("M1") { results += try MembershipWorkloads.revocation(members: 50, repeats: quick ? 1 : 5) }
         if wants("M2") { results += try MembershipWorkloads.merge(sizes: quick ? [200] : [1_000, 10_000], repeats: quick ? 1 : 3) }
         if wants("M3") { results += try MembershipWorkloads.take(sizes: quick ? [200] : [1_000, 10_000], merges: quick ? 3 : 20) }
