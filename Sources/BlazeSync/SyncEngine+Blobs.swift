@@ -73,9 +73,6 @@ extension SyncEngine {
     /// How many of `ids` (chunks of `db`) are being fetched from peers now.
     public func chunksBeingFetched(db: BlazeDatabase, among ids: [ChunkID]) -> Int { chunks.wanted(db: db.name, among: ids) }
 
-    /// Blob chunks wanted from peers and not yet stored, over every database.
-    public var chunksWanted: Int { chunks.wanted }
-
     /// The salt and epoch-1 secret `share` creates `db`'s space with: its pending space's when blobs chose one.
     func spaceSecrets(db: BlazeDatabase) throws -> (salt: [UInt8], genesis: [UInt8]) {
         guard let pending = try loadPending(db: db) else {
