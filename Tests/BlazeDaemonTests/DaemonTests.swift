@@ -170,8 +170,8 @@ import Glibc
         d.stop()
     }
 
-    @Test func connectionLimitAndIdleTimeoutHold() throws {
-        let d = try DaemonProcess(arguments: ["--max-connections", "2", "--idle-timeout", "1"])
+    @Test func connectionLimitHolds() throws {
+        let d = try DaemonProcess(arguments: ["--max-connections", "2"])
         let a = try d.connect()
         let b = try d.connect()
         _ = try a.call("db.list")
@@ -180,10 +180,31 @@ import Glibc
         let refusal = try third.readMessage()
         #expect(refusal["error"]?["data"]?["kind"] == "too_many_connections")
         #expect(try third.readLine() == nil)
-        // Idle connections are closed by the daemon (waits for EOF, bounded by the client's read timeout).
-        #expect(try a.readLine() == nil)
-        #expect(try b.readLine() == nil)
-        #expect(try d.connect().call("db.list")["databases"] != nil)
+        // A slot comes free once the daemon has seen a connection close: polled, bounded by a deadline.
+        a.close()
+        let deadline = Date().addingTimeInterval(30)
+        var served = false
+        while !served && Date() < deadline {
+            served = (try? d.connect(timeout: 10).call("db.list"))?["databases"] != nil
+            if !served { usleep(20_000) }
+        }
+        #expect(served, "no connection was served after one of the two closed")
+        _ = try b.call("db.list")
+        d.stop()
+    }
+
+    @Test func idleConnectionsAreClosed() throws {
+        let d = try DaemonProcess(arguments: ["--idle-timeout", "1"])
+        let idle = try d.connect()
+        // The daemon closes a connection that sends nothing (the client's read timeout bounds the wait).
+        #expect(try idle.readLine() == nil)
+        // A connection that asks at once is served. On a loaded machine a second can pass between connecting and
+        // the request arriving, and the daemon rightly closes that one: a few tries, each a fresh connection.
+        var served = false
+        for _ in 0..<5 where !served {
+            served = (try? d.connect().call("db.list"))?["databases"] != nil
+        }
+        #expect(served)
         d.stop()
     }
 }
