@@ -50,12 +50,12 @@ public struct BlobKeys: Sendable {
 /// given under another content's id by mistake) never share a (key, nonce) pair. Opening checks the nonce again.
 public enum SealedChunk {
     /// The first four bytes of every sealed chunk.
-    static let magic = Array("BZC1".utf8)
+    static let magic = SealedChunkLayout.magic
     /// Bytes before the box: magic, epoch, nonce.
-    static let headerCount = 4 + 4 + 12
+    static let headerCount = SealedChunkLayout.headerCount
     /// The sealed content is padded to a multiple of this many bytes, so a sealed chunk's size tells its content's
     /// size only to within 4 KiB.
-    public static let padding = 4096
+    public static let padding = SealedChunkLayout.padding
 
     /// The largest sealed chunk of content up to `maximum` bytes: larger ones are refused before any allocation.
     public static func maxSealedCount(content maximum: Int) -> Int {

@@ -134,3 +134,24 @@ public struct ChunkID: Hashable, Comparable, Sendable, CustomStringConvertible {
     /// Orders ids by their bytes.
     public static func < (a: ChunkID, b: ChunkID) -> Bool { a.bytes.lexicographicallyPrecedes(b.bytes) }
 }
+
+/// The shape of a sealed chunk that anyone can check without its space's key (a relay, a folder reader): `"BZC1"`,
+/// the epoch (4 bytes), a 12-byte nonce, then a box of whole 4 KiB blocks and a 16-byte tag (BlazeBlob's
+/// `SealedChunk` seals and opens them).
+public enum SealedChunkLayout {
+    /// The first four bytes of every sealed chunk.
+    public static let magic = Array("BZC1".utf8)
+    /// Bytes before the box: magic, epoch, nonce.
+    public static let headerCount = 4 + 4 + 12
+    /// Bytes of the tag after the box.
+    public static let tagCount = 16
+    /// The box holds a multiple of this many bytes.
+    public static let padding = 4096
+
+    /// Whether `sealed` has a sealed chunk's shape and is at most `maximum` bytes: what a holder without the key can
+    /// check before storing it (whether it opens, and as its id, only a member can tell).
+    public static func isWellFormed(_ sealed: [UInt8], maximum: Int) -> Bool {
+        let box = sealed.count - headerCount - tagCount
+        return sealed.count <= maximum && box >= padding && box % padding == 0 && sealed.starts(with: magic)
+    }
+}

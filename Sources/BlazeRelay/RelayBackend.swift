@@ -8,6 +8,8 @@ import NIOCore
 /// several relay processes (`PostgresRelayStore`). Both hold the same things and apply the same rules (`RelayRules`);
 /// only the second tells other processes what changed (`watch`).
 public protocol RelayBackend: Sendable {
+    /// The limits each space is held to.
+    var limits: RelayLimits { get }
     /// Serves `capability`'s space from now on; false when it was served already (with the same capability).
     func add(_ capability: RelayCapability) async throws -> Bool
     /// The capabilities of every space served, as handshake keys.
@@ -66,9 +68,28 @@ public protocol RelayBackend: Sendable {
     func refuseJoin(space: SpaceID, invite: [UInt8], device: [UInt8], reason: InviteRefusal) async throws -> Bool
     /// Drops the join of `device` (Ed25519 key) held by `holder`: its connection closed, or it was told its refusal.
     func dropJoin(space: SpaceID, device: [UInt8], holder: String) async throws
+    /// Of `ids`, the blob chunks `space` holds.
+    func heldChunks(_ ids: [ChunkID], space: SpaceID) async throws -> Set<ChunkID>
+    /// Stores the sealed chunk `id` of `space` (format-checked by the caller; a relay cannot open it), counted in the
+    /// space's bytes: not when they would pass the quota.
+    func storeChunk(_ id: ChunkID, sealed: [UInt8], space: SpaceID) async throws -> ChunkStored
+    /// The sealed chunk `id` of `space`; nil when it is not held.
+    func chunk(_ id: ChunkID, space: SpaceID) async throws -> [UInt8]?
+    /// Drops the chunks `ids` of `space` (copies a member found bad), freeing their bytes; returns how many went.
+    func dropChunks(_ ids: [ChunkID], space: SpaceID) async throws -> Int
     /// Runs `onChange` for every change another relay process makes, until the task is cancelled; returns at once
     /// when no other process can share the store.
     func watch(_ onChange: @escaping @Sendable (RelayChange) -> Void) async
+}
+
+/// What became of a chunk a relay was given to store.
+public enum ChunkStored: Sendable, Equatable {
+    /// Stored now.
+    case stored
+    /// Held already: nothing changed.
+    case held
+    /// Not stored: the space's bytes would pass its quota.
+    case overQuota
 }
 
 /// A device's request to join a space (`JOIN`, SYNC.md §9, "Invites"), held where every relay process sees it until

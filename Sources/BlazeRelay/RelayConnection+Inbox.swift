@@ -5,7 +5,7 @@ import BlazeWire
 import NIOCore
 
 /// What a device sends that the relay stores, in the order it was sent: batches, membership operations,
-/// acknowledgements, snapshot manifests and pieces and join refusals wait in an inbox (reading pauses while it is full) and are
+/// acknowledgements, snapshot manifests and pieces, join refusals and blob chunks wait in an inbox (reading pauses while it is full) and are
 /// handled one at a time, so operations count for the entries that follow them.
 extension RelayConnection {
     /// Queues what the device sent for storing, pausing reads while the queue is full.
@@ -56,6 +56,9 @@ extension RelayConnection {
             return
         case .snapshotManifest(let manifest):
             beginUpload(manifest, space: space, context: context)
+            return
+        case .chunk(let id, let sealed):
+            store(chunk: id, sealed: sealed, space: space, context: context)
             return
         case .batch(let b):
             batch = b

@@ -58,7 +58,17 @@ final class RelayConnection: ChannelInboundHandler {
         case snapshotPart(SnapshotPart)
         /// An admin's `JOIN_REFUSED`: after the operations sent before it, which may list the joiner.
         case joinRefused(invite: [UInt8], joiner: [UInt8], reason: InviteRefusal)
+        /// A blob chunk the relay asked for (`RelayConnection+Chunks`).
+        case chunk(ChunkID, [UInt8])
     }
+    /// Blob chunks (`RelayConnection+Chunks`): whether an offer is being answered, the chunks its answer asked for and
+    /// not yet received, those the device asked for and not yet served (and whether one is being served), and those
+    /// served whose copies the device may report bad.
+    var answeringOffer = false
+    var chunksExpected: Set<ChunkID> = []
+    var chunkWants: [ChunkID] = []
+    var servingChunk = false
+    var chunksServed: Set<ChunkID> = []
     /// The snapshot the device is uploading, from its accepted manifest to its last piece (nil: none under way, and a
     /// piece is refused), and the end of its window.
     var upload: SnapshotUpload?
@@ -234,12 +244,17 @@ final class RelayConnection: ChannelInboundHandler {
             hold(invite: id, joiner: joiner, proof: proof, space: space, context: context)
         case .joinRefused(let id, let joiner, let reason):
             receive(.joinRefused(invite: id, joiner: joiner, reason: reason), space: space, context: context)
+        case .chunkOffer(let ids):
+            try offered(ids, space: space, context: context)
+        case .chunk(let id, let sealed):
+            try receivedChunk(id, sealed: sealed, space: space, context: context)
+        case .chunkMissing(let ids):
+            // Chunks the relay asked for that the device no longer holds.
+            for id in ids { chunksExpected.remove(id) }
         case .chunkWant(let ids):
-            // This relay holds no blob chunks: the device asks its other sources.
-            _ = send(.chunkMissing(ids), context: context)
-        case .chunk, .chunkMissing:
-            // Never asked for: a relay sends no `CHUNK_WANT`.
-            throw SyncRejection.malformed
+            try wantedChunks(ids, space: space, context: context)
+        case .chunkBad(let ids):
+            badChunks(ids, space: space, context: context)
         }
     }
 

@@ -102,6 +102,7 @@ final class RelayMetrics: Sendable {
     let entriesStored, bytesStored, entriesForwarded, bytesForwarded: Metrics.Counter
     let handshakesRefused, connectionsRefusedOverLimit, connectionsRefusedRate, connectionsEstablished: Metrics.Counter
     let storeErrors, storeTimeouts, acksKept, snapshotsKept, snapshotsSent, snapshotsDropped: Metrics.Counter
+    let chunksStored, chunkBytesStored, chunksServed, chunkBytesServed, chunksOverQuota, chunksDropped: Metrics.Counter
     private let connections, handshaking, spaces: Metrics.Gauge
     private let rejections = Mutex<[String: Metrics.Counter]>([:])
 
@@ -122,6 +123,12 @@ final class RelayMetrics: Sendable {
         snapshotsKept = Metrics.Counter(label: "blaze_relay_snapshots_kept_total", factory: f)
         snapshotsSent = Metrics.Counter(label: "blaze_relay_snapshots_sent_total", factory: f)
         snapshotsDropped = Metrics.Counter(label: "blaze_relay_snapshots_dropped_total", factory: f)
+        chunksStored = Metrics.Counter(label: "blaze_relay_chunks_stored_total", factory: f)
+        chunkBytesStored = Metrics.Counter(label: "blaze_relay_chunk_bytes_stored_total", factory: f)
+        chunksServed = Metrics.Counter(label: "blaze_relay_chunks_served_total", factory: f)
+        chunkBytesServed = Metrics.Counter(label: "blaze_relay_chunk_bytes_served_total", factory: f)
+        chunksOverQuota = Metrics.Counter(label: "blaze_relay_chunks_over_quota_total", factory: f)
+        chunksDropped = Metrics.Counter(label: "blaze_relay_chunks_dropped_total", factory: f)
         storeErrors = Metrics.Counter(label: "blaze_relay_store_failures_total", dimensions: [("reason", "error")], factory: f)
         storeTimeouts = Metrics.Counter(
             label: "blaze_relay_store_failures_total", dimensions: [("reason", "timeout")], factory: f)

@@ -14,6 +14,11 @@ extension RelayServer {
         case acksKept(Int)
         /// A snapshot a member uploaded was kept; one was sent to a device; an upload was declined (its pieces ignored).
         case snapshotKept, snapshotSent, snapshotDropped
+        /// A blob chunk a device sent was stored, held already or left out over the quota; one was served; copies
+        /// members found bad were dropped.
+        case chunk(ChunkStored, bytes: Int)
+        case chunkServed(bytes: Int)
+        case chunksDropped(Int)
     }
 
     /// Counts `event`.
@@ -51,6 +56,22 @@ extension RelayServer {
         case .storeFailed(let timedOut):
             stats.withLock { timedOut ? ($0.storeTimeouts += 1) : ($0.storeErrors += 1) }
             (timedOut ? metrics.storeTimeouts : metrics.storeErrors).increment()
+        case .chunk(.stored, let bytes):
+            stats.withLock { $0.chunksStored += 1 }
+            metrics.chunksStored.increment()
+            metrics.chunkBytesStored.increment(by: bytes)
+        case .chunk(.held, _):
+            break
+        case .chunk(.overQuota, _):
+            stats.withLock { $0.chunksOverQuota += 1 }
+            metrics.chunksOverQuota.increment()
+        case .chunkServed(let bytes):
+            stats.withLock { $0.chunksServed += 1 }
+            metrics.chunksServed.increment()
+            metrics.chunkBytesServed.increment(by: bytes)
+        case .chunksDropped(let n):
+            stats.withLock { $0.chunksDropped += n }
+            metrics.chunksDropped.increment(by: n)
         }
     }
 
@@ -82,4 +103,6 @@ public struct RelayCounters: Sendable {
     /// Snapshots members uploaded that were kept, snapshots sent to devices (SYNC.md §11), and uploads declined (too
     /// large, over the relay's staging room, or slower than its window).
     public var snapshotsKept = 0, snapshotsSent = 0, snapshotsDropped = 0
+    /// Blob chunks stored, served, left out because their space was at its quota, and dropped as bad copies.
+    public var chunksStored = 0, chunksServed = 0, chunksOverQuota = 0, chunksDropped = 0
 }

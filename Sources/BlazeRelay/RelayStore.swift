@@ -115,6 +115,7 @@ public final class RelayStore: RelayBackend {
                     )
                     """)
         }
+        m.registerMigration("v7") { db in try db.execute(sql: RelayStore.chunksTable) }
         try m.migrate(pool)
     }
 
@@ -285,7 +286,7 @@ public final class RelayStore: RelayBackend {
             for space in idle {
                 for table in [
                     "relay_entries", "relay_heads", "relay_ops", "relay_acks", "relay_snapshots", "relay_snapshot_parts",
-                    "relay_bases", "relay_snapshot_uploads",
+                    "relay_bases", "relay_snapshot_uploads", "relay_chunks",
                 ] {
                     try db.execute(sql: "DELETE FROM \(table) WHERE space = ?", arguments: [space])
                 }

@@ -9,8 +9,9 @@ import NIOCore
 /// for chunks its database lacks (`CHUNK_WANT`), and it serves the chunks the peer asks for, sealed under the space's
 /// current epoch key (`CHUNK`, or `CHUNK_MISSING` for those it does not hold).
 ///
-/// Only a member device of the space takes part: a relay, a device not (or no longer) in the log, or one of an older
-/// version is neither asked nor served. Serving reads and seals at most `servingAtOnce` chunks at a time, the next
+/// A member device of the space is asked and served; a relay this device dialed is asked, and is offered the chunks
+/// held here (`SyncSession+Offers`), served only those it takes; a device not (or no longer) in the log, or one of an
+/// older version, is neither. Serving reads and seals at most `servingAtOnce` chunks at a time, the next
 /// once the last was written, so a peer that reads slowly holds at most that many sealed chunks here. A peer may have
 /// `maxQueuedWants` chunks asked and not yet served; more is refused. Received chunks are opened, checked against
 /// their id and stored off the event loop, each asked chunk once; one this session did not ask for (or a copy of one
@@ -29,9 +30,12 @@ extension SyncSession {
         return false
     }
 
+    /// Whether chunks may be asked of the other end: a current member's device, or a relay this device dialed.
+    var chunkSourcePeer: Bool { servesUnlisted ? link != nil : chunkPeer }
+
     /// Attaches this session to the engine's fetcher as a source for its database.
     func attachChunkSource(context: ChannelHandlerContext) {
-        guard let link, chunkSource == nil, chunkPeer else { return }
+        guard let link, chunkSource == nil, chunkSourcePeer else { return }
         guard !engine.withoutChunks.withLock({ $0.contains(link.device.nodeIDHex) }) else { return }
         let bound = NIOLoopBound((self, context), eventLoop: context.eventLoop)
         let loop = context.eventLoop
@@ -47,7 +51,7 @@ extension SyncSession {
 
     /// Attaches or detaches this session as a chunk source as the peer's membership now says.
     func refreshChunkSource(context: ChannelHandlerContext) {
-        if chunkPeer { attachChunkSource(context: context) } else { detachChunkSource() }
+        if chunkSourcePeer { attachChunkSource(context: context) } else { detachChunkSource() }
     }
 
     /// Detaches this session from the fetcher: what it was asked goes to other sources.
@@ -56,9 +60,15 @@ extension SyncSession {
         chunkSource = nil
     }
 
-    /// The peer asks for `ids`.
+    /// The peer asks for `ids` (a relay: those it takes of this side's offer).
     func wanted(_ ids: [ChunkID], context: ChannelHandlerContext) {
         guard link != nil else { return }
+        if servesUnlisted {
+            taken(ids, context: context)
+            return
+        }
+        // A member never sends an empty `CHUNK_WANT` (only a relay answers an offer with one): nothing to serve.
+        guard !ids.isEmpty else { return }
         guard chunkPeer else {
             // Not a member's device (a relay, one not admitted yet or removed): it learns nothing of what is held here.
             send(.chunkMissing(ids), context: context)
@@ -72,8 +82,8 @@ extension SyncSession {
         serveChunks(context: context)
     }
 
-    /// Reads, seals and sends queued chunks, `servingAtOnce` at a time.
-    private func serveChunks(context: ChannelHandlerContext) {
+    /// Reads, seals and sends queued chunks, `servingAtOnce` at a time; once all are, a relay is offered more.
+    func serveChunks(context: ChannelHandlerContext) {
         guard let link else { return }
         while chunksServing < Self.servingAtOnce, !chunkQueue.isEmpty, !closed {
             let id = chunkQueue.removeFirst()
@@ -104,6 +114,7 @@ extension SyncSession {
                     let (session, context) = bound.value
                     session.chunksServing -= 1
                     session.serveChunks(context: context)
+                    session.offerChunks(context: context)
                 }
             }
         }
@@ -147,6 +158,12 @@ extension SyncSession {
                 engine.chunks.arrived(source, db: db.name, id)
             case .success(.noKey):
                 engine.chunks.lacks(source, db: db.name, [id])
+            case .success(.refused) where session.servesUnlisted:
+                // A relay cannot check what members upload: its copy is bad, not the relay. It drops it, and a
+                // member's next offer brings a good one; this fetch asks elsewhere.
+                engine.chunks.lacks(source, db: db.name, [id])
+                session.report.reject(.badChunk)
+                if !session.closed { session.send(.chunkBad([id]), context: context) }
             case .success(.refused):
                 engine.chunks.lacks(source, db: db.name, [id])
                 session.errorCaught(context: context, error: SyncRejection.badChunk)

@@ -32,6 +32,8 @@ extension SyncSession {
     /// Sends the peer what it lacks, one round of batches at a time; a round starts after the previous one is
     /// written, so the socket's buffer, not memory, holds what the peer has not read.
     func pump(context: ChannelHandlerContext) {
+        // A commit may reference chunks a put just stored: a relay is offered them.
+        offerChunks(context: context)
         guard !closed, let peerVector, let link, servesPeer else { return }
         if pumping {
             pumpAgain = true

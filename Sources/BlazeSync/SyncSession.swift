@@ -59,6 +59,15 @@ final class SyncSession: ChannelInboundHandler {
     /// peer answered any (then it knows the chunk messages).
     var sentChunkWant = false
     var answeredChunks = false
+    /// Offering chunks to a relay (`SyncSession+Offers`): the ids still to offer, those offered on this connection,
+    /// the offer awaiting its answer, the store's generation when last listed, whether it is being listed, and
+    /// whether an offer went (an older relay closes on it as malformed).
+    var offerList: [ChunkID] = []
+    var offered: Set<ChunkID> = []
+    var offerOut: Set<ChunkID>?
+    var offeredGeneration: Int?
+    var listingOffers = false
+    var sentChunkOffer = false
     /// Set by the feed listener (on the writer thread) so that a burst of commits schedules one pump.
     private let wake = WakeFlag()
 
@@ -136,6 +145,7 @@ final class SyncSession: ChannelInboundHandler {
         }
         startMembership(context: context)
         attachChunkSource(context: context)
+        offerChunks(context: context)
     }
 
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
@@ -161,8 +171,9 @@ final class SyncSession: ChannelInboundHandler {
                     "Sync peer does not take join refusals (an older relay): its joiners will wait out their time",
                     metadata: ["peer": "\(report.peer)"])
             }
-            if sentChunkWant, !answeredChunks, reason == SyncRejection.malformed.rawValue, let device = link?.device.nodeIDHex {
-                // A device of an older version, which does not know `CHUNK_WANT`: it is not asked for chunks again.
+            if sentChunkWant || sentChunkOffer, !answeredChunks, reason == SyncRejection.malformed.rawValue, let device = link?.device.nodeIDHex {
+                // A device or relay of an older version, which does not know `CHUNK_WANT` or `CHUNK_OFFER`: no chunk
+                // message goes to it again.
                 engine.withoutChunks.withLock { _ = $0.insert(device) }
                 engine.logger.warning(
                     "Sync peer does not serve blob chunks (an older version): it is not asked for them again",
@@ -188,6 +199,9 @@ final class SyncSession: ChannelInboundHandler {
             received(chunk: id, sealed: sealed, context: context)
         case .chunkMissing(let ids):
             peerLacks(ids)
+        case .chunkOffer, .chunkBad:
+            // Only a relay takes offers and bad-copy reports; a device never sends either to another device.
+            errorCaught(context: context, error: SyncRejection.malformed)
         }
     }
 

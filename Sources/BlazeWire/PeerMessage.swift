@@ -26,13 +26,19 @@ public enum PeerMessage: Sendable {
     /// The member that issued an invite refuses a join passed on by a relay (`InviteRefusal`): the invite id, the
     /// joiner's Ed25519 key and why. A relay passes it to the joiner's connection only.
     case joinRefused(id: [UInt8], device: [UInt8], reason: InviteRefusal)
-    /// Blob chunks the sender lacks and asks the receiver for, at most `maxChunkWants` ids.
+    /// Blob chunks the sender lacks and asks the receiver for, at most `maxChunkWants` ids; a relay's answer to a
+    /// `CHUNK_OFFER` names those of the offer it takes, possibly none.
     case chunkWant([ChunkID])
     /// One chunk the receiver asked for, sealed under an epoch key of the space (`SealedChunk`): the receiver opens it
     /// and checks its content against the id.
     case chunk(id: ChunkID, sealed: [UInt8])
     /// Chunks the receiver asked for that the sender does not hold.
     case chunkMissing([ChunkID])
+    /// Chunks a device holds and offers a relay, 1 to `maxChunkWants` ids; the relay answers with one `CHUNK_WANT`.
+    case chunkOffer([ChunkID])
+    /// Chunks a relay served that did not open as their ids: the relay drops its copies (a member's next offer
+    /// restores them).
+    case chunkBad([ChunkID])
 
     static let stateType: UInt8 = 1
     static let entriesType: UInt8 = 2
@@ -47,7 +53,9 @@ public enum PeerMessage: Sendable {
     static let chunkWantType: UInt8 = 11
     static let chunkType: UInt8 = 12
     static let chunkMissingType: UInt8 = 13
-    /// The most chunk ids one `CHUNK_WANT` or `CHUNK_MISSING` names.
+    static let chunkOfferType: UInt8 = 14
+    static let chunkBadType: UInt8 = 15
+    /// The most chunk ids one `CHUNK_WANT`, `CHUNK_MISSING`, `CHUNK_OFFER` or `CHUNK_BAD` names.
     public static let maxChunkWants = 64
     /// The most bytes of a sealed chunk in a `CHUNK`: a chunk is at most 4 MiB (`Chunker.Sizes.standard`), sealed it
     /// gains a 20-byte header, up to 4 KiB of padding and length field, and a 16-byte tag.
@@ -138,6 +146,10 @@ public enum PeerMessage: Sendable {
             return out
         case .chunkMissing(let ids):
             return Self.encode(ids, type: Self.chunkMissingType)
+        case .chunkOffer(let ids):
+            return Self.encode(ids, type: Self.chunkOfferType)
+        case .chunkBad(let ids):
+            return Self.encode(ids, type: Self.chunkBadType)
         }
     }
 
@@ -149,9 +161,10 @@ public enum PeerMessage: Sendable {
         return out
     }
 
-    /// A list of 1 to `maxChunkWants` distinct chunk ids filling the rest of the message, or `malformed`.
-    private static func chunkIDs(_ r: inout ByteReader) throws(SyncRejection) -> [ChunkID] {
-        guard let n = r.readUInt16(), n > 0, Int(n) <= maxChunkWants, r.remaining == Int(n) * ChunkID.count else {
+    /// A list of 1 (0 when `empty`) to `maxChunkWants` distinct chunk ids filling the rest of the message, or
+    /// `malformed`.
+    private static func chunkIDs(_ r: inout ByteReader, empty: Bool = false) throws(SyncRejection) -> [ChunkID] {
+        guard let n = r.readUInt16(), n > 0 || empty, Int(n) <= maxChunkWants, r.remaining == Int(n) * ChunkID.count else {
             throw .malformed
         }
         var ids: [ChunkID] = []
@@ -230,7 +243,7 @@ public enum PeerMessage: Sendable {
             else { throw .malformed }
             self = .joinRefused(id: Array(id), device: Array(device), reason: reason)
         case Self.chunkWantType?:
-            self = .chunkWant(try Self.chunkIDs(&r))
+            self = .chunkWant(try Self.chunkIDs(&r, empty: true))
         case Self.chunkType?:
             guard let bytes = r.read(ChunkID.count), let id = ChunkID(bytes: bytes), r.remaining > 0,
                 r.remaining <= Self.maxSealedChunkBytes
@@ -238,6 +251,10 @@ public enum PeerMessage: Sendable {
             self = .chunk(id: id, sealed: Array(r.rest()))
         case Self.chunkMissingType?:
             self = .chunkMissing(try Self.chunkIDs(&r))
+        case Self.chunkOfferType?:
+            self = .chunkOffer(try Self.chunkIDs(&r))
+        case Self.chunkBadType?:
+            self = .chunkBad(try Self.chunkIDs(&r))
         default:
             throw .malformed
         }

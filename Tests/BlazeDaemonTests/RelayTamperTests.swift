@@ -206,6 +206,8 @@ final class StallingBackend: RelayBackend {
 
     init(_ inner: RelayStore) { self.inner = inner }
 
+    var limits: RelayLimits { inner.limits }
+
     private func gate() async throws {
         // Never returns while not cancelled (the stall is for good, whatever happens to `stalled` later).
         while stalled.load(ordering: .relaxed) { try await Task.sleep(for: .seconds(3600)) }
@@ -251,6 +253,22 @@ final class StallingBackend: RelayBackend {
     func stageSnapshotPart(_ part: SnapshotPart, upload: [UInt8], space: SpaceID, startedMs: Int64) async throws {
         try await gate()
         try await inner.stageSnapshotPart(part, upload: upload, space: space, startedMs: startedMs)
+    }
+    func heldChunks(_ ids: [ChunkID], space: SpaceID) async throws -> Set<ChunkID> {
+        try await gate()
+        return try await inner.heldChunks(ids, space: space)
+    }
+    func storeChunk(_ id: ChunkID, sealed: [UInt8], space: SpaceID) async throws -> ChunkStored {
+        try await gate()
+        return try await inner.storeChunk(id, sealed: sealed, space: space)
+    }
+    func chunk(_ id: ChunkID, space: SpaceID) async throws -> [UInt8]? {
+        try await gate()
+        return try await inner.chunk(id, space: space)
+    }
+    func dropChunks(_ ids: [ChunkID], space: SpaceID) async throws -> Int {
+        try await gate()
+        return try await inner.dropChunks(ids, space: space)
     }
     func dropSnapshotUpload(_ upload: [UInt8]) async throws {
         try await gate()

@@ -39,10 +39,13 @@ import Testing
     @Test func badListsAndChunksAreMalformed() {
         let one = ids(1)[0].bytes
         let over = ids(PeerMessage.maxChunkWants + 1).flatMap(\.bytes)
-        for type: UInt8 in [11, 13] {
+        for type: UInt8 in [11, 13, 14, 15] {
+            #expect(throws: SyncRejection.malformed) { try PeerMessage(decoding: [type]) }  // no count
+            if type != 11 {
+                // Only a relay's answer to an offer may name no chunk.
+                #expect(throws: SyncRejection.malformed) { try PeerMessage(decoding: [type, 0, 0]) }
+            }
             for bad: [UInt8] in [
-                [type],  // no count
-                [type, 0, 0],  // an empty list
                 [type, 0, 2] + one,  // fewer ids than counted
                 [type, 0, 1] + one + [0],  // a trailing byte
                 [type, 0, 1] + Array(one.prefix(31)),  // a short id
@@ -60,5 +63,36 @@ import Testing
         ] {
             #expect(throws: SyncRejection.malformed) { try PeerMessage(decoding: bad) }
         }
+    }
+
+    @Test func offersBadCopyReportsAndAnEmptyWantRoundTrip() throws {
+        for n in [1, PeerMessage.maxChunkWants] {
+            let list = ids(n)
+            guard case .chunkOffer(let offer) = try PeerMessage(decoding: try PeerMessage.chunkOffer(list).encoded()),
+                case .chunkBad(let bad) = try PeerMessage(decoding: try PeerMessage.chunkBad(list).encoded())
+            else {
+                Issue.record("decoded as another message")
+                return
+            }
+            #expect(offer == list && bad == list)
+        }
+        let empty = try PeerMessage.chunkWant([]).encoded()
+        #expect(empty == [11, 0, 0])
+        guard case .chunkWant(let none) = try PeerMessage(decoding: empty) else {
+            Issue.record("decoded as another message")
+            return
+        }
+        #expect(none.isEmpty)
+    }
+
+    @Test func onlyTheShapeOfASealedChunkIsCheckedWithoutItsKey() {
+        let header = SealedChunkLayout.magic + [0, 0, 0, 1] + [UInt8](repeating: 7, count: 12)
+        let good = header + [UInt8](repeating: 9, count: 2 * SealedChunkLayout.padding + 16)
+        #expect(SealedChunkLayout.isWellFormed(good, maximum: PeerMessage.maxSealedChunkBytes))
+        #expect(!SealedChunkLayout.isWellFormed(good, maximum: good.count - 1))  // over the limit
+        #expect(!SealedChunkLayout.isWellFormed(Array(good.dropLast()), maximum: .max))  // not whole blocks
+        #expect(!SealedChunkLayout.isWellFormed(header + [UInt8](repeating: 0, count: 16), maximum: .max))  // no block
+        #expect(!SealedChunkLayout.isWellFormed([0x41] + good.dropFirst(), maximum: .max))  // not its magic
+        #expect(!SealedChunkLayout.isWellFormed([], maximum: .max))
     }
 }

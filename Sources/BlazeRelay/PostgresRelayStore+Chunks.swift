@@ -1,0 +1,75 @@
+import BlazeProtocol
+import Foundation
+import NIOCore
+import PostgresNIO
+
+/// Blob chunks held in PostgreSQL (Protocol/RELAY.md, "Blob chunks"), as `RelayStore` holds them: a chunk stored
+/// through one relay process is served by every other.
+extension PostgresRelayStore {
+    /// The table of chunks (sealed, up to 4 MiB each; PostgreSQL keeps large values out of line).
+    static let chunksTable = """
+        CREATE TABLE IF NOT EXISTS relay_chunks(space BYTEA NOT NULL, id BYTEA NOT NULL, bytes BYTEA NOT NULL, \
+        PRIMARY KEY(space, id))
+        """
+
+    public func heldChunks(_ ids: [ChunkID], space: SpaceID) async throws -> Set<ChunkID> {
+        guard !ids.isEmpty else { return [] }
+        return try await bounded { [self] in
+            let s = Data(space.bytes)
+            let wanted = ids.map { ByteBuffer(bytes: $0.bytes) }
+            return Set(
+                try await client.query("SELECT id FROM relay_chunks WHERE space = \(s) AND id = ANY(\(wanted))", logger: logger)
+                    .decode(Data.self).all().compactMap { ChunkID(bytes: Array($0)) })
+        }
+    }
+
+    public func storeChunk(_ id: ChunkID, sealed: [UInt8], space: SpaceID) async throws -> ChunkStored {
+        try await bounded { [self] in
+            let s = Data(space.bytes), key = Data(id.bytes)
+            return try await transaction { conn in
+                // The usage row is the space's lock: the quota holds across processes.
+                let used = try await conn.query("SELECT bytes FROM relay_usage WHERE space = \(s) FOR UPDATE", logger: self.logger)
+                    .decode(Int64.self).all().first ?? 0
+                let held = try await conn.query("SELECT 1 FROM relay_chunks WHERE space = \(s) AND id = \(key)", logger: self.logger)
+                    .all().count
+                if held > 0 { return ChunkStored.held }
+                let bytes = Int(used) + sealed.count
+                guard bytes <= self.limits.maxBytesPerSpace else { return .overQuota }
+                try await conn.query(
+                    "INSERT INTO relay_chunks(space, id, bytes) VALUES (\(s), \(key), \(Data(sealed)))", logger: self.logger)
+                try await conn.query(
+                    "UPDATE relay_usage SET bytes = \(Int64(bytes)), last_write_ms = \(Self.nowMs()) WHERE space = \(s)",
+                    logger: self.logger)
+                return .stored
+            }
+        }
+    }
+
+    public func chunk(_ id: ChunkID, space: SpaceID) async throws -> [UInt8]? {
+        try await bounded { [self] in
+            try await client.query(
+                "SELECT bytes FROM relay_chunks WHERE space = \(Data(space.bytes)) AND id = \(Data(id.bytes))", logger: logger
+            ).decode(Data.self).all().first.map { Array($0) }
+        }
+    }
+
+    public func dropChunks(_ ids: [ChunkID], space: SpaceID) async throws -> Int {
+        guard !ids.isEmpty else { return 0 }
+        return try await bounded { [self] in
+            let s = Data(space.bytes)
+            let gone = ids.map { ByteBuffer(bytes: $0.bytes) }
+            return try await transaction { conn in
+                try await conn.query("SELECT 1 FROM relay_usage WHERE space = \(s) FOR UPDATE", logger: self.logger)
+                let lengths = try await conn.query(
+                    "DELETE FROM relay_chunks WHERE space = \(s) AND id = ANY(\(gone)) RETURNING length(bytes)", logger: self.logger
+                ).decode(Int32.self).all()
+                let freed = lengths.reduce(0) { $0 + Int64($1) }
+                if freed > 0 {
+                    try await conn.query(
+                        "UPDATE relay_usage SET bytes = GREATEST(0, bytes - \(freed)) WHERE space = \(s)", logger: self.logger)
+                }
+                return lengths.count
+            }
+        }
+    }
+}

@@ -1,0 +1,64 @@
+import BlazeBlob
+import BlazeCrypto
+import BlazeProtocol
+import BlazeWire
+import Foundation
+import NIOCore
+
+/// Leaving blob chunks on a relay (SYNC.md §12, "Relays"): a device offers the relays it dialed the chunks it holds,
+/// so a device that is never online at the same time can fetch them there. One offer of up to 64 ids at a time; the
+/// relay answers with those it takes (possibly none) and the next offer goes once they are all written. Every chunk
+/// held is offered once per connection, and again when the store changes (a put, a fetch): what the relay holds
+/// already, or has no room for, it does not take. The chunks go sealed, as to any peer: the relay learns their sizes
+/// (to within 4 KiB) and ids, never their content.
+extension SyncSession {
+    /// Offers the relay the next chunks it has not been offered on this connection, once the last offer's chunks
+    /// are written; lists the store again when it changed since it was last listed.
+    func offerChunks(context: ChannelHandlerContext) {
+        guard servesUnlisted, let link, !closed, offerOut == nil, !listingOffers, chunkQueue.isEmpty, chunksServing == 0
+        else { return }
+        guard !engine.withoutChunks.withLock({ $0.contains(link.device.nodeIDHex) }) else { return }
+        if !offerList.isEmpty {
+            let next = Array(offerList.prefix(PeerMessage.maxChunkWants))
+            offerList.removeFirst(next.count)
+            offerOut = Set(next)
+            offered.formUnion(next)
+            sentChunkOffer = true
+            send(.chunkOffer(next), context: context)
+            return
+        }
+        listingOffers = true
+        let (db, stores, listed) = (link.db, engine.chunkStores, offeredGeneration)
+        let bound = NIOLoopBound((self, context), eventLoop: context.eventLoop)
+        engine.chunkPool.runIfActive(eventLoop: context.eventLoop) { () throws -> (Int, [ChunkID])? in
+            // A database that never held a blob has no store: nothing to offer, and none is made for it here.
+            guard FileManager.default.fileExists(atPath: ChunkStores.directory(of: db)) else { return nil }
+            let store = try stores.store(for: db)
+            let generation = store.generation
+            guard generation != listed else { return nil }
+            return (generation, store.all())
+        }
+        .whenComplete { result in
+            let (session, context) = bound.value
+            session.listingOffers = false
+            guard case .success(let (generation, ids)?) = result, !session.closed else { return }
+            session.offeredGeneration = generation
+            session.offerList = ids.filter { !session.offered.contains($0) }
+            if !session.offerList.isEmpty { session.offerChunks(context: context) }
+        }
+    }
+
+    /// The relay takes `ids` of the offer it answers: they are served (sealed) like any chunk asked for.
+    func taken(_ ids: [ChunkID], context: ChannelHandlerContext) {
+        guard let out = offerOut, ids.allSatisfy({ out.contains($0) }) else {
+            // An answer to no offer, or naming chunks not offered: a relay learns nothing it was not offered.
+            errorCaught(context: context, error: SyncRejection.malformed)
+            return
+        }
+        answeredChunks = true
+        offerOut = nil
+        chunkQueue.append(contentsOf: ids)
+        serveChunks(context: context)
+        offerChunks(context: context)
+    }
+}

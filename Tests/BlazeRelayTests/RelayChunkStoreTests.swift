@@ -1,0 +1,61 @@
+import BlazeCrypto
+import BlazeProtocol
+import Foundation
+import Testing
+
+@testable import BlazeRelay
+
+/// Blob chunks in the relay's store, both backends (Protocol/RELAY.md, "Blob chunks"): held per space, counted in its
+/// bytes within the quota, dropped as bad copies and with the space's retention.
+@Suite struct RelayChunkStoreTests {
+    let key = SpaceKey.generate()
+
+    func id() -> ChunkID { ChunkID(bytes: SpaceKey.randomBytes(32))! }
+    func sealed(_ blocks: Int) -> [UInt8] {
+        SealedChunkLayout.magic + [0, 0, 0, 1] + SpaceKey.randomBytes(12 + blocks * SealedChunkLayout.padding + 16)
+    }
+
+    @Test(arguments: Backend.allCases) func chunksAreHeldPerSpaceServedExactlyAndCountedInItsBytes(backend: Backend) async throws {
+        let temp = try await TempRelay(backend)
+        let relay = temp.store
+        _ = try await relay.add(RelayCapability(key: key))
+        let other = SpaceKey.generate()
+        _ = try await relay.add(RelayCapability(key: other))
+        let (a, b) = (id(), id())
+        let (sa, sb) = (sealed(1), sealed(3))
+        #expect(try await relay.heldChunks([a, b], space: key.id).isEmpty)
+        #expect(try await relay.storeChunk(a, sealed: sa, space: key.id) == .stored)
+        #expect(try await relay.storeChunk(b, sealed: sb, space: key.id) == .stored)
+        #expect(try await relay.storeChunk(a, sealed: sealed(2), space: key.id) == .held, "the first copy stays")
+        #expect(try await relay.heldChunks([a, b, id()], space: key.id) == [a, b])
+        #expect(try await relay.chunk(a, space: key.id) == sa)
+        #expect(try await relay.chunk(b, space: key.id) == sb)
+        #expect(try await relay.usage(space: key.id).bytes == sa.count + sb.count)
+        // Another space holds none of them, and reads none of them.
+        #expect(try await relay.heldChunks([a, b], space: other.id).isEmpty)
+        #expect(try await relay.chunk(a, space: other.id) == nil)
+        // Dropped as a bad copy: gone, its bytes freed; dropping what is not held changes nothing.
+        #expect(try await relay.dropChunks([a, id()], space: key.id) == 1)
+        #expect(try await relay.chunk(a, space: key.id) == nil)
+        #expect(try await relay.usage(space: key.id).bytes == sb.count)
+        #expect(try await relay.storeChunk(a, sealed: sa, space: key.id) == .stored, "a member's next offer restores it")
+        // Retention drops chunks with the rest of the space.
+        let dropped = try await relay.expire(idleBefore: Int64(Date().timeIntervalSince1970 * 1000) + 60_000)
+        #expect(dropped == [key.id])
+        #expect(try await relay.heldChunks([a, b], space: key.id).isEmpty)
+        #expect(try await relay.usage(space: key.id).bytes == 0)
+    }
+
+    @Test(arguments: Backend.allCases) func aChunkOverTheQuotaIsLeftOut(backend: Backend) async throws {
+        var limits = RelayLimits()
+        limits.maxBytesPerSpace = 3 * SealedChunkLayout.padding
+        let temp = try await TempRelay(backend, limits: limits)
+        let relay = temp.store
+        _ = try await relay.add(RelayCapability(key: key))
+        let (a, b) = (id(), id())
+        #expect(try await relay.storeChunk(a, sealed: sealed(1), space: key.id) == .stored)
+        #expect(try await relay.storeChunk(b, sealed: sealed(2), space: key.id) == .overQuota)
+        #expect(try await relay.heldChunks([a, b], space: key.id) == [a])
+        #expect(try await relay.usage(space: key.id).bytes <= limits.maxBytesPerSpace)
+    }
+}
