@@ -43,6 +43,11 @@ public final class ChunkStores: Sendable {
         }
     }
 
+    /// The chunk store of `db` when it was opened already; nil otherwise (none is made).
+    public func opened(for db: BlazeDatabase) -> ChunkStore? {
+        stores.withLock { stores in stores[db.name].flatMap { $0.db == ObjectIdentifier(db) ? $0.store : nil } }
+    }
+
     /// Forgets database `name` and removes its chunks in `directory` (it was dropped).
     public func forget(db name: String, directory: String) {
         stores.withLock { stores in

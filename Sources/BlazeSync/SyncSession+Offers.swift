@@ -27,9 +27,16 @@ extension SyncSession {
             send(.chunkOffer(next), context: context)
             return
         }
+        // Checked here, without leaving the event loop, on every commit: a store unchanged since it was listed, or
+        // none at all, has nothing new to offer.
+        if let store = engine.chunkStores.opened(for: link.db) {
+            guard store.generation != offeredGeneration else { return }
+        } else if offerNoStore {
+            return
+        }
         listingOffers = true
         let (db, stores, listed) = (link.db, engine.chunkStores, offeredGeneration)
-        let bound = NIOLoopBound((self, context), eventLoop: context.eventLoop)
+        let (engine, bound) = (self.engine, NIOLoopBound((self, context), eventLoop: context.eventLoop))
         engine.chunkPool.runIfActive(eventLoop: context.eventLoop) { () throws -> (Int, [ChunkID])? in
             // A database that never held a blob has no store: nothing to offer, and none is made for it here.
             guard FileManager.default.fileExists(atPath: ChunkStores.directory(of: db)) else { return nil }
@@ -41,6 +48,7 @@ extension SyncSession {
         .whenComplete { result in
             let (session, context) = bound.value
             session.listingOffers = false
+            if case .success(nil) = result, engine.chunkStores.opened(for: db) == nil { session.offerNoStore = true }
             guard case .success(let (generation, ids)?) = result, !session.closed else { return }
             session.offeredGeneration = generation
             session.offerList = ids.filter { !session.offered.contains($0) }

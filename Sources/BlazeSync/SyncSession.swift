@@ -60,13 +60,15 @@ final class SyncSession: ChannelInboundHandler {
     var sentChunkWant = false
     var answeredChunks = false
     /// Offering chunks to a relay (`SyncSession+Offers`): the ids still to offer, those offered on this connection,
-    /// the offer awaiting its answer, the store's generation when last listed, whether it is being listed, and
-    /// whether an offer went (an older relay closes on it as malformed).
+    /// the offer awaiting its answer, the store's generation when last listed, whether it is being listed, whether
+    /// the database had no store when it was (none is opened until a blob is put or fetched), and whether an offer
+    /// went (an older relay closes on it as malformed).
     var offerList: [ChunkID] = []
     var offered: Set<ChunkID> = []
     var offerOut: Set<ChunkID>?
     var offeredGeneration: Int?
     var listingOffers = false
+    var offerNoStore = false
     var sentChunkOffer = false
     /// Set by the feed listener (on the writer thread) so that a burst of commits schedules one pump.
     private let wake = WakeFlag()

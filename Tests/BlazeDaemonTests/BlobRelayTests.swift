@@ -1,0 +1,151 @@
+import BlazeClient
+import BlazeCrypto
+import BlazeProtocol
+import BlazeTestSupport
+import Foundation
+import GRDB
+import Testing
+
+/// Blobs through a relay (Protocol/RELAY.md, "Blob chunks"): a device leaves the chunks it holds on the relay, and a
+/// device that is never online at the same time fetches them there; a copy the relay holds bad is dropped and
+/// restored by the holder's next connection; strangers neither upload nor learn anything.
+@Suite(.serialized) struct BlobRelayTests {
+    /// Rows of the relay's chunk table.
+    func relayChunks(_ relay: RelayProcess) throws -> Int {
+        if let pg = relay.postgres {
+            return Int(try pg.psql("SELECT count(*) FROM relay_chunks").trimmingCharacters(in: .whitespacesAndNewlines)) ?? -1
+        }
+        return try relay.count("relay_chunks")
+    }
+
+    /// Replaces the relay's copy of one chunk with another chunk's (well formed, but not the chunk its id names).
+    func spoilOneChunk(_ relay: RelayProcess) throws {
+        let sql = """
+            UPDATE relay_chunks SET bytes = (SELECT bytes FROM relay_chunks ORDER BY id LIMIT 1 OFFSET 1) \
+            WHERE id = (SELECT id FROM relay_chunks ORDER BY id LIMIT 1)
+            """
+        if let pg = relay.postgres {
+            _ = try pg.psql(sql)
+        } else {
+            try DatabaseQueue(path: relay.dataDir + "/relay.db").write { try $0.execute(sql: sql) }
+        }
+    }
+
+    @Test(arguments: [false, true])
+    func aBlobLeftOnARelayIsFetchedThereAfterItsHolderStopped(postgres: Bool) throws {
+        let pg = postgres ? try PostgresServer() : nil
+        let relay = try RelayProcess(postgres: pg)
+        let dirA = TempDir()
+        var a = try syncDaemon(dir: dirA)
+        let b = try syncDaemon()
+        defer {
+            a.stop()
+            b.stop()
+            relay.stop()
+        }
+        var ca = try a.connect()
+        let cb = try b.connect()
+        _ = try ca.call("db.create", ["db": "team"])
+        _ = try cb.call("db.join", ["token": .string(try ca.invite("team")), "db": "team"])
+        try relay.addSpace(try ca.relayCapability("team"))
+        // From now on the two never meet: A leaves the blob on the relay and stops before B comes.
+        _ = try cb.call("peer.remove", ["db": "team", "address": .string(try a.syncAddress())])
+        _ = try ca.call("peer.add", ["db": "team", "address": .string(relay.address)])
+        let marker = Array("plaintext that must never reach the relay".utf8)
+        var bytes = BlobDaemonTests().content(6_000_000, seed: 11)
+        bytes.replaceSubrange(3_000_000..<(3_000_000 + marker.count), with: marker)
+        let file = dirA.path + "/clip.bin"
+        #expect(FileManager.default.createFile(atPath: file, contents: Data(bytes)))
+        let put = try ca.call("blob.put", ["db": "team", "path": .string(file), "type": "video/mp4"])
+        _ = try ca.call("doc.put", ["db": "team", "collection": "files", "id": "clip", "doc": ["file": put["ref"]!]])
+        let id = try #require(put["blob"]?["id"])
+        let chunks = try #require(put["chunks"]?.intValue.map { Int($0) })
+        // Every chunk and the manifest reach the relay.
+        #expect(eventually(timeout: .seconds(60)) { (try? relayChunks(relay)) == chunks + 1 }, "the relay holds \((try? relayChunks(relay)) ?? -1)")
+        if pg == nil {
+            for suffix in ["", "-wal"] {
+                let held = (try? Data(contentsOf: URL(fileURLWithPath: relay.dataDir + "/relay.db" + suffix))) ?? Data()
+                #expect(held.range(of: Data(marker)) == nil, "plaintext in the relay's file")
+            }
+        }
+        a.stop()
+        // A copy the relay holds bad (here: another chunk's bytes under its id; the relay cannot tell) is refused by
+        // the reader, which reports it: the relay drops it, and the holder's next connection restores it.
+        try spoilOneChunk(relay)
+
+        // B reaches only the relay: the document, then the blob's content, come from there.
+        _ = try cb.call("peer.add", ["db": "team", "address": .string(relay.address)])
+        #expect(eventually(timeout: .seconds(30)) {
+            (try? cb.call("doc.get", ["db": "team", "collection": "files", "id": "clip"]))?["doc"]?["file"]?["$blob"]?["id"] == id
+        })
+        let out = b.dir.path + "/clip.out"
+        #expect((try? cb.call("blob.get", ["db": "team", "blob": id, "path": .string(out)])) == nil,
+            "a blob with a chunk no source holds good was read")
+        #expect(eventually(timeout: .seconds(60)) { (try? relayChunks(relay)) == chunks }, "the spoiled copy was not dropped")
+        let rejected = try cb.call("sync.status", ["db": "team"])["databases"]?.arrayValue?.first?["peers"]?.arrayValue?
+            .compactMap { $0["rejected"]?["bad_chunk"]?.intValue }.reduce(0, +)
+        #expect(rejected == 1, "the reader did not count the bad copy")
+
+        a = try syncDaemon(dir: dirA)
+        ca = try a.connect()
+        #expect(eventually(timeout: .seconds(60)) { (try? relayChunks(relay)) == chunks + 1 }, "the holder did not restore it")
+        var got: JSONValue?
+        #expect(eventually(timeout: .seconds(60)) {
+            got = try? cb.call("blob.get", ["db": "team", "blob": id, "path": .string(out)])
+            return got != nil
+        })
+        #expect(got?["bytes"] == 6_000_000)
+        #expect((try? Data(contentsOf: URL(fileURLWithPath: out))) == Data(bytes))
+        let received = try cb.call("sync.status", ["db": "team"])["databases"]?.arrayValue?.first?["peers"]?.arrayValue?
+            .compactMap { $0["chunksReceived"]?.intValue }.reduce(0, +)
+        #expect((received ?? 0) >= Int64(chunks), "the content did not come from the relay")
+        _ = ca
+    }
+
+    @Test func strangersNeitherUploadNorLearnWhatTheRelayHolds() throws {
+        let relay = try RelayProcess()
+        let (a, ca, capability) = try sharedTeam(servedBy: relay)
+        defer {
+            a.stop()
+            relay.stop()
+        }
+        // The relay holds the space's log: the stranger is not in it.
+        _ = try ca.call("peer.add", ["db": "team", "address": .string(relay.address)])
+        #expect(eventually { (try? relay.count("relay_ops")) ?? 0 > 0 })
+        let cap = try RelayCapability(text: capability)
+        let ids = (0..<3).map { _ in ChunkID(bytes: SpaceKey.randomBytes(32))! }
+        // A capability holder outside the log is offered nothing and told nothing is held.
+        let stranger = HostileMember(key: cap.key)
+        try stranger.connect(port: relay.port, webSocket: "/v1/sync")
+        try stranger.send(try PeerMessageBytes.offer(ids))
+        try stranger.send(try PeerMessageBytes.want(ids))
+        var answers: [UInt8] = []
+        while answers.count < 2, let message = try stranger.receive() {
+            if message.first == 11 {
+                #expect(message == [11, 0, 0], "a stranger's offer is taken")
+                answers.append(11)
+            }
+            if message.first == 13 {
+                #expect(message.count == 3 + 32 * ids.count, "a stranger is told some chunks are held")
+                answers.append(13)
+            }
+        }
+        #expect(answers.sorted() == [11, 13])
+        // A chunk it was not asked for (however well formed) is refused, and nothing is stored.
+        let sealed = SealedChunkLayout.magic + [0, 0, 0, 1] + SpaceKey.randomBytes(12 + SealedChunkLayout.padding + 16)
+        try stranger.send([12] + ids[0].bytes + sealed)
+        #expect(stranger.awaitClose().error == "bad_chunk")
+        #expect(try relay.count("relay_chunks") == 0)
+    }
+}
+
+/// Chunk messages as a hostile device writes them.
+enum PeerMessageBytes {
+    static func list(_ type: UInt8, _ ids: [ChunkID]) -> [UInt8] {
+        var out: [UInt8] = [type, UInt8(ids.count >> 8), UInt8(ids.count & 0xFF)]
+        for id in ids { out += id.bytes }
+        return out
+    }
+    static func offer(_ ids: [ChunkID]) throws -> [UInt8] { list(14, ids) }
+    static func want(_ ids: [ChunkID]) throws -> [UInt8] { list(11, ids) }
+}
