@@ -16,8 +16,13 @@ extension RelayConnection {
     static let maxQueuedChunkWants = 2 * PeerMessage.maxChunkWants
     /// Chunks served on this connection whose copies it may report bad; older ones it may not.
     static let maxServedChunks = 1024
+    /// The most chunks of one offer the relay asks for (a device offers `PeerMessage.maxChunkOffer` at a time).
+    static let maxTakenPerOffer = PeerMessage.maxChunkOffer
+    /// How soon an offer waiting for room in the upload budget looks again.
+    static let budgetRetry = TimeAmount.milliseconds(50)
 
-    /// The device offers `ids`: the relay wants those it lacks, when the device may write and the space has room.
+    /// The device offers `ids`: the relay wants those it lacks, when the device may write and the space has room, at
+    /// most `maxTakenPerOffer`, once the relay's upload budget has room for them.
     func offered(_ ids: [ChunkID], space: SpaceID, context: ChannelHandlerContext) throws {
         // One offer at a time, after every chunk the last one's answer asked for: a device cannot queue uploads.
         guard !answeringOffer, chunksExpected.isEmpty else { throw SyncRejection.malformed }
@@ -34,12 +39,42 @@ extension RelayConnection {
             }
             guard try await relay.store.usage(space: space).bytes < relay.store.limits.maxBytesPerSpace else { return [] }
             let held = try await relay.store.heldChunks(ids, space: space)
-            return ids.filter { !held.contains($0) }
+            return Array(ids.filter { !held.contains($0) }.prefix(Self.maxTakenPerOffer))
         }) { connection, wanted, context in
-            connection.answeringOffer = false
-            connection.chunksExpected = Set(wanted)
-            connection.send(.chunkWant(wanted), context: context)
+            connection.answer(offer: wanted, context: context)
         }
+    }
+
+    /// Asks for `wanted` once the relay's upload budget has room for all of them, looking again every
+    /// `budgetRetry` meanwhile (uploads of other connections finish): memory, not the device, waits.
+    private func answer(offer wanted: [ChunkID], context: ChannelHandlerContext) {
+        guard case .established = state else { return }
+        let bytes = wanted.count * PeerMessage.maxSealedChunkBytes
+        guard relay.chunkUploads.reserve(bytes) else {
+            let bound = NIOLoopBound((self, context), eventLoop: context.eventLoop)
+            context.eventLoop.scheduleTask(in: Self.budgetRetry) {
+                let (connection, context) = bound.value
+                connection.answer(offer: wanted, context: context)
+            }
+            return
+        }
+        chunkRoom += wanted.count
+        answeringOffer = false
+        chunksExpected = Set(wanted)
+        send(.chunkWant(wanted), context: context)
+    }
+
+    /// Gives back the room of `count` chunks asked for (stored, not sent, or the connection closed).
+    func releaseChunkRoom(_ count: Int) {
+        let count = min(count, chunkRoom)
+        guard count > 0 else { return }
+        chunkRoom -= count
+        relay.chunkUploads.release(count * PeerMessage.maxSealedChunkBytes)
+    }
+
+    /// A device's `CHUNK_MISSING`: chunks the relay asked for that it no longer holds.
+    func notHeld(_ ids: [ChunkID]) {
+        releaseChunkRoom(ids.filter { chunksExpected.remove($0) != nil }.count)
     }
 
     /// The device sends chunk `id`: only one the relay asked for, of a sealed chunk's shape, stored in order.
@@ -57,6 +92,7 @@ extension RelayConnection {
             relay.record(.chunk(outcome, bytes: sealed.count))
             return outcome
         }) { connection, _, context in
+            connection.releaseChunkRoom(1)
             connection.storing = false
             connection.resumeReading(context: context)
             connection.storeNext(space: space, context: context)

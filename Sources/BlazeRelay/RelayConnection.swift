@@ -69,6 +69,8 @@ final class RelayConnection: ChannelInboundHandler {
     var chunkWants: [ChunkID] = []
     var servingChunk = false
     var chunksServed: Set<ChunkID> = []
+    /// Chunks asked for whose room this connection holds in the relay's `chunkUploads` budget.
+    var chunkRoom = 0
     /// The snapshot the device is uploading, from its accepted manifest to its last piece (nil: none under way, and a
     /// piece is refused), and the end of its window.
     var upload: SnapshotUpload?
@@ -249,8 +251,7 @@ final class RelayConnection: ChannelInboundHandler {
         case .chunk(let id, let sealed):
             try receivedChunk(id, sealed: sealed, space: space, context: context)
         case .chunkMissing(let ids):
-            // Chunks the relay asked for that the device no longer holds.
-            for id in ids { chunksExpected.remove(id) }
+            notHeld(ids)
         case .chunkWant(let ids):
             try wantedChunks(ids, space: space, context: context)
         case .chunkBad(let ids):
@@ -317,6 +318,7 @@ final class RelayConnection: ChannelInboundHandler {
         if case .established(let space) = state { releaseUpload(space: space) }
         if case .established(let space) = state { dropHeldJoin(space: space) }
         if case .established(let space) = state, let listener { relay.unlisten(space: space, id: listener) }
+        releaseChunkRoom(chunkRoom)
         state = .closed
         inbox = []
     }

@@ -64,6 +64,11 @@ public final class RelayServer: Sendable {
     /// `stagedBytes` across connections and `maxBytes` per space (so the members of one space cannot take it all).
     let snapshotUploads: SnapshotUploadLimits
     let snapshotStaging: MemoryBudget
+    /// Bytes of blob chunks the relay's connections have asked devices for and not yet stored: the most that uploads
+    /// hold in memory at once, whatever the number of connections (`RelayConnection+Chunks`).
+    let chunkUploads = MemoryBudget(limit: RelayServer.chunkUploadBytes)
+    /// The size of `chunkUploads`: 64 chunks of the largest size.
+    public static let chunkUploadBytes = 64 * PeerMessage.maxSealedChunkBytes
 
     /// Connection handlers alive (made and not yet freed): back to what it was once connections end, or they leak.
     let connectionHandlers = Atomic<Int>(0)

@@ -6,7 +6,7 @@ import Foundation
 import NIOCore
 
 /// Leaving blob chunks on a relay (SYNC.md §12, "Relays"): a device offers the relays it dialed the chunks it holds,
-/// so a device that is never online at the same time can fetch them there. One offer of up to 64 ids at a time; the
+/// so a device that is never online at the same time can fetch them there. One offer of up to 16 ids at a time; the
 /// relay answers with those it takes (possibly none) and the next offer goes once they are all written. Every chunk
 /// held is offered once per connection, and again when the store changes (a put, a fetch): what the relay holds
 /// already, or has no room for, it does not take. The chunks go sealed, as to any peer: the relay learns their sizes
@@ -19,7 +19,7 @@ extension SyncSession {
         else { return }
         guard !engine.withoutChunks.withLock({ $0.contains(link.device.nodeIDHex) }) else { return }
         if !offerList.isEmpty {
-            let next = Array(offerList.prefix(PeerMessage.maxChunkWants))
+            let next = Array(offerList.prefix(PeerMessage.maxChunkOffer))
             offerList.removeFirst(next.count)
             offerOut = Set(next)
             offered.formUnion(next)

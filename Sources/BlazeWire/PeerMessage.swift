@@ -57,6 +57,9 @@ public enum PeerMessage: Sendable {
     static let chunkBadType: UInt8 = 15
     /// The most chunk ids one `CHUNK_WANT`, `CHUNK_MISSING`, `CHUNK_OFFER` or `CHUNK_BAD` names.
     public static let maxChunkWants = 64
+    /// The most chunk ids a device offers a relay at once: a relay takes at most this many of one offer, so one
+    /// connection holds at most 64 MiB of the relay's room for uploads.
+    public static let maxChunkOffer = 16
     /// The most bytes of a sealed chunk in a `CHUNK`: a chunk is at most 4 MiB (`Chunker.Sizes.standard`), sealed it
     /// gains a 20-byte header, up to 4 KiB of padding and length field, and a 16-byte tag.
     public static let maxSealedChunkBytes = (4 << 20) + 8192
