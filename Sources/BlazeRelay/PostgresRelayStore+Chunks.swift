@@ -6,11 +6,15 @@ import PostgresNIO
 /// Blob chunks held in PostgreSQL (Protocol/RELAY.md, "Blob chunks"), as `RelayStore` holds them: a chunk stored
 /// through one relay process is served by every other.
 extension PostgresRelayStore {
-    /// The table of chunks (sealed, up to 4 MiB each; PostgreSQL keeps large values out of line).
-    static let chunksTable = """
+    /// The table of chunks (sealed, up to 4 MiB each; PostgreSQL keeps large values out of line), and their bytes per
+    /// space beside the entries' in `relay_usage`.
+    static let chunksStatements: [String] = [
+        """
         CREATE TABLE IF NOT EXISTS relay_chunks(space BYTEA NOT NULL, id BYTEA NOT NULL, bytes BYTEA NOT NULL, \
         PRIMARY KEY(space, id))
-        """
+        """,
+        "ALTER TABLE relay_usage ADD COLUMN IF NOT EXISTS chunk_bytes BIGINT NOT NULL DEFAULT 0",
+    ]
 
     public func heldChunks(_ ids: [ChunkID], space: SpaceID) async throws -> Set<ChunkID> {
         guard !ids.isEmpty else { return [] }
@@ -23,22 +27,32 @@ extension PostgresRelayStore {
         }
     }
 
+    public func chunkBytes(space: SpaceID) async throws -> Int {
+        try await bounded { [self] in
+            Int(
+                try await client.query("SELECT chunk_bytes FROM relay_usage WHERE space = \(Data(space.bytes))", logger: logger)
+                    .decode(Int64.self).all().first ?? 0)
+        }
+    }
+
     public func storeChunk(_ id: ChunkID, sealed: [UInt8], space: SpaceID) async throws -> ChunkStored {
         try await bounded { [self] in
             let s = Data(space.bytes), key = Data(id.bytes)
             return try await transaction { conn in
                 // The usage row is the space's lock: the quota holds across processes.
-                let used = try await conn.query("SELECT bytes FROM relay_usage WHERE space = \(s) FOR UPDATE", logger: self.logger)
-                    .decode(Int64.self).all().first ?? 0
+                guard let used = try await conn.query(
+                    "SELECT chunk_bytes FROM relay_usage WHERE space = \(s) FOR UPDATE", logger: self.logger
+                ).decode(Int64.self).all().first
+                else { throw RelayError("space \(space.hex) has no usage row") }
                 let held = try await conn.query("SELECT 1 FROM relay_chunks WHERE space = \(s) AND id = \(key)", logger: self.logger)
                     .all().count
                 if held > 0 { return ChunkStored.held }
                 let bytes = Int(used) + sealed.count
-                guard bytes <= self.limits.maxBytesPerSpace else { return .overQuota }
+                guard bytes <= self.limits.maxChunkBytesPerSpace else { return .overQuota }
                 try await conn.query(
                     "INSERT INTO relay_chunks(space, id, bytes) VALUES (\(s), \(key), \(Data(sealed)))", logger: self.logger)
                 try await conn.query(
-                    "UPDATE relay_usage SET bytes = \(Int64(bytes)), last_write_ms = \(Self.nowMs()) WHERE space = \(s)",
+                    "UPDATE relay_usage SET chunk_bytes = \(Int64(bytes)), last_write_ms = \(Self.nowMs()) WHERE space = \(s)",
                     logger: self.logger)
                 return .stored
             }
@@ -53,22 +67,30 @@ extension PostgresRelayStore {
         }
     }
 
-    public func dropChunks(_ ids: [ChunkID], space: SpaceID) async throws -> Int {
-        guard !ids.isEmpty else { return 0 }
+    public func dropChunks(_ copies: [ChunkCopy], space: SpaceID) async throws -> Int {
+        guard !copies.isEmpty else { return 0 }
         return try await bounded { [self] in
             let s = Data(space.bytes)
-            let gone = ids.map { ByteBuffer(bytes: $0.bytes) }
             return try await transaction { conn in
                 try await conn.query("SELECT 1 FROM relay_usage WHERE space = \(s) FOR UPDATE", logger: self.logger)
-                let lengths = try await conn.query(
-                    "DELETE FROM relay_chunks WHERE space = \(s) AND id = ANY(\(gone)) RETURNING length(bytes)", logger: self.logger
-                ).decode(Int32.self).all()
-                let freed = lengths.reduce(0) { $0 + Int64($1) }
+                var (dropped, freed) = (0, Int64(0))
+                for copy in copies {
+                    // Only the copy that was served: one a holder uploaded again since stays.
+                    let lengths = try await conn.query(
+                        """
+                        DELETE FROM relay_chunks WHERE space = \(s) AND id = \(Data(copy.id.bytes)) \
+                        AND substring(bytes FROM 1 FOR \(Int32(copy.prefix.count))) = \(Data(copy.prefix)) RETURNING length(bytes)
+                        """, logger: self.logger
+                    ).decode(Int32.self).all()
+                    dropped += lengths.count
+                    freed += lengths.reduce(0) { $0 + Int64($1) }
+                }
                 if freed > 0 {
                     try await conn.query(
-                        "UPDATE relay_usage SET bytes = GREATEST(0, bytes - \(freed)) WHERE space = \(s)", logger: self.logger)
+                        "UPDATE relay_usage SET chunk_bytes = GREATEST(0, chunk_bytes - \(freed)) WHERE space = \(s)",
+                        logger: self.logger)
                 }
-                return lengths.count
+                return dropped
             }
         }
     }

@@ -104,8 +104,7 @@ public final class PostgresRelayStore: RelayBackend {
                 bytes BYTEA NOT NULL, PRIMARY KEY(space, node))
                 """,
                 PostgresQuery(unsafeSQL: Self.joinsTable),
-                PostgresQuery(unsafeSQL: Self.chunksTable),
-            ] {
+            ] + Self.chunksStatements.map({ PostgresQuery(unsafeSQL: $0) }) {
                 try await conn.query(statement, logger: self.logger)
             }
         }
@@ -360,7 +359,7 @@ public final class PostgresRelayStore: RelayBackend {
                     try await conn.query("DELETE FROM relay_snapshot_uploads WHERE space = \(space)", logger: self.logger)
                     try await conn.query("DELETE FROM relay_chunks WHERE space = \(space)", logger: self.logger)
                     try await conn.query(
-                        "UPDATE relay_usage SET entries = 0, bytes = 0, last_write_ms = 0 WHERE space = \(space)",
+                        "UPDATE relay_usage SET entries = 0, bytes = 0, chunk_bytes = 0, last_write_ms = 0 WHERE space = \(space)",
                         logger: self.logger)
                     if let id = SpaceID(bytes: space) { try await self.notify(conn, "x", space: id) }
                 }

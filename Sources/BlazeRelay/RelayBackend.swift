@@ -70,16 +70,31 @@ public protocol RelayBackend: Sendable {
     func dropJoin(space: SpaceID, device: [UInt8], holder: String) async throws
     /// Of `ids`, the blob chunks `space` holds.
     func heldChunks(_ ids: [ChunkID], space: SpaceID) async throws -> Set<ChunkID>
+    /// Bytes of the blob chunks `space` holds.
+    func chunkBytes(space: SpaceID) async throws -> Int
     /// Stores the sealed chunk `id` of `space` (format-checked by the caller; a relay cannot open it), counted in the
-    /// space's bytes: not when they would pass the quota.
+    /// space's chunk bytes: not when they would pass `limits.maxChunkBytesPerSpace`.
     func storeChunk(_ id: ChunkID, sealed: [UInt8], space: SpaceID) async throws -> ChunkStored
     /// The sealed chunk `id` of `space`; nil when it is not held.
     func chunk(_ id: ChunkID, space: SpaceID) async throws -> [UInt8]?
-    /// Drops the chunks `ids` of `space` (copies a member found bad), freeing their bytes; returns how many went.
-    func dropChunks(_ ids: [ChunkID], space: SpaceID) async throws -> Int
+    /// Drops the copies of `space` that members found bad (each only if it is still the copy served), freeing their
+    /// bytes; returns how many went.
+    func dropChunks(_ copies: [ChunkCopy], space: SpaceID) async throws -> Int
     /// Runs `onChange` for every change another relay process makes, until the task is cancelled; returns at once
     /// when no other process can share the store.
     func watch(_ onChange: @escaping @Sendable (RelayChange) -> Void) async
+}
+
+/// A copy of a chunk a relay served: its id and the first bytes of the copy (its header, with the synthetic nonce
+/// that tells two copies apart).
+public struct ChunkCopy: Sendable, Hashable {
+    /// The chunk's id.
+    public var id: ChunkID
+    /// The copy's first `SealedChunkLayout.headerCount` bytes.
+    public var prefix: [UInt8]
+
+    /// A copy of `id` beginning with `prefix`.
+    public init(id: ChunkID, prefix: [UInt8]) { (self.id, self.prefix) = (id, prefix) }
 }
 
 /// What became of a chunk a relay was given to store.

@@ -4,13 +4,15 @@ import BlazeProtocol
 import BlazeWire
 import NIOCore
 
-/// Blob chunks on a relay (Protocol/RELAY.md, "Blob chunks"). A writing member offers the chunks it holds
-/// (`CHUNK_OFFER`, one offer at a time); the relay answers with the ones it lacks and has room for (`CHUNK_WANT`,
-/// possibly none), and takes only those: each arrives once (`CHUNK`, or `CHUNK_MISSING` when the device no longer
-/// holds it), is checked for a sealed chunk's shape (it cannot be opened here) and stored in order with the rest the
-/// device sends, counted in the space's bytes; one the quota has no room for is left out, not refused. A member asks
-/// for chunks (`CHUNK_WANT`) and is served them one at a time, each read once the one before is written; a member
-/// that finds a served copy bad (`CHUNK_BAD`) has it dropped, and a member's next offer restores it.
+/// Blob chunks on a relay (Protocol/RELAY.md, "Blob chunks"). A current writing member of the space's log offers the
+/// chunks it holds (`CHUNK_OFFER`, one offer at a time); the relay answers with those it lacks and has room for
+/// (`CHUNK_WANT`, possibly none, after a `CHUNK_MISSING` of those it lacks and cannot take now), and takes only
+/// those: each arrives once (`CHUNK`, or `CHUNK_MISSING` when the device no longer holds it), is checked for a sealed
+/// chunk's shape (it cannot be opened here) and stored in order with the rest the device sends, counted in the
+/// space's chunk quota. A listed member asks for chunks (`CHUNK_WANT`) and is served them one at a time, each read
+/// once the one before is written; a writing member that finds a copy it was served bad (`CHUNK_BAD`) has that copy
+/// dropped, and a holder's next offer restores it. A space whose log the relay does not hold yet takes part in none
+/// of it: without a log nobody is known to be a member.
 extension RelayConnection {
     /// Chunks a device may have asked for and not been served (its fetcher asks for at most 4 at a time).
     static let maxQueuedChunkWants = 2 * PeerMessage.maxChunkWants
@@ -18,43 +20,52 @@ extension RelayConnection {
     static let maxServedChunks = 1024
     /// The most chunks of one offer the relay asks for (a device offers `PeerMessage.maxChunkOffer` at a time).
     static let maxTakenPerOffer = PeerMessage.maxChunkOffer
-    /// How soon an offer waiting for room in the upload budget looks again.
+    /// How soon an offer or a want waiting for room in a budget looks again.
     static let budgetRetry = TimeAmount.milliseconds(50)
+    /// How long a device has to send the chunks an answer asked for before the connection closes (16 chunks of 4 MiB
+    /// at 250 KB/s).
+    static let uploadWindow = TimeAmount.minutes(5)
 
-    /// The device offers `ids`: the relay wants those it lacks, when the device may write and the space has room, at
-    /// most `maxTakenPerOffer`, once the relay's upload budget has room for them.
+    /// Whether this connection's device is a current member (`writes`: a writing one) of the space's log as it
+    /// stands now; false when the relay holds no log.
+    private static func listed(_ device: DevicePublicKeys?, in membership: MembershipState?, writes: Bool) -> Bool {
+        guard let membership, let device, let member = membership.member(device.nodeID), member.keys == device, member.isCurrent
+        else { return false }
+        return !writes || member.role.writes
+    }
+
+    /// The device offers `ids`: a writing member is asked for those the space lacks, as many as its chunk quota and
+    /// the relay's upload budget have room for; told which others it lacks (to offer later); anyone else, nothing.
     func offered(_ ids: [ChunkID], space: SpaceID, context: ChannelHandlerContext) throws {
         // One offer at a time, after every chunk the last one's answer asked for: a device cannot queue uploads.
         guard !answeringOffer, chunksExpected.isEmpty else { throw SyncRejection.malformed }
-        guard access == .member else {
-            send(.chunkWant([]), context: context)
-            return
-        }
         answeringOffer = true
         let device = self.device
-        run(context: context, { relay -> [ChunkID] in
-            if let membership = try await relay.membership(space) {
-                guard let device, let member = membership.member(device.nodeID), member.isCurrent, member.role.writes
-                else { return [] }
-            }
-            guard try await relay.store.usage(space: space).bytes < relay.store.limits.maxBytesPerSpace else { return [] }
+        run(context: context, { relay -> (take: [ChunkID], later: [ChunkID]) in
+            // Without a log nobody is known to be a member, and nothing is held: the device offers again later,
+            // once the log it sends (or another member's) is in.
+            guard let membership = try await relay.membership(space) else { return ([], ids) }
+            guard Self.listed(device, in: membership, writes: true) else { return ([], []) }
             let held = try await relay.store.heldChunks(ids, space: space)
-            return Array(ids.filter { !held.contains($0) }.prefix(Self.maxTakenPerOffer))
-        }) { connection, wanted, context in
-            connection.answer(offer: wanted, context: context)
+            let lacking = ids.filter { !held.contains($0) }
+            let room = max(0, relay.store.limits.maxChunkBytesPerSpace - (try await relay.store.chunkBytes(space: space)))
+            let take = min(lacking.count, Self.maxTakenPerOffer, room / PeerMessage.maxSealedChunkBytes)
+            return (Array(lacking.prefix(take)), Array(lacking.dropFirst(take)))
+        }) { connection, answer, context in
+            if !answer.later.isEmpty { connection.send(.chunkMissing(answer.later), context: context) }
+            connection.answer(offer: answer.take, space: space, context: context)
         }
     }
 
-    /// Asks for `wanted` once the relay's upload budget has room for all of them, looking again every
-    /// `budgetRetry` meanwhile (uploads of other connections finish): memory, not the device, waits.
-    private func answer(offer wanted: [ChunkID], context: ChannelHandlerContext) {
+    /// Asks for `wanted` once the relay's upload budget has room for all of them (looking again every `budgetRetry`
+    /// meanwhile, as other uploads finish: memory, not the device, waits); they must come within `uploadWindow`.
+    private func answer(offer wanted: [ChunkID], space: SpaceID, context: ChannelHandlerContext) {
         guard case .established = state else { return }
-        let bytes = wanted.count * PeerMessage.maxSealedChunkBytes
-        guard relay.chunkUploads.reserve(bytes) else {
+        guard relay.chunkUploads.reserve(wanted.count * PeerMessage.maxSealedChunkBytes, for: space.hex) else {
             let bound = NIOLoopBound((self, context), eventLoop: context.eventLoop)
             context.eventLoop.scheduleTask(in: Self.budgetRetry) {
                 let (connection, context) = bound.value
-                connection.answer(offer: wanted, context: context)
+                connection.answer(offer: wanted, space: space, context: context)
             }
             return
         }
@@ -62,19 +73,29 @@ extension RelayConnection {
         answeringOffer = false
         chunksExpected = Set(wanted)
         send(.chunkWant(wanted), context: context)
+        guard !wanted.isEmpty else { return }
+        let bound = NIOLoopBound((self, context), eventLoop: context.eventLoop)
+        uploadExpiry?.cancel()
+        uploadExpiry = context.eventLoop.scheduleTask(in: Self.uploadWindow) {
+            let (connection, context) = bound.value
+            guard !connection.chunksExpected.isEmpty else { return }
+            connection.relay.logger.info("A device did not send the chunks it offered in time; closing its connection")
+            connection.close(context: context)
+        }
     }
 
     /// Gives back the room of `count` chunks asked for (stored, not sent, or the connection closed).
-    func releaseChunkRoom(_ count: Int) {
+    func releaseChunkRoom(_ count: Int, space: SpaceID) {
         let count = min(count, chunkRoom)
         guard count > 0 else { return }
         chunkRoom -= count
-        relay.chunkUploads.release(count * PeerMessage.maxSealedChunkBytes)
+        relay.chunkUploads.release(count * PeerMessage.maxSealedChunkBytes, for: space.hex)
     }
 
     /// A device's `CHUNK_MISSING`: chunks the relay asked for that it no longer holds.
-    func notHeld(_ ids: [ChunkID]) {
-        releaseChunkRoom(ids.filter { chunksExpected.remove($0) != nil }.count)
+    func notHeld(_ ids: [ChunkID], space: SpaceID) {
+        releaseChunkRoom(ids.filter { chunksExpected.remove($0) != nil }.count, space: space)
+        if chunksExpected.isEmpty { uploadExpiry?.cancel() }
     }
 
     /// The device sends chunk `id`: only one the relay asked for, of a sealed chunk's shape, stored in order.
@@ -82,6 +103,7 @@ extension RelayConnection {
         guard chunksExpected.remove(id) != nil,
             SealedChunkLayout.isWellFormed(sealed, maximum: PeerMessage.maxSealedChunkBytes)
         else { throw SyncRejection.badChunk }
+        if chunksExpected.isEmpty { uploadExpiry?.cancel() }
         receive(.chunk(id, sealed), space: space, context: context)
     }
 
@@ -92,7 +114,7 @@ extension RelayConnection {
             relay.record(.chunk(outcome, bytes: sealed.count))
             return outcome
         }) { connection, _, context in
-            connection.releaseChunkRoom(1)
+            connection.releaseChunkRoom(1, space: space)
             connection.storing = false
             connection.resumeReading(context: context)
             connection.storeNext(space: space, context: context)
@@ -102,25 +124,33 @@ extension RelayConnection {
     /// The device asks for `ids`: a member is served them, anyone else is told none is held.
     func wantedChunks(_ ids: [ChunkID], space: SpaceID, context: ChannelHandlerContext) throws {
         guard !ids.isEmpty else { throw SyncRejection.malformed }
-        guard access == .member else {
-            send(.chunkMissing(ids), context: context)
-            return
-        }
         guard chunkWants.count + ids.count <= Self.maxQueuedChunkWants else { throw SyncRejection.malformed }
         chunkWants.append(contentsOf: ids)
         serveChunk(space: space, context: context)
     }
 
-    /// Reads and sends the next chunk asked for, once the one before is written.
+    /// Reads and sends the next chunk asked for, once the one before is written and the relay's serving budget has
+    /// room for it; a device the log does not list as a current member is told it is not held.
     private func serveChunk(space: SpaceID, context: ChannelHandlerContext) {
-        guard !servingChunk, !chunkWants.isEmpty else { return }
+        guard !servingChunk, !chunkWants.isEmpty, case .established = state else { return }
+        guard relay.chunkServing.reserve(PeerMessage.maxSealedChunkBytes) else {
+            let bound = NIOLoopBound((self, context), eventLoop: context.eventLoop)
+            context.eventLoop.scheduleTask(in: Self.budgetRetry) {
+                let (connection, context) = bound.value
+                connection.serveChunk(space: space, context: context)
+            }
+            return
+        }
         servingChunk = true
         let id = chunkWants.removeFirst()
-        run(context: context, { relay in try await relay.store.chunk(id, space: space) }) { connection, sealed, context in
+        let device = self.device
+        run(context: context, { relay -> [UInt8]? in
+            guard Self.listed(device, in: try await relay.membership(space), writes: false) else { return nil }
+            return try await relay.store.chunk(id, space: space)
+        }) { connection, sealed, context in
             let written: EventLoopFuture<Void>?
             if let sealed {
-                if connection.chunksServed.count >= Self.maxServedChunks { connection.chunksServed.removeAll() }
-                connection.chunksServed.insert(id)
+                connection.served(ChunkCopy(id: id, prefix: Array(sealed.prefix(SealedChunkLayout.headerCount))))
                 connection.relay.record(.chunkServed(bytes: sealed.count))
                 written = connection.send(.chunk(id: id, sealed: sealed), context: context)
             } else {
@@ -129,19 +159,29 @@ extension RelayConnection {
             let bound = NIOLoopBound((connection, context), eventLoop: context.eventLoop)
             (written ?? context.eventLoop.makeSucceededVoidFuture()).whenComplete { _ in
                 let (connection, context) = bound.value
+                connection.relay.chunkServing.release(PeerMessage.maxSealedChunkBytes)
                 connection.servingChunk = false
-                guard case .established = connection.state else { return }
                 connection.serveChunk(space: space, context: context)
             }
         }
     }
 
-    /// A member found copies this connection served bad: they are dropped (others are not the device's to judge).
+    /// Remembers a copy served, the oldest of `maxServedChunks` going first.
+    private func served(_ copy: ChunkCopy) {
+        if chunksServed.updateValue(copy.prefix, forKey: copy.id) == nil { servedOrder.append(copy.id) }
+        while servedOrder.count > Self.maxServedChunks { chunksServed[servedOrder.removeFirst()] = nil }
+    }
+
+    /// A writing member found copies this connection served it bad: those copies are dropped, if they are still the
+    /// ones held (others are not the device's to judge).
     func badChunks(_ ids: [ChunkID], space: SpaceID, context: ChannelHandlerContext) {
-        let served = ids.filter { chunksServed.remove($0) != nil }
-        guard access == .member, !served.isEmpty else { return }
+        let copies = ids.compactMap { id in chunksServed.removeValue(forKey: id).map { ChunkCopy(id: id, prefix: $0) } }
+        servedOrder.removeAll { id in ids.contains(id) }
+        guard !copies.isEmpty else { return }
+        let device = self.device
         run(context: context, { relay in
-            let dropped = try await relay.store.dropChunks(served, space: space)
+            guard Self.listed(device, in: try await relay.membership(space), writes: true) else { return 0 }
+            let dropped = try await relay.store.dropChunks(copies, space: space)
             relay.record(.chunksDropped(dropped))
             relay.logger.warning(
                 "A member found chunk copies this relay served bad; dropped them",

@@ -63,14 +63,17 @@ final class RelayConnection: ChannelInboundHandler {
     }
     /// Blob chunks (`RelayConnection+Chunks`): whether an offer is being answered, the chunks its answer asked for and
     /// not yet received, those the device asked for and not yet served (and whether one is being served), and those
-    /// served whose copies the device may report bad.
+    /// served whose copies the device may report bad (with the first bytes of each copy), oldest first.
     var answeringOffer = false
     var chunksExpected: Set<ChunkID> = []
     var chunkWants: [ChunkID] = []
     var servingChunk = false
-    var chunksServed: Set<ChunkID> = []
-    /// Chunks asked for whose room this connection holds in the relay's `chunkUploads` budget.
+    var chunksServed: [ChunkID: [UInt8]] = [:]
+    var servedOrder: [ChunkID] = []
+    /// Chunks asked for whose room this connection holds in the relay's `chunkUploads` budget, and when the device
+    /// must have sent them by.
     var chunkRoom = 0
+    var uploadExpiry: Scheduled<Void>?
     /// The snapshot the device is uploading, from its accepted manifest to its last piece (nil: none under way, and a
     /// piece is refused), and the end of its window.
     var upload: SnapshotUpload?
@@ -251,7 +254,7 @@ final class RelayConnection: ChannelInboundHandler {
         case .chunk(let id, let sealed):
             try receivedChunk(id, sealed: sealed, space: space, context: context)
         case .chunkMissing(let ids):
-            notHeld(ids)
+            notHeld(ids, space: space)
         case .chunkWant(let ids):
             try wantedChunks(ids, space: space, context: context)
         case .chunkBad(let ids):
@@ -318,7 +321,8 @@ final class RelayConnection: ChannelInboundHandler {
         if case .established(let space) = state { releaseUpload(space: space) }
         if case .established(let space) = state { dropHeldJoin(space: space) }
         if case .established(let space) = state, let listener { relay.unlisten(space: space, id: listener) }
-        releaseChunkRoom(chunkRoom)
+        if case .established(let space) = state { releaseChunkRoom(chunkRoom, space: space) }
+        uploadExpiry?.cancel()
         state = .closed
         inbox = []
     }

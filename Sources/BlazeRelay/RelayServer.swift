@@ -66,9 +66,16 @@ public final class RelayServer: Sendable {
     let snapshotStaging: MemoryBudget
     /// Bytes of blob chunks the relay's connections have asked devices for and not yet stored: the most that uploads
     /// hold in memory at once, whatever the number of connections (`RelayConnection+Chunks`).
-    let chunkUploads = MemoryBudget(limit: RelayServer.chunkUploadBytes)
-    /// The size of `chunkUploads`: 64 chunks of the largest size.
+    /// One space's connections together hold at most `maxChunksInFlightPerSpace` of it.
+    let chunkUploads = MemoryBudget(
+        limit: RelayServer.chunkUploadBytes, perKey: RelayServer.maxChunksInFlightPerSpace * PeerMessage.maxSealedChunkBytes)
+    /// Bytes of blob chunks being read and sent to devices (one per connection at a time): the most that serving them
+    /// holds in memory at once.
+    let chunkServing = MemoryBudget(limit: RelayServer.chunkUploadBytes)
+    /// The size of `chunkUploads` and `chunkServing`: 64 chunks of the largest size each.
     public static let chunkUploadBytes = 64 * PeerMessage.maxSealedChunkBytes
+    /// The most chunks one space's uploads have room for at once.
+    public static let maxChunksInFlightPerSpace = 16
 
     /// Connection handlers alive (made and not yet freed): back to what it was once connections end, or they leak.
     let connectionHandlers = Atomic<Int>(0)

@@ -2,17 +2,19 @@ import BlazeProtocol
 import Foundation
 import GRDB
 
-/// Blob chunks held by the SQLite store (Protocol/RELAY.md, "Blob chunks"): sealed as members uploaded them, counted in
-/// their space's bytes.
+/// Blob chunks held by the SQLite store (Protocol/RELAY.md, "Blob chunks"): sealed as members uploaded them, counted
+/// per space in a quota of their own, so chunks never crowd out entries.
 extension RelayStore {
-    /// The table of chunks: an ordinary rowid table, as its rows are large (up to 4 MiB each).
+    /// The table of chunks (an ordinary rowid table, as its rows are large: up to 4 MiB each), and their bytes per
+    /// space beside the entries' in `relay_usage`.
     static let chunksTable = """
         CREATE TABLE relay_chunks(
             space BLOB NOT NULL,
             id BLOB NOT NULL,
             bytes BLOB NOT NULL,
             UNIQUE(space, id)
-        )
+        );
+        ALTER TABLE relay_usage ADD COLUMN chunk_bytes INTEGER NOT NULL DEFAULT 0;
         """
 
     public func heldChunks(_ ids: [ChunkID], space: SpaceID) async throws -> Set<ChunkID> {
@@ -28,6 +30,12 @@ extension RelayStore {
         }
     }
 
+    public func chunkBytes(space: SpaceID) async throws -> Int {
+        try await pool.read { db in
+            try Int.fetchOne(db, sql: "SELECT chunk_bytes FROM relay_usage WHERE space = ?", arguments: [Data(space.bytes)]) ?? 0
+        }
+    }
+
     public func storeChunk(_ id: ChunkID, sealed: [UInt8], space: SpaceID) async throws -> ChunkStored {
         let limits = self.limits
         return try await pool.write { db in
@@ -35,13 +43,15 @@ extension RelayStore {
             if try Bool.fetchOne(db, sql: "SELECT 1 FROM relay_chunks WHERE space = ? AND id = ?", arguments: [s, Data(id.bytes)]) == true {
                 return .held
             }
-            let bytes = (try Int.fetchOne(db, sql: "SELECT bytes FROM relay_usage WHERE space = ?", arguments: [s]) ?? 0) + sealed.count
-            guard bytes <= limits.maxBytesPerSpace else { return .overQuota }
+            guard let used = try Int.fetchOne(db, sql: "SELECT chunk_bytes FROM relay_usage WHERE space = ?", arguments: [s]) else {
+                throw RelayError("space \(space.hex) has no usage row")
+            }
+            guard used + sealed.count <= limits.maxChunkBytesPerSpace else { return .overQuota }
             try db.execute(
                 sql: "INSERT INTO relay_chunks(space, id, bytes) VALUES (?, ?, ?)", arguments: [s, Data(id.bytes), Data(sealed)])
             try db.execute(
-                sql: "UPDATE relay_usage SET bytes = ?, last_write_ms = ? WHERE space = ?",
-                arguments: [bytes, Int64(Date().timeIntervalSince1970 * 1000), s])
+                sql: "UPDATE relay_usage SET chunk_bytes = ?, last_write_ms = ? WHERE space = ?",
+                arguments: [used + sealed.count, Int64(Date().timeIntervalSince1970 * 1000), s])
             return .stored
         }
     }
@@ -54,18 +64,23 @@ extension RelayStore {
         }
     }
 
-    public func dropChunks(_ ids: [ChunkID], space: SpaceID) async throws -> Int {
+    public func dropChunks(_ copies: [ChunkCopy], space: SpaceID) async throws -> Int {
         try await pool.write { db in
             let s = Data(space.bytes)
             var (dropped, freed) = (0, 0)
-            for id in ids {
-                guard let length = try Int.fetchOne(
-                    db, sql: "SELECT length(bytes) FROM relay_chunks WHERE space = ? AND id = ?", arguments: [s, Data(id.bytes)])
+            for copy in copies {
+                // Only the copy that was served: one a holder uploaded again since stays.
+                let match = "space = ? AND id = ? AND substr(bytes, 1, ?) = ?"
+                let arguments: StatementArguments = [s, Data(copy.id.bytes), copy.prefix.count, Data(copy.prefix)]
+                guard let length = try Int.fetchOne(db, sql: "SELECT length(bytes) FROM relay_chunks WHERE \(match)", arguments: arguments)
                 else { continue }
-                try db.execute(sql: "DELETE FROM relay_chunks WHERE space = ? AND id = ?", arguments: [s, Data(id.bytes)])
+                try db.execute(sql: "DELETE FROM relay_chunks WHERE \(match)", arguments: arguments)
                 (dropped, freed) = (dropped + 1, freed + length)
             }
-            if freed > 0 { try db.execute(sql: "UPDATE relay_usage SET bytes = max(0, bytes - ?) WHERE space = ?", arguments: [freed, s]) }
+            if freed > 0 {
+                try db.execute(
+                    sql: "UPDATE relay_usage SET chunk_bytes = max(0, chunk_bytes - ?) WHERE space = ?", arguments: [freed, s])
+            }
             return dropped
         }
     }

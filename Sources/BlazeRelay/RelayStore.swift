@@ -291,7 +291,8 @@ public final class RelayStore: RelayBackend {
                     try db.execute(sql: "DELETE FROM \(table) WHERE space = ?", arguments: [space])
                 }
                 try db.execute(
-                    sql: "UPDATE relay_usage SET entries = 0, bytes = 0, last_write_ms = 0 WHERE space = ?", arguments: [space])
+                    sql: "UPDATE relay_usage SET entries = 0, bytes = 0, chunk_bytes = 0, last_write_ms = 0 WHERE space = ?",
+                    arguments: [space])
             }
             return idle.compactMap { SpaceID(bytes: $0) }
         }
@@ -305,8 +306,10 @@ public final class RelayStore: RelayBackend {
 public struct RelayLimits: Sendable {
     /// Most entries stored per space.
     public var maxEntriesPerSpace = 10_000_000
-    /// Most entry bytes stored per space.
+    /// Most entry bytes stored per space (membership operations count in them).
     public var maxBytesPerSpace = 10 << 30
+    /// Most bytes of blob chunks stored per space, apart from the entries' (so chunks never crowd out entries).
+    public var maxChunkBytesPerSpace = 10 << 30
     /// Most membership operations per space.
     public var maxOps = 100_000
 

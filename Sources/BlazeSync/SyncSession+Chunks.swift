@@ -155,6 +155,8 @@ extension SyncSession {
             switch result {
             case .success(.stored(let bytes)):
                 session.report.update { $0.chunksReceived += 1; $0.chunkBytesReceived += bytes }
+                // A relay that served it holds it: it is not offered back.
+                if session.servesUnlisted { session.offered.insert(id) }
                 engine.chunks.arrived(source, db: db.name, id)
             case .success(.noKey):
                 engine.chunks.lacks(source, db: db.name, [id])
@@ -175,9 +177,10 @@ extension SyncSession {
         }
     }
 
-    /// The peer lacks `ids` it was asked for.
-    func peerLacks(_ ids: [ChunkID]) {
+    /// The peer lacks `ids` it was asked for (a relay: or of the offer it is answering, that it cannot take now).
+    func peerLacks(_ ids: [ChunkID], context: ChannelHandlerContext) {
         answeredChunks = true
+        if servesUnlisted, offerOut != nil { declined(ids, context: context) }
         guard let chunkSource, let db = link?.db.name else { return }
         engine.chunks.lacks(chunkSource, db: db, ids)
     }

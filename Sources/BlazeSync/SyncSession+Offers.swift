@@ -7,11 +7,17 @@ import NIOCore
 
 /// Leaving blob chunks on a relay (SYNC.md §12, "Relays"): a device offers the relays it dialed the chunks it holds,
 /// so a device that is never online at the same time can fetch them there. One offer of up to 16 ids at a time; the
-/// relay answers with those it takes (possibly none) and the next offer goes once they are all written. Every chunk
-/// held is offered once per connection, and again when the store changes (a put, a fetch): what the relay holds
-/// already, or has no room for, it does not take. The chunks go sealed, as to any peer: the relay learns their sizes
-/// (to within 4 KiB) and ids, never their content.
+/// relay answers with those it takes (possibly none), after a `CHUNK_MISSING` of those it lacks and cannot take now,
+/// and the next offer goes once the taken ones are all written. Every chunk held is offered once per connection, new
+/// ones as the store changes (a put, a fetch from elsewhere; listed at most every `relistInterval`), and those the
+/// relay could not take yet again after a pause that doubles while nothing is taken. The chunks go sealed, as to any
+/// peer: the relay learns their sizes (to within 4 KiB) and ids, never their content.
 extension SyncSession {
+    /// The shortest time between two listings of the chunk store for one relay.
+    static let relistInterval = TimeAmount.seconds(5)
+    /// The first and the longest pause before chunks a relay could not take are offered again.
+    static let reofferFirst = TimeAmount.seconds(5), reofferLongest = TimeAmount.minutes(30)
+
     /// Offers the relay the next chunks it has not been offered on this connection, once the last offer's chunks
     /// are written; lists the store again when it changed since it was last listed.
     func offerChunks(context: ChannelHandlerContext) {
@@ -34,6 +40,19 @@ extension SyncSession {
         } else if offerNoStore {
             return
         }
+        let now = NIODeadline.now()
+        if let last = lastListing, now < last + Self.relistInterval {
+            guard !relistScheduled else { return }
+            relistScheduled = true
+            let bound = NIOLoopBound((self, context), eventLoop: context.eventLoop)
+            context.eventLoop.scheduleTask(deadline: last + Self.relistInterval) {
+                let (session, context) = bound.value
+                session.relistScheduled = false
+                session.offerChunks(context: context)
+            }
+            return
+        }
+        lastListing = now
         listingOffers = true
         let (db, stores, listed) = (link.db, engine.chunkStores, offeredGeneration)
         let (engine, bound) = (self.engine, NIOLoopBound((self, context), eventLoop: context.eventLoop))
@@ -65,8 +84,30 @@ extension SyncSession {
         }
         answeredChunks = true
         offerOut = nil
+        if !ids.isEmpty { reofferPause = nil }
         chunkQueue.append(contentsOf: ids)
         serveChunks(context: context)
         offerChunks(context: context)
+    }
+
+    /// The relay lacks `ids` of the offer it is answering and cannot take them now (no room, or no log of the space
+    /// yet): they are offered again after a pause.
+    func declined(_ ids: [ChunkID], context: ChannelHandlerContext) {
+        guard let out = offerOut else { return }
+        let later = ids.filter { out.contains($0) }
+        guard !later.isEmpty else { return }
+        let first = declinedChunks.isEmpty
+        declinedChunks.append(contentsOf: later)
+        guard first else { return }
+        let pause = reofferPause.map { min($0 * 2, Self.reofferLongest) } ?? Self.reofferFirst
+        reofferPause = pause
+        let bound = NIOLoopBound((self, context), eventLoop: context.eventLoop)
+        context.eventLoop.scheduleTask(in: pause) {
+            let (session, context) = bound.value
+            guard !session.closed else { return }
+            session.offerList += session.declinedChunks
+            session.declinedChunks = []
+            session.offerChunks(context: context)
+        }
     }
 }

@@ -69,6 +69,12 @@ final class SyncSession: ChannelInboundHandler {
     var offeredGeneration: Int?
     var listingOffers = false
     var offerNoStore = false
+    /// When the store was last listed for offers, whether a listing is scheduled, the chunks the relay could not take
+    /// yet and the pause before they are offered again (doubling while nothing is taken).
+    var lastListing: NIODeadline?
+    var relistScheduled = false
+    var declinedChunks: [ChunkID] = []
+    var reofferPause: TimeAmount?
     var sentChunkOffer = false
     /// Set by the feed listener (on the writer thread) so that a burst of commits schedules one pump.
     private let wake = WakeFlag()
@@ -200,7 +206,7 @@ final class SyncSession: ChannelInboundHandler {
         case .chunk(let id, let sealed):
             received(chunk: id, sealed: sealed, context: context)
         case .chunkMissing(let ids):
-            peerLacks(ids)
+            peerLacks(ids, context: context)
         case .chunkOffer, .chunkBad:
             // Only a relay takes offers and bad-copy reports; a device never sends either to another device.
             errorCaught(context: context, error: SyncRejection.malformed)

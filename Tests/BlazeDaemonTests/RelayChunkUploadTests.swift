@@ -52,7 +52,9 @@ import Testing
         let writer = HostileMember(key: capability.key, identity: try DeviceIdentity.loadOrCreate(directory: a.dataDir + "/keys"))
         try writer.connect(port: port, webSocket: "/v1/sync")
         // Every connection's uploads have filled the budget: an offer is not answered while it stays full.
-        #expect(server.chunkUploads.reserve(RelayServer.chunkUploadBytes))
+        let share = RelayServer.maxChunksInFlightPerSpace * PeerMessage.maxSealedChunkBytes
+        let others = (0..<(RelayServer.chunkUploadBytes / share)).map { "another space \($0)" }
+        for other in others { #expect(server.chunkUploads.reserve(share, for: other)) }
         let offered = (0..<3).map { _ in ChunkID(bytes: SpaceKey.randomBytes(32))! }
         try writer.send(try PeerMessage.chunkOffer(offered).encoded())
         // A want sent after the offer is answered meanwhile (the answer to the offer would come before it otherwise
@@ -61,10 +63,11 @@ import Testing
         let missing = try Self.next(13, from: writer)
         #expect(!missing.before.contains(11), "an offer was answered with the budget full")
         // Room comes free: the offer is answered, and the room of the chunks asked for is held.
-        server.chunkUploads.release(RelayServer.chunkUploadBytes)
+        server.chunkUploads.release(share, for: others[0])
         let want = try Self.next(11, from: writer)
         #expect(Set(Self.ids(want.message)) == Set(offered))
-        #expect(server.chunkUploads.inUse == 3 * PeerMessage.maxSealedChunkBytes)
+        #expect(server.chunkUploads.inUse == RelayServer.chunkUploadBytes - share + 3 * PeerMessage.maxSealedChunkBytes)
+        for other in others.dropFirst() { server.chunkUploads.release(share, for: other) }
         // One stored, one no longer held: their room comes back; the third's goes with the connection.
         let sealed = SealedChunkLayout.magic + [0, 0, 0, 1] + SpaceKey.randomBytes(12 + SealedChunkLayout.padding + 16)
         try writer.send(try PeerMessage.chunk(id: offered[0], sealed: sealed).encoded())

@@ -266,9 +266,13 @@ final class StallingBackend: RelayBackend {
         try await gate()
         return try await inner.chunk(id, space: space)
     }
-    func dropChunks(_ ids: [ChunkID], space: SpaceID) async throws -> Int {
+    func chunkBytes(space: SpaceID) async throws -> Int {
         try await gate()
-        return try await inner.dropChunks(ids, space: space)
+        return try await inner.chunkBytes(space: space)
+    }
+    func dropChunks(_ copies: [ChunkCopy], space: SpaceID) async throws -> Int {
+        try await gate()
+        return try await inner.dropChunks(copies, space: space)
     }
     func dropSnapshotUpload(_ upload: [UInt8]) async throws {
         try await gate()
