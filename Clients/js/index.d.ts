@@ -210,6 +210,10 @@ export type BlobFinishResult = BlobPutResult;
 export interface BlobAbortParams { "db": DatabaseName; "upload": string }
 /** Result of `blob.abort`. */
 export type BlobAbortResult = { "aborted": boolean };
+/** Parameters of `blob.gc`: Removes the chunks of this database that no document, conflict, held change or feed event refers to. */
+export interface BlobGcParams { "db": DatabaseName; "graceSeconds"?: number }
+/** Result of `blob.gc`. */
+export type BlobGcResult = { "removedChunks": number; "removedBytes": number; "keptChunks": number; "keptBytes": number };
 /** Parameters of `blob.read`: Reads a range of a blob's bytes, in-band. */
 export interface BlobReadParams { "db": DatabaseName; "blob": BlobId; "offset"?: number; "length"?: number }
 /** Result of `blob.read`. */
@@ -302,7 +306,7 @@ export declare class BlazeClient {
   readonly query: { find(params: QueryFindParams): Promise<QueryFindResult>; count(params: QueryCountParams): Promise<QueryCountResult>; explain(params: QueryExplainParams): Promise<QueryExplainResult>; aggregate(params: QueryAggregateParams): Promise<QueryAggregateResult>; delete(params: QueryDeleteParams): Promise<QueryDeleteResult>; update(params: QueryUpdateParams): Promise<QueryUpdateResult> };
   readonly index: { create(params: IndexCreateParams): Promise<IndexCreateResult>; drop(params: IndexDropParams): Promise<IndexDropResult>; list(params: IndexListParams): Promise<IndexListResult> };
   readonly conflict: { list(params: ConflictListParams): Promise<ConflictListResult>; resolve(params: ConflictResolveParams): Promise<ConflictResolveResult> };
-  readonly blob: { put(params: BlobPutParams): Promise<BlobPutResult>; upload(params: BlobUploadParams): Promise<BlobUploadResult>; append(params: BlobAppendParams): Promise<BlobAppendResult>; finish(params: BlobFinishParams): Promise<BlobFinishResult>; abort(params: BlobAbortParams): Promise<BlobAbortResult>; read(params: BlobReadParams): Promise<BlobReadResult>; get(params: BlobGetParams): Promise<BlobGetResult>; stat(params: BlobStatParams): Promise<BlobStatResult> };
+  readonly blob: { put(params: BlobPutParams): Promise<BlobPutResult>; upload(params: BlobUploadParams): Promise<BlobUploadResult>; append(params: BlobAppendParams): Promise<BlobAppendResult>; finish(params: BlobFinishParams): Promise<BlobFinishResult>; abort(params: BlobAbortParams): Promise<BlobAbortResult>; gc(params: BlobGcParams): Promise<BlobGcResult>; read(params: BlobReadParams): Promise<BlobReadResult>; get(params: BlobGetParams): Promise<BlobGetResult>; stat(params: BlobStatParams): Promise<BlobStatResult> };
   readonly peer: { add(params: PeerAddParams): Promise<PeerAddResult>; remove(params: PeerRemoveParams): Promise<PeerRemoveResult>; list(params: PeerListParams): Promise<PeerListResult> };
   readonly folder: { add(params: FolderAddParams): Promise<FolderAddResult>; remove(params: FolderRemoveParams): Promise<FolderRemoveResult>; list(params: FolderListParams): Promise<FolderListResult> };
   readonly sync: { status(params?: SyncStatusParams): Promise<SyncStatusResult>; now(params: SyncNowParams): Promise<SyncNowResult>; pause(params: SyncPauseParams): Promise<SyncPauseResult>; resume(params: SyncResumeParams): Promise<SyncResumeResult> };

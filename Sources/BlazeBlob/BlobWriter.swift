@@ -21,6 +21,8 @@ public struct BlobWriter: Sendable {
     private var pending: [UInt8] = []
     /// The chunks stored so far.
     private var pieces: [BlobManifest.Piece] = []
+    /// The chunks stored so far (a sweep keeps them while the blob is being written).
+    public var storedChunks: [ChunkID] { pieces.map(\.id) }
     /// Bytes appended so far.
     public private(set) var size = 0
     /// Bytes of chunks that were new to the store (the rest were held already).

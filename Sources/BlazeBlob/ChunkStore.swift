@@ -20,6 +20,9 @@ public final class ChunkStore: Sendable {
     /// Counts chunks added and removed through this store: a reader that lists the store can tell whether it changed.
     private let changes = Atomic<Int>(0)
 
+    /// Serializes a sweep's look at a chunk and its removal with a put that finds the chunk held and renews it.
+    private let sweepLock = Mutex<Void>(())
+
     /// Changes so far (chunks added or removed since this store was opened).
     public var generation: Int { changes.load(ordering: .acquiring) }
 
@@ -58,7 +61,10 @@ public final class ChunkStore: Sendable {
     /// has checked that `id` is the content's id.
     @discardableResult
     public func put(_ id: ChunkID, _ content: UnsafeRawBufferPointer) throws(ChunkStoreError) -> Bool {
-        if contains(id) { return false }
+        // Held already: its file is renewed (its time set to now), so a sweep counts it as just written and a blob
+        // put again is never swept before the document that refers to it commits.
+        let held = path(of: id)
+        if sweepLock.withLock({ _ in contains(id) && utimensat(AT_FDCWD, held, nil, AT_SYMLINK_NOFOLLOW) == 0 }) { return false }
         let final = path(of: id)
         let parent = String(final[..<final.lastIndex(of: "/")!])
         if mkdir(parent, 0o700) != 0 && errno != EEXIST { throw .system("create \(parent)", errno) }
@@ -180,6 +186,24 @@ public final class ChunkStore: Sendable {
         guard unlink(path(of: id)) == 0 else { return false }
         changes.add(1, ordering: .releasing)
         return true
+    }
+
+    /// Removes every chunk not in `keeping` whose file was last written or renewed before `cutoff` (Unix seconds);
+    /// returns how many went and their bytes.
+    public func sweep(keeping: Set<ChunkID>, writtenBefore cutoff: Double) -> (removed: Int, bytes: Int) {
+        var (removed, bytes) = (0, 0)
+        for id in all() where !keeping.contains(id) {
+            let file = path(of: id)
+            sweepLock.withLock { _ in
+                var info = stat()
+                guard lstat(file, &info) == 0, (info.st_mode & S_IFMT) == S_IFREG,
+                    Double(info.st_mtim.tv_sec) + Double(info.st_mtim.tv_nsec) / 1e9 < cutoff, unlink(file) == 0
+                else { return }
+                (removed, bytes) = (removed + 1, bytes + Int(info.st_size))
+            }
+        }
+        if removed > 0 { changes.add(removed, ordering: .releasing) }
+        return (removed, bytes)
     }
 
     /// Every chunk held, in no particular order (file names that are not chunk ids are skipped).

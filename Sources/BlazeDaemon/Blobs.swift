@@ -36,7 +36,7 @@ final class Blobs: Sendable {
     /// The I/O pool, where reads that waited for chunks run.
     let pool: NIOThreadPool
     /// Uploads in progress by id.
-    private let uploads = Mutex<[String: Upload]>([:])
+    let uploads = Mutex<[String: Upload]>([:])
     /// The number of the next upload id.
     private let nextUpload = Atomic<Int>(1)
 

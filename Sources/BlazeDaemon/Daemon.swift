@@ -170,7 +170,7 @@ public final class Daemon: Service, Sendable {
     /// Compacts every database every `compactionIntervalMs` on the I/O pool (SYNC.md §11); nil when that is 0.
     func startCompactor() -> Task<Void, Never>? {
         guard config.compactionIntervalMs > 0 else { return nil }
-        let (store, sync, pool, logger) = (self.store, self.sync, self.pool, self.logger)
+        let (store, sync, pool, logger, blobs) = (self.store, self.sync, self.pool, self.logger, self.blobs)
         let (interval, horizon) = (config.compactionIntervalMs, UInt64(config.compactionHorizonMs))
         return Task.detached {
             while !Task.isCancelled {
@@ -178,13 +178,18 @@ public final class Daemon: Service, Sendable {
                 try? await Task.sleep(for: .milliseconds(interval))
                 for name in (try? store.list()) ?? [] where !Task.isCancelled {
                     do {
-                        let outcome = try await pool.runIfActive {
-                            try sync.compact(db: try store.database(name), horizonMs: horizon)
+                        let (outcome, sweep) = try await pool.runIfActive {
+                            let db = try store.database(name)
+                            // What compaction dropped may have been the last reference to a blob.
+                            return (try sync.compact(db: db, horizonMs: horizon), try blobs.collect(db: db))
                         }
-                        if outcome.report.rows > 0 {
+                        if outcome.report.rows > 0 || sweep.removedChunks > 0 {
                             logger.info(
                                 "Database compacted",
-                                metadata: ["db": "\(name)", "rows": "\(outcome.report.rows)", "pages": "\(outcome.report.pagesFreed)"])
+                                metadata: [
+                                    "db": "\(name)", "rows": "\(outcome.report.rows)", "pages": "\(outcome.report.pagesFreed)",
+                                    "chunksRemoved": "\(sweep.removedChunks)",
+                                ])
                         }
                     } catch {
                         logger.warning("Compaction failed", metadata: ["db": "\(name)", "error": "\(error)"])

@@ -6,9 +6,15 @@ extension Methods {
     static let dbCompact = MethodHandler(RPC.DbCompact.self) { p, ctx in
         let db = try ctx.database(p.db)
         let outcome = try ctx.sync.compact(db: db, horizonMs: UInt64(ctx.config.compactionHorizonMs), defragment: true)
+        // What compaction dropped may have been the last reference to a blob: its chunks go (after the grace period).
+        let sweep = try ctx.blobs.collect(db: db)
         let r = outcome.report
         ctx.logger.info(
-            "Database compacted", metadata: ["db": "\(db.name)", "rows": "\(r.rows)", "pages": "\(r.pagesFreed)", "ms": "\(r.durationMs)"])
+            "Database compacted",
+            metadata: [
+                "db": "\(db.name)", "rows": "\(r.rows)", "pages": "\(r.pagesFreed)", "ms": "\(r.durationMs)",
+                "chunksRemoved": "\(sweep.removedChunks)",
+            ])
         return .init(
             db: db.name, changes: r.changes, tombstones: r.tombstones, entries: r.entries, heads: r.heads, folded: r.folded,
             pagesFreed: r.pagesFreed, durationMs: Int(r.durationMs), sizeBytes: Int(try db.summary().sizeBytes),

@@ -44,6 +44,7 @@ enum Methods {
         case .blobAppend: return blobAppend
         case .blobFinish: return blobFinish
         case .blobAbort: return blobAbort
+        case .blobGc: return blobGc
         case .blobRead: return blobRead
         case .blobGet: return blobGet
         case .blobStat: return blobStat

@@ -9,9 +9,15 @@ extension BlazeDatabase {
     /// Copies the whole write-ahead log into the file and empties it, which is when the file shrinks to its pages
     /// (after `VACUUM` or incremental vacuum in WAL mode). The background checkpointer may be copying at that moment
     /// (SQLite then reports the checkpoint busy): retried for up to a second. Returns whether it completed.
+    ///
+    /// A read connection nobody is using may still hold the snapshot of its last read (`ReadConnections`): each
+    /// attempt ends those first, as the background checkpointer does. Otherwise the checkpoint waits for that idle
+    /// snapshot through the writer's whole busy timeout on every attempt (a `db.compact` right after a `doc.get`
+    /// hung for minutes).
     @discardableResult
     func truncateLog() throws -> Bool {
         for attempt in 0..<200 {
+            connections.readers.releaseIdle()
             let busy = try connections.writeWithoutTransaction { db in
                 try Int.fetchOne(db, sql: "PRAGMA wal_checkpoint(TRUNCATE)") ?? 0
             }

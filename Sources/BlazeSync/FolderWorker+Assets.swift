@@ -10,7 +10,8 @@ import Glibc
 #endif
 
 /// Blob chunks in a shared folder (SYNC.md §10, "Assets"): each device writes the chunks its database holds, sealed as
-/// on the wire, to its own `<space>/<device>/assets/<chunk id>` when no listed member's `assets/` has them yet, and the
+/// on the wire, to its own `<space>/<device>/assets/<chunk id>` when no listed member's `assets/` has them yet (and
+/// removes those its store no longer holds), and the
 /// link is a source the engine's `ChunkFetcher` asks for chunks: it looks for them in every listed writer's `assets/`
 /// and stores those that open as their id.
 extension FolderWorker {
@@ -27,7 +28,9 @@ extension FolderWorker {
         if pendingAssets.isEmpty {
             guard store.generation != assetsGeneration, now >= assetsScannedAt + Self.assetsScanIntervalMs else { return }
             (assetsGeneration, assetsScannedAt) = (store.generation, now)
-            pendingAssets = store.all().filter { !assetsKnown.contains($0) }
+            let held = store.all()
+            removeSweptAssets(held: Set(held))
+            pendingAssets = held.filter { !assetsKnown.contains($0) }
             guard !pendingAssets.isEmpty else { return }
             elsewhere = heldElsewhere()
         }
@@ -57,6 +60,22 @@ extension FolderWorker {
         }
         if written > 0 { report.update { $0.chunksSent += written } }
         if !pendingAssets.isEmpty { watch.signal.wake() }
+    }
+
+    /// Removes from this device's own `assets/` the chunks its store no longer holds (swept: nothing this device
+    /// holds refers to them, `blob.gc`), so the folder lets them go with it.
+    func removeSweptAssets(held: Set<ChunkID>) {
+        let dir = ownDir + "/assets"
+        // Removed relative to the directory opened without following links: nothing outside it is touched.
+        guard let assetsFD = try? openDirectory(at: ownFD, "assets", path: dir) else { return }
+        defer { close(assetsFD) }
+        var removed = 0
+        for name in (try? FileManager.default.contentsOfDirectory(atPath: dir)) ?? [] {
+            guard let id = ChunkID(hex: name), !held.contains(id) else { continue }
+            if unlinkat(assetsFD, name, 0) == 0 { removed += 1 }
+            assetsKnown.remove(id)
+        }
+        if removed > 0 { engine.logger.info("Swept chunks left the folder", metadata: ["db": "\(db.name)", "chunks": "\(removed)"]) }
     }
 
     /// The chunks whose regular files lie in the `assets/` of the space's other listed members.

@@ -49,6 +49,7 @@ from ._types import (
     BlobAppendResult,
     BlobFinishResult,
     BlobAbortResult,
+    BlobGcResult,
     BlobReadResult,
     BlobGetResult,
     BlobStatResult,
@@ -724,6 +725,18 @@ class _Blob:
         params["db"] = db
         params["upload"] = upload
         return cast(BlobAbortResult, await self._client.call("blob.abort", params))
+
+    async def gc(self, *, db: str, grace_seconds: int = MISSING) -> BlobGcResult:
+        """Removes the chunks of this database that no document, conflict, held change or feed event refers to.
+
+        db: Database name.
+        graceSeconds: Chunks written or put again within this many seconds stay (default 86400, one day).
+        """
+        params: Dict[str, Any] = {}
+        params["db"] = db
+        if grace_seconds is not MISSING:
+            params["graceSeconds"] = grace_seconds
+        return cast(BlobGcResult, await self._client.call("blob.gc", params))
 
     async def read(self, *, db: str, blob: str, offset: int = MISSING, length: int = MISSING) -> BlobReadResult:
         """Reads a range of a blob's bytes, in-band.

@@ -75,6 +75,8 @@ public enum RPCMethod: String, Sendable, CaseIterable {
     case blobFinish = "blob.finish"
     /// Ends an upload without storing a blob: its slot is free at once.
     case blobAbort = "blob.abort"
+    /// Removes the chunks of this database that no document, conflict, held change or feed event refers to.
+    case blobGc = "blob.gc"
     /// Reads a range of a blob's bytes, in-band.
     case blobRead = "blob.read"
     /// Writes a blob's content to a new file at a path.
@@ -157,6 +159,7 @@ public enum RPCMethod: String, Sendable, CaseIterable {
         case .blobAppend: return "Appends bytes to an upload."
         case .blobFinish: return "Ends an upload: stores its last chunk and its manifest, and returns the blob."
         case .blobAbort: return "Ends an upload without storing a blob: its slot is free at once."
+        case .blobGc: return "Removes the chunks of this database that no document, conflict, held change or feed event refers to."
         case .blobRead: return "Reads a range of a blob's bytes, in-band."
         case .blobGet: return "Writes a blob's content to a new file at a path."
         case .blobStat: return "A blob's size and chunks, which of them this device holds, and how many are being fetched."
@@ -220,6 +223,7 @@ public enum RPCMethod: String, Sendable, CaseIterable {
         case .blobAppend: return ["db", "upload", "data"]
         case .blobFinish: return ["db", "upload"]
         case .blobAbort: return ["db", "upload"]
+        case .blobGc: return ["db", "graceSeconds"]
         case .blobRead: return ["db", "blob", "offset", "length"]
         case .blobGet: return ["db", "blob", "path"]
         case .blobStat: return ["db", "blob"]
@@ -3336,6 +3340,91 @@ public enum RPC {
             var o = [String: JSONValue](minimumCapacity: 2)
             o["db"] = .string(self.db)
             o["upload"] = .string(self.upload)
+            return o
+        }
+
+        /// The JSON form of a result.
+        public static func encode(_ result: Result) -> JSONValue {
+            result.json
+        }
+
+        /// Reads a result a daemon sent.
+        public static func decode(_ result: JSONValue) throws(RPCShapeError) -> Result {
+            try RPCDecode.value(result, Result.init(json:))
+        }
+    }
+
+    /// Parameters of `blob.gc`: Removes the chunks of this database that no document, conflict, held change or feed event refers to.
+    public struct BlobGc: RPCParameters {
+        public static let method = RPCMethod.blobGc
+
+        /// The result of `blob.gc`.
+        public struct Result: RPCObject {
+            /// Chunks removed.
+            public var removedChunks: Int
+            /// Bytes they held.
+            public var removedBytes: Int
+            /// Chunks still held.
+            public var keptChunks: Int
+            /// Bytes they hold.
+            public var keptBytes: Int
+
+            /// A value from its members.
+            public init(removedChunks: Int, removedBytes: Int, keptChunks: Int, keptBytes: Int) {
+                self.removedChunks = removedChunks
+                self.removedBytes = removedBytes
+                self.keptChunks = keptChunks
+                self.keptBytes = keptBytes
+            }
+
+            /// Reads the value from JSON.
+            public init(json: JSONValue) throws(RPCShapeError) {
+                let o = try RPCDecode.object(json)
+                self.removedChunks = try RPCDecode.member(o, "removedChunks", RPCDecode.int)
+                self.removedBytes = try RPCDecode.member(o, "removedBytes", RPCDecode.int)
+                self.keptChunks = try RPCDecode.member(o, "keptChunks", RPCDecode.int)
+                self.keptBytes = try RPCDecode.member(o, "keptBytes", RPCDecode.int)
+            }
+
+            /// The value's JSON form.
+            public var json: JSONValue {
+                .object(jsonObject)
+            }
+
+            /// The members of the JSON form.
+            public var jsonObject: [String: JSONValue] {
+                var o = [String: JSONValue](minimumCapacity: 4)
+                o["removedChunks"] = .int(Int64(self.removedChunks))
+                o["removedBytes"] = .int(Int64(self.removedBytes))
+                o["keptChunks"] = .int(Int64(self.keptChunks))
+                o["keptBytes"] = .int(Int64(self.keptBytes))
+                return o
+            }
+        }
+
+        /// Database name.
+        public var db: String
+        /// Chunks written or put again within this many seconds stay (default 86400, one day).
+        public var graceSeconds: Int?
+
+        /// Parameters from their values (optional ones default to absent).
+        public init(db: String, graceSeconds: Int? = nil) {
+            self.db = db
+            self.graceSeconds = graceSeconds
+        }
+
+        /// Checks a request's params: names, presence and JSON types.
+        public init(validating params: [String: JSONValue]) throws(RPCError) {
+            try RPCParam.rejectUnknown(params, accepted: ["db", "graceSeconds"], method: Self.method)
+            self.db = try RPCParam.required(params, "db", of: Self.method, RPCDecode.string)
+            self.graceSeconds = try RPCParam.optional(params, "graceSeconds", of: Self.method, RPCDecode.int)
+        }
+
+        /// The params as a request carries them.
+        public var jsonObject: [String: JSONValue] {
+            var o = [String: JSONValue](minimumCapacity: 2)
+            o["db"] = .string(self.db)
+            if let v = self.graceSeconds { o["graceSeconds"] = .int(Int64(v)) }
             return o
         }
 
