@@ -11,7 +11,7 @@ struct Blob: ParsableCommand {
             A blob is stored once per database however often it is put, and an edited file stores only the chunks \
             around the edit. Put prints the reference a document holds ({"$blob": ...}).
             """,
-        subcommands: [Put.self, Get.self, Stat.self])
+        subcommands: [Put.self, Get.self, Stat.self, GC.self])
 
     struct Put: ParsableCommand {
         static let configuration = CommandConfiguration(abstract: "Store a file as a blob (the daemon reads it).")
@@ -57,6 +57,24 @@ struct Blob: ParsableCommand {
             let result = global.withConnection { c in try c.call(RPC.BlobStat(db: db, blob: blob)) }
             global.output(result.json) { _ in
                 print("blob \(result.id): \(byteCount(Int64(result.size))) in \(result.chunks) chunks, \(result.heldChunks) held here (\(byteCount(Int64(result.heldBytes))))")
+            }
+        }
+    }
+
+    struct GC: ParsableCommand {
+        static let configuration = CommandConfiguration(
+            commandName: "gc", abstract: "Remove the chunks of blobs nothing in the database refers to any more.",
+            discussion: """
+                Blobs of deleted documents stay while history holds them (until compaction drops it); a blob put \
+                within the grace period stays whatever refers to it. The daemon also does this after each compaction.
+                """)
+        @OptionGroup var global: Global
+        @Argument var db: String
+        @Option(help: "Keep chunks written within this many seconds (default 86400).") var grace: Int?
+        func run() throws {
+            let result = global.withConnection { c in try c.call(RPC.BlobGc(db: db, graceSeconds: grace)) }
+            global.output(result.json) { _ in
+                print("removed \(result.removedChunks) chunks (\(byteCount(Int64(result.removedBytes)))); \(result.keptChunks) kept (\(byteCount(Int64(result.keptBytes))))")
             }
         }
     }

@@ -205,6 +205,12 @@ import Glibc
         #expect(again.status == 1 && again.err.hasPrefix("blazectl: error: ") && again.err.contains("file_exists"), "\(again.err)")
         let unknown = try run(ctl, ["blob", "stat", "default", "nothex"], environment: env)
         #expect(unknown.status == 1 && unknown.err.contains("invalid_blob") && unknown.err.split(separator: "\n").count == 1, "\(unknown.err)")
+        // Nothing refers to the blob: within the grace period it stays, without one it goes.
+        let kept = try run(ctl, ["blob", "gc", "default"], environment: env)
+        #expect(kept.status == 0 && kept.out.hasPrefix("removed 0 chunks (0 B); "), "\(kept.out) \(kept.err)")
+        let gc = try run(ctl, ["blob", "gc", "default", "--grace", "0", "--json"], environment: env)
+        #expect(try JSONParser().parse(gc.out)["keptChunks"] == 0, "\(gc.out) \(gc.err)")
+        #expect(try run(ctl, ["blob", "gc", "default", "--grace", "-5"], environment: env).status != 0)
     }
 
     @Test func writesAndQueriesAreAnsweredWhileTwoLongPutsRun() throws {
