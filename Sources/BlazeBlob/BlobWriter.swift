@@ -21,8 +21,6 @@ public struct BlobWriter: Sendable {
     private var pending: [UInt8] = []
     /// The chunks stored so far.
     private var pieces: [BlobManifest.Piece] = []
-    /// The chunks stored so far (a sweep keeps them while the blob is being written).
-    public var storedChunks: [ChunkID] { pieces.map(\.id) }
     /// Bytes appended so far.
     public private(set) var size = 0
     /// Bytes of chunks that were new to the store (the rest were held already).
@@ -38,7 +36,12 @@ public struct BlobWriter: Sendable {
         self.keys = keys
         self.store = store
         self.maxSize = maxSize
+        pins = ChunkPins(store: store)
     }
+
+    /// The chunks this writer stored or found held, pinned in the store until the writer goes: a sweep leaves them,
+    /// however long the put takes.
+    private let pins: ChunkPins
 
     /// Appends `bytes` to the blob, storing every chunk they complete.
     public mutating func append(_ bytes: UnsafeRawBufferPointer) throws(ChunkStoreError) {
@@ -132,7 +135,7 @@ public struct BlobWriter: Sendable {
             offset += n
         }
         let outcomes = Outcomes(count: lengths.count)
-        let (keys, store) = (self.keys, self.store)
+        let (keys, store, pins) = (self.keys, self.store, self.pins)
         let (cutLengths, cutOffsets) = (lengths, offsets)
         pending.withUnsafeBytes { raw in
             let window = Window(bytes: raw)
@@ -143,7 +146,7 @@ public struct BlobWriter: Sendable {
                     let chunk = UnsafeRawBufferPointer(rebasing: base[offsets[k]..<(offsets[k] + lengths[k])])
                     let id = keys.id(of: chunk)
                     do throws(ChunkStoreError) {
-                        outcomes.set(k, .success((id, try store.put(id, chunk))))
+                        outcomes.set(k, .success((id, try store.put(id, chunk, pinning: pins))))
                     } catch {
                         outcomes.set(k, .failure(error))
                     }
@@ -195,7 +198,7 @@ public struct BlobWriter: Sendable {
         }
         let encoded = manifest.encoded
         let id = keys.id(of: encoded)
-        try store.put(id, encoded)
+        try store.put(id, encoded, pinning: pins)
         return (id, manifest, storedBytes)
     }
 }

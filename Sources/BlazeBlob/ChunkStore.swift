@@ -20,8 +20,13 @@ public final class ChunkStore: Sendable {
     /// Counts chunks added and removed through this store: a reader that lists the store can tell whether it changed.
     private let changes = Atomic<Int>(0)
 
-    /// Serializes a sweep's look at a chunk and its removal with a put that finds the chunk held and renews it.
-    private let sweepLock = Mutex<Void>(())
+    /// Serializes a sweep's look at a chunk and its removal with a put that finds the chunk held and renews it, and
+    /// holds the chunks pinned by puts under way (how many pins each): a sweep leaves those.
+    private let sweepLock = Mutex<[ChunkID: Int]>([:])
+    /// The chunks sweeps removed, in order (`swept(after:)`), and how many went before the first one kept.
+    private let sweptLog = Mutex<(base: Int, ids: [ChunkID])>((0, []))
+    /// The most swept ids remembered (the oldest half goes past it).
+    static let sweptLogLimit = 100_000
 
     /// Changes so far (chunks added or removed since this store was opened).
     public var generation: Int { changes.load(ordering: .acquiring) }
@@ -60,11 +65,16 @@ public final class ChunkStore: Sendable {
     /// Stores `content` as chunk `id` durably; returns false (and writes nothing) when it is held already. The caller
     /// has checked that `id` is the content's id.
     @discardableResult
-    public func put(_ id: ChunkID, _ content: UnsafeRawBufferPointer) throws(ChunkStoreError) -> Bool {
-        // Held already: its file is renewed (its time set to now), so a sweep counts it as just written and a blob
-        // put again is never swept before the document that refers to it commits.
+    public func put(_ id: ChunkID, _ content: UnsafeRawBufferPointer, pinning pins: ChunkPins? = nil) throws(ChunkStoreError) -> Bool {
+        // Pinned first (a sweep leaves it from now until the pins go), then, when held already, its file renewed (its
+        // time set to now), so a sweep counts it as just written: a blob put again is never swept before the
+        // document that refers to it commits.
         let held = path(of: id)
-        if sweepLock.withLock({ _ in contains(id) && utimensat(AT_FDCWD, held, nil, AT_SYMLINK_NOFOLLOW) == 0 }) { return false }
+        let renewed = sweepLock.withLock { pinned in
+            if let pins, pins.add(id) { pinned[id, default: 0] += 1 }
+            return contains(id) && utimensat(AT_FDCWD, held, nil, AT_SYMLINK_NOFOLLOW) == 0
+        }
+        if renewed { return false }
         let final = path(of: id)
         let parent = String(final[..<final.lastIndex(of: "/")!])
         if mkdir(parent, 0o700) != 0 && errno != EEXIST { throw .system("create \(parent)", errno) }
@@ -102,8 +112,8 @@ public final class ChunkStore: Sendable {
 
     /// Stores `content` as chunk `id` durably (see `put(_:_:)`).
     @discardableResult
-    public func put(_ id: ChunkID, _ content: [UInt8]) throws(ChunkStoreError) -> Bool {
-        let result = content.withUnsafeBytes { raw in Result { () throws(ChunkStoreError) -> Bool in try put(id, raw) } }
+    public func put(_ id: ChunkID, _ content: [UInt8], pinning pins: ChunkPins? = nil) throws(ChunkStoreError) -> Bool {
+        let result = content.withUnsafeBytes { raw in Result { () throws(ChunkStoreError) -> Bool in try put(id, raw, pinning: pins) } }
         return try result.get()
     }
 
@@ -188,22 +198,71 @@ public final class ChunkStore: Sendable {
         return true
     }
 
-    /// Removes every chunk not in `keeping` whose file was last written or renewed before `cutoff` (Unix seconds);
-    /// returns how many went and their bytes.
-    public func sweep(keeping: Set<ChunkID>, writtenBefore cutoff: Double) -> (removed: Int, bytes: Int) {
-        var (removed, bytes) = (0, 0)
-        for id in all() where !keeping.contains(id) {
-            let file = path(of: id)
-            sweepLock.withLock { _ in
-                var info = stat()
-                guard lstat(file, &info) == 0, (info.st_mode & S_IFMT) == S_IFREG,
-                    Double(info.st_mtim.tv_sec) + Double(info.st_mtim.tv_nsec) / 1e9 < cutoff, unlink(file) == 0
-                else { return }
-                (removed, bytes) = (removed + 1, bytes + Int(info.st_size))
+    /// Releases pins of `ids` (a put under way ended).
+    func unpin(_ ids: [ChunkID]) {
+        sweepLock.withLock { pinned in
+            for id in ids {
+                let left = pinned[id, default: 0] - 1
+                pinned[id] = left > 0 ? left : nil
             }
         }
-        if removed > 0 { changes.add(removed, ordering: .releasing) }
-        return (removed, bytes)
+    }
+
+    /// Removes every chunk not in `keeping`, not pinned by a put under way, whose file was last written or renewed
+    /// before `cutoff` (Unix seconds); returns how many went and their bytes. What went is remembered for
+    /// `swept(after:)`.
+    public func sweep(keeping: Set<ChunkID>, writtenBefore cutoff: Double) throws(ChunkStoreError) -> (removed: Int, bytes: Int) {
+        var gone: [ChunkID] = []
+        var bytes = 0
+        for id in try listed() where !keeping.contains(id) {
+            let file = path(of: id)
+            sweepLock.withLock { pinned in
+                var info = stat()
+                guard pinned[id] == nil, lstat(file, &info) == 0, (info.st_mode & S_IFMT) == S_IFREG,
+                    Double(info.st_mtim.tv_sec) + Double(info.st_mtim.tv_nsec) / 1e9 < cutoff, unlink(file) == 0
+                else { return }
+                gone.append(id)
+                bytes += Int(info.st_size)
+            }
+        }
+        if !gone.isEmpty {
+            changes.add(gone.count, ordering: .releasing)
+            sweptLog.withLock { log in
+                log.ids += gone
+                if log.ids.count > Self.sweptLogLimit {
+                    let drop = log.ids.count - Self.sweptLogLimit / 2
+                    log.ids.removeFirst(drop)
+                    log.base += drop
+                }
+            }
+        }
+        return (gone.count, bytes)
+    }
+
+    /// The chunks sweeps removed after position `mark` of their log (0: since the store was opened), and the position
+    /// to ask from next time; those forgotten since (more than `sweptLogLimit`) are not told.
+    public func swept(after mark: Int) -> (ids: [ChunkID], next: Int) {
+        sweptLog.withLock { log in
+            let from = max(0, mark - log.base)
+            return (from < log.ids.count ? Array(log.ids[from...]) : [], log.base + log.ids.count)
+        }
+    }
+
+    /// Every chunk held, in no particular order (file names that are not chunk ids are skipped); throws when a
+    /// directory cannot be read (a sweep must not take a partial listing for the whole).
+    func listed() throws(ChunkStoreError) -> [ChunkID] {
+        var out: [ChunkID] = []
+        let fm = FileManager.default
+        let shards: [String]
+        do { shards = try fm.contentsOfDirectory(atPath: directory) } catch { throw ChunkStoreError("cannot list \(directory): \(error)", reason: .invalid) }
+        for shard in shards where shard.utf8.count == 2 {
+            let names: [String]
+            do { names = try fm.contentsOfDirectory(atPath: "\(directory)/\(shard)") } catch {
+                throw ChunkStoreError("cannot list \(directory)/\(shard): \(error)", reason: .invalid)
+            }
+            for name in names { if let id = ChunkID(hex: name), name.hasPrefix(shard) { out.append(id) } }
+        }
+        return out
     }
 
     /// Every chunk held, in no particular order (file names that are not chunk ids are skipped).
@@ -266,4 +325,19 @@ public struct ChunkStoreError: Error, Sendable, CustomStringConvertible {
     public static func system(_ what: String, _ code: Int32) -> ChunkStoreError {
         ChunkStoreError("cannot \(what): \(String(cString: strerror(code)))", reason: .system(code))
     }
+}
+
+/// The chunks one put under way stored or found held (`BlobWriter`): pinned in their store, so that a sweep leaves
+/// them, until this is released (when the last copy of the writer holding it goes).
+public final class ChunkPins: Sendable {
+    private let store: ChunkStore
+    private let ids = Mutex<Set<ChunkID>>([])
+
+    /// No pins yet, in `store`.
+    public init(store: ChunkStore) { self.store = store }
+
+    /// Records `id`; false when it was pinned already (by these pins).
+    func add(_ id: ChunkID) -> Bool { ids.withLock { $0.insert(id).inserted } }
+
+    deinit { store.unpin(Array(ids.withLock { $0 })) }
 }

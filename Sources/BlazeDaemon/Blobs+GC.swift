@@ -17,33 +17,33 @@ extension Blobs {
         var removedChunks = 0, removedBytes = 0, keptChunks = 0, keptBytes = 0
     }
 
-    /// The chunks in-band uploads of database `name` under way have stored so far.
-    func uploading(db name: String) -> Set<ChunkID> {
-        let under = uploads.withLock { $0.values.filter { $0.db == name } }
-        var out = Set<ChunkID>()
-        for upload in under { upload.writer.withLock { if let writer = $0 { out.formUnion(writer.storedChunks) } } }
-        return out
-    }
-
-    /// Removes `db`'s chunks that no blob it refers to uses, that no upload under way stored, and that were written
-    /// (or put again) more than `graceSeconds` ago. The database's writer is held meanwhile, so no commit starts
-    /// referring to a chunk between the look at the references and its removal.
+    /// Removes `db`'s chunks that no blob it refers to uses, that no put or upload under way holds (`ChunkPins`), and
+    /// that were written (or put again) more than `graceSeconds` ago. The database's writer is held while the
+    /// references are read and the chunks removed, so no commit starts referring to a chunk in between. A manifest
+    /// that cannot be read (an I/O error) ends the sweep before anything is removed.
     func collect(db: BlazeDatabase, graceSeconds: Int = Blobs.defaultGraceSeconds) throws -> Sweep {
         // A database that never held a blob has no store, and none is made for it here.
         guard FileManager.default.fileExists(atPath: ChunkStores.directory(of: db)) else { return Sweep() }
         let store = try stores.store(for: db)
-        let reader = BlobReader(store: store, maxSize: maxBlobBytes)
-        let uploading = uploading(db: db.name)
+        // Any size: a manifest held here is expanded whatever `max-blob-bytes` says now.
+        let reader = BlobReader(store: store, maxSize: .max)
         let removed = try db.withReferencedBlobs { blobs -> (removed: Int, bytes: Int) in
-            var keep = uploading
+            var keep = Set<ChunkID>()
             for blob in blobs {
                 keep.insert(blob)
-                // A blob whose manifest is not held here (not fetched yet, or a hex string that names no blob) has no
-                // chunks here to keep.
-                guard let manifest = try? reader.manifest(blob) else { continue }
-                for piece in manifest.pieces { keep.insert(piece.id) }
+                do {
+                    // Not held here (not fetched yet, or a hex string that names no blob): nothing of it to keep.
+                    guard let manifest = try reader.manifest(blob) else { continue }
+                    for piece in manifest.pieces { keep.insert(piece.id) }
+                } catch let error as ChunkStoreError where error.reason == .invalid {
+                    // Held but not a manifest (a content chunk's id written in a document): kept itself, nothing more.
+                    // One that starts as a manifest but does not decode (a damaged file) stops the sweep: its chunks
+                    // are not known, so none may go.
+                    if try store.read(blob, offset: 0, length: 4) == Array("BZB1".utf8) { throw error }
+                    continue
+                }
             }
-            return store.sweep(keeping: keep, writtenBefore: Date().timeIntervalSince1970 - Double(graceSeconds))
+            return try store.sweep(keeping: keep, writtenBefore: Date().timeIntervalSince1970 - Double(graceSeconds))
         }
         var sweep = Sweep(removedChunks: removed.removed, removedBytes: removed.bytes)
         for id in store.all() {

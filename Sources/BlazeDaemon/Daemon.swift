@@ -178,21 +178,27 @@ public final class Daemon: Service, Sendable {
                 try? await Task.sleep(for: .milliseconds(interval))
                 for name in (try? store.list()) ?? [] where !Task.isCancelled {
                     do {
-                        let (outcome, sweep) = try await pool.runIfActive {
-                            let db = try store.database(name)
-                            // What compaction dropped may have been the last reference to a blob.
-                            return (try sync.compact(db: db, horizonMs: horizon), try blobs.collect(db: db))
-                        }
-                        if outcome.report.rows > 0 || sweep.removedChunks > 0 {
+                        let outcome = try await pool.runIfActive { try sync.compact(db: try store.database(name), horizonMs: horizon) }
+                        if outcome.report.rows > 0 {
                             logger.info(
                                 "Database compacted",
-                                metadata: [
-                                    "db": "\(name)", "rows": "\(outcome.report.rows)", "pages": "\(outcome.report.pagesFreed)",
-                                    "chunksRemoved": "\(sweep.removedChunks)",
-                                ])
+                                metadata: ["db": "\(name)", "rows": "\(outcome.report.rows)", "pages": "\(outcome.report.pagesFreed)"])
                         }
                     } catch {
                         logger.warning("Compaction failed", metadata: ["db": "\(name)", "error": "\(error)"])
+                        continue
+                    }
+                    // What compaction dropped may have been the last reference to a blob (a database with no blob
+                    // store returns at once).
+                    do {
+                        let sweep = try await pool.runIfActive { try blobs.collect(db: try store.database(name)) }
+                        if sweep.removedChunks > 0 {
+                            logger.info(
+                                "Blob chunks collected",
+                                metadata: ["db": "\(name)", "removed": "\(sweep.removedChunks)", "bytes": "\(sweep.removedBytes)"])
+                        }
+                    } catch {
+                        logger.warning("Collecting blob chunks failed", metadata: ["db": "\(name)", "error": "\(error)"])
                     }
                 }
             }

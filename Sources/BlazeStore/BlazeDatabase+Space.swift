@@ -13,13 +13,14 @@ extension BlazeDatabase {
     /// A read connection nobody is using may still hold the snapshot of its last read (`ReadConnections`): each
     /// attempt ends those first, as the background checkpointer does. Otherwise the checkpoint waits for that idle
     /// snapshot through the writer's whole busy timeout on every attempt (a `db.compact` right after a `doc.get`
-    /// hung for minutes).
+    /// hung for minutes). A read running at that moment can still make an attempt wait up to that timeout.
     @discardableResult
     func truncateLog() throws -> Bool {
         for attempt in 0..<200 {
-            connections.readers.releaseIdle()
             let busy = try connections.writeWithoutTransaction { db in
-                try Int.fetchOne(db, sql: "PRAGMA wal_checkpoint(TRUNCATE)") ?? 0
+                // Right before the checkpoint: a read that began since ended its snapshot only if it is done.
+                connections.readers.releaseIdle()
+                return try Int.fetchOne(db, sql: "PRAGMA wal_checkpoint(TRUNCATE)") ?? 0
             }
             if busy == 0 { return true }
             if attempt < 199 { usleep(5_000) }

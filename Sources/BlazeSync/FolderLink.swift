@@ -119,8 +119,12 @@ final class FolderWorker {
     var acksWrittenAt: UInt64 = 0
     /// Whether the last step failed, and how (counted once per distinct failure).
     var lastFailure: String?
-    /// Chunks known to be in some device's `assets/` (written by this link, or found there).
+    /// Chunks this link wrote to its own `assets/` (or found there), and its place in the store's log of swept chunks.
     var assetsKnown: Set<ChunkID> = []
+    var sweptMark = 0
+    /// Whether the last look left chunks to other members' copies: looked at again now and then, since another
+    /// member may sweep its copy.
+    var assetsLeftElsewhere = false
     /// Chunks of the store still to write to the folder, the chunks other members' `assets/` held at the last look,
     /// and when (uptime ms) and at which generation the store was last listed.
     var pendingAssets: [ChunkID] = []

@@ -19,18 +19,20 @@ extension FolderWorker {
     static let assetsPerRound = 64
     /// Milliseconds between looks at a chunk store that changed, for chunks the folder lacks.
     static let assetsScanIntervalMs: UInt64 = 1_000
+    /// Milliseconds between looks at chunks left to other members' copies (one may have swept its copy).
+    static let assetsRecheckIntervalMs: UInt64 = 60_000
 
     /// Writes sealed chunks of this database that no listed member's `assets/` holds yet (at most `assetsPerRound`).
     /// The store is listed again only once it changed; each other writer's `assets/` is listed once per look.
     func publishAssets() throws {
         let store = try engine.chunkStores.store(for: db)
+        removeSweptAssets(store)
         let now = uptimeMs()
         if pendingAssets.isEmpty {
-            guard store.generation != assetsGeneration, now >= assetsScannedAt + Self.assetsScanIntervalMs else { return }
-            (assetsGeneration, assetsScannedAt) = (store.generation, now)
-            let held = store.all()
-            removeSweptAssets(held: Set(held))
-            pendingAssets = held.filter { !assetsKnown.contains($0) }
+            let recheck = assetsLeftElsewhere && now >= assetsScannedAt + Self.assetsRecheckIntervalMs
+            guard store.generation != assetsGeneration || recheck, now >= assetsScannedAt + Self.assetsScanIntervalMs else { return }
+            (assetsGeneration, assetsScannedAt, assetsLeftElsewhere) = (store.generation, now, false)
+            pendingAssets = store.all().filter { !assetsKnown.contains($0) }
             guard !pendingAssets.isEmpty else { return }
             elsewhere = heldElsewhere()
         }
@@ -40,7 +42,8 @@ extension FolderWorker {
         var written = 0
         while written < Self.assetsPerRound, let id = pendingAssets.popLast(), !control.stopping.load(ordering: .acquiring) {
             if elsewhere.contains(id) {
-                assetsKnown.insert(id)
+                // Not taken as written: the member holding that copy may sweep it, and then this one writes it.
+                assetsLeftElsewhere = true
                 continue
             }
             guard let content = try? store.read(id) else { continue }
@@ -62,17 +65,19 @@ extension FolderWorker {
         if !pendingAssets.isEmpty { watch.signal.wake() }
     }
 
-    /// Removes from this device's own `assets/` the chunks its store no longer holds (swept: nothing this device
-    /// holds refers to them, `blob.gc`), so the folder lets them go with it.
-    func removeSweptAssets(held: Set<ChunkID>) {
-        let dir = ownDir + "/assets"
+    /// Removes from this device's own `assets/` the chunks its store's sweeps removed since the last look
+    /// (`blob.gc`: nothing this device holds refers to them), so the folder lets them go with it. Only what a sweep
+    /// removed: a chunk merely missing from the store (a lost directory) stays in the folder for the others.
+    func removeSweptAssets(_ store: ChunkStore) {
+        let (swept, next) = store.swept(after: sweptMark)
+        guard !swept.isEmpty else { return }
         // Removed relative to the directory opened without following links: nothing outside it is touched.
-        guard let assetsFD = try? openDirectory(at: ownFD, "assets", path: dir) else { return }
+        guard let assetsFD = try? openDirectory(at: ownFD, "assets", path: ownDir + "/assets") else { return }
         defer { close(assetsFD) }
+        sweptMark = next
         var removed = 0
-        for name in (try? FileManager.default.contentsOfDirectory(atPath: dir)) ?? [] {
-            guard let id = ChunkID(hex: name), !held.contains(id) else { continue }
-            if unlinkat(assetsFD, name, 0) == 0 { removed += 1 }
+        for id in swept where !store.contains(id) {
+            if unlinkat(assetsFD, id.hex, 0) == 0 { removed += 1 }
             assetsKnown.remove(id)
         }
         if removed > 0 { engine.logger.info("Swept chunks left the folder", metadata: ["db": "\(db.name)", "chunks": "\(removed)"]) }

@@ -40,6 +40,32 @@ import Glibc
         #expect(store.all().isEmpty)
     }
 
+    @Test func aSweepLeavesWhatIsKeptPinnedOrRecentAndRemembersWhatWent() throws {
+        let dir = temporaryDirectory()
+        defer { try? FileManager.default.removeItem(atPath: dir) }
+        let store = try ChunkStore(directory: dir)
+        let contents = (0..<4).map { k in (0..<5_000).map { UInt8(truncatingIfNeeded: $0 &* (k + 3)) } }
+        let ids = contents.map { keys.id(of: $0) }
+        var pins: ChunkPins? = ChunkPins(store: store)
+        for (k, content) in contents.enumerated() { try store.put(ids[k], content, pinning: k == 2 ? pins : nil) }
+        let later = Date().timeIntervalSince1970 + 60
+        // A cutoff before they were written: nothing goes.
+        #expect(try store.sweep(keeping: [], writtenBefore: later - 3_600) == (0, 0))
+        #expect(store.swept(after: 0).ids.isEmpty)
+        // Kept (0), pinned by a put under way (2): they stay; the others go, and are remembered in order.
+        let first = try store.sweep(keeping: [ids[0]], writtenBefore: later)
+        #expect(first.removed == 2 && first.bytes == 10_000)
+        #expect(Set(store.all()) == [ids[0], ids[2]])
+        let (gone, mark) = store.swept(after: 0)
+        #expect(Set(gone) == [ids[1], ids[3]] && mark == 2)
+        // Once the put's pins go, so can its chunk; a reader resuming from its mark sees only what went since.
+        pins = nil
+        #expect(try store.sweep(keeping: [ids[0]], writtenBefore: later).removed == 1)
+        #expect(store.swept(after: mark) == ([ids[2]], 3))
+        #expect(store.all() == [ids[0]])
+        _ = pins
+    }
+
     @Test func leftoversOfACrashedPutAreRemovedAndNeverListed() throws {
         let dir = temporaryDirectory()
         defer { try? FileManager.default.removeItem(atPath: dir) }
