@@ -40,6 +40,12 @@ extension RelayConnection {
         // One offer at a time, after every chunk the last one's answer asked for: a device cannot queue uploads.
         guard !answeringOffer, chunksExpected.isEmpty else { throw SyncRejection.malformed }
         answeringOffer = true
+        // In order with what the device sent before it: the operations it sent first may be the log that lists it.
+        receive(.offer(ids), space: space, context: context)
+    }
+
+    /// Answers an offer (from the inbox, once what came before it is stored), then goes on with the next item.
+    func answer(offer ids: [ChunkID], space: SpaceID, context: ChannelHandlerContext) {
         let device = self.device
         run(context: context, { relay -> (take: [ChunkID], later: [ChunkID]) in
             // Without a log nobody is known to be a member, and nothing is held: the device offers again later,
@@ -52,20 +58,23 @@ extension RelayConnection {
             let take = min(lacking.count, Self.maxTakenPerOffer, room / PeerMessage.maxSealedChunkBytes)
             return (Array(lacking.prefix(take)), Array(lacking.dropFirst(take)))
         }) { connection, answer, context in
+            connection.storing = false
+            connection.resumeReading(context: context)
+            connection.storeNext(space: space, context: context)
             if !answer.later.isEmpty { connection.send(.chunkMissing(answer.later), context: context) }
-            connection.answer(offer: answer.take, space: space, context: context)
+            connection.ask(for: answer.take, space: space, context: context)
         }
     }
 
     /// Asks for `wanted` once the relay's upload budget has room for all of them (looking again every `budgetRetry`
     /// meanwhile, as other uploads finish: memory, not the device, waits); they must come within `uploadWindow`.
-    private func answer(offer wanted: [ChunkID], space: SpaceID, context: ChannelHandlerContext) {
+    private func ask(for wanted: [ChunkID], space: SpaceID, context: ChannelHandlerContext) {
         guard case .established = state else { return }
         guard relay.chunkUploads.reserve(wanted.count * PeerMessage.maxSealedChunkBytes, for: space.hex) else {
             let bound = NIOLoopBound((self, context), eventLoop: context.eventLoop)
             context.eventLoop.scheduleTask(in: Self.budgetRetry) {
                 let (connection, context) = bound.value
-                connection.answer(offer: wanted, space: space, context: context)
+                connection.ask(for: wanted, space: space, context: context)
             }
             return
         }

@@ -60,6 +60,9 @@ extension RelayConnection {
         case .chunk(let id, let sealed):
             store(chunk: id, sealed: sealed, space: space, context: context)
             return
+        case .offer(let ids):
+            answer(offer: ids, space: space, context: context)
+            return
         case .batch(let b):
             batch = b
         }

@@ -58,8 +58,9 @@ final class RelayConnection: ChannelInboundHandler {
         case snapshotPart(SnapshotPart)
         /// An admin's `JOIN_REFUSED`: after the operations sent before it, which may list the joiner.
         case joinRefused(invite: [UInt8], joiner: [UInt8], reason: InviteRefusal)
-        /// A blob chunk the relay asked for (`RelayConnection+Chunks`).
+        /// A blob chunk the relay asked for, and an offer of chunks (`RelayConnection+Chunks`).
         case chunk(ChunkID, [UInt8])
+        case offer([ChunkID])
     }
     /// Blob chunks (`RelayConnection+Chunks`): whether an offer is being answered, the chunks its answer asked for and
     /// not yet received, those the device asked for and not yet served (and whether one is being served), and those

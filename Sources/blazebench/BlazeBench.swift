@@ -114,6 +114,7 @@ struct BlazeBench: AsyncParsableCommand {
         if wants("BLOB") {
             results += try BlobWorkloads.run(dir: dir, megabytes: quick ? 16 : 512, repeats: reps)
             results += try await BlobPeerWorkloads.run(dir: dir, megabytes: quick ? 16 : 512, repeats: reps)
+            results += try await BlobRelayWorkloads.run(dir: dir, megabytes: quick ? 16 : 512, repeats: reps)
         }
         if wants("M1") { results += try MembershipWorkloads.revocation(members: 50, repeats: quick ? 1 : 5) }
         if wants("M2") { results += try MembershipWorkloads.merge(sizes: quick ? [200] : [1_000, 10_000], repeats: quick ? 1 : 3) }
