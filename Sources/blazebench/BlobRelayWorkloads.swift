@@ -3,8 +3,6 @@ import BlazeCrypto
 import BlazeProtocol
 import BlazeRelay
 import Foundation
-import Logging
-import NIOPosix
 
 #if canImport(Glibc)
 import Glibc
@@ -17,17 +15,12 @@ enum BlobRelayWorkloads {
     /// space, so every chunk crosses both ways).
     static func run(dir: String, megabytes: Int, repeats: Int) async throws -> [Result] {
         let work = dir + "/blob-relay"
-        try FileManager.default.createDirectory(atPath: work + "/relay", withIntermediateDirectories: true)
+        try FileManager.default.createDirectory(atPath: work, withIntermediateDirectories: true)
         defer { try? FileManager.default.removeItem(atPath: work) }
         let source = work + "/source"
         try BlobWorkloads.writeRandomFile(source, bytes: megabytes << 20)
         let mib = Double(megabytes)
-        var logger = Logger(label: "blazebench.blob-relay")
-        logger.logLevel = .critical
-        let relay = RelayServer(
-            store: try RelayStore(path: work + "/relay/relay.db"), identity: DeviceIdentity(),
-            group: MultiThreadedEventLoopGroup.singleton, logger: logger)
-        let relayAddress = try require(PeerAddress("ws://127.0.0.1:\(try await relay.listen(host: "127.0.0.1", port: 0))"))
+        let (relay, relayAddress) = try await RelayWorkloads.inProcessRelay(dir: work + "/relay")
         var (upload, fetch, rss) = ([Double](), [Double](), [Double]())
         var chunks = 0
         for r in 0..<repeats {

@@ -18,13 +18,7 @@ enum RelayWorkloads {
     static func run(dir: String, n: Int, docs: [[String: JSONValue]], latencyWrites: Int) async throws -> [Result] {
         let a = try await Workloads.LocalDaemon(dir: dir + "/r1-a", syncListen: "127.0.0.1:0")
         let b = try await Workloads.LocalDaemon(dir: dir + "/r1-b")
-        try FileManager.default.createDirectory(atPath: dir + "/r1-relay", withIntermediateDirectories: true)
-        var logger = Logger(label: "blazebench.relay")
-        logger.logLevel = .critical
-        let relay = RelayServer(
-            store: try RelayStore(path: dir + "/r1-relay/relay.db"), identity: DeviceIdentity(),
-            group: MultiThreadedEventLoopGroup.singleton, logger: logger)
-        let relayAddress = try require(PeerAddress("ws://127.0.0.1:\(try await relay.listen(host: "127.0.0.1", port: 0))"))
+        let (relay, relayAddress) = try await inProcessRelay(dir: dir + "/r1-relay")
         defer {
             Task {
                 await relay.shutdown()
@@ -61,6 +55,20 @@ enum RelayWorkloads {
                 name: "R1.propagation", unit: "µs", samples: latencies, better: "lower", baseline: "W5.propagation",
                 target: "p99 ≤ 2× direct", note: "write committed on A → relay → change published on B"))
         return out
+    }
+}
+
+extension RelayWorkloads {
+    /// A relay in this process, on a SQLite store in `dir` (created), listening on loopback; and the address devices
+    /// dial.
+    static func inProcessRelay(dir: String) async throws -> (RelayServer, PeerAddress) {
+        try FileManager.default.createDirectory(atPath: dir, withIntermediateDirectories: true)
+        var logger = Logger(label: "blazebench.relay")
+        logger.logLevel = .critical
+        let relay = RelayServer(
+            store: try RelayStore(path: dir + "/relay.db"), identity: DeviceIdentity(), group: MultiThreadedEventLoopGroup.singleton,
+            logger: logger)
+        return (relay, try require(PeerAddress("ws://127.0.0.1:\(try await relay.listen(host: "127.0.0.1", port: 0))")))
     }
 }
 
