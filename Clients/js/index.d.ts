@@ -58,7 +58,7 @@ export type DbListResult = { "databases": Array<{ "name": DatabaseName }> };
 /** Parameters of `db.info`: Counts, size (by table), path, node id, state hash, version vector and last compaction of a database. */
 export interface DbInfoParams { "db": DatabaseName }
 /** Result of `db.info`. */
-export type DbInfoResult = { "name": DatabaseName; "path": string; "collections": number; "documents": number; "sizeBytes": number; "nodeId": NodeId; "stateHash": string; "versionVector": VersionVector; "bytesByTable": Record<string, number>; "lastCompaction": CompactionSummary | null };
+export type DbInfoResult = { "name": DatabaseName; "path": string; "collections": number; "documents": number; "sizeBytes": number; "nodeId": NodeId; "stateHash": string; "versionVector": VersionVector; "bytesByTable": Record<string, number>; "lastCompaction": CompactionSummary | null; "blobs": { "chunks": number; "bytes": number } };
 /** Parameters of `db.drop`: Deletes a database and all its data. */
 export interface DbDropParams { "db": DatabaseName }
 /** Result of `db.drop`. */

@@ -45,12 +45,15 @@ extension Blobs {
             }
             return try store.sweep(keeping: keep, writtenBefore: Date().timeIntervalSince1970 - Double(graceSeconds))
         }
-        var sweep = Sweep(removedChunks: removed.removed, removedBytes: removed.bytes)
-        for id in store.all() {
-            sweep.keptChunks += 1
-            sweep.keptBytes += store.size(of: id) ?? 0
-        }
-        return sweep
+        let kept = try held(db: db)
+        return Sweep(removedChunks: removed.removed, removedBytes: removed.bytes, keptChunks: kept.chunks, keptBytes: kept.bytes)
+    }
+
+    /// The chunks `db`'s store holds and their bytes (none when it has no store: none is made for it here).
+    func held(db: BlazeDatabase) throws -> (chunks: Int, bytes: Int) {
+        guard FileManager.default.fileExists(atPath: ChunkStores.directory(of: db)) else { return (0, 0) }
+        let store = try stores.store(for: db)
+        return store.all().reduce(into: (0, 0)) { total, id in total = (total.0 + 1, total.1 + (store.size(of: id) ?? 0)) }
     }
 }
 

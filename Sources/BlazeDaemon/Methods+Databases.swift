@@ -16,6 +16,7 @@ extension Methods {
     static let dbInfo = MethodHandler(RPC.DbInfo.self) { p, ctx in
         let db = try ctx.database(p.db)
         let s = try db.summary()
+        let blobs = try ctx.blobs.held(db: db)
         return .init(
             name: s.name, path: s.path, collections: s.collections, documents: s.documents, sizeBytes: Int(s.sizeBytes),
             nodeId: db.node.hex, stateHash: try db.stateHash(),
@@ -25,7 +26,7 @@ extension Methods {
                 .init(
                     finishedAtMs: Int($0.finishedAtMs), durationMs: Int($0.durationMs), changes: $0.changes, tombstones: $0.tombstones,
                     entries: $0.entries, heads: $0.heads, folded: $0.folded, pagesFreed: $0.pagesFreed)
-            })
+            }, blobs: .init(chunks: blobs.chunks, bytes: blobs.bytes))
     }
 
     static let dbDrop = MethodHandler(RPC.DbDrop.self) { p, ctx in

@@ -64,6 +64,7 @@ import Testing
         let stat = try c.call("blob.stat", ["db": "notes", "blob": kept["blob"]!["id"]!])
         #expect(stat["heldChunks"] == stat["chunks"])
         #expect(after["keptChunks"] == .int(Int64(Self.chunkFiles(d.dataDir, "notes").count)))
+        #expect(try c.call("db.info", ["db": "notes"])["blobs"] == ["chunks": after["keptChunks"]!, "bytes": after["keptBytes"]!])
 
         // Putting a held blob's file again renews its chunks: written an hour ago and referred to by nothing, they
         // survive a sweep with a ten-minute grace made right after (a document is about to refer to them); without
@@ -155,6 +156,7 @@ import Testing
             expectRPCError(c, "blob.gc", params, code: code)
         }
         // A database that never held a blob: nothing to do, and no chunk store is made for it.
+        #expect(try c.call("db.info", ["db": "default"])["blobs"] == ["chunks": 0, "bytes": 0])
         #expect(try c.call("blob.gc", ["db": "default", "graceSeconds": 0]) == [
             "removedChunks": 0, "removedBytes": 0, "keptChunks": 0, "keptBytes": 0,
         ])

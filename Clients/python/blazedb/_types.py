@@ -77,6 +77,13 @@ class DbInfoResultLastCompaction(TypedDict):
     pagesFreed: int
 
 
+class DbInfoResultBlobs(TypedDict):
+    # Chunks held.
+    chunks: int
+    # Their bytes.
+    bytes: int
+
+
 class DbInfoResult(TypedDict):
     name: str
     path: str
@@ -90,6 +97,8 @@ class DbInfoResult(TypedDict):
     bytesByTable: Dict[str, int]
     # The last compaction that removed anything (db.compact's counts, and when it finished), null before the first.
     lastCompaction: Optional[DbInfoResultLastCompaction]
+    # The blob chunks this device holds for the database (manifests included), beside its file: how many and their bytes. blob.gc removes those nothing refers to.
+    blobs: DbInfoResultBlobs
 
 
 class DbDropResult(TypedDict):

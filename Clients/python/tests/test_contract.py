@@ -247,8 +247,10 @@ def test_every_method_succeeds_and_fails_as_documented(client, daemon):
     copy_path = os.path.join(daemon.dir, "blob.copy")
     assert ok(c, "blob.get", db="app", blob=blob, path=copy_path)["bytes"] == 300_000
     err(c, "blob.get", -32011, "file_exists", db="app", blob=blob, path=copy_path)
+    assert ok(c, "db.info", db="app")["blobs"]["bytes"] >= 300_000
     # Nothing refers to either blob: without a grace period their chunks go.
     assert ok(c, "blob.gc", db="app", graceSeconds=0)["removedChunks"] >= 2
+    assert ok(c, "db.info", db="app")["blobs"] == {"chunks": 0, "bytes": 0}
     err(c, "blob.gc", -32602, db="app", graceSeconds=-1)
     ok(c, "db.drop", db="app")
     err(c, "db.drop", -32010, "database_not_found", db="app")

@@ -651,6 +651,40 @@ public enum RPC {
 
         /// The result of `db.info`.
         public struct Result: RPCObject {
+            /// The blob chunks this device holds for the database (manifests included), beside its file: how many and their bytes. blob.gc removes those nothing refers to.
+            public struct Blobs: RPCObject {
+                /// Chunks held.
+                public var chunks: Int
+                /// Their bytes.
+                public var bytes: Int
+
+                /// A value from its members.
+                public init(chunks: Int, bytes: Int) {
+                    self.chunks = chunks
+                    self.bytes = bytes
+                }
+
+                /// Reads the value from JSON.
+                public init(json: JSONValue) throws(RPCShapeError) {
+                    let o = try RPCDecode.object(json)
+                    self.chunks = try RPCDecode.member(o, "chunks", RPCDecode.int)
+                    self.bytes = try RPCDecode.member(o, "bytes", RPCDecode.int)
+                }
+
+                /// The value's JSON form.
+                public var json: JSONValue {
+                    .object(jsonObject)
+                }
+
+                /// The members of the JSON form.
+                public var jsonObject: [String: JSONValue] {
+                    var o = [String: JSONValue](minimumCapacity: 2)
+                    o["chunks"] = .int(Int64(self.chunks))
+                    o["bytes"] = .int(Int64(self.bytes))
+                    return o
+                }
+            }
+
             /// `name`.
             public var name: String
             /// `path`.
@@ -671,9 +705,11 @@ public enum RPC {
             public var bytesByTable: [String: Int]
             /// The last compaction that removed anything (db.compact's counts, and when it finished), null before the first.
             public var lastCompaction: RPCSchema.CompactionSummary?
+            /// The blob chunks this device holds for the database (manifests included), beside its file: how many and their bytes. blob.gc removes those nothing refers to.
+            public var blobs: Blobs
 
             /// A value from its members.
-            public init(name: String, path: String, collections: Int, documents: Int, sizeBytes: Int, nodeId: String, stateHash: String, versionVector: [String: Int], bytesByTable: [String: Int], lastCompaction: RPCSchema.CompactionSummary?) {
+            public init(name: String, path: String, collections: Int, documents: Int, sizeBytes: Int, nodeId: String, stateHash: String, versionVector: [String: Int], bytesByTable: [String: Int], lastCompaction: RPCSchema.CompactionSummary?, blobs: Blobs) {
                 self.name = name
                 self.path = path
                 self.collections = collections
@@ -684,6 +720,7 @@ public enum RPC {
                 self.versionVector = versionVector
                 self.bytesByTable = bytesByTable
                 self.lastCompaction = lastCompaction
+                self.blobs = blobs
             }
 
             /// Reads the value from JSON.
@@ -699,6 +736,7 @@ public enum RPC {
                 self.versionVector = try RPCDecode.member(o, "versionVector", { v throws(RPCShapeError) -> [String: Int] in try RPCDecode.map(v, RPCDecode.int) })
                 self.bytesByTable = try RPCDecode.member(o, "bytesByTable", { v throws(RPCShapeError) -> [String: Int] in try RPCDecode.map(v, RPCDecode.int) })
                 self.lastCompaction = try RPCDecode.member(o, "lastCompaction", { v throws(RPCShapeError) -> RPCSchema.CompactionSummary? in try RPCDecode.nullable(v, RPCSchema.CompactionSummary.init(json:)) })
+                self.blobs = try RPCDecode.member(o, "blobs", Blobs.init(json:))
             }
 
             /// The value's JSON form.
@@ -708,7 +746,7 @@ public enum RPC {
 
             /// The members of the JSON form.
             public var jsonObject: [String: JSONValue] {
-                var o = [String: JSONValue](minimumCapacity: 10)
+                var o = [String: JSONValue](minimumCapacity: 11)
                 o["name"] = .string(self.name)
                 o["path"] = .string(self.path)
                 o["collections"] = .int(Int64(self.collections))
@@ -719,6 +757,7 @@ public enum RPC {
                 o["versionVector"] = .object(self.versionVector.mapValues { x0 in .int(Int64(x0)) })
                 o["bytesByTable"] = .object(self.bytesByTable.mapValues { x0 in .int(Int64(x0)) })
                 o["lastCompaction"] = (self.lastCompaction.map { x0 -> JSONValue in x0.json } ?? .null)
+                o["blobs"] = self.blobs.json
                 return o
             }
         }
