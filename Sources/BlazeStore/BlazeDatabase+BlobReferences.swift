@@ -10,20 +10,17 @@ extension BlazeDatabase {
         ("docs", "body"), ("docs", "state"), ("tombstones", "state"), ("changes", "body"), ("parked", "body"), ("feed", "events"),
     ]
 
-    /// Every blob id the database may refer to: each run of exactly 64 lowercase hex digits in a row that mentions
-    /// `$blob`, wherever a reference can be held (`blobReferencePlaces`). More than the references (any such string
-    /// in such a row counts), never fewer: what this keeps a sweep keeps.
-    public func referencedBlobs() throws -> Set<ChunkID> {
-        try read { db in try Self.referencedBlobs(db) }
-    }
-
-    /// Runs `body` with the blobs referenced now (`referencedBlobs`) while holding the database's writer, so that no
-    /// commit, local or from a peer, adds a reference before `body` returns: a sweep that removes what `body` was
-    /// given not to keep cannot race a document that starts referring to it.
+    /// Runs `body` with every blob id the database may refer to, while holding its writer.
+    ///
+    /// The ids are each run of exactly 64 lowercase hex digits in a row that mentions `$blob`, wherever a reference
+    /// can be held (`blobReferencePlaces`): more than the references, never fewer. No commit, local or from a peer,
+    /// adds a reference before `body` returns, so a sweep that removes what `body` was given not to keep cannot race
+    /// a document that starts referring to it.
     public func withReferencedBlobs<T>(_ body: (Set<ChunkID>) throws -> T) throws -> T {
         try connections.writeWithoutTransaction { db in try body(try Self.referencedBlobs(db)) }
     }
 
+    /// The blob ids `db` may refer to (see `withReferencedBlobs`).
     static func referencedBlobs(_ db: Database) throws -> Set<ChunkID> {
         var out = Set<ChunkID>()
         for (table, column) in blobReferencePlaces {
