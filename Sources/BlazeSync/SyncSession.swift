@@ -23,6 +23,8 @@ final class SyncSession: ChannelInboundHandler {
     /// The database and key, once the handshake succeeded.
     var link: SyncLinkEstablished?
     var closed = false
+    /// Whether this connection is counted in the link's report (it is from the end of `establish` to its close).
+    var counted = false
     /// What the peer holds, as far as this side knows (its STATE, plus what was sent or received since).
     var peerVector: [NodeID: UInt64]?
     var pumping = false
@@ -124,8 +126,6 @@ final class SyncSession: ChannelInboundHandler {
 
     private func establish(_ established: SyncLinkEstablished, context: ChannelHandlerContext) {
         link = established
-        let device = established.device.nodeIDHex
-        report.update { $0.connect(device: device); $0.lastError = nil }
         // Wake the sender whenever a change commits (local writes and entries received from other peers alike).
         let db = established.db
         let bound = NIOLoopBound((self, context), eventLoop: context.eventLoop)
@@ -154,6 +154,12 @@ final class SyncSession: ChannelInboundHandler {
         startMembership(context: context)
         attachChunkSource(context: context)
         offerChunks(context: context)
+        // Counted last: a caller that sees the link connected finds it a chunk source already (a `blob.get` right
+        // after `sync.status` says connected asks this peer rather than failing with no source).
+        guard !closed else { return }
+        counted = true
+        let device = established.device.nodeIDHex
+        report.update { $0.connect(device: device); $0.lastError = nil }
     }
 
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
@@ -299,7 +305,8 @@ final class SyncSession: ChannelInboundHandler {
         if let registration { engine.unregister(registration) }
         registration = nil
         detachChunkSource()
-        if let device = link?.device.nodeIDHex { report.update { $0.disconnect(device: device) } }
+        if counted, let device = link?.device.nodeIDHex { report.update { $0.disconnect(device: device) } }
+        counted = false
         link = nil
         context.fireChannelInactive()
     }
