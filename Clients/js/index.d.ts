@@ -32,6 +32,8 @@ export type CompactionSummary = { "finishedAtMs": number; "durationMs": number; 
 export type BlobId = string;
 export type BlobInfo = { "id": BlobId; "size": number; "type": string };
 export type BlobPutResult = { "blob": BlobInfo; "ref": Record<string, unknown>; "chunks": number; "storedBytes": number };
+export type BlobProgress = { "blob": BlobId; "state": "fetching" | "held" | "partial" | "failed"; "size": number; "chunks": number; "heldChunks": number; "heldBytes": number; "error"?: { "kind": string; "message": string } };
+export type BlobPolicy = { "eager": Array<string>; "maxBytes": number | null };
 
 /** Parameters of `rpc.discover`: Returns this OpenRPC document. */
 export type RpcDiscoverParams = Record<string, never>;
@@ -226,6 +228,22 @@ export type BlobGetResult = { "path": string; "bytes": number };
 export interface BlobStatParams { "db": DatabaseName; "blob": BlobId }
 /** Result of `blob.stat`. */
 export type BlobStatResult = { "id": BlobId; "size": number; "chunks": number; "heldChunks": number; "heldBytes": number; "fetchingChunks": number };
+/** Parameters of `blob.pin`: Keeps a blob on this device: fetches every chunk it lacks now (in the background) and keeps them whatever refers to the blob. */
+export interface BlobPinParams { "db": DatabaseName; "blob": BlobId }
+/** Result of `blob.pin`. */
+export type BlobPinResult = { "blob": BlobId; "pinned": boolean; "already": boolean };
+/** Parameters of `blob.unpin`: Stops keeping a pinned blob: its chunks stay while a document refers to it, and blob.gc may remove them after. */
+export interface BlobUnpinParams { "db": DatabaseName; "blob": BlobId }
+/** Result of `blob.unpin`. */
+export type BlobUnpinResult = { "blob": BlobId; "pinned": boolean; "was": boolean };
+/** Parameters of `blob.policy`: Reads or sets which blobs this device fetches eagerly: those of some collections' documents, up to a size. */
+export interface BlobPolicyParams { "db": DatabaseName; "eager"?: Array<string>; "maxBytes"?: number }
+/** Result of `blob.policy`. */
+export type BlobPolicyResult = BlobPolicy;
+/** Parameters of `blob.list`: The blobs this database's live documents refer to, and those pinned here, with how much of each this device holds; in pages by id. */
+export interface BlobListParams { "db": DatabaseName; "after"?: BlobId; "limit"?: number }
+/** Result of `blob.list`. */
+export type BlobListResult = { "blobs": Array<{ "id": BlobId; "size": number; "type": string | null; "references": number; "pinned": boolean; "chunks": number | null; "heldChunks": number; "heldBytes": number }>; "next": string | null };
 
 /** Parameters of `peer.add`: Adds a peer to sync a shared database with, and connects to it. */
 export interface PeerAddParams { "db": DatabaseName; "address": PeerAddress }
@@ -271,7 +289,7 @@ export interface SyncResumeParams { "db": DatabaseName }
 export type SyncResumeResult = { "db": DatabaseName; "paused": false };
 
 /** Parameters of `subscribe`: Reports changes as `subscription` notifications; with `where`, a live query (enter/leave). */
-export interface SubscribeParams { "db": DatabaseName; "collection"?: CollectionName; "where"?: Filter; "since"?: FeedSequence }
+export interface SubscribeParams { "db": DatabaseName; "collection"?: CollectionName; "where"?: Filter; "since"?: FeedSequence; "blobs"?: boolean }
 /** Result of `subscribe`. */
 export type SubscribeResult = { "subscription": SubscriptionId; "seq": FeedSequence };
 /** Parameters of `unsubscribe`: Ends a subscription of this connection. */
@@ -306,14 +324,14 @@ export declare class BlazeClient {
   readonly query: { find(params: QueryFindParams): Promise<QueryFindResult>; count(params: QueryCountParams): Promise<QueryCountResult>; explain(params: QueryExplainParams): Promise<QueryExplainResult>; aggregate(params: QueryAggregateParams): Promise<QueryAggregateResult>; delete(params: QueryDeleteParams): Promise<QueryDeleteResult>; update(params: QueryUpdateParams): Promise<QueryUpdateResult> };
   readonly index: { create(params: IndexCreateParams): Promise<IndexCreateResult>; drop(params: IndexDropParams): Promise<IndexDropResult>; list(params: IndexListParams): Promise<IndexListResult> };
   readonly conflict: { list(params: ConflictListParams): Promise<ConflictListResult>; resolve(params: ConflictResolveParams): Promise<ConflictResolveResult> };
-  readonly blob: { put(params: BlobPutParams): Promise<BlobPutResult>; upload(params: BlobUploadParams): Promise<BlobUploadResult>; append(params: BlobAppendParams): Promise<BlobAppendResult>; finish(params: BlobFinishParams): Promise<BlobFinishResult>; abort(params: BlobAbortParams): Promise<BlobAbortResult>; gc(params: BlobGcParams): Promise<BlobGcResult>; read(params: BlobReadParams): Promise<BlobReadResult>; get(params: BlobGetParams): Promise<BlobGetResult>; stat(params: BlobStatParams): Promise<BlobStatResult> };
+  readonly blob: { put(params: BlobPutParams): Promise<BlobPutResult>; upload(params: BlobUploadParams): Promise<BlobUploadResult>; append(params: BlobAppendParams): Promise<BlobAppendResult>; finish(params: BlobFinishParams): Promise<BlobFinishResult>; abort(params: BlobAbortParams): Promise<BlobAbortResult>; gc(params: BlobGcParams): Promise<BlobGcResult>; read(params: BlobReadParams): Promise<BlobReadResult>; get(params: BlobGetParams): Promise<BlobGetResult>; stat(params: BlobStatParams): Promise<BlobStatResult>; pin(params: BlobPinParams): Promise<BlobPinResult>; unpin(params: BlobUnpinParams): Promise<BlobUnpinResult>; policy(params: BlobPolicyParams): Promise<BlobPolicyResult>; list(params: BlobListParams): Promise<BlobListResult> };
   readonly peer: { add(params: PeerAddParams): Promise<PeerAddResult>; remove(params: PeerRemoveParams): Promise<PeerRemoveResult>; list(params: PeerListParams): Promise<PeerListResult> };
   readonly folder: { add(params: FolderAddParams): Promise<FolderAddResult>; remove(params: FolderRemoveParams): Promise<FolderRemoveResult>; list(params: FolderListParams): Promise<FolderListResult> };
   readonly sync: { status(params?: SyncStatusParams): Promise<SyncStatusResult>; now(params: SyncNowParams): Promise<SyncNowResult>; pause(params: SyncPauseParams): Promise<SyncPauseResult>; resume(params: SyncResumeParams): Promise<SyncResumeResult> };
 }
 
 /** The params of a `subscription` notification. */
-export type SubscriptionNotification = unknown | unknown;
+export type SubscriptionNotification = unknown | unknown | unknown;
 
 /** A live subscription: an async iterator of events. */
 export declare class Subscription implements AsyncIterableIterator<Event> {

@@ -102,7 +102,8 @@ export class Connection {
 }
 
 /**
- * A live subscription: an async iterator of events ({seq, collection, id, type, doc, origin}). Iteration ends
+ * A live subscription: an async iterator of events ({seq, collection, id, type, doc, origin}; with blobs: true
+ * also blob fetch progress, {blob, state, size, chunks, heldChunks, heldBytes}). Iteration ends
  * after close(); the subscription's final error (subscriber_too_slow, database_dropped...) rejects the
  * iteration with a BlazeError once the events before it are consumed.
  */
@@ -129,7 +130,7 @@ export class Subscription {
   next() {
     if (this.events.length > 0) {
       const value = this.events.shift();
-      this.seq = value.seq;
+      if (value.seq !== undefined) this.seq = value.seq;
       return Promise.resolve({ value, done: false });
     }
     if (this.error) { const error = this.error; this.error = null; return Promise.reject(error); }
@@ -162,9 +163,14 @@ export class Subscription {
       if (waiters.length > 0) { for (const w of waiters) w.reject(error); } else { this.error = error; }
       return;
     }
-    for (const event of params.events ?? []) {
+    for (const event of [...(params.events ?? []), ...(params.blobs ?? [])]) {
       const waiter = this.waiters.shift();
-      if (waiter) { this.seq = event.seq; waiter.resolve({ value: event, done: false }); } else { this.events.push(event); }
+      if (waiter) {
+        if (event.seq !== undefined) this.seq = event.seq;
+        waiter.resolve({ value: event, done: false });
+      } else {
+        this.events.push(event);
+      }
     }
   }
 }

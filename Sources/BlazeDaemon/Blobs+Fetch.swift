@@ -63,10 +63,21 @@ extension Blobs {
             }
             var seen = Set<ChunkID>()
             let missing = needed(manifest).filter { seen.insert($0).inserted && !reader.store.contains($0) }
-            fetchWindows(db: db, missing: missing[...], sync: sync) { result in
+            guard !missing.isEmpty else {
+                done(Result { try body(id, manifest, reader) })
+                return
+            }
+            let (events, store) = (self.events, reader.store)
+            fetchWindows(db: db, missing: missing[...], sync: sync) {
+                events.post(db: db.name, id: id, manifest: manifest, store: store, state: .fetching)
+            } done: { result in
                 switch result {
-                case .success: pool.submit { _ in done(Result { try body(id, manifest, reader) }) }
-                case .failure(let error): done(.failure(error))
+                case .success:
+                    events.post(db: db.name, id: id, manifest: manifest, store: store, state: Self.finished(manifest, store))
+                    pool.submit { _ in done(Result { try body(id, manifest, reader) }) }
+                case .failure(let error):
+                    events.post(db: db.name, id: id, manifest: manifest, store: store, state: .failed, error: error)
+                    done(.failure(error))
                 }
             }
         } catch {
@@ -74,9 +85,15 @@ extension Blobs {
         }
     }
 
-    /// Fetches `missing` a window at a time; `done` once all are held or one window failed.
+    /// Whether a fetch that ended well left all of the blob here (`held`) or only the chunks a ranged read needed.
+    static func finished(_ manifest: BlobManifest, _ store: ChunkStore) -> RPCSchema.BlobProgress.State {
+        manifest.pieces.allSatisfy { store.contains($0.id) } ? .held : .partial
+    }
+
+    /// Fetches `missing` a window at a time, calling `progress` after each window but the last; `done` once all are
+    /// held or one window failed.
     private func fetchWindows(
-        db: BlazeDatabase, missing: ArraySlice<ChunkID>, sync: SyncEngine,
+        db: BlazeDatabase, missing: ArraySlice<ChunkID>, sync: SyncEngine, progress: @escaping @Sendable () -> Void,
         done: @escaping @Sendable (Result<Void, StoreError>) -> Void
     ) {
         guard !missing.isEmpty else { return done(.success(())) }
@@ -84,7 +101,9 @@ extension Blobs {
         let rest = missing.dropFirst(Self.fetchWindow)
         sync.fetchChunks(db: db, ids: window, timeout: Self.fetchTimeout, waitForSource: true) { result in
             switch result {
-            case .success: self.fetchWindows(db: db, missing: rest, sync: sync, done: done)
+            case .success:
+                if !rest.isEmpty { progress() }
+                self.fetchWindows(db: db, missing: rest, sync: sync, progress: progress, done: done)
             case .failure(let error): done(.failure(error))
             }
         }
@@ -106,10 +125,17 @@ extension Blobs {
         }
         guard let manifest else { throw Self.notFound(id, db: db) }
         let missing = reader.missing(manifest)
-        for start in stride(from: 0, to: missing.count, by: Self.fetchWindow) {
-            let window = Array(missing[start..<min(missing.count, start + Self.fetchWindow)])
-            try sync.fetchChunksAndWait(db: db, ids: window, timeout: Self.fetchTimeout, waitForSource: true)
+        do {
+            for start in stride(from: 0, to: missing.count, by: Self.fetchWindow) {
+                if start > 0 { events.post(db: db.name, id: id, manifest: manifest, store: reader.store, state: .fetching) }
+                let window = Array(missing[start..<min(missing.count, start + Self.fetchWindow)])
+                try sync.fetchChunksAndWait(db: db, ids: window, timeout: Self.fetchTimeout, waitForSource: true)
+            }
+        } catch {
+            events.post(db: db.name, id: id, manifest: manifest, store: reader.store, state: .failed, error: error)
+            throw error
         }
+        if !missing.isEmpty { events.post(db: db.name, id: id, manifest: manifest, store: reader.store, state: .held) }
         return (id, manifest, reader)
     }
 

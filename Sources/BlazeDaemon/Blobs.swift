@@ -35,6 +35,8 @@ final class Blobs: Sendable {
     let stores: ChunkStores
     /// The I/O pool, where reads that waited for chunks run.
     let pool: NIOThreadPool
+    /// Where fetch progress goes (subscriptions with `blobs: true`).
+    let events = BlobEvents()
     /// Uploads in progress by id.
     let uploads = Mutex<[String: Upload]>([:])
     /// The number of the next upload id.

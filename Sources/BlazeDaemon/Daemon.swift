@@ -40,6 +40,8 @@ public final class Daemon: Service, Sendable {
     public let sync: SyncEngine
     /// Each database's blobs and the uploads in progress.
     let blobs: Blobs
+    /// Fetches pinned blobs and those of eager collections before they are read.
+    let prefetcher: BlobPrefetcher
 
     /// Opens the data directory (creating the default database on first start).
     public init(config: DaemonConfig, logger: Logger) throws {
@@ -57,6 +59,7 @@ public final class Daemon: Service, Sendable {
             tlsTrustRoots: config.syncTLSTrustRoots, folderOptions: config.folderOptions, chunkPool: chunkPool)
         self.blobs = Blobs(
             maxBlobBytes: config.maxBlobBytes, stores: sync.chunkStores, pool: pool, isOpen: { [connections] in connections.isOpen($0) })
+        self.prefetcher = BlobPrefetcher(blobs: blobs, sync: sync, store: store, logger: logger)
         if let name = config.defaultDatabase, (try? store.database(name)) == nil {
             _ = try store.create(name)
         }
@@ -72,7 +75,7 @@ public final class Daemon: Service, Sendable {
         let fd = try config.inheritedSocket?.descriptor ?? SocketListener.listen(path: config.socketPath)
         let context = RequestContext(
             store: store, config: config, logger: logger, startedAt: .now, connections: connections,
-            sync: sync, blobs: blobs)
+            sync: sync, blobs: blobs, prefetcher: prefetcher)
         let pool = self.pool
         pool.start()
         transferPool.start()
@@ -125,6 +128,7 @@ public final class Daemon: Service, Sendable {
             throw error
         }
         sync.start()
+        prefetcher.start()
         let compactor = startCompactor()
         // Logged once everything serves (the sync listener too): scripts and tests wait for this line.
         logger.info(
@@ -157,6 +161,7 @@ public final class Daemon: Service, Sendable {
         try? await quiesced.futureResult.get()
         compactor?.cancel()
         _ = await compactor?.result
+        prefetcher.shutdown()
         await sync.shutdown()
         try? await pool.shutdownGracefully()
         try? await transferPool.shutdownGracefully()

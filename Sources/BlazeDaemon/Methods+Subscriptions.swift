@@ -16,7 +16,8 @@ extension Methods {
         } else {
             start = db.feed.lastSequence
         }
-        let sub = Subscription(database: db, collection: p.collection, filter: filter, start: start)
+        let sub = Subscription(
+            database: db, collection: p.collection, filter: filter, start: start, blobEvents: p.blobs == true ? ctx.blobs.events : nil)
         try connection.add(sub)
         return .init(subscription: sub.id, seq: Int(start))
     }

@@ -48,6 +48,10 @@ enum Methods {
         case .blobRead: return blobRead
         case .blobGet: return blobGet
         case .blobStat: return blobStat
+        case .blobPin: return blobPin
+        case .blobUnpin: return blobUnpin
+        case .blobPolicy: return blobPolicy
+        case .blobList: return blobList
         case .subscribe: return subscribe
         case .unsubscribe: return unsubscribe
         case .dbShare: return dbShare

@@ -88,6 +88,29 @@ extension RPCHandler {
         }
     }
 
+    /// Passes the database's blob fetch progress to `sub` when it asked for it (`blobs: true`).
+    func listenForBlobs(_ sub: Subscription, context: ChannelHandlerContext) {
+        guard sub.blobEvents != nil else { return }
+        let loopBound = NIOLoopBound((self, context), eventLoop: context.eventLoop)
+        sub.listenForBlobs { event in
+            loopBound.eventLoop.execute {
+                let (handler, context) = loopBound.value
+                handler.write(event, for: sub, context: context)
+            }
+        }
+    }
+
+    /// Writes blob progress `event` to `sub`. Progress (`fetching`) is left out while the connection has more than
+    /// half its backlog waiting; the end of a fetch (held, partial, failed) never is.
+    func write(_ event: RPCSchema.BlobProgress, for sub: Subscription, context: ChannelHandlerContext) {
+        guard deliveries[sub.id]?.sub === sub, !sub.isCancelled else { return }
+        if event.state == .fetching {
+            let backlog = (try? context.channel.syncOptions?.getOption(.bufferedWritableBytes)) ?? 0
+            guard backlog <= limits.maxSubscriberBacklogBytes / 2 else { return }
+        }
+        context.writeAndFlush(wrapOutboundOut(ByteBuffer(bytes: sub.blobNotification(event))), promise: nil)
+    }
+
     /// Ends a subscription with one final error notification.
     func end(_ sub: Subscription, _ error: RPCError, context: ChannelHandlerContext) {
         guard deliveries.removeValue(forKey: sub.id) != nil, connection.remove(sub.id) != nil else { return }

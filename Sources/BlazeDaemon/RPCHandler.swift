@@ -219,6 +219,7 @@ final class RPCHandler: ChannelDuplexHandler {
         for sub in connection.takePending() where !sub.isCancelled {
             deliveries[sub.id] = Delivery(sub: sub, delivered: sub.start)
             pump(sub.id, context: context)
+            listenForBlobs(sub, context: context)
         }
     }
 

@@ -15,6 +15,8 @@ struct RequestContext: Sendable {
     let sync: SyncEngine
     /// Blobs: each database's chunks and the uploads in progress.
     let blobs: Blobs
+    /// Fetches pinned blobs and those of eager collections before they are read (nil in a test without a daemon).
+    var prefetcher: BlobPrefetcher?
     /// The connection the request came on (set per call).
     var connection: ConnectionHandle?
     /// How much a budgeted read may do (`MethodHandler.budgeted`): `.inline` on an event loop.

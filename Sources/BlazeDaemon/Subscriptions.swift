@@ -16,22 +16,26 @@ final class Subscription: Sendable {
     let filter: Filter?
     /// Events after this feed sequence are delivered.
     let start: Int64
+    /// Where blob fetch progress comes from, when the subscription asked for it (`blobs: true`).
+    let blobEvents: BlobEvents?
 
     private struct Link {
         var token: Int?
+        var blobToken: Int?
         var cancelled = false
     }
 
     private let link = Mutex(Link())
     private static let counter = Atomic<Int>(0)
 
-    init(database: BlazeDatabase, collection: String?, filter: Filter?, start: Int64) {
+    init(database: BlazeDatabase, collection: String?, filter: Filter?, start: Int64, blobEvents: BlobEvents? = nil) {
         let n = Self.counter.wrappingAdd(1, ordering: .relaxed).newValue
         self.id = "sub-\(n)"
         self.database = database
         self.collection = collection
         self.filter = filter
         self.start = start
+        self.blobEvents = blobEvents
     }
 
     /// True once unsubscribed, dropped or closed; nothing more may be written for it.
@@ -47,14 +51,34 @@ final class Subscription: Sendable {
         if detach { database.feed.detach(token) }
     }
 
+    /// Starts passing the database's blob fetch progress to `sink` (a subscription with `blobs: true`), unless
+    /// cancelled meanwhile.
+    func listenForBlobs(_ sink: @escaping BlobEvents.Sink) {
+        guard let blobEvents else { return }
+        let token = blobEvents.listen(db: database.name, sink)
+        let stop = link.withLock { l -> Bool in
+            if l.cancelled { return true }
+            l.blobToken = token
+            return false
+        }
+        if stop { blobEvents.stop(token, db: database.name) }
+    }
+
     /// Stops delivery for good (idempotent).
     func cancel() {
-        let token = link.withLock { l -> Int? in
+        let (token, blobToken) = link.withLock { l -> (Int?, Int?) in
             l.cancelled = true
-            defer { l.token = nil }
-            return l.token
+            defer { (l.token, l.blobToken) = (nil, nil) }
+            return (l.token, l.blobToken)
         }
         if let token { database.feed.detach(token) }
+        if let blobToken { blobEvents?.stop(blobToken, db: database.name) }
+    }
+
+    /// The notification carrying blob fetch progress `event`.
+    func blobNotification(_ event: RPCSchema.BlobProgress) -> [UInt8] {
+        let params = RPCNotification.Subscription(subscription: id, blobs: [event])
+        return RPCCodec.notification(method: RPCNotification.Subscription.method, params: params.json).jsonBytes + [0x0A]
     }
 
     /// Appends this subscription's events for `entry` to `out` as JSON objects; returns how many.

@@ -13,7 +13,7 @@ extension BlazeDatabase {
     /// Runs `body` with every blob id the database may refer to, while holding its writer.
     ///
     /// The ids are each run of exactly 64 lowercase hex digits in a row that mentions `$blob`, wherever a reference
-    /// can be held (`blobReferencePlaces`): more than the references, never fewer. No commit, local or from a peer,
+    /// can be held (`blobReferencePlaces`), and the blobs pinned here: more than the references, never fewer. No commit, local or from a peer,
     /// adds a reference before `body` returns, so a sweep that removes what `body` was given not to keep cannot race
     /// a document that starts referring to it.
     public func withReferencedBlobs<T>(_ body: (Set<ChunkID>) throws -> T) throws -> T {
@@ -27,6 +27,8 @@ extension BlazeDatabase {
             let rows = try String.fetchCursor(db, sql: "SELECT \(column) FROM \(table) WHERE instr(\(column), '$blob') > 0")
             while let text = try rows.next() { collectHexIDs(in: text, into: &out) }
         }
+        // Pinned blobs are kept whatever refers to them (`blob.pin`).
+        for hex in try String.fetchAll(db, sql: "SELECT id FROM blob_pins") { if let id = ChunkID(hex: hex) { out.insert(id) } }
         return out
     }
 

@@ -258,6 +258,10 @@ enum Schema {
                 sql: "ALTER TABLE sync_invites RENAME COLUMN secret_hash TO verifier; "
                     + "ALTER TABLE sync_invites ADD COLUMN proof_version INTEGER NOT NULL DEFAULT 1;")
         }
+        m.registerMigration("v15-blob-pins") { db in
+            // The blobs this device was asked to keep (`blob.pin`): fetched and kept whatever refers to them.
+            try db.execute(sql: "CREATE TABLE blob_pins(id TEXT PRIMARY KEY NOT NULL, pinned_at INTEGER NOT NULL) WITHOUT ROWID")
+        }
         return m
     }
 }

@@ -203,6 +203,17 @@ import Glibc
         #expect(FileManager.default.contents(atPath: out).map(Array.init) == bytes)
         let again = try run(ctl, ["blob", "get", "default", id, out], environment: env)
         #expect(again.status == 1 && again.err.hasPrefix("blazectl: error: ") && again.err.contains("file_exists"), "\(again.err)")
+        // Listed (not referred to by a document: pinned), pinned and unpinned; the policy shown and set.
+        #expect(try run(ctl, ["blob", "ls", "default"], environment: env).out == "no blobs\n")
+        #expect(try run(ctl, ["blob", "pin", "default", id], environment: env).out == "pinned blob \(id)\n")
+        let listed = try run(ctl, ["blob", "ls", "default"], environment: env)
+        #expect(listed.out.hasPrefix("\(id)  683.6 KiB  -  ") && listed.out.hasSuffix(" chunks here  pinned\n"), "\(listed.out)")
+        #expect(try run(ctl, ["blob", "unpin", "default", id], environment: env).out == "unpinned blob \(id)\n")
+        let policy = try run(ctl, ["blob", "policy", "default", "--eager", "photos,scans"], environment: env)
+        #expect(policy.out == "eager: photos, scans; largest fetched eagerly: any size\n", "\(policy.out) \(policy.err)")
+        let bounded = try run(ctl, ["blob", "policy", "default", "--max-bytes", "1048576"], environment: env)
+        #expect(bounded.out == "eager: photos, scans; largest fetched eagerly: 1.0 MiB\n", "\(bounded.out) \(bounded.err)")
+        #expect(try run(ctl, ["blob", "policy", "default", "--eager", "none"], environment: env).out.hasPrefix("eager: none;"))
         let unknown = try run(ctl, ["blob", "stat", "default", "nothex"], environment: env)
         #expect(unknown.status == 1 && unknown.err.contains("invalid_blob") && unknown.err.split(separator: "\n").count == 1, "\(unknown.err)")
         // Nothing refers to the blob: within the grace period it stays, without one it goes.

@@ -23,6 +23,21 @@ import Testing
     /// The blob's id and the ids of its chunks (its manifest's, then its content's) as `blob.put` returned them.
     static func ids(_ put: JSONValue) -> String { put["blob"]?["id"]?.stringValue ?? "" }
 
+    @Test func aPinnedBlobStaysWhateverRefersToItUntilUnpinned() throws {
+        let d = try DaemonProcess()
+        defer { d.stop() }
+        let c = try d.connect()
+        _ = try c.call("db.create", ["db": "notes"])
+        let pinned = try Self.put(c, "notes", dir: d.dataDir, "pinned", count: 2_000_000, seed: 4)
+        let chunks = Self.chunkFiles(d.dataDir, "notes")
+        _ = try c.call("blob.pin", ["db": "notes", "blob": pinned["blob"]!["id"]!])
+        #expect(try c.call("blob.gc", ["db": "notes", "graceSeconds": 0])["removedChunks"] == 0)
+        #expect(Self.chunkFiles(d.dataDir, "notes") == chunks)
+        _ = try c.call("blob.unpin", ["db": "notes", "blob": pinned["blob"]!["id"]!])
+        #expect(try c.call("blob.gc", ["db": "notes", "graceSeconds": 0])["removedChunks"] == .int(Int64(chunks.count)))
+        #expect(Self.chunkFiles(d.dataDir, "notes").isEmpty)
+    }
+
     @Test func chunksStayWhileAnythingHeldRefersToThemAndGoAfter() throws {
         // A feed of 3 events: the deleted document's old version falls out of it after a few writes.
         let d = try DaemonProcess(arguments: ["--feed-retention", "3"])

@@ -28,7 +28,7 @@ import Glibc
             "peer.remove", "peer.list", "folder.add", "folder.remove", "folder.list", "sync.status", "sync.now", "sync.pause", "sync.resume", "daemon.config",
             "db.backup", "db.restore", "db.compact",
             "blob.put", "blob.upload", "blob.append", "blob.finish", "blob.abort", "blob.read", "blob.get", "blob.stat",
-            "blob.gc",
+            "blob.gc", "blob.pin", "blob.unpin", "blob.policy", "blob.list",
         ])
         #expect(try c.call("daemon.info")["socket"] == .string(d.socket))
         #expect(try c.call("daemon.info")["databases"] == 1)

@@ -44,6 +44,10 @@ from ._types import (
     BlobReadResult,
     BlobGetResult,
     BlobStatResult,
+    BlobPinResult,
+    BlobUnpinResult,
+    BlobPolicyResult,
+    BlobListResult,
     UnsubscribeResult,
     DbShareResult,
     DbJoinResult,
@@ -64,7 +68,7 @@ from ._types import (
 )
 from ._types import *  # noqa: F401,F403 (the result types, for users)
 
-__all__ = ["Client", "Subscription", "BlazeError", "default_socket_path", "ParseError", "InvalidRequestError", "MethodNotFoundError", "InvalidParamsError", "InternalError", "NotFoundError", "ConflictError", "LimitExceededError", "UnavailableError", "SyncError", "RpcDiscoverResult", "DaemonInfoResult", "DaemonConfigResult", "DbCreateResult", "DbListResult", "DbInfoResult", "DbDropResult", "DbBackupResult", "DbRestoreResult", "DbCompactResult", "CollectionListResult", "CollectionDropResult", "DocInsertResult", "DocGetResult", "DocGetManyResult", "DocHistoryResult", "DocPutResult", "DocPatchResult", "DocDeleteResult", "TxCommitResult", "QueryFindResult", "QueryCountResult", "QueryExplainResult", "QueryAggregateResult", "QueryDeleteResult", "QueryUpdateResult", "IndexCreateResult", "IndexDropResult", "IndexListResult", "ConflictListResult", "ConflictResolveResult", "BlobPutResult", "BlobUploadResult", "BlobAppendResult", "BlobFinishResult", "BlobAbortResult", "BlobGcResult", "BlobReadResult", "BlobGetResult", "BlobStatResult", "UnsubscribeResult", "DbShareResult", "DbJoinResult", "DbInviteResult", "DbMembersResult", "DbRevokeResult", "DbRelayCapabilityResult", "PeerAddResult", "PeerRemoveResult", "PeerListResult", "FolderAddResult", "FolderRemoveResult", "FolderListResult", "SyncStatusResult", "SyncNowResult", "SyncPauseResult", "SyncResumeResult"]
+__all__ = ["Client", "Subscription", "BlazeError", "default_socket_path", "ParseError", "InvalidRequestError", "MethodNotFoundError", "InvalidParamsError", "InternalError", "NotFoundError", "ConflictError", "LimitExceededError", "UnavailableError", "SyncError", "RpcDiscoverResult", "DaemonInfoResult", "DaemonConfigResult", "DbCreateResult", "DbListResult", "DbInfoResult", "DbDropResult", "DbBackupResult", "DbRestoreResult", "DbCompactResult", "CollectionListResult", "CollectionDropResult", "DocInsertResult", "DocGetResult", "DocGetManyResult", "DocHistoryResult", "DocPutResult", "DocPatchResult", "DocDeleteResult", "TxCommitResult", "QueryFindResult", "QueryCountResult", "QueryExplainResult", "QueryAggregateResult", "QueryDeleteResult", "QueryUpdateResult", "IndexCreateResult", "IndexDropResult", "IndexListResult", "ConflictListResult", "ConflictResolveResult", "BlobPutResult", "BlobUploadResult", "BlobAppendResult", "BlobFinishResult", "BlobAbortResult", "BlobGcResult", "BlobReadResult", "BlobGetResult", "BlobStatResult", "BlobPinResult", "BlobUnpinResult", "BlobPolicyResult", "BlobListResult", "UnsubscribeResult", "DbShareResult", "DbJoinResult", "DbInviteResult", "DbMembersResult", "DbRevokeResult", "DbRelayCapabilityResult", "PeerAddResult", "PeerRemoveResult", "PeerListResult", "FolderAddResult", "FolderRemoveResult", "FolderListResult", "SyncStatusResult", "SyncNowResult", "SyncPauseResult", "SyncResumeResult"]
 
 
 class ParseError(BlazeError):
@@ -831,6 +835,58 @@ class _Blob:
         params["blob"] = blob
         return cast(BlobStatResult, self._client.call("blob.stat", params))
 
+    def pin(self, *, db: str, blob: str) -> BlobPinResult:
+        """Keeps a blob on this device: fetches every chunk it lacks now (in the background) and keeps them whatever refers to the blob.
+
+        db: Database name.
+        blob: The blob's id (BlobInfo.id).
+        """
+        params: Dict[str, Any] = {}
+        params["db"] = db
+        params["blob"] = blob
+        return cast(BlobPinResult, self._client.call("blob.pin", params))
+
+    def unpin(self, *, db: str, blob: str) -> BlobUnpinResult:
+        """Stops keeping a pinned blob: its chunks stay while a document refers to it, and blob.gc may remove them after.
+
+        db: Database name.
+        blob: The blob's id (BlobInfo.id).
+        """
+        params: Dict[str, Any] = {}
+        params["db"] = db
+        params["blob"] = blob
+        return cast(BlobUnpinResult, self._client.call("blob.unpin", params))
+
+    def policy(self, *, db: str, eager: List[str] = MISSING, max_bytes: int = MISSING) -> BlobPolicyResult:
+        """Reads or sets which blobs this device fetches eagerly: those of some collections' documents, up to a size.
+
+        db: Database name.
+        eager: Collections whose blobs are fetched eagerly ("*": all; []: none).
+        maxBytes: The largest blob fetched eagerly, in bytes (omitted: no bound but max-blob-bytes).
+        """
+        params: Dict[str, Any] = {}
+        params["db"] = db
+        if eager is not MISSING:
+            params["eager"] = eager
+        if max_bytes is not MISSING:
+            params["maxBytes"] = max_bytes
+        return cast(BlobPolicyResult, self._client.call("blob.policy", params))
+
+    def list(self, *, db: str, after: str = MISSING, limit: int = MISSING) -> BlobListResult:
+        """The blobs this database's live documents refer to, and those pinned here, with how much of each this device holds; in pages by id.
+
+        db: Database name.
+        after: Only blobs whose id sorts after this one (the previous page's next).
+        limit: Most blobs returned (default 100).
+        """
+        params: Dict[str, Any] = {}
+        params["db"] = db
+        if after is not MISSING:
+            params["after"] = after
+        if limit is not MISSING:
+            params["limit"] = limit
+        return cast(BlobListResult, self._client.call("blob.list", params))
+
 
 class _Peer:
     """Methods `peer.*`."""
@@ -971,13 +1027,14 @@ class Client(Connection):
         self.folder = _Folder(self)
         self.sync = _Sync(self)
 
-    def subscribe(self, *, db: str, collection: str = MISSING, where: Dict[str, Any] = MISSING, since: int = MISSING) -> Subscription:
+    def subscribe(self, *, db: str, collection: str = MISSING, where: Dict[str, Any] = MISSING, since: int = MISSING, blobs: bool = MISSING) -> Subscription:
         """Reports changes as `subscription` notifications; with `where`, a live query (enter/leave).
 
         db: Database name.
         collection: Only this collection's documents (default: all).
         where: Filter (see Protocol/QUERIES.md): documents entering the result are reported as enter (insert when new), leaving as leave (delete when deleted), changing inside it as update.
         since: Replay the changes after this feed sequence first (default: only new ones).
+        blobs: Also report how fetches of this database's blobs go (BlobProgress, in the notification's blobs; whatever collection or where says): eager and pinned fetches and those of reads. Default false.
 
         Returns a Subscription: iterate it for events (dicts); it raises the subscription's final
         error as a BlazeError; use it as a context manager (or call unsubscribe()) to end it.
@@ -990,6 +1047,8 @@ class Client(Connection):
             params["where"] = where
         if since is not MISSING:
             params["since"] = since
+        if blobs is not MISSING:
+            params["blobs"] = blobs
         return Subscription(self, self.call("subscribe", params))
 
     def unsubscribe(self, *, subscription: str) -> UnsubscribeResult:

@@ -25,7 +25,8 @@ class _End:
 
 class AsyncSubscription:
     """A live subscription: `async for event in sub` yields events (dicts with seq, collection, id, type, doc,
-    origin); `await sub.next_event(timeout)` returns None when none comes in time. The subscription's final error
+    origin; with blobs=True also blob fetch progress: dicts with blob, state, size, chunks, heldChunks, heldBytes);
+    `await sub.next_event(timeout)` returns None when none comes in time. The subscription's final error
     (subscriber_too_slow, database_dropped...) is raised as a BlazeError once the events before it are consumed."""
 
     def __init__(self, client: "AsyncConnection", result: Dict[str, Any]):
@@ -83,7 +84,7 @@ class AsyncSubscription:
             self._queue.put_nowait(_End(error_from_response(params["error"])))
             self._client._forget(self.id)
         else:
-            for event in params.get("events", []):
+            for event in params.get("events", []) + params.get("blobs", []):
                 self._queue.put_nowait(event)
 
     def _close(self, error: Optional[BaseException]) -> None:

@@ -49,7 +49,8 @@ def default_socket_path(env: Optional[Mapping[str, str]] = None) -> str:
 
 
 class Subscription:
-    """A live subscription: an iterator of events (dicts with seq, collection, id, type, doc, origin).
+    """A live subscription: an iterator of events (dicts with seq, collection, id, type, doc, origin; with
+    blobs=True also blob fetch progress: dicts with blob, state, size, chunks, heldChunks, heldBytes).
 
     Iteration waits for the next event; next_event(timeout) returns None when none comes in time. The
     subscription's final error (subscriber_too_slow, database_dropped...) is raised as a BlazeError once the
@@ -109,7 +110,7 @@ class Subscription:
             self._error = error_from_response(params["error"])
             self._client._subscriptions.pop(self.id, None)
         else:
-            self._events.extend(params.get("events", []))
+            self._events.extend(params.get("events", []) + params.get("blobs", []))
 
 
 class Connection:

@@ -431,6 +431,50 @@ class BlobStatResult(TypedDict):
     fetchingChunks: int
 
 
+class BlobPinResult(TypedDict):
+    blob: str
+    # Always true.
+    pinned: bool
+    # It was pinned before this call.
+    already: bool
+
+
+class BlobUnpinResult(TypedDict):
+    blob: str
+    # Always false.
+    pinned: bool
+    # It was pinned before this call.
+    was: bool
+
+
+class BlobPolicyResult(TypedDict):
+    # Collections whose documents' blobs are fetched as the documents arrive or change; "*" is every collection; [] is none (the default).
+    eager: List[str]
+    # The largest blob fetched eagerly, in bytes, as its manifest says; null is any size up to the daemon's max-blob-bytes.
+    maxBytes: Optional[int]
+
+
+class BlobListResultBlobsItem(TypedDict):
+    id: str
+    # The size a reference claims (the manifest's when held).
+    size: int
+    # The media type a reference claims.
+    type: Optional[str]
+    # Live documents referring to it.
+    references: int
+    pinned: bool
+    # Chunks in its manifest; null when the manifest is not held here.
+    chunks: Optional[int]
+    heldChunks: int
+    heldBytes: int
+
+
+class BlobListResult(TypedDict):
+    blobs: List[BlobListResultBlobsItem]
+    # Pass as after for the next page; null on the last one.
+    next: Optional[str]
+
+
 class UnsubscribeResult(TypedDict):
     subscription: str
     unsubscribed: Literal[True]
@@ -651,4 +695,4 @@ class SyncResumeResult(TypedDict):
     paused: Literal[False]
 
 
-__all__ = ["RpcDiscoverResult", "DaemonInfoResult", "DaemonConfigResult", "DbCreateResult", "DbListResult", "DbInfoResult", "DbDropResult", "DbBackupResult", "DbRestoreResult", "DbCompactResult", "CollectionListResult", "CollectionDropResult", "DocInsertResult", "DocGetResult", "DocGetManyResult", "DocHistoryResult", "DocPutResult", "DocPatchResult", "DocDeleteResult", "TxCommitResult", "QueryFindResult", "QueryCountResult", "QueryExplainResult", "QueryAggregateResult", "QueryDeleteResult", "QueryUpdateResult", "IndexCreateResult", "IndexDropResult", "IndexListResult", "ConflictListResult", "ConflictResolveResult", "BlobPutResult", "BlobUploadResult", "BlobAppendResult", "BlobFinishResult", "BlobAbortResult", "BlobGcResult", "BlobReadResult", "BlobGetResult", "BlobStatResult", "UnsubscribeResult", "DbShareResult", "DbJoinResult", "DbInviteResult", "DbMembersResult", "DbRevokeResult", "DbRelayCapabilityResult", "PeerAddResult", "PeerRemoveResult", "PeerListResult", "FolderAddResult", "FolderRemoveResult", "FolderListResult", "SyncStatusResult", "SyncNowResult", "SyncPauseResult", "SyncResumeResult"]
+__all__ = ["RpcDiscoverResult", "DaemonInfoResult", "DaemonConfigResult", "DbCreateResult", "DbListResult", "DbInfoResult", "DbDropResult", "DbBackupResult", "DbRestoreResult", "DbCompactResult", "CollectionListResult", "CollectionDropResult", "DocInsertResult", "DocGetResult", "DocGetManyResult", "DocHistoryResult", "DocPutResult", "DocPatchResult", "DocDeleteResult", "TxCommitResult", "QueryFindResult", "QueryCountResult", "QueryExplainResult", "QueryAggregateResult", "QueryDeleteResult", "QueryUpdateResult", "IndexCreateResult", "IndexDropResult", "IndexListResult", "ConflictListResult", "ConflictResolveResult", "BlobPutResult", "BlobUploadResult", "BlobAppendResult", "BlobFinishResult", "BlobAbortResult", "BlobGcResult", "BlobReadResult", "BlobGetResult", "BlobStatResult", "BlobPinResult", "BlobUnpinResult", "BlobPolicyResult", "BlobListResult", "UnsubscribeResult", "DbShareResult", "DbJoinResult", "DbInviteResult", "DbMembersResult", "DbRevokeResult", "DbRelayCapabilityResult", "PeerAddResult", "PeerRemoveResult", "PeerListResult", "FolderAddResult", "FolderRemoveResult", "FolderListResult", "SyncStatusResult", "SyncNowResult", "SyncPauseResult", "SyncResumeResult"]

@@ -53,6 +53,10 @@ from ._types import (
     BlobReadResult,
     BlobGetResult,
     BlobStatResult,
+    BlobPinResult,
+    BlobUnpinResult,
+    BlobPolicyResult,
+    BlobListResult,
     UnsubscribeResult,
     DbShareResult,
     DbJoinResult,
@@ -779,6 +783,58 @@ class _Blob:
         params["blob"] = blob
         return cast(BlobStatResult, await self._client.call("blob.stat", params))
 
+    async def pin(self, *, db: str, blob: str) -> BlobPinResult:
+        """Keeps a blob on this device: fetches every chunk it lacks now (in the background) and keeps them whatever refers to the blob.
+
+        db: Database name.
+        blob: The blob's id (BlobInfo.id).
+        """
+        params: Dict[str, Any] = {}
+        params["db"] = db
+        params["blob"] = blob
+        return cast(BlobPinResult, await self._client.call("blob.pin", params))
+
+    async def unpin(self, *, db: str, blob: str) -> BlobUnpinResult:
+        """Stops keeping a pinned blob: its chunks stay while a document refers to it, and blob.gc may remove them after.
+
+        db: Database name.
+        blob: The blob's id (BlobInfo.id).
+        """
+        params: Dict[str, Any] = {}
+        params["db"] = db
+        params["blob"] = blob
+        return cast(BlobUnpinResult, await self._client.call("blob.unpin", params))
+
+    async def policy(self, *, db: str, eager: List[str] = MISSING, max_bytes: int = MISSING) -> BlobPolicyResult:
+        """Reads or sets which blobs this device fetches eagerly: those of some collections' documents, up to a size.
+
+        db: Database name.
+        eager: Collections whose blobs are fetched eagerly ("*": all; []: none).
+        maxBytes: The largest blob fetched eagerly, in bytes (omitted: no bound but max-blob-bytes).
+        """
+        params: Dict[str, Any] = {}
+        params["db"] = db
+        if eager is not MISSING:
+            params["eager"] = eager
+        if max_bytes is not MISSING:
+            params["maxBytes"] = max_bytes
+        return cast(BlobPolicyResult, await self._client.call("blob.policy", params))
+
+    async def list(self, *, db: str, after: str = MISSING, limit: int = MISSING) -> BlobListResult:
+        """The blobs this database's live documents refer to, and those pinned here, with how much of each this device holds; in pages by id.
+
+        db: Database name.
+        after: Only blobs whose id sorts after this one (the previous page's next).
+        limit: Most blobs returned (default 100).
+        """
+        params: Dict[str, Any] = {}
+        params["db"] = db
+        if after is not MISSING:
+            params["after"] = after
+        if limit is not MISSING:
+            params["limit"] = limit
+        return cast(BlobListResult, await self._client.call("blob.list", params))
+
 
 class _Peer:
     """Methods `peer.*`."""
@@ -919,13 +975,14 @@ class Client(AsyncConnection):
         self.folder = _Folder(self)
         self.sync = _Sync(self)
 
-    async def subscribe(self, *, db: str, collection: str = MISSING, where: Dict[str, Any] = MISSING, since: int = MISSING) -> AsyncSubscription:
+    async def subscribe(self, *, db: str, collection: str = MISSING, where: Dict[str, Any] = MISSING, since: int = MISSING, blobs: bool = MISSING) -> AsyncSubscription:
         """Reports changes as `subscription` notifications; with `where`, a live query (enter/leave).
 
         db: Database name.
         collection: Only this collection's documents (default: all).
         where: Filter (see Protocol/QUERIES.md): documents entering the result are reported as enter (insert when new), leaving as leave (delete when deleted), changing inside it as update.
         since: Replay the changes after this feed sequence first (default: only new ones).
+        blobs: Also report how fetches of this database's blobs go (BlobProgress, in the notification's blobs; whatever collection or where says): eager and pinned fetches and those of reads. Default false.
 
         Returns an AsyncSubscription: `async for` its events (dicts); it raises the subscription's
         final error as a BlazeError; use it as an async context manager (or await unsubscribe()) to end it.
@@ -938,6 +995,8 @@ class Client(AsyncConnection):
             params["where"] = where
         if since is not MISSING:
             params["since"] = since
+        if blobs is not MISSING:
+            params["blobs"] = blobs
         return AsyncSubscription(self, await self.call("subscribe", params))
 
     async def unsubscribe(self, *, subscription: str) -> UnsubscribeResult:

@@ -248,6 +248,17 @@ def test_every_method_succeeds_and_fails_as_documented(client, daemon):
     assert ok(c, "blob.get", db="app", blob=blob, path=copy_path)["bytes"] == 300_000
     err(c, "blob.get", -32011, "file_exists", db="app", blob=blob, path=copy_path)
     assert ok(c, "db.info", db="app")["blobs"]["bytes"] >= 300_000
+    assert ok(c, "blob.pin", db="app", blob=blob) == {"blob": blob, "pinned": True, "already": False}
+    err(c, "blob.pin", -32602, "invalid_blob", db="app", blob="xyz")
+    listed = ok(c, "blob.list", db="app")
+    assert listed["next"] is None and [b["id"] for b in listed["blobs"]] == [blob] and listed["blobs"][0]["pinned"]
+    err(c, "blob.list", -32602, "invalid_argument", db="app", limit=0)
+    assert ok(c, "blob.unpin", db="app", blob=blob) == {"blob": blob, "pinned": False, "was": True}
+    err(c, "blob.unpin", -32010, "database_not_found", db="missing", blob=blob)
+    assert ok(c, "blob.policy", db="app", eager=["photos"], maxBytes=1 << 20) == {"eager": ["photos"], "maxBytes": 1 << 20}
+    assert ok(c, "blob.policy", db="app") == {"eager": ["photos"], "maxBytes": 1 << 20}
+    assert ok(c, "blob.policy", db="app", eager=[]) == {"eager": [], "maxBytes": None}
+    err(c, "blob.policy", -32602, "invalid_name", db="app", eager=["no way"])
     # Nothing refers to either blob: without a grace period their chunks go.
     assert ok(c, "blob.gc", db="app", graceSeconds=0)["removedChunks"] >= 2
     assert ok(c, "db.info", db="app")["blobs"] == {"chunks": 0, "bytes": 0}

@@ -83,6 +83,14 @@ public enum RPCMethod: String, Sendable, CaseIterable {
     case blobGet = "blob.get"
     /// A blob's size and chunks, which of them this device holds, and how many are being fetched.
     case blobStat = "blob.stat"
+    /// Keeps a blob on this device: fetches every chunk it lacks now (in the background) and keeps them whatever refers to the blob.
+    case blobPin = "blob.pin"
+    /// Stops keeping a pinned blob: its chunks stay while a document refers to it, and blob.gc may remove them after.
+    case blobUnpin = "blob.unpin"
+    /// Reads or sets which blobs this device fetches eagerly: those of some collections' documents, up to a size.
+    case blobPolicy = "blob.policy"
+    /// The blobs this database's live documents refer to, and those pinned here, with how much of each this device holds; in pages by id.
+    case blobList = "blob.list"
     /// Reports changes as `subscription` notifications; with `where`, a live query (enter/leave).
     case subscribe = "subscribe"
     /// Ends a subscription of this connection.
@@ -163,6 +171,10 @@ public enum RPCMethod: String, Sendable, CaseIterable {
         case .blobRead: return "Reads a range of a blob's bytes, in-band."
         case .blobGet: return "Writes a blob's content to a new file at a path."
         case .blobStat: return "A blob's size and chunks, which of them this device holds, and how many are being fetched."
+        case .blobPin: return "Keeps a blob on this device: fetches every chunk it lacks now (in the background) and keeps them whatever refers to the blob."
+        case .blobUnpin: return "Stops keeping a pinned blob: its chunks stay while a document refers to it, and blob.gc may remove them after."
+        case .blobPolicy: return "Reads or sets which blobs this device fetches eagerly: those of some collections' documents, up to a size."
+        case .blobList: return "The blobs this database's live documents refer to, and those pinned here, with how much of each this device holds; in pages by id."
         case .subscribe: return "Reports changes as `subscription` notifications; with `where`, a live query (enter/leave)."
         case .unsubscribe: return "Ends a subscription of this connection."
         case .dbShare: return "Shares a database: creates its space with a membership log that makes this device the first admin."
@@ -227,7 +239,11 @@ public enum RPCMethod: String, Sendable, CaseIterable {
         case .blobRead: return ["db", "blob", "offset", "length"]
         case .blobGet: return ["db", "blob", "path"]
         case .blobStat: return ["db", "blob"]
-        case .subscribe: return ["db", "collection", "where", "since"]
+        case .blobPin: return ["db", "blob"]
+        case .blobUnpin: return ["db", "blob"]
+        case .blobPolicy: return ["db", "eager", "maxBytes"]
+        case .blobList: return ["db", "after", "limit"]
+        case .subscribe: return ["db", "collection", "where", "since", "blobs"]
         case .unsubscribe: return ["subscription"]
         case .dbShare: return ["db"]
         case .dbJoin: return ["token", "db"]
@@ -3748,6 +3764,359 @@ public enum RPC {
         }
     }
 
+    /// Parameters of `blob.pin`: Keeps a blob on this device: fetches every chunk it lacks now (in the background) and keeps them whatever refers to the blob.
+    public struct BlobPin: RPCParameters {
+        public static let method = RPCMethod.blobPin
+
+        /// The result of `blob.pin`.
+        public struct Result: RPCObject {
+            /// `blob`.
+            public var blob: String
+            /// Always true.
+            public var pinned: Bool
+            /// It was pinned before this call.
+            public var already: Bool
+
+            /// A value from its members.
+            public init(blob: String, pinned: Bool, already: Bool) {
+                self.blob = blob
+                self.pinned = pinned
+                self.already = already
+            }
+
+            /// Reads the value from JSON.
+            public init(json: JSONValue) throws(RPCShapeError) {
+                let o = try RPCDecode.object(json)
+                self.blob = try RPCDecode.member(o, "blob", RPCDecode.string)
+                self.pinned = try RPCDecode.member(o, "pinned", RPCDecode.bool)
+                self.already = try RPCDecode.member(o, "already", RPCDecode.bool)
+            }
+
+            /// The value's JSON form.
+            public var json: JSONValue {
+                .object(jsonObject)
+            }
+
+            /// The members of the JSON form.
+            public var jsonObject: [String: JSONValue] {
+                var o = [String: JSONValue](minimumCapacity: 3)
+                o["blob"] = .string(self.blob)
+                o["pinned"] = .bool(self.pinned)
+                o["already"] = .bool(self.already)
+                return o
+            }
+        }
+
+        /// Database name.
+        public var db: String
+        /// The blob's id (BlobInfo.id).
+        public var blob: String
+
+        /// Parameters from their values (optional ones default to absent).
+        public init(db: String, blob: String) {
+            self.db = db
+            self.blob = blob
+        }
+
+        /// Checks a request's params: names, presence and JSON types.
+        public init(validating params: [String: JSONValue]) throws(RPCError) {
+            try RPCParam.rejectUnknown(params, accepted: ["db", "blob"], method: Self.method)
+            self.db = try RPCParam.required(params, "db", of: Self.method, RPCDecode.string)
+            self.blob = try RPCParam.required(params, "blob", of: Self.method, RPCDecode.string)
+        }
+
+        /// The params as a request carries them.
+        public var jsonObject: [String: JSONValue] {
+            var o = [String: JSONValue](minimumCapacity: 2)
+            o["db"] = .string(self.db)
+            o["blob"] = .string(self.blob)
+            return o
+        }
+
+        /// The JSON form of a result.
+        public static func encode(_ result: Result) -> JSONValue {
+            result.json
+        }
+
+        /// Reads a result a daemon sent.
+        public static func decode(_ result: JSONValue) throws(RPCShapeError) -> Result {
+            try RPCDecode.value(result, Result.init(json:))
+        }
+    }
+
+    /// Parameters of `blob.unpin`: Stops keeping a pinned blob: its chunks stay while a document refers to it, and blob.gc may remove them after.
+    public struct BlobUnpin: RPCParameters {
+        public static let method = RPCMethod.blobUnpin
+
+        /// The result of `blob.unpin`.
+        public struct Result: RPCObject {
+            /// `blob`.
+            public var blob: String
+            /// Always false.
+            public var pinned: Bool
+            /// It was pinned before this call.
+            public var was: Bool
+
+            /// A value from its members.
+            public init(blob: String, pinned: Bool, was: Bool) {
+                self.blob = blob
+                self.pinned = pinned
+                self.was = was
+            }
+
+            /// Reads the value from JSON.
+            public init(json: JSONValue) throws(RPCShapeError) {
+                let o = try RPCDecode.object(json)
+                self.blob = try RPCDecode.member(o, "blob", RPCDecode.string)
+                self.pinned = try RPCDecode.member(o, "pinned", RPCDecode.bool)
+                self.was = try RPCDecode.member(o, "was", RPCDecode.bool)
+            }
+
+            /// The value's JSON form.
+            public var json: JSONValue {
+                .object(jsonObject)
+            }
+
+            /// The members of the JSON form.
+            public var jsonObject: [String: JSONValue] {
+                var o = [String: JSONValue](minimumCapacity: 3)
+                o["blob"] = .string(self.blob)
+                o["pinned"] = .bool(self.pinned)
+                o["was"] = .bool(self.was)
+                return o
+            }
+        }
+
+        /// Database name.
+        public var db: String
+        /// The blob's id (BlobInfo.id).
+        public var blob: String
+
+        /// Parameters from their values (optional ones default to absent).
+        public init(db: String, blob: String) {
+            self.db = db
+            self.blob = blob
+        }
+
+        /// Checks a request's params: names, presence and JSON types.
+        public init(validating params: [String: JSONValue]) throws(RPCError) {
+            try RPCParam.rejectUnknown(params, accepted: ["db", "blob"], method: Self.method)
+            self.db = try RPCParam.required(params, "db", of: Self.method, RPCDecode.string)
+            self.blob = try RPCParam.required(params, "blob", of: Self.method, RPCDecode.string)
+        }
+
+        /// The params as a request carries them.
+        public var jsonObject: [String: JSONValue] {
+            var o = [String: JSONValue](minimumCapacity: 2)
+            o["db"] = .string(self.db)
+            o["blob"] = .string(self.blob)
+            return o
+        }
+
+        /// The JSON form of a result.
+        public static func encode(_ result: Result) -> JSONValue {
+            result.json
+        }
+
+        /// Reads a result a daemon sent.
+        public static func decode(_ result: JSONValue) throws(RPCShapeError) -> Result {
+            try RPCDecode.value(result, Result.init(json:))
+        }
+    }
+
+    /// Parameters of `blob.policy`: Reads or sets which blobs this device fetches eagerly: those of some collections' documents, up to a size.
+    public struct BlobPolicy: RPCParameters {
+        public static let method = RPCMethod.blobPolicy
+
+        /// The result of `blob.policy`.
+        public typealias Result = RPCSchema.BlobPolicy
+
+        /// Database name.
+        public var db: String
+        /// Collections whose blobs are fetched eagerly ("*": all; []: none).
+        public var eager: [String]?
+        /// The largest blob fetched eagerly, in bytes (omitted: no bound but max-blob-bytes).
+        public var maxBytes: Int?
+
+        /// Parameters from their values (optional ones default to absent).
+        public init(db: String, eager: [String]? = nil, maxBytes: Int? = nil) {
+            self.db = db
+            self.eager = eager
+            self.maxBytes = maxBytes
+        }
+
+        /// Checks a request's params: names, presence and JSON types.
+        public init(validating params: [String: JSONValue]) throws(RPCError) {
+            try RPCParam.rejectUnknown(params, accepted: ["db", "eager", "maxBytes"], method: Self.method)
+            self.db = try RPCParam.required(params, "db", of: Self.method, RPCDecode.string)
+            self.eager = try RPCParam.optional(params, "eager", of: Self.method, { v throws(RPCShapeError) -> [String] in try RPCDecode.array(v, RPCDecode.string) })
+            self.maxBytes = try RPCParam.optional(params, "maxBytes", of: Self.method, RPCDecode.int)
+        }
+
+        /// The params as a request carries them.
+        public var jsonObject: [String: JSONValue] {
+            var o = [String: JSONValue](minimumCapacity: 3)
+            o["db"] = .string(self.db)
+            if let v = self.eager { o["eager"] = .array(v.map { x0 in .string(x0) }) }
+            if let v = self.maxBytes { o["maxBytes"] = .int(Int64(v)) }
+            return o
+        }
+
+        /// The JSON form of a result.
+        public static func encode(_ result: Result) -> JSONValue {
+            result.json
+        }
+
+        /// Reads a result a daemon sent.
+        public static func decode(_ result: JSONValue) throws(RPCShapeError) -> Result {
+            try RPCDecode.value(result, RPCSchema.BlobPolicy.init(json:))
+        }
+    }
+
+    /// Parameters of `blob.list`: The blobs this database's live documents refer to, and those pinned here, with how much of each this device holds; in pages by id.
+    public struct BlobList: RPCParameters {
+        public static let method = RPCMethod.blobList
+
+        /// The result of `blob.list`.
+        public struct Result: RPCObject {
+            /// One element of `blobs`.
+            public struct Blob: RPCObject {
+                /// `id`.
+                public var id: String
+                /// The size a reference claims (the manifest's when held).
+                public var size: Int
+                /// The media type a reference claims.
+                public var type: String?
+                /// Live documents referring to it.
+                public var references: Int
+                /// `pinned`.
+                public var pinned: Bool
+                /// Chunks in its manifest; null when the manifest is not held here.
+                public var chunks: Int?
+                /// `heldChunks`.
+                public var heldChunks: Int
+                /// `heldBytes`.
+                public var heldBytes: Int
+
+                /// A value from its members.
+                public init(id: String, size: Int, type: String?, references: Int, pinned: Bool, chunks: Int?, heldChunks: Int, heldBytes: Int) {
+                    self.id = id
+                    self.size = size
+                    self.type = type
+                    self.references = references
+                    self.pinned = pinned
+                    self.chunks = chunks
+                    self.heldChunks = heldChunks
+                    self.heldBytes = heldBytes
+                }
+
+                /// Reads the value from JSON.
+                public init(json: JSONValue) throws(RPCShapeError) {
+                    let o = try RPCDecode.object(json)
+                    self.id = try RPCDecode.member(o, "id", RPCDecode.string)
+                    self.size = try RPCDecode.member(o, "size", RPCDecode.int)
+                    self.type = try RPCDecode.member(o, "type", { v throws(RPCShapeError) -> String? in try RPCDecode.nullable(v, RPCDecode.string) })
+                    self.references = try RPCDecode.member(o, "references", RPCDecode.int)
+                    self.pinned = try RPCDecode.member(o, "pinned", RPCDecode.bool)
+                    self.chunks = try RPCDecode.member(o, "chunks", { v throws(RPCShapeError) -> Int? in try RPCDecode.nullable(v, RPCDecode.int) })
+                    self.heldChunks = try RPCDecode.member(o, "heldChunks", RPCDecode.int)
+                    self.heldBytes = try RPCDecode.member(o, "heldBytes", RPCDecode.int)
+                }
+
+                /// The value's JSON form.
+                public var json: JSONValue {
+                    .object(jsonObject)
+                }
+
+                /// The members of the JSON form.
+                public var jsonObject: [String: JSONValue] {
+                    var o = [String: JSONValue](minimumCapacity: 8)
+                    o["id"] = .string(self.id)
+                    o["size"] = .int(Int64(self.size))
+                    o["type"] = (self.type.map { x0 -> JSONValue in .string(x0) } ?? .null)
+                    o["references"] = .int(Int64(self.references))
+                    o["pinned"] = .bool(self.pinned)
+                    o["chunks"] = (self.chunks.map { x0 -> JSONValue in .int(Int64(x0)) } ?? .null)
+                    o["heldChunks"] = .int(Int64(self.heldChunks))
+                    o["heldBytes"] = .int(Int64(self.heldBytes))
+                    return o
+                }
+            }
+
+            /// `blobs`.
+            public var blobs: [Blob]
+            /// Pass as after for the next page; null on the last one.
+            public var next: String?
+
+            /// A value from its members.
+            public init(blobs: [Blob], next: String?) {
+                self.blobs = blobs
+                self.next = next
+            }
+
+            /// Reads the value from JSON.
+            public init(json: JSONValue) throws(RPCShapeError) {
+                let o = try RPCDecode.object(json)
+                self.blobs = try RPCDecode.member(o, "blobs", { v throws(RPCShapeError) -> [Blob] in try RPCDecode.array(v, Blob.init(json:)) })
+                self.next = try RPCDecode.member(o, "next", { v throws(RPCShapeError) -> String? in try RPCDecode.nullable(v, RPCDecode.string) })
+            }
+
+            /// The value's JSON form.
+            public var json: JSONValue {
+                .object(jsonObject)
+            }
+
+            /// The members of the JSON form.
+            public var jsonObject: [String: JSONValue] {
+                var o = [String: JSONValue](minimumCapacity: 2)
+                o["blobs"] = .array(self.blobs.map { x0 in x0.json })
+                o["next"] = (self.next.map { x0 -> JSONValue in .string(x0) } ?? .null)
+                return o
+            }
+        }
+
+        /// Database name.
+        public var db: String
+        /// Only blobs whose id sorts after this one (the previous page's next).
+        public var after: String?
+        /// Most blobs returned (default 100).
+        public var limit: Int?
+
+        /// Parameters from their values (optional ones default to absent).
+        public init(db: String, after: String? = nil, limit: Int? = nil) {
+            self.db = db
+            self.after = after
+            self.limit = limit
+        }
+
+        /// Checks a request's params: names, presence and JSON types.
+        public init(validating params: [String: JSONValue]) throws(RPCError) {
+            try RPCParam.rejectUnknown(params, accepted: ["db", "after", "limit"], method: Self.method)
+            self.db = try RPCParam.required(params, "db", of: Self.method, RPCDecode.string)
+            self.after = try RPCParam.optional(params, "after", of: Self.method, RPCDecode.string)
+            self.limit = try RPCParam.optional(params, "limit", of: Self.method, RPCDecode.int)
+        }
+
+        /// The params as a request carries them.
+        public var jsonObject: [String: JSONValue] {
+            var o = [String: JSONValue](minimumCapacity: 3)
+            o["db"] = .string(self.db)
+            if let v = self.after { o["after"] = .string(v) }
+            if let v = self.limit { o["limit"] = .int(Int64(v)) }
+            return o
+        }
+
+        /// The JSON form of a result.
+        public static func encode(_ result: Result) -> JSONValue {
+            result.json
+        }
+
+        /// Reads a result a daemon sent.
+        public static func decode(_ result: JSONValue) throws(RPCShapeError) -> Result {
+            try RPCDecode.value(result, Result.init(json:))
+        }
+    }
+
     /// Parameters of `subscribe`: Reports changes as `subscription` notifications; with `where`, a live query (enter/leave).
     public struct Subscribe: RPCParameters {
         public static let method = RPCMethod.subscribe
@@ -3794,31 +4163,36 @@ public enum RPC {
         public var `where`: [String: JSONValue]?
         /// Replay the changes after this feed sequence first (default: only new ones).
         public var since: Int?
+        /// Also report how fetches of this database's blobs go (BlobProgress, in the notification's blobs; whatever collection or where says): eager and pinned fetches and those of reads. Default false.
+        public var blobs: Bool?
 
         /// Parameters from their values (optional ones default to absent).
-        public init(db: String, collection: String? = nil, `where`: [String: JSONValue]? = nil, since: Int? = nil) {
+        public init(db: String, collection: String? = nil, `where`: [String: JSONValue]? = nil, since: Int? = nil, blobs: Bool? = nil) {
             self.db = db
             self.collection = collection
             self.`where` = `where`
             self.since = since
+            self.blobs = blobs
         }
 
         /// Checks a request's params: names, presence and JSON types.
         public init(validating params: [String: JSONValue]) throws(RPCError) {
-            try RPCParam.rejectUnknown(params, accepted: ["db", "collection", "where", "since"], method: Self.method)
+            try RPCParam.rejectUnknown(params, accepted: ["db", "collection", "where", "since", "blobs"], method: Self.method)
             self.db = try RPCParam.required(params, "db", of: Self.method, RPCDecode.string)
             self.collection = try RPCParam.optional(params, "collection", of: Self.method, RPCDecode.string)
             self.`where` = try RPCParam.optional(params, "where", of: Self.method, RPCDecode.object)
             self.since = try RPCParam.optional(params, "since", of: Self.method, RPCDecode.int)
+            self.blobs = try RPCParam.optional(params, "blobs", of: Self.method, RPCDecode.bool)
         }
 
         /// The params as a request carries them.
         public var jsonObject: [String: JSONValue] {
-            var o = [String: JSONValue](minimumCapacity: 4)
+            var o = [String: JSONValue](minimumCapacity: 5)
             o["db"] = .string(self.db)
             if let v = self.collection { o["collection"] = .string(v) }
             if let v = self.`where` { o["where"] = .object(v) }
             if let v = self.since { o["since"] = .int(Int64(v)) }
+            if let v = self.blobs { o["blobs"] = .bool(v) }
             return o
         }
 
@@ -5365,12 +5739,15 @@ public enum RPCNotification {
         public var events: [RPCSchema.Event]?
         /// `error`.
         public var error: Error?
+        /// Blob fetch progress (subscriptions with blobs: true).
+        public var blobs: [RPCSchema.BlobProgress]?
 
         /// A value from its members.
-        public init(subscription: String, events: [RPCSchema.Event]? = nil, error: Error? = nil) {
+        public init(subscription: String, events: [RPCSchema.Event]? = nil, error: Error? = nil, blobs: [RPCSchema.BlobProgress]? = nil) {
             self.subscription = subscription
             self.events = events
             self.error = error
+            self.blobs = blobs
         }
 
         /// Reads the value from JSON.
@@ -5379,6 +5756,7 @@ public enum RPCNotification {
             self.subscription = try RPCDecode.member(o, "subscription", RPCDecode.string)
             self.events = try RPCDecode.optionalMember(o, "events", { v throws(RPCShapeError) -> [RPCSchema.Event] in try RPCDecode.array(v, RPCSchema.Event.init(json:)) })
             self.error = try RPCDecode.optionalMember(o, "error", Error.init(json:))
+            self.blobs = try RPCDecode.optionalMember(o, "blobs", { v throws(RPCShapeError) -> [RPCSchema.BlobProgress] in try RPCDecode.array(v, RPCSchema.BlobProgress.init(json:)) })
         }
 
         /// The value's JSON form.
@@ -5388,10 +5766,11 @@ public enum RPCNotification {
 
         /// The members of the JSON form.
         public var jsonObject: [String: JSONValue] {
-            var o = [String: JSONValue](minimumCapacity: 3)
+            var o = [String: JSONValue](minimumCapacity: 4)
             o["subscription"] = .string(self.subscription)
             if let v = self.events { o["events"] = .array(v.map { x0 in x0.json }) }
             if let v = self.error { o["error"] = v.json }
+            if let v = self.blobs { o["blobs"] = .array(v.map { x0 in x0.json }) }
             return o
         }
     }
@@ -6088,6 +6467,141 @@ public enum RPCSchema {
             o["ref"] = self.ref
             o["chunks"] = .int(Int64(self.chunks))
             o["storedBytes"] = .int(Int64(self.storedBytes))
+            return o
+        }
+    }
+
+    /// How a fetch of a blob's chunks from other devices goes (subscribe with blobs: true). Not part of the feed: not replayed with since, and a subscriber that reads slowly may miss fetching events, never the last one of a fetch.
+    public struct BlobProgress: RPCObject {
+        /// The values of `state`.
+        public enum State: String, Sendable, CaseIterable {
+            case fetching = "fetching"
+            case held = "held"
+            case partial = "partial"
+            case failed = "failed"
+        }
+
+        /// Why a fetch failed (state failed only).
+        public struct Error: RPCObject {
+            /// `kind`.
+            public var kind: String
+            /// `message`.
+            public var message: String
+
+            /// A value from its members.
+            public init(kind: String, message: String) {
+                self.kind = kind
+                self.message = message
+            }
+
+            /// Reads the value from JSON.
+            public init(json: JSONValue) throws(RPCShapeError) {
+                let o = try RPCDecode.object(json)
+                self.kind = try RPCDecode.member(o, "kind", RPCDecode.string)
+                self.message = try RPCDecode.member(o, "message", RPCDecode.string)
+            }
+
+            /// The value's JSON form.
+            public var json: JSONValue {
+                .object(jsonObject)
+            }
+
+            /// The members of the JSON form.
+            public var jsonObject: [String: JSONValue] {
+                var o = [String: JSONValue](minimumCapacity: 2)
+                o["kind"] = .string(self.kind)
+                o["message"] = .string(self.message)
+                return o
+            }
+        }
+
+        /// `blob`.
+        public var blob: String
+        /// fetching: chunks are arriving; held: every chunk of the blob is on this device; partial: the fetch that ran (a ranged read) is done and some chunks are still elsewhere; failed: the fetch stopped (see error; an eager or pinned fetch is tried again later).
+        public var state: State
+        /// The blob's size in bytes (its manifest's).
+        public var size: Int
+        /// `chunks`.
+        public var chunks: Int
+        /// Chunks of the blob on this device now.
+        public var heldChunks: Int
+        /// `heldBytes`.
+        public var heldBytes: Int
+        /// Why a fetch failed (state failed only).
+        public var error: Error?
+
+        /// A value from its members.
+        public init(blob: String, state: State, size: Int, chunks: Int, heldChunks: Int, heldBytes: Int, error: Error? = nil) {
+            self.blob = blob
+            self.state = state
+            self.size = size
+            self.chunks = chunks
+            self.heldChunks = heldChunks
+            self.heldBytes = heldBytes
+            self.error = error
+        }
+
+        /// Reads the value from JSON.
+        public init(json: JSONValue) throws(RPCShapeError) {
+            let o = try RPCDecode.object(json)
+            self.blob = try RPCDecode.member(o, "blob", RPCDecode.string)
+            self.state = try RPCDecode.member(o, "state", { v throws(RPCShapeError) -> State in try RPCDecode.enumeration(v) })
+            self.size = try RPCDecode.member(o, "size", RPCDecode.int)
+            self.chunks = try RPCDecode.member(o, "chunks", RPCDecode.int)
+            self.heldChunks = try RPCDecode.member(o, "heldChunks", RPCDecode.int)
+            self.heldBytes = try RPCDecode.member(o, "heldBytes", RPCDecode.int)
+            self.error = try RPCDecode.optionalMember(o, "error", Error.init(json:))
+        }
+
+        /// The value's JSON form.
+        public var json: JSONValue {
+            .object(jsonObject)
+        }
+
+        /// The members of the JSON form.
+        public var jsonObject: [String: JSONValue] {
+            var o = [String: JSONValue](minimumCapacity: 7)
+            o["blob"] = .string(self.blob)
+            o["state"] = .string(self.state.rawValue)
+            o["size"] = .int(Int64(self.size))
+            o["chunks"] = .int(Int64(self.chunks))
+            o["heldChunks"] = .int(Int64(self.heldChunks))
+            o["heldBytes"] = .int(Int64(self.heldBytes))
+            if let v = self.error { o["error"] = v.json }
+            return o
+        }
+    }
+
+    /// Which blobs this device fetches before they are read; this device's choice, never synced.
+    public struct BlobPolicy: RPCObject {
+        /// Collections whose documents' blobs are fetched as the documents arrive or change; "*" is every collection; [] is none (the default).
+        public var eager: [String]
+        /// The largest blob fetched eagerly, in bytes, as its manifest says; null is any size up to the daemon's max-blob-bytes.
+        public var maxBytes: Int?
+
+        /// A value from its members.
+        public init(eager: [String], maxBytes: Int?) {
+            self.eager = eager
+            self.maxBytes = maxBytes
+        }
+
+        /// Reads the value from JSON.
+        public init(json: JSONValue) throws(RPCShapeError) {
+            let o = try RPCDecode.object(json)
+            self.eager = try RPCDecode.member(o, "eager", { v throws(RPCShapeError) -> [String] in try RPCDecode.array(v, RPCDecode.string) })
+            self.maxBytes = try RPCDecode.member(o, "maxBytes", { v throws(RPCShapeError) -> Int? in try RPCDecode.nullable(v, RPCDecode.int) })
+        }
+
+        /// The value's JSON form.
+        public var json: JSONValue {
+            .object(jsonObject)
+        }
+
+        /// The members of the JSON form.
+        public var jsonObject: [String: JSONValue] {
+            var o = [String: JSONValue](minimumCapacity: 2)
+            o["eager"] = .array(self.eager.map { x0 in .string(x0) })
+            o["maxBytes"] = (self.maxBytes.map { x0 -> JSONValue in .int(Int64(x0)) } ?? .null)
             return o
         }
     }
