@@ -14,7 +14,66 @@ extension PostgresRelayStore {
         PRIMARY KEY(space, id))
         """,
         "ALTER TABLE relay_usage ADD COLUMN IF NOT EXISTS chunk_bytes BIGINT NOT NULL DEFAULT 0",
+        // When each chunk was last kept, apart from its row (see `RelayStore.leasesTable`); chunks held before leases
+        // start now.
+        """
+        CREATE TABLE IF NOT EXISTS relay_chunk_leases(space BYTEA NOT NULL, id BYTEA NOT NULL, kept_ms BIGINT NOT NULL, \
+        PRIMARY KEY(space, id))
+        """,
+        "CREATE INDEX IF NOT EXISTS relay_chunk_leases_kept ON relay_chunk_leases(kept_ms)",
+        """
+        INSERT INTO relay_chunk_leases(space, id, kept_ms) \
+        SELECT space, id, (extract(epoch FROM now()) * 1000)::BIGINT FROM relay_chunks ON CONFLICT DO NOTHING
+        """,
     ]
+
+    public func keepChunks(_ ids: [ChunkID], space: SpaceID, nowMs: Int64) async throws -> Int {
+        guard !ids.isEmpty else { return 0 }
+        return try await bounded { [self] in
+            let wanted = ids.map { ByteBuffer(bytes: $0.bytes) }
+            return try await client.query(
+                """
+                UPDATE relay_chunk_leases SET kept_ms = GREATEST(kept_ms, \(nowMs)) \
+                WHERE space = \(Data(space.bytes)) AND id = ANY(\(wanted)) RETURNING 1
+                """, logger: logger
+            ).all().count
+        }
+    }
+
+    public func dropUnkeptChunks(keptBeforeMs cutoff: Int64, limit: Int) async throws -> (chunks: Int, bytes: Int) {
+        try await bounded { [self] in
+            let stale = try await client.query(
+                "SELECT space, id FROM relay_chunk_leases WHERE kept_ms < \(cutoff) ORDER BY kept_ms LIMIT \(Int64(limit))",
+                logger: logger
+            ).decode((Data, Data).self).all()
+            var (dropped, freed) = (0, 0)
+            for (space, id) in stale {
+                // Each under its space's usage row, as a store takes it: the quota stays exact across processes.
+                let length: Int = try await transaction { conn in
+                    try await conn.query("SELECT 1 FROM relay_usage WHERE space = \(space) FOR UPDATE", logger: self.logger)
+                    // Kept again meanwhile (another process): it stays.
+                    let lease = try await conn.query(
+                        "DELETE FROM relay_chunk_leases WHERE space = \(space) AND id = \(id) AND kept_ms < \(cutoff) RETURNING 1",
+                        logger: self.logger
+                    ).all().count
+                    guard lease > 0 else { return 0 }
+                    let lengths = try await conn.query(
+                        "DELETE FROM relay_chunks WHERE space = \(space) AND id = \(id) RETURNING length(bytes)", logger: self.logger
+                    ).decode(Int32.self).all()
+                    let bytes = lengths.reduce(0) { $0 + Int($1) }
+                    if bytes > 0 {
+                        try await conn.query(
+                            "UPDATE relay_usage SET chunk_bytes = GREATEST(0, chunk_bytes - \(Int64(bytes))) WHERE space = \(space)",
+                            logger: self.logger)
+                    }
+                    return bytes
+                }
+                // A sealed chunk is never empty: 0 is a lease without its chunk, or one kept again meanwhile.
+                if length > 0 { (dropped, freed) = (dropped + 1, freed + length) }
+            }
+            return (dropped, freed)
+        }
+    }
 
     public func heldChunks(_ ids: [ChunkID], space: SpaceID) async throws -> Set<ChunkID> {
         guard !ids.isEmpty else { return [] }
@@ -52,6 +111,11 @@ extension PostgresRelayStore {
                 try await conn.query(
                     "INSERT INTO relay_chunks(space, id, bytes) VALUES (\(s), \(key), \(Data(sealed)))", logger: self.logger)
                 try await conn.query(
+                    """
+                    INSERT INTO relay_chunk_leases(space, id, kept_ms) VALUES (\(s), \(key), \(Self.nowMs())) \
+                    ON CONFLICT (space, id) DO UPDATE SET kept_ms = EXCLUDED.kept_ms
+                    """, logger: self.logger)
+                try await conn.query(
                     "UPDATE relay_usage SET chunk_bytes = \(Int64(bytes)), last_write_ms = \(Self.nowMs()) WHERE space = \(s)",
                     logger: self.logger)
                 return .stored
@@ -84,6 +148,10 @@ extension PostgresRelayStore {
                     ).decode(Int32.self).all()
                     dropped += lengths.count
                     freed += lengths.reduce(0) { $0 + Int64($1) }
+                    if !lengths.isEmpty {
+                        try await conn.query(
+                            "DELETE FROM relay_chunk_leases WHERE space = \(s) AND id = \(Data(copy.id.bytes))", logger: self.logger)
+                    }
                 }
                 if freed > 0 {
                     try await conn.query(

@@ -358,6 +358,7 @@ public final class PostgresRelayStore: RelayBackend {
                     try await conn.query("DELETE FROM relay_bases WHERE space = \(space)", logger: self.logger)
                     try await conn.query("DELETE FROM relay_snapshot_uploads WHERE space = \(space)", logger: self.logger)
                     try await conn.query("DELETE FROM relay_chunks WHERE space = \(space)", logger: self.logger)
+                    try await conn.query("DELETE FROM relay_chunk_leases WHERE space = \(space)", logger: self.logger)
                     try await conn.query(
                         "UPDATE relay_usage SET entries = 0, bytes = 0, chunk_bytes = 0, last_write_ms = 0 WHERE space = \(space)",
                         logger: self.logger)

@@ -68,6 +68,11 @@ public protocol RelayBackend: Sendable {
     func refuseJoin(space: SpaceID, invite: [UInt8], device: [UInt8], reason: InviteRefusal) async throws -> Bool
     /// Drops the join of `device` (Ed25519 key) held by `holder`: its connection closed, or it was told its refusal.
     func dropJoin(space: SpaceID, device: [UInt8], holder: String) async throws
+    /// Renews the leases of those of chunks `ids` that `space` holds to `nowMs`; returns how many it holds.
+    func keepChunks(_ ids: [ChunkID], space: SpaceID, nowMs: Int64) async throws -> Int
+    /// Drops up to `limit` chunks (of any space) last kept before `keptBeforeMs`, with their bytes taken off their
+    /// spaces' usage; returns how many went and their bytes.
+    func dropUnkeptChunks(keptBeforeMs: Int64, limit: Int) async throws -> (chunks: Int, bytes: Int)
     /// Of `ids`, the blob chunks `space` holds.
     func heldChunks(_ ids: [ChunkID], space: SpaceID) async throws -> Set<ChunkID>
     /// Bytes of the blob chunks `space` holds.

@@ -53,6 +53,8 @@ extension RelayConnection {
             guard let membership = try await relay.membership(space) else { return ([], ids) }
             guard Self.listed(device, in: membership, writes: true) else { return ([], []) }
             let held = try await relay.store.heldChunks(ids, space: space)
+            // A holder offering what the relay holds keeps it (its lease starts again).
+            if !held.isEmpty { _ = try await relay.store.keepChunks(Array(held), space: space, nowMs: RelayServer.nowMs()) }
             let lacking = ids.filter { !held.contains($0) }
             let room = max(0, relay.store.limits.maxChunkBytesPerSpace - (try await relay.store.chunkBytes(space: space)))
             let take = min(lacking.count, Self.maxTakenPerOffer, room / PeerMessage.maxSealedChunkBytes)
@@ -63,6 +65,20 @@ extension RelayConnection {
             connection.storeNext(space: space, context: context)
             if !answer.later.isEmpty { connection.send(.chunkMissing(answer.later), context: context) }
             connection.ask(for: answer.take, space: space, context: context)
+        }
+    }
+
+    /// A member still needs chunks `ids` (from the inbox): a current member's (a reader's too: it adds nothing to
+    /// the quota) renews the leases of those held; anyone else's is ignored. Nothing is answered.
+    func keep(chunks ids: [ChunkID], space: SpaceID, context: ChannelHandlerContext) {
+        let device = self.device
+        run(context: context, { relay -> Int in
+            guard Self.listed(device, in: try await relay.membership(space), writes: false) else { return 0 }
+            return try await relay.store.keepChunks(ids, space: space, nowMs: RelayServer.nowMs())
+        }) { connection, _, context in
+            connection.storing = false
+            connection.resumeReading(context: context)
+            connection.storeNext(space: space, context: context)
         }
     }
 

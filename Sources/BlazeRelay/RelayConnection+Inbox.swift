@@ -63,6 +63,9 @@ extension RelayConnection {
         case .offer(let ids):
             answer(offer: ids, space: space, context: context)
             return
+        case .keep(let ids):
+            keep(chunks: ids, space: space, context: context)
+            return
         case .batch(let b):
             batch = b
         }

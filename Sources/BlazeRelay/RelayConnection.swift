@@ -61,6 +61,8 @@ final class RelayConnection: ChannelInboundHandler {
         /// A blob chunk the relay asked for, and an offer of chunks (`RelayConnection+Chunks`).
         case chunk(ChunkID, [UInt8])
         case offer([ChunkID])
+        /// Chunks a member still needs kept (`CHUNK_KEEP`).
+        case keep([ChunkID])
     }
     /// Blob chunks (`RelayConnection+Chunks`): whether an offer is being answered, the chunks its answer asked for and
     /// not yet received, those the device asked for and not yet served (and whether one is being served), and those
@@ -260,6 +262,9 @@ final class RelayConnection: ChannelInboundHandler {
             try wantedChunks(ids, space: space, context: context)
         case .chunkBad(let ids):
             badChunks(ids, space: space, context: context)
+        case .chunkKeep(let ids):
+            // In order with the operations before it, which may list the device.
+            receive(.keep(ids), space: space, context: context)
         }
     }
 

@@ -327,11 +327,14 @@ public final class RelayServer: Sendable {
 
     /// The retention task (`keep(for:)`).
     private let retainer = Mutex<Task<Void, Never>?>(nil)
+    /// The chunk lease task (`leaseChunks(for:)`).
+    let leaser = Mutex<Task<Void, Never>?>(nil)
 
     /// Stops accepting devices and closes the listener.
     public func shutdown() async {
         watcher.withLock { $0 }?.cancel()
         retainer.withLock { $0 }?.cancel()
+        leaser.withLock { $0 }?.cancel()
         let ch = channel.withLock { c in
             defer { c = nil }
             return c

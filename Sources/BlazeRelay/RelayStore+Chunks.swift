@@ -17,6 +17,59 @@ extension RelayStore {
         ALTER TABLE relay_usage ADD COLUMN chunk_bytes INTEGER NOT NULL DEFAULT 0;
         """
 
+    /// When each chunk was last kept (stored, offered or named in a `CHUNK_KEEP` by a writing member), apart from
+    /// the chunk's row: renewing a lease must not rewrite a 4 MiB row. Chunks held before leases start now.
+    static let leasesTable = """
+        CREATE TABLE relay_chunk_leases(
+            space BLOB NOT NULL,
+            id BLOB NOT NULL,
+            kept_ms INTEGER NOT NULL,
+            PRIMARY KEY(space, id)
+        ) WITHOUT ROWID;
+        CREATE INDEX relay_chunk_leases_kept ON relay_chunk_leases(kept_ms);
+        INSERT INTO relay_chunk_leases(space, id, kept_ms)
+            SELECT space, id, CAST(strftime('%s', 'now') AS INTEGER) * 1000 FROM relay_chunks;
+        """
+
+    public func keepChunks(_ ids: [ChunkID], space: SpaceID, nowMs: Int64) async throws -> Int {
+        guard !ids.isEmpty else { return 0 }
+        return try await pool.write { db in
+            var kept = 0
+            for id in ids {
+                try db.execute(
+                    sql: "UPDATE relay_chunk_leases SET kept_ms = max(kept_ms, ?) WHERE space = ? AND id = ?",
+                    arguments: [nowMs, Data(space.bytes), Data(id.bytes)])
+                kept += db.changesCount
+            }
+            return kept
+        }
+    }
+
+    public func dropUnkeptChunks(keptBeforeMs cutoff: Int64, limit: Int) async throws -> (chunks: Int, bytes: Int) {
+        try await pool.write { db in
+            let stale = try Row.fetchAll(
+                db, sql: "SELECT space, id FROM relay_chunk_leases WHERE kept_ms < ? ORDER BY kept_ms LIMIT ?", arguments: [cutoff, limit])
+            var freed: [Data: Int] = [:]
+            var dropped = 0
+            for row in stale {
+                let space: Data = row[0], id: Data = row[1]
+                if let length = try Int.fetchOne(
+                    db, sql: "SELECT length(bytes) FROM relay_chunks WHERE space = ? AND id = ?", arguments: [space, id])
+                {
+                    try db.execute(sql: "DELETE FROM relay_chunks WHERE space = ? AND id = ?", arguments: [space, id])
+                    freed[space, default: 0] += length
+                    dropped += 1
+                }
+                try db.execute(sql: "DELETE FROM relay_chunk_leases WHERE space = ? AND id = ?", arguments: [space, id])
+            }
+            for (space, bytes) in freed {
+                try db.execute(
+                    sql: "UPDATE relay_usage SET chunk_bytes = max(0, chunk_bytes - ?) WHERE space = ?", arguments: [bytes, space])
+            }
+            return (dropped, freed.values.reduce(0, +))
+        }
+    }
+
     public func heldChunks(_ ids: [ChunkID], space: SpaceID) async throws -> Set<ChunkID> {
         try await pool.read { db in
             var held: Set<ChunkID> = []
@@ -50,6 +103,9 @@ extension RelayStore {
             try db.execute(
                 sql: "INSERT INTO relay_chunks(space, id, bytes) VALUES (?, ?, ?)", arguments: [s, Data(id.bytes), Data(sealed)])
             try db.execute(
+                sql: "INSERT OR REPLACE INTO relay_chunk_leases(space, id, kept_ms) VALUES (?, ?, ?)",
+                arguments: [s, Data(id.bytes), Int64(Date().timeIntervalSince1970 * 1000)])
+            try db.execute(
                 sql: "UPDATE relay_usage SET chunk_bytes = ?, last_write_ms = ? WHERE space = ?",
                 arguments: [used + sealed.count, Int64(Date().timeIntervalSince1970 * 1000), s])
             return .stored
@@ -75,6 +131,7 @@ extension RelayStore {
                 guard let length = try Int.fetchOne(db, sql: "SELECT length(bytes) FROM relay_chunks WHERE \(match)", arguments: arguments)
                 else { continue }
                 try db.execute(sql: "DELETE FROM relay_chunks WHERE \(match)", arguments: arguments)
+                try db.execute(sql: "DELETE FROM relay_chunk_leases WHERE space = ? AND id = ?", arguments: [s, Data(copy.id.bytes)])
                 (dropped, freed) = (dropped + 1, freed + length)
             }
             if freed > 0 {

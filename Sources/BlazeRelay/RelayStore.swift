@@ -116,6 +116,7 @@ public final class RelayStore: RelayBackend {
                     """)
         }
         m.registerMigration("v7") { db in try db.execute(sql: RelayStore.chunksTable) }
+        m.registerMigration("v8") { db in try db.execute(sql: RelayStore.leasesTable) }
         try m.migrate(pool)
     }
 
@@ -286,7 +287,7 @@ public final class RelayStore: RelayBackend {
             for space in idle {
                 for table in [
                     "relay_entries", "relay_heads", "relay_ops", "relay_acks", "relay_snapshots", "relay_snapshot_parts",
-                    "relay_bases", "relay_snapshot_uploads", "relay_chunks",
+                    "relay_bases", "relay_snapshot_uploads", "relay_chunks", "relay_chunk_leases",
                 ] {
                     try db.execute(sql: "DELETE FROM \(table) WHERE space = ?", arguments: [space])
                 }

@@ -17,6 +17,9 @@ extension SyncSession {
     static let relistInterval = TimeAmount.seconds(5)
     /// The first and the longest pause before chunks a relay could not take are offered again.
     static let reofferFirst = TimeAmount.seconds(5), reofferLongest = TimeAmount.minutes(30)
+    /// How often a relay is told again, on a long connection, every chunk this device holds (`CHUNK_KEEP`, which
+    /// renews their leases there: Protocol/RELAY.md, "Blob chunks").
+    static let keepInterval = TimeAmount.hours(12)
 
     /// Offers the relay the next chunks it has not been offered on this connection, once the last offer's chunks
     /// are written; lists the store again when it changed since it was last listed.
@@ -34,9 +37,9 @@ extension SyncSession {
             return
         }
         // Checked here, without leaving the event loop, on every commit: a store unchanged since it was listed, or
-        // none at all, has nothing new to offer.
+        // none at all, has nothing new to offer (unless the relay is due to be told what is held again).
         if let store = engine.chunkStores.opened(for: link.db) {
-            guard store.generation != offeredGeneration else { return }
+            guard store.generation != offeredGeneration || keepDue else { return }
         } else if offerNoStore {
             return
         }
@@ -54,7 +57,7 @@ extension SyncSession {
         }
         lastListing = now
         listingOffers = true
-        let (db, stores, listed) = (link.db, engine.chunkStores, offeredGeneration)
+        let (db, stores, listed) = (link.db, engine.chunkStores, keepDue ? nil : offeredGeneration)
         let (engine, bound) = (self.engine, NIOLoopBound((self, context), eventLoop: context.eventLoop))
         engine.chunkPool.runIfActive(eventLoop: context.eventLoop) { () throws -> (Int, [ChunkID])? in
             // A database that never held a blob has no store: nothing to offer, and none is made for it here.
@@ -70,8 +73,27 @@ extension SyncSession {
             if case .success(nil) = result, engine.chunkStores.opened(for: db) == nil { session.offerNoStore = true }
             guard case .success(let (generation, ids)?) = result, !session.closed else { return }
             session.offeredGeneration = generation
+            if session.keepDue { session.keepHeld(ids, context: context) }
             session.offerList = ids.filter { !session.offered.contains($0) }
             if !session.offerList.isEmpty { session.offerChunks(context: context) }
+        }
+    }
+
+    /// Tells the relay every chunk this device holds (`ids`), so it keeps them (renewing their leases, those fetched
+    /// from it too), and again after `keepInterval`.
+    func keepHeld(_ ids: [ChunkID], context: ChannelHandlerContext) {
+        keepDue = false
+        // A chunk message: a relay of an older version refusing it is not sent chunk messages again.
+        if !ids.isEmpty { sentChunkOffer = true }
+        for start in stride(from: 0, to: ids.count, by: PeerMessage.maxChunkKeep) {
+            send(.chunkKeep(Array(ids[start..<min(ids.count, start + PeerMessage.maxChunkKeep)])), context: context)
+        }
+        let bound = NIOLoopBound((self, context), eventLoop: context.eventLoop)
+        context.eventLoop.scheduleTask(in: Self.keepInterval) {
+            let (session, context) = bound.value
+            guard !session.closed else { return }
+            session.keepDue = true
+            session.offerChunks(context: context)
         }
     }
 

@@ -78,6 +78,8 @@ final class SyncSession: ChannelInboundHandler {
     var declinedChunks: [ChunkID] = []
     var reofferPause: TimeAmount?
     var sentChunkOffer = false
+    /// Whether the relay is to be told every chunk held at the next listing (`keepHeld`): at first, then every 12 h.
+    var keepDue = true
     /// Set by the feed listener (on the writer thread) so that a burst of commits schedules one pump.
     private let wake = WakeFlag()
 
@@ -213,8 +215,8 @@ final class SyncSession: ChannelInboundHandler {
             received(chunk: id, sealed: sealed, context: context)
         case .chunkMissing(let ids):
             peerLacks(ids, context: context)
-        case .chunkOffer, .chunkBad:
-            // Only a relay takes offers and bad-copy reports; a device never sends either to another device.
+        case .chunkOffer, .chunkBad, .chunkKeep:
+            // Only a relay takes offers, bad-copy reports and keeps; a device never sends them to another device.
             errorCaught(context: context, error: SyncRejection.malformed)
         }
     }

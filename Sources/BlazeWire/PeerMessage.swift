@@ -39,6 +39,9 @@ public enum PeerMessage: Sendable {
     /// Chunks a relay served that did not open as their ids: the relay drops its copies (a member's next offer
     /// restores them).
     case chunkBad([ChunkID])
+    /// Chunks a device still needs a relay to keep, 1 to `maxChunkKeep` ids: the relay renews the lease of those it
+    /// holds (Protocol/RELAY.md, "Blob chunks"), and answers nothing.
+    case chunkKeep([ChunkID])
 
     static let stateType: UInt8 = 1
     static let entriesType: UInt8 = 2
@@ -55,11 +58,14 @@ public enum PeerMessage: Sendable {
     static let chunkMissingType: UInt8 = 13
     static let chunkOfferType: UInt8 = 14
     static let chunkBadType: UInt8 = 15
+    static let chunkKeepType: UInt8 = 16
     /// The most chunk ids one `CHUNK_WANT`, `CHUNK_MISSING`, `CHUNK_OFFER` or `CHUNK_BAD` names.
     public static let maxChunkWants = 64
     /// The most chunk ids a device offers a relay at once: a relay takes at most this many of one offer, so one
     /// connection holds at most 64 MiB of the relay's room for uploads.
     public static let maxChunkOffer = 16
+    /// The most chunk ids one `CHUNK_KEEP` names (32 KiB of ids).
+    public static let maxChunkKeep = 1024
     /// The most bytes of a sealed chunk in a `CHUNK`: a chunk is at most 4 MiB (`Chunker.Sizes.standard`), sealed it
     /// gains a 20-byte header, up to 4 KiB of padding and length field, and a 16-byte tag.
     public static let maxSealedChunkBytes = (4 << 20) + 8192
@@ -153,6 +159,8 @@ public enum PeerMessage: Sendable {
             return Self.encode(ids, type: Self.chunkOfferType)
         case .chunkBad(let ids):
             return Self.encode(ids, type: Self.chunkBadType)
+        case .chunkKeep(let ids):
+            return Self.encode(ids, type: Self.chunkKeepType)
         }
     }
 
@@ -166,8 +174,8 @@ public enum PeerMessage: Sendable {
 
     /// A list of 1 (0 when `empty`) to `maxChunkWants` distinct chunk ids filling the rest of the message, or
     /// `malformed`.
-    private static func chunkIDs(_ r: inout ByteReader, empty: Bool = false) throws(SyncRejection) -> [ChunkID] {
-        guard let n = r.readUInt16(), n > 0 || empty, Int(n) <= maxChunkWants, r.remaining == Int(n) * ChunkID.count else {
+    private static func chunkIDs(_ r: inout ByteReader, empty: Bool = false, most: Int = maxChunkWants) throws(SyncRejection) -> [ChunkID] {
+        guard let n = r.readUInt16(), n > 0 || empty, Int(n) <= most, r.remaining == Int(n) * ChunkID.count else {
             throw .malformed
         }
         var ids: [ChunkID] = []
@@ -258,6 +266,8 @@ public enum PeerMessage: Sendable {
             self = .chunkOffer(try Self.chunkIDs(&r))
         case Self.chunkBadType?:
             self = .chunkBad(try Self.chunkIDs(&r))
+        case Self.chunkKeepType?:
+            self = .chunkKeep(try Self.chunkIDs(&r, most: Self.maxChunkKeep))
         default:
             throw .malformed
         }

@@ -18,6 +18,22 @@ import Testing
         return try relay.count("relay_chunks")
     }
 
+    /// Runs `sql` on the relay's store.
+    func runSQL(_ relay: RelayProcess, _ sql: String) throws {
+        if let pg = relay.postgres {
+            _ = try pg.psql(sql)
+        } else {
+            try DatabaseQueue(path: relay.dataDir + "/relay.db").write { try $0.execute(sql: sql) }
+        }
+    }
+
+    /// Chunk leases of the relay not renewed since they were set to 0.
+    func staleLeases(_ relay: RelayProcess) throws -> Int {
+        let sql = "SELECT count(*) FROM relay_chunk_leases WHERE kept_ms = 0"
+        if let pg = relay.postgres { return Int(try pg.psql(sql).trimmingCharacters(in: .whitespacesAndNewlines)) ?? -1 }
+        return try DatabaseQueue(path: relay.dataDir + "/relay.db").read { try Int.fetchOne($0, sql: sql) } ?? -1
+    }
+
     /// Replaces the relay's copy of one chunk with another chunk's (well formed, but not the chunk its id names).
     func spoilOneChunk(_ relay: RelayProcess) throws {
         let sql = """
@@ -86,9 +102,13 @@ import Testing
             .compactMap { $0["rejected"]?["bad_chunk"]?.intValue }.reduce(0, +)
         #expect(rejected == 1, "the reader did not count the bad copy")
 
+        // Leases that ran out long ago (as if nobody had named the chunks since): the holder's next connection
+        // renews every chunk it holds (CHUNK_KEEP), so none is left to a lease sweep.
+        try runSQL(relay, "UPDATE relay_chunk_leases SET kept_ms = 0")
         a = try syncDaemon(dir: dirA)
         ca = try a.connect()
         #expect(eventually(timeout: .seconds(60)) { (try? relayChunks(relay)) == chunks + 1 }, "the holder did not restore it")
+        #expect(eventually(timeout: .seconds(60)) { (try? staleLeases(relay)) == 0 }, "the holder did not keep its chunks")
         var got: JSONValue?
         #expect(eventually(timeout: .seconds(60)) {
             got = try? cb.call("blob.get", ["db": "team", "blob": id, "path": .string(out)])

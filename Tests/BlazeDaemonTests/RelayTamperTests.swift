@@ -274,6 +274,16 @@ final class StallingBackend: RelayBackend {
         try await gate()
         return try await inner.dropChunks(copies, space: space)
     }
+
+    func keepChunks(_ ids: [ChunkID], space: SpaceID, nowMs: Int64) async throws -> Int {
+        try await gate()
+        return try await inner.keepChunks(ids, space: space, nowMs: nowMs)
+    }
+
+    func dropUnkeptChunks(keptBeforeMs: Int64, limit: Int) async throws -> (chunks: Int, bytes: Int) {
+        try await gate()
+        return try await inner.dropUnkeptChunks(keptBeforeMs: keptBeforeMs, limit: limit)
+    }
     func dropSnapshotUpload(_ upload: [UInt8]) async throws {
         try await gate()
         try await inner.dropSnapshotUpload(upload)

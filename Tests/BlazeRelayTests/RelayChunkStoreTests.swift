@@ -52,6 +52,45 @@ import Testing
         #expect(try await relay.chunkBytes(space: key.id) == 0)
     }
 
+    @Test(arguments: Backend.allCases) func aChunkNobodyKeepsLeavesTheRelayAndOneStillHeldStays(backend: Backend) async throws {
+        let temp = try await TempRelay(backend)
+        let relay = temp.store
+        _ = try await relay.add(RelayCapability(key: key))
+        let other = SpaceKey.generate()
+        _ = try await relay.add(RelayCapability(key: other))
+        let (kept, left, elsewhere) = (id(), id(), id())
+        let (sk, sl, se) = (sealed(1), sealed(2), sealed(1))
+        #expect(try await relay.storeChunk(kept, sealed: sk, space: key.id) == .stored)
+        #expect(try await relay.storeChunk(left, sealed: sl, space: key.id) == .stored)
+        #expect(try await relay.storeChunk(elsewhere, sealed: se, space: other.id) == .stored)
+        let now = Int64(Date().timeIntervalSince1970 * 1000)
+        // Kept later than the cutoff: only held chunks of that space count, an id of another space or none changes nothing.
+        #expect(try await relay.keepChunks([kept, elsewhere, id()], space: key.id, nowMs: now + 600_000) == 1)
+        #expect(try await relay.keepChunks([elsewhere], space: other.id, nowMs: now + 600_000) == 1)
+        // A keep never moves a lease back.
+        #expect(try await relay.keepChunks([kept], space: key.id, nowMs: now - 600_000) == 1)
+        let dropped = try await relay.dropUnkeptChunks(keptBeforeMs: now + 300_000, limit: 100)
+        #expect(dropped.chunks == 1 && dropped.bytes == sl.count)
+        #expect(try await relay.heldChunks([kept, left], space: key.id) == [kept])
+        #expect(try await relay.heldChunks([elsewhere], space: other.id) == [elsewhere])
+        #expect(try await relay.chunkBytes(space: key.id) == sk.count)
+        #expect(try await relay.keepChunks([left], space: key.id, nowMs: now) == 0, "its lease went with it")
+        // Stored again, its lease starts again; a copy dropped as bad takes its lease along.
+        #expect(try await relay.storeChunk(left, sealed: sl, space: key.id) == .stored)
+        #expect(try await relay.dropUnkeptChunks(keptBeforeMs: now - 60_000, limit: 100).chunks == 0)
+        let copy = ChunkCopy(id: left, prefix: Array(sl.prefix(SealedChunkLayout.headerCount)))
+        #expect(try await relay.dropChunks([copy], space: key.id) == 1)
+        #expect(try await relay.keepChunks([left], space: key.id, nowMs: now) == 0)
+        // In batches: the limit bounds one call.
+        let many = (0..<5).map { _ in id() }
+        for c in many { #expect(try await relay.storeChunk(c, sealed: sealed(1), space: key.id) == .stored) }
+        let future = now + 3_600_000
+        #expect(try await relay.dropUnkeptChunks(keptBeforeMs: future, limit: 3).chunks == 3)
+        #expect(try await relay.dropUnkeptChunks(keptBeforeMs: future, limit: 100).chunks == 4)
+        #expect(try await relay.chunkBytes(space: key.id) == 0)
+        #expect(try await relay.chunkBytes(space: other.id) == 0)
+    }
+
     @Test(arguments: Backend.allCases) func aChunkOverTheQuotaIsLeftOut(backend: Backend) async throws {
         var limits = RelayLimits()
         limits.maxChunkBytesPerSpace = 3 * SealedChunkLayout.padding

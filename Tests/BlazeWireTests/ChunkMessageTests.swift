@@ -85,6 +85,27 @@ import Testing
         #expect(none.isEmpty)
     }
 
+    @Test func keepsRoundTripUpToTheirOwnBound() throws {
+        for n in [1, PeerMessage.maxChunkWants + 1, PeerMessage.maxChunkKeep] {
+            let list = ids(n)
+            guard case .chunkKeep(let kept) = try PeerMessage(decoding: try PeerMessage.chunkKeep(list).encoded()) else {
+                Issue.record("decoded as another message")
+                return
+            }
+            #expect(kept == list)
+        }
+        // None, one over the bound, a repeated id, or a count the bytes do not match: malformed.
+        let over = try PeerMessage.chunkKeep(ids(PeerMessage.maxChunkKeep + 1)).encoded()
+        let one = ids(1)[0].bytes
+        for bad in [[16, 0, 0], over, [16, 0, 2] + one + one, [16, 0, 2] + one] {
+            #expect(throws: SyncRejection.malformed) { try PeerMessage(decoding: bad) }
+        }
+        // A CHUNK_OFFER keeps its own, smaller bound.
+        #expect(throws: SyncRejection.malformed) {
+            try PeerMessage(decoding: try PeerMessage.chunkOffer(ids(PeerMessage.maxChunkWants + 1)).encoded())
+        }
+    }
+
     @Test func onlyTheShapeOfASealedChunkIsCheckedWithoutItsKey() {
         let header = SealedChunkLayout.magic + [0, 0, 0, 1] + [UInt8](repeating: 7, count: 12)
         let good = header + [UInt8](repeating: 9, count: 2 * SealedChunkLayout.padding + 16)
