@@ -24,11 +24,17 @@ public struct BlobReader: Sendable {
         guard let size = store.size(of: id) else { return nil }
         guard size <= maximum else { throw ChunkStoreError("blob \(id)'s manifest is \(size) bytes, over \(maximum)", reason: .invalid) }
         guard let bytes = try store.read(id) else { return nil }
+        let manifest: BlobManifest
         do {
-            return try BlobManifest(decoding: bytes, chunkMaximum: maximum, maxSize: maxSize)
+            manifest = try BlobManifest(decoding: bytes, chunkMaximum: maximum, maxSize: .max)
         } catch {
             throw ChunkStoreError("blob \(id) has a bad manifest: \(error.description)", reason: .invalid)
         }
+        // Well formed, but larger than this reader takes: a limit, not damage.
+        guard manifest.size <= maxSize else {
+            throw ChunkStoreError("blob \(id) is \(manifest.size) bytes, over the \(maxSize)-byte limit", reason: .limit)
+        }
+        return manifest
     }
 
     /// The chunks of `manifest` not held here, in order, without repeats.

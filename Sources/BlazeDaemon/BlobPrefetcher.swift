@@ -9,38 +9,75 @@ import Synchronization
 
 /// Fetching blobs before they are read (ARCHITECTURE.md, "Blobs", "Fetching eagerly"): the blobs pinned on this
 /// device (`blob.pin`) and those the documents of a database's eager collections refer to (`blob.policy`), as the
-/// documents arrive or change, in the background, one blob of a database at a time.
+/// documents arrive or change, in the background, pinned ones first, `fetchesAtOnce` blobs of a database at a time.
 ///
-/// What to fetch is worked out again from the database at each start (and when a pin or the policy changes), so a
-/// fetch cut by a restart or a kill goes on from the chunks already stored. A fetch that fails (no device holding
-/// the blob is connected, a timeout, a full disk) is tried again after `firstRetry`, doubling to `lastRetry`.
+/// What to fetch is worked out again from the database at each start and whenever a pin or the policy changes (one
+/// refresh of a database at a time; what is no longer wanted leaves the queue), so a fetch cut by a restart or a kill
+/// goes on from the chunks already stored. Documents come from other devices and may hold any number of references:
+/// at most `maxQueued` blobs wait per database and `maxInbox` documents wait to be read; past either, the database
+/// is read again once its queue is empty. A blob whose fetch fails (no device holding it is connected, a timeout, a
+/// full disk) is tried again after `firstRetry`, doubling for that blob to `lastRetry`, and left until the next
+/// refresh after `maxAttempts` failures in a row; one over `max-blob-bytes` is not tried again.
 final class BlobPrefetcher: Sendable {
-    /// The first wait before failed fetches are tried again.
-    static let firstRetry: TimeAmount = .seconds(5)
-    /// The longest wait before failed fetches are tried again.
-    static let lastRetry: TimeAmount = .seconds(300)
+    /// The first and the longest wait before a failed blob is tried again.
+    static let firstRetry: TimeAmount = .seconds(5), lastRetry: TimeAmount = .seconds(300)
+    /// Failures in a row after which a blob waits for the next refresh.
+    static let maxAttempts = 8
+    /// Blobs of one database fetched at once.
+    static let fetchesAtOnce = 2
+    /// Blobs waiting per database, and documents waiting to be read for references.
+    static let maxQueued = 10_000, maxInbox = 1_000
 
     private let blobs: Blobs
     private let sync: SyncEngine
     private let store: Store
     private let logger: Logger
 
-    /// One database's fetching.
+    /// One database's fetching, for one handle of it (a database dropped and created again gets a new queue).
     private struct Queue {
-        /// Blobs to fetch, in order, each once; `wanted` holds them and the one being fetched.
-        var pending: [ChunkID] = []
-        var wanted: Set<ChunkID> = []
-        /// Pinned blobs: fetched whatever their size.
-        var pinned: Set<ChunkID> = []
+        let db: BlazeDatabase
         var policy = BlobPolicy()
-        var running = false
-        /// The live feed listener while some collection is eager.
-        var feedToken: Int?
-        var feedOf: BlazeDatabase?
-        /// Blobs whose fetch failed, waiting for the retry.
-        var failed: Set<ChunkID> = []
+        var pins: Set<ChunkID> = []
+        /// Waiting to be fetched, pinned ones first; `queued` holds both lists' ids.
+        var pinned = FIFO(), eager = FIFO()
+        var queued: Set<ChunkID> = []
+        var running: Set<ChunkID> = []
+        /// Failures in a row, and when each failed blob is tried again.
+        var failures: [ChunkID: Int] = [:]
+        var retryAt: [ChunkID: NIODeadline] = [:]
         var retry: Scheduled<Void>?
-        var backoff: TimeAmount = BlobPrefetcher.firstRetry
+        var feedToken: Int?
+        /// Documents (collection, text) waiting to be read for references, and whether a task reads them.
+        var inbox: [(String, String)] = []
+        var reading = false
+        /// Something was left out (a full queue or inbox): the database is read again once the queue is empty.
+        var overflowed = false
+        var refreshing = false, refreshAgain = false
+
+        init(db: BlazeDatabase) { self.db = db }
+    }
+
+    /// A first-in first-out list that takes from its head without moving the rest.
+    struct FIFO {
+        private var items: [ChunkID] = []
+        private var head = 0
+        var isEmpty: Bool { head == items.count }
+        mutating func push(_ id: ChunkID) { items.append(id) }
+        mutating func pop() -> ChunkID? {
+            guard head < items.count else { return nil }
+            defer {
+                head += 1
+                if head > 1024 && head * 2 > items.count {
+                    items.removeFirst(head)
+                    head = 0
+                }
+            }
+            return items[head]
+        }
+        mutating func keep(_ wanted: (ChunkID) -> Bool) {
+            items = items[head...].filter(wanted)
+            head = 0
+        }
     }
 
     private struct State {
@@ -62,8 +99,7 @@ final class BlobPrefetcher: Sendable {
     func start() {
         blobs.pool.submit { _ in
             for name in (try? self.store.list()) ?? [] {
-                guard let db = try? self.store.database(name) else { continue }
-                self.refresh(db: db)
+                if let db = try? self.store.database(name) { self.refresh(db: db) }
             }
         }
     }
@@ -75,71 +111,107 @@ final class BlobPrefetcher: Sendable {
             defer { s.queues = [:] }
             return s.queues
         }
-        for queue in queues.values {
-            queue.retry?.cancel()
-            if let token = queue.feedToken { queue.feedOf?.feed.detach(token) }
-        }
+        for queue in queues.values { Self.tearDown(queue) }
     }
 
-    /// Reads `db`'s pins and policy again (on the calling thread, which may block) and queues every blob they want
-    /// that this device does not hold whole; listens to its feed while some collection is eager.
+    /// Reads `db`'s pins and policy again and queues what they want that is not held whole (on the calling thread,
+    /// which may block); what they no longer want leaves the queue, and failed blobs they want are tried now. Calls
+    /// for one database run one at a time: one made meanwhile runs again after.
     func refresh(db: BlazeDatabase) {
-        guard let policy = try? db.blobPolicy(), let pins = try? db.pinnedBlobs() else { return }
-        let references = policy.eager.isEmpty ? [] : ((try? db.documentBlobReferences()) ?? [])
-        let eager = references.filter { policy.isEager($0.collection) && policy.admits(size: $0.reference.size) }.map(\.reference.id)
-        let detach: (Int, BlazeDatabase)? = state.withLock { s in
-            guard !s.stopped else { return nil }
-            s.queues[db.name, default: Queue()].policy = policy
-            s.queues[db.name]!.pinned = pins
-            guard policy.eager.isEmpty, let token = s.queues[db.name]!.feedToken, let of = s.queues[db.name]!.feedOf else { return nil }
-            s.queues[db.name]!.feedToken = nil
-            return (token, of)
+        let (first, old) = state.withLock { s -> (Bool, Queue?) in
+            guard !s.stopped else { return (false, nil) }
+            if let queue = s.queues[db.name], queue.db === db {
+                s.queues[db.name]!.refreshAgain = true
+                guard !queue.refreshing else { return (false, nil) }
+                s.queues[db.name]!.refreshing = true
+                return (true, nil)
+            }
+            // A queue of an older handle (the database was dropped and created again) goes.
+            let old = s.queues.removeValue(forKey: db.name)
+            var queue = Queue(db: db)
+            (queue.refreshing, queue.refreshAgain) = (true, true)
+            s.queues[db.name] = queue
+            return (true, old)
         }
-        if let (token, of) = detach { of.feed.detach(token) }
-        if !policy.eager.isEmpty { listen(db: db) }
-        enqueue(db: db, ids: Array(pins).sorted { $0.hex < $1.hex } + eager)
+        // Outside the lock: the feed calls listeners (which take it) under its own.
+        if let old { Self.tearDown(old) }
+        guard first else { return }
+        while state.withLock({ s -> Bool in
+            guard s.queues[db.name]?.db === db, s.queues[db.name]!.refreshAgain else {
+                if s.queues[db.name]?.db === db { s.queues[db.name]!.refreshing = false }
+                return false
+            }
+            s.queues[db.name]!.refreshAgain = false
+            return true
+        }) {
+            reread(db: db)
+        }
+        pump(db: db)
     }
 
-    /// Queues blobs `ids` of `db` (those held whole are skipped when their turn comes) and starts fetching.
-    func enqueue(db: BlazeDatabase, ids: [ChunkID]) {
-        guard !ids.isEmpty else { return }
-        state.withLock { s in
-            guard !s.stopped else { return }
-            for id in ids where s.queues[db.name, default: Queue()].wanted.insert(id).inserted {
-                s.queues[db.name]!.pending.append(id)
+    /// One refresh of `db` (see `refresh`).
+    private func reread(db: BlazeDatabase) {
+        guard store.isCurrent(db), let policy = try? db.blobPolicy(), let pins = try? db.pinnedBlobs() else { return forget(db) }
+        // Nothing wanted: no queue is kept for the database.
+        guard !policy.eager.isEmpty || !pins.isEmpty else { return forget(db) }
+        // Listening first: a document committed while the snapshot is read is seen by one or the other.
+        if policy.eager.isEmpty { stopListening(db) } else { listen(db) }
+        var eager: [ChunkID] = []
+        if !policy.eager.isEmpty {
+            for (collection, reference) in (try? db.documentBlobReferences()) ?? []
+            where policy.isEager(collection) && policy.admits(size: reference.size) {
+                eager.append(reference.id)
             }
         }
-        next(db: db)
+        let wanted = pins.union(eager)
+        state.withLock { s in
+            guard var queue = s.queues[db.name], queue.db === db else { return }
+            queue.policy = policy
+            queue.pins = pins
+            queue.pinned.keep { wanted.contains($0) && pins.contains($0) }
+            queue.eager.keep { wanted.contains($0) && !pins.contains($0) }
+            queue.queued = queue.queued.intersection(wanted)
+            // Failed blobs still wanted are tried now; the others are forgotten.
+            queue.failures = [:]
+            queue.retryAt = [:]
+            queue.retry?.cancel()
+            queue.retry = nil
+            queue.overflowed = false
+            for id in pins.sorted(by: { $0.hex < $1.hex }) + eager { Self.add(id, to: &queue) }
+            s.queues[db.name] = queue
+        }
     }
 
-    /// Listens to `db`'s feed: each document of an eager collection written or arriving has its blobs queued.
-    private func listen(db: BlazeDatabase) {
-        let attach = state.withLock { s in !s.stopped && s.queues[db.name]?.feedToken == nil }
-        guard attach else { return }
-        let pool = blobs.pool
+    /// Queues `id` unless it is queued, being fetched or waiting for a retry, or the queue is full.
+    private static func add(_ id: ChunkID, to queue: inout Queue) {
+        guard !queue.queued.contains(id), !queue.running.contains(id), queue.retryAt[id] == nil else { return }
+        guard queue.queued.count < maxQueued else {
+            queue.overflowed = true
+            return
+        }
+        queue.queued.insert(id)
+        if queue.pins.contains(id) { queue.pinned.push(id) } else { queue.eager.push(id) }
+    }
+
+    /// Listens to `db`'s feed: the documents of eager collections written or arriving wait in its inbox, read on
+    /// the I/O pool by one task at a time.
+    private func listen(_ db: BlazeDatabase) {
+        guard state.withLock({ $0.queues[db.name]?.db === db && $0.queues[db.name]!.feedToken == nil }) else { return }
         while true {
             switch db.feed.attach(after: db.feed.lastSequence, { [self] signal in
-                // On the writer's thread: the documents are parsed on the pool.
                 switch signal {
-                case .entries(let entries):
-                    let texts = entries.flatMap { $0.events.compactMap { e in e.afterText.map { (e.collection, $0) } } }
-                        .filter { $0.1.contains("$blob") }
-                    guard !texts.isEmpty else { return }
-                    pool.submit { _ in self.arrived(db: db, documents: texts) }
-                case .reset:
-                    pool.submit { _ in self.refresh(db: db) }
-                case .ended:
-                    pool.submit { _ in self.forget(db: db) }
+                case .entries(let entries): arrived(db, entries)
+                case .reset: blobs.pool.submit { _ in self.refresh(db: db) }
+                case .ended: blobs.pool.submit { _ in self.forget(db) }
                 }
             }) {
             case .attached(let token):
-                let extra = state.withLock { s -> Bool in
-                    guard !s.stopped, s.queues[db.name] != nil, s.queues[db.name]!.feedToken == nil else { return true }
+                let kept = state.withLock { s -> Bool in
+                    guard !s.stopped, s.queues[db.name]?.db === db, s.queues[db.name]!.feedToken == nil else { return false }
                     s.queues[db.name]!.feedToken = token
-                    s.queues[db.name]!.feedOf = db
-                    return false
+                    return true
                 }
-                if extra { db.feed.detach(token) }
+                if !kept { db.feed.detach(token) }
             case .behind: continue
             case .ended: break
             }
@@ -147,95 +219,174 @@ final class BlobPrefetcher: Sendable {
         }
     }
 
-    /// Documents `documents` (collection, text) committed: the blobs of the eager collections' ones are queued.
-    private func arrived(db: BlazeDatabase, documents: [(String, String)]) {
-        guard let policy = state.withLock({ $0.queues[db.name]?.policy }) else { return }
-        var ids: [ChunkID] = []
-        for (collection, text) in documents where policy.isEager(collection) {
-            ids += BlobReference.all(inDocument: text).filter { policy.admits(size: $0.size) }.map(\.id)
+    /// On the writer's thread: keeps the documents of eager collections that mention a blob, for the pool to read.
+    private func arrived(_ db: BlazeDatabase, _ entries: [FeedEntry]) {
+        guard let policy = state.withLock({ s in s.queues[db.name].flatMap { $0.db === db ? $0.policy : nil } }),
+            !policy.eager.isEmpty
+        else { return }
+        var documents: [(String, String)] = []
+        for entry in entries {
+            for e in entry.events where policy.isEager(e.collection) {
+                if let text = e.afterText, text.contains("$blob") { documents.append((e.collection, text)) }
+            }
         }
-        enqueue(db: db, ids: ids)
-    }
-
-    /// `db` was dropped or closed: its queue goes.
-    private func forget(db: BlazeDatabase) {
-        let queue = state.withLock { s -> Queue? in
-            guard s.queues[db.name]?.feedOf === db || s.queues[db.name]?.feedOf == nil else { return nil }
-            return s.queues.removeValue(forKey: db.name)
-        }
-        queue?.retry?.cancel()
-    }
-
-    /// Starts fetching `db`'s next queued blob unless one is being fetched.
-    private func next(db: BlazeDatabase) {
-        let taken: (ChunkID, Bool, BlobPolicy)? = state.withLock { s in
-            guard !s.stopped, var queue = s.queues[db.name], !queue.running, !queue.pending.isEmpty else { return nil }
-            let id = queue.pending.removeFirst()
-            queue.running = true
+        guard !documents.isEmpty else { return }
+        let start = state.withLock { s -> Bool in
+            guard var queue = s.queues[db.name], queue.db === db else { return false }
+            let room = max(0, Self.maxInbox - queue.inbox.count)
+            if documents.count > room { queue.overflowed = true }
+            queue.inbox += documents.prefix(room)
+            let start = !queue.reading && !queue.inbox.isEmpty
+            if start { queue.reading = true }
             s.queues[db.name] = queue
-            return (id, queue.pinned.contains(id), queue.policy)
+            return start
         }
-        guard let (id, pinned, policy) = taken else { return }
-        // Everything of a pinned blob; of an eager one, nothing when its manifest says it is over the policy's size.
+        if start { blobs.pool.submit { _ in self.read(db) } }
+    }
+
+    /// Reads the documents waiting in `db`'s inbox for references and queues their blobs.
+    private func read(_ db: BlazeDatabase) {
+        while true {
+            guard let (documents, policy) = state.withLock({ s -> ([(String, String)], BlobPolicy)? in
+                guard var queue = s.queues[db.name], queue.db === db else { return nil }
+                let documents = queue.inbox
+                queue.inbox = []
+                if documents.isEmpty { queue.reading = false }
+                s.queues[db.name] = queue
+                return documents.isEmpty ? nil : (documents, queue.policy)
+            }) else { break }
+            var ids: [ChunkID] = []
+            for (collection, text) in documents where policy.isEager(collection) {
+                ids += BlobReference.all(inDocument: text).filter { policy.admits(size: $0.size) }.map(\.id)
+            }
+            state.withLock { s in
+                guard var queue = s.queues[db.name], queue.db === db else { return }
+                for id in ids { Self.add(id, to: &queue) }
+                s.queues[db.name] = queue
+            }
+        }
+        pump(db: db)
+    }
+
+    /// Starts fetching `db`'s next queued blobs, pinned first, while fewer than `fetchesAtOnce` are being fetched; once
+    /// nothing is left and something was left out, reads the database again.
+    private func pump(db: BlazeDatabase) {
+        guard store.isCurrent(db) else { return forget(db) }
+        var again = false
+        let started: [(ChunkID, Bool, BlobPolicy)] = state.withLock { s in
+            guard !s.stopped, var queue = s.queues[db.name], queue.db === db else { return [] }
+            var started: [(ChunkID, Bool, BlobPolicy)] = []
+            while queue.running.count < Self.fetchesAtOnce, let id = queue.pinned.pop() ?? queue.eager.pop() {
+                queue.queued.remove(id)
+                queue.running.insert(id)
+                started.append((id, queue.pins.contains(id), queue.policy))
+            }
+            if queue.running.isEmpty, queue.queued.isEmpty, queue.overflowed, !queue.refreshing {
+                queue.overflowed = false
+                again = true
+            }
+            s.queues[db.name] = queue
+            return started
+        }
+        for (id, pinned, policy) in started { fetch(id, of: db, pinned: pinned, policy: policy) }
+        if again { blobs.pool.submit { _ in self.refresh(db: db) } }
+    }
+
+    /// Fetches blob `id` of `db` whole (the same path as a read); an eager one whose manifest is over the policy's
+    /// size stops at the manifest.
+    private func fetch(_ id: ChunkID, of db: BlazeDatabase, pinned: Bool, policy: BlobPolicy) {
         blobs.whenHeld(
             db: db, blob: id.hex, sync: sync, inline: false,
             needed: { manifest in pinned || policy.admits(size: manifest.size) ? manifest.pieces.map(\.id) : [] },
             { _, _, _ in }
         ) { [self] result in
-            if case .failure(let error) = result {
-                logger.debug("A blob fetched eagerly is not here yet", metadata: ["db": "\(db.name)", "blob": "\(id)", "error": "\(error)"])
-            }
+            guard case .failure(let error) = result else { return finished(id, of: db, failed: false) }
+            let kind = Blobs.storeError(error).kind
+            logger.debug("A blob fetched ahead of reads is not here yet", metadata: ["db": "\(db.name)", "blob": "\(id)", "error": "\(kind)"])
             // A blob over the daemon's limit is not tried again: its manifest will not change.
-            guard case .failure(let error) = result, Blobs.storeError(error).kind != "blob_too_large" else {
-                return finished(db: db, id: id, failed: false)
-            }
-            finished(db: db, id: id, failed: true)
+            finished(id, of: db, failed: kind != "blob_too_large")
         }
     }
 
-    /// The fetch of `id` ended: a failed one waits for the retry; the next blob starts.
-    private func finished(db: BlazeDatabase, id: ChunkID, failed: Bool) {
-        let schedule: TimeAmount? = state.withLock { s in
-            guard !s.stopped, var queue = s.queues[db.name] else { return nil }
-            queue.running = false
-            var pause: TimeAmount?
-            if failed {
-                queue.failed.insert(id)
-                if queue.retry == nil { pause = queue.backoff }
-            } else {
-                queue.wanted.remove(id)
-                if queue.failed.isEmpty { queue.backoff = Self.firstRetry }
+    /// The fetch of `id` ended: a failed one waits for its retry (or the next refresh); the next blobs start.
+    private func finished(_ id: ChunkID, of db: BlazeDatabase, failed: Bool) {
+        let schedule: NIODeadline? = state.withLock { s in
+            guard !s.stopped, var queue = s.queues[db.name], queue.db === db else { return nil }
+            queue.running.remove(id)
+            guard failed else {
+                queue.failures[id] = nil
+                s.queues[db.name] = queue
+                return nil
+            }
+            let failures = (queue.failures[id] ?? 0) + 1
+            queue.failures[id] = failures
+            var schedule: NIODeadline?
+            if failures < Self.maxAttempts {
+                let pause = TimeAmount.nanoseconds(
+                    min(Self.lastRetry.nanoseconds, Self.firstRetry.nanoseconds << Int64(min(failures - 1, 16))))
+                let at = NIODeadline.now() + pause
+                queue.retryAt[id] = at
+                if queue.retry == nil { schedule = at }
             }
             s.queues[db.name] = queue
-            return pause
+            return schedule
         }
-        if let schedule { scheduleRetry(db: db, after: schedule) }
-        next(db: db)
+        if let schedule { scheduleRetry(db: db, at: schedule) }
+        pump(db: db)
     }
 
-    /// Queues `db`'s failed fetches again after `pause`, doubling the next wait.
-    private func scheduleRetry(db: BlazeDatabase, after pause: TimeAmount) {
-        let task = MultiThreadedEventLoopGroup.singleton.next().scheduleTask(in: pause) { [self] in
-            let again: [ChunkID] = self.state.withLock { s in
-                guard !s.stopped, var queue = s.queues[db.name] else { return [] }
+    /// Queues `db`'s failed blobs whose time came at `at`, then looks again at the next one's time.
+    private func scheduleRetry(db: BlazeDatabase, at: NIODeadline) {
+        let task = MultiThreadedEventLoopGroup.singleton.next().scheduleTask(deadline: at) { [self] in
+            let next: NIODeadline? = state.withLock { s in
+                guard !s.stopped, var queue = s.queues[db.name], queue.db === db else { return nil }
                 queue.retry = nil
-                queue.backoff = min(Self.lastRetry, queue.backoff + queue.backoff)
-                let again = queue.failed.sorted { $0.hex < $1.hex }
-                queue.failed = []
-                for id in again where !queue.pending.contains(id) { queue.pending.append(id) }
+                let now = NIODeadline.now()
+                for (id, due) in queue.retryAt where due <= now {
+                    queue.retryAt[id] = nil
+                    Self.add(id, to: &queue)
+                }
                 s.queues[db.name] = queue
-                return again
+                return queue.retryAt.values.min()
             }
-            if !again.isEmpty { self.next(db: db) }
+            if let next { scheduleRetry(db: db, at: next) }
+            pump(db: db)
         }
-        let keep = state.withLock { s -> Bool in
-            guard !s.stopped, s.queues[db.name] != nil, s.queues[db.name]!.retry == nil else { return false }
+        let kept = state.withLock { s -> Bool in
+            guard !s.stopped, s.queues[db.name]?.db === db, s.queues[db.name]!.retry == nil else { return false }
             s.queues[db.name]!.retry = task
             return true
         }
-        if !keep { task.cancel() }
+        if !kept { task.cancel() }
     }
 
-    /// Blobs of `db` queued or being fetched now (`db.info`, tests).
-    func queued(db: String) -> Int { state.withLock { $0.queues[db]?.wanted.count ?? 0 } }
+    /// Stops listening to `db`'s feed (no collection is eager).
+    private func stopListening(_ db: BlazeDatabase) {
+        let token = state.withLock { s -> Int? in
+            guard s.queues[db.name]?.db === db else { return nil }
+            defer { s.queues[db.name]!.feedToken = nil }
+            return s.queues[db.name]!.feedToken
+        }
+        if let token { db.feed.detach(token) }
+    }
+
+    /// `db` was dropped or closed (or has nothing to fetch): its queue goes.
+    private func forget(_ db: BlazeDatabase) {
+        let queue = state.withLock { s -> Queue? in
+            guard s.queues[db.name]?.db === db else { return nil }
+            return s.queues.removeValue(forKey: db.name)
+        }
+        if let queue { Self.tearDown(queue) }
+    }
+
+    /// Cancels a queue's retry and detaches its feed listener.
+    private static func tearDown(_ queue: Queue) {
+        queue.retry?.cancel()
+        if let token = queue.feedToken { queue.db.feed.detach(token) }
+    }
+
+    /// Blobs of `db` queued, being fetched or waiting for a retry (tests).
+    func pending(db: String) -> Int {
+        state.withLock { s in s.queues[db].map { $0.queued.count + $0.running.count + $0.retryAt.count } ?? 0 }
+    }
 }

@@ -49,6 +49,7 @@ extension Blobs {
             let reader = BlobReader(store: try store(for: db), maxSize: maxBlobBytes)
             guard let manifest = try Self.mapped({ try reader.manifest(id) }) else {
                 guard !fetchedManifest else { throw Self.notFound(id, db: db) }
+                let events = self.events
                 sync.fetchChunks(db: db, ids: [id], timeout: Self.fetchTimeout, waitForSource: false) { result in
                     switch result {
                     case .success:
@@ -56,7 +57,9 @@ extension Blobs {
                             self.whenHeld(db: db, id: id, sync: sync, fetchedManifest: true, needed: needed, body, done: done)
                         }
                     case .failure(let error):
-                        done(.failure(Self.manifestFailure(error, id: id, db: db)))
+                        let failure = Self.manifestFailure(error, id: id, db: db)
+                        events.manifestFailed(db: db.name, id: id, error: failure)
+                        done(.failure(failure))
                     }
                 }
                 return
@@ -67,16 +70,16 @@ extension Blobs {
                 done(Result { try body(id, manifest, reader) })
                 return
             }
-            let (events, store) = (self.events, reader.store)
-            fetchWindows(db: db, missing: missing[...], sync: sync) {
-                events.post(db: db.name, id: id, manifest: manifest, store: store, state: .fetching)
+            let progress = events.progress(db: db.name, id: id, manifest: manifest, store: reader.store, missing: missing)
+            fetchWindows(db: db, missing: missing[...], sync: sync) { window, last in
+                progress?.arrived(window, last: last)
             } done: { result in
                 switch result {
                 case .success:
-                    events.post(db: db.name, id: id, manifest: manifest, store: store, state: Self.finished(manifest, store))
+                    progress?.ended()
                     pool.submit { _ in done(Result { try body(id, manifest, reader) }) }
                 case .failure(let error):
-                    events.post(db: db.name, id: id, manifest: manifest, store: store, state: .failed, error: error)
+                    progress?.ended(error)
                     done(.failure(error))
                 }
             }
@@ -85,15 +88,11 @@ extension Blobs {
         }
     }
 
-    /// Whether a fetch that ended well left all of the blob here (`held`) or only the chunks a ranged read needed.
-    static func finished(_ manifest: BlobManifest, _ store: ChunkStore) -> RPCSchema.BlobProgress.State {
-        manifest.pieces.allSatisfy { store.contains($0.id) } ? .held : .partial
-    }
-
-    /// Fetches `missing` a window at a time, calling `progress` after each window but the last; `done` once all are
-    /// held or one window failed.
+    /// Fetches `missing` a window at a time, calling `progress` with each window once it is held (and whether it was
+    /// the last); `done` once all are held or one window failed.
     private func fetchWindows(
-        db: BlazeDatabase, missing: ArraySlice<ChunkID>, sync: SyncEngine, progress: @escaping @Sendable () -> Void,
+        db: BlazeDatabase, missing: ArraySlice<ChunkID>, sync: SyncEngine,
+        progress: @escaping @Sendable ([ChunkID], Bool) -> Void,
         done: @escaping @Sendable (Result<Void, StoreError>) -> Void
     ) {
         guard !missing.isEmpty else { return done(.success(())) }
@@ -102,7 +101,7 @@ extension Blobs {
         sync.fetchChunks(db: db, ids: window, timeout: Self.fetchTimeout, waitForSource: true) { result in
             switch result {
             case .success:
-                if !rest.isEmpty { progress() }
+                progress(window, rest.isEmpty)
                 self.fetchWindows(db: db, missing: rest, sync: sync, progress: progress, done: done)
             case .failure(let error): done(.failure(error))
             }
@@ -119,23 +118,28 @@ extension Blobs {
             do {
                 try sync.fetchChunksAndWait(db: db, ids: [id], timeout: Self.fetchTimeout, waitForSource: false)
             } catch {
-                throw Self.manifestFailure(error, id: id, db: db)
+                let failure = Self.manifestFailure(error, id: id, db: db)
+                events.manifestFailed(db: db.name, id: id, error: failure)
+                throw failure
             }
             manifest = try Self.mapped { try reader.manifest(id) }
         }
         guard let manifest else { throw Self.notFound(id, db: db) }
         let missing = reader.missing(manifest)
+        let progress = missing.isEmpty
+            ? nil : events.progress(db: db.name, id: id, manifest: manifest, store: reader.store, missing: missing)
         do {
             for start in stride(from: 0, to: missing.count, by: Self.fetchWindow) {
-                if start > 0 { events.post(db: db.name, id: id, manifest: manifest, store: reader.store, state: .fetching) }
-                let window = Array(missing[start..<min(missing.count, start + Self.fetchWindow)])
+                let end = min(missing.count, start + Self.fetchWindow)
+                let window = Array(missing[start..<end])
                 try sync.fetchChunksAndWait(db: db, ids: window, timeout: Self.fetchTimeout, waitForSource: true)
+                progress?.arrived(window, last: end == missing.count)
             }
         } catch {
-            events.post(db: db.name, id: id, manifest: manifest, store: reader.store, state: .failed, error: error)
+            progress?.ended(error)
             throw error
         }
-        if !missing.isEmpty { events.post(db: db.name, id: id, manifest: manifest, store: reader.store, state: .held) }
+        progress?.ended()
         return (id, manifest, reader)
     }
 

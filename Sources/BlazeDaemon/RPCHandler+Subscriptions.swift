@@ -101,12 +101,22 @@ extension RPCHandler {
     }
 
     /// Writes blob progress `event` to `sub`. Progress (`fetching`) is left out while the connection has more than
-    /// half its backlog waiting; the end of a fetch (held, partial, failed) never is.
+    /// half its backlog waiting; the end of a fetch (held, partial, failed) is not, but past the whole backlog the
+    /// subscription ends (`subscriber_too_slow`), as for document events.
     func write(_ event: RPCSchema.BlobProgress, for sub: Subscription, context: ChannelHandlerContext) {
         guard deliveries[sub.id]?.sub === sub, !sub.isCancelled else { return }
-        if event.state == .fetching {
-            let backlog = (try? context.channel.syncOptions?.getOption(.bufferedWritableBytes)) ?? 0
-            guard backlog <= limits.maxSubscriberBacklogBytes / 2 else { return }
+        let backlog = (try? context.channel.syncOptions?.getOption(.bufferedWritableBytes)) ?? 0
+        if event.state == .fetching, backlog > limits.maxSubscriberBacklogBytes / 2 { return }
+        guard backlog <= limits.maxSubscriberBacklogBytes else {
+            end(
+                sub,
+                RPCError(
+                    code: RPCErrorCode.limitExceeded, kind: "subscriber_too_slow",
+                    message: "more than \(limits.maxSubscriberBacklogBytes) bytes were waiting for this connection to read "
+                        + "them; the subscription is dropped: subscribe again with since to resume",
+                    details: ["lastSeq": .int(deliveries[sub.id]?.delivered ?? sub.start)]),
+                context: context)
+            return
         }
         context.writeAndFlush(wrapOutboundOut(ByteBuffer(bytes: sub.blobNotification(event))), promise: nil)
     }

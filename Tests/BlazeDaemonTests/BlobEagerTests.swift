@@ -133,6 +133,36 @@ import Testing
         #expect(eventually(timeout: .seconds(90)) { (try? held(pair.cb, other.id)) == other.chunks }, "the pin was never fetched")
     }
 
+    /// A member's documents may name any number of blobs nobody holds: they fail and wait, and a real blob named
+    /// after them still comes.
+    @Test func referencesToBlobsNobodyHoldsDoNotHoldUpTheOthers() throws {
+        let (pair, _) = try Pair.make(bDials: false)
+        defer { pair.stop() }
+        _ = try pair.cb.call("blob.policy", ["db": "notes", "eager": ["photos"]])
+        let fakes: [JSONValue] = (0..<2_000).map { _ in
+            ["$blob": ["id": .string((0..<32).map { _ in String(format: "%02x", UInt8.random(in: 0...255)) }.joined()), "size": 10]]
+        }
+        _ = try pair.ca.call("doc.put", ["db": "notes", "collection": "photos", "id": "fakes", "doc": ["files": .array(fakes)]])
+        let real = try blob(BlobDaemonTests().content(1_500_000, seed: 8), on: pair.ca, dir: pair.a.dir.path, name: "real")
+        _ = try pair.ca.call("doc.put", ["db": "notes", "collection": "photos", "id": "real", "doc": ["file": real.ref]])
+        #expect(eventually(timeout: .seconds(120)) { (try? held(pair.cb, real.id)) == real.chunks }, "the real blob never came")
+        // B answers throughout.
+        #expect(try pair.cb.call("blob.list", ["db": "notes", "limit": 1])["next"] != .null)
+    }
+
+    /// A fetch whose manifest no device has reports its failure to subscribers.
+    @Test func aPinNobodyCanServeIsReportedFailed() throws {
+        let d = try DaemonProcess()
+        defer { d.stop() }
+        let c = try d.connect()
+        let watcher = try d.connect()
+        _ = try watcher.call("subscribe", ["db": "default", "blobs": true])
+        let id = String(repeating: "ab", count: 32)
+        _ = try c.call("blob.pin", ["db": "default", "blob": .string(id)])
+        let events = try progress(of: id, on: watcher)
+        #expect(events.count == 1 && events.last?.state == .failed && events.last?.error?.kind == "blob_not_found" && events.last?.chunks == 0)
+    }
+
     @Test func badPolicyAndPinRequestsAreRefusedAndAPolicySurvivesARestart() throws {
         let dir = TempDir()
         var d = try DaemonProcess(dir: dir)

@@ -6471,7 +6471,7 @@ public enum RPCSchema {
         }
     }
 
-    /// How a fetch of a blob's chunks from other devices goes (subscribe with blobs: true). Not part of the feed: not replayed with since, and a subscriber that reads slowly may miss fetching events, never the last one of a fetch.
+    /// How a fetch of a blob's chunks from other devices goes (subscribe with blobs: true), for fetches that start while the subscription listens. Not part of the feed: not replayed with since, and a subscriber that reads slowly may miss fetching events, never the last one of a fetch.
     public struct BlobProgress: RPCObject {
         /// The values of `state`.
         public enum State: String, Sendable, CaseIterable {
@@ -6519,7 +6519,7 @@ public enum RPCSchema {
         public var blob: String
         /// fetching: chunks are arriving; held: every chunk of the blob is on this device; partial: the fetch that ran (a ranged read) is done and some chunks are still elsewhere; failed: the fetch stopped (see error; an eager or pinned fetch is tried again later).
         public var state: State
-        /// The blob's size in bytes (its manifest's).
+        /// The blob's size in bytes (its manifest's; 0 when the manifest could not be had).
         public var size: Int
         /// `chunks`.
         public var chunks: Int
