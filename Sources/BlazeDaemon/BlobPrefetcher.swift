@@ -46,13 +46,14 @@ final class BlobPrefetcher: Sendable {
         var failures: [ChunkID: Int] = [:]
         var retryAt: [ChunkID: NIODeadline] = [:]
         var retry: Scheduled<Void>?
+        var retryDeadline: NIODeadline?
         var feedToken: Int?
         /// Documents (collection, text) waiting to be read for references, and whether a task reads them.
         var inbox: [(String, String)] = []
         var reading = false
         /// Something was left out (a full queue or inbox): the database is read again once the queue is empty.
         var overflowed = false
-        var refreshing = false, refreshAgain = false
+        var refreshing = false, refreshAgain = false, resetAgain = false
 
         init(db: BlazeDatabase) { self.db = db }
     }
@@ -78,6 +79,7 @@ final class BlobPrefetcher: Sendable {
             items = items[head...].filter(wanted)
             head = 0
         }
+        var all: ArraySlice<ChunkID> { items[head...] }
     }
 
     private struct State {
@@ -117,11 +119,15 @@ final class BlobPrefetcher: Sendable {
     /// Reads `db`'s pins and policy again and queues what they want that is not held whole (on the calling thread,
     /// which may block); what they no longer want leaves the queue, and failed blobs they want are tried now. Calls
     /// for one database run one at a time: one made meanwhile runs again after.
-    func refresh(db: BlazeDatabase) {
+    func refresh(db: BlazeDatabase) { refresh(db: db, reset: true) }
+
+    /// `refresh`; without `reset` (a re-read after an overflow) blobs that failed keep their wait and attempts.
+    private func refresh(db: BlazeDatabase, reset: Bool) {
         let (first, old) = state.withLock { s -> (Bool, Queue?) in
             guard !s.stopped else { return (false, nil) }
             if let queue = s.queues[db.name], queue.db === db {
                 s.queues[db.name]!.refreshAgain = true
+                if reset { s.queues[db.name]!.resetAgain = true }
                 guard !queue.refreshing else { return (false, nil) }
                 s.queues[db.name]!.refreshing = true
                 return (true, nil)
@@ -129,31 +135,31 @@ final class BlobPrefetcher: Sendable {
             // A queue of an older handle (the database was dropped and created again) goes.
             let old = s.queues.removeValue(forKey: db.name)
             var queue = Queue(db: db)
-            (queue.refreshing, queue.refreshAgain) = (true, true)
+            (queue.refreshing, queue.refreshAgain, queue.resetAgain) = (true, true, reset)
             s.queues[db.name] = queue
             return (true, old)
         }
         // Outside the lock: the feed calls listeners (which take it) under its own.
         if let old { Self.tearDown(old) }
         guard first else { return }
-        while state.withLock({ s -> Bool in
+        while let reset = state.withLock({ s -> Bool? in
             guard s.queues[db.name]?.db === db, s.queues[db.name]!.refreshAgain else {
                 if s.queues[db.name]?.db === db { s.queues[db.name]!.refreshing = false }
-                return false
+                return nil
             }
-            s.queues[db.name]!.refreshAgain = false
-            return true
+            defer { (s.queues[db.name]!.refreshAgain, s.queues[db.name]!.resetAgain) = (false, false) }
+            return s.queues[db.name]!.resetAgain
         }) {
-            reread(db: db)
+            reread(db: db, reset: reset)
         }
         pump(db: db)
     }
 
     /// One refresh of `db` (see `refresh`).
-    private func reread(db: BlazeDatabase) {
+    private func reread(db: BlazeDatabase, reset: Bool) {
         guard store.isCurrent(db), let policy = try? db.blobPolicy(), let pins = try? db.pinnedBlobs() else { return forget(db) }
-        // Nothing wanted: no queue is kept for the database.
-        guard !policy.eager.isEmpty || !pins.isEmpty else { return forget(db) }
+        // Nothing wanted: no queue is kept for the database (unless a refresh asked for meanwhile may want one).
+        guard !policy.eager.isEmpty || !pins.isEmpty else { return forget(db, unlessRefreshed: true) }
         // Listening first: a document committed while the snapshot is read is seen by one or the other.
         if policy.eager.isEmpty { stopListening(db) } else { listen(db) }
         var eager: [ChunkID] = []
@@ -164,27 +170,40 @@ final class BlobPrefetcher: Sendable {
             }
         }
         let wanted = pins.union(eager)
+        // Only what is not held whole waits: a database of many blobs, most of them here, queues the few it lacks.
+        let reader = (try? blobs.store(for: db)).map { BlobReader(store: $0, maxSize: .max) }
+        let lacking = wanted.filter { id in
+            guard let reader, let manifest = try? reader.manifest(id) else { return true }
+            return !manifest.pieces.allSatisfy { reader.store.contains($0.id) }
+        }
         state.withLock { s in
             guard var queue = s.queues[db.name], queue.db === db else { return }
             queue.policy = policy
             queue.pins = pins
-            queue.pinned.keep { wanted.contains($0) && pins.contains($0) }
-            queue.eager.keep { wanted.contains($0) && !pins.contains($0) }
-            queue.queued = queue.queued.intersection(wanted)
-            // Failed blobs still wanted are tried now; the others are forgotten.
-            queue.failures = [:]
-            queue.retryAt = [:]
-            queue.retry?.cancel()
-            queue.retry = nil
+            // What is no longer wanted leaves; what moved between pinned and eager moves lists.
+            let waiting = queue.pinned.all + queue.eager.all
+            queue.pinned = FIFO()
+            queue.eager = FIFO()
+            queue.queued = []
+            for id in waiting where lacking.contains(id) { Self.add(id, to: &queue) }
+            if reset {
+                // Failed blobs still wanted are tried now; the others are forgotten.
+                queue.failures = [:]
+                queue.retryAt = [:]
+                queue.retry?.cancel()
+                (queue.retry, queue.retryDeadline) = (nil, nil)
+            }
             queue.overflowed = false
-            for id in pins.sorted(by: { $0.hex < $1.hex }) + eager { Self.add(id, to: &queue) }
+            for id in pins.sorted(by: { $0.hex < $1.hex }) + eager where lacking.contains(id) { Self.add(id, to: &queue) }
             s.queues[db.name] = queue
         }
     }
 
     /// Queues `id` unless it is queued, being fetched or waiting for a retry, or the queue is full.
     private static func add(_ id: ChunkID, to queue: inout Queue) {
-        guard !queue.queued.contains(id), !queue.running.contains(id), queue.retryAt[id] == nil else { return }
+        guard !queue.queued.contains(id), !queue.running.contains(id), queue.retryAt[id] == nil,
+            queue.failures[id, default: 0] < maxAttempts
+        else { return }
         guard queue.queued.count < maxQueued else {
             queue.overflowed = true
             return
@@ -289,7 +308,7 @@ final class BlobPrefetcher: Sendable {
             return started
         }
         for (id, pinned, policy) in started { fetch(id, of: db, pinned: pinned, policy: policy) }
-        if again { blobs.pool.submit { _ in self.refresh(db: db) } }
+        if again { blobs.pool.submit { _ in self.refresh(db: db, reset: false) } }
     }
 
     /// Fetches blob `id` of `db` whole (the same path as a read); an eager one whose manifest is over the policy's
@@ -310,54 +329,48 @@ final class BlobPrefetcher: Sendable {
 
     /// The fetch of `id` ended: a failed one waits for its retry (or the next refresh); the next blobs start.
     private func finished(_ id: ChunkID, of db: BlazeDatabase, failed: Bool) {
-        let schedule: NIODeadline? = state.withLock { s in
-            guard !s.stopped, var queue = s.queues[db.name], queue.db === db else { return nil }
+        state.withLock { s in
+            guard !s.stopped, var queue = s.queues[db.name], queue.db === db else { return }
             queue.running.remove(id)
             guard failed else {
                 queue.failures[id] = nil
                 s.queues[db.name] = queue
-                return nil
+                return
             }
             let failures = (queue.failures[id] ?? 0) + 1
             queue.failures[id] = failures
-            var schedule: NIODeadline?
             if failures < Self.maxAttempts {
                 let pause = TimeAmount.nanoseconds(
                     min(Self.lastRetry.nanoseconds, Self.firstRetry.nanoseconds << Int64(min(failures - 1, 16))))
-                let at = NIODeadline.now() + pause
-                queue.retryAt[id] = at
-                if queue.retry == nil { schedule = at }
+                queue.retryAt[id] = NIODeadline.now() + pause
+                scheduleRetry(&queue)
             }
             s.queues[db.name] = queue
-            return schedule
         }
-        if let schedule { scheduleRetry(db: db, at: schedule) }
         pump(db: db)
     }
 
-    /// Queues `db`'s failed blobs whose time came at `at`, then looks again at the next one's time.
-    private func scheduleRetry(db: BlazeDatabase, at: NIODeadline) {
-        let task = MultiThreadedEventLoopGroup.singleton.next().scheduleTask(deadline: at) { [self] in
-            let next: NIODeadline? = state.withLock { s in
-                guard !s.stopped, var queue = s.queues[db.name], queue.db === db else { return nil }
-                queue.retry = nil
+    /// Makes sure `queue`'s retry task runs at its soonest retry (under the lock: the task takes it before it looks).
+    private func scheduleRetry(_ queue: inout Queue) {
+        guard let soonest = queue.retryAt.values.min() else { return }
+        if let deadline = queue.retryDeadline, queue.retry != nil, deadline <= soonest { return }
+        queue.retry?.cancel()
+        let db = queue.db
+        queue.retryDeadline = soonest
+        queue.retry = MultiThreadedEventLoopGroup.singleton.next().scheduleTask(deadline: soonest) { [self] in
+            state.withLock { s in
+                guard !s.stopped, var queue = s.queues[db.name], queue.db === db, queue.retryDeadline == soonest else { return }
+                (queue.retry, queue.retryDeadline) = (nil, nil)
                 let now = NIODeadline.now()
                 for (id, due) in queue.retryAt where due <= now {
                     queue.retryAt[id] = nil
                     Self.add(id, to: &queue)
                 }
+                scheduleRetry(&queue)
                 s.queues[db.name] = queue
-                return queue.retryAt.values.min()
             }
-            if let next { scheduleRetry(db: db, at: next) }
             pump(db: db)
         }
-        let kept = state.withLock { s -> Bool in
-            guard !s.stopped, s.queues[db.name]?.db === db, s.queues[db.name]!.retry == nil else { return false }
-            s.queues[db.name]!.retry = task
-            return true
-        }
-        if !kept { task.cancel() }
     }
 
     /// Stops listening to `db`'s feed (no collection is eager).
@@ -370,10 +383,11 @@ final class BlobPrefetcher: Sendable {
         if let token { db.feed.detach(token) }
     }
 
-    /// `db` was dropped or closed (or has nothing to fetch): its queue goes.
-    private func forget(_ db: BlazeDatabase) {
+    /// `db` was dropped or closed (or, `unlessRefreshed`, has nothing to fetch and no refresh was asked for since):
+    /// its queue goes.
+    private func forget(_ db: BlazeDatabase, unlessRefreshed: Bool = false) {
         let queue = state.withLock { s -> Queue? in
-            guard s.queues[db.name]?.db === db else { return nil }
+            guard let queue = s.queues[db.name], queue.db === db, !(unlessRefreshed && queue.refreshAgain) else { return nil }
             return s.queues.removeValue(forKey: db.name)
         }
         if let queue { Self.tearDown(queue) }

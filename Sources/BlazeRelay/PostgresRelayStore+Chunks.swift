@@ -21,9 +21,11 @@ extension PostgresRelayStore {
         PRIMARY KEY(space, id))
         """,
         "CREATE INDEX IF NOT EXISTS relay_chunk_leases_kept ON relay_chunk_leases(kept_ms)",
+        // Once: while no lease is held (each stored chunk gets one), not at every start.
         """
         INSERT INTO relay_chunk_leases(space, id, kept_ms) \
-        SELECT space, id, (extract(epoch FROM now()) * 1000)::BIGINT FROM relay_chunks ON CONFLICT DO NOTHING
+        SELECT space, id, (extract(epoch FROM now()) * 1000)::BIGINT FROM relay_chunks \
+        WHERE NOT EXISTS (SELECT 1 FROM relay_chunk_leases) ON CONFLICT DO NOTHING
         """,
     ]
 
@@ -33,23 +35,26 @@ extension PostgresRelayStore {
             let wanted = ids.map { ByteBuffer(bytes: $0.bytes) }
             return try await client.query(
                 """
-                UPDATE relay_chunk_leases SET kept_ms = GREATEST(kept_ms, \(nowMs)) \
-                WHERE space = \(Data(space.bytes)) AND id = ANY(\(wanted)) RETURNING 1
+                UPDATE relay_chunk_leases SET kept_ms = \(nowMs) \
+                WHERE space = \(Data(space.bytes)) AND id = ANY(\(wanted)) AND kept_ms < \(nowMs - RelayLimits.renewalSlackMs) RETURNING 1
                 """, logger: logger
             ).all().count
         }
     }
 
     public func dropUnkeptChunks(keptBeforeMs cutoff: Int64, limit: Int) async throws -> (chunks: Int, bytes: Int) {
-        try await bounded { [self] in
-            let stale = try await client.query(
+        let stale = try await bounded { [self] in
+            try await client.query(
                 "SELECT space, id FROM relay_chunk_leases WHERE kept_ms < \(cutoff) ORDER BY kept_ms LIMIT \(Int64(limit))",
                 logger: logger
             ).decode((Data, Data).self).all()
-            var (dropped, freed) = (0, 0)
-            for (space, id) in stale {
-                // Each under its space's usage row, as a store takes it: the quota stays exact across processes.
-                let length: Int = try await transaction { conn in
+        }
+        var (dropped, freed) = (0, 0)
+        for (space, id) in stale {
+            // Each under its space's usage row, as a store takes it: the quota stays exact across processes; each in
+            // its own time bound.
+            let length: Int = try await bounded { [self] in
+                try await transaction { conn in
                     try await conn.query("SELECT 1 FROM relay_usage WHERE space = \(space) FOR UPDATE", logger: self.logger)
                     // Kept again meanwhile (another process): it stays.
                     let lease = try await conn.query(
@@ -68,11 +73,11 @@ extension PostgresRelayStore {
                     }
                     return bytes
                 }
-                // A sealed chunk is never empty: 0 is a lease without its chunk, or one kept again meanwhile.
-                if length > 0 { (dropped, freed) = (dropped + 1, freed + length) }
             }
-            return (dropped, freed)
+            // A sealed chunk is never empty: 0 is a lease without its chunk, or one kept again meanwhile.
+            if length > 0 { (dropped, freed) = (dropped + 1, freed + length) }
         }
+        return (dropped, freed)
     }
 
     public func heldChunks(_ ids: [ChunkID], space: SpaceID) async throws -> Set<ChunkID> {

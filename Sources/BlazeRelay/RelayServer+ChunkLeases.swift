@@ -6,8 +6,9 @@ import Foundation
 /// stored, when a writing member offers it, and when a member names it in a `CHUNK_KEEP` (devices tell every relay
 /// they use every chunk they hold, at each connection and every 12 hours); one nobody kept for the lease goes.
 extension RelayServer {
-    /// Chunks dropped per store call, so one sweep never holds the store's writer long.
-    static let leaseSweepBatch = 500
+    /// Chunks dropped per store call (up to 128 MiB: SQLite walks a deleted row's pages), so one sweep never holds
+    /// the store's writer long.
+    static let leaseSweepBatch = 32
 
     /// Drops chunks nobody kept for `lease`, checking every hour (or every quarter of `lease`, if shorter), from now
     /// until shutdown.

@@ -17,8 +17,8 @@ extension RelayStore {
         ALTER TABLE relay_usage ADD COLUMN chunk_bytes INTEGER NOT NULL DEFAULT 0;
         """
 
-    /// When each chunk was last kept (stored, offered or named in a `CHUNK_KEEP` by a writing member), apart from
-    /// the chunk's row: renewing a lease must not rewrite a 4 MiB row. Chunks held before leases start now.
+    /// When each chunk was last kept (stored, offered by a writing member or named in a member's `CHUNK_KEEP`),
+    /// apart from the chunk's row: renewing a lease must not rewrite a 4 MiB row. Chunks held before leases start now.
     static let leasesTable = """
         CREATE TABLE relay_chunk_leases(
             space BLOB NOT NULL,
@@ -35,10 +35,12 @@ extension RelayStore {
         guard !ids.isEmpty else { return 0 }
         return try await pool.write { db in
             var kept = 0
+            // A lease renewed within the last `renewalSlackMs` is left as it is: a device that reconnects often
+            // makes the relay read its leases, not write them.
             for id in ids {
                 try db.execute(
-                    sql: "UPDATE relay_chunk_leases SET kept_ms = max(kept_ms, ?) WHERE space = ? AND id = ?",
-                    arguments: [nowMs, Data(space.bytes), Data(id.bytes)])
+                    sql: "UPDATE relay_chunk_leases SET kept_ms = ? WHERE space = ? AND id = ? AND kept_ms < ?",
+                    arguments: [nowMs, Data(space.bytes), Data(id.bytes), nowMs - RelayLimits.renewalSlackMs])
                 kept += db.changesCount
             }
             return kept

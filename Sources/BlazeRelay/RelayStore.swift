@@ -311,6 +311,8 @@ public struct RelayLimits: Sendable {
     public var maxBytesPerSpace = 10 << 30
     /// Most bytes of blob chunks stored per space, apart from the entries' (so chunks never crowd out entries).
     public var maxChunkBytesPerSpace = 10 << 30
+    /// A chunk lease renewed within this many milliseconds is not renewed again (`keepChunks` reads, not writes).
+    public static let renewalSlackMs: Int64 = 3_600_000
     /// Most membership operations per space.
     public var maxOps = 100_000
 

@@ -75,11 +75,11 @@ public enum RelaySettings {
         "retention-days", min: 0, max: 36_500,
         "Days a space's data is kept after its last write (0: for good); devices hand it back when they reconnect", default: 0,
         prefix: prefix)
-    /// `chunk-lease`.
-    public static let chunkLease = Setting.milliseconds(
-        "chunk-lease", seconds: 0...3_153_600_000,
-        "Seconds a blob chunk is kept after a member last said it needs it (0: for good); devices say so for every chunk they hold at each connection and every 12 hours",
-        default: 7_776_000_000, prefix: prefix)
+    /// `chunk-lease-days`.
+    public static let chunkLeaseDays = Setting.int(
+        "chunk-lease-days", min: 0, max: 36_500,
+        "Days a blob chunk is kept after a member last said it needs it (0: for good); devices say so for every chunk they hold at each connection and every 12 hours",
+        default: 90, prefix: prefix)
     /// `trusted-proxy`.
     public static let trustedProxy = Setting.list(
         "trusted-proxy", check: checkProxy,
@@ -90,7 +90,7 @@ public enum RelaySettings {
     public static let keys: [ConfigKey] = [
         dataDir.key, postgres.key, listen.key, tlsCert.key, tlsKey.key, logLevel.key, logFormat.key, maxConnections.key,
         maxHandshakes.key, maxConnectionsPerAddress.key, reservedHandshakes.key, reservedConnections.key,
-        handshakeTimeout.key, handshakeRate.key, retentionDays.key, chunkLease.key, trustedProxy.key,
+        handshakeTimeout.key, handshakeRate.key, retentionDays.key, chunkLeaseDays.key, trustedProxy.key,
     ]
 
     /// Nil for an address or CIDR block that names proxies only (not a `/0` that would trust everyone).

@@ -60,6 +60,8 @@ public final class SyncEngine: Sendable {
     /// Devices (node id hex) that closed a session on `CHUNK_WANT` as a message they do not know (an older version):
     /// they are not asked for chunks again while this process runs.
     let withoutChunks = Mutex<Set<String>>([])
+    /// Relays (device node ids) of an older version that refused a `CHUNK_KEEP`: they are sent none again.
+    let withoutChunkKeep = Mutex<Set<String>>([])
     /// For each link (database, peer, device), how many sessions in a row ended to fetch again what they refused for a
     /// reason that may clear (`SyncSession.refetchLater`).
     let refetchBackoff = Mutex<[String: Int]>([:])

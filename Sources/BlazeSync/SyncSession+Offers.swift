@@ -80,16 +80,18 @@ extension SyncSession {
     }
 
     /// Tells the relay every chunk this device holds (`ids`), so it keeps them (renewing their leases, those fetched
-    /// from it too), and again after `keepInterval`.
+    /// from it too), and again after `keepInterval`; never a relay that refused the message before (an older
+    /// version: `SyncSession.channelRead`).
     func keepHeld(_ ids: [ChunkID], context: ChannelHandlerContext) {
+        guard let link else { return }
         keepDue = false
-        // A chunk message: a relay of an older version refusing it is not sent chunk messages again.
-        if !ids.isEmpty { sentChunkOffer = true }
+        guard !engine.withoutChunkKeep.withLock({ $0.contains(link.device.nodeIDHex) }) else { return }
+        if !ids.isEmpty { sentChunkKeep = true }
         for start in stride(from: 0, to: ids.count, by: PeerMessage.maxChunkKeep) {
             send(.chunkKeep(Array(ids[start..<min(ids.count, start + PeerMessage.maxChunkKeep)])), context: context)
         }
         let bound = NIOLoopBound((self, context), eventLoop: context.eventLoop)
-        context.eventLoop.scheduleTask(in: Self.keepInterval) {
+        keepTask = context.eventLoop.scheduleTask(in: Self.keepInterval) {
             let (session, context) = bound.value
             guard !session.closed else { return }
             session.keepDue = true

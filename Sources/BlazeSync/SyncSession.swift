@@ -78,8 +78,11 @@ final class SyncSession: ChannelInboundHandler {
     var declinedChunks: [ChunkID] = []
     var reofferPause: TimeAmount?
     var sentChunkOffer = false
-    /// Whether the relay is to be told every chunk held at the next listing (`keepHeld`): at first, then every 12 h.
+    /// Whether the relay is to be told every chunk held at the next listing (`keepHeld`): at first, then every 12 h;
+    /// the task that makes it due again, and whether a `CHUNK_KEEP` went on this connection.
     var keepDue = true
+    var keepTask: Scheduled<Void>?
+    var sentChunkKeep = false
     /// Set by the feed listener (on the writer thread) so that a burst of commits schedules one pump.
     private let wake = WakeFlag()
 
@@ -187,9 +190,17 @@ final class SyncSession: ChannelInboundHandler {
                     "Sync peer does not take join refusals (an older relay): its joiners will wait out their time",
                     metadata: ["peer": "\(report.peer)"])
             }
-            if sentChunkWant || sentChunkOffer, !answeredChunks, reason == SyncRejection.malformed.rawValue, let device = link?.device.nodeIDHex {
-                // A device or relay of an older version, which does not know `CHUNK_WANT` or `CHUNK_OFFER`: no chunk
-                // message goes to it again.
+            if sentChunkKeep, answeredChunks, reason == SyncRejection.malformed.rawValue, let device = link?.device.nodeIDHex {
+                // A relay of an older version, which serves chunks but does not know `CHUNK_KEEP`: it is sent none
+                // again (its chunks stay until its retention).
+                engine.withoutChunkKeep.withLock { _ = $0.insert(device) }
+                engine.logger.warning(
+                    "Relay does not take chunk keeps (an older version): it is sent none again",
+                    metadata: ["peer": "\(report.peer)", "device": "\(device)"])
+            }
+            if sentChunkWant || sentChunkOffer || sentChunkKeep, !answeredChunks, reason == SyncRejection.malformed.rawValue, let device = link?.device.nodeIDHex {
+                // A device or relay of an older version, which does not know `CHUNK_WANT`, `CHUNK_OFFER` or
+                // `CHUNK_KEEP`: no chunk message goes to it again.
                 engine.withoutChunks.withLock { _ = $0.insert(device) }
                 engine.logger.warning(
                     "Sync peer does not serve blob chunks (an older version): it is not asked for them again",
@@ -307,6 +318,10 @@ final class SyncSession: ChannelInboundHandler {
         if let registration { engine.unregister(registration) }
         registration = nil
         detachChunkSource()
+        // What was offered and listed goes with the connection (a store of a million chunks lists that many ids).
+        keepTask?.cancel()
+        keepTask = nil
+        (offered, offerList, declinedChunks) = ([], [], [])
         if counted, let device = link?.device.nodeIDHex { report.update { $0.disconnect(device: device) } }
         counted = false
         link = nil

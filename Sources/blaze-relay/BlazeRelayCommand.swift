@@ -162,8 +162,8 @@ struct RelayService: Service {
         let bound = try await relay.listen(host: address.host, port: port, tls: tls)
         let retentionDays = settings[RelaySettings.retentionDays]
         if retentionDays > 0 { relay.keep(for: .seconds(Int64(retentionDays) * 86_400)) }
-        let chunkLease = settings[RelaySettings.chunkLease]
-        if chunkLease > 0 { relay.leaseChunks(for: .milliseconds(Int64(chunkLease))) }
+        let chunkLeaseDays = settings[RelaySettings.chunkLeaseDays]
+        if chunkLeaseDays > 0 { relay.leaseChunks(for: .seconds(Int64(chunkLeaseDays) * 86_400)) }
         let host = address.host.contains(":") ? "[\(address.host)]" : address.host
         let url = "\(tls == nil ? "ws" : "wss")://\(host):\(bound)\(WebSocketBytes.defaultPath)"
         // The URL on stdout, alone on its line, so scripts and tests can read the port picked.

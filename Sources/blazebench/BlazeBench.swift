@@ -20,6 +20,9 @@ struct BlazeBench: AsyncParsableCommand {
     @Option(help: "Repeats of the throughput measurements (default 3; 1 with --quick).")
     var repeats: Int?
 
+    @Option(help: "Photos in the BLOB group's library (B7: 3 MB each; default 1,000; 20 with --quick).")
+    var photos: Int?
+
     @Option(help: "Only these groups, comma-separated: baselines, W1, RPC (W2 and W3), W4 (with W5 and W7), RELAY, FOLDER, W6, STORAGE, JOIN, W8, M1, M2, M3, RSS, ABUSE (hostile devices against a relay and a daemon), BLOB (chunked files against cp, and fetched by a peer against rsync); PEERS (blazed against PostgreSQL and Redis, only when named: `make bench-peers`).")
     var only: String?
 
@@ -115,6 +118,8 @@ struct BlazeBench: AsyncParsableCommand {
             results += try BlobWorkloads.run(dir: dir, megabytes: quick ? 16 : 512, repeats: reps)
             results += try await BlobPeerWorkloads.run(dir: dir, megabytes: quick ? 16 : 512, repeats: reps)
             results += try await BlobRelayWorkloads.run(dir: dir, megabytes: quick ? 16 : 512, repeats: reps)
+            results += try await BlobSetWorkloads.edit(dir: dir, megabytes: quick ? 64 : 1024)
+            results += try await BlobSetWorkloads.photos(dir: dir, photos: photos ?? (quick ? 20 : 1000))
         }
         if wants("M1") { results += try MembershipWorkloads.revocation(members: 50, repeats: quick ? 1 : 5) }
         if wants("M2") { results += try MembershipWorkloads.merge(sizes: quick ? [200] : [1_000, 10_000], repeats: quick ? 1 : 3) }

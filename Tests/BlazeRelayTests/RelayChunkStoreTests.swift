@@ -65,10 +65,12 @@ import Testing
         #expect(try await relay.storeChunk(elsewhere, sealed: se, space: other.id) == .stored)
         let now = Int64(Date().timeIntervalSince1970 * 1000)
         // Kept later than the cutoff: only held chunks of that space count, an id of another space or none changes nothing.
-        #expect(try await relay.keepChunks([kept, elsewhere, id()], space: key.id, nowMs: now + 600_000) == 1)
-        #expect(try await relay.keepChunks([elsewhere], space: other.id, nowMs: now + 600_000) == 1)
-        // A keep never moves a lease back.
-        #expect(try await relay.keepChunks([kept], space: key.id, nowMs: now - 600_000) == 1)
+        let later = now + 7_200_000
+        #expect(try await relay.keepChunks([kept, elsewhere, id()], space: key.id, nowMs: later) == 1)
+        #expect(try await relay.keepChunks([elsewhere], space: other.id, nowMs: later) == 1)
+        // A keep never moves a lease back, and one within the hour after the last writes nothing.
+        #expect(try await relay.keepChunks([kept], space: key.id, nowMs: now - 600_000) == 0)
+        #expect(try await relay.keepChunks([kept], space: key.id, nowMs: later + 60_000) == 0)
         let dropped = try await relay.dropUnkeptChunks(keptBeforeMs: now + 300_000, limit: 100)
         #expect(dropped.chunks == 1 && dropped.bytes == sl.count)
         #expect(try await relay.heldChunks([kept, left], space: key.id) == [kept])
@@ -84,7 +86,7 @@ import Testing
         // In batches: the limit bounds one call.
         let many = (0..<5).map { _ in id() }
         for c in many { #expect(try await relay.storeChunk(c, sealed: sealed(1), space: key.id) == .stored) }
-        let future = now + 3_600_000
+        let future = now + 10_800_000
         #expect(try await relay.dropUnkeptChunks(keptBeforeMs: future, limit: 3).chunks == 3)
         #expect(try await relay.dropUnkeptChunks(keptBeforeMs: future, limit: 100).chunks == 4)
         #expect(try await relay.chunkBytes(space: key.id) == 0)
