@@ -87,17 +87,20 @@ enum BlobWorkloads {
         try BlobReader(store: store, maxSize: 1 << 40, chunkMaximum: keys.chunker.sizes.maximum).copy(manifest, to: fd)
     }
 
-    /// Writes `bytes` random bytes to a new file at `path`, 1 MiB at a time.
+    /// Writes `bytes` random bytes to a new file at `path`, 1 MiB at a time (the last block shorter).
     static func writeRandomFile(_ path: String, bytes: Int) throws {
         guard FileManager.default.createFile(atPath: path, contents: nil), let handle = FileHandle(forWritingAtPath: path) else {
             throw BenchFailure("BLOB: cannot create \(path)")
         }
         defer { try? handle.close() }
         var generator = SystemRandomNumberGenerator()
-        for _ in 0..<(bytes >> 20) {
+        var left = bytes
+        while left > 0 {
             var block = [UInt64](repeating: 0, count: (1 << 20) / 8)
             for i in block.indices { block[i] = generator.next() }
-            try handle.write(contentsOf: block.withUnsafeBytes { Data($0) })
+            let n = min(left, 1 << 20)
+            try handle.write(contentsOf: block.withUnsafeBytes { Data($0.prefix(n)) })
+            left -= n
         }
     }
 
