@@ -374,9 +374,4 @@ final class BlobPrefetcher: Sendable {
         queue.retry?.cancel()
         if let token = queue.feedToken { queue.db.feed.detach(token) }
     }
-
-    /// Blobs of `db` queued, being fetched or waiting for a retry (tests).
-    func pending(db: String) -> Int {
-        state.withLock { s in s.queues[db].map { $0.queued.count + $0.running.count + $0.retryAt.count } ?? 0 }
-    }
 }
