@@ -52,11 +52,7 @@ final class DaemonProcess: @unchecked Sendable {
         let pipe = Pipe()
         process.standardError = pipe
         process.standardOutput = FileHandle.nullDevice
-        pipe.fileHandleForReading.readabilityHandler = { [weak self] handle in
-            let data = handle.availableData
-            // At end of file the source is cancelled here, before the pipe's descriptor is closed: a dispatch source
-            // left on a closed descriptor can crash libdispatch's event loop.
-            guard !data.isEmpty else { return handle.readabilityHandler = nil }
+        drain(pipe) { [weak self] data in
             guard let self else { return }
             let text = String(decoding: data, as: UTF8.self)
             let all = self.log.withLock { $0 += text; return $0 }
@@ -141,6 +137,28 @@ final class DaemonProcess: @unchecked Sendable {
             Issue.record("daemon logged errors: \(loggedErrors)")
         }
     }
+}
+
+/// Reads `pipe` with blocking reads on a thread of its own until end of file, handing each piece read to `onData`.
+///
+/// Not `FileHandle.readabilityHandler`: on Linux, tearing down the dispatch read source it installs races
+/// libdispatch's epoll bookkeeping, and the test process crashed in `_dispatch_event_loop_drain` (CI, stop 67). A
+/// blocking read registers nothing with libdispatch.
+func drain(_ pipe: Pipe, _ onData: @escaping @Sendable (Data) -> Void) {
+    let handle = pipe.fileHandleForReading
+    let thread = Thread {
+        var buffer = [UInt8](repeating: 0, count: 65_536)
+        while true {
+            let n = buffer.withUnsafeMutableBytes { read(handle.fileDescriptor, $0.baseAddress, $0.count) }
+            if n < 0 && errno == EINTR { continue }
+            guard n > 0 else { break }
+            onData(Data(buffer[..<n]))
+        }
+        // The handle (and so the descriptor) lives as long as this loop, which ends at end of file or on an error.
+        withExtendedLifetime(handle) {}
+    }
+    thread.name = "pipe drain"
+    thread.start()
 }
 
 /// This process's environment without BlazeDB settings or systemd's variables, with `XDG_CONFIG_HOME` at `config`.

@@ -46,20 +46,12 @@ final class RelayProcess: @unchecked Sendable {
         let stdout = Pipe(), stderr = Pipe()
         process.standardOutput = stdout
         process.standardError = stderr
-        stdout.fileHandleForReading.readabilityHandler = { [weak self] handle in
-            let data = handle.availableData
-            // At end of file the source is cancelled here, before the pipe's descriptor is closed: a dispatch source
-            // left on a closed descriptor can crash libdispatch's event loop.
-            guard !data.isEmpty else { return handle.readabilityHandler = nil }
+        drain(stdout) { [weak self] data in
             guard let self else { return }
             let all = self.out.withLock { $0 += String(decoding: data, as: UTF8.self); return $0 }
             if all.contains("\n") { self.ready.signal() }
         }
-        stderr.fileHandleForReading.readabilityHandler = { [weak self] handle in
-            let data = handle.availableData
-            // At end of file the source is cancelled here, before the pipe's descriptor is closed: a dispatch source
-            // left on a closed descriptor can crash libdispatch's event loop.
-            guard !data.isEmpty else { return handle.readabilityHandler = nil }
+        drain(stderr) { [weak self] data in
             guard let self else { return }
             self.err.withLock { $0 += String(decoding: data, as: UTF8.self) }
         }
