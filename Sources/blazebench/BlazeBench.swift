@@ -23,7 +23,7 @@ struct BlazeBench: AsyncParsableCommand {
     @Option(help: "Photos in the BLOB group's library (B7: 3 MB each; default 1,000; 20 with --quick).")
     var photos: Int?
 
-    @Option(help: "Only these groups, comma-separated: baselines, W1, RPC (W2 and W3), W4 (with W5 and W7), RELAY, FOLDER, W6, STORAGE, JOIN, W8, M1, M2, M3, RSS, ABUSE (hostile devices against a relay and a daemon), BLOB (chunked files against cp, and fetched by a peer against rsync); PEERS (blazed against PostgreSQL and Redis, only when named: `make bench-peers`).")
+    @Option(help: "Only these groups, comma-separated: baselines, W1, RPC (W2 and W3), W4 (with W5 and W7), RELAY, FOLDER, W6, STORAGE, JOIN, W8, M1, M2, M3, RSS, ABUSE (hostile devices against a relay and a daemon), BLOB (chunked files against cp, and fetched by a peer against rsync; or one part: BLOB.local, BLOB.peer, BLOB.relay, BLOB.edit, BLOB.photos, BLOB.memory); PEERS (blazed against PostgreSQL and Redis, only when named: `make bench-peers`).")
     var only: String?
 
     @Option(help: "PEERS rows to run, comma-separated prefixes (get, trivial, insert, find, tx500); all by default.")
@@ -114,13 +114,23 @@ struct BlazeBench: AsyncParsableCommand {
         if wants("RSS") {
             results.append(try Workloads.residentMemory(dir: dir + "/rss", documents: quick ? 10_000 : 1_000_000))
         }
-        if wants("BLOB") {
+        // BLOB runs all six parts; `BLOB.local` (B1–B3), `BLOB.peer` (B4), `BLOB.relay` (B5), `BLOB.edit` (B6),
+        // `BLOB.photos` (B7) and `BLOB.memory` (B8) one each.
+        let blob = wants("BLOB")
+        if blob || wants("BLOB.local") {
             results += try BlobWorkloads.run(dir: dir, megabytes: quick ? 16 : 512, repeats: reps)
+        }
+        if blob || wants("BLOB.peer") {
             results += try await BlobPeerWorkloads.run(dir: dir, megabytes: quick ? 16 : 512, repeats: reps)
+        }
+        if blob || wants("BLOB.relay") {
             results += try await BlobRelayWorkloads.run(dir: dir, megabytes: quick ? 16 : 512, repeats: reps)
-            results += try await BlobSetWorkloads.edit(dir: dir, megabytes: quick ? 64 : 1024)
+        }
+        if blob || wants("BLOB.edit") { results += try await BlobSetWorkloads.edit(dir: dir, megabytes: quick ? 64 : 1024) }
+        if blob || wants("BLOB.photos") {
             results += try await BlobSetWorkloads.photos(dir: dir, photos: photos ?? (quick ? 20 : 1000))
         }
+        if blob || wants("BLOB.memory") { results += try BlobMemoryWorkloads.run(dir: dir, megabytes: quick ? 32 : 1024) }
         if wants("M1") { results += try MembershipWorkloads.revocation(members: 50, repeats: quick ? 1 : 5) }
         if wants("M2") { results += try MembershipWorkloads.merge(sizes: quick ? [200] : [1_000, 10_000], repeats: quick ? 1 : 3) }
         if wants("M3") { results += try MembershipWorkloads.take(sizes: quick ? [200] : [1_000, 10_000], merges: quick ? 3 : 20) }

@@ -304,6 +304,34 @@ final class RelayChild {
         guard p.terminationStatus == 0 else { throw BenchFailure("blaze-relay add-space failed") }
     }
 
+    /// The value of the unlabelled metric `name` on the relay's `GET /metrics`; nil when it cannot be read.
+    func metric(_ name: String) -> Double? {
+        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        guard fd >= 0 else { return nil }
+        defer { close(fd) }
+        var address = sockaddr_in()
+        address.sin_family = sa_family_t(AF_INET)
+        address.sin_port = in_port_t(UInt16(port).bigEndian)
+        address.sin_addr.s_addr = inet_addr("127.0.0.1")
+        var timeout = timeval(tv_sec: 10, tv_usec: 0)
+        setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, socklen_t(MemoryLayout<timeval>.size))
+        let connected = withUnsafePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
+        }
+        let request = Array("GET /metrics HTTP/1.1\r\nHost: relay\r\nConnection: close\r\n\r\n".utf8)
+        guard connected == 0, request.withUnsafeBytes({ send(fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }) == request.count
+        else { return nil }
+        var page: [UInt8] = []
+        var buffer = [UInt8](repeating: 0, count: 65_536)
+        while page.count < 1 << 22 {
+            let n = buffer.withUnsafeMutableBytes { recv(fd, $0.baseAddress, $0.count, 0) }
+            guard n > 0 else { break }
+            page += buffer[..<n]
+        }
+        let line = String(decoding: page, as: UTF8.self).split(separator: "\n").first { $0.hasPrefix(name + " ") }
+        return line.flatMap { Double($0.split(separator: " ").last ?? "") }
+    }
+
     /// The relay's resident memory (VmRSS), KiB.
     func rssKiB() -> Int {
         guard let status = try? String(contentsOfFile: "/proc/\(process.processIdentifier)/status", encoding: .utf8),
