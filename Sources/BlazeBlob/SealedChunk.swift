@@ -103,7 +103,13 @@ public enum SealedChunk {
         let box = try! ChaChaPoly.seal(
             plain, using: key, nonce: try! ChaChaPoly.Nonce(data: nonceBytes),
             authenticating: aad(header: header[...], space: space, id: id))
-        return header + box.ciphertext + box.tag
+        // One copy of the box into the result (`header + ciphertext + tag` would make two).
+        var sealed = [UInt8]()
+        sealed.reserveCapacity(header.count + box.ciphertext.count + box.tag.count)
+        sealed += header
+        sealed += box.ciphertext
+        sealed += box.tag
+        return sealed
     }
 
     /// The epoch `sealed` says it is sealed under; nil when it is not a sealed chunk's header.
@@ -132,17 +138,19 @@ public enum SealedChunk {
         for secret in secrets {
             guard let opened = try? ChaChaPoly.open(box, using: chunkKey(space: keys.space, epoch: epoch, secret: secret), authenticating: aad)
             else { continue }
-            let plain = Array(opened)
-            guard Self.nonce(plain, id: id, space: keys.space, epoch: epoch, secret: secret)[...] == sealed[8..<headerCount] else {
+            // Checked in the opened bytes where they lie; the content is copied out once, at the end.
+            guard Self.nonce(opened, id: id, space: keys.space, epoch: epoch, secret: secret)[...] == sealed[8..<headerCount] else {
                 throw ChunkError("chunk \(id)'s nonce is not the one its content gives")
             }
-            let length = plain.prefix(4).reduce(0) { $0 << 8 | Int($1) }
-            guard length <= plain.count - 4, padded(length) == plain.count, plain[(4 + length)...].allSatisfy({ $0 == 0 }) else {
-                throw ChunkError("a sealed chunk's length field does not match its size")
+            let checked = opened.withUnsafeBytes { plain -> Result<[UInt8], ChunkError> in
+                let length = plain.prefix(4).reduce(0) { $0 << 8 | Int($1) }
+                guard length <= plain.count - 4, padded(length) == plain.count, plain[(4 + length)...].allSatisfy({ $0 == 0 })
+                else { return .failure(ChunkError("a sealed chunk's length field does not match its size")) }
+                let content = UnsafeRawBufferPointer(rebasing: plain[4..<(4 + length)])
+                guard keys.id(of: content) == id else { return .failure(ChunkError("a chunk's content does not match its id \(id)")) }
+                return .success(Array(content))
             }
-            let content = Array(plain[4..<(4 + length)])
-            guard keys.id(of: content) == id else { throw ChunkError("a chunk's content does not match its id \(id)") }
-            return content
+            return try checked.get()
         }
         throw ChunkError("no key held for epoch \(epoch) opens chunk \(id)")
     }

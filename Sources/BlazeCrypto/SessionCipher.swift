@@ -1,4 +1,5 @@
 import Crypto
+import Foundation
 
 /// Seals and opens the frames of one connection after the handshake: ChaCha20-Poly1305 with a per-direction key and
 /// a frame counter as nonce, so a dropped, replayed, reordered or altered frame fails to open.
@@ -59,18 +60,24 @@ public struct FrameSealer: @unchecked Sendable {
 
     /// Seals the next outgoing frame: sealed length, then sealed body.
     public mutating func seal(_ plaintext: [UInt8]) -> [UInt8] {
+        var out: [UInt8] = []
+        out.reserveCapacity(SessionCipher.headerSize + plaintext.count + SessionCipher.tagSize)
+        seal(plaintext) { out += $0 }
+        return out
+    }
+
+    /// Seals the next outgoing frame, handing its parts to `write` in order (the sealed length, its tag, the sealed
+    /// body, its tag): a caller writing them into its own buffer copies the body once.
+    public mutating func seal(_ plaintext: [UInt8], into write: (Data) -> Void) {
         var length: [UInt8] = []
         length.appendBE(UInt32(plaintext.count + SessionCipher.tagSize))
         let header = try! ChaChaPoly.seal(length, using: key, nonce: SessionCipher.nonce(sent, part: 1))
         let body = try! ChaChaPoly.seal(plaintext, using: key, nonce: SessionCipher.nonce(sent, part: 0))
         sent += 1
-        var out: [UInt8] = []
-        out.reserveCapacity(SessionCipher.headerSize + plaintext.count + SessionCipher.tagSize)
-        out += header.ciphertext
-        out += header.tag
-        out += body.ciphertext
-        out += body.tag
-        return out
+        write(header.ciphertext)
+        write(header.tag)
+        write(body.ciphertext)
+        write(body.tag)
     }
 }
 

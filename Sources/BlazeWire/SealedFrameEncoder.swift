@@ -16,8 +16,10 @@ public final class SealedFrameEncoder: MessageToByteEncoder {
     }
 
     public func encode(data: [UInt8], out: inout ByteBuffer) throws {
-        let sealed = sealer.seal(data)
-        counters?.sent(sealed.count)
-        out.writeBytes(sealed)
+        let count = SessionCipher.headerSize + data.count + SessionCipher.tagSize
+        out.reserveCapacity(minimumWritableBytes: count)
+        // Sealed straight into the outgoing buffer: no intermediate copy of the frame.
+        sealer.seal(data) { out.writeBytes($0) }
+        counters?.sent(count)
     }
 }
