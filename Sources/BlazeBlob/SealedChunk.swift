@@ -113,9 +113,13 @@ public enum SealedChunk {
     }
 
     /// The epoch `sealed` says it is sealed under; nil when it is not a sealed chunk's header.
-    public static func epoch(of sealed: [UInt8]) -> UInt32? {
+    public static func epoch(of sealed: [UInt8]) -> UInt32? { epoch(of: sealed[...]) }
+
+    /// The epoch `sealed` (a slice of the message it arrived in) says it is sealed under, as `epoch(of:)`.
+    public static func epoch(of sealed: ArraySlice<UInt8>) -> UInt32? {
         guard sealed.count >= headerCount + 16, sealed.starts(with: magic) else { return nil }
-        return sealed[4..<8].reduce(0) { $0 << 8 | UInt32($1) }
+        let start = sealed.startIndex
+        return sealed[(start + 4)..<(start + 8)].reduce(0) { $0 << 8 | UInt32($1) }
     }
 
     /// The content of `sealed`, which must be the chunk `id` of `keys.space`, opened with one of `secrets` (the
@@ -124,22 +128,32 @@ public enum SealedChunk {
     public static func open(
         _ sealed: [UInt8], id: ChunkID, keys: BlobKeys, secrets: [[UInt8]], maximum: Int
     ) throws(ChunkError) -> [UInt8] {
+        try open(sealed[...], id: id, keys: keys, secrets: secrets, maximum: maximum)
+    }
+
+    /// The content of `sealed` (a slice of the message it arrived in), as `open(_:id:keys:secrets:maximum:)`.
+    public static func open(
+        _ sealed: ArraySlice<UInt8>, id: ChunkID, keys: BlobKeys, secrets: [[UInt8]], maximum: Int
+    ) throws(ChunkError) -> [UInt8] {
         guard sealed.count <= maxSealedCount(content: maximum) else {
             throw ChunkError("a sealed chunk of \(sealed.count) bytes is over the \(maxSealedCount(content: maximum))-byte limit")
         }
+        // Offsets from the slice's start (a slice keeps its message's indices).
+        let (start, end) = (sealed.startIndex, sealed.endIndex)
         guard let epoch = epoch(of: sealed), (sealed.count - headerCount - 16) % padding == 0 else {
             throw ChunkError("not a sealed chunk")
         }
-        let header = sealed[..<headerCount]
-        let nonce = try! ChaChaPoly.Nonce(data: sealed[8..<headerCount])
-        guard let box = try? ChaChaPoly.SealedBox(nonce: nonce, ciphertext: sealed[headerCount..<(sealed.count - 16)], tag: sealed[(sealed.count - 16)...])
+        let header = sealed[start..<(start + headerCount)]
+        let nonceBytes = sealed[(start + 8)..<(start + headerCount)]
+        let nonce = try! ChaChaPoly.Nonce(data: nonceBytes)
+        guard let box = try? ChaChaPoly.SealedBox(nonce: nonce, ciphertext: sealed[(start + headerCount)..<(end - 16)], tag: sealed[(end - 16)...])
         else { throw ChunkError("not a sealed chunk") }
         let aad = aad(header: header, space: keys.space, id: id)
         for secret in secrets {
             guard let opened = try? ChaChaPoly.open(box, using: chunkKey(space: keys.space, epoch: epoch, secret: secret), authenticating: aad)
             else { continue }
             // Checked in the opened bytes where they lie; the content is copied out once, at the end.
-            guard Self.nonce(opened, id: id, space: keys.space, epoch: epoch, secret: secret)[...] == sealed[8..<headerCount] else {
+            guard Self.nonce(opened, id: id, space: keys.space, epoch: epoch, secret: secret).elementsEqual(nonceBytes) else {
                 throw ChunkError("chunk \(id)'s nonce is not the one its content gives")
             }
             let checked = opened.withUnsafeBytes { plain -> Result<[UInt8], ChunkError> in

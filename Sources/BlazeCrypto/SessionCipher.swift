@@ -113,6 +113,20 @@ public struct FrameOpener: @unchecked Sendable {
         return Array(plain)
     }
 
+    /// Opens the next incoming frame's sealed body where it lies (in a receive buffer: not copied first), as
+    /// `open(_:)`.
+    public mutating func open(_ sealed: UnsafeRawBufferPointer) throws(SyncRejection) -> [UInt8] {
+        guard sealed.count >= SessionCipher.tagSize,
+            let box = try? ChaChaPoly.SealedBox(
+                nonce: SessionCipher.nonce(received, part: 0),
+                ciphertext: UnsafeRawBufferPointer(rebasing: sealed[..<(sealed.count - 16)]),
+                tag: UnsafeRawBufferPointer(rebasing: sealed[(sealed.count - 16)...])),
+            let plain = try? ChaChaPoly.open(box, using: key)
+        else { throw .badFrame }
+        received += 1
+        return Array(plain)
+    }
+
     /// Opens one whole frame (sealed length and body), as read from the stream.
     public mutating func openFrame(_ frame: ArraySlice<UInt8>) throws(SyncRejection) -> [UInt8] {
         guard frame.count >= SessionCipher.headerSize else { throw .badFrame }

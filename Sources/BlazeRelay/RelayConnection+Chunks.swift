@@ -177,7 +177,7 @@ extension RelayConnection {
             if let sealed {
                 connection.served(ChunkCopy(id: id, prefix: Array(sealed.prefix(SealedChunkLayout.headerCount))))
                 connection.relay.record(.chunkServed(bytes: sealed.count))
-                written = connection.send(.chunk(id: id, sealed: sealed), context: context)
+                written = connection.send(.chunk(id: id, sealed: sealed[...]), context: context)
             } else {
                 written = connection.send(.chunkMissing([id]), context: context)
             }

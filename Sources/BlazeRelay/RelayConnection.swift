@@ -255,7 +255,8 @@ final class RelayConnection: ChannelInboundHandler {
         case .chunkOffer(let ids):
             try offered(ids, space: space, context: context)
         case .chunk(let id, let sealed):
-            try receivedChunk(id, sealed: sealed, space: space, context: context)
+            // Copied out of the message: the relay keeps it.
+            try receivedChunk(id, sealed: Array(sealed), space: space, context: context)
         case .chunkMissing(let ids):
             notHeld(ids, space: space)
         case .chunkWant(let ids):

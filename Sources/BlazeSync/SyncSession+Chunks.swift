@@ -97,7 +97,7 @@ extension SyncSession {
                 let sealed = content.withUnsafeBytes {
                     SealedChunk.seal($0, id: id, space: key.id, epoch: sealing.epoch.value, secret: sealing.secret)
                 }
-                return try PeerMessage.chunk(id: id, sealed: sealed).encoded()
+                return try PeerMessage.chunk(id: id, sealed: sealed[...]).encoded()
             }
             .whenComplete { result in
                 let (session, context) = bound.value
@@ -121,7 +121,7 @@ extension SyncSession {
     }
 
     /// The peer sent chunk `id`: opened, checked and stored off the loop, then the fetcher learns it arrived.
-    func received(chunk id: ChunkID, sealed: [UInt8], context: ChannelHandlerContext) {
+    func received(chunk id: ChunkID, sealed: ArraySlice<UInt8>, context: ChannelHandlerContext) {
         answeredChunks = true
         guard let link, let source = chunkSource, engine.chunks.accept(source, id) else {
             // Not asked of this session, or a copy of one being stored: a peer cannot fill a device's disk or memory.

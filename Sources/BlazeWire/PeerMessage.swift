@@ -30,8 +30,8 @@ public enum PeerMessage: Sendable {
     /// `CHUNK_OFFER` names those of the offer it takes, possibly none.
     case chunkWant([ChunkID])
     /// One chunk the receiver asked for, sealed under an epoch key of the space (`SealedChunk`): the receiver opens it
-    /// and checks its content against the id.
-    case chunk(id: ChunkID, sealed: [UInt8])
+    /// and checks its content against the id. Decoded, `sealed` is a slice of the message (a chunk is not copied).
+    case chunk(id: ChunkID, sealed: ArraySlice<UInt8>)
     /// Chunks the receiver asked for that the sender does not hold.
     case chunkMissing([ChunkID])
     /// Chunks a device holds and offers a relay, 1 to `maxChunkWants` ids; the relay answers with one `CHUNK_WANT`.
@@ -259,7 +259,7 @@ public enum PeerMessage: Sendable {
             guard let bytes = r.read(ChunkID.count), let id = ChunkID(bytes: bytes), r.remaining > 0,
                 r.remaining <= Self.maxSealedChunkBytes
             else { throw .malformed }
-            self = .chunk(id: id, sealed: Array(r.rest()))
+            self = .chunk(id: id, sealed: r.rest())
         case Self.chunkMissingType?:
             self = .chunkMissing(try Self.chunkIDs(&r))
         case Self.chunkOfferType?:

@@ -37,10 +37,14 @@ public struct SealedFrameDecoder: ByteToMessageDecoder {
             guard let header = buffer.readBytes(length: SessionCipher.headerSize) else { return .needMoreData }
             bodyLength = try opener.openLength(header[...])
         }
-        guard let length = bodyLength, let body = buffer.readBytes(length: length) else { return .needMoreData }
+        guard let length = bodyLength, buffer.readableBytes >= length else { return .needMoreData }
         bodyLength = nil
         counters?.received(SessionCipher.headerSize + length)
-        context.fireChannelRead(wrapInboundOut(try opener.open(body[...])))
+        // Opened where it lies in the buffer (no copy of the sealed body first).
+        let message = try buffer.readWithUnsafeReadableBytes { raw throws(SyncRejection) -> (Int, [UInt8]) in
+            (length, try opener.open(UnsafeRawBufferPointer(rebasing: raw[..<length])))
+        }
+        context.fireChannelRead(wrapInboundOut(message))
         return .continue
     }
 

@@ -70,7 +70,7 @@ import Testing
         for other in others.dropFirst() { server.chunkUploads.release(share, for: other) }
         // One stored, one no longer held: their room comes back; the third's goes with the connection.
         let sealed = SealedChunkLayout.magic + [0, 0, 0, 1] + SpaceKey.randomBytes(12 + SealedChunkLayout.padding + 16)
-        try writer.send(try PeerMessage.chunk(id: offered[0], sealed: sealed).encoded())
+        try writer.send(try PeerMessage.chunk(id: offered[0], sealed: sealed[...]).encoded())
         try writer.send(try PeerMessage.chunkMissing([offered[1]]).encoded())
         #expect(await waitUntil { server.chunkUploads.inUse == PeerMessage.maxSealedChunkBytes })
         #expect(try await store.heldChunks(offered, space: capability.space) == [offered[0]])
