@@ -61,6 +61,8 @@ extension Methods {
 
     static let blobGet = MethodHandler(RPC.BlobGet.self) { p, ctx in
         let db = try ctx.database(p.db)
+        // A path that cannot be written is refused before anything is fetched (`writeNewFile` checks again).
+        try checkNewFile(p.path)
         // Every chunk this device lacks is fetched (and kept) before the file is written.
         let (_, manifest, reader) = try ctx.blobs.fetchWhole(db: db, blob: p.blob, sync: ctx.sync)
         try writeNewFile(p.path) { fd in try reader.copy(manifest, to: fd) }
@@ -94,6 +96,19 @@ extension Methods {
         let info = RPCSchema.BlobInfo(id: put.id.hex, size: put.size, type: put.type)
         let ref: JSONValue = .object(["$blob": .object(["id": .string(put.id.hex), "size": .int(Int64(put.size)), "type": .string(put.type)])])
         return .init(blob: info, ref: ref, chunks: put.chunks, storedBytes: put.storedBytes)
+    }
+
+    /// Throws what `writeNewFile` would for `path` when it is not absolute, exists already, or its directory does not.
+    static func checkNewFile(_ path: String) throws {
+        guard path.hasPrefix("/") else { throw StoreError(.invalidArgument, kind: "invalid_path", "path must be absolute, got \(path)") }
+        var info = stat()
+        if lstat(path, &info) == 0 {
+            throw StoreError(.alreadyExists, kind: "file_exists", "cannot create \(path): it exists")
+        }
+        let directory = (path as NSString).deletingLastPathComponent
+        guard stat(directory.isEmpty ? "/" : directory, &info) == 0, (info.st_mode & S_IFMT) == S_IFDIR else {
+            throw StoreError(.invalidArgument, kind: "invalid_path", "cannot create \(path): \(directory) is not a directory")
+        }
     }
 
     /// Creates the file at `path` (absolute, in an existing directory, not existing) with what `body` writes to its
