@@ -98,16 +98,26 @@ extension Methods {
         return .init(blob: info, ref: ref, chunks: put.chunks, storedBytes: put.storedBytes)
     }
 
-    /// Throws what `writeNewFile` would for `path` when it is not absolute, exists already, or its directory does not.
+    /// Throws what `writeNewFile` would for `path` when it is not an absolute file path, it or `path.partial` exists, its
+    /// directory does not or cannot be written, or its name leaves no room for `.partial`.
     static func checkNewFile(_ path: String) throws {
-        guard path.hasPrefix("/") else { throw StoreError(.invalidArgument, kind: "invalid_path", "path must be absolute, got \(path)") }
+        guard path.hasPrefix("/"), !path.hasSuffix("/") else {
+            throw StoreError(.invalidArgument, kind: "invalid_path", "path must be an absolute file path, got \(path)")
+        }
         var info = stat()
-        if lstat(path, &info) == 0 {
-            throw StoreError(.alreadyExists, kind: "file_exists", "cannot create \(path): it exists")
+        for name in [path, path + ".partial"] where lstat(name, &info) == 0 {
+            throw StoreError(.alreadyExists, kind: "file_exists", "cannot create \(path): \(name) exists")
         }
         let directory = (path as NSString).deletingLastPathComponent
-        guard stat(directory.isEmpty ? "/" : directory, &info) == 0, (info.st_mode & S_IFMT) == S_IFDIR else {
-            throw StoreError(.invalidArgument, kind: "invalid_path", "cannot create \(path): \(directory) is not a directory")
+        let name = (path as NSString).lastPathComponent
+        guard stat(directory.isEmpty ? "/" : directory, &info) == 0, (info.st_mode & S_IFMT) == S_IFDIR,
+            access(directory.isEmpty ? "/" : directory, W_OK | X_OK) == 0
+        else {
+            throw StoreError(.invalidArgument, kind: "invalid_path", "cannot create \(path): \(directory) is not a writable directory")
+        }
+        // `path.partial` is written first: its name must fit too.
+        guard name.utf8.count + ".partial".utf8.count <= Int(NAME_MAX) else {
+            throw StoreError(.invalidArgument, kind: "invalid_path", "cannot create \(path): its name is too long")
         }
     }
 

@@ -80,6 +80,16 @@ public enum RelaySettings {
         "chunk-lease-days", min: 0, max: 36_500,
         "Days a blob chunk is kept after a member last said it needs it (0: for good); devices say so for every chunk they hold at each connection and every 12 hours",
         default: 90, prefix: prefix)
+    /// `space-quota-mib`.
+    public static let spaceQuotaMiB = Setting.int(
+        "space-quota-mib", min: 1, max: 1 << 30,
+        "MiB of entries (membership operations included) the relay stores per space; a batch beyond it is refused (over_quota)",
+        default: 10_240, prefix: prefix)
+    /// `space-chunk-quota-mib`.
+    public static let spaceChunkQuotaMiB = Setting.int(
+        "space-chunk-quota-mib", min: 0, max: 1 << 30,
+        "MiB of blob chunks the relay stores per space, apart from the entries' (0: none); chunks beyond it are not taken",
+        default: 10_240, prefix: prefix)
     /// `trusted-proxy`.
     public static let trustedProxy = Setting.list(
         "trusted-proxy", check: checkProxy,
@@ -90,7 +100,8 @@ public enum RelaySettings {
     public static let keys: [ConfigKey] = [
         dataDir.key, postgres.key, listen.key, tlsCert.key, tlsKey.key, logLevel.key, logFormat.key, maxConnections.key,
         maxHandshakes.key, maxConnectionsPerAddress.key, reservedHandshakes.key, reservedConnections.key,
-        handshakeTimeout.key, handshakeRate.key, retentionDays.key, chunkLeaseDays.key, trustedProxy.key,
+        handshakeTimeout.key, handshakeRate.key, retentionDays.key, chunkLeaseDays.key, spaceQuotaMiB.key, spaceChunkQuotaMiB.key,
+        trustedProxy.key,
     ]
 
     /// Nil for an address or CIDR block that names proxies only (not a `/0` that would trust everyone).

@@ -66,14 +66,17 @@ func resolveSettings(_ arguments: [String], flags: [String: String] = [:], confi
 func openStore(_ settings: ResolvedConfig, logger: Logger) async throws -> any RelayBackend {
     let dataDir = settings[RelaySettings.dataDir]
     try FileManager.default.createDirectory(atPath: dataDir, withIntermediateDirectories: true)
-    guard let postgres = settings[RelaySettings.postgres] else { return try RelayStore(path: dataDir + "/relay.db") }
+    var limits = RelayLimits()
+    limits.maxBytesPerSpace = settings[RelaySettings.spaceQuotaMiB] << 20
+    limits.maxChunkBytesPerSpace = settings[RelaySettings.spaceChunkQuotaMiB] << 20
+    guard let postgres = settings[RelaySettings.postgres] else { return try RelayStore(path: dataDir + "/relay.db", limits: limits) }
     let configuration: PostgresClient.Configuration
     do {
         configuration = try PostgresRelayStore.configuration(url: postgres)
     } catch {
         throw ValidationError("\(error)")
     }
-    return try await PostgresRelayStore(configuration: configuration, logger: logger)
+    return try await PostgresRelayStore(configuration: configuration, limits: limits, logger: logger)
 }
 
 struct Serve: AsyncParsableCommand {

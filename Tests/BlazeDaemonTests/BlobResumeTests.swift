@@ -121,6 +121,52 @@ import Glibc
         #expect(try held(cb, id) == chunks)
     }
 
+    /// A's upload to a relay stops part-way (the space's chunk quota there has room for a few chunks) and A dies by
+    /// kill -9. With the quota raised and A started again, A's next connection uploads only the chunks the relay lacks,
+    /// and B, which never meets A, reads the blob from the relay.
+    @Test func anUploadToARelayCutByAKill9GoesOnWhereItStopped() throws {
+        let listen = "127.0.0.1:\(StablePorts.next())", relayDir = TempDir()
+        var relay = try RelayProcess(dir: relayDir, arguments: ["--space-chunk-quota-mib", "8"], listen: listen)
+        let dirA = TempDir()
+        var a = try syncDaemon(dir: dirA)
+        let b = try syncDaemon()
+        defer {
+            a.stop()
+            b.stop()
+            relay.stop()
+        }
+        var ca = try a.connect()
+        let cb = try b.connect()
+        _ = try ca.call("db.create", ["db": "team"])
+        _ = try cb.call("db.join", ["token": .string(try ca.invite("team")), "db": "team"])
+        try relay.addSpace(try ca.relayCapability("team"))
+        _ = try cb.call("peer.remove", ["db": "team", "address": .string(try a.syncAddress())])
+        _ = try ca.call("peer.add", ["db": "team", "address": .string(relay.address)])
+        let bytes = BlobDaemonTests().content(12_000_000, seed: 31)
+        let (id, chunks) = try put(bytes, on: ca, dir: dirA.path, doc: "film")
+        // The relay takes what its quota has room for, then no more. A is killed once it took some (wherever the
+        // upload then is: the quota keeps it from ending); what the relay holds is counted once it stopped.
+        #expect(eventually(timeout: .seconds(60)) { ((try? relay.count("relay_chunks")) ?? 0) >= 1 })
+        a.kill9()
+        relay.stop()
+        let heldAtCut = Int64(try relay.count("relay_chunks"))
+        #expect(heldAtCut >= 1 && heldAtCut < chunks + 1, "the cut came mid-upload: \(heldAtCut) of \(chunks + 1)")
+        relay = try RelayProcess(dir: relayDir, listen: listen)
+        a = try syncDaemon(dir: dirA)
+        ca = try a.connect()
+        #expect(eventually(timeout: .seconds(60)) { (try? relay.count("relay_chunks")) == Int(chunks) + 1 }, "the upload never finished")
+        // The restarted relay stored only what it lacked.
+        #expect(RelayLimitTests.metric(relay, "blaze_relay_chunks_stored_total") == Int(chunks + 1 - heldAtCut))
+        a.stop()
+        _ = try cb.call("peer.add", ["db": "team", "address": .string(relay.address)])
+        #expect(eventually(timeout: .seconds(30)) {
+            (try? cb.call("doc.get", ["db": "team", "collection": "files", "id": "film"]))?["doc"]?["file"]?["$blob"]?["id"] == id
+        })
+        let out = b.dir.path + "/film.out"
+        #expect(try cb.call("blob.get", ["db": "team", "blob": id, "path": .string(out)])["bytes"] == 12_000_000)
+        #expect(FileManager.default.contents(atPath: out).map(Array.init) == bytes)
+    }
+
     /// Through a shared folder: B holds the blob's start, the folder lacks the rest for a while (its files moved
     /// away, as if A had not written them yet) and B's get is under way when B dies by kill -9. Once B runs again and
     /// the files are back, only the chunks B lacked are read.

@@ -80,11 +80,16 @@ import Testing
         #expect(Data(base64Encoded: middle["data"]?.stringValue ?? "").map(Array.init) == Array(bytes[2_500_000..<2_501_000]))
         let partly = try pair.cb.call("blob.stat", ["db": "notes", "blob": id])["heldChunks"]?.intValue ?? 0
         #expect(partly >= 1 && partly < Int64(chunks) || chunks == 1)
-        // A get to a path that exists, or in no directory, is refused before anything is fetched.
+        // A get to a path that exists (or its `.partial`), in no directory, or with no room for `.partial` in its name, is
+        // refused before anything is fetched.
         let taken = pair.b.dir.path + "/taken"
         #expect(FileManager.default.createFile(atPath: taken, contents: Data()))
         expectRPCError(pair.cb, "blob.get", ["db": "notes", "blob": id, "path": .string(taken)], code: -32011, kind: "file_exists")
-        expectRPCError(pair.cb, "blob.get", ["db": "notes", "blob": id, "path": .string(pair.b.dir.path + "/none/x")], code: -32602, kind: "invalid_path")
+        #expect(FileManager.default.createFile(atPath: taken + "2.partial", contents: Data()))
+        expectRPCError(pair.cb, "blob.get", ["db": "notes", "blob": id, "path": .string(taken + "2")], code: -32011, kind: "file_exists")
+        for bad in ["/none/x", "/dir/", "/" + String(repeating: "n", count: 250)] {
+            expectRPCError(pair.cb, "blob.get", ["db": "notes", "blob": id, "path": .string(pair.b.dir.path + bad)], code: -32602, kind: "invalid_path")
+        }
         #expect(try pair.cb.call("blob.stat", ["db": "notes", "blob": id])["heldChunks"] == .int(partly))
         // A get fetches the rest.
         let out = pair.b.dir.path + "/clip.out"
