@@ -260,16 +260,25 @@ func replaceFile(at dirFD: Int32, _ name: String, with bytes: [UInt8]) throws {
         let n = bytes.withUnsafeBytes { write(fd, $0.baseAddress! + done, bytes.count - done) }
         if n < 0 && errno == EINTR { continue }
         guard n > 0 else {
+            let problem = FolderProblem("cannot write \(tmp): \(errnoText())")
             close(fd)
-            throw FolderProblem("cannot write \(tmp): \(errnoText())")
+            _ = unlinkat(dirFD, tmp, 0)
+            throw problem
         }
         done += n
     }
     guard fsync(fd) == 0 else {
+        let problem = FolderProblem("cannot sync \(tmp): \(errnoText())")
         close(fd)
-        throw FolderProblem("cannot sync \(tmp): \(errnoText())")
+        _ = unlinkat(dirFD, tmp, 0)
+        throw problem
     }
     close(fd)
-    guard renameat(dirFD, tmp, dirFD, name) == 0 else { throw FolderProblem("cannot rename \(tmp): \(errnoText())") }
+    // A failed write leaves no temporary file behind in the folder.
+    guard renameat(dirFD, tmp, dirFD, name) == 0 else {
+        let problem = FolderProblem("cannot rename \(tmp): \(errnoText())")
+        _ = unlinkat(dirFD, tmp, 0)
+        throw problem
+    }
     _ = fsync(dirFD)
 }

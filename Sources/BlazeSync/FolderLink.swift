@@ -121,6 +121,8 @@ final class FolderWorker {
     var lastFailure: String?
     /// Chunks this link wrote to its own `assets/` (or found there), and its place in the store's log of swept chunks.
     var assetsKnown: Set<ChunkID> = []
+    /// Whether `assetsKnown` took in what the own `assets/` held when the link started.
+    var assetsSeeded = false
     var sweptMark = 0
     /// Whether the last look left chunks to other members' copies: looked at again now and then, since another
     /// member may sweep its copy.

@@ -26,6 +26,11 @@ extension FolderWorker {
     /// The store is listed again only once it changed; each other writer's `assets/` is listed once per look.
     func publishAssets() throws {
         let store = try engine.chunkStores.store(for: db)
+        if !assetsSeeded {
+            // A device started again finds what it wrote before: only what its own `assets/` lacks is written.
+            assetsKnown.formUnion(assetFiles(in: ownDir + "/assets"))
+            assetsSeeded = true
+        }
         removeSweptAssets(store)
         let now = uptimeMs()
         if pendingAssets.isEmpty {
@@ -88,15 +93,20 @@ extension FolderWorker {
         let log = space.snapshot.membership
         var held = Set<ChunkID>()
         for writer in (try? writerDirectories()) ?? [] where writer != me && (log == nil || log?.member(writer.bytes) != nil) {
-            let dir = spaceDir + "/" + writer.hex + "/assets"
-            for name in (try? FileManager.default.contentsOfDirectory(atPath: dir)) ?? [] {
-                guard let id = ChunkID(hex: name) else { continue }
-                var st = stat()
-                guard lstat(dir + "/" + name, &st) == 0, (st.st_mode & S_IFMT) == S_IFREG,
-                    Int(st.st_size) <= PeerMessage.maxSealedChunkBytes
-                else { continue }
-                held.insert(id)
-            }
+            held.formUnion(assetFiles(in: spaceDir + "/" + writer.hex + "/assets"))
+        }
+        return held
+    }
+
+    /// The chunks whose regular files (no larger than a sealed chunk can be) lie in the `assets/` directory `dir`.
+    func assetFiles(in dir: String) -> Set<ChunkID> {
+        var held = Set<ChunkID>()
+        for name in (try? FileManager.default.contentsOfDirectory(atPath: dir)) ?? [] {
+            guard let id = ChunkID(hex: name) else { continue }
+            var st = stat()
+            guard lstat(dir + "/" + name, &st) == 0, (st.st_mode & S_IFMT) == S_IFREG, Int(st.st_size) <= PeerMessage.maxSealedChunkBytes
+            else { continue }
+            held.insert(id)
         }
         return held
     }

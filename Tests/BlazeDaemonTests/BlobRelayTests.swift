@@ -61,12 +61,8 @@ import Testing
         }
         var ca = try a.connect()
         let cb = try b.connect()
-        _ = try ca.call("db.create", ["db": "team"])
-        _ = try cb.call("db.join", ["token": .string(try ca.invite("team")), "db": "team"])
-        try relay.addSpace(try ca.relayCapability("team"))
         // From now on the two never meet: A leaves the blob on the relay and stops before B comes.
-        _ = try cb.call("peer.remove", ["db": "team", "address": .string(try a.syncAddress())])
-        _ = try ca.call("peer.add", ["db": "team", "address": .string(relay.address)])
+        try BlobResumeTests().meetThroughRelay(a, ca, b, cb, relay)
         let marker = Array("plaintext that must never reach the relay".utf8)
         var bytes = BlobDaemonTests().content(6_000_000, seed: 11)
         bytes.replaceSubrange(3_000_000..<(3_000_000 + marker.count), with: marker)

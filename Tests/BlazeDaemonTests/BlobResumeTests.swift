@@ -55,6 +55,16 @@ import Glibc
         return outcome
     }
 
+    /// A creates `team` and B joins it through A; from then on they meet only through `relay` (A dials it, B forgets
+    /// A's address and dials nothing yet).
+    func meetThroughRelay(_ a: DaemonProcess, _ ca: BlazeConnection, _ b: DaemonProcess, _ cb: BlazeConnection, _ relay: RelayProcess) throws {
+        _ = try ca.call("db.create", ["db": "team"])
+        _ = try cb.call("db.join", ["token": .string(try ca.invite("team")), "db": "team"])
+        try relay.addSpace(try ca.relayCapability("team"))
+        _ = try cb.call("peer.remove", ["db": "team", "address": .string(try a.syncAddress())])
+        _ = try ca.call("peer.add", ["db": "team", "address": .string(relay.address)])
+    }
+
     /// A relay on a port of its own (the same after a restart), A leaves a blob there and stops; B reaches the relay
     /// through a proxy, holds the blob's start, and its get stalls with chunks asked. Then B or the relay dies by
     /// kill -9; once both run again and the path opens, only the chunks B lacked cross, and the bytes are the file's.
@@ -73,11 +83,7 @@ import Glibc
         }
         let ca = try a.connect()
         var cb = try b.connect()
-        _ = try ca.call("db.create", ["db": "team"])
-        _ = try cb.call("db.join", ["token": .string(try ca.invite("team")), "db": "team"])
-        try relay.addSpace(try ca.relayCapability("team"))
-        _ = try cb.call("peer.remove", ["db": "team", "address": .string(try a.syncAddress())])
-        _ = try ca.call("peer.add", ["db": "team", "address": .string(relay.address)])
+        try meetThroughRelay(a, ca, b, cb, relay)
         let bytes = BlobDaemonTests().content(12_000_000, seed: 23)
         let (id, chunks) = try put(bytes, on: ca, dir: a.dir.path, doc: "film")
         #expect(eventually(timeout: .seconds(60)) { (try? relay.count("relay_chunks")) == Int(chunks) + 1 }, "the upload")
@@ -137,11 +143,7 @@ import Glibc
         }
         var ca = try a.connect()
         let cb = try b.connect()
-        _ = try ca.call("db.create", ["db": "team"])
-        _ = try cb.call("db.join", ["token": .string(try ca.invite("team")), "db": "team"])
-        try relay.addSpace(try ca.relayCapability("team"))
-        _ = try cb.call("peer.remove", ["db": "team", "address": .string(try a.syncAddress())])
-        _ = try ca.call("peer.add", ["db": "team", "address": .string(relay.address)])
+        try meetThroughRelay(a, ca, b, cb, relay)
         let bytes = BlobDaemonTests().content(12_000_000, seed: 31)
         let (id, chunks) = try put(bytes, on: ca, dir: dirA.path, doc: "film")
         // The relay takes what its quota has room for, then no more. A is killed once it took some (wherever the
@@ -207,5 +209,42 @@ import Glibc
         #expect(try cb.call("blob.get", ["db": "team", "blob": id, "path": .string(out)])["bytes"] == 12_000_000)
         #expect(FileManager.default.contents(atPath: out).map(Array.init) == bytes)
         #expect(try received(cb) == chunks - heldAtCut, "only the missing chunks were read from the folder")
+    }
+
+    /// A device writing a blob's chunks to a shared folder is cut part-way (one chunk's name is taken by a directory,
+    /// so its write fails while the others land) and dies by kill -9. Started again, with the way clear, it writes only
+    /// the missing chunk: the files it wrote before are the same files (same inode), and a reader gets the blob.
+    @Test func writesToAFolderCutByAKill9GoOnWhereTheyStopped() throws {
+        var team = try FolderTeam(count: 2, arguments: ["--folder-poll-interval", "0.1"])
+        defer { team.stopAll() }
+        let folder = TempDir()
+        let bytes = BlobDaemonTests().content(12_000_000, seed: 37)
+        let (id, chunks) = try put(bytes, on: team.clients[0], dir: team.dirs[0].path, doc: "film")
+        // One of A's chunks (named by its store) cannot be written: a directory holds its name in A's `assets/`.
+        let stored = filesUnder(team.dirs[0].path + "/data").filter { $0.contains(".blobs/") && !$0.contains(".tmp") }
+        let blocked = try #require(stored.first.flatMap { $0.split(separator: "/").last.map(String.init) })
+        let assets = folder.path + "/" + (try spaceOf(team.clients[0])) + "/" + team.nodes[0] + "/assets"
+        try FileManager.default.createDirectory(atPath: assets + "/" + blocked, withIntermediateDirectories: true)
+        for c in team.clients { _ = try c.call("folder.add", ["db": "team", "path": .string(folder.path)]) }
+        #expect(eventually(timeout: .seconds(30)) { filesUnder(assets).count == Int(chunks) }, "A's other chunks: \(filesUnder(assets)) of \(chunks + 1), blocked \(blocked), stored \(stored)")
+        team.daemons[0].kill9()
+        func inodes() -> [String: UInt64] {
+            Dictionary(uniqueKeysWithValues: filesUnder(assets).map { name in
+                var st = stat()
+                return (name, lstat(assets + "/" + name, &st) == 0 ? UInt64(st.st_ino) : 0)
+            })
+        }
+        let before = inodes()
+        #expect(rmdir(assets + "/" + blocked) == 0)
+        try team.restart(0)
+        #expect(eventually(timeout: .seconds(30)) { filesUnder(assets).count == Int(chunks) + 1 }, "the missing chunk")
+        // Counted once the round's writes are done (just after the file appears).
+        #expect(eventually(timeout: .seconds(30)) { ((try? folderStatus(team.clients[0], folder.path))?["chunksSent"]?.intValue ?? 0) >= 1 })
+        #expect(try folderStatus(team.clients[0], folder.path)["chunksSent"] == 1, "A wrote only what the folder lacked: \((try? folderStatus(team.clients[0], folder.path)) ?? .null)")
+        let after = inodes()
+        #expect(before.allSatisfy { after[$0.key] == $0.value }, "a file written before the cut was written again: \(before) \(after)")
+        let out = team.dirs[1].path + "/film.out"
+        #expect(try team.clients[1].call("blob.get", ["db": "team", "blob": id, "path": .string(out)])["bytes"] == 12_000_000)
+        #expect(FileManager.default.contents(atPath: out).map(Array.init) == bytes)
     }
 }
