@@ -27,8 +27,9 @@ extension FolderWorker {
     func publishAssets() throws {
         let store = try engine.chunkStores.store(for: db)
         if !assetsSeeded {
-            // A device started again finds what it wrote before: only what its own `assets/` lacks is written.
-            assetsKnown.formUnion(assetFiles(in: ownDir + "/assets"))
+            // A device started again finds what it wrote before: only what its own `assets/` lacks is written. A file
+            // of another size than its chunk seals to (cut short by a failing disk, say) is written again.
+            assetsKnown.formUnion(assetFiles(in: ownDir + "/assets") { id in store.size(of: id).map { SealedChunk.maxSealedCount(content: $0) } })
             assetsSeeded = true
         }
         removeSweptAssets(store)
@@ -98,14 +99,16 @@ extension FolderWorker {
         return held
     }
 
-    /// The chunks whose regular files (no larger than a sealed chunk can be) lie in the `assets/` directory `dir`.
-    func assetFiles(in dir: String) -> Set<ChunkID> {
+    /// The chunks whose regular files lie in the `assets/` directory `dir`: each no larger than a sealed chunk can be,
+    /// or, when `sealedSize` is given, exactly the size it gives for the chunk (nil: the chunk is not counted).
+    func assetFiles(in dir: String, sealedSize: ((ChunkID) -> Int?)? = nil) -> Set<ChunkID> {
         var held = Set<ChunkID>()
         for name in (try? FileManager.default.contentsOfDirectory(atPath: dir)) ?? [] {
             guard let id = ChunkID(hex: name) else { continue }
             var st = stat()
             guard lstat(dir + "/" + name, &st) == 0, (st.st_mode & S_IFMT) == S_IFREG, Int(st.st_size) <= PeerMessage.maxSealedChunkBytes
             else { continue }
+            if let sealedSize, sealedSize(id) != Int(st.st_size) { continue }
             held.insert(id)
         }
         return held

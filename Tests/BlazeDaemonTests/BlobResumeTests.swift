@@ -216,7 +216,8 @@ import Glibc
 
     /// A device writing a blob's chunks to a shared folder is cut part-way (one chunk's name is taken by a directory,
     /// so its write fails while the others land) and dies by kill -9. Started again, with the way clear, it writes only
-    /// the missing chunk: the files it wrote before are the same files (same inode), and a reader gets the blob.
+    /// the missing chunk and one whose file was cut short meanwhile: the files it wrote whole before are the same files
+    /// (same inode), and a reader gets the blob.
     @Test func writesToAFolderCutByAKill9GoOnWhereTheyStopped() throws {
         var team = try FolderTeam(count: 2, arguments: ["--folder-poll-interval", "0.1"])
         defer { team.stopAll() }
@@ -229,23 +230,33 @@ import Glibc
         let assets = folder.path + "/" + (try spaceOf(team.clients[0])) + "/" + team.nodes[0] + "/assets"
         try FileManager.default.createDirectory(atPath: assets + "/" + blocked, withIntermediateDirectories: true)
         for c in team.clients { _ = try c.call("folder.add", ["db": "team", "path": .string(folder.path)]) }
-        #expect(eventually(timeout: .seconds(30)) { filesUnder(assets).count == Int(chunks) }, "A's other chunks: \(filesUnder(assets)) of \(chunks + 1), blocked \(blocked), stored \(stored)")
+        // A's chunk files (not one being written, `ID.tmp`).
+        func written() -> [String] { filesUnder(assets).filter { !$0.hasSuffix(".tmp") } }
+        #expect(eventually(timeout: .seconds(30)) { written().count == Int(chunks) }, "A's other chunks: \(filesUnder(assets)) of \(chunks + 1), blocked \(blocked)")
         team.daemons[0].kill9()
         func inodes() -> [String: UInt64] {
-            Dictionary(uniqueKeysWithValues: filesUnder(assets).map { name in
+            Dictionary(uniqueKeysWithValues: written().map { name in
                 var st = stat()
                 return (name, lstat(assets + "/" + name, &st) == 0 ? UInt64(st.st_ino) : 0)
             })
         }
-        let before = inodes()
+        var before = inodes()
         #expect(rmdir(assets + "/" + blocked) == 0)
+        // One file written before the cut is cut short (a failing disk): A writes it again too.
+        let damaged = try #require(before.keys.sorted().first)
+        var st = stat()
+        #expect(lstat(assets + "/" + damaged, &st) == 0 && truncate(assets + "/" + damaged, st.st_size / 2) == 0)
+        before[damaged] = nil
         try team.restart(0)
-        #expect(eventually(timeout: .seconds(30)) { filesUnder(assets).count == Int(chunks) + 1 }, "the missing chunk")
-        // Counted once the round's writes are done (just after the file appears).
-        #expect(eventually(timeout: .seconds(30)) { ((try? folderStatus(team.clients[0], folder.path))?["chunksSent"]?.intValue ?? 0) >= 1 })
-        #expect(try folderStatus(team.clients[0], folder.path)["chunksSent"] == 1, "A wrote only what the folder lacked: \((try? folderStatus(team.clients[0], folder.path)) ?? .null)")
+        #expect(eventually(timeout: .seconds(30)) {
+            var now = stat()
+            return written().count == Int(chunks) + 1 && lstat(assets + "/" + damaged, &now) == 0 && now.st_size == st.st_size
+        }, "the missing and the damaged chunk")
+        // Counted once the round's writes are done (just after the files appear).
+        #expect(eventually(timeout: .seconds(30)) { ((try? folderStatus(team.clients[0], folder.path))?["chunksSent"]?.intValue ?? 0) >= 2 })
+        #expect(try folderStatus(team.clients[0], folder.path)["chunksSent"] == 2, "A wrote only what the folder lacked: \((try? folderStatus(team.clients[0], folder.path)) ?? .null)")
         let after = inodes()
-        #expect(before.allSatisfy { after[$0.key] == $0.value }, "a file written before the cut was written again: \(before) \(after)")
+        #expect(before.allSatisfy { after[$0.key] == $0.value }, "a file written whole before the cut was written again: \(before) \(after)")
         let out = team.dirs[1].path + "/film.out"
         #expect(try team.clients[1].call("blob.get", ["db": "team", "blob": id, "path": .string(out)])["bytes"] == 12_000_000)
         #expect(FileManager.default.contents(atPath: out).map(Array.init) == bytes)
