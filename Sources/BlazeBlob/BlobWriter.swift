@@ -4,9 +4,10 @@ import Dispatch
 import Glibc
 #endif
 
-/// Puts a blob into a chunk store a piece at a time, never holding more than `window` maximum chunks of it: bytes are
-/// appended as they come (from a file or from a client's in-band pieces), cut into chunks by the space's chunker,
-/// each chunk stored durably under its id, and `finish` stores the manifest and returns it with the blob's id.
+/// Puts a blob into a chunk store a piece at a time, never holding more than twice `window` maximum chunks of it (the
+/// bytes not yet cut, and the chunks cut and not yet stored): bytes are appended as they come (from a file or from a
+/// client's in-band pieces), cut into chunks by the space's chunker, each chunk stored durably under its id by the
+/// writer's lanes, and `finish` waits for them, stores the manifest and returns it with the blob's id.
 ///
 /// One writer per blob, used by one thread at a time; call `finish` once. Any failure ends the writer: every later
 /// call throws the same error, so a failed put never goes on to name content it did not store whole.
@@ -19,11 +20,13 @@ public struct BlobWriter: Sendable {
     public let maxSize: Int
     /// Bytes appended and not yet cut into a chunk.
     private var pending: [UInt8] = []
-    /// The chunks stored so far.
-    private var pieces: [BlobManifest.Piece] = []
+    /// The lengths of the chunks handed to the lanes so far, in order.
+    private var lengths: [Int] = []
+    /// The threads naming and storing the chunks cut so far.
+    private let lanes: ChunkLanes
     /// Bytes appended so far.
     public private(set) var size = 0
-    /// Bytes of chunks that were new to the store (the rest were held already).
+    /// Bytes of chunks that were new to the store (the rest were held already), known once `finish` has returned.
     public private(set) var storedBytes = 0
     /// The failure that ended this writer, if any.
     private var failure: ChunkStoreError?
@@ -37,6 +40,7 @@ public struct BlobWriter: Sendable {
         self.store = store
         self.maxSize = maxSize
         pins = ChunkPins(store: store)
+        lanes = ChunkLanes(keys: keys, store: store, pins: pins, limit: Self.window * keys.chunker.sizes.maximum)
     }
 
     /// The chunks this writer stored or found held, pinned in the store until the writer goes: a sweep leaves them,
@@ -88,10 +92,11 @@ public struct BlobWriter: Sendable {
         }
     }
 
-    /// Stores the chunks of the pending bytes up to where the chunker cuts (all of them at the end).
+    /// Hands the chunks of the pending bytes up to where the chunker cuts (all of them at the end) to the lanes that
+    /// name and store them.
     ///
-    /// The cuts are found first (one pass, cheap), then the chunks are named and stored on `lanes` threads at once:
-    /// naming (HMAC-SHA256) and the synced write of each chunk's file are most of a put's time, and independent.
+    /// The cuts are found here (one pass, cheap); naming (HMAC-SHA256) and the synced write of each chunk's file are
+    /// most of a put's time, and run on the lanes' threads while this one reads and cuts the bytes that follow.
     private mutating func cut(atEnd: Bool) throws(ChunkStoreError) {
         do throws(ChunkStoreError) {
             try cutWindow(atEnd: atEnd)
@@ -112,79 +117,26 @@ public struct BlobWriter: Sendable {
         let count = pending.count
         let chunker = keys.chunker
         let maximum = chunker.sizes.maximum
-        var lengths: [Int] = []
+        var cuts: [Range<Int>] = []
         var start = 0
         pending.withUnsafeBytes { raw in
             while let n = chunker.firstCut(in: UnsafeRawBufferPointer(rebasing: raw[start..<count]), atEnd: atEnd) {
-                lengths.append(n)
+                cuts.append(start..<(start + n))
                 start += n
                 // Not at the end, stop while a whole maximum chunk is left: the next cut needs the bytes after it.
                 if !atEnd && count - start < maximum { break }
             }
         }
-        guard !lengths.isEmpty else { return }
+        guard !cuts.isEmpty else { return }
         // A manifest lists a bounded number of chunks: refused as the blob grows, not after storing all of it.
-        guard pieces.count + lengths.count <= BlobManifest.maxPieces(chunkMaximum: maximum) else {
+        guard lengths.count + cuts.count <= BlobManifest.maxPieces(chunkMaximum: maximum) else {
             throw ChunkStoreError("the blob has more chunks than one manifest can list", reason: .limit)
         }
-        var offsets: [Int] = []
-        offsets.reserveCapacity(lengths.count)
-        var offset = 0
-        for n in lengths {
-            offsets.append(offset)
-            offset += n
-        }
-        let outcomes = Outcomes(count: lengths.count)
-        let (keys, store, pins) = (self.keys, self.store, self.pins)
-        let (cutLengths, cutOffsets) = (lengths, offsets)
-        pending.withUnsafeBytes { raw in
-            let window = Window(bytes: raw)
-            DispatchQueue.concurrentPerform(iterations: min(Self.lanes, cutLengths.count)) { lane in
-                let base = window.bytes
-                let (lengths, offsets) = (cutLengths, cutOffsets)
-                for k in stride(from: lane, to: lengths.count, by: Self.lanes) {
-                    let chunk = UnsafeRawBufferPointer(rebasing: base[offsets[k]..<(offsets[k] + lengths[k])])
-                    let id = keys.id(of: chunk)
-                    do throws(ChunkStoreError) {
-                        outcomes.set(k, .success((id, try store.put(id, chunk, pinning: pins))))
-                    } catch {
-                        outcomes.set(k, .failure(error))
-                    }
-                }
-            }
-        }
-        for (k, outcome) in outcomes.all.enumerated() {
-            let (id, new) = try outcome!.get()
-            if new { storedBytes += lengths[k] }
-            pieces.append(BlobManifest.Piece(id: id, length: lengths[k]))
+        for range in cuts {
+            try lanes.submit(lengths.count, Array(pending[range]))
+            lengths.append(range.count)
         }
         pending.removeFirst(start)
-    }
-
-    /// Threads that name and store a window's chunks at once.
-    static let lanes = 2
-
-    /// The pending bytes, shared read-only with the threads that store their chunks.
-    private struct Window: @unchecked Sendable {
-        // @unchecked: the buffer is only read, and only inside the `withUnsafeBytes` call that lends it.
-        let bytes: UnsafeRawBufferPointer
-    }
-
-    /// Each chunk's outcome, written by the thread that handled it.
-    private final class Outcomes: @unchecked Sendable {
-        // @unchecked: each slot is written by exactly one thread of a `concurrentPerform` (distinct indexes of a
-        // buffer allocated up front, so no write touches shared array storage), and read after it returns.
-        private let values: UnsafeMutableBufferPointer<Result<(ChunkID, Bool), ChunkStoreError>?>
-        init(count: Int) {
-            values = .allocate(capacity: count)
-            values.initialize(repeating: nil)
-        }
-        deinit {
-            values.deinitialize()
-            values.deallocate()
-        }
-        func set(_ k: Int, _ value: Result<(ChunkID, Bool), ChunkStoreError>) { values[k] = value }
-        var all: [Result<(ChunkID, Bool), ChunkStoreError>?] { Array(values) }
     }
 
     /// Stores the last chunk and the manifest; returns the blob's id, its manifest and the bytes of chunks that were
@@ -192,6 +144,15 @@ public struct BlobWriter: Sendable {
     public mutating func finish() throws(ChunkStoreError) -> (id: ChunkID, manifest: BlobManifest, storedBytes: Int) {
         if let failure { throw failure }
         try cut(atEnd: true)
+        let stored: [Int: (id: ChunkID, new: Bool)]
+        do throws(ChunkStoreError) { stored = try lanes.drain() } catch { throw ended(error) }
+        var pieces: [BlobManifest.Piece] = []
+        pieces.reserveCapacity(lengths.count)
+        for (k, length) in lengths.enumerated() {
+            guard let chunk = stored[k] else { throw ended(ChunkStoreError("chunk \(k) of the blob was not stored", reason: .invalid)) }
+            if chunk.new { storedBytes += length }
+            pieces.append(BlobManifest.Piece(id: chunk.id, length: length))
+        }
         let manifest = BlobManifest(pieces: pieces)
         guard manifest.pieces.count <= BlobManifest.maxPieces(chunkMaximum: keys.chunker.sizes.maximum) else {
             throw ChunkStoreError("the blob has more chunks than one manifest can list", reason: .limit)

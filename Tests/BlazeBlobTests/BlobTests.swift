@@ -139,6 +139,35 @@ import Glibc
         #expect(throws: ChunkError.self) { try BlobManifest(decoding: [], chunkMaximum: maximum, maxSize: 100) }
     }
 
+    @Test func aChunkFailingMidwayFailsThePutAndTheOthersStayUnnamed() throws {
+        var random = SeededRandom(seed: testSeed("blob failure midway"))
+        let store = try store()
+        defer { try? FileManager.default.removeItem(atPath: store.directory) }
+        let content = bytes(600_000, &random)
+        // The chunk shard of one chunk in the middle of the blob is taken by a file: that chunk alone cannot be stored.
+        let lengths = keys.chunker.cuts(of: content)
+        let start = lengths[..<(lengths.count / 2)].reduce(0, +)
+        let end = start + lengths[lengths.count / 2]
+        let victim = keys.id(of: Array(content[start..<end]))
+        #expect(FileManager.default.createFile(atPath: store.directory + "/" + String(victim.hex.prefix(2)), contents: Data()))
+        var writer = BlobWriter(keys: keys, store: store, maxSize: 1 << 30)
+        do {
+            // The chunks are stored on the writer's lanes: the failure ends the writer by `finish` at the latest.
+            try writer.append(content)
+            _ = try writer.finish()
+            Issue.record("a put whose chunk could not be stored succeeded")
+        } catch {}
+        #expect(throws: ChunkStoreError.self) { try writer.finish() }
+        #expect(!store.contains(victim))
+        // Retried once the way is clear, the put stores only what the failed one left out, and reads back whole.
+        unlink(store.directory + "/" + String(victim.hex.prefix(2)))
+        let (_, manifest, stored) = try put(content, store, &random)
+        #expect(manifest.pieces.map(\.length).reduce(0, +) == content.count)
+        #expect(stored < content.count)
+        #expect(stored >= end - start)
+        #expect(store.contains(victim))
+    }
+
     @Test func aFailedPutEndsTheWriter() throws {
         var random = SeededRandom(seed: testSeed("blob failure"))
         let store = try store()
@@ -148,10 +177,14 @@ import Glibc
             #expect(FileManager.default.createFile(atPath: store.directory + "/" + String(format: "%02x", shard), contents: Data()))
         }
         var writer = BlobWriter(keys: keys, store: store, maxSize: 1 << 30)
-        #expect(throws: ChunkStoreError.self) { try writer.append(bytes(300_000, &random)) }
+        // Chunks are stored on the writer's lanes while it reads on: the failure ends the writer at the next call
+        // after it, at the latest at `finish`, which never names content it did not store.
+        let failedEarly = (try? writer.append(bytes(300_000, &random))) == nil
+        #expect(throws: ChunkStoreError.self) { try writer.finish() }
         // Every later call fails the same way: nothing more is stored or named.
         #expect(throws: ChunkStoreError.self) { try writer.append([1]) }
         #expect(throws: ChunkStoreError.self) { try writer.finish() }
+        if failedEarly { #expect(throws: ChunkStoreError.self) { try writer.append(bytes(300_000, &random)) } }
         #expect(store.all().isEmpty)
     }
 }

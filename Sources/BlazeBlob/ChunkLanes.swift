@@ -1,0 +1,122 @@
+import BlazeProtocol
+import Foundation
+
+/// Names and stores a writer's chunks on threads of their own while the writer reads and cuts what follows, so the
+/// disk's work (each chunk's synced file) overlaps the CPU's (cutting and naming) instead of following it.
+///
+/// Bounded: `submit` waits while the chunks handed over and not yet stored hold `limit` bytes or more. The threads
+/// start with the first chunk and end when the last owner of these lanes goes (`deinit`), after the chunks already
+/// handed over are stored. Used by one writer, from one thread at a time.
+final class ChunkLanes: Sendable {
+    /// The state the lanes' threads share with the writer.
+    private let shared: Shared
+    /// How many threads name and store chunks.
+    let threads: Int
+
+    /// Lanes naming chunks with `keys` into `store`, pinning them with `pins`, holding at most `limit` bytes of chunks
+    /// waiting or being stored (one chunk is always let in, whatever its size).
+    init(keys: BlobKeys, store: ChunkStore, pins: ChunkPins, limit: Int, threads: Int = 4) {
+        shared = Shared(keys: keys, store: store, pins: pins, limit: limit)
+        self.threads = threads
+    }
+
+    deinit { shared.close() }
+
+    /// Hands chunk number `index` of the blob (its content, `bytes`) to the lanes; waits while they hold `limit`
+    /// bytes. Throws the first failure of a chunk handed over before (the writer then ends).
+    func submit(_ index: Int, _ bytes: [UInt8]) throws(ChunkStoreError) {
+        try shared.submit(index, bytes, threads: threads)
+    }
+
+    /// Waits until every chunk handed over is stored, and returns each one's id and whether it was new, by index;
+    /// throws the first failure.
+    func drain() throws(ChunkStoreError) -> [Int: (id: ChunkID, new: Bool)] {
+        try shared.drain()
+    }
+
+    /// The lanes' state, guarded by `condition`.
+    private final class Shared: @unchecked Sendable {
+        // @unchecked: every mutable field below is read and written only while `condition` is locked.
+        let keys: BlobKeys
+        let store: ChunkStore
+        let pins: ChunkPins
+        let limit: Int
+        let condition = NSCondition()
+        /// Chunks handed over and not yet taken by a thread.
+        var waiting: [(index: Int, bytes: [UInt8])] = []
+        /// Bytes of chunks handed over and not yet stored.
+        var held = 0
+        /// Stored chunks by index.
+        var done: [Int: (id: ChunkID, new: Bool)] = [:]
+        /// The first chunk that failed.
+        var failure: ChunkStoreError?
+        /// Threads started.
+        var started = 0
+        /// No more chunks come; the threads end once `waiting` is empty.
+        var closed = false
+
+        init(keys: BlobKeys, store: ChunkStore, pins: ChunkPins, limit: Int) {
+            self.keys = keys
+            self.store = store
+            self.pins = pins
+            self.limit = limit
+        }
+
+        func submit(_ index: Int, _ bytes: [UInt8], threads: Int) throws(ChunkStoreError) {
+            condition.lock()
+            defer { condition.unlock() }
+            while failure == nil && held > 0 && held + bytes.count > limit { condition.wait() }
+            if let failure { throw failure }
+            waiting.append((index, bytes))
+            held += bytes.count
+            if started < threads {
+                started += 1
+                Thread { self.work() }.start()
+            }
+            condition.broadcast()
+        }
+
+        func drain() throws(ChunkStoreError) -> [Int: (id: ChunkID, new: Bool)] {
+            condition.lock()
+            defer { condition.unlock() }
+            while failure == nil && held > 0 { condition.wait() }
+            if let failure { throw failure }
+            let out = done
+            done = [:]
+            return out
+        }
+
+        func close() {
+            condition.lock()
+            closed = true
+            condition.broadcast()
+            condition.unlock()
+        }
+
+        /// A thread's loop: takes the next chunk, names it and stores it, until closed with nothing waiting.
+        func work() {
+            condition.lock()
+            while true {
+                if waiting.isEmpty {
+                    if closed { break }
+                    condition.wait()
+                    continue
+                }
+                let (index, bytes) = waiting.removeFirst()
+                condition.unlock()
+                let outcome = Result { () throws(ChunkStoreError) -> (ChunkID, Bool) in
+                    let id = keys.id(of: bytes)
+                    return (id, try store.put(id, bytes, pinning: pins))
+                }
+                condition.lock()
+                held -= bytes.count
+                switch outcome {
+                case .success(let stored): done[index] = stored
+                case .failure(let error): if failure == nil { failure = error }
+                }
+                condition.broadcast()
+            }
+            condition.unlock()
+        }
+    }
+}
