@@ -120,7 +120,7 @@ public final class ChunkStore: Sendable {
     /// Chunk `id`'s file opened for reading, with its size; nil when it is not held. Only a regular file is opened:
     /// no symbolic link is followed, and the open does not block (a FIFO planted under a chunk's name must not hang
     /// it; regular files ignore the flag). The caller closes the descriptor.
-    private func openChunk(_ id: ChunkID) throws(ChunkStoreError) -> (Int32, Int)? {
+    func openChunk(_ id: ChunkID) throws(ChunkStoreError) -> (Int32, Int)? {
         let fd = open(path(of: id), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK)
         guard fd >= 0 else {
             if errno == ENOENT { return nil }
@@ -188,6 +188,18 @@ public final class ChunkStore: Sendable {
             left -= n
         }
         return true
+    }
+
+    /// Fills `buffer` from file descriptor `fd` at its position, reading until it is full; a file that ends first is
+    /// an error (`EIO`), as any failed read (`what` names it).
+    static func readFully(_ fd: Int32, into buffer: UnsafeMutableRawBufferPointer, what: String) throws(ChunkStoreError) {
+        var done = 0
+        while done < buffer.count {
+            let n = Glibc.read(fd, buffer.baseAddress!.advanced(by: done), buffer.count - done)
+            if n < 0 && errno == EINTR { continue }
+            guard n > 0 else { throw .system(what, n < 0 ? errno : EIO) }
+            done += n
+        }
     }
 
     /// Removes chunk `id`; false when it was not held.

@@ -47,7 +47,8 @@ public struct BlobKeys: Sendable {
 /// header, the space id and the chunk id are authenticated with it, so a sealed chunk opens only as the chunk it was
 /// sealed as. The nonce is synthetic (as in SIV): an HMAC, under a nonce key of its own, of the chunk id and the padded
 /// plaintext itself, so sealing equal content twice gives the same bytes, and two different plaintexts (even one
-/// given under another content's id by mistake) never share a (key, nonce) pair. Opening checks the nonce again.
+/// given under another content's id by mistake) never share a (key, nonce) pair. Opening checks the tag and the
+/// content against the id, not the nonce (see `open(_:id:keys:secrets:maximum:_:)`).
 public enum SealedChunk {
     /// The first four bytes of every sealed chunk.
     static let magic = SealedChunkLayout.magic
@@ -89,13 +90,47 @@ public enum SealedChunk {
     /// `content` (the chunk `id` of `space`, at most 1 GiB: chunks are at most `Chunker.Sizes` allow) sealed under
     /// the epoch `epoch` whose secret is `secret`.
     public static func seal(_ content: UnsafeRawBufferPointer, id: ChunkID, space: SpaceID, epoch: UInt32, secret: [UInt8]) -> [UInt8] {
-        precondition(content.count <= 1 << 30, "a chunk is at most 1 GiB")
-        let key = chunkKey(space: space, epoch: epoch, secret: secret)
-        var plain = [UInt8](repeating: 0, count: padded(content.count))
-        withUnsafeBytes(of: UInt32(content.count).bigEndian) { plain.replaceSubrange(0..<4, with: $0) }
-        if let source = content.baseAddress, content.count > 0 {
-            plain.withUnsafeMutableBytes { $0.baseAddress!.advanced(by: 4).copyMemory(from: source, byteCount: content.count) }
+        let sealed = seal(count: content.count, id: id, space: space, epoch: epoch, secret: secret, after: []) { (plain) throws(ChunkError) in
+            if let source = content.baseAddress, content.count > 0 { plain.baseAddress!.copyMemory(from: source, byteCount: content.count) }
         }
+        return try! sealed.get()
+    }
+
+    /// Chunk `id` of `space`, read from `store`, sealed under the epoch `epoch` whose secret is `secret` and placed
+    /// after `prefix` (a message's header: the chunk is read into the buffer it is sealed from, and sealed into the
+    /// one returned, with no other copy); nil when the store does not hold it.
+    public static func seal(
+        reading id: ChunkID, from store: ChunkStore, space: SpaceID, epoch: UInt32, secret: [UInt8], after prefix: [UInt8] = []
+    ) throws(ChunkStoreError) -> [UInt8]? {
+        guard let (fd, size) = try store.openChunk(id) else { return nil }
+        defer { close(fd) }
+        guard size <= 1 << 30 else { throw ChunkStoreError("chunk \(id) is over 1 GiB", reason: .invalid) }
+        return try seal(count: size, id: id, space: space, epoch: epoch, secret: secret, after: prefix) { (plain) throws(ChunkStoreError) in
+            try ChunkStore.readFully(fd, into: plain, what: "read chunk \(id)")
+        }.get()
+    }
+
+    /// Seals `count` bytes of content, written by `fill` into the plaintext buffer, after `prefix`.
+    private static func seal<E: Error>(
+        count: Int, id: ChunkID, space: SpaceID, epoch: UInt32, secret: [UInt8], after prefix: [UInt8],
+        fill: (UnsafeMutableRawBufferPointer) throws(E) -> Void
+    ) -> Result<[UInt8], E> {
+        precondition(count <= 1 << 30, "a chunk is at most 1 GiB")
+        let key = chunkKey(space: space, epoch: epoch, secret: secret)
+        var failure: E?
+        // Every byte is written before the buffer is used: the length field, the content by `fill`, zero padding.
+        let plain = [UInt8](unsafeUninitializedCapacity: padded(count)) { buffer, initialized in
+            let raw = UnsafeMutableRawBufferPointer(buffer)
+            raw.storeBytes(of: UInt32(count).bigEndian, toByteOffset: 0, as: UInt32.self)
+            do throws(E) {
+                try fill(UnsafeMutableRawBufferPointer(rebasing: raw[4..<(4 + count)]))
+            } catch {
+                failure = error
+            }
+            UnsafeMutableRawBufferPointer(rebasing: raw[(4 + count)...]).initializeMemory(as: UInt8.self, repeating: 0)
+            initialized = buffer.count
+        }
+        if let failure { return .failure(failure) }
         let nonceBytes = nonce(plain, id: id, space: space, epoch: epoch, secret: secret)
         var header = magic
         withUnsafeBytes(of: epoch.bigEndian) { header += $0 }
@@ -105,11 +140,12 @@ public enum SealedChunk {
             authenticating: aad(header: header[...], space: space, id: id))
         // One copy of the box into the result (`header + ciphertext + tag` would make two).
         var sealed = [UInt8]()
-        sealed.reserveCapacity(header.count + box.ciphertext.count + box.tag.count)
+        sealed.reserveCapacity(prefix.count + header.count + box.ciphertext.count + box.tag.count)
+        sealed += prefix
         sealed += header
         sealed += box.ciphertext
         sealed += box.tag
-        return sealed
+        return .success(sealed)
     }
 
     /// The epoch `sealed` says it is sealed under; nil when it is not a sealed chunk's header.
@@ -128,13 +164,19 @@ public enum SealedChunk {
     public static func open(
         _ sealed: [UInt8], id: ChunkID, keys: BlobKeys, secrets: [[UInt8]], maximum: Int
     ) throws(ChunkError) -> [UInt8] {
-        try open(sealed[...], id: id, keys: keys, secrets: secrets, maximum: maximum)
+        try open(sealed[...], id: id, keys: keys, secrets: secrets, maximum: maximum) { Array($0) }
     }
 
-    /// The content of `sealed` (a slice of the message it arrived in), as `open(_:id:keys:secrets:maximum:)`.
-    public static func open(
-        _ sealed: ArraySlice<UInt8>, id: ChunkID, keys: BlobKeys, secrets: [[UInt8]], maximum: Int
-    ) throws(ChunkError) -> [UInt8] {
+    /// Opens `sealed` (a slice of the message it arrived in) as `open(_:id:keys:secrets:maximum:)`, and hands the
+    /// checked content to `body` where it lies in the opened buffer (not copied out); returns what `body` returns.
+    ///
+    /// The nonce is not derived again: the tag proves a holder of the epoch key sealed these bytes, and the id check
+    /// proves they are the chunk named, so a sealer that chose its nonce otherwise could only have harmed its own
+    /// secrecy, which it holds the key to anyway.
+    public static func open<R>(
+        _ sealed: ArraySlice<UInt8>, id: ChunkID, keys: BlobKeys, secrets: [[UInt8]], maximum: Int,
+        _ body: (UnsafeRawBufferPointer) -> R
+    ) throws(ChunkError) -> R {
         guard sealed.count <= maxSealedCount(content: maximum) else {
             throw ChunkError("a sealed chunk of \(sealed.count) bytes is over the \(maxSealedCount(content: maximum))-byte limit")
         }
@@ -144,25 +186,21 @@ public enum SealedChunk {
             throw ChunkError("not a sealed chunk")
         }
         let header = sealed[start..<(start + headerCount)]
-        let nonceBytes = sealed[(start + 8)..<(start + headerCount)]
-        let nonce = try! ChaChaPoly.Nonce(data: nonceBytes)
+        let nonce = try! ChaChaPoly.Nonce(data: sealed[(start + 8)..<(start + headerCount)])
         guard let box = try? ChaChaPoly.SealedBox(nonce: nonce, ciphertext: sealed[(start + headerCount)..<(end - 16)], tag: sealed[(end - 16)...])
         else { throw ChunkError("not a sealed chunk") }
         let aad = aad(header: header, space: keys.space, id: id)
         for secret in secrets {
             guard let opened = try? ChaChaPoly.open(box, using: chunkKey(space: keys.space, epoch: epoch, secret: secret), authenticating: aad)
             else { continue }
-            // Checked in the opened bytes where they lie; the content is copied out once, at the end.
-            guard Self.nonce(opened, id: id, space: keys.space, epoch: epoch, secret: secret).elementsEqual(nonceBytes) else {
-                throw ChunkError("chunk \(id)'s nonce is not the one its content gives")
-            }
-            let checked = opened.withUnsafeBytes { plain -> Result<[UInt8], ChunkError> in
+            // Checked in the opened bytes where they lie, and handed over there.
+            let checked = opened.withUnsafeBytes { plain -> Result<R, ChunkError> in
                 let length = plain.prefix(4).reduce(0) { $0 << 8 | Int($1) }
                 guard length <= plain.count - 4, padded(length) == plain.count, plain[(4 + length)...].allSatisfy({ $0 == 0 })
                 else { return .failure(ChunkError("a sealed chunk's length field does not match its size")) }
                 let content = UnsafeRawBufferPointer(rebasing: plain[4..<(4 + length)])
                 guard keys.id(of: content) == id else { return .failure(ChunkError("a chunk's content does not match its id \(id)")) }
-                return .success(Array(content))
+                return .success(body(content))
             }
             return try checked.get()
         }

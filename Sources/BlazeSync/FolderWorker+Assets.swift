@@ -52,10 +52,8 @@ extension FolderWorker {
                 assetsLeftElsewhere = true
                 continue
             }
-            guard let content = try? store.read(id) else { continue }
-            let sealed = content.withUnsafeBytes {
-                SealedChunk.seal($0, id: id, space: space.id, epoch: sealing.epoch.value, secret: sealing.secret)
-            }
+            guard let sealed = try? SealedChunk.seal(reading: id, from: store, space: space.id, epoch: sealing.epoch.value, secret: sealing.secret)
+            else { continue }
             do {
                 try replaceFile(at: assetsFD, id.hex, with: sealed)
             } catch {
@@ -132,20 +130,31 @@ extension FolderWorker {
                 let secrets = key.secrets(epoch: Epoch(epoch))
                 // Sealed under an epoch this device holds no key for (yet): not the writer's fault.
                 guard !secrets.isEmpty, let keys = try? engine.blobKeys(db: db) else { continue }
-                guard let content = try? SealedChunk.open(sealed, id: id, keys: keys, secrets: secrets, maximum: keys.chunker.sizes.maximum)
+                let chunkStore: ChunkStore
+                do { chunkStore = try engine.chunkStores.store(for: db) } catch {
+                    engine.chunks.failed(db: db.name, id, source: source, error: ChunkStores.storeError(error))
+                    stored = true  // answered: the callers have failed
+                    break
+                }
+                // Opened, checked and stored from where the opened content lies.
+                guard let put = try? SealedChunk.open(sealed[...], id: id, keys: keys, secrets: secrets, maximum: keys.chunker.sizes.maximum, { content in
+                    Result { () throws(ChunkStoreError) -> Int in
+                        _ = try chunkStore.put(id, content)
+                        return content.count
+                    }
+                })
                 else {
                     // Altered, or another chunk under its name: counted and skipped; another writer's copy may be whole.
                     report.reject(.badChunk)
                     continue
                 }
-                do {
-                    _ = try engine.chunkStores.store(for: db).put(id, content)
-                } catch {
+                let count: Int
+                do { count = try put.get() } catch {
                     engine.chunks.failed(db: db.name, id, source: source, error: ChunkStores.storeError(error))
                     stored = true  // answered: the callers have failed
                     break
                 }
-                report.update { $0.chunksReceived += 1; $0.chunkBytesReceived += content.count }
+                report.update { $0.chunksReceived += 1; $0.chunkBytesReceived += count }
                 engine.chunks.arrived(source, db: db.name, id)
                 stored = true
                 break

@@ -91,13 +91,11 @@ extension SyncSession {
             let (db, key, stores) = (link.db, link.key, engine.chunkStores)
             let bound = NIOLoopBound((self, context), eventLoop: context.eventLoop)
             engine.chunkPool.runIfActive(eventLoop: context.eventLoop) { () throws -> [UInt8]? in
-                guard let sealing = key.chunkSealing,
-                    let content = try stores.store(for: db).read(id)
-                else { return nil }
-                let sealed = content.withUnsafeBytes {
-                    SealedChunk.seal($0, id: id, space: key.id, epoch: sealing.epoch.value, secret: sealing.secret)
-                }
-                return try PeerMessage.chunk(id: id, sealed: sealed[...]).encoded()
+                guard let sealing = key.chunkSealing else { return nil }
+                // Read into the buffer it is sealed from, and sealed into the message: no other copy of the chunk.
+                return try SealedChunk.seal(
+                    reading: id, from: try stores.store(for: db), space: key.id, epoch: sealing.epoch.value, secret: sealing.secret,
+                    after: PeerMessage.chunkHeader(id))
             }
             .whenComplete { result in
                 let (session, context) = bound.value
@@ -137,18 +135,24 @@ extension SyncSession {
             // A chunk sealed under an epoch this device holds no key for is not the peer's fault (keys may be on
             // their way): another source is asked.
             guard !secrets.isEmpty else { return .noKey }
-            let content: [UInt8]
+            let store: ChunkStore
+            do { store = try engine.chunkStores.store(for: db) } catch { return .storeFailed(ChunkStores.storeError(error)) }
+            // Opened, checked and stored from where the opened content lies (no copy of it).
+            let put: Result<Int, ChunkStoreError>
             do {
-                content = try SealedChunk.open(sealed, id: id, keys: keys, secrets: secrets, maximum: keys.chunker.sizes.maximum)
+                put = try SealedChunk.open(sealed, id: id, keys: keys, secrets: secrets, maximum: keys.chunker.sizes.maximum) { content in
+                    Result { () throws(ChunkStoreError) -> Int in
+                        _ = try store.put(id, content)
+                        return content.count
+                    }
+                }
             } catch {
                 return .refused
             }
-            do {
-                _ = try engine.chunkStores.store(for: db).put(id, content)
-            } catch {
-                return .storeFailed(ChunkStores.storeError(error))
+            switch put {
+            case .success(let count): return .stored(count)
+            case .failure(let error): return .storeFailed(ChunkStores.storeError(error))
             }
-            return .stored(content.count)
         }
         .whenComplete { result in
             let (session, context) = bound.value

@@ -59,6 +59,10 @@ public enum PeerMessage: Sendable {
     static let chunkOfferType: UInt8 = 14
     static let chunkBadType: UInt8 = 15
     static let chunkKeepType: UInt8 = 16
+    /// The bytes an encoded `CHUNK` of chunk `id` starts with; its sealed chunk follows them (a sender may seal a
+    /// chunk straight after them instead of encoding `.chunk`).
+    public static func chunkHeader(_ id: ChunkID) -> [UInt8] { [chunkType] + id.bytes }
+
     /// The most chunk ids one `CHUNK_WANT`, `CHUNK_MISSING`, `CHUNK_OFFER` or `CHUNK_BAD` names.
     public static let maxChunkWants = 64
     /// The most chunk ids a device offers a relay at once: a relay takes at most this many of one offer, so one
@@ -148,9 +152,8 @@ public enum PeerMessage: Sendable {
         case .chunkWant(let ids):
             return Self.encode(ids, type: Self.chunkWantType)
         case .chunk(let id, let sealed):
-            var out: [UInt8] = [Self.chunkType]
+            var out = Self.chunkHeader(id)
             out.reserveCapacity(1 + ChunkID.count + sealed.count)
-            out += id.bytes
             out += sealed
             return out
         case .chunkMissing(let ids):

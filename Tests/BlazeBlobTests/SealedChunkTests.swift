@@ -1,5 +1,6 @@
 import BlazeProtocol
 import BlazeTestSupport
+import Foundation
 import Testing
 
 @testable import BlazeBlob
@@ -71,6 +72,26 @@ import Testing
         // is reused, whatever id a caller gives).
         let real = Array("the real chunk".utf8).withUnsafeBytes { SealedChunk.seal($0, id: wanted, space: space, epoch: 1, secret: epochSecret) }
         #expect(real[8..<20] != forged[8..<20])
+    }
+
+    @Test func aChunkSealedFromTheStoreIsTheChunkSealedFromMemory() throws {
+        let keys = try keys()
+        let store = try ChunkStore(directory: NSTemporaryDirectory() + "blaze-sealed-\(UUID().uuidString)")
+        defer { try? FileManager.default.removeItem(atPath: store.directory) }
+        for count in [0, 1, 4091, 4092, 4093, 100_000] {
+            let content = (0..<count).map { UInt8(truncatingIfNeeded: $0 &* 31) }
+            let id = keys.id(of: content)
+            try store.put(id, content)
+            let prefix: [UInt8] = [12] + id.bytes
+            let fromStore = try #require(try SealedChunk.seal(reading: id, from: store, space: space, epoch: 3, secret: epochSecret, after: prefix))
+            let fromMemory = content.withUnsafeBytes { SealedChunk.seal($0, id: id, space: space, epoch: 3, secret: epochSecret) }
+            #expect(fromStore == prefix + fromMemory)
+            // Opened where it lies, the content handed over is the chunk's.
+            let opened = try SealedChunk.open(fromStore[prefix.count...], id: id, keys: keys, secrets: [epochSecret], maximum: 1 << 20) { Array($0) }
+            #expect(opened == content)
+        }
+        // A chunk the store lacks is not sealed.
+        #expect(try SealedChunk.seal(reading: keys.id(of: [9, 9]), from: store, space: space, epoch: 3, secret: epochSecret) == nil)
     }
 
     @Test func oversizeAndMalformedAreRefusedBeforeOpening() throws {
