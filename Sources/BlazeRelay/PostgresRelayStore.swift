@@ -70,6 +70,7 @@ public final class PostgresRelayStore: RelayBackend {
     private func migrate() async throws {
         try await transaction { conn in
             try await conn.query("SELECT pg_advisory_xact_lock(7400)", logger: self.logger)
+            try await self.checkFormat(conn)
             for statement: PostgresQuery in [
                 "CREATE TABLE IF NOT EXISTS relay_spaces(id BYTEA PRIMARY KEY, capability BYTEA NOT NULL, added_at BIGINT NOT NULL)",
                 "CREATE TABLE IF NOT EXISTS relay_ops(space BYTEA NOT NULL, hash BYTEA NOT NULL, bytes BYTEA NOT NULL, PRIMARY KEY(space, hash))",
@@ -107,6 +108,7 @@ public final class PostgresRelayStore: RelayBackend {
             ] + Self.chunksStatements.map({ PostgresQuery(unsafeSQL: $0) }) {
                 try await conn.query(statement, logger: self.logger)
             }
+            try await self.recordFormat(conn)
         }
     }
 

@@ -20,6 +20,13 @@ public final class RelayStore: RelayBackend {
         config.prepareDatabase { db in try db.execute(sql: "PRAGMA synchronous = NORMAL") }
         pool = try DatabasePool(path: path, configuration: config)
         self.limits = limits
+        let m = Self.migrator
+        try Self.prepareFormat(pool, migrator: m, path: path)
+        try m.migrate(pool)
+    }
+
+    /// The relay file's migrations, append-only: never edit a shipped one.
+    static var migrator: DatabaseMigrator {
         var m = DatabaseMigrator()
         m.registerMigration("v1") { db in
             try db.execute(
@@ -117,7 +124,30 @@ public final class RelayStore: RelayBackend {
         }
         m.registerMigration("v7") { db in try db.execute(sql: RelayStore.chunksTable) }
         m.registerMigration("v8") { db in try db.execute(sql: RelayStore.leasesTable) }
-        try m.migrate(pool)
+        return m
+    }
+
+    /// The relay file's format version this build writes: how many migrations it has had.
+    public static var formatVersion: Int { migrator.migrations.count }
+
+    /// Refuses a relay file a newer build wrote (migrations this build does not know: never a guess), and copies one
+    /// an older build wrote beside itself (`relay.db.format-N.bak`, once per version) before it is migrated.
+    static func prepareFormat(_ pool: DatabasePool, migrator: DatabaseMigrator, path: String) throws {
+        let (applied, superseded) = try pool.read { db in (try migrator.appliedIdentifiers(db), try migrator.hasBeenSuperseded(db)) }
+        if superseded {
+            let all = try pool.read { db in try Int.fetchOne(db, sql: "SELECT count(*) FROM grdb_migrations") ?? 0 }
+            throw RelayFormatError(
+                "\(path) is format \(all), written by a newer blaze-relay; this build reads formats up to \(migrator.migrations.count): upgrade blaze-relay to open it")
+        }
+        guard !applied.isEmpty, applied.count < migrator.migrations.count else { return }
+        let copy = "\(path).format-\(applied.count).bak"
+        guard !FileManager.default.fileExists(atPath: copy) else { return }
+        try? FileManager.default.removeItem(atPath: copy + ".partial")
+        let target = try DatabaseQueue(path: copy + ".partial")
+        try pool.backup(to: target)
+        try target.writeWithoutTransaction { db in try db.execute(sql: "PRAGMA journal_mode = DELETE") }
+        try target.close()
+        try FileManager.default.moveItem(atPath: copy + ".partial", toPath: copy)
     }
 
     // MARK: Spaces
@@ -332,4 +362,13 @@ public struct RelayError: Error, CustomStringConvertible {
         guard let id = SpaceID(bytes: bytes) else { throw RelayError("a stored space id has \(bytes.count) bytes, not 16") }
         return id
     }
+}
+
+/// A relay file (or PostgreSQL schema) this build cannot open: a newer build wrote it.
+public struct RelayFormatError: Error, CustomStringConvertible {
+    /// What was found and what to do.
+    public let description: String
+
+    /// An error saying `description`.
+    init(_ description: String) { self.description = description }
 }

@@ -186,4 +186,47 @@ import Testing
         #expect(try m.count(collection: "c", filter: .all) == 80)
         #expect(try m.read { try Int.fetchOne($0, sql: "SELECT count(*) FROM parked") } == 0)
     }
+
+    /// A file an older build wrote is copied beside itself before it is migrated, and the copy is the old file as it
+    /// was; a file a newer build wrote is refused, naming both versions, and left as it is.
+    @Test func anOlderFileIsKeptBeforeMigratingAndANewerOneIsRefused() throws {
+        let t = try TempStore()
+        try FileManager.default.createDirectory(atPath: t.dir + "/databases", withIntermediateDirectories: true)
+        let path = t.dir + "/databases/old.db"
+        let previous = Schema.migrator.migrations[Schema.migrator.migrations.count - 2]
+        let queue = try DatabaseQueue(path: path)
+        try Schema.migrator.migrate(queue, upTo: previous)
+        try queue.write { db in
+            try db.execute(sql: "INSERT INTO collections(name, created_at) VALUES ('c', 0)")
+        }
+        try queue.close()
+        let db = try t.store.database("old")
+        #expect(try db.read { try String.fetchAll($0, sql: "SELECT name FROM collections") } == ["c"])
+        let copy = path + ".format-\(DatabaseFormat.current - 1).bak"
+        let kept = try DatabaseQueue(path: copy)
+        #expect(try kept.read { db in try Schema.migrator.appliedIdentifiers(db).count } == DatabaseFormat.current - 1)
+        #expect(try kept.read { db in try String.fetchAll(db, sql: "SELECT name FROM collections") } == ["c"])
+        try kept.close()
+        #expect(try t.store.list() == ["old"], "the copy is not a database of the store")
+
+        // A build that knows one migration more wrote this one.
+        let newer = t.dir + "/databases/newer.db"
+        let future = try DatabaseQueue(path: newer)
+        try Schema.migrator.migrate(future)
+        try future.write { db in try db.execute(sql: "INSERT INTO grdb_migrations(identifier) VALUES ('v99-from-the-future')") }
+        try future.close()
+        let before = try Data(contentsOf: URL(fileURLWithPath: newer))
+        #expect {
+            _ = try t.store.database("newer")
+        } throws: { error in
+            guard let e = error as? StoreError else { return false }
+            return e.kind == "database_too_new" && e.message.contains("format \(DatabaseFormat.current + 1)")
+                && e.message.contains("up to \(DatabaseFormat.current)")
+        }
+        #expect(try Data(contentsOf: URL(fileURLWithPath: newer)) == before)
+        #expect(!FileManager.default.fileExists(atPath: newer + ".format-\(DatabaseFormat.current + 1).bak"))
+        // A current file is opened without a copy.
+        _ = try t.store.create("fresh")
+        #expect(try FileManager.default.contentsOfDirectory(atPath: t.dir + "/databases").filter { $0.hasPrefix("fresh") && $0.hasSuffix(".bak") }.isEmpty)
+    }
 }
