@@ -55,10 +55,9 @@ public struct DeviceIdentity: Sendable {
     /// Refuses a keystore readable by other users rather than using a leaked key silently.
     public static func loadOrCreate(directory: String) throws -> DeviceIdentity {
         let path = directory + "/" + fileName
-        if let text = try KeyFile.read(path) {
-            guard let object = try JSONSerialization.jsonObject(with: Data(text.utf8)) as? [String: String],
-                let sign = object["ed25519"].flatMap({ Data(base64Encoded: $0) }),
-                let agree = object["x25519"].flatMap({ Data(base64Encoded: $0) })
+        if let object = try KeyFile.object(path, what: "keystore") {
+            guard let sign = object["ed25519"]?.stringValue.flatMap({ Data(base64Encoded: $0) }),
+                let agree = object["x25519"]?.stringValue.flatMap({ Data(base64Encoded: $0) })
             else { throw KeystoreError(description: "\(path) is not a BlazeDB keystore") }
             return DeviceIdentity(
                 signingKey: try Curve25519.Signing.PrivateKey(rawRepresentation: sign),
@@ -66,7 +65,7 @@ public struct DeviceIdentity: Sendable {
         }
         let identity = DeviceIdentity()
         let json = """
-            {"ed25519":"\(identity.signingKey.rawRepresentation.base64EncodedString())",\
+            {"format":\(KeyFile.format),"ed25519":"\(identity.signingKey.rawRepresentation.base64EncodedString())",\
             "x25519":"\(identity.agreementKey.rawRepresentation.base64EncodedString())"}
             """
         try KeyFile.write(json, to: path)

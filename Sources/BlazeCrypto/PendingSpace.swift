@@ -23,15 +23,15 @@ public struct PendingSpace: Sendable, Equatable {
 
     /// Writes the pending space of database `db` durably.
     public func save(directory: String, db: String) throws {
-        let json = "{\"salt\":\"\(Data(salt).base64EncodedString())\",\"genesis\":\"\(Data(genesis).base64EncodedString())\"}"
+        let json = "{\"format\":\(KeyFile.format),\"salt\":\"\(Data(salt).base64EncodedString())\",\"genesis\":\"\(Data(genesis).base64EncodedString())\"}"
         try KeyFile.write(json, to: Self.path(directory: directory, db: db))
     }
 
     /// The pending space of database `db`, nil when there is none.
     public static func load(directory: String, db: String) throws -> PendingSpace? {
         let path = path(directory: directory, db: db)
-        guard let text = try KeyFile.read(path) else { return nil }
-        guard case .object(let o) = try JSONParser().parse(text), case .string(let s)? = o["salt"], case .string(let g)? = o["genesis"],
+        guard let o = try KeyFile.object(path, what: "pending space") else { return nil }
+        guard case .string(let s)? = o["salt"], case .string(let g)? = o["genesis"],
             let salt = Data(base64Encoded: s), let genesis = Data(base64Encoded: g), salt.count == 16, genesis.count == 32
         else { throw KeystoreError(description: "\(path) is not a BlazeDB pending space") }
         return PendingSpace(salt: Array(salt), genesis: Array(genesis))

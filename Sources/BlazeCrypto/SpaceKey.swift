@@ -191,15 +191,15 @@ public struct SpaceKey: Sendable, Equatable {
     /// Stores the key as `<directory>/<space id>.json` (directory 0700, file 0600, written atomically).
     public func save(directory: String) throws {
         let secrets = self.secrets.keys.sorted().map { "\"\($0.value)\":\"\(Data(self.secrets[$0]!).base64EncodedString())\"" }
-        let json = "{\"id\":\"\(idHex)\",\"epoch\":\(epoch.value),\"secrets\":{\(secrets.joined(separator: ","))}}"
+        let json = "{\"format\":\(KeyFile.format),\"id\":\"\(idHex)\",\"epoch\":\(epoch.value),\"secrets\":{\(secrets.joined(separator: ","))}}"
         try KeyFile.write(json, to: directory + "/\(idHex).json")
     }
 
     /// Loads the key of space `idHex` from `directory`; nil when there is none.
     public static func load(directory: String, idHex: String) throws -> SpaceKey? {
         let path = directory + "/\(idHex).json"
-        guard let text = try KeyFile.read(path) else { return nil }
-        guard case .object(let o) = try JSONParser().parse(text), case .string(let hex)? = o["id"], let id = SpaceID(hex: hex),
+        guard let o = try KeyFile.object(path, what: "space key") else { return nil }
+        guard case .string(let hex)? = o["id"], let id = SpaceID(hex: hex),
             case .int(let epoch)? = o["epoch"], let epoch32 = UInt32(exactly: epoch).map({ Epoch($0) }), case .object(let s)? = o["secrets"]
         else { throw KeystoreError(description: "\(path) is not a BlazeDB space key") }
         var secrets: [Epoch: [UInt8]] = [:]
@@ -253,6 +253,25 @@ enum KeyFile {
         guard dirFD >= 0 else { throw failure("cannot open \(directory)") }
         defer { close(dirFD) }
         guard fsync(dirFD) == 0 else { throw failure("cannot sync \(directory)") }
+    }
+
+    /// The format version of the keystore's files, written into each as `"format"`. A file without it is of format 1
+    /// (written before formats were recorded, in the same layout).
+    static let format = 1
+
+    /// The JSON object in the keystore file at `path` (a `what`), nil when the file does not exist; refuses a file of a
+    /// newer format (never a guess at what it holds) and one that is not an object.
+    static func object(_ path: String, what: String) throws -> [String: JSONValue]? {
+        guard let text = try read(path) else { return nil }
+        guard case .object(let o) = try? JSONParser().parse(text) else { throw KeystoreError(description: "\(path) is not a BlazeDB \(what)") }
+        if let found = o["format"] {
+            guard case .int(let version) = found, version >= 1 else { throw KeystoreError(description: "\(path) is not a BlazeDB \(what)") }
+            guard version <= format else {
+                throw KeystoreError(
+                    description: "\(path) is keystore format \(version), written by a newer BlazeDB; this build reads formats up to \(format): upgrade blazed")
+            }
+        }
+        return o
     }
 
     /// The file's text, nil when it does not exist.

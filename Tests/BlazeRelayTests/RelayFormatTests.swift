@@ -62,4 +62,11 @@ import Testing
             error is RelayFormatError && "\(error)".contains("format \(PostgresRelayStore.formatVersion + 1)")
         }
     }
+
+    /// The README's table of file formats names this build's relay formats.
+    @Test func theReadmeNamesTheCurrentRelayFormats() throws {
+        let root = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
+        let readme = try String(contentsOf: root.appendingPathComponent("README.md"), encoding: .utf8)
+        #expect(readme.contains("migrations (\(RelayStore.formatVersion)), or \(PostgresRelayStore.formatVersion) for PostgreSQL"))
+    }
 }

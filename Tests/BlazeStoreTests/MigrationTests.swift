@@ -229,4 +229,11 @@ import Testing
         _ = try t.store.create("fresh")
         #expect(try FileManager.default.contentsOfDirectory(atPath: t.dir + "/databases").filter { $0.hasPrefix("fresh") && $0.hasSuffix(".bak") }.isEmpty)
     }
+
+    /// The README's table of file formats names this build's database format.
+    @Test func theReadmeNamesTheCurrentDatabaseFormat() throws {
+        let root = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
+        let readme = try String(contentsOf: root.appendingPathComponent("README.md"), encoding: .utf8)
+        #expect(readme.contains("the number of schema migrations it has had (\(DatabaseFormat.current) in this build)"))
+    }
 }
