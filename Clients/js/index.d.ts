@@ -40,10 +40,10 @@ export type RpcDiscoverParams = Record<string, never>;
 /** Result of `rpc.discover`. */
 export type RpcDiscoverResult = Record<string, unknown>;
 
-/** Parameters of `daemon.info`: Version, node id, process, paths, uptime and limits of the daemon. */
+/** Parameters of `daemon.info`: Version, file and protocol formats, node id, process, paths, uptime and limits of the daemon. */
 export type DaemonInfoParams = Record<string, never>;
 /** Result of `daemon.info`. */
-export type DaemonInfoResult = { "version": string; "nodeId": NodeId; "pid": number; "socket": string; "dataDir": string; "uptimeSeconds": number; "databases": number; "connections": number; "subscriptions": number; "limits": Limits };
+export type DaemonInfoResult = { "version": string; "formats"?: { "database": number; "keystore": number; "folder": number; "entry": number; "protocol": number }; "nodeId": NodeId; "pid": number; "socket": string; "dataDir": string; "uptimeSeconds": number; "databases": number; "connections": number; "subscriptions": number; "limits": Limits };
 /** Parameters of `daemon.config`: The daemon's effective settings and where each came from (flag, environment variable, configuration file or default). */
 export type DaemonConfigParams = Record<string, never>;
 /** Result of `daemon.config`. */

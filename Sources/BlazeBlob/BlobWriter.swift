@@ -159,7 +159,7 @@ public struct BlobWriter: Sendable {
         }
         let encoded = manifest.encoded
         let id = keys.id(of: encoded)
-        try store.put(id, encoded, pinning: pins)
+        do throws(ChunkStoreError) { try store.put(id, encoded, pinning: pins) } catch { throw ended(error) }
         return (id, manifest, storedBytes)
     }
 }

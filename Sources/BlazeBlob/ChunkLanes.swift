@@ -4,9 +4,9 @@ import Foundation
 /// Names and stores a writer's chunks on threads of their own while the writer reads and cuts what follows, so the
 /// disk's work (each chunk's synced file) overlaps the CPU's (cutting and naming) instead of following it.
 ///
-/// Bounded: `submit` waits while the chunks handed over and not yet stored hold `limit` bytes or more. The threads
-/// start with the first chunk and end when the last owner of these lanes goes (`deinit`), after the chunks already
-/// handed over are stored. Used by one writer, from one thread at a time.
+/// Bounded: `submit` waits while the chunks handed over and not yet stored hold `limit` bytes or more. A thread starts
+/// when a chunk waits and fewer than `threads` run, and ends when no chunk waits, so a writer that is not being fed (an
+/// upload its client left open) holds no thread and no chunk. Used by one writer, from one thread at a time.
 final class ChunkLanes: Sendable {
     /// The state the lanes' threads share with the writer.
     private let shared: Shared
@@ -20,7 +20,9 @@ final class ChunkLanes: Sendable {
         self.threads = threads
     }
 
-    deinit { shared.close() }
+    // The pins go with the writer, not with the threads (which end a moment after their last chunk): a sweep right
+    // after the writer is done must see its chunks unpinned.
+    deinit { shared.releasePins() }
 
     /// Hands chunk number `index` of the blob (its content, `bytes`) to the lanes; waits while they hold `limit`
     /// bytes. Throws the first failure of a chunk handed over before (the writer then ends).
@@ -39,21 +41,22 @@ final class ChunkLanes: Sendable {
         // @unchecked: every mutable field below is read and written only while `condition` is locked.
         let keys: BlobKeys
         let store: ChunkStore
-        let pins: ChunkPins
+        /// The writer's pins, until the writer goes (`releasePins`).
+        var pins: ChunkPins?
         let limit: Int
         let condition = NSCondition()
         /// Chunks handed over and not yet taken by a thread.
         var waiting: [(index: Int, bytes: [UInt8])] = []
         /// Bytes of chunks handed over and not yet stored.
         var held = 0
+        /// Chunks handed over and not yet stored.
+        var outstanding = 0
         /// Stored chunks by index.
         var done: [Int: (id: ChunkID, new: Bool)] = [:]
         /// The first chunk that failed.
         var failure: ChunkStoreError?
-        /// Threads started.
-        var started = 0
-        /// No more chunks come; the threads end once `waiting` is empty.
-        var closed = false
+        /// Threads running.
+        var running = 0
 
         init(keys: BlobKeys, store: ChunkStore, pins: ChunkPins, limit: Int) {
             self.keys = keys
@@ -69,8 +72,9 @@ final class ChunkLanes: Sendable {
             if let failure { throw failure }
             waiting.append((index, bytes))
             held += bytes.count
-            if started < threads {
-                started += 1
+            outstanding += 1
+            if running < threads && running < waiting.count {
+                running += 1
                 Thread { self.work() }.start()
             }
             condition.broadcast()
@@ -79,43 +83,42 @@ final class ChunkLanes: Sendable {
         func drain() throws(ChunkStoreError) -> [Int: (id: ChunkID, new: Bool)] {
             condition.lock()
             defer { condition.unlock() }
-            while failure == nil && held > 0 { condition.wait() }
+            while failure == nil && outstanding > 0 { condition.wait() }
             if let failure { throw failure }
             let out = done
             done = [:]
             return out
         }
 
-        func close() {
+        func releasePins() {
             condition.lock()
-            closed = true
-            condition.broadcast()
+            pins = nil
             condition.unlock()
         }
 
-        /// A thread's loop: takes the next chunk, names it and stores it, until closed with nothing waiting.
+        /// A thread's loop: takes the next chunk, names it and stores it, until none waits.
         func work() {
             condition.lock()
-            while true {
-                if waiting.isEmpty {
-                    if closed { break }
-                    condition.wait()
-                    continue
-                }
+            while !waiting.isEmpty {
                 let (index, bytes) = waiting.removeFirst()
+                // Held only while this chunk is stored, and let go before its outcome is told.
+                var pinning = pins
                 condition.unlock()
                 let outcome = Result { () throws(ChunkStoreError) -> (ChunkID, Bool) in
                     let id = keys.id(of: bytes)
-                    return (id, try store.put(id, bytes, pinning: pins))
+                    return (id, try store.put(id, bytes, pinning: pinning))
                 }
+                pinning = nil
                 condition.lock()
                 held -= bytes.count
+                outstanding -= 1
                 switch outcome {
                 case .success(let stored): done[index] = stored
                 case .failure(let error): if failure == nil { failure = error }
                 }
                 condition.broadcast()
             }
+            running -= 1
             condition.unlock()
         }
     }

@@ -25,6 +25,9 @@ public final class ChunkStore: Sendable {
     private let sweepLock = Mutex<[ChunkID: Int]>([:])
     /// The chunks sweeps removed, in order (`swept(after:)`), and how many went before the first one kept.
     private let sweptLog = Mutex<(base: Int, ids: [ChunkID])>((0, []))
+    /// Chunks renamed into place whose directory is not synced yet: a put that finds one held syncs the directory
+    /// itself before it counts the chunk as stored.
+    private let unsynced = Mutex<Set<ChunkID>>([])
     /// The most swept ids remembered (the oldest half goes past it).
     static let sweptLogLimit = 100_000
 
@@ -74,9 +77,13 @@ public final class ChunkStore: Sendable {
             if let pins, pins.add(id) { pinned[id, default: 0] += 1 }
             return contains(id) && utimensat(AT_FDCWD, held, nil, AT_SYMLINK_NOFOLLOW) == 0
         }
-        if renewed { return false }
         let final = path(of: id)
         let parent = String(final[..<final.lastIndex(of: "/")!])
+        if renewed {
+            // Another put's file, renamed and perhaps not yet durable: this put's caller may commit right after.
+            if unsynced.withLock({ $0.contains(id) }) { try Self.syncDirectory(parent) }
+            return false
+        }
         if mkdir(parent, 0o700) != 0 && errno != EEXIST { throw .system("create \(parent)", errno) }
         let temporary = "\(parent)/.tmp-\(id.hex)-\(UInt64.random(in: 0...UInt64.max))"
         let fd = open(temporary, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0o600)
@@ -101,6 +108,8 @@ public final class ChunkStore: Sendable {
         }
         close(fd)
         defer { changes.add(1, ordering: .releasing) }
+        unsynced.withLock { _ = $0.insert(id) }
+        defer { unsynced.withLock { _ = $0.remove(id) } }
         guard rename(temporary, final) == 0 else {
             let code = errno
             unlink(temporary)

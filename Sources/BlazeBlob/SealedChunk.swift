@@ -125,7 +125,10 @@ public enum SealedChunk {
             do throws(E) {
                 try fill(UnsafeMutableRawBufferPointer(rebasing: raw[4..<(4 + count)]))
             } catch {
+                // Nothing of the buffer counts: it is dropped unread.
                 failure = error
+                initialized = 0
+                return
             }
             UnsafeMutableRawBufferPointer(rebasing: raw[(4 + count)...]).initializeMemory(as: UInt8.self, repeating: 0)
             initialized = buffer.count

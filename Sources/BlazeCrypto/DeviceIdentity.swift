@@ -65,7 +65,7 @@ public struct DeviceIdentity: Sendable {
         }
         let identity = DeviceIdentity()
         let json = """
-            {"format":\(KeyFile.format),"ed25519":"\(identity.signingKey.rawRepresentation.base64EncodedString())",\
+            {"ed25519":"\(identity.signingKey.rawRepresentation.base64EncodedString())",\
             "x25519":"\(identity.agreementKey.rawRepresentation.base64EncodedString())"}
             """
         try KeyFile.write(json, to: path)

@@ -23,7 +23,7 @@ public struct PendingSpace: Sendable, Equatable {
 
     /// Writes the pending space of database `db` durably.
     public func save(directory: String, db: String) throws {
-        let json = "{\"format\":\(KeyFile.format),\"salt\":\"\(Data(salt).base64EncodedString())\",\"genesis\":\"\(Data(genesis).base64EncodedString())\"}"
+        let json = "{\"salt\":\"\(Data(salt).base64EncodedString())\",\"genesis\":\"\(Data(genesis).base64EncodedString())\"}"
         try KeyFile.write(json, to: Self.path(directory: directory, db: db))
     }
 

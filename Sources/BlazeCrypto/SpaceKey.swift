@@ -191,7 +191,7 @@ public struct SpaceKey: Sendable, Equatable {
     /// Stores the key as `<directory>/<space id>.json` (directory 0700, file 0600, written atomically).
     public func save(directory: String) throws {
         let secrets = self.secrets.keys.sorted().map { "\"\($0.value)\":\"\(Data(self.secrets[$0]!).base64EncodedString())\"" }
-        let json = "{\"format\":\(KeyFile.format),\"id\":\"\(idHex)\",\"epoch\":\(epoch.value),\"secrets\":{\(secrets.joined(separator: ","))}}"
+        let json = "{\"id\":\"\(idHex)\",\"epoch\":\(epoch.value),\"secrets\":{\(secrets.joined(separator: ","))}}"
         try KeyFile.write(json, to: directory + "/\(idHex).json")
     }
 
@@ -216,6 +216,12 @@ public struct SpaceKey: Sendable, Equatable {
     public static func remove(directory: String, idHex: String) {
         try? FileManager.default.removeItem(atPath: directory + "/\(idHex).json")
     }
+}
+
+/// The format version of the keystore's files (README, "Upgrades and file formats").
+public enum KeystoreFormat {
+    /// The format this build writes and reads up to.
+    public static let current = 1
 }
 
 /// Reading and writing secret files: created 0600 (never briefly readable by others), refused when others can read.
@@ -255,9 +261,10 @@ enum KeyFile {
         guard fsync(dirFD) == 0 else { throw failure("cannot sync \(directory)") }
     }
 
-    /// The format version of the keystore's files, written into each as `"format"`. A file without it is of format 1
-    /// (written before formats were recorded, in the same layout).
-    static let format = 1
+    /// The format version of the keystore's files, in each as `"format"`; a file without it is of format 1, which
+    /// this build writes (without the field, so builds from before formats were recorded read it too: the first
+    /// format that changes the layout writes its number).
+    static let format = KeystoreFormat.current
 
     /// The JSON object in the keystore file at `path` (a `what`), nil when the file does not exist; refuses a file of a
     /// newer format (never a guess at what it holds) and one that is not an object.

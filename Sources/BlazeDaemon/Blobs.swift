@@ -20,7 +20,8 @@ final class Blobs: Sendable {
     /// Uploads one connection may have open at once.
     static let maxUploadsPerConnection = 4
     /// Uploads open at once over all connections (each holds up to a window of four chunks, 16 MiB, in memory once
-    /// it has received bytes).
+    /// it has received bytes, and while an append's chunks are being stored up to 16 MiB more on its lanes' threads,
+    /// which end when it waits for its client: `ChunkLanes`).
     static let maxUploads = 64
     /// Longest media type accepted.
     static let maxTypeLength = 255

@@ -1,4 +1,6 @@
+import BlazeCrypto
 import BlazeProtocol
+import BlazeStore
 import Foundation
 
 /// The daemon itself: discovery, facts and effective configuration.
@@ -15,10 +17,15 @@ extension Methods {
         let uptime = ContinuousClock.now - ctx.startedAt
         let l = ctx.config.limits
         let s = ctx.config.storeLimits
-        return .init(
-            version: blazeVersion, nodeId: ctx.store.node.hex, pid: Int(ProcessInfo.processInfo.processIdentifier),
+        let formats = RPC.DaemonInfo.Result.Formats(
+            database: DatabaseFormat.current, keystore: KeystoreFormat.current, folder: Int(FolderFiles.version),
+            entry: Int(EntryHeader.version), protocol: Int(Handshake.version))
+        let uptimeSeconds = Double(uptime.components.seconds) + Double(uptime.components.attoseconds) / 1e18
+        return RPC.DaemonInfo.Result(
+            version: blazeVersion, formats: formats,
+            nodeId: ctx.store.node.hex, pid: Int(ProcessInfo.processInfo.processIdentifier),
             socket: ctx.config.socketPath, dataDir: ctx.config.dataDirectory,
-            uptimeSeconds: Double(uptime.components.seconds) + Double(uptime.components.attoseconds) / 1e18,
+            uptimeSeconds: uptimeSeconds,
             databases: try ctx.store.count(), connections: ctx.connections.count,
             subscriptions: ctx.connections.subscriptions.load(ordering: .relaxed),
             limits: .init(

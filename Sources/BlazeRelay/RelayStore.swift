@@ -18,11 +18,11 @@ public final class RelayStore: RelayBackend {
         var config = Configuration()
         config.busyMode = .timeout(10)
         config.prepareDatabase { db in try db.execute(sql: "PRAGMA synchronous = NORMAL") }
+        // Before the pool opens it (which writes): a file of a newer relay is refused, one of an older relay copied.
+        try Self.prepareFormat(path: path)
         pool = try DatabasePool(path: path, configuration: config)
         self.limits = limits
-        let m = Self.migrator
-        try Self.prepareFormat(pool, migrator: m, path: path)
-        try m.migrate(pool)
+        try Self.migrator.migrate(pool)
     }
 
     /// The relay file's migrations, append-only: never edit a shipped one.
@@ -129,26 +129,6 @@ public final class RelayStore: RelayBackend {
 
     /// The relay file's format version this build writes: how many migrations it has had.
     public static var formatVersion: Int { migrator.migrations.count }
-
-    /// Refuses a relay file a newer build wrote (migrations this build does not know: never a guess), and copies one
-    /// an older build wrote beside itself (`relay.db.format-N.bak`, once per version) before it is migrated.
-    static func prepareFormat(_ pool: DatabasePool, migrator: DatabaseMigrator, path: String) throws {
-        let (applied, superseded) = try pool.read { db in (try migrator.appliedIdentifiers(db), try migrator.hasBeenSuperseded(db)) }
-        if superseded {
-            let all = try pool.read { db in try Int.fetchOne(db, sql: "SELECT count(*) FROM grdb_migrations") ?? 0 }
-            throw RelayFormatError(
-                "\(path) is format \(all), written by a newer blaze-relay; this build reads formats up to \(migrator.migrations.count): upgrade blaze-relay to open it")
-        }
-        guard !applied.isEmpty, applied.count < migrator.migrations.count else { return }
-        let copy = "\(path).format-\(applied.count).bak"
-        guard !FileManager.default.fileExists(atPath: copy) else { return }
-        try? FileManager.default.removeItem(atPath: copy + ".partial")
-        let target = try DatabaseQueue(path: copy + ".partial")
-        try pool.backup(to: target)
-        try target.writeWithoutTransaction { db in try db.execute(sql: "PRAGMA journal_mode = DELETE") }
-        try target.close()
-        try FileManager.default.moveItem(atPath: copy + ".partial", toPath: copy)
-    }
 
     // MARK: Spaces
 
@@ -362,13 +342,4 @@ public struct RelayError: Error, CustomStringConvertible {
         guard let id = SpaceID(bytes: bytes) else { throw RelayError("a stored space id has \(bytes.count) bytes, not 16") }
         return id
     }
-}
-
-/// A relay file (or PostgreSQL schema) this build cannot open: a newer build wrote it.
-public struct RelayFormatError: Error, CustomStringConvertible {
-    /// What was found and what to do.
-    public let description: String
-
-    /// An error saying `description`.
-    init(_ description: String) { self.description = description }
 }

@@ -26,9 +26,9 @@ final class DatabaseConnections: Sendable {
         var config = Configuration()
         config.label = label
         config.busyMode = .timeout(10)
-        writer = try DatabaseQueue(path: path, configuration: config)
         // Before anything writes to it: a file of a newer build is refused, one of an older build copied.
-        try DatabaseFormat.prepare(writer, migrator: migrator, path: path)
+        try DatabaseFormat.prepare(path: path, migrator: migrator)
+        writer = try DatabaseQueue(path: path, configuration: config)
         readers = ReadConnections(path: path, maxStatements: BlazeDatabase.maxCachedQueryShapes + 8)
         // WAL: readers never wait for the writer, and the writer's commits append to the log.
         let mode = try writer.writeWithoutTransaction { db in try String.fetchOne(db, sql: "PRAGMA journal_mode = WAL") }

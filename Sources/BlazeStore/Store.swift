@@ -137,6 +137,13 @@ public final class Store: Sendable {
             for suffix in ["", "-wal", "-shm"] where FileManager.default.fileExists(atPath: path + suffix) {
                 try FileManager.default.removeItem(atPath: path + suffix)
             }
+            // Its copies kept before format upgrades hold its documents too (`DatabaseFormat`).
+            let file = (path as NSString).lastPathComponent
+            let directory = (path as NSString).deletingLastPathComponent
+            for name in (try? FileManager.default.contentsOfDirectory(atPath: directory)) ?? []
+            where name.hasPrefix(file + ".format-") && name.hasSuffix(".bak") {
+                try? FileManager.default.removeItem(atPath: directory + "/" + name)
+            }
         }
     }
 

@@ -36,14 +36,15 @@ import Testing
         defer { try? FileManager.default.removeItem(atPath: dir) }
         let made = try DeviceIdentity.loadOrCreate(directory: dir)
         let path = dir + "/device.json"
-        let text = try String(contentsOfFile: path, encoding: .utf8)
-        #expect(text.hasPrefix("{\"format\":\(KeyFile.format),"))
-        // As a build before formats were recorded wrote it.
+        // Format 1 is written without the field (as builds before formats were recorded wrote it, and read it).
+        let unversioned = try String(contentsOfFile: path, encoding: .utf8)
+        #expect(unversioned.hasPrefix("{\"ed25519\":") && !unversioned.contains("format"))
         func rewrite(_ text: String) throws {
             try text.write(toFile: path, atomically: false, encoding: .utf8)
             chmod(path, 0o600)
         }
-        try rewrite(text.replacingOccurrences(of: "\"format\":\(KeyFile.format),", with: ""))
+        let text = unversioned.replacingOccurrences(of: "{", with: "{\"format\":\(KeyFile.format),")
+        try rewrite(text)
         #expect(try DeviceIdentity.loadOrCreate(directory: dir).nodeID == made.nodeID)
         let newer = text.replacingOccurrences(of: "\"format\":\(KeyFile.format),", with: "\"format\":\(KeyFile.format + 1),")
         try rewrite(newer)
@@ -63,14 +64,15 @@ import Testing
         #expect(try SpaceKey.load(directory: dir, idHex: key.idHex)?.id == key.id)
         let keyPath = dir + "/\(key.idHex).json"
         let keyText = try String(contentsOfFile: keyPath, encoding: .utf8)
-        try keyText.replacingOccurrences(of: "\"format\":\(KeyFile.format)", with: "\"format\":9").write(toFile: keyPath, atomically: false, encoding: .utf8)
+        #expect(keyText.hasPrefix("{\"id\":"))
+        try keyText.replacingOccurrences(of: "{\"id\":", with: "{\"format\":9,\"id\":").write(toFile: keyPath, atomically: false, encoding: .utf8)
         #expect(throws: KeystoreError.self) { try SpaceKey.load(directory: dir, idHex: key.idHex) }
         let pending = PendingSpace.generate()
         try pending.save(directory: dir, db: "notes")
         #expect(try PendingSpace.load(directory: dir, db: "notes") == pending)
         let pendingPath = dir + "/pending-notes.json"
         let pendingText = try String(contentsOfFile: pendingPath, encoding: .utf8)
-        try pendingText.replacingOccurrences(of: "\"format\":\(KeyFile.format)", with: "\"format\":9").write(toFile: pendingPath, atomically: false, encoding: .utf8)
+        try pendingText.replacingOccurrences(of: "{", with: "{\"format\":9,").write(toFile: pendingPath, atomically: false, encoding: .utf8)
         #expect(throws: KeystoreError.self) { try PendingSpace.load(directory: dir, db: "notes") }
     }
 }

@@ -93,8 +93,14 @@ import Testing
     /// the middle is resumed at its start, from the chunks it stored, without a read asking.
     @Test(arguments: [true, false])
     func anEagerFetchCutByARestartGoesOnFromWhereItWas(kill9: Bool) throws {
-        let (pair, _) = try Pair.make(bDials: false)
-        defer { pair.stop() }
+        // A dials B through a proxy the test stalls once the fetch is under way, so the restart always cuts it in
+        // the middle (a fast machine would otherwise finish it first).
+        let (pair, proxyOrNil) = try Pair.make(bDials: false) { try LinkProxy(targetPort: $0.port) }
+        let proxy = try #require(proxyOrNil)
+        defer {
+            proxy.shutdown()
+            pair.stop()
+        }
         _ = try pair.cb.call("blob.policy", ["db": "notes", "eager": ["*"]])
         let watcher = try pair.b.connect()
         _ = try watcher.call("subscribe", ["db": "notes", "collection": "none", "blobs": true])
@@ -109,8 +115,11 @@ import Testing
         #expect(first?.state == .fetching)
         #expect((first?.heldChunks ?? 0) > 0 && (first?.heldChunks ?? .max) < large.chunks && first?.chunks == large.chunks)
 
+        try proxy.set(.stalled)
         try pair.b.restart(kill9: kill9)
         let cb = try pair.b.connect()
+        #expect(try held(cb, large.id) < large.chunks, "the fetch finished before the restart")
+        try proxy.set(.open)
         #expect(eventually(timeout: .seconds(120)) { (try? held(cb, large.id)) == large.chunks }, "the fetch did not go on")
         // Fewer chunks came after the restart than the blob has: it went on, not over.
         let received = try cb.call("sync.status", ["db": "notes"])["databases"]?.arrayValue?.first?["peers"]?.arrayValue?

@@ -1,5 +1,7 @@
 import BlazeClient
 import BlazeProtocol
+import BlazeStore
+import BlazeCrypto
 import BlazeRelay
 import BlazeTestSupport
 import Crypto
@@ -23,6 +25,16 @@ import Glibc
     /// The corpus's entries (one directory per build that made one), oldest first.
     static var entries: [String] {
         ((try? FileManager.default.contentsOfDirectory(atPath: root)) ?? []).filter { !$0.hasPrefix(".") }.sorted()
+    }
+
+    @Test func daemonInfoNamesTheFormatsThisBuildWrites() throws {
+        let d = try DaemonProcess()
+        defer { d.stop() }
+        // Each the constant its files carry (README, "Upgrades and file formats").
+        #expect(try d.connect().call("daemon.info")["formats"] == [
+            "database": .int(Int64(DatabaseFormat.current)), "keystore": .int(Int64(KeystoreFormat.current)),
+            "folder": .int(Int64(FolderFiles.version)), "entry": .int(Int64(EntryHeader.version)), "protocol": .int(Int64(Handshake.version)),
+        ])
     }
 
     @Test func theCorpusHasAnEntry() {
@@ -72,7 +84,7 @@ import Glibc
         // The devices sync from these files: directly, then through the relay's file, then through the folder.
         let node = { (c: BlazeConnection) throws -> String in try #require(try c.call("db.info", ["db": "notes"])["nodeId"]?.stringValue) }
         func converged(_ marker: String) throws -> Bool {
-            try eventually(timeout: .seconds(60)) {
+            try eventually(timeout: .seconds(60), interval: .milliseconds(100)) {
                 let (sa, sb) = (try replicaState(ca, "notes"), try replicaState(cb, "notes"))
                 func has(_ c: BlazeConnection, _ id: String) -> Bool {
                     (try? c.call("doc.get", ["db": "notes", "collection": "notes", "id": .string(id)])) != nil
@@ -89,10 +101,15 @@ import Glibc
                 _ = try c.call("peer.remove", ["db": "notes", "address": peer["address"] ?? .null])
             }
         }
-        for c in [ca, cb] { try dropPeers(c) }
+        // The corpus devices keep no link of the maker's (it removed them): each transport below is the only one.
+        for c in [ca, cb] {
+            #expect(try c.call("peer.list", ["db": "notes"])["peers"]?.arrayValue?.isEmpty == true)
+            #expect(try c.call("folder.list", ["db": "notes"])["folders"]?.arrayValue?.isEmpty == true)
+        }
         _ = try cb.call("peer.add", ["db": "notes", "address": .string(try a.syncAddress())])
         try write("direct")
         #expect(try converged("direct"), "the corpus devices do not sync directly")
+        #expect(try Self.received(cb, from: try a.syncAddress()) > 0, "nothing came over the direct link")
         try dropPeers(cb)
 
         let relay = try RelayProcess(dir: relayDir)
@@ -170,6 +187,13 @@ import Glibc
         _ = try ca.call("db.create", ["db": "local"])
         _ = try ca.call("doc.put", ["db": "local", "collection": "todo", "id": "t1", "doc": ["text": "only here", "done": false]])
 
+        // The links go before the files are kept: a corpus device must not dial the maker's ports or folder.
+        for c in [ca, cb] {
+            for peer in try c.call("peer.list", ["db": "notes"])["peers"]?.arrayValue ?? [] {
+                _ = try c.call("peer.remove", ["db": "notes", "address": peer["address"] ?? .null])
+            }
+            _ = try c.call("folder.remove", ["db": "notes", "path": .string(folder.path)])
+        }
         try FileManager.default.createDirectory(atPath: out, withIntermediateDirectories: true)
         let backup = try ca.call("db.backup", ["db": "notes", "path": .string(out + "/notes.backup")])
         let expected: JSONValue = [

@@ -36,6 +36,7 @@ import Testing
         try RelayStore.migrator.migrate(future)
         try future.write { db in try db.execute(sql: "INSERT INTO grdb_migrations(identifier) VALUES ('v99')") }
         try future.close()
+        let before = try Data(contentsOf: URL(fileURLWithPath: newer))
         #expect {
             _ = try RelayStore(path: newer)
         } throws: { error in
@@ -43,6 +44,8 @@ import Testing
             return error is RelayFormatError && text.contains("format \(migrations.count + 1)") && text.contains("up to \(migrations.count)")
         }
         #expect(!FileManager.default.fileExists(atPath: newer + ".format-\(migrations.count + 1).bak"))
+        #expect(try Data(contentsOf: URL(fileURLWithPath: newer)) == before, "a refused file is not written to")
+        #expect(!FileManager.default.fileExists(atPath: newer + "-wal"))
     }
 
     @Test func aPostgresSchemaOfANewerFormatIsRefused() async throws {

@@ -208,6 +208,9 @@ import Testing
         #expect(try kept.read { db in try String.fetchAll(db, sql: "SELECT name FROM collections") } == ["c"])
         try kept.close()
         #expect(try t.store.list() == ["old"], "the copy is not a database of the store")
+        // Dropping the database removes the copies of it too.
+        try t.store.drop("old")
+        #expect(!FileManager.default.fileExists(atPath: copy), "a dropped database's copies go with it")
 
         // A build that knows one migration more wrote this one.
         let newer = t.dir + "/databases/newer.db"

@@ -152,7 +152,7 @@ class _Daemon:
         self._client = client
 
     def info(self) -> DaemonInfoResult:
-        """Version, node id, process, paths, uptime and limits of the daemon.
+        """Version, file and protocol formats, node id, process, paths, uptime and limits of the daemon.
 
         """
         params: Dict[str, Any] = {}

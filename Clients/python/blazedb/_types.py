@@ -6,6 +6,14 @@ from typing import Any, Dict, List, Literal, Optional, TypedDict
 RpcDiscoverResult = Dict[str, Any]
 
 
+class DaemonInfoResultFormats(TypedDict):
+    database: int
+    keystore: int
+    folder: int
+    entry: int
+    protocol: int
+
+
 class DaemonInfoResultLimits(TypedDict):
     maxLineBytes: int
     maxDepth: int
@@ -20,7 +28,7 @@ class DaemonInfoResultLimits(TypedDict):
     feedRetention: int
 
 
-class DaemonInfoResult(TypedDict):
+class _DaemonInfoResultRequired(TypedDict):
     version: str
     nodeId: str
     pid: int
@@ -34,6 +42,11 @@ class DaemonInfoResult(TypedDict):
     # Live subscriptions over all connections.
     subscriptions: int
     limits: DaemonInfoResultLimits
+
+
+class DaemonInfoResult(_DaemonInfoResultRequired, total=False):
+    # The format versions this build writes and reads up to (README, Upgrades and file formats): database files (schema migrations), keystore files, folder files, sealed entries, and the sync handshake. Absent from daemons built before it was added.
+    formats: DaemonInfoResultFormats
 
 
 class DaemonConfigResultSettingsItem(TypedDict):

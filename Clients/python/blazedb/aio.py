@@ -100,7 +100,7 @@ class _Daemon:
         self._client = client
 
     async def info(self) -> DaemonInfoResult:
-        """Version, node id, process, paths, uptime and limits of the daemon.
+        """Version, file and protocol formats, node id, process, paths, uptime and limits of the daemon.
 
         """
         params: Dict[str, Any] = {}

@@ -5,7 +5,7 @@
 public enum RPCMethod: String, Sendable, CaseIterable {
     /// Returns this OpenRPC document.
     case rpcDiscover = "rpc.discover"
-    /// Version, node id, process, paths, uptime and limits of the daemon.
+    /// Version, file and protocol formats, node id, process, paths, uptime and limits of the daemon.
     case daemonInfo = "daemon.info"
     /// The daemon's effective settings and where each came from (flag, environment variable, configuration file or default).
     case daemonConfig = "daemon.config"
@@ -132,7 +132,7 @@ public enum RPCMethod: String, Sendable, CaseIterable {
     public var summary: String {
         switch self {
         case .rpcDiscover: return "Returns this OpenRPC document."
-        case .daemonInfo: return "Version, node id, process, paths, uptime and limits of the daemon."
+        case .daemonInfo: return "Version, file and protocol formats, node id, process, paths, uptime and limits of the daemon."
         case .daemonConfig: return "The daemon's effective settings and where each came from (flag, environment variable, configuration file or default)."
         case .dbCreate: return "Creates a database."
         case .dbList: return "Lists databases."
@@ -299,14 +299,65 @@ public enum RPC {
         }
     }
 
-    /// Parameters of `daemon.info`: Version, node id, process, paths, uptime and limits of the daemon.
+    /// Parameters of `daemon.info`: Version, file and protocol formats, node id, process, paths, uptime and limits of the daemon.
     public struct DaemonInfo: RPCParameters {
         public static let method = RPCMethod.daemonInfo
 
         /// The result of `daemon.info`.
         public struct Result: RPCObject {
+            /// The format versions this build writes and reads up to (README, Upgrades and file formats): database files (schema migrations), keystore files, folder files, sealed entries, and the sync handshake. Absent from daemons built before it was added.
+            public struct Formats: RPCObject {
+                /// `database`.
+                public var database: Int
+                /// `keystore`.
+                public var keystore: Int
+                /// `folder`.
+                public var folder: Int
+                /// `entry`.
+                public var entry: Int
+                /// `protocol`.
+                public var `protocol`: Int
+
+                /// A value from its members.
+                public init(database: Int, keystore: Int, folder: Int, entry: Int, `protocol`: Int) {
+                    self.database = database
+                    self.keystore = keystore
+                    self.folder = folder
+                    self.entry = entry
+                    self.`protocol` = `protocol`
+                }
+
+                /// Reads the value from JSON.
+                public init(json: JSONValue) throws(RPCShapeError) {
+                    let o = try RPCDecode.object(json)
+                    self.database = try RPCDecode.member(o, "database", RPCDecode.int)
+                    self.keystore = try RPCDecode.member(o, "keystore", RPCDecode.int)
+                    self.folder = try RPCDecode.member(o, "folder", RPCDecode.int)
+                    self.entry = try RPCDecode.member(o, "entry", RPCDecode.int)
+                    self.`protocol` = try RPCDecode.member(o, "protocol", RPCDecode.int)
+                }
+
+                /// The value's JSON form.
+                public var json: JSONValue {
+                    .object(jsonObject)
+                }
+
+                /// The members of the JSON form.
+                public var jsonObject: [String: JSONValue] {
+                    var o = [String: JSONValue](minimumCapacity: 5)
+                    o["database"] = .int(Int64(self.database))
+                    o["keystore"] = .int(Int64(self.keystore))
+                    o["folder"] = .int(Int64(self.folder))
+                    o["entry"] = .int(Int64(self.entry))
+                    o["protocol"] = .int(Int64(self.`protocol`))
+                    return o
+                }
+            }
+
             /// `version`.
             public var version: String
+            /// The format versions this build writes and reads up to (README, Upgrades and file formats): database files (schema migrations), keystore files, folder files, sealed entries, and the sync handshake. Absent from daemons built before it was added.
+            public var formats: Formats?
             /// `nodeId`.
             public var nodeId: String
             /// `pid`.
@@ -327,8 +378,9 @@ public enum RPC {
             public var limits: RPCSchema.Limits
 
             /// A value from its members.
-            public init(version: String, nodeId: String, pid: Int, socket: String, dataDir: String, uptimeSeconds: Double, databases: Int, connections: Int, subscriptions: Int, limits: RPCSchema.Limits) {
+            public init(version: String, formats: Formats? = nil, nodeId: String, pid: Int, socket: String, dataDir: String, uptimeSeconds: Double, databases: Int, connections: Int, subscriptions: Int, limits: RPCSchema.Limits) {
                 self.version = version
+                self.formats = formats
                 self.nodeId = nodeId
                 self.pid = pid
                 self.socket = socket
@@ -344,6 +396,7 @@ public enum RPC {
             public init(json: JSONValue) throws(RPCShapeError) {
                 let o = try RPCDecode.object(json)
                 self.version = try RPCDecode.member(o, "version", RPCDecode.string)
+                self.formats = try RPCDecode.optionalMember(o, "formats", Formats.init(json:))
                 self.nodeId = try RPCDecode.member(o, "nodeId", RPCDecode.string)
                 self.pid = try RPCDecode.member(o, "pid", RPCDecode.int)
                 self.socket = try RPCDecode.member(o, "socket", RPCDecode.string)
@@ -362,8 +415,9 @@ public enum RPC {
 
             /// The members of the JSON form.
             public var jsonObject: [String: JSONValue] {
-                var o = [String: JSONValue](minimumCapacity: 10)
+                var o = [String: JSONValue](minimumCapacity: 11)
                 o["version"] = .string(self.version)
+                if let v = self.formats { o["formats"] = v.json }
                 o["nodeId"] = .string(self.nodeId)
                 o["pid"] = .int(Int64(self.pid))
                 o["socket"] = .string(self.socket)
