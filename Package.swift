@@ -36,6 +36,7 @@ let package = Package(
         .target(name: "BlazeProtocol", swiftSettings: strict),
         // Every setting of blazed and blaze-relay, with its default: the libraries read their defaults here.
         .target(name: "BlazeSettings", dependencies: ["BlazeProtocol"], swiftSettings: strict),
+        .target(name: "BlazeFileFormat", dependencies: [.product(name: "GRDB", package: "GRDB.swift")], swiftSettings: strict),
         .target(name: "BlazeCRDT", dependencies: ["BlazeProtocol"], swiftSettings: strict),
         .target(
             name: "BlazeCrypto",
@@ -52,7 +53,7 @@ let package = Package(
         .target(
             name: "BlazeStore",
             dependencies: [
-                "BlazeProtocol", "BlazeCRDT", "BlazeSettings", .product(name: "GRDB", package: "GRDB.swift"),
+                "BlazeProtocol", "BlazeCRDT", "BlazeSettings", "BlazeFileFormat", .product(name: "GRDB", package: "GRDB.swift"),
                 .product(name: "GRDBSQLite", package: "GRDB.swift"), .product(name: "Crypto", package: "swift-crypto"),
             ],
             swiftSettings: strict),
@@ -96,7 +97,7 @@ let package = Package(
             name: "BlazeRelay",
             dependencies: [
                 // Blind: the wire and the crypto it checks, never the store or the sync engine of a device.
-                "BlazeProtocol", "BlazeCRDT", "BlazeCrypto", "BlazeSettings", "BlazeWire",
+                "BlazeProtocol", "BlazeCRDT", "BlazeCrypto", "BlazeSettings", "BlazeWire", "BlazeFileFormat",
                 .product(name: "GRDB", package: "GRDB.swift"),
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
