@@ -5,8 +5,8 @@ import Foundation
 /// disk's work (each chunk's synced file) overlaps the CPU's (cutting and naming) instead of following it.
 ///
 /// Bounded: `submit` waits while the chunks handed over and not yet stored hold `limit` bytes or more. A thread starts
-/// when a chunk waits and fewer than `threads` run, and ends when no chunk waits, so a writer that is not being fed (an
-/// upload its client left open) holds no thread and no chunk. Used by one writer, from one thread at a time.
+/// when a chunk waits and fewer than `threads` run, and ends when no chunk has come for `Shared.idle`, so a writer
+/// that is not being fed (an upload its client left open) soon holds no thread and no chunk. Used by one writer, from one thread at a time.
 final class ChunkLanes: Sendable {
     /// The state the lanes' threads share with the writer.
     private let shared: Shared
@@ -90,16 +90,20 @@ final class ChunkLanes: Sendable {
             return out
         }
 
+        /// How long a thread waits for the next chunk before it ends (a writer being fed keeps its threads; one
+        /// whose client stopped sending lets them go).
+        static let idle: TimeInterval = 0.2
+
         func releasePins() {
             condition.lock()
             pins = nil
             condition.unlock()
         }
 
-        /// A thread's loop: takes the next chunk, names it and stores it, until none waits.
+        /// A thread's loop: takes the next chunk, names it and stores it, until none has waited for `idle`.
         func work() {
             condition.lock()
-            while !waiting.isEmpty {
+            while !waiting.isEmpty || (condition.wait(until: Date(timeIntervalSinceNow: Self.idle)) && !waiting.isEmpty) {
                 let (index, bytes) = waiting.removeFirst()
                 // Held only while this chunk is stored, and let go before its outcome is told.
                 var pinning = pins
