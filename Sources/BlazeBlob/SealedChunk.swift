@@ -98,13 +98,17 @@ public enum SealedChunk {
 
     /// Chunk `id` of `space`, read from `store`, sealed under the epoch `epoch` whose secret is `secret` and placed
     /// after `prefix` (a message's header: the chunk is read into the buffer it is sealed from, and sealed into the
-    /// one returned, with no other copy); nil when the store does not hold it.
+    /// one returned, with no other copy); nil when the store does not hold it. A file over `maximum` bytes (the
+    /// largest chunk the space's chunker makes: no receiver takes more) is refused before anything is read.
     public static func seal(
-        reading id: ChunkID, from store: ChunkStore, space: SpaceID, epoch: UInt32, secret: [UInt8], after prefix: [UInt8] = []
+        reading id: ChunkID, from store: ChunkStore, space: SpaceID, epoch: UInt32, secret: [UInt8], after prefix: [UInt8] = [],
+        maximum: Int = Chunker.Sizes.standard.maximum
     ) throws(ChunkStoreError) -> [UInt8]? {
         guard let (fd, size) = try store.openChunk(id) else { return nil }
         defer { close(fd) }
-        guard size <= 1 << 30 else { throw ChunkStoreError("chunk \(id) is over 1 GiB", reason: .invalid) }
+        guard size <= min(maximum, 1 << 30) else {
+            throw ChunkStoreError("chunk \(id)'s file holds \(size) bytes, over the \(maximum)-byte chunk maximum", reason: .invalid)
+        }
         return try seal(count: size, id: id, space: space, epoch: epoch, secret: secret, after: prefix) { (plain) throws(ChunkStoreError) in
             try ChunkStore.readFully(fd, into: plain, what: "read chunk \(id)")
         }.get()

@@ -90,6 +90,13 @@ import Testing
             let opened = try SealedChunk.open(fromStore[prefix.count...], id: id, keys: keys, secrets: [epochSecret], maximum: 1 << 20) { Array($0) }
             #expect(opened == content)
         }
+        // A file over the chunk maximum under a chunk's name is refused before it is read.
+        let big = [UInt8](repeating: 3, count: 9000)
+        try store.put(keys.id(of: big), big)
+        #expect(throws: ChunkStoreError.self) {
+            try SealedChunk.seal(reading: keys.id(of: big), from: store, space: space, epoch: 3, secret: epochSecret, maximum: 8192)
+        }
+        #expect(try SealedChunk.seal(reading: keys.id(of: big), from: store, space: space, epoch: 3, secret: epochSecret, maximum: 9000) != nil)
         // A chunk the store lacks is not sealed.
         #expect(try SealedChunk.seal(reading: keys.id(of: [9, 9]), from: store, space: space, epoch: 3, secret: epochSecret) == nil)
     }
