@@ -93,8 +93,10 @@ import Testing
     /// the middle is resumed at its start, from the chunks it stored, without a read asking.
     @Test(arguments: [true, false])
     func anEagerFetchCutByARestartGoesOnFromWhereItWas(kill9: Bool) throws {
-        // A dials B through a proxy the test stalls once the fetch is under way, so the restart always cuts it in
-        // the middle (a fast machine would otherwise finish it first).
+        // A dials B through a proxy that stalls after 60 MiB, so the restart always cuts the fetch in the middle (a
+        // fast machine, or a watcher slow to read its progress, would otherwise see it finish first). 96 MiB is about
+        // 70 chunks (the cuts depend on the space's key), so the first window of 32 (about 45 MiB) always arrives and
+        // the whole never does.
         let (pair, proxyOrNil) = try Pair.make(bDials: false) { try LinkProxy(targetPort: $0.port) }
         let proxy = try #require(proxyOrNil)
         defer {
@@ -104,8 +106,9 @@ import Testing
         _ = try pair.cb.call("blob.policy", ["db": "notes", "eager": ["*"]])
         let watcher = try pair.b.connect()
         _ = try watcher.call("subscribe", ["db": "notes", "collection": "none", "blobs": true])
-        let bytes = BlobDaemonTests().content(48 << 20, seed: 5)
+        let bytes = BlobDaemonTests().content(96 << 20, seed: 5)
         let large = try blob(bytes, on: pair.ca, dir: pair.a.dir.path, name: "large")
+        proxy.stall(after: 60 << 20)
         _ = try pair.ca.call("doc.put", ["db": "notes", "collection": "photos", "id": "large", "doc": ["file": large.ref]])
         // The first window's progress: some chunks held, not all.
         var first: RPCSchema.BlobProgress?
@@ -115,7 +118,6 @@ import Testing
         #expect(first?.state == .fetching)
         #expect((first?.heldChunks ?? 0) > 0 && (first?.heldChunks ?? .max) < large.chunks && first?.chunks == large.chunks)
 
-        try proxy.set(.stalled)
         try pair.b.restart(kill9: kill9)
         let cb = try pair.b.connect()
         #expect(try held(cb, large.id) < large.chunks, "the fetch finished before the restart")

@@ -19,7 +19,7 @@ final class LinkProxy: Sendable {
     /// The proxy's own loopback port (the same across partitions).
     let port: Int
     private let targetPorts: [Int]
-    private let state: Mutex<(mode: Mode, listener: (any Channel)?, open: [ObjectIdentifier: [any Channel]])>
+    private let state: Mutex<(mode: Mode, listener: (any Channel)?, open: [ObjectIdentifier: [any Channel]], budget: Int?)>
 
     /// Starts forwarding from a free loopback port to `127.0.0.1:targetPort`.
     convenience init(targetPort: Int) throws { try self.init(targetPorts: [targetPort]) }
@@ -27,7 +27,7 @@ final class LinkProxy: Sendable {
     /// Starts forwarding from a free loopback port to the first of `127.0.0.1:targetPorts` that accepts.
     init(targetPorts: [Int]) throws {
         self.targetPorts = targetPorts
-        state = Mutex((.open, nil, [:]))
+        state = Mutex((.open, nil, [:], nil))
         let box = Box()
         // A port outside the ephemeral range (`StablePorts`): after a partition the proxy listens on it again, and no
         // outbound connection of another test takes it meanwhile.
@@ -52,10 +52,26 @@ final class LinkProxy: Sendable {
     /// The current mode.
     var mode: Mode { state.withLock { $0.mode } }
 
-    /// Opens, stalls or cuts the path.
+    /// Lets `bytes` more bytes through (both directions counted), then stalls the path: a transfer that would
+    /// otherwise finish before the test acts on it stops in the middle, however fast the machine.
+    func stall(after bytes: Int) {
+        state.withLock { $0.budget = bytes }
+    }
+
+    /// Counts `bytes` forwarded against the budget, stalling the path once it is spent.
+    fileprivate func forwarded(_ bytes: Int) {
+        let spent = state.withLock { s -> Bool in
+            guard let budget = s.budget else { return false }
+            s.budget = budget - bytes
+            return budget - bytes <= 0
+        }
+        if spent { try? set(.stalled) }
+    }
+
+    /// Opens, stalls or cuts the path (and forgets any budget `stall(after:)` set).
     func set(_ mode: Mode) throws {
         let (old, listener, connections) = state.withLock { s in
-            defer { s.mode = mode }
+            defer { (s.mode, s.budget) = (mode, nil) }
             return (s.mode, s.listener, Array(s.open.values.joined()))
         }
         guard old != mode else { return }
@@ -88,7 +104,7 @@ final class LinkProxy: Sendable {
     /// Stops listening and closes every connection.
     func shutdown() {
         let (listener, connections) = state.withLock { s in
-            defer { (s.mode, s.listener, s.open) = (.partitioned, nil, [:]) }
+            defer { (s.mode, s.listener, s.open, s.budget) = (.partitioned, nil, [:], nil) }
             return (s.listener, Array(s.open.values.joined()))
         }
         try? listener?.close().wait()
@@ -114,8 +130,8 @@ final class LinkProxy: Sendable {
         return Self.connect(targetPorts[...], on: inbound.eventLoop)
             .flatMap { outbound in
                 inbound.eventLoop.makeCompletedFuture {
-                    try inbound.pipeline.syncOperations.addHandler(Glue(partner: outbound))
-                    try outbound.pipeline.syncOperations.addHandler(Glue(partner: inbound))
+                    try inbound.pipeline.syncOperations.addHandler(Glue(partner: outbound, proxy: proxy))
+                    try outbound.pipeline.syncOperations.addHandler(Glue(partner: inbound, proxy: proxy))
                     let mode = proxy.state.withLock { s -> Mode in
                         if s.mode != .partitioned { s.open[key] = [inbound, outbound] }
                         return s.mode
@@ -156,11 +172,17 @@ final class LinkProxy: Sendable {
 private final class Glue: ChannelInboundHandler {
     typealias InboundIn = ByteBuffer
     let partner: any Channel
+    let proxy: LinkProxy
 
-    init(partner: any Channel) { self.partner = partner }
+    init(partner: any Channel, proxy: LinkProxy) {
+        self.partner = partner
+        self.proxy = proxy
+    }
 
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
-        partner.writeAndFlush(unwrapInboundIn(data), promise: nil)
+        let buffer = unwrapInboundIn(data)
+        partner.writeAndFlush(buffer, promise: nil)
+        proxy.forwarded(buffer.readableBytes)
     }
 
     func channelInactive(context: ChannelHandlerContext) {
