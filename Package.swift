@@ -50,10 +50,12 @@ let package = Package(
             name: "BlazeBlob",
             dependencies: ["BlazeProtocol", .product(name: "Crypto", package: "swift-crypto")],
             swiftSettings: strict),
+        // Vector values and nearest-neighbour search (issue #52): no storage, no I/O.
+        .target(name: "BlazeVector", dependencies: ["BlazeProtocol"], swiftSettings: strict),
         .target(
             name: "BlazeStore",
             dependencies: [
-                "BlazeProtocol", "BlazeCRDT", "BlazeSettings", "BlazeFileFormat", .product(name: "GRDB", package: "GRDB.swift"),
+                "BlazeProtocol", "BlazeCRDT", "BlazeSettings", "BlazeFileFormat", "BlazeVector", .product(name: "GRDB", package: "GRDB.swift"),
                 .product(name: "GRDBSQLite", package: "GRDB.swift"), .product(name: "Crypto", package: "swift-crypto"),
             ],
             swiftSettings: strict),
@@ -61,6 +63,7 @@ let package = Package(
             name: "BlazeDaemon",
             dependencies: [
                 "BlazeProtocol", "BlazeStore", "BlazeCRDT", "BlazeCrypto", "BlazeSync", "BlazeConfig", "BlazeSettings", "BlazeWire", "BlazeBlob",
+                "BlazeVector",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "NIOExtras", package: "swift-nio-extras"),
@@ -143,7 +146,7 @@ let package = Package(
             name: "blazebench",
             dependencies: [
                 "BlazeDaemon", "BlazeStore", "BlazeSync", "BlazeCRDT", "BlazeCrypto", "BlazeClient", "BlazeProtocol", "BlazeRelay", "BlazeWire",
-                "BlazeBlob",
+                "BlazeBlob", "BlazeVector",
                 // Throwaway PostgreSQL servers for the RELAY load on PostgreSQL.
                 "BlazeTestSupport",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
@@ -173,11 +176,13 @@ let package = Package(
             swiftSettings: strict),
         .testTarget(
             name: "BlazeBlobTests", dependencies: ["BlazeBlob", "BlazeProtocol", "BlazeTestSupport"], swiftSettings: strict),
+        .testTarget(
+            name: "BlazeVectorTests", dependencies: ["BlazeVector", "BlazeProtocol", "BlazeTestSupport"], swiftSettings: strict),
         .testTarget(name: "BlazeProtocolTests", dependencies: ["BlazeProtocol", "BlazeTestSupport"], swiftSettings: strict),
         .testTarget(
             name: "BlazeStoreTests",
             dependencies: [
-                "BlazeStore", "BlazeProtocol", "BlazeCRDT", "BlazeCrypto", "BlazeTestSupport",
+                "BlazeStore", "BlazeProtocol", "BlazeCRDT", "BlazeCrypto", "BlazeTestSupport", "BlazeVector",
                 .product(name: "GRDB", package: "GRDB.swift"),
             ],
             swiftSettings: strict),
@@ -219,7 +224,7 @@ let package = Package(
             name: "BlazeDaemonTests",
             dependencies: [
                 "BlazeDaemon", "BlazeClient", "BlazeProtocol", "BlazeStore", "BlazeCRDT", "BlazeCrypto", "BlazeSync", "BlazeTestSupport",
-                "BlazeConfig", "BlazeSettings", "BlazeRelay", "BlazeWire",
+                "BlazeConfig", "BlazeSettings", "BlazeRelay", "BlazeWire", "BlazeVector",
                 // Not imported: the tests run these executables, so they must be built first.
                 "blazed", "blazectl", "blaze-relay",
                 .product(name: "Crypto", package: "swift-crypto"),

@@ -92,8 +92,9 @@ public enum CRDTOp: Hashable, Sendable {
     case doc(DocOp)
     /// Deletes a document: raises its causal length to the given even value.
     case delete(DocKey, cl: Int64)
-    /// Defines (fields non-nil) or drops (nil) a user index; last writer wins per name.
-    case index(name: String, collection: String, fields: [String]?)
+    /// Defines (fields non-nil) or drops (nil) a user index; last writer wins per name. `vector` makes it a vector
+    /// index (one field).
+    case index(name: String, collection: String, fields: [String]?, vector: IndexVector? = nil)
 }
 
 /// A change: one local write transaction, the unit of replication (ARCHITECTURE.md, "Changes and the CRDT").
@@ -249,11 +250,13 @@ public struct Change: Hashable, Sendable {
             return .object(o)
         case .delete(let key, let cl):
             return ["k": "del", "c": .string(key.collection), "i": .string(key.id), "l": .int(cl)]
-        case .index(let name, let collection, let fields):
-            return [
+        case .index(let name, let collection, let fields, let vector):
+            var o: [String: JSONValue] = [
                 "k": "index", "n": .string(name), "c": .string(collection),
                 "f": fields.map { .array($0.map(JSONValue.string)) } ?? .null,
             ]
+            if let vector { o["v"] = vector.jsonValue }
+            return .object(o)
         }
     }
 
@@ -313,7 +316,12 @@ public struct Change: Hashable, Sendable {
                 guard fields!.count == a.count else { throw CRDTDecodingError("malformed index fields") }
             default: fields = nil
             }
-            return .index(name: n, collection: c, fields: fields)
+            var vector: IndexVector?
+            if let v = o["v"] {
+                guard let spec = IndexVector(json: v) else { throw CRDTDecodingError("malformed vector index") }
+                vector = spec
+            }
+            return .index(name: n, collection: c, fields: fields, vector: vector)
         default:
             throw CRDTDecodingError("unknown op kind \(kind)")
         }

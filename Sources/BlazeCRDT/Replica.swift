@@ -8,12 +8,43 @@ public struct IndexState: Hashable, Sendable {
     public let collection: String
     /// Indexed fields; nil when the index is dropped.
     public let fields: [String]?
+    /// For a vector index, its dimensions and metric; nil for an index of values.
+    public let vector: IndexVector?
 
     /// Creates a state.
-    public init(stamp: Stamp, collection: String, fields: [String]?) {
+    public init(stamp: Stamp, collection: String, fields: [String]?, vector: IndexVector? = nil) {
         self.stamp = stamp
         self.collection = collection
         self.fields = fields
+        self.vector = vector
+    }
+}
+
+/// What makes an index a vector index: the dimensions of the vectors it holds and the metric it is searched by.
+///
+/// The metric is kept as the text the author wrote: a definition from a newer replica naming a metric this build does
+/// not know is held (the register converges) and not built.
+public struct IndexVector: Hashable, Sendable {
+    /// Components of each vector.
+    public let dimensions: Int
+    /// The metric's name (`cosine`, `l2`, `ip`).
+    public let metric: String
+
+    /// A vector index's shape.
+    public init(dimensions: Int, metric: String) {
+        self.dimensions = dimensions
+        self.metric = metric
+    }
+
+    /// The JSON form in index operations and stored states: `{"d": dimensions, "m": metric}`.
+    public var jsonValue: JSONValue { ["d": .int(Int64(dimensions)), "m": .string(metric)] }
+
+    /// Decodes the JSON form; nil when it is not exactly that (dimensions ≥ 1, a metric of at most 32 bytes).
+    public init?(json: JSONValue) {
+        guard case .object(let o) = json, o.count == 2, case .int(let d)? = o["d"], d >= 1, d <= 1 << 20,
+            case .string(let m)? = o["m"], !m.isEmpty, m.utf8.count <= 32
+        else { return nil }
+        self.init(dimensions: Int(d), metric: m)
     }
 }
 
@@ -171,10 +202,10 @@ public enum Replica {
                 $0.delete(cl: cl)
             }
             if raised { try storage.noteDeleted(key, by: change) }
-        case .index(let name, let collection, let fields):
+        case .index(let name, let collection, let fields, let vector):
             let stamp = change.stamp(index)
             if let current = try storage.index(name), stamp < current.stamp { return }
-            try storage.saveIndex(name, IndexState(stamp: stamp, collection: collection, fields: fields))
+            try storage.saveIndex(name, IndexState(stamp: stamp, collection: collection, fields: fields, vector: vector))
         }
     }
 }

@@ -1,5 +1,6 @@
 import BlazeCRDT
 import BlazeProtocol
+import BlazeVector
 import Foundation
 import GRDB
 
@@ -144,16 +145,21 @@ extension Store {
                 throw StoreError.invalid("backup_too_new", "\(backupPath) was written by a newer BlazeDB; upgrade blazed to restore it")
             }
         }
-        let extraIndexes = try source.read { db in try RestoreCheck.schemaObjects(db, path: backupPath) }
+        let (extraIndexes, extraTriggers) = try source.read { db in try RestoreCheck.schemaObjects(db, path: backupPath) }
         let path = self.path(name)
         let partial = path + ".partial"
         try reserve(name)
         defer { release(name) }
         do {
             unlink(partial)
-            let target = try DatabaseQueue(path: partial)
+            var targetConfig = Configuration()
+            targetConfig.prepareDatabase { db in db.add(function: VectorIndexSQL.function) }
+            let target = try DatabaseQueue(path: partial, configuration: targetConfig)
             try source.backup(to: target)
             try target.write { db in
+                // Vector indexes' triggers go before anything writes (the file's are not trusted: they are built
+                // again from the definitions below).
+                for name in extraTriggers { try db.execute(sql: "DROP TRIGGER \(name.quotedDatabaseIdentifier)") }
                 // Indexes are derived data: any the schema check did not recognize is dropped and the user
                 // indexes are rebuilt from their definitions below.
                 for name in extraIndexes { try db.execute(sql: "DROP INDEX \(name.quotedDatabaseIdentifier)") }
@@ -204,7 +210,7 @@ enum RestoreCheck {
     /// Compares every schema object of `db` with those BlazeDB's migrations create at the same migration level.
     /// Returns the names of indexes that are not BlazeDB's own (dropped from the copy; user indexes are rebuilt);
     /// throws `backup_tampered` for anything else that differs.
-    static func schemaObjects(_ db: Database, path: String) throws -> [String] {
+    static func schemaObjects(_ db: Database, path: String) throws -> (indexes: [String], triggers: [String]) {
         let applied = try Schema.migrator.appliedIdentifiers(db)
         let reference = try DatabaseQueue()
         var migrator = Schema.migrator
@@ -224,11 +230,17 @@ enum RestoreCheck {
         let known = Set(expected)
         let knownTables = Set(expected.filter { $0.type == "table" }.map(\.name))
         var extraIndexes: [String] = []
+        var extraTriggers: [String] = []
         for row in try Row.fetchAll(db, sql: query) {
             let object = Object(type: row[0], name: row[1], table: row[2], sql: row[3])
             if known.contains(object) || (object.type == "table" && sqliteTables.contains(object.name)) { continue }
             if object.type == "index", knownTables.contains(object.table), object.sql != nil {
                 extraIndexes.append(object.name)
+                continue
+            }
+            // A vector index's triggers (VectorIndexSQL): dropped before anything writes, built again.
+            if object.type == "trigger", object.table == "docs", object.name.hasPrefix("vx_") {
+                extraTriggers.append(object.name)
                 continue
             }
             let what = object.type == "table" && knownTables.contains(object.name) ? "an altered table" : "a \(object.type)"
@@ -237,7 +249,7 @@ enum RestoreCheck {
                 "\(path) holds \(what) \(Names.quoted(object.name)) that BlazeDB never creates; it was not written by "
                     + "BlazeDB (or was altered since): refusing to restore it")
         }
-        return extraIndexes
+        return (extraIndexes, extraTriggers)
     }
 
     /// Validates every stored row a database acts on: document states, changes (op log and parked), version
@@ -323,11 +335,16 @@ enum RestoreCheck {
                 throw invalid("an invalid version vector entry for \(origin)")
             }
         }
-        for row in try Row.fetchAll(db, sql: "SELECT name, collection, fields FROM indexes") {
-            let name: String = row[0], collection: String = row[1], fields: String = row[2]
+        for row in try Row.fetchAll(db, sql: "SELECT name, collection, fields, vector FROM indexes") {
+            let name: String = row[0], collection: String = row[1], fields: String = row[2], vector: String? = row[3]
             guard (try? Names.validateIndex(name)) != nil, (try? Names.validateCollection(collection)) != nil,
                 case .array(let list)? = try? JSONParser(maxDepth: 4).parse(fields), !list.isEmpty,
-                list.allSatisfy({ $0.stringValue.flatMap { try? FieldPath($0) } != nil })
+                list.allSatisfy({ $0.stringValue.flatMap { try? FieldPath($0) } != nil }),
+                vector.map({ v in
+                    list.count == 1 && (try? JSONParser(maxDepth: 4).parse(v)).flatMap(IndexVector.init(json:)).map {
+                        VectorMetric(rawValue: $0.metric) != nil && $0.dimensions <= VectorValue.maxDimensions
+                    } == true
+                }) ?? true
             else { throw invalid("an invalid definition of index \(Names.quoted(name))") }
         }
     }
@@ -342,13 +359,17 @@ enum RestoreCheck {
         ("changes", [("origin", ["text"]), ("seq", ["integer"]), ("hlc", ["integer"]), ("body", ["text"])]),
         ("parked", [("origin", ["text"]), ("seq", ["integer"]), ("body", ["text"])]),
         ("versions", [("origin", ["text"]), ("seq", ["integer"])]),
-        ("indexes", [("name", ["text"]), ("collection", ["text"]), ("fields", ["text"]), ("created_at", ["integer"])]),
+        ("indexes", [
+            ("name", ["text"]), ("collection", ["text"]), ("fields", ["text"]), ("created_at", ["integer"]),
+            ("vector", ["text", "null"]),
+        ]),
         ("index_states", [("name", ["text"]), ("state", ["text"])]),
     ]
 
     /// Builds every user index from its definition in `indexes` (after unknown indexes were dropped).
     static func rebuildUserIndexes(_ db: Database) throws {
-        for row in try Row.fetchAll(db, sql: "SELECT name, collection, fields FROM indexes") {
+        try VectorIndexSQL.rebuildAll(in: db)
+        for row in try Row.fetchAll(db, sql: "SELECT name, collection, fields FROM indexes WHERE vector IS NULL") {
             let name: String = row[0], collection: String = row[1], fields: String = row[2]
             guard case .array(let list) = try JSONParser(maxDepth: 4).parse(fields) else { continue }
             let paths = try list.compactMap(\.stringValue).map { try FieldPath($0) }

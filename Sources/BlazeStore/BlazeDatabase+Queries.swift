@@ -20,6 +20,13 @@ public struct IndexInfo: Sendable, Equatable {
     public var collection: String
     /// Indexed field paths, in order.
     public var fields: [String]
+    /// A vector index's dimensions and metric; nil for an index of values.
+    public var vector: IndexVector?
+
+    /// An index's definition.
+    public init(name: String, collection: String, fields: [String], vector: IndexVector? = nil) {
+        (self.name, self.collection, self.fields, self.vector) = (name, collection, fields, vector)
+    }
 }
 
 /// A page of query results.
@@ -277,11 +284,12 @@ extension BlazeDatabase {
         if let collection { try Names.validateCollection(collection) }
         return try read { db in
             let rows = try Row.fetchAll(
-                db, sql: "SELECT name, collection, fields FROM indexes WHERE ?1 IS NULL OR collection = ?1 ORDER BY name",
+                db, sql: "SELECT name, collection, fields, vector FROM indexes WHERE ?1 IS NULL OR collection = ?1 ORDER BY name",
                 arguments: [collection])
             return try rows.map { row in
                 let fields = try JSONParser().parse(row[2] as String).arrayValue?.compactMap(\.stringValue) ?? []
-                return IndexInfo(name: row[0], collection: row[1], fields: fields)
+                let vector = try (row[3] as String?).flatMap { IndexVector(json: try JSONParser(maxDepth: 4).parse($0)) }
+                return IndexInfo(name: row[0], collection: row[1], fields: fields, vector: vector)
             }
         }
     }

@@ -73,7 +73,7 @@ extension BlazeDatabase {
                     }
                     try Names.validateCollection(key.collection)
                     try Names.validateID(key.id)
-                case .index(let name, let collection, _):
+                case .index(let name, let collection, _, _):
                     try Names.validateIndex(name)
                     try Names.validateCollection(collection)
                 }

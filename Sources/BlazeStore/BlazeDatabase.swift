@@ -32,6 +32,8 @@ public final class BlazeDatabase: Sendable {
     let feedPruner: FeedPruner
     /// The committed version vector, so that a local write need not read `versions`.
     let committedVersions = CommittedVersions()
+    /// The vector indexes searched so far, held in memory and caught up from `vector_rows` before each search.
+    let vectorIndexes = VectorIndexes()
 
     init(name: String, path: String, limits: StoreLimits, node: NodeID) throws {
         self.name = name

@@ -26,6 +26,8 @@ final class DatabaseConnections: Sendable {
         var config = Configuration()
         config.label = label
         config.busyMode = .timeout(10)
+        // The vector indexes' triggers decode vectors with it (VectorIndexSQL).
+        config.prepareDatabase { db in db.add(function: VectorIndexSQL.function) }
         // Before anything writes to it: a file of a newer build is refused, one of an older build copied.
         try DatabaseFormat.prepare(path: path, migrator: migrator)
         writer = try DatabaseQueue(path: path, configuration: config)

@@ -1,5 +1,6 @@
 import BlazeCRDT
 import BlazeProtocol
+import BlazeVector
 import GRDB
 
 /// Index definitions (a replicated register per index name) and changes parked until the ones before them arrive.
@@ -10,34 +11,48 @@ extension SQLStorage {
             case .string(let collection)? = o["c"]
         else { return nil }
         let fields = o["f"]?.arrayValue?.compactMap(\.stringValue)
-        return IndexState(stamp: stamp, collection: collection, fields: fields)
+        return IndexState(stamp: stamp, collection: collection, fields: fields, vector: o["v"].flatMap(IndexVector.init(json:)))
     }
 
     /// Stores the winning definition and makes the SQLite index match it.
     func saveIndex(_ name: String, _ state: IndexState) throws {
-        let json: JSONValue = [
+        var json: JSONValue = [
             "s": state.stamp.jsonValue, "c": .string(state.collection),
             "f": state.fields.map { .array($0.map(JSONValue.string)) } ?? .null,
         ]
+        if let vector = state.vector, case .object(var o) = json {
+            o["v"] = vector.jsonValue
+            json = .object(o)
+        }
         try db.execute(
             sql: "INSERT INTO index_states(name, state) VALUES (?, ?) ON CONFLICT(name) DO UPDATE SET state = excluded.state",
             arguments: [name, json.jsonText])
         let sqlName = WriteTransaction.sqlIndexName(name)
         try db.execute(sql: "DROP INDEX IF EXISTS \(sqlName)")
+        if (try? Names.validateIndex(name)) != nil { try VectorIndexSQL.drop(name, in: db) }
         try db.execute(sql: "DELETE FROM indexes WHERE name = ?", arguments: [name])
         if let fields = state.fields {
             // Definitions from other replicas are validated like local ones; an invalid one is stored but not built.
             guard (try? Names.validateCollection(state.collection)) != nil, (try? Names.validateIndex(name)) != nil,
                 let paths = try? fields.map({ (f: String) throws(StoreError) -> FieldPath in try FieldPath(f) })
             else { return }
+            if let vector = state.vector {
+                guard paths.count == 1, VectorMetric(rawValue: vector.metric) != nil,
+                    vector.dimensions <= VectorValue.maxDimensions
+                else { return }
+            }
             try ensureCollection(state.collection)
             try db.execute(
-                sql: "INSERT INTO indexes(name, collection, fields, created_at) VALUES (?, ?, ?, ?)",
+                sql: "INSERT INTO indexes(name, collection, fields, created_at, vector) VALUES (?, ?, ?, ?, ?)",
                 arguments: [
                     name, state.collection, JSONValue.array(fields.map(JSONValue.string)).jsonText,
-                    Int64(state.stamp.hlc.milliseconds),
+                    Int64(state.stamp.hlc.milliseconds), state.vector?.jsonValue.jsonText,
                 ])
-            try db.execute(sql: Self.createIndexSQL(name: name, collection: state.collection, paths: paths))
+            if let vector = state.vector {
+                try VectorIndexSQL.build(name, collection: state.collection, path: paths[0], dimensions: vector.dimensions, in: db)
+            } else {
+                try db.execute(sql: Self.createIndexSQL(name: name, collection: state.collection, paths: paths))
+            }
         }
         try BlazeDatabase.analyze(db)
     }

@@ -262,6 +262,21 @@ enum Schema {
             // The blobs this device was asked to keep (`blob.pin`): fetched and kept whatever refers to them.
             try db.execute(sql: "CREATE TABLE blob_pins(id TEXT PRIMARY KEY NOT NULL, pinned_at INTEGER NOT NULL) WITHOUT ROWID")
         }
+        m.registerMigration("v16-vectors") { db in
+            // Vector indexes: their shape beside the definition (`{"d": dimensions, "m": metric}`, NULL for an index
+            // of values), and their rows, derived from the documents by triggers (`VectorIndexSQL`).
+            try db.execute(
+                sql: """
+                    ALTER TABLE indexes ADD COLUMN vector TEXT;
+                    CREATE TABLE vector_rows(
+                        seq INTEGER PRIMARY KEY AUTOINCREMENT,
+                        idx TEXT NOT NULL,
+                        doc INTEGER NOT NULL,
+                        v BLOB
+                    );
+                    CREATE INDEX vector_rows_doc ON vector_rows(idx, doc);
+                    """)
+        }
         return m
     }
 }

@@ -118,6 +118,7 @@ extension BlazeDatabase {
             for name in try String.fetchAll(db, sql: "SELECT name FROM indexes") {
                 try db.execute(sql: "DROP INDEX IF EXISTS \(WriteTransaction.sqlIndexName(name))")
             }
+            try VectorIndexSQL.dropAll(in: db)
             try db.execute(
                 sql: """
                     DELETE FROM docs; DELETE FROM tombstones; DELETE FROM collections; DELETE FROM indexes;
@@ -176,7 +177,12 @@ extension BlazeDatabase {
                             case .string(let collection)? = o["c"], (try? Names.validateCollection(collection)) != nil
                         else { throw bad("an invalid index definition") }
                         let fields = o["f"]?.arrayValue?.compactMap(\.stringValue)
-                        indexes.append((name, IndexState(stamp: stamp, collection: collection, fields: fields)))
+                        var vector: IndexVector?
+                        if let v = o["v"] {
+                            guard let spec = IndexVector(json: v) else { throw bad("an invalid index definition") }
+                            vector = spec
+                        }
+                        indexes.append((name, IndexState(stamp: stamp, collection: collection, fields: fields, vector: vector)))
                     } else if case .array(let d)? = record["d"], d.count == 6, record.count == 1, let coding = home {
                         guard case .string(let collection) = d[0], case .string(let id) = d[1], case .string(let stateText) = d[2],
                             (try? Names.validateCollection(collection)) != nil, (try? Names.validateID(id)) != nil

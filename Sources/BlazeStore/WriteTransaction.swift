@@ -1,5 +1,6 @@
 import BlazeCRDT
 import BlazeProtocol
+import BlazeVector
 import Foundation
 import GRDB
 
@@ -88,7 +89,7 @@ public final class WriteTransaction {
 
     /// Applies one operation; throws `StoreError` for invalid input or missing/duplicate documents.
     public func apply(_ op: WriteOp) throws -> WriteResult {
-        switch op {
+        switch try op.withStoredVectors() {
         case .insert(let collection, var doc):
             try validateCollection(collection)
             let id: String
@@ -295,11 +296,22 @@ public final class WriteTransaction {
         }
     }
 
-    /// Creates a user index over `fields` of `collection`; replicated like data.
-    public func createIndex(collection: String, fields: [String], name: String?) throws -> IndexInfo {
+    /// Creates a user index over `fields` of `collection` (a vector index over one field when `vector` is given);
+    /// replicated like data.
+    public func createIndex(collection: String, fields: [String], name: String?, vector: IndexVector? = nil) throws -> IndexInfo {
         try Names.validateCollection(collection)
         guard !fields.isEmpty, fields.count <= limits.maxIndexFields else {
             throw StoreError.invalid("invalid_index", "an index needs 1 to \(limits.maxIndexFields) fields")
+        }
+        if let vector {
+            guard fields.count == 1 else { throw StoreError.invalid("invalid_index", "a vector index covers one field") }
+            guard vector.dimensions >= 1, vector.dimensions <= VectorValue.maxDimensions else {
+                throw StoreError.invalid(
+                    "invalid_index", "a vector index's dimensions are 1 to \(VectorValue.maxDimensions), got \(vector.dimensions)")
+            }
+            guard VectorMetric(rawValue: vector.metric) != nil else {
+                throw StoreError.invalid("invalid_index", "metric is cosine, l2 or ip, got \(Names.quoted(vector.metric))")
+            }
         }
         let paths = try fields.map { (f: String) throws(StoreError) -> FieldPath in try FieldPath(f) }
         guard Set(paths).count == paths.count else {
@@ -311,8 +323,8 @@ public final class WriteTransaction {
             throw StoreError(.alreadyExists, kind: "index_exists", "index \(Names.quoted(indexName)) already exists")
         }
         let normalized = paths.map(\.description)
-        try emit(.index(name: indexName, collection: collection, fields: normalized))
-        return IndexInfo(name: indexName, collection: collection, fields: normalized)
+        try emit(.index(name: indexName, collection: collection, fields: normalized, vector: vector))
+        return IndexInfo(name: indexName, collection: collection, fields: normalized, vector: vector)
     }
 
     /// Drops a user index by name; replicated like data.

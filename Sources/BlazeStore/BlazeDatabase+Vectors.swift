@@ -1,0 +1,176 @@
+import BlazeCRDT
+import BlazeProtocol
+import BlazeVector
+import Foundation
+import GRDB
+import Synchronization
+
+/// A `query.nearest` request, its names validated by the caller's types (`FieldPath`, `Filter`).
+public struct NearestQuery: Sendable {
+    /// Collection searched.
+    public var collection: String
+    /// The field holding the vectors.
+    public var field: FieldPath
+    /// The query vector.
+    public var vector: [Float]
+    /// How many documents to return (1 to the query limit).
+    public var k: Int
+    /// Only documents matching it are candidates.
+    public var filter: Filter
+    /// Projection of the returned documents; nil returns them whole.
+    public var fields: [FieldPath]?
+    /// The metric; nil: the index's, or cosine without an index.
+    public var metric: VectorMetric?
+
+    /// A query.
+    public init(
+        collection: String, field: FieldPath, vector: [Float], k: Int, filter: Filter = .all, fields: [FieldPath]? = nil,
+        metric: VectorMetric? = nil
+    ) {
+        (self.collection, self.field, self.vector, self.k, self.filter, self.fields, self.metric) =
+            (collection, field, vector, k, filter, fields, metric)
+    }
+}
+
+/// What `nearest` found: the documents nearest first, with how they were found.
+public struct NearestResult: Sendable {
+    /// The documents (projected if asked) and their distances, nearest first.
+    public var hits: [(doc: JSONValue, distance: Float)]
+    /// The metric the distances are in.
+    public var metric: VectorMetric
+    /// The vector index searched; nil when the documents were scanned.
+    public var index: String?
+}
+
+/// Nearest-neighbour search over a field of vectors (issue #52): exact, over the field's vector index held in memory
+/// (`VectorIndexes`), or over the documents themselves when the field has none.
+extension BlazeDatabase {
+    /// The `k` documents of the collection whose vectors at `field` are nearest to `vector` among those matching the
+    /// filter (pre-filtered: the filter's documents are found first, so a selective filter still gets `k`).
+    public func nearest(_ query: NearestQuery) throws -> NearestResult {
+        try Names.validateCollection(query.collection)
+        guard query.k >= 1, query.k <= limits.maxQueryLimit else {
+            throw StoreError(.limitExceeded, kind: "limit_out_of_range", "k must be between 1 and \(limits.maxQueryLimit), got \(query.k)")
+        }
+        let definition = try read { db in try Self.vectorIndex(on: query.field, of: query.collection, db) }
+        if let definition {
+            guard query.vector.count == definition.dimensions else {
+                throw StoreError.invalid(
+                    "invalid_vector",
+                    "the query vector has \(query.vector.count) components; index \(Names.quoted(definition.name)) holds "
+                        + "vectors of \(definition.dimensions)")
+            }
+        }
+        let metric = query.metric ?? definition.flatMap { VectorMetric(rawValue: $0.metric) } ?? .cosine
+        return try vectorIndexes.serialized {
+            try read { db in
+                let admitted = try Self.admitted(query, db)
+                let hits: [VectorHit]
+                if let definition, let matrix = try vectorIndexes.caughtUp(definition.name, dimensions: definition.dimensions, db) {
+                    hits = matrix.nearest(to: query.vector, k: query.k, metric: metric, admits: admitted.map { set in { set.contains($0) } })
+                } else {
+                    hits = try Self.scan(query, metric: metric, db)
+                }
+                let fetch = try db.cachedStatement(sql: "SELECT body FROM docs WHERE rowid = ?")
+                var out: [(doc: JSONValue, distance: Float)] = []
+                for hit in hits {
+                    guard let text = try String.fetchOne(fetch, arguments: [hit.id]) else { continue }
+                    let doc = try Self.decodeBody(text)
+                    out.append((.object(query.fields.map { Projection.apply($0, to: doc) } ?? doc), hit.distance))
+                }
+                return NearestResult(hits: out, metric: metric, index: definition?.name)
+            }
+        }
+    }
+
+    /// The row ids of the documents matching the query's filter; nil when it has none (every document is admitted).
+    private static func admitted(_ query: NearestQuery, _ db: Database) throws -> Set<Int64>? {
+        guard query.filter != .all else { return nil }
+        var args: [DatabaseValue] = []
+        let sql = "SELECT rowid FROM docs WHERE collection = '\(query.collection)' AND \(QueryCompiler.compile(query.filter, &args))"
+        return Set(try Int64.fetchAll(db, sql: sql, arguments: StatementArguments(args)))
+    }
+
+    /// The nearest documents found by reading every document's vector at the field (no index).
+    private static func scan(_ query: NearestQuery, metric: VectorMetric, _ db: Database) throws -> [VectorHit] {
+        var args: [DatabaseValue] = []
+        var sql = "SELECT rowid, json_extract(body, \(VectorIndexSQL.vectorPath(query.field))) AS v FROM docs "
+            + "WHERE collection = '\(query.collection)' AND v IS NOT NULL"
+        if query.filter != .all { sql += " AND \(QueryCompiler.compile(query.filter, &args))" }
+        var matrix = VectorMatrix(dimensions: query.vector.count)
+        let rows = try Row.fetchCursor(db, sql: sql, arguments: StatementArguments(args))
+        while let row = try rows.next() {
+            guard let text = row[1] as String?, let floats = VectorValue.decode(text), floats.count == query.vector.count else { continue }
+            matrix.set(row[0], floats)
+        }
+        return matrix.nearest(to: query.vector, k: query.k, metric: metric)
+    }
+
+    /// The vector index of `field` in `collection`, if one is defined (and built).
+    static func vectorIndex(on field: FieldPath, of collection: String, _ db: Database) throws -> (
+        name: String, dimensions: Int, metric: String
+    )? {
+        let fields = JSONValue.array([.string(field.description)]).jsonText
+        guard
+            let row = try Row.fetchOne(
+                db, sql: "SELECT name, vector FROM indexes WHERE collection = ? AND fields = ? AND vector IS NOT NULL ORDER BY name LIMIT 1",
+                arguments: [collection, fields]),
+            let spec = IndexVector(json: try JSONParser(maxDepth: 4).parse(row[1] as String))
+        else { return nil }
+        return (row[0], spec.dimensions, spec.metric)
+    }
+}
+
+/// The vector indexes of one database held in memory: each a `VectorMatrix` built from `vector_rows` on its first
+/// search and caught up with the rows written since before every later one (the rows only grow in `seq`). Searches
+/// run one at a time, each in a read transaction begun after the previous ended, so the matrix never gets ahead of
+/// the documents a search reads.
+final class VectorIndexes: Sendable {
+    private struct Held {
+        /// The seq of the build marker the rows were loaded under.
+        var build: Int64
+        /// The last row seq applied.
+        var seen: Int64
+        var matrix: VectorMatrix
+    }
+
+    private let held = Mutex<[String: Held]>([:])
+    private let order = Mutex<Void>(())
+
+    /// Runs `body` while no other search of this database runs.
+    func serialized<T>(_ body: () throws -> T) throws -> T {
+        try order.withLock { _ in try body() }
+    }
+
+    /// Index `name`'s matrix, caught up with `db`'s rows (loaded whole when first asked, or when the rows were built
+    /// again); nil when the index is not built. Called inside `serialized`.
+    func caughtUp(_ name: String, dimensions: Int, _ db: Database) throws -> VectorMatrix? {
+        guard let build = try VectorIndexSQL.build(of: name, in: db) else {
+            held.withLock { _ = $0.removeValue(forKey: name) }
+            return nil
+        }
+        var entry = held.withLock { h -> Held? in h.removeValue(forKey: name) }
+        if entry?.build != build || entry?.matrix.dimensions != dimensions {
+            entry = Held(build: build, seen: build, matrix: VectorMatrix(dimensions: dimensions))
+        }
+        guard var current = entry else { return nil }
+        let rows = try Row.fetchCursor(
+            db.cachedStatement(sql: "SELECT seq, doc, v FROM vector_rows WHERE seq > ? AND idx = ? ORDER BY seq"),
+            arguments: [current.seen, name])
+        while let row = try rows.next() {
+            let seq: Int64 = row[0], doc: Int64 = row[1]
+            current.seen = seq
+            guard doc >= 0 else { continue }
+            if let bytes = row[2] as Data?, bytes.count == dimensions * 4 {
+                let floats = [Float](unsafeUninitializedCapacity: dimensions) { buffer, count in
+                    count = bytes.copyBytes(to: buffer) / 4
+                }
+                current.matrix.set(doc, floats)
+            } else {
+                current.matrix.remove(doc)
+            }
+        }
+        held.withLock { $0[name] = current }
+        return current.matrix
+    }
+}

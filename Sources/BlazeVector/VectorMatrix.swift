@@ -1,0 +1,210 @@
+/// How nearness is measured (Protocol/blazedb.openrpc.json, `VectorMetric`).
+public enum VectorMetric: String, Sendable, CaseIterable {
+    /// 1 − cos(a, b): 0 for the same direction, 2 for opposite ones (a zero vector is 1 from everything).
+    case cosine
+    /// Euclidean distance.
+    case l2
+    /// −(a · b): the larger the inner product, the nearer.
+    case ip
+}
+
+/// One result of a nearest-neighbour search: the row's id and its distance from the query.
+public struct VectorHit: Sendable, Equatable {
+    /// The id the row was added under (the store's document row id).
+    public let id: Int64
+    /// The distance under the search's metric.
+    public let distance: Float
+
+    /// A hit.
+    public init(id: Int64, distance: Float) {
+        self.id = id
+        self.distance = distance
+    }
+
+    /// Nearer first; equal distances by id, so a search has one answer.
+    static func before(_ a: VectorHit, _ b: VectorHit) -> Bool {
+        a.distance != b.distance ? a.distance < b.distance : a.id < b.id
+    }
+}
+
+/// Vectors of one dimension held in one contiguous block, with each row's squared norm, for exact search: every
+/// row's inner product with the query (SIMD), turned into the metric's distance, the k nearest kept in a heap.
+///
+/// Rows are keyed by an id (the store's document row id); a removed row's place takes the last row. Not thread-safe:
+/// its owner serialises access.
+public struct VectorMatrix: Sendable {
+    /// Components per row.
+    public let dimensions: Int
+    private var values: [Float] = []
+    private var squaredNorms: [Float] = []
+    private var ids: [Int64] = []
+    private var slots: [Int64: Int] = [:]
+
+    /// An empty matrix of rows of `dimensions` components.
+    public init(dimensions: Int) {
+        precondition(dimensions > 0)
+        self.dimensions = dimensions
+    }
+
+    /// Rows held.
+    public var count: Int { ids.count }
+
+    /// Bytes the rows, norms and ids take (not counting the id map's table).
+    public var bytes: Int { values.capacity * 4 + squaredNorms.capacity * 4 + ids.capacity * 8 }
+
+    /// Adds row `id` or replaces its vector; a vector of another dimension removes the row instead (it cannot be
+    /// searched here).
+    public mutating func set(_ id: Int64, _ vector: [Float]) {
+        guard vector.count == dimensions else { return remove(id) }
+        let norm = Self.dot(vector, vector)
+        if let slot = slots[id] {
+            values.replaceSubrange(slot * dimensions..<(slot + 1) * dimensions, with: vector)
+            squaredNorms[slot] = norm
+        } else {
+            slots[id] = ids.count
+            ids.append(id)
+            values.append(contentsOf: vector)
+            squaredNorms.append(norm)
+        }
+    }
+
+    /// Removes row `id` (nothing when it is not held).
+    public mutating func remove(_ id: Int64) {
+        guard let slot = slots.removeValue(forKey: id) else { return }
+        let last = ids.count - 1
+        if slot != last {
+            let moved = ids[last]
+            ids[slot] = moved
+            slots[moved] = slot
+            squaredNorms[slot] = squaredNorms[last]
+            values.withUnsafeMutableBufferPointer { v in
+                for j in 0..<dimensions { v[slot * dimensions + j] = v[last * dimensions + j] }
+            }
+        }
+        ids.removeLast()
+        squaredNorms.removeLast()
+        values.removeLast(dimensions)
+    }
+
+    /// The vector of row `id`, if held.
+    public func vector(_ id: Int64) -> [Float]? {
+        slots[id].map { Array(values[$0 * dimensions..<($0 + 1) * dimensions]) }
+    }
+
+    /// The `k` rows nearest to `query` under `metric`, nearest first, among those `admits` lets through (all when
+    /// nil). A query of another dimension finds nothing.
+    public func nearest(
+        to query: [Float], k: Int, metric: VectorMetric, admits: ((Int64) -> Bool)? = nil
+    ) -> [VectorHit] {
+        guard query.count == dimensions, k > 0, !ids.isEmpty else { return [] }
+        let queryNorm = Self.dot(query, query)
+        var heap = NearestHeap(k: k)
+        let d = dimensions
+        values.withUnsafeBufferPointer { v in
+            query.withUnsafeBufferPointer { q in
+                for slot in 0..<ids.count {
+                    let id = ids[slot]
+                    if let admits, !admits(id) { continue }
+                    let dot = Self.dot(v.baseAddress! + slot * d, q.baseAddress!, d)
+                    heap.offer(VectorHit(id: id, distance: Self.distance(dot, squaredNorms[slot], queryNorm, metric)))
+                }
+            }
+        }
+        return heap.sorted()
+    }
+
+    /// The distance under `metric` of two vectors from their inner product and squared norms.
+    @inline(__always)
+    static func distance(_ dot: Float, _ a: Float, _ b: Float, _ metric: VectorMetric) -> Float {
+        switch metric {
+        case .ip: return -dot
+        case .l2: return max(0, a + b - 2 * dot).squareRoot()
+        case .cosine:
+            let denominator = (a * b).squareRoot()
+            return denominator > 0 ? 1 - dot / denominator : 1
+        }
+    }
+
+    /// The distance under `metric` between `a` and `b` (same length), computed directly: the reference the tests
+    /// check searches against.
+    public static func distance(_ a: [Float], _ b: [Float], _ metric: VectorMetric) -> Float {
+        distance(dot(a, b), dot(a, a), dot(b, b), metric)
+    }
+
+    /// The inner product of `a` and `b` (same length).
+    public static func dot(_ a: [Float], _ b: [Float]) -> Float {
+        a.withUnsafeBufferPointer { x in b.withUnsafeBufferPointer { y in dot(x.baseAddress!, y.baseAddress!, min(a.count, b.count)) } }
+    }
+
+    /// The inner product of `n` floats at `a` and `b`: four 8-wide accumulators, then the tail.
+    @inline(__always)
+    static func dot(_ a: UnsafePointer<Float>, _ b: UnsafePointer<Float>, _ n: Int) -> Float {
+        var s0 = SIMD8<Float>(), s1 = SIMD8<Float>(), s2 = SIMD8<Float>(), s3 = SIMD8<Float>()
+        var i = 0
+        let ra = UnsafeRawPointer(a), rb = UnsafeRawPointer(b)
+        while i + 32 <= n {
+            s0 += ra.loadUnaligned(fromByteOffset: i * 4, as: SIMD8<Float>.self) * rb.loadUnaligned(fromByteOffset: i * 4, as: SIMD8<Float>.self)
+            s1 += ra.loadUnaligned(fromByteOffset: i * 4 + 32, as: SIMD8<Float>.self)
+                * rb.loadUnaligned(fromByteOffset: i * 4 + 32, as: SIMD8<Float>.self)
+            s2 += ra.loadUnaligned(fromByteOffset: i * 4 + 64, as: SIMD8<Float>.self)
+                * rb.loadUnaligned(fromByteOffset: i * 4 + 64, as: SIMD8<Float>.self)
+            s3 += ra.loadUnaligned(fromByteOffset: i * 4 + 96, as: SIMD8<Float>.self)
+                * rb.loadUnaligned(fromByteOffset: i * 4 + 96, as: SIMD8<Float>.self)
+            i += 32
+        }
+        while i + 8 <= n {
+            s0 += ra.loadUnaligned(fromByteOffset: i * 4, as: SIMD8<Float>.self) * rb.loadUnaligned(fromByteOffset: i * 4, as: SIMD8<Float>.self)
+            i += 8
+        }
+        var sum = ((s0 + s1) + (s2 + s3)).sum()
+        while i < n {
+            sum += a[i] * b[i]
+            i += 1
+        }
+        return sum
+    }
+}
+
+/// The `k` nearest hits offered so far: a max-heap on (distance, id), its root the farthest kept.
+struct NearestHeap {
+    let k: Int
+    private(set) var items: [VectorHit] = []
+
+    init(k: Int) {
+        self.k = k
+        items.reserveCapacity(min(k, 4096))
+    }
+
+    /// The farthest kept hit's distance once `k` are kept (a candidate must beat it), else infinity.
+    var bound: Float { items.count < k ? .infinity : items[0].distance }
+
+    /// Keeps `hit` if it is among the `k` nearest so far.
+    mutating func offer(_ hit: VectorHit) {
+        if items.count < k {
+            items.append(hit)
+            var c = items.count - 1
+            while c > 0 {
+                let p = (c - 1) / 2
+                guard VectorHit.before(items[p], items[c]) else { break }
+                items.swapAt(p, c)
+                c = p
+            }
+            return
+        }
+        guard VectorHit.before(hit, items[0]) else { return }
+        items[0] = hit
+        var p = 0
+        while true {
+            let l = 2 * p + 1, r = l + 1
+            var m = p
+            if l < items.count, VectorHit.before(items[m], items[l]) { m = l }
+            if r < items.count, VectorHit.before(items[m], items[r]) { m = r }
+            if m == p { break }
+            items.swapAt(p, m)
+            p = m
+        }
+    }
+
+    /// The kept hits, nearest first.
+    func sorted() -> [VectorHit] { items.sorted(by: VectorHit.before) }
+}

@@ -1,0 +1,164 @@
+import BlazeCRDT
+import BlazeProtocol
+import BlazeTestSupport
+import BlazeVector
+import Foundation
+import GRDB
+import Testing
+
+@testable import BlazeStore
+
+/// Vector fields in the store: written in either form and stored as base64 float32, indexed by triggers in the write's
+/// transaction, searched exactly (with and without an index, with a filter), and rebuilt from the documents whatever
+/// path changed them: local writes, remote changes, a snapshot, a restore.
+@Suite struct VectorStoreTests {
+    /// `n` random vectors of `d` components, from `seed`.
+    static func vectors(_ n: Int, _ d: Int, seed: UInt64) -> [[Float]] {
+        var rng = SeededRandom(seed: seed)
+        return (0..<n).map { _ in (0..<d).map { _ in Float.random(in: -1...1, using: &rng) } }
+    }
+
+    /// The ids of the `k` nearest of `docs` to `q` by brute force (ties by row order, as the index breaks them by row id).
+    static func reference(_ docs: [(id: String, v: [Float])], _ q: [Float], k: Int, _ metric: VectorMetric) -> [String] {
+        let scored: [(i: Int, id: String, d: Float)] = docs.enumerated().map { item in
+            (item.offset, item.element.id, VectorMatrix.distance(item.element.v, q, metric))
+        }
+        let sorted = scored.sorted { x, y in x.d != y.d ? x.d < y.d : x.i < y.i }
+        return sorted.prefix(k).map(\.id)
+    }
+
+    func ids(_ r: NearestResult) -> [String] { r.hits.compactMap { $0.doc["_id"]?.stringValue } }
+
+    @Test func vectorsAreStoredAsBase64AndAnIndexAnswersAsBruteForce() throws {
+        let t = try TempStore()
+        let db = try t.store.create("v")
+        _ = try db.write { try $0.createIndex(collection: "p", fields: ["emb"], name: "byEmb", vector: IndexVector(dimensions: 8, metric: "l2")) }
+        let vs = Self.vectors(300, 8, seed: 1)
+        var docs: [(id: String, v: [Float])] = []
+        for (i, v) in vs.enumerated() {
+            let id = "d\(i)"
+            // Half given as numbers, half as base64: stored the same.
+            let given: JSONValue = i % 2 == 0 ? .array(v.map { .double(Double($0)) }) : .string(VectorValue.encode(v))
+            _ = try db.apply(.put(collection: "p", id: id, doc: ["emb": ["$vector": given], "n": .int(Int64(i))]))
+            docs.append((id, v))
+        }
+        let stored = try db.get(collection: "p", id: "d0")
+        #expect(stored["emb"] == VectorValue.stored(vs[0]))
+        let q = Self.vectors(1, 8, seed: 2)[0]
+        for metric in VectorMetric.allCases {
+            let r = try db.nearest(NearestQuery(collection: "p", field: try FieldPath("emb"), vector: q, k: 10, metric: metric))
+            #expect(r.index == "byEmb" && r.metric == metric)
+            #expect(ids(r) == Self.reference(docs, q, k: 10, metric), "\(metric)")
+        }
+        // Updated, deleted, given no vector: the index follows at the next search.
+        _ = try db.apply(.patch(collection: "p", id: "d1", set: ["emb": ["$vector": .array(q.map { .double(Double($0)) })]]))
+        _ = try db.apply(.delete(collection: "p", id: "d2"))
+        _ = try db.apply(.patch(collection: "p", id: "d3", unset: ["emb"]))
+        docs[1].v = q
+        docs.removeAll { $0.id == "d2" || $0.id == "d3" }
+        let r = try db.nearest(NearestQuery(collection: "p", field: try FieldPath("emb"), vector: q, k: 10))
+        #expect(r.metric == .l2 && ids(r) == Self.reference(docs, q, k: 10, .l2) && ids(r).first == "d1")
+        #expect(r.hits.first?.distance == 0)
+        // A filter is applied first: a selective one still gets k results (here: n < 40, even).
+        let filter = try Filter.parse(["n": ["$lt": 40]] as JSONValue)
+        let filtered = try db.nearest(NearestQuery(collection: "p", field: try FieldPath("emb"), vector: q, k: 10, filter: filter))
+        let admitted = docs.filter { Int($0.id.dropFirst())! < 40 }
+        #expect(ids(filtered) == Self.reference(admitted, q, k: 10, .l2))
+        // Without an index, the documents are scanned: the same answer.
+        _ = try db.write { try $0.dropIndex(name: "byEmb") }
+        let scanned = try db.nearest(NearestQuery(collection: "p", field: try FieldPath("emb"), vector: q, k: 10, metric: .l2))
+        #expect(scanned.index == nil && ids(scanned) == ids(r))
+        #expect(try db.read { try Int.fetchOne($0, sql: "SELECT count(*) FROM vector_rows") } == 0)
+    }
+
+    @Test func badVectorsAreRefusedAtTheBoundary() throws {
+        let t = try TempStore()
+        let db = try t.store.create("v")
+        let bad: [(JSONValue, String)] = [
+            (["$vector": []], "1 to 4096"),
+            (["$vector": .array([1, "x"])], "component 1"),
+            (["$vector": .array([1, .double(1e39)])], "float32"),
+            (["$vector": "AAAA"], "base64"),  // 3 bytes: not whole float32s
+            (["$vector": "AACAfw=="], "base64"),  // +Inf
+            (["$vector": .array([1, 2]), "other": 1], "no other members"),
+            (["$vector": 5], "array of numbers or a base64 string"),
+            (["$vector": .array(Array(repeating: 1, count: 4097))], "1 to 4096"),
+        ]
+        for (value, message) in bad {
+            #expect {
+                _ = try db.apply(.put(collection: "p", id: "x", doc: ["a": ["b": value]]))
+            } throws: { error in
+                guard let e = error as? StoreError else { return false }
+                return e.kind == "invalid_vector" && e.message.contains(message) && e.message.hasPrefix("a.b: ")
+            }
+        }
+        #expect(throws: StoreError.self) {
+            _ = try db.write { try $0.createIndex(collection: "p", fields: ["a", "b"], name: nil, vector: IndexVector(dimensions: 4, metric: "l2")) }
+        }
+        #expect(throws: StoreError.self) {
+            _ = try db.write { try $0.createIndex(collection: "p", fields: ["a"], name: nil, vector: IndexVector(dimensions: 4, metric: "hamming")) }
+        }
+        #expect(throws: StoreError.self) {
+            _ = try db.write { try $0.createIndex(collection: "p", fields: ["a"], name: nil, vector: IndexVector(dimensions: 5000, metric: "l2")) }
+        }
+        _ = try db.write { try $0.createIndex(collection: "p", fields: ["a"], name: "a", vector: IndexVector(dimensions: 4, metric: "l2")) }
+        #expect {
+            _ = try db.nearest(NearestQuery(collection: "p", field: try FieldPath("a"), vector: [1, 2, 3], k: 1))
+        } throws: { ($0 as? StoreError)?.kind == "invalid_vector" }
+        for k in [0, 10_001] {
+            #expect {
+                _ = try db.nearest(NearestQuery(collection: "p", field: try FieldPath("a"), vector: [1, 2, 3, 4], k: k))
+            } throws: { ($0 as? StoreError)?.kind == "limit_out_of_range" }
+        }
+        // A document whose vector has other dimensions is stored and not indexed; a malformed one from elsewhere too.
+        _ = try db.apply(.put(collection: "p", id: "short", doc: ["a": ["$vector": [1, 2]]]))
+        _ = try db.apply(.put(collection: "p", id: "ok", doc: ["a": ["$vector": [1, 2, 3, 4]]]))
+        let r = try db.nearest(NearestQuery(collection: "p", field: try FieldPath("a"), vector: [1, 2, 3, 4], k: 5))
+        #expect(ids(r) == ["ok"])
+    }
+
+    @Test func remoteChangesSnapshotsAndRestoresKeepTheIndex() throws {
+        let r = try StoreReplicas(2)
+        let (a, b) = (r.dbs[0], r.dbs[1])
+        _ = try a.write { try $0.createIndex(collection: "p", fields: ["e"], name: "e", vector: IndexVector(dimensions: 4, metric: "cosine")) }
+        let vs = Self.vectors(50, 4, seed: 3)
+        for (i, v) in vs.enumerated() {
+            _ = try a.apply(.put(collection: "p", id: "d\(i)", doc: ["e": ["$vector": .array(v.map { .double(Double($0)) })]]))
+        }
+        try r.send(0, 1)
+        let q = vs[7]
+        let onA = try a.nearest(NearestQuery(collection: "p", field: try FieldPath("e"), vector: q, k: 5))
+        let onB = try b.nearest(NearestQuery(collection: "p", field: try FieldPath("e"), vector: q, k: 5))
+        #expect(onB.index == "e" && ids(onB) == ids(onA) && ids(onA).first == "d7")
+        // Concurrent writes of one vector: both replicas converge on one value, with the other listed as a conflict.
+        _ = try a.apply(.patch(collection: "p", id: "d7", set: ["e": ["$vector": [1, 0, 0, 0]]]))
+        _ = try b.apply(.patch(collection: "p", id: "d7", set: ["e": ["$vector": [0, 1, 0, 0]]]))
+        try r.syncAll()
+        let winner = try a.get(collection: "p", id: "d7")["e"]
+        #expect(try b.get(collection: "p", id: "d7")["e"] == winner)
+        let conflicted = try a.conflicts(collection: "p").contains { $0.id == "d7" }
+        #expect(conflicted)
+        let wq = VectorValue.storedComponents(winner!)!
+        #expect(ids(try a.nearest(NearestQuery(collection: "p", field: try FieldPath("e"), vector: wq, k: 1))) == ["d7"])
+        #expect(ids(try b.nearest(NearestQuery(collection: "p", field: try FieldPath("e"), vector: wq, k: 1))) == ["d7"])
+
+        // A replica joining from a snapshot builds the index from the snapshot's documents and definition.
+        var parts: [[UInt8]] = []
+        let heads = try a.exportSnapshot(partBytes: 4096) { parts.append($0) }
+        let joiner = try TempStore()
+        let c = try joiner.store.create("r")
+        var next = parts.makeIterator()
+        _ = try c.installSnapshot(heads: heads, parts: { next.next() }, openEntry: { _ in throw StoreError.invalid("x", "no entries") })
+        let onC = try c.nearest(NearestQuery(collection: "p", field: try FieldPath("e"), vector: wq, k: 3))
+        let onA3 = try a.nearest(NearestQuery(collection: "p", field: try FieldPath("e"), vector: wq, k: 3))
+        #expect(onC.index == "e" && ids(onC) == ids(onA3))
+
+        // A restored backup builds the index again from the documents, whatever rows the file held.
+        let backup = r.stores[0].dir + "/v.backup"
+        _ = try a.backup(to: backup)
+        let restored = try r.stores[0].store.restore(from: backup, as: "copy")
+        let onCopy = try restored.nearest(NearestQuery(collection: "p", field: try FieldPath("e"), vector: q, k: 5))
+        let onOriginal = try a.nearest(NearestQuery(collection: "p", field: try FieldPath("e"), vector: q, k: 5))
+        #expect(onCopy.index == "e" && ids(onCopy) == ids(onOriginal))
+    }
+}

@@ -1,0 +1,79 @@
+import BlazeProtocol
+import BlazeTestSupport
+import Testing
+
+@testable import BlazeVector
+
+/// The vector value's text forms and the exact search's kernel, against plain arithmetic.
+@Suite struct VectorValueTests {
+    @Test func base64RoundTripsAndRefusesAnythingNotCanonical() throws {
+        var rng = SeededRandom(seed: testSeed("vector-base64"))
+        for n in [1, 2, 3, 5, 8, 100, 768, 4096] {
+            let v = (0..<n).map { _ in Float.random(in: -1e6...1e6, using: &rng) }
+            let text = VectorValue.encode(v)
+            #expect(VectorValue.decode(text) == v)
+            // Foundation-free base64 is the standard one: 4 characters per 3 bytes, padded.
+            #expect(text.utf8.count == (n * 4 + 2) / 3 * 4)
+        }
+        #expect(VectorValue.encode([1]) == "AACAPw==")
+        #expect(VectorValue.decode("AACAPw==") == [1])
+        for bad in ["", "AACAPw=", "AACAPw", "AACAPx==", "AACA Pw==", "AACAP===", "=AACAPw=", "AACAPw==AACAPw==", "AAC*Pw==", "AACAfw=="] {
+            #expect(VectorValue.decode(bad) == nil, "\(bad)")
+        }
+        #expect(VectorValue.decode(VectorValue.encode([Float](repeating: 1, count: 4097))) == nil)
+    }
+
+    @Test func valuesAreNormalizedAndExpanded() throws {
+        let given: JSONValue = ["a": ["$vector": [0.1, 2, -3.5]], "b": .array([["$vector": "AACAPw=="], 4]), "c": "x"]
+        let stored = try VectorValue.normalized(given)
+        #expect(stored["a"] == VectorValue.stored([0.1, 2, -3.5]))
+        #expect(stored["b"]?.arrayValue?.first == VectorValue.stored([1]))
+        #expect(VectorValue.expanded(stored) == ["a": ["$vector": [0.1, 2, -3.5]], "b": .array([["$vector": [1]], 4]), "c": "x"])
+        #expect(VectorValue.occurs(in: given) && !VectorValue.occurs(in: ["a": [1, 2], "b": ["c": "d"]]))
+        // Malformed stored values (from another replica) are left as they are.
+        #expect(VectorValue.expanded(["$vector": "nope"]) == ["$vector": "nope"])
+    }
+
+    @Test func exactSearchMatchesArithmeticForEveryMetric() throws {
+        var rng = SeededRandom(seed: testSeed("vector-search"))
+        for d in [1, 7, 8, 31, 32, 33, 100] {
+            var m = VectorMatrix(dimensions: d)
+            var rows: [Int64: [Float]] = [:]
+            for id in 0..<Int64(200) {
+                let v = (0..<d).map { _ in Float.random(in: -1...1, using: &rng) }
+                m.set(id, v)
+                rows[id] = v
+            }
+            for id in stride(from: Int64(0), to: 200, by: 3) {
+                m.remove(id)
+                rows[id] = nil
+            }
+            m.set(1, rows[1]!.map { $0 * 2 })
+            rows[1] = rows[1]!.map { $0 * 2 }
+            #expect(m.count == rows.count)
+            let q = (0..<d).map { _ in Float.random(in: -1...1, using: &rng) }
+            for metric in VectorMetric.allCases {
+                let got = m.nearest(to: q, k: 10, metric: metric)
+                func plain(_ v: [Float]) -> Double {
+                    let dot = zip(v, q).reduce(0.0) { $0 + Double($1.0) * Double($1.1) }
+                    let nv = v.reduce(0.0) { $0 + Double($1) * Double($1) }, nq = q.reduce(0.0) { $0 + Double($1) * Double($1) }
+                    switch metric {
+                    case .ip: return -dot
+                    case .l2: return zip(v, q).reduce(0.0) { $0 + Double($1.0 - $1.1) * Double($1.0 - $1.1) }.squareRoot()
+                    case .cosine: return 1 - dot / (nv * nq).squareRoot()
+                    }
+                }
+                let expected = rows.map { (id: $0.key, d: plain($0.value)) }.sorted { $0.d < $1.d }
+                #expect(got.count == 10)
+                for (hit, want) in zip(got, expected.prefix(10)) {
+                    #expect(abs(Double(hit.distance) - want.d) < 1e-4 * max(1, abs(want.d)), "d=\(d) \(metric)")
+                }
+                // The tenth nearest's distance bounds every row left out.
+                let bound = Double(got.last!.distance)
+                #expect(expected.dropFirst(10).allSatisfy { $0.d >= bound - 1e-4 })
+            }
+            #expect(m.nearest(to: q, k: 5, metric: .l2, admits: { $0 % 2 == 0 }).allSatisfy { $0.id % 2 == 0 })
+            #expect(m.nearest(to: [1], k: 5, metric: .l2).isEmpty == (d != 1))
+        }
+    }
+}
