@@ -11,7 +11,7 @@ export type Filter = Record<string, unknown>;
 export type Sort = string | Array<string>;
 export type FieldList = Array<string>;
 export type VersionVector = Record<string, number>;
-export type IndexInfo = { "name": IndexName; "collection": CollectionName; "fields": Array<string> };
+export type IndexInfo = { "name": IndexName; "collection": CollectionName; "fields": Array<string>; "vector"?: VectorIndexSpec };
 export type Write = { "value"?: unknown; "unset": boolean; "origin": NodeId; "seq": number; "hlc": number; "time": number };
 export type Conflict = { "collection": CollectionName; "id": DocumentId; "field": string; "value"?: unknown; "present": boolean; "winner"?: Write; "losers": Array<Write> };
 export type TxOp = { "op": "insert" | "put" | "patch" | "delete"; "collection": CollectionName; [key: string]: unknown };
@@ -34,6 +34,9 @@ export type BlobInfo = { "id": BlobId; "size": number; "type": string };
 export type BlobPutResult = { "blob": BlobInfo; "ref": Record<string, unknown>; "chunks": number; "storedBytes": number };
 export type BlobProgress = { "blob": BlobId; "state": "fetching" | "held" | "partial" | "failed"; "size": number; "chunks": number; "heldChunks": number; "heldBytes": number; "error"?: { "kind": string; "message": string } };
 export type BlobPolicy = { "eager": Array<string>; "maxBytes": number | null };
+export type VectorIndexSpec = { "dimensions": number; "metric": VectorMetric };
+export type VectorMetric = "cosine" | "l2" | "ip";
+export type VectorInput = Array<number> | string;
 
 /** Parameters of `rpc.discover`: Returns this OpenRPC document. */
 export type RpcDiscoverParams = Record<string, never>;
@@ -116,7 +119,7 @@ export interface DocInsertParams { "db": DatabaseName; "collection": CollectionN
 /** Result of `doc.insert`. */
 export type DocInsertResult = { "id": DocumentId };
 /** Parameters of `doc.get`: Fetches one document by id, now or as it was (at, atTime). */
-export interface DocGetParams { "db": DatabaseName; "collection": CollectionName; "id": DocumentId; "fields"?: FieldList; "at"?: number; "atTime"?: number }
+export interface DocGetParams { "db": DatabaseName; "collection": CollectionName; "id": DocumentId; "fields"?: FieldList; "at"?: number; "atTime"?: number; "vectors"?: string }
 /** Result of `doc.get`. */
 export type DocGetResult = { "doc": Document };
 /** Parameters of `doc.getMany`: Fetches documents by id, in order; missing ones are null. */
@@ -146,9 +149,13 @@ export interface TxCommitParams { "db": DatabaseName; "ops": Array<TxOp> }
 export type TxCommitResult = { "results": Array<{ "id": DocumentId; "created"?: boolean }> };
 
 /** Parameters of `query.find`: Finds documents matching a filter, sorted, one page at a time. */
-export interface QueryFindParams { "db": DatabaseName; "collection": CollectionName; "where"?: Filter; "sort"?: Sort; "limit"?: number; "cursor"?: string; "fields"?: FieldList }
+export interface QueryFindParams { "db": DatabaseName; "collection": CollectionName; "where"?: Filter; "sort"?: Sort; "limit"?: number; "cursor"?: string; "fields"?: FieldList; "vectors"?: string }
 /** Result of `query.find`. */
 export type QueryFindResult = { "docs": Array<Document>; "cursor": string | null };
+/** Parameters of `query.nearest`: Finds the k documents whose vectors at a field are nearest to a vector, optionally among those matching a filter. */
+export interface QueryNearestParams { "db": DatabaseName; "collection": CollectionName; "field": string; "vector": VectorInput; "k": number; "where"?: Filter; "fields"?: FieldList; "metric"?: string; "vectors"?: string }
+/** Result of `query.nearest`. */
+export type QueryNearestResult = { "results": Array<{ "doc": Document; "distance": number }>; "metric": VectorMetric; "index": string | null };
 /** Parameters of `query.count`: Counts documents matching a filter. */
 export interface QueryCountParams { "db": DatabaseName; "collection": CollectionName; "where"?: Filter }
 /** Result of `query.count`. */
@@ -170,8 +177,8 @@ export interface QueryUpdateParams { "db": DatabaseName; "collection": Collectio
 /** Result of `query.update`. */
 export type QueryUpdateResult = { "count": number; "ids"?: Array<DocumentId> };
 
-/** Parameters of `index.create`: Creates an index on one or more fields of a collection; replicated. */
-export interface IndexCreateParams { "db": DatabaseName; "collection": CollectionName; "fields": Array<string>; "name"?: IndexName }
+/** Parameters of `index.create`: Creates an index on one or more fields of a collection, or a vector index on one field; replicated. */
+export interface IndexCreateParams { "db": DatabaseName; "collection": CollectionName; "fields": Array<string>; "name"?: IndexName; "vector"?: VectorIndexSpec }
 /** Result of `index.create`. */
 export type IndexCreateResult = IndexInfo;
 /** Parameters of `index.drop`: Drops an index by name; replicated. */
@@ -321,7 +328,7 @@ export declare class BlazeClient {
   readonly collection: { list(params: CollectionListParams): Promise<CollectionListResult>; drop(params: CollectionDropParams): Promise<CollectionDropResult> };
   readonly doc: { insert(params: DocInsertParams): Promise<DocInsertResult>; get(params: DocGetParams): Promise<DocGetResult>; getMany(params: DocGetManyParams): Promise<DocGetManyResult>; history(params: DocHistoryParams): Promise<DocHistoryResult>; put(params: DocPutParams): Promise<DocPutResult>; patch(params: DocPatchParams): Promise<DocPatchResult>; delete(params: DocDeleteParams): Promise<DocDeleteResult> };
   readonly tx: { commit(params: TxCommitParams): Promise<TxCommitResult> };
-  readonly query: { find(params: QueryFindParams): Promise<QueryFindResult>; count(params: QueryCountParams): Promise<QueryCountResult>; explain(params: QueryExplainParams): Promise<QueryExplainResult>; aggregate(params: QueryAggregateParams): Promise<QueryAggregateResult>; delete(params: QueryDeleteParams): Promise<QueryDeleteResult>; update(params: QueryUpdateParams): Promise<QueryUpdateResult> };
+  readonly query: { find(params: QueryFindParams): Promise<QueryFindResult>; nearest(params: QueryNearestParams): Promise<QueryNearestResult>; count(params: QueryCountParams): Promise<QueryCountResult>; explain(params: QueryExplainParams): Promise<QueryExplainResult>; aggregate(params: QueryAggregateParams): Promise<QueryAggregateResult>; delete(params: QueryDeleteParams): Promise<QueryDeleteResult>; update(params: QueryUpdateParams): Promise<QueryUpdateResult> };
   readonly index: { create(params: IndexCreateParams): Promise<IndexCreateResult>; drop(params: IndexDropParams): Promise<IndexDropResult>; list(params: IndexListParams): Promise<IndexListResult> };
   readonly conflict: { list(params: ConflictListParams): Promise<ConflictListResult>; resolve(params: ConflictResolveParams): Promise<ConflictResolveResult> };
   readonly blob: { put(params: BlobPutParams): Promise<BlobPutResult>; upload(params: BlobUploadParams): Promise<BlobUploadResult>; append(params: BlobAppendParams): Promise<BlobAppendResult>; finish(params: BlobFinishParams): Promise<BlobFinishResult>; abort(params: BlobAbortParams): Promise<BlobAbortResult>; gc(params: BlobGcParams): Promise<BlobGcResult>; read(params: BlobReadParams): Promise<BlobReadResult>; get(params: BlobGetParams): Promise<BlobGetResult>; stat(params: BlobStatParams): Promise<BlobStatResult>; pin(params: BlobPinParams): Promise<BlobPinResult>; unpin(params: BlobUnpinParams): Promise<BlobUnpinResult>; policy(params: BlobPolicyParams): Promise<BlobPolicyResult>; list(params: BlobListParams): Promise<BlobListResult> };

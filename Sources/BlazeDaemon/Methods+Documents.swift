@@ -1,5 +1,6 @@
 import BlazeProtocol
 import BlazeStore
+import BlazeVector
 
 /// Documents: reads by id, writes and transactions.
 extension Methods {
@@ -19,7 +20,11 @@ extension Methods {
             guard (p.at ?? 0) >= 0, (p.atTime ?? 0) >= 0 else { throw RPCError.invalidParams("at and atTime are ≥ 0") }
             let seq = try p.at.map(Int64.init) ?? db.feedSequence(atTime: Int64(p.atTime!))
             let doc = try db.get(collection: p.collection, id: p.id, at: seq, fields: try projection(p.fields))
-            return RPC.DocGet.encode(.init(doc: doc)).jsonBytes
+            return RPC.DocGet.encode(.init(doc: try expandsVectors(p.vectors) ? VectorValue.expanded(doc) : doc)).jsonBytes
+        }
+        if try expandsVectors(p.vectors) {
+            let doc = try db.get(collection: p.collection, id: p.id, fields: try projection(p.fields))
+            return RPC.DocGet.encode(.init(doc: VectorValue.expanded(doc))).jsonBytes
         }
         if let fields = try projection(p.fields) {
             return RPC.DocGet.encode(.init(doc: try db.get(collection: p.collection, id: p.id, fields: fields))).jsonBytes

@@ -1,6 +1,7 @@
 import BlazeCRDT
 import BlazeProtocol
 import BlazeStore
+import BlazeVector
 
 /// Queries, indexes and conflicts.
 extension Methods {
@@ -23,6 +24,12 @@ extension Methods {
     static let queryFind = MethodHandler(text: RPC.QueryFind.self, inline: false, budgeted: true) { p, ctx in
         let q = try findQuery(
             collection: p.collection, where: p.where, sort: p.sort, limit: p.limit, cursor: p.cursor, fields: p.fields, ctx: ctx)
+        if try expandsVectors(p.vectors) {
+            let r = try ctx.database(p.db).find(q, budget: ctx.readBudget)
+            return JSONValue.object([
+                "docs": .array(r.docs.map(VectorValue.expanded)), "cursor": r.cursor.map(JSONValue.string) ?? .null,
+            ]).jsonBytes
+        }
         return try ctx.database(p.db).findResultText(q, budget: ctx.readBudget)
     }
 
@@ -70,12 +77,17 @@ extension Methods {
     // MARK: indexes
 
     static func indexInfo(_ info: IndexInfo) -> RPCSchema.IndexInfo {
-        .init(name: info.name, collection: info.collection, fields: info.fields)
+        .init(
+            name: info.name, collection: info.collection, fields: info.fields,
+            vector: info.vector.flatMap { v in
+                RPCSchema.VectorIndexSpec.Metric(rawValue: v.metric).map { .init(dimensions: v.dimensions, metric: $0) }
+            })
     }
 
     static let indexCreate = MethodHandler(RPC.IndexCreate.self) { p, ctx in
+        let vector = p.vector.map { IndexVector(dimensions: $0.dimensions, metric: $0.metric.rawValue) }
         let info = try ctx.database(p.db).write { tx in
-            try tx.createIndex(collection: p.collection, fields: p.fields, name: p.name)
+            try tx.createIndex(collection: p.collection, fields: p.fields, name: p.name, vector: vector)
         }
         return indexInfo(info)
     }

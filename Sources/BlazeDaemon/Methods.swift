@@ -29,6 +29,7 @@ enum Methods {
         case .docDelete: return docDelete
         case .txCommit: return txCommit
         case .queryFind: return queryFind
+        case .queryNearest: return queryNearest
         case .queryCount: return queryCount
         case .queryExplain: return queryExplain
         case .queryAggregate: return queryAggregate

@@ -25,6 +25,7 @@ from ._types import (
     DocDeleteResult,
     TxCommitResult,
     QueryFindResult,
+    QueryNearestResult,
     QueryCountResult,
     QueryExplainResult,
     QueryAggregateResult,
@@ -68,7 +69,7 @@ from ._types import (
 )
 from ._types import *  # noqa: F401,F403 (the result types, for users)
 
-__all__ = ["Client", "Subscription", "BlazeError", "default_socket_path", "ParseError", "InvalidRequestError", "MethodNotFoundError", "InvalidParamsError", "InternalError", "NotFoundError", "ConflictError", "LimitExceededError", "UnavailableError", "SyncError", "RpcDiscoverResult", "DaemonInfoResult", "DaemonConfigResult", "DbCreateResult", "DbListResult", "DbInfoResult", "DbDropResult", "DbBackupResult", "DbRestoreResult", "DbCompactResult", "CollectionListResult", "CollectionDropResult", "DocInsertResult", "DocGetResult", "DocGetManyResult", "DocHistoryResult", "DocPutResult", "DocPatchResult", "DocDeleteResult", "TxCommitResult", "QueryFindResult", "QueryCountResult", "QueryExplainResult", "QueryAggregateResult", "QueryDeleteResult", "QueryUpdateResult", "IndexCreateResult", "IndexDropResult", "IndexListResult", "ConflictListResult", "ConflictResolveResult", "BlobPutResult", "BlobUploadResult", "BlobAppendResult", "BlobFinishResult", "BlobAbortResult", "BlobGcResult", "BlobReadResult", "BlobGetResult", "BlobStatResult", "BlobPinResult", "BlobUnpinResult", "BlobPolicyResult", "BlobListResult", "UnsubscribeResult", "DbShareResult", "DbJoinResult", "DbInviteResult", "DbMembersResult", "DbRevokeResult", "DbRelayCapabilityResult", "PeerAddResult", "PeerRemoveResult", "PeerListResult", "FolderAddResult", "FolderRemoveResult", "FolderListResult", "SyncStatusResult", "SyncNowResult", "SyncPauseResult", "SyncResumeResult"]
+__all__ = ["Client", "Subscription", "BlazeError", "default_socket_path", "ParseError", "InvalidRequestError", "MethodNotFoundError", "InvalidParamsError", "InternalError", "NotFoundError", "ConflictError", "LimitExceededError", "UnavailableError", "SyncError", "RpcDiscoverResult", "DaemonInfoResult", "DaemonConfigResult", "DbCreateResult", "DbListResult", "DbInfoResult", "DbDropResult", "DbBackupResult", "DbRestoreResult", "DbCompactResult", "CollectionListResult", "CollectionDropResult", "DocInsertResult", "DocGetResult", "DocGetManyResult", "DocHistoryResult", "DocPutResult", "DocPatchResult", "DocDeleteResult", "TxCommitResult", "QueryFindResult", "QueryNearestResult", "QueryCountResult", "QueryExplainResult", "QueryAggregateResult", "QueryDeleteResult", "QueryUpdateResult", "IndexCreateResult", "IndexDropResult", "IndexListResult", "ConflictListResult", "ConflictResolveResult", "BlobPutResult", "BlobUploadResult", "BlobAppendResult", "BlobFinishResult", "BlobAbortResult", "BlobGcResult", "BlobReadResult", "BlobGetResult", "BlobStatResult", "BlobPinResult", "BlobUnpinResult", "BlobPolicyResult", "BlobListResult", "UnsubscribeResult", "DbShareResult", "DbJoinResult", "DbInviteResult", "DbMembersResult", "DbRevokeResult", "DbRelayCapabilityResult", "PeerAddResult", "PeerRemoveResult", "PeerListResult", "FolderAddResult", "FolderRemoveResult", "FolderListResult", "SyncStatusResult", "SyncNowResult", "SyncPauseResult", "SyncResumeResult"]
 
 
 class ParseError(BlazeError):
@@ -351,7 +352,7 @@ class _Doc:
         params["doc"] = doc
         return cast(DocInsertResult, self._client.call("doc.insert", params))
 
-    def get(self, *, db: str, collection: str, id: str, fields: List[str] = MISSING, at: int = MISSING, at_time: int = MISSING) -> DocGetResult:
+    def get(self, *, db: str, collection: str, id: str, fields: List[str] = MISSING, at: int = MISSING, at_time: int = MISSING, vectors: str = MISSING) -> DocGetResult:
         """Fetches one document by id, now or as it was (at, atTime).
 
         db: Database name.
@@ -360,6 +361,7 @@ class _Doc:
         fields: Field paths to return (projection); _id is always returned.
         at: Read the document as it was after this feed sequence (see doc.history); history_expired when that is no longer kept.
         atTime: Read the document as it was at this Unix time in milliseconds (after the last change this device had applied by then).
+        vectors: How vector values ({"$vector": …}) are returned: "base64", as stored (the default), or "array" of numbers (each float32's shortest decimal text).
         """
         params: Dict[str, Any] = {}
         params["db"] = db
@@ -371,6 +373,8 @@ class _Doc:
             params["at"] = at
         if at_time is not MISSING:
             params["atTime"] = at_time
+        if vectors is not MISSING:
+            params["vectors"] = vectors
         return cast(DocGetResult, self._client.call("doc.get", params))
 
     def get_many(self, *, db: str, collection: str, ids: List[str], fields: List[str] = MISSING) -> DocGetManyResult:
@@ -490,7 +494,7 @@ class _Query:
     def __init__(self, client: "Client"):
         self._client = client
 
-    def find(self, *, db: str, collection: str, where: Dict[str, Any] = MISSING, sort: Union[str, List[str]] = MISSING, limit: int = MISSING, cursor: str = MISSING, fields: List[str] = MISSING) -> QueryFindResult:
+    def find(self, *, db: str, collection: str, where: Dict[str, Any] = MISSING, sort: Union[str, List[str]] = MISSING, limit: int = MISSING, cursor: str = MISSING, fields: List[str] = MISSING, vectors: str = MISSING) -> QueryFindResult:
         """Finds documents matching a filter, sorted, one page at a time.
 
         db: Database name.
@@ -500,6 +504,7 @@ class _Query:
         limit: Page size (default 100).
         cursor: Resume token from the previous page's result.
         fields: Field paths to return (projection); _id is always returned.
+        vectors: How vector values ({"$vector": …}) are returned: "base64", as stored (the default), or "array" of numbers (each float32's shortest decimal text).
         """
         params: Dict[str, Any] = {}
         params["db"] = db
@@ -514,7 +519,38 @@ class _Query:
             params["cursor"] = cursor
         if fields is not MISSING:
             params["fields"] = fields
+        if vectors is not MISSING:
+            params["vectors"] = vectors
         return cast(QueryFindResult, self._client.call("query.find", params))
+
+    def nearest(self, *, db: str, collection: str, field: str, vector: Any, k: int, where: Dict[str, Any] = MISSING, fields: List[str] = MISSING, metric: str = MISSING, vectors: str = MISSING) -> QueryNearestResult:
+        """Finds the k documents whose vectors at a field are nearest to a vector, optionally among those matching a filter.
+
+        db: Database name.
+        collection: Collection name.
+        field: Path of the field holding the vectors.
+        vector: The query vector.
+        k: How many documents to return.
+        where: Only documents matching this filter (Protocol/QUERIES.md) are candidates.
+        fields: Field paths to return (projection); _id is always returned.
+        metric: The metric (default: the field's vector index's, or cosine without one). One of cosine, l2, ip.
+        vectors: How vector values ({"$vector": …}) are returned: "base64", as stored (the default), or "array" of numbers (each float32's shortest decimal text).
+        """
+        params: Dict[str, Any] = {}
+        params["db"] = db
+        params["collection"] = collection
+        params["field"] = field
+        params["vector"] = vector
+        params["k"] = k
+        if where is not MISSING:
+            params["where"] = where
+        if fields is not MISSING:
+            params["fields"] = fields
+        if metric is not MISSING:
+            params["metric"] = metric
+        if vectors is not MISSING:
+            params["vectors"] = vectors
+        return cast(QueryNearestResult, self._client.call("query.nearest", params))
 
     def count(self, *, db: str, collection: str, where: Dict[str, Any] = MISSING) -> QueryCountResult:
         """Counts documents matching a filter.
@@ -632,13 +668,14 @@ class _Index:
     def __init__(self, client: "Client"):
         self._client = client
 
-    def create(self, *, db: str, collection: str, fields: List[str], name: str = MISSING) -> IndexCreateResult:
-        """Creates an index on one or more fields of a collection; replicated.
+    def create(self, *, db: str, collection: str, fields: List[str], name: str = MISSING, vector: Dict[str, Any] = MISSING) -> IndexCreateResult:
+        """Creates an index on one or more fields of a collection, or a vector index on one field; replicated.
 
         db: Database name.
         collection: Collection name.
         fields: Field paths to index, in order.
         name: Index name (default: collection.field...).
+        vector: Make it a vector index of vectors of these dimensions, searched by this metric (fields must name one field).
         """
         params: Dict[str, Any] = {}
         params["db"] = db
@@ -646,6 +683,8 @@ class _Index:
         params["fields"] = fields
         if name is not MISSING:
             params["name"] = name
+        if vector is not MISSING:
+            params["vector"] = vector
         return cast(IndexCreateResult, self._client.call("index.create", params))
 
     def drop(self, *, db: str, name: str) -> IndexDropResult:

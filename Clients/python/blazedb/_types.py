@@ -245,6 +245,20 @@ class QueryFindResult(TypedDict):
     cursor: Optional[str]
 
 
+class QueryNearestResultResultsItem(TypedDict):
+    doc: Dict[str, Any]
+    # The document's distance from the query vector under the metric.
+    distance: float
+
+
+class QueryNearestResult(TypedDict):
+    # Nearest first.
+    results: List[QueryNearestResultResultsItem]
+    metric: Literal['cosine', 'l2', 'ip']
+    # The vector index searched; null when the documents were read.
+    index: Optional[str]
+
+
 class QueryCountResult(TypedDict):
     count: int
 
@@ -288,10 +302,20 @@ class QueryUpdateResult(_QueryUpdateResultRequired, total=False):
     ids: List[str]
 
 
-class IndexCreateResult(TypedDict):
+class IndexCreateResultVector(TypedDict):
+    # Components of each vector: 1 to 4096.
+    dimensions: int
+    metric: Literal['cosine', 'l2', 'ip']
+
+
+class _IndexCreateResultRequired(TypedDict):
     name: str
     collection: str
     fields: List[str]
+
+
+class IndexCreateResult(_IndexCreateResultRequired, total=False):
+    vector: IndexCreateResultVector
 
 
 class IndexDropResult(TypedDict):
@@ -299,10 +323,20 @@ class IndexDropResult(TypedDict):
     dropped: Literal[True]
 
 
-class IndexListResultIndexesItem(TypedDict):
+class IndexListResultIndexesItemVector(TypedDict):
+    # Components of each vector: 1 to 4096.
+    dimensions: int
+    metric: Literal['cosine', 'l2', 'ip']
+
+
+class _IndexListResultIndexesItemRequired(TypedDict):
     name: str
     collection: str
     fields: List[str]
+
+
+class IndexListResultIndexesItem(_IndexListResultIndexesItemRequired, total=False):
+    vector: IndexListResultIndexesItemVector
 
 
 class IndexListResult(TypedDict):
@@ -708,4 +742,4 @@ class SyncResumeResult(TypedDict):
     paused: Literal[False]
 
 
-__all__ = ["RpcDiscoverResult", "DaemonInfoResult", "DaemonConfigResult", "DbCreateResult", "DbListResult", "DbInfoResult", "DbDropResult", "DbBackupResult", "DbRestoreResult", "DbCompactResult", "CollectionListResult", "CollectionDropResult", "DocInsertResult", "DocGetResult", "DocGetManyResult", "DocHistoryResult", "DocPutResult", "DocPatchResult", "DocDeleteResult", "TxCommitResult", "QueryFindResult", "QueryCountResult", "QueryExplainResult", "QueryAggregateResult", "QueryDeleteResult", "QueryUpdateResult", "IndexCreateResult", "IndexDropResult", "IndexListResult", "ConflictListResult", "ConflictResolveResult", "BlobPutResult", "BlobUploadResult", "BlobAppendResult", "BlobFinishResult", "BlobAbortResult", "BlobGcResult", "BlobReadResult", "BlobGetResult", "BlobStatResult", "BlobPinResult", "BlobUnpinResult", "BlobPolicyResult", "BlobListResult", "UnsubscribeResult", "DbShareResult", "DbJoinResult", "DbInviteResult", "DbMembersResult", "DbRevokeResult", "DbRelayCapabilityResult", "PeerAddResult", "PeerRemoveResult", "PeerListResult", "FolderAddResult", "FolderRemoveResult", "FolderListResult", "SyncStatusResult", "SyncNowResult", "SyncPauseResult", "SyncResumeResult"]
+__all__ = ["RpcDiscoverResult", "DaemonInfoResult", "DaemonConfigResult", "DbCreateResult", "DbListResult", "DbInfoResult", "DbDropResult", "DbBackupResult", "DbRestoreResult", "DbCompactResult", "CollectionListResult", "CollectionDropResult", "DocInsertResult", "DocGetResult", "DocGetManyResult", "DocHistoryResult", "DocPutResult", "DocPatchResult", "DocDeleteResult", "TxCommitResult", "QueryFindResult", "QueryNearestResult", "QueryCountResult", "QueryExplainResult", "QueryAggregateResult", "QueryDeleteResult", "QueryUpdateResult", "IndexCreateResult", "IndexDropResult", "IndexListResult", "ConflictListResult", "ConflictResolveResult", "BlobPutResult", "BlobUploadResult", "BlobAppendResult", "BlobFinishResult", "BlobAbortResult", "BlobGcResult", "BlobReadResult", "BlobGetResult", "BlobStatResult", "BlobPinResult", "BlobUnpinResult", "BlobPolicyResult", "BlobListResult", "UnsubscribeResult", "DbShareResult", "DbJoinResult", "DbInviteResult", "DbMembersResult", "DbRevokeResult", "DbRelayCapabilityResult", "PeerAddResult", "PeerRemoveResult", "PeerListResult", "FolderAddResult", "FolderRemoveResult", "FolderListResult", "SyncStatusResult", "SyncNowResult", "SyncPauseResult", "SyncResumeResult"]

@@ -34,6 +34,7 @@ from ._types import (
     DocDeleteResult,
     TxCommitResult,
     QueryFindResult,
+    QueryNearestResult,
     QueryCountResult,
     QueryExplainResult,
     QueryAggregateResult,
@@ -299,7 +300,7 @@ class _Doc:
         params["doc"] = doc
         return cast(DocInsertResult, await self._client.call("doc.insert", params))
 
-    async def get(self, *, db: str, collection: str, id: str, fields: List[str] = MISSING, at: int = MISSING, at_time: int = MISSING) -> DocGetResult:
+    async def get(self, *, db: str, collection: str, id: str, fields: List[str] = MISSING, at: int = MISSING, at_time: int = MISSING, vectors: str = MISSING) -> DocGetResult:
         """Fetches one document by id, now or as it was (at, atTime).
 
         db: Database name.
@@ -308,6 +309,7 @@ class _Doc:
         fields: Field paths to return (projection); _id is always returned.
         at: Read the document as it was after this feed sequence (see doc.history); history_expired when that is no longer kept.
         atTime: Read the document as it was at this Unix time in milliseconds (after the last change this device had applied by then).
+        vectors: How vector values ({"$vector": …}) are returned: "base64", as stored (the default), or "array" of numbers (each float32's shortest decimal text).
         """
         params: Dict[str, Any] = {}
         params["db"] = db
@@ -319,6 +321,8 @@ class _Doc:
             params["at"] = at
         if at_time is not MISSING:
             params["atTime"] = at_time
+        if vectors is not MISSING:
+            params["vectors"] = vectors
         return cast(DocGetResult, await self._client.call("doc.get", params))
 
     async def get_many(self, *, db: str, collection: str, ids: List[str], fields: List[str] = MISSING) -> DocGetManyResult:
@@ -438,7 +442,7 @@ class _Query:
     def __init__(self, client: "Client"):
         self._client = client
 
-    async def find(self, *, db: str, collection: str, where: Dict[str, Any] = MISSING, sort: Union[str, List[str]] = MISSING, limit: int = MISSING, cursor: str = MISSING, fields: List[str] = MISSING) -> QueryFindResult:
+    async def find(self, *, db: str, collection: str, where: Dict[str, Any] = MISSING, sort: Union[str, List[str]] = MISSING, limit: int = MISSING, cursor: str = MISSING, fields: List[str] = MISSING, vectors: str = MISSING) -> QueryFindResult:
         """Finds documents matching a filter, sorted, one page at a time.
 
         db: Database name.
@@ -448,6 +452,7 @@ class _Query:
         limit: Page size (default 100).
         cursor: Resume token from the previous page's result.
         fields: Field paths to return (projection); _id is always returned.
+        vectors: How vector values ({"$vector": …}) are returned: "base64", as stored (the default), or "array" of numbers (each float32's shortest decimal text).
         """
         params: Dict[str, Any] = {}
         params["db"] = db
@@ -462,7 +467,38 @@ class _Query:
             params["cursor"] = cursor
         if fields is not MISSING:
             params["fields"] = fields
+        if vectors is not MISSING:
+            params["vectors"] = vectors
         return cast(QueryFindResult, await self._client.call("query.find", params))
+
+    async def nearest(self, *, db: str, collection: str, field: str, vector: Any, k: int, where: Dict[str, Any] = MISSING, fields: List[str] = MISSING, metric: str = MISSING, vectors: str = MISSING) -> QueryNearestResult:
+        """Finds the k documents whose vectors at a field are nearest to a vector, optionally among those matching a filter.
+
+        db: Database name.
+        collection: Collection name.
+        field: Path of the field holding the vectors.
+        vector: The query vector.
+        k: How many documents to return.
+        where: Only documents matching this filter (Protocol/QUERIES.md) are candidates.
+        fields: Field paths to return (projection); _id is always returned.
+        metric: The metric (default: the field's vector index's, or cosine without one). One of cosine, l2, ip.
+        vectors: How vector values ({"$vector": …}) are returned: "base64", as stored (the default), or "array" of numbers (each float32's shortest decimal text).
+        """
+        params: Dict[str, Any] = {}
+        params["db"] = db
+        params["collection"] = collection
+        params["field"] = field
+        params["vector"] = vector
+        params["k"] = k
+        if where is not MISSING:
+            params["where"] = where
+        if fields is not MISSING:
+            params["fields"] = fields
+        if metric is not MISSING:
+            params["metric"] = metric
+        if vectors is not MISSING:
+            params["vectors"] = vectors
+        return cast(QueryNearestResult, await self._client.call("query.nearest", params))
 
     async def count(self, *, db: str, collection: str, where: Dict[str, Any] = MISSING) -> QueryCountResult:
         """Counts documents matching a filter.
@@ -580,13 +616,14 @@ class _Index:
     def __init__(self, client: "Client"):
         self._client = client
 
-    async def create(self, *, db: str, collection: str, fields: List[str], name: str = MISSING) -> IndexCreateResult:
-        """Creates an index on one or more fields of a collection; replicated.
+    async def create(self, *, db: str, collection: str, fields: List[str], name: str = MISSING, vector: Dict[str, Any] = MISSING) -> IndexCreateResult:
+        """Creates an index on one or more fields of a collection, or a vector index on one field; replicated.
 
         db: Database name.
         collection: Collection name.
         fields: Field paths to index, in order.
         name: Index name (default: collection.field...).
+        vector: Make it a vector index of vectors of these dimensions, searched by this metric (fields must name one field).
         """
         params: Dict[str, Any] = {}
         params["db"] = db
@@ -594,6 +631,8 @@ class _Index:
         params["fields"] = fields
         if name is not MISSING:
             params["name"] = name
+        if vector is not MISSING:
+            params["vector"] = vector
         return cast(IndexCreateResult, await self._client.call("index.create", params))
 
     async def drop(self, *, db: str, name: str) -> IndexDropResult:

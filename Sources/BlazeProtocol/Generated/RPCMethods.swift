@@ -45,6 +45,8 @@ public enum RPCMethod: String, Sendable, CaseIterable {
     case txCommit = "tx.commit"
     /// Finds documents matching a filter, sorted, one page at a time.
     case queryFind = "query.find"
+    /// Finds the k documents whose vectors at a field are nearest to a vector, optionally among those matching a filter.
+    case queryNearest = "query.nearest"
     /// Counts documents matching a filter.
     case queryCount = "query.count"
     /// Shows the SQL and SQLite's plan for a query, and the indexes used.
@@ -55,7 +57,7 @@ public enum RPCMethod: String, Sendable, CaseIterable {
     case queryDelete = "query.delete"
     /// Patches every document matching a filter, atomically, as one replicated change.
     case queryUpdate = "query.update"
-    /// Creates an index on one or more fields of a collection; replicated.
+    /// Creates an index on one or more fields of a collection, or a vector index on one field; replicated.
     case indexCreate = "index.create"
     /// Drops an index by name; replicated.
     case indexDrop = "index.drop"
@@ -152,12 +154,13 @@ public enum RPCMethod: String, Sendable, CaseIterable {
         case .docDelete: return "Deletes a document."
         case .txCommit: return "Applies many write operations atomically (all or nothing), as one change."
         case .queryFind: return "Finds documents matching a filter, sorted, one page at a time."
+        case .queryNearest: return "Finds the k documents whose vectors at a field are nearest to a vector, optionally among those matching a filter."
         case .queryCount: return "Counts documents matching a filter."
         case .queryExplain: return "Shows the SQL and SQLite's plan for a query, and the indexes used."
         case .queryAggregate: return "Groups matching documents by field values and computes count, sum, avg, min and max per group."
         case .queryDelete: return "Deletes every document matching a filter, atomically, as one replicated change."
         case .queryUpdate: return "Patches every document matching a filter, atomically, as one replicated change."
-        case .indexCreate: return "Creates an index on one or more fields of a collection; replicated."
+        case .indexCreate: return "Creates an index on one or more fields of a collection, or a vector index on one field; replicated."
         case .indexDrop: return "Drops an index by name; replicated."
         case .indexList: return "Lists indexes of a database or of one collection."
         case .conflictList: return "Lists fields where a concurrent write lost, with both sides."
@@ -212,20 +215,21 @@ public enum RPCMethod: String, Sendable, CaseIterable {
         case .collectionList: return ["db"]
         case .collectionDrop: return ["db", "collection"]
         case .docInsert: return ["db", "collection", "doc"]
-        case .docGet: return ["db", "collection", "id", "fields", "at", "atTime"]
+        case .docGet: return ["db", "collection", "id", "fields", "at", "atTime", "vectors"]
         case .docGetMany: return ["db", "collection", "ids", "fields"]
         case .docHistory: return ["db", "collection", "id", "limit", "cursor"]
         case .docPut: return ["db", "collection", "doc", "id"]
         case .docPatch: return ["db", "collection", "id", "set", "unset", "incr", "add", "remove"]
         case .docDelete: return ["db", "collection", "id"]
         case .txCommit: return ["db", "ops"]
-        case .queryFind: return ["db", "collection", "where", "sort", "limit", "cursor", "fields"]
+        case .queryFind: return ["db", "collection", "where", "sort", "limit", "cursor", "fields", "vectors"]
+        case .queryNearest: return ["db", "collection", "field", "vector", "k", "where", "fields", "metric", "vectors"]
         case .queryCount: return ["db", "collection", "where"]
         case .queryExplain: return ["db", "collection", "where", "sort", "limit"]
         case .queryAggregate: return ["db", "collection", "where", "group", "aggregates", "limit"]
         case .queryDelete: return ["db", "collection", "where", "limit", "returnIds"]
         case .queryUpdate: return ["db", "collection", "where", "limit", "set", "unset", "incr", "add", "remove", "returnIds"]
-        case .indexCreate: return ["db", "collection", "fields", "name"]
+        case .indexCreate: return ["db", "collection", "fields", "name", "vector"]
         case .indexDrop: return ["db", "name"]
         case .indexList: return ["db", "collection"]
         case .conflictList: return ["db", "collection", "id", "limit"]
@@ -1519,37 +1523,42 @@ public enum RPC {
         public var at: Int?
         /// Read the document as it was at this Unix time in milliseconds (after the last change this device had applied by then).
         public var atTime: Int?
+        /// How vector values ({"$vector": …}) are returned: "base64", as stored (the default), or "array" of numbers (each float32's shortest decimal text).
+        public var vectors: String?
 
         /// Parameters from their values (optional ones default to absent).
-        public init(db: String, collection: String, id: String, fields: [String]? = nil, at: Int? = nil, atTime: Int? = nil) {
+        public init(db: String, collection: String, id: String, fields: [String]? = nil, at: Int? = nil, atTime: Int? = nil, vectors: String? = nil) {
             self.db = db
             self.collection = collection
             self.id = id
             self.fields = fields
             self.at = at
             self.atTime = atTime
+            self.vectors = vectors
         }
 
         /// Checks a request's params: names, presence and JSON types.
         public init(validating params: [String: JSONValue]) throws(RPCError) {
-            try RPCParam.rejectUnknown(params, accepted: ["db", "collection", "id", "fields", "at", "atTime"], method: Self.method)
+            try RPCParam.rejectUnknown(params, accepted: ["db", "collection", "id", "fields", "at", "atTime", "vectors"], method: Self.method)
             self.db = try RPCParam.required(params, "db", of: Self.method, RPCDecode.string)
             self.collection = try RPCParam.required(params, "collection", of: Self.method, RPCDecode.string)
             self.id = try RPCParam.required(params, "id", of: Self.method, RPCDecode.string)
             self.fields = try RPCParam.optional(params, "fields", of: Self.method, { v throws(RPCShapeError) -> [String] in try RPCDecode.array(v, RPCDecode.string) })
             self.at = try RPCParam.optional(params, "at", of: Self.method, RPCDecode.int)
             self.atTime = try RPCParam.optional(params, "atTime", of: Self.method, RPCDecode.int)
+            self.vectors = try RPCParam.optional(params, "vectors", of: Self.method, RPCDecode.string)
         }
 
         /// The params as a request carries them.
         public var jsonObject: [String: JSONValue] {
-            var o = [String: JSONValue](minimumCapacity: 6)
+            var o = [String: JSONValue](minimumCapacity: 7)
             o["db"] = .string(self.db)
             o["collection"] = .string(self.collection)
             o["id"] = .string(self.id)
             if let v = self.fields { o["fields"] = .array(v.map { x0 in .string(x0) }) }
             if let v = self.at { o["at"] = .int(Int64(v)) }
             if let v = self.atTime { o["atTime"] = .int(Int64(v)) }
+            if let v = self.vectors { o["vectors"] = .string(v) }
             return o
         }
 
@@ -2228,9 +2237,11 @@ public enum RPC {
         public var cursor: String?
         /// Field paths to return (projection); _id is always returned.
         public var fields: [String]?
+        /// How vector values ({"$vector": …}) are returned: "base64", as stored (the default), or "array" of numbers (each float32's shortest decimal text).
+        public var vectors: String?
 
         /// Parameters from their values (optional ones default to absent).
-        public init(db: String, collection: String, `where`: [String: JSONValue]? = nil, sort: JSONValue? = nil, limit: Int? = nil, cursor: String? = nil, fields: [String]? = nil) {
+        public init(db: String, collection: String, `where`: [String: JSONValue]? = nil, sort: JSONValue? = nil, limit: Int? = nil, cursor: String? = nil, fields: [String]? = nil, vectors: String? = nil) {
             self.db = db
             self.collection = collection
             self.`where` = `where`
@@ -2238,11 +2249,12 @@ public enum RPC {
             self.limit = limit
             self.cursor = cursor
             self.fields = fields
+            self.vectors = vectors
         }
 
         /// Checks a request's params: names, presence and JSON types.
         public init(validating params: [String: JSONValue]) throws(RPCError) {
-            try RPCParam.rejectUnknown(params, accepted: ["db", "collection", "where", "sort", "limit", "cursor", "fields"], method: Self.method)
+            try RPCParam.rejectUnknown(params, accepted: ["db", "collection", "where", "sort", "limit", "cursor", "fields", "vectors"], method: Self.method)
             self.db = try RPCParam.required(params, "db", of: Self.method, RPCDecode.string)
             self.collection = try RPCParam.required(params, "collection", of: Self.method, RPCDecode.string)
             self.`where` = try RPCParam.optional(params, "where", of: Self.method, RPCDecode.object)
@@ -2250,11 +2262,12 @@ public enum RPC {
             self.limit = try RPCParam.optional(params, "limit", of: Self.method, RPCDecode.int)
             self.cursor = try RPCParam.optional(params, "cursor", of: Self.method, RPCDecode.string)
             self.fields = try RPCParam.optional(params, "fields", of: Self.method, { v throws(RPCShapeError) -> [String] in try RPCDecode.array(v, RPCDecode.string) })
+            self.vectors = try RPCParam.optional(params, "vectors", of: Self.method, RPCDecode.string)
         }
 
         /// The params as a request carries them.
         public var jsonObject: [String: JSONValue] {
-            var o = [String: JSONValue](minimumCapacity: 7)
+            var o = [String: JSONValue](minimumCapacity: 8)
             o["db"] = .string(self.db)
             o["collection"] = .string(self.collection)
             if let v = self.`where` { o["where"] = .object(v) }
@@ -2262,6 +2275,163 @@ public enum RPC {
             if let v = self.limit { o["limit"] = .int(Int64(v)) }
             if let v = self.cursor { o["cursor"] = .string(v) }
             if let v = self.fields { o["fields"] = .array(v.map { x0 in .string(x0) }) }
+            if let v = self.vectors { o["vectors"] = .string(v) }
+            return o
+        }
+
+        /// The JSON form of a result.
+        public static func encode(_ result: Result) -> JSONValue {
+            result.json
+        }
+
+        /// Reads a result a daemon sent.
+        public static func decode(_ result: JSONValue) throws(RPCShapeError) -> Result {
+            try RPCDecode.value(result, Result.init(json:))
+        }
+    }
+
+    /// Parameters of `query.nearest`: Finds the k documents whose vectors at a field are nearest to a vector, optionally among those matching a filter.
+    public struct QueryNearest: RPCParameters {
+        public static let method = RPCMethod.queryNearest
+
+        /// The result of `query.nearest`.
+        public struct Result: RPCObject {
+            /// Nearest first.
+            public struct ResultItem: RPCObject {
+                /// `doc`.
+                public var doc: JSONValue
+                /// The document's distance from the query vector under the metric.
+                public var distance: Double
+
+                /// A value from its members.
+                public init(doc: JSONValue, distance: Double) {
+                    self.doc = doc
+                    self.distance = distance
+                }
+
+                /// Reads the value from JSON.
+                public init(json: JSONValue) throws(RPCShapeError) {
+                    let o = try RPCDecode.object(json)
+                    self.doc = try RPCDecode.member(o, "doc", RPCDecode.objectValue)
+                    self.distance = try RPCDecode.member(o, "distance", RPCDecode.double)
+                }
+
+                /// The value's JSON form.
+                public var json: JSONValue {
+                    .object(jsonObject)
+                }
+
+                /// The members of the JSON form.
+                public var jsonObject: [String: JSONValue] {
+                    var o = [String: JSONValue](minimumCapacity: 2)
+                    o["doc"] = self.doc
+                    o["distance"] = .double(self.distance)
+                    return o
+                }
+            }
+
+            /// The values of `metric`.
+            public enum Metric: String, Sendable, CaseIterable {
+                case cosine = "cosine"
+                case l2 = "l2"
+                case ip = "ip"
+            }
+
+            /// Nearest first.
+            public var results: [ResultItem]
+            /// `metric`.
+            public var metric: Metric
+            /// The vector index searched; null when the documents were read.
+            public var index: String?
+
+            /// A value from its members.
+            public init(results: [ResultItem], metric: Metric, index: String?) {
+                self.results = results
+                self.metric = metric
+                self.index = index
+            }
+
+            /// Reads the value from JSON.
+            public init(json: JSONValue) throws(RPCShapeError) {
+                let o = try RPCDecode.object(json)
+                self.results = try RPCDecode.member(o, "results", { v throws(RPCShapeError) -> [ResultItem] in try RPCDecode.array(v, ResultItem.init(json:)) })
+                self.metric = try RPCDecode.member(o, "metric", { v throws(RPCShapeError) -> Metric in try RPCDecode.enumeration(v) })
+                self.index = try RPCDecode.member(o, "index", { v throws(RPCShapeError) -> String? in try RPCDecode.nullable(v, RPCDecode.string) })
+            }
+
+            /// The value's JSON form.
+            public var json: JSONValue {
+                .object(jsonObject)
+            }
+
+            /// The members of the JSON form.
+            public var jsonObject: [String: JSONValue] {
+                var o = [String: JSONValue](minimumCapacity: 3)
+                o["results"] = .array(self.results.map { x0 in x0.json })
+                o["metric"] = .string(self.metric.rawValue)
+                o["index"] = (self.index.map { x0 -> JSONValue in .string(x0) } ?? .null)
+                return o
+            }
+        }
+
+        /// Database name.
+        public var db: String
+        /// Collection name.
+        public var collection: String
+        /// Path of the field holding the vectors.
+        public var field: String
+        /// The query vector.
+        public var vector: JSONValue
+        /// How many documents to return.
+        public var k: Int
+        /// Only documents matching this filter (Protocol/QUERIES.md) are candidates.
+        public var `where`: [String: JSONValue]?
+        /// Field paths to return (projection); _id is always returned.
+        public var fields: [String]?
+        /// The metric (default: the field's vector index's, or cosine without one). One of cosine, l2, ip.
+        public var metric: String?
+        /// How vector values ({"$vector": …}) are returned: "base64", as stored (the default), or "array" of numbers (each float32's shortest decimal text).
+        public var vectors: String?
+
+        /// Parameters from their values (optional ones default to absent).
+        public init(db: String, collection: String, field: String, vector: JSONValue, k: Int, `where`: [String: JSONValue]? = nil, fields: [String]? = nil, metric: String? = nil, vectors: String? = nil) {
+            self.db = db
+            self.collection = collection
+            self.field = field
+            self.vector = vector
+            self.k = k
+            self.`where` = `where`
+            self.fields = fields
+            self.metric = metric
+            self.vectors = vectors
+        }
+
+        /// Checks a request's params: names, presence and JSON types.
+        public init(validating params: [String: JSONValue]) throws(RPCError) {
+            try RPCParam.rejectUnknown(params, accepted: ["db", "collection", "field", "vector", "k", "where", "fields", "metric", "vectors"], method: Self.method)
+            self.db = try RPCParam.required(params, "db", of: Self.method, RPCDecode.string)
+            self.collection = try RPCParam.required(params, "collection", of: Self.method, RPCDecode.string)
+            self.field = try RPCParam.required(params, "field", of: Self.method, RPCDecode.string)
+            self.vector = try RPCParam.required(params, "vector", of: Self.method, { v throws(RPCShapeError) in try RPCDecode.oneOf(["array", "string"], v) })
+            self.k = try RPCParam.required(params, "k", of: Self.method, RPCDecode.int)
+            self.`where` = try RPCParam.optional(params, "where", of: Self.method, RPCDecode.object)
+            self.fields = try RPCParam.optional(params, "fields", of: Self.method, { v throws(RPCShapeError) -> [String] in try RPCDecode.array(v, RPCDecode.string) })
+            self.metric = try RPCParam.optional(params, "metric", of: Self.method, RPCDecode.string)
+            self.vectors = try RPCParam.optional(params, "vectors", of: Self.method, RPCDecode.string)
+        }
+
+        /// The params as a request carries them.
+        public var jsonObject: [String: JSONValue] {
+            var o = [String: JSONValue](minimumCapacity: 9)
+            o["db"] = .string(self.db)
+            o["collection"] = .string(self.collection)
+            o["field"] = .string(self.field)
+            o["vector"] = self.vector
+            o["k"] = .int(Int64(self.k))
+            if let v = self.`where` { o["where"] = .object(v) }
+            if let v = self.fields { o["fields"] = .array(v.map { x0 in .string(x0) }) }
+            if let v = self.metric { o["metric"] = .string(v) }
+            if let v = self.vectors { o["vectors"] = .string(v) }
             return o
         }
 
@@ -2780,7 +2950,7 @@ public enum RPC {
         }
     }
 
-    /// Parameters of `index.create`: Creates an index on one or more fields of a collection; replicated.
+    /// Parameters of `index.create`: Creates an index on one or more fields of a collection, or a vector index on one field; replicated.
     public struct IndexCreate: RPCParameters {
         public static let method = RPCMethod.indexCreate
 
@@ -2795,31 +2965,36 @@ public enum RPC {
         public var fields: [String]
         /// Index name (default: collection.field...).
         public var name: String?
+        /// Make it a vector index of vectors of these dimensions, searched by this metric (fields must name one field).
+        public var vector: RPCSchema.VectorIndexSpec?
 
         /// Parameters from their values (optional ones default to absent).
-        public init(db: String, collection: String, fields: [String], name: String? = nil) {
+        public init(db: String, collection: String, fields: [String], name: String? = nil, vector: RPCSchema.VectorIndexSpec? = nil) {
             self.db = db
             self.collection = collection
             self.fields = fields
             self.name = name
+            self.vector = vector
         }
 
         /// Checks a request's params: names, presence and JSON types.
         public init(validating params: [String: JSONValue]) throws(RPCError) {
-            try RPCParam.rejectUnknown(params, accepted: ["db", "collection", "fields", "name"], method: Self.method)
+            try RPCParam.rejectUnknown(params, accepted: ["db", "collection", "fields", "name", "vector"], method: Self.method)
             self.db = try RPCParam.required(params, "db", of: Self.method, RPCDecode.string)
             self.collection = try RPCParam.required(params, "collection", of: Self.method, RPCDecode.string)
             self.fields = try RPCParam.required(params, "fields", of: Self.method, { v throws(RPCShapeError) -> [String] in try RPCDecode.array(v, RPCDecode.string) })
             self.name = try RPCParam.optional(params, "name", of: Self.method, RPCDecode.string)
+            self.vector = try RPCParam.optional(params, "vector", of: Self.method, RPCSchema.VectorIndexSpec.init(json:))
         }
 
         /// The params as a request carries them.
         public var jsonObject: [String: JSONValue] {
-            var o = [String: JSONValue](minimumCapacity: 4)
+            var o = [String: JSONValue](minimumCapacity: 5)
             o["db"] = .string(self.db)
             o["collection"] = .string(self.collection)
             o["fields"] = .array(self.fields.map { x0 in .string(x0) })
             if let v = self.name { o["name"] = .string(v) }
+            if let v = self.vector { o["vector"] = v.json }
             return o
         }
 
@@ -5833,7 +6008,6 @@ public enum RPCNotification {
 
 /// The closed objects the protocol document declares once and results share.
 public enum RPCSchema {
-    /// The `IndexInfo` schema.
     public struct IndexInfo: RPCObject {
         /// `name`.
         public var name: String
@@ -5841,12 +6015,15 @@ public enum RPCSchema {
         public var collection: String
         /// `fields`.
         public var fields: [String]
+        /// `vector`.
+        public var vector: RPCSchema.VectorIndexSpec?
 
         /// A value from its members.
-        public init(name: String, collection: String, fields: [String]) {
+        public init(name: String, collection: String, fields: [String], vector: RPCSchema.VectorIndexSpec? = nil) {
             self.name = name
             self.collection = collection
             self.fields = fields
+            self.vector = vector
         }
 
         /// Reads the value from JSON.
@@ -5855,6 +6032,7 @@ public enum RPCSchema {
             self.name = try RPCDecode.member(o, "name", RPCDecode.string)
             self.collection = try RPCDecode.member(o, "collection", RPCDecode.string)
             self.fields = try RPCDecode.member(o, "fields", { v throws(RPCShapeError) -> [String] in try RPCDecode.array(v, RPCDecode.string) })
+            self.vector = try RPCDecode.optionalMember(o, "vector", RPCSchema.VectorIndexSpec.init(json:))
         }
 
         /// The value's JSON form.
@@ -5864,10 +6042,11 @@ public enum RPCSchema {
 
         /// The members of the JSON form.
         public var jsonObject: [String: JSONValue] {
-            var o = [String: JSONValue](minimumCapacity: 3)
+            var o = [String: JSONValue](minimumCapacity: 4)
             o["name"] = .string(self.name)
             o["collection"] = .string(self.collection)
             o["fields"] = .array(self.fields.map { x0 in .string(x0) })
+            if let v = self.vector { o["vector"] = v.json }
             return o
         }
     }
@@ -6656,6 +6835,47 @@ public enum RPCSchema {
             var o = [String: JSONValue](minimumCapacity: 2)
             o["eager"] = .array(self.eager.map { x0 in .string(x0) })
             o["maxBytes"] = (self.maxBytes.map { x0 -> JSONValue in .int(Int64(x0)) } ?? .null)
+            return o
+        }
+    }
+
+    /// What makes an index a vector index: the dimensions of the vectors of its one field and the metric it is searched by. Documents whose field holds a vector of other dimensions (or none) are not in it.
+    public struct VectorIndexSpec: RPCObject {
+        /// The values of `metric`.
+        public enum Metric: String, Sendable, CaseIterable {
+            case cosine = "cosine"
+            case l2 = "l2"
+            case ip = "ip"
+        }
+
+        /// Components of each vector: 1 to 4096.
+        public var dimensions: Int
+        /// `metric`.
+        public var metric: Metric
+
+        /// A value from its members.
+        public init(dimensions: Int, metric: Metric) {
+            self.dimensions = dimensions
+            self.metric = metric
+        }
+
+        /// Reads the value from JSON.
+        public init(json: JSONValue) throws(RPCShapeError) {
+            let o = try RPCDecode.object(json)
+            self.dimensions = try RPCDecode.member(o, "dimensions", RPCDecode.int)
+            self.metric = try RPCDecode.member(o, "metric", { v throws(RPCShapeError) -> Metric in try RPCDecode.enumeration(v) })
+        }
+
+        /// The value's JSON form.
+        public var json: JSONValue {
+            .object(jsonObject)
+        }
+
+        /// The members of the JSON form.
+        public var jsonObject: [String: JSONValue] {
+            var o = [String: JSONValue](minimumCapacity: 2)
+            o["dimensions"] = .int(Int64(self.dimensions))
+            o["metric"] = .string(self.metric.rawValue)
             return o
         }
     }
