@@ -1,6 +1,6 @@
 # The two commands the README gives a new user.
 SHELL := /bin/bash
-.PHONY: run test generate bench bench-peers
+.PHONY: run test generate bench bench-peers bench-vectors
 
 # Build and start blazed in the foreground with its default socket and data directory.
 run:
@@ -41,6 +41,13 @@ bench-peers:
 	.build/release/blazebench --only PEERS --repeats 5
 	python3 -m venv .build/crdt-venv && .build/crdt-venv/bin/pip install -q pycrdt loro
 	.build/crdt-venv/bin/python Benchmarks/crdt_merge.py
+
+# Nearest-neighbour search against FAISS, sqlite-vec and hnswlib on the same vectors and queries (release build; the
+# libraries in a venv under .build; see Benchmarks/README.md, VECTOR).
+bench-vectors:
+	python3 -m venv .build/vector-venv && .build/vector-venv/bin/pip install -q numpy faiss-cpu hnswlib sqlite-vec
+	swift build -c release --product blazebench
+	.build/release/blazebench --only VECTOR
 
 # Regenerate the Swift method table and the Python and Node clients after editing Protocol/blazedb.openrpc.json
 # (CI fails when they are stale: Clients/test.sh runs the generator with --check).

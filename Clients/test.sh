@@ -9,7 +9,7 @@ venv=.build/clients-venv
 if [ ! -x "$venv/bin/python" ]; then
     python3 -m venv "$venv"
 fi
-"$venv/bin/pip" install -q --disable-pip-version-check pytest jsonschema openrpc==11.1.1 mypy
+"$venv/bin/pip" install -q --disable-pip-version-check pytest jsonschema openrpc==11.1.1 mypy numpy
 # Installs the client exactly as a user would.
 "$venv/bin/pip" install -q --disable-pip-version-check --force-reinstall --no-deps ./Clients/python
 

@@ -3,6 +3,7 @@
 import net from 'node:net';
 import os from 'node:os';
 import path from 'node:path';
+import { jsonReplacer } from './vectors.js';
 
 /** An error response from blazed: `code` (JSON-RPC), `kind` (stable data.kind), `data`. */
 export class BlazeError extends Error {
@@ -59,7 +60,7 @@ export class Connection {
   /** Sends a request; `transform` runs on the result as soon as its line is read, before any later line. */
   _request(method, params, transform) {
     const id = this.nextId++;
-    const line = JSON.stringify({ jsonrpc: '2.0', id, method, params }) + '\n';
+    const line = JSON.stringify({ jsonrpc: '2.0', id, method, params }, jsonReplacer) + '\n';
     return new Promise((resolve, reject) => {
       this.pending.set(id, { resolve: (result) => resolve(transform(result)), reject });
       this.socket.write(line, (err) => { if (err) { this.pending.delete(id); reject(err); } });

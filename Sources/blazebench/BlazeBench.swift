@@ -23,7 +23,7 @@ struct BlazeBench: AsyncParsableCommand {
     @Option(help: "Photos in the BLOB group's library (B7: 3 MB each; default 1,000; 20 with --quick).")
     var photos: Int?
 
-    @Option(help: "Only these groups, comma-separated: baselines, W1, RPC (W2 and W3), W4 (with W5 and W7), RELAY, FOLDER, W6, STORAGE, JOIN, W8, M1, M2, M3, RSS, ABUSE (hostile devices against a relay and a daemon), BLOB (chunked files against cp, and fetched by a peer against rsync; or one part: BLOB.local, BLOB.peer, BLOB.relay, BLOB.edit, BLOB.photos, BLOB.memory); PEERS (blazed against PostgreSQL and Redis, only when named: `make bench-peers`).")
+    @Option(help: "Only these groups, comma-separated: baselines, W1, RPC (W2 and W3), W4 (with W5 and W7), RELAY, FOLDER, W6, STORAGE, JOIN, W8, M1, M2, M3, RSS, ABUSE (hostile devices against a relay and a daemon), BLOB (chunked files against cp, and fetched by a peer against rsync; or one part: BLOB.local, BLOB.peer, BLOB.relay, BLOB.edit, BLOB.photos, BLOB.memory); PEERS (blazed against PostgreSQL and Redis, only when named: `make bench-peers`); VECTOR (nearest-neighbour search against FAISS, sqlite-vec and hnswlib: `make bench-vectors`).")
     var only: String?
 
     @Option(help: "PEERS rows to run, comma-separated prefixes (get, trivial, insert, find, tx500); all by default.")
@@ -131,6 +131,10 @@ struct BlazeBench: AsyncParsableCommand {
             results += try await BlobSetWorkloads.photos(dir: dir, photos: photos ?? (quick ? 20 : 1000))
         }
         if blob || wants("BLOB.memory") { results += try BlobMemoryWorkloads.run(dir: dir, megabytes: quick ? 32 : 1024) }
+        if wants("VECTOR") {
+            results += try await VectorWorkloads.run(
+                dir: dir, count: quick ? 2000 : 100_000, dimensions: quick ? 64 : 768, queries: quick ? 10 : 100, k: 10)
+        }
         if wants("M1") { results += try MembershipWorkloads.revocation(members: 50, repeats: quick ? 1 : 5) }
         if wants("M2") { results += try MembershipWorkloads.merge(sizes: quick ? [200] : [1_000, 10_000], repeats: quick ? 1 : 3) }
         if wants("M3") { results += try MembershipWorkloads.take(sizes: quick ? [200] : [1_000, 10_000], merges: quick ? 3 : 20) }

@@ -16,7 +16,7 @@ struct BlazeCtl: ParsableCommand {
         abstract: "Control blazed, the BlazeDB daemon, from the shell.",
         discussion: "Values in key=value arguments are read as JSON when they parse (limit=5 is a number), else as strings.",
         subcommands: [
-            Call.self, Info.self, DB.self, Collection.self, Doc.self, Tx.self, Find.self, Count.self, Explain.self, Update.self,
+            Call.self, Info.self, DB.self, Collection.self, Doc.self, Tx.self, Find.self, Nearest.self, Count.self, Explain.self, Update.self,
             DeleteWhere.self,
             Index.self, Conflict.self, Blob.self, Watch.self, Peer.self, Folder.self, Sync.self, Status.self, Config.self, Service.self,
         ])

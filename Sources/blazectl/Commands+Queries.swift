@@ -2,7 +2,7 @@ import ArgumentParser
 import BlazeClient
 import BlazeProtocol
 
-// blazectl find, count, explain, index and conflict.
+// blazectl find, nearest, count, explain, index and conflict.
 
 /// A database and, optionally, one of its collections (for listings).
 struct Scope: ParsableArguments {
@@ -41,6 +41,33 @@ struct Find: ParsableCommand {
         global.run(RPC.QueryFind.self, p) { r in
             for d in r.docs { print(d.jsonText) }
             if let next = r.cursor { print("-- more: --cursor \(next)") }
+        }
+    }
+}
+
+struct Nearest: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Find the documents whose vectors are nearest to a vector; prints DISTANCE and the document per line.")
+    @OptionGroup var global: Global
+    @Argument var db: String
+    @Argument var collection: String
+    @Argument(help: "Path of the field holding the vectors.") var field: String
+    @Argument(help: "The query vector: a JSON array of numbers, or base64 of little-endian float32.") var vector: String
+    @Option(help: "How many documents.") var k: Int = 10
+    @Option(name: .customLong("where"), help: #"Only documents matching this filter, e.g. '{"kind":"photo"}'."#) var filter: String?
+    @Option(help: "cosine, l2 or ip (default: the field's vector index's).") var metric: String?
+    @Option(help: "Comma-separated fields to return.") var fields: String?
+
+    func run() throws {
+        var p: [String: JSONValue] = [
+            "db": .string(db), "collection": .string(collection), "field": .string(field), "k": .int(Int64(k)),
+            "vector": vector.hasPrefix("[") ? parseJSON(vector, "vector") : .string(vector),
+        ]
+        if let filter { p["where"] = parseJSON(filter, "filter") }
+        if let metric { p["metric"] = .string(metric) }
+        if let fields { p["fields"] = .array(fields.split(separator: ",").map { .string(String($0)) }) }
+        global.run(RPC.QueryNearest.self, p) { r in
+            for hit in r.results { print("\(hit.distance)\t\(hit.doc.jsonText)") }
         }
     }
 }
@@ -124,8 +151,17 @@ struct Index: ParsableCommand {
         @Argument var collection: String
         @Argument(help: "Field paths, in index order.") var fields: [String]
         @Option(help: "Index name (default: collection.field...).") var name: String?
+        @Option(help: "Make it a vector index of vectors of this many components (one field).") var dimensions: Int?
+        @Option(help: "A vector index's metric: cosine (default), l2 or ip.") var metric: String = "cosine"
         func run() throws {
-            global.run(RPC.IndexCreate(db: db, collection: collection, fields: fields, name: name)) {
+            var vector: RPCSchema.VectorIndexSpec?
+            if let dimensions {
+                guard let m = RPCSchema.VectorIndexSpec.Metric(rawValue: metric) else {
+                    throw ValidationError("--metric is cosine, l2 or ip")
+                }
+                vector = .init(dimensions: dimensions, metric: m)
+            }
+            global.run(RPC.IndexCreate(db: db, collection: collection, fields: fields, name: name, vector: vector)) {
                 print("created index \($0.name)")
             }
         }
@@ -148,7 +184,10 @@ struct Index: ParsableCommand {
         func run() throws {
             global.run(RPC.IndexList(db: scope.db, collection: scope.collection)) { r in
                 printTable(
-                    ["NAME", "COLLECTION", "FIELDS"], r.indexes.map { [$0.name, $0.collection, $0.fields.joined(separator: ",")] })
+                    ["NAME", "COLLECTION", "FIELDS", "VECTOR"],
+                    r.indexes.map { i in
+                        [i.name, i.collection, i.fields.joined(separator: ","), i.vector.map { "\($0.dimensions)-d \($0.metric.rawValue)" } ?? ""]
+                    })
             }
         }
     }

@@ -21,7 +21,7 @@ import Glibc
         #expect(Set(discovered) == [
             "rpc.discover", "daemon.info", "db.create", "db.list", "db.info", "db.drop", "collection.list", "collection.drop",
             "doc.insert", "doc.get", "doc.getMany", "doc.history", "doc.put", "doc.patch", "doc.delete", "tx.commit",
-            "query.find", "query.count", "query.explain", "query.aggregate", "query.update", "query.delete",
+            "query.find", "query.nearest", "query.count", "query.explain", "query.aggregate", "query.update", "query.delete",
             "index.create", "index.drop", "index.list",
             "conflict.list", "conflict.resolve", "subscribe", "unsubscribe", "db.share", "db.join", "db.invite",
             "db.members", "db.revoke", "db.relayCapability", "peer.add",
@@ -361,7 +361,7 @@ extension Durability {
                 == "parameter \"id\" of doc.get must be string, got integer")
         #expect(
             message { _ = try RPC.DocGet(validating: ["db": "d", "collection": "c", "id": "x", "zz": 1, "aa": 2]) }
-                == "unknown parameter \"aa\" for doc.get; accepted: db, collection, id, fields, at, atTime")
+                == "unknown parameter \"aa\" for doc.get; accepted: db, collection, id, fields, at, atTime, vectors")
         #expect(
             message { _ = try RPC.DocGetMany(validating: ["db": "d", "collection": "c", "ids": ["a", 2]]) }
                 == "ids[1] must be a string, got integer")

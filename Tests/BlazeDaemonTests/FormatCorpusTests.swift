@@ -15,7 +15,7 @@ import Glibc
 
 /// The compatibility corpus (`Tests/Fixtures/corpus/`): files earlier builds wrote — two devices' data directories
 /// sharing a database (documents, nested fields, a deleted document, a conflict, an index, a blob, membership of two,
-/// compaction done) and a local database, a relay's SQLite file, a shared folder and a backup — with what each held
+/// compaction done; vectors and a vector index from database format 16) and a local database, a relay's SQLite file, a shared folder and a backup — with what each held
 /// (`expected.json`). Every later build must open them, read the same, and sync from them (README, "Upgrades and file
 /// formats"). A new entry is made with `BLAZE_MAKE_CORPUS=DIR swift test --filter makeACorpusEntry`.
 @Suite(.serialized) struct FormatCorpusTests {
@@ -150,6 +150,10 @@ import Glibc
         try putDoc(ca, "n1", ["title": "first", "tags": ["a", "b"], "meta": ["pages": 3, "draft": true]])
         try putDoc(ca, "n2", ["title": "second", "score": 1.5])
         _ = try ca.call("doc.patch", target.merging(["id": "n2", "set": ["meta.pages": 7], "incr": ["views": 2]]) { $1 })
+        // Vectors (database format 16): a vector index and two documents holding vectors.
+        _ = try ca.call("index.create", ["db": "notes", "collection": "notes", "fields": ["emb"], "vector": ["dimensions": 3, "metric": "l2"]])
+        _ = try ca.call("doc.patch", target.merging(["id": "n1", "set": ["emb": ["$vector": [1, 0, 0.5]]]]) { $1 })
+        _ = try ca.call("doc.patch", target.merging(["id": "n2", "set": ["emb": ["$vector": [0, 1, -0.25]]]]) { $1 })
         try putDoc(ca, "n3", ["title": "gone soon"])
         _ = try ca.call("doc.delete", target.merging(["id": "n3"]) { $1 })
         // A blob of 300 kB (one chunk), referred to by a document.
@@ -231,6 +235,17 @@ import Glibc
                 "indexes": try c.call("index.list", ["db": "notes", "collection": "notes"])["indexes"] ?? .null,
             ]
         ]
+        // Entries with a vector index (from database format 16): what the nearest search answers.
+        let indexes = try c.call("index.list", ["db": "notes", "collection": "notes"])["indexes"]?.arrayValue ?? []
+        if let vector = indexes.first(where: { $0["vector"] != nil }) {
+            let r = try c.call("query.nearest", [
+                "db": "notes", "collection": "notes", "field": vector["fields"]?.arrayValue?.first ?? .null, "vector": [1, 0.1, 0.4], "k": 2,
+            ])
+            if case .object(var notes)? = out["notes"] {
+                notes["nearest"] = r
+                out["notes"] = .object(notes)
+            }
+        }
         if (try c.call("db.list")["databases"]?.arrayValue ?? []).contains(where: { $0["name"] == "local" }) {
             out["local"] = ["stateHash": try c.call("db.info", ["db": "local"])["stateHash"] ?? .null, "docs": try docs("local", "todo")]
         }

@@ -8,6 +8,7 @@ import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { BlazeClient, BlazeError, ErrorCodes, defaultSocketPath } from '../index.js';
 import { blobReadStream, uploadBlob } from '../blobs.js';
+import { floats, vector } from '../vectors.js';
 import crypto from 'node:crypto';
 import { Readable } from 'node:stream';
 import { checkEveryResult, resultProblems } from '../test-support/schema.mjs';
@@ -239,6 +240,30 @@ test('blobs: put from a path, upload a stream, read back as a stream', async () 
     }
     const opened = await Promise.all([0, 1, 2, 3].map(() => client.blob.upload({ db: 'default' })));
     assert.equal(new Set(opened.map((o) => o.upload)).size, 4);
+  } finally {
+    client.close();
+  }
+});
+
+test('vectors: Float32Arrays and arrays in, floats back, nearest documents', async () => {
+  const client = await BlazeClient.connect({ socketPath });
+  try {
+    const base = { db: 'default', collection: 'jsvec' };
+    const info = await client.index.create({ ...base, fields: ['v'], vector: { dimensions: 4, metric: 'l2' } });
+    assert.deepEqual(info.vector, { dimensions: 4, metric: 'l2' });
+    const rows = { a: [1, 0, 0, 0], b: [0, 1, 0, 0], c: [0.5, 0.5, 0, 0], d: [0, 0, 1, 0.25] };
+    for (const [id, v] of Object.entries(rows)) {
+      await client.doc.put({ ...base, id, doc: { v: id === 'a' ? vector(Float32Array.from(v)) : vector(v) } });
+    }
+    assert.deepEqual(Array.from(floats((await client.doc.get({ ...base, id: 'd' })).doc.v)), rows.d);
+    assert.deepEqual((await client.doc.get({ ...base, id: 'd', vectors: 'array' })).doc.v, { $vector: rows.d });
+    // The query as a Float32Array (sent as base64) and as an array of numbers: the same answer.
+    for (const q of [Float32Array.from([0.9, 0.2, 0, 0]), [0.9, 0.2, 0, 0]]) {
+      const near = await client.query.nearest({ ...base, field: 'v', vector: q, k: 2 });
+      assert.deepEqual(near.results.map((r) => r.doc._id), ['a', 'c']);
+      assert.equal(near.index, 'jsvec.v');
+    }
+    await assert.rejects(client.query.nearest({ ...base, field: 'v', vector: [1, 2], k: 1 }), (e) => e.kind === 'invalid_vector');
   } finally {
     client.close();
   }

@@ -11,6 +11,7 @@ import json
 from typing import Any, Dict, List, Optional, Set, Union
 
 from ._runtime import BlazeError, default_socket_path, error_from_response
+from .vectors import json_default
 
 # Responses can be large (a page of documents): a line may be up to this many bytes.
 _MAX_LINE = 1 << 30
@@ -146,7 +147,7 @@ class AsyncConnection:
         future: "asyncio.Future[Any]" = asyncio.get_running_loop().create_future()
         self._pending[request_id] = future
         request = {"jsonrpc": "2.0", "id": request_id, "method": method, "params": params or {}}
-        line = json.dumps(request, allow_nan=False, ensure_ascii=False, separators=(",", ":")) + "\n"
+        line = json.dumps(request, allow_nan=False, ensure_ascii=False, separators=(",", ":"), default=json_default) + "\n"
         try:
             self._writer.write(line.encode("utf-8"))
             await self._writer.drain()

@@ -11,6 +11,8 @@ import os
 import socket
 from typing import Any, Deque, Dict, Mapping, Optional, cast
 
+from .vectors import json_default
+
 MISSING: Any = object()
 """Default of optional parameters: the parameter is left out of the request (None would send null)."""
 
@@ -139,7 +141,7 @@ class Connection:
         """Calls any method by name; raises a BlazeError subclass on an error response."""
         request_id = next(self._ids)
         request = {"jsonrpc": "2.0", "id": request_id, "method": method, "params": params or {}}
-        line = json.dumps(request, allow_nan=False, ensure_ascii=False, separators=(",", ":")) + "\n"
+        line = json.dumps(request, allow_nan=False, ensure_ascii=False, separators=(",", ":"), default=json_default) + "\n"
         self._sock.sendall(line.encode("utf-8"))
         while True:
             message = self._read_message()

@@ -36,7 +36,7 @@ def test_a_new_parameter_reaches_every_target(tmp_path):
     swift_file = after["Sources/BlazeProtocol/Generated/RPCMethods.swift"]
     assert "public var asOfSeq: Int?" in swift_file
     assert 'self.asOfSeq = try RPCParam.optional(params, "asOfSeq", of: Self.method, RPCDecode.int)' in swift_file
-    assert '"db", "collection", "id", "fields", "at", "atTime", "asOfSeq"' in swift_file
+    assert '"db", "collection", "id", "fields", "at", "atTime", "vectors", "asOfSeq"' in swift_file
     assert "asOfSeq" not in before["Sources/BlazeProtocol/Generated/RPCMethods.swift"]
 
     py = after["Clients/python/blazedb/__init__.py"]

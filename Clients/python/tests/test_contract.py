@@ -129,6 +129,17 @@ def test_every_method_succeeds_and_fails_as_documented(client, daemon):
     assert ok(c, "query.count", db="app", collection="todos", where={"done": False})["count"] == 1
     assert ok(c, "query.count", db="app", collection="nope")["count"] == 0
     assert ok(c, "query.find", db="app", collection="nope", where={"n": 1}) == {"docs": [], "cursor": None}
+    ok(c, "index.create", db="app", collection="todos", fields=["emb"], vector={"dimensions": 2, "metric": "l2"})
+    ok(c, "doc.patch", db="app", collection="todos", id="t1", set={"emb": {"$vector": [1, 0]}})
+    ok(c, "doc.patch", db="app", collection="todos", id="t2", set={"emb": {"$vector": [0, 1]}})
+    near = ok(c, "query.nearest", db="app", collection="todos", field="emb", vector=[0.9, 0.1], k=1, vectors="array")
+    assert near["index"] == "todos.emb" and near["results"][0]["doc"]["_id"] == "t1"
+    assert near["results"][0]["doc"]["emb"] == {"$vector": [1, 0]}
+    err(c, "query.nearest", -32602, "invalid_vector", db="app", collection="todos", field="emb", vector=[1, 2, 3], k=1)
+    err(c, "query.nearest", -32012, "limit_out_of_range", db="app", collection="todos", field="emb", vector=[1, 2], k=0)
+    err(c, "query.nearest", -32010, "database_not_found", db="nope", collection="todos", field="emb", vector=[1, 2], k=1)
+    err(c, "query.nearest", -32602, "invalid_params", db="app", collection="todos", field="emb", k=1)
+    ok(c, "index.drop", db="app", name="todos.emb")
     assert ok(c, "doc.getMany", db="app", collection="nope", ids=["a", "b"])["docs"] == [None, None]
     err(c, "query.count", -32602, "invalid_name", db="app", collection="no pe")
     assert ok(c, "query.update", db="app", collection="todos", where={"n": {"$gte": 2}}, set={"meta.seen": True},
