@@ -241,8 +241,10 @@ import Glibc
             let r = try c.call("query.nearest", [
                 "db": "notes", "collection": "notes", "field": vector["fields"]?.arrayValue?.first ?? .null, "vector": [1, 0.1, 0.4], "k": 2,
             ])
+            // The ids and the index, not the distances: a later build may sum the products in another order.
+            let ids = (r["results"]?.arrayValue ?? []).map { $0["doc"]?["_id"] ?? .null }
             if case .object(var notes)? = out["notes"] {
-                notes["nearest"] = r
+                notes["nearest"] = ["ids": .array(ids), "index": r["index"] ?? .null, "metric": r["metric"] ?? .null]
                 out["notes"] = .object(notes)
             }
         }
@@ -252,15 +254,15 @@ import Glibc
         return .object(out)
     }
 
-    /// The BlazeDB schema objects of the database file at `path` (type, name, SQL), without user indexes and SQLite's
-    /// statistics.
+    /// The BlazeDB schema objects of the database file at `path` (type, name, SQL), without user indexes, vector
+    /// indexes' triggers and SQLite's statistics.
     static func schema(_ path: String) throws -> [[String?]] {
         var config = GRDB.Configuration()
         config.readonly = true
         let queue = try DatabaseQueue(path: path, configuration: config)
         defer { try? queue.close() }
         return try queue.read { db in
-            try Row.fetchAll(db, sql: "SELECT type, name, sql FROM sqlite_master WHERE name NOT LIKE 'ux\\_%' ESCAPE '\\' AND name NOT LIKE 'sqlite_stat%' ORDER BY name")
+            try Row.fetchAll(db, sql: "SELECT type, name, sql FROM sqlite_master WHERE name NOT LIKE 'ux\\_%' ESCAPE '\\' AND name NOT LIKE 'vx\\_%' ESCAPE '\\' AND name NOT LIKE 'sqlite_stat%' ORDER BY name")
                 .map { [$0["type"], $0["name"], $0["sql"]] }
         }
     }
