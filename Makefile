@@ -45,7 +45,7 @@ bench-peers:
 # Nearest-neighbour search against FAISS, sqlite-vec and hnswlib on the same vectors and queries (release build; the
 # libraries in a venv under .build; see Benchmarks/README.md, VECTOR).
 bench-vectors:
-	python3 -m venv .build/vector-venv && .build/vector-venv/bin/pip install -q numpy faiss-cpu hnswlib sqlite-vec
+	python3 -m venv .build/vector-venv && .build/vector-venv/bin/pip install -q numpy faiss-cpu hnswlib sqlite-vec apsw
 	swift build -c release --product blazebench
 	.build/release/blazebench --only VECTOR
 

@@ -13,7 +13,7 @@ search and memory. Exact search: FAISS `IndexFlatL2` and sqlite-vec's `vec0` (br
 and FAISS `IndexHNSWFlat` (M = 16, efConstruction = 200), at the smallest efSearch reaching recall@K ≥ 0.95.
 A library that is not installed is reported as missing (`{"name", "missing": "..."}`), not as an error.
 
-Run by `make bench-vectors` in a throwaway venv (`pip install numpy faiss-cpu hnswlib sqlite-vec`).
+Run by `make bench-vectors` in a throwaway venv (`pip install numpy faiss-cpu hnswlib sqlite-vec apsw`).
 """
 
 import json
@@ -71,16 +71,14 @@ def main():
         emit(name="faiss.flat", missing=str(e))
 
     try:
-        import sqlite3
         import sqlite_vec
-        db = sqlite3.connect(":memory:")
-        db.enable_load_extension(True)
-        sqlite_vec.load(db)
-        db.enable_load_extension(False)
+        db = _sqlite_with_vec(sqlite_vec)
         start = time.perf_counter()
         db.execute(f"CREATE VIRTUAL TABLE items USING vec0(embedding float[{d}])")
+        db.execute("BEGIN")
         db.executemany("INSERT INTO items(rowid, embedding) VALUES (?, ?)",
                        ((i + 1, vectors[i].tobytes()) for i in range(n)))
+        db.execute("COMMIT")
         build = time.perf_counter() - start
         statement = "SELECT rowid FROM items WHERE embedding MATCH ? AND k = ? ORDER BY distance"
         latencies, answers = timed_queries(
@@ -103,6 +101,24 @@ def main():
             if r >= 0.95 or ef == 512:
                 emit(name=name, latencies_us=latencies, recall=r, ef=ef, build_s=build, memory_bytes=memory)
                 break
+
+
+def _sqlite_with_vec(sqlite_vec):
+    """An in-memory SQLite connection with sqlite-vec loaded: Python's sqlite3 when it may load extensions (Debian's
+    does), else apsw (its own SQLite; `pip install apsw`)."""
+    import sqlite3
+    db = sqlite3.connect(":memory:", isolation_level=None)
+    if hasattr(db, "enable_load_extension"):
+        db.enable_load_extension(True)
+        sqlite_vec.load(db)
+        db.enable_load_extension(False)
+        return db
+    import apsw
+    db = apsw.Connection(":memory:")
+    db.enable_load_extension(True)
+    db.load_extension(sqlite_vec.loadable_path())
+    db.enable_load_extension(False)
+    return db
 
 
 def _hnswlib(vectors, n, d):

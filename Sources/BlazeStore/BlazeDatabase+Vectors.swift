@@ -67,7 +67,8 @@ extension BlazeDatabase {
                 let admitted = try Self.admitted(query, db)
                 let hits: [VectorHit]
                 if let definition, let matrix = try vectorIndexes.caughtUp(definition.name, dimensions: definition.dimensions, db) {
-                    hits = matrix.nearest(to: query.vector, k: query.k, metric: metric, admits: admitted.map { set in { set.contains($0) } })
+                    hits = admitted.map { matrix.nearest(to: query.vector, k: query.k, metric: metric, among: $0) }
+                        ?? matrix.nearest(to: query.vector, k: query.k, metric: metric)
                 } else {
                     hits = try Self.scan(query, metric: metric, db)
                 }
@@ -84,11 +85,11 @@ extension BlazeDatabase {
     }
 
     /// The row ids of the documents matching the query's filter; nil when it has none (every document is admitted).
-    private static func admitted(_ query: NearestQuery, _ db: Database) throws -> Set<Int64>? {
+    private static func admitted(_ query: NearestQuery, _ db: Database) throws -> [Int64]? {
         guard query.filter != .all else { return nil }
         var args: [DatabaseValue] = []
         let sql = "SELECT rowid FROM docs WHERE collection = '\(query.collection)' AND \(QueryCompiler.compile(query.filter, &args))"
-        return Set(try Int64.fetchAll(db, sql: sql, arguments: StatementArguments(args)))
+        return try Int64.fetchAll(db, sql: sql, arguments: StatementArguments(args))
     }
 
     /// The nearest documents found by reading every document's vector at the field (no index).
@@ -151,11 +152,16 @@ final class VectorIndexes: Sendable {
         }
         var entry = held.withLock { h -> Held? in h.removeValue(forKey: name) }
         if entry?.build != build || entry?.matrix.dimensions != dimensions {
-            entry = Held(build: build, seen: build, matrix: VectorMatrix(dimensions: dimensions))
+            var matrix = VectorMatrix(dimensions: dimensions)
+            let rows = try Int.fetchOne(
+                db, sql: "SELECT count(*) FROM vector_rows WHERE idx = ? AND v IS NOT NULL", arguments: [name]) ?? 0
+            matrix.reserve(rows)
+            entry = Held(build: build, seen: build, matrix: matrix)
         }
         guard var current = entry else { return nil }
         let rows = try Row.fetchCursor(
-            db.cachedStatement(sql: "SELECT seq, doc, v FROM vector_rows WHERE seq > ? AND idx = ? ORDER BY seq"),
+            // NOT INDEXED: the rows after `seen` by rowid, not every row of the index through `vector_rows_doc`.
+            db.cachedStatement(sql: "SELECT seq, doc, v FROM vector_rows NOT INDEXED WHERE seq > ? AND idx = ? ORDER BY seq"),
             arguments: [current.seen, name])
         while let row = try rows.next() {
             let seq: Int64 = row[0], doc: Int64 = row[1]

@@ -52,6 +52,14 @@ public struct VectorMatrix: Sendable {
     /// Bytes the rows, norms and ids take (not counting the id map's table).
     public var bytes: Int { values.capacity * 4 + squaredNorms.capacity * 4 + ids.capacity * 8 }
 
+    /// Makes room for `rows` rows in all (a load that knows its count holds no spare capacity).
+    public mutating func reserve(_ rows: Int) {
+        values.reserveCapacity(rows * dimensions)
+        squaredNorms.reserveCapacity(rows)
+        ids.reserveCapacity(rows)
+        slots.reserveCapacity(rows)
+    }
+
     /// Adds row `id` or replaces its vector; a vector of another dimension removes the row instead (it cannot be
     /// searched here).
     public mutating func set(_ id: Int64, _ vector: [Float]) {
@@ -105,6 +113,25 @@ public struct VectorMatrix: Sendable {
                 for slot in 0..<ids.count {
                     let id = ids[slot]
                     if let admits, !admits(id) { continue }
+                    let dot = Self.dot(v.baseAddress! + slot * d, q.baseAddress!, d)
+                    heap.offer(VectorHit(id: id, distance: Self.distance(dot, squaredNorms[slot], queryNorm, metric)))
+                }
+            }
+        }
+        return heap.sorted()
+    }
+
+    /// The `k` rows nearest to `query` under `metric` among the rows `ids` names (ids not held are skipped): the
+    /// work is the candidates', not the matrix's, so a selective filter costs little.
+    public func nearest(to query: [Float], k: Int, metric: VectorMetric, among ids: [Int64]) -> [VectorHit] {
+        guard query.count == dimensions, k > 0, !self.ids.isEmpty else { return [] }
+        let queryNorm = Self.dot(query, query)
+        var heap = NearestHeap(k: k)
+        let d = dimensions
+        values.withUnsafeBufferPointer { v in
+            query.withUnsafeBufferPointer { q in
+                for id in ids {
+                    guard let slot = slots[id] else { continue }
                     let dot = Self.dot(v.baseAddress! + slot * d, q.baseAddress!, d)
                     heap.offer(VectorHit(id: id, distance: Self.distance(dot, squaredNorms[slot], queryNorm, metric)))
                 }

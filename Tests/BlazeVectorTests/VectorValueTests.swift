@@ -72,7 +72,10 @@ import Testing
                 let bound = Double(got.last!.distance)
                 #expect(expected.dropFirst(10).allSatisfy { $0.d >= bound - 1e-4 })
             }
-            #expect(m.nearest(to: q, k: 5, metric: .l2, admits: { $0 % 2 == 0 }).allSatisfy { $0.id % 2 == 0 })
+            let even = m.nearest(to: q, k: 5, metric: .l2, admits: { $0 % 2 == 0 })
+            #expect(even.count == 5 && even.allSatisfy { $0.id % 2 == 0 })
+            // The same from the candidates' ids (ids not held are skipped).
+            #expect(m.nearest(to: q, k: 5, metric: .l2, among: Array(stride(from: Int64(0), to: 400, by: 2))) == even)
             #expect(m.nearest(to: [1], k: 5, metric: .l2).isEmpty == (d != 1))
         }
     }
