@@ -30,15 +30,26 @@ public struct VectorHit: Sendable, Equatable {
 /// Vectors of one dimension held in one contiguous block, with each row's squared norm, for exact search: every
 /// row's inner product with the query (SIMD), turned into the metric's distance, the k nearest kept in a heap.
 ///
-/// Rows are keyed by an id (the store's document row id); a removed row's place takes the last row. Not thread-safe:
-/// its owner serialises access.
+/// Rows are keyed by an id (the store's document row id) and live in slots that never move while the matrix keeps
+/// its `generation`: a removed or replaced row's slot is marked dead (skipped by searches) and a new vector takes a new
+/// slot at the end, so a graph over the slots (`HNSWGraph`) stays valid as rows come and go. Once dead slots
+/// outnumber live ones (and at least 1,024), the next change compacts the matrix and starts a new generation. Not
+/// thread-safe: its owner serialises access.
 public struct VectorMatrix: Sendable {
     /// Components per row.
     public let dimensions: Int
-    private var values: [Float] = []
-    private var squaredNorms: [Float] = []
-    private var ids: [Int64] = []
+    /// The rows' components, slot after slot.
+    private(set) var values: [Float] = []
+    /// Each slot's squared norm.
+    private(set) var squaredNorms: [Float] = []
+    /// Each slot's id; `dead` for a removed row.
+    private(set) var ids: [Int64] = []
     private var slots: [Int64: Int] = [:]
+    /// Changes when the slots are renumbered (compaction): a graph over the old slots no longer fits.
+    public private(set) var generation = 0
+
+    /// The id of a dead slot.
+    static let dead = Int64.min
 
     /// An empty matrix of rows of `dimensions` components.
     public init(dimensions: Int) {
@@ -47,7 +58,10 @@ public struct VectorMatrix: Sendable {
     }
 
     /// Rows held.
-    public var count: Int { ids.count }
+    public var count: Int { slots.count }
+
+    /// Slots, live and dead.
+    public var slotCount: Int { ids.count }
 
     /// Bytes the rows, norms and ids take (not counting the id map's table).
     public var bytes: Int { values.capacity * 4 + squaredNorms.capacity * 4 + ids.capacity * 8 }
@@ -60,39 +74,43 @@ public struct VectorMatrix: Sendable {
         slots.reserveCapacity(rows)
     }
 
-    /// Adds row `id` or replaces its vector; a vector of another dimension removes the row instead (it cannot be
-    /// searched here).
+    /// Adds row `id` or replaces its vector (in a new slot); a vector of another dimension removes the row instead (it
+    /// cannot be searched here).
     public mutating func set(_ id: Int64, _ vector: [Float]) {
-        guard vector.count == dimensions else { return remove(id) }
-        let norm = Self.dot(vector, vector)
-        if let slot = slots[id] {
-            values.replaceSubrange(slot * dimensions..<(slot + 1) * dimensions, with: vector)
-            squaredNorms[slot] = norm
-        } else {
-            slots[id] = ids.count
-            ids.append(id)
-            values.append(contentsOf: vector)
-            squaredNorms.append(norm)
-        }
+        guard vector.count == dimensions, id != Self.dead else { return remove(id) }
+        if let old = slots[id] { ids[old] = Self.dead }
+        slots[id] = ids.count
+        ids.append(id)
+        values.append(contentsOf: vector)
+        squaredNorms.append(Self.dot(vector, vector))
+        compactIfSparse()
     }
 
     /// Removes row `id` (nothing when it is not held).
     public mutating func remove(_ id: Int64) {
         guard let slot = slots.removeValue(forKey: id) else { return }
-        let last = ids.count - 1
-        if slot != last {
-            let moved = ids[last]
-            ids[slot] = moved
-            slots[moved] = slot
-            squaredNorms[slot] = squaredNorms[last]
-            values.withUnsafeMutableBufferPointer { v in
-                for j in 0..<dimensions { v[slot * dimensions + j] = v[last * dimensions + j] }
-            }
-        }
-        ids.removeLast()
-        squaredNorms.removeLast()
-        values.removeLast(dimensions)
+        ids[slot] = Self.dead
+        compactIfSparse()
     }
+
+    /// Renumbers the live rows into slots 0..<count once dead slots outnumber them (and at least 1,024).
+    private mutating func compactIfSparse() {
+        let deadSlots = ids.count - slots.count
+        guard deadSlots >= 1024, deadSlots > slots.count else { return }
+        var compact = VectorMatrix(dimensions: dimensions)
+        compact.reserve(slots.count)
+        for slot in ids.indices where ids[slot] != Self.dead {
+            compact.slots[ids[slot]] = compact.ids.count
+            compact.ids.append(ids[slot])
+            compact.values.append(contentsOf: values[slot * dimensions..<(slot + 1) * dimensions])
+            compact.squaredNorms.append(squaredNorms[slot])
+        }
+        compact.generation = generation + 1
+        self = compact
+    }
+
+    /// The slot of row `id`, if held.
+    public func slot(of id: Int64) -> Int? { slots[id] }
 
     /// The vector of row `id`, if held.
     public func vector(_ id: Int64) -> [Float]? {
@@ -112,6 +130,7 @@ public struct VectorMatrix: Sendable {
             query.withUnsafeBufferPointer { q in
                 for slot in 0..<ids.count {
                     let id = ids[slot]
+                    if id == Self.dead { continue }
                     if let admits, !admits(id) { continue }
                     let dot = Self.dot(v.baseAddress! + slot * d, q.baseAddress!, d)
                     heap.offer(VectorHit(id: id, distance: Self.distance(dot, squaredNorms[slot], queryNorm, metric)))
