@@ -316,12 +316,8 @@ public struct Change: Hashable, Sendable {
                 guard fields!.count == a.count else { throw CRDTDecodingError("malformed index fields") }
             default: fields = nil
             }
-            var vector: IndexVector?
-            if let v = o["v"] {
-                guard let spec = IndexVector(json: v) else { throw CRDTDecodingError("malformed vector index") }
-                vector = spec
-            }
-            return .index(name: n, collection: c, fields: fields, vector: vector)
+            // Held as written, whatever its shape (a newer build's is not refused; SQLStorage builds only what it reads).
+            return .index(name: n, collection: c, fields: fields, vector: o["v"].map(IndexVector.init(json:)))
         default:
             throw CRDTDecodingError("unknown op kind \(kind)")
         }

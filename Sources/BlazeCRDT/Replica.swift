@@ -22,30 +22,31 @@ public struct IndexState: Hashable, Sendable {
 
 /// What makes an index a vector index: the dimensions of the vectors it holds and the metric it is searched by.
 ///
-/// The metric is kept as the text the author wrote: a definition from a newer replica naming a metric this build does
-/// not know is held (the register converges) and not built.
+/// Kept as the JSON the author wrote (`{"d": dimensions, "m": metric}`, and whatever a newer build adds): a definition
+/// this build cannot read (another shape, a metric it does not know) is held as it came — the register converges,
+/// the change is not refused — and not built.
 public struct IndexVector: Hashable, Sendable {
-    /// Components of each vector.
-    public let dimensions: Int
-    /// The metric's name (`cosine`, `l2`, `ip`).
-    public let metric: String
+    /// The JSON form in index operations and stored states, as written.
+    public let jsonValue: JSONValue
 
     /// A vector index's shape.
     public init(dimensions: Int, metric: String) {
-        self.dimensions = dimensions
-        self.metric = metric
+        jsonValue = ["d": .int(Int64(dimensions)), "m": .string(metric)]
     }
 
-    /// The JSON form in index operations and stored states: `{"d": dimensions, "m": metric}`.
-    public var jsonValue: JSONValue { ["d": .int(Int64(dimensions)), "m": .string(metric)] }
-
-    /// Decodes the JSON form; nil when it is not exactly that (dimensions ≥ 1, a metric of at most 32 bytes).
-    public init?(json: JSONValue) {
-        guard case .object(let o) = json, o.count == 2, case .int(let d)? = o["d"], d >= 1, d <= 1 << 20,
-            case .string(let m)? = o["m"], !m.isEmpty, m.utf8.count <= 32
-        else { return nil }
-        self.init(dimensions: Int(d), metric: m)
+    /// Any JSON value as a vector index's shape (an object is expected; anything else is held and not built).
+    public init(json: JSONValue) {
+        jsonValue = json
     }
+
+    /// Components of each vector; 0 when the shape does not say (not built).
+    public var dimensions: Int {
+        guard case .int(let d)? = jsonValue["d"], d >= 1, d <= 1 << 20 else { return 0 }
+        return Int(d)
+    }
+
+    /// The metric's name (`cosine`, `l2`, `ip`); "" when the shape does not say (not built).
+    public var metric: String { jsonValue["m"]?.stringValue ?? "" }
 }
 
 /// Where a replica keeps its state; the SQLite store and the in-memory test replica implement it.

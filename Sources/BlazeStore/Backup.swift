@@ -267,6 +267,10 @@ enum RestoreCheck {
                     + wrong.joined(separator: " OR ") + " LIMIT 1")
             guard found == nil else { throw invalid("a value of the wrong type in table \(table)") }
         }
+        // SQLite never gives a row id ≤ 0 itself; a vector index's build marker is document −1.
+        guard try Int.fetchOne(db, sql: "SELECT count(*) FROM docs WHERE rowid <= 0") == 0 else {
+            throw invalid("a document row id of 0 or less")
+        }
         let homeText = try String.fetchOne(db, sql: "SELECT value FROM meta WHERE key = 'stamp_home'")
         var coding = StampCoding.hex
         if let homeText {
@@ -341,8 +345,8 @@ enum RestoreCheck {
                 case .array(let list)? = try? JSONParser(maxDepth: 4).parse(fields), !list.isEmpty,
                 list.allSatisfy({ $0.stringValue.flatMap { try? FieldPath($0) } != nil }),
                 vector.map({ v in
-                    list.count == 1 && (try? JSONParser(maxDepth: 4).parse(v)).flatMap(IndexVector.init(json:)).map {
-                        VectorMetric(rawValue: $0.metric) != nil && $0.dimensions <= VectorValue.maxDimensions
+                    list.count == 1 && (try? JSONParser(maxDepth: 4).parse(v)).map(IndexVector.init(json:)).map {
+                        VectorMetric(rawValue: $0.metric) != nil && $0.dimensions >= 1 && $0.dimensions <= VectorValue.maxDimensions
                     } == true
                 }) ?? true
             else { throw invalid("an invalid definition of index \(Names.quoted(name))") }
@@ -368,6 +372,8 @@ enum RestoreCheck {
 
     /// Builds every user index from its definition in `indexes` (after unknown indexes were dropped).
     static func rebuildUserIndexes(_ db: Database) throws {
+        // The file's sequence of vector rows is not kept: the rows are built again below.
+        try db.execute(sql: "DELETE FROM sqlite_sequence WHERE name = 'vector_rows'")
         try VectorIndexSQL.rebuildAll(in: db)
         for row in try Row.fetchAll(db, sql: "SELECT name, collection, fields FROM indexes WHERE vector IS NULL") {
             let name: String = row[0], collection: String = row[1], fields: String = row[2]

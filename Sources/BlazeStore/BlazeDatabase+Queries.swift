@@ -288,7 +288,7 @@ extension BlazeDatabase {
                 arguments: [collection])
             return try rows.map { row in
                 let fields = try JSONParser().parse(row[2] as String).arrayValue?.compactMap(\.stringValue) ?? []
-                let vector = try (row[3] as String?).flatMap { IndexVector(json: try JSONParser(maxDepth: 4).parse($0)) }
+                let vector = try (row[3] as String?).map { IndexVector(json: try JSONParser(maxDepth: 4).parse($0)) }
                 return IndexInfo(name: row[0], collection: row[1], fields: fields, vector: vector)
             }
         }

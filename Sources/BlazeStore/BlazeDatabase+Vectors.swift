@@ -116,7 +116,7 @@ extension BlazeDatabase {
             let row = try Row.fetchOne(
                 db, sql: "SELECT name, vector FROM indexes WHERE collection = ? AND fields = ? AND vector IS NOT NULL ORDER BY name LIMIT 1",
                 arguments: [collection, fields]),
-            let spec = IndexVector(json: try JSONParser(maxDepth: 4).parse(row[1] as String))
+            case let spec = IndexVector(json: try JSONParser(maxDepth: 4).parse(row[1] as String)), spec.dimensions > 0
         else { return nil }
         return (row[0], spec.dimensions, spec.metric)
     }

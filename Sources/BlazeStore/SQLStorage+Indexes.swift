@@ -11,7 +11,7 @@ extension SQLStorage {
             case .string(let collection)? = o["c"]
         else { return nil }
         let fields = o["f"]?.arrayValue?.compactMap(\.stringValue)
-        return IndexState(stamp: stamp, collection: collection, fields: fields, vector: o["v"].flatMap(IndexVector.init(json:)))
+        return IndexState(stamp: stamp, collection: collection, fields: fields, vector: o["v"].map(IndexVector.init(json:)))
     }
 
     /// Stores the winning definition and makes the SQLite index match it.
@@ -27,6 +27,13 @@ extension SQLStorage {
         try db.execute(
             sql: "INSERT INTO index_states(name, state) VALUES (?, ?) ON CONFLICT(name) DO UPDATE SET state = excluded.state",
             arguments: [name, json.jsonText])
+        // The same definition again (a newer stamp, or a replica sending it twice) keeps what is built: no rebuild.
+        let fieldsText = state.fields.map { JSONValue.array($0.map(JSONValue.string)).jsonText }
+        if let fieldsText, let built = try Row.fetchOne(db, sql: "SELECT collection, fields, vector FROM indexes WHERE name = ?", arguments: [name]),
+            built[0] as String == state.collection, built[1] as String == fieldsText, built[2] as String? == state.vector?.jsonValue.jsonText
+        {
+            return
+        }
         let sqlName = WriteTransaction.sqlIndexName(name)
         try db.execute(sql: "DROP INDEX IF EXISTS \(sqlName)")
         if (try? Names.validateIndex(name)) != nil { try VectorIndexSQL.drop(name, in: db) }
@@ -37,7 +44,7 @@ extension SQLStorage {
                 let paths = try? fields.map({ (f: String) throws(StoreError) -> FieldPath in try FieldPath(f) })
             else { return }
             if let vector = state.vector {
-                guard paths.count == 1, VectorMetric(rawValue: vector.metric) != nil,
+                guard paths.count == 1, VectorMetric(rawValue: vector.metric) != nil, vector.dimensions >= 1,
                     vector.dimensions <= VectorValue.maxDimensions
                 else { return }
             }

@@ -177,11 +177,7 @@ extension BlazeDatabase {
                             case .string(let collection)? = o["c"], (try? Names.validateCollection(collection)) != nil
                         else { throw bad("an invalid index definition") }
                         let fields = o["f"]?.arrayValue?.compactMap(\.stringValue)
-                        var vector: IndexVector?
-                        if let v = o["v"] {
-                            guard let spec = IndexVector(json: v) else { throw bad("an invalid index definition") }
-                            vector = spec
-                        }
+                        let vector = o["v"].map(IndexVector.init(json:))
                         indexes.append((name, IndexState(stamp: stamp, collection: collection, fields: fields, vector: vector)))
                     } else if case .array(let d)? = record["d"], d.count == 6, record.count == 1, let coding = home {
                         guard case .string(let collection) = d[0], case .string(let id) = d[1], case .string(let stateText) = d[2],

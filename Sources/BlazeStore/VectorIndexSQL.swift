@@ -4,8 +4,9 @@ import BlazeVector
 import Foundation
 import GRDB
 
-/// The stored, local side of vector indexes: `vector_rows` holds, per index, each document's vector as float32 bytes
-/// (or NULL: none, or the document is gone), kept by triggers on `docs` in the transaction of every write — local,
+/// The stored, local side of vector indexes: `vector_rows` holds, per index, the float32 bytes of each document's
+/// vector (NULL: not a vector of the index's dimensions, or no longer there: a document that held one lost it or went;
+/// a document that never held one has no row), kept by triggers on `docs` in the transaction of every write — local,
 /// remote, snapshot install, restore — so it is never behind the documents. Rows only grow in `seq`: a reader holding
 /// an index in memory (`VectorIndexes`) catches up by reading the rows after the last it saw.
 ///
@@ -40,7 +41,8 @@ enum VectorIndexSQL {
         let names = triggers(name)
         try db.execute(
             sql: """
-                CREATE TRIGGER \(names[0]) AFTER INSERT ON docs WHEN new.collection = '\(collection)' BEGIN
+                CREATE TRIGGER \(names[0]) AFTER INSERT ON docs
+                WHEN new.collection = '\(collection)' AND json_extract(new.body, \(p)) IS NOT NULL BEGIN
                     DELETE FROM vector_rows WHERE idx = '\(name)' AND doc = new.rowid;
                     INSERT INTO vector_rows(idx, doc, v) VALUES ('\(name)', new.rowid, \(vector));
                 END;
@@ -49,7 +51,8 @@ enum VectorIndexSQL {
                     DELETE FROM vector_rows WHERE idx = '\(name)' AND doc = new.rowid;
                     INSERT INTO vector_rows(idx, doc, v) VALUES ('\(name)', new.rowid, \(vector));
                 END;
-                CREATE TRIGGER \(names[2]) AFTER DELETE ON docs WHEN old.collection = '\(collection)' BEGIN
+                CREATE TRIGGER \(names[2]) AFTER DELETE ON docs
+                WHEN old.collection = '\(collection)' AND json_extract(old.body, \(p)) IS NOT NULL BEGIN
                     DELETE FROM vector_rows WHERE idx = '\(name)' AND doc = old.rowid;
                     INSERT INTO vector_rows(idx, doc, v) VALUES ('\(name)', old.rowid, NULL);
                 END;
@@ -60,7 +63,8 @@ enum VectorIndexSQL {
         try db.execute(
             sql: """
                 INSERT INTO vector_rows(idx, doc, v)
-                SELECT ?, rowid, blaze_vector(json_extract(body, \(p)), ?) FROM docs WHERE collection = ?
+                SELECT ?, rowid, blaze_vector(json_extract(body, \(p)), ?) FROM docs
+                WHERE collection = ? AND json_extract(body, \(p)) IS NOT NULL
                 """,
             arguments: [name, dimensions, collection])
     }
@@ -91,7 +95,8 @@ enum VectorIndexSQL {
         try dropAll(in: db)
         for row in try Row.fetchAll(db, sql: "SELECT name, collection, fields, vector FROM indexes WHERE vector IS NOT NULL") {
             let name: String = row[0], collection: String = row[1], fields: String = row[2], vector: String = row[3]
-            guard let spec = IndexVector(json: try JSONParser(maxDepth: 4).parse(vector)),
+            let spec = IndexVector(json: try JSONParser(maxDepth: 4).parse(vector))
+            guard spec.dimensions > 0,
                 case .array(let list) = try JSONParser(maxDepth: 4).parse(fields), list.count == 1,
                 let field = list[0].stringValue
             else { continue }

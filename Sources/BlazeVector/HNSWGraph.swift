@@ -27,7 +27,7 @@ public struct HNSWGraph: Sendable {
     /// The metric distances are measured in.
     public let metric: VectorMetric
     /// The matrix generation the slots belong to.
-    public let generation: Int
+    public let generation: UInt64
     private let m0: Int
     /// Layer-0 links: `m0` per node, the first `count0[node]` used.
     private var links0: [Int32] = []
@@ -71,7 +71,7 @@ public struct HNSWGraph: Sendable {
     public func nearest(
         to query: [Float], k: Int, ef: Int, in matrix: VectorMatrix, admits: ((Int64) -> Bool)? = nil
     ) -> [VectorHit] {
-        guard query.count == matrix.dimensions, k > 0, matrix.generation == generation, entry >= 0 else {
+        guard query.count == matrix.dimensions, k > 0, matrix.generation == generation, entry >= 0, nodes <= matrix.slotCount else {
             return matrix.nearest(to: query, k: k, metric: metric, admits: admits)
         }
         let ids = matrix.ids

@@ -45,8 +45,9 @@ public struct VectorMatrix: Sendable {
     /// Each slot's id; `dead` for a removed row.
     private(set) var ids: [Int64] = []
     private var slots: [Int64: Int] = [:]
-    /// Changes when the slots are renumbered (compaction): a graph over the old slots no longer fits.
-    public private(set) var generation = 0
+    /// This matrix's slots' identity: new for each matrix and each compaction (a renumbering), so a graph over other
+    /// slots is never used with these.
+    public private(set) var generation = UInt64.random(in: 1...UInt64.max)
 
     /// The id of a dead slot.
     static let dead = Int64.min
@@ -105,7 +106,6 @@ public struct VectorMatrix: Sendable {
             compact.values.append(contentsOf: values[slot * dimensions..<(slot + 1) * dimensions])
             compact.squaredNorms.append(squaredNorms[slot])
         }
-        compact.generation = generation + 1
         self = compact
     }
 
@@ -162,13 +162,16 @@ public struct VectorMatrix: Sendable {
     /// The distance under `metric` of two vectors from their inner product and squared norms.
     @inline(__always)
     static func distance(_ dot: Float, _ a: Float, _ b: Float, _ metric: VectorMetric) -> Float {
+        let d: Float
         switch metric {
-        case .ip: return -dot
-        case .l2: return max(0, a + b - 2 * dot).squareRoot()
+        case .ip: d = -dot
+        case .l2: d = max(0, a + b - 2 * dot).squareRoot()
         case .cosine:
             let denominator = (a * b).squareRoot()
-            return denominator > 0 ? 1 - dot / denominator : 1
+            d = denominator > 0 ? 1 - dot / denominator : 1
         }
+        // Vectors are checked (finite squared lengths), so this is never NaN; should one be, it is the farthest.
+        return d.isNaN ? .infinity : d
     }
 
     /// The distance under `metric` between `a` and `b` (same length), computed directly: the reference the tests

@@ -38,11 +38,15 @@ public enum VectorValue {
                 guard f.isFinite else { throw VectorValueError("component \(i) of the vector (\(x)) is outside float32's range") }
                 out.append(f)
             }
+            guard squaredNormIsFinite(out) else {
+                throw VectorValueError("the vector's squared length overflows float32 (its components are too large)")
+            }
             return out
         case .string(let text):
             guard let floats = decode(text) else {
                 throw VectorValueError(
-                    "a vector's text is base64 (with padding) of 1 to \(maxDimensions) little-endian float32 values, all finite")
+                    "a vector's text is base64 (with padding) of 1 to \(maxDimensions) little-endian float32 values, all finite, "
+                        + "whose squared length fits float32")
             }
             return floats
         default:
@@ -135,8 +139,26 @@ public enum VectorValue {
     /// A float32 as the JSON number with its shortest decimal text (0.1, not 0.10000000149011612): read back as a
     /// float32 it is the same value.
     static func number(_ f: Float) -> JSONValue {
-        if f == f.rounded(), abs(f) < 1e15 { return .int(Int64(f)) }
+        if f == f.rounded(), abs(f) < 1e15, !(f == 0 && f.sign == .minus) { return .int(Int64(f)) }
         return .double(Double("\(f)") ?? Double(f))
+    }
+
+    /// True when the sum of the squares of `v` is finite in float32: then every distance between such vectors is too
+    /// (a product of two of them is bounded by their lengths).
+    static func squaredNormIsFinite(_ v: [Float]) -> Bool {
+        var sum: Float = 0
+        for x in v { sum += x * x }
+        return sum.isFinite
+    }
+
+    /// True when `fields` (a document's or a patch's) names the `$vector` member itself: a top-level field called
+    /// `$vector`, or a path through one (`emb.$vector`). A vector is written whole, by its field.
+    public static func namesMarker(_ names: some Sequence<String>) -> String? {
+        names.first { name in
+            // Most names hold no `$`: one byte scan, no split.
+            name.utf8.contains(UInt8(ascii: "$"))
+                && (name == marker || name.split(separator: ".", omittingEmptySubsequences: false).contains { $0 == marker })
+        }
     }
 
     // MARK: Base64 of float32
@@ -198,7 +220,7 @@ public enum VectorValue {
                 guard f.isFinite else { return nil }
                 out[i] = f
             }
-            return out
+            return squaredNormIsFinite(out) ? out : nil
         }
     }
 

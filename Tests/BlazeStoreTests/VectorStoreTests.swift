@@ -83,6 +83,8 @@ import Testing
             (["$vector": .array([1, 2]), "other": 1], "no other members"),
             (["$vector": 5], "array of numbers or a base64 string"),
             (["$vector": .array(Array(repeating: 1, count: 4097))], "1 to 4096"),
+            // Finite components whose squared length overflows float32: every distance would be NaN or infinite.
+            (["$vector": .array([.double(3e38), .double(3e38)])], "overflows"),
         ]
         for (value, message) in bad {
             #expect {
@@ -92,6 +94,16 @@ import Testing
                 return e.kind == "invalid_vector" && e.message.contains(message) && e.message.hasPrefix("a.b: ")
             }
         }
+        // A vector is written whole: not a field named $vector, not a patch path through one.
+        _ = try db.apply(.put(collection: "p", id: "v", doc: ["a": ["$vector": [1, 2, 3, 4]]]))
+        for op: WriteOp in [
+            .put(collection: "p", id: "x", doc: ["$vector": [1, 2]]),
+            .patch(collection: "p", id: "v", set: ["a.$vector": [1, 2, 3, 5]]),
+            .patch(collection: "p", id: "v", unset: ["a.$vector"]),
+        ] {
+            #expect { _ = try db.apply(op) } throws: { ($0 as? StoreError)?.kind == "invalid_vector" }
+        }
+        _ = try db.apply(.delete(collection: "p", id: "v"))
         #expect(throws: StoreError.self) {
             _ = try db.write { try $0.createIndex(collection: "p", fields: ["a", "b"], name: nil, vector: IndexVector(dimensions: 4, metric: "l2")) }
         }
@@ -141,6 +153,19 @@ import Testing
         let wq = VectorValue.storedComponents(winner!)!
         #expect(ids(try a.nearest(NearestQuery(collection: "p", field: try FieldPath("e"), vector: wq, k: 1))) == ["d7"])
         #expect(ids(try b.nearest(NearestQuery(collection: "p", field: try FieldPath("e"), vector: wq, k: 1))) == ["d7"])
+
+        // A definition of a shape this build does not read (a newer build's metric, or no object at all) is held, not
+        // refused, and not built; one with members this build does not know is built from those it does.
+        let stranger = randomNode()
+        let odd = Change(
+            origin: stranger, seq: 1, hlc: HLC(milliseconds: UInt64(Date().timeIntervalSince1970 * 1000)), deps: try b.versionVector(),
+            ops: [
+                .index(name: "hamming", collection: "p", fields: ["e"], vector: IndexVector(json: ["d": 4, "m": "hamming"])),
+                .index(name: "weird", collection: "p", fields: ["e"], vector: IndexVector(json: "weird")),
+                .index(name: "newer", collection: "p", fields: ["e"], vector: IndexVector(json: ["d": 4, "m": "l2", "q": true])),
+            ])
+        _ = try b.receive([odd])
+        #expect(try b.indexes(collection: "p").map(\.name) == ["e", "newer"])
 
         // A replica joining from a snapshot builds the index from the snapshot's documents and definition.
         var parts: [[UInt8]] = []
