@@ -153,9 +153,9 @@ export interface QueryFindParams { "db": DatabaseName; "collection": CollectionN
 /** Result of `query.find`. */
 export type QueryFindResult = { "docs": Array<Document>; "cursor": string | null };
 /** Parameters of `query.nearest`: Finds the k documents whose vectors at a field are nearest to a vector, optionally among those matching a filter. */
-export interface QueryNearestParams { "db": DatabaseName; "collection": CollectionName; "field": string; "vector": VectorInput; "k": number; "where"?: Filter; "fields"?: FieldList; "metric"?: string; "vectors"?: string }
+export interface QueryNearestParams { "db": DatabaseName; "collection": CollectionName; "field": string; "vector": VectorInput; "k": number; "where"?: Filter; "fields"?: FieldList; "metric"?: string; "exact"?: boolean; "ef"?: number; "vectors"?: string }
 /** Result of `query.nearest`. */
-export type QueryNearestResult = { "results": Array<{ "doc": Document; "distance": number }>; "metric": VectorMetric; "index": string | null };
+export type QueryNearestResult = { "results": Array<{ "doc": Document; "distance": number }>; "metric": VectorMetric; "index": string | null; "approximate": boolean };
 /** Parameters of `query.count`: Counts documents matching a filter. */
 export interface QueryCountParams { "db": DatabaseName; "collection": CollectionName; "where"?: Filter }
 /** Result of `query.count`. */

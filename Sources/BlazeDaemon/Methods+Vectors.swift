@@ -12,13 +12,17 @@ extension Methods {
             throw RPCError(code: RPCErrorCode.invalidParams, kind: "invalid_vector", message: "vector: \(error.description)")
         }
         let expand = try expandsVectors(p.vectors)
-        let query = NearestQuery(
+        var query = NearestQuery(
             collection: p.collection, field: try FieldPath(p.field), vector: vector, k: p.k,
             filter: try Filter.parse(p.where.map(JSONValue.object)), fields: try projection(p.fields), metric: try metric(p.metric))
+        query.exact = p.exact ?? false
+        query.ef = p.ef
         let r = try ctx.database(p.db).nearest(query)
         return .init(
-            results: r.hits.map { .init(doc: expand ? VectorValue.expanded($0.doc) : $0.doc, distance: Double($0.distance)) },
-            metric: .init(rawValue: r.metric.rawValue)!, index: r.index)
+            results: r.hits.map {
+                .init(doc: expand ? VectorValue.expanded($0.doc) : $0.doc, distance: $0.distance.isFinite ? Double($0.distance) : .greatestFiniteMagnitude)
+            },
+            metric: .init(rawValue: r.metric.rawValue)!, index: r.index, approximate: r.approximate)
     }
 
     /// The metric a `metric` parameter names (nil when absent).

@@ -21,6 +21,10 @@ public struct NearestQuery: Sendable {
     public var fields: [FieldPath]?
     /// The metric; nil: the index's, or cosine without an index.
     public var metric: VectorMetric?
+    /// Compute every candidate's distance even where the index has a graph.
+    public var exact = false
+    /// The graph search's candidate list (at least `k`; default 64): larger finds more of the true nearest, slower.
+    public var ef: Int?
 
     /// A query.
     public init(
@@ -40,6 +44,8 @@ public struct NearestResult: Sendable {
     public var metric: VectorMetric
     /// The vector index searched; nil when the documents were scanned.
     public var index: String?
+    /// Whether the index's graph answered (approximate) rather than every candidate's distance (exact).
+    public var approximate = false
 }
 
 /// Nearest-neighbour search over a field of vectors (issue #52): exact, over the field's vector index held in memory
@@ -61,14 +67,32 @@ extension BlazeDatabase {
                         + "vectors of \(definition.dimensions)")
             }
         }
-        let metric = query.metric ?? definition.flatMap { VectorMetric(rawValue: $0.metric) } ?? .cosine
+        let indexMetric = definition.flatMap { VectorMetric(rawValue: $0.metric) } ?? .cosine
+        let metric = query.metric ?? indexMetric
+        if let ef = query.ef, ef < 1 || ef > limits.maxQueryLimit {
+            throw StoreError(.limitExceeded, kind: "limit_out_of_range", "ef must be between 1 and \(limits.maxQueryLimit), got \(ef)")
+        }
         return try vectorIndexes.serialized {
             try read { db in
                 let admitted = try Self.admitted(query, db)
-                let hits: [VectorHit]
-                if let definition, let matrix = try vectorIndexes.caughtUp(definition.name, dimensions: definition.dimensions, db) {
-                    hits = admitted.map { matrix.nearest(to: query.vector, k: query.k, metric: metric, among: $0) }
-                        ?? matrix.nearest(to: query.vector, k: query.k, metric: metric)
+                var hits: [VectorHit]
+                var approximate = false
+                if let definition,
+                    let (matrix, graph) = try vectorIndexes.caughtUp(definition.name, dimensions: definition.dimensions, metric: indexMetric, db)
+                {
+                    // The graph answers when there is one, the caller did not ask for exact, the metric is the one it
+                    // was built for, and a filter admits at least a fifth of the rows (fewer: their own distances are
+                    // cheaper than a graph search that must pass over the others).
+                    let share = admitted.map { Double($0.count) / Double(max(1, matrix.count)) } ?? 1
+                    if let graph, !query.exact, metric == indexMetric, share >= 0.2 {
+                        let ef = min(limits.maxQueryLimit, Int(Double(max(query.ef ?? 64, query.k)) / share))
+                        let set = admitted.map(Set.init)
+                        hits = graph.nearest(to: query.vector, k: query.k, ef: ef, in: matrix, admits: set.map { s in { s.contains($0) } })
+                        approximate = true
+                    } else {
+                        hits = admitted.map { matrix.nearest(to: query.vector, k: query.k, metric: metric, among: $0) }
+                            ?? matrix.nearest(to: query.vector, k: query.k, metric: metric)
+                    }
                 } else {
                     hits = try Self.scan(query, metric: metric, db)
                 }
@@ -79,7 +103,7 @@ extension BlazeDatabase {
                     let doc = try Self.decodeBody(text)
                     out.append((.object(query.fields.map { Projection.apply($0, to: doc) } ?? doc), hit.distance))
                 }
-                return NearestResult(hits: out, metric: metric, index: definition?.name)
+                return NearestResult(hits: out, metric: metric, index: definition?.name, approximate: approximate)
             }
         }
     }
@@ -119,64 +143,5 @@ extension BlazeDatabase {
             case let spec = IndexVector(json: try JSONParser(maxDepth: 4).parse(row[1] as String)), spec.dimensions > 0
         else { return nil }
         return (row[0], spec.dimensions, spec.metric)
-    }
-}
-
-/// The vector indexes of one database held in memory: each a `VectorMatrix` built from `vector_rows` on its first
-/// search and caught up with the rows written since before every later one (the rows only grow in `seq`). Searches
-/// run one at a time, each in a read transaction begun after the previous ended, so the matrix never gets ahead of
-/// the documents a search reads.
-final class VectorIndexes: Sendable {
-    private struct Held {
-        /// The seq of the build marker the rows were loaded under.
-        var build: Int64
-        /// The last row seq applied.
-        var seen: Int64
-        var matrix: VectorMatrix
-    }
-
-    private let held = Mutex<[String: Held]>([:])
-    private let order = Mutex<Void>(())
-
-    /// Runs `body` while no other search of this database runs.
-    func serialized<T>(_ body: () throws -> T) throws -> T {
-        try order.withLock { _ in try body() }
-    }
-
-    /// Index `name`'s matrix, caught up with `db`'s rows (loaded whole when first asked, or when the rows were built
-    /// again); nil when the index is not built. Called inside `serialized`.
-    func caughtUp(_ name: String, dimensions: Int, _ db: Database) throws -> VectorMatrix? {
-        guard let build = try VectorIndexSQL.build(of: name, in: db) else {
-            held.withLock { _ = $0.removeValue(forKey: name) }
-            return nil
-        }
-        var entry = held.withLock { h -> Held? in h.removeValue(forKey: name) }
-        if entry?.build != build || entry?.matrix.dimensions != dimensions {
-            var matrix = VectorMatrix(dimensions: dimensions)
-            let rows = try Int.fetchOne(
-                db, sql: "SELECT count(*) FROM vector_rows WHERE idx = ? AND v IS NOT NULL", arguments: [name]) ?? 0
-            matrix.reserve(rows)
-            entry = Held(build: build, seen: build, matrix: matrix)
-        }
-        guard var current = entry else { return nil }
-        let rows = try Row.fetchCursor(
-            // NOT INDEXED: the rows after `seen` by rowid, not every row of the index through `vector_rows_doc`.
-            db.cachedStatement(sql: "SELECT seq, doc, v FROM vector_rows NOT INDEXED WHERE seq > ? AND idx = ? ORDER BY seq"),
-            arguments: [current.seen, name])
-        while let row = try rows.next() {
-            let seq: Int64 = row[0], doc: Int64 = row[1]
-            current.seen = seq
-            guard doc >= 0 else { continue }
-            if let bytes = row[2] as Data?, bytes.count == dimensions * 4 {
-                let floats = [Float](unsafeUninitializedCapacity: dimensions) { buffer, count in
-                    count = bytes.copyBytes(to: buffer) / 4
-                }
-                current.matrix.set(doc, floats)
-            } else {
-                current.matrix.remove(doc)
-            }
-        }
-        held.withLock { $0[name] = current }
-        return current.matrix
     }
 }

@@ -212,6 +212,7 @@ public final class BlazeDatabase: Sendable {
 
     /// Closes the database's connections; further use fails.
     public func close() throws {
+        vectorIndexes.close()
         feed.end(StoreError(.unavailable, kind: "shutting_down", "the daemon is shutting down"))
         try connections.close()
     }

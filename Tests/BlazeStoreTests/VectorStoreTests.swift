@@ -187,3 +187,57 @@ import Testing
         #expect(onCopy.index == "e" && ids(onCopy) == ids(onOriginal))
     }
 }
+
+/// The graph an index gets from `VectorIndexes.approximateFrom` rows: built on its own thread while searches answer
+/// exactly, then answering (approximate) with the true nearest most of the time; exact on request, for another metric
+/// and for a selective filter; rows written after the build found.
+@Suite struct VectorGraphStoreTests {
+    @Test func aLargeIndexGetsAGraphThatAnswersNearlyAsExactSearch() throws {
+        let t = try TempStore()
+        let db = try t.store.create("v")
+        _ = try db.write { try $0.createIndex(collection: "p", fields: ["e"], name: "e", vector: IndexVector(dimensions: 8, metric: "l2")) }
+        var rng = SeededRandom(seed: testSeed("vector-graph"))
+        let centres = (0..<100).map { _ in (0..<8).map { _ in Float.random(in: -1...1, using: &rng) } }
+        func near() -> [Float] { centres[Int.random(in: 0..<100, using: &rng)].map { $0 + Float.random(in: -0.2...0.2, using: &rng) } }
+        let n = VectorIndexes.approximateFrom + 500
+        for start in stride(from: 0, to: n, by: 1000) {
+            let ops: [WriteOp] = (start..<min(n, start + 1000)).map { i in
+                .put(collection: "p", id: "d\(i)", doc: ["e": VectorValue.stored(near()), "i": .int(Int64(i))])
+            }
+            _ = try db.commit(ops)
+        }
+        let field = try FieldPath("e")
+        let queries = (0..<20).map { _ in near() }
+        // The first search starts the build and answers exactly.
+        let first = try db.nearest(NearestQuery(collection: "p", field: field, vector: queries[0], k: 10))
+        #expect(!first.approximate && first.hits.count == 10)
+        #expect(eventually(timeout: .seconds(300)) { db.vectorIndexes.hasGraph("e") }, "no graph was built")
+        // Written after the build: found too (the graph is extended, or the rows past it are searched exactly).
+        let late = near()
+        _ = try db.apply(.put(collection: "p", id: "late", doc: ["e": VectorValue.stored(late), "i": -1]))
+        var found = 0
+        for q in queries {
+            let approximate = try db.nearest(NearestQuery(collection: "p", field: field, vector: q, k: 10))
+            var exactQuery = NearestQuery(collection: "p", field: field, vector: q, k: 10)
+            exactQuery.exact = true
+            let exact = try db.nearest(exactQuery)
+            #expect(approximate.approximate && !exact.approximate)
+            let ids = { (r: NearestResult) in Set(r.hits.compactMap { $0.doc["_id"]?.stringValue }) }
+            found += ids(approximate).intersection(ids(exact)).count
+        }
+        #expect(Double(found) / 200 >= 0.9, "recall@10 \(Double(found) / 200)")
+        #expect(try db.nearest(NearestQuery(collection: "p", field: field, vector: late, k: 1)).hits.first?.doc["_id"] == "late")
+        // Another metric, and a filter admitting a tenth: exact.
+        #expect(try !db.nearest(NearestQuery(collection: "p", field: field, vector: late, k: 3, metric: .cosine)).approximate)
+        let tenth = try db.nearest(NearestQuery(collection: "p", field: field, vector: late, k: 3, filter: try Filter.parse(["i": ["$lt": 1000]] as JSONValue)))
+        #expect(!tenth.approximate && tenth.hits.allSatisfy { ($0.doc["i"]?.intValue ?? .max) < 1000 })
+        // A filter admitting most: the graph, and only matching documents.
+        let most = try db.nearest(NearestQuery(collection: "p", field: field, vector: late, k: 5, filter: try Filter.parse(["i": ["$gte": 1000]] as JSONValue)))
+        #expect(most.approximate && most.hits.count == 5 && most.hits.allSatisfy { ($0.doc["i"]?.intValue ?? -1) >= 1000 })
+        #expect(throws: StoreError.self) {
+            var q = NearestQuery(collection: "p", field: field, vector: late, k: 3)
+            q.ef = 0
+            _ = try db.nearest(q)
+        }
+    }
+}

@@ -257,6 +257,8 @@ class QueryNearestResult(TypedDict):
     metric: Literal['cosine', 'l2', 'ip']
     # The vector index searched; null when the documents were read.
     index: Optional[str]
+    # True when the index's graph (HNSW) answered: the results are the nearest it found, most often the true nearest; false when every candidate's distance was computed.
+    approximate: bool
 
 
 class QueryCountResult(TypedDict):

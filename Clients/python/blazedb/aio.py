@@ -471,7 +471,7 @@ class _Query:
             params["vectors"] = vectors
         return cast(QueryFindResult, await self._client.call("query.find", params))
 
-    async def nearest(self, *, db: str, collection: str, field: str, vector: Any, k: int, where: Dict[str, Any] = MISSING, fields: List[str] = MISSING, metric: str = MISSING, vectors: str = MISSING) -> QueryNearestResult:
+    async def nearest(self, *, db: str, collection: str, field: str, vector: Any, k: int, where: Dict[str, Any] = MISSING, fields: List[str] = MISSING, metric: str = MISSING, exact: bool = MISSING, ef: int = MISSING, vectors: str = MISSING) -> QueryNearestResult:
         """Finds the k documents whose vectors at a field are nearest to a vector, optionally among those matching a filter.
 
         db: Database name.
@@ -482,6 +482,8 @@ class _Query:
         where: Only documents matching this filter (Protocol/QUERIES.md) are candidates.
         fields: Field paths to return (projection); _id is always returned.
         metric: The metric (default: the field's vector index's, or cosine without one). One of cosine, l2, ip.
+        exact: Compute every candidate's distance even when the field's vector index has a graph (default false).
+        ef: The graph search's candidate list (default 64, at least k): larger finds more of the true nearest, slower.
         vectors: How vector values ({"$vector": …}) are returned: "base64", as stored (the default), or "array" of numbers (each float32's shortest decimal text).
         """
         params: Dict[str, Any] = {}
@@ -496,6 +498,10 @@ class _Query:
             params["fields"] = fields
         if metric is not MISSING:
             params["metric"] = metric
+        if exact is not MISSING:
+            params["exact"] = exact
+        if ef is not MISSING:
+            params["ef"] = ef
         if vectors is not MISSING:
             params["vectors"] = vectors
         return cast(QueryNearestResult, await self._client.call("query.nearest", params))

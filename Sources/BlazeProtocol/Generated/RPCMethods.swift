@@ -223,7 +223,7 @@ public enum RPCMethod: String, Sendable, CaseIterable {
         case .docDelete: return ["db", "collection", "id"]
         case .txCommit: return ["db", "ops"]
         case .queryFind: return ["db", "collection", "where", "sort", "limit", "cursor", "fields", "vectors"]
-        case .queryNearest: return ["db", "collection", "field", "vector", "k", "where", "fields", "metric", "vectors"]
+        case .queryNearest: return ["db", "collection", "field", "vector", "k", "where", "fields", "metric", "exact", "ef", "vectors"]
         case .queryCount: return ["db", "collection", "where"]
         case .queryExplain: return ["db", "collection", "where", "sort", "limit"]
         case .queryAggregate: return ["db", "collection", "where", "group", "aggregates", "limit"]
@@ -2343,12 +2343,15 @@ public enum RPC {
             public var metric: Metric
             /// The vector index searched; null when the documents were read.
             public var index: String?
+            /// True when the index's graph (HNSW) answered: the results are the nearest it found, most often the true nearest; false when every candidate's distance was computed.
+            public var approximate: Bool
 
             /// A value from its members.
-            public init(results: [ResultItem], metric: Metric, index: String?) {
+            public init(results: [ResultItem], metric: Metric, index: String?, approximate: Bool) {
                 self.results = results
                 self.metric = metric
                 self.index = index
+                self.approximate = approximate
             }
 
             /// Reads the value from JSON.
@@ -2357,6 +2360,7 @@ public enum RPC {
                 self.results = try RPCDecode.member(o, "results", { v throws(RPCShapeError) -> [ResultItem] in try RPCDecode.array(v, ResultItem.init(json:)) })
                 self.metric = try RPCDecode.member(o, "metric", { v throws(RPCShapeError) -> Metric in try RPCDecode.enumeration(v) })
                 self.index = try RPCDecode.member(o, "index", { v throws(RPCShapeError) -> String? in try RPCDecode.nullable(v, RPCDecode.string) })
+                self.approximate = try RPCDecode.member(o, "approximate", RPCDecode.bool)
             }
 
             /// The value's JSON form.
@@ -2366,10 +2370,11 @@ public enum RPC {
 
             /// The members of the JSON form.
             public var jsonObject: [String: JSONValue] {
-                var o = [String: JSONValue](minimumCapacity: 3)
+                var o = [String: JSONValue](minimumCapacity: 4)
                 o["results"] = .array(self.results.map { x0 in x0.json })
                 o["metric"] = .string(self.metric.rawValue)
                 o["index"] = (self.index.map { x0 -> JSONValue in .string(x0) } ?? .null)
+                o["approximate"] = .bool(self.approximate)
                 return o
             }
         }
@@ -2390,11 +2395,15 @@ public enum RPC {
         public var fields: [String]?
         /// The metric (default: the field's vector index's, or cosine without one). One of cosine, l2, ip.
         public var metric: String?
+        /// Compute every candidate's distance even when the field's vector index has a graph (default false).
+        public var exact: Bool?
+        /// The graph search's candidate list (default 64, at least k): larger finds more of the true nearest, slower.
+        public var ef: Int?
         /// How vector values ({"$vector": …}) are returned: "base64", as stored (the default), or "array" of numbers (each float32's shortest decimal text).
         public var vectors: String?
 
         /// Parameters from their values (optional ones default to absent).
-        public init(db: String, collection: String, field: String, vector: JSONValue, k: Int, `where`: [String: JSONValue]? = nil, fields: [String]? = nil, metric: String? = nil, vectors: String? = nil) {
+        public init(db: String, collection: String, field: String, vector: JSONValue, k: Int, `where`: [String: JSONValue]? = nil, fields: [String]? = nil, metric: String? = nil, exact: Bool? = nil, ef: Int? = nil, vectors: String? = nil) {
             self.db = db
             self.collection = collection
             self.field = field
@@ -2403,12 +2412,14 @@ public enum RPC {
             self.`where` = `where`
             self.fields = fields
             self.metric = metric
+            self.exact = exact
+            self.ef = ef
             self.vectors = vectors
         }
 
         /// Checks a request's params: names, presence and JSON types.
         public init(validating params: [String: JSONValue]) throws(RPCError) {
-            try RPCParam.rejectUnknown(params, accepted: ["db", "collection", "field", "vector", "k", "where", "fields", "metric", "vectors"], method: Self.method)
+            try RPCParam.rejectUnknown(params, accepted: ["db", "collection", "field", "vector", "k", "where", "fields", "metric", "exact", "ef", "vectors"], method: Self.method)
             self.db = try RPCParam.required(params, "db", of: Self.method, RPCDecode.string)
             self.collection = try RPCParam.required(params, "collection", of: Self.method, RPCDecode.string)
             self.field = try RPCParam.required(params, "field", of: Self.method, RPCDecode.string)
@@ -2417,12 +2428,14 @@ public enum RPC {
             self.`where` = try RPCParam.optional(params, "where", of: Self.method, RPCDecode.object)
             self.fields = try RPCParam.optional(params, "fields", of: Self.method, { v throws(RPCShapeError) -> [String] in try RPCDecode.array(v, RPCDecode.string) })
             self.metric = try RPCParam.optional(params, "metric", of: Self.method, RPCDecode.string)
+            self.exact = try RPCParam.optional(params, "exact", of: Self.method, RPCDecode.bool)
+            self.ef = try RPCParam.optional(params, "ef", of: Self.method, RPCDecode.int)
             self.vectors = try RPCParam.optional(params, "vectors", of: Self.method, RPCDecode.string)
         }
 
         /// The params as a request carries them.
         public var jsonObject: [String: JSONValue] {
-            var o = [String: JSONValue](minimumCapacity: 9)
+            var o = [String: JSONValue](minimumCapacity: 11)
             o["db"] = .string(self.db)
             o["collection"] = .string(self.collection)
             o["field"] = .string(self.field)
@@ -2431,6 +2444,8 @@ public enum RPC {
             if let v = self.`where` { o["where"] = .object(v) }
             if let v = self.fields { o["fields"] = .array(v.map { x0 in .string(x0) }) }
             if let v = self.metric { o["metric"] = .string(v) }
+            if let v = self.exact { o["exact"] = .bool(v) }
+            if let v = self.ef { o["ef"] = .int(Int64(v)) }
             if let v = self.vectors { o["vectors"] = .string(v) }
             return o
         }

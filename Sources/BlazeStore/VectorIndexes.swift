@@ -1,0 +1,120 @@
+import BlazeVector
+import Foundation
+import GRDB
+import Synchronization
+
+/// The vector indexes of one database held in memory: each a `VectorMatrix` built from `vector_rows` on its first
+/// search and caught up with the rows written since before every later one (the rows only grow in `seq`), and, once
+/// it holds `approximateFrom` rows, an `HNSWGraph` over it built on a thread of its own (searches answer exactly
+/// meanwhile). Searches run one at a time, each in a read transaction begun after the previous ended, so the matrix
+/// never gets ahead of the documents a search reads.
+final class VectorIndexes: Sendable {
+    /// Rows from which an index gets a graph: below, an exact search of 768-d vectors takes about a millisecond.
+    static let approximateFrom = 10_000
+    /// Rows a search adds to a built graph before it searches (more are searched exactly until later searches add
+    /// them), so no search waits long for rows written since the build.
+    static let extendPerSearch = 256
+
+    private struct Held {
+        /// The seq of the build marker the rows were loaded under.
+        var build: Int64
+        /// The last row seq applied.
+        var seen: Int64
+        var matrix: VectorMatrix
+        var metric: VectorMetric
+        /// The graph over the matrix's slots, once built.
+        var graph: HNSWGraph?
+        /// A graph is being built for the matrix generation it names.
+        var building: UInt64?
+    }
+
+    private let held = Mutex<[String: Held]>([:])
+    /// Graphs their threads finished, by index, until the next search of the index takes them.
+    private let finished = Mutex<[String: HNSWGraph]>([:])
+    private let order = Mutex<Void>(())
+    private let closed = Atomic<Bool>(false)
+
+    /// Runs `body` while no other search of this database runs.
+    func serialized<T>(_ body: () throws -> T) throws -> T {
+        try order.withLock { _ in try body() }
+    }
+
+    /// Stops graph builds under way (the database is closing).
+    func close() {
+        closed.store(true, ordering: .relaxed)
+    }
+
+    /// Index `name`'s matrix, caught up with `db`'s rows (loaded whole when first asked, or when the rows were built
+    /// again), and its graph when one is built (extended by up to `extendPerSearch` rows); nil when the index is not
+    /// built. Called inside `serialized`.
+    func caughtUp(_ name: String, dimensions: Int, metric: VectorMetric, _ db: Database) throws -> (VectorMatrix, HNSWGraph?)? {
+        guard let build = try VectorIndexSQL.build(of: name, in: db) else {
+            held.withLock { _ = $0.removeValue(forKey: name) }
+            return nil
+        }
+        var entry = held.withLock { h -> Held? in h.removeValue(forKey: name) }
+        if entry?.build != build || entry?.matrix.dimensions != dimensions || entry?.metric != metric {
+            var matrix = VectorMatrix(dimensions: dimensions)
+            let rows = try Int.fetchOne(
+                db, sql: "SELECT count(*) FROM vector_rows WHERE idx = ? AND v IS NOT NULL", arguments: [name]) ?? 0
+            matrix.reserve(rows)
+            entry = Held(build: build, seen: build, matrix: matrix, metric: metric)
+        }
+        // Taken out of `entry`, so the matrix has one owner and is changed in place.
+        guard var current = entry.take() else { return nil }
+        let rows = try Row.fetchCursor(
+            // NOT INDEXED: the rows after `seen` by rowid, not every row of the index through `vector_rows_doc`.
+            db.cachedStatement(sql: "SELECT seq, doc, v FROM vector_rows NOT INDEXED WHERE seq > ? AND idx = ? ORDER BY seq"),
+            arguments: [current.seen, name])
+        while let row = try rows.next() {
+            let seq: Int64 = row[0], doc: Int64 = row[1]
+            current.seen = seq
+            guard doc >= 0 else { continue }
+            if let bytes = row[2] as Data?, bytes.count == dimensions * 4 {
+                let floats = [Float](unsafeUninitializedCapacity: dimensions) { buffer, count in
+                    count = bytes.copyBytes(to: buffer) / 4
+                }
+                current.matrix.set(doc, floats)
+            } else {
+                current.matrix.remove(doc)
+            }
+        }
+        if let graph = finished.withLock({ $0.removeValue(forKey: name) }), graph.generation == current.matrix.generation {
+            current.graph = graph
+            current.building = nil
+        }
+        if current.graph?.generation != current.matrix.generation { current.graph = nil }
+        if var graph = current.graph.take() {
+            graph.extend(to: min(current.matrix.slotCount, graph.nodes + Self.extendPerSearch), in: current.matrix)
+            current.graph = graph
+        } else if current.matrix.count >= Self.approximateFrom, current.building != current.matrix.generation {
+            current.building = current.matrix.generation
+            startBuilding(name, over: current.matrix, metric: metric)
+        }
+        let result = (current.matrix, current.graph)
+        held.withLock { $0[name] = current }
+        return result
+    }
+
+    /// Builds a graph over `matrix` (a copy that shares its storage until either changes) on a thread of its own and
+    /// hands it to the index when it is done, if the index still has that matrix generation.
+    private func startBuilding(_ name: String, over matrix: VectorMatrix, metric: VectorMetric) {
+        let thread = Thread { [self] in
+            var graph = HNSWGraph(for: matrix, metric: metric)
+            var done = 0
+            while done < matrix.slotCount {
+                if closed.load(ordering: .relaxed) { return }
+                done = min(matrix.slotCount, done + 1000)
+                graph.extend(to: done, in: matrix)
+            }
+            finished.withLock { $0[name] = graph }
+        }
+        thread.name = "blazed.vector-graph"
+        thread.start()
+    }
+
+    /// Whether index `name` has a graph, or one finished building that its next search takes.
+    func hasGraph(_ name: String) -> Bool {
+        held.withLock { $0[name]?.graph != nil } || finished.withLock { $0[name] != nil }
+    }
+}
