@@ -51,7 +51,9 @@ let package = Package(
             dependencies: ["BlazeProtocol", .product(name: "Crypto", package: "swift-crypto")],
             swiftSettings: strict),
         // Vector values and nearest-neighbour search (issue #52): no storage, no I/O.
-        .target(name: "BlazeVector", dependencies: ["BlazeProtocol"], swiftSettings: strict),
+        .target(name: "BlazeVector", dependencies: ["BlazeProtocol", "CBlazeVectorKernels"], swiftSettings: strict),
+        // The inner product with the widest SIMD the CPU has, chosen at run time (C: Swift cannot).
+        .target(name: "CBlazeVectorKernels"),
         .target(
             name: "BlazeStore",
             dependencies: [

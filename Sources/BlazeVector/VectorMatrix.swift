@@ -1,3 +1,5 @@
+import CBlazeVectorKernels
+
 /// How nearness is measured (Protocol/blazedb.openrpc.json, `VectorMetric`).
 public enum VectorMetric: String, Sendable, CaseIterable {
     /// 1 − cos(a, b): 0 for the same direction, 2 for opposite ones (a zero vector is 1 from everything).
@@ -185,9 +187,18 @@ public struct VectorMatrix: Sendable {
         a.withUnsafeBufferPointer { x in b.withUnsafeBufferPointer { y in dot(x.baseAddress!, y.baseAddress!, min(a.count, b.count)) } }
     }
 
-    /// The inner product of `n` floats at `a` and `b`: four 8-wide accumulators, then the tail.
+    /// The instruction set the inner products use ("avx512", "avx2" or "sse"), chosen once for this CPU.
+    public static var instructionSet: String { String(cString: blaze_dot_f32_isa()) }
+
+    /// The inner product of `n` floats at `a` and `b`, with the CPU's widest SIMD (`CBlazeVectorKernels`).
     @inline(__always)
     static func dot(_ a: UnsafePointer<Float>, _ b: UnsafePointer<Float>, _ n: Int) -> Float {
+        blaze_dot_f32(a, b, n)
+    }
+
+    /// The inner product of `n` floats at `a` and `b` in Swift: four 8-wide accumulators, then the tail (the
+    /// reference the kernels are tested against).
+    static func swiftDot(_ a: UnsafePointer<Float>, _ b: UnsafePointer<Float>, _ n: Int) -> Float {
         var s0 = SIMD8<Float>(), s1 = SIMD8<Float>(), s2 = SIMD8<Float>(), s3 = SIMD8<Float>()
         var i = 0
         let ra = UnsafeRawPointer(a), rb = UnsafeRawPointer(b)

@@ -34,6 +34,24 @@ import Testing
         #expect(VectorValue.expanded(["$vector": "nope"]) == ["$vector": "nope"])
     }
 
+    @Test func theRuntimeChosenKernelAgreesWithTheSwiftOne() {
+        var rng = SeededRandom(seed: testSeed("vector-kernel"))
+        #expect(["avx512", "avx2", "sse"].contains(VectorMatrix.instructionSet))
+        for n in [0, 1, 7, 8, 15, 16, 17, 31, 32, 33, 63, 64, 65, 127, 768, 1000, 4096] {
+            let a = (0..<n).map { _ in Float.random(in: -2...2, using: &rng) }
+            let b = (0..<n).map { _ in Float.random(in: -2...2, using: &rng) }
+            let (fast, swift) = a.withUnsafeBufferPointer { x in
+                b.withUnsafeBufferPointer { y in
+                    (VectorMatrix.dot(x.baseAddress ?? UnsafePointer(bitPattern: 16)!, y.baseAddress ?? UnsafePointer(bitPattern: 16)!, n),
+                        VectorMatrix.swiftDot(x.baseAddress ?? UnsafePointer(bitPattern: 16)!, y.baseAddress ?? UnsafePointer(bitPattern: 16)!, n))
+                }
+            }
+            let exact = zip(a, b).reduce(0.0) { $0 + Double($1.0) * Double($1.1) }
+            #expect(abs(Double(fast) - exact) <= 1e-4 * max(1, Double(n)), "n=\(n) \(VectorMatrix.instructionSet)")
+            #expect(abs(Double(fast) - Double(swift)) <= 1e-4 * max(1, Double(n)), "n=\(n)")
+        }
+    }
+
     @Test func exactSearchMatchesArithmeticForEveryMetric() throws {
         var rng = SeededRandom(seed: testSeed("vector-search"))
         for d in [1, 7, 8, 31, 32, 33, 100] {

@@ -1,0 +1,14 @@
+// The inner product of float32 vectors, with the widest SIMD the CPU has (AVX-512, AVX2 with FMA, or SSE), chosen
+// once at the first call. Swift cannot pick instruction sets at run time; C can.
+#ifndef BLAZE_VECTOR_KERNELS_H
+#define BLAZE_VECTOR_KERNELS_H
+
+#include <stddef.h>
+
+/// The inner product of the `n` floats at `a` and `b`.
+float blaze_dot_f32(const float *a, const float *b, size_t n);
+
+/// The instruction set `blaze_dot_f32` uses: "avx512", "avx2" or "sse".
+const char *blaze_dot_f32_isa(void);
+
+#endif
