@@ -175,16 +175,29 @@ public struct HNSWGraph: Sendable {
         }
     }
 
+    /// A copy of `node`'s links on `layer` (a slice of `links0` held while `links0` changes would copy all of it).
+    private func copyOfLinks(_ node: Int32, layer: Int) -> [Int32] {
+        guard layer == 0 else { return upper[node]?[layer - 1] ?? [] }
+        let start = Int(node) * m0, count = Int(count0[Int(node)])
+        return links0.withUnsafeBufferPointer { Array($0[start..<(start + count)]) }
+    }
+
     /// Adds a link from `node` to `new` on `layer`, choosing again among its links when it has its most.
     private mutating func link(_ node: Int32, to new: Int32, layer: Int, _ space: Space) {
         let limit = layer == 0 ? m0 : parameters.m
-        let current = links(node, layer: layer)
-        if current.count < limit {
-            setLinks(node, layer: layer, Array(current) + [new])
+        var current = copyOfLinks(node, layer: layer)
+        current.append(new)
+        if current.count <= limit {
+            if layer == 0 {
+                links0[Int(node) * m0 + current.count - 1] = new
+                count0[Int(node)] = UInt8(current.count)
+            } else {
+                upper[node]![layer - 1] = current
+            }
             return
         }
         let probe = space.probe(node)
-        let candidates = (Array(current) + [new]).map { (space.distance(probe, $0), $0) }.sorted { $0.0 < $1.0 }
+        let candidates = current.map { (space.distance(probe, $0), $0) }.sorted { $0.0 < $1.0 }
         setLinks(node, layer: layer, select(candidates, limit: limit, space).map(\.1))
     }
 

@@ -132,8 +132,10 @@ struct BlazeBench: AsyncParsableCommand {
         }
         if blob || wants("BLOB.memory") { results += try BlobMemoryWorkloads.run(dir: dir, megabytes: quick ? 32 : 1024) }
         if wants("VECTOR") {
+            // BLAZEBENCH_VECTOR_COUNT: fewer vectors, for profiling.
+            let count = ProcessInfo.processInfo.environment["BLAZEBENCH_VECTOR_COUNT"].flatMap { Int($0) }
             results += try await VectorWorkloads.run(
-                dir: dir, count: quick ? 2000 : 100_000, dimensions: quick ? 64 : 768, queries: quick ? 10 : 100, k: 10)
+                dir: dir, count: count ?? (quick ? 2000 : 100_000), dimensions: quick ? 64 : 768, queries: quick ? 10 : 100, k: 10)
         }
         if wants("M1") { results += try MembershipWorkloads.revocation(members: 50, repeats: quick ? 1 : 5) }
         if wants("M2") { results += try MembershipWorkloads.merge(sizes: quick ? [200] : [1_000, 10_000], repeats: quick ? 1 : 3) }
