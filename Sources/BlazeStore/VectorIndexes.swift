@@ -13,7 +13,7 @@ final class VectorIndexes: Sendable {
     static let approximateFrom = 10_000
     /// Rows a search adds to a built graph before it searches (more are searched exactly until later searches add
     /// them), so no search waits long for rows written since the build.
-    static let extendPerSearch = 256
+    static let extendPerSearch = 32
 
     private struct Held {
         /// The seq of the build marker the rows were loaded under.
