@@ -111,14 +111,6 @@ public struct VectorMatrix: Sendable {
         self = compact
     }
 
-    /// The slot of row `id`, if held.
-    public func slot(of id: Int64) -> Int? { slots[id] }
-
-    /// The vector of row `id`, if held.
-    public func vector(_ id: Int64) -> [Float]? {
-        slots[id].map { Array(values[$0 * dimensions..<($0 + 1) * dimensions]) }
-    }
-
     /// The `k` rows nearest to `query` under `metric`, nearest first, among those `admits` lets through (all when
     /// nil). A query of another dimension finds nothing.
     public func nearest(
