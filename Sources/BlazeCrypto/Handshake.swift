@@ -5,7 +5,7 @@ import Foundation
 /// device they are (its Ed25519 key signs the transcript, hidden from onlookers), and agree on fresh session keys for
 /// the connection (SYNC.md §8, "Handshake").
 ///
-/// 1. server → client `HELLO`: magic `BLZS` · version · server nonce (32) · server ephemeral X25519 key (32).
+/// 1. server → client `HELLO`: magic `BLZS` · handshake version · server nonce (32) · server ephemeral X25519 key (32).
 /// 2. client → server `AUTH`: client nonce (32) · client ephemeral key (32) · the client's identity, sealed (144) ·
 ///    HMAC(auth key, "client" · transcript). The server tries the auth key of each space it serves; when none
 ///    verifies it closes the connection silently.
@@ -21,9 +21,15 @@ import Foundation
 /// stays secret even if the space key or a device key leaks later.
 public enum Handshake {
     static let magic = Array("BLZS".utf8)
-    /// Protocol version: 3 added device identities to version 2's space proof; 4 carries each entry's format
-    /// version in packed runs (padded entries, SYNC.md §6).
+    /// Version of the handshake's own messages (the byte after `BLZS`): 3 added device identities to version 2's
+    /// space proof, 4 came with packed runs carrying each entry's format. Frozen since: later session protocols are
+    /// chosen inside it (`protocols`), so that a build speaking protocol 4 only still completes it.
     public static let version: UInt8 = 4
+    /// The session protocol versions this build speaks (SYNC.md §8, "Versions"): 4, and 5, where a `CHUNK`'s sealed
+    /// chunk travels authenticated but not encrypted a second time.
+    public static let protocols: ClosedRange<UInt8> = 4...5
+    /// What a nonce that announces its side's protocol range starts with; the lowest and highest version follow.
+    static let announcement = Array("BLZVER".utf8)
     /// Size of the server's hello.
     public static let helloSize = 4 + 1 + 32 + 32
     /// Size of a sealed identity: both public keys, the signature and the AEAD tag.
@@ -32,6 +38,26 @@ public enum Handshake {
     public static let authSize = 32 + 32 + sealedIdentitySize + 32
     /// Size of the server's proof.
     public static let replySize = sealedIdentitySize + 32
+
+    /// A fresh nonce announcing `range`: the announcement, the lowest and highest version, then 24 random bytes.
+    static func nonce(announcing range: ClosedRange<UInt8>) -> [UInt8] {
+        announcement + [range.lowerBound, range.upperBound] + randomBytes(32 - announcement.count - 2)
+    }
+
+    /// The protocol range a side's nonce announces. A nonce without the announcement (or with an empty or impossible
+    /// range) comes from a build that speaks protocol 4 only, which draws all 32 bytes at random.
+    public static func announced(in nonce: ArraySlice<UInt8>) -> ClosedRange<UInt8> {
+        let n = announcement.count
+        guard nonce.count == 32, nonce.prefix(n).elementsEqual(announcement) else { return 4...4 }
+        let (low, high) = (nonce[nonce.startIndex + n], nonce[nonce.startIndex + n + 1])
+        guard low >= 4, low <= high else { return 4...4 }
+        return low...high
+    }
+
+    /// The version two sides speak: the highest both support, or nil when their ranges do not meet.
+    public static func agreed(_ a: ClosedRange<UInt8>, _ b: ClosedRange<UInt8>) -> UInt8? {
+        a.overlaps(b) ? min(a.upperBound, b.upperBound) : nil
+    }
 
     static func randomBytes(_ n: Int) -> [UInt8] {
         var rng = SystemRandomNumberGenerator()
@@ -54,10 +80,10 @@ public enum Handshake {
         }
     }
 
-    static func session(shared: [UInt8], key: SpaceKey, transcript: [UInt8], isServer: Bool) -> SessionCipher {
+    static func session(shared: [UInt8], key: SpaceKey, transcript: [UInt8], isServer: Bool, version: UInt8) -> SessionCipher {
         let c2s = derive(shared, key, "client to server", transcript)
         let s2c = derive(shared, key, "server to client", transcript)
-        return SessionCipher(send: isServer ? s2c : c2s, receive: isServer ? c2s : s2c)
+        return SessionCipher(send: isServer ? s2c : c2s, receive: isServer ? c2s : s2c, version: version)
     }
 
     /// This device's identity for `role`, signed over `transcript` and sealed for the other end.
@@ -98,16 +124,33 @@ public enum Handshake {
         public var reply: [UInt8]
         /// The connection's session cipher.
         public var session: SessionCipher
+        /// The protocol version the session speaks: the highest both sides announced.
+        public var protocolVersion: UInt8
     }
 
     /// The accepting side.
     public struct Server: Sendable {
         private let identity: DeviceIdentity
-        private let nonce = Handshake.randomBytes(32)
+        /// The protocol versions this side speaks.
+        public let protocols: ClosedRange<UInt8>
+        private let nonce: [UInt8]
         private let ephemeral = Curve25519.KeyAgreement.PrivateKey().rawRepresentation
 
-        /// Creates a server side for this device, with fresh randomness.
-        public init(identity: DeviceIdentity) { self.identity = identity }
+        /// Creates a server side for this device speaking `protocols` (a test may narrow or move the range), with
+        /// fresh randomness.
+        public init(identity: DeviceIdentity, protocols: ClosedRange<UInt8> = Handshake.protocols) {
+            self.identity = identity
+            self.protocols = protocols
+            self.nonce = Handshake.nonce(announcing: protocols)
+        }
+
+        /// How a client's `AUTH` fails to meet this side's protocols, if it does (`accept` then throws
+        /// `incompatibleProtocol`).
+        public func mismatch(_ auth: [UInt8]) -> ProtocolMismatch? {
+            guard auth.count == Handshake.authSize else { return nil }
+            let theirs = Handshake.announced(in: auth[0..<32])
+            return Handshake.agreed(protocols, theirs) == nil ? ProtocolMismatch(ours: protocols, theirs: theirs) : nil
+        }
 
         /// The first message.
         public var hello: [UInt8] {
@@ -115,7 +158,15 @@ public enum Handshake {
                 + Array(try! Curve25519.KeyAgreement.PrivateKey(rawRepresentation: ephemeral).publicKey.rawRepresentation)
         }
 
-        /// Finds the space whose key produced the client's proof and opens the client's identity.
+        /// True when a client's `AUTH` proves the key of one of `spaces` (what `accept` checks first).
+        public func proves(_ auth: [UInt8], spaces: [SpaceKey]) -> Bool {
+            guard auth.count == Handshake.authSize else { return false }
+            let proven = hello + auth[0..<(64 + Handshake.sealedIdentitySize)]
+            return spaces.contains { Handshake.isValidProof(auth[(64 + Handshake.sealedIdentitySize)...], "client", proven, $0.authKey) }
+        }
+
+        /// Finds the space whose key produced the client's proof, opens the client's identity and agrees on a protocol
+        /// version (checked only once the proof holds, so the range a stranger claims is never acted on).
         public func accept(_ auth: [UInt8], spaces: [SpaceKey]) throws(SyncRejection) -> Accepted {
             guard auth.count == Handshake.authSize,
                 let theirs = try? Curve25519.KeyAgreement.PublicKey(rawRepresentation: auth[32..<64])
@@ -130,11 +181,15 @@ public enum Handshake {
             else { throw .badFrame }
             let shared = secret.withUnsafeBytes { Array($0) }
             let device = try Handshake.openIdentity(sealedClient, role: "client", transcript: transcript, shared: shared, key: space)
+            guard let version = Handshake.agreed(protocols, Handshake.announced(in: auth[0..<32])) else {
+                throw .incompatibleProtocol
+            }
             let sealedServer = Handshake.sealIdentity(identity, role: "server", transcript: proven, shared: shared, key: space)
             let full = proven + sealedServer
             return Accepted(
                 space: space, device: device, reply: sealedServer + Handshake.proof("server", full, space.authKey),
-                session: Handshake.session(shared: shared, key: space, transcript: full, isServer: true))
+                session: Handshake.session(shared: shared, key: space, transcript: full, isServer: true, version: version),
+                protocolVersion: version)
         }
     }
 
@@ -142,33 +197,60 @@ public enum Handshake {
     public struct Client: Sendable {
         private let key: SpaceKey
         private let identity: DeviceIdentity
-        private let nonce = Handshake.randomBytes(32)
+        /// The protocol versions this side speaks.
+        public let protocols: ClosedRange<UInt8>
+        private let nonce: [UInt8]
         private let ephemeral = Curve25519.KeyAgreement.PrivateKey().rawRepresentation
         private var transcript: [UInt8] = []
         private var shared: [UInt8] = []
+        private var version: UInt8 = 0
 
-        /// Creates a client side that will prove it holds `key` and is `identity`'s device.
-        public init(key: SpaceKey, identity: DeviceIdentity) {
+        /// Creates a client side that will prove it holds `key` and is `identity`'s device, speaking `protocols`.
+        public init(key: SpaceKey, identity: DeviceIdentity, protocols: ClosedRange<UInt8> = Handshake.protocols) {
+            self.init(key: key, identity: identity, protocols: protocols, announcing: protocols)
+        }
+
+        /// A client that announces another range than it checks the server's against (a test's liar).
+        init(key: SpaceKey, identity: DeviceIdentity, protocols: ClosedRange<UInt8>, announcing: ClosedRange<UInt8>) {
             self.key = key
             self.identity = identity
+            self.protocols = protocols
+            self.nonce = Handshake.nonce(announcing: announcing)
+        }
+
+        /// How a server's hello fails to meet this side's protocols, if it does: another handshake version (a hello of
+        /// any length that starts with `BLZS`), or a protocol range that does not meet this side's. `respond` then
+        /// throws.
+        public func mismatch(_ hello: [UInt8]) -> ProtocolMismatch? {
+            guard hello.count > 4, Array(hello[0..<4]) == Handshake.magic else { return nil }
+            guard hello[4] == Handshake.version else { return ProtocolMismatch(ours: protocols, handshake: hello[4]) }
+            guard hello.count == Handshake.helloSize else { return nil }
+            let theirs = Handshake.announced(in: hello[5..<37])
+            return Handshake.agreed(protocols, theirs) == nil ? ProtocolMismatch(ours: protocols, theirs: theirs) : nil
         }
 
         /// Answers the server's hello with this side's identity and proof.
         public mutating func respond(to hello: [UInt8]) throws(SyncRejection) -> [UInt8] {
+            guard mismatch(hello) == nil else { throw .incompatibleProtocol }
             guard hello.count == Handshake.helloSize, Array(hello[0..<4]) == Handshake.magic, hello[4] == Handshake.version,
+                let agreed = Handshake.agreed(protocols, Handshake.announced(in: hello[5..<37])),
                 let theirs = try? Curve25519.KeyAgreement.PublicKey(rawRepresentation: hello[37..<69]),
                 let mine = try? Curve25519.KeyAgreement.PrivateKey(rawRepresentation: ephemeral),
                 let secret = try? mine.sharedSecretFromKeyAgreement(with: theirs)
             else { throw .badFrame }
             let mid = nonce + Array(mine.publicKey.rawRepresentation)
+            version = agreed
             shared = secret.withUnsafeBytes { Array($0) }
             let sealed = Handshake.sealIdentity(identity, role: "client", transcript: hello + mid, shared: shared, key: key)
             transcript = hello + mid + sealed
             return mid + sealed + Handshake.proof("client", transcript, key.authKey)
         }
 
-        /// Checks the server's proof and identity; returns the server's device and the session cipher.
-        public func finish(_ reply: [UInt8]) throws(SyncRejection) -> (device: DevicePublicKeys, session: SessionCipher) {
+        /// Checks the server's proof and identity; returns the server's device, the session cipher and the protocol
+        /// version agreed (the server's announcement is part of the transcript its proof covers).
+        public func finish(_ reply: [UInt8]) throws(SyncRejection) -> (
+            device: DevicePublicKeys, session: SessionCipher, protocolVersion: UInt8
+        ) {
             guard !transcript.isEmpty, reply.count == Handshake.replySize else { throw .badFrame }
             let sealedServer = reply[0..<Handshake.sealedIdentitySize]
             let full = transcript + sealedServer
@@ -176,7 +258,46 @@ public enum Handshake {
                 throw .badFrame
             }
             let device = try Handshake.openIdentity(sealedServer, role: "server", transcript: transcript, shared: shared, key: key)
-            return (device, Handshake.session(shared: shared, key: key, transcript: full, isServer: false))
+            return (device, Handshake.session(shared: shared, key: key, transcript: full, isServer: false, version: version), version)
         }
+    }
+}
+
+/// Two sides of a handshake that share no protocol version, told in words naming both (the failure `sync.status`
+/// and the logs show).
+public struct ProtocolMismatch: Sendable, Equatable, CustomStringConvertible {
+    /// The versions this side speaks.
+    public let ours: ClosedRange<UInt8>
+    /// The versions the other side announced; nil when its handshake itself is of another version.
+    public let theirs: ClosedRange<UInt8>?
+    /// The other side's handshake version when it differs from this build's.
+    public let handshake: UInt8?
+
+    /// A mismatch of protocol ranges.
+    public init(ours: ClosedRange<UInt8>, theirs: ClosedRange<UInt8>) {
+        (self.ours, self.theirs, self.handshake) = (ours, theirs, nil)
+    }
+
+    /// A handshake of another version.
+    public init(ours: ClosedRange<UInt8>, handshake: UInt8) {
+        (self.ours, self.theirs, self.handshake) = (ours, nil, handshake)
+    }
+
+    static func text(_ r: ClosedRange<UInt8>) -> String {
+        r.lowerBound == r.upperBound ? "\(r.lowerBound)" : "\(r.lowerBound)–\(r.upperBound)"
+    }
+
+    /// Which versions each side speaks and which side to upgrade.
+    public var description: String {
+        let mine = "this build speaks sync protocol \(Self.text(ours))"
+        if let handshake {
+            let newer = handshake > Handshake.version
+            return "incompatible protocol: the peer's handshake is version \(handshake), this build's is \(Handshake.version) ("
+                + "\(mine)): \(newer ? "upgrade this device" : "the peer must upgrade")"
+        }
+        guard let theirs else { return "incompatible protocol: \(mine)" }
+        let newer = theirs.lowerBound > ours.upperBound
+        return "incompatible protocol: the peer speaks sync protocol \(Self.text(theirs)), \(mine): "
+            + (newer ? "upgrade this device" : "the peer must upgrade")
     }
 }

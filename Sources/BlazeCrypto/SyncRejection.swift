@@ -65,4 +65,7 @@ public enum SyncRejection: String, Error, Sendable, CaseIterable {
     case badSnapshot = "bad_snapshot"
     /// A blob chunk that was not asked for, or whose seal, size or content does not match its id.
     case badChunk = "bad_chunk"
+    /// A handshake whose two sides share no protocol version (`ProtocolMismatch` says which each speaks), or data of
+    /// a format newer than this build reads.
+    case incompatibleProtocol = "incompatible_protocol"
 }

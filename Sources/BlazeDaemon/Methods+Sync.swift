@@ -22,7 +22,8 @@ extension Methods {
             receivedEntries: s.receivedEntries, sentBytes: s.sentBytes, receivedBytes: s.receivedBytes,
             peerBehind: s.peerBehind, selfBehind: s.selfBehind, errors: s.errors, lastError: s.lastError,
             rejected: s.rejected.mapValues { Int($0) }, snapshotsSent: s.snapshotsSent, snapshotsInstalled: s.snapshotsInstalled,
-            chunksSent: s.chunksSent, chunksReceived: s.chunksReceived, chunkBytesReceived: s.chunkBytesReceived)
+            chunksSent: s.chunksSent, chunksReceived: s.chunksReceived, chunkBytesReceived: s.chunkBytesReceived,
+            protocolVersion: s.protocolVersion)
     }
 
     static func forkEvidence(_ f: ForkEvidence) -> RPCSchema.ForkEvidence {

@@ -7,6 +7,9 @@ import NIOCore
 /// then the device's place (as a device the space's log lists, or another one), taken before the reply is sent.
 extension RelayConnection: HandshakeDelegate {
     func accept(_ auth: [UInt8], with server: Handshake.Server, context: ChannelHandlerContext) -> HandshakeVerdict {
+        if let mismatch = server.mismatch(auth), server.proves(auth, spaces: relay.servedKeys()) {
+            return .incompatible(mismatch)
+        }
         if let accepted = try? server.accept(auth, spaces: relay.servedKeys()) { return takePlace(accepted, loop: context.eventLoop) }
         guard let reread = relay.rereadForHandshake() else {
             // A re-read may have ended between the check above and now: the list as it is now decides.
@@ -72,7 +75,8 @@ extension RelayConnection: HandshakeDelegate {
     }
 
     func established(_ link: EstablishedLink, context: ChannelHandlerContext) throws -> [any ChannelHandler] {
-        [
+        protocolVersion = link.protocolVersion
+        return [
             ByteToMessageHandler(SealedFrameDecoder(opener: link.cipher.opener, counters: nil)),
             MessageToByteHandler(SealedFrameEncoder(sealer: link.cipher.sealer, counters: nil)),
             PeerMessageDecoder(),
@@ -95,6 +99,9 @@ extension RelayConnection: HandshakeDelegate {
         case .refused where storeFailed: break
         case .refused, .timedOut: relay.record(.refusedHandshake)
         case .closedByPeer: break
+        case .incompatible(let mismatch, _):
+            relay.record(.rejected(SyncRejection.incompatibleProtocol.rawValue))
+            relay.logger.warning("Relay refused a device", metadata: ["reason": "\(mismatch)"])
         }
         // Released here even before this handler is in the pipeline (a hello that failed to write closes the channel
         // while the handlers are being added); the handshake handler closes the channel.

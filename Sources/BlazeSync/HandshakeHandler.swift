@@ -26,9 +26,12 @@ final class SyncHandshake: HandshakeDelegate {
 
     func accept(_ auth: [UInt8], with server: Handshake.Server, context: ChannelHandlerContext) -> HandshakeVerdict {
         let spaces = engine.servedSpaces()
-        guard let accepted = try? server.accept(auth, spaces: spaces.map(\.key)),
-            let space = spaces.first(where: { $0.id == accepted.space.id })
-        else { return .refused }
+        let accepted: Handshake.Accepted
+        do { accepted = try server.accept(auth, spaces: spaces.map(\.key)) } catch {
+            guard error == .incompatibleProtocol, let mismatch = server.mismatch(auth) else { return .refused }
+            return .incompatible(mismatch)
+        }
+        guard let space = spaces.first(where: { $0.id == accepted.space.id }) else { return .refused }
         self.space = space
         return .accepted(accepted)
     }
@@ -36,7 +39,8 @@ final class SyncHandshake: HandshakeDelegate {
     func established(_ link: EstablishedLink, context: ChannelHandlerContext) throws -> [any ChannelHandler] {
         guard let space else { throw SyncRejection.badFrame }
         report.db = space.db.name
-        return SyncPipeline.session(engine: engine, cipher: link.cipher, report: report)
+        report.update { $0.protocolVersion = Int(link.protocolVersion) }
+        return SyncPipeline.session(engine: engine, link: link, report: report)
     }
 
     /// Announces the link (a device the space removed gets a session only to receive the proof of its removal:
@@ -59,6 +63,13 @@ final class SyncHandshake: HandshakeDelegate {
                 report.update { $0.errors += 1; $0.lastError = "timed out: handshake not finished within \(ms) ms" }
             }
             engine.logger.info("Sync connection timed out", metadata: ["db": "\(report.db ?? "-")", "peer": "\(report.peer)"])
+        case .incompatible(let mismatch, _):
+            // Only a holder of the space's key gets this far as a client (the server checks the proof first), so its
+            // words are worth a warning on either side.
+            report.reject(.incompatibleProtocol)
+            report.update { $0.errors += 1; $0.lastError = mismatch.description }
+            engine.logger.warning(
+                "Sync refused", metadata: ["db": "\(report.db ?? "-")", "peer": "\(report.peer)", "reason": "\(mismatch)"])
         case .rejected(let reason, _):
             report.reject(reason)
             engine.logger.warning(

@@ -34,9 +34,11 @@ enum SyncPipeline {
         ]
     }
 
-    /// The wire handlers of an established connection, sealing and opening with `cipher`.
-    static func session(engine: SyncEngine, cipher: SessionCipher, report: LinkReport) -> [any ChannelHandler] {
-        [
+    /// The wire handlers of an established connection, sealing and opening with its cipher (which knows the
+    /// protocol version agreed).
+    static func session(engine: SyncEngine, link: EstablishedLink, report: LinkReport) -> [any ChannelHandler] {
+        let cipher = link.cipher
+        return [
             IdleStateHandler(
                 readTimeout: engine.timeout, writeTimeout: .nanoseconds(engine.timeout.nanoseconds / 3)),
             ByteToMessageHandler(SealedFrameDecoder(opener: cipher.opener, counters: report)),

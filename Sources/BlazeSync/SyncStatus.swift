@@ -53,6 +53,8 @@ public struct PeerStatus: Sendable, Equatable {
     public var errors = 0
     /// The latest failure, for humans.
     public var lastError: String?
+    /// The sync protocol version of the latest established connection (SYNC.md §8, "Versions"); nil before the first.
+    public var protocolVersion: Int?
     /// Refused entries, heads and frames, by reason (`SyncRejection` raw values).
     public var rejected: [String: Int] = [:]
 

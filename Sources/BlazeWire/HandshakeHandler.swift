@@ -21,6 +21,9 @@ public enum HandshakeFailure: Sendable, Equatable {
     case refused
     /// The peer closed the connection first.
     case closedByPeer(HandshakePhase)
+    /// The two sides share no protocol version: a client learns it from the hello, a server once the client's proof
+    /// holds.
+    case incompatible(ProtocolMismatch, HandshakePhase)
 }
 
 /// A server's answer to a client's proof: now, refused, or once something it waits for (a store read) is done.
@@ -29,6 +32,9 @@ public enum HandshakeVerdict: Sendable {
     case accepted(Handshake.Accepted)
     /// Refused: the connection closes without a word.
     case refused
+    /// The client proved a key served here but shares no protocol version with this side: closed without a word,
+    /// reported as the mismatch.
+    case incompatible(ProtocolMismatch)
     /// Decided later, on the connection's event loop.
     case later(EventLoopFuture<HandshakeVerdict>)
 }
@@ -42,6 +48,8 @@ public struct EstablishedLink: Sendable {
     public let device: DevicePublicKeys
     /// The session's cipher.
     public let cipher: SessionCipher
+    /// The protocol version both sides agreed on (SYNC.md §8, "Versions").
+    public let protocolVersion: UInt8
 }
 
 /// What a `HandshakeHandler` asks of the side it runs for, on the connection's event loop.
@@ -89,17 +97,24 @@ public final class HandshakeHandler: ChannelDuplexHandler, RemovableChannelHandl
     private var pending = ByteBuffer()
     private var deadline: Scheduled<Void>?
 
-    /// The connecting side, proving `key`'s capability as `identity`, finished within `timeout`.
-    public init(client key: SpaceKey, identity: DeviceIdentity, timeout: TimeAmount, delegate: any HandshakeDelegate) {
-        self.state = .awaitingHello(Handshake.Client(key: key, identity: identity))
+    /// The connecting side, proving `key`'s capability as `identity`, finished within `timeout`, speaking `protocols`.
+    public init(
+        client key: SpaceKey, identity: DeviceIdentity, timeout: TimeAmount, delegate: any HandshakeDelegate,
+        protocols: ClosedRange<UInt8> = Handshake.protocols
+    ) {
+        self.state = .awaitingHello(Handshake.Client(key: key, identity: identity, protocols: protocols))
         self.clientKey = key
         self.timeout = timeout
         self.delegate = delegate
     }
 
-    /// The accepting side as `identity`: the delegate decides which served space a client's proof is for.
-    public init(server identity: DeviceIdentity, timeout: TimeAmount, delegate: any HandshakeDelegate) {
-        self.state = .awaitingAuth(Handshake.Server(identity: identity))
+    /// The accepting side as `identity`, speaking `protocols`: the delegate decides which served space a client's
+    /// proof is for.
+    public init(
+        server identity: DeviceIdentity, timeout: TimeAmount, delegate: any HandshakeDelegate,
+        protocols: ClosedRange<UInt8> = Handshake.protocols
+    ) {
+        self.state = .awaitingAuth(Handshake.Server(identity: identity, protocols: protocols))
         self.clientKey = nil
         self.timeout = timeout
         self.delegate = delegate
@@ -162,14 +177,15 @@ public final class HandshakeHandler: ChannelDuplexHandler, RemovableChannelHandl
                 case .done, .deciding:
                     return
                 case .awaitingHello(var client):
-                    guard let hello = try nextFrame(size: Handshake.helloSize) else { return }
+                    guard let hello = try nextFrame(size: Handshake.helloSize, orOtherHello: true) else { return }
+                    if let mismatch = client.mismatch(hello) { return fail(.incompatible(mismatch, .awaitingHello), context: context) }
                     let auth = try client.respond(to: hello)
                     state = .awaitingReply(client)
                     context.writeAndFlush(wrapOutboundOut(HandshakeFrame.encode(auth)), promise: nil)
                 case .awaitingReply(let client):
                     guard let reply = try nextFrame(size: Handshake.replySize), let key = clientKey else { return }
-                    let (device, cipher) = try client.finish(reply)
-                    establish(EstablishedLink(space: key, device: device, cipher: cipher), context: context)
+                    let (device, cipher, version) = try client.finish(reply)
+                    establish(EstablishedLink(space: key, device: device, cipher: cipher, protocolVersion: version), context: context)
                 case .awaitingAuth(let server):
                     guard let auth = try nextFrame(size: Handshake.authSize) else { return }
                     state = .deciding
@@ -187,9 +203,15 @@ public final class HandshakeHandler: ChannelDuplexHandler, RemovableChannelHandl
         switch verdict {
         case .accepted(let accepted):
             context.writeAndFlush(wrapOutboundOut(HandshakeFrame.encode(accepted.reply)), promise: nil)
-            establish(EstablishedLink(space: accepted.space, device: accepted.device, cipher: accepted.session), context: context)
+            establish(
+                EstablishedLink(
+                    space: accepted.space, device: accepted.device, cipher: accepted.session,
+                    protocolVersion: accepted.protocolVersion),
+                context: context)
         case .refused:
             fail(.refused, context: context)
+        case .incompatible(let mismatch):
+            fail(.incompatible(mismatch, .awaitingAuth), context: context)
         case .later(let future):
             let bound = NIOLoopBound((self, context), eventLoop: context.eventLoop)
             future.hop(to: context.eventLoop).whenComplete { result in
@@ -202,13 +224,15 @@ public final class HandshakeHandler: ChannelDuplexHandler, RemovableChannelHandl
         }
     }
 
-    /// The next handshake message if it has fully arrived; a frame of any other length is refused at once.
-    private func nextFrame(size: Int) throws(SyncRejection) -> [UInt8]? {
+    /// The next handshake message if it has fully arrived; a frame of any other length is refused at once, except
+    /// that `orOtherHello` takes a frame of 5 to 1,024 bytes, so that a hello of another handshake version (which
+    /// may have another size) is told apart from damage (`Handshake.Client.mismatch`).
+    private func nextFrame(size: Int, orOtherHello: Bool = false) throws(SyncRejection) -> [UInt8]? {
         guard let length = pending.getInteger(at: pending.readerIndex, as: UInt32.self) else { return nil }
-        guard Int(length) == size else { throw .badFrame }
-        guard pending.readableBytes >= 4 + size else { return nil }
+        guard Int(length) == size || (orOtherHello && (5...1024).contains(length)) else { throw .badFrame }
+        guard pending.readableBytes >= 4 + Int(length) else { return nil }
         pending.moveReaderIndex(forwardBy: 4)
-        return pending.readBytes(length: size)
+        return pending.readBytes(length: Int(length))
     }
 
     /// Reports a failure and closes the connection.

@@ -23,8 +23,8 @@ public struct SealedFrameDecoder: ByteToMessageDecoder {
 
     private var opener: FrameOpener
     private let counters: (any WireCounters)?
-    /// The sealed body length of the frame being read, once its header has opened.
-    private var bodyLength: Int?
+    /// The body of the frame being read, once its header has opened.
+    private var body: FrameBody?
 
     /// A decoder opening frames with `opener`, counting their bytes on `counters`.
     public init(opener: FrameOpener, counters: (any WireCounters)?) {
@@ -33,16 +33,16 @@ public struct SealedFrameDecoder: ByteToMessageDecoder {
     }
 
     public mutating func decode(context: ChannelHandlerContext, buffer: inout ByteBuffer) throws -> DecodingState {
-        if bodyLength == nil {
-            guard let header = buffer.readBytes(length: SessionCipher.headerSize) else { return .needMoreData }
-            bodyLength = try opener.openLength(header[...])
+        if body == nil {
+            guard let header = buffer.readBytes(length: opener.headerSize) else { return .needMoreData }
+            body = try opener.openHeader(header[...])
         }
-        guard let length = bodyLength, buffer.readableBytes >= length else { return .needMoreData }
-        bodyLength = nil
-        counters?.received(SessionCipher.headerSize + length)
+        guard let frame = body, buffer.readableBytes >= frame.count else { return .needMoreData }
+        body = nil
+        counters?.received(opener.headerSize + frame.count)
         // Opened where it lies in the buffer (no copy of the sealed body first).
         let message = try buffer.readWithUnsafeReadableBytes { raw throws(SyncRejection) -> (Int, [UInt8]) in
-            (length, try opener.open(UnsafeRawBufferPointer(rebasing: raw[..<length])))
+            (frame.count, try opener.open(UnsafeRawBufferPointer(rebasing: raw[..<frame.count]), clear: frame.clear))
         }
         context.fireChannelRead(wrapInboundOut(message))
         return .continue
@@ -51,9 +51,9 @@ public struct SealedFrameDecoder: ByteToMessageDecoder {
     public mutating func decodeLast(context: ChannelHandlerContext, buffer: inout ByteBuffer, seenEOF: Bool) throws
         -> DecodingState
     {
-        if buffer.readableBytes > 0 || bodyLength != nil { counters?.lostMidFrame() }
+        if buffer.readableBytes > 0 || body != nil { counters?.lostMidFrame() }
         buffer.moveReaderIndex(to: buffer.writerIndex)
-        bodyLength = nil
+        body = nil
         return .needMoreData
     }
 }

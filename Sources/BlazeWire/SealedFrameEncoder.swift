@@ -1,8 +1,11 @@
 import BlazeCrypto
+import BlazeProtocol
 import NIOCore
 
 /// Seals each outgoing message into the next frame of an established sync connection (SYNC.md §8, "Framing"). A class:
-/// `MessageToByteEncoder.encode` is not mutating, and the sealer counts frames.
+/// `MessageToByteEncoder.encode` is not mutating, and the sealer counts frames. From protocol 5 a `CHUNK`'s sealed
+/// chunk follows its frame's sealed part in the clear, authenticated by the frame's tag: it is sealed under the
+/// space's key already.
 public final class SealedFrameEncoder: MessageToByteEncoder {
     public typealias OutboundIn = [UInt8]
 
@@ -16,10 +19,12 @@ public final class SealedFrameEncoder: MessageToByteEncoder {
     }
 
     public func encode(data: [UInt8], out: inout ByteBuffer) throws {
-        let count = SessionCipher.headerSize + data.count + SessionCipher.tagSize
+        let count = sealer.overhead + data.count
         out.reserveCapacity(minimumWritableBytes: count)
         // Sealed straight into the outgoing buffer: no intermediate copy of the frame.
-        sealer.seal(data) { out.writeBytes($0) }
+        let split = sealer.version >= SessionCipher.clearPartsFrom && data.first == PeerMessage.chunkType
+            ? min(data.count, 1 + ChunkID.count) : data.count
+        sealer.seal(data[..<split], clear: data[split...]) { out.writeBytes($0) }
         counters?.sent(count)
     }
 }

@@ -12,9 +12,12 @@ struct HandshakeRun {
     var client: Handshake.Client
     var auth: [UInt8] = []
 
-    init(key: SpaceKey) throws {
-        server = Handshake.Server(identity: serverDevice)
-        client = Handshake.Client(key: key, identity: clientDevice)
+    init(
+        key: SpaceKey, serverProtocols: ClosedRange<UInt8> = Handshake.protocols,
+        clientProtocols: ClosedRange<UInt8> = Handshake.protocols
+    ) throws {
+        server = Handshake.Server(identity: serverDevice, protocols: serverProtocols)
+        client = Handshake.Client(key: key, identity: clientDevice, protocols: clientProtocols)
         auth = try client.respond(to: server.hello)
     }
 }
@@ -28,7 +31,8 @@ struct HandshakeRun {
         #expect(accepted.space == spaces[1])
         #expect(accepted.device == run.clientDevice.publicKeys)
         #expect(accepted.reply.count == Handshake.replySize)
-        let (serverDevice, clientSession) = try run.client.finish(accepted.reply)
+        let (serverDevice, clientSession, version) = try run.client.finish(accepted.reply)
+        #expect(version == Handshake.protocols.upperBound && accepted.protocolVersion == version)
         #expect(serverDevice == run.serverDevice.publicKeys)
         #expect(serverDevice.nodeID == run.serverDevice.nodeID)
         var c = clientSession, s = accepted.session
@@ -62,10 +66,11 @@ struct HandshakeRun {
         #expect(throws: SyncRejection.badFrame) { try run.server.accept([1, 2, 3], spaces: [key]) }
         var c2 = Handshake.Client(key: key, identity: DeviceIdentity())
         #expect(throws: SyncRejection.badFrame) { try c2.respond(to: Array("HTTP/1.1 200 OK".utf8)) }
-        // A version 2 hello (before device identities) is refused, not misread.
+        // A version 2 hello (before device identities) is refused, not misread, and said to be of another version.
         var old = run.server.hello
         old[4] = 2
-        #expect(throws: SyncRejection.badFrame) { try c2.respond(to: old) }
+        #expect(throws: SyncRejection.incompatibleProtocol) { try c2.respond(to: old) }
+        #expect(c2.mismatch(old) == ProtocolMismatch(ours: Handshake.protocols, handshake: 2))
     }
 
     @Test func everyAlteredByteOfAnIdentityOrProofIsRefused() throws {
@@ -98,15 +103,18 @@ struct HandshakeRun {
         #expect(throws: SyncRejection.badFrame) { try second.client.finish(reply) }
     }
 
-    @Test func replayedReorderedOrAlteredFramesFailToOpen() throws {
+    @Test(arguments: [4...4, Handshake.protocols] as [ClosedRange<UInt8>])
+    func replayedReorderedOrAlteredFramesFailToOpen(protocols: ClosedRange<UInt8>) throws {
         let key = SpaceKey.generate()
-        let run = try HandshakeRun(key: key)
+        let run = try HandshakeRun(key: key, serverProtocols: protocols)
         let accepted = try run.server.accept(run.auth, spaces: [key])
         var c = try run.client.finish(accepted.reply).session
         var receiver = accepted.session
+        let headerSize = receiver.opener.headerSize
+        #expect(headerSize == SessionCipher.headerSize(protocols.upperBound))
         let f1 = c.seal(Array("one".utf8))
         let f2 = c.seal(Array("two".utf8))
-        #expect(f1.count == SessionCipher.headerSize + 3 + SessionCipher.tagSize)
+        #expect(f1.count == headerSize + 3 + SessionCipher.tagSize)
         var replay = receiver
         #expect(throws: SyncRejection.badFrame) { try replay.openFrame(f2[...]) }  // reordered
         #expect(try receiver.openFrame(f1[...]) == Array("one".utf8))
@@ -117,11 +125,11 @@ struct HandshakeRun {
             altered[bit / 8] ^= 1 << (bit % 8)
             var r = receiver
             #expect(throws: SyncRejection.badFrame) { try r.openFrame(altered[...]) }
-            if bit < SessionCipher.headerSize * 8 {
-                #expect(throws: SyncRejection.badFrame) { try r.openLength(altered.prefix(SessionCipher.headerSize)) }
+            if bit < headerSize * 8 {
+                #expect(throws: SyncRejection.badFrame) { try r.openLength(altered.prefix(headerSize)) }
             }
         }
         #expect(throws: SyncRejection.badFrame) { try receiver.openFrame(f2.dropLast()) }  // truncated
-        #expect(try receiver.openLength(f2.prefix(SessionCipher.headerSize)) == 3 + SessionCipher.tagSize)
+        #expect(try receiver.openLength(f2.prefix(headerSize)) == 3 + SessionCipher.tagSize)
     }
 }

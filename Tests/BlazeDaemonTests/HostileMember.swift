@@ -142,10 +142,10 @@ final class HostileMember {
     /// The next message from the server, nil when the connection closed (or nothing came within the timeout).
     func receive() throws -> [UInt8]? {
         guard var c = cipher else { throw HostileError("not connected") }
-        guard let header = try? readExactly(SessionCipher.headerSize) else { return nil }
+        guard let header = try? readExactly(c.opener.headerSize) else { return nil }
         let length = try c.openLength(header[...])
         guard let body = try? readExactly(length) else { return nil }
-        let plain = try c.open(body[...])
+        let plain = try c.openFrame((header + body)[...])
         cipher = c
         return plain
     }

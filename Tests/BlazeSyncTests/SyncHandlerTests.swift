@@ -1,5 +1,6 @@
 import BlazeCRDT
 import BlazeCrypto
+import BlazeProtocol
 import BlazeStore
 import BlazeTestSupport
 import BlazeWire
@@ -156,6 +157,14 @@ import Testing
         let frame = try #require(try encoder.readOutbound(as: ByteBuffer.self))
         #expect(try sender.openFrame(Array(buffer: frame)[...]) == Array("back".utf8))
         #expect(report.unreported.sent == frame.readableBytes)
+        // A CHUNK (protocol 5): its sealed chunk follows the frame's sealed part in the clear, and the decoder gives
+        // back the whole message.
+        let chunk = PeerMessage.chunkHeader(ChunkID(bytes: [UInt8](repeating: 3, count: 32))!) + (0..<4000).map { UInt8($0 % 251) }
+        try encoder.writeOutbound(chunk)
+        let chunkFrame = Array(buffer: try #require(try encoder.readOutbound(as: ByteBuffer.self)))
+        #expect(receiver.sealer.version == 5 && chunkFrame.count == receiver.sealer.overhead + chunk.count)
+        #expect(Array(chunkFrame.suffix(4000)) == Array(chunk.suffix(4000)))
+        #expect(try sender.openFrame(chunkFrame[...]) == chunk)
         _ = try channel.finish()
     }
 
@@ -165,7 +174,7 @@ import Testing
         let channel = try active([ByteToMessageHandler(SealedFrameDecoder(opener: receiver.opener, counters: report))])
         var frame = sender.seal(Array("x".utf8))
         frame[0] ^= 1
-        #expect(throws: SyncRejection.badFrame) { try channel.writeInbound(ByteBuffer(bytes: frame.prefix(SessionCipher.headerSize))) }
+        #expect(throws: SyncRejection.badFrame) { try channel.writeInbound(ByteBuffer(bytes: frame.prefix(receiver.opener.headerSize))) }
     }
 
     @Test func aConnectionLostMidFrameIsCounted() throws {

@@ -641,7 +641,7 @@ class FolderListResult(TypedDict):
     folders: List[FolderListResultFoldersItem]
 
 
-class SyncStatusResultDatabasesItemPeersItem(TypedDict):
+class _SyncStatusResultDatabasesItemPeersItemRequired(TypedDict):
     # The peer's address for outbound peers; 'inbound' for peers that connected here; 'folder:' and the path for a shared folder.
     peer: str
     # outbound: a peer this daemon connects to (peer.add); inbound: peers that connected here; folder: a shared folder (folder.add), whose connections and devices are the other devices writing into it.
@@ -668,7 +668,7 @@ class SyncStatusResultDatabasesItemPeersItem(TypedDict):
     # Failed connection attempts and sessions.
     errors: int
     lastError: Optional[str]
-    # Refused entries, heads and frames by reason: malformed, wrong_space, unknown_epoch, bad_seal, bad_payload, broken_chain, bad_head, fork, rollback, bad_frame, invalid_change, clock_ahead, quarantined, too_many_parked (SYNC.md §7); not_a_member, reader, revoked (§9); torn_record, a folder's record whose checksum fails (§10); bad_chunk, a blob chunk not asked for or not opening as its id.
+    # Refused entries, heads and frames by reason: malformed, wrong_space, unknown_epoch, bad_seal, bad_payload, broken_chain, bad_head, fork, rollback, bad_frame, invalid_change, clock_ahead, quarantined, too_many_parked (SYNC.md §7); not_a_member, reader, revoked (§9); torn_record, a folder's record whose checksum fails (§10); bad_chunk, a blob chunk not asked for or not opening as its id; incompatible_protocol, a handshake whose ends share no protocol version (§8).
     rejected: Dict[str, int]
     # Snapshots sent to this peer because it lacked entries compacted away here (SYNC.md §11).
     snapshotsSent: int
@@ -680,6 +680,11 @@ class SyncStatusResultDatabasesItemPeersItem(TypedDict):
     chunksReceived: int
     # Bytes of blob content those chunks held.
     chunkBytesReceived: int
+
+
+class SyncStatusResultDatabasesItemPeersItem(_SyncStatusResultDatabasesItemPeersItemRequired, total=False):
+    # Sync protocol version of the latest established connection: the highest both ends speak (SYNC.md §8, "Versions"); null before the first.
+    protocolVersion: Optional[int]
 
 
 class SyncStatusResultDatabasesItemForksItem(TypedDict):

@@ -6360,7 +6360,7 @@ public enum RPCSchema {
         public var errors: Int
         /// `lastError`.
         public var lastError: String?
-        /// Refused entries, heads and frames by reason: malformed, wrong_space, unknown_epoch, bad_seal, bad_payload, broken_chain, bad_head, fork, rollback, bad_frame, invalid_change, clock_ahead, quarantined, too_many_parked (SYNC.md §7); not_a_member, reader, revoked (§9); torn_record, a folder's record whose checksum fails (§10); bad_chunk, a blob chunk not asked for or not opening as its id.
+        /// Refused entries, heads and frames by reason: malformed, wrong_space, unknown_epoch, bad_seal, bad_payload, broken_chain, bad_head, fork, rollback, bad_frame, invalid_change, clock_ahead, quarantined, too_many_parked (SYNC.md §7); not_a_member, reader, revoked (§9); torn_record, a folder's record whose checksum fails (§10); bad_chunk, a blob chunk not asked for or not opening as its id; incompatible_protocol, a handshake whose ends share no protocol version (§8).
         public var rejected: [String: Int]
         /// Snapshots sent to this peer because it lacked entries compacted away here (SYNC.md §11).
         public var snapshotsSent: Int
@@ -6372,9 +6372,11 @@ public enum RPCSchema {
         public var chunksReceived: Int
         /// Bytes of blob content those chunks held.
         public var chunkBytesReceived: Int
+        /// Sync protocol version of the latest established connection: the highest both ends speak (SYNC.md §8, "Versions"); null before the first.
+        public var protocolVersion: Int?
 
         /// A value from its members.
-        public init(peer: String, direction: Direction, connected: Bool, connections: Int, devices: [String], lastDevice: String?, lastSyncMs: Int?, sentEntries: Int, receivedEntries: Int, sentBytes: Int, receivedBytes: Int, peerBehind: Int, selfBehind: Int, errors: Int, lastError: String?, rejected: [String: Int], snapshotsSent: Int, snapshotsInstalled: Int, chunksSent: Int, chunksReceived: Int, chunkBytesReceived: Int) {
+        public init(peer: String, direction: Direction, connected: Bool, connections: Int, devices: [String], lastDevice: String?, lastSyncMs: Int?, sentEntries: Int, receivedEntries: Int, sentBytes: Int, receivedBytes: Int, peerBehind: Int, selfBehind: Int, errors: Int, lastError: String?, rejected: [String: Int], snapshotsSent: Int, snapshotsInstalled: Int, chunksSent: Int, chunksReceived: Int, chunkBytesReceived: Int, protocolVersion: Int? = nil) {
             self.peer = peer
             self.direction = direction
             self.connected = connected
@@ -6396,6 +6398,7 @@ public enum RPCSchema {
             self.chunksSent = chunksSent
             self.chunksReceived = chunksReceived
             self.chunkBytesReceived = chunkBytesReceived
+            self.protocolVersion = protocolVersion
         }
 
         /// Reads the value from JSON.
@@ -6422,6 +6425,7 @@ public enum RPCSchema {
             self.chunksSent = try RPCDecode.member(o, "chunksSent", RPCDecode.int)
             self.chunksReceived = try RPCDecode.member(o, "chunksReceived", RPCDecode.int)
             self.chunkBytesReceived = try RPCDecode.member(o, "chunkBytesReceived", RPCDecode.int)
+            self.protocolVersion = try RPCDecode.optionalMember(o, "protocolVersion", RPCDecode.int)
         }
 
         /// The value's JSON form.
@@ -6431,7 +6435,7 @@ public enum RPCSchema {
 
         /// The members of the JSON form.
         public var jsonObject: [String: JSONValue] {
-            var o = [String: JSONValue](minimumCapacity: 21)
+            var o = [String: JSONValue](minimumCapacity: 22)
             o["peer"] = .string(self.peer)
             o["direction"] = .string(self.direction.rawValue)
             o["connected"] = .bool(self.connected)
@@ -6453,6 +6457,7 @@ public enum RPCSchema {
             o["chunksSent"] = .int(Int64(self.chunksSent))
             o["chunksReceived"] = .int(Int64(self.chunksReceived))
             o["chunkBytesReceived"] = .int(Int64(self.chunkBytesReceived))
+            if let v = self.protocolVersion { o["protocolVersion"] = .int(Int64(v)) }
             return o
         }
     }
