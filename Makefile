@@ -10,15 +10,17 @@ run:
 
 # Check the code's shape (file length, declared imports, test layering: .ci/check-code-shape) and that every
 # reference to a protocol document's section names one that exists (.ci/check-doc-refs), build everything
-# (daemon, CLI, tests) and run the whole test suite: Swift, a blazebench smoke run (no timing assertions), then the
+# (daemon, CLI, tests) and the previous release's daemon and relay for the mixed-version tests (.ci/build-previous,
+# cached per machine), and run the whole test suite: Swift, a blazebench smoke run (no timing assertions), then the
 # Python and Node clients.
 test:
 	.ci/check-code-shape
 	.ci/check-doc-refs
 	swift build --build-tests
+	.ci/build-previous > .build/previous-bin
 	@# The log is kept, and on failure the failing tests and their issues are printed again at the end, where a
 	@# truncated CI log still shows them.
-	set -o pipefail; swift test --skip-build --disable-xctest 2>&1 | tee .build/swift-test.log || \
+	set -o pipefail; BLAZE_PREVIOUS_BUILD=$$(cat .build/previous-bin) swift test --skip-build --disable-xctest 2>&1 | tee .build/swift-test.log || \
 		{ echo "=== failing tests and their issues (each with the first lines of its comment: seeds) ==="; \
 		grep -E -A3 '✘ Test .*recorded an issue' .build/swift-test.log | grep -v '^--$$' | cut -c1-400 | tail -80; \
 		grep -E '✘ (Test|Suite) .*failed after' .build/swift-test.log | tail -20; exit 1; }

@@ -46,7 +46,7 @@ export type RpcDiscoverResult = Record<string, unknown>;
 /** Parameters of `daemon.info`: Version, file and protocol formats, node id, process, paths, uptime and limits of the daemon. */
 export type DaemonInfoParams = Record<string, never>;
 /** Result of `daemon.info`. */
-export type DaemonInfoResult = { "version": string; "formats"?: { "database": number; "keystore": number; "folder": number; "entry": number; "protocol": number }; "nodeId": NodeId; "pid": number; "socket": string; "dataDir": string; "uptimeSeconds": number; "databases": number; "connections": number; "subscriptions": number; "limits": Limits };
+export type DaemonInfoResult = { "version": string; "formats"?: { "database": number; "keystore": number; "folder": number; "entry": number; "protocol": number; "oldestProtocol"?: number }; "nodeId": NodeId; "pid": number; "socket": string; "dataDir": string; "uptimeSeconds": number; "databases": number; "connections": number; "subscriptions": number; "limits": Limits };
 /** Parameters of `daemon.config`: The daemon's effective settings and where each came from (flag, environment variable, configuration file or default). */
 export type DaemonConfigParams = Record<string, never>;
 /** Result of `daemon.config`. */

@@ -19,7 +19,8 @@ extension Methods {
         let s = ctx.config.storeLimits
         let formats = RPC.DaemonInfo.Result.Formats(
             database: DatabaseFormat.current, keystore: KeystoreFormat.current, folder: Int(FolderFiles.version),
-            entry: Int(EntryHeader.version), protocol: Int(Handshake.version))
+            entry: Int(EntryHeader.version), protocol: Int(Handshake.protocols.upperBound),
+            oldestProtocol: Int(Handshake.protocols.lowerBound))
         let uptimeSeconds = Double(uptime.components.seconds) + Double(uptime.components.attoseconds) / 1e18
         return RPC.DaemonInfo.Result(
             version: blazeVersion, formats: formats,

@@ -1,4 +1,5 @@
 import BlazeCrypto
+import Foundation
 import BlazeStore
 import BlazeWire
 import NIOCore
@@ -29,6 +30,8 @@ final class SyncHandshake: HandshakeDelegate {
         let accepted: Handshake.Accepted
         do { accepted = try server.accept(auth, spaces: spaces.map(\.key)) } catch {
             guard error == .incompatibleProtocol, let mismatch = server.mismatch(auth) else { return .refused }
+            // The proof held: the refusal is reported on the database whose key it proved.
+            report.db = spaces.first { server.proves(auth, spaces: [$0.key]) }?.db.name
             return .incompatible(mismatch)
         }
         guard let space = spaces.first(where: { $0.id == accepted.space.id }) else { return .refused }
@@ -96,18 +99,29 @@ final class SyncHandshake: HandshakeDelegate {
 }
 
 extension HandshakeHandler {
+    /// The sync protocol versions a daemon speaks: this build's, unless `BLAZE_SYNC_PROTOCOLS` (`LOW-HIGH` or one
+    /// number, from 4) narrows or moves them, which tests of mixed versions use to play an older or newer device.
+    static let daemonProtocols: ClosedRange<UInt8> = {
+        guard let text = ProcessInfo.processInfo.environment["BLAZE_SYNC_PROTOCOLS"] else { return Handshake.protocols }
+        let bounds = text.split(separator: "-", maxSplits: 1).map { UInt8($0) }
+        guard let low = bounds.first ?? nil, let high = bounds.last ?? nil, low >= 4, low <= high else { return Handshake.protocols }
+        return low...high
+    }()
+
     /// The connecting side of a daemon's link serving `space`, proving its capability.
     convenience init(engine: SyncEngine, report: LinkReport, space: SharedSpace, onEstablished: (() -> Void)? = nil) {
         self.init(
             client: space.key, identity: engine.identity, timeout: engine.handshakeTimeout,
-            delegate: SyncHandshake(engine: engine, report: report, space: space, onEstablished: onEstablished))
+            delegate: SyncHandshake(engine: engine, report: report, space: space, onEstablished: onEstablished),
+            protocols: Self.daemonProtocols)
     }
 
     /// The accepting side of a daemon's listener: the client's proof decides which served database it is for.
     convenience init(engine: SyncEngine, report: LinkReport) {
         self.init(
             server: engine.identity, timeout: engine.handshakeTimeout,
-            delegate: SyncHandshake(engine: engine, report: report, space: nil, onEstablished: nil))
+            delegate: SyncHandshake(engine: engine, report: report, space: nil, onEstablished: nil),
+            protocols: Self.daemonProtocols)
     }
 
     /// A handshake frame (`HandshakeFrame.encode`).

@@ -153,4 +153,14 @@ import Testing
         let fits = try ChaChaPoly.seal(length, using: sessionKey, nonce: SessionCipher.nonce(0, part: 1))
         #expect(try opener.openHeader((Array(fits.ciphertext) + Array(fits.tag))[...]) == FrameBody(sealed: 100, clear: SessionCipher.maxBody - 100))
     }
+
+    /// The README's table of formats and SYNC.md name this build's range.
+    @Test func theDocsNameTheRangeThisBuildSpeaks() throws {
+        let root = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
+        let (low, high) = (Handshake.protocols.lowerBound, Handshake.protocols.upperBound)
+        let readme = try String(contentsOf: root.appendingPathComponent("README.md"), encoding: .utf8)
+        #expect(readme.contains("a range each side announces in the handshake (\(low) to \(high) in this build)"))
+        let sync = try String(contentsOf: root.appendingPathComponent("Protocol/SYNC.md"), encoding: .utf8)
+        #expect(sync.contains("(this build: \(low) to \(high);"))
+    }
 }

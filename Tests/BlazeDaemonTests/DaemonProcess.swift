@@ -38,15 +38,17 @@ final class DaemonProcess: @unchecked Sendable {
     /// Set by tests that provoke error-level log lines without calling `stop(expectErrors: true)`.
     var expectsErrors = false
 
-    /// Starts blazed with `arguments` after the socket and data flags, in an environment without `BLAZEDB_*`
-    /// settings or systemd variables and with its own empty `XDG_CONFIG_HOME`, plus `environment`.
-    init(arguments: [String] = [], dir: TempDir = TempDir(), dataDir: String? = nil, environment: [String: String] = [:])
-        throws
-    {
+    /// Starts blazed (this build's, or the one at `executable`) with `arguments` after the socket and data flags, in
+    /// an environment without `BLAZEDB_*` settings or systemd variables and with its own empty `XDG_CONFIG_HOME`, plus
+    /// `environment`.
+    init(
+        arguments: [String] = [], dir: TempDir = TempDir(), dataDir: String? = nil, environment: [String: String] = [:],
+        executable: String? = nil
+    ) throws {
         self.dir = dir
         socket = dir.path + "/run/blazed.sock"
         self.dataDir = dataDir ?? dir.path + "/data"
-        process.executableURL = URL(fileURLWithPath: buildDirectory + "/blazed")
+        process.executableURL = URL(fileURLWithPath: executable ?? buildDirectory + "/blazed")
         process.arguments = ["--socket", socket, "--data-dir", self.dataDir] + arguments
         process.environment = isolatedEnvironment(config: dir.path + "/config").merging(environment) { $1 }
         let pipe = Pipe()

@@ -33,7 +33,8 @@ import Glibc
         // Each the constant its files carry (README, "Upgrades and file formats").
         #expect(try d.connect().call("daemon.info")["formats"] == [
             "database": .int(Int64(DatabaseFormat.current)), "keystore": .int(Int64(KeystoreFormat.current)),
-            "folder": .int(Int64(FolderFiles.version)), "entry": .int(Int64(EntryHeader.version)), "protocol": .int(Int64(Handshake.version)),
+            "folder": .int(Int64(FolderFiles.version)), "entry": .int(Int64(EntryHeader.version)), "protocol": .int(Int64(Handshake.protocols.upperBound)),
+            "oldestProtocol": .int(Int64(Handshake.protocols.lowerBound)),
         ])
     }
 

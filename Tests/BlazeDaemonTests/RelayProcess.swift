@@ -30,14 +30,17 @@ final class RelayProcess: @unchecked Sendable {
 
     /// The PostgreSQL server it keeps its data in, nil for SQLite.
     let postgres: PostgresServer?
+    /// The blaze-relay it runs (and that `addSpace` runs).
+    let executable: String
 
     init(
         dir: TempDir = TempDir(), arguments: [String] = [], listen: String = "127.0.0.1:0", postgres: PostgresServer? = nil,
-        environment: [String: String] = [:]
+        environment: [String: String] = [:], executable: String? = nil
     ) throws {
         self.dir = dir
         self.postgres = postgres
-        process.executableURL = URL(fileURLWithPath: buildDirectory + "/blaze-relay")
+        self.executable = executable ?? buildDirectory + "/blaze-relay"
+        process.executableURL = URL(fileURLWithPath: self.executable)
         process.arguments =
             ["serve", "--data-dir", dir.path + "/relay", "--listen", listen] + (postgres.map { ["--postgres", $0.url] } ?? [])
             + arguments
@@ -71,7 +74,7 @@ final class RelayProcess: @unchecked Sendable {
     /// Serves the space of `capability` (`blaze-relay add-space -`, the token on stdin).
     func addSpace(_ capability: String) throws {
         let r = try run(
-            buildDirectory + "/blaze-relay",
+            executable,
             ["add-space", "--data-dir", dataDir] + (postgres.map { ["--postgres", $0.url] } ?? []) + ["-"],
             input: capability + "\n")
         guard r.status == 0 else { throw ClientError("add-space failed: \(r.err)") }

@@ -6,12 +6,18 @@ from typing import Any, Dict, List, Literal, Optional, TypedDict
 RpcDiscoverResult = Dict[str, Any]
 
 
-class DaemonInfoResultFormats(TypedDict):
+class _DaemonInfoResultFormatsRequired(TypedDict):
     database: int
     keystore: int
     folder: int
     entry: int
+    # The newest sync protocol version this build speaks (4 in builds before protocol versions were chosen in the handshake).
     protocol: int
+
+
+class DaemonInfoResultFormats(_DaemonInfoResultFormatsRequired, total=False):
+    # The oldest sync protocol version this build still speaks; absent from builds that speak one version only (4).
+    oldestProtocol: int
 
 
 class DaemonInfoResultLimits(TypedDict):
@@ -45,7 +51,7 @@ class _DaemonInfoResultRequired(TypedDict):
 
 
 class DaemonInfoResult(_DaemonInfoResultRequired, total=False):
-    # The format versions this build writes and reads up to (README, Upgrades and file formats): database files (schema migrations), keystore files, folder files, sealed entries, and the sync handshake. Absent from daemons built before it was added.
+    # The format versions this build writes and reads up to (README, Upgrades and file formats): database files (schema migrations), keystore files, folder files, sealed entries, and the newest sync protocol it speaks (with the oldest, SYNC.md §8, "Versions"). Absent from daemons built before it was added.
     formats: DaemonInfoResultFormats
 
 

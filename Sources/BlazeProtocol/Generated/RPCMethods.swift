@@ -309,7 +309,7 @@ public enum RPC {
 
         /// The result of `daemon.info`.
         public struct Result: RPCObject {
-            /// The format versions this build writes and reads up to (README, Upgrades and file formats): database files (schema migrations), keystore files, folder files, sealed entries, and the sync handshake. Absent from daemons built before it was added.
+            /// The format versions this build writes and reads up to (README, Upgrades and file formats): database files (schema migrations), keystore files, folder files, sealed entries, and the newest sync protocol it speaks (with the oldest, SYNC.md §8, "Versions"). Absent from daemons built before it was added.
             public struct Formats: RPCObject {
                 /// `database`.
                 public var database: Int
@@ -319,16 +319,19 @@ public enum RPC {
                 public var folder: Int
                 /// `entry`.
                 public var entry: Int
-                /// `protocol`.
+                /// The newest sync protocol version this build speaks (4 in builds before protocol versions were chosen in the handshake).
                 public var `protocol`: Int
+                /// The oldest sync protocol version this build still speaks; absent from builds that speak one version only (4).
+                public var oldestProtocol: Int?
 
                 /// A value from its members.
-                public init(database: Int, keystore: Int, folder: Int, entry: Int, `protocol`: Int) {
+                public init(database: Int, keystore: Int, folder: Int, entry: Int, `protocol`: Int, oldestProtocol: Int? = nil) {
                     self.database = database
                     self.keystore = keystore
                     self.folder = folder
                     self.entry = entry
                     self.`protocol` = `protocol`
+                    self.oldestProtocol = oldestProtocol
                 }
 
                 /// Reads the value from JSON.
@@ -339,6 +342,7 @@ public enum RPC {
                     self.folder = try RPCDecode.member(o, "folder", RPCDecode.int)
                     self.entry = try RPCDecode.member(o, "entry", RPCDecode.int)
                     self.`protocol` = try RPCDecode.member(o, "protocol", RPCDecode.int)
+                    self.oldestProtocol = try RPCDecode.optionalMember(o, "oldestProtocol", RPCDecode.int)
                 }
 
                 /// The value's JSON form.
@@ -348,19 +352,20 @@ public enum RPC {
 
                 /// The members of the JSON form.
                 public var jsonObject: [String: JSONValue] {
-                    var o = [String: JSONValue](minimumCapacity: 5)
+                    var o = [String: JSONValue](minimumCapacity: 6)
                     o["database"] = .int(Int64(self.database))
                     o["keystore"] = .int(Int64(self.keystore))
                     o["folder"] = .int(Int64(self.folder))
                     o["entry"] = .int(Int64(self.entry))
                     o["protocol"] = .int(Int64(self.`protocol`))
+                    if let v = self.oldestProtocol { o["oldestProtocol"] = .int(Int64(v)) }
                     return o
                 }
             }
 
             /// `version`.
             public var version: String
-            /// The format versions this build writes and reads up to (README, Upgrades and file formats): database files (schema migrations), keystore files, folder files, sealed entries, and the sync handshake. Absent from daemons built before it was added.
+            /// The format versions this build writes and reads up to (README, Upgrades and file formats): database files (schema migrations), keystore files, folder files, sealed entries, and the newest sync protocol it speaks (with the oldest, SYNC.md §8, "Versions"). Absent from daemons built before it was added.
             public var formats: Formats?
             /// `nodeId`.
             public var nodeId: String
