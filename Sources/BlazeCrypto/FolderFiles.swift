@@ -55,11 +55,26 @@ public enum FolderFiles {
 
     /// Checks a segment file's header against the space and the directory it lies in.
     public static func checkSegmentHeader(_ bytes: ArraySlice<UInt8>, space: SpaceID, writer: [UInt8]) -> Bool {
+        segmentHeaderProblem(bytes, space: space, writer: writer) == nil
+    }
+
+    /// Why a segment file's header is not one of this space's and directory's: `incompatibleProtocol` for a file of
+    /// a newer format (written by a newer build), `malformed` for anything else.
+    public static func segmentHeaderProblem(_ bytes: ArraySlice<UInt8>, space: SpaceID, writer: [UInt8]) -> SyncRejection? {
         var r = ByteReader(bytes)
-        guard let magic = r.read(4), Array(magic) == segmentMagic, r.readUInt8() == version,
-            let s = r.read(16), Array(s) == space.bytes, let w = r.read(16), Array(w) == writer, r.readUInt64() != nil
-        else { return false }
-        return true
+        guard let magic = r.read(4), Array(magic) == segmentMagic else { return .malformed }
+        do { try readVersion(&r) } catch { return error }
+        guard let s = r.read(16), Array(s) == space.bytes, let w = r.read(16), Array(w) == writer, r.readUInt64() != nil
+        else { return .malformed }
+        return nil
+    }
+
+    /// Reads a file's version byte: this build's passes; a higher one is a newer build's format, refused as
+    /// `incompatibleProtocol` (never read as if it were this one); anything else is `malformed`.
+    static func readVersion(_ r: inout ByteReader) throws(SyncRejection) {
+        guard let v = r.readUInt8() else { throw .malformed }
+        guard v <= version else { throw .incompatibleProtocol }
+        guard v == version else { throw .malformed }
     }
 
     /// The checksum of a record body: the first 8 bytes of its SHA-256.
@@ -158,8 +173,9 @@ public enum FolderFiles {
         /// directory it lies in); the own head inside is checked too.
         public init(bytes: [UInt8], space: SpaceID, writer: [UInt8]) throws(SyncRejection) {
             var r = ByteReader(bytes[...])
-            guard let magic = r.read(4), Array(magic) == FolderFiles.headMagic, r.readUInt8() == FolderFiles.version,
-                let s = r.read(16), let k = r.read(32), let g = r.readUInt64(), let t = r.readUInt64(), let seg = r.readUInt64(),
+            guard let magic = r.read(4), Array(magic) == FolderFiles.headMagic else { throw .malformed }
+            try FolderFiles.readVersion(&r)
+            guard let s = r.read(16), let k = r.read(32), let g = r.readUInt64(), let t = r.readUInt64(), let seg = r.readUInt64(),
                 let flag = r.readUInt8(), flag <= 1
             else { throw .malformed }
             guard Array(s) == space.bytes else { throw .wrongSpace }
@@ -228,9 +244,9 @@ public enum FolderFiles {
     /// The items of a `list` file that starts with `magic`; throws for another file or one of another space.
     private static func decodeList(_ magic: [UInt8], _ bytes: [UInt8], space: SpaceID) throws(SyncRejection) -> [[UInt8]] {
         var r = ByteReader(bytes[...])
-        guard let m = r.read(4), Array(m) == magic, r.readUInt8() == version, let s = r.read(16),
-            let n = r.readUInt32(), Int(n) <= r.remaining / 4
-        else { throw .malformed }
+        guard let m = r.read(4), Array(m) == magic else { throw .malformed }
+        try readVersion(&r)
+        guard let s = r.read(16), let n = r.readUInt32(), Int(n) <= r.remaining / 4 else { throw .malformed }
         guard Array(s) == space.bytes else { throw .wrongSpace }
         var items: [[UInt8]] = []
         for _ in 0..<n {

@@ -229,9 +229,14 @@ extension FolderWorker {
             guard let header = preadAll(fd, offset: 0, count: FolderFiles.segmentHeaderSize),
                 header.count == FolderFiles.segmentHeaderSize
             else { return (false, false) }
-            guard FolderFiles.checkSegmentHeader(header[...], space: space.id, writer: writer.bytes) else {
+            if let problem = FolderFiles.segmentHeaderProblem(header[...], space: space.id, writer: writer.bytes) {
                 cursor.usable = false
-                report.reject(.malformed)
+                report.reject(problem)
+                if problem == .incompatibleProtocol {
+                    report.update {
+                        $0.lastError = "a segment of device \(writer.hex) is of a newer folder format than \(FolderFiles.version): upgrade this device"
+                    }
+                }
                 return (false, false)
             }
             cursor.offset = FolderFiles.segmentHeaderSize

@@ -33,6 +33,26 @@ import Testing
         var other = header
         other[4] = 2  // a version this build does not read
         #expect(!FolderFiles.checkSegmentHeader(other[...], space: key.id, writer: writer))
+        #expect(FolderFiles.segmentHeaderProblem(other[...], space: key.id, writer: writer) == .incompatibleProtocol)
+        other[4] = 0
+        #expect(FolderFiles.segmentHeaderProblem(other[...], space: key.id, writer: writer) == .malformed)
+    }
+
+    @Test func aFileOfANewerFormatIsSaidToBeNewerNotMalformed() throws {
+        let (_, own) = makeChain(1, key: key, device: device)
+        var head = FolderFiles.Head.encode(space: key.id, identity: device, generation: 1, timeMs: 0, segment: 1, ownHead: own)
+        var members = FolderFiles.members(space: key.id, ops: [[1, 2]])
+        var acks = FolderFiles.acks(space: key.id, acks: [[3]])
+        for v: UInt8 in [FolderFiles.version + 1, 255] {
+            head[4] = v
+            members[4] = v
+            acks[4] = v
+            #expect(throws: SyncRejection.incompatibleProtocol) { try FolderFiles.Head(bytes: head, space: key.id, writer: device.nodeID) }
+            #expect(throws: SyncRejection.incompatibleProtocol) { try FolderFiles.decodeMembers(members, space: key.id) }
+            #expect(throws: SyncRejection.incompatibleProtocol) { try FolderFiles.decodeAcks(acks, space: key.id) }
+        }
+        head[4] = 0
+        #expect(throws: SyncRejection.malformed) { try FolderFiles.Head(bytes: head, space: key.id, writer: device.nodeID) }
     }
 
     @Test func recordsAreWholeCutShortOrDamagedAndNothingElse() {
