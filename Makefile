@@ -1,6 +1,13 @@
 # The two commands the README gives a new user.
 SHELL := /bin/bash
-.PHONY: run test generate bench bench-peers bench-vectors
+.PHONY: run test generate bench bench-peers bench-vectors binaries install deb release
+
+# Where `make install` puts BlazeDB (DESTDIR is prepended, for staging), and which build it takes the binaries from:
+# release (what `make release` ships, the Swift runtime linked in) or debug (the tests' build).
+PREFIX ?= /usr/local
+DESTDIR ?=
+CONFIG ?= release
+VERSION := $(shell python3 -c 'import json; print(json.load(open("Protocol/blazedb.openrpc.json"))["info"]["version"])')
 
 # Build and start blazed in the foreground with its default socket and data directory.
 run:
@@ -17,15 +24,43 @@ test:
 	.ci/check-code-shape
 	.ci/check-doc-refs
 	swift build --build-tests
+	swift build --product generate-manual
+	Packaging/deb.sh .build/debug .build/packages > .build/test-deb
 	.ci/build-previous > .build/previous-bin
 	@# The log is kept, and on failure the failing tests and their issues are printed again at the end, where a
 	@# truncated CI log still shows them.
-	set -o pipefail; BLAZE_PREVIOUS_BUILD=$$(cat .build/previous-bin) swift test --skip-build --disable-xctest 2>&1 | tee .build/swift-test.log || \
+	set -o pipefail; BLAZE_PREVIOUS_BUILD=$$(cat .build/previous-bin) BLAZE_DEB=$$(cat .build/test-deb) swift test --skip-build --disable-xctest 2>&1 | tee .build/swift-test.log || \
 		{ echo "=== failing tests and their issues (each with the first lines of its comment: seeds) ==="; \
 		grep -E -A3 '✘ Test .*recorded an issue' .build/swift-test.log | grep -v '^--$$' | cut -c1-400 | tail -80; \
 		grep -E '✘ (Test|Suite) .*failed after' .build/swift-test.log | tail -20; exit 1; }
 	.build/debug/blazebench --quick
 	bash Clients/test.sh
+
+# The three binaries of CONFIG, and the argument parser's man page generator.
+binaries:
+	for p in blazed blazectl blaze-relay; do \
+		swift build -c $(CONFIG) $(if $(filter release,$(CONFIG)),--static-swift-stdlib) --product $$p || exit 1; done
+	swift build --product generate-manual
+
+# The binaries, systemd units, completions, man pages and docs under $(DESTDIR)$(PREFIX) (Packaging/install.sh).
+install: binaries
+	Packaging/install.sh .build/$(CONFIG) "$(DESTDIR)" "$(PREFIX)"
+
+# The Debian package of CONFIG's binaries in .build/packages (Packaging/deb.sh).
+deb: binaries
+	Packaging/deb.sh .build/$(CONFIG) .build/packages
+
+# Everything a release ships, in .build/release-$(VERSION): the release binaries, the .deb, the Python wheel and
+# sdist, the Node package tarball, and SHA256SUMS over them.
+release:
+	$(MAKE) deb CONFIG=release
+	rm -rf .build/release-$(VERSION) && mkdir -p .build/release-$(VERSION)
+	cp .build/release/blazed .build/release/blazectl .build/release/blaze-relay .build/packages/blazedb_$(VERSION)_*[0-9a-z].deb \
+		.build/release-$(VERSION)/
+	python3 -m venv .build/release-venv && .build/release-venv/bin/pip install -q build
+	.build/release-venv/bin/python -m build -q --outdir .build/release-$(VERSION) Clients/python
+	Packaging/npm-pack.sh .build/release-$(VERSION)
+	cd .build/release-$(VERSION) && sha256sum $$(ls | grep -v SHA256SUMS) > SHA256SUMS && cat SHA256SUMS
 
 # Measure performance against same-run baselines (release build; see Benchmarks/README.md).
 bench:

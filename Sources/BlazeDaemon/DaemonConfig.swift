@@ -87,9 +87,6 @@ public struct DaemonConfig: Sendable {
     }
 }
 
-/// The daemon's version string.
-public let blazeVersion = "0.1.0"
-
 /// A configuration the daemon cannot start with.
 public struct DaemonError: Error, Sendable, CustomStringConvertible {
     /// What is wrong, naming the setting.

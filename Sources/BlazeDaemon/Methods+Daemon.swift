@@ -3,6 +3,11 @@ import BlazeProtocol
 import BlazeStore
 import Foundation
 
+/// What `blazed --version` prints: the version, the sync protocols spoken and the formats of the files it writes.
+public let blazedVersionText =
+    "\(blazeVersion) (sync protocol \(Handshake.protocols.lowerBound)–\(Handshake.protocols.upperBound), database format "
+    + "\(DatabaseFormat.current), keystore \(KeystoreFormat.current), entry \(EntryHeader.version), folder \(FolderFiles.version))"
+
 /// The daemon itself: discovery, facts and effective configuration.
 extension Methods {
     /// The protocol document (Protocol/blazedb.openrpc.json, embedded at build time by the EmbedProtocolDocument plugin).

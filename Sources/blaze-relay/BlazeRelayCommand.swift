@@ -34,6 +34,8 @@ struct BlazeRelayCommand: AsyncParsableCommand {
             SETTINGS:
             \(RelaySettings.resolver.helpText)
             """,
+        version: "blaze-relay \(blazeVersion) (sync protocol \(Handshake.protocols.lowerBound)–\(Handshake.protocols.upperBound), "
+            + "relay format \(RelayStore.formatVersion), PostgreSQL schema \(PostgresRelayStore.formatVersion))",
         subcommands: [Serve.self, AddSpace.self, Config.self], defaultSubcommand: Serve.self)
 }
 

@@ -15,6 +15,7 @@ struct BlazeCtl: ParsableCommand {
         commandName: "blazectl",
         abstract: "Control blazed, the BlazeDB daemon, from the shell.",
         discussion: "Values in key=value arguments are read as JSON when they parse (limit=5 is a number), else as strings.",
+        version: "blazectl \(blazeVersion)",
         subcommands: [
             Call.self, Info.self, DB.self, Collection.self, Doc.self, Tx.self, Find.self, Nearest.self, Count.self, Explain.self, Update.self,
             DeleteWhere.self,

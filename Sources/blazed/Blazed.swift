@@ -37,12 +37,18 @@ struct Blazed: AsyncParsableCommand {
 
     @Flag(help: "Print the configuration as JSON (with --print-config).") var json = false
 
+    @Flag(help: "Print the version, the sync protocols spoken and the file formats written, then exit.") var version = false
+
     @Argument(
         parsing: .allUnrecognized,
         help: ArgumentHelp("Settings: --name value, --name=value, --switch or --no-switch (listed below).", valueName: "setting"))
     var settingArguments: [String] = []
 
     func run() async throws {
+        if version {
+            print("blazed \(blazedVersionText)")
+            return
+        }
         let environment = ProcessInfo.processInfo.environment
         let settings: ResolvedConfig
         do {

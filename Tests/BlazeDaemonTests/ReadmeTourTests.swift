@@ -33,19 +33,26 @@ import Testing
     }
 
     @Test func theTourInTheReadmeWorksAsWritten() throws {
+        try Self.runTour(blazectl: buildDirectory + "/blazectl", daemon: try DaemonProcess())
+    }
+
+    /// Runs the tour with the `blazectl` at `blazectl` against `daemon` (this build's, or an installed one), then stops
+    /// the daemon.
+    static func runTour(blazectl: String, daemon d: DaemonProcess, sourceLocation: SourceLocation = #_sourceLocation) throws {
         let steps = try Self.steps()
-        #expect(steps.count >= 10, "the README tour is missing")
-        let d = try DaemonProcess()
+        #expect(steps.count >= 10, "the README tour is missing", sourceLocation: sourceLocation)
         for (command, expected) in steps {
             // In the daemon's temporary directory, so that files the tour writes (a backup) go away with it.
-            let shell = "cd \(d.dir.path) && " + command.replacingOccurrences(of: "blazectl ", with: "\(buildDirectory)/blazectl ") + " 2>&1"
+            let shell = "cd \(d.dir.path) && " + command.replacingOccurrences(of: "blazectl ", with: "\(blazectl) ") + " 2>&1"
             var env = ProcessInfo.processInfo.environment
             env["BLAZEDB_SOCKET"] = d.socket
             let r = try run("/bin/sh", ["-c", shell], environment: env)
             let got = r.out.split(separator: "\n", omittingEmptySubsequences: false).map(String.init)
-            #expect(got.dropLast(got.last == "" ? 1 : 0).elementsEqual(expected), "\(command)\nexpected:\n\(expected.joined(separator: "\n"))\ngot:\n\(r.out)")
+            #expect(
+                got.dropLast(got.last == "" ? 1 : 0).elementsEqual(expected),
+                "\(command)\nexpected:\n\(expected.joined(separator: "\n"))\ngot:\n\(r.out)", sourceLocation: sourceLocation)
             let shouldFail = expected.first?.hasPrefix("blazectl: error:") ?? false
-            #expect((r.status != 0) == shouldFail, "\(command) exited \(r.status)")
+            #expect((r.status != 0) == shouldFail, "\(command) exited \(r.status)", sourceLocation: sourceLocation)
         }
         d.stop()
     }

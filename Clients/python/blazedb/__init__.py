@@ -71,6 +71,9 @@ from ._types import *  # noqa: F401,F403 (the result types, for users)
 
 __all__ = ["Client", "Subscription", "BlazeError", "default_socket_path", "ParseError", "InvalidRequestError", "MethodNotFoundError", "InvalidParamsError", "InternalError", "NotFoundError", "ConflictError", "LimitExceededError", "UnavailableError", "SyncError", "RpcDiscoverResult", "DaemonInfoResult", "DaemonConfigResult", "DbCreateResult", "DbListResult", "DbInfoResult", "DbDropResult", "DbBackupResult", "DbRestoreResult", "DbCompactResult", "CollectionListResult", "CollectionDropResult", "DocInsertResult", "DocGetResult", "DocGetManyResult", "DocHistoryResult", "DocPutResult", "DocPatchResult", "DocDeleteResult", "TxCommitResult", "QueryFindResult", "QueryNearestResult", "QueryCountResult", "QueryExplainResult", "QueryAggregateResult", "QueryDeleteResult", "QueryUpdateResult", "IndexCreateResult", "IndexDropResult", "IndexListResult", "ConflictListResult", "ConflictResolveResult", "BlobPutResult", "BlobUploadResult", "BlobAppendResult", "BlobFinishResult", "BlobAbortResult", "BlobGcResult", "BlobReadResult", "BlobGetResult", "BlobStatResult", "BlobPinResult", "BlobUnpinResult", "BlobPolicyResult", "BlobListResult", "UnsubscribeResult", "DbShareResult", "DbJoinResult", "DbInviteResult", "DbMembersResult", "DbRevokeResult", "DbRelayCapabilityResult", "PeerAddResult", "PeerRemoveResult", "PeerListResult", "FolderAddResult", "FolderRemoveResult", "FolderListResult", "SyncStatusResult", "SyncNowResult", "SyncPauseResult", "SyncResumeResult"]
 
+# BlazeDB's version, as the protocol document gives it (as the daemon's and the package's).
+__version__ = "0.4.0"
+
 
 class ParseError(BlazeError):
     """Invalid JSON (syntax, invalid UTF-8, nesting too deep, number out of range, duplicate key)."""

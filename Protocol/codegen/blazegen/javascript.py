@@ -116,7 +116,8 @@ def declarations(model: Model) -> str:
 def package_json(model: Model) -> str:
     return json.dumps({
         "name": "blazedb", "version": model.version, "description": "Client for blazed, the BlazeDB daemon (" + HEADER + ")",
-        "type": "module", "main": "index.js", "types": "index.d.ts", "exports": {".": {"types": "./index.d.ts", "default": "./index.js"}, "./blobs": "./blobs.js", "./vectors": "./vectors.js"},
+        "type": "module", "main": "index.js", "types": "index.d.ts",
+        "files": ["index.js", "index.d.ts", "runtime.js", "blobs.js", "vectors.js"], "exports": {".": {"types": "./index.d.ts", "default": "./index.js"}, "./blobs": "./blobs.js", "./vectors": "./vectors.js"},
         "engines": {"node": ">=18"}, "scripts": {"test": "node --test test/"}, "dependencies": {}}, indent=2) + "\n"
 
 

@@ -2,6 +2,7 @@
 
 The connection, errors' base class and subscriptions are ordinary source in Clients/python/blazedb/_runtime.py.
 """
+import json
 from typing import List
 
 from .model import HEADER, Model, Method, Type, camel_type, snake
@@ -131,7 +132,9 @@ def client(model: Model) -> str:
            *_result_imports(model), "from ._types import *  # noqa: F401,F403 (the result types, for users)", "",
            '__all__ = ["Client", "Subscription", "BlazeError", "default_socket_path"' +
            "".join(f', "{n}Error"' for n, _ in errors) +
-           "".join(f', "{result_name(m)}"' for m in model.methods if m.name != "subscribe") + "]", "", ""]
+           "".join(f', "{result_name(m)}"' for m in model.methods if m.name != "subscribe") + "]", "",
+           "# BlazeDB's version, as the protocol document gives it (as the daemon's and the package's).",
+           f"__version__ = {json.dumps(model.version)}", "", ""]
     for name, e in errors:
         out += [f"class {name}Error(BlazeError):", f'    """{e["message"]}"""', "", f"    code = {e['code']}", "", ""]
     out += _classes(model, "Connection", "A connection to blazed. Use as a context manager; one request at a time per client.",

@@ -355,5 +355,16 @@ class Writer:
         return "\n".join(out)
 
 
+def version_file(model: Model) -> str:
+    """The product's version, from the protocol document's `info.version` (its one source)."""
+    return "\n".join([
+        f"// {HEADER[0].upper() + HEADER[1:]}.", "// swift-format-ignore-file", "",
+        "/// BlazeDB's version (blazed, blazectl, blaze-relay and both clients): the protocol document's `info.version`.",
+        f"public let blazeVersion = {json.dumps(model.version)}", ""])
+
+
 def outputs(model: Model):
-    return {"Sources/BlazeProtocol/Generated/RPCMethods.swift": Writer(model).file()}
+    return {
+        "Sources/BlazeProtocol/Generated/RPCMethods.swift": Writer(model).file(),
+        "Sources/BlazeProtocol/Generated/Version.swift": version_file(model),
+    }

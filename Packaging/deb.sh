@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Builds BlazeDB's Debian package with dpkg-deb: deb.sh BIN OUTDIR (BIN as for install.sh). Prints the package's path.
+# Its maintainer scripts start and enable nothing: each user enables their own daemon (README, "Install"), and the
+# relay runs only once an operator enables it. A package of debug binaries (the tests') is named *-debug.deb and
+# needs the Swift toolchain's runtime libraries; `make release` packages release binaries with the Swift runtime
+# linked in.
+set -euo pipefail
+bin=$1
+out=$2
+here=$(cd "$(dirname "$0")" && pwd)
+repo=$(dirname "$here")
+version=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["info"]["version"])' "$repo/Protocol/blazedb.openrpc.json")
+arch=$(dpkg --print-architecture)
+suffix=""
+compress=(-Zxz)
+# The tests' package: made fast, not small.
+case "$bin" in *debug*) suffix="-debug" compress=(-Zgzip -z1) ;; esac
+stage=$(mktemp -d)
+trap 'rm -rf "$stage"' EXIT
+chmod 0755 "$stage"
+"$here/install.sh" "$bin" "$stage" /usr
+install -d -m 0755 "$stage/DEBIAN"
+cat > "$stage/DEBIAN/control" <<CONTROL
+Package: blazedb
+Version: $version
+Architecture: $arch
+Maintainer: BlazeDB developers <blazedb@localhost>
+Installed-Size: $(du -sk --exclude=DEBIAN "$stage" | cut -f1)
+Depends: libc6, libgcc-s1, libstdc++6, libsqlite3-0
+Section: database
+Priority: optional
+Description: offline-first, end-to-end encrypted, syncing document database
+ blazed is a per-user daemon that keeps document databases in SQLite and syncs
+ them between a user's devices, end to end encrypted, directly, through a relay
+ (blaze-relay, included) or through a shared folder. blazectl controls it.
+ Enable it per user with: systemctl --user enable --now blazed.socket
+CONTROL
+for script in postinst postrm; do
+    cat > "$stage/DEBIAN/$script" <<'SCRIPT'
+#!/bin/sh
+# Makes systemd see the installed or removed units; starts and enables nothing.
+set -e
+if [ -d /run/systemd/system ]; then
+    systemctl daemon-reload >/dev/null 2>&1 || true
+fi
+SCRIPT
+    chmod 0755 "$stage/DEBIAN/$script"
+done
+mkdir -p "$out"
+deb="$out/blazedb_${version}_${arch}${suffix}.deb"
+dpkg-deb --root-owner-group "${compress[@]}" --build "$stage" "$deb" >&2
+echo "$deb"
