@@ -43,7 +43,10 @@ binaries:
 	swift build --product generate-manual
 
 # The binaries, systemd units, completions, man pages and docs under $(DESTDIR)$(PREFIX) (Packaging/install.sh).
-install: binaries
+# Builds nothing, so that `sudo make install` runs no compiler as root: `make binaries` first.
+install:
+	@test -x .build/$(CONFIG)/blazed -a -x .build/$(CONFIG)/blazectl -a -x .build/$(CONFIG)/blaze-relay \
+		-a -x .build/debug/generate-manual || { echo "build first: make binaries CONFIG=$(CONFIG)" >&2; exit 1; }
 	Packaging/install.sh .build/$(CONFIG) "$(DESTDIR)" "$(PREFIX)"
 
 # The Debian package of CONFIG's binaries in .build/packages (Packaging/deb.sh).
@@ -55,8 +58,8 @@ deb: binaries
 release:
 	$(MAKE) deb CONFIG=release
 	rm -rf .build/release-$(VERSION) && mkdir -p .build/release-$(VERSION)
-	cp .build/release/blazed .build/release/blazectl .build/release/blaze-relay .build/packages/blazedb_$(VERSION)_*[0-9a-z].deb \
-		.build/release-$(VERSION)/
+	cp .build/release/blazed .build/release/blazectl .build/release/blaze-relay \
+		.build/packages/blazedb_$(VERSION)_$$(dpkg --print-architecture).deb .build/release-$(VERSION)/
 	python3 -m venv .build/release-venv && .build/release-venv/bin/pip install -q build
 	.build/release-venv/bin/python -m build -q --outdir .build/release-$(VERSION) Clients/python
 	Packaging/npm-pack.sh .build/release-$(VERSION)

@@ -5,6 +5,7 @@
 # needs the Swift toolchain's runtime libraries; `make release` packages release binaries with the Swift runtime
 # linked in.
 set -euo pipefail
+umask 022
 bin=$1
 out=$2
 here=$(cd "$(dirname "$0")" && pwd)
@@ -14,7 +15,7 @@ arch=$(dpkg --print-architecture)
 suffix=""
 compress=(-Zxz)
 # The tests' package: made fast, not small.
-case "$bin" in *debug*) suffix="-debug" compress=(-Zgzip -z1) ;; esac
+[ "$(basename "$bin")" = debug ] && suffix="-debug" compress=(-Zgzip -z1)
 stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT
 chmod 0755 "$stage"
@@ -48,5 +49,8 @@ SCRIPT
 done
 mkdir -p "$out"
 deb="$out/blazedb_${version}_${arch}${suffix}.deb"
+# File times from the last commit (or now, outside a clone): the same sources give the same package.
+SOURCE_DATE_EPOCH=${SOURCE_DATE_EPOCH:-$(git -C "$repo" log -1 --format=%ct 2>/dev/null || date +%s)}
+export SOURCE_DATE_EPOCH
 dpkg-deb --root-owner-group "${compress[@]}" --build "$stage" "$deb" >&2
 echo "$deb"

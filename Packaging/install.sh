@@ -4,6 +4,7 @@
 # systemd user units (blazed.socket, blazed.service) and the relay's system unit with ExecStart in PREFIX/bin, shell
 # completions of blazectl, man pages generated from the argument parsers, the README and the changelog.
 set -euo pipefail
+umask 022
 bin=$1
 root=$2$3
 prefix=$3

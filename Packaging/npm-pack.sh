@@ -11,8 +11,8 @@ p = json.load(open(sys.argv[1]))
 print(p["version"], " ".join(["package.json"] + p["files"]))' "$js/package.json")
 mkdir -p "$out"
 tgz="$(cd "$out" && pwd)/blazedb-$version.tgz"
-# Owner, group and times fixed, files sorted: the same sources give the same tarball.
+# Owner, group, modes and times fixed: the same sources give the same tarball.
 # shellcheck disable=SC2086
-tar --create --gzip --file "$tgz" --directory "$js" --transform 's,^,package/,' --sort=name \
-    --owner=0 --group=0 --numeric-owner --mtime='2000-01-01 00:00:00Z' --mode='u+rw,go+r' $files
+(cd "$js" && set -f && tar --create --gzip --file "$tgz" --transform 's,^,package/,' \
+    --owner=0 --group=0 --numeric-owner --mtime='2000-01-01 00:00:00Z' --mode='go-w,a+rX' $files)
 echo "$tgz"

@@ -23,7 +23,7 @@ export type Event = { "seq": FeedSequence; "collection": CollectionName; "id": D
 export type SpaceId = string;
 export type ShareToken = string;
 export type PeerAddress = string;
-export type PeerStatus = { "peer": string; "direction": "outbound" | "inbound" | "folder"; "connected": boolean; "connections": number; "devices": Array<NodeId>; "lastDevice": string | null; "lastSyncMs": number | null; "sentEntries": number; "receivedEntries": number; "sentBytes": number; "receivedBytes": number; "peerBehind": number; "selfBehind": number; "errors": number; "lastError": string | null; "rejected": Record<string, number>; "snapshotsSent": number; "snapshotsInstalled": number; "chunksSent": number; "chunksReceived": number; "chunkBytesReceived": number; "protocolVersion"?: number | null };
+export type PeerStatus = { "peer": string; "direction": "outbound" | "inbound" | "folder"; "connected": boolean; "connections": number; "devices": Array<NodeId>; "lastDevice": string | null; "lastSyncMs": number | null; "sentEntries": number; "receivedEntries": number; "sentBytes": number; "receivedBytes": number; "peerBehind": number; "selfBehind": number; "errors": number; "lastError": string | null; "rejected": Record<string, number>; "snapshotsSent": number; "snapshotsInstalled": number; "chunksSent": number; "chunksReceived": number; "chunkBytesReceived": number; "protocolVersion"?: number | null; "clockSkewMs"?: number | null };
 export type ForkEvidence = { "origin": NodeId; "seq": number; "heldHash": string; "otherHash": string; "detectedAtMs": number };
 export type MemberRole = "admin" | "writer" | "reader";
 export type Member = { "device": NodeId; "role": MemberRole; "addedBy": string | null; "addedAtMs": number; "removedBy": string | null; "removedAtMs": number | null; "thisDevice": boolean };
@@ -64,6 +64,10 @@ export type DbListResult = { "databases": Array<{ "name": DatabaseName }> };
 export interface DbInfoParams { "db": DatabaseName }
 /** Result of `db.info`. */
 export type DbInfoResult = { "name": DatabaseName; "path": string; "collections": number; "documents": number; "sizeBytes": number; "nodeId": NodeId; "stateHash": string; "versionVector": VersionVector; "bytesByTable": Record<string, number>; "lastCompaction": CompactionSummary | null; "blobs": { "chunks": number; "bytes": number } };
+/** Parameters of `db.check`: Checks a database's file: its format version and SQLite's quick_check of every page (what `blazectl doctor` reports). */
+export interface DbCheckParams { "db": DatabaseName }
+/** Result of `db.check`. */
+export type DbCheckResult = { "db": DatabaseName; "format": number; "ok": boolean; "problems": Array<string> };
 /** Parameters of `db.drop`: Deletes a database and all its data. */
 export interface DbDropParams { "db": DatabaseName }
 /** Result of `db.drop`. */
@@ -324,7 +328,7 @@ export declare class BlazeClient {
   unsubscribe(params: UnsubscribeParams): Promise<UnsubscribeResult>;
   readonly rpc: { discover(params?: RpcDiscoverParams): Promise<RpcDiscoverResult> };
   readonly daemon: { info(params?: DaemonInfoParams): Promise<DaemonInfoResult>; config(params?: DaemonConfigParams): Promise<DaemonConfigResult> };
-  readonly db: { create(params: DbCreateParams): Promise<DbCreateResult>; list(params?: DbListParams): Promise<DbListResult>; info(params: DbInfoParams): Promise<DbInfoResult>; drop(params: DbDropParams): Promise<DbDropResult>; backup(params: DbBackupParams): Promise<DbBackupResult>; restore(params: DbRestoreParams): Promise<DbRestoreResult>; compact(params: DbCompactParams): Promise<DbCompactResult>; share(params: DbShareParams): Promise<DbShareResult>; join(params: DbJoinParams): Promise<DbJoinResult>; invite(params: DbInviteParams): Promise<DbInviteResult>; members(params: DbMembersParams): Promise<DbMembersResult>; revoke(params: DbRevokeParams): Promise<DbRevokeResult>; relayCapability(params: DbRelayCapabilityParams): Promise<DbRelayCapabilityResult> };
+  readonly db: { create(params: DbCreateParams): Promise<DbCreateResult>; list(params?: DbListParams): Promise<DbListResult>; info(params: DbInfoParams): Promise<DbInfoResult>; check(params: DbCheckParams): Promise<DbCheckResult>; drop(params: DbDropParams): Promise<DbDropResult>; backup(params: DbBackupParams): Promise<DbBackupResult>; restore(params: DbRestoreParams): Promise<DbRestoreResult>; compact(params: DbCompactParams): Promise<DbCompactResult>; share(params: DbShareParams): Promise<DbShareResult>; join(params: DbJoinParams): Promise<DbJoinResult>; invite(params: DbInviteParams): Promise<DbInviteResult>; members(params: DbMembersParams): Promise<DbMembersResult>; revoke(params: DbRevokeParams): Promise<DbRevokeResult>; relayCapability(params: DbRelayCapabilityParams): Promise<DbRelayCapabilityResult> };
   readonly collection: { list(params: CollectionListParams): Promise<CollectionListResult>; drop(params: CollectionDropParams): Promise<CollectionDropResult> };
   readonly doc: { insert(params: DocInsertParams): Promise<DocInsertResult>; get(params: DocGetParams): Promise<DocGetResult>; getMany(params: DocGetManyParams): Promise<DocGetManyResult>; history(params: DocHistoryParams): Promise<DocHistoryResult>; put(params: DocPutParams): Promise<DocPutResult>; patch(params: DocPatchParams): Promise<DocPatchResult>; delete(params: DocDeleteParams): Promise<DocDeleteResult> };
   readonly tx: { commit(params: TxCommitParams): Promise<TxCommitResult> };

@@ -26,7 +26,7 @@ public enum Handshake {
     /// chosen inside it (`protocols`), so that a build speaking protocol 4 only still completes it.
     public static let version: UInt8 = 4
     /// The session protocol versions this build speaks (SYNC.md §8, "Versions"): 4, and 5, where a `CHUNK`'s sealed
-    /// chunk travels authenticated but not encrypted a second time.
+    /// chunk travels authenticated but not encrypted a second time and each side says its clock first (`CLOCK`).
     public static let protocols: ClosedRange<UInt8> = 4...5
     /// What a nonce that announces its side's protocol range starts with; the lowest and highest version follow.
     static let announcement = Array("BLZVER".utf8)
@@ -41,7 +41,9 @@ public enum Handshake {
 
     /// A fresh nonce announcing `range`: the announcement, the lowest and highest version, then 24 random bytes.
     static func nonce(announcing range: ClosedRange<UInt8>) -> [UInt8] {
-        announcement + [range.lowerBound, range.upperBound] + randomBytes(32 - announcement.count - 2)
+        // A range below 4 would be read as "4 only" by the other side, which would then frame differently.
+        precondition(range.lowerBound >= 4, "protocol versions start at 4")
+        return announcement + [range.lowerBound, range.upperBound] + randomBytes(32 - announcement.count - 2)
     }
 
     /// The protocol range a side's nonce announces. A nonce without the announcement (or with an empty or impossible
@@ -124,8 +126,11 @@ public enum Handshake {
         public var reply: [UInt8]
         /// The connection's session cipher.
         public var session: SessionCipher
-        /// The protocol version the session speaks: the highest both sides announced.
+        /// The protocol version the session speaks: the highest both sides announced; 0 when they share none (then
+        /// `mismatch` says so, and the reply is sent only so that the client learns it from a server it verified).
         public var protocolVersion: UInt8
+        /// The two sides' ranges when they share no version (nil otherwise).
+        public var mismatch: ProtocolMismatch?
     }
 
     /// The accepting side.
@@ -144,29 +149,16 @@ public enum Handshake {
             self.nonce = Handshake.nonce(announcing: protocols)
         }
 
-        /// How a client's `AUTH` fails to meet this side's protocols, if it does (`accept` then throws
-        /// `incompatibleProtocol`).
-        public func mismatch(_ auth: [UInt8]) -> ProtocolMismatch? {
-            guard auth.count == Handshake.authSize else { return nil }
-            let theirs = Handshake.announced(in: auth[0..<32])
-            return Handshake.agreed(protocols, theirs) == nil ? ProtocolMismatch(ours: protocols, theirs: theirs) : nil
-        }
-
         /// The first message.
         public var hello: [UInt8] {
             Handshake.magic + [Handshake.version] + nonce
                 + Array(try! Curve25519.KeyAgreement.PrivateKey(rawRepresentation: ephemeral).publicKey.rawRepresentation)
         }
 
-        /// True when a client's `AUTH` proves the key of one of `spaces` (what `accept` checks first).
-        public func proves(_ auth: [UInt8], spaces: [SpaceKey]) -> Bool {
-            guard auth.count == Handshake.authSize else { return false }
-            let proven = hello + auth[0..<(64 + Handshake.sealedIdentitySize)]
-            return spaces.contains { Handshake.isValidProof(auth[(64 + Handshake.sealedIdentitySize)...], "client", proven, $0.authKey) }
-        }
-
         /// Finds the space whose key produced the client's proof, opens the client's identity and agrees on a protocol
-        /// version (checked only once the proof holds, so the range a stranger claims is never acted on).
+        /// version. The ranges are compared only once the proof holds, so a stranger's claims are never acted on; when
+        /// they share none the result's `mismatch` says so (its reply lets the client verify this side before it
+        /// believes the mismatch too).
         public func accept(_ auth: [UInt8], spaces: [SpaceKey]) throws(SyncRejection) -> Accepted {
             guard auth.count == Handshake.authSize,
                 let theirs = try? Curve25519.KeyAgreement.PublicKey(rawRepresentation: auth[32..<64])
@@ -181,15 +173,14 @@ public enum Handshake {
             else { throw .badFrame }
             let shared = secret.withUnsafeBytes { Array($0) }
             let device = try Handshake.openIdentity(sealedClient, role: "client", transcript: transcript, shared: shared, key: space)
-            guard let version = Handshake.agreed(protocols, Handshake.announced(in: auth[0..<32])) else {
-                throw .incompatibleProtocol
-            }
+            let theirRange = Handshake.announced(in: auth[0..<32])
+            let version = Handshake.agreed(protocols, theirRange) ?? 0
             let sealedServer = Handshake.sealIdentity(identity, role: "server", transcript: proven, shared: shared, key: space)
             let full = proven + sealedServer
             return Accepted(
                 space: space, device: device, reply: sealedServer + Handshake.proof("server", full, space.authKey),
-                session: Handshake.session(shared: shared, key: space, transcript: full, isServer: true, version: version),
-                protocolVersion: version)
+                session: Handshake.session(shared: shared, key: space, transcript: full, isServer: true, version: max(version, 4)),
+                protocolVersion: version, mismatch: version == 0 ? ProtocolMismatch(ours: protocols, theirs: theirRange) : nil)
         }
     }
 
@@ -204,6 +195,8 @@ public enum Handshake {
         private var transcript: [UInt8] = []
         private var shared: [UInt8] = []
         private var version: UInt8 = 0
+        /// The range the server's hello announced (checked by `finish`, with the server's proof over that hello).
+        private var serverProtocols: ClosedRange<UInt8> = 4...4
 
         /// Creates a client side that will prove it holds `key` and is `identity`'s device, speaking `protocols`.
         public init(key: SpaceKey, identity: DeviceIdentity, protocols: ClosedRange<UInt8> = Handshake.protocols) {
@@ -218,28 +211,30 @@ public enum Handshake {
             self.nonce = Handshake.nonce(announcing: announcing)
         }
 
-        /// How a server's hello fails to meet this side's protocols, if it does: another handshake version (a hello of
-        /// any length that starts with `BLZS`), or a protocol range that does not meet this side's. `respond` then
-        /// throws.
-        public func mismatch(_ hello: [UInt8]) -> ProtocolMismatch? {
-            guard hello.count > 4, Array(hello[0..<4]) == Handshake.magic else { return nil }
-            guard hello[4] == Handshake.version else { return ProtocolMismatch(ours: protocols, handshake: hello[4]) }
-            guard hello.count == Handshake.helloSize else { return nil }
-            let theirs = Handshake.announced(in: hello[5..<37])
-            return Handshake.agreed(protocols, theirs) == nil ? ProtocolMismatch(ours: protocols, theirs: theirs) : nil
+        /// The handshake version a hello that starts with `BLZS` says it is, when it is not this build's (a hello of any
+        /// length): the two sides cannot go on, and nothing in such a hello can be verified.
+        public func otherHandshake(_ hello: [UInt8]) -> ProtocolMismatch? {
+            guard hello.count > 4, Array(hello[0..<4]) == Handshake.magic, hello[4] != Handshake.version else { return nil }
+            return ProtocolMismatch(ours: protocols, handshake: hello[4])
+        }
+
+        /// After `finish` threw `incompatibleProtocol`: the two ranges, as the verified server announced its own.
+        public var mismatch: ProtocolMismatch? {
+            version == 0 && !transcript.isEmpty ? ProtocolMismatch(ours: protocols, theirs: serverProtocols) : nil
         }
 
         /// Answers the server's hello with this side's identity and proof.
         public mutating func respond(to hello: [UInt8]) throws(SyncRejection) -> [UInt8] {
-            guard mismatch(hello) == nil else { throw .incompatibleProtocol }
             guard hello.count == Handshake.helloSize, Array(hello[0..<4]) == Handshake.magic, hello[4] == Handshake.version,
-                let agreed = Handshake.agreed(protocols, Handshake.announced(in: hello[5..<37])),
                 let theirs = try? Curve25519.KeyAgreement.PublicKey(rawRepresentation: hello[37..<69]),
                 let mine = try? Curve25519.KeyAgreement.PrivateKey(rawRepresentation: ephemeral),
                 let secret = try? mine.sharedSecretFromKeyAgreement(with: theirs)
             else { throw .badFrame }
             let mid = nonce + Array(mine.publicKey.rawRepresentation)
-            version = agreed
+            // Answered whether or not the ranges meet: a mismatch is believed only once the server's proof over this
+            // hello holds (`finish`), so a stranger answering at the peer's address cannot make it up.
+            serverProtocols = Handshake.announced(in: hello[5..<37])
+            version = Handshake.agreed(protocols, serverProtocols) ?? 0
             shared = secret.withUnsafeBytes { Array($0) }
             let sealed = Handshake.sealIdentity(identity, role: "client", transcript: hello + mid, shared: shared, key: key)
             transcript = hello + mid + sealed
@@ -247,7 +242,8 @@ public enum Handshake {
         }
 
         /// Checks the server's proof and identity; returns the server's device, the session cipher and the protocol
-        /// version agreed (the server's announcement is part of the transcript its proof covers).
+        /// version agreed (the server's announcement is part of the transcript its proof covers). Throws
+        /// `incompatibleProtocol` when the verified server shares no version (`mismatch` then says which).
         public func finish(_ reply: [UInt8]) throws(SyncRejection) -> (
             device: DevicePublicKeys, session: SessionCipher, protocolVersion: UInt8
         ) {
@@ -258,6 +254,7 @@ public enum Handshake {
                 throw .badFrame
             }
             let device = try Handshake.openIdentity(sealedServer, role: "server", transcript: transcript, shared: shared, key: key)
+            guard version != 0 else { throw .incompatibleProtocol }
             return (device, Handshake.session(shared: shared, key: key, transcript: full, isServer: false, version: version), version)
         }
     }
@@ -292,8 +289,9 @@ public struct ProtocolMismatch: Sendable, Equatable, CustomStringConvertible {
         let mine = "this build speaks sync protocol \(Self.text(ours))"
         if let handshake {
             let newer = handshake > Handshake.version
-            return "incompatible protocol: the peer's handshake is version \(handshake), this build's is \(Handshake.version) ("
-                + "\(mine)): \(newer ? "upgrade this device" : "the peer must upgrade")"
+            return "incompatible protocol: the peer's hello says its handshake is version \(handshake), this build's is "
+                + "\(Handshake.version) (\(mine)); nothing in such a hello can be verified: if the peer is yours, "
+                + (newer ? "upgrade this device" : "the peer must upgrade")
         }
         guard let theirs else { return "incompatible protocol: \(mine)" }
         let newer = theirs.lowerBound > ours.upperBound

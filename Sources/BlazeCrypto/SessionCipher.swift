@@ -147,10 +147,9 @@ public struct FrameOpener: @unchecked Sendable {
     /// Opens the next incoming frame's body (after its length) where it lies (in a receive buffer: not copied first),
     /// and moves to the next frame: the plaintext, then the bytes that came in the clear.
     public mutating func open(_ body: UnsafeRawBufferPointer, clear: Int = 0) throws(SyncRejection) -> [UInt8] {
+        guard clear >= 0, clear <= body.count, clear == 0 || version >= SessionCipher.clearPartsFrom else { throw .badFrame }
         let sealed = body.count - clear
-        guard clear >= 0, sealed >= SessionCipher.tagSize, clear == 0 || version >= SessionCipher.clearPartsFrom else {
-            throw .badFrame
-        }
+        guard sealed >= SessionCipher.tagSize else { throw .badFrame }
         let clearPart = UnsafeRawBufferPointer(rebasing: body[sealed...])
         guard
             let box = try? ChaChaPoly.SealedBox(

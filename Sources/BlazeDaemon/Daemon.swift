@@ -130,6 +130,7 @@ public final class Daemon: Service, Sendable {
         sync.start()
         prefetcher.start()
         let compactor = startCompactor()
+        if let problem = SyncProtocols.overrideProblem { logger.warning("\(problem)") }
         // Logged once everything serves (the sync listener too): scripts and tests wait for this line.
         logger.info(
             "Listening",

@@ -1,6 +1,7 @@
 import BlazeCrypto
 import BlazeProtocol
 import BlazeStore
+import BlazeSync
 import Foundation
 
 /// What `blazed --version` prints: the version, the sync protocols spoken and the formats of the files it writes.
@@ -24,8 +25,8 @@ extension Methods {
         let s = ctx.config.storeLimits
         let formats = RPC.DaemonInfo.Result.Formats(
             database: DatabaseFormat.current, keystore: KeystoreFormat.current, folder: Int(FolderFiles.version),
-            entry: Int(EntryHeader.version), protocol: Int(Handshake.protocols.upperBound),
-            oldestProtocol: Int(Handshake.protocols.lowerBound))
+            entry: Int(EntryHeader.version), protocol: Int(SyncProtocols.spoken.upperBound),
+            oldestProtocol: Int(SyncProtocols.spoken.lowerBound))
         let uptimeSeconds = Double(uptime.components.seconds) + Double(uptime.components.attoseconds) / 1e18
         return RPC.DaemonInfo.Result(
             version: blazeVersion, formats: formats,

@@ -29,6 +29,11 @@ extension Methods {
             }, blobs: .init(chunks: blobs.chunks, bytes: blobs.bytes))
     }
 
+    static let dbCheck = MethodHandler(RPC.DbCheck.self) { p, ctx in
+        let c = try ctx.store.check(p.db)
+        return .init(db: p.db, format: c.format, ok: c.problems.isEmpty, problems: c.problems)
+    }
+
     static let dbDrop = MethodHandler(RPC.DbDrop.self) { p, ctx in
         let dropped = try? ctx.store.database(p.db)
         let space = try? dropped?.spaceID()

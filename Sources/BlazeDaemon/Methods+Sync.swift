@@ -23,7 +23,7 @@ extension Methods {
             peerBehind: s.peerBehind, selfBehind: s.selfBehind, errors: s.errors, lastError: s.lastError,
             rejected: s.rejected.mapValues { Int($0) }, snapshotsSent: s.snapshotsSent, snapshotsInstalled: s.snapshotsInstalled,
             chunksSent: s.chunksSent, chunksReceived: s.chunksReceived, chunkBytesReceived: s.chunkBytesReceived,
-            protocolVersion: s.protocolVersion)
+            protocolVersion: s.protocolVersion, clockSkewMs: s.clockSkewMs)
     }
 
     static func forkEvidence(_ f: ForkEvidence) -> RPCSchema.ForkEvidence {

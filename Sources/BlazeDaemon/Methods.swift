@@ -14,6 +14,7 @@ enum Methods {
         case .dbCreate: return dbCreate
         case .dbList: return dbList
         case .dbInfo: return dbInfo
+        case .dbCheck: return dbCheck
         case .dbDrop: return dbDrop
         case .dbBackup: return dbBackup
         case .dbRestore: return dbRestore

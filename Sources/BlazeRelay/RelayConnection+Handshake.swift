@@ -7,9 +7,6 @@ import NIOCore
 /// then the device's place (as a device the space's log lists, or another one), taken before the reply is sent.
 extension RelayConnection: HandshakeDelegate {
     func accept(_ auth: [UInt8], with server: Handshake.Server, context: ChannelHandlerContext) -> HandshakeVerdict {
-        if let mismatch = server.mismatch(auth), server.proves(auth, spaces: relay.servedKeys()) {
-            return .incompatible(mismatch)
-        }
         if let accepted = try? server.accept(auth, spaces: relay.servedKeys()) { return takePlace(accepted, loop: context.eventLoop) }
         guard let reread = relay.rereadForHandshake() else {
             // A re-read may have ended between the check above and now: the list as it is now decides.
@@ -38,6 +35,9 @@ extension RelayConnection: HandshakeDelegate {
     /// reserved (and moved to a reserved one once the log lists it, `listed()`), so a handshake waits for no store;
     /// only when no such place is left is the log read first.
     func takePlace(_ accepted: Handshake.Accepted, loop: any EventLoop) -> HandshakeVerdict {
+        // A device that shares no protocol version takes no place: it gets the reply, to verify the relay before it
+        // believes the mismatch, and the connection closes.
+        if accepted.mismatch != nil { return .incompatible(accepted) }
         if let membership = relay.cachedMembership(accepted.space.id) {
             return admit(accepted, membership: membership, known: true)
         }
@@ -86,6 +86,7 @@ extension RelayConnection: HandshakeDelegate {
     func started(_ link: EstablishedLink, context: ChannelHandlerContext) {
         guard case .handshake = state, let own = ownContext else { return }
         state = .established(space: link.space.id)
+        if link.protocolVersion >= 5 { send(.clock(ms: UInt64(max(0, RelayServer.nowMs()))), context: own) }
         startSession(space: link.space.id, context: own)
     }
 

@@ -237,7 +237,7 @@ final class RelayConnection: ChannelInboundHandler {
         case .members(let ops):
             for op in ops { opsShared.insert(op.hash) }
             receive(.ops(ops), space: space, context: context)
-        case .ping:
+        case .ping, .clock:
             break
         case .acks(let acks):
             // In order with operations: those sent before may list the signers.

@@ -27,14 +27,14 @@ final class SyncHandshake: HandshakeDelegate {
 
     func accept(_ auth: [UInt8], with server: Handshake.Server, context: ChannelHandlerContext) -> HandshakeVerdict {
         let spaces = engine.servedSpaces()
-        let accepted: Handshake.Accepted
-        do { accepted = try server.accept(auth, spaces: spaces.map(\.key)) } catch {
-            guard error == .incompatibleProtocol, let mismatch = server.mismatch(auth) else { return .refused }
+        guard let accepted = try? server.accept(auth, spaces: spaces.map(\.key)),
+            let space = spaces.first(where: { $0.id == accepted.space.id })
+        else { return .refused }
+        if accepted.mismatch != nil {
             // The proof held: the refusal is reported on the database whose key it proved.
-            report.db = spaces.first { server.proves(auth, spaces: [$0.key]) }?.db.name
-            return .incompatible(mismatch)
+            report.db = space.db.name
+            return .incompatible(accepted)
         }
-        guard let space = spaces.first(where: { $0.id == accepted.space.id }) else { return .refused }
         self.space = space
         return .accepted(accepted)
     }
@@ -50,7 +50,7 @@ final class SyncHandshake: HandshakeDelegate {
     /// `SyncSession.startMembership`).
     func started(_ link: EstablishedLink, context: ChannelHandlerContext) {
         guard let space else { return }
-        context.fireUserInboundEventTriggered(SyncLinkEstablished(space: space, device: link.device))
+        context.fireUserInboundEventTriggered(SyncLinkEstablished(space: space, device: link.device, protocolVersion: link.protocolVersion))
         onEstablished?()
     }
 
@@ -67,8 +67,8 @@ final class SyncHandshake: HandshakeDelegate {
             }
             engine.logger.info("Sync connection timed out", metadata: ["db": "\(report.db ?? "-")", "peer": "\(report.peer)"])
         case .incompatible(let mismatch, _):
-            // Only a holder of the space's key gets this far as a client (the server checks the proof first), so its
-            // words are worth a warning on either side.
+            // Ranges are compared only once the other side's proof holds (a hello of another handshake version
+            // aside, which says so), so only a holder of the space's key gets this far.
             report.reject(.incompatibleProtocol)
             report.update { $0.errors += 1; $0.lastError = mismatch.description }
             engine.logger.warning(
@@ -98,22 +98,37 @@ final class SyncHandshake: HandshakeDelegate {
     }
 }
 
-extension HandshakeHandler {
-    /// The sync protocol versions a daemon speaks: this build's, unless `BLAZE_SYNC_PROTOCOLS` (`LOW-HIGH` or one
-    /// number, from 4) narrows or moves them, which tests of mixed versions use to play an older or newer device.
-    static let daemonProtocols: ClosedRange<UInt8> = {
-        guard let text = ProcessInfo.processInfo.environment["BLAZE_SYNC_PROTOCOLS"] else { return Handshake.protocols }
-        let bounds = text.split(separator: "-", maxSplits: 1).map { UInt8($0) }
-        guard let low = bounds.first ?? nil, let high = bounds.last ?? nil, low >= 4, low <= high else { return Handshake.protocols }
+/// The sync protocol versions this daemon speaks (SYNC.md §8, "Versions").
+public enum SyncProtocols {
+    /// This build's (`Handshake.protocols`), unless `BLAZE_SYNC_PROTOCOLS` (`LOW-HIGH` or one number, from 4) narrows or
+    /// moves them, which tests of mixed versions use to play an older or newer device. A value of another shape is
+    /// ignored (`overrideProblem` says so, for the log).
+    public static let spoken: ClosedRange<UInt8> = parsed ?? Handshake.protocols
+
+    /// Why `BLAZE_SYNC_PROTOCOLS` is ignored, when it is set and not a range.
+    public static var overrideProblem: String? {
+        guard let text = setting, parsed == nil else { return nil }
+        return "BLAZE_SYNC_PROTOCOLS=\(text) is not LOW-HIGH or one number from 4 up: ignored"
+    }
+
+    private static let setting = ProcessInfo.processInfo.environment["BLAZE_SYNC_PROTOCOLS"]
+
+    private static let parsed: ClosedRange<UInt8>? = {
+        guard let text = setting else { return nil }
+        let parts = text.split(separator: "-", omittingEmptySubsequences: false)
+        guard (1...2).contains(parts.count), let low = UInt8(parts[0]), let high = UInt8(parts[parts.count - 1]), low >= 4, low <= high
+        else { return nil }
         return low...high
     }()
+}
 
+extension HandshakeHandler {
     /// The connecting side of a daemon's link serving `space`, proving its capability.
     convenience init(engine: SyncEngine, report: LinkReport, space: SharedSpace, onEstablished: (() -> Void)? = nil) {
         self.init(
             client: space.key, identity: engine.identity, timeout: engine.handshakeTimeout,
             delegate: SyncHandshake(engine: engine, report: report, space: space, onEstablished: onEstablished),
-            protocols: Self.daemonProtocols)
+            protocols: SyncProtocols.spoken)
     }
 
     /// The accepting side of a daemon's listener: the client's proof decides which served database it is for.
@@ -121,7 +136,7 @@ extension HandshakeHandler {
         self.init(
             server: engine.identity, timeout: engine.handshakeTimeout,
             delegate: SyncHandshake(engine: engine, report: report, space: nil, onEstablished: nil),
-            protocols: Self.daemonProtocols)
+            protocols: SyncProtocols.spoken)
     }
 
     /// A handshake frame (`HandshakeFrame.encode`).

@@ -7,6 +7,8 @@ import BlazeStore
 struct SyncLinkEstablished {
     let space: SharedSpace
     let device: DevicePublicKeys
+    /// The protocol version both ends agreed on (SYNC.md §8, "Versions").
+    let protocolVersion: UInt8
 
     /// The database served.
     var db: BlazeDatabase { space.db }

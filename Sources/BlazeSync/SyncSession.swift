@@ -3,6 +3,7 @@ import BlazeCrypto
 import BlazeProtocol
 import BlazeStore
 import BlazeWire
+import Foundation
 import NIOCore
 import Synchronization
 
@@ -156,6 +157,7 @@ final class SyncSession: ChannelInboundHandler {
             }
             break
         }
+        if established.protocolVersion >= 5 { send(.clock(ms: Self.clockMs()), context: context) }
         startMembership(context: context)
         attachChunkSource(context: context)
         offerChunks(context: context)
@@ -210,6 +212,9 @@ final class SyncSession: ChannelInboundHandler {
             close(context: context)
         case .ping:
             break
+        case .clock(let ms):
+            let skew = Int64(ms) - Int64(Self.clockMs())
+            report.update { $0.clockSkewMs = Int(skew) }
         case .members:
             break  // merged by the BatchReceiver before this handler (`MergedOps`)
         case .join(let id, let device, let proof):
@@ -271,6 +276,13 @@ final class SyncSession: ChannelInboundHandler {
         v[origin] = max(v[origin] ?? 0, seq)
         peerVector = v
     }
+
+    /// This device's clock as `CLOCK` says it and compares the peer's with: its wall clock, moved by
+    /// `BLAZE_CLOCK_SKEW_MS` (ms, may be negative) when that is set, which tests use to play a device whose clock is
+    /// off.
+    static func clockMs() -> UInt64 { UInt64(max(0, nowMs() + clockSkewForTests)) }
+
+    private static let clockSkewForTests: Int64 = ProcessInfo.processInfo.environment["BLAZE_CLOCK_SKEW_MS"].flatMap { Int64($0) } ?? 0
 
     /// Sends a control message.
     @discardableResult

@@ -55,6 +55,9 @@ public struct PeerStatus: Sendable, Equatable {
     public var lastError: String?
     /// The sync protocol version of the latest established connection (SYNC.md §8, "Versions"); nil before the first.
     public var protocolVersion: Int?
+    /// How far the peer's clock is ahead of this device's, in ms, as its `CLOCK` said (protocol 5 and later); nil
+    /// before one came.
+    public var clockSkewMs: Int?
     /// Refused entries, heads and frames, by reason (`SyncRejection` raw values).
     public var rejected: [String: Int] = [:]
 

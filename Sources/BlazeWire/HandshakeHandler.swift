@@ -21,8 +21,8 @@ public enum HandshakeFailure: Sendable, Equatable {
     case refused
     /// The peer closed the connection first.
     case closedByPeer(HandshakePhase)
-    /// The two sides share no protocol version: a client learns it from the hello, a server once the client's proof
-    /// holds.
+    /// The two sides share no protocol version: a server learns it once the client's proof holds, a client once the
+    /// server's does; or the server's hello is of another handshake version (which cannot be verified).
     case incompatible(ProtocolMismatch, HandshakePhase)
 }
 
@@ -32,9 +32,10 @@ public enum HandshakeVerdict: Sendable {
     case accepted(Handshake.Accepted)
     /// Refused: the connection closes without a word.
     case refused
-    /// The client proved a key served here but shares no protocol version with this side: closed without a word,
-    /// reported as the mismatch.
-    case incompatible(ProtocolMismatch)
+    /// The client proved a key served here but shares no protocol version with this side (`Accepted.mismatch`): the
+    /// reply goes to the client, so that it can verify this side before it believes the mismatch, then the
+    /// connection closes, reported as the mismatch.
+    case incompatible(Handshake.Accepted)
     /// Decided later, on the connection's event loop.
     case later(EventLoopFuture<HandshakeVerdict>)
 }
@@ -71,8 +72,9 @@ public protocol HandshakeDelegate: AnyObject {
 /// aside for the session's handlers: the one definition both ends use (a daemon's links, the relay, blazebench's
 /// simulated devices).
 ///
-/// Each handshake frame must have exactly its message's length; anything else is refused at once. A close made on
-/// this side is nobody's refusal: it is not reported.
+/// Each handshake frame must have exactly its message's length (a client reads a hello of 5 to 1,024 bytes far enough
+/// to name another handshake version); anything else is refused at once. A close made on this side is nobody's
+/// refusal: it is not reported.
 public final class HandshakeHandler: ChannelDuplexHandler, RemovableChannelHandler {
     public typealias InboundIn = ByteBuffer
     public typealias InboundOut = ByteBuffer
@@ -171,20 +173,24 @@ public final class HandshakeHandler: ChannelDuplexHandler, RemovableChannelHandl
 
     /// Takes every complete handshake frame read so far.
     private func drain(context: ChannelHandlerContext) {
-        do {
+        do throws(SyncRejection) {
             while true {
                 switch state {
                 case .done, .deciding:
                     return
                 case .awaitingHello(var client):
                     guard let hello = try nextFrame(size: Handshake.helloSize, orOtherHello: true) else { return }
-                    if let mismatch = client.mismatch(hello) { return fail(.incompatible(mismatch, .awaitingHello), context: context) }
+                    if let other = client.otherHandshake(hello) { return fail(.incompatible(other, .awaitingHello), context: context) }
                     let auth = try client.respond(to: hello)
                     state = .awaitingReply(client)
                     context.writeAndFlush(wrapOutboundOut(HandshakeFrame.encode(auth)), promise: nil)
                 case .awaitingReply(let client):
                     guard let reply = try nextFrame(size: Handshake.replySize), let key = clientKey else { return }
-                    let (device, cipher, version) = try client.finish(reply)
+                    let device: DevicePublicKeys, cipher: SessionCipher, version: UInt8
+                    do throws(SyncRejection) { (device, cipher, version) = try client.finish(reply) } catch {
+                        guard error == .incompatibleProtocol, let mismatch = client.mismatch else { throw error }
+                        return fail(.incompatible(mismatch, .awaitingReply), context: context)
+                    }
                     establish(EstablishedLink(space: key, device: device, cipher: cipher, protocolVersion: version), context: context)
                 case .awaitingAuth(let server):
                     guard let auth = try nextFrame(size: Handshake.authSize) else { return }
@@ -210,8 +216,14 @@ public final class HandshakeHandler: ChannelDuplexHandler, RemovableChannelHandl
                 context: context)
         case .refused:
             fail(.refused, context: context)
-        case .incompatible(let mismatch):
-            fail(.incompatible(mismatch, .awaitingAuth), context: context)
+        case .incompatible(let accepted):
+            // The reply first, then the close once it is written.
+            let mismatch = accepted.mismatch ?? ProtocolMismatch(ours: Handshake.protocols, theirs: 4...4)
+            let bound = NIOLoopBound((self, context), eventLoop: context.eventLoop)
+            context.writeAndFlush(wrapOutboundOut(HandshakeFrame.encode(accepted.reply))).whenComplete { _ in
+                let (handler, context) = bound.value
+                handler.fail(.incompatible(mismatch, .awaitingAuth), context: context)
+            }
         case .later(let future):
             let bound = NIOLoopBound((self, context), eventLoop: context.eventLoop)
             future.hop(to: context.eventLoop).whenComplete { result in

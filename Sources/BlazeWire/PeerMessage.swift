@@ -42,6 +42,9 @@ public enum PeerMessage: Sendable {
     /// Chunks a device still needs a relay to keep, 1 to `maxChunkKeep` ids: the relay renews the lease of those it
     /// holds (Protocol/RELAY.md, "Blob chunks"), and answers nothing.
     case chunkKeep([ChunkID])
+    /// The sender's wall clock (Unix ms) as it sent this, once at the start of a protocol 5 session: the receiver
+    /// reports how far the clocks differ (`clockSkewMs`), which `blazectl doctor` checks.
+    case clock(ms: UInt64)
 
     static let stateType: UInt8 = 1
     static let entriesType: UInt8 = 2
@@ -59,9 +62,13 @@ public enum PeerMessage: Sendable {
     static let chunkOfferType: UInt8 = 14
     static let chunkBadType: UInt8 = 15
     static let chunkKeepType: UInt8 = 16
+    static let clockType: UInt8 = 17
     /// The bytes an encoded `CHUNK` of chunk `id` starts with; its sealed chunk follows them (a sender may seal a
     /// chunk straight after them instead of encoding `.chunk`).
     public static func chunkHeader(_ id: ChunkID) -> [UInt8] { [chunkType] + id.bytes }
+    /// Bytes of a `CHUNK` a protocol 5 frame seals (type, id and the sealed chunk's header: its epoch and nonce are not
+    /// shown to onlookers); the rest, ciphertext and tag under the space's key, is the frame's clear part.
+    public static let chunkSealedPrefix = 1 + ChunkID.count + SealedChunkLayout.headerCount
 
     /// The most chunk ids one `CHUNK_WANT`, `CHUNK_MISSING`, `CHUNK_OFFER` or `CHUNK_BAD` names.
     public static let maxChunkWants = 64
@@ -164,6 +171,10 @@ public enum PeerMessage: Sendable {
             return Self.encode(ids, type: Self.chunkBadType)
         case .chunkKeep(let ids):
             return Self.encode(ids, type: Self.chunkKeepType)
+        case .clock(let ms):
+            var out: [UInt8] = [Self.clockType]
+            out.appendBE(ms)
+            return out
         }
     }
 
@@ -269,6 +280,10 @@ public enum PeerMessage: Sendable {
             self = .chunkOffer(try Self.chunkIDs(&r))
         case Self.chunkBadType?:
             self = .chunkBad(try Self.chunkIDs(&r))
+        case Self.clockType?:
+            // A time no real clock shows (past 2^62 ms) is refused like any other bound.
+            guard let ms = r.readUInt64(), ms < 1 << 62, r.remaining == 0 else { throw .malformed }
+            self = .clock(ms: ms)
         case Self.chunkKeepType?:
             self = .chunkKeep(try Self.chunkIDs(&r, most: Self.maxChunkKeep))
         default:

@@ -44,6 +44,10 @@ public struct SealedFrameDecoder: ByteToMessageDecoder {
         let message = try buffer.readWithUnsafeReadableBytes { raw throws(SyncRejection) -> (Int, [UInt8]) in
             (frame.count, try opener.open(UnsafeRawBufferPointer(rebasing: raw[..<frame.count]), clear: frame.clear))
         }
+        // A clear part belongs to a `CHUNK` alone, split where the encoder splits it.
+        if frame.clear > 0, message.first != PeerMessage.chunkType || frame.sealed - SessionCipher.tagSize != PeerMessage.chunkSealedPrefix {
+            throw SyncRejection.badFrame
+        }
         context.fireChannelRead(wrapInboundOut(message))
         return .continue
     }

@@ -41,50 +41,55 @@ import Testing
         }
     }
 
-    @Test func sidesThatShareNoVersionAreToldWhichEachSpeaks() throws {
+    @Test func sidesThatShareNoVersionAreToldWhichEachSpeaksOnceEachVerifiedTheOther() throws {
         let key = SpaceKey.generate()
-        // A newer server (speaking 6 only) and a client of this build: the client learns it from the hello and
-        // never sends its proof.
-        let newer = try HandshakeRun(key: SpaceKey.generate(), serverProtocols: 6...6, clientProtocols: 6...6)
-        var client = Handshake.Client(key: key, identity: DeviceIdentity())
-        let mismatch = try #require(client.mismatch(newer.server.hello))
-        #expect(mismatch == ProtocolMismatch(ours: Handshake.protocols, theirs: 6...6))
-        #expect(mismatch.description.contains("peer speaks sync protocol 6, this build speaks sync protocol 4–5"))
-        #expect(mismatch.description.hasSuffix("upgrade this device"))
-        #expect(throws: SyncRejection.incompatibleProtocol) { try client.respond(to: newer.server.hello) }
+        // A newer server (speaking 6 only) and a client of this build: the client answers anyway, the server finds
+        // the mismatch once the client's proof holds and still replies, and the client believes it once the
+        // server's proof over the hello holds.
+        let run = try HandshakeRun(key: key, serverProtocols: 6...6)
+        let accepted = try run.server.accept(run.auth, spaces: [key])
+        #expect(accepted.protocolVersion == 0)
+        let serverSide = try #require(accepted.mismatch)
+        #expect(serverSide == ProtocolMismatch(ours: 6...6, theirs: Handshake.protocols))
+        #expect(serverSide.description.hasSuffix("the peer speaks sync protocol 4–5, this build speaks sync protocol 6: the peer must upgrade"))
+        var client = run.client
+        #expect(throws: SyncRejection.incompatibleProtocol) { try client.finish(accepted.reply) }
+        client = run.client
+        let clientSide = try #require(client.mismatch)
+        #expect(clientSide == ProtocolMismatch(ours: Handshake.protocols, theirs: 6...6))
+        #expect(clientSide.description.contains("peer speaks sync protocol 6, this build speaks sync protocol 4–5"))
+        #expect(clientSide.description.hasSuffix("upgrade this device"))
 
-        // A newer client reaching this build's server (it would refuse this hello itself: here it is made to answer
-        // anyway) is refused once its proof holds, with the words for the server.
-        var newerClient = Handshake.Client(key: key, identity: DeviceIdentity(), protocols: 4...7, announcing: 6...7)
+        // A stranger announcing a newer range gets no such words from this build: its reply does not verify.
+        let strangerServer = Handshake.Server(identity: DeviceIdentity(), protocols: 9...9)
+        var c = Handshake.Client(key: key, identity: DeviceIdentity())
+        _ = try c.respond(to: strangerServer.hello)
+        #expect(throws: SyncRejection.badFrame) { try c.finish([UInt8](repeating: 1, count: Handshake.replySize)) }
+        // A stranger's AUTH with any range is refused before ranges are looked at.
+        var liar = Handshake.Client(key: SpaceKey.generate(), identity: DeviceIdentity(), protocols: 4...9, announcing: 9...9)
         let server = Handshake.Server(identity: DeviceIdentity())
-        let auth = try newerClient.respond(to: server.hello)
-        #expect(throws: SyncRejection.incompatibleProtocol) { try server.accept(auth, spaces: [key]) }
-        #expect(server.proves(auth, spaces: [key]))
-        #expect(server.mismatch(auth)?.description.contains("peer speaks sync protocol 6–7") == true)
-        // An older side (4 only) reaching a server that dropped 4: "the peer must upgrade".
-        var olderClient = Handshake.Client(key: key, identity: DeviceIdentity(), protocols: 4...6, announcing: 4...4)
+        #expect(throws: SyncRejection.badFrame) { try server.accept(try liar.respond(to: server.hello), spaces: [key]) }
+        // An older side (4 only) reaching a server that dropped 4: "the peer must upgrade", on the server.
+        var older = Handshake.Client(key: key, identity: DeviceIdentity(), protocols: 4...6, announcing: 4...4)
         let newerServer = Handshake.Server(identity: DeviceIdentity(), protocols: 5...6)
-        let oldAuth = try olderClient.respond(to: newerServer.hello)
-        #expect(throws: SyncRejection.incompatibleProtocol) { try newerServer.accept(oldAuth, spaces: [key]) }
-        #expect(newerServer.mismatch(oldAuth)?.description.hasSuffix("the peer must upgrade") == true)
-        // A stranger's range is not acted on: its proof fails first.
-        var stranger = Handshake.Client(key: SpaceKey.generate(), identity: DeviceIdentity(), protocols: 4...9, announcing: 9...9)
-        let strangerAuth = try stranger.respond(to: server.hello)
-        #expect(throws: SyncRejection.badFrame) { try server.accept(strangerAuth, spaces: [key]) }
-        #expect(!server.proves(strangerAuth, spaces: [key]))
+        let old = try newerServer.accept(try older.respond(to: newerServer.hello), spaces: [key])
+        #expect(old.mismatch?.description.hasSuffix("the peer must upgrade") == true)
     }
 
     @Test func aHelloOfAnotherHandshakeVersionNamesIt() {
         var client = Handshake.Client(key: SpaceKey.generate(), identity: DeviceIdentity())
         // A later handshake may change the hello's size: the version byte is read whatever the size.
         for hello in [Handshake.magic + [5] + [UInt8](repeating: 1, count: 100), Handshake.magic + [9]] {
-            let mismatch = client.mismatch(hello)
+            let mismatch = client.otherHandshake(hello)
             #expect(mismatch == ProtocolMismatch(ours: Handshake.protocols, handshake: hello[4]))
-            #expect(mismatch?.description.contains("peer's handshake is version \(hello[4]), this build's is 4") == true)
-            #expect(throws: SyncRejection.incompatibleProtocol) { try client.respond(to: hello) }
+            // Nothing in it can be verified, and the words say so.
+            #expect(mismatch?.description.contains("hello says its handshake is version \(hello[4]), this build's is 4") == true)
+            #expect(mismatch?.description.contains("can be verified: if the peer is yours") == true)
+            #expect(throws: SyncRejection.badFrame) { try client.respond(to: hello) }
         }
-        // Not a BlazeDB hello at all: damage, not a version.
-        #expect(client.mismatch(Array("HTTP/1.1 200 OK".utf8)) == nil)
+        // Not a BlazeDB hello at all, or one of this version: no other handshake.
+        #expect(client.otherHandshake(Array("HTTP/1.1 200 OK".utf8)) == nil)
+        #expect(client.otherHandshake(Handshake.Server(identity: DeviceIdentity()).hello) == nil)
     }
 
     @Test func aDowngradedAnnouncementFailsTheProofs() throws {

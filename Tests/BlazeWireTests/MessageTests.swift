@@ -43,6 +43,21 @@ import Testing
         #expect(throws: SyncRejection.malformed) { try PeerMessage(decoding: Array(bytes.dropLast())) }
     }
 
+    @Test func aClockRoundTripsAndOneOutOfBoundsIsMalformed() throws {
+        let bytes = try PeerMessage.clock(ms: 1_764_300_000_123).encoded()
+        #expect(bytes.count == 9 && bytes.first == 17)
+        guard case .clock(let ms) = try PeerMessage(decoding: bytes) else {
+            Issue.record("decoded as another message")
+            return
+        }
+        #expect(ms == 1_764_300_000_123)
+        var late: [UInt8] = [17]
+        late.appendBE(UInt64(1) << 62)
+        for bad in [late, bytes + [0], Array(bytes.dropLast()), [17]] {
+            #expect(throws: SyncRejection.malformed) { try PeerMessage(decoding: bad) }
+        }
+    }
+
     /// A long log goes in several `MEMBERS` messages of at most 1 MiB of operations, parents before children whatever
     /// order they are given in.
     @Test func aLongLogTravelsInBoundedMessagesParentsFirst() throws {

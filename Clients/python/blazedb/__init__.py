@@ -10,6 +10,7 @@ from ._types import (
     DbCreateResult,
     DbListResult,
     DbInfoResult,
+    DbCheckResult,
     DbDropResult,
     DbBackupResult,
     DbRestoreResult,
@@ -69,7 +70,7 @@ from ._types import (
 )
 from ._types import *  # noqa: F401,F403 (the result types, for users)
 
-__all__ = ["Client", "Subscription", "BlazeError", "default_socket_path", "ParseError", "InvalidRequestError", "MethodNotFoundError", "InvalidParamsError", "InternalError", "NotFoundError", "ConflictError", "LimitExceededError", "UnavailableError", "SyncError", "RpcDiscoverResult", "DaemonInfoResult", "DaemonConfigResult", "DbCreateResult", "DbListResult", "DbInfoResult", "DbDropResult", "DbBackupResult", "DbRestoreResult", "DbCompactResult", "CollectionListResult", "CollectionDropResult", "DocInsertResult", "DocGetResult", "DocGetManyResult", "DocHistoryResult", "DocPutResult", "DocPatchResult", "DocDeleteResult", "TxCommitResult", "QueryFindResult", "QueryNearestResult", "QueryCountResult", "QueryExplainResult", "QueryAggregateResult", "QueryDeleteResult", "QueryUpdateResult", "IndexCreateResult", "IndexDropResult", "IndexListResult", "ConflictListResult", "ConflictResolveResult", "BlobPutResult", "BlobUploadResult", "BlobAppendResult", "BlobFinishResult", "BlobAbortResult", "BlobGcResult", "BlobReadResult", "BlobGetResult", "BlobStatResult", "BlobPinResult", "BlobUnpinResult", "BlobPolicyResult", "BlobListResult", "UnsubscribeResult", "DbShareResult", "DbJoinResult", "DbInviteResult", "DbMembersResult", "DbRevokeResult", "DbRelayCapabilityResult", "PeerAddResult", "PeerRemoveResult", "PeerListResult", "FolderAddResult", "FolderRemoveResult", "FolderListResult", "SyncStatusResult", "SyncNowResult", "SyncPauseResult", "SyncResumeResult"]
+__all__ = ["Client", "Subscription", "BlazeError", "default_socket_path", "ParseError", "InvalidRequestError", "MethodNotFoundError", "InvalidParamsError", "InternalError", "NotFoundError", "ConflictError", "LimitExceededError", "UnavailableError", "SyncError", "RpcDiscoverResult", "DaemonInfoResult", "DaemonConfigResult", "DbCreateResult", "DbListResult", "DbInfoResult", "DbCheckResult", "DbDropResult", "DbBackupResult", "DbRestoreResult", "DbCompactResult", "CollectionListResult", "CollectionDropResult", "DocInsertResult", "DocGetResult", "DocGetManyResult", "DocHistoryResult", "DocPutResult", "DocPatchResult", "DocDeleteResult", "TxCommitResult", "QueryFindResult", "QueryNearestResult", "QueryCountResult", "QueryExplainResult", "QueryAggregateResult", "QueryDeleteResult", "QueryUpdateResult", "IndexCreateResult", "IndexDropResult", "IndexListResult", "ConflictListResult", "ConflictResolveResult", "BlobPutResult", "BlobUploadResult", "BlobAppendResult", "BlobFinishResult", "BlobAbortResult", "BlobGcResult", "BlobReadResult", "BlobGetResult", "BlobStatResult", "BlobPinResult", "BlobUnpinResult", "BlobPolicyResult", "BlobListResult", "UnsubscribeResult", "DbShareResult", "DbJoinResult", "DbInviteResult", "DbMembersResult", "DbRevokeResult", "DbRelayCapabilityResult", "PeerAddResult", "PeerRemoveResult", "PeerListResult", "FolderAddResult", "FolderRemoveResult", "FolderListResult", "SyncStatusResult", "SyncNowResult", "SyncPauseResult", "SyncResumeResult"]
 
 # BlazeDB's version, as the protocol document gives it (as the daemon's and the package's).
 __version__ = "0.4.0"
@@ -200,6 +201,15 @@ class _Db:
         params: Dict[str, Any] = {}
         params["db"] = db
         return cast(DbInfoResult, self._client.call("db.info", params))
+
+    def check(self, *, db: str) -> DbCheckResult:
+        """Checks a database's file: its format version and SQLite's quick_check of every page (what `blazectl doctor` reports).
+
+        db: Database name.
+        """
+        params: Dict[str, Any] = {}
+        params["db"] = db
+        return cast(DbCheckResult, self._client.call("db.check", params))
 
     def drop(self, *, db: str) -> DbDropResult:
         """Deletes a database and all its data.

@@ -120,6 +120,16 @@ class DbInfoResult(TypedDict):
     blobs: DbInfoResultBlobs
 
 
+class DbCheckResult(TypedDict):
+    db: str
+    # Schema migrations the file has had (README, Upgrades and file formats).
+    format: int
+    # True when quick_check found nothing wrong.
+    ok: bool
+    # What quick_check found (at most 20), empty when ok.
+    problems: List[str]
+
+
 class DbDropResult(TypedDict):
     db: str
     dropped: Literal[True]
@@ -691,6 +701,8 @@ class _SyncStatusResultDatabasesItemPeersItemRequired(TypedDict):
 class SyncStatusResultDatabasesItemPeersItem(_SyncStatusResultDatabasesItemPeersItemRequired, total=False):
     # Sync protocol version of the latest established connection: the highest both ends speak (SYNC.md §8, "Versions"); null before the first.
     protocolVersion: Optional[int]
+    # How far the peer's clock is ahead of this device's (negative: behind), in ms, as it said at the start of the latest connection speaking protocol 5 or later (SYNC.md §8, "Versions"); null before one. `blazectl doctor` warns past a minute.
+    clockSkewMs: Optional[int]
 
 
 class SyncStatusResultDatabasesItemForksItem(TypedDict):
@@ -755,4 +767,4 @@ class SyncResumeResult(TypedDict):
     paused: Literal[False]
 
 
-__all__ = ["RpcDiscoverResult", "DaemonInfoResult", "DaemonConfigResult", "DbCreateResult", "DbListResult", "DbInfoResult", "DbDropResult", "DbBackupResult", "DbRestoreResult", "DbCompactResult", "CollectionListResult", "CollectionDropResult", "DocInsertResult", "DocGetResult", "DocGetManyResult", "DocHistoryResult", "DocPutResult", "DocPatchResult", "DocDeleteResult", "TxCommitResult", "QueryFindResult", "QueryNearestResult", "QueryCountResult", "QueryExplainResult", "QueryAggregateResult", "QueryDeleteResult", "QueryUpdateResult", "IndexCreateResult", "IndexDropResult", "IndexListResult", "ConflictListResult", "ConflictResolveResult", "BlobPutResult", "BlobUploadResult", "BlobAppendResult", "BlobFinishResult", "BlobAbortResult", "BlobGcResult", "BlobReadResult", "BlobGetResult", "BlobStatResult", "BlobPinResult", "BlobUnpinResult", "BlobPolicyResult", "BlobListResult", "UnsubscribeResult", "DbShareResult", "DbJoinResult", "DbInviteResult", "DbMembersResult", "DbRevokeResult", "DbRelayCapabilityResult", "PeerAddResult", "PeerRemoveResult", "PeerListResult", "FolderAddResult", "FolderRemoveResult", "FolderListResult", "SyncStatusResult", "SyncNowResult", "SyncPauseResult", "SyncResumeResult"]
+__all__ = ["RpcDiscoverResult", "DaemonInfoResult", "DaemonConfigResult", "DbCreateResult", "DbListResult", "DbInfoResult", "DbCheckResult", "DbDropResult", "DbBackupResult", "DbRestoreResult", "DbCompactResult", "CollectionListResult", "CollectionDropResult", "DocInsertResult", "DocGetResult", "DocGetManyResult", "DocHistoryResult", "DocPutResult", "DocPatchResult", "DocDeleteResult", "TxCommitResult", "QueryFindResult", "QueryNearestResult", "QueryCountResult", "QueryExplainResult", "QueryAggregateResult", "QueryDeleteResult", "QueryUpdateResult", "IndexCreateResult", "IndexDropResult", "IndexListResult", "ConflictListResult", "ConflictResolveResult", "BlobPutResult", "BlobUploadResult", "BlobAppendResult", "BlobFinishResult", "BlobAbortResult", "BlobGcResult", "BlobReadResult", "BlobGetResult", "BlobStatResult", "BlobPinResult", "BlobUnpinResult", "BlobPolicyResult", "BlobListResult", "UnsubscribeResult", "DbShareResult", "DbJoinResult", "DbInviteResult", "DbMembersResult", "DbRevokeResult", "DbRelayCapabilityResult", "PeerAddResult", "PeerRemoveResult", "PeerListResult", "FolderAddResult", "FolderRemoveResult", "FolderListResult", "SyncStatusResult", "SyncNowResult", "SyncPauseResult", "SyncResumeResult"]

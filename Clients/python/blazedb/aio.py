@@ -19,6 +19,7 @@ from ._types import (
     DbCreateResult,
     DbListResult,
     DbInfoResult,
+    DbCheckResult,
     DbDropResult,
     DbBackupResult,
     DbRestoreResult,
@@ -145,6 +146,15 @@ class _Db:
         params: Dict[str, Any] = {}
         params["db"] = db
         return cast(DbInfoResult, await self._client.call("db.info", params))
+
+    async def check(self, *, db: str) -> DbCheckResult:
+        """Checks a database's file: its format version and SQLite's quick_check of every page (what `blazectl doctor` reports).
+
+        db: Database name.
+        """
+        params: Dict[str, Any] = {}
+        params["db"] = db
+        return cast(DbCheckResult, await self._client.call("db.check", params))
 
     async def drop(self, *, db: str) -> DbDropResult:
         """Deletes a database and all its data.

@@ -235,6 +235,10 @@ def test_every_method_succeeds_and_fails_as_documented(client, daemon):
     err(c, "db.compact", -32010, "database_not_found", db="missing")
     err(c, "db.compact", -32602, db=5)
     err(c, "db.info", -32602, "invalid_name", db="../x")
+    checked = ok(c, "db.check", db="app")
+    assert checked["ok"] is True and checked["problems"] == [] and checked["db"] == "app" and checked["format"] >= 16
+    err(c, "db.check", -32010, "database_not_found", db="missing")
+    err(c, "db.check", -32602, "invalid_name", db="../x")
     blob_path = os.path.join(daemon.dir, "blob.bin")
     with open(blob_path, "wb") as f:
         f.write(os.urandom(300_000))

@@ -15,6 +15,8 @@ public enum RPCMethod: String, Sendable, CaseIterable {
     case dbList = "db.list"
     /// Counts, size (by table), path, node id, state hash, version vector and last compaction of a database.
     case dbInfo = "db.info"
+    /// Checks a database's file: its format version and SQLite's quick_check of every page (what `blazectl doctor` reports).
+    case dbCheck = "db.check"
     /// Deletes a database and all its data.
     case dbDrop = "db.drop"
     /// Writes a consistent snapshot of a database to a new file through SQLite's online backup while writes go on.
@@ -139,6 +141,7 @@ public enum RPCMethod: String, Sendable, CaseIterable {
         case .dbCreate: return "Creates a database."
         case .dbList: return "Lists databases."
         case .dbInfo: return "Counts, size (by table), path, node id, state hash, version vector and last compaction of a database."
+        case .dbCheck: return "Checks a database's file: its format version and SQLite's quick_check of every page (what `blazectl doctor` reports)."
         case .dbDrop: return "Deletes a database and all its data."
         case .dbBackup: return "Writes a consistent snapshot of a database to a new file through SQLite's online backup while writes go on."
         case .dbRestore: return "Creates a new database from a file written by db.backup; the copy is local (detached from sync) until shared anew."
@@ -208,6 +211,7 @@ public enum RPCMethod: String, Sendable, CaseIterable {
         case .dbCreate: return ["db"]
         case .dbList: return []
         case .dbInfo: return ["db"]
+        case .dbCheck: return ["db"]
         case .dbDrop: return ["db"]
         case .dbBackup: return ["db", "path"]
         case .dbRestore: return ["path", "db"]
@@ -837,6 +841,86 @@ public enum RPC {
                 o["bytesByTable"] = .object(self.bytesByTable.mapValues { x0 in .int(Int64(x0)) })
                 o["lastCompaction"] = (self.lastCompaction.map { x0 -> JSONValue in x0.json } ?? .null)
                 o["blobs"] = self.blobs.json
+                return o
+            }
+        }
+
+        /// Database name.
+        public var db: String
+
+        /// Parameters from their values (optional ones default to absent).
+        public init(db: String) {
+            self.db = db
+        }
+
+        /// Checks a request's params: names, presence and JSON types.
+        public init(validating params: [String: JSONValue]) throws(RPCError) {
+            try RPCParam.rejectUnknown(params, accepted: ["db"], method: Self.method)
+            self.db = try RPCParam.required(params, "db", of: Self.method, RPCDecode.string)
+        }
+
+        /// The params as a request carries them.
+        public var jsonObject: [String: JSONValue] {
+            var o = [String: JSONValue](minimumCapacity: 1)
+            o["db"] = .string(self.db)
+            return o
+        }
+
+        /// The JSON form of a result.
+        public static func encode(_ result: Result) -> JSONValue {
+            result.json
+        }
+
+        /// Reads a result a daemon sent.
+        public static func decode(_ result: JSONValue) throws(RPCShapeError) -> Result {
+            try RPCDecode.value(result, Result.init(json:))
+        }
+    }
+
+    /// Parameters of `db.check`: Checks a database's file: its format version and SQLite's quick_check of every page (what `blazectl doctor` reports).
+    public struct DbCheck: RPCParameters {
+        public static let method = RPCMethod.dbCheck
+
+        /// The result of `db.check`.
+        public struct Result: RPCObject {
+            /// `db`.
+            public var db: String
+            /// Schema migrations the file has had (README, Upgrades and file formats).
+            public var format: Int
+            /// True when quick_check found nothing wrong.
+            public var ok: Bool
+            /// What quick_check found (at most 20), empty when ok.
+            public var problems: [String]
+
+            /// A value from its members.
+            public init(db: String, format: Int, ok: Bool, problems: [String]) {
+                self.db = db
+                self.format = format
+                self.ok = ok
+                self.problems = problems
+            }
+
+            /// Reads the value from JSON.
+            public init(json: JSONValue) throws(RPCShapeError) {
+                let o = try RPCDecode.object(json)
+                self.db = try RPCDecode.member(o, "db", RPCDecode.string)
+                self.format = try RPCDecode.member(o, "format", RPCDecode.int)
+                self.ok = try RPCDecode.member(o, "ok", RPCDecode.bool)
+                self.problems = try RPCDecode.member(o, "problems", { v throws(RPCShapeError) -> [String] in try RPCDecode.array(v, RPCDecode.string) })
+            }
+
+            /// The value's JSON form.
+            public var json: JSONValue {
+                .object(jsonObject)
+            }
+
+            /// The members of the JSON form.
+            public var jsonObject: [String: JSONValue] {
+                var o = [String: JSONValue](minimumCapacity: 4)
+                o["db"] = .string(self.db)
+                o["format"] = .int(Int64(self.format))
+                o["ok"] = .bool(self.ok)
+                o["problems"] = .array(self.problems.map { x0 in .string(x0) })
                 return o
             }
         }
@@ -6379,9 +6463,11 @@ public enum RPCSchema {
         public var chunkBytesReceived: Int
         /// Sync protocol version of the latest established connection: the highest both ends speak (SYNC.md §8, "Versions"); null before the first.
         public var protocolVersion: Int?
+        /// How far the peer's clock is ahead of this device's (negative: behind), in ms, as it said at the start of the latest connection speaking protocol 5 or later (SYNC.md §8, "Versions"); null before one. `blazectl doctor` warns past a minute.
+        public var clockSkewMs: Int?
 
         /// A value from its members.
-        public init(peer: String, direction: Direction, connected: Bool, connections: Int, devices: [String], lastDevice: String?, lastSyncMs: Int?, sentEntries: Int, receivedEntries: Int, sentBytes: Int, receivedBytes: Int, peerBehind: Int, selfBehind: Int, errors: Int, lastError: String?, rejected: [String: Int], snapshotsSent: Int, snapshotsInstalled: Int, chunksSent: Int, chunksReceived: Int, chunkBytesReceived: Int, protocolVersion: Int? = nil) {
+        public init(peer: String, direction: Direction, connected: Bool, connections: Int, devices: [String], lastDevice: String?, lastSyncMs: Int?, sentEntries: Int, receivedEntries: Int, sentBytes: Int, receivedBytes: Int, peerBehind: Int, selfBehind: Int, errors: Int, lastError: String?, rejected: [String: Int], snapshotsSent: Int, snapshotsInstalled: Int, chunksSent: Int, chunksReceived: Int, chunkBytesReceived: Int, protocolVersion: Int? = nil, clockSkewMs: Int? = nil) {
             self.peer = peer
             self.direction = direction
             self.connected = connected
@@ -6404,6 +6490,7 @@ public enum RPCSchema {
             self.chunksReceived = chunksReceived
             self.chunkBytesReceived = chunkBytesReceived
             self.protocolVersion = protocolVersion
+            self.clockSkewMs = clockSkewMs
         }
 
         /// Reads the value from JSON.
@@ -6431,6 +6518,7 @@ public enum RPCSchema {
             self.chunksReceived = try RPCDecode.member(o, "chunksReceived", RPCDecode.int)
             self.chunkBytesReceived = try RPCDecode.member(o, "chunkBytesReceived", RPCDecode.int)
             self.protocolVersion = try RPCDecode.optionalMember(o, "protocolVersion", RPCDecode.int)
+            self.clockSkewMs = try RPCDecode.optionalMember(o, "clockSkewMs", RPCDecode.int)
         }
 
         /// The value's JSON form.
@@ -6440,7 +6528,7 @@ public enum RPCSchema {
 
         /// The members of the JSON form.
         public var jsonObject: [String: JSONValue] {
-            var o = [String: JSONValue](minimumCapacity: 22)
+            var o = [String: JSONValue](minimumCapacity: 23)
             o["peer"] = .string(self.peer)
             o["direction"] = .string(self.direction.rawValue)
             o["connected"] = .bool(self.connected)
@@ -6463,6 +6551,7 @@ public enum RPCSchema {
             o["chunksReceived"] = .int(Int64(self.chunksReceived))
             o["chunkBytesReceived"] = .int(Int64(self.chunkBytesReceived))
             if let v = self.protocolVersion { o["protocolVersion"] = .int(Int64(v)) }
+            if let v = self.clockSkewMs { o["clockSkewMs"] = .int(Int64(v)) }
             return o
         }
     }
