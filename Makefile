@@ -60,6 +60,7 @@ release:
 	rm -rf .build/release-$(VERSION) && mkdir -p .build/release-$(VERSION)
 	cp .build/release/blazed .build/release/blazectl .build/release/blaze-relay \
 		.build/packages/blazedb_$(VERSION)_$$(dpkg --print-architecture).deb .build/release-$(VERSION)/
+	strip --strip-debug .build/release-$(VERSION)/blazed .build/release-$(VERSION)/blazectl .build/release-$(VERSION)/blaze-relay
 	python3 -m venv .build/release-venv && .build/release-venv/bin/pip install -q build
 	.build/release-venv/bin/python -m build -q --outdir .build/release-$(VERSION) Clients/python
 	Packaging/npm-pack.sh .build/release-$(VERSION)
