@@ -41,9 +41,10 @@ CONTROL
 for script in postinst postrm; do
     cat > "$stage/DEBIAN/$script" <<'SCRIPT'
 #!/bin/sh
-# Makes systemd see the installed or removed units; starts and enables nothing.
+# Makes systemd see the installed or removed units; starts and enables nothing (nor anything for an install into
+# another root, DPKG_ROOT, whose systemd is not this one).
 set -e
-if [ -d /run/systemd/system ]; then
+if [ -z "${DPKG_ROOT:-}" ] && [ -d /run/systemd/system ]; then
     systemctl daemon-reload >/dev/null 2>&1 || true
 fi
 SCRIPT

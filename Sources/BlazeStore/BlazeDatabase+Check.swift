@@ -9,15 +9,19 @@ public struct DatabaseCheck: Sendable, Equatable {
 }
 
 extension Store {
-    /// Checks database `name`'s file (`BlazeDatabase.check`), also when it is too damaged to open: then on its own,
-    /// through a read-only connection.
+    /// Checks database `name`'s file (`BlazeDatabase.check`), opening it as any request does. A file the store
+    /// cannot open (damaged, unreadable) is checked on its own through a read-only connection, and why it cannot be
+    /// opened is its first problem; one of a newer format is refused as every request is (`database_too_new`).
     public func check(_ name: String) throws -> DatabaseCheck {
         do {
             return try database(name).check()
-        } catch let error as StoreError where error.code == .notFound || error.kind == "invalid_name" {
+        } catch let error as StoreError where error.code == .notFound || ["invalid_name", "database_too_new"].contains(error.kind) {
             throw error
         } catch {
-            return BlazeDatabase.check(path: path(name))
+            var found = BlazeDatabase.check(path: path(name))
+            let why = (error as? StoreError)?.message ?? (error as? DatabaseError).map { "SQLite: \($0.message ?? "\($0.resultCode)")" } ?? "\(error)"
+            found.problems.insert("the daemon cannot open it: \(why)", at: 0)
+            return found
         }
     }
 }

@@ -157,6 +157,8 @@ final class SyncSession: ChannelInboundHandler {
             }
             break
         }
+        // A reading is of this connection: none until its peer's CLOCK (a protocol 4 peer never sends one).
+        report.update { $0.clockSkewMs = nil }
         if established.protocolVersion >= 5 { send(.clock(ms: Self.clockMs()), context: context) }
         startMembership(context: context)
         attachChunkSource(context: context)
@@ -282,7 +284,8 @@ final class SyncSession: ChannelInboundHandler {
     /// off.
     static func clockMs() -> UInt64 { UInt64(max(0, nowMs() + clockSkewForTests)) }
 
-    private static let clockSkewForTests: Int64 = ProcessInfo.processInfo.environment["BLAZE_CLOCK_SKEW_MS"].flatMap { Int64($0) } ?? 0
+    private static let clockSkewForTests: Int64 = ProcessInfo.processInfo.environment["BLAZE_CLOCK_SKEW_MS"]
+        .flatMap { Int64($0) }.map { min(max($0, -(1 << 40)), 1 << 40) } ?? 0
 
     /// Sends a control message.
     @discardableResult

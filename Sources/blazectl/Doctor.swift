@@ -63,7 +63,8 @@ struct Doctor: ParsableCommand {
     /// Whether the socket is there, a socket, and this user's.
     func socketProblem(_ path: String) -> Finding? {
         var st = stat()
-        guard lstat(path, &st) == 0 else {
+        // A link to the socket is followed (its target is what a client reaches).
+        guard lstat(path, &st) == 0, st.st_mode & S_IFMT != S_IFLNK || stat(path, &st) == 0 else {
             return Finding(
                 check: "socket", outcome: .problem, detail: "nothing at \(path): blazed is not running",
                 fix: "start it: `systemctl --user start blazed.socket` (once the unit is installed), or run `blazed`")
@@ -108,7 +109,8 @@ struct Doctor: ParsableCommand {
         let c: BlazeConnection
         let info: RPC.DaemonInfo.Result
         do {
-            c = try BlazeConnection(socketPath: socket, timeoutSeconds: 30)
+            // db.check reads whole files: minutes for a large one on a slow disk.
+            c = try BlazeConnection(socketPath: socket, timeoutSeconds: 900)
             info = try c.call(RPC.DaemonInfo())
         } catch {
             return [
@@ -145,8 +147,9 @@ struct Doctor: ParsableCommand {
         guard statvfs(dir, &fs) == 0 else {
             return Finding(check: "data directory", outcome: .warning, detail: "\(dir): its free space cannot be read")
         }
-        let free = (Int(fs.f_bavail) * Int(fs.f_frsize)) >> 20
-        let size = (Int(fs.f_blocks) * Int(fs.f_frsize)) >> 20
+        // In floating point: some file systems (FUSE) report sizes whose product overflows 64 bits.
+        let free = Int(min(Double(fs.f_bavail) * Double(fs.f_frsize) / 1_048_576, 1e15))
+        let size = Int(min(Double(fs.f_blocks) * Double(fs.f_frsize) / 1_048_576, 1e15))
         guard free >= minFreeMib else {
             return Finding(
                 check: "data directory", outcome: .problem,
@@ -166,11 +169,14 @@ struct Doctor: ParsableCommand {
             do {
                 let r = try c.call(RPC.DbCheck(db: name))
                 guard r.ok else {
+                    let unopened = r.problems.first?.hasPrefix("the daemon cannot open it") ?? false
                     return Finding(
                         check: "database \(name)", outcome: .problem,
-                        detail: "damaged: \(r.problems.prefix(3).joined(separator: "; "))",
-                        fix: "restore it from a backup (`blazectl db restore \(name) BACKUP`), or from the `\(name).db.format-N.bak` an "
-                            + "upgrade kept; a shared database can also be dropped and joined again from its members")
+                        detail: "\(unopened && r.problems.count == 1 ? "unusable" : "damaged"): \(r.problems.prefix(3).joined(separator: "; "))",
+                        fix: unopened && r.problems.count == 1
+                            ? "see why in blazed's log (`journalctl --user -u blazed`): the file's owner and permissions, or its disk"
+                            : "restore it from a backup (`blazectl db restore \(name) BACKUP`), or from the `\(name).db.format-N.bak` an "
+                                + "upgrade kept; a shared database can also be dropped and joined again from its members")
                 }
                 if let format, r.format > format {
                     return Finding(
@@ -178,9 +184,7 @@ struct Doctor: ParsableCommand {
                         detail: "format \(r.format), newer than this blazed's \(format): a newer build wrote it",
                         fix: "upgrade blazed (or go back to the `.bak` an upgrade kept)")
                 }
-                let newer = format.map { r.format < $0 } ?? false
-                return Finding(
-                    check: "database \(name)", outcome: .ok, detail: "format \(r.format)\(newer ? " (migrating)" : ""), quick_check ok")
+                return Finding(check: "database \(name)", outcome: .ok, detail: "format \(r.format), quick_check ok")
             } catch let e as RPCError {
                 let fix =
                     e.kind == "database_too_new"
@@ -195,17 +199,21 @@ struct Doctor: ParsableCommand {
 
     /// Every outbound peer, relay and folder: reachable, and a clock near this one.
     func syncFindings(_ c: BlazeConnection) -> [Finding] {
-        guard let status = try? c.call(RPC.SyncStatus()) else { return [] }
+        let status: RPC.SyncStatus.Result
+        do { status = try c.call(RPC.SyncStatus()) } catch {
+            return [Finding(check: "sync", outcome: .problem, detail: "sync.status failed: \(error)", fix: "read blazed's log")]
+        }
         var findings: [Finding] = []
         for d in status.databases where !d.paused {
             for p in d.peers {
                 let name = "\(d.db): \(p.direction == .folder ? "folder" : "peer") \(p.peer)"
-                if let skew = p.clockSkewMs, abs(skew) > maxClockSkew * 1000 {
+                if let skew = p.clockSkewMs, Double(abs(skew)) > Double(maxClockSkew) * 1000 {
                     let minutes = Double(abs(skew)) / 60_000
                     findings.append(
                         Finding(
                             check: "clock", outcome: .problem,
-                            detail: "\(name)'s clock is \(String(format: "%.1f", minutes)) min \(skew > 0 ? "ahead of" : "behind") this machine's",
+                            detail: "\(name)'s clock (device \(p.lastDevice.map { String($0.prefix(12)) } ?? "?")) is "
+                                + "\(String(format: "%.1f", minutes)) min \(skew > 0 ? "ahead of" : "behind") this machine's",
                             fix: "set both clocks right (`timedatectl set-ntp true`): changes stamped too far ahead are held back "
                                 + "(clock_ahead), and every change's order follows the clocks"))
                 }

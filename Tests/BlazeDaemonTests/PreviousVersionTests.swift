@@ -202,7 +202,8 @@ struct PreviousVersionTests {
         cn = try newer.connect()
         let (dialer, listener) = newerDials ? (cn, current) : (cc, newer)
         _ = try dialer.call("peer.add", ["db": "team", "address": .string(try listener.syncAddress())])
-        // The dialing side learns it from the hello and says which versions each speaks, and which side to upgrade.
+        // The dialing side learns it once the listener's proof holds, and says which versions each speaks and which
+        // side to upgrade.
         let expected = newerDials
             ? "the peer speaks sync protocol 4–\(Handshake.protocols.upperBound), this build speaks sync protocol 6: the peer must upgrade"
             : "the peer speaks sync protocol 6, this build speaks sync protocol 4–\(Handshake.protocols.upperBound): upgrade this device"

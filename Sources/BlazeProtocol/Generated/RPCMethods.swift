@@ -6463,7 +6463,7 @@ public enum RPCSchema {
         public var chunkBytesReceived: Int
         /// Sync protocol version of the latest established connection: the highest both ends speak (SYNC.md §8, "Versions"); null before the first.
         public var protocolVersion: Int?
-        /// How far the peer's clock is ahead of this device's (negative: behind), in ms, as it said at the start of the latest connection speaking protocol 5 or later (SYNC.md §8, "Versions"); null before one. `blazectl doctor` warns past a minute.
+        /// How far the peer's clock is ahead of this device's (negative: behind), in ms, as its CLOCK said at the start of the latest connection, when that connection speaks protocol 5 or later (SYNC.md §8, "Versions"); null before one, and while the latest connection has sent none. Inbound connections share one entry: the latest one's. `blazectl doctor` reports a problem past a minute.
         public var clockSkewMs: Int?
 
         /// A value from its members.
