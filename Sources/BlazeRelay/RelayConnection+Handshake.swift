@@ -86,7 +86,6 @@ extension RelayConnection: HandshakeDelegate {
     func started(_ link: EstablishedLink, context: ChannelHandlerContext) {
         guard case .handshake = state, let own = ownContext else { return }
         state = .established(space: link.space.id)
-        if link.protocolVersion >= 5 { send(.clock(ms: UInt64(max(0, RelayServer.nowMs()))), context: own) }
         startSession(space: link.space.id, context: own)
     }
 

@@ -88,6 +88,8 @@ final class RelayConnection: ChannelInboundHandler {
     var device: DevicePublicKeys?
     /// The sync protocol version agreed with the device (SYNC.md §8, "Versions"); 0 before the handshake ends.
     var protocolVersion: UInt8 = 0
+    /// Whether the relay's `CLOCK` went to the device (`startServing`).
+    var clockSent = false
     /// What it may fetch (`RelayAccess`), as the space's log stands.
     var access = RelayAccess.outsider
     /// Whether this connection asked for a join of its device (one per connection; dropped when it closes), and

@@ -34,9 +34,18 @@ extension SyncSession {
             sendProofOfMembership(context: context)
             return
         }
+        sendClock(context: context)
         sendMembers(context: context)
         sendState(context: context)
         sendAcks(context: context)
+    }
+
+    /// `CLOCK`, once per session, to a peer this session serves over protocol 5 or later: a device the log does not
+    /// list (a capability holder, a removed device) learns nothing, not even this device's clock.
+    func sendClock(context: ChannelHandlerContext) {
+        guard let link, link.protocolVersion >= 5, !clockSent else { return }
+        clockSent = true
+        send(.clock(ms: Self.clockMs()), context: context)
     }
 
     /// Whether this session serves the peer: in a space with a log, a device that the log does not list (a joiner not
@@ -136,6 +145,7 @@ extension SyncSession {
             engine.finishJoin(link.space)
         }
         guard servesPeer else { return }
+        sendClock(context: context)
         sendMembers(context: context)
         sendState(context: context)
         sendAcks(context: context)

@@ -23,6 +23,8 @@ final class SyncSession: ChannelInboundHandler {
     let report: LinkReport
     /// The database and key, once the handshake succeeded.
     var link: SyncLinkEstablished?
+    /// Whether this session sent its `CLOCK` (`sendClock`).
+    var clockSent = false
     var closed = false
     /// Whether this connection is counted in the link's report (it is from the end of `establish` to its close).
     var counted = false
@@ -159,7 +161,6 @@ final class SyncSession: ChannelInboundHandler {
         }
         // A reading is of this connection: none until its peer's CLOCK (a protocol 4 peer never sends one).
         report.update { $0.clockSkewMs = nil }
-        if established.protocolVersion >= 5 { send(.clock(ms: Self.clockMs()), context: context) }
         startMembership(context: context)
         attachChunkSource(context: context)
         offerChunks(context: context)

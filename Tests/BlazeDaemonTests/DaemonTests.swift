@@ -19,7 +19,7 @@ import Glibc
         let c = try d.connect()
         let discovered = try c.call("rpc.discover")["methods"]?.arrayValue?.compactMap { $0["name"]?.stringValue } ?? []
         #expect(Set(discovered) == [
-            "rpc.discover", "daemon.info", "db.create", "db.list", "db.info", "db.drop", "collection.list", "collection.drop",
+            "rpc.discover", "daemon.info", "db.create", "db.list", "db.info", "db.check", "db.drop", "collection.list", "collection.drop",
             "doc.insert", "doc.get", "doc.getMany", "doc.history", "doc.put", "doc.patch", "doc.delete", "tx.commit",
             "query.find", "query.nearest", "query.count", "query.explain", "query.aggregate", "query.update", "query.delete",
             "index.create", "index.drop", "index.list",
