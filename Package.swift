@@ -59,6 +59,7 @@ let package = Package(
             dependencies: [
                 "BlazeProtocol", "BlazeCRDT", "BlazeSettings", "BlazeFileFormat", "BlazeVector", .product(name: "GRDB", package: "GRDB.swift"),
                 .product(name: "GRDBSQLite", package: "GRDB.swift"), .product(name: "Crypto", package: "swift-crypto"),
+                .product(name: "CoreMetrics", package: "swift-metrics"),
             ],
             swiftSettings: strict),
         .target(
@@ -69,8 +70,11 @@ let package = Package(
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "NIOExtras", package: "swift-nio-extras"),
+                .product(name: "NIOHTTP1", package: "swift-nio"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+                .product(name: "Metrics", package: "swift-metrics"),
+                .product(name: "Prometheus", package: "swift-prometheus"),
             ],
             swiftSettings: strict, plugins: ["EmbedProtocolDocument"]),
         .executableTarget(name: "EmbedDocument", path: "Sources/EmbedDocument", swiftSettings: strict),

@@ -9,7 +9,7 @@ venv=.build/clients-venv
 if [ ! -x "$venv/bin/python" ]; then
     python3 -m venv "$venv"
 fi
-"$venv/bin/pip" install -q --disable-pip-version-check pytest jsonschema openrpc==11.1.1 mypy numpy build
+"$venv/bin/pip" install -q --disable-pip-version-check pytest jsonschema openrpc==11.1.1 mypy numpy build prometheus-client
 # The wheel and the sdist a release ships (python -m build); the tests use the client installed from the wheel.
 dist=.build/clients-dist
 rm -rf "$dist"

@@ -51,6 +51,10 @@ export type DaemonInfoResult = { "version": string; "formats"?: { "database": nu
 export type DaemonConfigParams = Record<string, never>;
 /** Result of `daemon.config`. */
 export type DaemonConfigResult = { "file": string | null; "settings": Array<{ "key": string; "value": unknown; "source": string; "env": string }> };
+/** Parameters of `daemon.metrics`: The daemon's metrics in Prometheus text format (what metrics-listen serves at /metrics): requests by method and outcome with latency histograms, group commits and their sizes, commit (WAL append and fsync) times, databases and their file sizes, connections, subscriptions and their queue depths, compactions, and sync per peer, relay and folder (entries, bytes, chunks, lag, errors, rejections by reason). */
+export type DaemonMetricsParams = Record<string, never>;
+/** Result of `daemon.metrics`. */
+export type DaemonMetricsResult = { "contentType": string; "text": string };
 
 /** Parameters of `db.create`: Creates a database. */
 export interface DbCreateParams { "db": DatabaseName }
@@ -327,7 +331,7 @@ export declare class BlazeClient {
   /** Ends a subscription of this connection. */
   unsubscribe(params: UnsubscribeParams): Promise<UnsubscribeResult>;
   readonly rpc: { discover(params?: RpcDiscoverParams): Promise<RpcDiscoverResult> };
-  readonly daemon: { info(params?: DaemonInfoParams): Promise<DaemonInfoResult>; config(params?: DaemonConfigParams): Promise<DaemonConfigResult> };
+  readonly daemon: { info(params?: DaemonInfoParams): Promise<DaemonInfoResult>; config(params?: DaemonConfigParams): Promise<DaemonConfigResult>; metrics(params?: DaemonMetricsParams): Promise<DaemonMetricsResult> };
   readonly db: { create(params: DbCreateParams): Promise<DbCreateResult>; list(params?: DbListParams): Promise<DbListResult>; info(params: DbInfoParams): Promise<DbInfoResult>; check(params: DbCheckParams): Promise<DbCheckResult>; drop(params: DbDropParams): Promise<DbDropResult>; backup(params: DbBackupParams): Promise<DbBackupResult>; restore(params: DbRestoreParams): Promise<DbRestoreResult>; compact(params: DbCompactParams): Promise<DbCompactResult>; share(params: DbShareParams): Promise<DbShareResult>; join(params: DbJoinParams): Promise<DbJoinResult>; invite(params: DbInviteParams): Promise<DbInviteResult>; members(params: DbMembersParams): Promise<DbMembersResult>; revoke(params: DbRevokeParams): Promise<DbRevokeResult>; relayCapability(params: DbRelayCapabilityParams): Promise<DbRelayCapabilityResult> };
   readonly collection: { list(params: CollectionListParams): Promise<CollectionListResult>; drop(params: CollectionDropParams): Promise<CollectionDropResult> };
   readonly doc: { insert(params: DocInsertParams): Promise<DocInsertResult>; get(params: DocGetParams): Promise<DocGetResult>; getMany(params: DocGetManyParams): Promise<DocGetManyResult>; history(params: DocHistoryParams): Promise<DocHistoryResult>; put(params: DocPutParams): Promise<DocPutResult>; patch(params: DocPatchParams): Promise<DocPatchResult>; delete(params: DocDeleteParams): Promise<DocDeleteResult> };

@@ -42,6 +42,11 @@ public final class Daemon: Service, Sendable {
     let blobs: Blobs
     /// Fetches pinned blobs and those of eager collections before they are read.
     let prefetcher: BlobPrefetcher
+    /// What it counts for Prometheus (`metrics-listen`, `daemon.metrics`).
+    let metrics = DaemonMetrics()
+    /// The port `metrics-listen` serves on, once listening (nil: not listening).
+    public var metricsPort: Int? { metricsListener.withLock { $0?.port } }
+    private let metricsListener = Mutex<MetricsListener?>(nil)
 
     /// Opens the data directory (creating the default database on first start).
     public init(config: DaemonConfig, logger: Logger) throws {
@@ -50,7 +55,8 @@ public final class Daemon: Service, Sendable {
         try Store.prepareDirectory(config.dataDirectory)
         self.identity = try DeviceIdentity.loadOrCreate(directory: config.dataDirectory + "/keys")
         self.store = try Store(
-            directory: config.dataDirectory, limits: config.storeLimits, node: NodeID(bytes: identity.nodeID))
+            directory: config.dataDirectory, limits: config.storeLimits, node: NodeID(bytes: identity.nodeID),
+            metrics: metrics.store)
         self.sync = SyncEngine(
             store: store, identity: identity, keysDirectory: config.dataDirectory + "/keys/spaces",
             group: MultiThreadedEventLoopGroup.singleton, pool: pool, logger: logger,
@@ -75,7 +81,7 @@ public final class Daemon: Service, Sendable {
         let fd = try config.inheritedSocket?.descriptor ?? SocketListener.listen(path: config.socketPath)
         let context = RequestContext(
             store: store, config: config, logger: logger, startedAt: .now, connections: connections,
-            sync: sync, blobs: blobs, prefetcher: prefetcher)
+            sync: sync, blobs: blobs, prefetcher: prefetcher, metrics: metrics)
         let pool = self.pool
         pool.start()
         transferPool.start()
@@ -116,8 +122,19 @@ public final class Daemon: Service, Sendable {
                 guard let address = PeerAddress(listen, listening: true) else { throw DaemonError.invalidSyncAddress(listen) }
                 _ = try await sync.listen(host: address.host, port: address.port)
             }
+            if let listen = config.metricsListen {
+                guard let address = PeerAddress(listen, listening: true), PeerAddress.isLoopback(host: address.host) else {
+                    throw DaemonError.invalidMetricsAddress(listen)
+                }
+                let metrics = self.metrics
+                let listener = try await MetricsListener.start(host: address.host, port: address.port, pool: pool) {
+                    metrics.render(context)
+                }
+                metricsListener.withLock { $0 = listener }
+            }
         } catch {
             // Nothing keeps serving once `run` has failed: an embedding program may go on running.
+            await metricsListener.withLock { $0 }?.close()
             try? await server.close()
             await sync.shutdown()
             try? await pool.shutdownGracefully()
@@ -137,6 +154,7 @@ public final class Daemon: Service, Sendable {
             metadata: [
                 "socket.path": "\(config.socketPath)", "socket.inherited": "\(config.inheritedSocket != nil)",
                 "data.dir": "\(config.dataDirectory)", "sync.listen": "\(sync.listeningAddress ?? "-")",
+                "metrics.port": "\(metricsPort.map(String.init) ?? "-")",
             ])
         listening.fire()
         Systemd.notify("READY=1\nSTATUS=serving \(config.socketPath)\nMAINPID=\(getpid())", socket: config.notifySocket)
@@ -160,6 +178,7 @@ public final class Daemon: Service, Sendable {
         let quiesced = server.eventLoop.makePromise(of: Void.self)
         quiesce.initiateShutdown(promise: quiesced)
         try? await quiesced.futureResult.get()
+        await metricsListener.withLock { $0 }?.close()
         compactor?.cancel()
         _ = await compactor?.result
         prefetcher.shutdown()

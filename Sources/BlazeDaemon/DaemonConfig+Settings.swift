@@ -45,6 +45,7 @@ extension DaemonConfig {
             Landing(S.maxSubscriptions, \.limits.maxSubscriptionsPerConnection),
             Landing(S.maxSubscriberBacklogBytes, \.limits.maxSubscriberBacklogBytes),
             Landing(S.feedRetention, \.storeLimits.feedRetention),
+            Landing(S.metricsListen, \.metricsListen),
             Landing(S.syncListen, \.syncListen),
             Landing(S.syncTimeout, \.syncTimeoutMs),
             Landing(S.syncHandshakeTimeout, \.syncListenerLimits.handshakeTimeoutMs),

@@ -45,6 +45,8 @@ public struct DaemonConfig: Sendable {
     public var logFormat = BlazedSettings.logFormat.defaultValue
     /// The largest blob `blob.put` and `blob.upload` accept, in bytes (`max-blob-bytes`).
     public var maxBlobBytes = BlazedSettings.maxBlobBytes.defaultValue
+    /// Loopback `host:port` serving Prometheus metrics at `/metrics` (`metrics-listen`); nil (the default): none.
+    public var metricsListen: String?
     /// `host:port` to accept sync peers on; nil (the default) accepts none (outbound peers still work).
     public var syncListen: String?
     /// Milliseconds a sync peer may stay silent before its connection is closed (handshakes: `syncListenerLimits`).
@@ -95,5 +97,10 @@ public struct DaemonError: Error, Sendable, CustomStringConvertible {
     /// `--sync-listen` is not `host:port`.
     static func invalidSyncAddress(_ text: String) -> DaemonError {
         DaemonError(description: "--sync-listen must be host:port with a port from 1 to 65535 (port 0 picks one), got \(text)")
+    }
+
+    /// `--metrics-listen` is not a loopback `host:port`.
+    static func invalidMetricsAddress(_ text: String) -> DaemonError {
+        DaemonError(description: "--metrics-listen " + (BlazedSettings.checkLoopbackListenAddress(text) ?? "is invalid"))
     }
 }

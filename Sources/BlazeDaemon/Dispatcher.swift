@@ -76,6 +76,7 @@ struct Dispatcher: Sendable {
     ) throws(ReadBudgetExceeded) -> [UInt8]? {
         switch incoming {
         case .failure(let f):
+            context.metrics?.malformed(kind: f.error.kind)
             return RPCCodec.response(id: f.id, error: f.error).jsonBytes
         case .single(.success(let req)) where methods[req.method]?.text != nil:
             return try respondWithText(req, connection: connection, budget: budget)
@@ -91,7 +92,7 @@ struct Dispatcher: Sendable {
     func respondWithText(
         _ req: RPCRequest, connection: ConnectionHandle, budget: ReadBudget = .unbounded
     ) throws(ReadBudgetExceeded) -> [UInt8]? {
-        let started = context.logger.logLevel <= .debug ? ContinuousClock.now : nil
+        let started = ContinuousClock.now
         var context = self.context
         context.connection = connection
         context.readBudget = budget
@@ -103,7 +104,7 @@ struct Dispatcher: Sendable {
         } catch {
             result = .failure(map(error, method: req.method, connection: connection.id))
         }
-        if let started { log(req, connection: connection, started: started, result: result.map { _ in .null }) }
+        finished(req, connection: connection, started: started, result: result.map { _ in .null })
         guard let id = req.id else { return nil }
         switch result {
         case .success(let text): return RPCCodec.responseBytes(id: id, resultText: text)
@@ -120,6 +121,7 @@ struct Dispatcher: Sendable {
     ) throws(ReadBudgetExceeded) -> JSONValue? {
         switch item {
         case .failure(let f):
+            context.metrics?.malformed(kind: f.error.kind)
             return RPCCodec.response(id: f.id, error: f.error)
         case .success(let req):
             let outcome = try call(req, connection: connection, budget: budget)
@@ -131,15 +133,28 @@ struct Dispatcher: Sendable {
         }
     }
 
-    /// Runs one request; at debug level logs its method, connection, duration and outcome (never its params).
+    /// Runs one request; counts it (`DaemonMetrics`), and at debug level logs its method, connection, duration and
+    /// outcome (never its params).
     func call(
         _ req: RPCRequest, connection: ConnectionHandle, budget: ReadBudget = .unbounded
     ) throws(ReadBudgetExceeded) -> Result<JSONValue, RPCError> {
-        guard context.logger.logLevel <= .debug else { return try run(req, connection: connection, budget: budget) }
         let started = ContinuousClock.now
         let result = try run(req, connection: connection, budget: budget)
-        log(req, connection: connection, started: started, result: result)
+        finished(req, connection: connection, started: started, result: result)
         return result
+    }
+
+    /// Counts a finished request and logs it at debug level.
+    private func finished(
+        _ req: RPCRequest, connection: ConnectionHandle, started: ContinuousClock.Instant, result: Result<JSONValue, RPCError>
+    ) {
+        if let metrics = context.metrics {
+            switch result {
+            case .success: metrics.request(req.method, kind: nil, started: started)
+            case .failure(let e): metrics.request(req.method, kind: e.kind, started: started)
+            }
+        }
+        if context.logger.logLevel <= .debug { log(req, connection: connection, started: started, result: result) }
     }
 
     /// The request and its write handler when the line is one request to a method that queues its write for a group
@@ -156,10 +171,10 @@ struct Dispatcher: Sendable {
         _ req: RPCRequest, _ submit: MethodHandler.Submit, connection: ConnectionHandle, here: Bool,
         done: @escaping @Sendable ([UInt8]?) -> Void
     ) {
-        let started = context.logger.logLevel <= .debug ? ContinuousClock.now : nil
+        let started = ContinuousClock.now
         let finish: MethodHandler.Reply = { outcome in
             let result = outcome.mapError { map($0, method: req.method, connection: connection.id) }
-            if let started { log(req, connection: connection, started: started, result: result) }
+            finished(req, connection: connection, started: started, result: result)
             guard let id = req.id else { return done(nil) }
             switch result {
             case .success(let v): done(RPCCodec.response(id: id, result: v).jsonBytes)

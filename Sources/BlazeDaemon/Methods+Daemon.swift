@@ -46,4 +46,12 @@ extension Methods {
     static let daemonConfig = MethodHandler(RPC.DaemonConfig.self, inline: true) { _, ctx in
         ctx.config.settings ?? .init(file: nil, settings: [])
     }
+
+    /// Rendered on the pool: it reads every database's file size and every shared database's sync status.
+    static let daemonMetrics = MethodHandler(RPC.DaemonMetrics.self) { _, ctx in
+        guard let metrics = ctx.metrics else {
+            throw RPCError(code: RPCErrorCode.internalError, kind: "internal_error", message: "this daemon keeps no metrics")
+        }
+        return .init(contentType: "text/plain; version=0.0.4", text: String(decoding: metrics.render(ctx), as: UTF8.self))
+    }
 }

@@ -11,6 +11,7 @@ enum Methods {
         case .rpcDiscover: return rpcDiscover
         case .daemonInfo: return daemonInfo
         case .daemonConfig: return daemonConfig
+        case .daemonMetrics: return daemonMetrics
         case .dbCreate: return dbCreate
         case .dbList: return dbList
         case .dbInfo: return dbInfo

@@ -57,7 +57,9 @@ extension RPCHandler {
         switch signal {
         case .entries(let entries):
             let backlog = (try? context.channel.syncOptions?.getOption(.bufferedWritableBytes)) ?? 0
+            dispatcher.context.metrics?.subscriberBacklog(bytes: backlog)
             if backlog > limits.maxSubscriberBacklogBytes {
+                dispatcher.context.metrics?.subscribersDropped.increment()
                 logger.notice(
                     "Dropping a subscriber that does not keep up",
                     metadata: ["connection.id": "\(id)", "subscription": "\(sub.id)", "backlog.bytes": "\(backlog)"])

@@ -17,6 +17,8 @@ struct RequestContext: Sendable {
     let blobs: Blobs
     /// Fetches pinned blobs and those of eager collections before they are read (nil in a test without a daemon).
     var prefetcher: BlobPrefetcher?
+    /// What the daemon counts for Prometheus (nil in a test without a daemon).
+    var metrics: DaemonMetrics?
     /// The connection the request came on (set per call).
     var connection: ConnectionHandle?
     /// How much a budgeted read may do (`MethodHandler.budgeted`): `.inline` on an event loop.

@@ -50,6 +50,14 @@ public struct PeerAddress: Sendable, Hashable, CustomStringConvertible {
         self.transport = transport
     }
 
+    /// True for a host that names this machine only: `localhost`, `::1` or an IPv4 address in 127.0.0.0/8.
+    public static func isLoopback(host: String) -> Bool {
+        if host == "localhost" || host == "::1" { return true }
+        let parts = host.split(separator: ".", omittingEmptySubsequences: false)
+        return parts.count == 4 && parts[0] == "127"
+            && parts.allSatisfy { p in p.count <= 3 && p.allSatisfy(\.isASCII) && UInt8(p) != nil }
+    }
+
     /// `host:port` (`[host]:port` for IPv6), as a TCP address or inside its URL.
     public var hostPort: String { host.contains(":") ? "[\(host)]:\(port)" : "\(host):\(port)" }
 

@@ -60,6 +60,10 @@ public enum BlazedSettings {
     /// `sync-listen`.
     public static let syncListen = Setting.optionalText(
         "sync-listen", check: checkListenAddress, "Accept sync peers on host:port (port 0 picks a free port); off when unset")
+    /// `metrics-listen`.
+    public static let metricsListen = Setting.optionalText(
+        "metrics-listen", check: checkLoopbackListenAddress,
+        "Serve Prometheus metrics at http://host:port/metrics on a loopback address (port 0 picks a free port); off when unset")
     /// `sync-timeout`.
     public static let syncTimeout = Setting.milliseconds(
         "sync-timeout", seconds: 0.1...3600, "Seconds a sync peer may stay silent (quiet peers ping at a third of it)",
@@ -108,7 +112,7 @@ public enum BlazedSettings {
     public static let keys: [ConfigKey] = [
         socket.key, dataDir.key, defaultDatabase.key, logLevel.key, logFormat.key, maxLineBytes.key, maxDepth.key,
         maxBatch.key, maxConnections.key, idleTimeout.key, maxDocumentBytes.key, maxBlobBytes.key, maxSubscriptions.key,
-        maxSubscriberBacklogBytes.key, feedRetention.key, syncListen.key, syncTimeout.key, syncHandshakeTimeout.key,
+        maxSubscriberBacklogBytes.key, feedRetention.key, metricsListen.key, syncListen.key, syncTimeout.key, syncHandshakeTimeout.key,
         syncRetryMax.key, syncMaxPeers.key, syncMaxPeersPerAddress.key, syncMaxHandshakes.key, syncTLSCAFile.key,
         folderPollInterval.key, folderInotify.key, folderSegmentBytes.key, compactionInterval.key, compactionHorizon.key,
     ]
@@ -119,6 +123,15 @@ public enum BlazedSettings {
     /// Nil for an absolute path, else what is wrong.
     public static func checkPath(_ text: String) -> String? {
         text.hasPrefix("/") ? nil : "must be an absolute path, got \"\(text)\""
+    }
+
+    /// Nil for a loopback `host:port` to listen on (`127.x.x.x`, `::1` or `localhost`), else what is wrong.
+    public static func checkLoopbackListenAddress(_ text: String) -> String? {
+        guard let address = PeerAddress(text, listening: true) else {
+            return "must be host:port with a port from 0 to 65535, got \"\(text)\""
+        }
+        return PeerAddress.isLoopback(host: address.host)
+            ? nil : "must be a loopback address (127.0.0.1, ::1 or localhost), got \"\(address.host)\""
     }
 
     /// Nil for a `host:port` to listen on, else what is wrong.

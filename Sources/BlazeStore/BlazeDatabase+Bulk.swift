@@ -87,7 +87,7 @@ extension BlazeDatabase {
         return try connections.writeWithoutTransaction { db in
             var afterCommit: [@Sendable () -> Void] = []
             var report = DropReport(deleted: 0, indexes: 0, changes: 0)
-            try Self.inWriteTransaction(db) {
+            try Self.inWriteTransaction(db, commitTimer: metrics?.commitDuration) {
                 let ids = try String.fetchAll(
                     db, sql: "SELECT id FROM docs WHERE collection = ? ORDER BY id", arguments: [collection])
                 let indexes = try String.fetchAll(

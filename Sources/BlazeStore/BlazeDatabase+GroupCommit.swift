@@ -1,4 +1,5 @@
 import BlazeCRDT
+import CoreMetrics
 import Foundation
 import GRDB
 
@@ -33,7 +34,9 @@ extension BlazeDatabase {
     /// run on the writer (where writes arriving together share one) before a write may commit alone again.
     func commitAlone(_ op: WriteOp) -> Result<WriteResult, any Error>? {
         guard groupCommitter.claimLone() else { return nil }
+        let started = ContinuousClock.now
         let result = connections.writeWithoutTransaction { db in commitGroup(db, [op])[0] }
+        metrics?.recordGroup(size: 1, started: started)
         groupCommitter.count(writes: 1)
         finishGroup(afterLone: true)
         return result
@@ -42,7 +45,9 @@ extension BlazeDatabase {
     private func scheduleGroupCommit() {
         connections.asyncWriteWithoutTransaction { [self] db in
             let group = groupCommitter.takeGroup()
+            let started = ContinuousClock.now
             let results = commitGroup(db, group.map(\.op))
+            metrics?.recordGroup(size: group.count, started: started)
             // Counted before anyone learns the outcome, so a caller that saw its write done sees it counted.
             groupCommitter.count(writes: group.count)
             for (pending, result) in zip(group, results) { pending.completion(result) }
@@ -110,7 +115,7 @@ extension BlazeDatabase {
         var afterCommit: [@Sendable () -> Void] = []
         var opFailed = false
         do {
-            try Self.inWriteTransaction(db) {
+            try Self.inWriteTransaction(db, commitTimer: metrics?.commitDuration) {
                 var chain = try ChangeChain(self, db)
                 for op in ops {
                     do {
@@ -182,7 +187,7 @@ extension BlazeDatabase {
         // Collected and run here rather than registered with GRDB: each registered hook observes every statement.
         storage.collectsAfterCommit = true
         var result: T?
-        try Self.inWriteTransaction(db) { result = try localChange(storage, body) }
+        try Self.inWriteTransaction(db, commitTimer: metrics?.commitDuration) { result = try localChange(storage, body) }
         for action in storage.afterCommit { action() }
         return result!
     }
@@ -190,11 +195,16 @@ extension BlazeDatabase {
     /// Runs `body` in an immediate write transaction begun and ended through SQLite's C API, rolled back if `body` or
     /// the commit throws. (GRDB's `inTransaction` parses its BEGIN statement on every call: a tenth of a single
     /// insert's CPU.) Nothing here is hidden from GRDB that it tracks: it reads the transaction state from SQLite.
-    static func inWriteTransaction(_ db: Database, _ body: () throws -> Void) throws {
+    /// `commitTimer` (when given) records the `COMMIT` statement's time.
+    static func inWriteTransaction(_ db: Database, commitTimer: CoreMetrics.Timer? = nil, _ body: () throws -> Void) throws {
         try RawStatement(db, "BEGIN IMMEDIATE TRANSACTION").run()
         do {
             try body()
+            let committing = commitTimer.map { _ in ContinuousClock.now }
             try RawStatement(db, "COMMIT TRANSACTION").run()
+            if let commitTimer, let committing {
+                commitTimer.recordNanoseconds(StoreMetrics.nanoseconds(since: committing))
+            }
         } catch {
             // SQLite may have rolled back already (some I/O errors do).
             if db.isInsideTransaction { _ = try? RawStatement(db, "ROLLBACK TRANSACTION").run() }

@@ -34,8 +34,11 @@ public final class BlazeDatabase: Sendable {
     let committedVersions = CommittedVersions()
     /// The vector indexes searched so far, held in memory and caught up from `vector_rows` before each search.
     let vectorIndexes = VectorIndexes()
+    /// Where group commits and local commits are reported (nil: nowhere).
+    let metrics: StoreMetrics?
 
-    init(name: String, path: String, limits: StoreLimits, node: NodeID) throws {
+    init(name: String, path: String, limits: StoreLimits, node: NodeID, metrics: StoreMetrics? = nil) throws {
+        self.metrics = metrics
         self.name = name
         self.path = path
         self.limits = limits

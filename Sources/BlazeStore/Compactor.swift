@@ -251,6 +251,10 @@ extension BlazeDatabase {
     public func compact(
         stable: VersionVector, tombstonesStable: VersionVector? = nil, stepRows: Int = 1000, defragment: Bool = false
     ) throws -> CompactionReport {
-        try compactor.compact(stable: stable, tombstonesStable: tombstonesStable, stepRows: stepRows, defragment: defragment)
+        let started = ContinuousClock.now
+        let report = try compactor.compact(
+            stable: stable, tombstonesStable: tombstonesStable, stepRows: stepRows, defragment: defragment)
+        metrics?.recordCompaction(report, started: started)
+        return report
     }
 }

@@ -10,6 +10,8 @@ public final class Store: Sendable {
     public let limits: StoreLimits
     /// The node id every local change is authored by.
     public let node: NodeID
+    /// Where every database reports its commits (nil: nowhere).
+    public let metrics: StoreMetrics?
     /// The open databases by name; held by every change to them (which also updates `shards`).
     private let open = Mutex<[String: BlazeDatabase]>([:])
     /// Copies of `open`, each thread reading its own: the lookup every request makes takes no lock another event loop
@@ -23,11 +25,13 @@ public final class Store: Sendable {
     /// File suffix of database files.
     public static let fileSuffix = ".db"
 
-    /// Opens (creating, mode 0700) the data directory; local changes are authored by `node`.
-    public init(directory: String, limits: StoreLimits = StoreLimits(), node: NodeID) throws {
+    /// Opens (creating, mode 0700) the data directory; local changes are authored by `node`, and every database
+    /// reports its commits to `metrics`.
+    public init(directory: String, limits: StoreLimits = StoreLimits(), node: NodeID, metrics: StoreMetrics? = nil) throws {
         self.directory = directory
         self.limits = limits
         self.node = node
+        self.metrics = metrics
         try Self.prepareDirectory(directory)
         try Self.prepareDirectory(directory + "/databases")
     }
@@ -50,7 +54,7 @@ public final class Store: Sendable {
             if open[name] != nil || FileManager.default.fileExists(atPath: path) || reserved.withLock({ $0.contains(name) }) {
                 throw StoreError(.alreadyExists, kind: "database_exists", "database \(Names.quoted(name)) already exists")
             }
-            let db = try BlazeDatabase(name: name, path: path, limits: limits, node: node)
+            let db = try BlazeDatabase(name: name, path: path, limits: limits, node: node, metrics: metrics)
             open[name] = db
             mirror(name, db)
             listing.withLock { $0 = nil }
@@ -90,7 +94,7 @@ public final class Store: Sendable {
             guard FileManager.default.fileExists(atPath: path) else {
                 throw StoreError(.notFound, kind: "database_not_found", "database \(Names.quoted(name)) does not exist")
             }
-            let db = try BlazeDatabase(name: name, path: path, limits: limits, node: node)
+            let db = try BlazeDatabase(name: name, path: path, limits: limits, node: node, metrics: metrics)
             open[name] = db
             mirror(name, db)
             return db

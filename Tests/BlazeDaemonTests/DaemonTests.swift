@@ -26,7 +26,7 @@ import Glibc
             "conflict.list", "conflict.resolve", "subscribe", "unsubscribe", "db.share", "db.join", "db.invite",
             "db.members", "db.revoke", "db.relayCapability", "peer.add",
             "peer.remove", "peer.list", "folder.add", "folder.remove", "folder.list", "sync.status", "sync.now", "sync.pause", "sync.resume", "daemon.config",
-            "db.backup", "db.restore", "db.compact",
+            "daemon.metrics", "db.backup", "db.restore", "db.compact",
             "blob.put", "blob.upload", "blob.append", "blob.finish", "blob.abort", "blob.read", "blob.get", "blob.stat",
             "blob.gc", "blob.pin", "blob.unpin", "blob.policy", "blob.list",
         ])

@@ -7,6 +7,7 @@ from ._types import (
     RpcDiscoverResult,
     DaemonInfoResult,
     DaemonConfigResult,
+    DaemonMetricsResult,
     DbCreateResult,
     DbListResult,
     DbInfoResult,
@@ -70,7 +71,7 @@ from ._types import (
 )
 from ._types import *  # noqa: F401,F403 (the result types, for users)
 
-__all__ = ["Client", "Subscription", "BlazeError", "default_socket_path", "ParseError", "InvalidRequestError", "MethodNotFoundError", "InvalidParamsError", "InternalError", "NotFoundError", "ConflictError", "LimitExceededError", "UnavailableError", "SyncError", "RpcDiscoverResult", "DaemonInfoResult", "DaemonConfigResult", "DbCreateResult", "DbListResult", "DbInfoResult", "DbCheckResult", "DbDropResult", "DbBackupResult", "DbRestoreResult", "DbCompactResult", "CollectionListResult", "CollectionDropResult", "DocInsertResult", "DocGetResult", "DocGetManyResult", "DocHistoryResult", "DocPutResult", "DocPatchResult", "DocDeleteResult", "TxCommitResult", "QueryFindResult", "QueryNearestResult", "QueryCountResult", "QueryExplainResult", "QueryAggregateResult", "QueryDeleteResult", "QueryUpdateResult", "IndexCreateResult", "IndexDropResult", "IndexListResult", "ConflictListResult", "ConflictResolveResult", "BlobPutResult", "BlobUploadResult", "BlobAppendResult", "BlobFinishResult", "BlobAbortResult", "BlobGcResult", "BlobReadResult", "BlobGetResult", "BlobStatResult", "BlobPinResult", "BlobUnpinResult", "BlobPolicyResult", "BlobListResult", "UnsubscribeResult", "DbShareResult", "DbJoinResult", "DbInviteResult", "DbMembersResult", "DbRevokeResult", "DbRelayCapabilityResult", "PeerAddResult", "PeerRemoveResult", "PeerListResult", "FolderAddResult", "FolderRemoveResult", "FolderListResult", "SyncStatusResult", "SyncNowResult", "SyncPauseResult", "SyncResumeResult"]
+__all__ = ["Client", "Subscription", "BlazeError", "default_socket_path", "ParseError", "InvalidRequestError", "MethodNotFoundError", "InvalidParamsError", "InternalError", "NotFoundError", "ConflictError", "LimitExceededError", "UnavailableError", "SyncError", "RpcDiscoverResult", "DaemonInfoResult", "DaemonConfigResult", "DaemonMetricsResult", "DbCreateResult", "DbListResult", "DbInfoResult", "DbCheckResult", "DbDropResult", "DbBackupResult", "DbRestoreResult", "DbCompactResult", "CollectionListResult", "CollectionDropResult", "DocInsertResult", "DocGetResult", "DocGetManyResult", "DocHistoryResult", "DocPutResult", "DocPatchResult", "DocDeleteResult", "TxCommitResult", "QueryFindResult", "QueryNearestResult", "QueryCountResult", "QueryExplainResult", "QueryAggregateResult", "QueryDeleteResult", "QueryUpdateResult", "IndexCreateResult", "IndexDropResult", "IndexListResult", "ConflictListResult", "ConflictResolveResult", "BlobPutResult", "BlobUploadResult", "BlobAppendResult", "BlobFinishResult", "BlobAbortResult", "BlobGcResult", "BlobReadResult", "BlobGetResult", "BlobStatResult", "BlobPinResult", "BlobUnpinResult", "BlobPolicyResult", "BlobListResult", "UnsubscribeResult", "DbShareResult", "DbJoinResult", "DbInviteResult", "DbMembersResult", "DbRevokeResult", "DbRelayCapabilityResult", "PeerAddResult", "PeerRemoveResult", "PeerListResult", "FolderAddResult", "FolderRemoveResult", "FolderListResult", "SyncStatusResult", "SyncNowResult", "SyncPauseResult", "SyncResumeResult"]
 
 # BlazeDB's version, as the protocol document gives it (as the daemon's and the package's).
 __version__ = "0.4.0"
@@ -169,6 +170,13 @@ class _Daemon:
         """
         params: Dict[str, Any] = {}
         return cast(DaemonConfigResult, self._client.call("daemon.config", params))
+
+    def metrics(self) -> DaemonMetricsResult:
+        """The daemon's metrics in Prometheus text format (what metrics-listen serves at /metrics): requests by method and outcome with latency histograms, group commits and their sizes, commit (WAL append and fsync) times, databases and their file sizes, connections, subscriptions and their queue depths, compactions, and sync per peer, relay and folder (entries, bytes, chunks, lag, errors, rejections by reason).
+
+        """
+        params: Dict[str, Any] = {}
+        return cast(DaemonMetricsResult, self._client.call("daemon.metrics", params))
 
 
 class _Db:

@@ -16,6 +16,7 @@ from ._types import (
     RpcDiscoverResult,
     DaemonInfoResult,
     DaemonConfigResult,
+    DaemonMetricsResult,
     DbCreateResult,
     DbListResult,
     DbInfoResult,
@@ -114,6 +115,13 @@ class _Daemon:
         """
         params: Dict[str, Any] = {}
         return cast(DaemonConfigResult, await self._client.call("daemon.config", params))
+
+    async def metrics(self) -> DaemonMetricsResult:
+        """The daemon's metrics in Prometheus text format (what metrics-listen serves at /metrics): requests by method and outcome with latency histograms, group commits and their sizes, commit (WAL append and fsync) times, databases and their file sizes, connections, subscriptions and their queue depths, compactions, and sync per peer, relay and folder (entries, bytes, chunks, lag, errors, rejections by reason).
+
+        """
+        params: Dict[str, Any] = {}
+        return cast(DaemonMetricsResult, await self._client.call("daemon.metrics", params))
 
 
 class _Db:

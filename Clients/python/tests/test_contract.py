@@ -92,6 +92,8 @@ def test_every_method_succeeds_and_fails_as_documented(client, daemon):
     assert settings["socket"]["value"] == daemon.socket and settings["socket"]["source"] == "flag --socket"
     assert settings["max-batch"] == {"key": "max-batch", "value": 256, "source": "default", "env": "BLAZEDB_MAX_BATCH"}
     err(c, "daemon.config", -32602, bogus=1)
+    assert "blazed_requests_total" in ok(c, "daemon.metrics")["text"]
+    err(c, "daemon.metrics", -32602, bogus=1)
     ok(c, "db.create", db="app")
     err(c, "db.create", -32011, "database_exists", db="app")
     ok(c, "db.list")

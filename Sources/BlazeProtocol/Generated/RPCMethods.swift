@@ -9,6 +9,8 @@ public enum RPCMethod: String, Sendable, CaseIterable {
     case daemonInfo = "daemon.info"
     /// The daemon's effective settings and where each came from (flag, environment variable, configuration file or default).
     case daemonConfig = "daemon.config"
+    /// The daemon's metrics in Prometheus text format (what metrics-listen serves at /metrics): requests by method and outcome with latency histograms, group commits and their sizes, commit (WAL append and fsync) times, databases and their file sizes, connections, subscriptions and their queue depths, compactions, and sync per peer, relay and folder (entries, bytes, chunks, lag, errors, rejections by reason).
+    case daemonMetrics = "daemon.metrics"
     /// Creates a database.
     case dbCreate = "db.create"
     /// Lists databases.
@@ -138,6 +140,7 @@ public enum RPCMethod: String, Sendable, CaseIterable {
         case .rpcDiscover: return "Returns this OpenRPC document."
         case .daemonInfo: return "Version, file and protocol formats, node id, process, paths, uptime and limits of the daemon."
         case .daemonConfig: return "The daemon's effective settings and where each came from (flag, environment variable, configuration file or default)."
+        case .daemonMetrics: return "The daemon's metrics in Prometheus text format (what metrics-listen serves at /metrics): requests by method and outcome with latency histograms, group commits and their sizes, commit (WAL append and fsync) times, databases and their file sizes, connections, subscriptions and their queue depths, compactions, and sync per peer, relay and folder (entries, bytes, chunks, lag, errors, rejections by reason)."
         case .dbCreate: return "Creates a database."
         case .dbList: return "Lists databases."
         case .dbInfo: return "Counts, size (by table), path, node id, state hash, version vector and last compaction of a database."
@@ -208,6 +211,7 @@ public enum RPCMethod: String, Sendable, CaseIterable {
         case .rpcDiscover: return []
         case .daemonInfo: return []
         case .daemonConfig: return []
+        case .daemonMetrics: return []
         case .dbCreate: return ["db"]
         case .dbList: return []
         case .dbInfo: return ["db"]
@@ -547,6 +551,69 @@ public enum RPC {
                 var o = [String: JSONValue](minimumCapacity: 2)
                 o["file"] = (self.file.map { x0 -> JSONValue in .string(x0) } ?? .null)
                 o["settings"] = .array(self.settings.map { x0 in x0.json })
+                return o
+            }
+        }
+
+
+        /// No parameters.
+        public init() {}
+
+        /// Checks a request's params: names, presence and JSON types.
+        public init(validating params: [String: JSONValue]) throws(RPCError) {
+            try RPCParam.rejectUnknown(params, accepted: [], method: Self.method)
+        }
+
+        /// The params as a request carries them.
+        public var jsonObject: [String: JSONValue] {
+            [:]
+        }
+
+        /// The JSON form of a result.
+        public static func encode(_ result: Result) -> JSONValue {
+            result.json
+        }
+
+        /// Reads a result a daemon sent.
+        public static func decode(_ result: JSONValue) throws(RPCShapeError) -> Result {
+            try RPCDecode.value(result, Result.init(json:))
+        }
+    }
+
+    /// Parameters of `daemon.metrics`: The daemon's metrics in Prometheus text format (what metrics-listen serves at /metrics): requests by method and outcome with latency histograms, group commits and their sizes, commit (WAL append and fsync) times, databases and their file sizes, connections, subscriptions and their queue depths, compactions, and sync per peer, relay and folder (entries, bytes, chunks, lag, errors, rejections by reason).
+    public struct DaemonMetrics: RPCParameters {
+        public static let method = RPCMethod.daemonMetrics
+
+        /// The result of `daemon.metrics`.
+        public struct Result: RPCObject {
+            /// The exposition format's media type: text/plain; version=0.0.4.
+            public var contentType: String
+            /// The exposition text: # HELP, # TYPE and sample lines.
+            public var text: String
+
+            /// A value from its members.
+            public init(contentType: String, text: String) {
+                self.contentType = contentType
+                self.text = text
+            }
+
+            /// Reads the value from JSON.
+            public init(json: JSONValue) throws(RPCShapeError) {
+                let o = try RPCDecode.object(json)
+                self.contentType = try RPCDecode.member(o, "contentType", RPCDecode.string)
+                self.text = try RPCDecode.member(o, "text", RPCDecode.string)
+            }
+
+            /// The value's JSON form.
+            public var json: JSONValue {
+                .object(jsonObject)
+            }
+
+            /// The members of the JSON form.
+            public var jsonObject: [String: JSONValue] {
+                var o = [String: JSONValue](minimumCapacity: 2)
+                o["contentType"] = .string(self.contentType)
+                o["text"] = .string(self.text)
                 return o
             }
         }
