@@ -19,7 +19,7 @@ struct BlazeCtl: ParsableCommand {
         subcommands: [
             Call.self, Info.self, DB.self, Collection.self, Doc.self, Tx.self, Find.self, Nearest.self, Count.self, Explain.self, Update.self,
             DeleteWhere.self,
-            Index.self, Conflict.self, Blob.self, Watch.self, Peer.self, Folder.self, Sync.self, Status.self, Doctor.self, Config.self, Service.self,
+            Index.self, Conflict.self, Blob.self, Watch.self, Peer.self, Folder.self, Sync.self, Status.self, Doctor.self, StudioCommand.self, Config.self, Service.self,
         ])
 }
 
