@@ -18,8 +18,8 @@ run:
 # Check the code's shape (file length, declared imports, test layering: .ci/check-code-shape) and that every
 # reference to a protocol document's section names one that exists (.ci/check-doc-refs), build everything
 # (daemon, CLI, tests) and the previous release's daemon and relay for the mixed-version tests (.ci/build-previous,
-# cached per machine), and run the whole test suite: Swift, a blazebench smoke run (no timing assertions), then the
-# Python and Node clients.
+# cached per machine), and run the whole test suite: Swift, a blazebench smoke run (no timing assertions), the
+# Python and Node clients, then Studio in a real browser (Tests/studio).
 test:
 	.ci/check-code-shape
 	.ci/check-doc-refs
@@ -35,6 +35,7 @@ test:
 		grep -E '✘ (Test|Suite) .*failed after' .build/swift-test.log | tail -20; exit 1; }
 	.build/debug/blazebench --quick
 	bash Clients/test.sh
+	bash Tests/studio/run.sh
 
 # The three binaries of CONFIG, and the argument parser's man page generator.
 binaries:

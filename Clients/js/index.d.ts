@@ -63,7 +63,7 @@ export type DbCreateResult = { "db": DatabaseName };
 /** Parameters of `db.list`: Lists databases. */
 export type DbListParams = Record<string, never>;
 /** Result of `db.list`. */
-export type DbListResult = { "databases": Array<{ "name": DatabaseName }> };
+export type DbListResult = { "databases": Array<{ "name": DatabaseName; "sizeBytes": number }> };
 /** Parameters of `db.info`: Counts, size (by table), path, node id, state hash, version vector and last compaction of a database. */
 export interface DbInfoParams { "db": DatabaseName }
 /** Result of `db.info`. */

@@ -56,13 +56,16 @@ final class DaemonMetrics: Sendable {
 
     /// Counts one finished request to `method`: `kind` nil when it succeeded, else its error's kind.
     func request(_ method: String, kind: String?, started: ContinuousClock.Instant) {
-        let name = requests[method] == nil ? Self.unknownMethod : method
-        let instruments = requests[name]!
         let elapsed = ContinuousClock.now - started
-        instruments.duration.recordNanoseconds(
-            elapsed.components.seconds * 1_000_000_000 + elapsed.components.attoseconds / 1_000_000_000)
-        guard let kind else { return instruments.ok.increment() }
-        failure(method: name, kind: kind).increment()
+        let nanoseconds = elapsed.components.seconds * 1_000_000_000 + elapsed.components.attoseconds / 1_000_000_000
+        if let instruments = requests[method] {
+            instruments.duration.recordNanoseconds(nanoseconds)
+            guard let kind else { return instruments.ok.increment() }
+            failure(method: method, kind: kind).increment()
+        } else {
+            requests[Self.unknownMethod]!.duration.recordNanoseconds(nanoseconds)
+            failure(method: Self.unknownMethod, kind: kind ?? "ok").increment()
+        }
     }
 
     /// Counts a line that was no request (unparsable, invalid, oversize) as a failed request to `unknown`.
@@ -99,7 +102,7 @@ final class DaemonMetrics: Sendable {
             s.gauge("blazed_databases", [], names.count)
             for name in names {
                 guard let db = try? context.store.database(name) else { continue }
-                s.gauge("blazed_database_file_bytes", [("db", name)], Self.fileBytes(db.path))
+                s.gauge("blazed_database_file_bytes", [("db", name)], context.store.fileBytes(of: name))
                 let commits = db.groupCommitCounts
                 s.counter("blazed_group_commits_total", [("db", name)], commits.groups)
                 s.counter("blazed_group_commit_writes_total", [("db", name)], commits.writes)
@@ -110,13 +113,6 @@ final class DaemonMetrics: Sendable {
             s.counter("blazed_sync_refused_over_limit_total", [], context.sync.refusedOverLimitCount)
             s.end(factory: factory)
             return registry.emitToBuffer()
-        }
-    }
-
-    /// Bytes of a database's file and its WAL.
-    static func fileBytes(_ path: String) -> Int {
-        [path, path + "-wal"].reduce(0) { sum, p in
-            sum + (((try? FileManager.default.attributesOfItem(atPath: p))?[.size] as? NSNumber)?.intValue ?? 0)
         }
     }
 }

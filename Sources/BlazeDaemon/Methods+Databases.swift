@@ -10,7 +10,7 @@ extension Methods {
     }
 
     static let dbList = MethodHandler(RPC.DbList.self, inline: true) { _, ctx in
-        .init(databases: try ctx.store.list().map { .init(name: $0) })
+        .init(databases: try ctx.store.list().map { .init(name: $0, sizeBytes: ctx.store.fileBytes(of: $0)) })
     }
 
     static let dbInfo = MethodHandler(RPC.DbInfo.self) { p, ctx in

@@ -46,6 +46,14 @@ public final class Store: Sendable {
 
     func path(_ name: String) -> String { directory + "/databases/" + name + Self.fileSuffix }
 
+    /// Bytes of database `name`'s file and its write-ahead log, as the file system reports them (0 for what is
+    /// missing); reads no page.
+    public func fileBytes(of name: String) -> Int {
+        [path(name), path(name) + "-wal"].reduce(0) { sum, p in
+            sum + (((try? FileManager.default.attributesOfItem(atPath: p))?[.size] as? NSNumber)?.intValue ?? 0)
+        }
+    }
+
     /// Creates a new database; fails if it exists.
     public func create(_ name: String) throws -> BlazeDatabase {
         try Names.validateDatabase(name)

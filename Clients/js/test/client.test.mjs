@@ -180,7 +180,8 @@ test('the todo example runs', async () => {
 });
 
 test('a result that breaks its schema is reported', () => {
-  assert.deepEqual(resultProblems('db.list', { databases: [{ name: 'a' }] }), []);
+  assert.deepEqual(resultProblems('db.list', { databases: [{ name: 'a', sizeBytes: 4096 }] }), []);
+  assert.ok(resultProblems('db.list', { databases: [{ name: 'a' }] }).some((p) => p.includes('missing sizeBytes')));
   assert.ok(resultProblems('db.list', {}).some((p) => p.includes('missing databases')));
   assert.ok(resultProblems('db.list', { databases: [1] }).length > 0);
   assert.ok(resultProblems('db.list', { databases: [], extra: true }).some((p) => p.includes('unexpected member')));

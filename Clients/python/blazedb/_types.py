@@ -85,6 +85,8 @@ class DbCreateResult(TypedDict):
 
 class DbListResultDatabasesItem(TypedDict):
     name: str
+    # Bytes of the database's file and its write-ahead log, as the file system reports them (no page is read; db.info's sizeBytes counts pages).
+    sizeBytes: int
 
 
 class DbListResult(TypedDict):

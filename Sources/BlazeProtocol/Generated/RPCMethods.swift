@@ -718,16 +718,20 @@ public enum RPC {
             public struct Database: RPCObject {
                 /// `name`.
                 public var name: String
+                /// Bytes of the database's file and its write-ahead log, as the file system reports them (no page is read; db.info's sizeBytes counts pages).
+                public var sizeBytes: Int
 
                 /// A value from its members.
-                public init(name: String) {
+                public init(name: String, sizeBytes: Int) {
                     self.name = name
+                    self.sizeBytes = sizeBytes
                 }
 
                 /// Reads the value from JSON.
                 public init(json: JSONValue) throws(RPCShapeError) {
                     let o = try RPCDecode.object(json)
                     self.name = try RPCDecode.member(o, "name", RPCDecode.string)
+                    self.sizeBytes = try RPCDecode.member(o, "sizeBytes", RPCDecode.int)
                 }
 
                 /// The value's JSON form.
@@ -737,8 +741,9 @@ public enum RPC {
 
                 /// The members of the JSON form.
                 public var jsonObject: [String: JSONValue] {
-                    var o = [String: JSONValue](minimumCapacity: 1)
+                    var o = [String: JSONValue](minimumCapacity: 2)
                     o["name"] = .string(self.name)
+                    o["sizeBytes"] = .int(Int64(self.sizeBytes))
                     return o
                 }
             }

@@ -85,21 +85,23 @@ function showTab(name) {
 }
 
 // --- Data: databases, collections, documents, the editor --------------------------------------------------------
+let databasesGeneration = 0;
 loaders.data = async function loadDatabases() {
+  // Built apart and shown whole, by the latest load only: loads overlap when the tab is clicked during one.
+  const generation = ++databasesGeneration;
   const { databases } = await rpc.call('db.list');
-  const aside = $('databases');
-  aside.replaceChildren();
-  for (const { name } of databases) {
+  const aside = document.createDocumentFragment();
+  // db.list's sizes are a stat of each file; db.info would read every page of a large database.
+  for (const { name, sizeBytes } of databases) {
     const h = document.createElement('h3');
     h.textContent = name;
     const meta = document.createElement('div');
     meta.className = 'meta';
     const list = document.createElement('ul');
     aside.append(h, meta, list);
-    rpc.call('db.info', { db: name }).then((i) => {
-      meta.textContent = `${i.documents} documents, ${(i.sizeBytes / 1024).toFixed(0)} KiB`;
-    }, () => {});
     const { collections } = await rpc.call('collection.list', { db: name });
+    const documents = collections.reduce((n, c) => n + c.count, 0);
+    meta.textContent = `${documents} documents, ${(sizeBytes / 1024).toFixed(0)} KiB`;
     for (const c of collections) {
       const li = document.createElement('li');
       li.textContent = `${c.name} (${c.count})`;
@@ -110,6 +112,7 @@ loaders.data = async function loadDatabases() {
       list.append(li);
     }
   }
+  if (generation === databasesGeneration) $('databases').replaceChildren(aside);
   if (!state.db && databases.length) state.db = databases[0].name;
 };
 
@@ -368,7 +371,13 @@ loaders.sync = async () => {
     cell(row, Object.entries(p.rejected || {}).map(([k, v]) => `${k}: ${v}`).join(', '));
     cell(row, p.lastError || '');
   }
-  $('s-forks').textContent = db.forks && db.forks.length ? `${db.forks.length} forks detected` : '';
+  const notes = [];
+  if (db.paused) notes.push('sync of this database is paused');
+  if (db.forks && db.forks.length) notes.push(`${db.forks.length} forks detected (a device signed two histories)`);
+  for (const w of db.waiting || []) {
+    notes.push(`withheld: changes of ${w.origin.slice(0, 12)}… up to ${w.upTo} wait for earlier ones (held ${w.held}) since ${new Date(w.sinceMs).toISOString()}`);
+  }
+  $('s-forks').textContent = notes.join('; ');
   drawTopology(db.peers);
 };
 
