@@ -170,6 +170,7 @@ let package = Package(
         .target(
             name: "BlazeStudio",
             dependencies: [
+                "BlazeProtocol",
                 .product(name: "Hummingbird", package: "hummingbird"),
                 .product(name: "HummingbirdWebSocket", package: "hummingbird-websocket"),
                 .product(name: "HTTPTypes", package: "swift-http-types"),

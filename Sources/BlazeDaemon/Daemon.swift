@@ -127,7 +127,10 @@ public final class Daemon: Service, Sendable {
                     throw DaemonError.invalidMetricsAddress(listen)
                 }
                 let metrics = self.metrics
-                let listener = try await MetricsListener.start(host: address.host, port: address.port, pool: pool) {
+                let token = try MetricsListener.loadOrCreateToken(directory: config.dataDirectory)
+                let listener = try await MetricsListener.start(
+                    host: address.host, port: address.port, token: token, pool: pool
+                ) {
                     metrics.render(context)
                 }
                 metricsListener.withLock { $0 = listener }

@@ -89,30 +89,39 @@ final class DaemonMetrics: Sendable {
         subscriberBacklog.record(bytes)
     }
 
-    /// The exposition text, with the values read now from `context`.
+    /// The last text rendered and when: renders within `renderReuse` of it return it again.
+    private let lastRender = Mutex<(text: [UInt8], at: ContinuousClock.Instant)?>(nil)
+    /// How long a rendered text is reused: scrapes and Studio pages arriving together cost one render.
+    static let renderReuse = Duration.seconds(1)
+
+    /// The exposition text, with the values read from `context` within the last second. It reads the databases open
+    /// now (a database no one has used since the start is not opened for it) and each one's sync status in memory.
     func render(_ context: RequestContext) -> [UInt8] {
-        snapshot.withLock { s in
+        if let last = lastRender.withLock({ $0 }), ContinuousClock.now - last.at < Self.renderReuse { return last.text }
+        return snapshot.withLock { s in
+            // Another thread may have rendered while this one waited for the lock.
+            if let last = lastRender.withLock({ $0 }), ContinuousClock.now - last.at < Self.renderReuse { return last.text }
             s.begin()
             s.gauge("blazed_info", [("version", blazeVersion)], 1)
             let uptime = ContinuousClock.now - context.startedAt
             s.gauge("blazed_uptime_seconds", [], Double(uptime.components.seconds))
             s.gauge("blazed_connections", [], context.connections.count)
             s.gauge("blazed_subscriptions", [], context.connections.subscriptions.load(ordering: .relaxed))
-            let names = (try? context.store.list()) ?? []
-            s.gauge("blazed_databases", [], names.count)
-            for name in names {
+            s.gauge("blazed_databases", [], ((try? context.store.list()) ?? []).count)
+            for name in context.store.openNames {
                 guard let db = try? context.store.database(name) else { continue }
                 s.gauge("blazed_database_file_bytes", [("db", name)], context.store.fileBytes(of: name))
                 let commits = db.groupCommitCounts
                 s.counter("blazed_group_commits_total", [("db", name)], commits.groups)
                 s.counter("blazed_group_commit_writes_total", [("db", name)], commits.writes)
-                guard (try? db.spaceID()) != nil else { continue }
                 for peer in context.sync.status(db: db) { s.peer(peer, db: name) }
             }
             s.counter("blazed_sync_strangers_refused_total", [], context.sync.strangersRefusedCount)
             s.counter("blazed_sync_refused_over_limit_total", [], context.sync.refusedOverLimitCount)
             s.end(factory: factory)
-            return registry.emitToBuffer()
+            let text = registry.emitToBuffer()
+            lastRender.withLock { $0 = (text, .now) }
+            return text
         }
     }
 }

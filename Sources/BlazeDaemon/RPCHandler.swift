@@ -132,6 +132,7 @@ final class RPCHandler: ChannelDuplexHandler {
             switch frame {
             case .tooLong:
                 logger.notice("Closing connection: line too long", metadata: ["connection.id": "\(id)"])
+                dispatcher.context.metrics?.malformed(kind: "line_too_long")
                 let err = RPCCodec.response(
                     id: .null,
                     error: RPCError(
@@ -194,6 +195,7 @@ final class RPCHandler: ChannelDuplexHandler {
                     switch result {
                     case .success(let reply): handler.send(reply, context: context)
                     case .failure:
+                        handler.dispatcher.context.metrics?.malformed(kind: "shutting_down")
                         let err = RPCCodec.response(id: .null, error: RPCError(
                             code: RPCErrorCode.unavailable, kind: "shutting_down", message: "the daemon is shutting down"))
                         handler.send(err.jsonBytes, context: context)

@@ -55,7 +55,30 @@ public struct PeerAddress: Sendable, Hashable, CustomStringConvertible {
         if host == "localhost" || host == "::1" { return true }
         let parts = host.split(separator: ".", omittingEmptySubsequences: false)
         return parts.count == 4 && parts[0] == "127"
-            && parts.allSatisfy { p in p.count <= 3 && p.allSatisfy(\.isASCII) && UInt8(p) != nil }
+            && parts.allSatisfy { p in (1...3).contains(p.count) && p.allSatisfy(\.isASCIIDigit) && UInt8(p) != nil }
+    }
+
+    /// True when an HTTP `Host` header names this machine only: a loopback host (`isLoopback`, any case), then
+    /// nothing or `:` and a port of ASCII digits; IPv6 in brackets (`[::1]:8080`). False when absent.
+    public static func isLoopbackHostHeader(_ header: String?) -> Bool {
+        guard let header else { return false }
+        var rest = Substring(header.lowercased())
+        let host: Substring
+        if rest.hasPrefix("[") {
+            guard let close = rest.firstIndex(of: "]") else { return false }
+            host = rest[rest.index(after: rest.startIndex)..<close]
+            rest = rest[rest.index(after: close)...]
+        } else if let colon = rest.firstIndex(of: ":") {
+            host = rest[..<colon]
+            rest = rest[colon...]
+        } else {
+            (host, rest) = (rest, "")
+        }
+        if !rest.isEmpty {
+            let port = rest.dropFirst()
+            guard rest.first == ":", (1...5).contains(port.count), port.allSatisfy(\.isASCIIDigit) else { return false }
+        }
+        return isLoopback(host: String(host))
     }
 
     /// `host:port` (`[host]:port` for IPv6), as a TCP address or inside its URL.
@@ -68,4 +91,9 @@ public struct PeerAddress: Sendable, Hashable, CustomStringConvertible {
         case .webSocket(let tls, let path): "\(tls ? "wss" : "ws")://\(hostPort)\(path)"
         }
     }
+}
+
+extension Character {
+    /// `0` to `9` only (not other scripts' digits, which `isNumber` admits).
+    var isASCIIDigit: Bool { isASCII && isWholeNumber }
 }

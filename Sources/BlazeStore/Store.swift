@@ -2,6 +2,10 @@ import BlazeCRDT
 import Foundation
 import Synchronization
 
+#if canImport(Glibc)
+import Glibc
+#endif
+
 /// The set of databases under one data directory, each in `<dir>/databases/<name>.db`.
 public final class Store: Sendable {
     /// The data directory.
@@ -49,10 +53,16 @@ public final class Store: Sendable {
     /// Bytes of database `name`'s file and its write-ahead log, as the file system reports them (0 for what is
     /// missing); reads no page.
     public func fileBytes(of name: String) -> Int {
+        // stat(2) itself: FileManager's attributes also look up the owner's and group's names (NSS, maybe a network
+        // directory), and db.list calls this on an event loop.
         [path(name), path(name) + "-wal"].reduce(0) { sum, p in
-            sum + (((try? FileManager.default.attributesOfItem(atPath: p))?[.size] as? NSNumber)?.intValue ?? 0)
+            var st = stat()
+            return sum + (stat(p, &st) == 0 ? Int(st.st_size) : 0)
         }
     }
+
+    /// The names of the databases open now, sorted.
+    public var openNames: [String] { open.withLock { $0.keys.sorted() } }
 
     /// Creates a new database; fails if it exists.
     public func create(_ name: String) throws -> BlazeDatabase {

@@ -11,8 +11,7 @@ import NIOPosix
 ///
 /// Either side closing closes the other: the daemon's connection ends its subscriptions with it.
 enum DaemonBridge {
-    /// The largest message taken from the browser, and the largest line taken from the daemon (the daemon's own
-    /// default `max-line-bytes`).
+    /// The largest message taken from the browser (the daemon's own default `max-line-bytes`).
     static let maxMessageBytes = 8 << 20
 
     /// Carries messages both ways until either side closes.
@@ -31,22 +30,26 @@ enum DaemonBridge {
                 }
         } catch {
             logger.warning("Studio cannot reach the daemon", metadata: ["socket": "\(socketPath)", "error": "\(error)"])
-            try await outbound.close(.unexpectedServerError, reason: "the daemon does not answer at \(socketPath)")
+            // A close reason holds 123 bytes at most: no path in it.
+            try await outbound.close(.unexpectedServerError, reason: "the daemon does not answer")
             return
         }
         try await daemon.executeThenClose { lines, requests in
             try await withThrowingTaskGroup(of: Void.self) { group in
                 group.addTask {
+                    // Whatever the daemon answers goes on, at any size (a page of large documents can pass 8 MiB).
                     for try await line in lines {
-                        guard line.readableBytes <= maxMessageBytes else { break }
                         try await outbound.write(.text(String(buffer: line)))
                     }
                 }
                 group.addTask {
                     for try await message in inbound.messages(maxSize: maxMessageBytes) {
-                        guard case .text(let text) = message else { continue }
-                        // One message is one line: a raw newline would split it into requests the page never made.
-                        guard !text.utf8.contains(0x0A) else { continue }
+                        // One text message is one line: a raw newline would split it into requests the page never
+                        // made. Anything else ends the bridge, said so, rather than leaving a call unanswered.
+                        guard case .text(let text) = message, !text.utf8.contains(0x0A) else {
+                            try await outbound.close(.policyViolation, reason: "one JSON-RPC request per text message")
+                            return
+                        }
                         var buffer = ByteBuffer(string: text)
                         buffer.writeInteger(UInt8(0x0A))
                         try await requests.write(buffer)

@@ -1,3 +1,4 @@
+import BlazeProtocol
 import Crypto
 import Foundation
 import HTTPTypes
@@ -12,13 +13,21 @@ struct StudioGuard<Context: RequestContext>: RouterMiddleware {
     let token: String
 
     func handle(_ request: Request, context: Context, next: (Request, Context) async throws -> Response) async throws -> Response {
-        guard let host = Self.host(of: request), Self.isLoopback(host: host) else {
-            return Self.refusal(.forbidden, "Studio answers only requests addressed to 127.0.0.1, [::1] or localhost.")
+        var response: Response
+        if let host = Self.host(of: request), PeerAddress.isLoopbackHostHeader(host) {
+            if let origin = request.headers[.origin], origin != "http://" + host {
+                response = Self.refusal(.forbidden, "Studio answers only its own pages (Origin \(origin) is not http://\(host)).")
+            } else {
+                do {
+                    response = try await next(request, context)
+                } catch let error as HTTPError {
+                    response = Self.refusal(error.status, error.body ?? error.status.reasonPhrase)
+                }
+            }
+        } else {
+            response = Self.refusal(.forbidden, "Studio answers only requests addressed to 127.0.0.1, [::1] or localhost.")
         }
-        if let origin = request.headers[.origin], origin != "http://" + host {
-            return Self.refusal(.forbidden, "Studio answers only its own pages (Origin \(origin) is not http://\(host)).")
-        }
-        var response = try await next(request, context)
+        // On every answer, refusals and errors too.
         response.headers[.contentSecurityPolicy] =
             "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
             + "base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
@@ -46,21 +55,6 @@ struct StudioGuard<Context: RequestContext>: RouterMiddleware {
     /// The `Host` of a request (HTTP/1's `Host` header arrives as the authority).
     static func host(of request: Request) -> String? {
         request.head.authority
-    }
-
-    /// True for `127.x.x.x`, `[::1]` or `localhost`, with any port.
-    static func isLoopback(host: String) -> Bool {
-        var name = Substring(host.lowercased())
-        if name.hasPrefix("[") {
-            guard let close = name.firstIndex(of: "]") else { return false }
-            name = name[name.index(after: name.startIndex)..<close]
-        } else if let colon = name.lastIndex(of: ":") {
-            guard name[name.index(after: colon)...].allSatisfy(\.isNumber) else { return false }
-            name = name[..<colon]
-        }
-        if name == "localhost" || name == "::1" { return true }
-        let parts = name.split(separator: ".", omittingEmptySubsequences: false)
-        return parts.count == 4 && parts[0] == "127" && parts.allSatisfy { UInt8($0) != nil }
     }
 
     /// A short plain-text refusal.

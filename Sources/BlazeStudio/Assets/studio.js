@@ -2,7 +2,11 @@
 'use strict';
 
 const $ = (id) => document.getElementById(id);
-const token = new URLSearchParams(location.hash.slice(1)).get('token') || '';
+// The token from the address's fragment, kept for this tab only (a reload finds it), then taken out of the address
+// bar and the history.
+const token = new URLSearchParams(location.hash.slice(1)).get('token') || sessionStorage.getItem('blazestudio-token') || '';
+sessionStorage.setItem('blazestudio-token', token);
+if (location.hash) history.replaceState(null, '', location.pathname);
 const state = { db: null, collection: null, doc: null, cursor: null };
 // Figures the browser test reads: live events received, rendering batches and the slowest one.
 window.studioStats = { liveEvents: 0, batches: 0, maxBatchMs: 0, connected: false, refused: false };
@@ -443,7 +447,8 @@ loaders.performance = async () => {
   for (const method of methods.sort()) {
     const total = sum(now, 'blazed_requests_total', (l) => l.method === method) - sum(before, 'blazed_requests_total', (l) => l.method === method);
     if (dt > 0 && total <= 0) continue;
-    const errors = sum(now, 'blazed_requests_total', (l) => l.method === method && l.outcome !== 'ok');
+    const failed = (l) => l.method === method && l.outcome !== 'ok';
+    const errors = sum(now, 'blazed_requests_total', failed) - sum(before, 'blazed_requests_total', failed);
     const row = body.insertRow();
     cell(row, method);
     cell(row, dt > 0 ? (total / dt).toFixed(1) : String(total));
