@@ -32,6 +32,8 @@ enum SyncWorkloads {
         // Joining through the invite connects to A and starts the sync: the time includes the join.
         var joined: BlazeDatabase?
         let syncTime = try seconds {
+            PhaseMarks.mark("W4.sync start")
+            defer { PhaseMarks.mark("W4.sync end") }
             let target = try b.daemon.sync.join(token: token, name: "w4")
             joined = target
             let deadline = Date().addingTimeInterval(600)
@@ -148,6 +150,8 @@ extension SyncWorkloads {
         }
         let want = VersionVector(try dbA.versionVector().entries.merging(try dbB.versionVector().entries, uniquingKeysWith: max))
         let mergeTime = try seconds {
+            PhaseMarks.mark("W6.merge start")
+            defer { PhaseMarks.mark("W6.merge end") }
             a.daemon.sync.resume(db: "w6")
             b.daemon.sync.resume(db: "w6")
             try waitUntil("W6: merge") { try dbA.versionVector().includes(want) && dbB.versionVector().includes(want) }
