@@ -24,6 +24,7 @@ final class DaemonMetrics: Sendable {
     private let failures = Mutex<[String: Metrics.Counter]>([:])
     /// Each live delivery's unsent bytes on its connection when it was written (a subscriber's queue depth).
     private let subscriberBacklog: Metrics.Recorder
+    /// Subscriptions dropped for falling behind (`subscriber_too_slow`).
     let subscribersDropped: Metrics.Counter
     /// Instruments read from a snapshot when rendering, by family and labels; renders take turns.
     private let snapshot = Mutex(SnapshotInstruments())
@@ -63,8 +64,9 @@ final class DaemonMetrics: Sendable {
             guard let kind else { return instruments.ok.increment() }
             failure(method: method, kind: kind).increment()
         } else {
+            // An unknown name always fails (`method_not_found`).
             requests[Self.unknownMethod]!.duration.recordNanoseconds(nanoseconds)
-            failure(method: Self.unknownMethod, kind: kind ?? "ok").increment()
+            failure(method: Self.unknownMethod, kind: kind ?? "method_not_found").increment()
         }
     }
 
