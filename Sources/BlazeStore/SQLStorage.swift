@@ -52,6 +52,9 @@ final class SQLStorage: ReplicaStorage {
     /// `flush()`'s statements for a materialized document's row (numbered parameters: GRDB caches statements by
     /// text, and the snapshot install binds the same insert through GRDB, which a raw run's unbinding would confuse).
     private var updateBody: RawStatement?
+    private var updateBodyOnly: RawStatement?
+    /// The `conflicted` flag of rows as read or last written in this transaction, by document.
+    private var storedConflicted: [DocKey: Bool] = [:]
     private var insertBody: RawStatement?
     /// The state texts of documents created by the current change.
     var createdStates: DocumentState.CreatedStateText?
@@ -142,10 +145,13 @@ final class SQLStorage: ReplicaStorage {
         return nil
     }
 
-    /// The `docs` row of `key`, if any.
+    /// The `docs` row of `key`, if any (its `conflicted` flag is noted for `write`).
     func fetchRow(_ key: DocKey) throws -> (rowid: Int64, state: String?, body: String)? {
-        let select = try prepared(&selectRow, "SELECT rowid, state, body FROM docs WHERE collection = ? AND id = ?")
-        return try select.firstRow(key.collection, key.id) { row in (row.int64(0), row.text(1), row.text(2) ?? "") }
+        let select = try prepared(&selectRow, "SELECT rowid, state, body, conflicted FROM docs WHERE collection = ? AND id = ?")
+        guard let row = try select.firstRow(key.collection, key.id, { row in (row.int64(0), row.text(1), row.text(2) ?? "", row.int64(3) != 0) })
+        else { return nil }
+        storedConflicted[key] = row.3
+        return (row.0, row.1, row.2)
     }
 
     /// Decodes and caches the state of a live document read from its row.
@@ -255,8 +261,15 @@ final class SQLStorage: ReplicaStorage {
         let conflicted = state.hasConflicts
         switch location {
         case .row(let rowid):
-            try prepared(&updateBody, "UPDATE docs SET body = ?1, state = ?2, conflicted = ?3 WHERE rowid = ?4").run(
-                text, stateText, Int64(conflicted ? 1 : 0), rowid)
+            // Writing `conflicted` moves the row in the `docs_conflicted` index even when it stays the same: written
+            // only when it changes (or is not known).
+            if storedConflicted[key] == conflicted {
+                try prepared(&updateBodyOnly, "UPDATE docs SET body = ?1, state = ?2 WHERE rowid = ?3").run(text, stateText, rowid)
+            } else {
+                try prepared(&updateBody, "UPDATE docs SET body = ?1, state = ?2, conflicted = ?3 WHERE rowid = ?4").run(
+                    text, stateText, Int64(conflicted ? 1 : 0), rowid)
+                storedConflicted[key] = conflicted
+            }
             return
         case .tombstone:
             try db.cachedStatement(sql: "DELETE FROM tombstones WHERE collection = ? AND id = ?").execute(
@@ -268,6 +281,7 @@ final class SQLStorage: ReplicaStorage {
             &insertBody, "INSERT INTO docs(collection, id, body, state, conflicted) VALUES (?1, ?2, ?3, ?4, ?5)")
         try insert.run(key.collection, key.id, text, stateText, Int64(conflicted ? 1 : 0))
         docs.locations[key] = .row(insert.lastInsertedRowID)
+        storedConflicted[key] = conflicted
     }
 
     /// Refuses a document of `size` bytes over the limit (local writes only: remote changes apply as they are).

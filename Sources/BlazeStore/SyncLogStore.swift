@@ -53,9 +53,14 @@ public struct SyncLogStore: Sendable {
         }
     }
 
-    /// Seals this replica's own changes that have no entry yet, in order, one transaction per `batch` changes:
-    /// `seal` gets the last entry's sequence and hash (nil before the first) and the next change bodies, and returns
-    /// their entries and the heads to store with them. Returns how many were sealed.
+    /// Seals this replica's own changes that have no entry yet, in order, `batch` changes at a time: `seal` gets the
+    /// last entry's sequence and hash (nil before the first) and the next change bodies, and returns their entries
+    /// and the heads to store with them. Returns how many were sealed.
+    ///
+    /// The bodies are read and sealed outside the writer, which only stores the result (a transaction per batch), so
+    /// sealing runs beside local writes and received batches instead of holding them up. Two sealers may race (a
+    /// session's and the background one): the store checks that the log still ends where the sealing began, and the
+    /// one that lost seals again from the new end.
     @discardableResult
     public func sealPending(
         batch: Int, _ seal: (_ lastSeq: UInt64, _ lastHash: [UInt8]?, _ bodies: [String]) throws -> (
@@ -66,34 +71,35 @@ public struct SyncLogStore: Sendable {
         let origin = Data(node.bytes)
         var sealed = 0
         while true {
-            // One transaction per batch: the writer is never held for a whole backlog.
-            let n = try database.connections.write { db -> Int in
-                // The chain continues from the last entry held, or from the last one pruned.
-                let last =
-                    try Row.fetchOne(
-                        db, sql: "SELECT seq, hash FROM sync_entries WHERE origin = ? ORDER BY seq DESC LIMIT 1", arguments: [origin])
-                    ?? Row.fetchOne(db, sql: "SELECT seq, hash FROM sync_pruned WHERE origin = ?", arguments: [origin])
-                var seq = UInt64(last.map { $0[0] as Int64 } ?? 0)
-                var lastHash = last.map { Array($0[1] as Data) }
+            let (end, rows) = try database.read { db in
+                let end = try Self.chainEnd(origin, db)
                 let rows = try Row.fetchAll(
                     db, sql: "SELECT seq, body FROM changes WHERE origin = ? AND seq > ? ORDER BY seq LIMIT ?",
-                    arguments: [node.hex, Int64(seq), batch])
-                guard let first = rows.first else { return 0 }
-                let firstSeq = UInt64(first[0] as Int64)
-                if firstSeq != seq + 1 {
-                    // Compaction pruned the changes before `firstSeq` while no entry was sealed (the database was not
-                    // shared): the chain starts after them, and joiners get those changes in a snapshot.
-                    guard last == nil else {
-                        throw StoreError(.internalFailure, kind: "corrupt_sync_log", "changes of \(node) after \(seq) are missing")
-                    }
-                    seq = firstSeq - 1
-                    lastHash = PrunedHead.chainStart
+                    arguments: [node.hex, Int64(end?.seq ?? 0), batch])
+                return (end, rows.map { (seq: UInt64($0[0] as Int64), body: $0[1] as String) })
+            }
+            guard let first = rows.first else { return sealed }
+            var seq = end?.seq ?? 0
+            var lastHash = end?.hash
+            // Compaction pruned the changes before `first` while no entry was sealed (the database was not shared): the
+            // chain starts after them, and joiners get those changes in a snapshot.
+            let startsAfterPruned = first.seq != seq + 1
+            if startsAfterPruned {
+                guard end == nil else {
+                    throw StoreError(.internalFailure, kind: "corrupt_sync_log", "changes of \(node) after \(seq) are missing")
+                }
+                seq = first.seq - 1
+                lastHash = PrunedHead.chainStart
+            }
+            let (entries, heads) = try seal(seq, lastHash, rows.map(\.body))
+            let stored = try database.connections.write { db -> Bool in
+                let now = try Self.chainEnd(origin, db)
+                guard now?.seq == end?.seq, now?.hash == end?.hash else { return false }
+                if startsAfterPruned {
                     try db.execute(
                         sql: "INSERT INTO sync_pruned(origin, seq, hash) VALUES (?, ?, ?)",
                         arguments: [origin, Int64(seq), Data(PrunedHead.chainStart)])
                 }
-                let bodies = rows.map { $0[1] as String }
-                let (entries, heads) = try seal(seq, lastHash, bodies)
                 let insert = try db.cachedStatement(sql: "INSERT INTO sync_entries(origin, seq, hash, bytes) VALUES (?, ?, ?, ?)")
                 for e in entries {
                     try insert.execute(arguments: [origin, Int64(e.seq), Data(e.hash), Data(e.bytes)])
@@ -102,11 +108,24 @@ public struct SyncLogStore: Sendable {
                     try db.execute(
                         sql: "INSERT INTO sync_heads(origin, seq, head) VALUES (?, ?, ?)", arguments: [origin, Int64(h.seq), Data(h.bytes)])
                 }
-                return bodies.count
+                return true
             }
-            sealed += n
-            if n < batch { return sealed }
+            // Another sealer stored first: seal again from where the log ends now.
+            guard stored else { continue }
+            sealed += rows.count
+            if rows.count < batch { return sealed }
         }
+    }
+
+    /// Where `origin`'s chain ends as `db` sees it: its last entry held, or else the last one pruned; nil before the
+    /// first.
+    private static func chainEnd(_ origin: Data, _ db: Database) throws -> (seq: UInt64, hash: [UInt8])? {
+        let row =
+            try Row.fetchOne(
+                db.cachedStatement(sql: "SELECT seq, hash FROM sync_entries WHERE origin = ? ORDER BY seq DESC LIMIT 1"),
+                arguments: [origin])
+            ?? Row.fetchOne(db.cachedStatement(sql: "SELECT seq, hash FROM sync_pruned WHERE origin = ?"), arguments: [origin])
+        return row.map { (UInt64(max(0, $0[0] as Int64)), Array($0[1] as Data)) }
     }
 
     /// The latest head held for `origin` (its bytes), nil when none.

@@ -13,13 +13,20 @@ public struct VerifiedBatch: Sendable {
     public let changes: [Change]
     /// Each change's text as its entry carried it (what the op log stores, instead of encoding the change again).
     public var texts: [[UInt8]] = []
+
+    /// A verified batch of `changes` (with their `texts`, as their entries carried them).
+    public init(batch: EntryBatch, changes: [Change], texts: [[UInt8]] = []) {
+        self.batch = batch
+        self.changes = changes
+        self.texts = texts
+    }
 }
 
 /// The cryptographic side of a database's sync log, over the store's `SyncLogStore` (which keeps the bytes): sealing local changes into entries and signing heads, reading
 /// batches back as sealed entries, verifying received batches before the store records them (ARCHITECTURE.md, "Sync
 /// and transports").
 ///
-/// Local changes are sealed lazily, when sync first needs them, in order and once: the hash chain of this replica's
+/// Local changes are sealed soon after they commit (`SyncEngine+Sealing`) and before a session sends, in order and once: the hash chain of this replica's
 /// origin is fixed the moment an entry is stored. Entries of other origins are stored exactly as received, after
 /// verification, so forwarding them keeps their origin's signatures intact.
 extension BlazeDatabase {

@@ -77,6 +77,8 @@ public final class SyncEngine: Sendable {
     let gate: ConnectionGate
     /// TLS for `wss://` links.
     let tls: TLSClient
+    /// The timer that seals local changes in the background (`SyncEngine+Sealing`).
+    let sealing = BackgroundSealing()
 
     struct LinkKey: Hashable {
         let db: String
@@ -181,14 +183,17 @@ public final class SyncEngine: Sendable {
         }
     }
 
-    /// Loads the spaces if `loadSpaces` has not, and starts links to the configured peers and folders.
+    /// Loads the spaces if `loadSpaces` has not, starts links to the configured peers and folders, and the background
+    /// sealing.
     public func start() {
         loadSpaces()
         for name in served.withLock({ $0.keys.sorted() }) { refreshLinks(db: name) }
+        startSealing()
     }
 
     /// Stops accepting, closes every link and session (inbound ones too).
     public func shutdown() async {
+        stopSealing()
         let all = links.withLock { l in
             defer { l = [:] }
             return Array(l.values)

@@ -23,7 +23,7 @@ struct BlazeBench: AsyncParsableCommand {
     @Option(help: "Photos in the BLOB group's library (B7: 3 MB each; default 1,000; 20 with --quick).")
     var photos: Int?
 
-    @Option(help: "Only these groups, comma-separated: baselines, W1, RPC (W2 and W3), W4 (with W5 and W7), RELAY, FOLDER, W6, STORAGE, JOIN, W8, M1, M2, M3, RSS, ABUSE (hostile devices against a relay and a daemon), BLOB (chunked files against cp, and fetched by a peer against rsync; or one part: BLOB.local, BLOB.peer, BLOB.relay, BLOB.edit, BLOB.photos, BLOB.memory); PEERS (blazed against PostgreSQL and Redis, only when named: `make bench-peers`); VECTOR (nearest-neighbour search against FAISS, sqlite-vec and hnswlib: `make bench-vectors`).")
+    @Option(help: "Only these groups, comma-separated: baselines, W1, RPC (W2 and W3), W4 (with W5 and W7), RELAY, FOLDER, W6 (or only its one-thread part, W6.store), STORAGE, JOIN, W8, M1, M2, M3, RSS, ABUSE (hostile devices against a relay and a daemon), BLOB (chunked files against cp, and fetched by a peer against rsync; or one part: BLOB.local, BLOB.peer, BLOB.relay, BLOB.edit, BLOB.photos, BLOB.memory); PEERS (blazed against PostgreSQL and Redis, only when named: `make bench-peers`); VECTOR (nearest-neighbour search against FAISS, sqlite-vec and hnswlib: `make bench-vectors`).")
     var only: String?
 
     @Option(help: "PEERS rows to run, comma-separated prefixes (get, trivial, insert, find, tx500); all by default.")
@@ -47,7 +47,7 @@ struct BlazeBench: AsyncParsableCommand {
         let reps = repeats ?? (quick ? 1 : 3)
         let dir = NSTemporaryDirectory() + "blazebench-\(UUID().uuidString)"
         try FileManager.default.createDirectory(atPath: dir, withIntermediateDirectories: true)
-        defer { try? FileManager.default.removeItem(atPath: dir) }
+        defer { if ProcessInfo.processInfo.environment["BLAZEBENCH_KEEP"] == nil { try? FileManager.default.removeItem(atPath: dir) } }
         let total = 3 * n + 1000
         let texts = (0..<total).map(benchJSON)
         let docs = try texts.map { text -> [String: JSONValue] in try JSONParser().parse(text).objectValue! }
@@ -93,6 +93,9 @@ struct BlazeBench: AsyncParsableCommand {
         if wants("W6") {
             results += try await SyncWorkloads.offlineMerge(
                 dir: dir, docCount: quick ? 200 : 10_000, updates: quick ? 1000 : 50_000, docs: docs)
+        }
+        if wants("W6") || wants("W6.store") {
+            results += try MergeWorkloads.run(dir: dir, docCount: quick ? 200 : 10_000, updates: quick ? 1000 : 50_000, docs: docs)
         }
         if wants("STORAGE") {
             results += try StorageWorkloads.run(
