@@ -1,6 +1,6 @@
 # The two commands the README gives a new user.
 SHELL := /bin/bash
-.PHONY: run test generate bench bench-peers bench-vectors binaries install deb release
+.PHONY: run test generate bench bench-peers bench-vectors bench-catchup binaries install deb release
 
 # Where `make install` puts BlazeDB (DESTDIR is prepended, for staging), and which build it takes the binaries from:
 # release (what `make release` ships, the Swift runtime linked in) or debug (the tests' build).
@@ -90,6 +90,13 @@ bench-vectors:
 	python3 -m venv .build/vector-venv && .build/vector-venv/bin/pip install -q numpy faiss-cpu hnswlib sqlite-vec apsw
 	swift build -c release --product blazebench
 	.build/release/blazebench --only VECTOR
+
+# A device that was offline while 1,000,000 changes were made elsewhere catches up through a relay: time, its peak
+# memory and bytes on the wire (release build; blazed runs as a child process; see Benchmarks/README.md, CATCHUP).
+bench-catchup:
+	swift build -c release --product blazed
+	swift build -c release --product blazebench
+	.build/release/blazebench --only CATCHUP
 
 # Regenerate the Swift method table and the Python and Node clients after editing Protocol/blazedb.openrpc.json
 # (CI fails when they are stale: Clients/test.sh runs the generator with --check).

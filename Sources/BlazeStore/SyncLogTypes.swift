@@ -50,6 +50,36 @@ public struct SyncLogEntry: Sendable, Equatable {
     }
 }
 
+/// A verified batch of one origin's entries for `SyncLogStore.recordEntries(group:)`: the entries with their changes
+/// (and the changes' texts as the entries carried them), the hash the first entry links to, and the head.
+public struct ReceivedBatch: Sendable {
+    /// The origin of every entry.
+    public var origin: NodeID
+    /// The entries, in sequence order.
+    public var entries: [SyncLogEntry]
+    /// The hash the first entry names as its previous one.
+    public var firstPrev: [UInt8]
+    /// Each entry's change.
+    public var changes: [Change]
+    /// Each change's text, when known.
+    public var texts: [[UInt8]]?
+    /// The head covering the last entry.
+    public var head: (seq: UInt64, bytes: [UInt8])
+
+    /// A batch (`texts`, when given, one per change).
+    public init(
+        origin: NodeID, entries: [SyncLogEntry], firstPrev: [UInt8], changes: [Change], texts: [[UInt8]]?,
+        head: (seq: UInt64, bytes: [UInt8])
+    ) {
+        self.origin = origin
+        self.entries = entries
+        self.firstPrev = firstPrev
+        self.changes = changes
+        self.texts = texts
+        self.head = head
+    }
+}
+
 /// Why `recordEntries` stored nothing: the batch contradicts the log held here.
 public enum SyncLogConflict: Error, Sendable, Equatable {
     /// The origin has forked before; nothing more of it is accepted.

@@ -75,8 +75,12 @@ final class BatchReceiver: ChannelInboundHandler {
     /// Origins whose batches this session refuses: later batches of theirs could not link to anything stored here.
     private var refusedOrigins: Set<NodeID> = []
 
-    /// Batches waiting to be applied before reading pauses.
-    static let maxInbox = 4
+    /// Batches waiting to be applied (or being stored beyond the first of a group) before reading pauses.
+    static let maxInbox = 8
+    /// Batches of a group being stored beyond its first: counted with the inbox in its limits.
+    private var groupExtra = (count: 0, bytes: 0)
+    /// Batches to store one at a time before grouping again (after a group refused as a whole).
+    private var singly = 0
     /// Bytes of received batches waiting to be applied before reading pauses: with one frame being read, a peer
     /// holds at most this plus `SessionCipher.maxBody` of the receiver's memory.
     static let maxInboxBytes = 8 << 20
@@ -125,7 +129,7 @@ final class BatchReceiver: ChannelInboundHandler {
         }
         inbox.append(item)
         inboxBytes += item.byteCount
-        if (inbox.count >= Self.maxInbox || inboxBytes >= Self.maxInboxBytes) && !readPaused {
+        if isFull && !readPaused {
             readPaused = true
             context.channel.setOption(ChannelOptions.autoRead, value: false).whenFailure { _ in }
         }
@@ -182,6 +186,20 @@ final class BatchReceiver: ChannelInboundHandler {
             applyNext(context: context)
             return
         }
+        if singly > 0 {
+            singly -= 1
+        } else {
+            // The verified batches waiting right behind it are stored with it, in one transaction.
+            var group = [Pending(batch: batch, verified: verified, keys: keys)]
+            while group.count < VerifiedBatch.maxGroup, case .batch(let b, let v?, let k)? = inbox.first,
+                !refusedOrigins.contains(b.origin)
+            {
+                inbox.removeFirst()
+                inboxBytes -= b.byteCount
+                group.append(Pending(batch: b, verified: v, keys: k))
+            }
+            if group.count > 1 { return store(group, link: link, context: context) }
+        }
         applying = true
         let bound = NIOLoopBound((self, context), eventLoop: context.eventLoop)
         let (pool, loop, db) = (engine.pool, context.eventLoop, link.db)
@@ -210,6 +228,57 @@ final class BatchReceiver: ChannelInboundHandler {
                     context.fireErrorCaught(error)
                 }
             }
+    }
+
+    /// A batch taken from the inbox with its verification.
+    private struct Pending {
+        let batch: EntryBatch
+        let verified: EventLoopFuture<VerifiedBatch>
+        let keys: Int
+    }
+
+    /// Stores the batches of `group` that verified, up to the first that did not, in one transaction. The ones not
+    /// stored go back to the front of the inbox; when the transaction would have refused any of them, all go back to
+    /// be stored one by one, each to its own verdict (`applyNext`).
+    private func store(_ group: [Pending], link: SyncLinkEstablished, context: ChannelHandlerContext) {
+        applying = true
+        groupExtra = (group.count - 1, group.dropFirst().reduce(0) { $0 + $1.batch.byteCount })
+        let bound = NIOLoopBound((self, context), eventLoop: context.eventLoop)
+        let (pool, loop, db) = (engine.pool, context.eventLoop, link.db)
+        EventLoopFuture.whenAllComplete(group.map(\.verified), on: loop).flatMap { results in
+            let verified = results.prefix { if case .success = $0 { true } else { false } }.compactMap { try? $0.get() }
+            guard verified.count > 1 else { return loop.makeSucceededFuture((verified.count, [BatchOutcome]?.none)) }
+            return pool.runIfActive(eventLoop: loop) { (verified.count, try db.store(group: verified)) }
+        }.whenComplete { result in
+            let (receiver, context) = bound.value
+            receiver.applying = false
+            receiver.groupExtra = (0, 0)
+            guard !receiver.stopped else { return }
+            switch result {
+            case .success((let count, let outcomes?)):
+                receiver.report.update {
+                    $0.receivedEntries += outcomes.reduce(0) { $0 + $1.stored }
+                    $0.lastSyncMs = nowMs()
+                }
+                receiver.noteMissing(parked: outcomes.contains { $0.report.parked > 0 }, db: db, context: context)
+                receiver.putBack(group.dropFirst(count))
+            case .success((let count, nil)):
+                receiver.putBack(group[...])
+                receiver.singly = max(1, count)
+            case .failure(let error):
+                receiver.stop()
+                context.fireErrorCaught(error)
+                return
+            }
+            receiver.resumeReading(context: context)
+            receiver.applyNext(context: context)
+        }
+    }
+
+    /// Returns batches taken from the inbox to its front, in order.
+    private func putBack(_ pending: ArraySlice<Pending>) {
+        inbox.insert(contentsOf: pending.map { .batch($0.batch, verified: $0.verified, keys: $0.keys) }, at: 0)
+        inboxBytes += pending.reduce(0) { $0 + $1.batch.byteCount }
     }
 
     /// Starts verifying `batch` on the I/O pool against the space as it is now (membership operations received before
@@ -275,9 +344,14 @@ final class BatchReceiver: ChannelInboundHandler {
         }
     }
 
+    /// True when the backlog (waiting, and being stored beyond one batch) is at its limits.
+    private var isFull: Bool {
+        inbox.count + groupExtra.count >= Self.maxInbox || inboxBytes + groupExtra.bytes >= Self.maxInboxBytes
+    }
+
     /// Turns reading back on once the backlog is below its limits.
     func resumeReading(context: ChannelHandlerContext) {
-        guard readPaused && inbox.count < Self.maxInbox && inboxBytes < Self.maxInboxBytes else { return }
+        guard readPaused && !isFull else { return }
         readPaused = false
         context.channel.setOption(ChannelOptions.autoRead, value: true).whenFailure { _ in }
     }

@@ -14,6 +14,17 @@ public struct VerifiedBatch: Sendable {
     /// Each change's text as its entry carried it (what the op log stores, instead of encoding the change again).
     public var texts: [[UInt8]] = []
 
+    /// The most batches a receiver stores in one transaction (`BlazeDatabase.store(group:)`).
+    public static let maxGroup = 4
+
+    /// The batch as the store records it.
+    var received: ReceivedBatch {
+        ReceivedBatch(
+            origin: batch.origin, entries: batch.entries.map { SyncLogEntry(seq: $0.header.seq, hash: $0.hash, bytes: $0.bytes) },
+            firstPrev: batch.entries[0].header.prev, changes: changes, texts: texts.count == changes.count ? texts : nil,
+            head: (batch.head.seq, batch.head.bytes))
+    }
+
     /// A verified batch of `changes` (with their `texts`, as their entries carried them).
     public init(batch: EntryBatch, changes: [Change], texts: [[UInt8]] = []) {
         self.batch = batch
@@ -128,13 +139,10 @@ extension BlazeDatabase {
     /// The second half of `receive`: in one transaction, checks the batch continues the log held here, refuses forks,
     /// skips duplicates, stores entries and head, and applies the new changes.
     public func store(_ verified: VerifiedBatch) throws -> BatchOutcome {
-        let batch = verified.batch
-        let entries = batch.entries.map { SyncLogEntry(seq: $0.header.seq, hash: $0.hash, bytes: $0.bytes) }
+        let r = verified.received
         do {
             return try syncLog.recordEntries(
-                origin: batch.origin, entries, firstPrev: batch.entries[0].header.prev, changes: verified.changes,
-                texts: verified.texts.count == verified.changes.count ? verified.texts : nil,
-                head: (batch.head.seq, batch.head.bytes))
+                origin: r.origin, r.entries, firstPrev: r.firstPrev, changes: r.changes, texts: r.texts, head: r.head)
         } catch let conflict as SyncLogConflict {
             switch conflict {
             case .quarantined: throw SyncRejection.quarantined
@@ -143,6 +151,12 @@ extension BlazeDatabase {
             case .tooManyParked: throw SyncRejection.tooManyParked
             }
         }
+    }
+
+    /// Stores several verified batches, in order, as `store` does but in one transaction. Nil, with nothing stored,
+    /// when any of them would be refused (`SyncRejection`): store them one by one then, for each one's verdict.
+    public func store(group: [VerifiedBatch]) throws -> [BatchOutcome]? {
+        try syncLog.recordEntries(group: group.map(\.received))
     }
 
     /// Stores the evidence of a fork of `head.origin`: `head` (verified here) signs `hash` at `seq`, while the entry

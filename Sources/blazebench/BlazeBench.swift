@@ -23,7 +23,7 @@ struct BlazeBench: AsyncParsableCommand {
     @Option(help: "Photos in the BLOB group's library (B7: 3 MB each; default 1,000; 20 with --quick).")
     var photos: Int?
 
-    @Option(help: "Only these groups, comma-separated: baselines, W1, RPC (W2 and W3), W4 (with W5 and W7), RELAY, FOLDER, W6 (or only its one-thread part, W6.store), STORAGE, JOIN, W8, M1, M2, M3, RSS, ABUSE (hostile devices against a relay and a daemon), BLOB (chunked files against cp, and fetched by a peer against rsync; or one part: BLOB.local, BLOB.peer, BLOB.relay, BLOB.edit, BLOB.photos, BLOB.memory); PEERS (blazed against PostgreSQL and Redis, only when named: `make bench-peers`); VECTOR (nearest-neighbour search against FAISS, sqlite-vec and hnswlib: `make bench-vectors`).")
+    @Option(help: "Only these groups, comma-separated: baselines, W1, RPC (W2 and W3), W4 (with W5 and W7), RELAY, FOLDER, W6 (or only its one-thread part, W6.store), STORAGE, JOIN, W8, M1, M2, M3, RSS, ABUSE (hostile devices against a relay and a daemon), BLOB (chunked files against cp, and fetched by a peer against rsync; or one part: BLOB.local, BLOB.peer, BLOB.relay, BLOB.edit, BLOB.photos, BLOB.memory); PEERS (blazed against PostgreSQL and Redis, only when named: `make bench-peers`); CATCHUP (a device back online takes 1,000,000 changes from a relay, only when named: `make bench-catchup`); VECTOR (nearest-neighbour search against FAISS, sqlite-vec and hnswlib: `make bench-vectors`).")
     var only: String?
 
     @Option(help: "PEERS rows to run, comma-separated prefixes (get, trivial, insert, find, tx500); all by default.")
@@ -110,6 +110,10 @@ struct BlazeBench: AsyncParsableCommand {
             results += try PeerWorkloads.run(
                 dir: dir, preload: n, operations: max(200, n / 4), repeats: reps,
                 rows: peerRows.map { $0.split(separator: ",").map { String($0) } })
+        }
+        if only != nil, wants("CATCHUP") {
+            results += try await CatchupWorkloads.run(
+                dir: dir, docCount: quick ? 1000 : 100_000, changes: quick ? 20_000 : 1_000_000, docs: docs)
         }
         if wants("ABUSE") {
             results += try await AbuseWorkloads.run(dir: dir, quick: quick)

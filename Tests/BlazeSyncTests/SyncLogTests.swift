@@ -159,4 +159,43 @@ func pull(_ to: SyncReplica, from: SyncReplica, key: SpaceKey, maxEntries: Int =
         _ = try a.db.receive(batch: rest, key: key)
         #expect(try a.db.summary().documents == 6 && a.db.stateHash() == c.db.stateHash())
     }
+
+    @Test func aGroupOfBatchesIsStoredInOneTransactionOrNotAtAll() throws {
+        let a = try SyncReplica(key: key), b = try SyncReplica(key: key), c = try SyncReplica(key: key)
+        try a.insert(30)
+        // Patches of the same documents in later batches: a group applies them together.
+        for i in 0..<30 { _ = try a.db.apply(.patch(collection: "c", id: "d\(i % 10)", set: ["n": .int(Int64(100 + i))])) }
+        try b.insert(5, from: 100)
+        try a.db.sealLocal(key: key, identity: a.identity, batch: 20)
+        try b.db.sealLocal(key: key, identity: b.identity)
+        var batches: [EntryBatch] = []
+        while let next = try a.db.entryBatch(origin: a.db.node, after: batches.last?.head.seq ?? 0, maxEntries: 20) {
+            batches.append(next)
+        }
+        batches.append(try #require(try b.db.entryBatch(origin: b.db.node, after: 0, maxEntries: 20)))
+        #expect(batches.count == 4)
+        let verified = try batches.map { try c.db.verify(batch: $0, key: key) }
+        let outcomes = try #require(try c.db.store(group: verified))
+        #expect(outcomes.map(\.stored) == [20, 20, 20, 5])
+        #expect(outcomes.last?.report.applied == 65)
+        // The same as storing them one by one: B took A's batches alone.
+        for batch in batches.prefix(3) { _ = try b.db.receive(batch: batch, key: key) }
+        #expect(try c.db.stateHash() == b.db.stateHash() && c.db.summary().documents == 35)
+        #expect(try c.db.feedEntries(after: 0, limit: 100, maxEvents: 1000).count == 65)
+        // A group holding a batch the log refuses stores nothing: a gap (A's second batch without its first), and
+        // a fork (a twin of A) behind a good batch.
+        let d = try SyncReplica(key: key)
+        #expect(try d.db.store(group: [verified[1], verified[3]]) == nil)
+        let twinTemp = try TempStore(node: a.db.node)
+        let twin = try twinTemp.store.create("s")
+        _ = try twin.apply(.put(collection: "c", id: "other", doc: ["n": 1]))
+        try twin.sealLocal(key: key, identity: a.identity)
+        let forked = try d.db.verify(batch: try #require(try twin.entryBatch(origin: a.db.node, after: 0, maxEntries: 5)), key: key)
+        _ = try d.db.store(verified[0])
+        #expect(try d.db.store(group: [verified[3], forked]) == nil)
+        #expect(try d.db.syncVector()[b.db.node] == nil && d.db.summary().documents == 20, "nothing of the group stored")
+        // One by one, each gets its verdict.
+        #expect(try d.db.store(verified[3]).stored == 5)
+        #expect(throws: SyncRejection.fork) { try d.db.store(forked) }
+    }
 }
