@@ -36,9 +36,14 @@ public final class BlazeDatabase: Sendable {
     let vectorIndexes = VectorIndexes()
     /// Where group commits and local commits are reported (nil: nowhere).
     let metrics: StoreMetrics?
+    /// Held while this replica's own changes are sealed (`SyncLogStore.sealPending`): sealers take turns.
+    let sealing = Mutex<Void>(())
+    /// Decoded states of documents the writer wrote lately, checked against their rows' texts before use.
+    let stateCache: StateCache
 
     init(name: String, path: String, limits: StoreLimits, node: NodeID, metrics: StoreMetrics? = nil) throws {
         self.metrics = metrics
+        self.stateCache = StateCache(budget: limits.stateCacheBytes)
         self.name = name
         self.path = path
         self.limits = limits
@@ -157,7 +162,7 @@ public final class BlazeDatabase: Sendable {
         SQLStorage(
             db: db, limits: limits, knownCollections: knownCollections, feedSequence: feedSequence ?? feed.lastSequence,
             feedTotal: feedTotal ?? feed.totals.last, coding: coding, droppedCausalLength: droppedCausalLength.withLock { $0 },
-            committedVersions: committedVersions, startVersions: startVersions)
+            committedVersions: committedVersions, startVersions: startVersions, stateCache: stateCache)
     }
 
     /// Prunes the durable feed to its retention (`FeedPruner`) and publishes this transaction's entries once it

@@ -38,9 +38,12 @@ final class DatabaseConnections: Sendable {
             throw DatabaseError(resultCode: .SQLITE_ERROR, message: "could not set WAL mode on \(path): \(mode ?? "nil")")
         }
         try Self.enableIncrementalVacuum(writer)
-        // Acknowledged writes are durable: fsync the WAL on every commit (ARCHITECTURE.md, "Storage").
+        // Acknowledged writes are durable: fsync the WAL on every commit (ARCHITECTURE.md, "Storage"). The writer's
+        // page cache holds `writerCacheKiB`: it reads back the pages it wrote to the WAL, which SQLite's 2 MiB default
+        // drops between transactions (readers map the file instead, `ReadConnections`).
         try writer.writeWithoutTransaction { db in
-            try db.execute(sql: "PRAGMA synchronous = FULL; PRAGMA analysis_limit = \(analysisLimit)")
+            try db.execute(
+                sql: "PRAGMA synchronous = FULL; PRAGMA analysis_limit = \(analysisLimit); PRAGMA cache_size = -\(limits.writerCacheKiB)")
         }
         try migrator.migrate(writer)
         // The writer's commits sync the WAL (above), so its WAL writes may be gathered until that sync.

@@ -58,6 +58,9 @@ final class SQLStorage: ReplicaStorage {
     private var insertBody: RawStatement?
     /// The state texts of documents created by the current change.
     var createdStates: DocumentState.CreatedStateText?
+    /// The database's decoded states, and what this transaction wrote for it (kept once it commits).
+    let stateCache: StateCache?
+    private var cacheFill: [(key: DocKey, entry: StateCache.Entry)] = []
     /// The texts of received changes as they arrived, by change (`BlazeDatabase.receive(_:in:texts:)`).
     var receivedTexts: [ChangeID: [UInt8]] = [:]
     /// Feed entries of the changes recorded in this transaction, in order.
@@ -78,8 +81,9 @@ final class SQLStorage: ReplicaStorage {
     init(
         db: Database, limits: StoreLimits, knownCollections: KnownCollections, feedSequence: Int64, feedTotal: Int64 = 0,
         coding: StampCoding, droppedCausalLength: Int64 = 0, committedVersions: CommittedVersions,
-        startVersions: VersionVector? = nil
+        startVersions: VersionVector? = nil, stateCache: StateCache? = nil
     ) {
+        self.stateCache = stateCache
         self.committedVersions = committedVersions
         self.startVersions = startVersions
         self.feedTotal = feedTotal
@@ -130,6 +134,11 @@ final class SQLStorage: ReplicaStorage {
             guard let stateText = row.state else {
                 docs.states[key] = .some(nil)
                 return nil
+            }
+            if let hit = stateCache?.entry(key, state: stateText, body: row.body) {
+                docs.states[key] = hit.state
+                if docs.visible[key] == nil { docs.visible[key] = Visible(doc: nil, text: row.body) }
+                return hit.state
             }
             let doc = try Self.parseBody(row.body)
             return try load(key, state: try JSONParser(maxDepth: 10_000).parse(stateText), doc: doc, text: row.body)
@@ -213,6 +222,11 @@ final class SQLStorage: ReplicaStorage {
     /// change: callers record every change before flushing).
     func flush() throws {
         for (key, state, body) in docs.takeDirty() { try write(key, state, body) }
+        if let cache = stateCache, !cacheFill.isEmpty {
+            let written = cacheFill
+            cacheFill = []
+            onCommit { cache.insert(written) }
+        }
         // One version row per origin per transaction, however many of its changes were recorded.
         guard !recordedVersions.isEmpty else { return }
         for (origin, seq) in recordedVersions {
@@ -258,6 +272,9 @@ final class SQLStorage: ReplicaStorage {
             return
         }
         try checkSize(text.utf8.count)
+        if stateCache != nil {
+            cacheFill.append((key, StateCache.Entry(stateText: stateText, bodyText: text, state: state)))
+        }
         let conflicted = state.hasConflicts
         switch location {
         case .row(let rowid):

@@ -32,6 +32,11 @@ public struct StoreLimits: Sendable, Equatable {
 
     /// WAL size in pages after which a commit asks for a background checkpoint (see `Checkpointer`).
     var walCheckpointPages: Int32 = 4000
+    /// The writer connection's page cache, KiB (grown as pages are read, up to this). 16 MiB holds the pages a
+    /// catch-up rewrites over ten thousand documents; it stored W6's patches 1.1× as fast as SQLite's 2 MiB default.
+    var writerCacheKiB = 16 << 10
+    /// What a database's cache of decoded document states may hold (`StateCache`: twice its texts' bytes).
+    var stateCacheBytes = 16 << 20
     /// WAL size in pages after which the writer checkpoints itself, should background checkpoints fall behind.
     var walMaxPages: Int32 = 16000
     /// Pages written since a completed background checkpoint that the writer copies itself so the WAL can restart.

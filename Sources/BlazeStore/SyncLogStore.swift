@@ -61,16 +61,34 @@ public struct SyncLogStore: Sendable {
     /// sealing runs beside local writes and received batches instead of holding them up. Two sealers may race (a
     /// session's and the background one): the store checks that the log still ends where the sealing began, and the
     /// one that lost seals again from the new end.
+    ///
+    /// Sealers take turns (`BlazeDatabase.sealing`): one that waited finds what the other sealed, instead of sealing
+    /// the same changes again and losing the race to store them. With `fullBatchesOnly`, a trailing run shorter than
+    /// `batch` is left for the next call (each call signs a head at its end: a sealer that runs often would otherwise
+    /// sign one per few entries). `continuing` is asked before each batch; false stops after the batches stored.
     @discardableResult
     public func sealPending(
-        batch: Int, _ seal: (_ lastSeq: UInt64, _ lastHash: [UInt8]?, _ bodies: [String]) throws -> (
+        batch: Int, fullBatchesOnly: Bool = false, continuing: () -> Bool = { true },
+        _ seal: (_ lastSeq: UInt64, _ lastHash: [UInt8]?, _ bodies: [String]) throws -> (
+            entries: [SyncLogEntry], heads: [(seq: UInt64, bytes: [UInt8])]
+        )
+    ) throws -> Int {
+        try database.sealing.withLock { _ in
+            try sealBatches(batch: batch, fullBatchesOnly: fullBatchesOnly, continuing: continuing, seal)
+        }
+    }
+
+    /// `sealPending`, with the sealing lock held.
+    private func sealBatches(
+        batch: Int, fullBatchesOnly: Bool, continuing: () -> Bool,
+        _ seal: (_ lastSeq: UInt64, _ lastHash: [UInt8]?, _ bodies: [String]) throws -> (
             entries: [SyncLogEntry], heads: [(seq: UInt64, bytes: [UInt8])]
         )
     ) throws -> Int {
         let node = database.node
         let origin = Data(node.bytes)
         var sealed = 0
-        while true {
+        while continuing() {
             let (end, rows) = try database.read { db in
                 let end = try Self.chainEnd(origin, db)
                 let rows = try Row.fetchAll(
@@ -78,7 +96,7 @@ public struct SyncLogStore: Sendable {
                     arguments: [node.hex, Int64(end?.seq ?? 0), batch])
                 return (end, rows.map { (seq: UInt64($0[0] as Int64), body: $0[1] as String) })
             }
-            guard let first = rows.first else { return sealed }
+            guard let first = rows.first, rows.count == batch || !fullBatchesOnly else { return sealed }
             var seq = end?.seq ?? 0
             var lastHash = end?.hash
             // Compaction pruned the changes before `first` while no entry was sealed (the database was not shared): the
@@ -115,6 +133,7 @@ public struct SyncLogStore: Sendable {
             sealed += rows.count
             if rows.count < batch { return sealed }
         }
+        return sealed
     }
 
     /// Where `origin`'s chain ends as `db` sees it: its last entry held, or else the last one pruned; nil before the
@@ -193,115 +212,6 @@ public struct SyncLogStore: Sendable {
             }
             return (entries, headBytes)
         }
-    }
-
-    /// Stores verified entries of `origin` with the head that covers them and applies the changes that are new, in
-    /// one transaction: the first entry must continue the log held here (`firstPrev` is the hash it links to), an
-    /// entry held already must be the same (else `SyncLogConflict.fork`), and a quarantined origin stores nothing.
-    public func recordEntries(
-        origin: NodeID, _ entries: [SyncLogEntry], firstPrev: [UInt8], changes: [Change], texts: [[UInt8]]? = nil,
-        head: (seq: UInt64, bytes: [UInt8])
-    ) throws -> BatchOutcome {
-        let batch = ReceivedBatch(origin: origin, entries: entries, firstPrev: firstPrev, changes: changes, texts: texts, head: head)
-        return try database.connections.write { db in try record([batch], in: db)[0] }
-    }
-
-    /// Stores several batches as `recordEntries` does, in one transaction: a commit (with its fsync and the pages its
-    /// batches share) per group rather than per batch. Nil, with nothing stored, when any batch is refused for a
-    /// conflict (`SyncLogConflict`): the caller then stores them one by one, so each gets its own verdict.
-    public func recordEntries(group: [ReceivedBatch]) throws -> [BatchOutcome]? {
-        do {
-            return try database.connections.write { db in try record(group, in: db) }
-        } catch is SyncLogConflict {
-            return nil
-        }
-    }
-
-    /// `recordEntries` of `batches`, in order, inside the caller's write transaction. Their new changes are applied
-    /// together, so a document several of them change is read and written once; the outcome of the last batch
-    /// carries what applying them did.
-    private func record(_ batches: [ReceivedBatch], in db: Database) throws -> [BatchOutcome] {
-        var outcomes: [BatchOutcome] = []
-        var fresh: [Change] = []
-        var freshTexts: [ChangeID: [UInt8]] = [:]
-        let count = batches.reduce(0) { $0 + $1.changes.count }
-        fresh.reserveCapacity(count)
-        freshTexts.reserveCapacity(count)
-        for batch in batches { outcomes.append(try store(batch, in: db, fresh: &fresh, freshTexts: &freshTexts)) }
-        guard !fresh.isEmpty else { return outcomes }
-        let report = try database.receive(fresh, in: db, texts: freshTexts)
-        outcomes[outcomes.count - 1].report = report
-        // Changes waiting for dependencies are bounded per origin: past the limit the batch is refused whole (the
-        // transaction rolls back), and comes again once what it waits for has arrived.
-        if report.parked > 0 {
-            let count = try db.cachedStatement(sql: "SELECT count(*) FROM parked WHERE origin = ?")
-            for origin in Set(batches.map(\.origin)) {
-                let parked = try Int.fetchOne(count, arguments: [origin.hex]) ?? 0
-                if parked > database.limits.maxParkedPerOrigin { throw SyncLogConflict.tooManyParked }
-            }
-        }
-        return outcomes
-    }
-
-    /// Checks that `batch` continues the log held here and stores its entries and head; adds the changes of the
-    /// entries not held before to `fresh` (their texts to `freshTexts`).
-    private func store(
-        _ batch: ReceivedBatch, in db: Database, fresh: inout [Change], freshTexts: inout [ChangeID: [UInt8]]
-    ) throws -> BatchOutcome {
-        let (origin, entries, firstPrev, changes, texts, head) =
-            (batch.origin, batch.entries, batch.firstPrev, batch.changes, batch.texts, batch.head)
-        precondition(entries.count == changes.count && !entries.isEmpty, "one change per entry")
-        precondition(texts.map { $0.count == changes.count } ?? true, "one text per change")
-        let o = Data(origin.bytes)
-        let firstSeq = entries[0].seq
-        var outcome = BatchOutcome()
-        guard try !Self.isQuarantined(o, db) else { throw SyncLogConflict.quarantined }
-        let held = try db.cachedStatement(sql: "SELECT hash FROM sync_entries WHERE origin = ? AND seq = ?")
-        // Statements per batch are cached: preparing them again cost about as much as storing a few entries.
-        let pruned = try Row.fetchOne(
-            db.cachedStatement(sql: "SELECT seq, hash FROM sync_pruned WHERE origin = ?"), arguments: [o])
-            .map { PrunedHead(seq: UInt64(max(0, $0[0] as Int64)), hash: Array($0[1] as Data)) }
-        if let pruned, pruned.seq >= firstSeq - 1 {
-            // Entries up to `pruned.seq` are no longer held: the batch must agree with the chain head kept.
-            let hashAtPruned = pruned.seq == firstSeq - 1 ? firstPrev : entries.first { $0.seq == pruned.seq }?.hash
-            if let hashAtPruned, pruned.hash != PrunedHead.chainStart, hashAtPruned != pruned.hash {
-                throw pruned.seq == firstSeq - 1 ? SyncLogConflict.brokenChain : SyncLogConflict.fork
-            }
-        } else if firstSeq > 1 {
-            // A batch must continue the log held here: no gap, and linked to the entry before it.
-            guard let before = try Data.fetchOne(held, arguments: [o, Int64(firstSeq - 1)]), Array(before) == firstPrev
-            else { throw SyncLogConflict.brokenChain }
-        }
-        // One statement per entry: the insert is ignored when the entry is held already, and only then is the
-        // held one read (the same entry, or evidence of a fork).
-        let insert = try RawStatement(
-            db, "INSERT INTO sync_entries(origin, seq, hash, bytes) VALUES (?1, ?2, ?3, ?4) ON CONFLICT DO NOTHING")
-        let originBlob = Blob(bytes: origin.bytes)
-        for (i, (entry, change)) in zip(entries, changes).enumerated() {
-            if let pruned, entry.seq <= pruned.seq {
-                // Held once and pruned since: its change is applied.
-                outcome.duplicates += 1
-                continue
-            }
-            if try insert.run(originBlob, Int64(entry.seq), Blob(bytes: entry.hash), Blob(bytes: entry.bytes)) == 0 {
-                guard let existing = try Data.fetchOne(held, arguments: [o, Int64(entry.seq)]),
-                    Array(existing) == entry.hash
-                else { throw SyncLogConflict.fork }
-                outcome.duplicates += 1
-                continue
-            }
-            outcome.stored += 1
-            fresh.append(change)
-            if let texts { freshTexts[ChangeID(change)] = texts[i] }
-        }
-        try db.cachedStatement(sql: "INSERT OR IGNORE INTO sync_heads(origin, seq, head) VALUES (?, ?, ?)")
-            .execute(arguments: [o, Int64(head.seq), Data(head.bytes)])
-        return outcome
-    }
-
-    private static func isQuarantined(_ origin: Data, _ db: Database) throws -> Bool {
-        try Bool.fetchOne(
-            db.cachedStatement(sql: "SELECT EXISTS(SELECT 1 FROM sync_forks WHERE origin = ?)"), arguments: [origin]) ?? false
     }
 
     /// Stores evidence that `origin` forked at `seq`: a head it signed (`otherHead`, verified by the caller) covers

@@ -11,7 +11,8 @@ import NIOCore
 /// once they count, and any other message that arrives while they wait is passed on after them.
 ///
 /// Verifying a batch (signatures, AEAD, decoding) needs no database, so it starts on the I/O pool as soon as the batch
-/// arrives and overlaps with storing the batches before it. Reading pauses while `maxInbox` batches or
+/// arrives and overlaps with storing the batches before it; the verified batches waiting behind the next one (up to
+/// `VerifiedBatch.maxGroup` in all) are stored with it in one transaction. Reading pauses while `maxInbox` batches or
 /// `maxInboxBytes` of them wait, so a fast sender cannot make memory grow; while it is paused or storing, a read-idle
 /// event is not the peer's silence and is not passed on. A batch refused for what its origin signed
 /// (`SyncRejection.blamesOrigin`) is counted and that origin skipped for the rest of the session (a fork is also kept

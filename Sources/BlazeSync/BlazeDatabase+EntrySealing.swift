@@ -43,15 +43,18 @@ public struct VerifiedBatch: Sendable {
 extension BlazeDatabase {
     /// Seals this replica's changes that have no entry yet, in order, signing one head per `batch` entries or
     /// `headBytes` bytes of entries, whichever comes first (and one for the last), so that a batch between two heads
-    /// always fits a frame. Returns how many were sealed.
+    /// always fits a frame. Returns how many were sealed. `fullBatchesOnly` and `continuing` as in
+    /// `SyncLogStore.sealPending` (the background sealing seals whole batches only, and stops when the daemon does).
     @discardableResult
-    public func sealLocal(key: SpaceKey, identity: DeviceIdentity, batch: Int = 1000, headBytes: Int = 1 << 20) throws
-        -> Int
-    {
+    public func sealLocal(
+        key: SpaceKey, identity: DeviceIdentity, batch: Int = 1000, headBytes: Int = 1 << 20, fullBatchesOnly: Bool = false,
+        continuing: () -> Bool = { true }
+    ) throws -> Int {
         // A device holding no key to seal with (a reader, a removed member, a joiner) publishes nothing.
         guard key.canSeal else { return 0 }
         let node = self.node
-        return try syncLog.sealPending(batch: batch) { lastSeq, lastHash, bodies in
+        return try syncLog.sealPending(batch: batch, fullBatchesOnly: fullBatchesOnly, continuing: continuing) {
+            lastSeq, lastHash, bodies in
             var seq = lastSeq
             var prev = lastHash ?? SealedEntry.genesis
             var entries: [SyncLogEntry] = []

@@ -12,8 +12,8 @@ final class BackgroundSealing: Sendable {
     let stopped = Atomic<Bool>(false)
 }
 
-/// Background sealing: this device's changes to a shared database are sealed into entries soon after they commit,
-/// whether or not a peer is connected (ARCHITECTURE.md, "Sync and transports").
+/// Background sealing: this device's changes to a shared database are sealed into entries soon after they commit, a
+/// whole batch (1,000) at a time, whether or not a peer is connected (ARCHITECTURE.md, "Sync and transports").
 ///
 /// Sessions seal what is pending before they send, so sealing here changes nothing peers see; it moves the work out
 /// of reconnection. A device that wrote for a week offline comes back with its log sealed and only sends it, instead
@@ -34,7 +34,7 @@ extension SyncEngine {
         }
     }
 
-    /// Stops the background sealing; a round running finishes its current batch.
+    /// Stops the background sealing; a round running stops after the batch it is sealing.
     func stopSealing() {
         sealing.stopped.store(true, ordering: .relaxed)
         sealing.task.withLock { task in
@@ -54,7 +54,11 @@ extension SyncEngine {
         let done = pool.runIfActive(eventLoop: group.next()) {
             for space in spaces where !sealing.stopped.load(ordering: .relaxed) && store.isCurrent(space.db) {
                 do {
-                    try space.db.sealLocal(key: space.snapshot.key, identity: identity)
+                    // Whole batches only: a round every 200 ms would otherwise sign a head per few entries
+                    // (sessions seal the rest, with its head, before they send).
+                    try space.db.sealLocal(
+                        key: space.snapshot.key, identity: identity, fullBatchesOnly: true,
+                        continuing: { !sealing.stopped.load(ordering: .relaxed) })
                 } catch {
                     logger.debug(
                         "Background sealing failed; sessions seal before they send",

@@ -112,6 +112,24 @@ final class Device: @unchecked Sendable {
         await d.close()
     }
 
+    /// With no peer connected, a shared database's changes are sealed soon after they commit, a whole batch at a
+    /// time (one head each); the rest waits for a session, which seals it with a head of its own.
+    @Test func changesAreSealedInTheBackgroundAWholeBatchAtATime() async throws {
+        let d = try Device()
+        let db = try d.store.create("offline")
+        _ = try d.engine.share(db: db)
+        d.engine.start()
+        _ = try db.commit((0..<10).map { .put(collection: "c", id: "first\($0)", doc: ["n": 1]) })
+        for i in 0..<2_499 { _ = try db.apply(.put(collection: "c", id: "d\(i)", doc: ["n": .int(Int64(i))])) }
+        #expect(try eventually { try db.latestHead(origin: db.node)?.seq == 2_000 })
+        // A head per batch: the first batch ends at the first head.
+        #expect(try db.entryBatch(origin: db.node, after: 0, maxEntries: 1_500)?.entries.count == 1_000)
+        let key = try #require(try d.engine.spaceKey(db: db))
+        #expect(try db.sealLocal(key: key, identity: d.identity) == 500)
+        #expect(try db.latestHead(origin: db.node)?.seq == 2_500)
+        await d.close()
+    }
+
     @Test func aStrangerIsRefusedAndGetsNothing() async throws {
         let a = try Device(), c = try Device()
         try await a.listen()

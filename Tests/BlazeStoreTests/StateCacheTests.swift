@@ -1,0 +1,60 @@
+import BlazeCRDT
+import BlazeProtocol
+import BlazeTestSupport
+import GRDB
+import Testing
+
+@testable import BlazeStore
+
+/// `StateCache`: decoded states reused only while a row holds exactly the texts they were written as.
+@Suite struct StateCacheTests {
+    @Test func aDecodedStateIsReusedOnlyWhileItsRowIsUnchanged() throws {
+        let replicas = try StoreReplicas(2)
+        let (a, b) = (replicas.dbs[0], replicas.dbs[1])
+        _ = try a.apply(.insert(collection: "c", doc: ["_id": "d", "n": 0]))
+        try replicas.send(0, 1)
+        // B's row of the new document, written without a decoded state: nothing cached yet.
+        let created = try b.read { try Row.fetchOne($0, sql: "SELECT body, state FROM docs WHERE id = 'd'")! }
+        #expect(b.stateCache.usage.count == 0)
+        _ = try a.apply(.patch(collection: "c", id: "d", set: ["n": 1]))
+        try replicas.send(0, 1)
+        #expect(b.stateCache.usage.count == 1)
+        _ = try a.apply(.patch(collection: "c", id: "d", set: ["m": 2]))
+        try replicas.send(0, 1)
+        #expect(b.stateCache.hits.load(ordering: .relaxed) == 1, "the second patch found the state the first wrote")
+        #expect(try b.get(collection: "c", id: "d") == ["_id": "d", "m": 2, "n": 1])
+        // Something else rewrites the row (here: back to the created texts): the entry no longer matches, and the
+        // next change applies to what the row holds.
+        try b.connections.write { db in
+            try db.execute(
+                sql: "UPDATE docs SET body = ?, state = ? WHERE id = 'd'", arguments: [created["body"], created["state"]] as StatementArguments)
+        }
+        _ = try a.apply(.patch(collection: "c", id: "d", set: ["k": 3]))
+        try replicas.send(0, 1)
+        #expect(b.stateCache.hits.load(ordering: .relaxed) == 1)
+        #expect(try b.get(collection: "c", id: "d") == ["_id": "d", "k": 3, "n": 0])
+    }
+
+    @Test func entriesStayWithinTheBudget() {
+        let cache = StateCache(budget: 64 << 10)
+        let state = DocumentState(cl: 1)
+        let body = String(repeating: "b", count: 900)
+        for round in 0..<10 {
+            cache.insert((0..<100).map { i in
+                (DocKey(collection: "c", id: "d\(round)-\(i)"), StateCache.Entry(stateText: "{\"l\":1}", bodyText: body, state: state))
+            })
+            #expect(cache.usage.cost <= cache.budget)
+        }
+        #expect(cache.usage.count > 0)
+        // An entry is used only for the exact texts.
+        let key = DocKey(collection: "c", id: "x")
+        cache.insert([(key, StateCache.Entry(stateText: "{\"l\":1}", bodyText: "{}", state: state))])
+        #expect(cache.entry(key, state: "{\"l\":1}", body: "{}")?.state == state)
+        #expect(cache.entry(key, state: "{\"l\":3}", body: "{}") == nil)
+        #expect(cache.entry(key, state: "{\"l\":1}", body: "{ }") == nil)
+        // A cache of no budget keeps nothing.
+        let none = StateCache(budget: 0)
+        none.insert([(key, StateCache.Entry(stateText: "{}", bodyText: "{}", state: state))])
+        #expect(none.usage.count == 0 && none.entry(key, state: "{}", body: "{}") == nil)
+    }
+}
