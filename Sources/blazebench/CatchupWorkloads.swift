@@ -24,11 +24,7 @@ enum CatchupWorkloads {
             }
         }
         let dbA = try a.daemon.store.create("cu")
-        for start in stride(from: 0, to: docCount, by: 1000) {
-            _ = try dbA.commit((start..<min(docCount, start + 1000)).map { i in
-                .insert(collection: "c", doc: docs[i % docs.count].merging(["_id": .string("d\(i)")]) { $1 })
-            })
-        }
+        try insertDocuments(dbA, count: docCount, docs: docs)
         _ = try b.c.call("db.join", ["token": .string(try invite(a, dbA)), "db": "cu"])
         try waitFor("CATCHUP: B joins", timeout: .seconds(300)) {
             (try? b.c.call("db.info", ["db": "cu"])["documents"]?.intValue) == Int64(docCount)

@@ -34,11 +34,7 @@ enum JoinWorkloads {
         let b = try await Workloads.LocalDaemon(dir: dir + "/b")
         let dbA = try a.daemon.store.create("j")
         _ = try a.daemon.sync.share(db: dbA)
-        for start in stride(from: 0, to: docCount, by: 1000) {
-            _ = try dbA.commit((start..<min(docCount, start + 1000)).map { i in
-                .insert(collection: "c", doc: docs[i % docs.count].merging(["_id": .string("d\(i)")]) { $1 })
-            })
-        }
+        try insertDocuments(dbA, count: docCount, docs: docs)
         var k = 0
         for start in stride(from: 0, to: updates, by: 100) {
             _ = try dbA.commit((start..<min(updates, start + 100)).map { i in

@@ -16,11 +16,7 @@ enum MergeWorkloads {
         let (idA, idB) = (DeviceIdentity(), DeviceIdentity())
         let a = try Store(directory: dir + "/w6s-a", node: NodeID(bytes: idA.nodeID)).create("m")
         let b = try Store(directory: dir + "/w6s-b", node: NodeID(bytes: idB.nodeID)).create("m")
-        for start in stride(from: 0, to: docCount, by: 1000) {
-            _ = try a.commit((start..<min(docCount, start + 1000)).map { i in
-                .insert(collection: "c", doc: docs[i % docs.count].merging(["_id": .string("d\(i)")]) { $1 })
-            })
-        }
+        try insertDocuments(a, count: docCount, docs: docs)
         try a.sealLocal(key: key, identity: idA)
         let initial = try batches(of: a, after: 0)
         for batch in initial { _ = try b.store(try b.verify(batch: batch, key: key)) }
@@ -74,5 +70,15 @@ enum MergeWorkloads {
         let start = processCPUSeconds()
         try body()
         return processCPUSeconds() - start
+    }
+}
+
+/// Inserts documents `d0`…`d(count-1)` into collection `c` of `db`, 1,000 per transaction, their fields taken from
+/// `docs` in turn.
+func insertDocuments(_ db: BlazeDatabase, count: Int, docs: [[String: JSONValue]]) throws {
+    for start in stride(from: 0, to: count, by: 1000) {
+        _ = try db.commit((start..<min(count, start + 1000)).map { i in
+            .insert(collection: "c", doc: docs[i % docs.count].merging(["_id": .string("d\(i)")]) { $1 })
+        })
     }
 }

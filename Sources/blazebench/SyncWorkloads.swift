@@ -132,11 +132,7 @@ extension SyncWorkloads {
             }
         }
         let dbA = try a.daemon.store.create("w6")
-        for start in stride(from: 0, to: docCount, by: 1000) {
-            _ = try dbA.commit((start..<min(docCount, start + 1000)).map { i in
-                .insert(collection: "c", doc: docs[i % docs.count].merging(["_id": .string("d\(i)")]) { $1 })
-            })
-        }
+        try insertDocuments(dbA, count: docCount, docs: docs)
         let dbB = try b.daemon.sync.join(token: try invite(a, dbA), name: "w6")
         try waitUntil("W6: initial copy") { try dbB.versionVector()[dbA.node] == dbA.versionVector()[dbA.node] }
         // Offline: both pause and update the same documents, one change per update.
