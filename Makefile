@@ -1,6 +1,6 @@
 # The two commands the README gives a new user.
 SHELL := /bin/bash
-.PHONY: run test generate bench bench-peers bench-vectors bench-catchup binaries install deb release
+.PHONY: run test generate bench bench-peers bench-outside bench-vectors bench-catchup binaries install deb release
 
 # Where `make install` puts BlazeDB (DESTDIR is prepended, for staging), and which build it takes the binaries from:
 # release (what `make release` ships, the Swift runtime linked in) or debug (the tests' build).
@@ -79,6 +79,7 @@ bench-peers:
 	command -v redis-server >/dev/null && ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1 || \
 		(SUDO=$$([ "$$(id -u)" -eq 0 ] || echo sudo); $$SUDO apt-get update -qq && \
 		DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq postgresql redis-server)
+	swift build -c release --product blazed
 	swift build -c release --product blazebench
 	.build/release/blazebench --only PEERS --repeats 5
 	python3 -m venv .build/crdt-venv && .build/crdt-venv/bin/pip install -q pycrdt loro
@@ -93,6 +94,15 @@ bench-vectors:
 
 # A device that was offline while 1,000,000 changes were made elsewhere catches up through a relay: time, its peak
 # memory and bytes on the wire (release build; blazed runs as a child process; see Benchmarks/README.md, CATCHUP).
+# The outside check (Benchmarks/outside/run): independent clients (C with libpq, Python's standard library) against the
+# release blazed and a throwaway PostgreSQL, to set beside PEERS's insert.plain row and STORAGE's S_d and S_e.
+bench-outside:
+	command -v cc >/dev/null && ls /usr/lib/postgresql/*/bin/postgres /usr/include/postgresql/libpq-fe.h >/dev/null 2>&1 || \
+		(SUDO=$$([ "$$(id -u)" -eq 0 ] || echo sudo); $$SUDO apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq gcc postgresql libpq-dev)
+	swift build -c release --product blazed
+	Benchmarks/outside/run
+
 bench-catchup:
 	swift build -c release --product blazed
 	swift build -c release --product blazebench

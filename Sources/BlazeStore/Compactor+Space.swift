@@ -6,14 +6,14 @@ import GRDB
 
 /// Returning free space to the file system once compaction removed rows.
 extension Compactor {
-    /// Rewrites the file when more than a quarter of it, and over 1 MiB, is unused space inside pages; returns the
+    /// Rewrites the file when more than a quarter of it, and over 256 KiB, is unused space inside pages; returns the
     /// pages that gave back.
     func rewriteIfFragmented() throws -> Int {
         let (unused, total) = try database.read { db in
             let row = try Row.fetchOne(db, sql: "SELECT coalesce(sum(unused), 0), coalesce(sum(pgsize), 0) FROM dbstat")
             return (row?[0] as Int64? ?? 0, row?[1] as Int64? ?? 0)
         }
-        guard total > 0, unused > 1 << 20, unused * 4 > total else { return 0 }
+        guard total > 0, unused > 1 << 18, unused * 4 > total else { return 0 }
         let freed = try database.connections.writeWithoutTransaction { db in
             let before = try Int.fetchOne(db, sql: "PRAGMA page_count") ?? 0
             try db.execute(sql: "VACUUM")

@@ -51,9 +51,9 @@ public struct Compactor: Sendable {
 
     /// Compacts in steps of at most `stepRows` rows of each kind per write transaction (so a writer waits at most
     /// one step), then returns freed pages to the file system. `stable` is clamped to what this replica applied.
-    /// With `defragment`, a file of which more than a quarter (and over 1 MiB) is unused space inside pages —
-    /// rows deleted here and there leave pages half empty, which no page-level vacuum returns — is rewritten
-    /// (`VACUUM`): writers wait for that.
+    /// With `defragment`, a file of which more than a quarter (and over 256 KiB) is unused space inside pages —
+    /// rows deleted here and there, or grown by updates, leave pages part empty, which no page-level vacuum
+    /// returns — is rewritten (`VACUUM`): writers wait for that. The write-ahead log is then emptied too.
     /// Tombstones go only up to `tombstonesStable` (default `stable`): the vector every member ever counted holds,
     /// with no horizon (SYNC.md §11) — a delete decides the fate of every late edit, so it must be stable for all.
     @discardableResult
@@ -121,6 +121,8 @@ public struct Compactor: Sendable {
                     arguments: [text])
             }
         }
+        // Asked for space back: the write-ahead log the steps filled goes too (db.info counts it).
+        if defragment { _ = try database.truncateLog() }
         return total
     }
 

@@ -49,7 +49,7 @@ struct BlazeBench: AsyncParsableCommand {
         try FileManager.default.createDirectory(atPath: dir, withIntermediateDirectories: true)
         defer { if ProcessInfo.processInfo.environment["BLAZEBENCH_KEEP"] == nil { try? FileManager.default.removeItem(atPath: dir) } }
         let total = 3 * n + 1000
-        let texts = (0..<total).map(benchJSON)
+        let texts = (0..<total).map { benchJSON($0) }
         let docs = try texts.map { text -> [String: JSONValue] in try JSONParser().parse(text).objectValue! }
 
         // The documents W1.update writes: `score` set to the document's number.

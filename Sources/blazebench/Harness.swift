@@ -51,27 +51,50 @@ func seconds(_ body: () async throws -> Void) async rethrows -> Double {
 func onThreads(_ threads: Int, count: Int, setup: @escaping @Sendable (Int) throws -> Any, _ body: @escaping @Sendable (Any, Int) throws -> Void)
     throws -> (latencies: [Double], wall: Double)
 {
-    final class Box: @unchecked Sendable {
-        // @unchecked: each thread writes only its own slot; read after all threads joined (group.wait).
-        var latencies: [[Double]]
-        var errors: [(any Error)?]
-        init(_ n: Int) { latencies = Array(repeating: [], count: n); errors = Array(repeating: nil, count: n) }
-    }
-    let box = Box(threads)
+    try onThreads(threads, count: count, setup: setup, make: { $0 }, body)
+}
+
+/// What each of `onThreads`'s threads measured, or the error that stopped it.
+private final class ThreadResults: @unchecked Sendable {
+    // @unchecked: each thread writes only its own slot; read after all threads joined (group.wait).
+    var latencies: [[Double]]
+    var errors: [(any Error)?]
+    init(_ n: Int) { latencies = Array(repeating: [], count: n); errors = Array(repeating: nil, count: n) }
+}
+
+/// `onThreads` with each operation's input (a request's bytes) made by `make` before the clock starts: each thread
+/// connects (`setup`) and makes its inputs, then all start together, so only the operations are timed.
+func onThreads<Input>(
+    _ threads: Int, count: Int, setup: @escaping @Sendable (Int) throws -> Any, make: @escaping @Sendable (Int) -> Input,
+    _ body: @escaping @Sendable (Any, Input) throws -> Void
+) throws -> (latencies: [Double], wall: Double) {
+    let box = ThreadResults(threads)
     let group = DispatchGroup()
+    let ready = DispatchGroup()
+    let go = DispatchSemaphore(value: 0)
     let perThread = count / threads
-    let start = DispatchTime.now().uptimeNanoseconds
     for t in 0..<threads {
         group.enter()
+        ready.enter()
         let thread = Thread {
             defer { group.leave() }
+            var context: Any?
+            var inputs: [Input] = []
             do {
-                let context = try setup(t)
+                context = try setup(t)
+                inputs = (0..<perThread).map { make(t * perThread + $0) }
+            } catch {
+                box.errors[t] = error
+            }
+            ready.leave()
+            go.wait()
+            guard let context else { return }
+            do {
                 var lat: [Double] = []
                 lat.reserveCapacity(perThread)
-                for i in 0..<perThread {
+                for input in inputs {
                     let s = DispatchTime.now().uptimeNanoseconds
-                    try body(context, t * perThread + i)
+                    try body(context, input)
                     lat.append(Double(DispatchTime.now().uptimeNanoseconds - s) / 1000)
                 }
                 box.latencies[t] = lat
@@ -82,6 +105,9 @@ func onThreads(_ threads: Int, count: Int, setup: @escaping @Sendable (Int) thro
         thread.stackSize = 1 << 20
         thread.start()
     }
+    ready.wait()
+    let start = DispatchTime.now().uptimeNanoseconds
+    for _ in 0..<threads { go.signal() }
     group.wait()
     let wall = Double(DispatchTime.now().uptimeNanoseconds - start) / 1e9
     if let error = box.errors.compactMap({ $0 }).first { throw error }
@@ -100,9 +126,9 @@ func benchDocument(_ i: Int) -> (id: String, fields: [(String, String)]) {
     )
 }
 
-/// The document's canonical JSON text (keys sorted), `_id` included.
-func benchJSON(_ i: Int) -> String {
+/// The document's canonical JSON text (keys sorted), with `_id` unless `id` is false.
+func benchJSON(_ i: Int, id: Bool = true) -> String {
     let d = benchDocument(i)
-    let members = ([("_id", "\"\(d.id)\"")] + d.fields).sorted { $0.0.utf8.lexicographicallyPrecedes($1.0.utf8) }
+    let members = ((id ? [("_id", "\"\(d.id)\"")] : []) + d.fields).sorted { $0.0.utf8.lexicographicallyPrecedes($1.0.utf8) }
     return "{" + members.map { "\"\($0.0)\":\($0.1)" }.joined(separator: ",") + "}"
 }

@@ -27,6 +27,9 @@ enum PeerWorkloads {
         let trivial: [UInt8]
         /// The request durably inserting document `i`.
         let insert: @Sendable (Int) -> [UInt8]
+        /// The request durably inserting document `i` as an outside client's first program does: into a collection
+        /// (table) with no secondary index, the id left to blazed.
+        let plainInsert: @Sendable (Int) -> [UInt8]
         /// The request finding 10 documents whose `age` is `a` through an index (nil: no such query).
         let find: (@Sendable (Int) -> [UInt8])?
         /// The request inserting documents `range` in one transaction (nil: no such request).
@@ -65,8 +68,12 @@ enum PeerWorkloads {
                     let base = fresh ? next : 0
                     let kind = peer.protocolKind
                     let socket = peer.socket
-                    let r = try onThreads(clients, count: count, setup: { _ in try WireClient(kind, socket: socket) }) { c, i in
-                        try (c as! WireClient).call(make(fresh ? base + i * batch : (i * 7919) % preload))
+                    // Requests are made before the clock starts: only sending one and reading its reply is timed.
+                    let r = try onThreads(
+                        clients, count: count, setup: { _ in try WireClient(kind, socket: socket) },
+                        make: { i in make(fresh ? base + i * batch : (i * 7919) % preload) }
+                    ) { c, request in
+                        try (c as! WireClient).call(request)
                     }
                     if fresh { next += count * batch }
                     let rate = Double(r.latencies.count * batch) / r.wall
@@ -109,6 +116,7 @@ enum PeerWorkloads {
         try row("trivial.8clients", clients: 8, count: 4 * ops, latency: false) { p in { _ in p.trivial } }
         try row("insert.1client", clients: 1, count: ops / 4, latency: true, fresh: true) { $0.insert }
         try row("insert.8clients", clients: 8, count: ops, latency: false, fresh: true) { $0.insert }
+        try row("insert.plain.1client", clients: 1, count: ops / 4, latency: true, fresh: true) { $0.plainInsert }
         let find: (Peer) -> (@Sendable (Int) -> [UInt8])? = { p in
             guard let f = p.find else { return nil }
             return { i in f(i % 90) }
@@ -147,6 +155,7 @@ enum PeerWorkloads {
             get: { line("doc.get", "{\"db\":\"default\",\"collection\":\"c\",\"id\":\"\(String(format: "doc-%08d", $0))\"}") },
             trivial: line("daemon.info", "{}"),
             insert: { line("doc.insert", "{\"db\":\"default\",\"collection\":\"c\",\"doc\":\(benchJSON($0))}") },
+            plainInsert: { line("doc.insert", "{\"db\":\"default\",\"collection\":\"plain\",\"doc\":\(benchJSON($0, id: false))}") },
             find: { line("query.find", "{\"db\":\"default\",\"collection\":\"c\",\"where\":{\"age\":\($0)},\"limit\":10}") },
             transaction: { range in
                 let ops = range.map { "{\"op\":\"insert\",\"collection\":\"c\",\"doc\":\(benchJSON($0))}" }
@@ -161,6 +170,7 @@ enum PeerWorkloads {
             get: { WireClient.pgExecute("get", [String(format: "doc-%08d", $0)]) },
             trivial: WireClient.pgExecute("one", []),
             insert: { WireClient.pgExecute("ins", [String(format: "doc-%08d", $0), benchJSON($0)]) },
+            plainInsert: { WireClient.pgExecute("insplain", [String(format: "doc-%08d", $0), benchJSON($0, id: false)]) },
             find: { WireClient.pgExecute("find", [String($0)]) },
             transaction: { range in
                 // One multi-row INSERT, its values as literals (the bench texts hold no quote characters).
@@ -175,6 +185,7 @@ enum PeerWorkloads {
             get: { WireClient.resp(["GET", String(format: "doc-%08d", $0)]) },
             trivial: WireClient.resp(["PING"]),
             insert: { WireClient.resp(["SET", String(format: "doc-%08d", $0), benchJSON($0)]) },
+            plainInsert: { WireClient.resp(["SET", String(format: "plain-%08d", $0), benchJSON($0, id: false)]) },
             find: nil, transaction: nil)
     }
 
@@ -183,15 +194,28 @@ enum PeerWorkloads {
         return dirs.map { "\($0)/\(name)" }.first { FileManager.default.isExecutableFile(atPath: $0) }
     }
 
-    /// blazed in a child process (`blazebench --serve-daemon`), with `email` and `age` indexed.
+    /// The `blazed` binary beside blazebench, started as `make run` starts it (its default settings and log level),
+    /// with `email` and `age` indexed in collection `c`: what an outside client talks to.
     final class BlazedChild {
         let process = Process()
         let socket: String
 
         init(dir: String) throws {
-            socket = dir + "/rpc/blazed.sock"
-            process.executableURL = URL(fileURLWithPath: "/proc/self/exe").resolvingSymlinksInPath()
-            process.arguments = ["--serve-daemon", dir]
+            try FileManager.default.createDirectory(atPath: dir, withIntermediateDirectories: true)
+            let binary = URL(fileURLWithPath: "/proc/self/exe").resolvingSymlinksInPath().deletingLastPathComponent()
+                .appendingPathComponent("blazed")
+            guard FileManager.default.isExecutableFile(atPath: binary.path) else {
+                throw ClientError("PEERS runs \(binary.path): build it first (`swift build -c release --product blazed`)")
+            }
+            socket = dir + "/blazed.sock"
+            process.executableURL = binary
+            process.arguments = ["--socket", socket, "--data-dir", dir + "/data"]
+            process.environment = ProcessInfo.processInfo.environment.filter { !$0.key.hasPrefix("BLAZEDB_") }
+                .merging(["XDG_CONFIG_HOME": dir + "/config"]) { $1 }
+            _ = FileManager.default.createFile(atPath: dir + "/blazed.log", contents: nil)
+            let log = FileHandle(forWritingAtPath: dir + "/blazed.log")
+            process.standardOutput = log
+            process.standardError = log
             try process.run()
             let c = try WireClient.waitForServer(.blazed, socket: socket, process: process)
             for field in ["email", "age"] {

@@ -8,6 +8,9 @@ import GRDB
 enum StorageWorkloads {
     /// (a) `inserts` inserts (100 per transaction), (b) `updates` single-document updates over `docCount` documents,
     /// (c) half of (a)'s documents deleted; each compacted, each against a plain table of the documents it holds.
+    /// (d) and (e) are what an outside client does through the socket (`tx.commit` of 500 patches, `db.compact`, then
+    /// `db.info`'s `sizeBytes`, which counts the file and its write-ahead log as they are), with the benchmark's
+    /// documents and with small ones.
     static func run(dir: String, inserts: Int, docCount: Int, updates: Int, texts: [String], docs: [[String: JSONValue]]) throws
         -> [Result]
     {
@@ -48,14 +51,40 @@ enum StorageWorkloads {
         c[0].note = (c[0].note ?? "") + String(format: "; file %.1f MB before the deletes", Double(before) / 1e6)
         results += c
         _ = texts
+
+        // (d) and (e): patches in transactions of 500, sized as db.info reports it.
+        let small: (Int) -> [String: JSONValue] = { i in ["n": .int(Int64(i)), "name": .string("item \(i)")] }
+        for (label, shape, doc) in [
+            ("S_d.patchTx", "benchmark documents (6 fields, ~250 B)", { docs[$0 % docs.count] }),
+            ("S_e.patchTxSmall", "small documents (2 fields, ~40 B)", small),
+        ] as [(String, String, (Int) -> [String: JSONValue])] {
+            let db = try store.create(String(label.prefix(3)))
+            for chunk in stride(from: 0, to: docCount, by: 500) {
+                _ = try db.commit((chunk..<min(chunk + 500, docCount)).map { i in
+                    .insert(collection: "c", doc: doc(i).merging(["_id": .string(String(format: "doc-%08d", i))]) { $1 })
+                })
+            }
+            for chunk in stride(from: 0, to: updates, by: 500) {
+                _ = try db.commit((chunk..<min(chunk + 500, updates)).map { i in
+                    .patch(
+                        collection: "c", id: String(format: "doc-%08d", (i &* 7919) % docCount),
+                        set: ["score": .double(Double(i)), "name": .string("n-\(i)")])
+                })
+            }
+            results += try measure(
+                db, dir: dir, label: label, asInfo: true,
+                what: "\(docCount) \(shape), then \(updates) two-field patches in transactions of 500, as db.info counts it")
+        }
         return results
     }
 
-    /// Compacts `db` and reports its file size before and after, against a plain table of its documents.
-    static func measure(_ db: BlazeDatabase, dir: String, label: String, what: String) throws -> [Result] {
-        let uncompacted = try db.checkpointedFileBytes()
+    /// Compacts `db` as `db.compact` does and reports its file size before and after, against a plain table of its
+    /// documents. The size is the file after a checkpoint, or with `asInfo` what `db.info` reports right after
+    /// `db.compact` (the file and its write-ahead log as they are).
+    static func measure(_ db: BlazeDatabase, dir: String, label: String, asInfo: Bool = false, what: String) throws -> [Result] {
+        let uncompacted = asInfo ? try db.summary().sizeBytes : try db.checkpointedFileBytes()
         let report = try db.compact(stable: try db.versionVector(), defragment: true)
-        let bytes = try db.checkpointedFileBytes()
+        let bytes = asInfo ? try db.summary().sizeBytes : try db.checkpointedFileBytes()
         let tables = try db.bytesByTable().sorted { $0.value > $1.value }.prefix(4)
             .map { String(format: "%@ %.1f", $0.key, Double($0.value) / 1e6) }.joined(separator: ", ")
         // The same documents, as they are now, in a plain table (1,000 rows per transaction).

@@ -151,12 +151,15 @@ final class WireClient {
         "CREATE TABLE IF NOT EXISTS docs (id text PRIMARY KEY, body jsonb NOT NULL)",
         "CREATE INDEX IF NOT EXISTS docs_email ON docs ((body->'email'))",
         "CREATE INDEX IF NOT EXISTS docs_age ON docs ((body->'age'))",
+        // The `insert.plain` row's table: what an outside client's first table looks like, no secondary index.
+        "CREATE TABLE IF NOT EXISTS plain (id text PRIMARY KEY, body jsonb NOT NULL)",
     ]
 
     static let pgStatements = [
         ("get", "SELECT body FROM docs WHERE id = $1"),
         ("one", "SELECT 1"),
         ("ins", "INSERT INTO docs(id, body) VALUES ($1, $2)"),
+        ("insplain", "INSERT INTO plain(id, body) VALUES ($1, $2)"),
         ("find", "SELECT body FROM docs WHERE body->'age' = $1::jsonb LIMIT 10"),
     ]
 
