@@ -92,8 +92,6 @@ bench-vectors:
 	swift build -c release --product blazebench
 	.build/release/blazebench --only VECTOR
 
-# A device that was offline while 1,000,000 changes were made elsewhere catches up through a relay: time, its peak
-# memory and bytes on the wire (release build; blazed runs as a child process; see Benchmarks/README.md, CATCHUP).
 # The outside check (Benchmarks/outside/run): independent clients (C with libpq, Python's standard library) against the
 # release blazed and a throwaway PostgreSQL, to set beside PEERS's insert.plain row and STORAGE's S_d and S_e.
 bench-outside:
@@ -103,6 +101,8 @@ bench-outside:
 	swift build -c release --product blazed
 	Benchmarks/outside/run
 
+# A device that was offline while 1,000,000 changes were made elsewhere catches up through a relay: time, its peak
+# memory and bytes on the wire (release build; blazed runs as a child process; see Benchmarks/README.md, CATCHUP).
 bench-catchup:
 	swift build -c release --product blazed
 	swift build -c release --product blazebench

@@ -4,7 +4,8 @@
 //
 //   insert_latency blazed SOCKET COUNT SHAPE TARGET      TARGET: a collection of database `default`
 //   insert_latency pg CONNINFO COUNT SHAPE TARGET        TARGET: a table `(id text primary key, body jsonb)`
-// SHAPE: `bench` (blazebench's 6-field document, ~250 B) or `small` (2 fields, ~30 B). The id is left to blazed.
+// SHAPE: `bench` (blazebench's 6-field document, ~250 B) or `small` (2 fields, ~40 B). The id is left to blazed.
+// TARGET is a plain name (letters, digits, `_`): it goes into JSON and SQL as it is.
 // Set PGINDEX=1 to give the PostgreSQL table blazebench's two expression indexes (email, age).
 #include <libpq-fe.h>
 #include <stdio.h>
@@ -40,7 +41,11 @@ static void document(char *out, size_t cap, const char *shape, long i) {
 static int blazed(const char *path, long count, const char *shape, const char *collection, double *latency) {
   int fd = socket(AF_UNIX, SOCK_STREAM, 0);
   struct sockaddr_un address = {.sun_family = AF_UNIX};
-  strncpy(address.sun_path, path, sizeof address.sun_path - 1);
+  if (strlen(path) >= sizeof address.sun_path) {
+    fprintf(stderr, "socket path too long: %s\n", path);
+    return 1;
+  }
+  memcpy(address.sun_path, path, strlen(path) + 1);
   if (fd < 0 || connect(fd, (struct sockaddr *)&address, sizeof address)) {
     perror("connect");
     return 1;
@@ -52,6 +57,10 @@ static int blazed(const char *path, long count, const char *shape, const char *c
                           "{\"jsonrpc\":\"2.0\",\"id\":%ld,\"method\":\"doc.insert\",\"params\":{\"db\":\"default\","
                           "\"collection\":\"%s\",\"doc\":%s}}\n",
                           i, collection, doc);
+    if (length < 0 || length >= (int)sizeof request) {
+      fprintf(stderr, "request too long\n");
+      return 1;
+    }
     double start = now_us();
     if (write(fd, request, length) != length) {
       perror("write");
@@ -59,16 +68,21 @@ static int blazed(const char *path, long count, const char *shape, const char *c
     }
     size_t got = 0;
     do {
+      if (got == sizeof reply - 1) {
+        fprintf(stderr, "reply longer than %zu bytes\n", sizeof reply - 1);
+        return 1;
+      }
       ssize_t n = read(fd, reply + got, sizeof reply - 1 - got);
       if (n <= 0) {
         perror("read");
         return 1;
       }
       got += n;
-    } while (reply[got - 1] != '\n' && got < sizeof reply - 1);
+    } while (reply[got - 1] != '\n');
     latency[i] = now_us() - start;
     reply[got] = 0;
-    if (!strstr(reply, "\"result\"")) {
+    // One reply per request (no pipelining): it is the answer to this insert, a result or an error.
+    if (strncmp(reply, "{", 1) || strstr(reply, "\"error\":") || !strstr(reply, "\"result\":")) {
       fprintf(stderr, "blazed refused an insert: %s", reply);
       return 1;
     }
@@ -94,6 +108,10 @@ static int postgres(const char *conninfo, long count, const char *shape, const c
     PQclear(PQexec(c, sql));
   }
   PGresult *r = PQexec(c, "SELECT 'o-' || md5(random()::text)");  // ids unique across runs into one table
+  if (PQresultStatus(r) != PGRES_TUPLES_OK || PQntuples(r) != 1) {
+    fprintf(stderr, "%s", PQerrorMessage(c));
+    return 1;
+  }
   char prefix[64];
   snprintf(prefix, sizeof prefix, "%s", PQgetvalue(r, 0, 0));
   PQclear(r);
@@ -120,8 +138,18 @@ int main(int argc, char **argv) {
     fprintf(stderr, "usage: insert_latency blazed|pg SOCKET|CONNINFO COUNT bench|small TARGET\n");
     return 2;
   }
+  for (const char *t = argv[5]; *t; t++) {
+    if (!(*t == '_' || (*t >= 'a' && *t <= 'z') || (*t >= 'A' && *t <= 'Z') || (*t >= '0' && *t <= '9'))) {
+      fprintf(stderr, "TARGET must be letters, digits and _\n");
+      return 2;
+    }
+  }
   long count = atol(argv[3]);
   double *latency = malloc(sizeof(double) * count);
+  if (!latency) {
+    perror("malloc");
+    return 1;
+  }
   int failed = !strcmp(argv[1], "blazed") ? blazed(argv[2], count, argv[4], argv[5], latency)
                                           : postgres(argv[2], count, argv[4], argv[5], latency);
   if (failed) return 1;

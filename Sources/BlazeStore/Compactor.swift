@@ -121,8 +121,13 @@ public struct Compactor: Sendable {
                     arguments: [text])
             }
         }
-        // Asked for space back: the write-ahead log the steps filled goes too (db.info counts it).
-        if defragment { _ = try database.truncateLog() }
+        // Asked for space back: the write-ahead log the steps filled goes too (db.info counts it), unless reads keep
+        // it (the database is compacted either way; only the size reported waits for a later checkpoint).
+        if defragment, (try? FileManager.default.attributesOfItem(atPath: database.path + "-wal")[.size] as? NSNumber)?
+            .int64Value ?? 0 > 0
+        {
+            _ = try? database.truncateLog()
+        }
         return total
     }
 

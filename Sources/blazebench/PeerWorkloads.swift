@@ -217,9 +217,15 @@ enum PeerWorkloads {
             process.standardOutput = log
             process.standardError = log
             try process.run()
-            let c = try WireClient.waitForServer(.blazed, socket: socket, process: process)
-            for field in ["email", "age"] {
-                try c.call(line("index.create", "{\"db\":\"default\",\"collection\":\"c\",\"fields\":[\"\(field)\"]}"))
+            try log?.close()
+            do {
+                let c = try WireClient.waitForServer(.blazed, socket: socket, process: process)
+                for field in ["email", "age"] {
+                    try c.call(line("index.create", "{\"db\":\"default\",\"collection\":\"c\",\"fields\":[\"\(field)\"]}"))
+                }
+            } catch {
+                stop()
+                throw error
             }
         }
 
