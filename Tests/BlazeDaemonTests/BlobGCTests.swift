@@ -150,6 +150,8 @@ import Testing
             let piece = Data(bytes[start..<min(start + 4_000_000, bytes.count)]).base64EncodedString()
             _ = try c.call("blob.append", ["db": "notes", "upload": upload, "data": .string(piece)])
         }
+        // Chunks are named and stored on the writer's lanes, off the append's thread: wait until some are on disk.
+        #expect(eventually { !Self.chunkFiles(d.dataDir, "notes").isEmpty }, "no chunk stored while the upload is open")
         let stored = Self.chunkFiles(d.dataDir, "notes")
         #expect(!stored.isEmpty)
         #expect(try c.call("blob.gc", ["db": "notes", "graceSeconds": 0])["removedChunks"] == 0)
