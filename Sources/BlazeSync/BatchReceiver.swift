@@ -77,7 +77,7 @@ final class BatchReceiver: ChannelInboundHandler {
     private var refusedOrigins: Set<NodeID> = []
 
     /// Batches waiting to be applied (or being stored beyond the first of a group) before reading pauses.
-    static let maxInbox = 16
+    static let maxInbox = 8
     /// Batches of a group being stored beyond its first: counted with the inbox in its limits.
     private var groupExtra = (count: 0, bytes: 0)
     /// Batches to store one at a time before grouping again (after a group refused as a whole).

@@ -15,7 +15,7 @@ public struct VerifiedBatch: Sendable {
     public var texts: [[UInt8]] = []
 
     /// The most batches a receiver stores in one transaction (`BlazeDatabase.store(group:)`).
-    public static let maxGroup = 16
+    public static let maxGroup = 4
 
     /// The batch as the store records it.
     var received: ReceivedBatch {
