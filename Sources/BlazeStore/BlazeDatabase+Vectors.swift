@@ -145,3 +145,40 @@ extension BlazeDatabase {
         return (row[0], spec.dimensions, spec.metric)
     }
 }
+
+/// Vector index files (`VectorIndexFile`): written when the database closes, so the next daemon starts with the graphs.
+extension BlazeDatabase {
+    /// Writes each held vector index whose graph changed since it was read or written, and removes the files of indexes
+    /// that are no longer defined (and temporary files a stop cut short). A failure leaves that index to be built again
+    /// from its rows: never an error. Returns the indexes whose file could not be written, with why.
+    @discardableResult
+    func saveVectorIndexes() -> [(index: String, error: any Error)] {
+        var failed: [(index: String, error: any Error)] = []
+        try? vectorIndexes.serialized {
+            for (name, build, seen, image) in vectorIndexes.unsavedImages() {
+                do {
+                    // New marker bytes first, committed before the file is in place: a copy of the database older than
+                    // this save never takes the file.
+                    guard let nonce = try connections.write({ db in try VectorIndexSQL.renewNonce(of: name, build: build, in: db) })
+                    else { continue }
+                    try VectorIndexFile.save(image, index: name, stamp: .init(build: build, nonce: nonce, seen: seen),
+                        to: VectorIndexFile.path(database: path, index: name))
+                } catch {
+                    failed.append((name, error))
+                }
+            }
+        }
+        do {
+            let defined = Set(try read { db in try String.fetchAll(db, sql: "SELECT name FROM indexes WHERE vector IS NOT NULL") })
+            let keep = Set(defined.map { VectorIndexFile.path(database: path, index: $0) })
+            let directory = (path as NSString).deletingLastPathComponent
+            let file = (path as NSString).lastPathComponent
+            for name in try FileManager.default.contentsOfDirectory(atPath: directory) where VectorIndexFile.belongs(name, to: file) {
+                if !keep.contains(directory + "/" + name) { unlink(directory + "/" + name) }
+            }
+        } catch {
+            // The files are a cache: a stale one is never used (it names another build or marker), only kept.
+        }
+        return failed
+    }
+}

@@ -33,7 +33,7 @@ public final class BlazeDatabase: Sendable {
     /// The committed version vector, so that a local write need not read `versions`.
     let committedVersions = CommittedVersions()
     /// The vector indexes searched so far, held in memory and caught up from `vector_rows` before each search.
-    let vectorIndexes = VectorIndexes()
+    let vectorIndexes: VectorIndexes
     /// Where group commits and local commits are reported (nil: nowhere).
     let metrics: StoreMetrics?
     /// Held while this replica's own changes are sealed (`SyncLogStore.sealPending`): sealers take turns.
@@ -44,6 +44,7 @@ public final class BlazeDatabase: Sendable {
     init(name: String, path: String, limits: StoreLimits, node: NodeID, metrics: StoreMetrics? = nil) throws {
         self.metrics = metrics
         self.stateCache = StateCache(budget: limits.stateCacheBytes)
+        self.vectorIndexes = VectorIndexes(databasePath: path)
         self.name = name
         self.path = path
         self.limits = limits
@@ -220,7 +221,8 @@ public final class BlazeDatabase: Sendable {
 
     /// Closes the database's connections; further use fails.
     public func close() throws {
-        vectorIndexes.close()
+        vectorIndexes.close()  // graph builds stop first: their work is lost either way
+        saveVectorIndexes()
         feed.end(StoreError(.unavailable, kind: "shutting_down", "the daemon is shutting down"))
         try connections.close()
     }

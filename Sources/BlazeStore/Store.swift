@@ -159,14 +159,24 @@ public final class Store: Sendable {
             for suffix in ["", "-wal", "-shm"] where FileManager.default.fileExists(atPath: path + suffix) {
                 try FileManager.default.removeItem(atPath: path + suffix)
             }
-            // Its copies kept before format upgrades hold its documents too (`DatabaseFormat`).
+            // Its copies kept before format upgrades hold its documents too (`DatabaseFormat`), and its vector index
+            // files copies of its vectors (`VectorIndexFile`).
             let file = (path as NSString).lastPathComponent
             let directory = (path as NSString).deletingLastPathComponent
             for name in (try? FileManager.default.contentsOfDirectory(atPath: directory)) ?? []
-            where name.hasPrefix(file + ".format-") && name.hasSuffix(".bak") {
+            where Self.isFormatCopy(name, of: file) || VectorIndexFile.belongs(name, to: file) {
                 try? FileManager.default.removeItem(atPath: directory + "/" + name)
             }
         }
+    }
+
+    /// Whether `name` is a copy of database file `file` kept before a format upgrade: `FILE.format-N.bak` or
+    /// `FILE.format-N-TIME.bak`, digits only between, so another database's copies (`a.db.format-1.db.format-2.bak`
+    /// for database `a.db.format-1`) never match `a.db`'s.
+    static func isFormatCopy(_ name: String, of file: String) -> Bool {
+        guard name.hasPrefix(file + ".format-"), name.hasSuffix(".bak") else { return false }
+        let middle = name.utf8.dropFirst(file.utf8.count + 8).dropLast(4)
+        return !middle.isEmpty && middle.allSatisfy { (0x30...0x39).contains($0) || $0 == UInt8(ascii: "-") }
     }
 
     /// Closes every open database (used at shutdown).

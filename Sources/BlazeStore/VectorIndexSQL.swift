@@ -8,9 +8,11 @@ import GRDB
 /// vector (NULL: not a vector of the index's dimensions, or no longer there: a document that held one lost it or went;
 /// a document that never held one has no row), kept by triggers on `docs` in the transaction of every write — local,
 /// remote, snapshot install, restore — so it is never behind the documents. Rows only grow in `seq`: a reader holding
-/// an index in memory (`VectorIndexes`) catches up by reading the rows after the last it saw.
+/// an index in memory (`VectorIndexes`) catches up by reading the rows after the last it saw. Each build also writes
+/// a marker row (document −1) holding 16 random bytes, renewed each time the index is written to its file
+/// (`VectorIndexFile`), which names the build and the file's save.
 ///
-/// Never synced and never trusted from a file: built again from the definitions whenever a definition is saved, and
+/// Never synced, and never taken from a backup: built again from the definitions whenever a definition is saved, and
 /// on restore.
 enum VectorIndexSQL {
     /// `blaze_vector(text, dimensions)`: the float32 bytes of a stored vector's base64 text when it has exactly that
@@ -59,7 +61,9 @@ enum VectorIndexSQL {
                 """)
         // The build's marker (document -1, never a row id): its seq tells a reader holding the index in memory
         // that the rows were built again.
-        try db.execute(sql: "INSERT INTO vector_rows(idx, doc, v) VALUES (?, -1, NULL)", arguments: [name])
+        // It holds 16 random bytes, which name this build in the index's file (`VectorIndexFile`): a seq alone may
+        // come again after a restore resets the sequence.
+        try db.execute(sql: "INSERT INTO vector_rows(idx, doc, v) VALUES (?, -1, randomblob(16))", arguments: [name])
         try db.execute(
             sql: """
                 INSERT INTO vector_rows(idx, doc, v)
@@ -73,6 +77,23 @@ enum VectorIndexSQL {
     static func build(of name: String, in db: Database) throws -> Int64? {
         try Int64.fetchOne(
             db.cachedStatement(sql: "SELECT seq FROM vector_rows WHERE idx = ? AND doc = -1"), arguments: [name])
+    }
+
+    /// The 16 bytes of index `name`'s build marker of seq `build`; nil when it has none (built before markers held
+    /// them) or the index was built again.
+    static func nonce(of name: String, build: Int64, in db: Database) throws -> [UInt8]? {
+        let bytes = try Data.fetchOne(
+            db.cachedStatement(sql: "SELECT v FROM vector_rows WHERE idx = ? AND doc = -1 AND seq = ?"), arguments: [name, build])
+        return bytes.flatMap { $0.count == 16 ? Array($0) : nil }
+    }
+
+    /// Gives index `name`'s marker of build `build` 16 new random bytes and returns them, for a file about to be
+    /// written: a copy of the database older than that write (a file-system snapshot, a file copied back by hand)
+    /// then holds other bytes and never takes the file. Nil when the index was built again or dropped.
+    static func renewNonce(of name: String, build: Int64, in db: Database) throws -> [UInt8]? {
+        try db.execute(
+            sql: "UPDATE vector_rows SET v = randomblob(16) WHERE idx = ? AND doc = -1 AND seq = ?", arguments: [name, build])
+        return try nonce(of: name, build: build, in: db)
     }
 
     /// Removes index `name`'s triggers and rows.

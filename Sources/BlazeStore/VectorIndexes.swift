@@ -26,6 +26,16 @@ final class VectorIndexes: Sendable {
         var graph: HNSWGraph?
         /// A graph is being built for the matrix generation it names.
         var building: UInt64?
+        /// Whether the matrix or graph changed since they were read from or written to the index's file.
+        var unsaved = true
+    }
+
+    /// The database file's path (index files are kept beside it: `VectorIndexFile`); nil keeps none.
+    let databasePath: String?
+
+    /// The indexes of the database at `databasePath`.
+    init(databasePath: String?) {
+        self.databasePath = databasePath
     }
 
     private let held = Mutex<[String: Held]>([:])
@@ -53,10 +63,11 @@ final class VectorIndexes: Sendable {
             return nil
         }
         var entry = held.withLock { h -> Held? in h.removeValue(forKey: name) }
+        if entry == nil { entry = try fromFile(name, build: build, dimensions: dimensions, metric: metric, db) }
         if entry?.build != build || entry?.matrix.dimensions != dimensions || entry?.metric != metric {
             var matrix = VectorMatrix(dimensions: dimensions)
             let rows = try Int.fetchOne(
-                db, sql: "SELECT count(*) FROM vector_rows WHERE idx = ? AND v IS NOT NULL", arguments: [name]) ?? 0
+                db, sql: "SELECT count(*) FROM vector_rows WHERE idx = ? AND doc >= 0 AND v IS NOT NULL", arguments: [name]) ?? 0
             matrix.reserve(rows)
             entry = Held(build: build, seen: build, matrix: matrix, metric: metric)
         }
@@ -69,6 +80,7 @@ final class VectorIndexes: Sendable {
         while let row = try rows.next() {
             let seq: Int64 = row[0], doc: Int64 = row[1]
             current.seen = seq
+            current.unsaved = true
             guard doc >= 0 else { continue }
             if let bytes = row[2] as Data?, bytes.count == dimensions * 4 {
                 let floats = [Float](unsafeUninitializedCapacity: dimensions) { buffer, count in
@@ -82,10 +94,13 @@ final class VectorIndexes: Sendable {
         if let graph = finished.withLock({ $0.removeValue(forKey: name) }), graph.generation == current.matrix.generation {
             current.graph = graph
             current.building = nil
+            current.unsaved = true
         }
         if current.graph?.generation != current.matrix.generation { current.graph = nil }
         if var graph = current.graph.take() {
+            let nodes = graph.nodes
             graph.extend(to: min(current.matrix.slotCount, graph.nodes + Self.extendPerSearch), in: current.matrix)
+            if graph.nodes != nodes { current.unsaved = true }
             current.graph = graph
         } else if current.matrix.count >= Self.approximateFrom, current.building != current.matrix.generation {
             current.building = current.matrix.generation
@@ -111,6 +126,42 @@ final class VectorIndexes: Sendable {
         }
         thread.name = "blazed.vector-graph"
         thread.start()
+    }
+
+    /// Index `name` as its file holds it, if the file matches the index's build and the rows (`VectorIndexFile`).
+    private func fromFile(_ name: String, build: Int64, dimensions: Int, metric: VectorMetric, _ db: Database) throws -> Held? {
+        guard let databasePath, let nonce = try VectorIndexSQL.nonce(of: name, build: build, in: db) else { return nil }
+        let path = VectorIndexFile.path(database: databasePath, index: name)
+        let maxSeen = try Int64.fetchOne(db, sql: "SELECT max(seq) FROM vector_rows") ?? 0
+        guard let (image, seen) = VectorIndexFile.load(path, index: name, build: build, nonce: nonce, maxSeen: maxSeen) else { return nil }
+        guard image.dimensions == dimensions, image.metric == metric, let (matrix, graph) = try? image.restore() else {
+            unlink(path)
+            return nil
+        }
+        return Held(build: build, seen: seen, matrix: matrix, metric: metric, graph: graph, unsaved: false)
+    }
+
+    /// What `BlazeDatabase.saveVectorIndexes` writes: each held index that has a graph and changed since it was read
+    /// or written, with the build and last row it covers (marked saved: a failed write is not tried again). Takes the
+    /// graphs finished meanwhile first. Call inside `serialized`.
+    func unsavedImages() -> [(name: String, build: Int64, seen: Int64, image: VectorIndexImage)] {
+        let done = finished.withLock { f in
+            defer { f = [:] }
+            return f
+        }
+        return held.withLock { held in
+            var out: [(name: String, build: Int64, seen: Int64, image: VectorIndexImage)] = []
+            for name in held.keys.sorted() {
+                guard var h = held[name] else { continue }
+                if let graph = done[name], graph.generation == h.matrix.generation { (h.graph, h.building, h.unsaved) = (graph, nil, true) }
+                if let graph = h.graph, graph.generation == h.matrix.generation, h.unsaved {
+                    out.append((name, h.build, h.seen, VectorIndexImage(matrix: h.matrix, graph: graph)))
+                    h.unsaved = false
+                }
+                held[name] = h
+            }
+            return out
+        }
     }
 
     /// Whether index `name` has a graph, or one finished building that its next search takes.

@@ -28,14 +28,14 @@ public struct HNSWGraph: Sendable {
     public let metric: VectorMetric
     /// The matrix generation the slots belong to.
     public let generation: UInt64
-    private let m0: Int
+    let m0: Int
     /// Layer-0 links: `m0` per node, the first `count0[node]` used.
-    private var links0: [Int32] = []
-    private var count0: [UInt8] = []
+    var links0: [Int32] = []
+    var count0: [UInt8] = []
     /// The links of the layers above 0, by node: `upper[node][layer - 1]`.
-    private var upper: [Int32: [[Int32]]] = [:]
-    private var entry: Int32 = -1
-    private var topLayer = 0
+    var upper: [Int32: [[Int32]]] = [:]
+    var entry: Int32 = -1
+    var topLayer = 0
 
     /// An empty graph for the slots of `matrix`'s current generation.
     public init(for matrix: VectorMatrix, metric: VectorMetric, parameters: Parameters = Parameters()) {

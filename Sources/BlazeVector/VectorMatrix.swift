@@ -41,12 +41,12 @@ public struct VectorMatrix: Sendable {
     /// Components per row.
     public let dimensions: Int
     /// The rows' components, slot after slot.
-    private(set) var values: [Float] = []
+    var values: [Float] = []
     /// Each slot's squared norm.
-    private(set) var squaredNorms: [Float] = []
+    var squaredNorms: [Float] = []
     /// Each slot's id; `dead` for a removed row.
-    private(set) var ids: [Int64] = []
-    private var slots: [Int64: Int] = [:]
+    var ids: [Int64] = []
+    var slots: [Int64: Int] = [:]
     /// This matrix's slots' identity: new for each matrix and each compaction (a renumbering), so a graph over other
     /// slots is never used with these.
     public private(set) var generation = UInt64.random(in: 1...UInt64.max)

@@ -155,4 +155,41 @@ import Testing
             #expect(Self.ids(r) == ["p5"])
         }
     }
+
+    /// The graph a daemon built is written when it stops (SIGTERM) and searched at once by the next daemon; after a
+    /// SIGKILL, which writes nothing, the next daemon uses the file of the last clean stop, caught up with the rows
+    /// written since.
+    @Test func theGraphOutlivesARestartAndAKill9FallsBackToTheLastCleanStop() throws {
+        let dir = TempDir()
+        var d = try DaemonProcess(dir: dir)
+        var c = try d.connect()
+        _ = try c.call("index.create", ["db": "default", "collection": "p", "fields": ["v"], "vector": ["dimensions": 8, "metric": "l2"]])
+        let rows = Self.vectors(10_200, 8, seed: 31).enumerated().map { (id: "d\($0.offset)", v: $0.element) }
+        try Self.write(rows, to: c, db: "default", collection: "p")
+        let q = Self.vectors(1, 8, seed: 32)[0]
+        let query: [String: JSONValue] = ["db": "default", "collection": "p", "field": "v", "vector": .string(VectorValue.encode(q)), "k": 10]
+        var built: JSONValue = .null
+        #expect(eventually(timeout: .seconds(300)) {
+            built = (try? c.call("query.nearest", query)) ?? .null
+            return built["approximate"] == true
+        }, "the daemon built no graph")
+        d.stop()
+        let databases = d.dataDir + "/databases"
+        #expect(try FileManager.default.contentsOfDirectory(atPath: databases).contains { $0.hasPrefix("default.db.vx-") })
+
+        d = try DaemonProcess(dir: dir)
+        c = try d.connect()
+        let restarted = try c.call("query.nearest", query)
+        #expect(restarted["approximate"] == true && restarted["results"] == built["results"], "the first search after SIGTERM did not use the graph")
+        let late = Self.vectors(1, 8, seed: 33)[0]
+        _ = try c.call("doc.put", ["db": "default", "collection": "p", "id": "late", "doc": ["v": ["$vector": .string(VectorValue.encode(late))]]])
+        d.kill9()
+
+        d = try DaemonProcess(dir: dir)
+        c = try d.connect()
+        let lateQuery: [String: JSONValue] = ["db": "default", "collection": "p", "field": "v", "vector": .string(VectorValue.encode(late)), "k": 1]
+        let afterKill = try c.call("query.nearest", lateQuery)
+        #expect(afterKill["approximate"] == true && Self.ids(afterKill) == ["late"])
+        d.stop()
+    }
 }

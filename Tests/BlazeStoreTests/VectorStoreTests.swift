@@ -240,4 +240,120 @@ import Testing
             _ = try db.nearest(q)
         }
     }
+
+    @Test func theGraphIsKeptInAFileAndSearchedAtOnceAfterARestart() throws {
+        let t = try TempStore()
+        var db = try t.store.create("v")
+        _ = try db.write { try $0.createIndex(collection: "p", fields: ["e"], name: "e", vector: IndexVector(dimensions: 8, metric: "l2")) }
+        var rng = SeededRandom(seed: testSeed("vector-graph-file"))
+        func random() -> [Float] { (0..<8).map { _ in Float.random(in: -1...1, using: &rng) } }
+        let n = VectorIndexes.approximateFrom + 200
+        for start in stride(from: 0, to: n, by: 1000) {
+            _ = try db.commit((start..<min(n, start + 1000)).map { i in .put(collection: "p", id: "d\(i)", doc: ["e": VectorValue.stored(random())]) })
+        }
+        let field = try FieldPath("e")
+        let queries = (0..<10).map { _ in random() }
+        _ = try db.nearest(NearestQuery(collection: "p", field: field, vector: queries[0], k: 5))
+        #expect(eventually(timeout: .seconds(300)) { db.vectorIndexes.hasGraph("e") }, "no graph was built")
+        let before = try queries.map { try db.nearest(NearestQuery(collection: "p", field: field, vector: $0, k: 5)) }
+        #expect(before.allSatisfy { $0.approximate })
+        let file = VectorIndexFile.path(database: db.path, index: "e")
+        #expect(!FileManager.default.fileExists(atPath: file))
+        t.store.closeAll()
+        #expect(FileManager.default.fileExists(atPath: file), "closing wrote no index file")
+
+        // A copy of the database as it was at this save (as a file-system snapshot would keep it).
+        let copy = t.dir + "/copy"
+        try FileManager.default.createDirectory(atPath: copy, withIntermediateDirectories: true)
+        for suffix in ["", "-wal"] where FileManager.default.fileExists(atPath: db.path + suffix) {
+            try FileManager.default.copyItem(atPath: db.path + suffix, toPath: copy + "/v.db" + suffix)
+        }
+
+        // Reopened: the first search answers from the graph, exactly as before the restart; a row written since is
+        // found.
+        var store = try Store(directory: t.dir, node: t.store.node)
+        db = try store.database("v")
+        let after = try queries.map { try db.nearest(NearestQuery(collection: "p", field: field, vector: $0, k: 5)) }
+        #expect(after.allSatisfy { $0.approximate }, "the first searches after the restart did not use the saved graph")
+        let ids = { (r: NearestResult) in r.hits.compactMap { $0.doc["_id"]?.stringValue } }
+        #expect(after.map(ids) == before.map(ids))
+        #expect(after.map { $0.hits.map(\.distance) } == before.map { $0.hits.map(\.distance) })
+        let late = random()
+        _ = try db.apply(.put(collection: "p", id: "late", doc: ["e": VectorValue.stored(late)]))
+        #expect(try db.nearest(NearestQuery(collection: "p", field: field, vector: late, k: 1)).hits.first?.doc["_id"] == "late")
+        store.closeAll()
+
+        // The older copy put back: its marker predates the file written since, so the file is not taken (its rows
+        // after the copy's would otherwise be skipped), and the index is searched exactly and built again.
+        for suffix in ["", "-wal", "-shm"] { try? FileManager.default.removeItem(atPath: db.path + suffix) }
+        for suffix in ["", "-wal"] where FileManager.default.fileExists(atPath: copy + "/v.db" + suffix) {
+            try FileManager.default.copyItem(atPath: copy + "/v.db" + suffix, toPath: db.path + suffix)
+        }
+        store = try Store(directory: t.dir, node: t.store.node)
+        db = try store.database("v")
+        // Writes on the copy take its row seqs past the ones the file covers, as sync would before a first search.
+        let other = random()
+        _ = try db.commit([.put(collection: "p", id: "other", doc: ["e": VectorValue.stored(other)]), .put(collection: "p", id: "o2", doc: ["e": VectorValue.stored(random())])])
+        let older = try db.nearest(NearestQuery(collection: "p", field: field, vector: queries[0], k: 5))
+        #expect(!older.approximate && !FileManager.default.fileExists(atPath: file), "a file saved after the copy was taken")
+        #expect(try db.nearest(NearestQuery(collection: "p", field: field, vector: other, k: 1)).hits.first?.doc["_id"] == "other")
+        #expect(eventually(timeout: .seconds(300)) { db.vectorIndexes.hasGraph("e") }, "no graph was built again")
+        #expect(try db.nearest(NearestQuery(collection: "p", field: field, vector: queries[0], k: 5)).approximate)
+        store.closeAll()
+
+        // A damaged file is removed, and the index searched exactly from its rows.
+        #expect(FileManager.default.fileExists(atPath: file))
+        let handle = try #require(FileHandle(forUpdatingAtPath: file))
+        try handle.seek(toOffset: UInt64(VectorIndexFile.headerSize + 1000))
+        try handle.write(contentsOf: Data([0xFF, 0x00, 0xFF]))
+        try handle.close()
+        store = try Store(directory: t.dir, node: t.store.node)
+        db = try store.database("v")
+        let damaged = try db.nearest(NearestQuery(collection: "p", field: field, vector: queries[0], k: 5))
+        #expect(!damaged.approximate && ids(damaged) == ids(older))
+        #expect(!FileManager.default.fileExists(atPath: file), "a damaged index file was kept")
+        store.closeAll()
+
+        // Files made for another build, another index or other graph parameters are not used; a FIFO in the file's
+        // place does not block the search.
+        let empty = VectorMatrix(dimensions: 8)
+        store = try Store(directory: t.dir, node: t.store.node)
+        db = try store.database("v")
+        let marker = try db.read { d in try Row.fetchOne(d, sql: "SELECT seq, v FROM vector_rows WHERE idx = 'e' AND doc = -1") }
+        let (build, nonce): (Int64, [UInt8]) = (try #require(marker)[0], Array(try #require(marker)[1] as Data))
+        let seen = try db.read { d in try Int64.fetchOne(d, sql: "SELECT max(seq) FROM vector_rows") } ?? 0
+        var otherParameters = VectorIndexImage(matrix: empty, graph: HNSWGraph(for: empty, metric: .l2))
+        otherParameters.parameters = HNSWGraph.Parameters(m: 16, efConstruction: 100_000)
+        let unusable: [(VectorIndexImage, String, VectorIndexFile.Stamp)] = [
+            (VectorIndexImage(matrix: empty, graph: HNSWGraph(for: empty, metric: .l2)), "e", .init(build: build, nonce: Array(repeating: 7, count: 16), seen: seen)),
+            (VectorIndexImage(matrix: empty, graph: HNSWGraph(for: empty, metric: .l2)), "f", .init(build: build, nonce: nonce, seen: seen)),
+            (otherParameters, "e", .init(build: build, nonce: nonce, seen: seen)),
+            (VectorIndexImage(matrix: empty, graph: HNSWGraph(for: empty, metric: .l2)), "e", .init(build: build, nonce: nonce, seen: seen + 1)),
+        ]
+        for (image, index, stamp) in unusable {
+            try VectorIndexFile.save(image, index: index, stamp: stamp, to: file)
+            #expect(VectorIndexFile.load(file, index: "e", build: build, nonce: nonce, maxSeen: seen) == nil, "\(index) \(stamp)")
+            #expect(!FileManager.default.fileExists(atPath: file))
+        }
+        #expect(mkfifo(file, 0o600) == 0)
+        #expect(VectorIndexFile.load(file, index: "e", build: build, nonce: nonce, maxSeen: seen) == nil)
+        #expect(!FileManager.default.fileExists(atPath: file))
+
+        // Dropping the database removes its index files, and no file of a database whose name starts like them.
+        let neighbour = try store.create("v.db.vx-1")
+        _ = try neighbour.apply(.put(collection: "p", id: "n", doc: ["x": 1]))
+        try VectorIndexFile.save(
+            VectorIndexImage(matrix: empty, graph: HNSWGraph(for: empty, metric: .l2)), index: "e",
+            stamp: .init(build: 1, nonce: Array(repeating: 7, count: 16), seen: 1), to: file)
+        try store.drop("v")
+        #expect(!FileManager.default.fileExists(atPath: file))
+        let listed = try store.list()
+        #expect(FileManager.default.fileExists(atPath: neighbour.path) && listed == ["v.db.vx-1"])
+        store.closeAll()
+        #expect(VectorIndexFile.belongs("v.db.vx-" + String(repeating: "0a", count: 16), to: "v.db"))
+        #expect(VectorIndexFile.belongs("v.db.vx-" + String(repeating: "0a", count: 16) + ".tmp", to: "v.db"))
+        #expect(!VectorIndexFile.belongs("v.db.vx-1.db", to: "v.db") && !VectorIndexFile.belongs("v.db.vx-1.db-wal", to: "v.db"))
+        #expect(Store.isFormatCopy("v.db.format-15.bak", of: "v.db") && Store.isFormatCopy("v.db.format-15-1764300000.bak", of: "v.db"))
+        #expect(!Store.isFormatCopy("v.db.format-1.db.format-2.bak", of: "v.db"))
+    }
 }

@@ -69,4 +69,51 @@ import Testing
         #expect(matrix.generation != graph.generation && matrix.count == 1000 && matrix.slotCount < 3000)
         #expect(graph.nearest(to: [2500, 1], k: 3, ef: 10, in: matrix).map(\.id) == [2500, 2499, 2501])
     }
+
+    @Test func anImageRestoresTheSameGraphAndRefusesDamagedParts() throws {
+        let (vectors, queries) = Self.clustered(1500, 16, queries: 10, seed: testSeed("hnsw-image"))
+        var matrix = VectorMatrix(dimensions: 16)
+        for (i, v) in vectors.enumerated() { matrix.set(Int64(i + 1), v) }
+        for id in stride(from: Int64(1), to: 1500, by: 7) { matrix.remove(id) }  // dead slots stay routing nodes
+        var graph = HNSWGraph(for: matrix, metric: .cosine, parameters: .init(m: 8, efConstruction: 64))
+        graph.extend(to: matrix.slotCount - 100, in: matrix)  // a graph behind its matrix, as a saved one may be
+        let image = VectorIndexImage(matrix: matrix, graph: graph)
+        #expect(!image.upperNodes.isEmpty, "no node above layer 0: the test would not cover the upper layers")
+        let (restored, restoredGraph) = try image.restore()
+        #expect(restored.generation != matrix.generation && restoredGraph.generation == restored.generation)
+        #expect(restored.count == matrix.count && restoredGraph.nodes == graph.nodes)
+        for q in queries {
+            #expect(restoredGraph.nearest(to: q, k: 10, ef: 40, in: restored) == graph.nearest(to: q, k: 10, ef: 40, in: matrix))
+            #expect(restored.nearest(to: q, k: 10, metric: .l2) == matrix.nearest(to: q, k: 10, metric: .l2))
+        }
+        // Every damaged part is refused before anything searches it.
+        func refused(_ change: (inout VectorIndexImage) -> Void) -> Bool {
+            var damaged = image
+            change(&damaged)
+            do {
+                _ = try damaged.restore()
+                return false
+            } catch {
+                return true
+            }
+        }
+        #expect(refused { $0.values[5] = .nan })
+        #expect(refused { $0.values[5] = 3e38 })  // finite, but its squared norm is not
+        #expect(refused { $0.values.removeLast() })
+        #expect(refused { $0.ids[3] = $0.ids[2] })
+        #expect(refused { $0.ids[3] = -5 })
+        #expect(refused { $0.links0[0] = Int32($0.count0.count) })
+        #expect(refused { $0.links0[0] = 0 })  // a node linked to itself
+        #expect(refused { $0.count0[0] = UInt8(2 * $0.parameters.m + 1) })
+        #expect(refused { $0.count0.append(0) })
+        #expect(refused { $0.upperNodes[0] = $0.upperNodes[0] &+ 1 })
+        #expect(refused { $0.upperNodes.removeFirst() })
+        #expect(refused { $0.upperCounts[0] = UInt8($0.parameters.m + 1) })
+        #expect(refused { $0.upperLinks[0] = -1 })
+        #expect(refused { $0.upperLinks.append(0) })
+        #expect(refused { $0.entry = $0.entry == 0 ? 1 : 0 })
+        #expect(refused { $0.topLayer += 1 })
+        #expect(refused { $0.dimensions = 0 })
+        #expect(refused { $0.parameters.m = 1 })
+    }
 }
