@@ -15,6 +15,12 @@ public struct StoreLimits: Sendable, Equatable {
     public var maxGetMany: Int = 10_000
     /// Maximum fields in one user index.
     public var maxIndexFields: Int = 8
+    /// Most indexes built per database, of every kind: each one costs every write that touches its collection, on
+    /// every device. A local `index.create` past it is refused (`too_many_indexes`); a definition past it received
+    /// from another device is kept, not built, and built once another is dropped.
+    public var maxIndexes: Int = 64
+    /// Most vector indexes built per database (within `maxIndexes`): each holds its vectors in memory once searched.
+    public var maxVectorIndexes: Int = 8
 
     /// How far ahead of local wall time (milliseconds) the clock of a change from another device may be; a change
     /// further ahead is refused (`clock_ahead` in `sync.status`) until local time catches up.
