@@ -44,6 +44,7 @@ extension DaemonConfig {
             Landing(S.maxBlobBytes, \.maxBlobBytes),
             Landing(S.maxSubscriptions, \.limits.maxSubscriptionsPerConnection),
             Landing(S.maxSubscriberBacklogBytes, \.limits.maxSubscriberBacklogBytes),
+            Landing(S.maxVectorMemory, \.storeLimits.maxVectorMemoryBytes),
             Landing(S.feedRetention, \.storeLimits.feedRetention),
             Landing(S.metricsListen, \.metricsListen),
             Landing(S.syncListen, \.syncListen),

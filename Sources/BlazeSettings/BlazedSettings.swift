@@ -52,6 +52,11 @@ public enum BlazedSettings {
     public static let maxSubscriberBacklogBytes = Setting.int(
         "max-subscriber-backlog-bytes", min: 1,
         "Unsent bytes a connection may accumulate before a live subscription on it is dropped", default: 8 << 20)
+    /// `max-vector-memory`.
+    public static let maxVectorMemory = Setting.int(
+        "max-vector-memory", min: 0,
+        "Bytes of vectors and graph links each database holds in memory for query.nearest; an index that would take more is searched exactly from disk",
+        default: 1 << 30)
     /// `feed-retention`.
     public static let feedRetention = Setting.int(
         "feed-retention", min: 1,
@@ -112,7 +117,7 @@ public enum BlazedSettings {
     public static let keys: [ConfigKey] = [
         socket.key, dataDir.key, defaultDatabase.key, logLevel.key, logFormat.key, maxLineBytes.key, maxDepth.key,
         maxBatch.key, maxConnections.key, idleTimeout.key, maxDocumentBytes.key, maxBlobBytes.key, maxSubscriptions.key,
-        maxSubscriberBacklogBytes.key, feedRetention.key, metricsListen.key, syncListen.key, syncTimeout.key, syncHandshakeTimeout.key,
+        maxSubscriberBacklogBytes.key, maxVectorMemory.key, feedRetention.key, metricsListen.key, syncListen.key, syncTimeout.key, syncHandshakeTimeout.key,
         syncRetryMax.key, syncMaxPeers.key, syncMaxPeersPerAddress.key, syncMaxHandshakes.key, syncTLSCAFile.key,
         folderPollInterval.key, folderInotify.key, folderSegmentBytes.key, compactionInterval.key, compactionHorizon.key,
     ]

@@ -77,7 +77,8 @@ extension BlazeDatabase {
                 let admitted = try Self.admitted(query, db)
                 var hits: [VectorHit]
                 var approximate = false
-                if let definition,
+                let inMemory = try definition.map { try fitsInMemory($0.name, dimensions: $0.dimensions, db) } ?? false
+                if let definition, inMemory,
                     let (matrix, graph) = try vectorIndexes.caughtUp(definition.name, dimensions: definition.dimensions, metric: indexMetric, db)
                 {
                     // The graph answers when there is one, the caller did not ask for exact, the metric is the one it
@@ -93,6 +94,10 @@ extension BlazeDatabase {
                         hits = admitted.map { matrix.nearest(to: query.vector, k: query.k, metric: metric, among: $0) }
                             ?? matrix.nearest(to: query.vector, k: query.k, metric: metric)
                     }
+                    // Grown past the memory limit since it was loaded: searched from its rows from the next search on.
+                    if vectorIndexes.heldBytes() > limits.maxVectorMemoryBytes { vectorIndexes.forget(definition.name) }
+                } else if let definition, try VectorIndexSQL.build(of: definition.name, in: db) != nil {
+                    hits = try Self.streamRows(definition.name, query, metric: metric, admitted: admitted, db)
                 } else {
                     hits = try Self.scan(query, metric: metric, db)
                 }
@@ -116,19 +121,50 @@ extension BlazeDatabase {
         return try Int64.fetchAll(db, sql: sql, arguments: StatementArguments(args))
     }
 
-    /// The nearest documents found by reading every document's vector at the field (no index).
+    /// The nearest documents found by reading every document's vector at the field (no index), one at a time.
     private static func scan(_ query: NearestQuery, metric: VectorMetric, _ db: Database) throws -> [VectorHit] {
         var args: [DatabaseValue] = []
         var sql = "SELECT rowid, json_extract(body, \(VectorIndexSQL.vectorPath(query.field))) AS v FROM docs "
             + "WHERE collection = '\(query.collection)' AND v IS NOT NULL"
         if query.filter != .all { sql += " AND \(QueryCompiler.compile(query.filter, &args))" }
-        var matrix = VectorMatrix(dimensions: query.vector.count)
+        var search = StreamingNearest(query: query.vector, k: query.k, metric: metric)
         let rows = try Row.fetchCursor(db, sql: sql, arguments: StatementArguments(args))
         while let row = try rows.next() {
-            guard let text = row[1] as String?, let floats = VectorValue.decode(text), floats.count == query.vector.count else { continue }
-            matrix.set(row[0], floats)
+            guard let text = row[1] as String?, let floats = VectorValue.decode(text) else { continue }
+            floats.withUnsafeBufferPointer { search.offer(row[0], $0) }
         }
-        return matrix.nearest(to: query.vector, k: query.k, metric: metric)
+        return search.hits
+    }
+
+    /// The nearest documents found by reading index `name`'s stored rows one at a time (an index too large for the
+    /// memory limit), among `admitted` when given.
+    private static func streamRows(
+        _ name: String, _ query: NearestQuery, metric: VectorMetric, admitted: [Int64]?, _ db: Database
+    ) throws -> [VectorHit] {
+        var search = StreamingNearest(query: query.vector, k: query.k, metric: metric)
+        let admits = admitted.map(Set.init)
+        var row = [Float](repeating: 0, count: query.vector.count)
+        let rows = try Row.fetchCursor(
+            db.cachedStatement(sql: "SELECT doc, v FROM vector_rows WHERE idx = ? AND doc >= 0 AND v IS NOT NULL"), arguments: [name])
+        while let r = try rows.next() {
+            let doc: Int64 = r[0]
+            if let admits, !admits.contains(doc) { continue }
+            guard let bytes = r[1] as Data?, bytes.count == row.count * 4 else { continue }
+            row.withUnsafeMutableBytes { _ = bytes.copyBytes(to: $0) }
+            row.withUnsafeBufferPointer { search.offer(doc, $0) }
+        }
+        return search.hits
+    }
+
+    /// Whether index `name` is, or may be, held in memory: held already, or its rows (at their size in memory,
+    /// graph links included) fit beside the other held indexes within `max-vector-memory`.
+    private func fitsInMemory(_ name: String, dimensions: Int, _ db: Database) throws -> Bool {
+        if vectorIndexes.isHeld(name) { return true }
+        let rows = try Int.fetchOne(
+            db.cachedStatement(sql: "SELECT count(*) FROM vector_rows WHERE idx = ? AND doc >= 0 AND v IS NOT NULL"), arguments: [name]) ?? 0
+        let (perRow, o1) = dimensions.multipliedReportingOverflow(by: 4)
+        let (bytes, o2) = rows.multipliedReportingOverflow(by: perRow + 160)
+        return !o1 && !o2 && bytes <= limits.maxVectorMemoryBytes - min(limits.maxVectorMemoryBytes, vectorIndexes.heldBytes())
     }
 
     /// The vector index of `field` in `collection`, if one is defined (and built).

@@ -21,6 +21,9 @@ public struct StoreLimits: Sendable, Equatable {
     public var maxIndexes: Int = 64
     /// Most vector indexes built per database (within `maxIndexes`): each holds its vectors in memory once searched.
     public var maxVectorIndexes: Int = 8
+    /// Bytes of vectors and graph links a database's vector indexes hold in memory (`max-vector-memory`); an index
+    /// that would take it past this is searched exactly from its stored rows instead, one row at a time.
+    public var maxVectorMemoryBytes = BlazedSettings.maxVectorMemory.defaultValue
 
     /// How far ahead of local wall time (milliseconds) the clock of a change from another device may be; a change
     /// further ahead is refused (`clock_ahead` in `sync.status`) until local time catches up.

@@ -164,6 +164,20 @@ final class VectorIndexes: Sendable {
         }
     }
 
+    /// Whether index `name` is held in memory.
+    func isHeld(_ name: String) -> Bool { held.withLock { $0[name] != nil } }
+
+    /// Bytes the held indexes' vectors and graph links take, `name`'s left out.
+    func heldBytes(except name: String? = nil) -> Int {
+        held.withLock { $0.reduce(0) { $1.key == name ? $0 : $0 + $1.value.matrix.bytes + ($1.value.graph?.bytes ?? 0) } }
+    }
+
+    /// Lets go of index `name` (its memory, and a graph being built for it: its next search starts afresh).
+    func forget(_ name: String) {
+        held.withLock { _ = $0.removeValue(forKey: name) }
+        finished.withLock { _ = $0.removeValue(forKey: name) }
+    }
+
     /// Whether index `name` has a graph, or one finished building that its next search takes.
     func hasGraph(_ name: String) -> Bool {
         held.withLock { $0[name]?.graph != nil } || finished.withLock { $0[name] != nil }

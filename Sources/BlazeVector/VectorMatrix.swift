@@ -260,3 +260,31 @@ struct NearestHeap {
     /// The kept hits, nearest first.
     func sorted() -> [VectorHit] { items.sorted(by: VectorHit.before) }
 }
+
+/// Exact nearest-neighbour search over rows offered one at a time and not kept: its memory is the query and the `k`
+/// hits, whatever the number of rows (distances as `VectorMatrix.nearest` computes them).
+public struct StreamingNearest {
+    private let query: [Float]
+    private let queryNorm: Float
+    private let metric: VectorMetric
+    private var heap: NearestHeap
+
+    /// A search for the `k` rows nearest to `query` under `metric`.
+    public init(query: [Float], k: Int, metric: VectorMetric) {
+        precondition(k > 0 && !query.isEmpty)
+        (self.query, self.metric, heap) = (query, metric, NearestHeap(k: k))
+        queryNorm = VectorMatrix.dot(query, query)
+    }
+
+    /// Offers row `id`; a row of another length than the query is skipped.
+    public mutating func offer(_ id: Int64, _ row: UnsafeBufferPointer<Float>) {
+        guard row.count == query.count, let base = row.baseAddress else { return }
+        let (dot, norm) = query.withUnsafeBufferPointer { q in
+            (VectorMatrix.dot(base, q.baseAddress!, row.count), VectorMatrix.dot(base, base, row.count))
+        }
+        heap.offer(VectorHit(id: id, distance: VectorMatrix.distance(dot, norm, queryNorm, metric)))
+    }
+
+    /// The rows kept, nearest first.
+    public var hits: [VectorHit] { heap.sorted() }
+}

@@ -117,6 +117,19 @@ import Testing
         #expect(try c.call("index.list", ["db": "default"])["indexes"]?.arrayValue?.count == 64)
     }
 
+    @Test func withNoVectorMemoryAnIndexIsSearchedFromItsRows() throws {
+        let d = try DaemonProcess(arguments: ["--max-vector-memory", "0"])
+        defer { d.stop() }
+        let c = try d.connect()
+        _ = try c.call("index.create", ["db": "default", "collection": "p", "fields": ["v"], "vector": ["dimensions": 16, "metric": "l2"]])
+        let rows = Self.vectors(300, 16, seed: 41).enumerated().map { (id: "d\($0.offset)", v: $0.element) }
+        try Self.write(rows, to: c, db: "default", collection: "p")
+        for q in Self.vectors(3, 16, seed: 42) {
+            let r = try c.call("query.nearest", ["db": "default", "collection": "p", "field": "v", "vector": .string(VectorValue.encode(q)), "k": 7])
+            #expect(r["index"] == "p.v" && r["approximate"] == false && Self.ids(r) == Self.reference(rows, q, k: 7, .l2))
+        }
+    }
+
     /// 10,000 documents with 768-d vectors written on A are searchable on B after sync, B's answers equal a brute-force
     /// reference, and a vector updated concurrently on both ends converges with a conflict listed.
     @Test func tenThousandVectorsSyncAndASimultaneousUpdateConverges() throws {
