@@ -131,7 +131,7 @@ export interface DocGetParams { "db": DatabaseName; "collection": CollectionName
 /** Result of `doc.get`. */
 export type DocGetResult = { "doc": Document };
 /** Parameters of `doc.getMany`: Fetches documents by id, in order; missing ones are null. */
-export interface DocGetManyParams { "db": DatabaseName; "collection": CollectionName; "ids": Array<DocumentId>; "fields"?: FieldList }
+export interface DocGetManyParams { "db": DatabaseName; "collection": CollectionName; "ids": Array<DocumentId>; "fields"?: FieldList; "vectors"?: string }
 /** Result of `doc.getMany`. */
 export type DocGetManyResult = { "docs": Array<Document | null> };
 /** Parameters of `doc.history`: Lists the changes that touched a document, oldest first, with what each changed. */

@@ -51,7 +51,9 @@ extension Methods {
     }
 
     static let docGetMany = MethodHandler(RPC.DocGetMany.self, inline: true) { p, ctx in
-        .init(docs: try ctx.database(p.db).getMany(collection: p.collection, ids: p.ids, fields: try projection(p.fields)))
+        let expand = try expandsVectors(p.vectors)
+        let docs = try ctx.database(p.db).getMany(collection: p.collection, ids: p.ids, fields: try projection(p.fields))
+        return .init(docs: expand ? docs.map(VectorValue.expanded) : docs)
     }
 
     static let docPut = MethodHandler(write: RPC.DocPut.self) { p, ctx in

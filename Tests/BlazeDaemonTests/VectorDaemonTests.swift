@@ -70,6 +70,10 @@ import Testing
         } == rows[3].v)
         let found = try c.call("query.find", ["db": "default", "collection": "p", "where": ["n": 3], "vectors": "array"])
         #expect(found["docs"]?.arrayValue?.first?["v"]?["$vector"] == numbers)
+        let many = try c.call("doc.getMany", ["db": "default", "collection": "p", "ids": ["d3", "none"], "vectors": "array"])
+        #expect(many["docs"]?.arrayValue?.first?["v"]?["$vector"] == numbers && many["docs"]?.arrayValue?.last == .null)
+        #expect(try c.call("doc.getMany", ["db": "default", "collection": "p", "ids": ["d3"]])["docs"]?.arrayValue?.first?["v"] == stored)
+        expectRPCError(c, "doc.getMany", ["db": "default", "collection": "p", "ids": ["d3"], "vectors": "hex"], code: -32602)
         let nearNumbers = try c.call("query.nearest", ["db": "default", "collection": "p", "field": "v", "vector": qJSON, "k": 1, "vectors": "array"])
         #expect(nearNumbers["results"]?.arrayValue?.first?["doc"]?["v"]?["$vector"]?.arrayValue?.count == 16)
 

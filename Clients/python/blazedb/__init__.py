@@ -398,13 +398,14 @@ class _Doc:
             params["vectors"] = vectors
         return cast(DocGetResult, self._client.call("doc.get", params))
 
-    def get_many(self, *, db: str, collection: str, ids: List[str], fields: List[str] = MISSING) -> DocGetManyResult:
+    def get_many(self, *, db: str, collection: str, ids: List[str], fields: List[str] = MISSING, vectors: str = MISSING) -> DocGetManyResult:
         """Fetches documents by id, in order; missing ones are null.
 
         db: Database name.
         collection: Collection name.
         ids: Document ids.
         fields: Field paths to return (projection); _id is always returned.
+        vectors: How vector values ({"$vector": …}) are returned: "base64", as stored (the default), or "array" of numbers (each float32's shortest decimal text).
         """
         params: Dict[str, Any] = {}
         params["db"] = db
@@ -412,6 +413,8 @@ class _Doc:
         params["ids"] = ids
         if fields is not MISSING:
             params["fields"] = fields
+        if vectors is not MISSING:
+            params["vectors"] = vectors
         return cast(DocGetManyResult, self._client.call("doc.getMany", params))
 
     def history(self, *, db: str, collection: str, id: str, limit: int = MISSING, cursor: str = MISSING) -> DocHistoryResult:

@@ -224,7 +224,7 @@ public enum RPCMethod: String, Sendable, CaseIterable {
         case .collectionDrop: return ["db", "collection"]
         case .docInsert: return ["db", "collection", "doc"]
         case .docGet: return ["db", "collection", "id", "fields", "at", "atTime", "vectors"]
-        case .docGetMany: return ["db", "collection", "ids", "fields"]
+        case .docGetMany: return ["db", "collection", "ids", "fields", "vectors"]
         case .docHistory: return ["db", "collection", "id", "limit", "cursor"]
         case .docPut: return ["db", "collection", "doc", "id"]
         case .docPatch: return ["db", "collection", "id", "set", "unset", "incr", "add", "remove"]
@@ -1775,31 +1775,36 @@ public enum RPC {
         public var ids: [String]
         /// Field paths to return (projection); _id is always returned.
         public var fields: [String]?
+        /// How vector values ({"$vector": …}) are returned: "base64", as stored (the default), or "array" of numbers (each float32's shortest decimal text).
+        public var vectors: String?
 
         /// Parameters from their values (optional ones default to absent).
-        public init(db: String, collection: String, ids: [String], fields: [String]? = nil) {
+        public init(db: String, collection: String, ids: [String], fields: [String]? = nil, vectors: String? = nil) {
             self.db = db
             self.collection = collection
             self.ids = ids
             self.fields = fields
+            self.vectors = vectors
         }
 
         /// Checks a request's params: names, presence and JSON types.
         public init(validating params: [String: JSONValue]) throws(RPCError) {
-            try RPCParam.rejectUnknown(params, accepted: ["db", "collection", "ids", "fields"], method: Self.method)
+            try RPCParam.rejectUnknown(params, accepted: ["db", "collection", "ids", "fields", "vectors"], method: Self.method)
             self.db = try RPCParam.required(params, "db", of: Self.method, RPCDecode.string)
             self.collection = try RPCParam.required(params, "collection", of: Self.method, RPCDecode.string)
             self.ids = try RPCParam.required(params, "ids", of: Self.method, { v throws(RPCShapeError) -> [String] in try RPCDecode.array(v, RPCDecode.string) })
             self.fields = try RPCParam.optional(params, "fields", of: Self.method, { v throws(RPCShapeError) -> [String] in try RPCDecode.array(v, RPCDecode.string) })
+            self.vectors = try RPCParam.optional(params, "vectors", of: Self.method, RPCDecode.string)
         }
 
         /// The params as a request carries them.
         public var jsonObject: [String: JSONValue] {
-            var o = [String: JSONValue](minimumCapacity: 4)
+            var o = [String: JSONValue](minimumCapacity: 5)
             o["db"] = .string(self.db)
             o["collection"] = .string(self.collection)
             o["ids"] = .array(self.ids.map { x0 in .string(x0) })
             if let v = self.fields { o["fields"] = .array(v.map { x0 in .string(x0) }) }
+            if let v = self.vectors { o["vectors"] = .string(v) }
             return o
         }
 
