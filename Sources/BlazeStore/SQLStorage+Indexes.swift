@@ -48,9 +48,6 @@ extension SQLStorage {
                     vector.dimensions <= VectorValue.maxDimensions
                 else { return }
             }
-            // Past the limits, a definition from another device is kept (the register above) and not built: a member
-            // creating indexes by the thousand would otherwise slow every write on every device.
-            if try Self.indexCapacityReached(vector: state.vector != nil, limits, db) != nil { return }
             try ensureCollection(state.collection)
             try db.execute(
                 sql: "INSERT INTO indexes(name, collection, fields, created_at, vector) VALUES (?, ?, ?, ?, ?)",
@@ -63,36 +60,8 @@ extension SQLStorage {
             } else {
                 try db.execute(sql: Self.createIndexSQL(name: name, collection: state.collection, paths: paths))
             }
-        } else {
-            try buildHeldIndexes()
         }
         try BlazeDatabase.analyze(db)
-    }
-
-    /// Why no more indexes (of the vector kind when `vector`) may be built in the database, or nil while they may.
-    static func indexCapacityReached(vector: Bool, _ limits: StoreLimits, _ db: Database) throws -> String? {
-        let row = try Row.fetchOne(db, sql: "SELECT count(*), count(vector) FROM indexes")
-        let (all, vectors): (Int, Int) = (row?[0] ?? 0, row?[1] ?? 0)
-        if all >= limits.maxIndexes { return "the database has \(all) indexes, the most it builds (\(limits.maxIndexes))" }
-        if vector && vectors >= limits.maxVectorIndexes {
-            return "the database has \(vectors) vector indexes, the most it builds (\(limits.maxVectorIndexes))"
-        }
-        return nil
-    }
-
-    /// Builds the definitions kept without being built (past the limits when they came), in name order, while the
-    /// limits allow: after a drop made room.
-    private func buildHeldIndexes() throws {
-        let held = try String.fetchAll(
-            db, sql: "SELECT name FROM index_states WHERE name NOT IN (SELECT name FROM indexes) ORDER BY name")
-        for name in held {
-            guard let state = try index(name), state.fields != nil else { continue }
-            guard try Self.indexCapacityReached(vector: state.vector != nil, limits, db) == nil else {
-                if state.vector == nil { return }
-                continue
-            }
-            try saveIndex(name, state)
-        }
     }
 
     /// The SQL that builds user index `name` (names validated by the caller).
@@ -133,31 +102,5 @@ extension SQLStorage {
     func unpark(origin: NodeID, seq: UInt64) throws {
         try db.cachedStatement(sql: "DELETE FROM parked WHERE origin = ? AND seq = ?").execute(
             arguments: [origin.hex, Int64(seq)])
-    }
-}
-
-/// Indexes of a restored backup, built again from their definitions.
-extension RestoreCheck {
-    /// Builds every user index from its definition in `indexes` (after unknown indexes were dropped), within the
-    /// limits: definitions past them (in name order; vector ones past theirs) stay kept in `index_states`, not built,
-    /// as definitions received past the limits are.
-    static func rebuildUserIndexes(_ db: Database, limits: StoreLimits) throws {
-        try db.execute(
-            sql: """
-                DELETE FROM indexes WHERE name NOT IN (SELECT name FROM indexes WHERE vector IS NOT NULL ORDER BY name LIMIT ?)
-                AND vector IS NOT NULL
-                """, arguments: [limits.maxVectorIndexes])
-        try db.execute(
-            sql: "DELETE FROM indexes WHERE name NOT IN (SELECT name FROM indexes ORDER BY name LIMIT ?)", arguments: [limits.maxIndexes])
-        // The file's sequence of vector rows is not kept: the rows are built again below.
-        try db.execute(sql: "DELETE FROM sqlite_sequence WHERE name = 'vector_rows'")
-        try VectorIndexSQL.rebuildAll(in: db)
-        for row in try Row.fetchAll(db, sql: "SELECT name, collection, fields FROM indexes WHERE vector IS NULL") {
-            let name: String = row[0], collection: String = row[1], fields: String = row[2]
-            guard case .array(let list) = try JSONParser(maxDepth: 4).parse(fields) else { continue }
-            let paths = try list.compactMap(\.stringValue).map { try FieldPath($0) }
-            try db.execute(sql: "DROP INDEX IF EXISTS \(WriteTransaction.sqlIndexName(name))")
-            try db.execute(sql: SQLStorage.createIndexSQL(name: name, collection: collection, paths: paths))
-        }
     }
 }

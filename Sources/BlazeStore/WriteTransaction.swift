@@ -322,9 +322,6 @@ public final class WriteTransaction {
         if try String.fetchOne(db, sql: "SELECT name FROM indexes WHERE name = ?", arguments: [indexName]) != nil {
             throw StoreError(.alreadyExists, kind: "index_exists", "index \(Names.quoted(indexName)) already exists")
         }
-        if let full = try SQLStorage.indexCapacityReached(vector: vector != nil, limits, db) {
-            throw StoreError(.limitExceeded, kind: "too_many_indexes", full + ": drop one first")
-        }
         let normalized = paths.map(\.description)
         try emit(.index(name: indexName, collection: collection, fields: normalized, vector: vector))
         return IndexInfo(name: indexName, collection: collection, fields: normalized, vector: vector)
