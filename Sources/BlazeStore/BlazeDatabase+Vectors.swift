@@ -77,9 +77,13 @@ extension BlazeDatabase {
                 let admitted = try Self.admitted(query, db)
                 var hits: [VectorHit]
                 var approximate = false
+                // Indexes dropped since they were searched are let go (their memory counts against the limit).
+                vectorIndexes.keepOnly(Set(try String.fetchAll(db, sql: "SELECT name FROM indexes WHERE vector IS NOT NULL")))
                 let inMemory = try definition.map { try fitsInMemory($0.name, dimensions: $0.dimensions, db) } ?? false
+                let room = limits.maxVectorMemoryBytes - min(limits.maxVectorMemoryBytes, vectorIndexes.heldBytes())
                 if let definition, inMemory,
-                    let (matrix, graph) = try vectorIndexes.caughtUp(definition.name, dimensions: definition.dimensions, metric: indexMetric, db)
+                    let (matrix, graph) = try vectorIndexes.caughtUp(
+                        definition.name, dimensions: definition.dimensions, metric: indexMetric, fileLimit: room, db)
                 {
                     // The graph answers when there is one, the caller did not ask for exact, the metric is the one it
                     // was built for, and a filter admits at least a fifth of the rows (fewer: their own distances are
@@ -156,15 +160,19 @@ extension BlazeDatabase {
         return search.hits
     }
 
-    /// Whether index `name` is, or may be, held in memory: held already, or its rows (at their size in memory,
-    /// graph links included) fit beside the other held indexes within `max-vector-memory`.
+    /// Whether index `name` is, or may be, held in memory: held already, or its rows at their size in memory (and
+    /// the graph's links once it has `VectorIndexes.approximateFrom` rows), with a tenth more for growth, fit beside
+    /// the other held indexes within `max-vector-memory`. The tenth keeps an index let go for growing past the limit
+    /// from being loaded again at the next search.
     private func fitsInMemory(_ name: String, dimensions: Int, _ db: Database) throws -> Bool {
         if vectorIndexes.isHeld(name) { return true }
         let rows = try Int.fetchOne(
             db.cachedStatement(sql: "SELECT count(*) FROM vector_rows WHERE idx = ? AND doc >= 0 AND v IS NOT NULL"), arguments: [name]) ?? 0
+        let links = rows >= VectorIndexes.approximateFrom ? 2 * HNSWGraph.Parameters().m * 4 + 8 : 0
         let (perRow, o1) = dimensions.multipliedReportingOverflow(by: 4)
-        let (bytes, o2) = rows.multipliedReportingOverflow(by: perRow + 160)
-        return !o1 && !o2 && bytes <= limits.maxVectorMemoryBytes - min(limits.maxVectorMemoryBytes, vectorIndexes.heldBytes())
+        let (bytes, o2) = rows.multipliedReportingOverflow(by: perRow + 12 + links)
+        let room = limits.maxVectorMemoryBytes - min(limits.maxVectorMemoryBytes, vectorIndexes.heldBytes())
+        return !o1 && !o2 && bytes <= room / 11 * 10
     }
 
     /// The vector index of `field` in `collection`, if one is defined (and built).

@@ -42,6 +42,8 @@ final class VectorIndexes: Sendable {
     /// Graphs their threads finished, by index, until the next search of the index takes them.
     private let finished = Mutex<[String: HNSWGraph]>([:])
     private let order = Mutex<Void>(())
+    /// Matrix generations whose graph builds are to stop (their index was let go or loaded again).
+    private let cancelled = Mutex<Set<UInt64>>([])
     private let closed = Atomic<Bool>(false)
 
     /// Runs `body` while no other search of this database runs.
@@ -57,14 +59,17 @@ final class VectorIndexes: Sendable {
     /// Index `name`'s matrix, caught up with `db`'s rows (loaded whole when first asked, or when the rows were built
     /// again), and its graph when one is built (extended by up to `extendPerSearch` rows); nil when the index is not
     /// built. Called inside `serialized`.
-    func caughtUp(_ name: String, dimensions: Int, metric: VectorMetric, _ db: Database) throws -> (VectorMatrix, HNSWGraph?)? {
+    func caughtUp(
+        _ name: String, dimensions: Int, metric: VectorMetric, fileLimit: Int = .max, _ db: Database
+    ) throws -> (VectorMatrix, HNSWGraph?)? {
         guard let build = try VectorIndexSQL.build(of: name, in: db) else {
             held.withLock { _ = $0.removeValue(forKey: name) }
             return nil
         }
         var entry = held.withLock { h -> Held? in h.removeValue(forKey: name) }
-        if entry == nil { entry = try fromFile(name, build: build, dimensions: dimensions, metric: metric, db) }
+        if entry == nil { entry = try fromFile(name, build: build, dimensions: dimensions, metric: metric, maxBytes: fileLimit, db) }
         if entry?.build != build || entry?.matrix.dimensions != dimensions || entry?.metric != metric {
+            if let building = entry?.building { _ = cancelled.withLock { $0.insert(building) } }
             var matrix = VectorMatrix(dimensions: dimensions)
             let rows = try Int.fetchOne(
                 db, sql: "SELECT count(*) FROM vector_rows WHERE idx = ? AND doc >= 0 AND v IS NOT NULL", arguments: [name]) ?? 0
@@ -117,21 +122,29 @@ final class VectorIndexes: Sendable {
         let thread = Thread { [self] in
             var graph = HNSWGraph(for: matrix, metric: metric)
             var done = 0
+            func stopped() -> Bool {
+                closed.load(ordering: .relaxed) || cancelled.withLock { $0.contains(matrix.generation) }
+            }
             while done < matrix.slotCount {
-                if closed.load(ordering: .relaxed) { return }
+                if stopped() { return }
                 done = min(matrix.slotCount, done + 1000)
                 graph.extend(to: done, in: matrix)
             }
-            finished.withLock { $0[name] = graph }
+            if !stopped() { finished.withLock { $0[name] = graph } }
         }
         thread.name = "blazed.vector-graph"
         thread.start()
     }
 
     /// Index `name` as its file holds it, if the file matches the index's build and the rows (`VectorIndexFile`).
-    private func fromFile(_ name: String, build: Int64, dimensions: Int, metric: VectorMetric, _ db: Database) throws -> Held? {
+    private func fromFile(
+        _ name: String, build: Int64, dimensions: Int, metric: VectorMetric, maxBytes: Int, _ db: Database
+    ) throws -> Held? {
         guard let databasePath, let nonce = try VectorIndexSQL.nonce(of: name, build: build, in: db) else { return nil }
         let path = VectorIndexFile.path(database: databasePath, index: name)
+        // A file larger than what may be held is left for a later search with more room (its rows are searched).
+        var st = stat()
+        guard stat(path, &st) == 0, Int(st.st_size) <= maxBytes else { return nil }
         let maxSeen = try Int64.fetchOne(db, sql: "SELECT max(seq) FROM vector_rows") ?? 0
         guard let (image, seen) = VectorIndexFile.load(path, index: name, build: build, nonce: nonce, maxSeen: maxSeen) else { return nil }
         guard image.dimensions == dimensions, image.metric == metric, let (matrix, graph) = try? image.restore() else {
@@ -167,15 +180,23 @@ final class VectorIndexes: Sendable {
     /// Whether index `name` is held in memory.
     func isHeld(_ name: String) -> Bool { held.withLock { $0[name] != nil } }
 
-    /// Bytes the held indexes' vectors and graph links take, `name`'s left out.
-    func heldBytes(except name: String? = nil) -> Int {
-        held.withLock { $0.reduce(0) { $1.key == name ? $0 : $0 + $1.value.matrix.bytes + ($1.value.graph?.bytes ?? 0) } }
+    /// Bytes the held indexes' vectors (each slot's components, norm and id, live or dead) and graph links take.
+    func heldBytes() -> Int {
+        held.withLock {
+            $0.values.reduce(0) { $0 + $1.matrix.slotCount * ($1.matrix.dimensions * 4 + 12) + ($1.graph?.bytes ?? 0) }
+        }
     }
 
-    /// Lets go of index `name` (its memory, and a graph being built for it: its next search starts afresh).
+    /// Lets go of index `name`: its memory, a finished graph not yet taken, and a graph being built for it (stopped).
     func forget(_ name: String) {
-        held.withLock { _ = $0.removeValue(forKey: name) }
+        if let building = held.withLock({ $0.removeValue(forKey: name)?.building }) { _ = cancelled.withLock { $0.insert(building) } }
         finished.withLock { _ = $0.removeValue(forKey: name) }
+    }
+
+    /// Lets go of every held index not named in `names` (dropped, or no longer built).
+    func keepOnly(_ names: Set<String>) {
+        for name in held.withLock({ Array($0.keys) }) where !names.contains(name) { forget(name) }
+        finished.withLock { f in f = f.filter { names.contains($0.key) } }
     }
 
     /// Whether index `name` has a graph, or one finished building that its next search takes.

@@ -13,7 +13,7 @@ import Testing
 @Suite struct VectorMemoryTests {
     @Test func anIndexPastTheVectorMemoryLimitIsSearchedFromItsRows() throws {
         var limits = StoreLimits()
-        limits.maxVectorMemoryBytes = 12_000
+        limits.maxVectorMemoryBytes = 6_000
         let t = try TempStore(limits: limits)
         let db = try t.store.create("d")
         _ = try db.write { try $0.createIndex(collection: "c", fields: ["e"], name: "e", vector: IndexVector(dimensions: 8, metric: "cosine")) }
@@ -33,10 +33,18 @@ import Testing
             #expect(r.hits.compactMap { $0.doc["_id"]?.stringValue } == VectorStoreTests.reference(candidates, q, k: 5, .cosine),
                 sourceLocation: sourceLocation)
         }
-        // Small enough: held in memory.
+        // Small enough: held in memory (20 rows of 8 float32, with norms and ids: 880 bytes).
         try add(20)
         try check()
         #expect(db.vectorIndexes.isHeld("e"))
+        // An index dropped after it was searched is let go at the next search, and no longer counts.
+        // ("a2" comes first by name, so it is the one searched.)
+        _ = try db.write { try $0.createIndex(collection: "c", fields: ["e"], name: "a2", vector: IndexVector(dimensions: 8, metric: "l2")) }
+        _ = try db.nearest(NearestQuery(collection: "c", field: try FieldPath("e"), vector: random(), k: 1))
+        #expect(db.vectorIndexes.isHeld("a2") && db.vectorIndexes.heldBytes() == 2 * 20 * (8 * 4 + 12))
+        _ = try db.write { try $0.dropIndex(name: "a2") }
+        try check()
+        #expect(!db.vectorIndexes.isHeld("a2") && db.vectorIndexes.heldBytes() == 20 * (8 * 4 + 12))
         // Grown past the limit: answered, then let go; from then on searched from its rows, with or without a filter.
         try add(200)
         try check()
