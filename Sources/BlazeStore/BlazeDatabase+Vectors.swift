@@ -72,49 +72,61 @@ extension BlazeDatabase {
         if let ef = query.ef, ef < 1 || ef > limits.maxQueryLimit {
             throw StoreError(.limitExceeded, kind: "limit_out_of_range", "ef must be between 1 and \(limits.maxQueryLimit), got \(ef)")
         }
-        return try vectorIndexes.serialized {
-            try read { db in
+        let fromMemory: NearestResult? = try vectorIndexes.serialized {
+            try read { db -> NearestResult? in
+                // Indexes dropped since they were searched are let go (their memory counts against the limit).
+                vectorIndexes.keepOnly(Set(try String.fetchAll(db, sql: "SELECT name FROM indexes WHERE vector IS NOT NULL")))
+                let room = limits.maxVectorMemoryBytes - min(limits.maxVectorMemoryBytes, vectorIndexes.heldBytes())
+                guard let definition, try fitsInMemory(definition.name, dimensions: definition.dimensions, db),
+                    let (matrix, graph) = try vectorIndexes.caughtUp(
+                        definition.name, dimensions: definition.dimensions, metric: indexMetric, fileLimit: room, db)
+                else { return nil }
                 let admitted = try Self.admitted(query, db)
                 var hits: [VectorHit]
                 var approximate = false
-                // Indexes dropped since they were searched are let go (their memory counts against the limit).
-                vectorIndexes.keepOnly(Set(try String.fetchAll(db, sql: "SELECT name FROM indexes WHERE vector IS NOT NULL")))
-                let inMemory = try definition.map { try fitsInMemory($0.name, dimensions: $0.dimensions, db) } ?? false
-                let room = limits.maxVectorMemoryBytes - min(limits.maxVectorMemoryBytes, vectorIndexes.heldBytes())
-                if let definition, inMemory,
-                    let (matrix, graph) = try vectorIndexes.caughtUp(
-                        definition.name, dimensions: definition.dimensions, metric: indexMetric, fileLimit: room, db)
-                {
-                    // The graph answers when there is one, the caller did not ask for exact, the metric is the one it
-                    // was built for, and a filter admits at least a fifth of the rows (fewer: their own distances are
-                    // cheaper than a graph search that must pass over the others).
-                    let share = admitted.map { Double($0.count) / Double(max(1, matrix.count)) } ?? 1
-                    if let graph, !query.exact, metric == indexMetric, share >= 0.2 {
-                        let ef = min(limits.maxQueryLimit, Int(Double(max(query.ef ?? 64, query.k)) / share))
-                        let set = admitted.map(Set.init)
-                        hits = graph.nearest(to: query.vector, k: query.k, ef: ef, in: matrix, admits: set.map { s in { s.contains($0) } })
-                        approximate = true
-                    } else {
-                        hits = admitted.map { matrix.nearest(to: query.vector, k: query.k, metric: metric, among: $0) }
-                            ?? matrix.nearest(to: query.vector, k: query.k, metric: metric)
-                    }
-                    // Grown past the memory limit since it was loaded: searched from its rows from the next search on.
-                    if vectorIndexes.heldBytes() > limits.maxVectorMemoryBytes { vectorIndexes.forget(definition.name) }
-                } else if let definition, try VectorIndexSQL.build(of: definition.name, in: db) != nil {
-                    hits = try Self.streamRows(definition.name, query, metric: metric, admitted: admitted, db)
+                // The graph answers when there is one, the caller did not ask for exact, the metric is the one it
+                // was built for, and a filter admits at least a fifth of the rows (fewer: their own distances are
+                // cheaper than a graph search that must pass over the others).
+                let share = admitted.map { Double($0.count) / Double(max(1, matrix.count)) } ?? 1
+                if let graph, !query.exact, metric == indexMetric, share >= 0.2 {
+                    let ef = min(limits.maxQueryLimit, Int(Double(max(query.ef ?? 64, query.k)) / share))
+                    let set = admitted.map(Set.init)
+                    hits = graph.nearest(to: query.vector, k: query.k, ef: ef, in: matrix, admits: set.map { s in { s.contains($0) } })
+                    approximate = true
                 } else {
-                    hits = try Self.scan(query, metric: metric, db)
+                    hits = admitted.map { matrix.nearest(to: query.vector, k: query.k, metric: metric, among: $0) }
+                        ?? matrix.nearest(to: query.vector, k: query.k, metric: metric)
                 }
-                let fetch = try db.cachedStatement(sql: "SELECT body FROM docs WHERE rowid = ?")
-                var out: [(doc: JSONValue, distance: Float)] = []
-                for hit in hits {
-                    guard let text = try String.fetchOne(fetch, arguments: [hit.id]) else { continue }
-                    let doc = try Self.decodeBody(text)
-                    out.append((.object(query.fields.map { Projection.apply($0, to: doc) } ?? doc), hit.distance))
-                }
-                return NearestResult(hits: out, metric: metric, index: definition?.name, approximate: approximate)
+                // Grown past the memory limit since it was loaded: searched from its rows from the next search on.
+                if vectorIndexes.heldBytes() > limits.maxVectorMemoryBytes { vectorIndexes.forget(definition.name) }
+                return try Self.result(hits, query, metric: metric, index: definition.name, approximate: approximate, db)
             }
         }
+        if let fromMemory { return fromMemory }
+        // Read from disk outside the held indexes' lock: other searches of the database go on meanwhile.
+        return try read { db in
+            let hits: [VectorHit]
+            if let definition, try VectorIndexSQL.build(of: definition.name, in: db) != nil {
+                hits = try Self.streamRows(definition.name, query, metric: metric, admitted: try Self.admitted(query, db), db)
+            } else {
+                hits = try Self.scan(query, metric: metric, db)
+            }
+            return try Self.result(hits, query, metric: metric, index: definition?.name, approximate: false, db)
+        }
+    }
+
+    /// The documents of `hits` (projected as the query asks; those deleted meanwhile left out), nearest first.
+    private static func result(
+        _ hits: [VectorHit], _ query: NearestQuery, metric: VectorMetric, index: String?, approximate: Bool, _ db: Database
+    ) throws -> NearestResult {
+        let fetch = try db.cachedStatement(sql: "SELECT body FROM docs WHERE rowid = ?")
+        var out: [(doc: JSONValue, distance: Float)] = []
+        for hit in hits {
+            guard let text = try String.fetchOne(fetch, arguments: [hit.id]) else { continue }
+            let doc = try decodeBody(text)
+            out.append((.object(query.fields.map { Projection.apply($0, to: doc) } ?? doc), hit.distance))
+        }
+        return NearestResult(hits: out, metric: metric, index: index, approximate: approximate)
     }
 
     /// The row ids of the documents matching the query's filter; nil when it has none (every document is admitted).
