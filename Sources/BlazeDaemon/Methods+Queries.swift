@@ -81,7 +81,7 @@ extension Methods {
             name: info.name, collection: info.collection, fields: info.fields,
             vector: info.vector.flatMap { v in
                 RPCSchema.VectorIndexSpec.Metric(rawValue: v.metric).map { .init(dimensions: v.dimensions, metric: $0) }
-            })
+            }, built: info.built ? nil : false)
     }
 
     static let indexCreate = MethodHandler(RPC.IndexCreate.self) { p, ctx in

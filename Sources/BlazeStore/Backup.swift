@@ -178,7 +178,7 @@ extension Store {
             try Schema.migrator.migrate(target)
             try target.write { db in
                 try RestoreCheck.rows(db, path: backupPath, limits: limits)
-                try RestoreCheck.rebuildUserIndexes(db)
+                try RestoreCheck.rebuildUserIndexes(db, limits: limits)
                 // The feed's events are the original database's history for its subscribers, and nothing validates
                 // them: the new database starts its feed empty, after the last sequence the original used.
                 let last = try Int64.fetchOne(db, sql: "SELECT max(seq) FROM feed") ?? 0
@@ -369,20 +369,6 @@ enum RestoreCheck {
         ]),
         ("index_states", [("name", ["text"]), ("state", ["text"])]),
     ]
-
-    /// Builds every user index from its definition in `indexes` (after unknown indexes were dropped).
-    static func rebuildUserIndexes(_ db: Database) throws {
-        // The file's sequence of vector rows is not kept: the rows are built again below.
-        try db.execute(sql: "DELETE FROM sqlite_sequence WHERE name = 'vector_rows'")
-        try VectorIndexSQL.rebuildAll(in: db)
-        for row in try Row.fetchAll(db, sql: "SELECT name, collection, fields FROM indexes WHERE vector IS NULL") {
-            let name: String = row[0], collection: String = row[1], fields: String = row[2]
-            guard case .array(let list) = try JSONParser(maxDepth: 4).parse(fields) else { continue }
-            let paths = try list.compactMap(\.stringValue).map { try FieldPath($0) }
-            try db.execute(sql: "DROP INDEX IF EXISTS \(WriteTransaction.sqlIndexName(name))")
-            try db.execute(sql: SQLStorage.createIndexSQL(name: name, collection: collection, paths: paths))
-        }
-    }
 }
 
 /// The checks of `BlazeDatabase.validate` (bounds, names, sizes) and the clock window, as a predicate over stored changes.

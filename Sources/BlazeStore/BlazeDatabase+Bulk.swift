@@ -90,8 +90,10 @@ extension BlazeDatabase {
             try Self.inWriteTransaction(db, commitTimer: metrics?.commitDuration) {
                 let ids = try String.fetchAll(
                     db, sql: "SELECT id FROM docs WHERE collection = ? ORDER BY id", arguments: [collection])
-                let indexes = try String.fetchAll(
-                    db, sql: "SELECT name FROM indexes WHERE collection = ? ORDER BY name", arguments: [collection])
+                // Those kept past the limits (valid names only: an invalid one was never built) first, so that dropping
+                // the built ones builds none of them, then the built ones.
+                let indexes = try SQLStorage.keptDefinitions(collection: collection, db).filter { (try? Names.validateIndex($0)) != nil }
+                    + String.fetchAll(db, sql: "SELECT name FROM indexes WHERE collection = ? ORDER BY name", arguments: [collection])
                 guard !ids.isEmpty || !indexes.isEmpty else {
                     throw StoreError(
                         .notFound, kind: "collection_not_found",

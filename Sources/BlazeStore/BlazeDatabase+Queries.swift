@@ -1,5 +1,6 @@
 import BlazeCRDT
 import BlazeProtocol
+import BlazeVector
 import Foundation
 import GRDB
 import Synchronization
@@ -22,10 +23,12 @@ public struct IndexInfo: Sendable, Equatable {
     public var fields: [String]
     /// A vector index's dimensions and metric; nil for an index of values.
     public var vector: IndexVector?
+    /// False for a definition kept but not built, past the database's limits on indexes.
+    public var built = true
 
     /// An index's definition.
-    public init(name: String, collection: String, fields: [String], vector: IndexVector? = nil) {
-        (self.name, self.collection, self.fields, self.vector) = (name, collection, fields, vector)
+    public init(name: String, collection: String, fields: [String], vector: IndexVector? = nil, built: Bool = true) {
+        (self.name, self.collection, self.fields, self.vector, self.built) = (name, collection, fields, vector, built)
     }
 }
 
@@ -286,11 +289,28 @@ extension BlazeDatabase {
             let rows = try Row.fetchAll(
                 db, sql: "SELECT name, collection, fields, vector FROM indexes WHERE ?1 IS NULL OR collection = ?1 ORDER BY name",
                 arguments: [collection])
-            return try rows.map { row in
+            var out = try rows.map { row in
                 let fields = try JSONParser().parse(row[2] as String).arrayValue?.compactMap(\.stringValue) ?? []
                 let vector = try (row[3] as String?).map { IndexVector(json: try JSONParser(maxDepth: 4).parse($0)) }
                 return IndexInfo(name: row[0], collection: row[1], fields: fields, vector: vector)
             }
+            // Definitions kept past the limits; those this build cannot build (invalid, or of a shape a newer build
+            // reads) are never built and not listed.
+            for name in try SQLStorage.keptDefinitions(collection: collection, db) where (try? Names.validateIndex(name)) != nil {
+                guard let text = try String.fetchOne(db, sql: "SELECT state FROM index_states WHERE name = ?", arguments: [name]),
+                    case .object(let o) = try JSONParser(maxDepth: 8).parse(text), case .string(let c)? = o["c"],
+                    (try? Names.validateCollection(c)) != nil, let fields = o["f"]?.arrayValue?.compactMap(\.stringValue),
+                    !fields.isEmpty, fields.allSatisfy({ (try? FieldPath($0)) != nil })
+                else { continue }
+                let vector = o["v"].map(IndexVector.init(json:))
+                if let vector, fields.count != 1 || vector.dimensions < 1 || vector.dimensions > VectorValue.maxDimensions
+                    || VectorMetric(rawValue: vector.metric) == nil
+                {
+                    continue
+                }
+                out.append(IndexInfo(name: name, collection: c, fields: fields, vector: vector, built: false))
+            }
+            return out.sorted { $0.name.utf8.lexicographicallyPrecedes($1.name.utf8) }
         }
     }
 

@@ -105,13 +105,12 @@ extension BlazeDatabase {
         if let fromMemory { return fromMemory }
         // Read from disk outside the held indexes' lock: other searches of the database go on meanwhile.
         return try read { db in
-            let hits: [VectorHit]
             if let definition, try VectorIndexSQL.build(of: definition.name, in: db) != nil {
-                hits = try Self.streamRows(definition.name, query, metric: metric, admitted: try Self.admitted(query, db), db)
-            } else {
-                hits = try Self.scan(query, metric: metric, db)
+                let hits = try Self.streamRows(definition.name, query, metric: metric, admitted: try Self.admitted(query, db), db)
+                return try Self.result(hits, query, metric: metric, index: definition.name, approximate: false, db)
             }
-            return try Self.result(hits, query, metric: metric, index: definition?.name, approximate: false, db)
+            // No index built on the field (none, or one kept past the limits): the documents are read.
+            return try Self.result(try Self.scan(query, metric: metric, db), query, metric: metric, index: nil, approximate: false, db)
         }
     }
 
@@ -188,17 +187,33 @@ extension BlazeDatabase {
     }
 
     /// The vector index of `field` in `collection`, if one is defined (and built).
+    /// A definition kept past the limits (not built) counts too, for its dimensions and metric: a device that did
+    /// not build it answers as one that did, by reading the documents.
     static func vectorIndex(on field: FieldPath, of collection: String, _ db: Database) throws -> (
         name: String, dimensions: Int, metric: String
     )? {
         let fields = JSONValue.array([.string(field.description)]).jsonText
-        guard
-            let row = try Row.fetchOne(
-                db, sql: "SELECT name, vector FROM indexes WHERE collection = ? AND fields = ? AND vector IS NOT NULL ORDER BY name LIMIT 1",
-                arguments: [collection, fields]),
-            case let spec = IndexVector(json: try JSONParser(maxDepth: 4).parse(row[1] as String)), spec.dimensions > 0
-        else { return nil }
-        return (row[0], spec.dimensions, spec.metric)
+        if let row = try Row.fetchOne(
+            db, sql: "SELECT name, vector FROM indexes WHERE collection = ? AND fields = ? AND vector IS NOT NULL ORDER BY name LIMIT 1",
+            arguments: [collection, fields])
+        {
+            let spec = IndexVector(json: try JSONParser(maxDepth: 4).parse(row[1] as String))
+            return spec.dimensions > 0 ? (row[0], spec.dimensions, spec.metric) : nil
+        }
+        let kept = try Row.fetchAll(
+            db,
+            sql: """
+                SELECT name, json_extract(state, '$.v.d'), json_extract(state, '$.v.m') FROM index_states
+                WHERE json_extract(state, '$.c') = ? AND json_type(state, '$.v') = 'object' AND json_array_length(state, '$.f') = 1
+                AND json_extract(state, '$.f[0]') = ? AND name NOT IN (SELECT name FROM indexes) ORDER BY name
+                """, arguments: [collection, field.description])
+        for row in kept {
+            guard let name = row[0] as String?, (try? Names.validateIndex(name)) != nil, let dimensions = row[1] as Int?,
+                dimensions >= 1, dimensions <= VectorValue.maxDimensions, let metric = row[2] as String?, VectorMetric(rawValue: metric) != nil
+            else { continue }
+            return (name, dimensions, metric)
+        }
+        return nil
     }
 }
 

@@ -14,8 +14,16 @@ extension SQLStorage {
         return IndexState(stamp: stamp, collection: collection, fields: fields, vector: o["v"].map(IndexVector.init(json:)))
     }
 
-    /// Stores the winning definition and makes the SQLite index match it.
+    /// Stores the winning definition and makes the SQLite index match it; a built index dropped or changed away makes
+    /// room for the definitions kept past the limits.
     func saveIndex(_ name: String, _ state: IndexState) throws {
+        if try storeDefinition(name, state), try Int.fetchOne(db, sql: "SELECT count(*) FROM indexes WHERE name = ?", arguments: [name]) == 0 {
+            try buildKeptIndexes()
+        }
+    }
+
+    /// `saveIndex` without building kept definitions in the room it makes; true when the index was built before.
+    private func storeDefinition(_ name: String, _ state: IndexState) throws -> Bool {
         var json: JSONValue = [
             "s": state.stamp.jsonValue, "c": .string(state.collection),
             "f": state.fields.map { .array($0.map(JSONValue.string)) } ?? .null,
@@ -32,22 +40,26 @@ extension SQLStorage {
         if let fieldsText, let built = try Row.fetchOne(db, sql: "SELECT collection, fields, vector FROM indexes WHERE name = ?", arguments: [name]),
             built[0] as String == state.collection, built[1] as String == fieldsText, built[2] as String? == state.vector?.jsonValue.jsonText
         {
-            return
+            return false
         }
         let sqlName = WriteTransaction.sqlIndexName(name)
         try db.execute(sql: "DROP INDEX IF EXISTS \(sqlName)")
         if (try? Names.validateIndex(name)) != nil { try VectorIndexSQL.drop(name, in: db) }
         try db.execute(sql: "DELETE FROM indexes WHERE name = ?", arguments: [name])
+        let wasBuilt = db.changesCount > 0
         if let fields = state.fields {
             // Definitions from other replicas are validated like local ones; an invalid one is stored but not built.
             guard (try? Names.validateCollection(state.collection)) != nil, (try? Names.validateIndex(name)) != nil,
                 let paths = try? fields.map({ (f: String) throws(StoreError) -> FieldPath in try FieldPath(f) })
-            else { return }
+            else { return wasBuilt }
             if let vector = state.vector {
                 guard paths.count == 1, VectorMetric(rawValue: vector.metric) != nil, vector.dimensions >= 1,
                     vector.dimensions <= VectorValue.maxDimensions
-                else { return }
+                else { return wasBuilt }
             }
+            // Past the limits, a definition from another device is kept (the register above) and not built: a member
+            // creating indexes by the thousand would otherwise slow every write on every device.
+            if try Self.indexCapacityReached(vector: state.vector != nil, limits, db) != nil { return wasBuilt }
             try ensureCollection(state.collection)
             try db.execute(
                 sql: "INSERT INTO indexes(name, collection, fields, created_at, vector) VALUES (?, ?, ?, ?, ?)",
@@ -62,6 +74,41 @@ extension SQLStorage {
             }
         }
         try BlazeDatabase.analyze(db)
+        return wasBuilt
+    }
+
+    /// Why no more indexes (of the vector kind when `vector`) may be built in the database, or nil while they may.
+    static func indexCapacityReached(vector: Bool, _ limits: StoreLimits, _ db: Database) throws -> String? {
+        let row = try Row.fetchOne(db, sql: "SELECT count(*), count(vector) FROM indexes")
+        let (all, vectors): (Int, Int) = (row?[0] ?? 0, row?[1] ?? 0)
+        if all >= limits.maxIndexes { return "the database has \(all) indexes, the most it builds (\(limits.maxIndexes))" }
+        if vector && vectors >= limits.maxVectorIndexes {
+            return "the database has \(vectors) vector indexes, the most it builds (\(limits.maxVectorIndexes))"
+        }
+        return nil
+    }
+
+    /// The live definitions not built (kept past the limits, or invalid), of `collection` when given, by name.
+    static func keptDefinitions(collection: String? = nil, _ db: Database) throws -> [String] {
+        try String.fetchAll(
+            db,
+            sql: """
+                SELECT name FROM index_states WHERE json_extract(state, '$.f') IS NOT NULL
+                AND (?1 IS NULL OR json_extract(state, '$.c') = ?1) AND name NOT IN (SELECT name FROM indexes) ORDER BY name
+                """, arguments: [collection])
+    }
+
+    /// Builds the definitions kept without being built (past the limits when they came), in name order, while the
+    /// limits allow: after a built index was dropped or changed.
+    private func buildKeptIndexes() throws {
+        for name in try Self.keptDefinitions(db) where (try? Names.validateIndex(name)) != nil {
+            guard let state = try index(name), state.fields != nil else { continue }
+            guard try Self.indexCapacityReached(vector: state.vector != nil, limits, db) == nil else {
+                if state.vector == nil { return }
+                continue
+            }
+            _ = try storeDefinition(name, state)
+        }
     }
 
     /// The SQL that builds user index `name` (names validated by the caller).
@@ -102,5 +149,31 @@ extension SQLStorage {
     func unpark(origin: NodeID, seq: UInt64) throws {
         try db.cachedStatement(sql: "DELETE FROM parked WHERE origin = ? AND seq = ?").execute(
             arguments: [origin.hex, Int64(seq)])
+    }
+}
+
+/// Indexes of a restored backup, built again from their definitions.
+extension RestoreCheck {
+    /// Builds every user index from its definition in `indexes` (after unknown indexes were dropped), within the
+    /// limits: definitions past them (in name order; vector ones past theirs) stay kept in `index_states`, not built,
+    /// as definitions received past the limits are.
+    static func rebuildUserIndexes(_ db: Database, limits: StoreLimits) throws {
+        try db.execute(
+            sql: """
+                DELETE FROM indexes WHERE name NOT IN (SELECT name FROM indexes WHERE vector IS NOT NULL ORDER BY name LIMIT ?)
+                AND vector IS NOT NULL
+                """, arguments: [limits.maxVectorIndexes])
+        try db.execute(
+            sql: "DELETE FROM indexes WHERE name NOT IN (SELECT name FROM indexes ORDER BY name LIMIT ?)", arguments: [limits.maxIndexes])
+        // The file's sequence of vector rows is not kept: the rows are built again below.
+        try db.execute(sql: "DELETE FROM sqlite_sequence WHERE name = 'vector_rows'")
+        try VectorIndexSQL.rebuildAll(in: db)
+        for row in try Row.fetchAll(db, sql: "SELECT name, collection, fields FROM indexes WHERE vector IS NULL") {
+            let name: String = row[0], collection: String = row[1], fields: String = row[2]
+            guard case .array(let list) = try JSONParser(maxDepth: 4).parse(fields) else { continue }
+            let paths = try list.compactMap(\.stringValue).map { try FieldPath($0) }
+            try db.execute(sql: "DROP INDEX IF EXISTS \(WriteTransaction.sqlIndexName(name))")
+            try db.execute(sql: SQLStorage.createIndexSQL(name: name, collection: collection, paths: paths))
+        }
     }
 }

@@ -15,6 +15,12 @@ public struct StoreLimits: Sendable, Equatable {
     public var maxGetMany: Int = 10_000
     /// Maximum fields in one user index.
     public var maxIndexFields: Int = 8
+    /// Most indexes built per database, of every kind: each one costs every write that touches its collection, on
+    /// every device. A local `index.create` past it is refused (`too_many_indexes`); a definition past it received
+    /// from another device is kept, not built, and built once another is dropped.
+    public var maxIndexes: Int = 64
+    /// Most vector indexes built per database (within `maxIndexes`): each holds its vectors in memory once searched.
+    public var maxVectorIndexes: Int = 8
     /// Bytes of vectors and graph links a database's vector indexes hold in memory (`max-vector-memory`); an index
     /// that would take it past this is searched exactly from its stored rows instead, one row at a time.
     public var maxVectorMemoryBytes = BlazedSettings.maxVectorMemory.defaultValue

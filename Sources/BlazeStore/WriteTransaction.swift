@@ -319,8 +319,14 @@ public final class WriteTransaction {
         }
         let indexName = name ?? ([collection] + fields).joined(separator: ".").prefix(128).description
         try Names.validateIndex(indexName)
-        if try String.fetchOne(db, sql: "SELECT name FROM indexes WHERE name = ?", arguments: [indexName]) != nil {
+        // Built, or kept past the limits (a definition another device made): either way it exists.
+        if try String.fetchOne(db, sql: "SELECT name FROM indexes WHERE name = ?", arguments: [indexName]) != nil
+            || storage.index(indexName)?.fields != nil
+        {
             throw StoreError(.alreadyExists, kind: "index_exists", "index \(Names.quoted(indexName)) already exists")
+        }
+        if let full = try SQLStorage.indexCapacityReached(vector: vector != nil, limits, db) {
+            throw StoreError(.limitExceeded, kind: "too_many_indexes", full + ": drop one first")
         }
         let normalized = paths.map(\.description)
         try emit(.index(name: indexName, collection: collection, fields: normalized, vector: vector))
@@ -330,7 +336,9 @@ public final class WriteTransaction {
     /// Drops a user index by name; replicated like data.
     public func dropIndex(name: String) throws {
         try Names.validateIndex(name)
-        guard let collection = try String.fetchOne(db, sql: "SELECT collection FROM indexes WHERE name = ?", arguments: [name])
+        // A definition kept past the limits (not built) is dropped like a built one.
+        let kept = try storage.index(name).flatMap { $0.fields == nil ? nil : $0.collection }
+        guard let collection = try String.fetchOne(db, sql: "SELECT collection FROM indexes WHERE name = ?", arguments: [name]) ?? kept
         else {
             throw StoreError(.notFound, kind: "index_not_found", "index \(Names.quoted(name)) does not exist")
         }

@@ -111,6 +111,14 @@ import Testing
         _ = try c.call("index.drop", ["db": "default", "name": "p.v"])
         let scanned = try c.call("query.nearest", base)
         #expect(scanned["index"] == .null && Self.ids(scanned) == Self.reference(rows, q, k: 3, .cosine))
+        // At most 8 vector indexes and 64 indexes in all per database.
+        for i in 0..<8 {
+            _ = try c.call("index.create", ["db": "default", "collection": "p", "fields": .array([.string("v\(i)")]), "vector": ["dimensions": 4, "metric": "l2"]])
+        }
+        expectRPCError(c, "index.create", ["db": "default", "collection": "p", "fields": ["v8"], "vector": ["dimensions": 4, "metric": "l2"]], code: -32012, kind: "too_many_indexes")
+        for i in 0..<56 { _ = try c.call("index.create", ["db": "default", "collection": "p", "fields": .array([.string("f\(i)")])]) }
+        expectRPCError(c, "index.create", ["db": "default", "collection": "p", "fields": ["f56"]], code: -32012, kind: "too_many_indexes")
+        #expect(try c.call("index.list", ["db": "default"])["indexes"]?.arrayValue?.count == 64)
     }
 
     @Test func withNoVectorMemoryAnIndexIsSearchedFromItsRows() throws {

@@ -343,6 +343,8 @@ class _IndexCreateResultRequired(TypedDict):
 
 class IndexCreateResult(_IndexCreateResultRequired, total=False):
     vector: IndexCreateResultVector
+    # false for a definition another device made that this database keeps but does not build, past its limits on indexes (Protocol/QUERIES.md, Indexes); absent for a built index.
+    built: bool
 
 
 class IndexDropResult(TypedDict):
@@ -364,6 +366,8 @@ class _IndexListResultIndexesItemRequired(TypedDict):
 
 class IndexListResultIndexesItem(_IndexListResultIndexesItemRequired, total=False):
     vector: IndexListResultIndexesItemVector
+    # false for a definition another device made that this database keeps but does not build, past its limits on indexes (Protocol/QUERIES.md, Indexes); absent for a built index.
+    built: bool
 
 
 class IndexListResult(TypedDict):

@@ -6198,13 +6198,16 @@ public enum RPCSchema {
         public var fields: [String]
         /// `vector`.
         public var vector: RPCSchema.VectorIndexSpec?
+        /// false for a definition another device made that this database keeps but does not build, past its limits on indexes (Protocol/QUERIES.md, Indexes); absent for a built index.
+        public var built: Bool?
 
         /// A value from its members.
-        public init(name: String, collection: String, fields: [String], vector: RPCSchema.VectorIndexSpec? = nil) {
+        public init(name: String, collection: String, fields: [String], vector: RPCSchema.VectorIndexSpec? = nil, built: Bool? = nil) {
             self.name = name
             self.collection = collection
             self.fields = fields
             self.vector = vector
+            self.built = built
         }
 
         /// Reads the value from JSON.
@@ -6214,6 +6217,7 @@ public enum RPCSchema {
             self.collection = try RPCDecode.member(o, "collection", RPCDecode.string)
             self.fields = try RPCDecode.member(o, "fields", { v throws(RPCShapeError) -> [String] in try RPCDecode.array(v, RPCDecode.string) })
             self.vector = try RPCDecode.optionalMember(o, "vector", RPCSchema.VectorIndexSpec.init(json:))
+            self.built = try RPCDecode.optionalMember(o, "built", RPCDecode.bool)
         }
 
         /// The value's JSON form.
@@ -6223,11 +6227,12 @@ public enum RPCSchema {
 
         /// The members of the JSON form.
         public var jsonObject: [String: JSONValue] {
-            var o = [String: JSONValue](minimumCapacity: 4)
+            var o = [String: JSONValue](minimumCapacity: 5)
             o["name"] = .string(self.name)
             o["collection"] = .string(self.collection)
             o["fields"] = .array(self.fields.map { x0 in .string(x0) })
             if let v = self.vector { o["vector"] = v.json }
+            if let v = self.built { o["built"] = .bool(v) }
             return o
         }
     }
