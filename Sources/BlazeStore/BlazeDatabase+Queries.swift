@@ -298,7 +298,7 @@ extension BlazeDatabase {
             // reads) are never built and not listed.
             for name in try SQLStorage.keptDefinitions(collection: collection, db) where (try? Names.validateIndex(name)) != nil {
                 guard let text = try String.fetchOne(db, sql: "SELECT state FROM index_states WHERE name = ?", arguments: [name]),
-                    case .object(let o) = try JSONParser(maxDepth: 8).parse(text), case .string(let c)? = o["c"],
+                    case .object(let o)? = try? JSONParser(maxDepth: 64).parse(text), case .string(let c)? = o["c"],
                     (try? Names.validateCollection(c)) != nil, let fields = o["f"]?.arrayValue?.compactMap(\.stringValue),
                     !fields.isEmpty, fields.allSatisfy({ (try? FieldPath($0)) != nil })
                 else { continue }

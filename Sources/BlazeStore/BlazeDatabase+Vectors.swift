@@ -204,7 +204,8 @@ extension BlazeDatabase {
             db,
             sql: """
                 SELECT name, json_extract(state, '$.v.d'), json_extract(state, '$.v.m') FROM index_states
-                WHERE json_extract(state, '$.c') = ? AND json_type(state, '$.v') = 'object' AND json_array_length(state, '$.f') = 1
+                WHERE json_extract(state, '$.c') = ? AND json_type(state, '$.v.d') = 'integer' AND json_type(state, '$.v.m') = 'text'
+                AND json_array_length(state, '$.f') = 1
                 AND json_extract(state, '$.f[0]') = ? AND name NOT IN (SELECT name FROM indexes) ORDER BY name
                 """, arguments: [collection, field.description])
         for row in kept {

@@ -50,7 +50,8 @@ extension SQLStorage {
         if let fields = state.fields {
             // Definitions from other replicas are validated like local ones; an invalid one is stored but not built.
             guard (try? Names.validateCollection(state.collection)) != nil, (try? Names.validateIndex(name)) != nil,
-                let paths = try? fields.map({ (f: String) throws(StoreError) -> FieldPath in try FieldPath(f) })
+                let paths = try? fields.map({ (f: String) throws(StoreError) -> FieldPath in try FieldPath(f) }),
+                !paths.isEmpty, paths.count <= limits.maxIndexFields, Set(paths).count == paths.count
             else { return wasBuilt }
             if let vector = state.vector {
                 guard paths.count == 1, VectorMetric(rawValue: vector.metric) != nil, vector.dimensions >= 1,
@@ -102,7 +103,8 @@ extension SQLStorage {
     /// limits allow: after a built index was dropped or changed.
     private func buildKeptIndexes() throws {
         for name in try Self.keptDefinitions(db) where (try? Names.validateIndex(name)) != nil {
-            guard let state = try index(name), state.fields != nil else { continue }
+            // One that cannot be read is skipped: a kept definition must never stop a drop (local or received).
+            guard let state = try? index(name), state.fields != nil else { continue }
             guard try Self.indexCapacityReached(vector: state.vector != nil, limits, db) == nil else {
                 if state.vector == nil { return }
                 continue

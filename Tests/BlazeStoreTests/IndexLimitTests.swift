@@ -117,4 +117,28 @@ import Testing
         #expect(userIndexes.sorted() == ["ux_n1", "ux_n2", "ux_n3"])
         #expect(try restored.nearest(NearestQuery(collection: "c", field: try FieldPath("e"), vector: [1, 2], k: 1)).index == nil)
     }
+
+    @Test func malformedKeptDefinitionsNeitherCrashASearchNorStopADrop() throws {
+        let t = try TempStore(limits: Self.small)
+        let db = try t.store.create("d")
+        _ = try db.apply(.put(collection: "c", id: "x", doc: ["e": VectorValue.stored([1, 2])]))
+        try Self.create(db, "a")
+        // From another device: a vector definition whose dimensions are text, one whose metric is a number, and one of
+        // 1,000 fields (past the fields an index may have): kept, never built.
+        let stranger = randomNode()
+        let odd = Change(
+            origin: stranger, seq: 1, hlc: HLC(milliseconds: UInt64(Date().timeIntervalSince1970 * 1000)), deps: try db.versionVector(),
+            ops: [
+                .index(name: "d1", collection: "c", fields: ["e"], vector: IndexVector(json: ["d": "2", "m": "l2"])),
+                .index(name: "d2", collection: "c", fields: ["e"], vector: IndexVector(json: ["d": 2, "m": 1])),
+                .index(name: "wide", collection: "c", fields: (0..<1000).map { "f\($0)" }),
+            ])
+        _ = try db.receive([odd])
+        #expect(try Self.built(db) == ["a"])
+        let near = try db.nearest(NearestQuery(collection: "c", field: try FieldPath("e"), vector: [1, 2], k: 1))
+        #expect(near.hits.count == 1 && near.index == nil && near.metric == .cosine)
+        // Dropping the built one tries the kept ones, builds none of them, and goes through.
+        _ = try db.write { try $0.dropIndex(name: "a") }
+        #expect(try Self.built(db).isEmpty)
+    }
 }
