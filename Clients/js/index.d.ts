@@ -289,7 +289,7 @@ export type FolderListResult = { "db": DatabaseName; "folders": Array<{ "path": 
 /** Parameters of `sync.status`: Sync state per shared database and peer: connections, progress, errors, rejections. */
 export interface SyncStatusParams { "db"?: DatabaseName }
 /** Result of `sync.status`. */
-export type SyncStatusResult = { "listen": string | null; "strangersRefused": number; "refusedOverLimit": number; "databases": Array<{ "db": DatabaseName; "space": SpaceId | null; "paused": boolean; "peers": Array<PeerStatus>; "forks": Array<ForkEvidence>; "waiting": Array<{ "origin": NodeId; "upTo": number; "held": number; "sinceMs": number; "via": Array<string> }> }>; "invitesRefused": Record<string, number> };
+export type SyncStatusResult = { "listen": string | null; "strangersRefused": number; "refusedOverLimit": number; "databases": Array<{ "db": DatabaseName; "space": SpaceId | null; "paused": boolean; "peers": Array<PeerStatus>; "forks": Array<ForkEvidence>; "waiting": Array<{ "origin": NodeId; "upTo": number; "held": number; "sinceMs": number; "via": Array<string> }>; "entryFormat"?: number | null }>; "invitesRefused": Record<string, number> };
 /** Parameters of `sync.now`: Connects to every peer of a database now, skipping backoff waits. */
 export interface SyncNowParams { "db": DatabaseName }
 /** Result of `sync.now`. */

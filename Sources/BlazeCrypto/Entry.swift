@@ -6,13 +6,16 @@ import Foundation
 /// transports").
 ///
 /// Binary layout, big-endian: version (1) · space id (16) · origin (16) · seq (8) · prev (32) · epoch (4) · nonce (12).
-/// Version 2 (what is sealed now) pads the plaintext to a size bucket (`EntryPadding`); version 1 (entries sealed
-/// before) does not, and is still opened.
+/// Version 2 pads the plaintext to a size bucket (`EntryPadding`); version 1 (entries sealed before padding) does
+/// not, and is still opened. Version 3 is version 2 whose payload carries vector values as bytes (`VectorPacking`),
+/// sealed only in spaces whose every member has stated that it opens it (`FormatStatement`).
 public struct EntryHeader: Sendable, Equatable {
-    /// Format version of what is sealed now.
+    /// The format every build since padding opens: what is sealed unless every member opens a newer one.
     public static let version: UInt8 = 2
+    /// The newest format this build seals.
+    public static let newestVersion: UInt8 = 3
     /// Versions read.
-    public static let versions: ClosedRange<UInt8> = 1...2
+    public static let versions: ClosedRange<UInt8> = 1...3
     /// Encoded size in bytes.
     public static let size = 1 + 16 + 16 + 8 + 32 + 4 + 12
 
@@ -84,14 +87,22 @@ public struct SealedEntry: Sendable, Equatable {
     public static let genesis = [UInt8](repeating: 0, count: 32)
 
     /// Seals `payload` (the canonical change text), padded to its size bucket, as entry `seq` of `origin`, chained
-    /// to `prev`.
+    /// to `prev`: in format 3 when `format` allows it and the payload holds vector values, in format 2 otherwise.
     public static func seal(
-        _ payload: some DataProtocol, space key: SpaceKey, origin: [UInt8], seq: UInt64, prev: [UInt8]
+        _ payload: some DataProtocol, space key: SpaceKey, origin: [UInt8], seq: UInt64, prev: [UInt8],
+        format: UInt8 = EntryHeader.version
     ) -> SealedEntry {
-        let padded = EntryPadding.pad(payload)
+        var version = EntryHeader.version
+        let padded: [UInt8]
+        if format >= 3, let packed = VectorPacking.pack(payload) {
+            version = 3
+            padded = EntryPadding.pad(packed)
+        } else {
+            padded = EntryPadding.pad(payload)
+        }
         let nonce = ChaChaPoly.Nonce()
         let header = EntryHeader(
-            space: key.id, origin: origin, seq: seq, prev: prev, epoch: key.epoch, nonce: Array(nonce))
+            version: version, space: key.id, origin: origin, seq: seq, prev: prev, epoch: key.epoch, nonce: Array(nonce))
         let headerBytes = header.bytes
         // Callers check `key.canSeal`; sealing with a valid key and nonce cannot fail.
         let box = try! ChaChaPoly.seal(padded, using: key.sealing!, nonce: nonce, authenticating: headerBytes)
@@ -141,7 +152,8 @@ public struct SealedEntry: Sendable, Equatable {
         for entryKey in keys {
             if let plain = try? ChaChaPoly.open(box, using: entryKey, authenticating: bytes[..<n]) {
                 guard header.version >= 2 else { return Array(plain) }
-                return try EntryPadding.unpad(plain)
+                let payload = try EntryPadding.unpad(plain)
+                return header.version == 3 ? try VectorPacking.unpack(payload) : payload
             }
         }
         throw .badSeal

@@ -16,7 +16,11 @@ public enum FolderFiles {
     public static let membersMagic: [UInt8] = Array("BZFM".utf8)
     /// First bytes of an acknowledgements file.
     public static let acksMagic: [UInt8] = Array("BZFA".utf8)
-    /// The format version of all four files.
+    /// First bytes of a statements file (`.formats`: builds before protocol 6 skip names starting with a dot).
+    public static let formatsMagic: [UInt8] = Array("BZFF".utf8)
+    /// The name of a writer's statements file.
+    public static let formatsName = ".formats"
+    /// The format version of all five files.
     public static let version: UInt8 = 1
     /// Bytes of a segment file's header: magic (4) · version (1) · space (16) · writer (16) · segment number (8).
     public static let segmentHeaderSize = 45
@@ -231,6 +235,15 @@ public enum FolderFiles {
     }
 
     /// `magic` · version · space (16) · count (4) · count × (length (4) · item).
+    /// A statements file (SYNC.md §6, "Entry formats"): the latest statement the writer holds of each member, its own
+    /// among them, each signed by its member (checked when decoded by `FormatStatement`).
+    public static func formats(space: SpaceID, statements: [[UInt8]]) -> [UInt8] { list(formatsMagic, space: space, items: statements) }
+
+    /// The statements of a statements file, undecoded; throws for a file that is not one of `space`.
+    public static func decodeFormats(_ bytes: [UInt8], space: SpaceID) throws(SyncRejection) -> [[UInt8]] {
+        try decodeList(formatsMagic, bytes, space: space)
+    }
+
     private static func list(_ magic: [UInt8], space: SpaceID, items: [[UInt8]]) -> [UInt8] {
         var out = magic + [version] + space.bytes
         out.appendBE(UInt32(items.count))

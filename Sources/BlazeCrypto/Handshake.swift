@@ -25,9 +25,10 @@ public enum Handshake {
     /// space proof, 4 came with packed runs carrying each entry's format. Frozen since: later session protocols are
     /// chosen inside it (`protocols`), so that a build speaking protocol 4 only still completes it.
     public static let version: UInt8 = 4
-    /// The session protocol versions this build speaks (SYNC.md §8, "Versions"): 4, and 5, where a `CHUNK`'s sealed
-    /// chunk travels authenticated but not encrypted a second time and each side says its clock first (`CLOCK`).
-    public static let protocols: ClosedRange<UInt8> = 4...5
+    /// The session protocol versions this build speaks (SYNC.md §8, "Versions"): 4; 5, where a `CHUNK`'s sealed
+    /// chunk travels authenticated but not encrypted a second time and each side says its clock first (`CLOCK`); and
+    /// 6, which carries members' statements of the entry formats they open (`FORMATS`).
+    public static let protocols: ClosedRange<UInt8> = 4...6
     /// What a nonce that announces its side's protocol range starts with; the lowest and highest version follow.
     static let announcement = Array("BLZVER".utf8)
     /// Size of the server's hello.

@@ -61,6 +61,8 @@ public enum SyncRejection: String, Error, Sendable, CaseIterable {
     case overQuota = "over_quota"
     /// An acknowledgement's signature does not verify, or it names another space.
     case badAck = "bad_ack"
+    /// A statement of entry formats whose signature does not verify (SYNC.md §6, "Entry formats").
+    case badStatement = "bad_statement"
     /// A snapshot's signature, author, parts or content do not verify (SYNC.md §11).
     case badSnapshot = "bad_snapshot"
     /// A blob chunk that was not asked for, or whose seal, size or content does not match its id.

@@ -38,7 +38,7 @@ extension Methods {
             peers: ctx.sync.status(db: db).map(peerStatus), forks: try db.forks().map(forkEvidence),
             waiting: ctx.sync.missing(db: db).map {
                 .init(origin: $0.origin, upTo: Int($0.upTo), held: Int($0.held), sinceMs: Int($0.sinceMs), via: $0.via)
-            })
+            }, entryFormat: try ctx.sync.entryFormat(db: db))
     }
 
     /// The database named `name`, or `not_shared` unless it is shared.

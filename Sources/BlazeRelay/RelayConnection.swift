@@ -241,6 +241,10 @@ final class RelayConnection: ChannelInboundHandler {
             receive(.ops(ops), space: space, context: context)
         case .ping, .clock:
             break
+        case .formats:
+            // Statements of entry formats (protocol 6) are not kept by relays yet: devices that meet only through
+            // a relay keep sealing the format every build opens (SYNC.md §6, "Entry formats").
+            break
         case .acks(let acks):
             // In order with operations: those sent before may list the signers.
             receive(.acks(acks), space: space, context: context)

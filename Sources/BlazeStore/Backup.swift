@@ -168,7 +168,7 @@ extension Store {
                 // a new share starts a new log) or the invites it issued (so a copy of the file redeems none).
                 for table in [
                     "sync_entries", "sync_heads", "sync_peers", "sync_forks", "sync_folders", "sync_folder_heads", "sync_pruned",
-                    "sync_acks", "sync_membership", "sync_invites",
+                    "sync_acks", "sync_formats", "sync_membership", "sync_invites",
                 ] where try db.tableExists(table) {
                     try db.execute(sql: "DELETE FROM \(table)")
                 }

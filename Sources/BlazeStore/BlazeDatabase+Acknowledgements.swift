@@ -6,7 +6,8 @@ import BlazeProtocol
 import Foundation
 import GRDB
 
-/// Members' acknowledgements (opaque signed bytes; BlazeSync signs and verifies them) and the stable vector.
+/// Members' acknowledgements and statements of entry formats (opaque signed bytes; BlazeSync signs and verifies
+/// them) and the stable vector.
 extension BlazeDatabase {
     /// Every acknowledgement held: node, when issued, bytes.
     public func acknowledgements() throws -> [(node: [UInt8], issuedMs: UInt64, bytes: [UInt8])] {
@@ -25,6 +26,29 @@ extension BlazeDatabase {
                     INSERT INTO sync_acks(node, issued_at, bytes) VALUES (?, ?, ?)
                     ON CONFLICT(node) DO UPDATE SET issued_at = excluded.issued_at, bytes = excluded.bytes
                     WHERE excluded.issued_at > sync_acks.issued_at
+                    """,
+                arguments: [Data(node), Int64(clamping: issuedMs), Data(bytes)])
+            return db.changesCount > 0
+        }
+    }
+
+    /// Every statement of entry formats held (opaque signed bytes, the latest of each member; SYNC.md §6).
+    public func formatStatements() throws -> [(node: [UInt8], bytes: [UInt8])] {
+        try read { db in
+            try Row.fetchAll(db, sql: "SELECT node, bytes FROM sync_formats ORDER BY node").map { row in
+                (Array(row[0] as Data), Array(row[1] as Data))
+            }
+        }
+    }
+
+    /// Keeps `bytes` as `node`'s statement of entry formats unless one issued later is held; true when it was kept.
+    public func storeFormatStatement(node: [UInt8], issuedMs: UInt64, bytes: [UInt8]) throws -> Bool {
+        try connections.write { db in
+            try db.execute(
+                sql: """
+                    INSERT INTO sync_formats(node, issued_at, bytes) VALUES (?, ?, ?)
+                    ON CONFLICT(node) DO UPDATE SET issued_at = excluded.issued_at, bytes = excluded.bytes
+                    WHERE excluded.issued_at > sync_formats.issued_at
                     """,
                 arguments: [Data(node), Int64(clamping: issuedMs), Data(bytes)])
             return db.changesCount > 0

@@ -277,6 +277,12 @@ enum Schema {
                     CREATE INDEX vector_rows_doc ON vector_rows(idx, doc);
                     """)
         }
+        m.registerMigration("v17-entry-formats") { db in
+            // Members' signed statements of the entry formats they open (SYNC.md §6, "Entry formats"): the latest of
+            // each, opaque here like `sync_acks`.
+            try db.execute(
+                sql: "CREATE TABLE sync_formats(node BLOB PRIMARY KEY NOT NULL, issued_at INTEGER NOT NULL, bytes BLOB NOT NULL) WITHOUT ROWID")
+        }
         return m
     }
 }

@@ -45,10 +45,11 @@ extension BlazeDatabase {
     /// `headBytes` bytes of entries, whichever comes first (and one for the last), so that a batch between two heads
     /// always fits a frame. Returns how many were sealed. `fullBatchesOnly` and `continuing` as in
     /// `SyncLogStore.sealPending` (the background sealing seals whole batches only, and stops when the daemon does).
+    /// Entries are sealed in the newest format every member of `membership` opens (`sealingFormat`).
     @discardableResult
     public func sealLocal(
-        key: SpaceKey, identity: DeviceIdentity, batch: Int = 1000, headBytes: Int = 1 << 20, fullBatchesOnly: Bool = false,
-        continuing: () -> Bool = { true }
+        key: SpaceKey, identity: DeviceIdentity, membership: MembershipState? = nil, batch: Int = 1000,
+        headBytes: Int = 1 << 20, fullBatchesOnly: Bool = false, continuing: () -> Bool = { true }
     ) throws -> Int {
         // A device holding no key to seal with (a reader, a removed member, a joiner) publishes nothing.
         guard key.canSeal else { return 0 }
@@ -57,6 +58,7 @@ extension BlazeDatabase {
             lastSeq, lastHash, bodies in
             var seq = lastSeq
             var prev = lastHash ?? SealedEntry.genesis
+            let format = try self.sealingFormat(membership: membership)
             var entries: [SyncLogEntry] = []
             var heads: [(seq: UInt64, bytes: [UInt8])] = []
             var unsigned: SealedEntry?
@@ -69,7 +71,7 @@ extension BlazeDatabase {
             }
             for body in bodies {
                 seq += 1
-                let entry = SealedEntry.seal(Array(body.utf8), space: key, origin: node.bytes, seq: seq, prev: prev)
+                let entry = SealedEntry.seal(Array(body.utf8), space: key, origin: node.bytes, seq: seq, prev: prev, format: format)
                 entries.append(SyncLogEntry(seq: seq, hash: entry.hash, bytes: entry.bytes))
                 prev = entry.hash
                 unsigned = entry

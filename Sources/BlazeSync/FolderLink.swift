@@ -117,6 +117,8 @@ final class FolderWorker {
     /// The acknowledgements (signer and issue time) written to this device's acks file, and when (uptime ms).
     var acksWritten: [[UInt8]: UInt64]?
     var acksWrittenAt: UInt64 = 0
+    /// The statements of entry formats the statements file was last written with: node id → when issued.
+    var formatsWritten: [[UInt8]: UInt64]?
     /// Whether the last step failed, and how (counted once per distinct failure).
     var lastFailure: String?
     /// Chunks this link wrote to its own `assets/` (or found there), and its place in the store's log of swept chunks.
@@ -226,6 +228,7 @@ final class FolderWorker {
             try readMembers()
             try readHeads()
             try readAcks()
+            try readFormats()
             try scan()
             try publish()
             try publishAssets()

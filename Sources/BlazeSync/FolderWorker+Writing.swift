@@ -18,7 +18,7 @@ extension FolderWorker {
     /// replaces the head file; writes the members file when the log grew.
     func publish() throws {
         let snapshot = space.snapshot
-        try db.sealLocal(key: snapshot.key, identity: engine.identity)
+        try db.sealLocal(key: snapshot.key, identity: engine.identity, membership: snapshot.membership)
         held = try db.syncVector()
         let stable = floor(snapshot)
         let folder = coverage(floor: stable)
@@ -51,6 +51,7 @@ extension FolderWorker {
         }
         try writeMembers(snapshot)
         try writeAcks(snapshot)
+        try writeFormats(snapshot)
         prune(below: stable)
     }
 
@@ -70,6 +71,20 @@ extension FolderWorker {
         try replaceFile(at: ownFD, "acks", with: FolderFiles.acks(space: space.id, acks: held.map(\.bytes)))
         acksWritten = written
         acksWrittenAt = uptimeMs()
+    }
+
+    /// Rewrites the statements file (`.formats`) when the statements of entry formats held changed (this device's own
+    /// is issued first when none says what this build opens): members that meet only through the folder learn which
+    /// formats each other opens (SYNC.md §6, "Entry formats"). Only in spaces with a log.
+    func writeFormats(_ snapshot: SharedSpace.Snapshot) throws {
+        guard let membership = snapshot.membership else { return }
+        let name = FolderFiles.formatsName
+        try db.issueFormatStatement(space: space.id, identity: engine.identity, nowMs: UInt64(max(0, nowMs())))
+        let held = try db.heldFormatStatements(membership: membership)
+        let written = Dictionary(held.map { ($0.node, $0.issuedMs) }, uniquingKeysWith: max)
+        guard written != formatsWritten || !exists(at: ownFD, name) else { return }
+        try replaceFile(at: ownFD, name, with: FolderFiles.formats(space: space.id, statements: held.map(\.bytes)))
+        formatsWritten = written
     }
 
     /// For each origin, the highest seq every current member holds, as their head files in this folder say (this

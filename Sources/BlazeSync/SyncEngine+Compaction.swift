@@ -37,7 +37,7 @@ extension SyncEngine {
         let snapshot = space.snapshot
         let now = nowMsUnsigned()
         // Sealed, this device's changes can be pruned like any other's (their entries then go once stable).
-        try db.sealLocal(key: snapshot.key, identity: identity)
+        try db.sealLocal(key: snapshot.key, identity: identity, membership: snapshot.membership)
         if try db.compactor.issueAcknowledgement(space: space.id, identity: identity, nowMs: now, lacking: lackingKeys(snapshot)) {
             membershipChanged(db: db.name)
         }

@@ -57,7 +57,7 @@ extension SyncEngine {
                     // Whole batches only: a round every 200 ms would otherwise sign a head per few entries
                     // (sessions seal the rest, with its head, before they send).
                     try space.db.sealLocal(
-                        key: space.snapshot.key, identity: identity, fullBatchesOnly: true,
+                        key: space.snapshot.key, identity: identity, membership: space.snapshot.membership, fullBatchesOnly: true,
                         continuing: { !sealing.stopped.load(ordering: .relaxed) })
                 } catch {
                     logger.debug(

@@ -38,6 +38,7 @@ extension SyncSession {
         sendMembers(context: context)
         sendState(context: context)
         sendAcks(context: context)
+        sendFormats(context: context)
     }
 
     /// `CLOCK`, once per session, to a peer this session serves over protocol 5 or later: a device the log does not
@@ -149,6 +150,7 @@ extension SyncSession {
         sendMembers(context: context)
         sendState(context: context)
         sendAcks(context: context)
+        sendFormats(context: context)
         reconnectForNewKeys(context: context)
     }
 

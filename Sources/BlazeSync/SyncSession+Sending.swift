@@ -15,10 +15,10 @@ extension SyncSession {
     func sendState(context: ChannelHandlerContext) {
         guard let link, !stateSent else { return }
         stateSent = true
-        let (db, key, identity) = (link.db, link.key, engine.identity)
+        let (db, key, identity, membership) = (link.db, link.key, engine.identity, link.space.snapshot.membership)
         let bound = NIOLoopBound((self, context), eventLoop: context.eventLoop)
         engine.pool.runIfActive(eventLoop: context.eventLoop) { () -> ([NodeID: UInt64], SignedHead?) in
-            try db.sealLocal(key: key, identity: identity)
+            try db.sealLocal(key: key, identity: identity, membership: membership)
             return (try db.syncVector(), try db.latestHead(origin: db.node))
         }.whenComplete { result in
             let (session, context) = bound.value
@@ -41,12 +41,12 @@ extension SyncSession {
         }
         pumping = true
         pumpAgain = false
-        let (db, key, identity) = (link.db, link.key, engine.identity)
+        let (db, key, identity, membership) = (link.db, link.key, engine.identity, link.space.snapshot.membership)
         let bound = NIOLoopBound((self, context), eventLoop: context.eventLoop)
         // Reading, packing and encoding happen on the I/O pool; only sealing the frames (the cipher's counter) stays
         // on the event loop.
         engine.pool.runIfActive(eventLoop: context.eventLoop) { () -> Round in
-            try db.sealLocal(key: key, identity: identity)
+            try db.sealLocal(key: key, identity: identity, membership: membership)
             return try Round.read(db: db, mine: db.syncVector(), theirs: peerVector)
         }.whenComplete { result in
             let (session, context) = bound.value

@@ -39,6 +39,8 @@ final class SyncSession: ChannelInboundHandler {
     var opsShared: Set<EntryHash> = []
     /// Acknowledgements the peer holds, as far as this side knows: node id → when issued (SYNC.md §11).
     var acksShared: [[UInt8]: UInt64] = [:]
+    /// Statements of entry formats the peer holds, as far as this side knows: node id → when issued.
+    var formatsShared: [[UInt8]: UInt64] = [:]
     /// True once this session sent a snapshot (one per session: a peer that still lacks entries reconnects).
     var snapshotSent = false
     /// True once this side sent its `STATE` (a joiner waits until it is admitted).
@@ -224,6 +226,8 @@ final class SyncSession: ChannelInboundHandler {
             redeem(inviteID: id, device: device, proof: proof, context: context)
         case .acks(let acks):
             received(acks: acks, context: context)
+        case .formats(let statements):
+            received(formats: statements, context: context)
         case .snapshotPart, .snapshot:
             break  // installed by the BatchReceiver before this handler
         case .joinRefused(let id, let device, let reason):

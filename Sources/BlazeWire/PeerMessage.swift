@@ -45,6 +45,9 @@ public enum PeerMessage: Sendable {
     /// The sender's wall clock (Unix ms) as it sent this, once at the start of a protocol 5 session: the receiver
     /// reports how far the clocks differ (`clockSkewMs`), which `blazectl doctor` checks.
     case clock(ms: UInt64)
+    /// Members' signed statements of the entry formats they open (SYNC.md §6, "Entry formats"), 1 to
+    /// `maxStatements`, sent only on protocol 6 or later.
+    case formats([FormatStatement])
 
     static let stateType: UInt8 = 1
     static let entriesType: UInt8 = 2
@@ -63,6 +66,9 @@ public enum PeerMessage: Sendable {
     static let chunkBadType: UInt8 = 15
     static let chunkKeepType: UInt8 = 16
     static let clockType: UInt8 = 17
+    static let formatsType: UInt8 = 18
+    /// The most statements one `FORMATS` carries (a space's members beyond it go in further messages).
+    public static let maxStatements = 1024
     /// The bytes an encoded `CHUNK` of chunk `id` starts with; its sealed chunk follows them (a sender may seal a
     /// chunk straight after them instead of encoding `.chunk`).
     public static func chunkHeader(_ id: ChunkID) -> [UInt8] { [chunkType] + id.bytes }
@@ -171,6 +177,11 @@ public enum PeerMessage: Sendable {
             return Self.encode(ids, type: Self.chunkBadType)
         case .chunkKeep(let ids):
             return Self.encode(ids, type: Self.chunkKeepType)
+        case .formats(let statements):
+            var out: [UInt8] = [Self.formatsType]
+            out.appendBE(UInt16(statements.count))
+            for s in statements { out += s.bytes }
+            return out
         case .clock(let ms):
             var out: [UInt8] = [Self.clockType]
             out.appendBE(ms)
@@ -284,6 +295,14 @@ public enum PeerMessage: Sendable {
             // A time no real clock shows (past 2^62 ms) is refused like any other bound.
             guard let ms = r.readUInt64(), ms < 1 << 62, r.remaining == 0 else { throw .malformed }
             self = .clock(ms: ms)
+        case Self.formatsType?:
+            // Fixed-size statements, each verified when decoded; the count is checked against the bytes first.
+            guard let n = r.readUInt16(), n >= 1, Int(n) <= Self.maxStatements, r.remaining == Int(n) * FormatStatement.size else {
+                throw .malformed
+            }
+            var statements: [FormatStatement] = []
+            for _ in 0..<n { statements.append(try FormatStatement(bytes: Array(r.read(FormatStatement.size)!))) }
+            self = .formats(statements)
         case Self.chunkKeepType?:
             self = .chunkKeep(try Self.chunkIDs(&r, most: Self.maxChunkKeep))
         default:

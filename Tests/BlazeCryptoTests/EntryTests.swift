@@ -119,9 +119,13 @@ func makeChain(_ count: Int, key: SpaceKey, device: DeviceIdentity, from first: 
         let header2 = EntryHeader(space: key.id, origin: device.nodeID, seq: 1, prev: SealedEntry.genesis, epoch: key.epoch, nonce: Array(nonce2))
         let box2 = try ChaChaPoly.seal(unmarked, using: try #require(key.sealing), nonce: nonce2, authenticating: header2.bytes)
         #expect(throws: SyncRejection.badSeal) { try SealedEntry(bytes: header2.bytes + box2.ciphertext + box2.tag).open(with: key) }
+        // A version-3 entry whose payload is not a packed one (sealed by a key holder, but wrongly) is refused.
+        let header3 = EntryHeader(version: 3, space: key.id, origin: device.nodeID, seq: 1, prev: SealedEntry.genesis, epoch: key.epoch, nonce: Array(nonce2))
+        let box3 = try ChaChaPoly.seal(EntryPadding.pad(Array(#"{"v":{"$vector":""}}"#.utf8)), using: try #require(key.sealing), nonce: nonce2, authenticating: header3.bytes)
+        #expect(throws: SyncRejection.badPayload) { try SealedEntry(bytes: header3.bytes + box3.ciphertext + box3.tag).open(with: key) }
         // Unknown versions are refused when decoded.
         var future = header.bytes
-        future[0] = 3
+        future[0] = EntryHeader.newestVersion + 1
         #expect(throws: SyncRejection.malformed) { try EntryHeader(decoding: future[...]) }
     }
 

@@ -43,21 +43,21 @@ import Testing
 
     @Test func sidesThatShareNoVersionAreToldWhichEachSpeaksOnceEachVerifiedTheOther() throws {
         let key = SpaceKey.generate()
-        // A newer server (speaking 6 only) and a client of this build: the client answers anyway, the server finds
+        // A newer server (speaking 7 only) and a client of this build: the client answers anyway, the server finds
         // the mismatch once the client's proof holds and still replies, and the client believes it once the
         // server's proof over the hello holds.
-        let run = try HandshakeRun(key: key, serverProtocols: 6...6)
+        let run = try HandshakeRun(key: key, serverProtocols: 7...7)
         let accepted = try run.server.accept(run.auth, spaces: [key])
         #expect(accepted.protocolVersion == 0)
         let serverSide = try #require(accepted.mismatch)
-        #expect(serverSide == ProtocolMismatch(ours: 6...6, theirs: Handshake.protocols))
-        #expect(serverSide.description.hasSuffix("the peer speaks sync protocol 4–5, this build speaks sync protocol 6: the peer must upgrade"))
+        #expect(serverSide == ProtocolMismatch(ours: 7...7, theirs: Handshake.protocols))
+        #expect(serverSide.description.hasSuffix("the peer speaks sync protocol 4–6, this build speaks sync protocol 7: the peer must upgrade"))
         var client = run.client
         #expect(throws: SyncRejection.incompatibleProtocol) { try client.finish(accepted.reply) }
         client = run.client
         let clientSide = try #require(client.mismatch)
-        #expect(clientSide == ProtocolMismatch(ours: Handshake.protocols, theirs: 6...6))
-        #expect(clientSide.description.contains("peer speaks sync protocol 6, this build speaks sync protocol 4–5"))
+        #expect(clientSide == ProtocolMismatch(ours: Handshake.protocols, theirs: 7...7))
+        #expect(clientSide.description.contains("peer speaks sync protocol 7, this build speaks sync protocol 4–6"))
         #expect(clientSide.description.hasSuffix("upgrade this device"))
 
         // A stranger announcing a newer range gets no such words from this build: its reply does not verify.

@@ -197,15 +197,15 @@ struct PreviousVersionTests {
         }
         newer.stop()
         newer = try DaemonProcess(
-            arguments: ["--sync-listen", "127.0.0.1:0"], dir: dirNewer, environment: ["BLAZE_SYNC_PROTOCOLS": "6-6"])
+            arguments: ["--sync-listen", "127.0.0.1:0"], dir: dirNewer, environment: ["BLAZE_SYNC_PROTOCOLS": "7-7"])
         cn = try newer.connect()
         let (dialer, listener) = newerDials ? (cn, current) : (cc, newer)
         _ = try dialer.call("peer.add", ["db": "team", "address": .string(try listener.syncAddress())])
         // The dialing side learns it once the listener's proof holds, and says which versions each speaks and which
         // side to upgrade.
         let expected = newerDials
-            ? "the peer speaks sync protocol 4–\(Handshake.protocols.upperBound), this build speaks sync protocol 6: the peer must upgrade"
-            : "the peer speaks sync protocol 6, this build speaks sync protocol 4–\(Handshake.protocols.upperBound): upgrade this device"
+            ? "the peer speaks sync protocol 4–\(Handshake.protocols.upperBound), this build speaks sync protocol 7: the peer must upgrade"
+            : "the peer speaks sync protocol 7, this build speaks sync protocol 4–\(Handshake.protocols.upperBound): upgrade this device"
         var peer: JSONValue?
         #expect(eventually {
             peer = (try? dialer.call("sync.status", ["db": "team"]))?["databases"]?.arrayValue?.first?["peers"]?.arrayValue?.first

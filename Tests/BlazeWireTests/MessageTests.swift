@@ -58,6 +58,26 @@ import Testing
         }
     }
 
+    @Test func statementsOfFormatsRoundTripAndBadCountsOrSignaturesAreRefused() throws {
+        let space = SpaceKey.generate().id
+        let statements = (0..<3).map { i in FormatStatement(space: space, formats: 1...3, issuedMs: UInt64(i + 1), identity: DeviceIdentity()) }
+        let bytes = try PeerMessage.formats(statements).encoded()
+        #expect(bytes.first == 18 && bytes.count == 3 + 3 * FormatStatement.size)
+        guard case .formats(let decoded) = try PeerMessage(decoding: bytes) else {
+            Issue.record("decoded as another message")
+            return
+        }
+        #expect(decoded == statements)
+        var forged = bytes
+        forged[forged.count - 1] ^= 1
+        #expect(throws: SyncRejection.badStatement) { try PeerMessage(decoding: forged) }
+        var many: [UInt8] = [18]
+        many.appendBE(UInt16(PeerMessage.maxStatements + 1))
+        for bad in [bytes + [0], Array(bytes.dropLast()), [18, 0, 0], [18], many + Array(bytes.dropFirst(3))] {
+            #expect(throws: SyncRejection.malformed) { try PeerMessage(decoding: bad) }
+        }
+    }
+
     /// A long log goes in several `MEMBERS` messages of at most 1 MiB of operations, parents before children whatever
     /// order they are given in.
     @Test func aLongLogTravelsInBoundedMessagesParentsFirst() throws {

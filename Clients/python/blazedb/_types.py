@@ -742,7 +742,7 @@ class SyncStatusResultDatabasesItemWaitingItem(TypedDict):
     via: List[str]
 
 
-class SyncStatusResultDatabasesItem(TypedDict):
+class _SyncStatusResultDatabasesItemRequired(TypedDict):
     db: str
     space: Optional[str]
     paused: bool
@@ -751,6 +751,11 @@ class SyncStatusResultDatabasesItem(TypedDict):
     forks: List[SyncStatusResultDatabasesItemForksItem]
     # Entries that changes received here depend on and that have not arrived, per origin. Each change carries what its author held when it wrote it (sealed and signed), so a peer or relay that forwards later changes while keeping back what they depend on is seen here; the changes wait (parked) until the entries come. An origin that stays listed for long, via a relay, means that relay withholds (or lost) them.
     waiting: List[SyncStatusResultDatabasesItemWaitingItem]
+
+
+class SyncStatusResultDatabasesItem(_SyncStatusResultDatabasesItemRequired, total=False):
+    # The entry format this device seals its changes in (SYNC.md §6, "Entry formats"): 3 (vector values as bytes) once every other current member has stated that it opens it, 2 otherwise (a space without a membership log, a member of an older build, or one not heard from since it joined). Null for a database not shared.
+    entryFormat: Optional[int]
 
 
 class SyncStatusResult(TypedDict):

@@ -5777,15 +5777,18 @@ public enum RPC {
                 public var forks: [RPCSchema.ForkEvidence]
                 /// Entries that changes received here depend on and that have not arrived, per origin. Each change carries what its author held when it wrote it (sealed and signed), so a peer or relay that forwards later changes while keeping back what they depend on is seen here; the changes wait (parked) until the entries come. An origin that stays listed for long, via a relay, means that relay withholds (or lost) them.
                 public var waiting: [Waiting]
+                /// The entry format this device seals its changes in (SYNC.md §6, "Entry formats"): 3 (vector values as bytes) once every other current member has stated that it opens it, 2 otherwise (a space without a membership log, a member of an older build, or one not heard from since it joined). Null for a database not shared.
+                public var entryFormat: Int?
 
                 /// A value from its members.
-                public init(db: String, space: String?, paused: Bool, peers: [RPCSchema.PeerStatus], forks: [RPCSchema.ForkEvidence], waiting: [Waiting]) {
+                public init(db: String, space: String?, paused: Bool, peers: [RPCSchema.PeerStatus], forks: [RPCSchema.ForkEvidence], waiting: [Waiting], entryFormat: Int? = nil) {
                     self.db = db
                     self.space = space
                     self.paused = paused
                     self.peers = peers
                     self.forks = forks
                     self.waiting = waiting
+                    self.entryFormat = entryFormat
                 }
 
                 /// Reads the value from JSON.
@@ -5797,6 +5800,7 @@ public enum RPC {
                     self.peers = try RPCDecode.member(o, "peers", { v throws(RPCShapeError) -> [RPCSchema.PeerStatus] in try RPCDecode.array(v, RPCSchema.PeerStatus.init(json:)) })
                     self.forks = try RPCDecode.member(o, "forks", { v throws(RPCShapeError) -> [RPCSchema.ForkEvidence] in try RPCDecode.array(v, RPCSchema.ForkEvidence.init(json:)) })
                     self.waiting = try RPCDecode.member(o, "waiting", { v throws(RPCShapeError) -> [Waiting] in try RPCDecode.array(v, Waiting.init(json:)) })
+                    self.entryFormat = try RPCDecode.optionalMember(o, "entryFormat", RPCDecode.int)
                 }
 
                 /// The value's JSON form.
@@ -5806,13 +5810,14 @@ public enum RPC {
 
                 /// The members of the JSON form.
                 public var jsonObject: [String: JSONValue] {
-                    var o = [String: JSONValue](minimumCapacity: 6)
+                    var o = [String: JSONValue](minimumCapacity: 7)
                     o["db"] = .string(self.db)
                     o["space"] = (self.space.map { x0 -> JSONValue in .string(x0) } ?? .null)
                     o["paused"] = .bool(self.paused)
                     o["peers"] = .array(self.peers.map { x0 in x0.json })
                     o["forks"] = .array(self.forks.map { x0 in x0.json })
                     o["waiting"] = .array(self.waiting.map { x0 in x0.json })
+                    if let v = self.entryFormat { o["entryFormat"] = .int(Int64(v)) }
                     return o
                 }
             }
