@@ -4,8 +4,8 @@ import PostgresNIO
 /// records its own once its tables are in place (the statements that make them are additive and idempotent, so an
 /// older schema is brought up to date in place; take a `pg_dump` before upgrading a relay, as for any schema change).
 extension PostgresRelayStore {
-    /// The schema's format version this build writes.
-    public static let formatVersion = 1
+    /// The schema's format version this build writes (2 added `relay_formats`).
+    public static let formatVersion = 2
 
     /// Refuses a schema of a newer format; call at the start of the migration's transaction, after its lock.
     func checkFormat(_ conn: PostgresConnection) async throws {

@@ -4,13 +4,37 @@ import BlazeProtocol
 import Foundation
 import PostgresNIO
 
-/// Acknowledgements, snapshots and bases in PostgreSQL (SYNC.md §11, Protocol/RELAY.md).
+/// Acknowledgements, statements of entry formats, snapshots and bases in PostgreSQL (SYNC.md §6, §11,
+/// Protocol/RELAY.md).
 extension PostgresRelayStore {
-    // MARK: Acknowledgements
+    // MARK: Acknowledgements and statements of entry formats
 
     public func keepAcks(_ acks: [Acknowledgement], space: SpaceID) async throws -> [Acknowledgement] {
         let mine = acks.filter { $0.space == space }
-        guard !mine.isEmpty else { return [] }
+        let kept = try await keepLatest("relay_acks", notify: "a", mine.map { ($0.node, $0.issuedMs, $0.bytes) }, space: space)
+        return mine.enumerated().filter { kept.contains($0.offset) }.map(\.element)
+    }
+
+    public func acks(space: SpaceID) async throws -> [Acknowledgement] {
+        try await latest("relay_acks", space: space).compactMap { try? Acknowledgement(bytes: $0) }
+    }
+
+    public func keepFormats(_ statements: [FormatStatement], space: SpaceID) async throws -> [FormatStatement] {
+        let mine = statements.filter { $0.space == space }
+        let kept = try await keepLatest("relay_formats", notify: "f", mine.map { ($0.node, $0.issuedMs, $0.bytes) }, space: space)
+        return mine.enumerated().filter { kept.contains($0.offset) }.map(\.element)
+    }
+
+    public func formats(space: SpaceID) async throws -> [FormatStatement] {
+        try await latest("relay_formats", space: space).compactMap { try? FormatStatement(bytes: $0) }
+    }
+
+    /// Keeps each of `items` (signer, when issued, signed bytes) newer than the one `table` holds of its signer in
+    /// `space`, and tells other relay processes (`notify` names the change); returns the positions of those kept.
+    private func keepLatest(
+        _ table: String, notify kind: String, _ items: [(node: [UInt8], issuedMs: UInt64, bytes: [UInt8])], space: SpaceID
+    ) async throws -> Set<Int> {
+        guard !items.isEmpty else { return [] }
         return try await bounded { [self] in
             let s = Data(space.bytes)
             return try await transaction { conn in
@@ -18,34 +42,47 @@ extension PostgresRelayStore {
                 guard try await conn.query("SELECT 1 FROM relay_usage WHERE space = \(s) FOR UPDATE", logger: self.logger)
                     .decode(Int32.self).all().first != nil
                 else { return [] }
-                var kept: [Acknowledgement] = []
-                for ack in mine {
-                    let node = Data(ack.node)
+                var kept: Set<Int> = []
+                for (i, item) in items.enumerated() {
+                    let node = Data(item.node)
+                    // The table name is one of this file's constants, never input.
                     let held = try await conn.query(
-                        "SELECT issued_ms FROM relay_acks WHERE space = \(s) AND node = \(node)", logger: self.logger
+                        PostgresQuery(unsafeSQL: "SELECT issued_ms FROM \(table) WHERE space = $1 AND node = $2", binds: try Self.binds(s, node)),
+                        logger: self.logger
                     ).decode(Int64.self).all().first
                     // Stored as an unsigned value's bits: ordering by it is checked here, not in SQL.
-                    if let held, UInt64(bitPattern: held) >= ack.issuedMs { continue }
-                    let issued = Int64(bitPattern: ack.issuedMs), bytes = Data(ack.bytes)
+                    if let held, UInt64(bitPattern: held) >= item.issuedMs { continue }
                     try await conn.query(
-                        """
-                        INSERT INTO relay_acks(space, node, issued_ms, bytes) VALUES (\(s), \(node), \(issued), \(bytes)) \
-                        ON CONFLICT (space, node) DO UPDATE SET issued_ms = EXCLUDED.issued_ms, bytes = EXCLUDED.bytes
-                        """, logger: self.logger)
-                    kept.append(ack)
+                        PostgresQuery(
+                            unsafeSQL: """
+                                INSERT INTO \(table)(space, node, issued_ms, bytes) VALUES ($1, $2, $3, $4) \
+                                ON CONFLICT (space, node) DO UPDATE SET issued_ms = EXCLUDED.issued_ms, bytes = EXCLUDED.bytes
+                                """,
+                            binds: try Self.binds(s, node, Int64(bitPattern: item.issuedMs), Data(item.bytes))),
+                        logger: self.logger)
+                    kept.insert(i)
                 }
-                if !kept.isEmpty { try await self.notify(conn, "a", space: space) }
+                if !kept.isEmpty { try await self.notify(conn, kind, space: space) }
                 return kept
             }
         }
     }
 
-    public func acks(space: SpaceID) async throws -> [Acknowledgement] {
+    /// The signed bytes `table` holds for `space`, by signer.
+    private func latest(_ table: String, space: SpaceID) async throws -> [[UInt8]] {
         try await bounded { [self] in
-            try await client.query("SELECT bytes FROM relay_acks WHERE space = \(Data(space.bytes)) ORDER BY node", logger: logger)
-                .decode(Data.self).all()
-                .compactMap { try? Acknowledgement(bytes: Array($0)) }
+            try await client.query(
+                PostgresQuery(unsafeSQL: "SELECT bytes FROM \(table) WHERE space = $1 ORDER BY node", binds: try Self.binds(Data(space.bytes))),
+                logger: logger
+            ).decode(Data.self).all().map { Array($0) }
         }
+    }
+
+    /// Bindings of `values`, in order.
+    private static func binds(_ values: any PostgresEncodable...) throws -> PostgresBindings {
+        var b = PostgresBindings()
+        for v in values { try b.append(v) }
+        return b
     }
 
     // MARK: Snapshots

@@ -67,6 +67,7 @@ extension PostgresRelayStore {
         case "e": return .entries(space: space)
         case "o": return .ops(space: space)
         case "a": return .acks(space: space)
+        case "f": return .formats(space: space)
         case "s": return .spaces
         case "x": return .expired(space: space)
         case "j": return .joins(space: space)

@@ -104,6 +104,10 @@ public final class PostgresRelayStore: RelayBackend {
                 CREATE TABLE IF NOT EXISTS relay_acks(space BYTEA NOT NULL, node BYTEA NOT NULL, issued_ms BIGINT NOT NULL, \
                 bytes BYTEA NOT NULL, PRIMARY KEY(space, node))
                 """,
+                """
+                CREATE TABLE IF NOT EXISTS relay_formats(space BYTEA NOT NULL, node BYTEA NOT NULL, issued_ms BIGINT NOT NULL, \
+                bytes BYTEA NOT NULL, PRIMARY KEY(space, node))
+                """,
                 PostgresQuery(unsafeSQL: Self.joinsTable),
             ] + Self.chunksStatements.map({ PostgresQuery(unsafeSQL: $0) }) {
                 try await conn.query(statement, logger: self.logger)
@@ -355,6 +359,7 @@ public final class PostgresRelayStore: RelayBackend {
                     try await conn.query("DELETE FROM relay_heads WHERE space = \(space)", logger: self.logger)
                     try await conn.query("DELETE FROM relay_ops WHERE space = \(space)", logger: self.logger)
                     try await conn.query("DELETE FROM relay_acks WHERE space = \(space)", logger: self.logger)
+                    try await conn.query("DELETE FROM relay_formats WHERE space = \(space)", logger: self.logger)
                     try await conn.query("DELETE FROM relay_snapshots WHERE space = \(space)", logger: self.logger)
                     try await conn.query("DELETE FROM relay_snapshot_parts WHERE space = \(space)", logger: self.logger)
                     try await conn.query("DELETE FROM relay_bases WHERE space = \(space)", logger: self.logger)

@@ -34,6 +34,11 @@ public protocol RelayBackend: Sendable {
     func keepAcks(_ acks: [Acknowledgement], space: SpaceID) async throws -> [Acknowledgement]
     /// The latest acknowledgement held of each signer of `space`.
     func acks(space: SpaceID) async throws -> [Acknowledgement]
+    /// Keeps each statement of entry formats (verified when decoded, its signer checked against the log by the caller)
+    /// that is newer than the one held of its signer in `space`; returns those kept (SYNC.md §6, "Entry formats").
+    func keepFormats(_ statements: [FormatStatement], space: SpaceID) async throws -> [FormatStatement]
+    /// The latest statement of entry formats held of each signer of `space`.
+    func formats(space: SpaceID) async throws -> [FormatStatement]
     /// Writes `part` (checked by the caller against its manifest and the pieces before it, `SnapshotUpload`) as a
     /// piece of upload `upload` of `space`, begun at `startedMs` (Unix ms): staged until the upload is kept or dropped.
     func stageSnapshotPart(_ part: SnapshotPart, upload: [UInt8], space: SpaceID, startedMs: Int64) async throws
@@ -145,6 +150,8 @@ public enum RelayChange: Sendable, Equatable {
     case ops(space: SpaceID)
     /// New acknowledgements of `space`.
     case acks(space: SpaceID)
+    /// New statements of entry formats of `space`.
+    case formats(space: SpaceID)
     /// A join of `space` was held or refused.
     case joins(space: SpaceID)
     /// A space was added.
@@ -209,6 +216,20 @@ enum RelayRules {
             guard let member = membership.member(ack.node), member.keys.signing == ack.deviceKey else { continue }
             if let held = latest[ack.node], held.issuedMs >= ack.issuedMs { continue }
             latest[ack.node] = ack
+        }
+        return latest.values.sorted { $0.node.lexicographicallyPrecedes($1.node) }
+    }
+
+    /// The statements of entry formats of `statements` a relay keeps for `space` (SYNC.md §6, "Entry formats"): of
+    /// this space, signed by a key the log lists for their node (a space without a log keeps none), the latest per
+    /// signer, so what a space holds is bounded by its log.
+    static func acceptableFormats(_ statements: [FormatStatement], space: SpaceID, membership: MembershipState?) -> [FormatStatement] {
+        guard let membership else { return [] }
+        var latest: [[UInt8]: FormatStatement] = [:]
+        for s in statements where s.space == space {
+            guard let member = membership.member(s.node), member.keys.signing == s.deviceKey else { continue }
+            if let held = latest[s.node], held.issuedMs >= s.issuedMs { continue }
+            latest[s.node] = s
         }
         return latest.values.sorted { $0.node.lexicographicallyPrecedes($1.node) }
     }

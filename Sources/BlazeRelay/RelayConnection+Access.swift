@@ -51,7 +51,8 @@ extension RelayConnection {
         }
     }
 
-    /// Starts serving a member: the relay's `STATE`, then the acknowledgements it holds.
+    /// Starts serving a member: the relay's `STATE`, then the acknowledgements and statements of entry formats it
+    /// holds.
     func startServing(space: SpaceID, context: ChannelHandlerContext) {
         // Its clock, once, to a member on protocol 5 or later: a device the log does not list learns nothing.
         if protocolVersion >= 5, !clockSent {
@@ -61,6 +62,7 @@ extension RelayConnection {
         run(context: context, { try await $0.store.vector(space: space) }) { connection, vector, context in
             connection.send(.state(vector: vector, ownHead: nil), context: context)
             connection.sendHeldAcks(space: space, context: context)
+            connection.sendHeldFormats(space: space, context: context)
         }
     }
 }

@@ -48,6 +48,9 @@ extension RelayConnection {
         case .acks(let acks):
             keep(acks: acks, space: space, context: context)
             return
+        case .formats(let statements):
+            keep(formats: statements, space: space, context: context)
+            return
         case .joinRefused(let invite, let joiner, let reason):
             refuse(invite: invite, joiner: joiner, reason: reason, space: space, context: context)
             return

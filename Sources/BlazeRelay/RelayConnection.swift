@@ -43,6 +43,8 @@ final class RelayConnection: ChannelInboundHandler {
     /// Per signer, the latest acknowledgement the device holds (sent to it or received from it): only signers the log
     /// lists, so it is bounded by the log.
     var acksShared: [[UInt8]: UInt64] = [:]
+    /// Statements of entry formats the device holds, as far as this connection knows: node id → when issued.
+    var formatsShared: [[UInt8]: UInt64] = [:]
     var pumping = false
     var pumpAgain = false
     /// Batches and membership operations received and not yet stored, in order: operations a device sends before
@@ -53,6 +55,7 @@ final class RelayConnection: ChannelInboundHandler {
         case batch(EntryBatch)
         case ops([MembershipOp])
         case acks([Acknowledgement])
+        case formats([FormatStatement])
         /// The manifest that opens a snapshot the device uploads, then its pieces (`RelayConnection+Snapshots`).
         case snapshotManifest(SnapshotManifest)
         case snapshotPart(SnapshotPart)
@@ -211,6 +214,10 @@ final class RelayConnection: ChannelInboundHandler {
                     connection.sendAcks(acks, context: context)
                 case .acksChanged:
                     connection.sendHeldAcks(space: space, context: context)
+                case .formats(let statements):
+                    connection.sendFormats(statements, context: context)
+                case .formatsChanged:
+                    connection.sendHeldFormats(space: space, context: context)
                 case .expired:
                     connection.close(context: context)
                 }
@@ -241,10 +248,10 @@ final class RelayConnection: ChannelInboundHandler {
             receive(.ops(ops), space: space, context: context)
         case .ping, .clock:
             break
-        case .formats:
-            // Statements of entry formats (protocol 6) are not kept by relays yet: devices that meet only through
-            // a relay keep sealing the format every build opens (SYNC.md §6, "Entry formats").
-            break
+        case .formats(let statements):
+            // Only protocol 6 carries them; in order with operations, which may list the signers.
+            guard protocolVersion >= Self.formatsFrom else { throw SyncRejection.malformed }
+            receive(.formats(statements), space: space, context: context)
         case .acks(let acks):
             // In order with operations: those sent before may list the signers.
             receive(.acks(acks), space: space, context: context)

@@ -266,6 +266,8 @@ public final class RelayServer: Sendable {
                     Task(executorPreference: relay.executor) { await relay.joinsChanged(space: space) }
                 case .acks(let space):
                     relay.announce(space: space, except: nil, .acksChanged)
+                case .formats(let space):
+                    relay.announce(space: space, except: nil, .formatsChanged)
                 case .joins(let space):
                     Task(executorPreference: relay.executor) { await relay.joinsChanged(space: space) }
                 case .spaces:
@@ -279,6 +281,7 @@ public final class RelayServer: Sendable {
                         guard let id = SpaceID(hex: space) else { continue }
                         relay.announce(space: id, except: nil, .members)
                         relay.announce(space: id, except: nil, .acksChanged)
+                        relay.announce(space: id, except: nil, .formatsChanged)
                         Task(executorPreference: relay.executor) { await relay.joinsChanged(space: id) }
                     }
                 }
@@ -358,6 +361,10 @@ public final class RelayServer: Sendable {
         case acks([Acknowledgement])
         /// Acknowledgements, kept by another process.
         case acksChanged
+        /// These statements of entry formats, just kept by a connection of this process.
+        case formats([FormatStatement])
+        /// Statements of entry formats, kept by another process.
+        case formatsChanged
         /// The space's data was dropped for retention: the device reconnects and hands back what it holds.
         case expired
     }

@@ -4,7 +4,8 @@ import BlazeProtocol
 import Foundation
 import GRDB
 
-/// Snapshots, bases and acknowledgements in the SQLite store (SYNC.md §11, Protocol/RELAY.md).
+/// Snapshots, bases, acknowledgements and statements of entry formats in the SQLite store (SYNC.md §6, §11,
+/// Protocol/RELAY.md).
 extension RelayStore {
     // MARK: Snapshots
 
@@ -121,30 +122,52 @@ extension RelayStore {
         }
     }
 
-    // MARK: Acknowledgements
+    // MARK: Acknowledgements and statements of entry formats
 
     public func keepAcks(_ acks: [Acknowledgement], space: SpaceID) async throws -> [Acknowledgement] {
-        guard !acks.isEmpty else { return [] }
+        let mine = acks.filter { $0.space == space }
+        let kept = try await keepLatest("relay_acks", mine.map { ($0.node, $0.issuedMs, $0.bytes) }, space: space)
+        return mine.enumerated().filter { kept.contains($0.offset) }.map(\.element)
+    }
+
+    public func acks(space: SpaceID) async throws -> [Acknowledgement] {
+        try await latest("relay_acks", space: space).compactMap { try? Acknowledgement(bytes: $0) }
+    }
+
+    public func keepFormats(_ statements: [FormatStatement], space: SpaceID) async throws -> [FormatStatement] {
+        let mine = statements.filter { $0.space == space }
+        let kept = try await keepLatest("relay_formats", mine.map { ($0.node, $0.issuedMs, $0.bytes) }, space: space)
+        return mine.enumerated().filter { kept.contains($0.offset) }.map(\.element)
+    }
+
+    public func formats(space: SpaceID) async throws -> [FormatStatement] {
+        try await latest("relay_formats", space: space).compactMap { try? FormatStatement(bytes: $0) }
+    }
+
+    /// Keeps each of `items` (signer, when issued, signed bytes) newer than the one `table` holds of its signer in
+    /// `space`; returns the positions of those kept.
+    private func keepLatest(_ table: String, _ items: [(node: [UInt8], issuedMs: UInt64, bytes: [UInt8])], space: SpaceID) async throws -> Set<Int> {
+        guard !items.isEmpty else { return [] }
         return try await pool.write { db in
-            var kept: [Acknowledgement] = []
-            for ack in acks where ack.space == space {
+            var kept: Set<Int> = []
+            for (i, item) in items.enumerated() {
                 // Stored as an unsigned value's bits: ordering by it is checked here, not in SQL.
                 let held = try Int64.fetchOne(
-                    db, sql: "SELECT issued_ms FROM relay_acks WHERE space = ? AND node = ?", arguments: [Data(space.bytes), Data(ack.node)])
-                if let held, UInt64(bitPattern: held) >= ack.issuedMs { continue }
+                    db, sql: "SELECT issued_ms FROM \(table) WHERE space = ? AND node = ?", arguments: [Data(space.bytes), Data(item.node)])
+                if let held, UInt64(bitPattern: held) >= item.issuedMs { continue }
                 try db.execute(
-                    sql: "INSERT OR REPLACE INTO relay_acks(space, node, issued_ms, bytes) VALUES (?, ?, ?, ?)",
-                    arguments: [Data(space.bytes), Data(ack.node), Int64(bitPattern: ack.issuedMs), Data(ack.bytes)])
-                kept.append(ack)
+                    sql: "INSERT OR REPLACE INTO \(table)(space, node, issued_ms, bytes) VALUES (?, ?, ?, ?)",
+                    arguments: [Data(space.bytes), Data(item.node), Int64(bitPattern: item.issuedMs), Data(item.bytes)])
+                kept.insert(i)
             }
             return kept
         }
     }
 
-    public func acks(space: SpaceID) async throws -> [Acknowledgement] {
+    /// The signed bytes `table` holds for `space`, by signer.
+    private func latest(_ table: String, space: SpaceID) async throws -> [[UInt8]] {
         try await pool.read { db in
-            try Data.fetchAll(db, sql: "SELECT bytes FROM relay_acks WHERE space = ? ORDER BY node", arguments: [Data(space.bytes)])
-                .compactMap { try? Acknowledgement(bytes: Array($0)) }
+            try Data.fetchAll(db, sql: "SELECT bytes FROM \(table) WHERE space = ? ORDER BY node", arguments: [Data(space.bytes)]).map { Array($0) }
         }
     }
 }

@@ -124,6 +124,20 @@ public final class RelayStore: RelayBackend {
         }
         m.registerMigration("v7") { db in try db.execute(sql: RelayStore.chunksTable) }
         m.registerMigration("v8") { db in try db.execute(sql: RelayStore.leasesTable) }
+        m.registerMigration("v9") { db in
+            // The latest statement of entry formats of each signer per space (SYNC.md §6, "Entry formats"), passed
+            // on to the space's devices like acknowledgements.
+            try db.execute(
+                sql: """
+                    CREATE TABLE relay_formats(
+                        space BLOB NOT NULL,
+                        node BLOB NOT NULL,
+                        issued_ms INTEGER NOT NULL,
+                        bytes BLOB NOT NULL,
+                        PRIMARY KEY(space, node)
+                    ) WITHOUT ROWID
+                    """)
+        }
         return m
     }
 
@@ -296,8 +310,8 @@ public final class RelayStore: RelayBackend {
                 db, sql: "SELECT space FROM relay_usage WHERE last_write_ms > 0 AND last_write_ms < ?", arguments: [cutoffMs])
             for space in idle {
                 for table in [
-                    "relay_entries", "relay_heads", "relay_ops", "relay_acks", "relay_snapshots", "relay_snapshot_parts",
-                    "relay_bases", "relay_snapshot_uploads", "relay_chunks", "relay_chunk_leases",
+                    "relay_entries", "relay_heads", "relay_ops", "relay_acks", "relay_formats", "relay_snapshots",
+                    "relay_snapshot_parts", "relay_bases", "relay_snapshot_uploads", "relay_chunks", "relay_chunk_leases",
                 ] {
                     try db.execute(sql: "DELETE FROM \(table) WHERE space = ?", arguments: [space])
                 }

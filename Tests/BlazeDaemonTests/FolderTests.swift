@@ -17,16 +17,17 @@ struct FolderTeam {
     var nodes: [String]
     let arguments: [String]
 
-    /// `count` devices, the first the space's admin; started again with `arguments` and no network.
-    init(count: Int, arguments: [String] = []) throws {
+    /// `count` devices, the first the space's admin, joined over peer links (with `setup` in their environment);
+    /// started again with `arguments` and no network.
+    init(count: Int, arguments: [String] = [], setup: [String: String] = [:]) throws {
         self.arguments = arguments
         dirs = (0..<count).map { _ in TempDir() }
-        let first = try syncDaemon(dir: dirs[0])
+        let first = try syncDaemon(dir: dirs[0], environment: setup)
         let c0 = try first.connect()
         _ = try c0.call("db.create", ["db": "team"])
         var joined: [DaemonProcess] = [first]
         for dir in dirs.dropFirst() {
-            let d = try syncDaemon(dir: dir)
+            let d = try syncDaemon(dir: dir, environment: setup)
             let c = try d.connect()
             _ = try c.call("db.join", ["token": .string(try c0.invite("team")), "db": "team"])
             for peer in try c.call("peer.list", ["db": "team"])["peers"]?.arrayValue ?? [] {
@@ -143,7 +144,7 @@ func folderStatus(_ c: BlazeConnection, _ path: String) throws -> JSONValue {
         for (i, node) in team.nodes.enumerated() {
             let own = Set(files.filter { $0.hasPrefix("\(space)/\(node)/") }.map { String($0.split(separator: "/").last!) })
             // C wrote nothing of its own, and everything it holds is in the folder already: it adds no segment.
-            #expect(own == (i < 2 ? ["head", "members", "acks", "0000000000000001.seg"] : ["head", "members", "acks"]), "\(own)")
+            #expect(own == (i < 2 ? ["head", "members", "acks", ".formats", "0000000000000001.seg"] : ["head", "members", "acks", ".formats"]), "\(own)")
         }
         // Status: the folder lists the other two devices; nothing was refused.
         let status = try folderStatus(c, folder.path)

@@ -2,6 +2,7 @@ import BlazeClient
 import BlazeCrypto
 import BlazeProtocol
 import BlazeTestSupport
+import BlazeVector
 import Foundation
 import Testing
 
@@ -73,17 +74,22 @@ struct PreviousVersionTests {
         }
         _ = try co.call("doc.patch", ["db": "team", "collection": "notes", "id": "new0", "set": ["seen": "by old"]])
         _ = try cn.call("doc.patch", ["db": "team", "collection": "notes", "id": "old0", "incr": ["n": 2]])
+        // A vector written here is sealed in the format every member opens: the previous release states none, so 2.
+        let vector: JSONValue = ["$vector": .string(VectorValue.encode((0..<768).map { Float($0) / 768 }))]
+        _ = try cn.call("doc.put", ["db": "team", "collection": "notes", "id": "vec", "doc": ["e": vector]])
+        #expect(try cn.call("sync.status", ["db": "team"])["databases"]?.arrayValue?.first?["entryFormat"] == 2)
         // Blobs both ways (their chunks cross as protocol 4's CHUNK frames).
         let (fromOld, oldBytes) = try putBlob(co, old.dir, "team", "from-old", 2_500_000, seed: 41)
         let (fromNew, newBytes) = try putBlob(cn, new.dir, "team", "from-new", 2_500_000, seed: 42)
         #expect(try eventually {
             let (so, sn) = (try replicaState(co, "team"), try replicaState(cn, "team"))
-            return so.docs == 62 && so == sn
+            return so.docs == 63 && so == sn
         }, "old \(String(describing: try? replicaState(co, "team"))), new \(String(describing: try? replicaState(cn, "team")))")
         #expect(getBlob(cn, new.dir, "team", fromOld, as: "got-old") == oldBytes)
         #expect(getBlob(co, old.dir, "team", fromNew, as: "got-new") == newBytes)
         #expect(try cn.call("doc.get", ["db": "team", "collection": "notes", "id": "new0"])["doc"]?["seen"] == "by old")
         #expect(try co.call("doc.get", ["db": "team", "collection": "notes", "id": "old0"])["doc"]?["n"] == 2)
+        #expect(try co.call("doc.get", ["db": "team", "collection": "notes", "id": "vec"])["doc"]?["e"] == vector)
         // This build's side of the link speaks 4 and refused nothing.
         let seen = try links(cn, "team")
         #expect(!seen.isEmpty && seen.allSatisfy { $0.version == 4 && $0.rejected == [:] }, "\(seen)")

@@ -109,9 +109,12 @@ final class RelayProcess: @unchecked Sendable {
         return Int(count) - 1
     }
 
-    /// Rows of one of the relay's tables.
+    /// Rows of one of the relay's tables (in its SQLite file, or its PostgreSQL database).
     func count(_ table: String) throws -> Int {
-        try DatabaseQueue(path: dataDir + "/relay.db").read { try Int.fetchOne($0, sql: "SELECT count(*) FROM \(table)") ?? 0 }
+        if let postgres {
+            return try Int(postgres.psql("SELECT count(*) FROM \(table)").trimmingCharacters(in: .whitespacesAndNewlines)) ?? 0
+        }
+        return try DatabaseQueue(path: dataDir + "/relay.db").read { try Int.fetchOne($0, sql: "SELECT count(*) FROM \(table)") ?? 0 }
     }
 
     /// SIGTERM and a clean exit, with no error logged (unless `errorsExpected`: its store was taken away meanwhile).

@@ -68,6 +68,14 @@ final class StallingBackend: RelayBackend {
         try await gate()
         return try await inner.acks(space: space)
     }
+    func keepFormats(_ statements: [FormatStatement], space: SpaceID) async throws -> [FormatStatement] {
+        try await gate()
+        return try await inner.keepFormats(statements, space: space)
+    }
+    func formats(space: SpaceID) async throws -> [FormatStatement] {
+        try await gate()
+        return try await inner.formats(space: space)
+    }
     func stageSnapshotPart(_ part: SnapshotPart, upload: [UInt8], space: SpaceID, startedMs: Int64) async throws {
         try await gate()
         try await inner.stageSnapshotPart(part, upload: upload, space: space, startedMs: startedMs)

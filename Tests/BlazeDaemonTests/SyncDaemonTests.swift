@@ -8,8 +8,8 @@ import Synchronization
 import Testing
 
 /// A daemon that accepts sync peers on a free loopback port.
-func syncDaemon(dir: TempDir = TempDir()) throws -> DaemonProcess {
-    try DaemonProcess(arguments: ["--sync-listen", "127.0.0.1:0"], dir: dir)
+func syncDaemon(dir: TempDir = TempDir(), environment: [String: String] = [:]) throws -> DaemonProcess {
+    try DaemonProcess(arguments: ["--sync-listen", "127.0.0.1:0"], dir: dir, environment: environment)
 }
 
 extension DaemonProcess {

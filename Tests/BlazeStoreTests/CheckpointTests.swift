@@ -61,12 +61,13 @@ import Testing
         let t = try TempStore(limits: writerOnly)
         let db = try t.store.create("w")
         // The log holds at most the limit plus the transaction that crossed it (150 transactions without a
-        // checkpoint would be over 2,000 pages). One transaction here writes about 14 pages, and up to four times
-        // that when its b-trees split and the pointer-map pages of incremental vacuum change with them (the feed row
-        // grew by its change's seq, clock and apply time: 112 pages before, 116 after).
+        // checkpoint would be over 2,000 pages). One transaction here writes about 14 pages, and up to four or five
+        // times that when its b-trees split and the pointer-map pages of incremental vacuum change with them, which
+        // depends on where the schema's pages lie (the feed row grew by its change's seq, clock and apply time: 112
+        // pages before, 116 after; one more table in the schema, `sync_formats`: 124).
         try fill(db, transactions: 150)
         let frames = try walFrames(db)
-        #expect(frames > 0 && frames <= 64 + 56, "the WAL grew to \(frames) pages")
+        #expect(frames > 0 && frames <= 64 + 70, "the WAL grew to \(frames) pages")
         #expect(try db.summary().documents == 600)
         t.store.closeAll()
         let reopened = try Store(directory: t.dir, limits: writerOnly, node: randomNode())
