@@ -7,7 +7,7 @@ import Foundation
 /// What `blazed --version` prints: the version, the sync protocols spoken and the formats of the files it writes.
 public let blazedVersionText =
     "\(blazeVersion) (sync protocol \(Handshake.protocols.lowerBound)–\(Handshake.protocols.upperBound), database format "
-    + "\(DatabaseFormat.current), keystore \(KeystoreFormat.current), entry \(EntryHeader.version), folder \(FolderFiles.version))"
+    + "\(DatabaseFormat.current), keystore \(KeystoreFormat.current), entry \(EntryHeader.newestVersion), folder \(FolderFiles.version))"
 
 /// The daemon itself: discovery, facts and effective configuration.
 extension Methods {
@@ -25,7 +25,7 @@ extension Methods {
         let s = ctx.config.storeLimits
         let formats = RPC.DaemonInfo.Result.Formats(
             database: DatabaseFormat.current, keystore: KeystoreFormat.current, folder: Int(FolderFiles.version),
-            entry: Int(EntryHeader.version), protocol: Int(SyncProtocols.spoken.upperBound),
+            entry: Int(EntryHeader.newestVersion), protocol: Int(SyncProtocols.spoken.upperBound),
             oldestProtocol: Int(SyncProtocols.spoken.lowerBound))
         let uptimeSeconds = Double(uptime.components.seconds) + Double(uptime.components.attoseconds) / 1e18
         return RPC.DaemonInfo.Result(

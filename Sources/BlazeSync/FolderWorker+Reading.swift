@@ -93,39 +93,6 @@ extension FolderWorker {
         }
     }
 
-    /// Keeps the acknowledgements other writers' acks files hold (of members the log lists; SYNC.md §11), and lets
-    /// the database's sessions pass on and compaction use those newer than the ones held.
-    func readAcks() throws {
-        guard let membership = space.snapshot.membership else { return }
-        var kept = false
-        for bytes in try changedFiles("acks") {
-            do {
-                let acks = try FolderFiles.decodeAcks(bytes, space: space.id).compactMap { try? Acknowledgement(bytes: $0) }
-                if try db.keep(acks, space: space.id, membership: membership) { kept = true }
-                if try engine.resealLacking(space: space, acks: acks) { kept = true }
-            } catch let rejection as SyncRejection {
-                report.reject(rejection)
-            }
-        }
-        if kept { engine.membershipChanged(db: db.name) }
-    }
-
-    /// Keeps the statements of entry formats other writers' statements files hold (of members the log lists; SYNC.md
-    /// §6, "Entry formats"), and lets the database's sessions pass on those newer than the ones held.
-    func readFormats() throws {
-        guard let membership = space.snapshot.membership else { return }
-        var kept = false
-        for bytes in try changedFiles(FolderFiles.formatsName) {
-            do {
-                let statements = try FolderFiles.decodeFormats(bytes, space: space.id).compactMap { try? FormatStatement(bytes: $0) }
-                if try db.keep(statements, space: space.id, membership: membership) { kept = true }
-            } catch let rejection as SyncRejection {
-                report.reject(rejection)
-            }
-        }
-        if kept { engine.membershipChanged(db: db.name) }
-    }
-
     /// Reads other writers' head files: a generation lower than one seen before is a rolled-back copy, reported and
     /// not followed; an own head signing another entry than the one held at its seq is fork evidence.
     func readHeads() throws {

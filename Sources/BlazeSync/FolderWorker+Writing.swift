@@ -55,38 +55,6 @@ extension FolderWorker {
         prune(below: stable)
     }
 
-    /// Rewrites the acks file when the acknowledgements held changed (this device's own is issued first when what it
-    /// applied changed), at most once a second: members that meet only through the folder learn what each other
-    /// holds, so their compaction proceeds (SYNC.md §11). Only in spaces with a log: elsewhere nothing is stable.
-    func writeAcks(_ snapshot: SharedSpace.Snapshot) throws {
-        guard let membership = snapshot.membership else { return }
-        guard acksWritten == nil || !exists(at: ownFD, "acks") || uptimeMs() >= acksWrittenAt + 1000 else { return }
-        let lacking = engine.lackingKeys(snapshot)
-        if try db.issueAcknowledgement(space: space.id, identity: engine.identity, nowMs: UInt64(max(0, nowMs())), lacking: lacking) {
-            engine.membershipChanged(db: db.name)
-        }
-        let held = try db.acknowledgements().filter { membership.member($0.node) != nil }
-        let written = Dictionary(held.map { ($0.node, $0.issuedMs) }, uniquingKeysWith: max)
-        guard written != acksWritten || !exists(at: ownFD, "acks") else { return }
-        try replaceFile(at: ownFD, "acks", with: FolderFiles.acks(space: space.id, acks: held.map(\.bytes)))
-        acksWritten = written
-        acksWrittenAt = uptimeMs()
-    }
-
-    /// Rewrites the statements file (`.formats`) when the statements of entry formats held changed (this device's own
-    /// is issued first when none says what this build opens): members that meet only through the folder learn which
-    /// formats each other opens (SYNC.md §6, "Entry formats"). Only in spaces with a log.
-    func writeFormats(_ snapshot: SharedSpace.Snapshot) throws {
-        guard let membership = snapshot.membership else { return }
-        let name = FolderFiles.formatsName
-        try db.issueFormatStatement(space: space.id, identity: engine.identity, nowMs: UInt64(max(0, nowMs())))
-        let held = try db.heldFormatStatements(membership: membership)
-        let written = Dictionary(held.map { ($0.node, $0.issuedMs) }, uniquingKeysWith: max)
-        guard written != formatsWritten || !exists(at: ownFD, name) else { return }
-        try replaceFile(at: ownFD, name, with: FolderFiles.formats(space: space.id, statements: held.map(\.bytes)))
-        formatsWritten = written
-    }
-
     /// For each origin, the highest seq every current member holds, as their head files in this folder say (this
     /// device: its database): no member needs what lies at or below it from the folder. A member without a head file
     /// here holds nothing as far as the folder knows — it may start reading it at any time, even after every writer

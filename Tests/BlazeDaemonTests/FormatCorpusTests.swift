@@ -33,7 +33,7 @@ import Glibc
         // Each the constant its files carry (README, "Upgrades and file formats").
         #expect(try d.connect().call("daemon.info")["formats"] == [
             "database": .int(Int64(DatabaseFormat.current)), "keystore": .int(Int64(KeystoreFormat.current)),
-            "folder": .int(Int64(FolderFiles.version)), "entry": .int(Int64(EntryHeader.version)), "protocol": .int(Int64(Handshake.protocols.upperBound)),
+            "folder": .int(Int64(FolderFiles.version)), "entry": .int(Int64(EntryHeader.newestVersion)), "protocol": .int(Int64(Handshake.protocols.upperBound)),
             "oldestProtocol": .int(Int64(Handshake.protocols.lowerBound)),
         ])
     }
@@ -177,6 +177,10 @@ import Glibc
             try replicaState(ca, "notes") == replicaState(cb, "notes")
                 && cb.call("conflict.list", ["db": "notes"])["conflicts"]?.arrayValue?.count == 1
         })
+        // An entry of format 3 (entry format 3: a vector as bytes), once each device holds the other's statement.
+        #expect(eventually { EntryFormatDaemonTests.entryFormat(ca, "notes") == 3 && EntryFormatDaemonTests.entryFormat(cb, "notes") == 3 })
+        try putDoc(ca, "n5", ["title": "sealed with its vector as bytes", "emb": ["$vector": [0.5, 0.5, -0.5]]])
+        #expect(try eventually { try replicaState(ca, "notes") == replicaState(cb, "notes") })
         // B holds the blob too.
         #expect(try Self.blobDigest(cb, id: try #require(put["blob"]?["id"])) == .string(hexString(Array(SHA256.hash(data: bytes)))))
         // Through the relay and the folder as well, so both hold what those transports leave.

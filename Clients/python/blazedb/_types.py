@@ -10,6 +10,7 @@ class _DaemonInfoResultFormatsRequired(TypedDict):
     database: int
     keystore: int
     folder: int
+    # The newest entry format this build seals (SYNC.md §6, "Entry formats"): 3, vector values as bytes, used in a space only once every other member has stated that it opens it (sync.status entryFormat); it opens 1 to this.
     entry: int
     # The newest sync protocol version this build speaks (4 in builds before protocol versions were chosen in the handshake).
     protocol: int

@@ -325,7 +325,7 @@ public enum RPC {
                 public var keystore: Int
                 /// `folder`.
                 public var folder: Int
-                /// `entry`.
+                /// The newest entry format this build seals (SYNC.md §6, "Entry formats"): 3, vector values as bytes, used in a space only once every other member has stated that it opens it (sync.status entryFormat); it opens 1 to this.
                 public var entry: Int
                 /// The newest sync protocol version this build speaks (4 in builds before protocol versions were chosen in the handshake).
                 public var `protocol`: Int
