@@ -144,6 +144,9 @@ struct BlazeBench: AsyncParsableCommand {
             results += try await VectorWorkloads.run(
                 dir: dir, count: count ?? (quick ? 2000 : 100_000), dimensions: quick ? 64 : 768, queries: quick ? 10 : 100, k: 10)
         }
+        if wants("VECTOR") || wants("VECTOR.sync") {
+            results += try await PhotoBrainWorkloads.run(dir: dir, count: quick ? 1000 : 10_000, dimensions: 768)
+        }
         if wants("M1") { results += try MembershipWorkloads.revocation(members: 50, repeats: quick ? 1 : 5) }
         if wants("M2") { results += try MembershipWorkloads.merge(sizes: quick ? [200] : [1_000, 10_000], repeats: quick ? 1 : 3) }
         if wants("M3") { results += try MembershipWorkloads.take(sizes: quick ? [200] : [1_000, 10_000], merges: quick ? 3 : 20) }
