@@ -1,3 +1,4 @@
+import BlazeClient
 import BlazeCrypto
 import BlazeProtocol
 import BlazeStore
