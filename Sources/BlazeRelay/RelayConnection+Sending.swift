@@ -11,6 +11,8 @@ extension RelayConnection {
     /// origin (live fan-out without reading it back), otherwise the usual round from the store.
     func forward(_ batch: EntryBatch, space: SpaceID, context: ChannelHandlerContext) {
         guard access == .member else { return }
+        // A device of an older protocol refuses entries of format 3 (SYNC.md §6, "Entry formats"): it is not sent them.
+        guard !batch.entries.contains(where: { $0.header.version > newestFormat }) else { return }
         guard !pumping, let theirs = peerVector, let first = batch.entries.first,
             first.header.seq == (theirs[batch.origin] ?? 0) + 1
         else {
@@ -22,6 +24,9 @@ extension RelayConnection {
         relay.record(.sent(entries: batch.entries.count, bytes: batch.byteCount))
     }
 
+    /// The newest entry format the device opens, as its protocol says (entry format 3 came with protocol 6).
+    var newestFormat: UInt8 { protocolVersion >= Self.formatsFrom ? EntryHeader.newestVersion : EntryHeader.version }
+
     /// Sends the device what it lacks, a round at a time.
     func pump(space: SpaceID, context: ChannelHandlerContext) {
         guard access == .member, let theirs = peerVector else { return }
@@ -32,6 +37,7 @@ extension RelayConnection {
         pumping = true
         pumpAgain = false
         let sendsSnapshot = !snapshotSent
+        let newest = newestFormat
         run(context: context, { relay -> (batches: [EntryBatch], needsSnapshot: Bool) in
             var batches: [EntryBatch] = []
             var bytes = 0
@@ -46,6 +52,8 @@ extension RelayConnection {
                     let batch = try await relay.store.batch(
                         space: space, origin: origin, after: after, maxEntries: Self.batchEntries, maxBytes: Self.batchBytes)
                 {
+                    // An origin stops at its first entry of a format the device does not open.
+                    if batch.entries.contains(where: { $0.header.version > newest }) { break }
                     batches.append(batch)
                     bytes += batch.byteCount
                     after = batch.head.seq

@@ -8,14 +8,16 @@ extension BlazeDatabase {
     /// The entry formats this build opens, as its statement says.
     public static let openedEntryFormats: ClosedRange<UInt8> = EntryHeader.versions
 
-    /// Signs and keeps this device's statement of `openedEntryFormats` unless the one held says the same; true when
-    /// it issued one.
+    /// Signs and keeps this device's statement that it opens `formats` (what it can be sent: `SyncEngine.receivable`)
+    /// unless the one held says the same; true when it issued one.
     @discardableResult
-    public func issueFormatStatement(space: SpaceID, identity: DeviceIdentity, nowMs: UInt64) throws -> Bool {
+    public func issueFormatStatement(
+        space: SpaceID, identity: DeviceIdentity, nowMs: UInt64, formats: ClosedRange<UInt8> = openedEntryFormats
+    ) throws -> Bool {
         let mine = try formatStatements().first { $0.node == identity.nodeID }.flatMap { try? FormatStatement(bytes: $0.bytes) }
-        if let mine, mine.space == space, mine.formats == Self.openedEntryFormats { return false }
+        if let mine, mine.space == space, mine.formats == formats { return false }
         let statement = FormatStatement(
-            space: space, formats: Self.openedEntryFormats, issuedMs: max(nowMs, (mine?.issuedMs ?? 0) + 1), identity: identity)
+            space: space, formats: formats, issuedMs: max(nowMs, (mine?.issuedMs ?? 0) + 1), identity: identity)
         return try storeFormatStatement(node: statement.node, issuedMs: statement.issuedMs, bytes: statement.bytes)
     }
 
@@ -41,19 +43,31 @@ extension BlazeDatabase {
         }
     }
 
-    /// The entry format this device seals its changes in: the newest every other current member of the log has
-    /// stated it opens (this device opens what this build does), and `EntryHeader.version` in a space without a log
-    /// or while any member has stated nothing.
+    /// The entry format this device seals its changes in: the newest every current member of the log has stated it
+    /// can be sent (this device, until it has issued a statement, what this build opens), and `EntryHeader.version`
+    /// in a space without a log or while any other member has stated nothing.
     public func sealingFormat(membership: MembershipState?) throws -> UInt8 {
         guard let membership else { return EntryHeader.version }
         let statements = try heldFormatStatements(membership: membership)
         let byNode = Dictionary(statements.map { ($0.node, $0) }, uniquingKeysWith: { a, b in a.issuedMs >= b.issuedMs ? a : b })
-        let others = membership.current.map(\.keys.nodeID).filter { $0 != node.bytes }
-        return FormatStatement.sealedFormat(members: others, statements: byNode)
+        let me = node.bytes
+        let members = membership.current.map(\.keys.nodeID).filter { $0 != me || byNode[me] != nil }
+        return FormatStatement.sealedFormat(members: members, statements: byNode)
     }
 }
 
 extension SyncEngine {
+    /// The entry formats this device can be sent in `db`'s space: what this build opens, unless one of its relays
+    /// last spoke a protocol before 6 (such a relay refuses entries of format 3 as malformed, so nothing of that format
+    /// may need to pass through it). A relay not reached yet does not count until it answers.
+    public func receivable(db: BlazeDatabase) -> ClosedRange<UInt8> {
+        let oldRelay = status(db: db).contains { s in
+            s.direction == .outbound && (s.peer.hasPrefix("ws://") || s.peer.hasPrefix("wss://"))
+                && (s.protocolVersion ?? Int(SyncSession.formatsFrom)) < Int(SyncSession.formatsFrom)
+        }
+        return oldRelay ? BlazeDatabase.openedEntryFormats.lowerBound...EntryHeader.version : BlazeDatabase.openedEntryFormats
+    }
+
     /// The entry format `db`'s changes are sealed in now (`BlazeDatabase.sealingFormat`); nil when it is not shared.
     public func entryFormat(db: BlazeDatabase) throws -> Int? {
         guard let space = try space(db: db) else { return nil }

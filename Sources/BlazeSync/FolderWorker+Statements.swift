@@ -29,7 +29,8 @@ extension FolderWorker {
     func writeFormats(_ snapshot: SharedSpace.Snapshot) throws {
         guard let membership = snapshot.membership else { return }
         let name = FolderFiles.formatsName
-        try db.issueFormatStatement(space: space.id, identity: engine.identity, nowMs: UInt64(max(0, nowMs())))
+        try db.issueFormatStatement(
+            space: space.id, identity: engine.identity, nowMs: UInt64(max(0, nowMs())), formats: engine.receivable(db: db))
         let held = try db.heldFormatStatements(membership: membership)
         let written = Dictionary(held.map { ($0.node, $0.issuedMs) }, uniquingKeysWith: max)
         guard written != formatsWritten || !exists(at: ownFD, name) else { return }

@@ -17,9 +17,10 @@ extension SyncSession {
         let (db, space, identity, membership) = (link.db, link.space.id, engine.identity, link.space.snapshot.membership)
         guard membership != nil else { return }
         let known = formatsShared
+        let formats = engine.receivable(db: db)
         let bound = NIOLoopBound((self, context), eventLoop: context.eventLoop)
         engine.pool.runIfActive(eventLoop: context.eventLoop) { () -> [FormatStatement] in
-            try db.issueFormatStatement(space: space, identity: identity, nowMs: nowMsUnsigned())
+            try db.issueFormatStatement(space: space, identity: identity, nowMs: nowMsUnsigned(), formats: formats)
             return try db.heldFormatStatements(membership: membership).filter { s in known[s.node].map { s.issuedMs > $0 } ?? true }
         }.whenComplete { result in
             let (session, context) = bound.value

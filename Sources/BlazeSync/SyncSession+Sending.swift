@@ -45,9 +45,11 @@ extension SyncSession {
         let bound = NIOLoopBound((self, context), eventLoop: context.eventLoop)
         // Reading, packing and encoding happen on the I/O pool; only sealing the frames (the cipher's counter) stays
         // on the event loop.
+        // A peer of an older protocol (a device or relay of an earlier build) refuses entries of format 3.
+        let newest = link.protocolVersion >= Self.formatsFrom ? EntryHeader.newestVersion : EntryHeader.version
         engine.pool.runIfActive(eventLoop: context.eventLoop) { () -> Round in
             try db.sealLocal(key: key, identity: identity, membership: membership)
-            return try Round.read(db: db, mine: db.syncVector(), theirs: peerVector)
+            return try Round.read(db: db, mine: db.syncVector(), theirs: peerVector, newestFormat: newest)
         }.whenComplete { result in
             let (session, context) = bound.value
             switch result {
@@ -82,6 +84,17 @@ extension SyncSession {
             $0.selfBehind = round.behind
             if sent > 0 { $0.lastSyncMs = nowMs() }
         }
+        if let origin = round.unopenable, !toldUnopenable, let version = link?.protocolVersion {
+            toldUnopenable = true
+            let what = report.peer.hasPrefix("ws") ? "relay" : "device"
+            report.update {
+                $0.lastError = "entries of \(origin.hex) are sealed in entry format 3, which this \(what) (sync protocol \(version)) "
+                    + "cannot open: upgrade it; they wait here until then"
+            }
+            engine.logger.warning(
+                "Sync peer cannot open entries of format 3: they wait until it is upgraded",
+                metadata: ["peer": "\(report.peer)", "origin": "\(origin.hex)", "protocol": "\(version)"])
+        }
         guard let last else {
             pumping = false
             if pumpAgain { pump(context: context) }
@@ -104,9 +117,14 @@ extension SyncSession {
         var ahead = 0
         /// True when the peer lacks entries compacted away here: it needs a snapshot (SYNC.md §11).
         var needsSnapshot = false
+        /// An origin whose next batch holds an entry of a format newer than the peer opens: it is not sent.
+        var unopenable: NodeID?
 
-        /// Reads up to `roundBytes` of batches the peer lacks, per origin in order, from `db` (on the I/O pool).
-        static func read(db: BlazeDatabase, mine: [NodeID: UInt64], theirs: [NodeID: UInt64]) throws -> Round {
+        /// Reads up to `roundBytes` of batches the peer lacks, per origin in order, from `db` (on the I/O pool), each
+        /// origin up to its first batch holding an entry of a format past `newestFormat`.
+        static func read(
+            db: BlazeDatabase, mine: [NodeID: UInt64], theirs: [NodeID: UInt64], newestFormat: UInt8 = EntryHeader.newestVersion
+        ) throws -> Round {
             var round = Round()
             var bytes = 0
             // Counts saturate: a STATE may name many origins near the seq bound.
@@ -125,6 +143,10 @@ extension SyncSession {
                 while bytes < SyncSession.roundBytes,
                     let batch = try db.entryBatch(origin: origin, after: after, maxEntries: SyncSession.batchEntries)
                 {
+                    if batch.entries.contains(where: { $0.header.version > newestFormat }) {
+                        round.unopenable = round.unopenable ?? origin
+                        break
+                    }
                     let message = try PeerMessage.entries(batch).encoded()
                     // A span between two heads larger than a frame (signed before heads were cut by size) cannot
                     // travel; the receiver would refuse the frame and the link would only reconnect.

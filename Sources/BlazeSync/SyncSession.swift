@@ -41,6 +41,8 @@ final class SyncSession: ChannelInboundHandler {
     var acksShared: [[UInt8]: UInt64] = [:]
     /// Statements of entry formats the peer holds, as far as this side knows: node id → when issued.
     var formatsShared: [[UInt8]: UInt64] = [:]
+    /// Whether this session said that the peer cannot open entries it lacks (once per session).
+    var toldUnopenable = false
     /// True once this session sent a snapshot (one per session: a peer that still lacks entries reconnects).
     var snapshotSent = false
     /// True once this side sent its `STATE` (a joiner waits until it is admitted).
@@ -164,6 +166,16 @@ final class SyncSession: ChannelInboundHandler {
         // A reading is of this connection: none until its peer's CLOCK (a protocol 4 peer never sends one).
         report.update { $0.clockSkewMs = nil }
         startMembership(context: context)
+        if report.direction == .outbound, report.peer.hasPrefix("ws"), established.protocolVersion < Self.formatsFrom {
+            // A relay of an older protocol cannot carry entries of format 3: this device's statement says so from
+            // now on (so it seals format 2 itself), and every session passes it on (`SyncEngine.receivable`).
+            let (engine, space, formats) = (self.engine, established.space.id, engine.receivable(db: db))
+            _ = engine.pool.runIfActive(eventLoop: context.eventLoop) {
+                if try db.issueFormatStatement(space: space, identity: engine.identity, nowMs: nowMsUnsigned(), formats: formats) {
+                    engine.membershipChanged(db: db.name)
+                }
+            }
+        }
         attachChunkSource(context: context)
         offerChunks(context: context)
         // Counted last: a caller that sees the link connected finds it a chunk source already (a `blob.get` right

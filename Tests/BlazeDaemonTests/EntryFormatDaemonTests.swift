@@ -126,4 +126,45 @@ import Testing
         let received = try Self.receivedBytes(cb, "team")
         #expect(received < 50 * 4096, "\(received) bytes received by B for 50 vectors")
     }
+
+    /// A device speaking protocol 5 (as the previous release does) that joins after an entry of format 3 was sealed
+    /// is not sent it: the sender says why, and the device gets it once it speaks protocol 6.
+    @Test func aDeviceOfAnOlderProtocolIsNotSentEntriesOfFormatThreeAndTheSenderSaysWhy() throws {
+        let a = try syncDaemon(), b = try syncDaemon(), dirC = TempDir()
+        var c = try syncDaemon(dir: dirC, environment: ["BLAZE_SYNC_PROTOCOLS": "4-5"])
+        defer {
+            a.stop()
+            b.stop()
+            c.stop()
+        }
+        let (ca, cb) = (try a.connect(), try b.connect())
+        var cc = try c.connect()
+        _ = try ca.call("db.create", ["db": "photos"])
+        _ = try cb.call("db.join", ["token": .string(try ca.invite("photos")), "db": "photos"])
+        #expect(eventually(timeout: .seconds(60)) { Self.entryFormat(ca, "photos") == 3 && Self.entryFormat(cb, "photos") == 3 })
+        let vector: JSONValue = ["$vector": [0.25, -1, 3]]
+        _ = try ca.call("doc.put", ["db": "photos", "collection": "p", "id": "v1", "doc": ["e": vector]])
+        #expect(eventually(timeout: .seconds(30)) { (try? cb.call("doc.get", ["db": "photos", "collection": "p", "id": "v1"])) != nil })
+        _ = try cc.call("db.join", ["token": .string(try ca.invite("photos")), "db": "photos"])
+        // C states nothing (protocol 5 carries no statements): A and B seal format 2 from now on.
+        #expect(eventually(timeout: .seconds(30)) { Self.entryFormat(ca, "photos") == 2 })
+        var told: String?
+        #expect(eventually(timeout: .seconds(30)) {
+            let peers = (try? ca.call("sync.status", ["db": "photos"]))?["databases"]?.arrayValue?.first?["peers"]?.arrayValue ?? []
+            told = peers.compactMap { $0["lastError"]?.stringValue }.first { $0.contains("entry format 3") }
+            return told != nil
+        })
+        #expect(told?.contains("this device (sync protocol 5) cannot open: upgrade it") == true, "\(told ?? "-")")
+        #expect(throws: (any Error).self) { try cc.call("doc.get", ["db": "photos", "collection": "p", "id": "v1"]) }
+        #expect(try cc.call("sync.status", ["db": "photos"])["databases"]?.arrayValue?.first?["peers"]?.arrayValue?
+            .allSatisfy { $0["rejected"] == [:] } == true, "C was sent nothing it refused")
+        // Upgraded (protocol 6), C gets it.
+        c.stop()
+        c = try syncDaemon(dir: dirC)
+        cc = try c.connect()
+        #expect(eventually(timeout: .seconds(30)) {
+            (try? cc.call("doc.get", ["db": "photos", "collection": "p", "id": "v1"]))?["doc"]?["e"] == ["$vector": "AACAPgAAgL8AAEBA"]
+        })
+        #expect(eventually(timeout: .seconds(30)) { Self.entryFormat(ca, "photos") == 3 })
+    }
 }

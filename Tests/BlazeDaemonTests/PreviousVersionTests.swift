@@ -116,6 +116,12 @@ struct PreviousVersionTests {
         for i in 0..<40 {
             _ = try ca.call("doc.put", ["db": "team", "collection": "notes", "id": .string("a\(i)"), "doc": ["text": .string("A \(i)")]])
         }
+        // A vector, once A's link to the relay is up: sealed in format 2, which a relay (or device) of the previous
+        // release carries; a relay of that release made A state that it can be sent format 2 only.
+        #expect(eventually { (try? links(ca, "team"))?.isEmpty == false })
+        let vector: JSONValue = ["$vector": .string(VectorValue.encode((0..<768).map { Float($0 % 17) / 17 }))]
+        _ = try ca.call("doc.put", ["db": "team", "collection": "notes", "id": "vec", "doc": ["e": vector]])
+        #expect(try ca.call("sync.status", ["db": "team"])["databases"]?.arrayValue?.first?["entryFormat"] == 2)
         let (blob, bytes) = try putBlob(ca, dirA, "team", "clip", 3_000_000, seed: 7)
         let seqA = try ownSeq(ca, "team")
         let na = try nodeID(ca, "team")
@@ -125,7 +131,8 @@ struct PreviousVersionTests {
         }, "every chunk and the manifest reached the relay")
         a.stop()
         _ = try cb.call("peer.add", ["db": "team", "address": .string(relay.address)])
-        #expect(try eventually { try replicaState(cb, "team").docs == 41 })
+        #expect(try eventually { try replicaState(cb, "team").docs == 42 })
+        #expect(try cb.call("doc.get", ["db": "team", "collection": "notes", "id": "vec"])["doc"]?["e"] == vector)
         #expect(getBlob(cb, b.dir, "team", blob, as: "clip") == bytes)
         for i in 0..<25 {
             _ = try cb.call("doc.put", ["db": "team", "collection": "notes", "id": .string("b\(i)"), "doc": ["text": .string("B \(i)")]])
