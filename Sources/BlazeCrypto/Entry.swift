@@ -87,7 +87,8 @@ public struct SealedEntry: Sendable, Equatable {
     public static let genesis = [UInt8](repeating: 0, count: 32)
 
     /// Seals `payload` (the canonical change text), padded to its size bucket, as entry `seq` of `origin`, chained
-    /// to `prev`: in format 3 when `format` allows it and the payload holds vector values, in format 2 otherwise.
+    /// to `prev`: in format 3 when `format` allows it (unless the payload holds a `$vector` string format 3 cannot
+    /// carry exactly, which no write accepts), in format 2 otherwise.
     public static func seal(
         _ payload: some DataProtocol, space key: SpaceKey, origin: [UInt8], seq: UInt64, prev: [UInt8],
         format: UInt8 = EntryHeader.version

@@ -43,23 +43,33 @@ public struct FormatStatement: Sendable, Equatable {
         self.bytes = body + signature
     }
 
-    /// Decodes and verifies one: its exact size, a range of known shape (1 ≤ lowest ≤ highest), a time below 2^62 ms,
-    /// and the signature.
+    /// Decodes and verifies one: its shape (`init(unverified:)`), then the signature.
     public init(bytes: [UInt8]) throws(SyncRejection) {
+        try self.init(unverified: bytes)
+        guard isSigned else { throw .badStatement }
+    }
+
+    /// Decodes one without checking its signature: its exact size, a range of known shape (1 ≤ lowest ≤ highest) and
+    /// a time below 2^62 ms. For bytes from elsewhere, check who signed it (`node`, `deviceKey` against the log) and
+    /// then `isSigned`, so a flood of strangers' statements costs no signature checks; for this device's own
+    /// database, which keeps only verified ones, the shape is enough.
+    public init(unverified bytes: [UInt8]) throws(SyncRejection) {
         guard bytes.count == Self.size else { throw .malformed }
         var r = ByteReader(bytes[...])
         guard let space = r.readSpaceID(), let key = r.read(32), let issued = r.readUInt64(), issued < 1 << 62,
-            let lowest = r.readUInt8(), let highest = r.readUInt8(), lowest >= 1, lowest <= highest,
-            let signature = r.read(64)
+            let lowest = r.readUInt8(), let highest = r.readUInt8(), lowest >= 1, lowest <= highest
         else { throw .malformed }
-        guard let publicKey = try? Curve25519.Signing.PublicKey(rawRepresentation: key),
-            publicKey.isValidSignature(signature, for: Self.label + bytes[..<(bytes.count - 64)])
-        else { throw .badStatement }
         self.space = space
         self.deviceKey = Array(key)
         self.issuedMs = issued
         self.formats = lowest...highest
         self.bytes = bytes
+    }
+
+    /// True when the signature holds for the device key the statement names.
+    public var isSigned: Bool {
+        guard let publicKey = try? Curve25519.Signing.PublicKey(rawRepresentation: deviceKey) else { return false }
+        return publicKey.isValidSignature(bytes[(bytes.count - 64)...], for: Self.label + bytes[..<(bytes.count - 64)])
     }
 
     /// The newest entry format every listed device opens (`EntryHeader.version` when all of them state a range

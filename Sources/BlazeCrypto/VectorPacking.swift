@@ -5,16 +5,19 @@ import BlazeProtocol
 /// of 4,096. Opening puts the same text back, byte for byte.
 ///
 /// Layout, big-endian: text length (4) · the text, each `"$vector":"BASE64"` member written `"$vector":""` · count
-/// (4) · count × (length (4, from 1) · bytes), one per emptied member in the order of the text. The raw sequence
-/// `"$vector":"` occurs in canonical JSON only as such a member (a quote inside a string is escaped), so the emptied
-/// members are exactly those `"$vector":""` sequences.
+/// (4, from 0) · count × (length (4, from 1) · bytes), one per emptied member in the order of the text. Packing and
+/// unpacking find the same raw sequences (`"$vector":"`, scanning on after each string's closing quote): base64 holds
+/// no quote, and emptying a value changes nothing before its closing quote, so `unpack(pack(t)) == t` for every text
+/// `pack` takes; and what a packed payload opens to is checked like any change.
 public enum VectorPacking {
     private static let member = Array(#""$vector":""#.utf8)
     /// The most bytes one packed value may have (4,096 float32 components, with room for base64's last group).
     static let maxValueBytes = 16 * 1024 + 2
 
-    /// The packed form of `text`, or nil when packing would not help or could not be undone exactly: no vector member,
-    /// a `"$vector"` string that is not canonical base64 of at most `maxValueBytes` bytes, or an empty one already.
+    /// The packed form of `text` (with no value at all when it holds none: in a space that seals format 3 every entry
+    /// has that format, so a relay cannot tell which changes hold vectors), or nil when it could not be undone
+    /// exactly: a `"$vector"` string that is not canonical base64 of at most `maxValueBytes` bytes, or an empty one
+    /// already (neither is a vector a write accepts).
     public static func pack(_ text: some Collection<UInt8>) -> [UInt8]? {
         let text = Array(text)
         var emptied: [UInt8] = []
@@ -32,7 +35,7 @@ public enum VectorPacking {
             copied = end
             i = end
         }
-        guard !values.isEmpty, text.count < Int(UInt32.max) else { return nil }
+        guard text.count < Int(UInt32.max) else { return nil }
         emptied += text[copied...]
         var out: [UInt8] = []
         out.reserveCapacity(emptied.count + 8 + values.reduce(0) { $0 + 4 + $1.count })
@@ -52,7 +55,7 @@ public enum VectorPacking {
     public static func unpack(_ packed: [UInt8]) throws(SyncRejection) -> [UInt8] {
         var r = ByteReader(packed[...])
         guard let textLength = r.readUInt32(), let textBytes = r.read(Int(textLength)), let count = r.readUInt32(),
-            count >= 1, Int(count) <= r.remaining / 5
+            Int(count) <= r.remaining / 5
         else { throw .badPayload }
         var values: [ArraySlice<UInt8>] = []
         values.reserveCapacity(Int(count))

@@ -227,8 +227,12 @@ enum RelayRules {
         guard let membership else { return [] }
         var latest: [[UInt8]: FormatStatement] = [:]
         for s in statements where s.space == space {
-            guard let member = membership.member(s.node), member.keys.signing == s.deviceKey else { continue }
+            // The signer first (a current member with that key, since it was last added), then the signature.
+            guard let member = membership.member(s.node), member.isCurrent, member.keys.signing == s.deviceKey,
+                s.issuedMs >= member.addedAtMs
+            else { continue }
             if let held = latest[s.node], held.issuedMs >= s.issuedMs { continue }
+            guard s.isSigned else { continue }
             latest[s.node] = s
         }
         return latest.values.sorted { $0.node.lexicographicallyPrecedes($1.node) }

@@ -141,7 +141,8 @@ extension RelayStore {
     }
 
     public func formats(space: SpaceID) async throws -> [FormatStatement] {
-        try await latest("relay_formats", space: space).compactMap { try? FormatStatement(bytes: $0) }
+        // Kept only once verified (`RelayRules.acceptableFormats`): read back by their shape.
+        try await latest("relay_formats", space: space).compactMap { try? FormatStatement(unverified: $0) }
     }
 
     /// Keeps each of `items` (signer, when issued, signed bytes) newer than the one `table` holds of its signer in

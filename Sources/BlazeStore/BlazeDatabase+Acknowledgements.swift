@@ -55,6 +55,14 @@ extension BlazeDatabase {
         }
     }
 
+    /// True when this database holds an entry (`sync_entries`) of a format past `format` (its first byte).
+    public func holdsEntries(newerThan format: UInt8) throws -> Bool {
+        try read { db in
+            try Bool.fetchOne(
+                db, sql: "SELECT EXISTS(SELECT 1 FROM sync_entries WHERE substr(bytes, 1, 1) > ?)", arguments: [Data([format])]) ?? false
+        }
+    }
+
     /// The stable vector last used (kept across restarts under `key`; it only grows).
     public func lastStableVector(key: String = "stable_vector") throws -> VersionVector {
         try read { db in

@@ -1,4 +1,5 @@
 import BlazeCRDT
+import BlazeProtocol
 import Foundation
 import GRDB
 
@@ -15,6 +16,39 @@ extension BlazeDatabase {
         try connections.write { db in
             try db.execute(sql: "DELETE FROM sync_peers WHERE address = ?", arguments: [address])
             return db.changesCount > 0
+        }
+    }
+
+    /// The sync protocol each relay this database dials last answered in, by address (kept across restarts: whether a
+    /// relay can carry entries of format 3, SYNC.md §6 "Entry formats").
+    public func relayProtocols() throws -> [String: Int] {
+        try read { db in
+            guard let text = try String.fetchOne(db, sql: "SELECT value FROM meta WHERE key = 'relay_protocols'"),
+                case .object(let o)? = try? JSONParser().parse(text)
+            else { return [:] }
+            return o.compactMapValues { v in v.intValue.map { Int(clamping: $0) } }
+        }
+    }
+
+    /// Records that the relay at `address` answered in protocol `version`; true when that changed what was held.
+    @discardableResult
+    public func recordRelayProtocol(_ address: String, version: Int) throws -> Bool {
+        try connections.write { db in
+            var held: [String: JSONValue] = [:]
+            if let text = try String.fetchOne(db, sql: "SELECT value FROM meta WHERE key = 'relay_protocols'"),
+                case .object(let o)? = try? JSONParser().parse(text)
+            {
+                held = o
+            }
+            // Only addresses still dialed are kept, so the record stays as small as the peer list.
+            let dialed = Set(try String.fetchAll(db, sql: "SELECT address FROM sync_peers"))
+            held = held.filter { dialed.contains($0.key) }
+            guard held[address] != .int(Int64(version)) else { return false }
+            held[address] = .int(Int64(version))
+            try db.execute(
+                sql: "INSERT INTO meta(key, value) VALUES ('relay_protocols', ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+                arguments: [JSONValue.object(held).jsonText])
+            return true
         }
     }
 

@@ -29,8 +29,7 @@ extension FolderWorker {
     func writeFormats(_ snapshot: SharedSpace.Snapshot) throws {
         guard let membership = snapshot.membership else { return }
         let name = FolderFiles.formatsName
-        try db.issueFormatStatement(
-            space: space.id, identity: engine.identity, nowMs: UInt64(max(0, nowMs())), formats: engine.receivable(db: db))
+        try engine.issueFormatStatement(db: db, space: space)
         let held = try db.heldFormatStatements(membership: membership)
         let written = Dictionary(held.map { ($0.node, $0.issuedMs) }, uniquingKeysWith: max)
         guard written != formatsWritten || !exists(at: ownFD, name) else { return }
@@ -62,7 +61,8 @@ extension FolderWorker {
         var kept = false
         for bytes in try changedFiles(FolderFiles.formatsName) {
             do {
-                let statements = try FolderFiles.decodeFormats(bytes, space: space.id).compactMap { try? FormatStatement(bytes: $0) }
+                // Read by their shape; `keep` checks each signature once it knows the signer is a member.
+                let statements = try FolderFiles.decodeFormats(bytes, space: space.id).compactMap { try? FormatStatement(unverified: $0) }
                 if try db.keep(statements, space: space.id, membership: membership) { kept = true }
             } catch let rejection as SyncRejection {
                 report.reject(rejection)

@@ -17,6 +17,9 @@ extension SyncEngine {
                 .syncFailure, kind: "not_shared", "database \(db.name) is not shared; run db.share or db.join first")
         }
         let added = try db.addPeer(address.description)
+        // A relay not heard from yet may be of an earlier build: until it answers, this device states that it can be
+        // sent entry format 2 only (SYNC.md §6, "Entry formats").
+        if added, let space = try space(db: db), try issueFormatStatement(db: db, space: space) { membershipChanged(db: db.name) }
         refreshLinks(db: db.name)
         return added
     }
@@ -27,6 +30,7 @@ extension SyncEngine {
         let link = links.withLock { $0.removeValue(forKey: LinkKey(db: db.name, address: address.description)) }
         link?.stop()
         status.forget(db: db.name, peer: address.description)
+        if removed, let space = try space(db: db), try issueFormatStatement(db: db, space: space) { membershipChanged(db: db.name) }
         return removed
     }
 

@@ -65,6 +65,8 @@ public final class SyncEngine: Sendable {
     /// For each link (database, peer, device), how many sessions in a row ended to fetch again what they refused for a
     /// reason that may clear (`SyncSession.refetchLater`).
     let refetchBackoff = Mutex<[String: Int]>([:])
+    /// Held while this device works out and issues a statement of entry formats (`issueFormatStatement(db:space:)`).
+    let statementIssuing = Mutex<Void>(())
     /// Most links `refetchBackoff` remembers; past it the map starts over (only waits get shorter).
     static let maxRefetchLinks = 4_096
     private let listener = Mutex<(any Channel)?>(nil)

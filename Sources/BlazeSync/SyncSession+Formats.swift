@@ -10,17 +10,20 @@ extension SyncSession {
     /// The first protocol whose sessions carry `FORMATS`.
     static let formatsFrom: UInt8 = 6
 
-    /// Sends the statements the peer is not known to hold (this device's own, issued first when none says what this
-    /// build opens, and those of other members it passes on).
+    /// Sends the statements the peer is not known to hold (this device's own, issued first when what it can be sent
+    /// changed, and those of other members it passes on). A relay this device dials is recorded as answering in this
+    /// link's protocol first, so the statement counts it as one that carries format 3.
     func sendFormats(context: ChannelHandlerContext) {
         guard let link, link.protocolVersion >= Self.formatsFrom, stateSent, !closed else { return }
-        let (db, space, identity, membership) = (link.db, link.space.id, engine.identity, link.space.snapshot.membership)
+        let (db, shared, membership, engine) = (link.db, link.space, link.space.snapshot.membership, self.engine)
         guard membership != nil else { return }
         let known = formatsShared
-        let formats = engine.receivable(db: db)
+        let relay = report.direction == .outbound && report.peer.hasPrefix("ws") ? report.peer : nil
+        let version = Int(link.protocolVersion)
         let bound = NIOLoopBound((self, context), eventLoop: context.eventLoop)
         engine.pool.runIfActive(eventLoop: context.eventLoop) { () -> [FormatStatement] in
-            try db.issueFormatStatement(space: space, identity: identity, nowMs: nowMsUnsigned(), formats: formats)
+            if let relay { try db.recordRelayProtocol(relay, version: version) }
+            try engine.issueFormatStatement(db: db, space: shared)
             return try db.heldFormatStatements(membership: membership).filter { s in known[s.node].map { s.issuedMs > $0 } ?? true }
         }.whenComplete { result in
             let (session, context) = bound.value

@@ -208,10 +208,14 @@ extension SyncSession {
         // A member admits; a device that is not one ignores what a relay passes it.
         guard direct || space.snapshot.membership?.member(engine.identity.nodeID)?.role == .admin else { return }
         let bound = NIOLoopBound((self, context), eventLoop: context.eventLoop)
+        let older = direct && link.protocolVersion < Self.formatsFrom
         engine.pool.runIfActive(eventLoop: context.eventLoop) { () throws -> Redemption in
             // A joiner the log lists with these keys already was admitted: its join came again (it reconnected
             // before the operation reached it, or a relay passed it on once more). It gets the log like any member.
             if space.snapshot.membership?.member(device.nodeID)?.keys == device { return .admittedBefore }
+            // A device of an earlier build could not open what was sealed in format 3: admitted, it would hold back
+            // compaction for every member while it waits for entries it is never sent (SYNC.md §6, "Entry formats").
+            if older, try space.db.holdsEntries(newerThan: EntryHeader.version) { return .upgradeRequired }
             do {
                 _ = try engine.admit(device: device, inviteID: inviteID, proof: proof, space: space)
                 return .admitted
@@ -234,6 +238,13 @@ extension SyncSession {
                 guard !engine.withoutJoinRefusal.withLock({ $0.contains(session.report.peer) }) else { return }
                 session.sentJoinRefusal = true
                 session.send(.joinRefused(id: inviteID, device: device.signing, reason: refusal), context: context)
+            case .success(.upgradeRequired):
+                engine.countInviteRefusal("upgrade_required")
+                engine.logger.warning(
+                    "Sync refused a join: the device speaks an older sync protocol and this space holds entries of format 3",
+                    metadata: ["db": "\(space.db.name)", "device": "\(device.nodeIDHex)"])
+                session.send(.error(Self.upgradeRequired), context: context)
+                session.close(context: context)
             case .success(.refused(let refusal, _)):
                 engine.countInviteRefusal(refusal.rawValue)
                 engine.logger.warning(
@@ -267,5 +278,12 @@ extension SyncSession {
         case admitted
         /// Refused, and whether this device issued the invite.
         case refused(InviteRefusal, issuedHere: Bool)
+        /// Not redeemed: the device speaks a protocol before 6 and the space holds entries of format 3.
+        case upgradeRequired
     }
+
+    /// What a joiner of an earlier build is told when it is refused for holding back formats (an `ERROR` reason, at
+    /// most 200 bytes; its build shows it as "the member refused to admit this device: …"). The invite stays unused.
+    static let upgradeRequired =
+        "upgrade_required: this space holds entries of entry format 3, which this device's build cannot open; upgrade it, then join again"
 }

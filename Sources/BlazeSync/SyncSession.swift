@@ -167,13 +167,12 @@ final class SyncSession: ChannelInboundHandler {
         report.update { $0.clockSkewMs = nil }
         startMembership(context: context)
         if report.direction == .outbound, report.peer.hasPrefix("ws"), established.protocolVersion < Self.formatsFrom {
-            // A relay of an older protocol cannot carry entries of format 3: this device's statement says so from
-            // now on (so it seals format 2 itself), and every session passes it on (`SyncEngine.receivable`).
-            let (engine, space, formats) = (self.engine, established.space.id, engine.receivable(db: db))
+            // A relay of an older protocol cannot carry entries of format 3: recorded, this device's statement says so
+            // from now on (so it seals format 2 itself), and every session passes it on (`receivableFormats`).
+            let (engine, space, relay, version) = (self.engine, established.space, report.peer, Int(established.protocolVersion))
             _ = engine.pool.runIfActive(eventLoop: context.eventLoop) {
-                if try db.issueFormatStatement(space: space, identity: engine.identity, nowMs: nowMsUnsigned(), formats: formats) {
-                    engine.membershipChanged(db: db.name)
-                }
+                try db.recordRelayProtocol(relay, version: version)
+                if try engine.issueFormatStatement(db: db, space: space) { engine.membershipChanged(db: db.name) }
             }
         }
         attachChunkSource(context: context)

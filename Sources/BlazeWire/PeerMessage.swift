@@ -46,7 +46,7 @@ public enum PeerMessage: Sendable {
     /// reports how far the clocks differ (`clockSkewMs`), which `blazectl doctor` checks.
     case clock(ms: UInt64)
     /// Members' signed statements of the entry formats they open (SYNC.md §6, "Entry formats"), 1 to
-    /// `maxStatements`, sent only on protocol 6 or later.
+    /// `maxStatements`, sent only on protocol 6 or later; decoded unverified (`FormatStatement.isSigned`).
     case formats([FormatStatement])
 
     static let stateType: UInt8 = 1
@@ -296,12 +296,13 @@ public enum PeerMessage: Sendable {
             guard let ms = r.readUInt64(), ms < 1 << 62, r.remaining == 0 else { throw .malformed }
             self = .clock(ms: ms)
         case Self.formatsType?:
-            // Fixed-size statements, each verified when decoded; the count is checked against the bytes first.
+            // Fixed-size statements, the count checked against the bytes first. Their signatures are checked by the
+            // receiver, once it knows the signers are members (a bad one is skipped there, not the whole message).
             guard let n = r.readUInt16(), n >= 1, Int(n) <= Self.maxStatements, r.remaining == Int(n) * FormatStatement.size else {
                 throw .malformed
             }
             var statements: [FormatStatement] = []
-            for _ in 0..<n { statements.append(try FormatStatement(bytes: Array(r.read(FormatStatement.size)!))) }
+            for _ in 0..<n { statements.append(try FormatStatement(unverified: Array(r.read(FormatStatement.size)!))) }
             self = .formats(statements)
         case Self.chunkKeepType?:
             self = .chunkKeep(try Self.chunkIDs(&r, most: Self.maxChunkKeep))

@@ -37,9 +37,13 @@ import Testing
             #expect(try SealedEntry(bytes: two.bytes).open(with: key) == text)
             if d >= 768 { #expect(Double(three.bytes.count) < Double(two.bytes.count) * 0.8, "\(three.bytes.count) vs \(two.bytes.count)") }
         }
-        // Nothing to gain or nothing that undoes exactly: format 2 whatever the caller allows.
+        // A change without vectors is sealed in format 3 too (so the header does not tell which changes hold some).
+        let none = Array(#"{"x":[{"set":{"a":1}}]}"#.utf8)
+        let packedNone = SealedEntry.seal(none, space: key, origin: device.nodeID, seq: 1, prev: SealedEntry.genesis, format: 3)
+        #expect(packedNone.header.version == 3)
+        #expect(try packedNone.open(with: key) == none)
+        // A `$vector` string format 3 cannot carry exactly (no write accepts one): format 2 whatever the caller allows.
         let plain = [
-            #"{"x":[{"set":{"a":1}}]}"#,  // no vector
             #"{"x":[{"set":{"e":{"$vector":""}}}]}"#,  // an empty one already
             #"{"x":[{"set":{"e":{"$vector":"AAAA"},"f":{"$vector":"AAF="}}}]}"#,  // unused bits set: not canonical
             #"{"x":[{"set":{"e":{"$vector":"AA\"AA"}}}]}"#,  // an escape inside
@@ -55,6 +59,9 @@ import Testing
         let lookalike = Array(#"{"t":"\"$vector\":\"AAAA\"","v":{"$vector":"AAAAAA=="}}"#.utf8)
         let packed = try #require(VectorPacking.pack(lookalike))
         #expect(try VectorPacking.unpack(packed) == lookalike)
+        // A key ending in an escaped quote before `$vector` holds the raw sequence too: emptied and restored alike.
+        let keyed = Array(#"{"a\"$vector":"AAAA","b":{"$vector":"AAAAAA=="}}"#.utf8)
+        #expect(try VectorPacking.unpack(try #require(VectorPacking.pack(keyed))) == keyed)
     }
 
     @Test func packedPayloadsRefuseWhatPackCannotHaveWritten() throws {
@@ -71,8 +78,9 @@ import Testing
         }
         let one = Array(#"{"v":{"$vector":""}}"#.utf8)
         #expect(try VectorPacking.unpack(packed(one, [[1, 2, 3, 4]])) == Array(#"{"v":{"$vector":"AQIDBA=="}}"#.utf8))
+        #expect(try VectorPacking.unpack(packed(Array("{}".utf8), [])) == Array("{}".utf8))
         let bad: [(String, [UInt8])] = [
-            ("no values", packed(one, [])),
+            ("no values for a member", packed(one, [])),
             ("more values than members", packed(one, [[1], [2]])),
             ("fewer values than members", packed(Array(#"{"v":{"$vector":""},"w":{"$vector":""}}"#.utf8), [[1]])),
             ("an empty value", packed(one, [[]])),

@@ -127,11 +127,13 @@ import Testing
         #expect(received < 50 * 4096, "\(received) bytes received by B for 50 vectors")
     }
 
-    /// A device speaking protocol 5 (as the previous release does) that joins after an entry of format 3 was sealed
-    /// is not sent it: the sender says why, and the device gets it once it speaks protocol 6.
-    @Test func aDeviceOfAnOlderProtocolIsNotSentEntriesOfFormatThreeAndTheSenderSaysWhy() throws {
+    /// A device speaking protocol 5 (as the previous release does) is refused when it joins a space holding entries
+    /// of format 3 (the invite stays unused); a member whose daemon went back to protocol 5 is not sent them, and the
+    /// sender says why; both get them once they speak protocol 6.
+    @Test func devicesOfAnOlderProtocolAreRefusedOrNotSentEntriesOfFormatThree() throws {
         let a = try syncDaemon(), b = try syncDaemon(), dirC = TempDir()
-        var c = try syncDaemon(dir: dirC, environment: ["BLAZE_SYNC_PROTOCOLS": "4-5"])
+        let older = ["BLAZE_SYNC_PROTOCOLS": "4-5"]
+        var c = try syncDaemon(dir: dirC, environment: older)
         defer {
             a.stop()
             b.stop()
@@ -142,12 +144,31 @@ import Testing
         _ = try ca.call("db.create", ["db": "photos"])
         _ = try cb.call("db.join", ["token": .string(try ca.invite("photos")), "db": "photos"])
         #expect(eventually(timeout: .seconds(60)) { Self.entryFormat(ca, "photos") == 3 && Self.entryFormat(cb, "photos") == 3 })
-        let vector: JSONValue = ["$vector": [0.25, -1, 3]]
-        _ = try ca.call("doc.put", ["db": "photos", "collection": "p", "id": "v1", "doc": ["e": vector]])
+        _ = try ca.call("doc.put", ["db": "photos", "collection": "p", "id": "v1", "doc": ["e": ["$vector": [0.25, -1, 3]]]])
         #expect(eventually(timeout: .seconds(30)) { (try? cb.call("doc.get", ["db": "photos", "collection": "p", "id": "v1"])) != nil })
-        _ = try cc.call("db.join", ["token": .string(try ca.invite("photos")), "db": "photos"])
-        // C states nothing (protocol 5 carries no statements): A and B seal format 2 from now on.
-        #expect(eventually(timeout: .seconds(30)) { Self.entryFormat(ca, "photos") == 2 })
+        let token = try ca.invite("photos")
+        do {
+            _ = try cc.call("db.join", ["token": .string(token), "db": "photos"])
+            Issue.record("a device speaking protocol 5 joined a space holding entries of format 3")
+        } catch {
+            #expect("\(error)".contains("upgrade_required"), "\(error)")
+        }
+        #expect(try ca.call("sync.status")["invitesRefused"]?["upgrade_required"] == 1)
+
+        // Upgraded, C joins with the same invite and gets the entry.
+        c.stop()
+        c = try syncDaemon(dir: dirC)
+        cc = try c.connect()
+        _ = try cc.call("db.join", ["token": .string(token), "db": "photos"])
+        #expect(eventually(timeout: .seconds(30)) {
+            (try? cc.call("doc.get", ["db": "photos", "collection": "p", "id": "v1"]))?["doc"]?["e"] == ["$vector": "AACAPgAAgL8AAEBA"]
+        })
+        #expect(eventually(timeout: .seconds(30)) { Self.entryFormat(ca, "photos") == 3 })
+        // C's daemon goes back to protocol 5 (its statement still says 3): A does not send it what it sealed in format 3.
+        c.stop()
+        c = try syncDaemon(dir: dirC, environment: older)
+        cc = try c.connect()
+        _ = try ca.call("doc.put", ["db": "photos", "collection": "p", "id": "v2", "doc": ["e": ["$vector": [1, 2, 3]]]])
         var told: String?
         #expect(eventually(timeout: .seconds(30)) {
             let peers = (try? ca.call("sync.status", ["db": "photos"]))?["databases"]?.arrayValue?.first?["peers"]?.arrayValue ?? []
@@ -155,16 +176,12 @@ import Testing
             return told != nil
         })
         #expect(told?.contains("this device (sync protocol 5) cannot open: upgrade it") == true, "\(told ?? "-")")
-        #expect(throws: (any Error).self) { try cc.call("doc.get", ["db": "photos", "collection": "p", "id": "v1"]) }
+        #expect(throws: (any Error).self) { try cc.call("doc.get", ["db": "photos", "collection": "p", "id": "v2"]) }
         #expect(try cc.call("sync.status", ["db": "photos"])["databases"]?.arrayValue?.first?["peers"]?.arrayValue?
             .allSatisfy { $0["rejected"] == [:] } == true, "C was sent nothing it refused")
-        // Upgraded (protocol 6), C gets it.
         c.stop()
         c = try syncDaemon(dir: dirC)
         cc = try c.connect()
-        #expect(eventually(timeout: .seconds(30)) {
-            (try? cc.call("doc.get", ["db": "photos", "collection": "p", "id": "v1"]))?["doc"]?["e"] == ["$vector": "AACAPgAAgL8AAEBA"]
-        })
-        #expect(eventually(timeout: .seconds(30)) { Self.entryFormat(ca, "photos") == 3 })
+        #expect(eventually(timeout: .seconds(30)) { (try? cc.call("doc.get", ["db": "photos", "collection": "p", "id": "v2"])) != nil })
     }
 }

@@ -10,7 +10,7 @@ class _DaemonInfoResultFormatsRequired(TypedDict):
     database: int
     keystore: int
     folder: int
-    # The newest entry format this build seals (SYNC.md §6, "Entry formats"): 3, vector values as bytes, used in a space only once every other member has stated that it opens it (sync.status entryFormat); it opens 1 to this.
+    # The newest entry format this build seals (SYNC.md §6, "Entry formats"): 3, vector values as bytes, used in a space only once every current member has stated that it can be sent it (sync.status entryFormat); it opens 1 to this.
     entry: int
     # The newest sync protocol version this build speaks (4 in builds before protocol versions were chosen in the handshake).
     protocol: int
@@ -755,7 +755,7 @@ class _SyncStatusResultDatabasesItemRequired(TypedDict):
 
 
 class SyncStatusResultDatabasesItem(_SyncStatusResultDatabasesItemRequired, total=False):
-    # The entry format this device seals its changes in (SYNC.md §6, "Entry formats"): 3 (vector values as bytes) once every other current member has stated that it opens it, 2 otherwise (a space without a membership log, a member of an older build, or one not heard from since it joined). Null for a database not shared.
+    # The entry format this device seals its changes in (SYNC.md §6, "Entry formats"): 3 (vector values as bytes) once every current member has stated that it can be sent it, 2 otherwise (a space without a membership log, a member of an older build or one not heard from since it joined, a relay of an older build dialed by a member). Null for a database not shared.
     entryFormat: Optional[int]
 
 

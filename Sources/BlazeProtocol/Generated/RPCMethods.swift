@@ -325,7 +325,7 @@ public enum RPC {
                 public var keystore: Int
                 /// `folder`.
                 public var folder: Int
-                /// The newest entry format this build seals (SYNC.md §6, "Entry formats"): 3, vector values as bytes, used in a space only once every other member has stated that it opens it (sync.status entryFormat); it opens 1 to this.
+                /// The newest entry format this build seals (SYNC.md §6, "Entry formats"): 3, vector values as bytes, used in a space only once every current member has stated that it can be sent it (sync.status entryFormat); it opens 1 to this.
                 public var entry: Int
                 /// The newest sync protocol version this build speaks (4 in builds before protocol versions were chosen in the handshake).
                 public var `protocol`: Int
@@ -5777,7 +5777,7 @@ public enum RPC {
                 public var forks: [RPCSchema.ForkEvidence]
                 /// Entries that changes received here depend on and that have not arrived, per origin. Each change carries what its author held when it wrote it (sealed and signed), so a peer or relay that forwards later changes while keeping back what they depend on is seen here; the changes wait (parked) until the entries come. An origin that stays listed for long, via a relay, means that relay withholds (or lost) them.
                 public var waiting: [Waiting]
-                /// The entry format this device seals its changes in (SYNC.md §6, "Entry formats"): 3 (vector values as bytes) once every other current member has stated that it opens it, 2 otherwise (a space without a membership log, a member of an older build, or one not heard from since it joined). Null for a database not shared.
+                /// The entry format this device seals its changes in (SYNC.md §6, "Entry formats"): 3 (vector values as bytes) once every current member has stated that it can be sent it, 2 otherwise (a space without a membership log, a member of an older build or one not heard from since it joined, a relay of an older build dialed by a member). Null for a database not shared.
                 public var entryFormat: Int?
 
                 /// A value from its members.
