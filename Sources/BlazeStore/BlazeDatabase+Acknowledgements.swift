@@ -20,12 +20,18 @@ extension BlazeDatabase {
 
     /// Keeps `bytes` as `node`'s acknowledgement unless one issued later is held; true when it was kept.
     public func storeAcknowledgement(node: [UInt8], issuedMs: UInt64, bytes: [UInt8]) throws -> Bool {
+        try storeLatest("sync_acks", node: node, issuedMs: issuedMs, bytes: bytes)
+    }
+
+    /// Keeps `bytes` as `node`'s row of `table` (a table of signed statements, the latest of each signer) unless one
+    /// issued later is held; true when it was kept.
+    private func storeLatest(_ table: String, node: [UInt8], issuedMs: UInt64, bytes: [UInt8]) throws -> Bool {
         try connections.write { db in
             try db.execute(
                 sql: """
-                    INSERT INTO sync_acks(node, issued_at, bytes) VALUES (?, ?, ?)
+                    INSERT INTO \(table)(node, issued_at, bytes) VALUES (?, ?, ?)
                     ON CONFLICT(node) DO UPDATE SET issued_at = excluded.issued_at, bytes = excluded.bytes
-                    WHERE excluded.issued_at > sync_acks.issued_at
+                    WHERE excluded.issued_at > \(table).issued_at
                     """,
                 arguments: [Data(node), Int64(clamping: issuedMs), Data(bytes)])
             return db.changesCount > 0
@@ -43,16 +49,7 @@ extension BlazeDatabase {
 
     /// Keeps `bytes` as `node`'s statement of entry formats unless one issued later is held; true when it was kept.
     public func storeFormatStatement(node: [UInt8], issuedMs: UInt64, bytes: [UInt8]) throws -> Bool {
-        try connections.write { db in
-            try db.execute(
-                sql: """
-                    INSERT INTO sync_formats(node, issued_at, bytes) VALUES (?, ?, ?)
-                    ON CONFLICT(node) DO UPDATE SET issued_at = excluded.issued_at, bytes = excluded.bytes
-                    WHERE excluded.issued_at > sync_formats.issued_at
-                    """,
-                arguments: [Data(node), Int64(clamping: issuedMs), Data(bytes)])
-            return db.changesCount > 0
-        }
+        try storeLatest("sync_formats", node: node, issuedMs: issuedMs, bytes: bytes)
     }
 
     /// True when this database holds an entry (`sync_entries`) of a format past `format` (its first byte).
