@@ -36,7 +36,7 @@ export type BlobProgress = { "blob": BlobId; "state": "fetching" | "held" | "par
 export type BlobPolicy = { "eager": Array<string>; "maxBytes": number | null };
 export type VectorIndexSpec = { "dimensions": number; "metric": VectorMetric };
 export type VectorMetric = "cosine" | "l2" | "ip";
-export type VectorInput = Array<number> | string;
+export type VectorInput = Array<number> | string | { "$vector": Array<number> | string };
 
 /** Parameters of `rpc.discover`: Returns this OpenRPC document. */
 export type RpcDiscoverParams = Record<string, never>;

@@ -7,7 +7,17 @@ extension Methods {
     static let queryNearest = MethodHandler(RPC.QueryNearest.self) { p, ctx in
         let vector: [Float]
         do {
-            vector = try VectorValue.components(of: p.vector)
+            // A vector value as documents hold it (`{"$vector": …}`) is taken as what it holds.
+            var given = p.vector
+            if case .object(let o) = given {
+                guard o.count == 1, let inner = o[VectorValue.marker] else {
+                    throw RPCError(
+                        code: RPCErrorCode.invalidParams, kind: "invalid_vector",
+                        message: "vector: an object given as a vector holds one member, $vector")
+                }
+                given = inner
+            }
+            vector = try VectorValue.components(of: given)
         } catch let error as VectorValueError {
             throw RPCError(code: RPCErrorCode.invalidParams, kind: "invalid_vector", message: "vector: \(error.description)")
         }

@@ -76,6 +76,12 @@ import Testing
         expectRPCError(c, "doc.getMany", ["db": "default", "collection": "p", "ids": ["d3"], "vectors": "hex"], code: -32602)
         let nearNumbers = try c.call("query.nearest", ["db": "default", "collection": "p", "field": "v", "vector": qJSON, "k": 1, "vectors": "array"])
         #expect(nearNumbers["results"]?.arrayValue?.first?["doc"]?["v"]?["$vector"]?.arrayValue?.count == 16)
+        // A document's value, as `doc.get` returns it in either form, searches the same.
+        let forms: [JSONValue] = [stored ?? .null, ["$vector": numbers ?? .null]]
+        for given in forms {
+            let same = try c.call("query.nearest", ["db": "default", "collection": "p", "field": "v", "vector": given, "k": 3])
+            #expect(Self.ids(same) == Self.reference(rows, rows[3].v, k: 3, .cosine) && Self.ids(same).first == "d3")
+        }
 
         // Bad inputs.
         let base: [String: JSONValue] = ["db": "default", "collection": "p", "field": "v", "vector": qJSON, "k": 3]
@@ -88,6 +94,9 @@ import Testing
         expectRPCError(c, "query.nearest", with(["vector": .array([1, "x"])]), code: -32602, kind: "invalid_vector")
         expectRPCError(c, "query.nearest", with(["vector": "not base64!"]), code: -32602, kind: "invalid_vector")
         expectRPCError(c, "query.nearest", with(["vector": 5]), code: -32602)
+        expectRPCError(c, "query.nearest", with(["vector": ["$vector": qJSON, "other": 1]]), code: -32602, kind: "invalid_vector")
+        expectRPCError(c, "query.nearest", with(["vector": ["vector": qJSON]]), code: -32602, kind: "invalid_vector")
+        expectRPCError(c, "query.nearest", with(["vector": ["$vector": ["$vector": qJSON]]]), code: -32602, kind: "invalid_vector")
         expectRPCError(c, "query.nearest", with(["vector": .array(Array(repeating: 1, count: 4097))]), code: -32602)
         expectRPCError(c, "query.nearest", with(["k": 0]), code: -32012, kind: "limit_out_of_range")
         expectRPCError(c, "query.nearest", with(["k": 10_001]), code: -32012, kind: "limit_out_of_range")

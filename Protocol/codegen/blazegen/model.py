@@ -129,7 +129,8 @@ class _Reader:
             rest = [o for o in options if o.get("type") != "null"]
             if nulls and len(rest) == 1:
                 return Type("nullable", item=self.type(rest[0]), schema=schema)
-            kinds = [self.type(o).kind for o in rest]
+            # The JSON types the options take: an object, whatever the model makes of it, is an "object".
+            kinds = ["object" if k in ("struct", "map") else k for k in (self.type(o).kind for o in rest)]
             return Type("json", accepts=kinds, schema=schema)
         t = schema.get("type")
         if isinstance(t, list):

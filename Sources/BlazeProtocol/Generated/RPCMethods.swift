@@ -2589,7 +2589,7 @@ public enum RPC {
             self.db = try RPCParam.required(params, "db", of: Self.method, RPCDecode.string)
             self.collection = try RPCParam.required(params, "collection", of: Self.method, RPCDecode.string)
             self.field = try RPCParam.required(params, "field", of: Self.method, RPCDecode.string)
-            self.vector = try RPCParam.required(params, "vector", of: Self.method, { v throws(RPCShapeError) in try RPCDecode.oneOf(["array", "string"], v) })
+            self.vector = try RPCParam.required(params, "vector", of: Self.method, { v throws(RPCShapeError) in try RPCDecode.oneOf(["array", "string", "object"], v) })
             self.k = try RPCParam.required(params, "k", of: Self.method, RPCDecode.int)
             self.`where` = try RPCParam.optional(params, "where", of: Self.method, RPCDecode.object)
             self.fields = try RPCParam.optional(params, "fields", of: Self.method, { v throws(RPCShapeError) -> [String] in try RPCDecode.array(v, RPCDecode.string) })
