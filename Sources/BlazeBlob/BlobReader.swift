@@ -53,6 +53,18 @@ public struct BlobReader: Sendable {
         }
     }
 
+    /// Writes the blob's pieces from piece `first` on to file descriptor `output` (at its position), in order, up to
+    /// the first one whose chunk is not held here; returns the index after the last piece written.
+    public func copyHeld(_ manifest: BlobManifest, from first: Int, to output: Int32) throws(ChunkStoreError) -> Int {
+        var next = first
+        while next < manifest.pieces.count {
+            let piece = manifest.pieces[next]
+            guard try store.copy(piece.id, offset: 0, length: piece.length, to: output) else { break }
+            next += 1
+        }
+        return next
+    }
+
     /// Calls `body` with the blob's bytes from `offset` for `length` bytes (to its end when shorter), one chunk's part
     /// at a time, in order. Throws when a chunk it needs is not held (`missing` names them).
     public func read(

@@ -126,6 +126,17 @@ public final class ChunkStore: Sendable {
         return try result.get()
     }
 
+    /// Tells the kernel the cached pages of chunks `ids` will not be read again soon: clean ones are dropped (every
+    /// chunk is durable once `put` returns), so reading a large blob through does not fill memory with its pages.
+    public func dropCached(_ ids: [ChunkID]) {
+        for id in ids {
+            let fd = open(path(of: id), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK)
+            guard fd >= 0 else { continue }
+            _ = posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED)
+            close(fd)
+        }
+    }
+
     /// Chunk `id`'s file opened for reading, with its size; nil when it is not held. Only a regular file is opened:
     /// no symbolic link is followed, and the open does not block (a FIFO planted under a chunk's name must not hang
     /// it; regular files ignore the flag). The caller closes the descriptor.

@@ -45,10 +45,12 @@ public struct BlobKeys: Sendable {
 /// Layout: `"BZC1"`, the epoch (4 bytes, big-endian), a 12-byte nonce, then the ChaCha20-Poly1305 box of the content's
 /// length (4 bytes, big-endian), the content and zero bytes up to a multiple of `padding`, with its 16-byte tag. The
 /// header, the space id and the chunk id are authenticated with it, so a sealed chunk opens only as the chunk it was
-/// sealed as. The nonce is synthetic (as in SIV): an HMAC, under a nonce key of its own, of the chunk id and the padded
-/// plaintext itself, so sealing equal content twice gives the same bytes, and two different plaintexts (even one
-/// given under another content's id by mistake) never share a (key, nonce) pair. Opening checks the tag and the
-/// content against the id, not the nonce (see `open(_:id:keys:secrets:maximum:_:)`).
+/// sealed as. The nonce is 12 random bytes from the system's generator, drawn for each sealing: no two sealings share
+/// a (key, nonce) pair, even of two different plaintexts given under one id (a damaged chunk file), without a pass
+/// over the content to derive it (the 2^32 sealings per epoch key random 96-bit nonces allow is far beyond what a
+/// space's epoch sees). Opening checks the tag and the content against the id (see
+/// `open(_:id:keys:secrets:maximum:_:)`). Builds up to 0.4.0 derived the nonce from the content (an HMAC); opening
+/// never looked at how it was made, so their chunks and these open alike.
 public enum SealedChunk {
     /// The first four bytes of every sealed chunk.
     static let magic = SealedChunkLayout.magic
@@ -66,10 +68,9 @@ public enum SealedChunk {
     /// Bytes of the box's plaintext for content of `count` bytes: the length field, the content and the padding.
     static func padded(_ count: Int) -> Int { (4 + count + padding - 1) / padding * padding }
 
-    /// The key an epoch's secret seals chunks with (`label` "blazedb chunk key v1"), or derives their nonces with
-    /// ("blazedb chunk nonce v1").
-    static func chunkKey(space: SpaceID, epoch: UInt32, secret: [UInt8], label: String = "blazedb chunk key v1") -> SymmetricKey {
-        var info = Array(label.utf8)
+    /// The key an epoch's secret seals chunks with.
+    static func chunkKey(space: SpaceID, epoch: UInt32, secret: [UInt8]) -> SymmetricKey {
+        var info = Array("blazedb chunk key v1".utf8)
         withUnsafeBytes(of: epoch.bigEndian) { info += $0 }
         return HKDF<SHA256>.deriveKey(inputKeyMaterial: SymmetricKey(data: secret), salt: space.bytes, info: info, outputByteCount: 32)
     }
@@ -77,14 +78,6 @@ public enum SealedChunk {
     /// The authenticated data: the header, the space and the chunk id.
     static func aad(header: ArraySlice<UInt8>, space: SpaceID, id: ChunkID) -> [UInt8] {
         Array(header) + space.bytes + id.bytes
-    }
-
-    /// The synthetic nonce of the padded plaintext `plain` of chunk `id`.
-    static func nonce(_ plain: some ContiguousBytes, id: ChunkID, space: SpaceID, epoch: UInt32, secret: [UInt8]) -> [UInt8] {
-        var mac = HMAC<SHA256>(key: chunkKey(space: space, epoch: epoch, secret: secret, label: "blazedb chunk nonce v1"))
-        mac.update(data: id.bytes)
-        plain.withUnsafeBytes { mac.update(data: $0) }
-        return Array(mac.finalize().prefix(12))
     }
 
     /// `content` (the chunk `id` of `space`, at most 1 GiB: chunks are at most `Chunker.Sizes` allow) sealed under
@@ -138,7 +131,8 @@ public enum SealedChunk {
             initialized = buffer.count
         }
         if let failure { return .failure(failure) }
-        let nonceBytes = nonce(plain, id: id, space: space, epoch: epoch, secret: secret)
+        var generator = SystemRandomNumberGenerator()
+        let nonceBytes = (0..<12).map { _ in UInt8.random(in: .min ... .max, using: &generator) }
         var header = magic
         withUnsafeBytes(of: epoch.bigEndian) { header += $0 }
         header += nonceBytes

@@ -12,6 +12,8 @@ extension Blobs {
     static let fetchTimeout: TimeAmount = .seconds(120)
     /// Chunks asked for at once (then the next window, so a wait is bounded per window, not per blob).
     static let fetchWindow = 32
+    /// Windows a whole-blob read has asked for at once.
+    static let windowsAhead = 2
 
     /// Runs `body` on the I/O pool once `db` holds blob `blob`'s manifest and the chunks `needed` picks out of it,
     /// fetching what it lacks from the devices the database syncs with; `done` gets the outcome. No thread waits
@@ -110,7 +112,13 @@ extension Blobs {
 
     /// Blob `blob` of `db` with every chunk held, fetching what it lacks window by window; blocks (for the transfer
     /// pool, which the chunks it waits for never need: sessions store them on the engine's chunk pool).
-    func fetchWhole(db: BlazeDatabase, blob: String, sync: SyncEngine) throws -> (ChunkID, BlobManifest, BlobReader) {
+    ///
+    /// Two windows are asked for at once, so sources are never idle between them; `arrived` runs on this thread with
+    /// each window's chunks once they are held, in order, while the next ones are being fetched (a caller writes what
+    /// is held meanwhile).
+    func fetchWhole(
+        db: BlazeDatabase, blob: String, sync: SyncEngine, arrived: ((BlobManifest, BlobReader, [ChunkID]) throws -> Void)? = nil
+    ) throws -> (ChunkID, BlobManifest, BlobReader) {
         let id = try Self.blobID(blob)
         let reader = BlobReader(store: try store(for: db), maxSize: maxBlobBytes)
         var manifest = try Self.mapped { try reader.manifest(id) }
@@ -128,12 +136,26 @@ extension Blobs {
         let missing = reader.missing(manifest)
         let progress = missing.isEmpty
             ? nil : events.progress(db: db.name, id: id, manifest: manifest, store: reader.store, missing: missing)
+        var asked: [(window: [ChunkID], last: Bool, fetch: SyncEngine.PendingFetch)] = []
+        // Whatever ends the fetch early, the windows still asked for are not waited for.
+        defer { for pending in asked { pending.fetch.cancel() } }
         do {
-            for start in stride(from: 0, to: missing.count, by: Self.fetchWindow) {
-                let end = min(missing.count, start + Self.fetchWindow)
-                let window = Array(missing[start..<end])
-                try sync.fetchChunksAndWait(db: db, ids: window, timeout: Self.fetchTimeout, waitForSource: true)
-                progress?.arrived(window, last: end == missing.count)
+            var next = 0
+            func ask() {
+                while next < missing.count, asked.count < Self.windowsAhead {
+                    let end = min(missing.count, next + Self.fetchWindow)
+                    let window = Array(missing[next..<end])
+                    asked.append((window, end == missing.count, sync.startFetch(db: db, ids: window, timeout: Self.fetchTimeout)))
+                    next = end
+                }
+            }
+            ask()
+            while !asked.isEmpty {
+                let first = asked.removeFirst()
+                try first.fetch.wait()
+                ask()
+                progress?.arrived(first.window, last: first.last)
+                try arrived?(manifest, reader, first.window)
             }
         } catch {
             progress?.ended(error)

@@ -63,10 +63,24 @@ extension Methods {
         let db = try ctx.database(p.db)
         // A path that cannot be written is refused before anything is fetched (`writeNewFile` checks again).
         try checkNewFile(p.path)
-        // Every chunk this device lacks is fetched (and kept) before the file is written.
-        let (_, manifest, reader) = try ctx.blobs.fetchWhole(db: db, blob: p.blob, sync: ctx.sync)
-        try writeNewFile(p.path) { fd in try reader.copy(manifest, to: fd) }
-        return .init(path: p.path, bytes: manifest.size)
+        // Every chunk this device lacks is fetched (and kept); the file is written as they arrive, in order. The
+        // pages of what is copied are let go as it goes (the fetched chunks are durable, the file is written back
+        // from now on), so a large blob does not fill memory with pages nothing reads again soon.
+        var size = 0
+        try writeNewFile(p.path) { fd in
+            var written = 0
+            let (_, manifest, reader) = try ctx.blobs.fetchWhole(db: db, blob: p.blob, sync: ctx.sync) { manifest, reader, fetched in
+                written = try reader.copyHeld(manifest, from: written, to: fd)
+                reader.store.dropCached(fetched)
+                _ = posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED)
+            }
+            written = try reader.copyHeld(manifest, from: written, to: fd)
+            guard written == manifest.pieces.count else {
+                throw ChunkStoreError("chunk \(manifest.pieces[written].id) of the blob is not held here", reason: .missing)
+            }
+            size = manifest.size
+        }
+        return .init(path: p.path, bytes: size)
     }.onTransferPool()
 
     static let blobStat = MethodHandler(deferred: RPC.BlobStat.self) { p, ctx, reply in

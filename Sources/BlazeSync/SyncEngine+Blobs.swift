@@ -9,6 +9,8 @@ import Synchronization
 /// Serializes choosing a database's blob keys against sharing it, so that a blob put while the database is shared is
 /// named under the secret the new space keeps.
 private let blobKeyChoice = Mutex(())
+/// Blob keys derived lately, by space, with the secret they were derived from.
+private let derivedBlobKeys = Mutex<[SpaceID: (genesis: [UInt8], keys: BlobKeys)]>([:])
 
 extension SyncEngine {
     /// The keys `db`'s blobs are chunked and named with: derived from its space's epoch-1 secret, or for a database
@@ -52,8 +54,7 @@ extension SyncEngine {
     ) {
         guard !ids.isEmpty else { return done(.success(())) }
         guard (try? space(db: db)) != nil else {
-            return done(.failure(StoreError(
-                .notFound, kind: "blob_unavailable", "database \(db.name) is not shared: its blobs are only what this device holds")))
+            return done(.failure(Self.notShared(db)))
         }
         chunks.fetch(db: db.name, ids: ids, timeout: timeout, waitForSource: waitForSource, done: done)
     }
@@ -68,6 +69,57 @@ extension SyncEngine {
         }
         arrived.wait()
         try outcome.withLock { $0! }.get()
+    }
+
+    /// `blob_unavailable` for a database that is not shared: it has nowhere to fetch from.
+    static func notShared(_ db: BlazeDatabase) -> StoreError {
+        StoreError(
+                .notFound, kind: "blob_unavailable", "database \(db.name) is not shared: its blobs are only what this device holds")
+    }
+
+    /// A fetch started by `startFetch`: its caller waits for it, or cancels it.
+    public final class PendingFetch: Sendable {
+        private let outcome = Mutex<Result<Void, StoreError>?>(nil)
+        private let arrived = DispatchSemaphore(value: 0)
+        private let token = Mutex<(fetcher: ChunkFetcher, id: Int)?>(nil)
+
+        fileprivate init() {}
+
+        /// Records the outcome and wakes the waiter.
+        fileprivate func finish(_ result: Result<Void, StoreError>) {
+            outcome.withLock { $0 = result }
+            arrived.signal()
+        }
+
+        /// Blocks until every chunk is stored; throws why one cannot be had.
+        public func wait() throws {
+            arrived.wait()
+            try outcome.withLock { $0! }.get()
+        }
+
+        /// No caller waits any more: the chunks no other caller wants are not asked for.
+        public func cancel() {
+            if let (fetcher, id) = token.withLock({ $0 }) { fetcher.cancel(id) }
+        }
+
+        fileprivate func started(_ fetcher: ChunkFetcher, _ id: Int) { token.withLock { $0 = (fetcher, id) } }
+    }
+
+    /// Starts fetching chunks `ids` of `db` as `fetchChunks` does (waiting while no session is established), for a
+    /// caller that waits for it later on a thread that may block.
+    public func startFetch(db: BlazeDatabase, ids: [ChunkID], timeout: TimeAmount) -> PendingFetch {
+        let pending = PendingFetch()
+        guard !ids.isEmpty else {
+            pending.finish(.success(()))
+            return pending
+        }
+        guard (try? space(db: db)) != nil else {
+            pending.finish(.failure(Self.notShared(db)))
+            return pending
+        }
+        let id = chunks.fetch(db: db.name, ids: ids, timeout: timeout, waitForSource: true) { pending.finish($0) }
+        pending.started(chunks, id)
+        return pending
     }
 
     /// How many of `ids` (chunks of `db`) are being fetched from peers now.
@@ -104,8 +156,15 @@ extension SyncEngine {
 
     /// Blob keys from parts this device holds, as a store error.
     static func blobKeys(space: SpaceID, genesis: [UInt8]) throws -> BlobKeys {
+        // Deriving them (two HKDFs and the chunker's table) would cost more than checking a small chunk's id.
+        if let known = derivedBlobKeys.withLock({ $0[space] }), known.genesis == genesis { return known.keys }
         do {
-            return try BlobKeys(space: space, genesis: genesis)
+            let keys = try BlobKeys(space: space, genesis: genesis)
+            derivedBlobKeys.withLock { cache in
+                if cache.count >= 256 { cache.removeAll() }
+                cache[space] = (genesis, keys)
+            }
+            return keys
         } catch {
             throw StoreError(.internalFailure, kind: "internal", "blob keys: \(error.description)")
         }

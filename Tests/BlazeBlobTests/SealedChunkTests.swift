@@ -40,8 +40,10 @@ import Testing
             let sealed = content.withUnsafeBytes { SealedChunk.seal($0, id: id, space: space, epoch: 3, secret: epochSecret) }
             #expect((sealed.count - 36) % SealedChunk.padding == 0)
             #expect(SealedChunk.epoch(of: sealed) == 3)
-            // Deterministic: the same content sealed again is the same bytes.
-            #expect(sealed == content.withUnsafeBytes { SealedChunk.seal($0, id: id, space: space, epoch: 3, secret: epochSecret) })
+            // Each sealing draws its own nonce: the same content sealed again shares no (key, nonce) pair, and opens alike.
+            let again = content.withUnsafeBytes { SealedChunk.seal($0, id: id, space: space, epoch: 3, secret: epochSecret) }
+            #expect(again[8..<20] != sealed[8..<20])
+            #expect(try SealedChunk.open(again, id: id, keys: keys, secrets: [epochSecret], maximum: 1 << 20) == content)
             let opened = try SealedChunk.open(sealed, id: id, keys: keys, secrets: [[UInt8](repeating: 9, count: 32), epochSecret], maximum: 1 << 20)
             #expect(opened == content)
             // Asked for as another chunk, under a key of another epoch, or with a byte changed anywhere: refused.
@@ -68,8 +70,8 @@ import Testing
             SealedChunk.seal($0, id: wanted, space: space, epoch: 1, secret: epochSecret)
         }
         #expect(throws: ChunkError.self) { try SealedChunk.open(forged, id: wanted, keys: keys, secrets: [epochSecret], maximum: 1 << 20) }
-        // The nonce comes from the plaintext too: two contents sealed under one id never share a nonce (no keystream
-        // is reused, whatever id a caller gives).
+        // Each sealing draws its nonce: two contents sealed under one id never share one (no keystream is reused,
+        // whatever id a caller gives).
         let real = Array("the real chunk".utf8).withUnsafeBytes { SealedChunk.seal($0, id: wanted, space: space, epoch: 1, secret: epochSecret) }
         #expect(real[8..<20] != forged[8..<20])
     }
@@ -85,7 +87,9 @@ import Testing
             let prefix: [UInt8] = [12] + id.bytes
             let fromStore = try #require(try SealedChunk.seal(reading: id, from: store, space: space, epoch: 3, secret: epochSecret, after: prefix))
             let fromMemory = content.withUnsafeBytes { SealedChunk.seal($0, id: id, space: space, epoch: 3, secret: epochSecret) }
-            #expect(fromStore == prefix + fromMemory)
+            // The same layout after the prefix: the header's magic and epoch, then a nonce of its own and a box as long.
+            #expect(Array(fromStore.prefix(prefix.count + 8)) == prefix + fromMemory.prefix(8))
+            #expect(fromStore.count == prefix.count + fromMemory.count)
             // Opened where it lies, the content handed over is the chunk's.
             let opened = try SealedChunk.open(fromStore[prefix.count...], id: id, keys: keys, secrets: [epochSecret], maximum: 1 << 20) { Array($0) }
             #expect(opened == content)
