@@ -8,7 +8,7 @@ import Glibc
 
 /// BLOB, between devices: a file put on one daemon and fetched by another over a loopback peer link (`blob.get`),
 /// against `rsync` of the same file to an rsync daemon on loopback (with `--fsync`, as every fetched chunk is synced),
-/// in the same run.
+/// and over ssh to loopback (which encrypts, as a peer link does), in the same run.
 enum BlobPeerWorkloads {
     /// Runs it on a file of `megabytes` MiB of random bytes, `repeats` times (each repeat a new database, so every
     /// chunk crosses); the rsync rows only when `rsync` is installed.
@@ -29,10 +29,13 @@ enum BlobPeerWorkloads {
         }
         let ca = try BlazeConnection(socketPath: a.socket, timeoutSeconds: 600)
         let cb = try BlazeConnection(socketPath: b.socket, timeoutSeconds: 600)
-        var fetch: [Double] = [], rsync: [Double] = []
+        var fetch: [Double] = [], rsync: [Double] = [], rsyncSSH: [Double] = []
         var chunks = 0
         let rsyncd = try? RsyncDaemon(directory: work + "/rsync")
         defer { rsyncd?.stop() }
+        // rsync over ssh encrypts and authenticates what crosses, as a peer link does: the same file, when sshd is installed.
+        let sshd = try? SSHServer(directory: work + "/ssh")
+        defer { sshd?.stop() }
         for r in 0..<repeats {
             let name = "b4-\(r)"
             let db = try a.daemon.store.create(name)
@@ -54,11 +57,23 @@ enum BlobPeerWorkloads {
                 rsync.append(mib / (try seconds { try BlobWorkloads.shell("rsync --fsync --whole-file '\(source)' \(copy)") }))
                 unlink(work + "/rsync/data/copy")
             }
-            if r % 2 == 1 { try copyByRsync() }
+            func copyBySSH() throws {
+                guard let sshd else { return }
+                let copy = work + "/ssh/copy"
+                rsyncSSH.append(mib / (try seconds { try BlobWorkloads.shell("rsync --fsync --whole-file -e '\(sshd.command)' '\(source)' 127.0.0.1:\(copy)") }))
+                unlink(copy)
+            }
+            if r % 2 == 1 {
+                try copyByRsync()
+                try copyBySSH()
+            }
             fetch.append(mib / (try seconds { _ = try cb.call("blob.get", ["db": .string(name), "blob": put["blob"]!["id"]!, "path": .string(out)]) }))
             guard FileManager.default.contentsEqual(atPath: out, andPath: source) else { throw BenchFailure("BLOB.peer: the fetched blob differs") }
             unlink(out)
-            if r % 2 == 0 { try copyByRsync() }
+            if r % 2 == 0 {
+                try copyBySSH()
+                try copyByRsync()
+            }
         }
         var rows = [
             Result(
@@ -66,9 +81,16 @@ enum BlobPeerWorkloads {
                 baseline: rsyncd == nil ? nil : "B4.rsync", target: "≥ 0.8× rsync",
                 note: "\(megabytes) MiB in \(chunks) chunks put on A, fetched by B over a loopback peer link (blob.get: sealed, opened, checked, each chunk synced)"),
         ]
+        if !rsyncSSH.isEmpty {
+            rows.insert(Result(
+                name: "B4.rsyncSSH", unit: "MiB/s", samples: rsyncSSH, better: "higher",
+                note: "rsync --fsync of the same file over ssh (encrypted) to 127.0.0.1"), at: 0)
+            rows[rows.count - 1].secondBaseline = "B4.rsyncSSH"
+            rows[rows.count - 1].paired["B4.rsyncSSH"] = zip(fetch, rsyncSSH).map { $0 / $1 }
+        }
         if !rsync.isEmpty {
             rows.insert(Result(name: "B4.rsync", unit: "MiB/s", samples: rsync, better: "higher", note: "rsync --fsync of the same file to an rsync daemon on loopback"), at: 0)
-            rows[1].paired["B4.rsync"] = zip(fetch, rsync).map { $0 / $1 }
+            rows[rows.count - 1].paired["B4.rsync"] = zip(fetch, rsync).map { $0 / $1 }
         }
         return rows
     }
@@ -99,6 +121,53 @@ enum BlobPeerWorkloads {
                     throw BenchFailure("rsync daemon did not start")
                 }
                 usleep(20_000)
+            }
+        }
+
+        func stop() {
+            if process.isRunning { process.terminate() }
+            process.waitUntilExit()
+        }
+    }
+}
+
+extension BlobPeerWorkloads {
+    /// An sshd of its own on a loopback port, letting in one key made for it; init fails when sshd is not installed.
+    final class SSHServer {
+        let process = Process()
+        let port: Int
+        /// The `ssh` command line (for `rsync -e`) that logs in to it.
+        let command: String
+
+        init(directory: String) throws {
+            guard FileManager.default.isExecutableFile(atPath: "/usr/sbin/sshd") else { throw BenchFailure("sshd is not installed") }
+            try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
+            for key in ["host", "client"] {
+                try BlobWorkloads.shell("ssh-keygen -q -t ed25519 -N '' -f '\(directory)/\(key)' < /dev/null")
+            }
+            try FileManager.default.copyItem(atPath: directory + "/client.pub", toPath: directory + "/authorized_keys")
+            port = Int.random(in: 30_000..<40_000)
+            let config = directory + "/sshd_config"
+            let text = "Port \(port)\nListenAddress 127.0.0.1\nHostKey \(directory)/host\nAuthorizedKeysFile \(directory)/authorized_keys\n"
+                + "PasswordAuthentication no\nKbdInteractiveAuthentication no\nStrictModes no\nUsePAM no\nPermitRootLogin prohibit-password\n"
+                + "PidFile \(directory)/pid\n"
+            try text.write(toFile: config, atomically: true, encoding: .utf8)
+            // As root, sshd wants its privilege separation directory.
+            if getuid() == 0 { try? FileManager.default.createDirectory(atPath: "/run/sshd", withIntermediateDirectories: true) }
+            command = "ssh -p \(port) -i \(directory)/client -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o LogLevel=ERROR -o BatchMode=yes"
+            process.executableURL = URL(fileURLWithPath: "/usr/sbin/sshd")
+            process.arguments = ["-D", "-e", "-f", config]
+            process.standardOutput = FileHandle.nullDevice
+            process.standardError = FileHandle.nullDevice
+            try process.run()
+            // Ready once a login works.
+            let deadline = Date().addingTimeInterval(10)
+            while (try? BlobWorkloads.shell("\(command) 127.0.0.1 true < /dev/null > /dev/null 2>&1")) == nil {
+                guard Date() < deadline, process.isRunning else {
+                    stop()
+                    throw BenchFailure("sshd did not start")
+                }
+                usleep(50_000)
             }
         }
 
