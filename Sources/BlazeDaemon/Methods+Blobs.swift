@@ -136,12 +136,18 @@ extension Methods {
     }
 
     /// Creates the file at `path` (absolute, in an existing directory, not existing) with what `body` writes to its
-    /// descriptor: written to `path.partial`, synced, then linked to `path`, so it appears only complete and nothing
-    /// is overwritten.
+    /// descriptor, so that it appears only complete and nothing is overwritten: written as an unnamed file in its
+    /// directory (`O_TMPFILE`), synced, then linked to `path`, so a daemon stopped midway leaves nothing behind; where
+    /// the file system has no unnamed files, written to `path.partial` and linked from there.
     static func writeNewFile(_ path: String, _ body: (Int32) throws -> Void) throws {
         guard path.hasPrefix("/") else { throw StoreError(.invalidArgument, kind: "invalid_path", "path must be absolute, got \(path)") }
         let partial = path + ".partial"
-        let fd = open(partial, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0o600)
+        let directory = (path as NSString).deletingLastPathComponent
+        let parent = directory.isEmpty ? "/" : directory
+        // Linking an unnamed file takes its /proc/self/fd name.
+        var fd: Int32 = access("/proc/self/fd", F_OK) == 0 ? open(parent, O_WRONLY | O_CLOEXEC | unnamedFile, 0o600) : -1
+        let unnamed = fd >= 0
+        if !unnamed { fd = open(partial, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0o600) }
         guard fd >= 0 else {
             let code = errno
             throw StoreError(
@@ -152,26 +158,30 @@ extension Methods {
         defer { if !closed { close(fd) } }
         do {
             try body(fd)
-            guard fsync(fd) == 0 else { throw ChunkStoreError.system("sync \(partial)", errno) }
+            guard fsync(fd) == 0 else { throw ChunkStoreError.system("sync \(unnamed ? path : partial)", errno) }
+            let linked = unnamed
+                ? linkat(AT_FDCWD, "/proc/self/fd/\(fd)", AT_FDCWD, path, AT_SYMLINK_FOLLOW) : link(partial, path)
+            let code = errno
             closed = true
             close(fd)
-            guard link(partial, path) == 0 else {
-                let code = errno
+            guard linked == 0 else {
                 throw StoreError(
                     code == EEXIST ? .alreadyExists : .invalidArgument, kind: code == EEXIST ? "file_exists" : "invalid_path",
                     "cannot create \(path): \(String(cString: strerror(code)))")
             }
-            unlink(partial)
+            if !unnamed { unlink(partial) }
             // The new name is durable once its directory is synced.
-            let directory = (path as NSString).deletingLastPathComponent
-            let dir = open(directory.isEmpty ? "/" : directory, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
+            let dir = open(parent, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
             if dir >= 0 {
                 fsync(dir)
                 close(dir)
             }
         } catch {
-            unlink(partial)
+            if !unnamed { unlink(partial) }
             throw Blobs.storeError(error)
         }
     }
+
+    /// Linux's `O_TMPFILE` (`__O_TMPFILE | O_DIRECTORY`, the same on x86-64 and ARM64), which Glibc's module does not export.
+    static let unnamedFile: Int32 = 0o20_000_000 | O_DIRECTORY
 }

@@ -138,6 +138,8 @@ import Testing
         #expect(eventually(timeout: .seconds(30)) {
             ((try? pair.cb.call("blob.stat", ["db": "notes", "blob": id]))?["fetchingChunks"]?.intValue ?? 0) > 0
         }, "the get never asked for a chunk")
+        // The file is written unnamed until it is whole: nothing shows at its path or beside it meanwhile.
+        #expect(!FileManager.default.fileExists(atPath: out) && !FileManager.default.fileExists(atPath: out + ".partial"))
         if killed == "fetcher" {
             pair.b.stop(kill9: true)
             #expect(eventually(timeout: .seconds(30)) { finished.withLock { $0 != nil } })
@@ -152,9 +154,11 @@ import Testing
         let before = try chunkCounters(cb).received
         try proxy.set(.open)
         if killed == "fetcher" {
-            // B's get died with it; asked again, it fetches only what B still lacks.
-            #expect(try cb.call("blob.get", ["db": "notes", "blob": id, "path": .string(out + "2")])["bytes"] == 12_000_000)
-            #expect(FileManager.default.contents(atPath: out + "2").map(Array.init) == bytes)
+            // B's get died with it and left nothing behind; asked again for the same path, it fetches only what B
+            // still lacks.
+            #expect(!FileManager.default.fileExists(atPath: out) && !FileManager.default.fileExists(atPath: out + ".partial"))
+            #expect(try cb.call("blob.get", ["db": "notes", "blob": id, "path": .string(out)])["bytes"] == 12_000_000)
+            #expect(FileManager.default.contents(atPath: out).map(Array.init) == bytes)
         } else {
             // B's get was waiting for a source; it finishes once the link is back.
             #expect(eventually(timeout: .seconds(120)) { finished.withLock { $0 != nil } }, "the get never finished")
