@@ -2,6 +2,7 @@ import ArgumentParser
 import BlazeClient
 import BlazeProtocol
 import Foundation
+import Synchronization
 
 /// `blazectl blob`: files stored in a database (ARCHITECTURE.md, "Blobs").
 struct Blob: ParsableCommand {
@@ -38,9 +39,19 @@ struct Blob: ParsableCommand {
         @Argument(help: "The file to create (relative to the current directory).") var path: String
         func run() throws {
             let target = absolutePath(path)
+            let (socket, db, blob) = (global.socketPath, db, blob)
             let result = global.withConnection { c in
                 let size = try c.call(RPC.BlobStat(db: db, blob: blob)).size
-                return try withProgress("writing \(path)", watching: target + ".partial", total: Int64(size)) {
+                // The file is written unnamed until it is whole: the line shows the blob's bytes held here, which grow
+                // as chunks are fetched (asked on a connection of its own: this one waits for the get).
+                let poll = Mutex<BlazeConnection?>(nil)
+                return try withProgress("fetching \(path)", total: Int64(size), measure: {
+                    poll.withLock { connection in
+                        if connection == nil { connection = try? BlazeConnection(socketPath: socket, timeoutSeconds: 5) }
+                        let held: Int? = try? connection?.call(RPC.BlobStat(db: db, blob: blob)).heldBytes
+                        return Int64(held ?? 0)
+                    }
+                }) {
                     try c.call(RPC.BlobGet(db: db, blob: blob, path: target))
                 }
             }

@@ -50,6 +50,14 @@ func byteCount(_ n: Int64) -> String {
 /// Runs `body` (a long call) while a progress line on standard error (a terminal only) shows the growth of the file
 /// at `watching` against `total` bytes, and the elapsed time.
 func withProgress<T>(_ label: String, watching: String, total: Int64, _ body: () throws -> T) rethrows -> T {
+    try withProgress(label, total: total, measure: {
+        ((try? FileManager.default.attributesOfItem(atPath: watching))?[.size] as? NSNumber)?.int64Value ?? 0
+    }, body)
+}
+
+/// Runs `body` (a long call) while a progress line on standard error (a terminal only) shows what `measure` (called
+/// on a thread of its own, about ten times a second) says is done of `total` bytes, and the elapsed time.
+func withProgress<T>(_ label: String, total: Int64, measure: @escaping @Sendable () -> Int64, _ body: () throws -> T) rethrows -> T {
     guard isatty(2) == 1 else { return try body() }
     let done = Atomic<Bool>(false)
     let finished = DispatchSemaphore(value: 0)
@@ -57,7 +65,7 @@ func withProgress<T>(_ label: String, watching: String, total: Int64, _ body: ()
     let thread = Thread {
         defer { finished.signal() }
         while !done.load(ordering: .acquiring) {
-            let size = ((try? FileManager.default.attributesOfItem(atPath: watching))?[.size] as? NSNumber)?.int64Value ?? 0
+            let size = measure()
             let percent = total > 0 ? " (\(min(100, size * 100 / total))%)" : ""
             let elapsed = String(format: "%.1fs", Date().timeIntervalSince(started))
             printError("\r\u{1B}[K\(label): \(byteCount(size)) of \(byteCount(total))\(percent), \(elapsed)")
