@@ -244,14 +244,33 @@ public final class ChunkStore: Sendable {
     /// before `cutoff` (Unix seconds); returns how many went and their bytes. What went is remembered for
     /// `swept(after:)`.
     public func sweep(keeping: Set<ChunkID>, writtenBefore cutoff: Double) throws(ChunkStoreError) -> (removed: Int, bytes: Int) {
+        sweep(try unkept(keeping: keeping, writtenBefore: cutoff), writtenBefore: cutoff)
+    }
+
+    /// The chunks held that are not in `keeping` and whose file was last written or renewed before `cutoff`, as
+    /// they are now: what `sweep(_:writtenBefore:)` may remove once nothing has come to refer to them.
+    public func unkept(keeping: Set<ChunkID>, writtenBefore cutoff: Double) throws(ChunkStoreError) -> [ChunkID] {
+        try listed().filter { id in
+            var info = stat()
+            return !keeping.contains(id) && lstat(path(of: id), &info) == 0 && Self.modified(info) < cutoff
+        }
+    }
+
+    /// The last time a file was written or renewed, Unix seconds.
+    private static func modified(_ info: stat) -> Double { Double(info.st_mtim.tv_sec) + Double(info.st_mtim.tv_nsec) / 1e9 }
+
+    /// Removes each of `candidates` that is still a regular file last written or renewed before `cutoff` and not
+    /// pinned by a put under way (checked at its removal); returns how many went and their bytes. What went is
+    /// remembered for `swept(after:)`.
+    public func sweep(_ candidates: [ChunkID], writtenBefore cutoff: Double) -> (removed: Int, bytes: Int) {
         var gone: [ChunkID] = []
         var bytes = 0
-        for id in try listed() where !keeping.contains(id) {
+        for id in candidates {
             let file = path(of: id)
             sweepLock.withLock { pinned in
                 var info = stat()
                 guard pinned[id] == nil, lstat(file, &info) == 0, (info.st_mode & S_IFMT) == S_IFREG,
-                    Double(info.st_mtim.tv_sec) + Double(info.st_mtim.tv_nsec) / 1e9 < cutoff, unlink(file) == 0
+                    Self.modified(info) < cutoff, unlink(file) == 0
                 else { return }
                 gone.append(id)
                 bytes += Int(info.st_size)

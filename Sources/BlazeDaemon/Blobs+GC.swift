@@ -18,35 +18,67 @@ extension Blobs {
     }
 
     /// Removes `db`'s chunks that no blob it refers to uses, that no put or upload under way holds (`ChunkPins`), and
-    /// that were written (or put again) more than `graceSeconds` ago. The database's writer is held while the
-    /// references are read and the chunks removed, so no commit starts referring to a chunk in between. A manifest
-    /// that cannot be read (an I/O error) ends the sweep before anything is removed.
+    /// that were written (or put again) more than `graceSeconds` ago.
+    ///
+    /// In two steps (`BlazeDatabase.withReferencedBlobs`): the references as of a snapshot, the manifests they name
+    /// and the chunks left over are read without holding the database's writer; the writer is then held only while
+    /// the references written since are read, their manifests expanded, and what is still left over removed. So no
+    /// commit starts referring to a chunk that goes, and writes wait only for what changed meanwhile. A manifest that
+    /// cannot be read (an I/O error) ends the sweep before anything is removed.
     func collect(db: BlazeDatabase, graceSeconds: Int = Blobs.defaultGraceSeconds) throws -> Sweep {
         // A database that never held a blob has no store, and none is made for it here.
         guard FileManager.default.fileExists(atPath: ChunkStores.directory(of: db)) else { return Sweep() }
         let store = try stores.store(for: db)
         // Any size: a manifest held here is expanded whatever `max-blob-bytes` says now.
         let reader = BlobReader(store: store, maxSize: .max)
-        let removed = try db.withReferencedBlobs { blobs -> (removed: Int, bytes: Int) in
-            var keep = Set<ChunkID>()
-            for blob in blobs {
-                keep.insert(blob)
-                do {
-                    // Not held here (not fetched yet, or a hex string that names no blob): nothing of it to keep.
-                    guard let manifest = try reader.manifest(blob) else { continue }
-                    for piece in manifest.pieces { keep.insert(piece.id) }
-                } catch let error as ChunkStoreError where error.reason == .invalid {
-                    // Held but not a manifest (a content chunk's id written in a document): kept itself, nothing more.
-                    // One that starts as a manifest but does not decode (a damaged file) stops the sweep: its chunks
-                    // are not known, so none may go.
-                    if try store.read(blob, offset: 0, length: 4) == Array("BZB1".utf8) { throw error }
-                    continue
-                }
-            }
-            return try store.sweep(keeping: keep, writtenBefore: Date().timeIntervalSince1970 - Double(graceSeconds))
-        }
+        let cutoff = Date().timeIntervalSince1970 - Double(graceSeconds)
+        let removed = try db.withReferencedBlobs(
+            plan: { (blobs: Set<ChunkID>) throws -> [ChunkID] in
+                try Self.unkept(blobs, reader: reader, store: store, cutoff: cutoff)
+            },
+            finish: { (unkept: [ChunkID], added: Set<ChunkID>) throws -> (removed: Int, bytes: Int) in
+                try Self.sweep(unkept, sparing: added, reader: reader, store: store, cutoff: cutoff)
+            })
         let kept = try held(db: db)
         return Sweep(removedChunks: removed.removed, removedBytes: removed.bytes, keptChunks: kept.chunks, keptBytes: kept.bytes)
+    }
+
+    /// The chunks of `store` that none of `blobs` uses, written (or put again) before `cutoff`.
+    static func unkept(_ blobs: Set<ChunkID>, reader: BlobReader, store: ChunkStore, cutoff: Double) throws -> [ChunkID] {
+        let keep = try chunks(of: blobs, reader: reader, store: store)
+        return try store.unkept(keeping: keep, writtenBefore: cutoff)
+    }
+
+    /// Removes those of `unkept` that none of `added` uses (and that are still unpinned and old enough).
+    static func sweep(
+        _ unkept: [ChunkID], sparing added: Set<ChunkID>, reader: BlobReader, store: ChunkStore, cutoff: Double
+    ) throws -> (removed: Int, bytes: Int) {
+        let keep = try chunks(of: added, reader: reader, store: store)
+        return store.sweep(unkept.filter { !keep.contains($0) }, writtenBefore: cutoff)
+    }
+
+    /// The chunks `blobs` use: each blob's own (manifest) chunk and, where its manifest is held here, every piece it
+    /// lists. A blob not held here (not fetched yet, or a hex string that names no blob) adds only itself; a held
+    /// chunk that is not a manifest (a content chunk's id written in a document) only itself. One that starts as a
+    /// manifest but does not decode (a damaged file) throws: its chunks are not known, so none may go.
+    static func chunks(of blobs: Set<ChunkID>, reader: BlobReader, store: ChunkStore) throws -> Set<ChunkID> {
+        var keep = Set<ChunkID>()
+        for blob in blobs {
+            keep.insert(blob)
+            for piece in try pieces(of: blob, reader: reader, store: store) { keep.insert(piece) }
+        }
+        return keep
+    }
+
+    /// The pieces the manifest `blob` lists: none when it is not held here or is not a manifest (see `chunks(of:)`).
+    private static func pieces(of blob: ChunkID, reader: BlobReader, store: ChunkStore) throws -> [ChunkID] {
+        switch Result(catching: { () throws(ChunkStoreError) -> BlobManifest? in try reader.manifest(blob) }) {
+        case .success(let manifest):
+            return manifest?.pieces.map(\.id) ?? []
+        case .failure(let error):
+            guard error.reason == .invalid, try store.read(blob, offset: 0, length: 4) != Array("BZB1".utf8) else { throw error }
+            return []
+        }
     }
 
     /// The chunks `db`'s store holds and their bytes (none when it has no store: none is made for it here).

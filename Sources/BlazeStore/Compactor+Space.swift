@@ -16,7 +16,7 @@ extension Compactor {
         guard total > 0, unused > 1 << 18, unused * 4 > total else { return 0 }
         let freed = try database.connections.writeWithoutTransaction { db in
             let before = try Int.fetchOne(db, sql: "PRAGMA page_count") ?? 0
-            try db.execute(sql: "VACUUM")
+            try database.connections.vacuum(db)
             return max(0, before - (try Int.fetchOne(db, sql: "PRAGMA page_count") ?? 0))
         }
         try database.truncateLog()

@@ -1,4 +1,5 @@
 import GRDB
+import Synchronization
 
 /// The one place a database's SQLite file is opened and talked to: one writer connection, one pool of read
 /// connections, and the checkpointer's connection.
@@ -18,6 +19,9 @@ final class DatabaseConnections: Sendable {
     let readers: ReadConnections
     /// Runs WAL checkpoints off the writer's commit path.
     let checkpointer: Checkpointer
+    /// Rewrites of the whole file since it was opened (`vacuum`): each may give rows of tables without an `INTEGER
+    /// PRIMARY KEY` new rowids, so a rowid noted before one names no particular row after it.
+    let rewrites = Atomic<UInt64>(0)
 
     /// Opens the database file at `path` (creating it), migrates it with `migrator`, and sets up the writer's WAL
     /// buffering and checkpoints.
@@ -73,6 +77,12 @@ final class DatabaseConnections: Sendable {
     /// Runs `updates` on the writer outside any transaction (it begins and commits its own).
     func writeWithoutTransaction<T>(_ updates: (Database) throws -> T) rethrows -> T {
         try writer.writeWithoutTransaction(updates)
+    }
+
+    /// Rewrites the whole file (`VACUUM`) on the writer's connection `db`, counting it in `rewrites`.
+    func vacuum(_ db: Database) throws {
+        rewrites.add(1, ordering: .sequentiallyConsistent)
+        try db.execute(sql: "VACUUM")
     }
 
     /// Runs `updates` on the writer later, outside any transaction, without waiting for it.
