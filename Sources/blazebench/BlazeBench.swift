@@ -23,7 +23,7 @@ struct BlazeBench: AsyncParsableCommand {
     @Option(help: "Photos in the BLOB group's library (B7: 3 MB each; default 1,000; 20 with --quick).")
     var photos: Int?
 
-    @Option(help: "Only these groups, comma-separated: baselines, W1, RPC (W2 and W3), W4 (with W5 and W7), RELAY, FOLDER, W6 (or only its one-thread part, W6.store), STORAGE, JOIN, W8, M1, M2, M3, RSS, ABUSE (hostile devices against a relay and a daemon), BLOB (chunked files against cp, and fetched by a peer against rsync; or one part: BLOB.local, BLOB.peer, BLOB.relay, BLOB.edit, BLOB.photos, BLOB.memory); PEERS (blazed against PostgreSQL and Redis, only when named: `make bench-peers`); CATCHUP (a device back online takes 1,000,000 changes from a relay, only when named: `make bench-catchup`); VECTOR (nearest-neighbour search against FAISS, sqlite-vec and hnswlib: `make bench-vectors`).")
+    @Option(help: "Only these groups, comma-separated: baselines, W1, RPC (W2 and W3), W4 (with W5 and W7), RELAY, FOLDER, W6 (or only its one-thread part, W6.store), STORAGE, JOIN, W8, M1, M2, M3, RSS, ABUSE (hostile devices against a relay and a daemon), BLOB (chunked files against cp, and fetched by a peer against rsync; or one part: BLOB.local, BLOB.peer, BLOB.relay, BLOB.edit, BLOB.photos, BLOB.memory, BLOB.gc); PEERS (blazed against PostgreSQL and Redis, only when named: `make bench-peers`); CATCHUP (a device back online takes 1,000,000 changes from a relay, only when named: `make bench-catchup`); VECTOR (nearest-neighbour search against FAISS, sqlite-vec and hnswlib: `make bench-vectors`).")
     var only: String?
 
     @Option(help: "PEERS rows to run, comma-separated prefixes (get, trivial, insert, find, tx500); all by default.")
@@ -121,8 +121,8 @@ struct BlazeBench: AsyncParsableCommand {
         if wants("RSS") {
             results.append(try Workloads.residentMemory(dir: dir + "/rss", documents: quick ? 10_000 : 1_000_000))
         }
-        // BLOB runs all six parts; `BLOB.local` (B1–B3), `BLOB.peer` (B4), `BLOB.relay` (B5), `BLOB.edit` (B6),
-        // `BLOB.photos` (B7) and `BLOB.memory` (B8) one each.
+        // BLOB runs all seven parts; `BLOB.local` (B1–B3), `BLOB.peer` (B4), `BLOB.relay` (B5), `BLOB.edit` (B6),
+        // `BLOB.photos` (B7), `BLOB.memory` (B8) and `BLOB.gc` (B9) one each.
         let blob = wants("BLOB")
         if blob || wants("BLOB.local") {
             results += try BlobWorkloads.run(dir: dir, megabytes: quick ? 16 : 512, repeats: reps)
@@ -138,6 +138,7 @@ struct BlazeBench: AsyncParsableCommand {
             results += try await BlobSetWorkloads.photos(dir: dir, photos: photos ?? (quick ? 20 : 1000))
         }
         if blob || wants("BLOB.memory") { results += try BlobMemoryWorkloads.run(dir: dir, megabytes: quick ? 32 : 1024) }
+        if blob || wants("BLOB.gc") { results += try await BlobGCWorkloads.run(dir: dir, documents: quick ? 10_000 : 500_000) }
         if wants("VECTOR") {
             // BLAZEBENCH_VECTOR_COUNT: fewer vectors, for profiling.
             let count = ProcessInfo.processInfo.environment["BLAZEBENCH_VECTOR_COUNT"].flatMap { Int($0) }
