@@ -145,7 +145,10 @@ extension Blobs {
                 while next < missing.count, asked.count < Self.windowsAhead {
                     let end = min(missing.count, next + Self.fetchWindow)
                     let window = Array(missing[next..<end])
-                    asked.append((window, end == missing.count, sync.startFetch(db: db, ids: window, timeout: Self.fetchTimeout)))
+                    // Sources serve the windows in turn: one asked behind others gets a window's time after each of
+                    // theirs, so each still has `fetchTimeout` once its turn comes.
+                    let timeout = Self.fetchTimeout * Int64(asked.count + 1)
+                    asked.append((window, end == missing.count, sync.startFetch(db: db, ids: window, timeout: timeout)))
                     next = end
                 }
             }

@@ -85,10 +85,14 @@ extension SyncEngine {
 
         fileprivate init() {}
 
-        /// Records the outcome and wakes the waiter.
+        /// Records the outcome and wakes the waiter; only the first outcome counts.
         fileprivate func finish(_ result: Result<Void, StoreError>) {
-            outcome.withLock { $0 = result }
-            arrived.signal()
+            let first = outcome.withLock { o in
+                guard o == nil else { return false }
+                o = result
+                return true
+            }
+            if first { arrived.signal() }
         }
 
         /// Blocks until every chunk is stored; throws why one cannot be had.
@@ -97,9 +101,11 @@ extension SyncEngine {
             try outcome.withLock { $0! }.get()
         }
 
-        /// No caller waits any more: the chunks no other caller wants are not asked for.
+        /// No caller waits any more: the chunks no other caller wants are not asked for, and a `wait` not yet
+        /// answered throws `fetch_cancelled`.
         public func cancel() {
             if let (fetcher, id) = token.withLock({ $0 }) { fetcher.cancel(id) }
+            finish(.failure(StoreError(.syncFailure, kind: "fetch_cancelled", "the fetch was cancelled")))
         }
 
         fileprivate func started(_ fetcher: ChunkFetcher, _ id: Int) { token.withLock { $0 = (fetcher, id) } }

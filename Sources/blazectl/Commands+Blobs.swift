@@ -43,13 +43,21 @@ struct Blob: ParsableCommand {
             let result = global.withConnection { c in
                 let size = try c.call(RPC.BlobStat(db: db, blob: blob)).size
                 // The file is written unnamed until it is whole: the line shows the blob's bytes held here, which grow
-                // as chunks are fetched (asked on a connection of its own: this one waits for the get).
-                let poll = Mutex<BlazeConnection?>(nil)
+                // as chunks are fetched (asked on a connection of its own: this one waits for the get). `blob.stat`
+                // looks at every chunk of the blob, so it is asked once a second; a failed ask keeps the last figure
+                // and opens a new connection next time.
+                let poll = Mutex<(connection: BlazeConnection?, held: Int64, asked: Date)>((nil, 0, .distantPast))
                 return try withProgress("fetching \(path)", total: Int64(size), measure: {
-                    poll.withLock { connection in
-                        if connection == nil { connection = try? BlazeConnection(socketPath: socket, timeoutSeconds: 5) }
-                        let held: Int? = try? connection?.call(RPC.BlobStat(db: db, blob: blob)).heldBytes
-                        return Int64(held ?? 0)
+                    poll.withLock { p in
+                        guard Date().timeIntervalSince(p.asked) >= 1 else { return p.held }
+                        p.asked = Date()
+                        if p.connection == nil { p.connection = try? BlazeConnection(socketPath: socket, timeoutSeconds: 5) }
+                        if let held = try? p.connection?.call(RPC.BlobStat(db: db, blob: blob)).heldBytes {
+                            p.held = Int64(held)
+                        } else {
+                            p.connection = nil
+                        }
+                        return p.held
                     }
                 }) {
                     try c.call(RPC.BlobGet(db: db, blob: blob, path: target))

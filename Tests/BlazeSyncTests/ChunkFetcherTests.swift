@@ -1,4 +1,5 @@
 import BlazeCrypto
+import Foundation
 import BlazeProtocol
 import BlazeStore
 import BlazeTestSupport
@@ -198,5 +199,28 @@ import Testing
         #expect(fetcher.accept(tp, other))
         fetcher.arrived(tp, db: "e", other)
         #expect(waits.kind == "ok")
+    }
+
+    @Test func cancellingAPendingFetchWakesItsWaiter() async throws {
+        let device = try Device()
+        let db = try device.store.create("files")
+        _ = try device.engine.share(db: db)
+        // No source will ever answer: without `cancel`, `wait` would block until its 10 minutes end.
+        let pending = device.engine.startFetch(db: db, ids: [ChunkID(bytes: [UInt8](repeating: 7, count: 32))!], timeout: .minutes(10))
+        let outcome = Outcome()
+        let waited = DispatchSemaphore(value: 0)
+        Thread {
+            outcome.done(Result { () throws(StoreError) in
+                do { try pending.wait() } catch let error as StoreError { throw error } catch { fatalError("\(error)") }
+            })
+            waited.signal()
+        }.start()
+        pending.cancel()
+        #expect(waited.wait(timeout: .now() + 60) == .success)
+        #expect(outcome.kind == "fetch_cancelled")
+        // A second cancel changes nothing (the first outcome stays, and the waiter was woken once).
+        pending.cancel()
+        #expect(outcome.kind == "fetch_cancelled")
+        await device.close()
     }
 }
