@@ -33,27 +33,34 @@ extension Blobs {
         let reader = BlobReader(store: store, maxSize: .max)
         let cutoff = Date().timeIntervalSince1970 - Double(graceSeconds)
         let removed = try db.withReferencedBlobs(
-            plan: { (blobs: Set<ChunkID>) throws -> [ChunkID] in
+            plan: { (blobs: Set<ChunkID>) throws -> (unkept: [ChunkID], unread: Set<ChunkID>) in
                 try Self.unkept(blobs, reader: reader, store: store, cutoff: cutoff)
             },
-            finish: { (unkept: [ChunkID], added: Set<ChunkID>) throws -> (removed: Int, bytes: Int) in
-                try Self.sweep(unkept, sparing: added, reader: reader, store: store, cutoff: cutoff)
+            finish: { (planned: (unkept: [ChunkID], unread: Set<ChunkID>), added: Set<ChunkID>) throws -> (removed: Int, bytes: Int) in
+                // A manifest not held at the first step may have been fetched since (its pieces held already are
+                // neither pinned nor renewed by that fetch): those blobs are looked at again with the new references.
+                try Self.sweep(planned.unkept, sparing: added.union(planned.unread), reader: reader, store: store, cutoff: cutoff)
             })
         let kept = try held(db: db)
         return Sweep(removedChunks: removed.removed, removedBytes: removed.bytes, keptChunks: kept.chunks, keptBytes: kept.bytes)
     }
 
-    /// The chunks of `store` that none of `blobs` uses, written (or put again) before `cutoff`.
-    static func unkept(_ blobs: Set<ChunkID>, reader: BlobReader, store: ChunkStore, cutoff: Double) throws -> [ChunkID] {
-        let keep = try chunks(of: blobs, reader: reader, store: store)
-        return try store.unkept(keeping: keep, writtenBefore: cutoff)
+    /// The chunks of `store` that none of `blobs` uses, written (or put again) before `cutoff`, and the blobs among
+    /// `blobs` whose manifest is not held here.
+    static func unkept(
+        _ blobs: Set<ChunkID>, reader: BlobReader, store: ChunkStore, cutoff: Double
+    ) throws -> (unkept: [ChunkID], unread: Set<ChunkID>) {
+        var unread = Set<ChunkID>()
+        let keep = try chunks(of: blobs, reader: reader, store: store, unread: &unread)
+        return (try store.unkept(keeping: keep, writtenBefore: cutoff), unread)
     }
 
     /// Removes those of `unkept` that none of `added` uses (and that are still unpinned and old enough).
     static func sweep(
         _ unkept: [ChunkID], sparing added: Set<ChunkID>, reader: BlobReader, store: ChunkStore, cutoff: Double
     ) throws -> (removed: Int, bytes: Int) {
-        let keep = try chunks(of: added, reader: reader, store: store)
+        var unread = Set<ChunkID>()
+        let keep = try chunks(of: added, reader: reader, store: store, unread: &unread)
         return store.sweep(unkept.filter { !keep.contains($0) }, writtenBefore: cutoff)
     }
 
@@ -61,20 +68,26 @@ extension Blobs {
     /// lists. A blob not held here (not fetched yet, or a hex string that names no blob) adds only itself; a held
     /// chunk that is not a manifest (a content chunk's id written in a document) only itself. One that starts as a
     /// manifest but does not decode (a damaged file) throws: its chunks are not known, so none may go.
-    static func chunks(of blobs: Set<ChunkID>, reader: BlobReader, store: ChunkStore) throws -> Set<ChunkID> {
+    /// Adds to `unread` the blobs whose manifest is not held.
+    static func chunks(of blobs: Set<ChunkID>, reader: BlobReader, store: ChunkStore, unread: inout Set<ChunkID>) throws -> Set<ChunkID> {
         var keep = Set<ChunkID>()
         for blob in blobs {
             keep.insert(blob)
-            for piece in try pieces(of: blob, reader: reader, store: store) { keep.insert(piece) }
+            guard let pieces = try pieces(of: blob, reader: reader, store: store) else {
+                unread.insert(blob)
+                continue
+            }
+            for piece in pieces { keep.insert(piece) }
         }
         return keep
     }
 
-    /// The pieces the manifest `blob` lists: none when it is not held here or is not a manifest (see `chunks(of:)`).
-    private static func pieces(of blob: ChunkID, reader: BlobReader, store: ChunkStore) throws -> [ChunkID] {
+    /// The pieces the manifest `blob` lists: nil when it is not held here, none when it is not a manifest (see
+    /// `chunks(of:)`).
+    private static func pieces(of blob: ChunkID, reader: BlobReader, store: ChunkStore) throws -> [ChunkID]? {
         switch Result(catching: { () throws(ChunkStoreError) -> BlobManifest? in try reader.manifest(blob) }) {
         case .success(let manifest):
-            return manifest?.pieces.map(\.id) ?? []
+            return manifest?.pieces.map(\.id)
         case .failure(let error):
             guard error.reason == .invalid, try store.read(blob, offset: 0, length: 4) != Array("BZB1".utf8) else { throw error }
             return []

@@ -26,6 +26,9 @@ extension BlazeDatabase {
     public func withReferencedBlobs<Plan, T>(
         plan: (Set<ChunkID>) throws -> Plan, finish: (Plan, _ added: Set<ChunkID>) throws -> T
     ) throws -> T {
+        // One sweep of a database at a time: a second one's `start` would find the first's hook.
+        sweeping.lock()
+        defer { sweeping.unlock() }
         let watch = ReferenceWatch()
         let rewrites = connections.rewrites.load(ordering: .sequentiallyConsistent)
         let started = connections.writeWithoutTransaction { db in db.sqliteConnection.map { watch.start(on: $0) } ?? false }
@@ -103,7 +106,7 @@ final class ReferenceWatch {
     /// The rows written, by table.
     private(set) var written: [String: Set<Int64>] = [:]
     private var count = 0
-    /// True once more than `maxRows` rows were written (those past it are not noted).
+    /// True once more than `maxRows` distinct rows were written (those past it are not noted).
     private(set) var overflowed = false
 
     /// Starts noting the rows written on `connection`; false (and nothing started) when it already has an update hook.
@@ -128,12 +131,11 @@ final class ReferenceWatch {
         guard !overflowed else { return }
         let name = String(cString: table)
         guard Self.tables.contains(name) else { return }
+        guard written[name, default: []].insert(rowid).inserted else { return }
         count += 1
-        guard count <= Self.maxRows else {
+        if count > Self.maxRows {
             overflowed = true
             written = [:]
-            return
         }
-        written[name, default: []].insert(rowid)
     }
 }

@@ -40,6 +40,8 @@ public final class BlazeDatabase: Sendable {
     let sealing = Mutex<Void>(())
     /// Decoded states of documents the writer wrote lately, checked against their rows' texts before use.
     let stateCache: StateCache
+    /// Held by a sweep of the chunk store through both its steps (`withReferencedBlobs`): one at a time.
+    let sweeping = NSLock()
 
     init(name: String, path: String, limits: StoreLimits, node: NodeID, metrics: StoreMetrics? = nil) throws {
         self.metrics = metrics
