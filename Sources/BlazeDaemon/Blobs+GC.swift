@@ -67,8 +67,8 @@ extension Blobs {
     /// The chunks `blobs` use: each blob's own (manifest) chunk and, where its manifest is held here, every piece it
     /// lists. A blob not held here (not fetched yet, or a hex string that names no blob) adds only itself; a held
     /// chunk that is not a manifest (a content chunk's id written in a document) only itself. One that starts as a
-    /// manifest but does not decode (a damaged file) throws: its chunks are not known, so none may go.
-    /// Adds to `unread` the blobs whose manifest is not held.
+    /// manifest but does not decode (a damaged file) throws: its chunks are not known, so none may go. The blobs whose
+    /// manifest is not held are added to `unread`.
     static func chunks(of blobs: Set<ChunkID>, reader: BlobReader, store: ChunkStore, unread: inout Set<ChunkID>) throws -> Set<ChunkID> {
         var keep = Set<ChunkID>()
         for blob in blobs {

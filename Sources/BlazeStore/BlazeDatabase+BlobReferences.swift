@@ -18,8 +18,8 @@ extension BlazeDatabase {
     ///
     /// The ids are each run of exactly 64 lowercase hex digits in a row that mentions `$blob`, wherever a reference
     /// can be held (`blobReferencePlaces`), and the blobs pinned here: more than the references, never fewer. Every
-    /// row the writer writes after the snapshot is noted (`ReferenceWatch`, started before the snapshot is taken), so what
-    /// `finish` gets covers each row inserted or updated since in the watched tables, the unwatched ones read whole;
+    /// row the writer writes after the snapshot is noted (`ReferenceWatch`, started before the snapshot is taken), so
+    /// what `finish` gets covers each row inserted or updated since in the watched tables, the others read whole;
     /// a rewrite of the file since (`VACUUM`, which may renumber rows) or more rows than the watch keeps make it every
     /// reference, read then. No commit adds a reference before `finish` returns, so a sweep that removes only what
     /// neither step was given cannot race a document that starts referring to it.
