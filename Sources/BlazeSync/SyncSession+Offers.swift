@@ -1,6 +1,7 @@
 import BlazeBlob
 import BlazeCrypto
 import BlazeProtocol
+import BlazeStore
 import BlazeWire
 import Foundation
 import NIOCore
@@ -40,7 +41,7 @@ extension SyncSession {
         // none at all, has nothing new to offer (unless the relay is due to be told what is held again).
         if let store = engine.chunkStores.opened(for: link.db) {
             guard store.generation != offeredGeneration || keepDue else { return }
-        } else if offerNoStore {
+        } else if offerNoStore && !keepDue {
             return
         }
         let now = NIODeadline.now()
@@ -57,45 +58,131 @@ extension SyncSession {
         }
         lastListing = now
         listingOffers = true
-        let (db, stores, listed) = (link.db, engine.chunkStores, keepDue ? nil : offeredGeneration)
+        let (db, stores, keep) = (link.db, engine.chunkStores, keepDue)
+        // A relay that refused a `CHUNK_KEEP` (an older version) is told nothing, so nothing is read for it.
+        let refers = keep && !engine.withoutChunkKeep.withLock { $0.contains(link.device.nodeIDHex) }
+        let listed = keep ? nil : offeredGeneration
         let (engine, bound) = (self.engine, NIOLoopBound((self, context), eventLoop: context.eventLoop))
-        engine.chunkPool.runIfActive(eventLoop: context.eventLoop) { () throws -> (Int, [ChunkID])? in
+        engine.chunkPool.runIfActive(eventLoop: context.eventLoop) { () throws -> Listing? in
             // A database that never held a blob has no store: nothing to offer, and none is made for it here.
-            guard FileManager.default.fileExists(atPath: ChunkStores.directory(of: db)) else { return nil }
-            let store = try stores.store(for: db)
+            let store = FileManager.default.fileExists(atPath: ChunkStores.directory(of: db)) ? try stores.store(for: db) : nil
+            let referred = refers ? try Self.referredChunks(db: db, store: store) : nil
+            guard let store else { return keep ? Listing(generation: nil, held: [], referred: referred) : nil }
             let generation = store.generation
             guard generation != listed else { return nil }
-            return (generation, store.all())
+            return Listing(generation: generation, held: store.all(), referred: referred)
         }
         .whenComplete { result in
             let (session, context) = bound.value
             session.listingOffers = false
-            if case .success(nil) = result, engine.chunkStores.opened(for: db) == nil { session.offerNoStore = true }
-            guard case .success(let (generation, ids)?) = result, !session.closed else { return }
+            if case .success(let listing) = result, listing?.generation == nil, engine.chunkStores.opened(for: db) == nil {
+                session.offerNoStore = true
+            }
+            guard case .success(let listing?) = result, !session.closed else { return }
+            if keep {
+                session.keepHeld(Array(Set(listing.held).union(listing.referred?.named ?? [])), context: context)
+                session.keepUnheld(listing.referred?.unheld ?? [], context: context)
+            }
+            guard let generation = listing.generation else { return }
             session.offeredGeneration = generation
-            if session.keepDue { session.keepHeld(ids, context: context) }
-            session.offerList = ids.filter { !session.offered.contains($0) }
+            session.offerList = listing.held.filter { !session.offered.contains($0) }
             if !session.offerList.isEmpty { session.offerChunks(context: context) }
         }
     }
 
-    /// Tells the relay every chunk this device holds (`ids`), so it keeps them (renewing their leases, those fetched
-    /// from it too), and again after `keepInterval`; never a relay that refused the message before (an older
-    /// version: `SyncSession.channelRead`).
-    func keepHeld(_ ids: [ChunkID], context: ChannelHandlerContext) {
-        guard let link else { return }
-        keepDue = false
-        guard !engine.withoutChunkKeep.withLock({ $0.contains(link.device.nodeIDHex) }) else { return }
-        if !ids.isEmpty { sentChunkKeep = true }
-        for start in stride(from: 0, to: ids.count, by: PeerMessage.maxChunkKeep) {
-            send(.chunkKeep(Array(ids[start..<min(ids.count, start + PeerMessage.maxChunkKeep)])), context: context)
+    /// What one listing for a relay found: the chunk store's generation and the chunks held (no generation: the
+    /// database has no store), and when the relay is due to be told what to keep, what the documents refer to.
+    struct Listing: Sendable {
+        let generation: Int?
+        let held: [ChunkID]
+        let referred: Referred?
+    }
+
+    /// The chunks a database's live documents refer to that this device can name: every blob's manifest, and the
+    /// pieces of each manifest held here (`named`); and the blobs whose manifest is not held here (`unheld`, at most
+    /// `maxManifestsPerRound`).
+    struct Referred: Sendable {
+        let named: Set<ChunkID>
+        let unheld: [ChunkID]
+    }
+
+    /// The chunks `db`'s live documents refer to (see `Referred`), their manifests read from `store`.
+    static func referredChunks(db: BlazeDatabase, store: ChunkStore?) throws -> Referred {
+        let blobs = Set(try db.documentBlobReferences().map(\.reference.id))
+        var named = blobs
+        var unheld: [ChunkID] = []
+        let reader = store.map { BlobReader(store: $0, maxSize: .max) }
+        for blob in blobs {
+            // A manifest held but unreadable (damaged) names nothing; one not held is fetched to be read.
+            guard let reader, reader.store.contains(blob) else {
+                unheld.append(blob)
+                continue
+            }
+            guard let manifest = try? reader.manifest(blob) else { continue }
+            for piece in manifest.pieces { named.insert(piece.id) }
         }
+        // In no fixed order, so that blobs no device holds (or references made up by a member) cannot keep the same
+        // others waiting round after round.
+        return Referred(named: named, unheld: Array(unheld.shuffled().prefix(maxManifestsPerRound)))
+    }
+
+    /// Fetches the manifests of `blobs` (referred to here, not held), `manifestBatch` at a time, from whichever
+    /// devices hold them, and tells the relay the pieces those that arrived list: a blob that only devices not
+    /// holding its content still refer to stays on the relay while they connect (RELAY.md, "Leases").
+    func keepUnheld(_ blobs: [ChunkID], context: ChannelHandlerContext) {
+        guard let link, !closed, !blobs.isEmpty,
+            !engine.withoutChunkKeep.withLock({ $0.contains(link.device.nodeIDHex) })
+        else { return }
+        let batch = Array(blobs.prefix(Self.manifestBatch))
+        let rest = Array(blobs.dropFirst(batch.count))
+        let (db, engine, loop) = (link.db, self.engine, context.eventLoop)
+        let bound = NIOLoopBound((self, context), eventLoop: loop)
+        engine.fetchChunks(db: db, ids: batch, timeout: Self.manifestTimeout, waitForSource: false) { _ in
+            // Whichever arrived (one no source holds ends the fetch early: the rest wait for the next round).
+            engine.chunkPool.runIfActive(eventLoop: loop) { () throws -> [ChunkID] in
+                let reader = BlobReader(store: try engine.chunkStores.store(for: db), maxSize: .max)
+                var named: [ChunkID] = []
+                for blob in batch {
+                    guard let manifest = try? reader.manifest(blob) else { continue }
+                    named += manifest.pieces.map(\.id)
+                }
+                return Array(Set(named))
+            }
+            .whenComplete { result in
+                let (session, context) = bound.value
+                guard !session.closed else { return }
+                if case .success(let named) = result { session.sendKeep(named, context: context) }
+                session.keepUnheld(rest, context: context)
+            }
+        }
+    }
+
+    /// Manifests fetched at once by `keepUnheld`, how long one such fetch may take, and the most fetched in one round
+    /// (a connection, or `keepInterval` on a long one); the rest wait for the next.
+    static let manifestBatch = 256, maxManifestsPerRound = 10_000
+    static let manifestTimeout = TimeAmount.seconds(120)
+
+    /// Tells the relay every chunk this device holds or can name as referred to (`ids`), so it keeps them (renewing
+    /// their leases, those fetched from it too), and again after `keepInterval`; never a relay that refused the
+    /// message before (an older version: `SyncSession.channelRead`).
+    func keepHeld(_ ids: [ChunkID], context: ChannelHandlerContext) {
+        keepDue = false
+        sendKeep(ids, context: context)
         let bound = NIOLoopBound((self, context), eventLoop: context.eventLoop)
         keepTask = context.eventLoop.scheduleTask(in: Self.keepInterval) {
             let (session, context) = bound.value
             guard !session.closed else { return }
             session.keepDue = true
             session.offerChunks(context: context)
+        }
+    }
+
+    /// Sends `ids` in `CHUNK_KEEP` messages, unless the relay refused one before.
+    func sendKeep(_ ids: [ChunkID], context: ChannelHandlerContext) {
+        guard let link, !engine.withoutChunkKeep.withLock({ $0.contains(link.device.nodeIDHex) }) else { return }
+        if !ids.isEmpty { sentChunkKeep = true }
+        for start in stride(from: 0, to: ids.count, by: PeerMessage.maxChunkKeep) {
+            send(.chunkKeep(Array(ids[start..<min(ids.count, start + PeerMessage.maxChunkKeep)])), context: context)
         }
     }
 

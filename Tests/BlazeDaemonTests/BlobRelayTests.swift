@@ -118,6 +118,42 @@ import Testing
         _ = ca
     }
 
+    /// A blob that only devices without its content still refer to stays on the relay: the holder is gone for good,
+    /// and B, which never read the blob, fetches its manifest when the relay is due to be told what to keep, and
+    /// names every piece, so no lease runs out while B connects; the content itself stays on the relay.
+    @Test func aBlobOnlyDevicesWithoutItsContentReferToStaysOnTheRelay() throws {
+        let relay = try RelayProcess()
+        let a = try syncDaemon(), dirB = TempDir()
+        var b = try syncDaemon(dir: dirB)
+        defer {
+            a.stop()
+            b.stop()
+            relay.stop()
+        }
+        let ca = try a.connect()
+        var cb = try b.connect()
+        let resume = BlobResumeTests()
+        try resume.meetThroughRelay(a, ca, b, cb, relay)
+        let (id, chunks) = try resume.put(BlobDaemonTests().content(5_000_000, seed: 31), on: ca, dir: a.dir.path, doc: "film")
+        #expect(eventually(timeout: .seconds(60)) { (try? relayChunks(relay)) == Int(chunks) + 1 }, "the upload")
+        a.stop()
+        _ = try cb.call("peer.add", ["db": "team", "address": .string(relay.address)])
+        #expect(eventually(timeout: .seconds(30)) {
+            (try? cb.call("doc.get", ["db": "team", "collection": "files", "id": "film"]))?["doc"]?["file"]?["$blob"]?["id"] == id
+        })
+        // Leases that ran out long ago; B's next connection (after a restart) names the manifest and every piece.
+        try runSQL(relay, "UPDATE relay_chunk_leases SET kept_ms = 0")
+        #expect(try staleLeases(relay) == Int(chunks) + 1)
+        b.stop()
+        b = try syncDaemon(dir: dirB)
+        cb = try b.connect()
+        #expect(eventually(timeout: .seconds(60)) { (try? staleLeases(relay)) == 0 }, "B did not keep the blob it refers to")
+        let stat = try cb.call("blob.stat", ["db": "team", "blob": id])
+        #expect(stat["chunks"]?.intValue == chunks)
+        #expect(stat["heldChunks"]?.intValue == 0, "B fetched the content, not only the manifest")
+        #expect(try relayChunks(relay) == Int(chunks) + 1)
+    }
+
     @Test func strangersNeitherUploadNorLearnWhatTheRelayHolds() throws {
         let relay = try RelayProcess()
         let (a, ca, capability) = try sharedTeam(servedBy: relay)
