@@ -138,46 +138,44 @@ extension Methods {
     /// Creates the file at `path` (absolute, in an existing directory, not existing) with what `body` writes to its
     /// descriptor, so that it appears only complete and nothing is overwritten: written as an unnamed file in its
     /// directory (`O_TMPFILE`), synced, then linked to `path`, so a daemon stopped midway leaves nothing behind; where
-    /// the file system has no unnamed files, written to `path.partial` and linked from there.
-    static func writeNewFile(_ path: String, _ body: (Int32) throws -> Void) throws {
+    /// the file system has no unnamed files, written to `path.partial` and linked from there. The directory is opened
+    /// once and every step goes through that descriptor, so a directory renamed or replaced meanwhile cannot send the
+    /// file, its link or the sync of its name anywhere else. `unnamedIfPossible: false` takes the `.partial` way
+    /// (for tests, whose file systems all have unnamed files).
+    static func writeNewFile(_ path: String, unnamedIfPossible: Bool = true, _ body: (Int32) throws -> Void) throws {
         guard path.hasPrefix("/") else { throw StoreError(.invalidArgument, kind: "invalid_path", "path must be absolute, got \(path)") }
-        let partial = path + ".partial"
         let directory = (path as NSString).deletingLastPathComponent
         let parent = directory.isEmpty ? "/" : directory
-        // Linking an unnamed file takes its /proc/self/fd name.
-        var fd: Int32 = access("/proc/self/fd", F_OK) == 0 ? open(parent, O_WRONLY | O_CLOEXEC | unnamedFile, 0o600) : -1
-        let unnamed = fd >= 0
-        if !unnamed { fd = open(partial, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0o600) }
-        guard fd >= 0 else {
-            let code = errno
-            throw StoreError(
+        let name = (path as NSString).lastPathComponent, partial = name + ".partial"
+        func failure(_ what: String, _ code: Int32) -> StoreError {
+            StoreError(
                 code == EEXIST ? .alreadyExists : .invalidArgument, kind: code == EEXIST ? "file_exists" : "invalid_path",
-                "cannot create \(partial): \(String(cString: strerror(code)))")
+                "cannot create \(what): \(String(cString: strerror(code)))")
         }
+        let dir = open(parent, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
+        guard dir >= 0 else { throw failure(path, errno) }
+        defer { close(dir) }
+        // Linking an unnamed file takes its /proc/self/fd name.
+        var fd: Int32 = unnamedIfPossible && access("/proc/self/fd", F_OK) == 0 ? openat(dir, ".", O_WRONLY | O_CLOEXEC | unnamedFile, 0o600) : -1
+        let unnamed = fd >= 0
+        if !unnamed { fd = openat(dir, partial, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0o600) }
+        guard fd >= 0 else { throw failure(path + ".partial", errno) }
         var closed = false
         defer { if !closed { close(fd) } }
         do {
             try body(fd)
-            guard fsync(fd) == 0 else { throw ChunkStoreError.system("sync \(unnamed ? path : partial)", errno) }
+            guard fsync(fd) == 0 else { throw ChunkStoreError.system("sync \(unnamed ? path : path + ".partial")", errno) }
             let linked = unnamed
-                ? linkat(AT_FDCWD, "/proc/self/fd/\(fd)", AT_FDCWD, path, AT_SYMLINK_FOLLOW) : link(partial, path)
+                ? linkat(AT_FDCWD, "/proc/self/fd/\(fd)", dir, name, AT_SYMLINK_FOLLOW) : linkat(dir, partial, dir, name, 0)
             let code = errno
             closed = true
             close(fd)
-            guard linked == 0 else {
-                throw StoreError(
-                    code == EEXIST ? .alreadyExists : .invalidArgument, kind: code == EEXIST ? "file_exists" : "invalid_path",
-                    "cannot create \(path): \(String(cString: strerror(code)))")
-            }
-            if !unnamed { unlink(partial) }
+            guard linked == 0 else { throw failure(path, code) }
+            if !unnamed { unlinkat(dir, partial, 0) }
             // The new name is durable once its directory is synced.
-            let dir = open(parent, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
-            if dir >= 0 {
-                fsync(dir)
-                close(dir)
-            }
+            fsync(dir)
         } catch {
-            if !unnamed { unlink(partial) }
+            if !unnamed { unlinkat(dir, partial, 0) }
             throw Blobs.storeError(error)
         }
     }

@@ -95,8 +95,8 @@ public protocol RelayBackend: Sendable {
     func watch(_ onChange: @escaping @Sendable (RelayChange) -> Void) async
 }
 
-/// A copy of a chunk a relay served: its id and the first bytes of the copy (its header, with the synthetic nonce
-/// that tells two copies apart).
+/// A copy of a chunk a relay served: its id and the first bytes of the copy (its header, whose nonce, drawn at random
+/// for each sealing, tells two copies apart).
 public struct ChunkCopy: Sendable, Hashable {
     /// The chunk's id.
     public var id: ChunkID

@@ -14,7 +14,8 @@ import Synchronization
 /// - A source that says it lacks a chunk, sends a bad one or closes is not asked for that chunk again; the chunk goes
 ///   to the next source. A chunk that no attached source can still give fails its callers (`blob_unavailable`).
 /// - A source that does not answer within `askTimeout` is asked for nothing more meanwhile: the chunk stays owed by it
-///   (its late answer is still taken, and a new caller of the chunk waits for it) and is asked of another source too.
+///   (its late answer is still taken, and a new caller of the chunk waits for it) and is asked of another source too
+///   while a caller waits for it.
 /// - While no peer is attached (a link reconnecting), callers that wait for a source wait, up to their deadline
 ///   (`blob_fetch_timeout`).
 ///
@@ -239,11 +240,7 @@ final class ChunkFetcher: Sendable {
     /// Fails every caller with `error` and forgets every want (the engine is shutting down).
     func endAll(_ error: StoreError) {
         let ended: [Caller] = state.withLock { s in
-            defer {
-                s.callers = [:]
-                s.wants = [:]
-                s.unassigned = []
-            }
+            defer { (s.callers, s.wants, s.unassigned) = ([:], [:], []) }
             return Array(s.callers.values)
         }
         for caller in ended {
@@ -371,14 +368,16 @@ final class ChunkFetcher: Sendable {
         }
     }
 
-    /// Source `source` did not answer for `key` in time: it still owes the chunk, which is asked of another source.
+    /// Source `source` did not answer for `key` in time: it still owes the chunk, which is asked of another source
+    /// unless nobody waits for it any more (its get was cancelled or ran out of time).
     private func timedOut(_ key: Key, source: Int, round: Int) {
         var effects = Effects()
         state.withLock { s in
             guard var want = s.wants[key], let asked = want.asked, asked.source == source, asked.round == round else { return }
             s.timeouts += 1
             want.asked = nil
-            s.wants[key] = want
+            s.wants[key] = want.callers.isEmpty ? nil : want
+            guard !want.callers.isEmpty else { return }
             s.unassigned.append(key)
             schedule(&s, &effects)
         }

@@ -150,10 +150,24 @@ extension SyncEngine {
         }
     }
 
-    /// Removes the pending space of database `name` (dropped), with no blob keys being chosen meanwhile.
+    /// Removes the pending space of database `name` (dropped), with no blob keys being chosen meanwhile, and the blob
+    /// keys derived from it.
     func forgetPendingSpace(db name: String) {
-        blobKeyChoice.withLock { _ in PendingSpace.remove(directory: keysDirectory, db: name) }
+        blobKeyChoice.withLock { _ in
+            if let pending = try? PendingSpace.load(directory: keysDirectory, db: name) {
+                Self.forgetBlobKeys(space: MembershipOp.spaceID(creator: identity.publicKeys, salt: pending.salt))
+            }
+            PendingSpace.remove(directory: keysDirectory, db: name)
+        }
     }
+
+    /// Drops the blob keys derived for `space` (its database was dropped): no secret of it stays in memory.
+    static func forgetBlobKeys(space: SpaceID) {
+        _ = derivedBlobKeys.withLock { $0.removeValue(forKey: space) }
+    }
+
+    /// Whether blob keys derived for `space` are kept in memory (for tests).
+    static func holdsBlobKeys(space: SpaceID) -> Bool { derivedBlobKeys.withLock { $0[space] != nil } }
 
     /// Runs `body` (a share) with blob keys not being chosen meanwhile.
     func choosingSpace<T>(_ body: () throws -> T) throws -> T {

@@ -350,7 +350,10 @@ public final class SyncEngine: Sendable {
         status.forget(db: name)
         served.withLock { $0[name] = nil }
         snapshots.forget(db: name)
-        if let spaceID { SpaceKey.remove(directory: keysDirectory, idHex: spaceID) }
+        if let spaceID {
+            SpaceKey.remove(directory: keysDirectory, idHex: spaceID)
+            if let space = SpaceID(hex: spaceID) { Self.forgetBlobKeys(space: space) }
+        }
         forgetPendingSpace(db: name)
     }
 

@@ -154,7 +154,11 @@ extension BlobPeerWorkloads {
             try text.write(toFile: config, atomically: true, encoding: .utf8)
             // As root, sshd wants its privilege separation directory.
             if getuid() == 0 { try? FileManager.default.createDirectory(atPath: "/run/sshd", withIntermediateDirectories: true) }
-            command = "ssh -p \(port) -i \(directory)/client -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o LogLevel=ERROR -o BatchMode=yes"
+            // Only this sshd's host key is trusted: the probe below cannot log in to another server on the port.
+            let hostKey = try String(contentsOfFile: directory + "/host.pub", encoding: .utf8)
+            try "[127.0.0.1]:\(port) \(hostKey)".write(toFile: directory + "/known_hosts", atomically: true, encoding: .utf8)
+            command = "ssh -p \(port) -i \(directory)/client -o StrictHostKeyChecking=yes -o UserKnownHostsFile=\(directory)/known_hosts "
+                + "-o LogLevel=ERROR -o BatchMode=yes"
             process.executableURL = URL(fileURLWithPath: "/usr/sbin/sshd")
             process.arguments = ["-D", "-e", "-f", config]
             process.standardOutput = FileHandle.nullDevice

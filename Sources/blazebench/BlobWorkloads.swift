@@ -122,7 +122,17 @@ enum BlobWorkloads {
         let words: [String] = ["/bin/sh", "-c", command]
         let argv: [UnsafeMutablePointer<CChar>?] = words.map { strdup($0) } + [nil]
         defer { for arg in argv { free(arg) } }
-        guard posix_spawn(&pid, "/bin/sh", nil, nil, argv, environ) == 0 else { throw BenchFailure("BLOB: cannot run `\(command)`") }
+        // The shell starts with no signal blocked and every signal at its default action, whatever this process has.
+        var attributes = posix_spawnattr_t()
+        posix_spawnattr_init(&attributes)
+        defer { posix_spawnattr_destroy(&attributes) }
+        var none = sigset_t(), all = sigset_t()
+        sigemptyset(&none)
+        sigfillset(&all)
+        posix_spawnattr_setsigmask(&attributes, &none)
+        posix_spawnattr_setsigdefault(&attributes, &all)
+        posix_spawnattr_setflags(&attributes, Int16(POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF))
+        guard posix_spawn(&pid, "/bin/sh", nil, &attributes, argv, environ) == 0 else { throw BenchFailure("BLOB: cannot run `\(command)`") }
         var status: Int32 = 0
         while waitpid(pid, &status, 0) < 0 {
             guard errno == EINTR else { throw BenchFailure("BLOB: lost `\(command)`") }

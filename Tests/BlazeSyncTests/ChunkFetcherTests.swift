@@ -150,6 +150,22 @@ import Testing
         #expect(second.kind == "ok" && first.kind == nil)
     }
 
+    /// A chunk nobody waits for any more (its get was cancelled) is not asked of another source when the source
+    /// asked stays silent: the want goes at the ask's timeout, and the silent source still owes it.
+    @Test func aChunkNobodyWaitsForIsNotAskedAgainWhenItsSourceIsSilent() {
+        let fetcher = ChunkFetcher(group: group, askTimeout: .milliseconds(50))
+        let (a, b) = (Asked(), Asked())
+        let (ta, tb) = (fetcher.attach(db: "d", ask: a.ask), fetcher.attach(db: "d", ask: b.ask))
+        let id = ids(1)[0]
+        let token = fetcher.fetch(db: "d", ids: [id], timeout: .seconds(60), waitForSource: true, done: Outcome().done)
+        #expect(a.count + b.count == 1)
+        fetcher.cancel(token)
+        #expect(fetcher.wanted(db: "d", among: [id]) == 1, "asked already: it may still arrive")
+        #expect(eventually(timeout: .seconds(30)) { fetcher.asksTimedOut == 1 && fetcher.wanted(db: "d", among: [id]) == 0 })
+        #expect(a.count + b.count == 1, "a chunk nobody waits for was asked of another source")
+        #expect(fetcher.expects(ta, id) || fetcher.expects(tb, id))
+    }
+
     @Test func aFetchOfMoreThanAWindowIsRefusedAndAChunkStoredAfterItsSourceLeftStillCompletes() {
         let fetcher = ChunkFetcher(group: group, askTimeout: .seconds(60))
         let tooMany = Outcome()

@@ -112,6 +112,27 @@ final class Device: @unchecked Sendable {
         await d.close()
     }
 
+    /// Dropping a database drops the blob keys derived for it, shared or not: no secret of a dropped space stays in
+    /// memory, and the keys of the databases that remain stay.
+    @Test func droppingADatabaseDropsItsBlobKeys() async throws {
+        let d = try Device()
+        let local = try d.store.create("local")
+        let localKeys = try d.engine.blobKeys(db: local)
+        let shared = try d.store.create("team")
+        let space = try d.engine.share(db: shared).space
+        let sharedKeys = try d.engine.blobKeys(db: shared)
+        #expect(sharedKeys.space.hex == space)
+        #expect(SyncEngine.holdsBlobKeys(space: localKeys.space) && SyncEngine.holdsBlobKeys(space: sharedKeys.space))
+        try d.store.drop("local")
+        d.engine.forget(db: "local", spaceID: nil)
+        #expect(!SyncEngine.holdsBlobKeys(space: localKeys.space), "a dropped local database's blob keys stayed")
+        #expect(SyncEngine.holdsBlobKeys(space: sharedKeys.space))
+        try d.store.drop("team")
+        d.engine.forget(db: "team", spaceID: space)
+        #expect(!SyncEngine.holdsBlobKeys(space: sharedKeys.space), "a dropped shared database's blob keys stayed")
+        await d.close()
+    }
+
     /// With no peer connected, a shared database's changes are sealed soon after they commit, a whole batch at a
     /// time (one head each); the rest waits for a session, which seals it with a head of its own.
     @Test func changesAreSealedInTheBackgroundAWholeBatchAtATime() async throws {
