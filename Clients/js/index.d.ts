@@ -79,11 +79,11 @@ export type DbDropResult = { "db": DatabaseName; "dropped": true };
 /** Parameters of `db.backup`: Writes a consistent snapshot of a database to a new file through SQLite's online backup while writes go on. */
 export interface DbBackupParams { "db": DatabaseName; "path": string }
 /** Result of `db.backup`. */
-export type DbBackupResult = { "db": DatabaseName; "path": string; "bytes": number; "documents": number; "stateHash": string };
+export type DbBackupResult = { "db": DatabaseName; "path": string; "bytes": number; "documents": number; "stateHash": string; "chunks": number; "chunkBytes": number; "blobsNotHeld": number };
 /** Parameters of `db.restore`: Creates a new database from a file written by db.backup; the copy is local (detached from sync) until shared anew. */
 export interface DbRestoreParams { "path": string; "db": DatabaseName }
 /** Result of `db.restore`. */
-export type DbRestoreResult = { "db": DatabaseName; "documents": number; "stateHash": string };
+export type DbRestoreResult = { "db": DatabaseName; "documents": number; "stateHash": string; "chunks": number; "chunkBytes": number };
 /** Parameters of `db.compact`: Drops history no replica can need any more (Protocol/SYNC.md §11) and returns freed pages to the file system. */
 export interface DbCompactParams { "db": DatabaseName }
 /** Result of `db.compact`. */

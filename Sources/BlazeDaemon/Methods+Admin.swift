@@ -24,16 +24,24 @@ extension Methods {
 
     static let dbBackup = MethodHandler(RPC.DbBackup.self) { p, ctx in
         let db = try ctx.database(p.db)
-        let report = try db.backup(to: p.path)
-        ctx.logger.info("Backup written", metadata: ["db": "\(db.name)", "path": "\(report.path)", "bytes": "\(report.bytes)"])
+        let report = try db.backup(to: p.path, chunks: ctx.blobs.backupSource(db: db))
+        ctx.logger.info(
+            "Backup written",
+            metadata: [
+                "db": "\(db.name)", "path": "\(report.path)", "bytes": "\(report.bytes)", "chunks": "\(report.chunks.chunks)",
+                "blobsNotHeld": "\(report.chunks.blobsNotHeld)",
+            ])
         return .init(
-            db: db.name, path: report.path, bytes: Int(report.bytes), documents: report.documents, stateHash: report.stateHash)
+            db: db.name, path: report.path, bytes: Int(report.bytes), documents: report.documents, stateHash: report.stateHash,
+            chunks: report.chunks.chunks, chunkBytes: Int(report.chunks.bytes), blobsNotHeld: report.chunks.blobsNotHeld)
     }
 
     static let dbRestore = MethodHandler(RPC.DbRestore.self) { p, ctx in
-        let db = try ctx.store.restore(from: p.path, as: p.db)
+        let (db, chunks) = try ctx.store.restore(from: p.path, as: p.db, chunks: Blobs.restoreSink(path: ctx.store.path(p.db)))
         let summary = try db.summary()
-        ctx.logger.info("Database restored", metadata: ["db": "\(db.name)", "path": "\(p.path)"])
-        return .init(db: db.name, documents: summary.documents, stateHash: try db.stateHash())
+        ctx.logger.info("Database restored", metadata: ["db": "\(db.name)", "path": "\(p.path)", "chunks": "\(chunks.chunks)"])
+        return .init(
+            db: db.name, documents: summary.documents, stateHash: try db.stateHash(), chunks: chunks.chunks,
+            chunkBytes: Int(chunks.bytes))
     }
 }

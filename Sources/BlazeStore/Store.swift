@@ -48,7 +48,8 @@ public final class Store: Sendable {
         }
     }
 
-    func path(_ name: String) -> String { directory + "/databases/" + name + Self.fileSuffix }
+    /// The file of database `name`.
+    public func path(_ name: String) -> String { directory + "/databases/" + name + Self.fileSuffix }
 
     /// Bytes of database `name`'s file and its write-ahead log, as the file system reports them (0 for what is
     /// missing); reads no page.

@@ -21,8 +21,11 @@ public final class ChunkStores: Sendable {
     }
 
     /// The directory of `db`'s chunks.
-    public static func directory(of db: BlazeDatabase) -> String {
-        (db.path.hasSuffix(Store.fileSuffix) ? String(db.path.dropLast(Store.fileSuffix.count)) : db.path) + ".blobs"
+    public static func directory(of db: BlazeDatabase) -> String { directory(ofDatabaseAt: db.path) }
+
+    /// The directory of the chunks of the database whose file is `path`.
+    public static func directory(ofDatabaseAt path: String) -> String {
+        (path.hasSuffix(Store.fileSuffix) ? String(path.dropLast(Store.fileSuffix.count)) : path) + ".blobs"
     }
 
     /// The chunk store of `db`, opened (and created) on first use.

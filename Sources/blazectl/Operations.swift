@@ -104,13 +104,19 @@ extension DB {
         func run() throws {
             let target = absolutePath(path)
             let result = global.withConnection { c in
-                let size = try c.call(RPC.DbInfo(db: name)).sizeBytes
-                return try withProgress("backing up \(name)", watching: target + ".partial", total: Int64(size)) {
+                // The file, then the blob chunks held (those referred to are copied: at most all of them).
+                let info = try c.call(RPC.DbInfo(db: name))
+                return try withProgress("backing up \(name)", watching: target + ".partial", total: Int64(info.sizeBytes + info.blobs.bytes)) {
                     try c.call(RPC.DbBackup(db: name, path: target))
                 }
             }
             global.output(result.json) { _ in
-                print("backed up \(name) to \(path): \(documents(result.documents)), state \(result.stateHash.prefix(16))")
+                print("backed up \(name) to \(path): \(documents(result.documents)), state \(result.stateHash.prefix(16))"
+                    + (result.chunks > 0 ? ", \(result.chunks) blob chunks (\(result.chunkBytes) bytes)" : ""))
+                if result.blobsNotHeld > 0 {
+                    print("note: \(result.blobsNotHeld) blob(s) the documents refer to are not held whole on this device and are not "
+                        + "in the backup (blob.pin or blob get them first)")
+                }
             }
         }
     }
@@ -135,7 +141,8 @@ extension DB {
                 }
             }
             global.output(result.json) { _ in
-                print("restored \(result.db) from \(path): \(documents(result.documents)), state \(result.stateHash.prefix(16))")
+                print("restored \(result.db) from \(path): \(documents(result.documents)), state \(result.stateHash.prefix(16))"
+                    + (result.chunks > 0 ? ", \(result.chunks) blob chunks (\(result.chunkBytes) bytes)" : ""))
             }
         }
     }

@@ -69,8 +69,14 @@ final class NotifyListener {
         try p.run()
         defer { if p.isRunning { kill(p.processIdentifier, SIGKILL); p.waitUntilExit() } }
         #expect(eventually(timeout: .seconds(30)) { FileManager.default.fileExists(atPath: socketPath) }, "systemd-socket-activate listens")
-        // The first connection makes systemd-socket-activate exec blazed (same pid) with the socket as fd 3.
-        let c = try BlazeConnection(socketPath: socketPath, timeoutSeconds: 30)
+        // The first connection makes systemd-socket-activate exec blazed (same pid) with the socket as fd 3. The file
+        // appears when the socket is bound, a moment before it listens: a refused connection is tried again.
+        var connection: BlazeConnection?
+        #expect(eventually(timeout: .seconds(30)) {
+            connection = try? BlazeConnection(socketPath: socketPath, timeoutSeconds: 30)
+            return connection != nil
+        }, "the activated socket accepts a connection")
+        let c = try #require(connection)
         let info = try c.call("daemon.info")
         #expect(info["socket"] == .string(socketPath))
         #expect(info["pid"] == .int(Int64(p.processIdentifier)))

@@ -151,12 +151,22 @@ class DbBackupResult(TypedDict):
     bytes: int
     documents: int
     stateHash: str
+    # blob chunks the backup holds (manifests and pieces, each once)
+    chunks: int
+    # their content's bytes
+    chunkBytes: int
+    # blobs the live documents refer to that this device does not hold whole: their missing chunks are not in the backup
+    blobsNotHeld: int
 
 
 class DbRestoreResult(TypedDict):
     db: str
     documents: int
     stateHash: str
+    # blob chunks restored into the new database's chunk store
+    chunks: int
+    # their content's bytes
+    chunkBytes: int
 
 
 class DbCompactResult(TypedDict):

@@ -227,7 +227,7 @@ def test_every_method_succeeds_and_fails_as_documented(client, daemon):
     err(c, "db.backup", -32602, "invalid_path", db="app", path="relative.backup")
     err(c, "db.backup", -32010, "database_not_found", db="missing", path=backup_path + "2")
     restored = ok(c, "db.restore", path=backup_path, db="app_copy")
-    assert restored == {"db": "app_copy", "documents": 2, "stateHash": info["stateHash"]}
+    assert restored == {"db": "app_copy", "documents": 2, "stateHash": info["stateHash"], "chunks": 0, "chunkBytes": 0}
     err(c, "db.restore", -32011, "database_exists", path=backup_path, db="app_copy")
     err(c, "db.restore", -32010, "file_not_found", path=backup_path + ".none", db="other")
     err(c, "db.restore", -32602, path=backup_path)

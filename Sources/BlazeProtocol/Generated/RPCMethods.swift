@@ -1111,14 +1111,23 @@ public enum RPC {
             public var documents: Int
             /// `stateHash`.
             public var stateHash: String
+            /// blob chunks the backup holds (manifests and pieces, each once)
+            public var chunks: Int
+            /// their content's bytes
+            public var chunkBytes: Int
+            /// blobs the live documents refer to that this device does not hold whole: their missing chunks are not in the backup
+            public var blobsNotHeld: Int
 
             /// A value from its members.
-            public init(db: String, path: String, bytes: Int, documents: Int, stateHash: String) {
+            public init(db: String, path: String, bytes: Int, documents: Int, stateHash: String, chunks: Int, chunkBytes: Int, blobsNotHeld: Int) {
                 self.db = db
                 self.path = path
                 self.bytes = bytes
                 self.documents = documents
                 self.stateHash = stateHash
+                self.chunks = chunks
+                self.chunkBytes = chunkBytes
+                self.blobsNotHeld = blobsNotHeld
             }
 
             /// Reads the value from JSON.
@@ -1129,6 +1138,9 @@ public enum RPC {
                 self.bytes = try RPCDecode.member(o, "bytes", RPCDecode.int)
                 self.documents = try RPCDecode.member(o, "documents", RPCDecode.int)
                 self.stateHash = try RPCDecode.member(o, "stateHash", RPCDecode.string)
+                self.chunks = try RPCDecode.member(o, "chunks", RPCDecode.int)
+                self.chunkBytes = try RPCDecode.member(o, "chunkBytes", RPCDecode.int)
+                self.blobsNotHeld = try RPCDecode.member(o, "blobsNotHeld", RPCDecode.int)
             }
 
             /// The value's JSON form.
@@ -1138,12 +1150,15 @@ public enum RPC {
 
             /// The members of the JSON form.
             public var jsonObject: [String: JSONValue] {
-                var o = [String: JSONValue](minimumCapacity: 5)
+                var o = [String: JSONValue](minimumCapacity: 8)
                 o["db"] = .string(self.db)
                 o["path"] = .string(self.path)
                 o["bytes"] = .int(Int64(self.bytes))
                 o["documents"] = .int(Int64(self.documents))
                 o["stateHash"] = .string(self.stateHash)
+                o["chunks"] = .int(Int64(self.chunks))
+                o["chunkBytes"] = .int(Int64(self.chunkBytes))
+                o["blobsNotHeld"] = .int(Int64(self.blobsNotHeld))
                 return o
             }
         }
@@ -1197,12 +1212,18 @@ public enum RPC {
             public var documents: Int
             /// `stateHash`.
             public var stateHash: String
+            /// blob chunks restored into the new database's chunk store
+            public var chunks: Int
+            /// their content's bytes
+            public var chunkBytes: Int
 
             /// A value from its members.
-            public init(db: String, documents: Int, stateHash: String) {
+            public init(db: String, documents: Int, stateHash: String, chunks: Int, chunkBytes: Int) {
                 self.db = db
                 self.documents = documents
                 self.stateHash = stateHash
+                self.chunks = chunks
+                self.chunkBytes = chunkBytes
             }
 
             /// Reads the value from JSON.
@@ -1211,6 +1232,8 @@ public enum RPC {
                 self.db = try RPCDecode.member(o, "db", RPCDecode.string)
                 self.documents = try RPCDecode.member(o, "documents", RPCDecode.int)
                 self.stateHash = try RPCDecode.member(o, "stateHash", RPCDecode.string)
+                self.chunks = try RPCDecode.member(o, "chunks", RPCDecode.int)
+                self.chunkBytes = try RPCDecode.member(o, "chunkBytes", RPCDecode.int)
             }
 
             /// The value's JSON form.
@@ -1220,10 +1243,12 @@ public enum RPC {
 
             /// The members of the JSON form.
             public var jsonObject: [String: JSONValue] {
-                var o = [String: JSONValue](minimumCapacity: 3)
+                var o = [String: JSONValue](minimumCapacity: 5)
                 o["db"] = .string(self.db)
                 o["documents"] = .int(Int64(self.documents))
                 o["stateHash"] = .string(self.stateHash)
+                o["chunks"] = .int(Int64(self.chunks))
+                o["chunkBytes"] = .int(Int64(self.chunkBytes))
                 return o
             }
         }
