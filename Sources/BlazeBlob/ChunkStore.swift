@@ -230,6 +230,15 @@ public final class ChunkStore: Sendable {
         return true
     }
 
+    /// Pins chunk `id` in `pins` when it is held here (a sweep leaves it until the pins go); false when it is not.
+    public func pin(_ id: ChunkID, into pins: ChunkPins) -> Bool {
+        sweepLock.withLock { pinned in
+            guard contains(id) else { return false }
+            if pins.add(id) { pinned[id, default: 0] += 1 }
+            return true
+        }
+    }
+
     /// Releases pins of `ids` (a put under way ended).
     func unpin(_ ids: [ChunkID]) {
         sweepLock.withLock { pinned in
@@ -376,19 +385,4 @@ public struct ChunkStoreError: Error, Sendable, CustomStringConvertible {
     public static func system(_ what: String, _ code: Int32) -> ChunkStoreError {
         ChunkStoreError("cannot \(what): \(String(cString: strerror(code)))", reason: .system(code))
     }
-}
-
-/// The chunks one put under way stored or found held (`BlobWriter`): pinned in their store, so that a sweep leaves
-/// them, until this is released (when the last copy of the writer holding it goes).
-public final class ChunkPins: Sendable {
-    private let store: ChunkStore
-    private let ids = Mutex<Set<ChunkID>>([])
-
-    /// No pins yet, in `store`.
-    public init(store: ChunkStore) { self.store = store }
-
-    /// Records `id`; false when it was pinned already (by these pins).
-    func add(_ id: ChunkID) -> Bool { ids.withLock { $0.insert(id).inserted } }
-
-    deinit { store.unpin(Array(ids.withLock { $0 })) }
 }

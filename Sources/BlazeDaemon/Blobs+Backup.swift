@@ -8,52 +8,102 @@ import Foundation
 /// snapshot refers to, and a restore puts them into the restored database's chunk store before the database appears.
 extension Blobs {
     /// The chunks a backup of `db` copies (`BackupChunks.Source`): of the blobs the snapshot may refer to, each
-    /// manifest held here and the pieces it lists that are held, each once; nil when `db` never held a blob. Counts
-    /// the blobs its live documents refer to that are not held whole here (their missing chunks are not in the
-    /// backup: a device that fetches lazily holds only what it read).
-    func backupSource(db: BlazeDatabase) -> BackupChunks.Source? {
-        guard FileManager.default.fileExists(atPath: ChunkStores.directory(of: db)) else { return nil }
-        let stores = self.stores
-        return { blobs, write in
-            let store = try stores.store(for: db)
-            let reader = BlobReader(store: store, maxSize: .max)
-            var written = Set<ChunkID>(), whole = Set<ChunkID>()
-            // The ids are every one a row that mentions a blob holds (more than the references): those that name no
-            // manifest held here are passed over.
-            for blob in blobs.sorted(by: { $0.hex < $1.hex }) {
-                guard let manifest = try? reader.manifest(blob), let bytes = try store.read(blob) else { continue }
-                try write(blob, bytes)
-                written.insert(blob)
-                var complete = true
-                for piece in manifest.pieces where !written.contains(piece.id) {
-                    guard let content = try store.read(piece.id) else {
-                        complete = false
-                        continue
-                    }
-                    try write(piece.id, content)
-                    written.insert(piece.id)
-                }
-                if complete { whole.insert(blob) }
-            }
-            let referred = Set(try db.documentBlobReferences().map(\.reference.id))
-            return referred.subtracting(whole).count
+    /// manifest held here and the pieces it lists that are held, each once, pinned in the chunk store from `prepare`
+    /// until the copy is done. Counts the blobs its live documents refer to that are not held whole here (their
+    /// missing chunks are not in the backup: a device that fetches lazily holds only what it read).
+    func backupSource(db: BlazeDatabase) -> BackupChunks.Source {
+        /// What `prepare` kept for `copy`: used by one backup, on its thread, one step after the other.
+        final class Kept: @unchecked Sendable {
+            var store: ChunkStore?
+            var pins: ChunkPins?
+            var ids: [ChunkID] = []
         }
+        let (stores, kept) = (self.stores, Kept())
+        return BackupChunks.Source(
+            prepare: { blobs, referred in
+                // A database that never held a blob has no store, and none is made for it here.
+                guard FileManager.default.fileExists(atPath: ChunkStores.directory(of: db)) else { return referred.count }
+                let store = try stores.store(for: db)
+                let (reader, pins) = (BlobReader(store: store, maxSize: .max), ChunkPins(store: store))
+                var listed = Set<ChunkID>(), whole = Set<ChunkID>()
+                // The ids are every one a row that mentions a blob holds (more than the references): those that name
+                // no manifest held here are passed over. A chunk used twice (a piece of one blob may be another's
+                // manifest) is kept once.
+                for blob in blobs {
+                    guard let manifest = try? reader.manifest(blob) else { continue }
+                    var complete = true
+                    for id in [blob] + manifest.pieces.map(\.id) where !listed.contains(id) {
+                        guard store.pin(id, into: pins) else {
+                            complete = false
+                            continue
+                        }
+                        listed.insert(id)
+                        kept.ids.append(id)
+                    }
+                    if complete { whole.insert(blob) }
+                }
+                (kept.store, kept.pins) = (store, pins)
+                return referred.subtracting(whole).count
+            },
+            copy: { write in
+                defer { (kept.store, kept.pins, kept.ids) = (nil, nil, []) }
+                guard let store = kept.store else { return }
+                for id in kept.ids {
+                    let content: [UInt8]?
+                    do {
+                        content = try store.read(id)
+                    } catch {
+                        throw ChunkStores.storeError(error)
+                    }
+                    // Pinned since `prepare`: a chunk gone meanwhile was removed by hand, and the backup would lack it.
+                    guard let content else {
+                        throw StoreError(.internalFailure, kind: "io_error", "chunk \(id) disappeared from the chunk store during the backup")
+                    }
+                    try write(id, content)
+                }
+            })
     }
 
-    /// Where a restore of a database named `name` (whose file will be `path`) puts its backup's chunks: the chunk
-    /// store that database will have, made on the first chunk and removed again if the restore fails (unless it was
-    /// there before).
+    /// Where a restore of the database whose file will be `path` puts its backup's chunks: a directory beside the
+    /// chunk store that database will have (`NAME.blobs.restoring-RANDOM`), made on the first chunk and moved into
+    /// place by `finish`, just before the database file is; `discard` removes whichever of the two this restore made.
+    /// A `NAME.blobs` already there belongs to no database (the name is free): it is replaced.
     static func restoreSink(path: String) -> BackupChunks.Sink {
         let directory = ChunkStores.directory(ofDatabaseAt: path)
-        let existed = FileManager.default.fileExists(atPath: directory)
+        let staging = directory + restoringInfix + UUID().uuidString
         var store: ChunkStore?
+        var moved = false
         return BackupChunks.Sink(
             maximum: Chunker.Sizes.standard.maximum,
             put: { id, content in
-                let opened = try store ?? ChunkStore(directory: directory)
-                store = opened
-                _ = try opened.put(id, content)
+                do {
+                    let opened = try store ?? ChunkStore(directory: staging)
+                    store = opened
+                    _ = try opened.put(id, content)
+                } catch {
+                    throw ChunkStores.storeError(error)
+                }
             },
-            discard: { if !existed { try? FileManager.default.removeItem(atPath: directory) } })
+            finish: {
+                guard store != nil else { return }
+                try? FileManager.default.removeItem(atPath: directory)
+                guard rename(staging, directory) == 0 else {
+                    throw StoreError(
+                        .internalFailure, kind: "io_error", "cannot move \(staging) to \(directory): \(String(cString: strerror(errno)))")
+                }
+                moved = true
+            },
+            discard: { try? FileManager.default.removeItem(atPath: moved ? directory : staging) })
+    }
+
+    /// What the name of a restore's chunk directory holds until it is moved into place.
+    static let restoringInfix = ".restoring-"
+
+    /// Removes the chunk directories of restores that never finished (the daemon stopped midway) from `databases`.
+    static func removeUnfinishedRestores(in databases: String) {
+        for name in (try? FileManager.default.contentsOfDirectory(atPath: databases)) ?? []
+        where name.contains(".blobs" + restoringInfix) {
+            try? FileManager.default.removeItem(atPath: databases + "/" + name)
+        }
     }
 }

@@ -66,6 +66,7 @@ public final class Daemon: Service, Sendable {
         self.blobs = Blobs(
             maxBlobBytes: config.maxBlobBytes, stores: sync.chunkStores, pool: pool, isOpen: { [connections] in connections.isOpen($0) })
         self.prefetcher = BlobPrefetcher(blobs: blobs, sync: sync, store: store, logger: logger)
+        Blobs.removeUnfinishedRestores(in: config.dataDirectory + "/databases")
         if let name = config.defaultDatabase, (try? store.database(name)) == nil {
             _ = try store.create(name)
         }

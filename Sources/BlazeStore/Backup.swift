@@ -39,10 +39,12 @@ extension BlazeDatabase {
                 "\(partial) exists: another backup to \(path) is running, or an interrupted one left it (remove it)")
         }
         var report = BackupReport(path: path, bytes: 0, documents: 0, stateHash: "")
-        // No chunk the snapshot's blobs use is swept before it is copied.
+        // No chunk the snapshot's blobs use is swept before `prepare` keeps it (the lock is held from before the
+        // snapshot until then; sweeps run again while the chunks are copied).
         if chunks != nil { sweeping.lock() }
-        defer { if chunks != nil { sweeping.unlock() } }
-        var blobs = Set<ChunkID>()
+        var locked = chunks != nil
+        defer { if locked { sweeping.unlock() } }
+        var (blobs, referred) = (Set<ChunkID>(), Set<ChunkID>())
         do {
             try connections.read { db in
                 let target = try DatabaseQueue(path: partial)
@@ -53,11 +55,18 @@ extension BlazeDatabase {
                 try target.close()
                 report.stateHash = try Self.stateHash(db)
                 report.documents = try Int.fetchOne(db, sql: "SELECT count(*) FROM docs") ?? 0
-                if chunks != nil { blobs = try Self.referencedBlobs(db) }
+                if chunks != nil {
+                    blobs = try Self.referencedBlobs(db)
+                    referred = Set(try Self.documentBlobReferences(db).map(\.reference.id))
+                }
             }
             if let chunks {
+                let notHeld = try chunks.prepare(blobs, referred)
+                sweeping.unlock()
+                locked = false
                 let target = try DatabaseQueue(path: partial)
-                report.chunks = try BackupChunks.write(blobs, into: target, from: chunks)
+                report.chunks = try BackupChunks.write(into: target, from: chunks)
+                report.chunks.blobsNotHeld = notHeld
                 try target.close()
             }
             try Self.syncFile(partial)
@@ -217,10 +226,13 @@ extension Store {
             try target.close()
             if let chunks { installed = try source.read { db in try BackupChunks.read(db, path: backupPath, into: chunks) } }
             try BlazeDatabase.syncFile(partial)
+            try chunks?.finish()
             guard link(partial, path) == 0 else {
                 throw StoreError(.alreadyExists, kind: "database_exists", "database \(Names.quoted(name)) already exists")
             }
             unlink(partial)
+            // The new names (the file, and the chunk directory moved beside it) are durable once the directory is.
+            try? BlazeDatabase.syncFile((path as NSString).deletingLastPathComponent)
         } catch {
             for suffix in ["", "-journal", "-wal", "-shm"] { unlink(partial + suffix) }
             chunks?.discard()

@@ -125,15 +125,18 @@ extension BlazeDatabase {
     /// The blobs the live documents refer to, with the collections they are referred to from, read from a snapshot.
     /// Each document's text is parsed once; documents that do not mention `$blob` are not read.
     public func documentBlobReferences() throws -> [(collection: String, reference: BlobReference)] {
-        try read { db in
-            var out: [(String, BlobReference)] = []
-            let rows = try Row.fetchCursor(db, sql: "SELECT collection, body FROM docs WHERE instr(body, '$blob') > 0")
-            while let row = try rows.next() {
-                let collection: String = row[0]
-                let body: String = row[1]
-                for reference in BlobReference.all(inDocument: body) { out.append((collection, reference)) }
-            }
-            return out
+        try read { db in try Self.documentBlobReferences(db) }
+    }
+
+    /// `documentBlobReferences()`, read from `db`.
+    static func documentBlobReferences(_ db: Database) throws -> [(collection: String, reference: BlobReference)] {
+        var out: [(String, BlobReference)] = []
+        let rows = try Row.fetchCursor(db, sql: "SELECT collection, body FROM docs WHERE instr(body, '$blob') > 0")
+        while let row = try rows.next() {
+            let collection: String = row[0]
+            let body: String = row[1]
+            for reference in BlobReference.all(inDocument: body) { out.append((collection, reference)) }
         }
+        return out
     }
 }
