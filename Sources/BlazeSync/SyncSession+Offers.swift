@@ -5,6 +5,7 @@ import BlazeStore
 import BlazeWire
 import Foundation
 import NIOCore
+import Synchronization
 
 /// Leaving blob chunks on a relay (SYNC.md §12, "Relays"): a device offers the relays it dialed the chunks it holds,
 /// so a device that is never online at the same time can fetch them there. One offer of up to 16 ids at a time; the
@@ -13,6 +14,9 @@ import NIOCore
 /// ones as the store changes (a put, a fetch from elsewhere; listed at most every `relistInterval`), and those the
 /// relay could not take yet again after a pause that doubles while nothing is taken. The chunks go sealed, as to any
 /// peer: the relay learns their sizes (to within 4 KiB) and ids, never their content.
+/// What each database's documents referred to when last read for a relay (`SyncSession.referredChunks`), by file.
+private let lastReferred = Mutex<[String: (db: ObjectIdentifier, generation: Int?, at: NIODeadline, referred: SyncSession.Referred)]>([:])
+
 extension SyncSession {
     /// The shortest time between two listings of the chunk store for one relay.
     static let relistInterval = TimeAmount.seconds(5)
@@ -66,7 +70,7 @@ extension SyncSession {
         engine.chunkPool.runIfActive(eventLoop: context.eventLoop) { () throws -> Listing? in
             // A database that never held a blob has no store: nothing to offer, and none is made for it here.
             let store = FileManager.default.fileExists(atPath: ChunkStores.directory(of: db)) ? try stores.store(for: db) : nil
-            let referred = refers ? try Self.referredChunks(db: db, store: store) : nil
+            let referred = refers ? try Self.referredChunks(db: db, store: store, generation: store?.generation) : nil
             guard let store else { return keep ? Listing(generation: nil, held: [], referred: referred) : nil }
             let generation = store.generation
             guard generation != listed else { return nil }
@@ -106,13 +110,21 @@ extension SyncSession {
         let unheld: [ChunkID]
     }
 
-    /// The chunks `db`'s live documents refer to (see `Referred`), their manifests read from `store`.
-    static func referredChunks(db: BlazeDatabase, store: ChunkStore?) throws -> Referred {
+    /// The chunks `db`'s live documents refer to (see `Referred`), their manifests read from `store` (at
+    /// `generation`). Read again at most every `referredReuse` while the store does not change: every relay
+    /// connection asks, and reading means parsing every document that mentions a blob.
+    static func referredChunks(db: BlazeDatabase, store: ChunkStore?, generation: Int?) throws -> Referred {
+        let now = NIODeadline.now()
+        if let last = lastReferred.withLock({ $0[db.path] }), last.db == ObjectIdentifier(db), last.generation == generation,
+            now < last.at + referredReuse
+        {
+            return last.referred
+        }
         let blobs = Set(try db.documentBlobReferences().map(\.reference.id))
         var named = blobs
         var unheld: [ChunkID] = []
         let reader = store.map { BlobReader(store: $0, maxSize: .max) }
-        for blob in blobs {
+        for blob in blobs where named.count < maxNamed {
             // A manifest held but unreadable (damaged) names nothing; one not held is fetched to be read.
             guard let reader, reader.store.contains(blob) else {
                 unheld.append(blob)
@@ -123,8 +135,15 @@ extension SyncSession {
         }
         // In no fixed order, so that blobs no device holds (or references made up by a member) cannot keep the same
         // others waiting round after round.
-        return Referred(named: named, unheld: Array(unheld.shuffled().prefix(maxManifestsPerRound)))
+        let referred = Referred(named: named, unheld: Array(unheld.shuffled().prefix(maxManifestsPerRound)))
+        // Kept only while small: a library of millions of chunks is read again rather than held for ten minutes.
+        lastReferred.withLock { $0[db.path] = named.count <= 1 << 16 ? (ObjectIdentifier(db), generation, now, referred) : nil }
+        return referred
     }
+
+    /// How long what a database's documents refer to is reused, and the most chunk ids named from them (32 MiB of
+    /// `CHUNK_KEEP`s; a made-up manifest can list a hundred thousand pieces).
+    static let referredReuse = TimeAmount.minutes(10), maxNamed = 1 << 20
 
     /// Fetches the manifests of `blobs` (referred to here, not held), `manifestBatch` at a time, from whichever
     /// devices hold them, and tells the relay the pieces those that arrived list: a blob that only devices not
@@ -158,8 +177,9 @@ extension SyncSession {
     }
 
     /// Manifests fetched at once by `keepUnheld`, how long one such fetch may take, and the most fetched in one round
-    /// (a connection, or `keepInterval` on a long one); the rest wait for the next.
-    static let manifestBatch = 256, maxManifestsPerRound = 10_000
+    /// (a connection, or `keepInterval` on a long one); the rest wait for the next. A reference made up by a member
+    /// may name any chunk, so a round may fetch up to that many chunks of content.
+    static let manifestBatch = 256, maxManifestsPerRound = 1_000
     static let manifestTimeout = TimeAmount.seconds(120)
 
     /// Tells the relay every chunk this device holds or can name as referred to (`ids`), so it keeps them (renewing
