@@ -64,13 +64,15 @@ extension Blobs {
             })
     }
 
-    /// Where a restore of the database whose file will be `path` puts its backup's chunks: a directory beside the
-    /// chunk store that database will have (`NAME.blobs.restoring-RANDOM`), made on the first chunk and moved into
-    /// place by `finish`, just before the database file is; `discard` removes whichever of the two this restore made.
-    /// A `NAME.blobs` already there belongs to no database (the name is free): it is replaced.
+    /// Where a restore of the database whose file will be `path` puts its backup's chunks: a directory beside it that
+    /// no database name can give (`.restoring-UUID`: names never start with a dot), made on the first chunk and moved
+    /// into place as that database's chunk store by `finish`, right before the database file is linked; `discard`
+    /// removes whichever of the two this restore made. A chunk store already there belongs to no database (the name
+    /// is reserved and free): it is removed.
     static func restoreSink(path: String) -> BackupChunks.Sink {
         let directory = ChunkStores.directory(ofDatabaseAt: path)
-        let staging = directory + restoringInfix + UUID().uuidString
+        let parent = (path as NSString).deletingLastPathComponent
+        let staging = parent + "/" + restoringPrefix + UUID().uuidString
         var store: ChunkStore?
         var moved = false
         return BackupChunks.Sink(
@@ -85,24 +87,42 @@ extension Blobs {
                 }
             },
             finish: {
-                guard store != nil else { return }
                 try? FileManager.default.removeItem(atPath: directory)
+                guard store != nil else { return }
+                // The staging directory's entries (its shard directories) are durable before it takes its name, and
+                // the name before the database file is linked: a crash never leaves the file without its chunks.
+                try syncDirectory(staging)
                 guard rename(staging, directory) == 0 else {
                     throw StoreError(
                         .internalFailure, kind: "io_error", "cannot move \(staging) to \(directory): \(String(cString: strerror(errno)))")
                 }
                 moved = true
+                try syncDirectory(parent)
             },
             discard: { try? FileManager.default.removeItem(atPath: moved ? directory : staging) })
     }
 
-    /// What the name of a restore's chunk directory holds until it is moved into place.
-    static let restoringInfix = ".restoring-"
+    /// fsync of directory `path`, as a store error.
+    private static func syncDirectory(_ path: String) throws {
+        let fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
+        guard fd >= 0, fsync(fd) == 0 else {
+            let code = errno
+            if fd >= 0 { close(fd) }
+            throw StoreError(.internalFailure, kind: "io_error", "cannot sync \(path): \(String(cString: strerror(code)))")
+        }
+        close(fd)
+    }
 
-    /// Removes the chunk directories of restores that never finished (the daemon stopped midway) from `databases`.
+    /// How the name of a restore's chunk directory starts until it is moved into place.
+    static let restoringPrefix = ".restoring-"
+
+    /// Removes the chunk directories of restores that never finished (a daemon stopped midway) from `databases`:
+    /// directories named `.restoring-` and a UUID, which no database's files can be.
     static func removeUnfinishedRestores(in databases: String) {
         for name in (try? FileManager.default.contentsOfDirectory(atPath: databases)) ?? []
-        where name.contains(".blobs" + restoringInfix) {
+        where name.hasPrefix(restoringPrefix) && UUID(uuidString: String(name.dropFirst(restoringPrefix.count))) != nil {
+            var info = stat()
+            guard lstat(databases + "/" + name, &info) == 0, (info.st_mode & S_IFMT) == S_IFDIR else { continue }
             try? FileManager.default.removeItem(atPath: databases + "/" + name)
         }
     }

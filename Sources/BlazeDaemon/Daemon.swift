@@ -66,7 +66,6 @@ public final class Daemon: Service, Sendable {
         self.blobs = Blobs(
             maxBlobBytes: config.maxBlobBytes, stores: sync.chunkStores, pool: pool, isOpen: { [connections] in connections.isOpen($0) })
         self.prefetcher = BlobPrefetcher(blobs: blobs, sync: sync, store: store, logger: logger)
-        Blobs.removeUnfinishedRestores(in: config.dataDirectory + "/databases")
         if let name = config.defaultDatabase, (try? store.database(name)) == nil {
             _ = try store.create(name)
         }
@@ -80,6 +79,8 @@ public final class Daemon: Service, Sendable {
     /// Serves until graceful shutdown or cancellation.
     public func run() async throws {
         let fd = try config.inheritedSocket?.descriptor ?? SocketListener.listen(path: config.socketPath)
+        // Only once the socket is this daemon's: a second one started on the same data directory removes nothing.
+        Blobs.removeUnfinishedRestores(in: config.dataDirectory + "/databases")
         let context = RequestContext(
             store: store, config: config, logger: logger, startedAt: .now, connections: connections,
             sync: sync, blobs: blobs, prefetcher: prefetcher, metrics: metrics)

@@ -228,6 +228,10 @@ extension Store {
             try BlazeDatabase.syncFile(partial)
             try chunks?.finish()
             guard link(partial, path) == 0 else {
+                let code = errno
+                guard code == EEXIST else {
+                    throw StoreError(.internalFailure, kind: "io_error", "cannot create \(path): \(String(cString: strerror(code)))")
+                }
                 throw StoreError(.alreadyExists, kind: "database_exists", "database \(Names.quoted(name)) already exists")
             }
             unlink(partial)

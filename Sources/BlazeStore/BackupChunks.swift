@@ -69,17 +69,22 @@ public enum BackupChunks {
         }
     }
 
-    /// Writes the chunks `source` prepared into the backup file at `target` (a table of its own).
+    /// Writes the chunks `source` prepared into the backup file at `target` (a table of its own, made only when there
+    /// is a chunk).
     static func write(into target: DatabaseQueue, from source: Source) throws -> Report {
         var report = Report()
         try target.writeWithoutTransaction { db in
-            try db.execute(sql: createSQL)
-            let insert = try db.makeStatement(sql: "INSERT INTO backup_chunks(id, sha256, content) VALUES (?, ?, ?)")
+            var insert: Statement?
             var pending = 0
             try db.execute(sql: "BEGIN")
             do {
                 try source.copy { id, content in
-                    try insert.execute(arguments: [Data(id.bytes), Data(SHA256.hash(data: content)), Data(content)])
+                    // The table is made with the first chunk: a backup without any stays restorable by earlier builds.
+                    if insert == nil {
+                        try db.execute(sql: createSQL)
+                        insert = try db.makeStatement(sql: "INSERT INTO backup_chunks(id, sha256, content) VALUES (?, ?, ?)")
+                    }
+                    try insert!.execute(arguments: [Data(id.bytes), Data(SHA256.hash(data: content)), Data(content)])
                     report.chunks += 1
                     report.bytes += Int64(content.count)
                     pending += 1
@@ -113,10 +118,9 @@ public enum BackupChunks {
         }
         let badIDs = try Int.fetchOne(db, sql: "SELECT count(*) FROM backup_chunks WHERE typeof(id) != 'blob' OR length(id) != 32") ?? 0
         guard badIDs == 0 else { throw invalid("\(badIDs) without an id of 32 bytes") }
-        let (rows, distinct) = try Row.fetchOne(db, sql: "SELECT count(*), count(DISTINCT id) FROM backup_chunks").map {
-            ($0[0] as Int, $0[1] as Int)
-        } ?? (0, 0)
+        let rows = try Int.fetchOne(db, sql: "SELECT count(*) FROM backup_chunks") ?? 0
         guard rows <= maxChunks else { throw invalid("\(rows) of them, over \(maxChunks)") }
+        let distinct = try Int.fetchOne(db, sql: "SELECT count(DISTINCT id) FROM backup_chunks") ?? 0
         guard rows == distinct else { throw invalid("\(rows - distinct) ids held twice") }
         // A value of the wrong type or size reads as NULL: `length` and `typeof` of a column do not load it.
         let cursor = try Row.fetchCursor(

@@ -350,6 +350,7 @@ public final class SyncEngine: Sendable {
         status.forget(db: name)
         served.withLock { $0[name] = nil }
         snapshots.forget(db: name)
+        SyncSession.forgetReferred(path: store.path(name))
         if let spaceID {
             SpaceKey.remove(directory: keysDirectory, idHex: spaceID)
             if let space = SpaceID(hex: spaceID) { Self.forgetBlobKeys(space: space) }

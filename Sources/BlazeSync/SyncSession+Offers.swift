@@ -15,7 +15,9 @@ import Synchronization
 /// relay could not take yet again after a pause that doubles while nothing is taken. The chunks go sealed, as to any
 /// peer: the relay learns their sizes (to within 4 KiB) and ids, never their content.
 /// What each database's documents referred to when last read for a relay (`SyncSession.referredChunks`), by file.
-private let lastReferred = Mutex<[String: (db: ObjectIdentifier, generation: Int?, at: NIODeadline, referred: SyncSession.Referred)]>([:])
+private let lastReferred = Mutex<
+    [String: (db: ObjectIdentifier, generation: Int?, sequence: Int64, at: NIODeadline, referred: SyncSession.Referred)]
+>([:])
 
 extension SyncSession {
     /// The shortest time between two listings of the chunk store for one relay.
@@ -111,17 +113,17 @@ extension SyncSession {
     }
 
     /// The chunks `db`'s live documents refer to (see `Referred`), their manifests read from `store` (at
-    /// `generation`). Read again at most every `referredReuse` while the store does not change: every relay
-    /// connection asks, and reading means parsing every document that mentions a blob.
+    /// `generation`). Reused for `referredReuse` while neither the database (its feed's last sequence) nor the store
+    /// changed: every relay connection asks, and reading means parsing every document that mentions a blob.
     static func referredChunks(db: BlazeDatabase, store: ChunkStore?, generation: Int?) throws -> Referred {
-        let now = NIODeadline.now()
+        let (now, sequence) = (NIODeadline.now(), db.feed.lastSequence)
         if let last = lastReferred.withLock({ $0[db.path] }), last.db == ObjectIdentifier(db), last.generation == generation,
-            now < last.at + referredReuse
+            last.sequence == sequence, now < last.at + referredReuse
         {
             return last.referred
         }
-        let blobs = Set(try db.documentBlobReferences().map(\.reference.id))
-        var named = blobs
+        let blobs = Array(Set(try db.documentBlobReferences().map(\.reference.id)).prefix(maxNamed))
+        var named = Set(blobs)
         var unheld: [ChunkID] = []
         let reader = store.map { BlobReader(store: $0, maxSize: .max) }
         for blob in blobs where named.count < maxNamed {
@@ -131,19 +133,25 @@ extension SyncSession {
                 continue
             }
             guard let manifest = try? reader.manifest(blob) else { continue }
-            for piece in manifest.pieces { named.insert(piece.id) }
+            for piece in manifest.pieces {
+                guard named.count < maxNamed else { break }
+                named.insert(piece.id)
+            }
         }
         // In no fixed order, so that blobs no device holds (or references made up by a member) cannot keep the same
         // others waiting round after round.
         let referred = Referred(named: named, unheld: Array(unheld.shuffled().prefix(maxManifestsPerRound)))
         // Kept only while small: a library of millions of chunks is read again rather than held for ten minutes.
-        lastReferred.withLock { $0[db.path] = named.count <= 1 << 16 ? (ObjectIdentifier(db), generation, now, referred) : nil }
+        lastReferred.withLock { $0[db.path] = named.count <= 1 << 16 ? (ObjectIdentifier(db), generation, sequence, now, referred) : nil }
         return referred
     }
 
     /// How long what a database's documents refer to is reused, and the most chunk ids named from them (32 MiB of
     /// `CHUNK_KEEP`s; a made-up manifest can list a hundred thousand pieces).
     static let referredReuse = TimeAmount.minutes(10), maxNamed = 1 << 20
+
+    /// Forgets what the database whose file is `path` referred to (it was dropped).
+    static func forgetReferred(path: String) { _ = lastReferred.withLock { $0.removeValue(forKey: path) } }
 
     /// Fetches the manifests of `blobs` (referred to here, not held), `manifestBatch` at a time, from whichever
     /// devices hold them, and tells the relay the pieces those that arrived list: a blob that only devices not
