@@ -104,6 +104,11 @@ final class Checkpointer: Sendable {
         }
     }
 
+    /// Waits until the checkpoint queued or running now (if any) has finished.
+    func drain() {
+        connection.inDatabase { _ in }
+    }
+
     /// Waits for a running checkpoint and closes the connection; no checkpoint starts afterwards. Idempotent.
     func close() throws {
         let wasClosed = state.withLock { s in
@@ -111,7 +116,7 @@ final class Checkpointer: Sendable {
             return s.closed
         }
         guard !wasClosed else { return }
-        connection.inDatabase { _ in }
+        drain()
         try connection.close()
     }
 }
