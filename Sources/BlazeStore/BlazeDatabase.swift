@@ -132,6 +132,10 @@ public final class BlazeDatabase: Sendable {
         statistics.withLock { $0 = PlannerStatistics(changes: 0, threshold: max(1000, rows)) }
     }
 
+    /// Whether any write waits for the writer now (a local write, another session's store, a compaction): a sync
+    /// session then stores fewer batches per transaction, so that the wait stays short.
+    public var writesWaiting: Bool { connections.writesWaiting.load(ordering: .relaxed) > 0 }
+
     /// Runs `body` in one write transaction; everything it applies commits together, as one replicated change.
     ///
     /// Blocks the calling thread until the commit (the daemon calls it from its I/O thread pool, never from an event

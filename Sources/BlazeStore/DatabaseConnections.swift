@@ -22,6 +22,9 @@ final class DatabaseConnections: Sendable {
     /// Rewrites of the whole file since it was opened (`vacuum`): each may give rows of tables without an `INTEGER
     /// PRIMARY KEY` new rowids, so a rowid noted before one names no particular row after it.
     let rewrites = Atomic<UInt64>(0)
+    /// Writes queued for the writer that have not started: a writer with long transactions (a sync session storing
+    /// groups of batches) keeps them short while any wait.
+    let writesWaiting = Atomic<Int>(0)
 
     /// Opens the database file at `path` (creating it), migrates it with `migrator`, and sets up the writer's WAL
     /// buffering and checkpoints.
@@ -71,12 +74,26 @@ final class DatabaseConnections: Sendable {
 
     /// Runs `updates` in one immediate write transaction on the writer; blocks until it commits.
     func write<T>(_ updates: (Database) throws -> T) throws -> T {
-        try writer.write(updates)
+        writesWaiting.add(1, ordering: .relaxed)
+        var started = false
+        defer { if !started { writesWaiting.subtract(1, ordering: .relaxed) } }
+        return try writer.write { db in
+            started = true
+            writesWaiting.subtract(1, ordering: .relaxed)
+            return try updates(db)
+        }
     }
 
     /// Runs `updates` on the writer outside any transaction (it begins and commits its own).
     func writeWithoutTransaction<T>(_ updates: (Database) throws -> T) rethrows -> T {
-        try writer.writeWithoutTransaction(updates)
+        writesWaiting.add(1, ordering: .relaxed)
+        var started = false
+        defer { if !started { writesWaiting.subtract(1, ordering: .relaxed) } }
+        return try writer.writeWithoutTransaction { db in
+            started = true
+            writesWaiting.subtract(1, ordering: .relaxed)
+            return try updates(db)
+        }
     }
 
     /// Rewrites the whole file (`VACUUM`) on the writer's connection `db`, counting it in `rewrites`.
@@ -87,7 +104,11 @@ final class DatabaseConnections: Sendable {
 
     /// Runs `updates` on the writer later, outside any transaction, without waiting for it.
     func asyncWriteWithoutTransaction(_ updates: @escaping @Sendable (Database) -> Void) {
-        writer.asyncWriteWithoutTransaction(updates)
+        writesWaiting.add(1, ordering: .relaxed)
+        writer.asyncWriteWithoutTransaction { [self] db in
+            writesWaiting.subtract(1, ordering: .relaxed)
+            updates(db)
+        }
     }
 
     /// Runs `body` through GRDB in a read transaction of its own on a read connection: it sees every commit
@@ -108,3 +129,4 @@ final class DatabaseConnections: Sendable {
         try checkpointer.close()
     }
 }
+

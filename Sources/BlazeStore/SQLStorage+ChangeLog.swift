@@ -86,14 +86,15 @@ extension SQLStorage {
         for key in touched {
             let before = docs.visible[key] ?? Visible()
             let after: Visible
-            // Documents written as text are parsed again only if a filtering subscription needs them.
+            // Only texts are kept: a filtering subscription parses a document if it needs it, and a transaction
+            // storing a group of thousands of changes does not hold every document twice.
             if let c = docs.created[key] {
-                after = Visible(doc: nil, text: c.text)
+                after = Visible(text: c.text)
             } else if let p = docs.patched[key] {
-                after = Visible(doc: nil, text: p.text)
+                after = Visible(text: p.text)
             } else {
                 let doc = docs.states[key]??.materialize(id: key.id)
-                after = Visible(doc: doc, text: doc.map { JSONValue.object($0).jsonText })
+                after = Visible(text: doc.map { JSONValue.object($0).jsonText })
             }
             // `flush()` writes dirty documents as they are here.
             if !last || docs.isDirty(key) { docs.visible[key] = after }
@@ -113,8 +114,7 @@ extension SQLStorage {
             }
             events.append(
                 FeedEvent(
-                    collection: key.collection, id: key.id, type: type, after: after.doc, afterText: after.text,
-                    before: before.doc, beforeText: before.text))
+                    collection: key.collection, id: key.id, type: type, afterText: after.text, beforeText: before.text))
         }
         feedSequence += 1
         feedTotal += Int64(events.count)

@@ -49,7 +49,7 @@ extension SQLStorage {
         // The shortcut applies only to states without conflicts, before and after: `conflicted` stays 0.
         let update = try prepared(&updateRow, "UPDATE docs SET body = ?, state = ? WHERE rowid = ?")
         try update.run(body, newState, row.rowid)
-        docs.visible[key] = Visible(doc: nil, text: row.body)
+        docs.visible[key] = Visible(text: row.body)
         docs.patched[key] = TransactionDocuments.Patched(
             stateText: newState, text: text, stamp: change.stamp(index), rowid: row.rowid)
         docs.touch(key)

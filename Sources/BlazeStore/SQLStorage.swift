@@ -137,7 +137,7 @@ final class SQLStorage: ReplicaStorage {
             }
             if let hit = stateCache?.entry(key, state: stateText, body: row.body) {
                 docs.states[key] = hit.state
-                if docs.visible[key] == nil { docs.visible[key] = Visible(doc: nil, text: row.body) }
+                if docs.visible[key] == nil { docs.visible[key] = Visible(text: row.body) }
                 return hit.state
             }
             let doc = try Self.parseBody(row.body)
@@ -167,7 +167,7 @@ final class SQLStorage: ReplicaStorage {
     func load(_ key: DocKey, state: JSONValue, doc: [String: JSONValue]?, text: String) throws -> DocumentState {
         let decoded = try DocumentState(compact: state, body: doc, coding)
         docs.states[key] = decoded
-        if docs.visible[key] == nil { docs.visible[key] = Visible(doc: doc, text: text) }
+        if docs.visible[key] == nil { docs.visible[key] = Visible(text: text) }
         return decoded
     }
 

@@ -23,9 +23,9 @@ import BlazeProtocol
 ///    once it moves into `states`.
 /// The `dirtySet`/`touchedSet` mirrors make membership O(1); they always equal their arrays as sets.
 struct TransactionDocuments {
-    /// A document's canonical text (nil when it does not exist) and, when at hand, its parsed form.
+    /// A document's canonical text (nil when it does not exist). Only the text is kept: a filtering subscription
+    /// parses it when it needs the document (`FeedEvent.after`).
     struct Visible {
-        var doc: [String: JSONValue]?
         var text: String?
     }
 

@@ -11,10 +11,11 @@ import NIOCore
 /// once they count, and any other message that arrives while they wait is passed on after them.
 ///
 /// Verifying a batch (signatures, AEAD, decoding) needs no database, so it starts on the I/O pool as soon as the batch
-/// arrives and overlaps with storing the batches before it; the verified batches waiting behind the next one (up to
-/// `VerifiedBatch.maxGroup` in all) are stored with it in one transaction. Reading pauses while `maxInbox` batches or
-/// `maxInboxBytes` of them wait, so a fast sender cannot make memory grow; while it is paused or storing, a read-idle
-/// event is not the peer's silence and is not passed on. A batch refused for what its origin signed
+/// arrives and overlaps with storing the batches before it; the batches waiting behind the next one (up to
+/// `VerifiedBatch.maxGroup` in all, `maxGroupWhileOthersWait` while other writes wait for the database) are stored with
+/// it in one transaction. Reading pauses while `maxInbox` batches or `maxInboxBytes` of them wait, so a fast sender
+/// cannot make memory grow; while it is paused or storing, a read-idle event is not the peer's silence and is not
+/// passed on. A batch refused for what its origin signed
 /// (`SyncRejection.blamesOrigin`) is counted and that origin skipped for the rest of the session (a fork is also kept
 /// as evidence; a refusal that may clear ends the session a while later, `RefusedForNow`); any other refusal fails the
 /// connection. Every other message passes through.
@@ -76,8 +77,9 @@ final class BatchReceiver: ChannelInboundHandler {
     /// Origins whose batches this session refuses: later batches of theirs could not link to anything stored here.
     private var refusedOrigins: Set<NodeID> = []
 
-    /// Batches waiting to be applied (or being stored beyond the first of a group) before reading pauses.
-    static let maxInbox = 8
+    /// Batches waiting to be applied (or being stored beyond the first of a group) before reading pauses: room for a
+    /// full group (`VerifiedBatch.maxGroup`) to arrive while the one before it is stored.
+    static let maxInbox = 20
     /// Batches of a group being stored beyond its first: counted with the inbox in its limits.
     private var groupExtra = (count: 0, bytes: 0)
     /// Batches to store one at a time before grouping again (after a group refused as a whole).
@@ -192,7 +194,8 @@ final class BatchReceiver: ChannelInboundHandler {
         } else {
             // The verified batches waiting right behind it are stored with it, in one transaction.
             var group = [Pending(batch: batch, verified: verified, keys: keys)]
-            while group.count < VerifiedBatch.maxGroup, case .batch(let b, let v?, let k)? = inbox.first,
+            let limit = VerifiedBatch.groupLimit(link.db)
+            while group.count < limit, case .batch(let b, let v?, let k)? = inbox.first,
                 !refusedOrigins.contains(b.origin)
             {
                 inbox.removeFirst()

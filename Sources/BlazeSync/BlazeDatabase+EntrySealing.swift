@@ -14,8 +14,16 @@ public struct VerifiedBatch: Sendable {
     /// Each change's text as its entry carried it (what the op log stores, instead of encoding the change again).
     public var texts: [[UInt8]] = []
 
-    /// The most batches a receiver stores in one transaction (`BlazeDatabase.store(group:)`).
-    public static let maxGroup = 4
+    /// The most batches a receiver stores in one transaction (`BlazeDatabase.store(group:)`) while no other write
+    /// waits for the database: a device catching up reads and writes a document once for all the changes a group
+    /// makes to it, and writes each page once per group.
+    public static let maxGroup = 16
+    /// The most batches a receiver stores in one transaction while another write waits (`BlazeDatabase.writesWaiting`),
+    /// so that a local write waits for a short transaction, not a long one.
+    public static let maxGroupWhileOthersWait = 4
+
+    /// The most batches to store in the next transaction of a receiver of `db`.
+    static func groupLimit(_ db: BlazeDatabase) -> Int { db.writesWaiting ? maxGroupWhileOthersWait : maxGroup }
 
     /// The batch as the store records it.
     var received: ReceivedBatch {

@@ -4,12 +4,14 @@
 
 import BlazeCRDT
 import BlazeCrypto
-import BlazeSync
+import BlazeProtocol
 import BlazeWire
+import Foundation
 import GRDB
 import Testing
 
 @testable import BlazeStore
+@testable import BlazeSync
 
 /// A device: its identity and a store whose node id is derived from it, holding database "s".
 final class SyncReplica {
@@ -197,5 +199,43 @@ func pull(_ to: SyncReplica, from: SyncReplica, key: SpaceKey, maxEntries: Int =
         // One by one, each gets its verdict.
         #expect(try d.db.store(verified[3]).stored == 5)
         #expect(throws: SyncRejection.fork) { try d.db.store(forked) }
+    }
+
+    @Test func groupsAreShortWhileAnotherWriteWaitsForTheDatabase() throws {
+        let a = try SyncReplica(key: key)
+        let db = a.db
+        // Nothing waits: a receiver stores full groups.
+        #expect(!a.db.writesWaiting)
+        #expect(VerifiedBatch.groupLimit(a.db) == VerifiedBatch.maxGroup)
+        // A long write holds the writer; a local write queued behind it is counted until it starts.
+        let (holding, release) = (DispatchSemaphore(value: 0), DispatchSemaphore(value: 0))
+        let done = DispatchGroup()
+        done.enter()
+        Thread.detachNewThread {
+            defer { done.leave() }
+            _ = try? db.write { _ in
+                holding.signal()
+                release.wait()
+            }
+        }
+        holding.wait()
+        done.enter()
+        Thread.detachNewThread {
+            defer { done.leave() }
+            _ = try? db.apply(.put(collection: "c", id: "queued", doc: ["n": 1]))
+        }
+        let deadline = Date().addingTimeInterval(120)
+        while !a.db.writesWaiting && Date() < deadline { usleep(1000) }
+        #expect(a.db.writesWaiting)
+        #expect(VerifiedBatch.groupLimit(a.db) == VerifiedBatch.maxGroupWhileOthersWait)
+        release.signal()
+        done.wait()
+        #expect(!a.db.writesWaiting, "a write that started is no longer counted")
+        #expect(VerifiedBatch.groupLimit(a.db) == VerifiedBatch.maxGroup)
+        #expect(try JSONParser().parse(try a.db.getText(collection: "c", id: "queued"))["n"] == 1)
+        // A write that fails before it starts (the database closed) is not counted forever.
+        try a.db.close()
+        #expect(throws: (any Error).self) { _ = try a.db.apply(.put(collection: "c", id: "late", doc: ["n": 1])) }
+        #expect(!a.db.writesWaiting)
     }
 }
