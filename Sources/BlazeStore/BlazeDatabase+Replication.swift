@@ -19,16 +19,30 @@ extension BlazeDatabase {
     /// arrived as text (a sync entry's payload), that text: the op log keeps it as it came instead of encoding the
     /// change again (every reader of the op log parses what it reads).
     func receive(_ changes: [Change], in db: Database, texts: [ChangeID: [UInt8]] = [:]) throws -> ReceiveReport {
+        let receiving = startReceiving(in: db, documents: changes.reduce(0) { $0 + $1.ops.count })
+        try receiving.apply(changes, texts: texts)
+        return try finish(receiving, db)
+    }
+
+    /// Starts applying received changes, in one or several parts, inside the caller's write transaction, sized for
+    /// about `documents` documents (`Receiving`).
+    func startReceiving(in db: Database, documents: Int) -> Receiving {
         let storage = makeStorage(db)
-        storage.receivedTexts = texts
-        storage.reserve(documents: changes.reduce(0) { $0 + $1.ops.count })
-        var clock = self.clock.withLock { $0 }
-        let now = Self.nowMilliseconds()
-        let report = try Replica.receive(changes, into: storage, clock: &clock, now: now)
-        try storage.flush()
-        self.clock.withLock { _ = $0.observe(clock.last, now: now) }
+        storage.reserve(documents: documents)
+        return Receiving(storage: storage, clock: clock.withLock { $0 }, now: Self.nowMilliseconds())
+    }
+
+    /// Writes what `receiving` applied (documents, versions, the feed) in its transaction `db`; returns what
+    /// happened to the changes of all its parts.
+    func finish(_ receiving: Receiving, _ db: Database) throws -> ReceiveReport {
+        try receiving.storage.flush()
+        let last = receiving.clock.last
+        clock.withLock { _ = $0.observe(last, now: receiving.now) }
+        var report = receiving.report
+        // A later part may have applied what an earlier one parked: the count is the table's.
+        if report.parked > 0 { report.parked = try receiving.storage.parkedCount() }
         try noteChanges(report.applied, db)
-        try finishFeed(storage, db)
+        try finishFeed(receiving.storage, db)
         return report
     }
 
@@ -183,4 +197,31 @@ public struct ConflictInfo: Sendable {
     public var winner: FieldWrite?
     /// Concurrent writes that lost, oldest first.
     public var losers: [FieldWrite]
+}
+
+/// Received changes being applied in one write transaction, part by part (a sync group, batch by batch): the parts
+/// share one storage, so a document several parts change is read, merged and written once, at `finish`.
+final class Receiving {
+    let storage: SQLStorage
+    fileprivate(set) var clock: HybridClock
+    let now: UInt64
+    /// What happened to the changes of the parts so far (`parked` counts the parts' parked changes until `finish`).
+    fileprivate(set) var report = ReceiveReport()
+
+    init(storage: SQLStorage, clock: HybridClock, now: UInt64) {
+        self.storage = storage
+        self.clock = clock
+        self.now = now
+    }
+
+    /// Applies one part: validated `changes`, with the texts they arrived as (`BlazeDatabase.receive(_:in:texts:)`).
+    func apply(_ changes: [Change], texts: [ChangeID: [UInt8]]) throws {
+        // Texts of changes an earlier part parked stay until those are applied.
+        storage.receivedTexts.merge(texts) { _, new in new }
+        let part = try Replica.receive(changes, into: storage, clock: &clock, now: now)
+        report.applied += part.applied
+        report.duplicates += part.duplicates
+        report.parked += part.parked
+        report.skewedClocks += part.skewedClocks
+    }
 }

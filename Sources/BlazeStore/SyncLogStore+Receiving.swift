@@ -18,34 +18,45 @@ extension SyncLogStore {
 
     /// Stores several batches as `recordEntries` does, in one transaction: a commit (with its fsync and the pages its
     /// batches share) per group rather than per batch. Nil, with nothing stored, when any batch is refused for a
-    /// conflict (`SyncLogConflict`): the caller then stores them one by one, so each gets its own verdict.
-    public func recordEntries(group: [ReceivedBatch]) throws -> [BatchOutcome]? {
+    /// conflict (`SyncLogConflict`): the caller then stores them one by one, so each gets its own verdict. Once
+    /// `yieldAfter` batches are stored it may stop early for another write (`record`): the outcomes then cover the
+    /// first batches only, and the caller stores the rest later.
+    public func recordEntries(group: [ReceivedBatch], yieldAfter: Int = .max) throws -> [BatchOutcome]? {
         do {
-            return try database.connections.write { db in try record(group, in: db) }
+            return try database.connections.write { db in try record(group, in: db, yieldAfter: yieldAfter) }
         } catch is SyncLogConflict {
             return nil
         }
     }
 
     /// `recordEntries` of `batches`, in order, inside the caller's write transaction. Their new changes are applied
-    /// together, so a document several of them change is read and written once; the outcome of the last batch
-    /// carries what applying them did.
-    func record(_ batches: [ReceivedBatch], in db: Database) throws -> [BatchOutcome] {
+    /// batch by batch into one storage and written together, so a document several of them change is read and
+    /// written once; the outcome of the last batch carries what applying them did. Once `yieldAfter` batches are
+    /// stored, it stops early while another write waits for the database (`DatabaseConnections.writesWaiting`): the
+    /// outcomes then cover only the batches stored, and that write waits for a short transaction.
+    func record(_ batches: [ReceivedBatch], in db: Database, yieldAfter: Int = .max) throws -> [BatchOutcome] {
         var outcomes: [BatchOutcome] = []
-        var fresh: [Change] = []
-        var freshTexts: [ChangeID: [UInt8]] = [:]
-        let count = batches.reduce(0) { $0 + $1.changes.count }
-        fresh.reserveCapacity(count)
-        freshTexts.reserveCapacity(count)
-        for batch in batches { outcomes.append(try store(batch, in: db, fresh: &fresh, freshTexts: &freshTexts)) }
-        guard !fresh.isEmpty else { return outcomes }
-        let report = try database.receive(fresh, in: db, texts: freshTexts)
+        let receiving = database.startReceiving(in: db, documents: batches.reduce(0) { $0 + $1.changes.count })
+        var applying = false
+        for batch in batches {
+            if outcomes.count >= yieldAfter, database.connections.writesWaiting.load(ordering: .relaxed) > 0 { break }
+            var fresh: [Change] = []
+            var freshTexts: [ChangeID: [UInt8]] = [:]
+            fresh.reserveCapacity(batch.changes.count)
+            freshTexts.reserveCapacity(batch.changes.count)
+            outcomes.append(try store(batch, in: db, fresh: &fresh, freshTexts: &freshTexts))
+            guard !fresh.isEmpty else { continue }
+            try receiving.apply(fresh, texts: freshTexts)
+            applying = true
+        }
+        guard applying else { return outcomes }
+        let report = try database.finish(receiving, db)
         outcomes[outcomes.count - 1].report = report
         // Changes waiting for dependencies are bounded per origin: past the limit the batch is refused whole (the
         // transaction rolls back), and comes again once what it waits for has arrived.
         if report.parked > 0 {
             let count = try db.cachedStatement(sql: "SELECT count(*) FROM parked WHERE origin = ?")
-            for origin in Set(batches.map(\.origin)) {
+            for origin in Set(batches.prefix(outcomes.count).map(\.origin)) {
                 let parked = try Int.fetchOne(count, arguments: [origin.hex]) ?? 0
                 if parked > database.limits.maxParkedPerOrigin { throw SyncLogConflict.tooManyParked }
             }

@@ -77,15 +77,17 @@ final class BatchReceiver: ChannelInboundHandler {
     /// Origins whose batches this session refuses: later batches of theirs could not link to anything stored here.
     private var refusedOrigins: Set<NodeID> = []
 
-    /// Batches waiting to be applied (or being stored beyond the first of a group) before reading pauses: room for a
-    /// full group (`VerifiedBatch.maxGroup`) to arrive while the one before it is stored.
+    /// Batches waiting to be applied (or being stored beyond the first of a group) before reading pauses: while a
+    /// group of 16 is stored, five more may arrive, so groups alternate between long and short unless the store is
+    /// slower than the sender (an inbox of 32 measured no faster in W6, and holds more decoded batches).
     static let maxInbox = 20
     /// Batches of a group being stored beyond its first: counted with the inbox in its limits.
     private var groupExtra = (count: 0, bytes: 0)
     /// Batches to store one at a time before grouping again (after a group refused as a whole).
     private var singly = 0
-    /// Bytes of received batches waiting to be applied before reading pauses: with one frame being read, a peer
-    /// holds at most this plus `SessionCipher.maxBody` of the receiver's memory.
+    /// Bytes of received batches waiting to be applied before reading pauses: a peer holds at most this plus the
+    /// batch that crossed it, the first batch of the group being stored and one frame being read (each at most
+    /// `SessionCipher.maxBody`) of the receiver's memory, and their decoded changes.
     static let maxInboxBytes = 8 << 20
 
     /// A receiver storing through `engine`'s I/O pool and counting on `report`.
@@ -259,13 +261,14 @@ final class BatchReceiver: ChannelInboundHandler {
             receiver.groupExtra = (0, 0)
             guard !receiver.stopped else { return }
             switch result {
-            case .success((let count, let outcomes?)):
+            case .success((_, let outcomes?)):
                 receiver.report.update {
                     $0.receivedEntries += outcomes.reduce(0) { $0 + $1.stored }
                     $0.lastSyncMs = nowMs()
                 }
                 receiver.noteMissing(parked: outcomes.contains { $0.report.parked > 0 }, db: db, context: context)
-                receiver.putBack(group.dropFirst(count))
+                // A group cut short for another write stored fewer than it verified: the rest go back too.
+                receiver.putBack(group.dropFirst(outcomes.count))
             case .success((let count, nil)):
                 receiver.putBack(group[...])
                 receiver.singly = max(1, count)

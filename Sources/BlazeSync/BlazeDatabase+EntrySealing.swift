@@ -19,7 +19,8 @@ public struct VerifiedBatch: Sendable {
     /// makes to it, and writes each page once per group.
     public static let maxGroup = 16
     /// The most batches a receiver stores in one transaction while another write waits (`BlazeDatabase.writesWaiting`),
-    /// so that a local write waits for a short transaction, not a long one.
+    /// whether it waited when the group formed or began to wait while it is stored: a local write waits for a short
+    /// transaction, not a long one.
     public static let maxGroupWhileOthersWait = 4
 
     /// The most batches to store in the next transaction of a receiver of `db`.
@@ -168,8 +169,10 @@ extension BlazeDatabase {
 
     /// Stores several verified batches, in order, as `store` does but in one transaction. Nil, with nothing stored,
     /// when any of them would be refused (`SyncRejection`): store them one by one then, for each one's verdict.
+    /// Past `VerifiedBatch.maxGroupWhileOthersWait` batches it stops early while another write waits for the
+    /// database: the outcomes then cover the first batches only, and the rest are for a later transaction.
     public func store(group: [VerifiedBatch]) throws -> [BatchOutcome]? {
-        try syncLog.recordEntries(group: group.map(\.received))
+        try syncLog.recordEntries(group: group.map(\.received), yieldAfter: VerifiedBatch.maxGroupWhileOthersWait)
     }
 
     /// Stores the evidence of a fork of `head.origin`: `head` (verified here) signs `hash` at `seq`, while the entry

@@ -237,5 +237,33 @@ func pull(_ to: SyncReplica, from: SyncReplica, key: SpaceKey, maxEntries: Int =
         try a.db.close()
         #expect(throws: (any Error).self) { _ = try a.db.apply(.put(collection: "c", id: "late", doc: ["n": 1])) }
         #expect(!a.db.writesWaiting)
+        #expect(throws: (any Error).self) { try a.db.connections.write { _ in } }
+        #expect(!a.db.writesWaiting)
+    }
+
+    @Test func aGroupStopsAfterFourBatchesWhileAnotherWriteWaits() throws {
+        let a = try SyncReplica(key: key), b = try SyncReplica(key: key), c = try SyncReplica(key: key)
+        try a.insert(30)
+        for i in 0..<30 { _ = try a.db.apply(.patch(collection: "c", id: "d\(i % 10)", set: ["n": .int(Int64(100 + i))])) }
+        try a.db.sealLocal(key: key, identity: a.identity, batch: 10)
+        var batches: [EntryBatch] = []
+        while let next = try a.db.entryBatch(origin: a.db.node, after: batches.last?.head.seq ?? 0, maxEntries: 10) {
+            batches.append(next)
+        }
+        #expect(batches.count == 6)
+        let verified = try batches.map { try c.db.verify(batch: $0, key: key) }
+        // A write waits for the database (counted as the writer's queue counts it): the group stops after four.
+        c.db.connections.writesWaiting.add(1, ordering: .relaxed)
+        let first = try #require(try c.db.store(group: verified))
+        #expect(first.map(\.stored) == [10, 10, 10, 10])
+        #expect(first.last?.report.applied == 40)
+        for batch in batches.prefix(4) { _ = try b.db.receive(batch: batch, key: key) }
+        #expect(try c.db.stateHash() == b.db.stateHash() && c.db.syncVector()[a.db.node] == 40)
+        // Nothing waits any more: the rest is one transaction, and the result is A's state.
+        c.db.connections.writesWaiting.subtract(1, ordering: .relaxed)
+        let rest = try #require(try c.db.store(group: Array(verified.dropFirst(first.count))))
+        #expect(rest.map(\.stored) == [10, 10])
+        #expect(try c.db.stateHash() == a.db.stateHash() && c.db.summary().documents == 30)
+        #expect(try c.db.feedEntries(after: 0, limit: 100, maxEvents: 1000).count == 60)
     }
 }
