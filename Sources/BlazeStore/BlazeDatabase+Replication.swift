@@ -205,7 +205,8 @@ final class Receiving {
     let storage: SQLStorage
     fileprivate(set) var clock: HybridClock
     let now: UInt64
-    /// What happened to the changes of the parts so far (`parked` counts the parts' parked changes until `finish`).
+    /// What happened to the changes of the parts so far (`parked` is above 0 when a part left changes parked, each
+    /// part giving the table's count then; `finish` reads the count once more, after the last part).
     fileprivate(set) var report = ReceiveReport()
 
     init(storage: SQLStorage, clock: HybridClock, now: UInt64) {
