@@ -96,7 +96,7 @@ public struct HNSWGraph: Sendable {
                 }
             }
         }
-        return heap.sorted()
+        return matrix.exact(heap.sorted(), query: query, metric: metric)
     }
 
     // MARK: Building

@@ -52,6 +52,34 @@ import Testing
         }
     }
 
+    @Test func nearlyCoincidingRowsGetTheirL2DistanceToTheLastDigits() throws {
+        // Through the norms, 0.5 and 0.50001 are 0 to 5e-4 apart; their differences say 1e-5.
+        let rows: [[Float]] = [[0.5], [0.50001]]
+        var m = VectorMatrix(dimensions: 1)
+        m.set(1, rows[0])
+        m.set(2, [-0.9])
+        let want = Double(Float(0.50001) - Float(0.5))
+        let hits = m.nearest(to: rows[1], k: 2, metric: .l2)
+        #expect(hits.map(\.id) == [1, 2])
+        #expect(abs(Double(hits[0].distance) - want) < 1e-9)
+        #expect(m.nearest(to: rows[1], k: 1, metric: .l2, among: [1]).first?.distance == hits[0].distance)
+        var graph = HNSWGraph(for: m, metric: .l2)
+        graph.extend(to: m.slotCount, in: m)
+        #expect(graph.nearest(to: rows[1], k: 1, ef: 8, in: m).first?.distance == hits[0].distance)
+        var streaming = StreamingNearest(query: rows[1], k: 1, metric: .l2)
+        rows[0].withUnsafeBufferPointer { streaming.offer(1, $0) }
+        #expect(streaming.hits.first?.distance == hits[0].distance)
+        // Every length the differences' kernel takes (its 16-wide body and its tail).
+        for n in [1, 15, 16, 17, 33] {
+            let a = (0..<n).map { Float($0) * 0.25 + 0.5 }, b = a.map { $0 + 1e-5 }
+            var matrix = VectorMatrix(dimensions: n)
+            matrix.set(7, a)
+            let exact = zip(a, b).reduce(0.0) { $0 + Double($1.0 - $1.1) * Double($1.0 - $1.1) }.squareRoot()
+            let got = try #require(matrix.nearest(to: b, k: 1, metric: .l2).first)
+            #expect(abs(Double(got.distance) - exact) < 1e-6 * exact, "n=\(n)")
+        }
+    }
+
     @Test func exactSearchMatchesArithmeticForEveryMetric() throws {
         var rng = SeededRandom(seed: testSeed("vector-search"))
         for d in [1, 7, 8, 31, 32, 33, 100] {
