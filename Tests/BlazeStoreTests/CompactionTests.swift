@@ -30,6 +30,11 @@ func joined(_ a: VersionVector, _ b: VersionVector) -> VersionVector {
 /// objects, every stamp the latest), and a replica that folded keeps its folded object under later nested writes,
 /// where one that did not keeps the nested writes it had. Their documents are the same; their states are the same
 /// once stable writes are compared leaf by leaf, whatever register held them.
+///
+/// Likewise a stable unset under a counter or a set in a document without nested paths: a replica that folded before
+/// the counter's first increment arrived dropped the unset field, and the increment made the field anew; one that
+/// folded later keeps the unset as the field's winner. Every later write, increment, addition or removal is after
+/// that unset and observes it, and a missing winner and a stable unset show the same value, so the two are the same.
 func erasingStableStamps(_ states: [String: DocumentState], _ stable: VersionVector) -> [String: DocumentState] {
     let erased = Stamp(hlc: HLC(raw: 0), origin: NodeID(bytes: [UInt8](repeating: 0, count: 16)), seq: 1, index: 0)
     return states.mapValues { state in
@@ -44,6 +49,9 @@ func erasingStableStamps(_ states: [String: DocumentState], _ stable: VersionVec
             }
         }
         for (name, f) in state.fields {
+            if !f.isPlainWrite, !state.hasPaths, let w = f.winner, w.value == nil, w.stamp.dot.seq <= stable[w.stamp.dot.origin] {
+                out.fields[name]?.winner = nil
+            }
             guard f.isPlainWrite, let w = f.winner, w.stamp.dot.seq <= stable[w.stamp.dot.origin] else { continue }
             out.fields[name] = nil
             if let value = w.value { spell(name, value, w.stamp) }
