@@ -130,4 +130,33 @@ public struct DocumentState: Hashable, Sendable {
         for (name, state) in fields { if let v = state.value { doc[name] = v } }
         return doc
     }
+
+    /// The canonical JSON text of `materialize(id:)`, written member by member in key order instead of through a
+    /// dictionary (nil when the document does not exist).
+    public func visibleText(id: String) -> String? {
+        guard isAlive else { return nil }
+        guard !hasPaths, fields["_id"] == nil else { return materialize(id: id).map { JSONValue.object($0).jsonText } }
+        var out: [UInt8] = []
+        out.reserveCapacity(64 + 32 * fields.count)
+        out.append(UInt8(ascii: "{"))
+        var idWritten = false
+        func writeID() {
+            if out.count > 1 { out.append(UInt8(ascii: ",")) }
+            out.append(contentsOf: #""_id":"#.utf8)
+            JSONValue.writeString(id, to: &out)
+            idWritten = true
+        }
+        for i in fields.utf8OrderedIndices {
+            guard let value = fields.values[i].value else { continue }
+            let name = fields.keys[i]
+            if !idWritten && utf8Less("_id", name) { writeID() }
+            if out.count > 1 { out.append(UInt8(ascii: ",")) }
+            JSONValue.writeString(name, to: &out)
+            out.append(UInt8(ascii: ":"))
+            value.write(to: &out)
+        }
+        if !idWritten { writeID() }
+        out.append(UInt8(ascii: "}"))
+        return String(decoding: out, as: UTF8.self)
+    }
 }

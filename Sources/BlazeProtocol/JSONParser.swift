@@ -313,6 +313,7 @@ private struct Cursor {
             if pos < buf.count, buf[pos] == UInt8(ascii: "+") || buf[pos] == UInt8(ascii: "-") { pos += 1 }
             if digits() == 0 { throw error("syntax", "invalid number: digits expected in exponent") }
         }
+        if isInteger, let i = Self.smallInteger(buf[start..<pos]) { return .int(i) }
         let text = String(decoding: UnsafeBufferPointer(rebasing: buf[start..<pos]), as: UTF8.self)
         if isInteger {
             if let i = Int64(text) { return .int(i) }
@@ -330,6 +331,22 @@ private struct Cursor {
             throw error("number_range", "number \(text) is too small for a 64-bit float (it would round to 0)")
         }
         return .double(d)
+    }
+
+    /// The value of an integer's text (an optional '-', then digits) of at most 18 digits, which cannot overflow;
+    /// nil for longer ones, left to `Int64(_:)` and its range check.
+    @inline(__always)
+    static func smallInteger(_ number: Slice<UnsafeBufferPointer<UInt8>>) -> Int64? {
+        var i = number.startIndex
+        let negative = number[i] == UInt8(ascii: "-")
+        if negative { i += 1 }
+        guard number.endIndex - i <= 18 else { return nil }
+        var value: Int64 = 0
+        while i < number.endIndex {
+            value = value &* 10 &+ Int64(number[i] &- UInt8(ascii: "0"))
+            i += 1
+        }
+        return negative ? -value : value
     }
 
     /// True when a number's digits before its exponent include one that is not 0.

@@ -93,8 +93,7 @@ extension SQLStorage {
             } else if let p = docs.patched[key] {
                 after = Visible(text: p.text)
             } else {
-                let doc = docs.states[key]??.materialize(id: key.id)
-                after = Visible(text: doc.map { JSONValue.object($0).jsonText })
+                after = Visible(text: docs.states[key]??.visibleText(id: key.id))
             }
             // `flush()` writes dirty documents as they are here.
             if !last || docs.isDirty(key) { docs.visible[key] = after }

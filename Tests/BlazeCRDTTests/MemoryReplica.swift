@@ -30,6 +30,7 @@ final class MemoryReplica: ReplicaStorage {
     /// origins, and with this replica's own origin as home (written `0`, as databases store it).
     func saveDocument(_ key: DocKey, _ state: DocumentState) throws {
         let body = state.materialize(id: key.id)
+        precondition(state.visibleText(id: key.id) == body.map { JSONValue.object($0).jsonText }, "visibleText differs")
         precondition(state.compactText == state.compactJSON.jsonText, "compactText differs: \(state.compactText)")
         let compact = try DocumentState(compact: try JSONParser().parse(state.compactText), body: body)
         precondition(compact == state, "document state does not survive its compact form: \(state.compactJSON.jsonText)")

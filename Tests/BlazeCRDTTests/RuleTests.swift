@@ -48,6 +48,33 @@ final class Trio {
 }
 
 @Suite struct Rules {
+    @Test func theVisibleTextIsTheMaterializedDocumentsCanonicalText() throws {
+        // Names on both sides of "_id" in UTF-8 order ('A' < 'Z' < '^' < '_' < "_a" < 'a' < 'é'), a field named
+        // "_id", removed fields (no value), a counter, a set, nested paths, a deleted document.
+        let t = Trio()
+        let names = ["A", "Z", "^", "_", "_a", "a", "é", "zz"]
+        for (n, count) in [0, 1, 2, 5, names.count].enumerated() {
+            let fields = Dictionary(uniqueKeysWithValues: names.prefix(count).enumerated().map { ($1, JSONValue.int(Int64($0))) })
+            try t.put(t.a, at: UInt64(1_000 + 10 * n), fields)
+            let state = try #require(t.a.docs[t.key])
+            #expect(state.visibleText(id: "d") == state.materialize(id: "d").map { JSONValue.object($0).jsonText }, "\(count) fields")
+        }
+        try t.patch(t.a, at: 2_000, unset: ["a", "_"], incr: ["n": 3], add: ["s": ["x", 1]])
+        try t.patch(t.a, at: 2_001, set: ["_id": "own", "m.k": 1])
+        _ = try t.send(t.a, t.b)
+        try t.patch(t.b, at: 2_002, set: ["Z": "b"])
+        try t.patch(t.a, at: 2_002, set: ["Z": "a"])
+        _ = try t.send(t.b, t.a)
+        for state in [t.a.docs[t.key], t.b.docs[t.key]] {
+            let state = try #require(state)
+            #expect(state.visibleText(id: "d") == state.materialize(id: "d").map { JSONValue.object($0).jsonText })
+            #expect(state.visibleText(id: "d") != nil)
+        }
+        var deleted = try #require(t.a.docs[t.key])
+        deleted.delete(cl: deleted.cl + 2 - deleted.cl % 2)
+        #expect(deleted.visibleText(id: "d") == nil)
+    }
+
     @Test func clockIsMonotonicAndFollowsRemoteClocks() {
         var clock = HybridClock()
         let t1 = clock.tick(now: 1000)

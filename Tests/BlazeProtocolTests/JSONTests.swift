@@ -139,6 +139,31 @@ func randomValue(_ rng: inout SeededRandom, depth: Int = 0) -> JSONValue {
         #expect(v.jsonText == #"{"Z":4,"a":2,"b":1,"é":3}"#)
     }
 
+    @Test func integersOfEveryLengthParseAsTheStandardLibraryReadsThem() throws {
+        // Up to 18 digits the parser reads them itself; from 19 on (where Int64 can overflow) `Int64(_:)` does.
+        var rng = SeededRandom(seed: testSeed("JSON integers"))
+        var texts = ["0", "-0", "9223372036854775807", "-9223372036854775808", "999999999999999999", "-999999999999999999",
+            "1000000000000000000", "-1000000000000000000"]
+        for digits in 1...19 {
+            for _ in 0..<20 {
+                let magnitude = String(UInt64.random(in: 1...9, using: &rng)) + String((1..<digits).map { _ in Character(String(Int.random(in: 0...9, using: &rng))) })
+                texts.append(magnitude)
+                texts.append("-" + magnitude)
+            }
+        }
+        for text in texts {
+            if let want = Int64(text) {
+                #expect(try JSONParser().parse(text) == .int(want), "\(text)")
+                #expect(try JSONParser().parse("[\(text),\(text)]") == .array([.int(want), .int(want)]), "\(text)")
+            } else {
+                #expect(throws: JSONParseError.self, "\(text)") { try JSONParser().parse(text) }
+            }
+        }
+        for text in ["9223372036854775808", "-9223372036854775809", "99999999999999999999"] {
+            #expect(throws: JSONParseError.self, "\(text)") { try JSONParser().parse(text) }
+        }
+    }
+
     @Test(arguments: ["0e-400", "-0.000e5", "4.9e-324", "2.2250738585072014e-308"])
     func zerosAndSubnormalsAreNumbersNotUnderflows(text: String) throws {
         guard case .double(let d) = try JSONParser().parse(text) else { Issue.record("not a double"); return }
