@@ -61,6 +61,8 @@ final class SQLStorage: ReplicaStorage {
     /// The database's decoded states, and what this transaction wrote for it (kept once it commits).
     let stateCache: StateCache?
     private var cacheFill: [(key: DocKey, entry: StateCache.Entry)] = []
+    /// Whether the documents the flush under way writes go into `stateCache` (`StateCache.admits`).
+    private var fillsCache = false
     /// The texts of received changes as they arrived, by change (`BlazeDatabase.receive(_:in:texts:)`).
     var receivedTexts: [ChangeID: [UInt8]] = [:]
     /// Feed entries of the changes recorded in this transaction, in order.
@@ -221,7 +223,9 @@ final class SQLStorage: ReplicaStorage {
     /// Writes every document state changed in this transaction, and its materialized row (as of the last recorded
     /// change: callers record every change before flushing).
     func flush() throws {
-        for (key, state, body) in docs.takeDirty() { try write(key, state, body) }
+        let dirty = docs.takeDirty()
+        fillsCache = stateCache?.admits(documents: dirty.count) ?? false
+        for (key, state, body) in dirty { try write(key, state, body) }
         if let cache = stateCache, !cacheFill.isEmpty {
             let written = cacheFill
             cacheFill = []
@@ -272,7 +276,7 @@ final class SQLStorage: ReplicaStorage {
             return
         }
         try checkSize(text.utf8.count)
-        if stateCache != nil {
+        if fillsCache {
             cacheFill.append((key, StateCache.Entry(stateText: stateText, bodyText: text, state: state)))
         }
         let conflicted = state.hasConflicts

@@ -35,6 +35,31 @@ import Testing
         #expect(try b.get(collection: "c", id: "d") == ["_id": "d", "k": 3, "n": 0])
     }
 
+    @Test func aTransactionWritingMoreThanHalfTheCacheFillsNothing() throws {
+        // 64 KiB: while empty, 2 KiB an entry, so a transaction of up to 16 documents fills it.
+        #expect(StateCache(budget: 64 << 10).admits(documents: 16) && !StateCache(budget: 64 << 10).admits(documents: 17))
+        #expect(!StateCache(budget: 0).admits(documents: 1) && !StateCache(budget: 64 << 10).admits(documents: 0))
+        var limits = StoreLimits()
+        limits.stateCacheBytes = 64 << 10
+        let replicas = try StoreReplicas(2, limits: limits)
+        let (a, b) = (replicas.dbs[0], replicas.dbs[1])
+        _ = try a.commit((0..<40).map { .insert(collection: "c", doc: ["_id": .string("d\($0)"), "n": 0]) })
+        try replicas.send(0, 1)
+        // One received transaction rewriting 40 documents: more than half the cache would hold, so none enters.
+        _ = try a.commit((0..<40).map { .patch(collection: "c", id: "d\($0)", set: ["n": 1]) })
+        try replicas.send(0, 1)
+        #expect(b.stateCache.usage.count == 0)
+        // One of 3 enters, and the next change to those documents finds them.
+        _ = try a.commit((0..<3).map { .patch(collection: "c", id: "d\($0)", set: ["n": 2]) })
+        try replicas.send(0, 1)
+        #expect(b.stateCache.usage.count == 3)
+        _ = try a.commit((0..<3).map { .patch(collection: "c", id: "d\($0)", set: ["m": 3]) })
+        try replicas.send(0, 1)
+        #expect(b.stateCache.hits.load(ordering: .relaxed) == 3)
+        #expect(try b.get(collection: "c", id: "d1") == ["_id": "d1", "n": 2, "m": 3])
+        #expect(try b.stateHash() == a.stateHash())
+    }
+
     @Test func entriesStayWithinTheBudget() {
         let cache = StateCache(budget: 64 << 10)
         let state = DocumentState(cl: 1)
