@@ -60,9 +60,9 @@ final class SQLStorage: ReplicaStorage {
     var createdStates: DocumentState.CreatedStateText?
     /// The database's decoded states, and what this transaction wrote for it (kept once it commits).
     let stateCache: StateCache?
-    private var cacheFill: [(key: DocKey, entry: StateCache.Entry)] = []
-    /// Whether the documents the flush under way writes go into `stateCache` (`StateCache.admits`).
-    private var fillsCache = false
+    /// Documents this flush wrote through the general path, for `stateCache`, and the least their entries cost.
+    private var cacheFill: [(key: DocKey, stateText: String, bodyText: String, state: DocumentState)] = []
+    private var cacheFillCost = 0
     /// The texts of received changes as they arrived, by change (`BlazeDatabase.receive(_:in:texts:)`).
     var receivedTexts: [ChangeID: [UInt8]] = [:]
     /// Feed entries of the changes recorded in this transaction, in order.
@@ -223,13 +223,14 @@ final class SQLStorage: ReplicaStorage {
     /// Writes every document state changed in this transaction, and its materialized row (as of the last recorded
     /// change: callers record every change before flushing).
     func flush() throws {
-        let dirty = docs.takeDirty()
-        fillsCache = stateCache?.admits(documents: dirty.count) ?? false
-        for (key, state, body) in dirty { try write(key, state, body) }
+        for (key, state, body) in docs.takeDirty() { try write(key, state, body) }
         if let cache = stateCache, !cacheFill.isEmpty {
-            let written = cacheFill
-            cacheFill = []
-            onCommit { cache.insert(written) }
+            let (fill, leastCost) = (cacheFill, cacheFillCost)
+            (cacheFill, cacheFillCost) = ([], 0)
+            if cache.admits(leastCost: leastCost) {
+                let written = fill.map { ($0.key, StateCache.Entry(stateText: $0.stateText, bodyText: $0.bodyText, state: $0.state)) }
+                onCommit { cache.insert(written) }
+            }
         }
         // One version row per origin per transaction, however many of its changes were recorded.
         guard !recordedVersions.isEmpty else { return }
@@ -276,8 +277,9 @@ final class SQLStorage: ReplicaStorage {
             return
         }
         try checkSize(text.utf8.count)
-        if fillsCache {
-            cacheFill.append((key, StateCache.Entry(stateText: stateText, bodyText: text, state: state)))
+        if stateCache != nil {
+            cacheFill.append((key, stateText, text, state))
+            cacheFillCost += StateCache.Entry.cost(stateText: stateText, bodyText: text, parts: state.fields.count)
         }
         let conflicted = state.hasConflicts
         switch location {

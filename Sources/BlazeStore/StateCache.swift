@@ -12,8 +12,8 @@ import Synchronization
 /// wrong one. The property tests check that a state survives its texts unchanged (`MemoryReplica.saveDocument`).
 ///
 /// Only states written through the general path enter (remote changes to existing documents, merges, conflicts):
-/// local inserts and patches write texts without decoding, and stay out. So do the documents of a transaction that
-/// writes more of them than half the cache holds (`admits`). Memory is bounded by `budget` (`Entry.cost`
+/// local inserts and patches write texts without decoding, and stay out. So do the documents of a transaction whose
+/// entries would take more than half of it (`admits`). Memory is bounded by `budget` (`Entry.cost`
 /// estimates an entry from its texts and the parts of its decoded state); past it, entries are dropped in no
 /// particular order.
 final class StateCache: Sendable {
@@ -35,7 +35,13 @@ final class StateCache: Sendable {
             let parts = state.fields.values.reduce(state.fields.count) {
                 $0 + $1.losers.count + $1.increments.count + $1.additions.count + ($1.winner == nil ? 0 : 1)
             }
-            cost = 2 * (stateText.utf8.count + bodyText.utf8.count) + 192 * parts + 128
+            cost = Self.cost(stateText: stateText, bodyText: bodyText, parts: parts)
+        }
+
+        /// The cost of an entry with these texts and `parts` parts; with the state's field count for `parts`, the
+        /// least it can cost, found without walking the fields.
+        static func cost(stateText: String, bodyText: String, parts: Int) -> Int {
+            2 * (stateText.utf8.count + bodyText.utf8.count) + 192 * parts + 128
         }
     }
 
@@ -62,16 +68,13 @@ final class StateCache: Sendable {
         return e
     }
 
-    /// Whether a transaction writing `documents` documents fills the cache: only when they would take at most half of
-    /// it (at the entries' average cost so far, or 2 KiB each while it is empty). A larger one, such as a catch-up
-    /// group rewriting ten thousand documents, would push out as many entries as it puts in, and the next group's
-    /// reads would mostly miss anyway: filling costs more than it saves (measured: W6.store 42,400–43,900 changes/s
-    /// with the cache filled by every transaction, 45,300–48,800 with none).
-    func admits(documents: Int) -> Bool {
-        guard budget > 0, documents > 0 else { return false }
-        let (count, cost) = usage
-        let average = count > 0 ? max(1, cost / count) : 2048
-        return documents <= budget / 2 / average
+    /// Whether a transaction whose documents' entries would cost at least `leastCost` (`Entry.cost` with each state's
+    /// field count, summed) fills the cache: only when that is at most half of it. A larger one, such as a catch-up group rewriting ten thousand documents,
+    /// would push out as many entries as it puts in, and the next group's reads would mostly miss anyway: filling
+    /// costs more than it saves (measured: W6.store 42,400–43,900 changes/s with the cache filled by every
+    /// transaction, 45,300–48,800 with none).
+    func admits(leastCost: Int) -> Bool {
+        budget > 0 && leastCost <= budget / 2
     }
 
     /// Entries held, and what they count against the budget.

@@ -126,12 +126,11 @@ public struct VectorMatrix: Sendable {
                     let id = ids[slot]
                     if id == Self.dead { continue }
                     if let admits, !admits(id) { continue }
-                    let dot = Self.dot(v.baseAddress! + slot * d, q.baseAddress!, d)
-                    heap.offer(VectorHit(id: id, distance: Self.distance(dot, squaredNorms[slot], queryNorm, metric)))
+                    heap.offer(VectorHit(id: id, distance: Self.rowDistance(v.baseAddress! + slot * d, q.baseAddress!, d, squaredNorms[slot], queryNorm, metric)))
                 }
             }
         }
-        return exact(heap.sorted(), query: query, metric: metric)
+        return heap.sorted()
     }
 
     /// The `k` rows nearest to `query` under `metric` among the rows `ids` names (ids not held are skipped): the
@@ -145,17 +144,31 @@ public struct VectorMatrix: Sendable {
             query.withUnsafeBufferPointer { q in
                 for id in ids {
                     guard let slot = slots[id] else { continue }
-                    let dot = Self.dot(v.baseAddress! + slot * d, q.baseAddress!, d)
-                    heap.offer(VectorHit(id: id, distance: Self.distance(dot, squaredNorms[slot], queryNorm, metric)))
+                    heap.offer(VectorHit(id: id, distance: Self.rowDistance(v.baseAddress! + slot * d, q.baseAddress!, d, squaredNorms[slot], queryNorm, metric)))
                 }
             }
         }
-        return exact(heap.sorted(), query: query, metric: metric)
+        return heap.sorted()
+    }
+
+    /// The distance under `metric` of the row at `row` from the query at `query` (`dimensions` floats each), given
+    /// their squared lengths: L2 from the differences (through the lengths, `|a|² + |b|² − 2a·b` loses the digits of
+    /// two rows that nearly coincide, about 5e-4 for unit-sized values), the others from the inner product.
+    @inline(__always)
+    static func rowDistance(
+        _ row: UnsafePointer<Float>, _ query: UnsafePointer<Float>, _ dimensions: Int, _ rowNorm: Float, _ queryNorm: Float,
+        _ metric: VectorMetric
+    ) -> Float {
+        if metric == .l2 {
+            let d = squaredDistance(row, query, dimensions).squareRoot()
+            return d.isNaN ? .infinity : d
+        }
+        return distance(dot(row, query, dimensions), rowNorm, queryNorm, metric)
     }
 
     /// `hits` (rows of this matrix) with their L2 distances computed from the differences, nearest first; other
-    /// metrics' as they are. Through the norms, `|a|² + |b|² - 2a·b` loses the digits of two rows that nearly
-    /// coincide (about 5e-4 for unit-sized values), which is good enough to choose the `k` but not to report them.
+    /// metrics' as they are. The graph (`HNSWGraph`) finds its candidates through the squared lengths; this is what
+    /// it reports.
     func exact(_ hits: [VectorHit], query: [Float], metric: VectorMetric) -> [VectorHit] {
         guard metric == .l2, query.count == dimensions else { return hits }
         let d = dimensions
@@ -170,9 +183,16 @@ public struct VectorMatrix: Sendable {
         }.sorted(by: VectorHit.before)
     }
 
-    /// The squared L2 distance of `n` floats at `a` and `b`, from their differences: four 8-wide accumulators, then
-    /// the tail.
+    /// The squared L2 distance of `n` floats at `a` and `b`, from their differences, with the CPU's widest SIMD
+    /// (`CBlazeVectorKernels`).
+    @inline(__always)
     static func squaredDistance(_ a: UnsafePointer<Float>, _ b: UnsafePointer<Float>, _ n: Int) -> Float {
+        blaze_l2sq_f32(a, b, n)
+    }
+
+    /// The squared L2 distance of `n` floats at `a` and `b` in Swift: two 8-wide accumulators, then the tail (the
+    /// reference the kernels are tested against).
+    static func swiftSquaredDistance(_ a: UnsafePointer<Float>, _ b: UnsafePointer<Float>, _ n: Int) -> Float {
         var s0 = SIMD8<Float>(), s1 = SIMD8<Float>()
         var i = 0
         let ra = UnsafeRawPointer(a), rb = UnsafeRawPointer(b)
@@ -208,10 +228,16 @@ public struct VectorMatrix: Sendable {
         return d.isNaN ? .infinity : d
     }
 
-    /// The distance under `metric` between `a` and `b` (same length), computed directly: the reference the tests
-    /// check searches against.
+    /// The distance under `metric` between `a` and `b` (same length), as searches compute it: the reference the
+    /// tests check searches against.
     public static func distance(_ a: [Float], _ b: [Float], _ metric: VectorMetric) -> Float {
-        distance(dot(a, b), dot(a, a), dot(b, b), metric)
+        a.withUnsafeBufferPointer { x in
+            b.withUnsafeBufferPointer { y in
+                guard let p = x.baseAddress, let q = y.baseAddress else { return distance(0, 0, 0, metric) }
+                let n = min(a.count, b.count)
+                return rowDistance(p, q, n, dot(p, p, n), dot(q, q, n), metric)
+            }
+        }
     }
 
     /// The inner product of `a` and `b` (same length).
@@ -320,9 +346,9 @@ public struct StreamingNearest {
     public mutating func offer(_ id: Int64, _ row: UnsafeBufferPointer<Float>) {
         guard row.count == query.count, let base = row.baseAddress else { return }
         if metric == .l2 {
-            // From the differences, as `VectorMatrix.exact` reports them (one pass, where the norms' way takes two).
-            let d = query.withUnsafeBufferPointer { q in VectorMatrix.squaredDistance(base, q.baseAddress!, row.count) }.squareRoot()
-            heap.offer(VectorHit(id: id, distance: d.isNaN ? .infinity : d))
+            // From the differences, as `VectorMatrix.nearest` does (one pass, where the lengths' way takes two).
+            let d = query.withUnsafeBufferPointer { q in VectorMatrix.rowDistance(base, q.baseAddress!, row.count, 0, 0, .l2) }
+            heap.offer(VectorHit(id: id, distance: d))
             return
         }
         let (dot, norm) = query.withUnsafeBufferPointer { q in

@@ -143,8 +143,9 @@ public enum VectorValue {
         return .double(Double("\(f)") ?? Double(f))
     }
 
-    /// True when the sum of the squares of `v` is finite in float32: then every distance between such vectors is too
-    /// (a product of two of them is bounded by their lengths).
+    /// True when the sum of the squares of `v` is finite in float32: then every inner product and cosine distance
+    /// between such vectors is too (a product of two of them is bounded by their lengths); an L2 distance can still
+    /// overflow to infinity (two opposite vectors near the limit), which a search ranks last.
     static func squaredNormIsFinite(_ v: [Float]) -> Bool {
         var sum: Float = 0
         for x in v { sum += x * x }

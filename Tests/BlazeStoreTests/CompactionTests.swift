@@ -31,10 +31,11 @@ func joined(_ a: VersionVector, _ b: VersionVector) -> VersionVector {
 /// where one that did not keeps the nested writes it had. Their documents are the same; their states are the same
 /// once stable writes are compared leaf by leaf, whatever register held them.
 ///
-/// Likewise a stable unset under a counter or a set in a document without nested paths: a replica that folded before
-/// the counter's first increment arrived dropped the unset field, and the increment made the field anew; one that
-/// folded later keeps the unset as the field's winner. Every later write, increment, addition or removal is after
-/// that unset and observes it, and a missing winner and a stable unset show the same value, so the two are the same.
+/// Likewise a stable unset under a counter or a set (no losing writes) in a document without nested paths: a
+/// replica that folded before the counter's first increment arrived dropped the unset field, and the increment made
+/// the field anew; one that folded later keeps the unset as the field's winner. Every later write, increment,
+/// addition or removal is after that unset and observes it, and a missing winner and a stable unset show the same
+/// value, so the two are the same.
 func erasingStableStamps(_ states: [String: DocumentState], _ stable: VersionVector) -> [String: DocumentState] {
     let erased = Stamp(hlc: HLC(raw: 0), origin: NodeID(bytes: [UInt8](repeating: 0, count: 16)), seq: 1, index: 0)
     return states.mapValues { state in
@@ -49,7 +50,9 @@ func erasingStableStamps(_ states: [String: DocumentState], _ stable: VersionVec
             }
         }
         for (name, f) in state.fields {
-            if !f.isPlainWrite, !state.hasPaths, let w = f.winner, w.value == nil, w.stamp.dot.seq <= stable[w.stamp.dot.origin] {
+            if !state.hasPaths, f.losers.isEmpty, !(f.increments.isEmpty && f.additions.isEmpty && f.lastSetOp == nil),
+                let w = f.winner, w.value == nil, w.stamp.dot.seq <= stable[w.stamp.dot.origin]
+            {
                 out.fields[name]?.winner = nil
             }
             guard f.isPlainWrite, let w = f.winner, w.stamp.dot.seq <= stable[w.stamp.dot.origin] else { continue }

@@ -36,11 +36,11 @@ import Testing
     }
 
     @Test func aTransactionWritingMoreThanHalfTheCacheFillsNothing() throws {
-        // 64 KiB: while empty, 2 KiB an entry, so a transaction of up to 16 documents fills it.
-        #expect(StateCache(budget: 64 << 10).admits(documents: 16) && !StateCache(budget: 64 << 10).admits(documents: 17))
-        #expect(!StateCache(budget: 0).admits(documents: 1) && !StateCache(budget: 64 << 10).admits(documents: 0))
+        #expect(StateCache(budget: 64 << 10).admits(leastCost: 32 << 10) && !StateCache(budget: 64 << 10).admits(leastCost: (32 << 10) + 1))
+        #expect(!StateCache(budget: 0).admits(leastCost: 0))
+        // 8 KiB: a document's entry here costs about 500 bytes, so 40 of them are more than half of it, and 3 are not.
         var limits = StoreLimits()
-        limits.stateCacheBytes = 64 << 10
+        limits.stateCacheBytes = 8 << 10
         let replicas = try StoreReplicas(2, limits: limits)
         let (a, b) = (replicas.dbs[0], replicas.dbs[1])
         _ = try a.commit((0..<40).map { .insert(collection: "c", doc: ["_id": .string("d\($0)"), "n": 0]) })

@@ -49,6 +49,16 @@ import Testing
             let exact = zip(a, b).reduce(0.0) { $0 + Double($1.0) * Double($1.1) }
             #expect(abs(Double(fast) - exact) <= 1e-4 * max(1, Double(n)), "n=\(n) \(VectorMatrix.instructionSet)")
             #expect(abs(Double(fast) - Double(swift)) <= 1e-4 * max(1, Double(n)), "n=\(n)")
+            // The squared L2 distance, the same way.
+            let (fastL2, swiftL2) = a.withUnsafeBufferPointer { x in
+                b.withUnsafeBufferPointer { y in
+                    (VectorMatrix.squaredDistance(x.baseAddress ?? UnsafePointer(bitPattern: 16)!, y.baseAddress ?? UnsafePointer(bitPattern: 16)!, n),
+                        VectorMatrix.swiftSquaredDistance(x.baseAddress ?? UnsafePointer(bitPattern: 16)!, y.baseAddress ?? UnsafePointer(bitPattern: 16)!, n))
+                }
+            }
+            let exactL2 = zip(a, b).reduce(0.0) { $0 + (Double($1.0) - Double($1.1)) * (Double($1.0) - Double($1.1)) }
+            #expect(abs(Double(fastL2) - exactL2) <= 1e-4 * max(1, Double(n)), "n=\(n) \(VectorMatrix.instructionSet)")
+            #expect(abs(Double(fastL2) - Double(swiftL2)) <= 1e-4 * max(1, Double(n)), "n=\(n)")
         }
     }
 
@@ -69,8 +79,8 @@ import Testing
         var streaming = StreamingNearest(query: rows[1], k: 1, metric: .l2)
         rows[0].withUnsafeBufferPointer { streaming.offer(1, $0) }
         #expect(streaming.hits.first?.distance == hits[0].distance)
-        // Every length the differences' kernel takes (its 16-wide body and its tail).
-        for n in [1, 15, 16, 17, 33] {
+        // Lengths through every part of the differences' kernels (64-, 32-, 16- and 8-wide bodies, and tails).
+        for n in [1, 7, 8, 15, 16, 17, 33, 64, 65, 100, 768] {
             let a = (0..<n).map { Float($0) * 0.25 + 0.5 }, b = a.map { $0 + 1e-5 }
             var matrix = VectorMatrix(dimensions: n)
             matrix.set(7, a)
