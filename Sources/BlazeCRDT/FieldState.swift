@@ -92,6 +92,12 @@ public struct FieldState: Hashable, Sendable {
     /// Creates an empty field state.
     public init() {}
 
+    /// A field state from its parts (`rest` is boxed only when it holds something).
+    init(winner: FieldWrite?, rest: Rest) {
+        self.winner = winner
+        boxed = rest.isEmpty ? nil : .rest(rest)
+    }
+
     /// A field that is one LWW write of `value` (nil: unset) at `stamp`.
     static func plain(_ stamp: Stamp, _ value: JSONValue?) -> FieldState {
         var f = FieldState()

@@ -1,6 +1,7 @@
 /// Why a JSON text could not be parsed; `message` is meant for the client.
 public struct JSONParseError: Error, Sendable, Equatable, CustomStringConvertible {
-    /// Stable machine-readable reason: "syntax", "invalid_utf8", "depth", "number_range", "duplicate_key".
+    /// Stable machine-readable reason: "syntax", "invalid_utf8", "depth", "number_range", "duplicate_key", or
+    /// "shape" (a value of the wrong type where `JSONReader`'s caller expects one).
     public var kind: String
     /// Human-readable explanation including the byte offset.
     public var message: String
@@ -66,7 +67,8 @@ public struct JSONParser {
     }
 }
 
-private struct Cursor {
+/// The parser's position in a buffer and its token readers, shared with `JSONReader`.
+struct Cursor {
     let buf: UnsafeBufferPointer<UInt8>
     let maxDepth: Int
     var pos = 0

@@ -30,7 +30,7 @@ extension SQLStorage {
         else {
             // The general path takes it from here, with the row already read.
             docs.locations[key] = .row(row.rowid)
-            _ = try load(key, state: state, doc: try Self.parseBody(row.body), text: row.body)
+            _ = load(key, try DocumentState(compact: state, body: try Self.parseBody(row.body), coding), text: row.body)
             return nil
         }
         let body = JSONScan.splice(bytes, members, set: set, unset: unset)

@@ -142,8 +142,7 @@ final class SQLStorage: ReplicaStorage {
                 if docs.visible[key] == nil { docs.visible[key] = Visible(text: row.body) }
                 return hit.state
             }
-            let doc = try Self.parseBody(row.body)
-            return try load(key, state: try JSONParser(maxDepth: 10_000).parse(stateText), doc: doc, text: row.body)
+            return load(key, try Self.decode(state: stateText, body: row.body, coding), text: row.body)
         }
         if let stateText = try tombstone(key) {
             docs.locations[key] = .tombstone
@@ -165,9 +164,8 @@ final class SQLStorage: ReplicaStorage {
         return (row.0, row.1, row.2)
     }
 
-    /// Decodes and caches the state of a live document read from its row.
-    func load(_ key: DocKey, state: JSONValue, doc: [String: JSONValue]?, text: String) throws -> DocumentState {
-        let decoded = try DocumentState(compact: state, body: doc, coding)
+    /// Caches the state of a live document read from its row, whose body is `text`.
+    func load(_ key: DocKey, _ decoded: DocumentState, text: String) -> DocumentState {
         docs.states[key] = decoded
         if docs.visible[key] == nil { docs.visible[key] = Visible(text: text) }
         return decoded
@@ -201,7 +199,7 @@ final class SQLStorage: ReplicaStorage {
 
     /// Decodes a stored state with the stored body it relies on.
     static func decode(state: String, body: String?, _ coding: StampCoding) throws -> DocumentState {
-        try DocumentState(compact: try JSONParser(maxDepth: 10_000).parse(state), body: try parseBody(body), coding)
+        try DocumentState(compactText: state, body: try parseBody(body), coding)
     }
 
     func updateDocument(_ key: DocKey, _ edit: (inout DocumentState) -> Void) throws {

@@ -39,6 +39,11 @@ final class MemoryReplica: ReplicaStorage {
         precondition(homeText == state.compactJSON(home).jsonText, "compactText(home) differs: \(homeText)")
         let fromHome = try DocumentState(compact: try JSONParser().parse(homeText), body: body, home)
         precondition(fromHome == state, "document state does not survive its home-coded form: \(homeText)")
+        // The text reader (what databases use) reads both forms to the same state.
+        let read = try DocumentState(compactText: state.compactText, body: body)
+        precondition(read == state, "the compactText reader differs: \(state.compactText)")
+        let readHome = try DocumentState(compactText: homeText, body: body, home)
+        precondition(readHome == state, "the compactText reader differs on the home-coded form: \(homeText)")
         docs[key] = fromHome
     }
     func index(_ name: String) throws -> IndexState? { indexes[name] }

@@ -31,6 +31,7 @@ import Testing
         let seed = testSeed("state parser fuzz")
         var rng = SeededRandom(seed: seed)
         var decoded = 0
+        var readBoth = 0
         for _ in 0..<20_000 {
             let state = Self.sampleState(&rng)
             let body = state.materialize(id: "d")
@@ -46,9 +47,17 @@ import Testing
                     text[at] = UInt8.random(in: 0...255, using: &rng)
                 }
             }
+            // The text reader accepts no more than the tree reader, and reads the same state from what it accepts
+            // (of texts that are valid UTF-8: a `String` holds nothing else).
+            let direct = String(validating: text, as: UTF8.self).flatMap { try? DocumentState(compactText: $0, body: body) }
             guard let json = try? JSONParser(maxDepth: 64).parse(text),
                 let parsed = try? DocumentState(compact: json, body: body)
-            else { continue }
+            else {
+                #expect(direct == nil, "the text reader accepted \(String(decoding: text, as: UTF8.self))")
+                continue
+            }
+            if let direct { #expect(direct == parsed) }
+            readBoth += direct == nil ? 0 : 1
             decoded += 1
             #expect(parsed.cl >= 0 && parsed.cl <= ChangeBounds.maxCausalLength)
             #expect(parsed.maxClock.raw < ChangeBounds.maxClock)
@@ -58,5 +67,46 @@ import Testing
             #expect(again.materialize(id: "d") == parsed.materialize(id: "d"))
         }
         #expect(decoded > 100, "too few mutated states decoded to test the round trip (\(decoded))")
+        #expect(readBoth > 100, "too few mutated states read by both readers (\(readBoth))")
+    }
+
+    /// The text reader refuses what no writer produces and the tree reader let through (a part of the wrong type, a
+    /// field named twice, a duplicate key), accepts whitespace anywhere JSON allows it, and reads both origin forms.
+    @Test func theTextReaderIsStrictWhereTheTreeReaderWasLenient() throws {
+        let home = NodeID(bytes: Array(repeating: 7, count: 16))
+        let coding = StampCoding(home: home)
+        let body: [String: JSONValue] = ["_id": "d", "a": 1, "b": "x"]
+        let good = #"{"f":{"b":{"w":[[5,"0102030405060708090a0b0c0d0e0f10",1,0],"x"],"x":[[[4,0,2,0],"y"]]}},"l":1,"t":[3,0,1,0]}"#
+        let spaced = " { \"l\" : 1 ,\n \"t\" : [ 3 , 0 , 1 , 0 ] , \"f\" : { \"b\" : { \"x\" : [ [ [ 4 , 0 , 2 , 0 ] , \"y\" ] ] , \"w\" : [ [ 5 , \"0102030405060708090a0b0c0d0e0f10\" , 1 , 0 ] , \"x\" ] } } } "
+        let expected = try DocumentState(compact: try JSONParser().parse(good), body: body, coding)
+        #expect(try DocumentState(compactText: good, body: body, coding) == expected)
+        #expect(try DocumentState(compactText: spaced, body: body, coding) == expected)
+        #expect(expected.fields["b"]?.losers.first?.stamp.dot.origin == home)
+        #expect(expected.fields["a"]?.winner?.value == 1)
+        let lenient = [
+            #"{"f":{"b":5},"l":1,"t":[3,0,1,0]}"#,  // a field state that is not an object
+            #"{"f":[],"l":1,"t":[3,0,1,0]}"#,  // "f" not an object
+            #"{"l":1,"t":[3,0,1,0],"u":["a",2]}"#,  // a name that is not a string
+            #"{"f":{"b":{"c":{}}},"l":1,"t":[3,0,1,0]}"#,  // increments not an array
+        ]
+        for text in lenient {
+            #expect(throws: (any Error).self, "\(text)") { try DocumentState(compactText: text, body: body, coding) }
+            #expect((try? DocumentState(compact: try JSONParser().parse(text), body: body, coding)) != nil, "\(text)")
+        }
+        let refused = [
+            #"{"l":1,"l":1,"t":[3,0,1,0]}"#, #"{"f":{"b":{"w":[[5,0,1,0]],"w":[[5,0,1,0]]}},"l":1,"t":[3,0,1,0]}"#,
+            #"{"f":{"b":{"w":[[5,0,1,0]]},"b":{"w":[[5,0,1,0]]}},"l":1,"t":[3,0,1,0]}"#, #"{"l":1,"t":[3,0,1,0],}"#,
+            #"{"l":1,"t":[3,0,1,0]"#, #"{"l":1,"t":[3,0,1,0]}x"#, #"{"l":1.0,"t":[3,0,1,0]}"#, #"{"l":1,"t":[3,0,1]}"#,
+            #"{"l":1,"t":[3,0,1,0,0]}"#, #"{"l":1,"t":[3,1,1,0]}"#, #"{"l":1,"t":[3,"zz",1,0]}"#, #"{"l":1,"t":[3,0,0,0]}"#,
+            #"{"l":-1,"t":[3,0,1,0]}"#, #"{"l":1}"#, #"{"l":1,"n":1,"t":[3,0,1,0]}"#, #"{"l":1,"q":1,"q":2,"t":[3,0,1,0]}"#,
+            #"[{"l":1}]"#, #"{"l":1,"t":[3,0,1,0],"f":{"b":{"w":[[5,0,1,0],1,2]}}}"#,
+        ]
+        for text in refused {
+            #expect(throws: (any Error).self, "\(text)") { try DocumentState(compactText: text, body: body, coding) }
+            // Whatever the text reader refuses here, the tree reader refuses too (the first four are above).
+            #expect((try? DocumentState(compact: try JSONParser().parse(text), body: body, coding)) == nil, "\(text)")
+        }
+        // Without a home, `0` is no origin.
+        #expect(throws: (any Error).self) { try DocumentState(compactText: good, body: body) }
     }
 }
