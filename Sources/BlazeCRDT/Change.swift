@@ -272,10 +272,16 @@ public struct Change: Hashable, Sendable {
     }
 
     static func decodeOp(_ json: JSONValue) throws(CRDTDecodingError) -> CRDTOp {
-        guard case .object(let o) = json, case .string(let kind)? = o["k"] else { throw CRDTDecodingError("malformed op") }
+        guard case .object(let o) = json else { throw CRDTDecodingError("malformed op") }
+        return try decodeOp { o[$0] }
+    }
+
+    /// Decodes an op from its members, `o` giving each one's value by key.
+    static func decodeOp(_ o: (String) -> JSONValue?) throws(CRDTDecodingError) -> CRDTOp {
+        guard case .string(let kind)? = o("k") else { throw CRDTDecodingError("malformed op") }
         switch kind {
         case "doc":
-            guard case .string(let c)? = o["c"], case .string(let i)? = o["i"], case .int(let l)? = o["l"] else {
+            guard case .string(let c)? = o("c"), case .string(let i)? = o("i"), case .int(let l)? = o("l") else {
                 throw CRDTDecodingError("malformed doc op")
             }
             func strings(_ v: JSONValue?) throws(CRDTDecodingError) -> [String] {
@@ -297,27 +303,27 @@ public struct Change: Hashable, Sendable {
             }
             return .doc(
                 DocOp(
-                    key: DocKey(collection: c, id: i), cl: l, set: o["set"]?.objectValue ?? [:],
-                    unset: try strings(o["unset"]), incr: o["incr"]?.objectValue ?? [:], add: try arrays(o["add"]),
-                    remove: try arrays(o["remove"])))
+                    key: DocKey(collection: c, id: i), cl: l, set: o("set")?.objectValue ?? [:],
+                    unset: try strings(o("unset")), incr: o("incr")?.objectValue ?? [:], add: try arrays(o("add")),
+                    remove: try arrays(o("remove"))))
         case "del":
-            guard case .string(let c)? = o["c"], case .string(let i)? = o["i"], case .int(let l)? = o["l"] else {
+            guard case .string(let c)? = o("c"), case .string(let i)? = o("i"), case .int(let l)? = o("l") else {
                 throw CRDTDecodingError("malformed delete op")
             }
             return .delete(DocKey(collection: c, id: i), cl: l)
         case "index":
-            guard case .string(let n)? = o["n"], case .string(let c)? = o["c"] else {
+            guard case .string(let n)? = o("n"), case .string(let c)? = o("c") else {
                 throw CRDTDecodingError("malformed index op")
             }
             let fields: [String]?
-            switch o["f"] {
+            switch o("f") {
             case .array(let a)?:
                 fields = a.compactMap(\.stringValue)
                 guard fields!.count == a.count else { throw CRDTDecodingError("malformed index fields") }
             default: fields = nil
             }
             // Held as written, whatever its shape (a newer build's is not refused; SQLStorage builds only what it reads).
-            return .index(name: n, collection: c, fields: fields, vector: o["v"].map(IndexVector.init(json:)))
+            return .index(name: n, collection: c, fields: fields, vector: o("v").map(IndexVector.init(json:)))
         default:
             throw CRDTDecodingError("unknown op kind \(kind)")
         }

@@ -13,16 +13,26 @@ public struct JSONReader {
     /// Runs `body` over the UTF-8 text `text`, which must hold exactly the one value `body` reads (whitespace aside).
     public static func read<T>(_ text: String, maxDepth: Int = 64, _ body: (inout JSONReader) throws -> T) throws -> T {
         var text = text
-        return try text.withUTF8 { buf in
-            var reader = JSONReader(Cursor(buf: buf, maxDepth: maxDepth))
-            reader.cursor.skipWhitespace()
-            let result = try body(&reader)
-            reader.cursor.skipWhitespace()
-            guard reader.cursor.pos == buf.count else {
-                throw reader.cursor.error("syntax", "unexpected data after the JSON value")
-            }
-            return result
+        return try text.withUTF8 { try read($0, maxDepth: maxDepth, body) }
+    }
+
+    /// Runs `body` over the bytes `bytes` (UTF-8 is checked as it is read), which must hold exactly the one value
+    /// `body` reads (whitespace aside).
+    public static func read<T>(_ bytes: [UInt8], maxDepth: Int = 64, _ body: (inout JSONReader) throws -> T) throws -> T {
+        try bytes.withUnsafeBufferPointer { try read($0, maxDepth: maxDepth, body) }
+    }
+
+    private static func read<T>(
+        _ buf: UnsafeBufferPointer<UInt8>, maxDepth: Int, _ body: (inout JSONReader) throws -> T
+    ) throws -> T {
+        var reader = JSONReader(Cursor(buf: buf, maxDepth: maxDepth))
+        reader.cursor.skipWhitespace()
+        let result = try body(&reader)
+        reader.cursor.skipWhitespace()
+        guard reader.cursor.pos == buf.count else {
+            throw reader.cursor.error("syntax", "unexpected data after the JSON value")
         }
+        return result
     }
 
     /// An error at the current position, for a value of the wrong shape.

@@ -135,8 +135,8 @@ extension BlazeDatabase {
         let now = UInt64(max(0, Date().timeIntervalSince1970 * 1000))
         for (entry, payload) in zip(batch.entries, payloads) {
             // A document's values sit four levels into its change ({x: [{set: {field: value}}]}).
-            guard let json = try? JSONParser(maxDepth: limits.maxDepth + 4).parse(payload),
-                let change = try? Change(json: json), change.origin == batch.origin, change.seq == entry.header.seq
+            guard let change = try? Change(text: payload, maxDepth: limits.maxDepth + 4), change.origin == batch.origin,
+                change.seq == entry.header.seq
             else { throw .badPayload }
             guard (try? syncLog.checkReceived(change, size: payload.count)) != nil else { throw .invalidChange }
             do {

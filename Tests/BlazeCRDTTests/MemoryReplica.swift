@@ -58,6 +58,8 @@ final class MemoryReplica: ReplicaStorage {
         log.keys.sorted().flatMap { origin in log[origin]!.filter { $0.seq > other[origin] } }.map { change in
             let back = try! Change(json: try! JSONParser().parse(change.jsonValue.jsonText))
             precondition(back == change, "change does not survive its JSON form")
+            let read = try! Change(text: Array(change.jsonValue.jsonText.utf8), maxDepth: 10_000)
+            precondition(read == change, "the change text reader differs")
             return back
         }
     }

@@ -1,0 +1,73 @@
+import BlazeCRDT
+import BlazeProtocol
+import BlazeTestSupport
+import Testing
+
+/// Seeded fuzzing of the change text reader (how every change a peer sends is decoded) against the tree decoder:
+/// for any text, both accept it or both refuse it, and what they accept is the same change.
+@Suite struct ChangeReaderFuzz {
+    static let extremes: [String] = [
+        "-1", "0", "9223372036854775807", "1e400", "1.5", "\"x\"", "null", "[]", "{}", "true", "[1]", "{\"a\":1}",
+        "{\"a\":1,\"a\":2}", "\"00000000000000000000000000000001\"", "[[1]]", "{\"x\":[]}",
+    ]
+
+    /// A change with every kind of op and each part of a document op.
+    static func sampleChange(_ rng: inout SeededRandom) -> Change {
+        let a = NodeID(bytes: (0..<16).map { _ in UInt8.random(in: 0...255, using: &rng) })
+        let b = NodeID(bytes: (0..<16).map { _ in UInt8.random(in: 0...255, using: &rng) })
+        let key = DocKey(collection: "c", id: "d\(Int.random(in: 0...9, using: &rng))")
+        let ops: [CRDTOp] = [
+            .doc(
+                DocOp(
+                    key: key, cl: 1, set: ["x": .int(Int64.random(in: -5...5, using: &rng)), "o": ["p": [1, "q"]]],
+                    unset: ["u"], incr: ["n": 2], add: ["s": ["a", 1]], remove: ["s": ["b"]])),
+            .delete(DocKey(collection: "c", id: "e"), cl: 2),
+            .index(name: "by_x", collection: "c", fields: ["x"]),
+            .index(name: "v", collection: "c", fields: nil, vector: IndexVector(dimensions: 3, metric: "l2")),
+        ]
+        return Change(
+            origin: a, seq: UInt64.random(in: 1...1000, using: &rng), hlc: HLC(milliseconds: 1_000),
+            deps: VersionVector([b: 3]), ops: ops.shuffled(using: &rng))
+    }
+
+    @Test func theTextReaderAndTheTreeDecoderAgreeOnEveryText() throws {
+        var rng = SeededRandom(seed: testSeed("change reader fuzz"))
+        var accepted = 0
+        for round in 0..<20_000 {
+            let change = Self.sampleChange(&rng)
+            var text = Array(change.jsonValue.jsonText.utf8)
+            // Untouched, then with a number, a string or a bracketed value replaced by an extreme, or bytes damaged.
+            for _ in 0..<(round % 4 == 0 ? 0 : Int.random(in: 1...3, using: &rng)) {
+                let at = Int.random(in: 0..<text.count, using: &rng)
+                if Bool.random(using: &rng) {
+                    var end = at
+                    while end < text.count, !",]}".utf8.contains(text[end]) { end += 1 }
+                    text.replaceSubrange(at..<end, with: Array(Self.extremes.randomElement(using: &rng)!.utf8))
+                } else {
+                    text[at] = UInt8.random(in: 0...255, using: &rng)
+                }
+            }
+            let tree = try? Change(json: try JSONParser(maxDepth: 8).parse(text))
+            let direct = try? Change(text: text, maxDepth: 8)
+            #expect(tree == direct, "\(String(decoding: text, as: UTF8.self))")
+            if round % 4 == 0 { #expect(direct == change) } else { accepted += direct == nil ? 0 : 1 }
+        }
+        #expect(accepted > 100, "too few damaged texts accepted to compare the changes read (\(accepted))")
+    }
+
+    /// Nesting deeper than the limit is refused by both, at the same depth.
+    @Test func theDepthLimitIsTheParsers() throws {
+        let key = DocKey(collection: "c", id: "d")
+        var value: JSONValue = 1
+        for _ in 0..<5 { value = .array([value]) }
+        let change = Change(
+            origin: NodeID(bytes: Array(repeating: 1, count: 16)), seq: 1, hlc: HLC(milliseconds: 1), deps: VersionVector(),
+            ops: [.doc(DocOp(key: key, cl: 1, set: ["v": value]))])
+        let text = Array(change.jsonValue.jsonText.utf8)
+        for depth in 6...12 {
+            let tree = try? Change(json: try JSONParser(maxDepth: depth).parse(text))
+            #expect((try? Change(text: text, maxDepth: depth)) == tree, "depth \(depth)")
+            #expect((tree == nil) == (depth < 9), "depth \(depth)")
+        }
+    }
+}
