@@ -108,6 +108,9 @@ final class SQLStorage: ReplicaStorage {
     /// Sizes the per-document bookkeeping for a transaction that writes about `documents` documents.
     func reserve(documents: Int) { docs.reserve(documents: documents) }
 
+    /// Documents this transaction read or wrote and holds until it ends.
+    var documentsHeld: Int { docs.states.count + docs.created.count + docs.patched.count }
+
     /// The state a local write starts from: the document's, or for a key with no state, a deleted one at the highest
     /// causal length compaction dropped (nil when it never dropped one), so that a new incarnation starts above it.
     func localState(_ key: DocKey) throws -> DocumentState? {

@@ -19,27 +19,42 @@ extension SyncLogStore {
     /// Stores several batches as `recordEntries` does, in one transaction: a commit (with its fsync and the pages its
     /// batches share) per group rather than per batch. Nil, with nothing stored, when any batch is refused for a
     /// conflict (`SyncLogConflict`): the caller then stores them one by one, so each gets its own verdict. Once
-    /// `yieldAfter` batches are stored it may stop early for another write (`record`): the outcomes then cover the
-    /// first batches only, and the caller stores the rest later.
-    public func recordEntries(group: [ReceivedBatch], yieldAfter: Int = .max) throws -> [BatchOutcome]? {
+    /// `yieldAfter` batches are stored it may stop early for another write, and once they hold `maxDocuments`
+    /// documents it stops (`record`): the outcomes then cover the first batches only, and the caller stores the rest
+    /// later.
+    public func recordEntries(
+        group: [ReceivedBatch], yieldAfter: Int = .max, maxDocuments: Int = maxGroupDocuments
+    ) throws -> [BatchOutcome]? {
         do {
-            return try database.connections.write { db in try record(group, in: db, yieldAfter: yieldAfter) }
+            return try database.connections.write { db in
+                try record(group, in: db, yieldAfter: yieldAfter, maxDocuments: maxDocuments)
+            }
         } catch is SyncLogConflict {
             return nil
         }
     }
 
+    /// The most documents a transaction storing a group of batches holds before it stops taking more batches: each is
+    /// kept decoded until the commit, so this bounds the group's memory when its changes touch many documents (and
+    /// such a group gains little from more batches, which pays when changes touch the same documents again).
+    public static let maxGroupDocuments = 16_384
+
     /// `recordEntries` of `batches`, in order, inside the caller's write transaction. Their new changes are applied
     /// batch by batch into one storage and written together, so a document several of them change is read and
-    /// written once; the outcome of the last batch carries what applying them did. Once `yieldAfter` batches are
-    /// stored, it stops early while another write waits for the database (`DatabaseConnections.writesWaiting`): the
-    /// outcomes then cover only the batches stored, and that write waits for a short transaction.
-    func record(_ batches: [ReceivedBatch], in db: Database, yieldAfter: Int = .max) throws -> [BatchOutcome] {
+    /// written once; the outcome of the last batch carries what applying them did. It stops early, the outcomes then
+    /// covering only the batches stored: once `yieldAfter` batches are stored, while another write waits for the
+    /// database (`DatabaseConnections.writesWaiting`), so that write waits for a short transaction; and once the
+    /// batches stored hold `maxDocuments` documents.
+    func record(
+        _ batches: [ReceivedBatch], in db: Database, yieldAfter: Int = .max, maxDocuments: Int = maxGroupDocuments
+    ) throws -> [BatchOutcome] {
         var outcomes: [BatchOutcome] = []
-        let receiving = database.startReceiving(in: db, documents: batches.reduce(0) { $0 + $1.changes.count })
+        let changes = batches.reduce(0) { $0 + $1.changes.count }
+        let receiving = database.startReceiving(in: db, documents: min(changes, maxDocuments))
         var applying = false
         for batch in batches {
             if outcomes.count >= yieldAfter, database.connections.writesWaiting.load(ordering: .relaxed) > 0 { break }
+            if !outcomes.isEmpty, receiving.storage.documentsHeld >= maxDocuments { break }
             var fresh: [Change] = []
             var freshTexts: [ChangeID: [UInt8]] = [:]
             fresh.reserveCapacity(batch.changes.count)

@@ -77,10 +77,10 @@ final class BatchReceiver: ChannelInboundHandler {
     /// Origins whose batches this session refuses: later batches of theirs could not link to anything stored here.
     private var refusedOrigins: Set<NodeID> = []
 
-    /// Batches waiting to be applied (or being stored beyond the first of a group) before reading pauses: while a
-    /// group of 16 is stored, five more may arrive, so groups alternate between long and short unless the store is
-    /// slower than the sender (an inbox of 32 measured no faster in W6, and holds more decoded batches).
-    static let maxInbox = 20
+    /// Batches waiting to be applied (or being stored beyond the first of a group) before reading pauses: a group of
+    /// `VerifiedBatch.maxGroup` (24) and some of the next, so groups alternate between long and short unless the
+    /// store is slower than the sender.
+    static let maxInbox = 28
     /// Batches of a group being stored beyond its first: counted with the inbox in its limits.
     private var groupExtra = (count: 0, bytes: 0)
     /// Batches to store one at a time before grouping again (after a group refused as a whole).
@@ -88,7 +88,7 @@ final class BatchReceiver: ChannelInboundHandler {
     /// Bytes of received batches waiting to be applied before reading pauses: a peer holds at most this plus the
     /// batch that crossed it, the first batch of the group being stored and one frame being read (each at most
     /// `SessionCipher.maxBody`) of the receiver's memory, and their decoded changes.
-    static let maxInboxBytes = 8 << 20
+    static let maxInboxBytes = 12 << 20
 
     /// A receiver storing through `engine`'s I/O pool and counting on `report`.
     init(engine: SyncEngine, report: LinkReport, relay: Bool = false) {
@@ -267,7 +267,8 @@ final class BatchReceiver: ChannelInboundHandler {
                     $0.lastSyncMs = nowMs()
                 }
                 receiver.noteMissing(parked: outcomes.contains { $0.report.parked > 0 }, db: db, context: context)
-                // A group cut short for another write stored fewer than it verified: the rest go back too.
+                // A group cut short (for another write, or at its bound of documents) stored fewer than it verified:
+                // the rest go back too.
                 receiver.putBack(group.dropFirst(outcomes.count))
             case .success((let count, nil)):
                 receiver.putBack(group[...])

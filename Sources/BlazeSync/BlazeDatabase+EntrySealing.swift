@@ -16,8 +16,9 @@ public struct VerifiedBatch: Sendable {
 
     /// The most batches a receiver stores in one transaction (`BlazeDatabase.store(group:)`) while no other write
     /// waits for the database: a device catching up reads and writes a document once for all the changes a group
-    /// makes to it, and writes each page once per group.
-    public static let maxGroup = 16
+    /// makes to it, and writes each page once per group. A group also ends at the batch that brings its transaction to
+    /// `SyncLogStore.maxGroupDocuments` documents, which bounds its memory when its changes touch many documents.
+    public static let maxGroup = 24
     /// The most batches a receiver stores in one transaction while another write waits (`BlazeDatabase.writesWaiting`),
     /// whether it waited when the group formed or began to wait while it is stored: a local write waits for a short
     /// transaction, not a long one.
@@ -171,8 +172,9 @@ extension BlazeDatabase {
     /// when any of them would be refused (`SyncRejection`): store them one by one then, for each one's verdict.
     /// Past `VerifiedBatch.maxGroupWhileOthersWait` batches it stops early while another write waits for the
     /// database: the outcomes then cover the first batches only, and the rest are for a later transaction.
-    public func store(group: [VerifiedBatch]) throws -> [BatchOutcome]? {
-        try syncLog.recordEntries(group: group.map(\.received), yieldAfter: VerifiedBatch.maxGroupWhileOthersWait)
+    public func store(group: [VerifiedBatch], maxDocuments: Int = SyncLogStore.maxGroupDocuments) throws -> [BatchOutcome]? {
+        try syncLog.recordEntries(
+            group: group.map(\.received), yieldAfter: VerifiedBatch.maxGroupWhileOthersWait, maxDocuments: maxDocuments)
     }
 
     /// Stores the evidence of a fork of `head.origin`: `head` (verified here) signs `hash` at `seq`, while the entry

@@ -266,4 +266,30 @@ func pull(_ to: SyncReplica, from: SyncReplica, key: SpaceKey, maxEntries: Int =
         #expect(try c.db.stateHash() == a.db.stateHash() && c.db.summary().documents == 30)
         #expect(try c.db.feedEntries(after: 0, limit: 100, maxEvents: 1000).count == 60)
     }
+
+    /// A group stops at the batch that brings its transaction to the documents it may hold; documents its batches
+    /// change again do not count twice.
+    @Test func aGroupStopsOnceItsBatchesHoldEnoughDocuments() throws {
+        let a = try SyncReplica(key: key), b = try SyncReplica(key: key), c = try SyncReplica(key: key)
+        try a.insert(30)
+        for i in 0..<30 { _ = try a.db.apply(.patch(collection: "c", id: "d\(i % 10)", set: ["n": .int(Int64(100 + i))])) }
+        try a.db.sealLocal(key: key, identity: a.identity, batch: 10)
+        var batches: [EntryBatch] = []
+        while let next = try a.db.entryBatch(origin: a.db.node, after: batches.last?.head.seq ?? 0, maxEntries: 10) {
+            batches.append(next)
+        }
+        #expect(batches.count == 6)
+        var verified = try batches.map { try c.db.verify(batch: $0, key: key) }
+        // Three batches of 10 new documents, then three of patches to the first 10: groups hold at most 15.
+        var stored: [[Int]] = []
+        while !verified.isEmpty {
+            let outcomes = try #require(try c.db.store(group: verified, maxDocuments: 15))
+            stored.append(outcomes.map(\.stored))
+            verified.removeFirst(outcomes.count)
+        }
+        #expect(stored == [[10, 10], [10, 10], [10, 10]])
+        for batch in batches { _ = try b.db.receive(batch: batch, key: key) }
+        #expect(try c.db.stateHash() == a.db.stateHash() && c.db.stateHash() == b.db.stateHash())
+        #expect(try c.db.summary().documents == 30 && c.db.feedEntries(after: 0, limit: 100, maxEvents: 1000).count == 60)
+    }
 }
