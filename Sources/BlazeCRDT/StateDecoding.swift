@@ -14,6 +14,7 @@ extension DocumentState {
         var common: Stamp?
         var unset: [String]?
         var selfContained = false
+        var hasGroups = false
         try JSONReader.read(text, maxDepth: 10_000) { r in
             try r.beginObject()
             var seen = Members()
@@ -32,6 +33,7 @@ extension DocumentState {
                     _ = try r.value()
                     selfContained = true
                 case "p":
+                    hasGroups = true
                     try r.beginArray()
                     while try r.nextElement() {
                         try r.beginArray()
@@ -53,7 +55,7 @@ extension DocumentState {
         }
         if selfContained {
             // Self-contained (nested fields): nothing is read from the body.
-            guard groups.isEmpty, common == nil, unset == nil else { throw CRDTDecodingError("malformed document state") }
+            guard !hasGroups, common == nil, unset == nil else { throw CRDTDecodingError("malformed document state") }
             self.init(cl: cl, fields: fields)
             return
         }
@@ -79,10 +81,12 @@ extension DocumentState {
 }
 
 /// The keys of one object read so far, to refuse a duplicate as `JSONParser` does. The storage forms use one-letter
-/// keys, kept in a bit set; any other key (a newer writer's) in a list.
+/// keys, kept in a bit set; other keys (an op's `set`, a newer writer's) in a short list, then a set, so that an
+/// object of many keys from a peer costs linear time.
 struct Members {
     private var letters: UInt64 = 0
     private var others: [String] = []
+    private var many: Set<String> = []
 
     mutating func insert(_ key: String, _ r: JSONReader) throws(JSONParseError) {
         let utf8 = key.utf8
@@ -92,8 +96,13 @@ struct Members {
             letters |= bit
             return
         }
-        guard !others.contains(key) else { throw r.error("duplicate object key \"\(key)\"") }
-        others.append(key)
+        if others.count < 8 {
+            guard !others.contains(key) else { throw r.error("duplicate object key \"\(key)\"") }
+            others.append(key)
+            return
+        }
+        if many.isEmpty { many = Set(others) }
+        guard many.insert(key).inserted else { throw r.error("duplicate object key \"\(key)\"") }
     }
 }
 

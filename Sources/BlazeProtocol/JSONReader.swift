@@ -1,8 +1,9 @@
 /// Reads a JSON text one token at a time, for decoders that build their own types without a `JSONValue` tree first.
 ///
 /// Everything it reads follows `JSONParser`'s rules (strict syntax, valid UTF-8, number ranges, the nesting limit).
-/// It sees every key, so rejecting a duplicate key is the caller's part. A reader lives only inside `read`'s body.
-public struct JSONReader {
+/// It sees every key, so rejecting a duplicate key is the caller's part. A reader points into the text: it must not
+/// leave `read`'s body, which is why it is the package's alone.
+package struct JSONReader {
     private var cursor: Cursor
     private var depth = 0
     /// A container was just opened: its first member or element comes without a comma.
@@ -11,14 +12,14 @@ public struct JSONReader {
     private init(_ cursor: Cursor) { self.cursor = cursor }
 
     /// Runs `body` over the UTF-8 text `text`, which must hold exactly the one value `body` reads (whitespace aside).
-    public static func read<T>(_ text: String, maxDepth: Int = 64, _ body: (inout JSONReader) throws -> T) throws -> T {
+    package static func read<T>(_ text: String, maxDepth: Int = 64, _ body: (inout JSONReader) throws -> T) throws -> T {
         var text = text
         return try text.withUTF8 { try read($0, maxDepth: maxDepth, body) }
     }
 
     /// Runs `body` over the bytes `bytes` (UTF-8 is checked as it is read), which must hold exactly the one value
     /// `body` reads (whitespace aside).
-    public static func read<T>(_ bytes: [UInt8], maxDepth: Int = 64, _ body: (inout JSONReader) throws -> T) throws -> T {
+    package static func read<T>(_ bytes: [UInt8], maxDepth: Int = 64, _ body: (inout JSONReader) throws -> T) throws -> T {
         try bytes.withUnsafeBufferPointer { try read($0, maxDepth: maxDepth, body) }
     }
 
@@ -36,27 +37,27 @@ public struct JSONReader {
     }
 
     /// An error at the current position, for a value of the wrong shape.
-    public func error(_ what: String) -> JSONParseError { cursor.error("shape", what) }
+    package func error(_ what: String) -> JSONParseError { cursor.error("shape", what) }
 
     /// The first byte of the next value, nil at the end of the text.
-    public mutating func peek() -> UInt8? {
+    package mutating func peek() -> UInt8? {
         cursor.skipWhitespace()
         return cursor.pos < cursor.buf.count ? cursor.buf[cursor.pos] : nil
     }
 
     /// Opens an object; read its members with `nextKey()` until it returns nil.
-    public mutating func beginObject() throws(JSONParseError) {
+    package mutating func beginObject() throws(JSONParseError) {
         try open(UInt8(ascii: "{"), "an object")
     }
 
     /// Opens an array; read its elements while `nextElement()` returns true.
-    public mutating func beginArray() throws(JSONParseError) {
+    package mutating func beginArray() throws(JSONParseError) {
         try open(UInt8(ascii: "["), "an array")
     }
 
     /// The next member's key (the reader then stands at its value, which the caller must read), or nil when the
     /// object closes.
-    public mutating func nextKey() throws(JSONParseError) -> String? {
+    package mutating func nextKey() throws(JSONParseError) -> String? {
         guard try more(close: UInt8(ascii: "}")) else { return nil }
         guard cursor.pos < cursor.buf.count, cursor.buf[cursor.pos] == UInt8(ascii: "\"") else {
             throw cursor.error("syntax", "expected a string key")
@@ -72,25 +73,25 @@ public struct JSONReader {
     }
 
     /// True when the array has another element (the reader then stands at it), false when it closes.
-    public mutating func nextElement() throws(JSONParseError) -> Bool {
+    package mutating func nextElement() throws(JSONParseError) -> Bool {
         try more(close: UInt8(ascii: "]"))
     }
 
     /// The next value, whole.
-    public mutating func value() throws(JSONParseError) -> JSONValue {
+    package mutating func value() throws(JSONParseError) -> JSONValue {
         atStart = false
         cursor.skipWhitespace()
         return try cursor.parseValue(depth: depth)
     }
 
     /// The next value, which must be an integer (written without fraction or exponent).
-    public mutating func int() throws(JSONParseError) -> Int64 {
+    package mutating func int() throws(JSONParseError) -> Int64 {
         guard case .int(let i) = try value() else { throw error("expected an integer") }
         return i
     }
 
     /// The next value, which must be a string.
-    public mutating func string() throws(JSONParseError) -> String {
+    package mutating func string() throws(JSONParseError) -> String {
         guard case .string(let s) = try value() else { throw error("expected a string") }
         return s
     }

@@ -34,9 +34,10 @@ extension SyncLogStore {
         }
     }
 
-    /// The most documents a transaction storing a group of batches holds before it stops taking more batches: each is
-    /// kept decoded until the commit, so this bounds the group's memory when its changes touch many documents (and
-    /// such a group gains little from more batches, which pays when changes touch the same documents again).
+    /// The documents a transaction storing a group of batches may hold before it takes no further batch (checked
+    /// between batches, so one batch may take it past this): each is kept in memory until the commit, so this keeps a
+    /// group whose changes touch many documents near a smaller group's memory (and such a group gains little from
+    /// more batches, which pay when changes touch the same documents again).
     public static let maxGroupDocuments = 16_384
 
     /// `recordEntries` of `batches`, in order, inside the caller's write transaction. Their new changes are applied

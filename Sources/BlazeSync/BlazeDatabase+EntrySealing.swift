@@ -171,7 +171,8 @@ extension BlazeDatabase {
     /// Stores several verified batches, in order, as `store` does but in one transaction. Nil, with nothing stored,
     /// when any of them would be refused (`SyncRejection`): store them one by one then, for each one's verdict.
     /// Past `VerifiedBatch.maxGroupWhileOthersWait` batches it stops early while another write waits for the
-    /// database: the outcomes then cover the first batches only, and the rest are for a later transaction.
+    /// database, and after the batch that brings it to `maxDocuments` documents held: the outcomes then cover the
+    /// first batches only, and the rest are for a later transaction.
     public func store(group: [VerifiedBatch], maxDocuments: Int = SyncLogStore.maxGroupDocuments) throws -> [BatchOutcome]? {
         try syncLog.recordEntries(
             group: group.map(\.received), yieldAfter: VerifiedBatch.maxGroupWhileOthersWait, maxDocuments: maxDocuments)

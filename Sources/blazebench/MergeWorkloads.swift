@@ -36,10 +36,14 @@ enum MergeWorkloads {
         let storeCPU = try cpuSeconds {
             PhaseMarks.mark("W6.store start")
             defer { PhaseMarks.mark("W6.store end") }
-            // As a session's receiver stores them: up to `VerifiedBatch.maxGroup` in one transaction.
-            for start in stride(from: 0, to: verified.count, by: VerifiedBatch.maxGroup) {
+            // As a session's receiver stores them: up to `VerifiedBatch.maxGroup` in one transaction, the next group
+            // starting where one stopped (at its bound of documents).
+            var start = 0
+            while start < verified.count {
                 let group = Array(verified[start..<min(verified.count, start + VerifiedBatch.maxGroup)])
-                stored += try require(try b.store(group: group), "a group stored").reduce(0) { $0 + $1.stored }
+                let outcomes = try require(try b.store(group: group), "a group stored")
+                stored += outcomes.reduce(0) { $0 + $1.stored }
+                start += outcomes.count
             }
         }
         guard stored == updates else { throw ClientError("W6.store: stored \(stored) of \(updates) changes") }

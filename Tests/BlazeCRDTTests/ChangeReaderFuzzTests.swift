@@ -55,6 +55,23 @@ import Testing
         #expect(accepted > 100, "too few damaged texts accepted to compare the changes read (\(accepted))")
     }
 
+    /// A key given twice is refused by both, in a change, in an op, and among many keys; unknown keys are ignored.
+    @Test func duplicateKeysAreRefusedAndUnknownOnesIgnored() throws {
+        let head = #"{"d":{},"h":1,"o":"01010101010101010101010101010101","s":1,"x":[{"c":"c","i":"d","k":"doc","l":1,"#
+        let many = (0..<20).map { "\"u\($0)\":1," }.joined()
+        let texts = [
+            head + #""set":{"a":1},"set":{"a":2}}]}"#, head + #""set":{"a":1}}],"s":1}"#,
+            head + many + #""u7":2,"set":{"a":1}}]}"#, head + many + #""set":{"a":1}}]}"#,
+        ]
+        for (n, text) in texts.enumerated() {
+            let bytes = Array(text.utf8)
+            let tree = try? Change(json: try JSONParser(maxDepth: 8).parse(bytes))
+            let direct = try? Change(text: bytes, maxDepth: 8)
+            #expect(tree == direct, "\(text)")
+            #expect((direct != nil) == (n == 3), "\(text)")
+        }
+    }
+
     /// Nesting deeper than the limit is refused by both, at the same depth.
     @Test func theDepthLimitIsTheParsers() throws {
         let key = DocKey(collection: "c", id: "d")

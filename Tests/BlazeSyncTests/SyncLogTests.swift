@@ -291,5 +291,12 @@ func pull(_ to: SyncReplica, from: SyncReplica, key: SpaceKey, maxEntries: Int =
         for batch in batches { _ = try b.db.receive(batch: batch, key: key) }
         #expect(try c.db.stateHash() == a.db.stateHash() && c.db.stateHash() == b.db.stateHash())
         #expect(try c.db.summary().documents == 30 && c.db.feedEntries(after: 0, limit: 100, maxEvents: 1000).count == 60)
+        // Batches that change the same documents again stay in one group: 60 changes, 10 documents.
+        let d = try SyncReplica(key: key)
+        let again = try batches.map { try d.db.verify(batch: $0, key: key) }
+        _ = try d.db.store(group: Array(again.prefix(3)), maxDocuments: .max)
+        let patches = try #require(try d.db.store(group: Array(again.dropFirst(3)), maxDocuments: 15))
+        #expect(patches.map(\.stored) == [10, 10, 10])
+        #expect(try d.db.stateHash() == a.db.stateHash())
     }
 }
