@@ -37,16 +37,7 @@ import Testing
             let change = Self.sampleChange(&rng)
             var text = Array(change.jsonValue.jsonText.utf8)
             // Untouched, then with a number, a string or a bracketed value replaced by an extreme, or bytes damaged.
-            for _ in 0..<(round % 4 == 0 ? 0 : Int.random(in: 1...3, using: &rng)) {
-                let at = Int.random(in: 0..<text.count, using: &rng)
-                if Bool.random(using: &rng) {
-                    var end = at
-                    while end < text.count, !",]}".utf8.contains(text[end]) { end += 1 }
-                    text.replaceSubrange(at..<end, with: Array(Self.extremes.randomElement(using: &rng)!.utf8))
-                } else {
-                    text[at] = UInt8.random(in: 0...255, using: &rng)
-                }
-            }
+            damage(&text, times: round % 4 == 0 ? 0 : Int.random(in: 1...3, using: &rng), extremes: Self.extremes, using: &rng)
             let tree = try? Change(json: try JSONParser(maxDepth: 8).parse(text))
             let direct = try? Change(text: text, maxDepth: 8)
             #expect(tree == direct, "\(String(decoding: text, as: UTF8.self))")

@@ -37,16 +37,7 @@ import Testing
             let body = state.materialize(id: "d")
             var text = Array(state.compactText.utf8)
             // Replace a number, a string or a bracketed value with an extreme, or damage bytes.
-            for _ in 0..<Int.random(in: 1...3, using: &rng) {
-                let at = Int.random(in: 0..<text.count, using: &rng)
-                if Bool.random(using: &rng) {
-                    var end = at
-                    while end < text.count, !",]}".utf8.contains(text[end]) { end += 1 }
-                    text.replaceSubrange(at..<end, with: Array(Self.extremes.randomElement(using: &rng)!.utf8))
-                } else {
-                    text[at] = UInt8.random(in: 0...255, using: &rng)
-                }
-            }
+            damage(&text, times: Int.random(in: 1...3, using: &rng), extremes: Self.extremes, using: &rng)
             // The text reader accepts no more than the tree reader, and reads the same state from what it accepts
             // (of texts that are valid UTF-8: a `String` holds nothing else).
             let direct = String(validating: text, as: UTF8.self).flatMap { try? DocumentState(compactText: $0, body: body) }

@@ -241,8 +241,8 @@ func pull(_ to: SyncReplica, from: SyncReplica, key: SpaceKey, maxEntries: Int =
         #expect(!a.db.writesWaiting)
     }
 
-    @Test func aGroupStopsAfterFourBatchesWhileAnotherWriteWaits() throws {
-        let a = try SyncReplica(key: key), b = try SyncReplica(key: key), c = try SyncReplica(key: key)
+    /// A's batches of 10 (checked to be six): 30 new documents, then 30 patches to the first 10 of them.
+    private func sixBatches(_ a: SyncReplica) throws -> [EntryBatch] {
         try a.insert(30)
         for i in 0..<30 { _ = try a.db.apply(.patch(collection: "c", id: "d\(i % 10)", set: ["n": .int(Int64(100 + i))])) }
         try a.db.sealLocal(key: key, identity: a.identity, batch: 10)
@@ -251,6 +251,12 @@ func pull(_ to: SyncReplica, from: SyncReplica, key: SpaceKey, maxEntries: Int =
             batches.append(next)
         }
         #expect(batches.count == 6)
+        return batches
+    }
+
+    @Test func aGroupStopsAfterFourBatchesWhileAnotherWriteWaits() throws {
+        let a = try SyncReplica(key: key), b = try SyncReplica(key: key), c = try SyncReplica(key: key)
+        let batches = try sixBatches(a)
         let verified = try batches.map { try c.db.verify(batch: $0, key: key) }
         // A write waits for the database (counted as the writer's queue counts it): the group stops after four.
         c.db.connections.writesWaiting.add(1, ordering: .relaxed)
@@ -271,14 +277,7 @@ func pull(_ to: SyncReplica, from: SyncReplica, key: SpaceKey, maxEntries: Int =
     /// change again do not count twice.
     @Test func aGroupStopsOnceItsBatchesHoldEnoughDocuments() throws {
         let a = try SyncReplica(key: key), b = try SyncReplica(key: key), c = try SyncReplica(key: key)
-        try a.insert(30)
-        for i in 0..<30 { _ = try a.db.apply(.patch(collection: "c", id: "d\(i % 10)", set: ["n": .int(Int64(100 + i))])) }
-        try a.db.sealLocal(key: key, identity: a.identity, batch: 10)
-        var batches: [EntryBatch] = []
-        while let next = try a.db.entryBatch(origin: a.db.node, after: batches.last?.head.seq ?? 0, maxEntries: 10) {
-            batches.append(next)
-        }
-        #expect(batches.count == 6)
+        let batches = try sixBatches(a)
         var verified = try batches.map { try c.db.verify(batch: $0, key: key) }
         // Three batches of 10 new documents, then three of patches to the first 10: groups hold at most 15.
         var stored: [[Int]] = []

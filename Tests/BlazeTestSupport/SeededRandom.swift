@@ -28,3 +28,18 @@ public func testSeed(_ label: String) -> UInt64 {
     print("\(label) seed \(seed) (replay with BLAZE_SEED=\(seed))")
     return seed
 }
+
+/// Damages a JSON text `times` times for a fuzz test: each time, the value text starting at a random byte (up to the
+/// next `,`, `]` or `}`) is replaced by one of `extremes`, or one byte is set to a random value.
+public func damage(_ text: inout [UInt8], times: Int, extremes: [String], using rng: inout SeededRandom) {
+    for _ in 0..<times {
+        let at = Int.random(in: 0..<text.count, using: &rng)
+        if Bool.random(using: &rng) {
+            var end = at
+            while end < text.count, !",]}".utf8.contains(text[end]) { end += 1 }
+            text.replaceSubrange(at..<end, with: Array(extremes.randomElement(using: &rng)!.utf8))
+        } else {
+            text[at] = UInt8.random(in: 0...255, using: &rng)
+        }
+    }
+}
