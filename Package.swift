@@ -57,10 +57,13 @@ let package = Package(
         .target(name: "BlazeVector", dependencies: ["BlazeProtocol", "CBlazeVectorKernels"], swiftSettings: strict),
         // The inner product with the widest SIMD the CPU has, chosen at run time (C: Swift cannot).
         .target(name: "CBlazeVectorKernels"),
+        // SQLite's process-wide settings, made before its first database opens (C: sqlite3_config is variadic).
+        .target(name: "CBlazeSQLiteConfig", linkerSettings: [.linkedLibrary("sqlite3")]),
         .target(
             name: "BlazeStore",
             dependencies: [
-                "BlazeProtocol", "BlazeCRDT", "BlazeSettings", "BlazeFileFormat", "BlazeVector", .product(name: "GRDB", package: "GRDB.swift"),
+                "BlazeProtocol", "BlazeCRDT", "BlazeSettings", "BlazeFileFormat", "BlazeVector", "CBlazeSQLiteConfig",
+                .product(name: "GRDB", package: "GRDB.swift"),
                 .product(name: "GRDBSQLite", package: "GRDB.swift"), .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "CoreMetrics", package: "swift-metrics"),
             ],

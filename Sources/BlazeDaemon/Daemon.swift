@@ -36,6 +36,9 @@ public final class Daemon: Service, Sendable {
     /// Reads, seals, opens and stores blob chunks for sync sessions, two at a time: never the transfer pool, whose
     /// threads a get may hold while it waits for the chunks this pool stores.
     let chunkPool = NIOThreadPool(numberOfThreads: 2)
+    /// Opens and verifies the batches sync sessions receive, beside the I/O pool, whose stores then never wait behind
+    /// a queue of verifications (nor do requests).
+    let verifyPool = NIOThreadPool(numberOfThreads: 1)
     /// Sync with other devices.
     public let sync: SyncEngine
     /// Each database's blobs and the uploads in progress.
@@ -62,7 +65,8 @@ public final class Daemon: Service, Sendable {
             group: MultiThreadedEventLoopGroup.singleton, pool: pool, logger: logger,
             timeout: .milliseconds(Int64(config.syncTimeoutMs)), retryMaxMs: config.syncRetryMaxMs,
             listenerLimits: config.syncListenerLimits,
-            tlsTrustRoots: config.syncTLSTrustRoots, folderOptions: config.folderOptions, chunkPool: chunkPool)
+            tlsTrustRoots: config.syncTLSTrustRoots, folderOptions: config.folderOptions, chunkPool: chunkPool,
+            verifyPool: verifyPool)
         self.blobs = Blobs(
             maxBlobBytes: config.maxBlobBytes, stores: sync.chunkStores, pool: pool, isOpen: { [connections] in connections.isOpen($0) })
         self.prefetcher = BlobPrefetcher(blobs: blobs, sync: sync, store: store, logger: logger)
@@ -88,6 +92,7 @@ public final class Daemon: Service, Sendable {
         pool.start()
         transferPool.start()
         chunkPool.start()
+        verifyPool.start()
         let dispatcher = Dispatcher(context: context, pool: pool, transferPool: transferPool)
         let limits = config.limits
         let connections = self.connections
@@ -145,6 +150,7 @@ public final class Daemon: Service, Sendable {
             try? await pool.shutdownGracefully()
             try? await transferPool.shutdownGracefully()
             try? await chunkPool.shutdownGracefully()
+            try? await verifyPool.shutdownGracefully()
             try? await clientLoops.group.shutdownGracefully()
             if config.inheritedSocket == nil { unlink(config.socketPath) }
             throw error
@@ -191,6 +197,7 @@ public final class Daemon: Service, Sendable {
         try? await pool.shutdownGracefully()
         try? await transferPool.shutdownGracefully()
         try? await chunkPool.shutdownGracefully()
+        try? await verifyPool.shutdownGracefully()
         try? await clientLoops.group.shutdownGracefully()
         if config.inheritedSocket == nil { unlink(config.socketPath) }  // systemd owns an inherited socket's path
         store.closeAll()

@@ -114,17 +114,25 @@ extension SQLStorage {
     /// `ReplicaStorage.createIfNew`): no state decoded or built, the body written once. Debug builds check every
     /// one against the general engine.
     ///
-    /// The key is looked up first, as the general path would: a remote op of this shape is as often a patch of a
-    /// document held here, which then finds its row already read.
+    /// A remote op of this shape is as often a patch of a document held here, so the key is looked up first, as the
+    /// general path would, and the patch then finds its row already read. Once a creation found no document, the
+    /// next one skips that lookup: `insertNew`'s insert probes for the row itself and writes nothing when it exists
+    /// (the op then takes the general path), so a run of new documents (a first sync) costs one statement each.
     func createIfNew(_ op: DocOp, index: Int, of change: Change) throws -> Bool {
         guard droppedCausalLength == 0, docs.untouched(op.key) else { return false }
-        _ = try document(op.key)
-        guard case .absent? = docs.locations[op.key] else { return false }
-        // Never seen: forget the cached absence, which the shortcut replaces with the document it writes.
-        docs.states[op.key] = nil
-        docs.locations[op.key] = nil
         let stamp = change.stamp(index)
-        guard let (body, _) = try insertNew(op.key, doc: op.set, stamp: stamp) else { return false }
+        if !lastCreationFoundNone {
+            _ = try document(op.key)
+            guard case .absent? = docs.locations[op.key] else { return false }
+            // Never seen: forget the cached absence, which the shortcut replaces with the document it writes.
+            docs.states[op.key] = nil
+            docs.locations[op.key] = nil
+        }
+        guard let (body, _) = try insertNew(op.key, doc: op.set, stamp: stamp) else {
+            lastCreationFoundNone = false
+            return false
+        }
+        lastCreationFoundNone = true
         #if DEBUG
             var general = DocumentState()
             general.apply(op, change: change, index: index)

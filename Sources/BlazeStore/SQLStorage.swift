@@ -58,6 +58,9 @@ final class SQLStorage: ReplicaStorage {
     private var insertBody: RawStatement?
     /// The state texts of documents created by the current change.
     var createdStates: DocumentState.CreatedStateText?
+    /// Whether the last remote creation `createIfNew` tried found no document (and wrote it): the next one then
+    /// inserts without looking the key up first.
+    var lastCreationFoundNone = false
     /// The database's decoded states, and what this transaction wrote for it (kept once it commits).
     let stateCache: StateCache?
     /// Documents this flush wrote through the general path, for `stateCache`, and the least their entries cost.

@@ -36,6 +36,7 @@ public final class Store: Sendable {
         self.limits = limits
         self.node = node
         self.metrics = metrics
+        SQLiteProcess.configure()
         try Self.prepareDirectory(directory)
         try Self.prepareDirectory(directory + "/databases")
     }

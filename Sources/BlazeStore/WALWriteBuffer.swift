@@ -33,6 +33,7 @@ enum WALWriteBuffer {
     static func install() -> Bool { installed }
 
     private static let installed: Bool = {
+        SQLiteProcess.configure()
         guard let base = sqlite3_vfs_find(nil) else { return false }
         let vfs = UnsafeMutablePointer<sqlite3_vfs>.allocate(capacity: 1)
         vfs.initialize(to: base.pointee)

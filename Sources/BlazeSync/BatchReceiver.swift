@@ -10,8 +10,9 @@ import NIOCore
 /// Membership operations are merged in the same order, on the I/O pool: a batch that arrives after them verifies
 /// once they count, and any other message that arrives while they wait is passed on after them.
 ///
-/// Verifying a batch (signatures, AEAD, decoding) needs no database, so it starts on the I/O pool as soon as the batch
-/// arrives and overlaps with storing the batches before it; the batches waiting behind the next one (up to
+/// Verifying a batch (signatures, AEAD, decoding) needs no database, so it starts as soon as the batch arrives, on the
+/// engine's `verifyPool` (so that a group ready to store never waits in the I/O pool's queue behind verifications),
+/// and overlaps with storing the batches before it; the batches waiting behind the next one (up to
 /// `VerifiedBatch.maxGroup` in all, `maxGroupWhileOthersWait` while other writes wait for the database) are stored with
 /// it in one transaction. Reading pauses while `maxInbox` batches or `maxInboxBytes` of them wait, so a fast sender
 /// cannot make memory grow; while it is paused or storing, a read-idle event is not the peer's silence and is not
@@ -26,7 +27,7 @@ final class BatchReceiver: ChannelInboundHandler {
     let engine: SyncEngine
     let report: LinkReport
     private var link: SyncLinkEstablished?
-    /// What waits to be stored, in arrival order: batches (each already being verified on the I/O pool, with how
+    /// What waits to be stored, in arrival order: batches (each already being verified, with how
     /// many entry keys the space held when that began) and the pieces and manifest of a snapshot.
     private enum Item {
         /// A batch, with its verification once started (nil: it starts when the batch's turn comes, after the
@@ -289,13 +290,13 @@ final class BatchReceiver: ChannelInboundHandler {
         inboxBytes += pending.reduce(0) { $0 + $1.batch.byteCount }
     }
 
-    /// Starts verifying `batch` on the I/O pool against the space as it is now (membership operations received before
+    /// Starts verifying `batch` on the verification pool against the space as it is now (membership operations received before
     /// it merged); returns the verification and how many entry keys the space held.
     private func verify(_ batch: EntryBatch, link: SyncLinkEstablished, context: ChannelHandlerContext)
         -> (EventLoopFuture<VerifiedBatch>, Int)
     {
         let (db, snapshot) = (link.db, link.space.snapshot)
-        let verified = engine.pool.runIfActive(eventLoop: context.eventLoop) {
+        let verified = engine.verifyPool.runIfActive(eventLoop: context.eventLoop) {
             try db.verify(batch: batch, key: snapshot.key, membership: snapshot.membership)
         }
         // Once verified the peer provably holds it, stored here or not: nothing of it goes back to the peer, even from

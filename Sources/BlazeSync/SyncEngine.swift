@@ -46,6 +46,9 @@ public final class SyncEngine: Sendable {
     let chunks: ChunkFetcher
     /// Where chunks are read, sealed, opened and stored for sessions (the daemon's transfer pool).
     let chunkPool: NIOThreadPool
+    /// Where received batches are opened and verified: never behind them in a queue, a batch ready to store starts at
+    /// once (a session queues up to `BatchReceiver.maxInbox` verifications whenever reading resumes).
+    let verifyPool: NIOThreadPool
     /// Snapshots built for peers, reused for a minute per database.
     let snapshots = SnapshotCache()
     /// Held while this device computes and records a `grant` of keys: two computed at once would seal a key twice.
@@ -89,16 +92,18 @@ public final class SyncEngine: Sendable {
 
     /// Creates an engine; nothing runs until `listen` or `start`. `retryMaxMs` bounds the delay between attempts to
     /// reach a peer; `tlsTrustRoots` is a PEM file of certificates to trust for `wss://` relays besides the system's;
-    /// `chunkPool` is where blob chunks are sealed, opened and stored for sessions (nil: `pool`).
+    /// `chunkPool` is where blob chunks are sealed, opened and stored for sessions, and `verifyPool` where received
+    /// batches are opened and verified (nil: `pool`).
     public init(
         store: Store, identity: DeviceIdentity, keysDirectory: String, group: any EventLoopGroup, pool: NIOThreadPool,
         logger: Logger, timeout: TimeAmount = .seconds(30), retryMaxMs: Int = 5_000,
         listenerLimits: SyncListenerLimits = SyncListenerLimits(), tlsTrustRoots: String? = nil,
-        folderOptions: FolderOptions = FolderOptions(), chunkPool: NIOThreadPool? = nil
+        folderOptions: FolderOptions = FolderOptions(), chunkPool: NIOThreadPool? = nil, verifyPool: NIOThreadPool? = nil
     ) {
         self.chunkStores = ChunkStores(isCurrent: { [store] in store.isCurrent($0) })
         self.chunks = ChunkFetcher(group: group, askTimeout: timeout)
         self.chunkPool = chunkPool ?? pool
+        self.verifyPool = verifyPool ?? pool
         self.retryMaxMs = max(100, retryMaxMs)
         self.folderOptions = folderOptions
         self.tls = TLSClient(extraTrustRoots: tlsTrustRoots)

@@ -242,6 +242,40 @@ final class StoreReplicas {
         #expect(try a.stateHash() == (try b.stateHash()))
     }
 
+    /// After a remote creation found no document, the next one is inserted without a lookup first: a patch of the
+    /// same shape (causal length 1, only `set`) of a document held here must then still take the general path, and
+    /// so must a creation of a deleted key, whichever came before them in the same transaction.
+    @Test func creationShapedPatchesAfterNewDocumentsTakeTheGeneralPath() throws {
+        let r = try StoreReplicas(2)
+        let (a, b) = (r.dbs[0], r.dbs[1])
+        _ = try a.commit((0..<4).map { .insert(collection: "c", doc: ["_id": .string("d\($0)"), "v": 0, "w": 0]) })
+        _ = try b.apply(.insert(collection: "c", doc: ["_id": "gone", "v": 0]))
+        _ = try b.apply(.delete(collection: "c", id: "gone"))
+        try r.send(0, 1)
+        let held = try a.versionVector()
+        for i in 0..<4 {
+            _ = try a.apply(.insert(collection: "c", doc: ["_id": .string("n\(i)"), "v": .int(Int64(i))]))
+            _ = try a.apply(.patch(collection: "c", id: "d\(i)", set: ["v": .int(Int64(10 + i))]))
+        }
+        _ = try a.apply(.insert(collection: "c", doc: ["_id": "n4"]))
+        _ = try a.apply(.insert(collection: "c", doc: ["_id": "gone", "v": 9]))
+        _ = try a.apply(.insert(collection: "c", doc: ["_id": "n5", "v": 5]))
+        let changes = try a.changes(since: held)
+        #expect(changes.count == 11)
+        #expect(changes.allSatisfy { if case .doc(let op) = $0.ops[0] { op.isPlainCreation } else { false } })
+        // One transaction: creations, then patches of held rows, alternate.
+        #expect(try b.receive(changes).applied == changes.count)
+        for i in 0..<4 {
+            #expect(try b.get(collection: "c", id: "d\(i)") == ["_id": .string("d\(i)"), "v": .int(Int64(10 + i)), "w": 0])
+            #expect(try b.get(collection: "c", id: "n\(i)") == ["_id": .string("n\(i)"), "v": .int(Int64(i))])
+        }
+        #expect(try b.get(collection: "c", id: "n5") == ["_id": "n5", "v": 5])
+        #expect(throws: StoreError.self) { try b.get(collection: "c", id: "gone") }
+        #expect(try b.read { try Int.fetchOne($0, sql: "SELECT count(*) FROM docs") } == 10)
+        try r.send(1, 0)
+        #expect(try a.stateHash() == (try b.stateHash()))
+    }
+
     /// Local patches that only set and unset fields rewrite rows without the engine (checked against it in debug
     /// builds on every patch); whatever mix of fields they write, a replica applying the changes through the engine
     /// ends with the same states.
