@@ -1,5 +1,4 @@
 import BlazeCRDT
-import BlazeTestSupport
 import Foundation
 import GRDBSQLite
 import Testing
