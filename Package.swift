@@ -212,7 +212,7 @@ let package = Package(
             name: "BlazeStoreTests",
             dependencies: [
                 "BlazeStore", "BlazeProtocol", "BlazeCRDT", "BlazeCrypto", "BlazeTestSupport", "BlazeVector",
-                .product(name: "GRDB", package: "GRDB.swift"),
+                .product(name: "GRDB", package: "GRDB.swift"), .product(name: "GRDBSQLite", package: "GRDB.swift"),
             ],
             swiftSettings: strict),
         .testTarget(

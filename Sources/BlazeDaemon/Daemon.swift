@@ -37,8 +37,9 @@ public final class Daemon: Service, Sendable {
     /// threads a get may hold while it waits for the chunks this pool stores.
     let chunkPool = NIOThreadPool(numberOfThreads: 2)
     /// Opens and verifies the batches sync sessions receive, beside the I/O pool, whose stores then never wait behind
-    /// a queue of verifications (nor do requests).
-    let verifyPool = NIOThreadPool(numberOfThreads: 1)
+    /// a queue of verifications (nor do requests): half the cores, so that sessions verify side by side on a larger
+    /// machine while the stores keep the rest.
+    let verifyPool = NIOThreadPool(numberOfThreads: max(1, System.coreCount / 2))
     /// Sync with other devices.
     public let sync: SyncEngine
     /// Each database's blobs and the uploads in progress.
@@ -118,6 +119,11 @@ public final class Daemon: Service, Sendable {
         do {
             server = try await bootstrap.withBoundSocket(fd).get()
         } catch {
+            // The pools started above are stopped on every way out of `run`.
+            try? await pool.shutdownGracefully()
+            try? await transferPool.shutdownGracefully()
+            try? await chunkPool.shutdownGracefully()
+            try? await verifyPool.shutdownGracefully()
             try? await clientLoops.group.shutdownGracefully()
             throw error
         }

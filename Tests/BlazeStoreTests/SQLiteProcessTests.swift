@@ -1,4 +1,5 @@
 import BlazeCRDT
+import BlazeProtocol
 import Foundation
 import GRDBSQLite
 import Testing
@@ -13,16 +14,19 @@ import Testing
     @Test func aStoresFirstDatabaseOpensWithMemoryStatisticsOff() async {
         await #expect(processExitsWith: .success) {
             let dir = NSTemporaryDirectory() + "sqlite-process-\(UUID().uuidString)"
-            defer { try? FileManager.default.removeItem(atPath: dir) }
-            let store = try Store(directory: dir, node: randomNode())
-            let db = try store.create("m")
-            for i in 0..<200 {
-                _ = try db.apply(.insert(collection: "c", doc: ["_id": .string("d\(i)"), "pad": .string(String(repeating: "x", count: 500))]))
-            }
-            guard try db.get(collection: "c", id: "d7").objectValue?.count == 2 else { exit(2) }
-            guard sqlite3_memory_used() == 0 else { exit(3) }
-            guard SQLiteProcess.configure() == SQLITE_OK else { exit(4) }
-            store.closeAll()
+            let failure: Int32? = try {
+                let store = try Store(directory: dir, node: randomNode())
+                defer { store.closeAll() }
+                let db = try store.create("m")
+                let pad = JSONValue.string(String(repeating: "x", count: 500))
+                for i in 0..<200 { _ = try db.apply(.insert(collection: "c", doc: ["_id": .string("d\(i)"), "pad": pad])) }
+                guard try db.get(collection: "c", id: "d7").objectValue?.count == 2 else { return 2 }
+                guard sqlite3_memory_used() == 0 else { return 3 }
+                guard SQLiteProcess.configure() == SQLITE_OK else { return 4 }
+                return nil
+            }()
+            try? FileManager.default.removeItem(atPath: dir)
+            if let failure { exit(failure) }
         }
     }
 }
