@@ -53,6 +53,19 @@ def bench_pycrdt(inserts, docs, updates):
     return apply_all(lambda: pycrdt.Doc(), lambda doc, u: doc.apply_update(u), created, changed)
 
 
+def loro_document(loro, root, i):
+    """Inserts document `i` into loro map `root` as a map (its tags a list); returns the document's map."""
+    entry = root.insert_container(f"doc-{i:08d}", loro.LoroMap())
+    for key, value in document(i).items():
+        if isinstance(value, list):
+            tags = entry.insert_container(key, loro.LoroList())
+            for t in value:
+                tags.push(t)
+        else:
+            entry.insert(key, value)
+    return entry
+
+
 def bench_loro(inserts, docs, updates):
     import loro
 
@@ -62,16 +75,9 @@ def bench_loro(inserts, docs, updates):
     subscription = source.subscribe_local_update(lambda update: recorded.append(bytes(update)) or True)
     entries = []
     for i in range(inserts):
-        entry = root.insert_container(f"doc-{i:08d}", loro.LoroMap())
+        entry = loro_document(loro, root, i)
         if i < docs:
             entries.append(entry)
-        for key, value in document(i).items():
-            if isinstance(value, list):
-                tags = entry.insert_container(key, loro.LoroList())
-                for t in value:
-                    tags.push(t)
-            else:
-                entry.insert(key, value)
         source.commit()
     created = list(recorded)
     recorded.clear()
@@ -125,14 +131,7 @@ def both_ways_loro(docs, updates):
     base = loro.LoroDoc()
     root = base.get_map("root")
     for i in range(docs):
-        entry = root.insert_container(f"doc-{i:08d}", loro.LoroMap())
-        for key, value in document(i).items():
-            if isinstance(value, list):
-                tags = entry.insert_container(key, loro.LoroList())
-                for t in value:
-                    tags.push(t)
-            else:
-                entry.insert(key, value)
+        loro_document(loro, root, i)
     base.commit()
     state = base.export(loro.ExportMode.Snapshot())
 
